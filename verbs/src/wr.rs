@@ -1,0 +1,405 @@
+//! Work requests, post lists and their outcomes.
+
+use alloc::vec::Vec;
+
+use crate::{Endpoint, RemoteAddr, VerbsError};
+
+/// What a one-sided work request does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Read `len` bytes at `addr` into a local buffer.
+    Read {
+        /// Source address.
+        addr: RemoteAddr,
+        /// Bytes to read.
+        len: u32,
+    },
+    /// Write `data` at `addr`. Small payloads go inline in the work-queue entry (the
+    /// backend decides by its inline threshold).
+    Write {
+        /// Destination address.
+        addr: RemoteAddr,
+        /// Bytes to write.
+        data: Vec<u8>,
+    },
+    /// Compare the 8-byte word at `addr` with `expect`; if equal, store `swap`. Returns the
+    /// old value.
+    Cas {
+        /// Address of the word (8-byte aligned).
+        addr: RemoteAddr,
+        /// Value the word must hold for the swap to happen.
+        expect: u64,
+        /// Value stored if it does.
+        swap: u64,
+    },
+    /// Add `add` (wrapping) to the 8-byte word at `addr`. Returns the old value.
+    Faa {
+        /// Address of the word (8-byte aligned).
+        addr: RemoteAddr,
+        /// Amount added.
+        add: u64,
+    },
+}
+
+/// The kind of an [`Op`], for statistics and cost models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum OpKind {
+    /// RDMA READ.
+    Read,
+    /// RDMA WRITE.
+    Write,
+    /// RDMA compare-and-swap.
+    Cas,
+    /// RDMA fetch-and-add.
+    Faa,
+}
+
+impl OpKind {
+    /// Every kind, in a fixed order (for tables).
+    pub const ALL: [OpKind; 4] = [OpKind::Read, OpKind::Write, OpKind::Cas, OpKind::Faa];
+
+    /// Whether the responder executes it in its atomic unit.
+    #[must_use]
+    pub const fn is_atomic(self) -> bool {
+        matches!(self, OpKind::Cas | OpKind::Faa)
+    }
+
+    /// Lower-case name (`read`, `write`, `cas`, `faa`).
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            OpKind::Read => "read",
+            OpKind::Write => "write",
+            OpKind::Cas => "cas",
+            OpKind::Faa => "faa",
+        }
+    }
+}
+
+impl Op {
+    /// The kind of this op.
+    #[must_use]
+    pub const fn kind(&self) -> OpKind {
+        match self {
+            Op::Read { .. } => OpKind::Read,
+            Op::Write { .. } => OpKind::Write,
+            Op::Cas { .. } => OpKind::Cas,
+            Op::Faa { .. } => OpKind::Faa,
+        }
+    }
+
+    /// The remote address it targets.
+    #[must_use]
+    pub const fn addr(&self) -> RemoteAddr {
+        match self {
+            Op::Read { addr, .. }
+            | Op::Write { addr, .. }
+            | Op::Cas { addr, .. }
+            | Op::Faa { addr, .. } => *addr,
+        }
+    }
+
+    /// Bytes of remote memory it touches.
+    #[must_use]
+    pub fn remote_len(&self) -> u64 {
+        match self {
+            Op::Read { len, .. } => u64::from(*len),
+            Op::Write { data, .. } => data.len() as u64,
+            Op::Cas { .. } | Op::Faa { .. } => 8,
+        }
+    }
+}
+
+/// One work request of a [`PostList`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkRequest {
+    /// What it does.
+    pub op: Op,
+    /// Whether it produces a completion-queue entry. Errors always do.
+    pub signaled: bool,
+}
+
+/// Names a work request inside the [`PostList`] that created it, and its outcome in the
+/// [`BatchResult`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WrId(pub usize);
+
+/// Work requests posted together: one doorbell per destination queue pair.
+///
+/// By default only the last work request to each destination node is signaled (selective
+/// signaling); [`signal`](PostList::signal) and
+/// [`signal_all`](PostList::signal_all) change that.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PostList {
+    wrs: Vec<WorkRequest>,
+    signal_all: bool,
+}
+
+impl PostList {
+    /// An empty list.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self {
+            wrs: Vec::new(),
+            signal_all: false,
+        }
+    }
+
+    /// An empty list with room for `n` work requests.
+    #[must_use]
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            wrs: Vec::with_capacity(n),
+            signal_all: false,
+        }
+    }
+
+    fn push(&mut self, op: Op) -> WrId {
+        self.wrs.push(WorkRequest {
+            op,
+            signaled: false,
+        });
+        WrId(self.wrs.len() - 1)
+    }
+
+    /// Appends a READ of `len` bytes at `addr`.
+    pub fn read(&mut self, addr: RemoteAddr, len: u32) -> WrId {
+        self.push(Op::Read { addr, len })
+    }
+
+    /// Appends a WRITE of `data` at `addr`.
+    pub fn write(&mut self, addr: RemoteAddr, data: &[u8]) -> WrId {
+        self.push(Op::Write {
+            addr,
+            data: data.to_vec(),
+        })
+    }
+
+    /// Appends a WRITE that takes ownership of `data` (no copy).
+    pub fn write_owned(&mut self, addr: RemoteAddr, data: Vec<u8>) -> WrId {
+        self.push(Op::Write { addr, data })
+    }
+
+    /// Appends a compare-and-swap.
+    pub fn cas(&mut self, addr: RemoteAddr, expect: u64, swap: u64) -> WrId {
+        self.push(Op::Cas { addr, expect, swap })
+    }
+
+    /// Appends a fetch-and-add.
+    pub fn faa(&mut self, addr: RemoteAddr, add: u64) -> WrId {
+        self.push(Op::Faa { addr, add })
+    }
+
+    /// Marks work request `id` signaled.
+    pub fn signal(&mut self, id: WrId) {
+        if let Some(wr) = self.wrs.get_mut(id.0) {
+            wr.signaled = true;
+        }
+    }
+
+    /// Signals every work request (no selective signaling).
+    pub fn signal_all(&mut self) {
+        self.signal_all = true;
+    }
+
+    /// Number of work requests.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.wrs.len()
+    }
+
+    /// Whether the list is empty.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.wrs.is_empty()
+    }
+
+    /// Checks the list and fixes its signaling, as every backend does before posting:
+    /// refuses an empty list and misaligned atomics, and signals the last work request to
+    /// each destination node (plus all of them under [`signal_all`](PostList::signal_all)).
+    ///
+    /// # Errors
+    /// [`VerbsError::EmptyPostList`] or [`VerbsError::Misaligned`]; nothing is posted then.
+    pub fn finish(mut self) -> Result<Vec<WorkRequest>, VerbsError> {
+        if self.wrs.is_empty() {
+            return Err(VerbsError::EmptyPostList);
+        }
+        for (index, wr) in self.wrs.iter().enumerate() {
+            if wr.op.kind().is_atomic() && wr.op.addr().offset % 8 != 0 {
+                return Err(VerbsError::Misaligned {
+                    index,
+                    addr: wr.op.addr(),
+                });
+            }
+        }
+        let n = self.wrs.len();
+        for i in 0..n {
+            let node = self.wrs[i].op.addr().node;
+            let last_to_node = self.wrs[i + 1..].iter().all(|w| w.op.addr().node != node);
+            if self.signal_all || last_to_node {
+                self.wrs[i].signaled = true;
+            }
+        }
+        Ok(self.wrs)
+    }
+}
+
+/// What one work request returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WrOutcome {
+    /// The bytes a READ fetched.
+    Bytes(Vec<u8>),
+    /// The old value an atomic returned.
+    Atomic(u64),
+    /// A WRITE completed.
+    Written,
+}
+
+/// The outcomes of a posted [`PostList`], indexed by [`WrId`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchResult {
+    outcomes: Vec<WrOutcome>,
+}
+
+impl BatchResult {
+    /// Wraps the outcomes, in post-list order (for backends).
+    #[must_use]
+    pub fn new(outcomes: Vec<WrOutcome>) -> Self {
+        Self { outcomes }
+    }
+
+    /// The outcome of work request `id`.
+    ///
+    /// # Panics
+    /// If `id` did not come from the list this result belongs to.
+    #[must_use]
+    pub fn outcome(&self, id: WrId) -> &WrOutcome {
+        &self.outcomes[id.0]
+    }
+
+    /// The bytes READ `id` fetched.
+    ///
+    /// # Panics
+    /// If `id` is not a READ of this list.
+    #[must_use]
+    pub fn bytes(&self, id: WrId) -> &[u8] {
+        match &self.outcomes[id.0] {
+            WrOutcome::Bytes(b) => b,
+            other => panic!("work request {} is not a READ: {other:?}", id.0),
+        }
+    }
+
+    /// Takes the bytes READ `id` fetched, leaving an empty buffer.
+    ///
+    /// # Panics
+    /// If `id` is not a READ of this list.
+    #[must_use]
+    pub fn take_bytes(&mut self, id: WrId) -> Vec<u8> {
+        match &mut self.outcomes[id.0] {
+            WrOutcome::Bytes(b) => core::mem::take(b),
+            other => panic!("work request {} is not a READ: {other:?}", id.0),
+        }
+    }
+
+    /// The old value atomic `id` returned.
+    ///
+    /// # Panics
+    /// If `id` is not a CAS or FAA of this list.
+    #[must_use]
+    pub fn atomic(&self, id: WrId) -> u64 {
+        match &self.outcomes[id.0] {
+            WrOutcome::Atomic(v) => *v,
+            other => panic!("work request {} is not an atomic: {other:?}", id.0),
+        }
+    }
+
+    /// Number of outcomes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.outcomes.len()
+    }
+
+    /// Whether there are none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.outcomes.is_empty()
+    }
+}
+
+/// A two-sided message as received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Who sent it.
+    pub from: Endpoint,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{NodeId, RKey};
+
+    fn at(node: u16, offset: u64) -> RemoteAddr {
+        RemoteAddr {
+            node: NodeId(node),
+            rkey: RKey(1),
+            offset,
+        }
+    }
+
+    #[test]
+    fn last_wr_per_destination_is_signaled() {
+        let mut list = PostList::new();
+        list.cas(at(0, 0), 0, 1);
+        list.read(at(0, 64), 64);
+        list.read(at(1, 0), 8);
+        list.write(at(0, 128), &[1, 2, 3]);
+        let wrs = list.finish().unwrap();
+        let signaled: Vec<bool> = wrs.iter().map(|w| w.signaled).collect();
+        assert_eq!(signaled, [false, false, true, true]);
+    }
+
+    #[test]
+    fn signal_all_and_explicit_signal() {
+        let mut list = PostList::new();
+        let first = list.read(at(0, 0), 8);
+        list.read(at(0, 8), 8);
+        list.signal(first);
+        assert!(list.clone().finish().unwrap().iter().all(|w| w.signaled));
+        list.read(at(0, 16), 8);
+        let wrs = list.clone().finish().unwrap();
+        assert_eq!(wrs.iter().filter(|w| w.signaled).count(), 2);
+        list.signal_all();
+        assert!(list.finish().unwrap().iter().all(|w| w.signaled));
+    }
+
+    #[test]
+    fn misaligned_atomic_and_empty_list_are_refused() {
+        assert_eq!(PostList::new().finish(), Err(VerbsError::EmptyPostList));
+        let mut list = PostList::new();
+        list.read(at(0, 3), 8);
+        list.faa(at(0, 12), 1);
+        assert_eq!(
+            list.finish(),
+            Err(VerbsError::Misaligned {
+                index: 1,
+                addr: at(0, 12)
+            })
+        );
+    }
+
+    #[test]
+    fn region_bounds() {
+        let mr = crate::MemoryRegion {
+            node: NodeId(2),
+            rkey: RKey(7),
+            len: 4096,
+        };
+        assert_eq!(mr.at(4095).unwrap().offset, 4095);
+        assert!(mr.at(4096).is_none());
+        assert!(mr.contains(4088, 8));
+        assert!(!mr.contains(4089, 8));
+        assert!(!mr.contains(u64::MAX, 2));
+    }
+}
