@@ -1,0 +1,865 @@
+//! The non-generic core (compiled once, as hashbrown does): bins of 64-byte buckets holding
+//! 8-byte keys and 8-byte values, bounded cache-line chaining, per-bin seqlock versions,
+//! and the cooperative, non-blocking resize. DLHT (HPDC '24) as summarised in Dandelion §6.
+//!
+//! # Bucket layout
+//!
+//! ```text
+//!  primary bucket (one per bin, 64 bytes, 64-byte aligned)            header word (u64)
+//! +--------+--------+----------------+----------------+----------------+  bits  0..32 version
+//! | header |  link  | slot 0         | slot 1         | slot 2         |  bit  32     lock (writers)
+//! |  8 B   |  8 B   | key 8B | val 8B| key 8B | val 8B| key 8B | val 8B|  bits 33..35 state: Normal,
+//! +--------+--------+----------------+----------------+----------------+               InTransfer, Done
+//!              |                                                          bits 35..50 valid bit of
+//!              |  low 32 bits: 1 + index into the single-link pool                    slots 0..15
+//!              |  high 32 bits: 1 + index into the pair-link pool (0 = none)
+//!              v
+//!  single-link bucket (64 B): slots 3..7      pair-link bucket (128 B): slots 7..15
+//! +-------+-------+-------+-------+         +-------+-------+-- ... --+-------+
+//! | s3    | s4    | s5    | s6    |         | s7    | s8    |         | s14   |
+//! +-------+-------+-------+-------+         +-------+-------+-- ... --+-------+
+//! ```
+//!
+//! A bin holds at most 15 entries: 3 inline, 4 in one chained cache line, 8 in a chained pair
+//! of lines. All validity lives in the header, so a Get for a key of the primary bucket (or a
+//! miss in a bin without overflow) reads exactly one cache line. When a bin is full, or the
+//! overflow pools are used up, the table doubles.
+//!
+//! # Concurrency
+//!
+//! * Get is lock-free and never writes: load the header (acquire), compare the keys of the
+//!   valid slots, read the value, load the header again; equal versions mean the slots read
+//!   were not reused meanwhile. A reader retries only after a writer completed an operation.
+//! * Writers serialise per bin on the header's lock bit (a compare-and-swap). An insert fills
+//!   a free slot while it is invisible, then publishes it with one release store of the
+//!   header (valid bit set, version bumped, unlocked). A delete clears the valid bit with one
+//!   such store, so the slot is free at once. A put on an existing key stores the new value in
+//!   place (an atomic 8-byte store), without a version bump.
+//! * Resize: a writer that finds its bin full allocates an index twice as large and links it
+//!   as `next`. Writers then migrate chunks of bins: lock the bin, mark it InTransfer (readers
+//!   still read it, its slots no longer change), copy its entries into bins `2b` and `2b + 1`
+//!   of the new index, mark it Done (version bumped). Readers and writers that meet a Done bin
+//!   continue in `next`. Requests are served throughout; when every bin is Done the table
+//!   swings `current` to the new index and retires the old one through the epoch collector.
+
+use alloc::boxed::Box;
+use alloc::vec::Vec;
+use core::ptr;
+
+use crate::hash::{bin_of, mix64};
+use crate::mem::{PageKind, Region, Zeroable};
+use crate::primitive::{AtomicPtr, AtomicU64, AtomicUsize, Backoff, Ordering, Padded, fence};
+use crate::reclaim::{Collector, Pin};
+
+/// Slots in the primary bucket.
+pub(crate) const PRIMARY_SLOTS: usize = 3;
+/// Slots in a single-link overflow bucket.
+pub(crate) const SINGLE_SLOTS: usize = 4;
+/// Slots in a pair-link overflow bucket.
+pub(crate) const PAIR_SLOTS: usize = 8;
+/// The most entries a bin holds.
+pub(crate) const BIN_SLOTS: usize = PRIMARY_SLOTS + SINGLE_SLOTS + PAIR_SLOTS;
+
+/// Average entries per bin the initial size is chosen for (see `bins_for`).
+const TARGET_LOAD_NUM: usize = 3;
+const TARGET_LOAD_DEN: usize = 2;
+
+/// Bins migrated per claimed chunk during a resize.
+#[cfg(not(loom))]
+const MIGRATE_CHUNK: usize = 256;
+#[cfg(loom)]
+const MIGRATE_CHUNK: usize = 1;
+
+const VERSION_MASK: u64 = 0xffff_ffff;
+const LOCK: u64 = 1 << 32;
+const STATE_MASK: u64 = 0b11 << 33;
+const IN_TRANSFER: u64 = 1 << 33;
+const DONE: u64 = 2 << 33;
+const VALID_SHIFT: u32 = 35;
+const VALID_MASK: u64 = 0x7fff << VALID_SHIFT;
+const SINGLE_SLOT_BITS: u64 = 0b1111 << PRIMARY_SLOTS;
+const PAIR_SLOT_BITS: u64 = 0xff << (PRIMARY_SLOTS + SINGLE_SLOTS);
+
+#[inline(always)]
+fn valid_bits(h: u64) -> u64 {
+    (h & VALID_MASK) >> VALID_SHIFT
+}
+
+#[inline(always)]
+fn bit(s: usize) -> u64 {
+    1 << (VALID_SHIFT + s as u32)
+}
+
+/// `h` with its version incremented (wrapping within the version field).
+#[inline(always)]
+fn bumped(h: u64) -> u64 {
+    (h & !VERSION_MASK) | (h.wrapping_add(1) & VERSION_MASK)
+}
+
+#[inline(always)]
+fn same_version(a: u64, b: u64) -> bool {
+    (a ^ b) & VERSION_MASK == 0
+}
+
+/// One entry: an 8-byte key (or key hash) and an 8-byte value (or pointer).
+#[derive(Default)]
+#[repr(C)]
+pub(crate) struct Slot {
+    key: AtomicU64,
+    value: AtomicU64,
+}
+
+/// The bin's first cache line: header, link metadata and three slots.
+#[derive(Default)]
+#[repr(C, align(64))]
+pub(crate) struct Primary {
+    header: AtomicU64,
+    link: AtomicU64,
+    slots: [Slot; PRIMARY_SLOTS],
+}
+
+/// A chained overflow cache line with four slots.
+#[derive(Default)]
+#[repr(C, align(64))]
+pub(crate) struct Single {
+    slots: [Slot; SINGLE_SLOTS],
+}
+
+/// A chained pair of overflow cache lines with eight slots.
+#[derive(Default)]
+#[repr(C, align(64))]
+pub(crate) struct Pair {
+    slots: [Slot; PAIR_SLOTS],
+}
+
+// SAFETY: these are arrays of `AtomicU64`, for which zero bytes are the value 0, the same as
+// `Default` (under loom `Region` constructs them with `Default` instead).
+unsafe impl Zeroable for Primary {}
+// SAFETY: as for `Primary`.
+unsafe impl Zeroable for Single {}
+// SAFETY: as for `Primary`.
+unsafe impl Zeroable for Pair {}
+
+#[cfg(not(loom))]
+const _: () = {
+    assert!(size_of::<Primary>() == 64);
+    assert!(size_of::<Single>() == 64);
+    assert!(size_of::<Pair>() == 128);
+    assert!(size_of::<Slot>() == 16);
+};
+
+/// Decides whether a slot whose key word matched really holds the looked-for entry (the
+/// typed maps store a key hash in the key word and compare the full key behind the pointer).
+pub(crate) trait Matcher {
+    fn matches(&self, value: u64) -> bool;
+}
+
+/// The `u64` fast path: the key word is the key.
+pub(crate) struct AnyValue;
+
+impl Matcher for AnyValue {
+    #[inline(always)]
+    fn matches(&self, _value: u64) -> bool {
+        true
+    }
+}
+
+/// A write request, applied under the bin lock.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum WriteOp {
+    Insert(u64),
+    Put(u64),
+    Upsert(u64),
+    Delete,
+}
+
+enum Locked {
+    Held(u64),
+    Moved,
+    InTransfer,
+}
+
+struct NeedGrow;
+
+/// Single-link pool size for `nbins` bins.
+fn single_cap(nbins: usize) -> usize {
+    (nbins / 4).max(1)
+}
+
+/// Pair-link pool size for `nbins` bins.
+fn pair_cap(nbins: usize) -> usize {
+    (nbins / 32).max(1)
+}
+
+/// Bins for an initial capacity of `capacity` entries: 1.5 entries per bin on average, where
+/// about 94 % of entries sit in the primary line (Poisson occupancy).
+pub(crate) fn bins_for(capacity: usize) -> usize {
+    capacity
+        .saturating_mul(TARGET_LOAD_DEN)
+        .div_ceil(TARGET_LOAD_NUM)
+        .max(1)
+}
+
+/// One generation of the table: bins, overflow pools, and the resize state.
+pub(crate) struct Index {
+    bins: Region<Primary>,
+    singles: Region<Single>,
+    pairs: Region<Pair>,
+    singles_used: AtomicUsize,
+    pairs_used: AtomicUsize,
+    /// The index this one migrates into; null when no resize is under way.
+    next: AtomicPtr<Index>,
+    /// Next bin to claim for migration.
+    claim: AtomicUsize,
+    /// Bins migrated so far.
+    migrated: AtomicUsize,
+}
+
+impl Index {
+    fn new(nbins: usize, singles: usize, pairs: usize, huge: bool) -> Self {
+        Index {
+            bins: Region::new(nbins, huge),
+            singles: Region::new(singles, huge),
+            pairs: Region::new(pairs, huge),
+            singles_used: AtomicUsize::new(0),
+            pairs_used: AtomicUsize::new(0),
+            next: AtomicPtr::new(ptr::null_mut()),
+            claim: AtomicUsize::new(0),
+            migrated: AtomicUsize::new(0),
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn nbins(&self) -> usize {
+        self.bins.len()
+    }
+
+    #[inline(always)]
+    fn bin(&self, h: u64) -> &Primary {
+        let b = bin_of(h, self.bins.len());
+        // SAFETY: `bin_of(h, n) < n` for every `h` (it is `h * n / 2^64` rounded down).
+        unsafe { self.bins.as_slice().get_unchecked(b) }
+    }
+
+    /// The address of the primary bucket of hash `h` (for prefetching).
+    #[inline(always)]
+    pub(crate) fn bin_ptr(&self, h: u64) -> *const Primary {
+        self.bin(h)
+    }
+
+    /// The index this one is migrating into.
+    ///
+    /// # Safety
+    /// A bin of `self` must have been seen in state Done (or `next` otherwise known to be
+    /// set), and the caller must hold the pin through which it reached `self`: `next` is
+    /// retired only after `self`, so it outlives that pin as `self` does.
+    #[inline]
+    unsafe fn next_unchecked(&self) -> &Index {
+        let p = self.next.load(Ordering::Acquire);
+        debug_assert!(!p.is_null(), "a Done bin implies a next index");
+        // SAFETY: by the contract, `next` is set and lives as long as `self` is reachable.
+        unsafe { &*p }
+    }
+
+    /// Slot `s` of `bin`, given the bin's link word. `None` if the overflow bucket that
+    /// would hold it is not linked.
+    #[inline]
+    fn slot<'a>(&'a self, bin: &'a Primary, link: u64, s: usize) -> Option<&'a Slot> {
+        if s < PRIMARY_SLOTS {
+            bin.slots.get(s)
+        } else if s < PRIMARY_SLOTS + SINGLE_SLOTS {
+            let i = (link & 0xffff_ffff) as usize;
+            let b = self.singles.as_slice().get(i.checked_sub(1)?)?;
+            b.slots.get(s - PRIMARY_SLOTS)
+        } else {
+            let i = (link >> 32) as usize;
+            let b = self.pairs.as_slice().get(i.checked_sub(1)?)?;
+            b.slots.get(s - PRIMARY_SLOTS - SINGLE_SLOTS)
+        }
+    }
+
+    /// Finds the valid slot (per `header`) holding `key` whose value `m` accepts.
+    #[inline(always)]
+    fn find<M: Matcher>(
+        &self,
+        bin: &Primary,
+        header: u64,
+        key: u64,
+        m: &M,
+    ) -> Option<(usize, u64)> {
+        let valid = valid_bits(header);
+        for (s, slot) in bin.slots.iter().enumerate() {
+            if valid & (1 << s) != 0 && slot.key.load(Ordering::Relaxed) == key {
+                let v = slot.value.load(Ordering::Acquire);
+                if m.matches(v) {
+                    return Some((s, v));
+                }
+            }
+        }
+        if valid >> PRIMARY_SLOTS == 0 {
+            return None;
+        }
+        self.find_overflow(bin, valid, key, m)
+    }
+
+    #[inline(never)]
+    fn find_overflow<M: Matcher>(
+        &self,
+        bin: &Primary,
+        valid: u64,
+        key: u64,
+        m: &M,
+    ) -> Option<(usize, u64)> {
+        let link = bin.link.load(Ordering::Relaxed);
+        let mut rest = valid & !((1 << PRIMARY_SLOTS) - 1);
+        while rest != 0 {
+            let s = rest.trailing_zeros() as usize;
+            rest &= rest - 1;
+            if let Some(slot) = self.slot(bin, link, s) {
+                if slot.key.load(Ordering::Relaxed) == key {
+                    let v = slot.value.load(Ordering::Acquire);
+                    if m.matches(v) {
+                        return Some((s, v));
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn alloc_from(used: &AtomicUsize, cap: usize) -> Option<usize> {
+        let mut n = used.load(Ordering::Relaxed);
+        loop {
+            if n >= cap {
+                return None;
+            }
+            match used.compare_exchange_weak(n, n + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Some(n),
+                Err(now) => n = now,
+            }
+        }
+    }
+
+    /// A free slot of the locked `bin` (header `hl`), linking an overflow bucket if allowed.
+    /// The caller holds the bin lock, so the link word is ours to change.
+    fn claim_free_slot(&self, bin: &Primary, hl: u64, may_allocate: bool) -> Option<usize> {
+        let free = !valid_bits(hl) & ((1 << BIN_SLOTS) - 1);
+        let primary = free & ((1 << PRIMARY_SLOTS) - 1);
+        if primary != 0 {
+            return Some(primary.trailing_zeros() as usize);
+        }
+        let mut link = bin.link.load(Ordering::Relaxed);
+        let single = free & SINGLE_SLOT_BITS;
+        if single != 0 {
+            if link & 0xffff_ffff != 0 {
+                return Some(single.trailing_zeros() as usize);
+            }
+            if may_allocate {
+                if let Some(i) = Self::alloc_from(&self.singles_used, self.singles.len()) {
+                    link |= i as u64 + 1;
+                    // Published to readers by the release store of the header that sets the
+                    // first valid bit in the new bucket.
+                    bin.link.store(link, Ordering::Relaxed);
+                    return Some(PRIMARY_SLOTS);
+                }
+            }
+        }
+        let pair = free & PAIR_SLOT_BITS;
+        if pair != 0 {
+            if link >> 32 != 0 {
+                return Some(pair.trailing_zeros() as usize);
+            }
+            if may_allocate {
+                if let Some(i) = Self::alloc_from(&self.pairs_used, self.pairs.len()) {
+                    link |= (i as u64 + 1) << 32;
+                    bin.link.store(link, Ordering::Relaxed);
+                    return Some(PRIMARY_SLOTS + SINGLE_SLOTS);
+                }
+            }
+        }
+        None
+    }
+
+    /// Copies the entries of a consistent snapshot of bin `b` into `out`, following Done
+    /// bins into the next index (bin `b` lives on in bins `2b` and `2b + 1` there).
+    ///
+    /// # Safety
+    /// The caller holds the pin through which it reached `self`.
+    pub(crate) unsafe fn snapshot_bin(&self, b: usize, out: &mut Vec<(u64, u64)>) {
+        let bin = &self.bins.as_slice()[b];
+        loop {
+            let h1 = bin.header.load(Ordering::Acquire);
+            if h1 & STATE_MASK == DONE {
+                // SAFETY: the bin is Done, and the caller's pin protects the chain.
+                let next = unsafe { self.next_unchecked() };
+                // SAFETY: same pin.
+                unsafe {
+                    next.snapshot_bin(2 * b, out);
+                    next.snapshot_bin(2 * b + 1, out);
+                }
+                return;
+            }
+            let start = out.len();
+            let link = bin.link.load(Ordering::Relaxed);
+            let mut valid = valid_bits(h1);
+            while valid != 0 {
+                let s = valid.trailing_zeros() as usize;
+                valid &= valid - 1;
+                if let Some(slot) = self.slot(bin, link, s) {
+                    out.push((
+                        slot.key.load(Ordering::Relaxed),
+                        slot.value.load(Ordering::Acquire),
+                    ));
+                }
+            }
+            fence(Ordering::Acquire);
+            if same_version(h1, bin.header.load(Ordering::Relaxed)) {
+                return;
+            }
+            out.truncate(start);
+        }
+    }
+}
+
+/// Locks a bin for writing, unless it moved to the next index or is being moved.
+#[inline]
+fn lock(bin: &Primary) -> Locked {
+    let mut backoff = Backoff::new();
+    loop {
+        let h = bin.header.load(Ordering::Acquire);
+        match h & STATE_MASK {
+            DONE => return Locked::Moved,
+            IN_TRANSFER => return Locked::InTransfer,
+            _ => {}
+        }
+        if h & LOCK == 0
+            && bin
+                .header
+                .compare_exchange_weak(h, h | LOCK, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            // Slot writes that follow must not become visible before the lock: a reader whose
+            // slot loads see them then sees (at least) this header in its second load. Every
+            // earlier version change was made by a previous holder and is ordered before the
+            // lock by the acquire above.
+            fence(Ordering::Release);
+            return Locked::Held(h | LOCK);
+        }
+        backoff.snooze();
+    }
+}
+
+/// Memory held by the current index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Bins (primary buckets, 64 bytes each).
+    pub bins: usize,
+    /// Single-link overflow buckets linked into bins / reserved in the pool.
+    pub singles_used: usize,
+    /// Single-link overflow buckets reserved in the pool.
+    pub singles_reserved: usize,
+    /// Pair-link overflow buckets linked into bins.
+    pub pairs_used: usize,
+    /// Pair-link overflow buckets reserved in the pool.
+    pub pairs_reserved: usize,
+    /// Bytes reserved for bins and both pools (rounded to whole huge pages where mapped).
+    pub reserved_bytes: usize,
+    /// Entries in the table when measured.
+    pub entries: usize,
+    /// How the bin array was allocated.
+    pub pages: PageKind,
+}
+
+impl MemoryUsage {
+    /// Reserved bytes per entry (`reserved_bytes / entries`; 0 for an empty table).
+    pub fn bytes_per_entry(&self) -> f64 {
+        if self.entries == 0 {
+            0.0
+        } else {
+            self.reserved_bytes as f64 / self.entries as f64
+        }
+    }
+}
+
+/// Stripes of the length counter (threads add to different cache lines).
+#[cfg(not(loom))]
+const STRIPES: usize = 8;
+#[cfg(loom)]
+const STRIPES: usize = 1;
+
+/// The table core over 8-byte keys and 8-byte values.
+pub(crate) struct RawTable {
+    current: AtomicPtr<Index>,
+    collector: Collector,
+    counts: Box<[Padded<AtomicU64>]>,
+    huge: bool,
+}
+
+/// Frees an `Index` handed to the collector.
+///
+/// # Safety
+/// `p` must come from `Box::<Index>::into_raw` and be unreachable by any pin.
+unsafe fn free_index(p: *mut u8) {
+    // SAFETY: by the contract.
+    drop(unsafe { Box::from_raw(p.cast::<Index>()) });
+}
+
+impl RawTable {
+    pub(crate) fn new(capacity: usize, huge: bool) -> Self {
+        let nbins = bins_for(capacity);
+        let index = Box::new(Index::new(
+            nbins,
+            single_cap(nbins),
+            pair_cap(nbins),
+            huge,
+        ));
+        let mut counts = Vec::with_capacity(STRIPES);
+        counts.resize_with(STRIPES, Padded::default);
+        RawTable {
+            current: AtomicPtr::new(Box::into_raw(index)),
+            collector: Collector::new(),
+            counts: counts.into_boxed_slice(),
+            huge,
+        }
+    }
+
+    /// Pins the calling thread (see `reclaim`). The participant search starts at a slot
+    /// derived from the stack address, so threads (whose stacks lie far apart) rarely meet.
+    #[inline]
+    pub(crate) fn pin(&self) -> Pin<'_> {
+        let marker = 0u8;
+        let hint = mix64(ptr::addr_of!(marker) as usize as u64 >> 16) as usize;
+        self.collector.pin(hint)
+    }
+
+    /// The current index, protected by `pin`.
+    #[inline(always)]
+    pub(crate) fn index<'p>(&'p self, _pin: &'p Pin<'_>) -> &'p Index {
+        // SAFETY: `current` is never null; an index is retired only after it stopped being
+        // current, and freed only when every pin older than that has ended, so it lives at
+        // least as long as `_pin`.
+        unsafe { &*self.current.load(Ordering::Acquire) }
+    }
+
+    fn count(&self, pin: &Pin<'_>, delta: i64) {
+        self.counts[pin.slot() % STRIPES]
+            .0
+            .fetch_add(delta as u64, Ordering::Relaxed);
+    }
+
+    /// Entries (exact when no write is in flight).
+    pub(crate) fn len(&self) -> usize {
+        let sum = self
+            .counts
+            .iter()
+            .fold(0u64, |a, c| a.wrapping_add(c.0.load(Ordering::Relaxed)));
+        (sum as i64).max(0) as usize
+    }
+
+    /// Looks `key` (hash `h = mix64(key)`) up, starting at `idx`.
+    #[inline(always)]
+    pub(crate) fn get_in<M: Matcher>(&self, start: &Index, key: u64, h: u64, m: &M) -> Option<u64> {
+        let mut idx = start;
+        loop {
+            let bin = idx.bin(h);
+            let h1 = bin.header.load(Ordering::Acquire);
+            if h1 & STATE_MASK == DONE {
+                // SAFETY: the bin is Done; `start` was reached through a live pin (the caller's
+                // `&Index` comes from `index(pin)`), which protects the whole chain.
+                idx = unsafe { idx.next_unchecked() };
+                continue;
+            }
+            let found = idx.find(bin, h1, key, m);
+            fence(Ordering::Acquire);
+            let h2 = bin.header.load(Ordering::Relaxed);
+            if same_version(h1, h2) {
+                return found.map(|(_, v)| v);
+            }
+        }
+    }
+
+    /// Applies `op` to `key` (hash `h`), starting at `start`. Returns the value the key had
+    /// when the operation took effect (for Insert: the existing value if it did not insert).
+    pub(crate) fn write<M: Matcher>(
+        &self,
+        pin: &Pin<'_>,
+        start: &Index,
+        key: u64,
+        h: u64,
+        op: WriteOp,
+        m: &M,
+    ) -> Option<u64> {
+        let mut idx = start;
+        let mut backoff = Backoff::new();
+        loop {
+            if !idx.next.load(Ordering::Relaxed).is_null() {
+                self.help_migrate(pin, idx);
+            }
+            let bin = idx.bin(h);
+            let hl = match lock(bin) {
+                Locked::Held(hl) => hl,
+                Locked::Moved => {
+                    // SAFETY: the bin is Done and `pin` protects the chain from `start`.
+                    idx = unsafe { idx.next_unchecked() };
+                    continue;
+                }
+                Locked::InTransfer => {
+                    backoff.snooze();
+                    continue;
+                }
+            };
+            match self.apply_locked(pin, idx, bin, hl, key, op, m) {
+                Ok(r) => return r,
+                Err(NeedGrow) => {
+                    self.grow(pin, idx);
+                    idx = self.index(pin);
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn apply_locked<M: Matcher>(
+        &self,
+        pin: &Pin<'_>,
+        idx: &Index,
+        bin: &Primary,
+        hl: u64,
+        key: u64,
+        op: WriteOp,
+        m: &M,
+    ) -> Result<Option<u64>, NeedGrow> {
+        let unlock = || bin.header.store(hl & !LOCK, Ordering::Release);
+        match (idx.find(bin, hl, key, m), op) {
+            (Some((_, old)), WriteOp::Insert(_)) => {
+                unlock();
+                Ok(Some(old))
+            }
+            (Some((s, old)), WriteOp::Put(v) | WriteOp::Upsert(v)) => {
+                let link = bin.link.load(Ordering::Relaxed);
+                if let Some(slot) = idx.slot(bin, link, s) {
+                    slot.value.store(v, Ordering::Release);
+                }
+                unlock();
+                Ok(Some(old))
+            }
+            (Some((s, old)), WriteOp::Delete) => {
+                bin.header
+                    .store(bumped(hl & !bit(s)) & !LOCK, Ordering::Release);
+                self.count(pin, -1);
+                Ok(Some(old))
+            }
+            (None, WriteOp::Put(_) | WriteOp::Delete) => {
+                unlock();
+                Ok(None)
+            }
+            (None, WriteOp::Insert(v) | WriteOp::Upsert(v)) => {
+                // Overflow buckets of an index still being filled by a migration are reserved
+                // for the migration (which then cannot run out of them).
+                let may_allocate = ptr::eq(self.current.load(Ordering::Acquire), idx);
+                let Some(s) = idx.claim_free_slot(bin, hl, may_allocate) else {
+                    unlock();
+                    return Err(NeedGrow);
+                };
+                let link = bin.link.load(Ordering::Relaxed);
+                if let Some(slot) = idx.slot(bin, link, s) {
+                    slot.key.store(key, Ordering::Relaxed);
+                    slot.value.store(v, Ordering::Relaxed);
+                }
+                bin.header
+                    .store(bumped(hl | bit(s)) & !LOCK, Ordering::Release);
+                self.count(pin, 1);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Starts a resize of `full` (if it is current and none is under way) and helps finish
+    /// the migration that is under way.
+    #[cold]
+    fn grow(&self, pin: &Pin<'_>, full: &Index) {
+        let cur = self.index(pin);
+        if ptr::eq(cur, full) && cur.next.load(Ordering::Acquire).is_null() {
+            let n = cur.nbins();
+            let fresh = Box::into_raw(Box::new(Index::new(
+                n * 2,
+                single_cap(n * 2).max(2 * cur.singles.len()),
+                pair_cap(n * 2).max(2 * cur.pairs.len()),
+                self.huge,
+            )));
+            if cur
+                .next
+                .compare_exchange(
+                    ptr::null_mut(),
+                    fresh,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_err()
+            {
+                // SAFETY: `fresh` lost the race and was never published.
+                drop(unsafe { Box::from_raw(fresh) });
+            }
+        }
+        self.finish_migration(pin, cur);
+    }
+
+    /// Doubles the table now (used by `reserve` and the resize models).
+    pub(crate) fn grow_now(&self, pin: &Pin<'_>) {
+        let cur = self.index(pin);
+        self.grow(pin, cur);
+    }
+
+    /// Migrates chunks of `old` until none is left to claim, then waits for the chunks other
+    /// threads claimed and for `current` to move on.
+    fn finish_migration(&self, pin: &Pin<'_>, old: &Index) {
+        while self.help_migrate(pin, old) {}
+        let mut backoff = Backoff::new();
+        while !old.next.load(Ordering::Acquire).is_null()
+            && ptr::eq(self.current.load(Ordering::Acquire), old)
+        {
+            backoff.snooze();
+        }
+    }
+
+    /// Migrates one chunk of `old` into its next index. Returns false when there is no
+    /// resize or no chunk left to claim.
+    fn help_migrate(&self, _pin: &Pin<'_>, old: &Index) -> bool {
+        let next = old.next.load(Ordering::Acquire);
+        if next.is_null() {
+            return false;
+        }
+        // SAFETY: `next` is published and is retired only after `old`, which `_pin` protects.
+        let new = unsafe { &*next };
+        let n = old.nbins();
+        let start = old.claim.fetch_add(MIGRATE_CHUNK, Ordering::Relaxed);
+        if start >= n {
+            return false;
+        }
+        let end = (start + MIGRATE_CHUNK).min(n);
+        for b in start..end {
+            migrate_bin(old, new, b);
+        }
+        let done = old.migrated.fetch_add(end - start, Ordering::AcqRel) + (end - start);
+        if done == n {
+            let old_ptr = old as *const Index as *mut Index;
+            if self
+                .current
+                .compare_exchange(old_ptr, next, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                // SAFETY: `old` is no longer current, so new pins cannot reach it (older
+                // indexes that point to it were retired before it); it was created by
+                // `Box::into_raw` and is retired exactly once, by the thread whose swing won.
+                unsafe { self.collector.retire(old_ptr.cast(), free_index) };
+                self.collector.collect();
+            }
+        }
+        true
+    }
+
+    /// Bins, pools and their use in the current index.
+    pub(crate) fn memory_usage(&self) -> MemoryUsage {
+        let pin = self.pin();
+        let idx = self.index(&pin);
+        MemoryUsage {
+            bins: idx.nbins(),
+            singles_used: idx.singles_used.load(Ordering::Relaxed),
+            singles_reserved: idx.singles.len(),
+            pairs_used: idx.pairs_used.load(Ordering::Relaxed),
+            pairs_reserved: idx.pairs.len(),
+            reserved_bytes: idx.bins.reserved_bytes()
+                + idx.singles.reserved_bytes()
+                + idx.pairs.reserved_bytes(),
+            entries: self.len(),
+            pages: idx.bins.kind(),
+        }
+    }
+
+    /// Slots in the current index (bins × 3 plus the overflow pools).
+    pub(crate) fn capacity(&self) -> usize {
+        let pin = self.pin();
+        let idx = self.index(&pin);
+        idx.nbins() * PRIMARY_SLOTS + idx.singles.len() * SINGLE_SLOTS + idx.pairs.len() * PAIR_SLOTS
+    }
+
+    /// Frees retired indexes and records that no pin can see any more.
+    pub(crate) fn collect(&self) {
+        self.collector.collect();
+    }
+
+    /// Retires a pointer stored as a value (the boxed maps).
+    ///
+    /// # Safety
+    /// As `Collector::retire`.
+    pub(crate) unsafe fn retire(&self, ptr: *mut u8, free: unsafe fn(*mut u8)) {
+        // SAFETY: forwarded contract.
+        unsafe { self.collector.retire(ptr, free) }
+    }
+}
+
+/// Moves bin `b` of `old` into bins `2b` and `2b + 1` of `new`. The caller claimed `b`.
+fn migrate_bin(old: &Index, new: &Index, b: usize) {
+    let bin = &old.bins.as_slice()[b];
+    let hl = match lock(bin) {
+        Locked::Held(hl) => hl,
+        Locked::Moved | Locked::InTransfer => {
+            unreachable!("bin {b} is claimed by one migrator only")
+        }
+    };
+    // Still locked: writers see InTransfer and wait; readers go on reading the unchanged slots.
+    bin.header.store(hl | IN_TRANSFER, Ordering::Release);
+    let link = bin.link.load(Ordering::Relaxed);
+    let mut valid = valid_bits(hl);
+    while valid != 0 {
+        let s = valid.trailing_zeros() as usize;
+        valid &= valid - 1;
+        if let Some(slot) = old.slot(bin, link, s) {
+            insert_migrated(
+                new,
+                slot.key.load(Ordering::Relaxed),
+                slot.value.load(Ordering::Relaxed),
+            );
+        }
+    }
+    bin.header.store(
+        (bumped(hl) & !LOCK & !STATE_MASK) | DONE,
+        Ordering::Release,
+    );
+}
+
+/// Inserts a migrated entry into the index being filled.
+fn insert_migrated(new: &Index, key: u64, value: u64) {
+    let bin = new.bin(mix64(key));
+    let Locked::Held(hl) = lock(bin) else {
+        unreachable!("an index being filled does not migrate itself")
+    };
+    // A child bin receives a subset of one parent bin (at most 15 entries), and its pools
+    // are twice the parent's, reserved for migration while it is being filled.
+    let s = new
+        .claim_free_slot(bin, hl, true)
+        .expect("a child bin has room for its parent's entries");
+    let link = bin.link.load(Ordering::Relaxed);
+    if let Some(slot) = new.slot(bin, link, s) {
+        slot.key.store(key, Ordering::Relaxed);
+        slot.value.store(value, Ordering::Relaxed);
+    }
+    bin.header
+        .store(bumped(hl | bit(s)) & !LOCK, Ordering::Release);
+}
+
+impl Drop for RawTable {
+    fn drop(&mut self) {
+        let cur = self.current.load(Ordering::Relaxed);
+        // SAFETY: `&mut self`: no pin is alive; `current` came from `Box::into_raw` and so
+        // does an unfinished `next` (a migration interrupted by a panic).
+        unsafe {
+            let next = (*cur).next.load(Ordering::Relaxed);
+            if !next.is_null() {
+                drop(Box::from_raw(next));
+            }
+            drop(Box::from_raw(cur));
+        }
+    }
+}

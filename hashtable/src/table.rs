@@ -1,0 +1,375 @@
+//! [`Dlht`]: the `u64 → u64` map with inline 8-byte values, its [`Guard`] and batch API.
+
+use alloc::vec::Vec;
+
+use crate::hash::mix64;
+use crate::mem::PageKind;
+use crate::primitive::prefetch;
+use crate::raw::{AnyValue, Index, MemoryUsage, RawTable, WriteOp};
+use crate::reclaim::Pin;
+
+/// Requests whose buckets are prefetched before any of them executes. Longer batches are
+/// executed in windows of this many (DLHT and Dandelion see the benefit level off near 24).
+pub const PREFETCH_WINDOW: usize = 32;
+
+/// Construction options for [`Dlht`] and [`crate::BoxedMap`].
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Entries the table should hold without resizing (it sizes 1.5 entries per bin).
+    pub capacity: usize,
+    /// Map big arrays on 2 MiB pages where the OS allows (`std` feature, Linux).
+    pub huge_pages: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            capacity: 0,
+            huge_pages: true,
+        }
+    }
+}
+
+/// The operation of a batched [`Request`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Read the value.
+    Get,
+    /// Add the key with this value if it is absent.
+    Insert(u64),
+    /// Replace the value if the key is present.
+    Put(u64),
+    /// Insert or replace.
+    Upsert(u64),
+    /// Remove the key.
+    Delete,
+}
+
+/// One request of a batch: the key, the operation and, after execution, the result.
+///
+/// `result` is the value the key held when the operation took effect: for Get the value; for
+/// Put, Upsert and Delete the old value (`None`: the key was absent); for Insert `None` when
+/// it inserted and `Some(existing)` when the key was already there (nothing changed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// The key.
+    pub key: u64,
+    /// What to do.
+    pub op: Op,
+    /// Filled in by [`Guard::batch`].
+    pub result: Option<u64>,
+}
+
+impl Request {
+    /// A request with an empty result.
+    pub const fn new(key: u64, op: Op) -> Self {
+        Request {
+            key,
+            op,
+            result: None,
+        }
+    }
+}
+
+/// A concurrent `u64 → u64` hashtable in the DLHT design (Dandelion §6): closed addressing
+/// with 64-byte buckets and bounded cache-line chaining, lock-free Gets, per-bin seqlocked
+/// writes, deletes that free their slot at once, a non-blocking resize, and a batch API that
+/// prefetches every request's bucket before executing any.
+///
+/// Every key and value is allowed (validity is kept in bucket headers, not in sentinels).
+///
+/// ```
+/// use dmem_hashtable::{Dlht, Op, Request};
+/// let t = Dlht::with_capacity(1000);
+/// assert_eq!(t.insert(7, 70), None);
+/// assert_eq!(t.get(7), Some(70));
+/// let g = t.pin();
+/// let mut batch = [Request::new(7, Op::Get), Request::new(8, Op::Upsert(80))];
+/// g.batch(&mut batch);
+/// assert_eq!(batch[0].result, Some(70));
+/// assert_eq!(g.get(8), Some(80));
+/// ```
+pub struct Dlht {
+    raw: RawTable,
+}
+
+impl Default for Dlht {
+    fn default() -> Self {
+        Dlht::new()
+    }
+}
+
+impl core::fmt::Debug for Dlht {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Dlht")
+            .field("len", &self.len())
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+impl Dlht {
+    /// An empty table (one bin; it grows by doubling).
+    pub fn new() -> Self {
+        Dlht::with_options(Options::default())
+    }
+
+    /// A table sized for `capacity` entries.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Dlht::with_options(Options {
+            capacity,
+            ..Options::default()
+        })
+    }
+
+    /// A table built from `options`.
+    pub fn with_options(options: Options) -> Self {
+        Dlht {
+            raw: RawTable::new(options.capacity, options.huge_pages),
+        }
+    }
+
+    /// Pins the calling thread for a series of operations. Hold a guard for a batch or a few
+    /// thousand operations, not forever: while it lives, indexes retired by a resize cannot be
+    /// freed.
+    #[inline]
+    pub fn pin(&self) -> Guard<'_> {
+        Guard {
+            table: self,
+            pin: self.raw.pin(),
+        }
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: u64) -> Option<u64> {
+        self.pin().get(key)
+    }
+
+    /// Adds `key → value` if `key` is absent; returns the existing value otherwise.
+    pub fn insert(&self, key: u64, value: u64) -> Option<u64> {
+        self.pin().insert(key, value)
+    }
+
+    /// Replaces the value of a present `key`; returns the old value (`None`: absent, nothing
+    /// stored).
+    pub fn put(&self, key: u64, value: u64) -> Option<u64> {
+        self.pin().put(key, value)
+    }
+
+    /// Inserts or replaces; returns the old value.
+    pub fn upsert(&self, key: u64, value: u64) -> Option<u64> {
+        self.pin().upsert(key, value)
+    }
+
+    /// Removes `key`; returns its value. Its slot is free for reuse when this returns.
+    pub fn delete(&self, key: u64) -> Option<u64> {
+        self.pin().delete(key)
+    }
+
+    /// Executes a batch (see [`Guard::batch`]).
+    pub fn batch(&self, requests: &mut [Request]) {
+        self.pin().batch(requests);
+    }
+
+    /// Entries in the table (exact when no write is in flight).
+    pub fn len(&self) -> usize {
+        self.raw.len()
+    }
+
+    /// Whether the table has no entries.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Slots in the current index. The table doubles before all are used: when one bin's
+    /// 15 slots or an overflow pool run out.
+    pub fn capacity(&self) -> usize {
+        self.raw.capacity()
+    }
+
+    /// Memory held by the current index, and bytes per entry.
+    pub fn memory_usage(&self) -> MemoryUsage {
+        self.raw.memory_usage()
+    }
+
+    /// How the bin array was allocated.
+    pub fn page_kind(&self) -> PageKind {
+        self.memory_usage().pages
+    }
+
+    /// Grows (by doubling) until the table is sized for `len() + additional` entries.
+    pub fn reserve(&self, additional: usize) {
+        let want = crate::raw::bins_for(self.len().saturating_add(additional));
+        let pin = self.raw.pin();
+        while self.raw.index(&pin).nbins() < want {
+            self.raw.grow_now(&pin);
+        }
+    }
+
+    /// Frees memory retired by resizes that no guard can see any more.
+    pub fn collect(&self) {
+        self.raw.collect();
+    }
+
+    /// A weakly consistent iterator over `(key, value)` pairs: every entry present for the
+    /// whole iteration is yielded exactly once; entries inserted or deleted meanwhile may or
+    /// may not be. Each bin is read as one consistent snapshot.
+    pub fn iter(&self) -> Iter<'_> {
+        let guard = self.pin();
+        let index: *const Index = self.raw.index(&guard.pin);
+        Iter {
+            guard,
+            index,
+            bin: 0,
+            buf: Vec::new(),
+            pos: 0,
+        }
+    }
+}
+
+impl<'t> IntoIterator for &'t Dlht {
+    type Item = (u64, u64);
+    type IntoIter = Iter<'t>;
+    fn into_iter(self) -> Iter<'t> {
+        self.iter()
+    }
+}
+
+/// A pinned view of a [`Dlht`]: the way to run many operations, and batches, cheaply.
+pub struct Guard<'t> {
+    table: &'t Dlht,
+    pin: Pin<'t>,
+}
+
+impl Guard<'_> {
+    #[inline(always)]
+    fn index(&self) -> &Index {
+        self.table.raw.index(&self.pin)
+    }
+
+    /// The value of `key`. Lock-free: never waits for a writer.
+    #[inline]
+    pub fn get(&self, key: u64) -> Option<u64> {
+        self.table
+            .raw
+            .get_in(self.index(), key, mix64(key), &AnyValue)
+    }
+
+    #[inline]
+    fn write(&self, key: u64, op: WriteOp) -> Option<u64> {
+        self.table
+            .raw
+            .write(&self.pin, self.index(), key, mix64(key), op, &AnyValue)
+    }
+
+    /// Adds `key → value` if `key` is absent; returns the existing value otherwise.
+    #[inline]
+    pub fn insert(&self, key: u64, value: u64) -> Option<u64> {
+        self.write(key, WriteOp::Insert(value))
+    }
+
+    /// Replaces the value of a present `key`; returns the old value.
+    #[inline]
+    pub fn put(&self, key: u64, value: u64) -> Option<u64> {
+        self.write(key, WriteOp::Put(value))
+    }
+
+    /// Inserts or replaces; returns the old value.
+    #[inline]
+    pub fn upsert(&self, key: u64, value: u64) -> Option<u64> {
+        self.write(key, WriteOp::Upsert(value))
+    }
+
+    /// Removes `key`; returns its value.
+    #[inline]
+    pub fn delete(&self, key: u64) -> Option<u64> {
+        self.write(key, WriteOp::Delete)
+    }
+
+    /// Executes `requests` in order, filling in each `result`. First it issues a software
+    /// prefetch for the bucket of every request (up to [`PREFETCH_WINDOW`] at a time), then
+    /// executes them, so their memory latencies overlap (Dandelion §6, `BatchReqs`).
+    pub fn batch(&self, requests: &mut [Request]) {
+        let raw = &self.table.raw;
+        let mut hashes = [0u64; PREFETCH_WINDOW];
+        for window in requests.chunks_mut(PREFETCH_WINDOW) {
+            let idx = self.index();
+            for (r, h) in window.iter().zip(hashes.iter_mut()) {
+                *h = mix64(r.key);
+                prefetch(idx.bin_ptr(*h));
+            }
+            for (r, &h) in window.iter_mut().zip(hashes.iter()) {
+                r.result = match r.op {
+                    Op::Get => raw.get_in(idx, r.key, h, &AnyValue),
+                    Op::Insert(v) => raw.write(&self.pin, idx, r.key, h, WriteOp::Insert(v), &AnyValue),
+                    Op::Put(v) => raw.write(&self.pin, idx, r.key, h, WriteOp::Put(v), &AnyValue),
+                    Op::Upsert(v) => raw.write(&self.pin, idx, r.key, h, WriteOp::Upsert(v), &AnyValue),
+                    Op::Delete => raw.write(&self.pin, idx, r.key, h, WriteOp::Delete, &AnyValue),
+                };
+            }
+        }
+    }
+
+    /// Batched Gets: `out[i]` becomes the value of `keys[i]` (prefetching as [`Guard::batch`]).
+    ///
+    /// # Panics
+    /// If `out` is shorter than `keys`.
+    pub fn get_batch(&self, keys: &[u64], out: &mut [Option<u64>]) {
+        assert!(out.len() >= keys.len(), "get_batch: output shorter than keys");
+        let raw = &self.table.raw;
+        let mut hashes = [0u64; PREFETCH_WINDOW];
+        for (ks, os) in keys
+            .chunks(PREFETCH_WINDOW)
+            .zip(out.chunks_mut(PREFETCH_WINDOW))
+        {
+            let idx = self.index();
+            for (&k, h) in ks.iter().zip(hashes.iter_mut()) {
+                *h = mix64(k);
+                prefetch(idx.bin_ptr(*h));
+            }
+            for ((&k, &h), o) in ks.iter().zip(hashes.iter()).zip(os.iter_mut()) {
+                *o = raw.get_in(idx, k, h, &AnyValue);
+            }
+        }
+    }
+
+    /// Re-announces the current epoch, so memory retired since the pin can be freed.
+    pub fn repin(&mut self) {
+        self.pin.repin();
+    }
+}
+
+/// Iterator over a [`Dlht`]'s entries; see [`Dlht::iter`].
+pub struct Iter<'t> {
+    guard: Guard<'t>,
+    /// Protected by `guard` for as long as the iterator lives.
+    index: *const Index,
+    bin: usize,
+    buf: Vec<(u64, u64)>,
+    pos: usize,
+}
+
+impl Iterator for Iter<'_> {
+    type Item = (u64, u64);
+
+    fn next(&mut self) -> Option<(u64, u64)> {
+        let _ = &self.guard;
+        loop {
+            if let Some(&e) = self.buf.get(self.pos) {
+                self.pos += 1;
+                return Some(e);
+            }
+            // SAFETY: `index` was the current index while `guard` was pinned; the guard lives
+            // as long as `self`, so the index (and its successors) are not freed.
+            let index = unsafe { &*self.index };
+            if self.bin >= index.nbins() {
+                return None;
+            }
+            self.buf.clear();
+            self.pos = 0;
+            // SAFETY: the guard's pin protects `index` and the chain after it.
+            unsafe { index.snapshot_bin(self.bin, &mut self.buf) };
+            self.bin += 1;
+        }
+    }
+}
