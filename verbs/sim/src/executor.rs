@@ -1,0 +1,701 @@
+//! The simulation executor: tasks on simulated cores, driven in virtual time.
+
+use std::cell::{Cell, RefCell};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+
+use dmem_verbs::{
+    BatchResult, Clock, Endpoint, MemoryRegion, Message, Nanos, NodeId, PostList, Verbs, VerbsError,
+};
+
+use crate::stats::{NodeStats, Role, SimStats};
+use crate::world::{BatchKey, Event, World};
+use crate::{ClusterConfig, SimError};
+
+type TaskKey = (usize, u32);
+
+/// Wakes a task by queueing its key; the executor drains the queue after every step.
+///
+/// A `Waker` must be `Send + Sync`, so the queue is an `Arc<Mutex<_>>` rather than an `Rc`:
+/// the simulator is single-threaded, the lock is never contended and costs a few ns.
+struct TaskWaker {
+    key: TaskKey,
+    queued: AtomicBool,
+    wakes: Arc<Mutex<Vec<TaskKey>>>,
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if !self.queued.swap(true, Ordering::Relaxed) {
+            self.wakes
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(self.key);
+        }
+    }
+}
+
+struct TaskSlot {
+    future: Option<Pin<Box<dyn Future<Output = ()>>>>,
+    core: usize,
+    generation: u32,
+    waker: Arc<TaskWaker>,
+}
+
+struct Shared {
+    world: RefCell<World>,
+    tasks: RefCell<slab::Slab<TaskSlot>>,
+    /// Runnable tasks by the time their core can start them.
+    ready: RefCell<BinaryHeap<Reverse<(Nanos, u64, TaskKey)>>>,
+    ready_seq: Cell<u64>,
+    wakes: Arc<Mutex<Vec<TaskKey>>>,
+    generation: Cell<u32>,
+    contexts: Cell<u64>,
+    seed: u64,
+    mns: u16,
+    cns: u16,
+    threads_per_cn: u16,
+}
+
+/// A simulated cluster and the executor that runs its CN tasks.
+///
+/// Not `Send`: a simulation lives on one thread, which is what makes it deterministic.
+pub struct Sim {
+    shared: Rc<Shared>,
+}
+
+impl Sim {
+    /// Builds the cluster: zeroed MN memory, idle NICs and cores, time 0.
+    ///
+    /// # Errors
+    /// A [`SimError`] for an invalid configuration.
+    pub fn new(config: ClusterConfig) -> Result<Self, SimError> {
+        config.validate()?;
+        Ok(Self {
+            shared: Rc::new(Shared {
+                world: RefCell::new(World::new(&config)),
+                tasks: RefCell::new(slab::Slab::new()),
+                ready: RefCell::new(BinaryHeap::new()),
+                ready_seq: Cell::new(0),
+                wakes: Arc::new(Mutex::new(Vec::new())),
+                generation: Cell::new(0),
+                contexts: Cell::new(0),
+                seed: config.seed,
+                mns: config.mns,
+                cns: config.cns,
+                threads_per_cn: config.threads_per_cn,
+            }),
+        })
+    }
+
+    /// The `i`-th memory node.
+    ///
+    /// # Panics
+    /// If the cluster has no such MN.
+    #[must_use]
+    pub fn mn(&self, i: u16) -> NodeId {
+        assert!(i < self.shared.mns, "MN {i} does not exist");
+        NodeId(i)
+    }
+
+    /// The `i`-th compute node.
+    ///
+    /// # Panics
+    /// If the cluster has no such CN.
+    #[must_use]
+    pub fn cn(&self, i: u16) -> NodeId {
+        assert!(i < self.shared.cns, "CN {i} does not exist");
+        NodeId(self.shared.mns + i)
+    }
+
+    /// Number of MNs.
+    #[must_use]
+    pub fn mn_count(&self) -> u16 {
+        self.shared.mns
+    }
+
+    /// Number of CNs.
+    #[must_use]
+    pub fn cn_count(&self) -> u16 {
+        self.shared.cns
+    }
+
+    /// The registered region of memory node `mn`.
+    ///
+    /// # Panics
+    /// If `mn` is not an MN of this cluster.
+    #[must_use]
+    pub fn region(&self, mn: NodeId) -> MemoryRegion {
+        let world = self.shared.world.borrow();
+        assert!(
+            usize::from(mn.0) < world.node_count() && world.is_memory(mn),
+            "{mn} is not a memory node"
+        );
+        MemoryRegion {
+            node: mn,
+            rkey: world.rkey(mn),
+            len: world.memory(mn).len() as u64,
+        }
+    }
+
+    /// A new execution context on thread `thread` of compute node `cn`, with its own
+    /// messaging endpoint. Tasks spawned with it run on that thread's core.
+    ///
+    /// # Errors
+    /// [`SimError::NotComputeNode`] or [`SimError::NoSuchThread`].
+    pub fn context(&self, cn: NodeId, thread: u16) -> Result<SimContext, SimError> {
+        let s = &self.shared;
+        if cn.0 < s.mns || cn.0 >= s.mns + s.cns {
+            return Err(SimError::NotComputeNode(cn.0));
+        }
+        if thread >= s.threads_per_cn {
+            return Err(SimError::NoSuchThread {
+                thread,
+                threads: s.threads_per_cn,
+            });
+        }
+        let core = usize::from(cn.0 - s.mns) * usize::from(s.threads_per_cn) + usize::from(thread);
+        let endpoint = s.world.borrow_mut().allocate_port(cn);
+        let n = s.contexts.get() + 1;
+        s.contexts.set(n);
+        Ok(SimContext {
+            shared: Rc::clone(s),
+            core,
+            endpoint,
+            seed: splitmix(s.seed ^ splitmix(n)),
+        })
+    }
+
+    /// Runs `future` as a task on the core of `ctx`, starting at the current time.
+    pub fn spawn(&self, ctx: &SimContext, future: impl Future<Output = ()> + 'static) {
+        spawn_on(&self.shared, ctx.core, Box::pin(future));
+    }
+
+    /// Runs until virtual time `deadline` (events and task starts after it stay pending) or
+    /// until nothing is left to do, whichever comes first. Returns the time reached.
+    pub fn run_until(&self, deadline: Nanos) -> Nanos {
+        run(&self.shared, Some(deadline))
+    }
+
+    /// Runs for `duration` of virtual time from now.
+    pub fn run_for(&self, duration: Nanos) -> Nanos {
+        let deadline = self.now().saturating_add(duration);
+        self.run_until(deadline)
+    }
+
+    /// Runs until no event and no runnable task is left. Returns the time reached.
+    ///
+    /// Tasks that wait forever (a receive loop, say) do not keep it running; periodic timers
+    /// do, so prefer [`run_until`](Self::run_until) with them.
+    pub fn run_until_idle(&self) -> Nanos {
+        run(&self.shared, None)
+    }
+
+    /// Current virtual time.
+    #[must_use]
+    pub fn now(&self) -> Nanos {
+        self.shared.world.borrow().now
+    }
+
+    /// Copies `len` bytes of MN memory at `offset` (outside virtual time: for loading and
+    /// checking, not for protocols).
+    ///
+    /// # Panics
+    /// If the range is outside the MN's memory.
+    #[must_use]
+    pub fn read_memory(&self, mn: NodeId, offset: u64, len: usize) -> Vec<u8> {
+        let world = self.shared.world.borrow();
+        let start = offset as usize;
+        world.memory(mn)[start..start + len].to_vec()
+    }
+
+    /// Writes MN memory directly (outside virtual time: for loading a data set).
+    ///
+    /// # Panics
+    /// If the range is outside the MN's memory.
+    pub fn write_memory(&self, mn: NodeId, offset: u64, bytes: &[u8]) {
+        let mut world = self.shared.world.borrow_mut();
+        let start = offset as usize;
+        world.memory_mut(mn)[start..start + bytes.len()].copy_from_slice(bytes);
+    }
+
+    /// Crashes `node` at virtual time `at`: a CN's tasks stop and nothing it has not posted
+    /// lands; an MN stops answering (requests to it fail with `ConnectionLost` after the
+    /// transport timeout).
+    pub fn crash_at(&self, node: NodeId, at: Nanos) {
+        self.shared
+            .world
+            .borrow_mut()
+            .schedule(at, Event::Crash(node));
+    }
+
+    /// Crashes CN `node` when it posts its `k`-th work request (counting from 0 since the
+    /// start): work requests before it land, it and everything after do not — so a prefix
+    /// of a post list may land.
+    pub fn crash_at_work_request(&self, node: NodeId, k: u64) {
+        self.shared.world.borrow_mut().set_crash_at_wr(node, k);
+    }
+
+    /// Revokes CN `cn`'s access at MN `mn`: its later one-sided ops there complete with a
+    /// remote access error (Pandora §3.2.2, active-link termination).
+    pub fn revoke(&self, mn: NodeId, cn: NodeId) {
+        self.shared.world.borrow_mut().revoke(mn, cn);
+    }
+
+    /// Restores access revoked with [`revoke`](Self::revoke).
+    pub fn restore(&self, mn: NodeId, cn: NodeId) {
+        self.shared.world.borrow_mut().restore(mn, cn);
+    }
+
+    /// Whether `node` has crashed.
+    #[must_use]
+    pub fn is_crashed(&self, node: NodeId) -> bool {
+        self.shared.world.borrow().is_crashed(node)
+    }
+
+    /// Number of tasks not finished yet.
+    #[must_use]
+    pub fn live_tasks(&self) -> usize {
+        self.shared.tasks.borrow().len()
+    }
+
+    /// A digest of every completed operation and delivered message (time, core, outcome):
+    /// equal digests mean equal runs.
+    #[must_use]
+    pub fn digest(&self) -> u64 {
+        self.shared.world.borrow().digest()
+    }
+
+    /// A snapshot of the statistics.
+    #[must_use]
+    pub fn stats(&self) -> SimStats {
+        let world = self.shared.world.borrow();
+        let nodes = (0..world.node_count())
+            .map(|i| {
+                let node = NodeId(i as u16);
+                let cpu_busy_ns = world
+                    .cores
+                    .iter()
+                    .filter(|c| c.node == node)
+                    .map(|c| c.cpu_busy_ns)
+                    .sum();
+                NodeStats {
+                    node,
+                    role: if world.is_memory(node) {
+                        Role::Memory
+                    } else {
+                        Role::Compute
+                    },
+                    nic: world.nic_stats(node).clone(),
+                    cpu_busy_ns,
+                }
+            })
+            .collect();
+        SimStats {
+            elapsed_ns: world.now,
+            nodes,
+            latency: world.latency.clone(),
+            events: world.events_processed,
+        }
+    }
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+fn spawn_on(shared: &Rc<Shared>, core: usize, future: Pin<Box<dyn Future<Output = ()>>>) {
+    let generation = shared.generation.get().wrapping_add(1);
+    shared.generation.set(generation);
+    let key = {
+        let mut tasks = shared.tasks.borrow_mut();
+        let entry = tasks.vacant_entry();
+        let key = (entry.key(), generation);
+        entry.insert(TaskSlot {
+            future: Some(future),
+            core,
+            generation,
+            waker: Arc::new(TaskWaker {
+                key,
+                queued: AtomicBool::new(true),
+                wakes: Arc::clone(&shared.wakes),
+            }),
+        });
+        key
+    };
+    let at = shared.world.borrow().time_on(core);
+    push_ready(shared, key, core, at);
+}
+
+fn push_ready(shared: &Shared, key: TaskKey, core: usize, at: Nanos) {
+    let start = at.max(shared.world.borrow().cores[core].busy_until);
+    let seq = shared.ready_seq.get() + 1;
+    shared.ready_seq.set(seq);
+    shared.ready.borrow_mut().push(Reverse((start, seq, key)));
+}
+
+fn drain_wakes(shared: &Shared, at: Nanos) {
+    let woken = std::mem::take(
+        &mut *shared
+            .wakes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    for key in woken {
+        let core = match shared.tasks.borrow().get(key.0) {
+            Some(slot) if slot.generation == key.1 => slot.core,
+            _ => continue,
+        };
+        push_ready(shared, key, core, at);
+    }
+}
+
+/// The next runnable task and the time its core can start it, discarding stale entries and
+/// re-queueing entries whose core became busy since they were queued.
+fn next_task(shared: &Shared) -> Option<(Nanos, TaskKey)> {
+    loop {
+        let Reverse((start, _, key)) = *shared.ready.borrow().peek()?;
+        let core = match shared.tasks.borrow().get(key.0) {
+            Some(slot) if slot.generation == key.1 && slot.future.is_some() => slot.core,
+            _ => {
+                shared.ready.borrow_mut().pop();
+                continue;
+            }
+        };
+        let busy_until = shared.world.borrow().cores[core].busy_until;
+        if busy_until > start {
+            shared.ready.borrow_mut().pop();
+            push_ready(shared, key, core, busy_until);
+            continue;
+        }
+        return Some((start, key));
+    }
+}
+
+/// Drops the tasks of CNs that crashed.
+fn reap_crashed(shared: &Shared) {
+    let crashed = std::mem::take(&mut shared.world.borrow_mut().newly_crashed);
+    if crashed.is_empty() {
+        return;
+    }
+    let doomed: Vec<_> = {
+        let world = shared.world.borrow();
+        let mut tasks = shared.tasks.borrow_mut();
+        let keys: Vec<usize> = tasks
+            .iter()
+            .filter(|(_, slot)| crashed.contains(&world.cores[slot.core].node))
+            .map(|(k, _)| k)
+            .collect();
+        keys.into_iter().map(|k| tasks.remove(k)).collect()
+    };
+    // Dropped with no borrow held: a future's destructor may reach into the world.
+    drop(doomed);
+}
+
+fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
+    loop {
+        reap_crashed(shared);
+        let event_at = shared.world.borrow().next_event_time();
+        let task = next_task(shared);
+        let next = match (event_at, task) {
+            (None, None) => break,
+            (Some(e), None) => e,
+            (None, Some((t, _))) => t,
+            (Some(e), Some((t, _))) => e.min(t),
+        };
+        if deadline.is_some_and(|d| next > d) {
+            let mut world = shared.world.borrow_mut();
+            world.now = world.now.max(deadline.unwrap_or(0));
+            break;
+        }
+        let run_event = match (event_at, task) {
+            (Some(e), Some((t, _))) => e <= t,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        if run_event {
+            shared.world.borrow_mut().step();
+            let now = shared.world.borrow().now;
+            drain_wakes(shared, now);
+        } else if let Some((start, key)) = task {
+            shared.ready.borrow_mut().pop();
+            poll_task(shared, key, start);
+        }
+    }
+    shared.world.borrow().now
+}
+
+fn poll_task(shared: &Rc<Shared>, key: TaskKey, start: Nanos) {
+    let (mut future, core, waker) = {
+        let mut tasks = shared.tasks.borrow_mut();
+        let slot = &mut tasks[key.0];
+        slot.waker.queued.store(false, Ordering::Relaxed);
+        let future = slot.future.take().expect("runnable task has its future");
+        (future, slot.core, Waker::from(Arc::clone(&slot.waker)))
+    };
+    {
+        let mut world = shared.world.borrow_mut();
+        world.now = world.now.max(start);
+        world.polling_core = Some(core);
+        world.cores[core].local = start;
+    }
+    let mut cx = Context::from_waker(&waker);
+    let poll = future.as_mut().poll(&mut cx);
+    let local = {
+        let mut world = shared.world.borrow_mut();
+        world.polling_core = None;
+        let c = &mut world.cores[core];
+        c.busy_until = c.local;
+        c.local
+    };
+    match poll {
+        Poll::Ready(()) => {
+            let slot = shared.tasks.borrow_mut().remove(key.0);
+            drop(slot);
+            drop(future);
+        }
+        Poll::Pending => {
+            if let Some(slot) = shared.tasks.borrow_mut().get_mut(key.0) {
+                slot.future = Some(future);
+            }
+        }
+    }
+    drain_wakes(shared, local);
+}
+
+/// One execution context on a simulated CN core: its queue pairs to every node, its
+/// messaging endpoint and its clock. Cheap to clone; clones share the endpoint.
+#[derive(Clone)]
+pub struct SimContext {
+    shared: Rc<Shared>,
+    core: usize,
+    endpoint: Endpoint,
+    seed: u64,
+}
+
+impl std::fmt::Debug for SimContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimContext")
+            .field("core", &self.core)
+            .field("endpoint", &self.endpoint)
+            .finish()
+    }
+}
+
+impl SimContext {
+    /// The compute node this context runs on.
+    #[must_use]
+    pub fn node(&self) -> NodeId {
+        self.endpoint.node
+    }
+
+    /// A seed unique to this context and derived from the cluster's seed, for the
+    /// context's own random choices (workload keys, backoff).
+    #[must_use]
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Spawns another task on this context's core.
+    pub fn spawn(&self, future: impl Future<Output = ()> + 'static) {
+        spawn_on(&self.shared, self.core, Box::pin(future));
+    }
+
+    fn crashed(&self) -> bool {
+        self.shared.world.borrow().is_crashed(self.endpoint.node)
+    }
+
+    fn take_message(&self) -> Option<Message> {
+        let mut world = self.shared.world.borrow_mut();
+        let msg = world.ports.get_mut(&self.endpoint)?.messages.pop_front()?;
+        let cost = world.profile.msg_rx_cpu_ns;
+        world.charge(self.core, cost);
+        Some(msg)
+    }
+}
+
+enum PostState {
+    Unposted(PostList),
+    Posted(BatchKey),
+    Done,
+}
+
+/// Resolves when every work request of a post list has completed.
+struct PostFuture {
+    ctx: SimContext,
+    state: PostState,
+}
+
+impl Future for PostFuture {
+    type Output = Result<BatchResult, VerbsError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.ctx.crashed() {
+            return Poll::Ready(Err(VerbsError::LocalCrash));
+        }
+        let key = match std::mem::replace(&mut self.state, PostState::Done) {
+            PostState::Unposted(list) => {
+                let wrs = match list.finish() {
+                    Ok(wrs) => wrs,
+                    Err(e) => return Poll::Ready(Err(e)),
+                };
+                self.ctx.shared.world.borrow_mut().post(self.ctx.core, wrs)
+            }
+            PostState::Posted(key) => key,
+            PostState::Done => panic!("PostFuture polled after completion"),
+        };
+        let mut world = self.ctx.shared.world.borrow_mut();
+        match world.take_if_done(key) {
+            Some((cqes, outcomes)) => {
+                let cost = cqes as u64 * world.profile.cqe_cpu_ns;
+                world.charge(self.ctx.core, cost);
+                let mut ok = Vec::with_capacity(outcomes.len());
+                for outcome in outcomes {
+                    match outcome.expect("completed work request has an outcome") {
+                        Ok(o) => ok.push(o),
+                        Err(e) => return Poll::Ready(Err(e)),
+                    }
+                }
+                Poll::Ready(Ok(BatchResult::new(ok)))
+            }
+            None => {
+                world.batch_mut(key).waker = Some(cx.waker().clone());
+                drop(world);
+                self.state = PostState::Posted(key);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for PostFuture {
+    fn drop(&mut self) {
+        if let PostState::Posted(key) = self.state
+            && let Ok(mut world) = self.ctx.shared.world.try_borrow_mut()
+        {
+            world.abandon(key);
+        }
+    }
+}
+
+struct RecvFuture {
+    ctx: SimContext,
+}
+
+impl Future for RecvFuture {
+    type Output = Result<Message, VerbsError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.ctx.crashed() {
+            return Poll::Ready(Err(VerbsError::LocalCrash));
+        }
+        if let Some(msg) = self.ctx.take_message() {
+            return Poll::Ready(Ok(msg));
+        }
+        let mut world = self.ctx.shared.world.borrow_mut();
+        match world.ports.get_mut(&self.ctx.endpoint) {
+            Some(q) => {
+                q.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            None => Poll::Ready(Err(VerbsError::Closed)),
+        }
+    }
+}
+
+struct SleepFuture {
+    ctx: SimContext,
+    deadline: Nanos,
+    armed: bool,
+}
+
+impl Future for SleepFuture {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut world = self.ctx.shared.world.borrow_mut();
+        if world.time_on(self.ctx.core) >= self.deadline {
+            return Poll::Ready(());
+        }
+        if !self.armed {
+            world.schedule(self.deadline, Event::Timer(cx.waker().clone()));
+            drop(world);
+            self.armed = true;
+        }
+        Poll::Pending
+    }
+}
+
+impl Verbs for SimContext {
+    fn local_endpoint(&self) -> Endpoint {
+        self.endpoint
+    }
+
+    fn post(&self, list: PostList) -> impl Future<Output = Result<BatchResult, VerbsError>> {
+        PostFuture {
+            ctx: self.clone(),
+            state: PostState::Unposted(list),
+        }
+    }
+
+    fn send(&self, to: Endpoint, payload: &[u8]) -> impl Future<Output = Result<(), VerbsError>> {
+        let payload = payload.to_vec();
+        async move {
+            if self.crashed() {
+                return Err(VerbsError::LocalCrash);
+            }
+            let mut world = self.shared.world.borrow_mut();
+            let max = world.profile.max_message_bytes as usize;
+            if payload.len() > max {
+                return Err(VerbsError::MessageTooLarge {
+                    len: payload.len(),
+                    max,
+                });
+            }
+            world.send(self.core, self.endpoint, to, payload);
+            Ok(())
+        }
+    }
+
+    fn recv(&self) -> impl Future<Output = Result<Message, VerbsError>> {
+        RecvFuture { ctx: self.clone() }
+    }
+
+    fn try_recv(&self) -> Result<Option<Message>, VerbsError> {
+        if self.crashed() {
+            return Err(VerbsError::LocalCrash);
+        }
+        Ok(self.take_message())
+    }
+}
+
+impl Clock for SimContext {
+    fn now(&self) -> Nanos {
+        self.shared.world.borrow().time_on(self.core)
+    }
+
+    fn sleep_until(&self, deadline: Nanos) -> impl Future<Output = ()> {
+        SleepFuture {
+            ctx: self.clone(),
+            deadline,
+            armed: false,
+        }
+    }
+
+    fn cpu(&self, ns: Nanos) {
+        self.shared.world.borrow_mut().charge(self.core, ns);
+    }
+}

@@ -1,0 +1,140 @@
+//! What the simulator counts: per-NIC work and per-op latency.
+
+use std::collections::BTreeMap;
+
+use dmem_verbs::{Nanos, NodeId, OpKind};
+use hdrhistogram::Histogram;
+
+/// Work one node's NIC did, as responder and as requester.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NicStats {
+    /// One-sided ops this NIC served as responder, by kind (indexed like [`OpKind::ALL`]).
+    pub ops_served: [u64; 4],
+    /// Work requests this NIC posted as requester.
+    pub wrs_posted: u64,
+    /// Doorbells rung on this NIC.
+    pub doorbells: u64,
+    /// Completion-queue entries produced (signaled work requests and errors).
+    pub cqes: u64,
+    /// Bytes received (requests and responses, payload and headers).
+    pub bytes_in: u64,
+    /// Bytes sent.
+    pub bytes_out: u64,
+    /// Two-sided messages sent.
+    pub messages_sent: u64,
+    /// Two-sided messages delivered to this node.
+    pub messages_received: u64,
+    /// Two-sided messages lost by fault injection or sent to a crashed node.
+    pub messages_dropped: u64,
+    /// Time the READ/WRITE engine was busy, ns.
+    pub rw_busy_ns: f64,
+    /// Time the atomic unit was busy, ns.
+    pub atomic_busy_ns: f64,
+    /// Time the outgoing link was busy, ns.
+    pub egress_busy_ns: f64,
+    /// Time the incoming link was busy, ns.
+    pub ingress_busy_ns: f64,
+}
+
+impl NicStats {
+    /// One-sided ops served of `kind`.
+    #[must_use]
+    pub fn served(&self, kind: OpKind) -> u64 {
+        self.ops_served[kind_index(kind)]
+    }
+
+    /// Total one-sided ops served.
+    #[must_use]
+    pub fn total_served(&self) -> u64 {
+        self.ops_served.iter().sum()
+    }
+
+    /// Fraction of `elapsed` during which the busiest NIC resource (READ/WRITE engine,
+    /// atomic unit, either link direction) was busy: 1.0 means saturated.
+    #[must_use]
+    pub fn busy_fraction(&self, elapsed: Nanos) -> f64 {
+        if elapsed == 0 {
+            return 0.0;
+        }
+        let busiest = self
+            .rw_busy_ns
+            .max(self.atomic_busy_ns)
+            .max(self.egress_busy_ns)
+            .max(self.ingress_busy_ns);
+        (busiest / elapsed as f64).min(1.0)
+    }
+}
+
+pub(crate) fn kind_index(kind: OpKind) -> usize {
+    match kind {
+        OpKind::Read => 0,
+        OpKind::Write => 1,
+        OpKind::Cas => 2,
+        OpKind::Faa => 3,
+    }
+}
+
+/// Role of a node in the simulated cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Memory node.
+    Memory,
+    /// Compute node.
+    Compute,
+}
+
+/// One node's counters.
+#[derive(Debug, Clone)]
+pub struct NodeStats {
+    /// The node.
+    pub node: NodeId,
+    /// Its role.
+    pub role: Role,
+    /// Its NIC's work.
+    pub nic: NicStats,
+    /// CPU time its simulated cores spent, ns (CNs only).
+    pub cpu_busy_ns: u64,
+}
+
+/// A snapshot of the simulator's statistics.
+#[derive(Debug, Clone)]
+pub struct SimStats {
+    /// Virtual time since the simulation started, ns.
+    pub elapsed_ns: Nanos,
+    /// Per-node counters, indexed by node id.
+    pub nodes: Vec<NodeStats>,
+    /// Latency from post to completion of every one-sided work request, ns, by kind.
+    pub latency: BTreeMap<OpKind, Histogram<u64>>,
+    /// Events the simulator processed (its own work, for speed measurements).
+    pub events: u64,
+}
+
+impl SimStats {
+    /// Counters of node `node`.
+    ///
+    /// # Panics
+    /// If `node` is not part of the cluster.
+    #[must_use]
+    pub fn node(&self, node: NodeId) -> &NodeStats {
+        &self.nodes[usize::from(node.0)]
+    }
+
+    /// One-sided ops completed by all responders.
+    #[must_use]
+    pub fn total_ops(&self) -> u64 {
+        self.nodes.iter().map(|n| n.nic.total_served()).sum()
+    }
+
+    /// Empty latency histograms, one per op kind.
+    pub(crate) fn new_latency() -> BTreeMap<OpKind, Histogram<u64>> {
+        OpKind::ALL
+            .into_iter()
+            .map(|k| {
+                // 1 ns .. 100 s at 3 significant digits: bounded and well inside memory.
+                let h = Histogram::new_with_bounds(1, 100_000_000_000, 3)
+                    .expect("static histogram bounds are valid");
+                (k, h)
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,893 @@
+//! The simulated cluster's state and its discrete-event engine.
+//!
+//! Everything here runs on one thread, in virtual time. Events are ordered by
+//! `(time, sequence number)`, so equal-time events run in the order they were scheduled and
+//! a run is a pure function of the configuration and the seed.
+//!
+//! # The life of a one-sided work request
+//!
+//! ```text
+//!  CN core          CN NIC egress        wire         MN NIC ingress -> engine            MN egress     wire    CN
+//!  post: CPU ─► Doorbell ─► serialise ─► latency ─► Arrive ─► queue ─► Execute/WriteLine ─► serialise ─► latency ─► Complete
+//!  wr+doorbell  (event)     (packet)                 (event)   per QP,   (event: memory      (response)            (event)
+//!  cost                                                        engine    effect happens)
+//! ```
+//!
+//! * READ and WRITE share the responder's READ/WRITE engine (`rw_mops`); CAS and FAA go to the
+//!   atomic unit (`atomic_mops`) and are further serialised per 8-byte address
+//!   (`same_address_atomic_mops`).
+//! * A READ snapshots remote memory at one instant. A WRITE lands one 64-byte line at a time
+//!   at the pace the payload crosses the wire, in increasing address order, so a READ served
+//!   meanwhile can see a torn image at cache-line granularity (LOTUS §7.1, OOCC §V).
+//! * Work requests of one queue pair (one CN core to one MN) execute in order: each starts
+//!   after the previous one's memory effects are complete (RC semantics).
+//!
+//! Simplifications, stated so that a reader can judge the figures: the responder's response
+//! is not queued at the requester's ingress link; a failed work request does not move its
+//! queue pair to the error state (later work requests still execute).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::task::Waker;
+
+use dmem_verbs::{
+    Endpoint, Message, Nanos, NodeId, Op, OpKind, Port, RKey, VerbsError, WorkRequest, WrOutcome,
+};
+use hdrhistogram::Histogram;
+use rand_xoshiro::Xoshiro256PlusPlus;
+use rand_xoshiro::rand_core::{RngCore, SeedableRng};
+use slab::Slab;
+
+use crate::stats::{NicStats, kind_index};
+use crate::{ClusterConfig, MessageFaults, NicProfile};
+
+/// Key of an in-flight post list.
+pub(crate) type BatchKey = usize;
+
+/// Outcome of each work request of a list (`None` for one not completed).
+pub(crate) type Outcomes = Vec<Option<Result<WrOutcome, VerbsError>>>;
+
+/// Something that happens at an instant of virtual time.
+pub(crate) enum Event {
+    /// A timer expires.
+    Timer(Waker),
+    /// The requester NIC starts on a post list (CPU costs already paid).
+    Doorbell(BatchKey),
+    /// A request packet reaches the responder NIC.
+    Arrive { batch: BatchKey, wr: u32 },
+    /// The responder executes a READ or an atomic.
+    Execute { batch: BatchKey, wr: u32 },
+    /// Line `line` of a WRITE lands in responder memory.
+    WriteLine { batch: BatchKey, wr: u32, line: u32 },
+    /// A response (or an error) reaches the requester.
+    Complete { batch: BatchKey, wr: u32 },
+    /// A node crashes.
+    Crash(NodeId),
+    /// A two-sided message leaves the sender's NIC.
+    SendDoorbell { to: Endpoint, msg: Message },
+    /// A two-sided message reaches the receiver's NIC.
+    Deliver { to: Endpoint, msg: Message },
+    /// A two-sided message is handed to its receive queue.
+    Enqueue { to: Endpoint, msg: Message },
+}
+
+struct Entry {
+    time: Nanos,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        (self.time, self.seq) == (other.time, other.seq)
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.time, self.seq).cmp(&(other.time, other.seq))
+    }
+}
+
+/// NIC queues of one node. Times are `f64` nanoseconds so that sub-nanosecond service times
+/// (a 107 Mops engine serves an op every 9.3 ns) do not accumulate rounding error.
+#[derive(Default)]
+struct Nic {
+    egress_free: f64,
+    ingress_free: f64,
+    /// When each READ/WRITE processing unit is next free.
+    pu_free: Vec<f64>,
+    atomic_free: f64,
+    /// Per-address serialisation of atomics: when the word may next be touched.
+    atomic_address_free: HashMap<u64, f64>,
+    /// Per source core (= queue pair at this responder): when its last op's effects end.
+    qp_done: HashMap<usize, f64>,
+    stats: NicStats,
+}
+
+pub(crate) struct PortQueue {
+    pub(crate) messages: VecDeque<Message>,
+    pub(crate) waker: Option<Waker>,
+}
+
+struct Node {
+    /// MN memory; empty for CNs.
+    memory: Vec<u8>,
+    rkey: RKey,
+    is_memory: bool,
+    nic: Nic,
+    crashed: bool,
+    /// Crash when this many work requests have been posted (the k-th is not posted).
+    crash_at_wr: Option<u64>,
+    wrs_posted: u64,
+    /// CNs whose access this MN revoked.
+    revoked: BTreeSet<NodeId>,
+    next_port: u16,
+}
+
+/// A simulated CN core: a thread that runs coroutines.
+pub(crate) struct Core {
+    pub(crate) node: NodeId,
+    /// The core is busy (running a task or paying CPU costs) until then.
+    pub(crate) busy_until: Nanos,
+    /// Local time of the task being polled on this core.
+    pub(crate) local: Nanos,
+    pub(crate) cpu_busy_ns: u64,
+}
+
+/// An in-flight post list.
+pub(crate) struct Batch {
+    core: usize,
+    node: NodeId,
+    posted_at: Nanos,
+    wrs: Vec<WorkRequest>,
+    /// How many work requests were actually posted (fewer if the node crashed mid-list).
+    posted: usize,
+    outcomes: Outcomes,
+    outstanding: usize,
+    pub(crate) waker: Option<Waker>,
+    /// The future that posted it was dropped: free the slot when the last response lands.
+    pub(crate) abandoned: bool,
+}
+
+/// The state of the whole simulated cluster.
+pub(crate) struct World {
+    pub(crate) profile: NicProfile,
+    pub(crate) now: Nanos,
+    /// Core whose task is being polled, if any.
+    pub(crate) polling_core: Option<usize>,
+    seq: u64,
+    events: BinaryHeap<Reverse<Entry>>,
+    nodes: Vec<Node>,
+    pub(crate) cores: Vec<Core>,
+    batches: Slab<Batch>,
+    pub(crate) ports: HashMap<Endpoint, PortQueue>,
+    rng: Xoshiro256PlusPlus,
+    faults: MessageFaults,
+    digest: u64,
+    pub(crate) events_processed: u64,
+    pub(crate) latency: std::collections::BTreeMap<OpKind, Histogram<u64>>,
+    /// Nodes that crashed since the executor last looked (it drops their tasks).
+    pub(crate) newly_crashed: Vec<NodeId>,
+}
+
+/// FNV-1a over 64-bit words: a digest that is stable across toolchains and platforms, which
+/// `std`'s hashers do not promise. Written by hand because it is five lines.
+fn fold(digest: u64, word: u64) -> u64 {
+    let mut h = digest;
+    for byte in word.to_le_bytes() {
+        h ^= u64::from(byte);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+impl World {
+    pub(crate) fn new(config: &ClusterConfig) -> Self {
+        let total = usize::from(config.mns) + usize::from(config.cns);
+        let mut nodes = Vec::with_capacity(total);
+        for i in 0..total {
+            let is_memory = i < usize::from(config.mns);
+            nodes.push(Node {
+                memory: if is_memory {
+                    vec![0; config.mn_memory_bytes as usize]
+                } else {
+                    Vec::new()
+                },
+                // Distinct, non-trivial keys so that a key used at the wrong node is caught.
+                rkey: RKey(0x5eed_0000 | i as u32),
+                is_memory,
+                nic: Nic {
+                    pu_free: vec![0.0; config.profile.processing_units as usize],
+                    ..Nic::default()
+                },
+                crashed: false,
+                crash_at_wr: None,
+                wrs_posted: 0,
+                revoked: BTreeSet::new(),
+                next_port: 1,
+            });
+        }
+        let mut cores = Vec::new();
+        for cn in 0..config.cns {
+            for _ in 0..config.threads_per_cn {
+                cores.push(Core {
+                    node: NodeId(config.mns + cn),
+                    busy_until: 0,
+                    local: 0,
+                    cpu_busy_ns: 0,
+                });
+            }
+        }
+        Self {
+            profile: config.profile.clone(),
+            now: 0,
+            polling_core: None,
+            seq: 0,
+            events: BinaryHeap::new(),
+            nodes,
+            cores,
+            batches: Slab::new(),
+            ports: HashMap::new(),
+            rng: Xoshiro256PlusPlus::seed_from_u64(config.seed),
+            faults: config.message_faults,
+            digest: FNV_OFFSET,
+            events_processed: 0,
+            latency: crate::stats::SimStats::new_latency(),
+            newly_crashed: Vec::new(),
+        }
+    }
+
+    pub(crate) fn digest(&self) -> u64 {
+        self.digest
+    }
+
+    pub(crate) fn schedule(&mut self, time: Nanos, event: Event) {
+        self.seq += 1;
+        self.events.push(Reverse(Entry {
+            time,
+            seq: self.seq,
+            event,
+        }));
+    }
+
+    pub(crate) fn next_event_time(&self) -> Option<Nanos> {
+        self.events.peek().map(|Reverse(e)| e.time)
+    }
+
+    pub(crate) fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub(crate) fn is_memory(&self, node: NodeId) -> bool {
+        self.nodes[usize::from(node.0)].is_memory
+    }
+
+    pub(crate) fn rkey(&self, node: NodeId) -> RKey {
+        self.nodes[usize::from(node.0)].rkey
+    }
+
+    pub(crate) fn memory(&self, node: NodeId) -> &[u8] {
+        &self.nodes[usize::from(node.0)].memory
+    }
+
+    pub(crate) fn memory_mut(&mut self, node: NodeId) -> &mut [u8] {
+        &mut self.nodes[usize::from(node.0)].memory
+    }
+
+    pub(crate) fn is_crashed(&self, node: NodeId) -> bool {
+        self.nodes[usize::from(node.0)].crashed
+    }
+
+    pub(crate) fn nic_stats(&self, node: NodeId) -> &NicStats {
+        &self.nodes[usize::from(node.0)].nic.stats
+    }
+
+    pub(crate) fn set_crash_at_wr(&mut self, node: NodeId, k: u64) {
+        self.nodes[usize::from(node.0)].crash_at_wr = Some(k);
+    }
+
+    pub(crate) fn revoke(&mut self, mn: NodeId, cn: NodeId) {
+        self.nodes[usize::from(mn.0)].revoked.insert(cn);
+    }
+
+    pub(crate) fn restore(&mut self, mn: NodeId, cn: NodeId) {
+        self.nodes[usize::from(mn.0)].revoked.remove(&cn);
+    }
+
+    pub(crate) fn allocate_port(&mut self, node: NodeId) -> Endpoint {
+        let n = &mut self.nodes[usize::from(node.0)];
+        let port = Port(n.next_port);
+        n.next_port += 1;
+        let endpoint = Endpoint { node, port };
+        self.ports.insert(
+            endpoint,
+            PortQueue {
+                messages: VecDeque::new(),
+                waker: None,
+            },
+        );
+        endpoint
+    }
+
+    /// Charges `ns` of CPU to the core being polled (or to `core`).
+    pub(crate) fn charge(&mut self, core: usize, ns: Nanos) {
+        let c = &mut self.cores[core];
+        c.local += ns;
+        c.cpu_busy_ns += ns;
+    }
+
+    /// The time as seen by code running on `core`.
+    pub(crate) fn time_on(&self, core: usize) -> Nanos {
+        if self.polling_core == Some(core) {
+            self.cores[core].local
+        } else {
+            self.now
+        }
+    }
+
+    pub(crate) fn crash(&mut self, node: NodeId) {
+        let n = &mut self.nodes[usize::from(node.0)];
+        if !n.crashed {
+            n.crashed = true;
+            self.newly_crashed.push(node);
+        }
+    }
+
+    // ---------------------------------------------------------------- posting
+
+    /// Posts a checked list from `core`: pays the CPU cost, applies a planned crash, and
+    /// schedules the doorbell. Returns the batch key.
+    pub(crate) fn post(&mut self, core: usize, wrs: Vec<WorkRequest>) -> BatchKey {
+        let node = self.cores[core].node;
+        let n = &mut self.nodes[usize::from(node.0)];
+        let mut posted = wrs.len();
+        if let Some(k) = n.crash_at_wr {
+            let room = k.saturating_sub(n.wrs_posted) as usize;
+            if room < posted {
+                posted = room;
+            }
+        }
+        n.wrs_posted += posted as u64;
+        let crash_now = posted < wrs.len();
+        // One doorbell per destination queue pair.
+        let mut destinations: Vec<NodeId> =
+            wrs[..posted].iter().map(|w| w.op.addr().node).collect();
+        destinations.sort_unstable();
+        destinations.dedup();
+        let doorbells = destinations.len() as u64;
+        n.nic.stats.wrs_posted += posted as u64;
+        n.nic.stats.doorbells += doorbells;
+        let cost =
+            posted as u64 * self.profile.wr_cpu_ns + doorbells * self.profile.doorbell_cpu_ns;
+        self.charge(core, cost);
+        let at = self.cores[core].local;
+        let outcomes = vec![None; wrs.len()];
+        let key = self.batches.insert(Batch {
+            core,
+            node,
+            posted_at: at,
+            outstanding: posted,
+            posted,
+            wrs,
+            outcomes,
+            waker: None,
+            abandoned: false,
+        });
+        if posted > 0 {
+            self.schedule(at, Event::Doorbell(key));
+        }
+        if crash_now {
+            self.crash(node);
+        }
+        key
+    }
+
+    /// If batch `key` is complete, removes it and returns its outcomes.
+    pub(crate) fn take_if_done(&mut self, key: BatchKey) -> Option<(usize, Outcomes)> {
+        let b = &self.batches[key];
+        if b.outstanding > 0 || b.posted < b.wrs.len() {
+            return None;
+        }
+        let b = self.batches.remove(key);
+        let cqes = b.wrs.iter().filter(|w| w.signaled).count();
+        Some((cqes, b.outcomes))
+    }
+
+    pub(crate) fn batch_mut(&mut self, key: BatchKey) -> &mut Batch {
+        &mut self.batches[key]
+    }
+
+    /// The future of batch `key` was dropped.
+    pub(crate) fn abandon(&mut self, key: BatchKey) {
+        if let Some(b) = self.batches.get_mut(key) {
+            if b.outstanding == 0 {
+                self.batches.remove(key);
+            } else {
+                b.abandoned = true;
+                b.waker = None;
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- messages
+
+    pub(crate) fn send(&mut self, core: usize, from: Endpoint, to: Endpoint, payload: Vec<u8>) {
+        let cost = self.profile.wr_cpu_ns + self.profile.doorbell_cpu_ns;
+        self.charge(core, cost);
+        let at = self.cores[core].local;
+        self.schedule(
+            at,
+            Event::SendDoorbell {
+                to,
+                msg: Message { from, payload },
+            },
+        );
+    }
+
+    fn random_unit(&mut self) -> f64 {
+        // 53 random bits as a float in [0, 1).
+        (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    // ---------------------------------------------------------------- events
+
+    /// Pops and handles the next event. Returns `false` when there is none.
+    pub(crate) fn step(&mut self) -> bool {
+        let Some(Reverse(entry)) = self.events.pop() else {
+            return false;
+        };
+        debug_assert!(entry.time >= self.now || self.polling_core.is_some());
+        self.now = self.now.max(entry.time);
+        self.events_processed += 1;
+        match entry.event {
+            Event::Timer(waker) => waker.wake(),
+            Event::Doorbell(batch) => self.on_doorbell(batch),
+            Event::Arrive { batch, wr } => self.on_arrive(batch, wr as usize),
+            Event::Execute { batch, wr } => self.on_execute(batch, wr as usize),
+            Event::WriteLine { batch, wr, line } => {
+                self.on_write_line(batch, wr as usize, line as usize)
+            }
+            Event::Complete { batch, wr } => self.on_complete(batch, wr as usize),
+            Event::Crash(node) => self.crash(node),
+            Event::SendDoorbell { to, msg } => self.on_send_doorbell(to, msg),
+            Event::Deliver { to, msg } => self.on_deliver(to, msg),
+            Event::Enqueue { to, msg } => self.on_enqueue(to, msg),
+        }
+        true
+    }
+
+    fn request_bytes(op: &Op) -> u64 {
+        match op {
+            Op::Read { .. } => 0,
+            Op::Write { data, .. } => data.len() as u64,
+            Op::Cas { .. } => 16,
+            Op::Faa { .. } => 8,
+        }
+    }
+
+    fn response_bytes(op: &Op) -> u64 {
+        match op {
+            Op::Read { len, .. } => u64::from(*len),
+            Op::Write { .. } => 0,
+            Op::Cas { .. } | Op::Faa { .. } => 8,
+        }
+    }
+
+    fn on_doorbell(&mut self, key: BatchKey) {
+        let now = self.now as f64;
+        let profile = &self.profile;
+        let b = &self.batches[key];
+        let node = usize::from(b.node.0);
+        let mut arrivals = Vec::with_capacity(b.posted);
+        let nic = &mut self.nodes[node].nic;
+        for (i, wr) in b.wrs[..b.posted].iter().enumerate() {
+            let bytes = Self::request_bytes(&wr.op);
+            let fetch = match &wr.op {
+                Op::Write { data, .. } if data.len() > profile.inline_threshold as usize => {
+                    profile.payload_fetch_ns as f64
+                }
+                _ => 0.0,
+            };
+            let wire = profile.wire_ns(bytes);
+            let start = (now + fetch).max(nic.egress_free);
+            nic.egress_free = start + wire;
+            nic.stats.egress_busy_ns += wire;
+            nic.stats.bytes_out += bytes + u64::from(profile.header_bytes);
+            let arrive = nic.egress_free + profile.one_way_latency_ns as f64;
+            arrivals.push((arrive.ceil() as Nanos, i as u32));
+        }
+        for (time, wr) in arrivals {
+            self.schedule(time, Event::Arrive { batch: key, wr });
+        }
+    }
+
+    /// Sends the response of work request `wr` from responder `responder` at `at`,
+    /// scheduling its completion at the requester.
+    fn respond(&mut self, responder: usize, key: BatchKey, wr: usize, at: f64, bytes: u64) {
+        let profile = &self.profile;
+        let wire = profile.wire_ns(bytes);
+        let nic = &mut self.nodes[responder].nic;
+        let start = at.max(nic.egress_free);
+        nic.egress_free = start + wire;
+        nic.stats.egress_busy_ns += wire;
+        nic.stats.bytes_out += bytes + u64::from(profile.header_bytes);
+        let arrive = nic.egress_free + profile.one_way_latency_ns as f64;
+        self.schedule(
+            arrive.ceil() as Nanos,
+            Event::Complete {
+                batch: key,
+                wr: wr as u32,
+            },
+        );
+    }
+
+    fn fail(&mut self, key: BatchKey, wr: usize, error: VerbsError, at: Nanos) {
+        self.batches[key].outcomes[wr] = Some(Err(error));
+        self.schedule(
+            at,
+            Event::Complete {
+                batch: key,
+                wr: wr as u32,
+            },
+        );
+    }
+
+    fn on_arrive(&mut self, key: BatchKey, wr: usize) {
+        let profile = self.profile.clone();
+        let (op, source_core, source_node) = {
+            let b = &self.batches[key];
+            (b.wrs[wr].op.clone(), b.core, b.node)
+        };
+        let addr = op.addr();
+        let dst = usize::from(addr.node.0);
+        if dst >= self.nodes.len() || self.nodes[dst].crashed || !self.nodes[dst].is_memory {
+            let at = self.now + profile.transport_timeout_ns;
+            self.fail(key, wr, VerbsError::ConnectionLost { node: addr.node }, at);
+            return;
+        }
+        let now = self.now as f64;
+        let in_bytes = Self::request_bytes(&op);
+        let node = &mut self.nodes[dst];
+        let wire = profile.wire_ns(in_bytes);
+        let ready = now.max(node.nic.ingress_free + wire);
+        node.nic.ingress_free = ready;
+        node.nic.stats.ingress_busy_ns += wire;
+        node.nic.stats.bytes_in += in_bytes + u64::from(profile.header_bytes);
+
+        let len = op.remote_len();
+        let in_bounds = addr
+            .offset
+            .checked_add(len)
+            .is_some_and(|end| end <= node.memory.len() as u64);
+        if addr.rkey != node.rkey || !in_bounds || node.revoked.contains(&source_node) {
+            // NAK: the responder answers at once, without touching memory.
+            let at = ready + profile.one_way_latency_ns as f64;
+            self.fail(
+                key,
+                wr,
+                VerbsError::RemoteAccess { index: wr, addr },
+                at.ceil() as Nanos,
+            );
+            return;
+        }
+
+        let qp_ready = node.nic.qp_done.get(&source_core).copied().unwrap_or(0.0);
+        let earliest = ready.max(qp_ready);
+        match op {
+            Op::Read { .. } | Op::Write { .. } => {
+                // The processing unit that frees first (lowest index on ties: deterministic).
+                let (pu, free) = node.nic.pu_free.iter().copied().enumerate().fold(
+                    (0, f64::INFINITY),
+                    |best, (i, f)| if f < best.1 { (i, f) } else { best },
+                );
+                let start = earliest.max(free);
+                let service = profile.pu_service_ns();
+                node.nic.pu_free[pu] = start + service;
+                if let Op::Write { .. } = op {
+                    // The payload lands one line at a time, spread over the service time.
+                    let lines = lines_touched(addr.offset, len);
+                    let line_ns = service / lines as f64;
+                    node.nic
+                        .qp_done
+                        .insert(source_core, start + (lines - 1) as f64 * line_ns);
+                    for line in 0..lines {
+                        let at = start + line as f64 * line_ns;
+                        self.schedule(
+                            at.ceil() as Nanos,
+                            Event::WriteLine {
+                                batch: key,
+                                wr: wr as u32,
+                                line: line as u32,
+                            },
+                        );
+                    }
+                } else {
+                    node.nic.qp_done.insert(source_core, start);
+                    self.schedule(
+                        start.ceil() as Nanos,
+                        Event::Execute {
+                            batch: key,
+                            wr: wr as u32,
+                        },
+                    );
+                }
+            }
+            Op::Cas { .. } | Op::Faa { .. } => {
+                let address_free = node
+                    .nic
+                    .atomic_address_free
+                    .get(&addr.offset)
+                    .copied()
+                    .unwrap_or(0.0);
+                let start = earliest.max(node.nic.atomic_free).max(address_free);
+                node.nic.atomic_free = start + profile.atomic_service_ns();
+                node.nic
+                    .atomic_address_free
+                    .insert(addr.offset, start + profile.same_address_gap_ns());
+                node.nic.qp_done.insert(source_core, start);
+                if node.nic.atomic_address_free.len() > 1 << 16 {
+                    // Entries in the past constrain nothing; drop them to bound memory.
+                    node.nic.atomic_address_free.retain(|_, free| *free > now);
+                }
+                self.schedule(
+                    start.ceil() as Nanos,
+                    Event::Execute {
+                        batch: key,
+                        wr: wr as u32,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Counts an op as served when its memory effect happens, so that a backlog queued at
+    /// the end of a run is not counted as work done.
+    fn count_served(&mut self, responder: usize, kind: OpKind) {
+        let service = if kind.is_atomic() {
+            self.profile.atomic_service_ns()
+        } else {
+            self.profile.pu_service_ns() / f64::from(self.profile.processing_units)
+        };
+        let stats = &mut self.nodes[responder].nic.stats;
+        stats.ops_served[kind_index(kind)] += 1;
+        if kind.is_atomic() {
+            stats.atomic_busy_ns += service;
+        } else {
+            stats.rw_busy_ns += service;
+        }
+    }
+
+    fn on_execute(&mut self, key: BatchKey, wr: usize) {
+        let op = self.batches[key].wrs[wr].op.clone();
+        let addr = op.addr();
+        let dst = usize::from(addr.node.0);
+        if self.nodes[dst].crashed {
+            let at = self.now + self.profile.transport_timeout_ns;
+            self.fail(key, wr, VerbsError::ConnectionLost { node: addr.node }, at);
+            return;
+        }
+        let offset = addr.offset as usize;
+        let memory = &mut self.nodes[dst].memory;
+        let outcome = match op {
+            Op::Read { len, .. } => {
+                WrOutcome::Bytes(memory[offset..offset + len as usize].to_vec())
+            }
+            Op::Cas { expect, swap, .. } => {
+                let word = &mut memory[offset..offset + 8];
+                let old = u64::from_le_bytes(word.try_into().expect("8-byte word"));
+                if old == expect {
+                    word.copy_from_slice(&swap.to_le_bytes());
+                }
+                WrOutcome::Atomic(old)
+            }
+            Op::Faa { add, .. } => {
+                let word = &mut memory[offset..offset + 8];
+                let old = u64::from_le_bytes(word.try_into().expect("8-byte word"));
+                word.copy_from_slice(&old.wrapping_add(add).to_le_bytes());
+                WrOutcome::Atomic(old)
+            }
+            Op::Write { .. } => unreachable!("WRITEs land through WriteLine events"),
+        };
+        let bytes = Self::response_bytes(&op);
+        self.count_served(dst, op.kind());
+        self.batches[key].outcomes[wr] = Some(Ok(outcome));
+        let now = self.now as f64;
+        self.respond(dst, key, wr, now, bytes);
+    }
+
+    fn on_write_line(&mut self, key: BatchKey, wr: usize, line: usize) {
+        let (addr, last) = {
+            let Op::Write { addr, data } = &self.batches[key].wrs[wr].op else {
+                unreachable!("WriteLine for a non-WRITE");
+            };
+            let lines = lines_touched(addr.offset, data.len() as u64);
+            (*addr, line + 1 == lines)
+        };
+        let dst = usize::from(addr.node.0);
+        if self.nodes[dst].crashed {
+            // The rest of the WRITE is lost with the node; report once, on the last line.
+            if last {
+                let at = self.now + self.profile.transport_timeout_ns;
+                self.fail(key, wr, VerbsError::ConnectionLost { node: addr.node }, at);
+            }
+            return;
+        }
+        {
+            let Op::Write { data, .. } = &self.batches[key].wrs[wr].op else {
+                unreachable!("checked above");
+            };
+            let start = addr.offset as usize;
+            let end = start + data.len();
+            let line_start = (start & !63) + line * 64;
+            let from = line_start.max(start);
+            let to = (line_start + 64).min(end);
+            self.nodes[dst].memory[from..to].copy_from_slice(&data[from - start..to - start]);
+        }
+        if last {
+            self.count_served(dst, OpKind::Write);
+            self.batches[key].outcomes[wr] = Some(Ok(WrOutcome::Written));
+            let now = self.now as f64;
+            self.respond(dst, key, wr, now, 0);
+        }
+    }
+
+    fn on_complete(&mut self, key: BatchKey, wr: usize) {
+        let now = self.now;
+        let b = &mut self.batches[key];
+        b.outstanding -= 1;
+        let node = usize::from(b.node.0);
+        let kind = b.wrs[wr].op.kind();
+        let latency = now.saturating_sub(b.posted_at).max(1);
+        let outcome_word = match &b.outcomes[wr] {
+            Some(Ok(WrOutcome::Atomic(v))) => *v,
+            Some(Ok(WrOutcome::Bytes(bytes))) => {
+                bytes.iter().fold(FNV_OFFSET, |h, &x| fold(h, u64::from(x)))
+            }
+            Some(Ok(WrOutcome::Written)) => 1,
+            Some(Err(_)) => 2,
+            None => 3,
+        };
+        let signaled = b.wrs[wr].signaled || matches!(b.outcomes[wr], Some(Err(_)));
+        let done = b.outstanding == 0;
+        let abandoned = b.abandoned;
+        let waker = if done { b.waker.take() } else { None };
+        let core = b.core;
+        if signaled {
+            self.nodes[node].nic.stats.cqes += 1;
+        }
+        let _ = self.latency.get_mut(&kind).map(|h| h.record(latency));
+        for word in [
+            now,
+            core as u64,
+            wr as u64,
+            kind_index(kind) as u64,
+            outcome_word,
+        ] {
+            self.digest = fold(self.digest, word);
+        }
+        if done {
+            if abandoned {
+                self.batches.remove(key);
+            } else if let Some(w) = waker {
+                w.wake();
+            }
+        }
+    }
+
+    fn on_send_doorbell(&mut self, to: Endpoint, msg: Message) {
+        let from = usize::from(msg.from.node.0);
+        let profile = &self.profile;
+        let bytes = msg.payload.len() as u64;
+        let fetch = if msg.payload.len() > profile.inline_threshold as usize {
+            profile.payload_fetch_ns as f64
+        } else {
+            0.0
+        };
+        let wire = profile.wire_ns(bytes);
+        let nic = &mut self.nodes[from].nic;
+        let start = (self.now as f64 + fetch).max(nic.egress_free);
+        nic.egress_free = start + wire;
+        nic.stats.egress_busy_ns += wire;
+        nic.stats.bytes_out += bytes + u64::from(profile.header_bytes);
+        nic.stats.messages_sent += 1;
+        let mut arrive = nic.egress_free + profile.one_way_latency_ns as f64;
+        let faults = self.faults;
+        if faults.loss > 0.0 && self.random_unit() < faults.loss {
+            self.nodes[from].nic.stats.messages_dropped += 1;
+            return;
+        }
+        if faults.delay > 0.0 && self.random_unit() < faults.delay {
+            arrive += faults.delay_ns as f64;
+        }
+        let duplicate = faults.duplicate > 0.0 && self.random_unit() < faults.duplicate;
+        if duplicate {
+            self.schedule(
+                arrive.ceil() as Nanos,
+                Event::Deliver {
+                    to,
+                    msg: msg.clone(),
+                },
+            );
+        }
+        self.schedule(arrive.ceil() as Nanos, Event::Deliver { to, msg });
+    }
+
+    fn on_deliver(&mut self, to: Endpoint, msg: Message) {
+        let dst = usize::from(to.node.0);
+        if dst >= self.nodes.len() || self.nodes[dst].crashed || !self.ports.contains_key(&to) {
+            if let Some(n) = self.nodes.get_mut(usize::from(msg.from.node.0)) {
+                n.nic.stats.messages_dropped += 1;
+            }
+            return;
+        }
+        let profile = &self.profile;
+        let wire = profile.wire_ns(msg.payload.len() as u64);
+        let nic = &mut self.nodes[dst].nic;
+        let ready = (self.now as f64).max(nic.ingress_free + wire);
+        nic.ingress_free = ready;
+        nic.stats.ingress_busy_ns += wire;
+        nic.stats.bytes_in += msg.payload.len() as u64 + u64::from(profile.header_bytes);
+        let ready = ready.ceil() as Nanos;
+        if ready > self.now {
+            self.schedule(ready, Event::Enqueue { to, msg });
+        } else {
+            self.on_enqueue(to, msg);
+        }
+    }
+
+    fn on_enqueue(&mut self, to: Endpoint, msg: Message) {
+        let dst = usize::from(to.node.0);
+        if self.nodes[dst].crashed {
+            return;
+        }
+        self.nodes[dst].nic.stats.messages_received += 1;
+        self.digest = fold(self.digest, self.now);
+        self.digest = fold(
+            self.digest,
+            u64::from(to.port.0) << 16 | u64::from(to.node.0),
+        );
+        if let Some(q) = self.ports.get_mut(&to) {
+            q.messages.push_back(msg);
+            if let Some(w) = q.waker.take() {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// Number of 64-byte lines that `len` bytes at `offset` touch.
+pub(crate) fn lines_touched(offset: u64, len: u64) -> usize {
+    if len == 0 {
+        return 1;
+    }
+    let first = offset / 64;
+    let last = (offset + len - 1) / 64;
+    (last - first + 1) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines() {
+        assert_eq!(lines_touched(0, 64), 1);
+        assert_eq!(lines_touched(0, 65), 2);
+        assert_eq!(lines_touched(60, 8), 2);
+        assert_eq!(lines_touched(0, 256), 4);
+        assert_eq!(lines_touched(128, 0), 1);
+    }
+
+    #[test]
+    fn fold_is_order_sensitive() {
+        assert_ne!(fold(fold(FNV_OFFSET, 1), 2), fold(fold(FNV_OFFSET, 2), 1));
+    }
+}
