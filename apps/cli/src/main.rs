@@ -3,6 +3,8 @@
 
 use clap::{Parser, Subcommand};
 
+mod perf;
+
 #[derive(Parser, Debug)]
 #[command(name = "dmem", version, about, propagate_version = true)]
 struct Cli {
@@ -12,6 +14,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// perftest-like load of one-sided verbs: throughput, latency, MN NIC busy fraction.
+    Perf(perf::Args),
     /// Layer benchmarks (hashtable, locks) and transaction workloads.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -23,6 +27,7 @@ enum BenchCommand {}
 fn main() {
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match cli.command {
+        Command::Perf(args) => perf::run(args),
         Command::Bench(bench) => match bench {},
     };
     if let Err(err) = result {

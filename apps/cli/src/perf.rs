@@ -1,0 +1,362 @@
+//! `dmem perf`: a perftest-like load generator for one-sided verbs.
+//!
+//! Every client is a coroutine that posts lists of `--batch` work requests (one doorbell per
+//! list) in a closed loop, against its own 64-byte-aligned slots so that atomics do not
+//! contend on one address. Throughput counts work requests completed after a 10 % warm-up;
+//! latency is from post to completion of a list.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use anyhow::{Context as _, bail, ensure};
+use clap::{Args as ClapArgs, ValueEnum};
+use dmem_sim::{ClusterConfig, NicProfile, Role, Sim};
+use dmem_verbs::{Clock, Nanos, OpKind, PostList, RemoteAddr, Verbs};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Which fabric carries the verbs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Fabric {
+    /// The deterministic simulated cluster (virtual time).
+    Sim,
+}
+
+/// The one-sided op to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PerfOp {
+    /// RDMA READ of `--size` bytes.
+    Read,
+    /// RDMA WRITE of `--size` bytes.
+    Write,
+    /// 8-byte compare-and-swap.
+    Cas,
+    /// 8-byte fetch-and-add.
+    Faa,
+}
+
+impl PerfOp {
+    fn kind(self) -> OpKind {
+        match self {
+            PerfOp::Read => OpKind::Read,
+            PerfOp::Write => OpKind::Write,
+            PerfOp::Cas => OpKind::Cas,
+            PerfOp::Faa => OpKind::Faa,
+        }
+    }
+}
+
+/// Arguments of `dmem perf`.
+#[derive(Debug, ClapArgs)]
+pub(crate) struct Args {
+    /// Fabric to run on.
+    #[arg(long, value_enum, default_value = "sim")]
+    fabric: Fabric,
+    /// NIC profile of the simulated cluster (cx3, cx4, cx5, cx6), or a TOML file with one.
+    #[arg(long, default_value = "cx3")]
+    profile: String,
+    /// Ops to measure, comma-separated (one table row per op and batch size).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "write")]
+    op: Vec<PerfOp>,
+    /// Bytes per READ or WRITE (atomics are always 8).
+    #[arg(long, default_value_t = 8)]
+    size: u32,
+    /// Work requests per doorbell, comma-separated list.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    batch: Vec<usize>,
+    /// Coroutines per CN.
+    #[arg(long, default_value_t = 8)]
+    clients: u32,
+    /// Threads (cores) per CN; clients are spread over them.
+    #[arg(long, default_value_t = 4)]
+    threads: u16,
+    /// Compute nodes.
+    #[arg(long, default_value_t = 4)]
+    cns: u16,
+    /// Memory nodes (clients target them round-robin).
+    #[arg(long, default_value_t = 1)]
+    mns: u16,
+    /// Measured duration per row, ms (virtual on the sim).
+    #[arg(long, default_value_t = 2)]
+    duration_ms: u64,
+    /// Seed of the simulation.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON object per row instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One measured row.
+#[derive(Debug, Serialize)]
+struct Row {
+    fabric: &'static str,
+    profile: String,
+    op: &'static str,
+    size: u32,
+    batch: usize,
+    cns: u16,
+    threads: u16,
+    clients: u32,
+    mns: u16,
+    /// Million work requests per second (virtual seconds on the sim).
+    mops: f64,
+    /// Median latency of a post list, ns.
+    p50_ns: u64,
+    /// 99th-percentile latency of a post list, ns.
+    p99_ns: u64,
+    /// Busy fraction of the busiest MN NIC resource (1.0 = saturated).
+    mn_nic_busy: f64,
+    /// Doorbells per work request on the CNs.
+    doorbells_per_wr: f64,
+}
+
+fn load_profile(name: &str) -> anyhow::Result<NicProfile> {
+    if NicProfile::BUILT_IN.contains(&name) {
+        return Ok(NicProfile::named(name)?);
+    }
+    let path = std::path::Path::new(name);
+    if path.exists() {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read NIC profile file {name}"))?;
+        return NicProfile::from_toml(&text).with_context(|| format!("in {name}"));
+    }
+    Ok(NicProfile::named(name)?)
+}
+
+impl Args {
+    fn validate(&self) -> anyhow::Result<()> {
+        ensure!(self.clients > 0, "--clients must be at least 1");
+        ensure!(self.threads > 0, "--threads must be at least 1");
+        ensure!(self.cns > 0, "--cns must be at least 1");
+        ensure!(self.mns > 0, "--mns must be at least 1");
+        ensure!(self.duration_ms > 0, "--duration-ms must be at least 1");
+        ensure!(
+            !self.batch.is_empty() && self.batch.iter().all(|&b| b > 0),
+            "--batch sizes must be at least 1"
+        );
+        ensure!(
+            self.batch.iter().all(|&b| b <= 1024),
+            "--batch sizes must be at most 1024"
+        );
+        ensure!(self.size > 0, "--size must be at least 1 byte");
+        if self.size != 8
+            && self
+                .op
+                .iter()
+                .any(|op| matches!(op, PerfOp::Cas | PerfOp::Faa))
+        {
+            bail!(
+                "CAS and FAA work on 8-byte words: use --size 8 (got {})",
+                self.size
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Per-run counters shared by the clients of one executor thread.
+struct Tally {
+    ops: Cell<u64>,
+    latency: RefCell<Histogram<u64>>,
+}
+
+impl Tally {
+    fn new() -> Rc<Self> {
+        Rc::new(Self {
+            ops: Cell::new(0),
+            latency: RefCell::new(
+                Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("static bounds are valid"),
+            ),
+        })
+    }
+}
+
+/// One closed-loop client: posts `targets.len()` work requests per doorbell until `end`,
+/// counting those that complete after `warm_up_end`.
+async fn client<V: Verbs + Clock>(
+    ctx: V,
+    op: OpKind,
+    size: u32,
+    targets: Vec<RemoteAddr>,
+    warm_up_end: Nanos,
+    end: Nanos,
+    tally: Rc<Tally>,
+) {
+    let payload = vec![0xa5u8; size as usize];
+    let mut round: u64 = 0;
+    while ctx.now() < end {
+        let mut list = PostList::with_capacity(targets.len());
+        for &addr in &targets {
+            match op {
+                OpKind::Read => drop(list.read(addr, size)),
+                OpKind::Write => drop(list.write(addr, &payload)),
+                OpKind::Cas => drop(list.cas(addr, round, round + 1)),
+                OpKind::Faa => drop(list.faa(addr, 1)),
+            }
+        }
+        let start = ctx.now();
+        if let Err(e) = ctx.post(list).await {
+            // Nothing in a perf run is expected to fail; stop this client loudly.
+            eprintln!("dmem perf: client stopped: {e}");
+            return;
+        }
+        let done = ctx.now();
+        if done >= warm_up_end && done <= end {
+            tally.ops.set(tally.ops.get() + targets.len() as u64);
+            let _ = tally.latency.borrow_mut().record((done - start).max(1));
+        }
+        round += 1;
+    }
+}
+
+fn run_sim(args: &Args, profile: &NicProfile, op: PerfOp, batch: usize) -> anyhow::Result<Row> {
+    let slot = u64::from(args.size.div_ceil(64) * 64);
+    let clients_total = u64::from(args.cns) * u64::from(args.clients);
+    let per_mn = clients_total.div_ceil(u64::from(args.mns));
+    let memory = (per_mn * batch as u64 * slot).max(1 << 20);
+    let config = ClusterConfig::with_profile(profile.clone())
+        .mns(args.mns)
+        .cns(args.cns)
+        .threads_per_cn(args.threads)
+        .mn_memory_bytes(memory)
+        .seed(args.seed);
+    let sim = Sim::new(config)?;
+    let duration = args.duration_ms * 1_000_000;
+    let warm_up_end = duration / 10;
+    let end = warm_up_end + duration;
+    let tally = Tally::new();
+    let mut next_slot = vec![0u64; usize::from(args.mns)];
+    for cn in 0..args.cns {
+        for c in 0..args.clients {
+            let thread = (c % u32::from(args.threads)) as u16;
+            let ctx = sim.context(sim.cn(cn), thread)?;
+            let global = u64::from(cn) * u64::from(args.clients) + u64::from(c);
+            let mn = (global % u64::from(args.mns)) as u16;
+            let region = sim.region(sim.mn(mn));
+            let first = &mut next_slot[usize::from(mn)];
+            let targets = (0..batch as u64)
+                .map(|i| {
+                    region
+                        .at((*first + i) * slot)
+                        .context("MN region too small")
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            *first += batch as u64;
+            sim.spawn(
+                &ctx,
+                client(
+                    ctx.clone(),
+                    op.kind(),
+                    args.size,
+                    targets,
+                    warm_up_end,
+                    end,
+                    Rc::clone(&tally),
+                ),
+            );
+        }
+    }
+    sim.run_until(warm_up_end);
+    let at_warm_up = sim.stats();
+    sim.run_until(end);
+    let stats = sim.stats();
+    let measured = end - warm_up_end;
+    let mn_busy = stats
+        .nodes
+        .iter()
+        .zip(&at_warm_up.nodes)
+        .filter(|(n, _)| n.role == Role::Memory)
+        .map(|(n, w)| {
+            let rw = n.nic.rw_busy_ns - w.nic.rw_busy_ns;
+            let atomic = n.nic.atomic_busy_ns - w.nic.atomic_busy_ns;
+            let egress = n.nic.egress_busy_ns - w.nic.egress_busy_ns;
+            let ingress = n.nic.ingress_busy_ns - w.nic.ingress_busy_ns;
+            rw.max(atomic).max(egress).max(ingress) / measured as f64
+        })
+        .fold(0.0, f64::max)
+        .min(1.0);
+    let (doorbells, wrs) = stats
+        .nodes
+        .iter()
+        .filter(|n| n.role == Role::Compute)
+        .fold((0u64, 0u64), |(d, w), n| {
+            (d + n.nic.doorbells, w + n.nic.wrs_posted)
+        });
+    let latency = tally.latency.borrow();
+    Ok(Row {
+        fabric: "sim",
+        profile: profile.name.clone(),
+        op: op.kind().name(),
+        size: if op.kind().is_atomic() { 8 } else { args.size },
+        batch,
+        cns: args.cns,
+        threads: args.threads,
+        clients: args.clients,
+        mns: args.mns,
+        mops: tally.ops.get() as f64 / measured as f64 * 1e3,
+        p50_ns: latency.value_at_quantile(0.5),
+        p99_ns: latency.value_at_quantile(0.99),
+        mn_nic_busy: mn_busy,
+        doorbells_per_wr: doorbells as f64 / wrs.max(1) as f64,
+    })
+}
+
+/// Runs `dmem perf`.
+pub(crate) fn run(args: Args) -> anyhow::Result<()> {
+    args.validate()?;
+    let profile = load_profile(&args.profile)?;
+    let mut rows = Vec::new();
+    for &op in &args.op {
+        for &batch in &args.batch {
+            let row = match args.fabric {
+                Fabric::Sim => run_sim(&args, &profile, op, batch)?,
+            };
+            if args.json {
+                println!("{}", serde_json::to_string(&row)?);
+            }
+            rows.push(row);
+        }
+    }
+    if !args.json {
+        print_table(&args, &rows);
+    }
+    Ok(())
+}
+
+fn print_table(args: &Args, rows: &[Row]) {
+    let fabric = match args.fabric {
+        Fabric::Sim => "sim (virtual time)",
+    };
+    println!(
+        "dmem perf  fabric {fabric}  profile {}  {} MN  {} CN x {} threads x {} clients  {} ms per row  seed {}",
+        rows.first().map_or("-", |r| r.profile.as_str()),
+        args.mns,
+        args.cns,
+        args.threads,
+        args.clients,
+        args.duration_ms,
+        args.seed
+    );
+    println!(
+        "{:<6} {:>5} {:>6} {:>9} {:>9} {:>9} {:>8} {:>11}",
+        "op", "size", "batch", "Mops", "p50 µs", "p99 µs", "MN busy", "vs batch 1"
+    );
+    for row in rows {
+        let base = rows
+            .iter()
+            .find(|r| r.op == row.op && r.batch == 1)
+            .map(|b| row.mops / b.mops);
+        println!(
+            "{:<6} {:>5} {:>6} {:>9.2} {:>9.2} {:>9.2} {:>7.0}% {:>11}",
+            row.op,
+            row.size,
+            row.batch,
+            row.mops,
+            row.p50_ns as f64 / 1e3,
+            row.p99_ns as f64 / 1e3,
+            row.mn_nic_busy * 100.0,
+            base.map_or("-".to_string(), |g| format!("{g:.2}x")),
+        );
+    }
+}
