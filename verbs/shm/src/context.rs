@@ -1,0 +1,277 @@
+//! CN execution contexts and the in-process message fabric.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use dmem_verbs::{BatchResult, Endpoint, Message, NodeId, PostList, Verbs, VerbsError};
+
+use crate::node::complete_post;
+use crate::{MnLink, ShmError};
+
+/// Largest two-sided message payload, in bytes.
+pub const MAX_MESSAGE: usize = 1 << 20;
+
+/// The two-sided side of the shared-memory fabric: receive queues of the contexts of this
+/// process, keyed by [`Endpoint`]. Cloning is cheap and shares the registry.
+///
+/// Messages travel between contexts of one process only; a context in another process is
+/// unreachable ([`VerbsError::ConnectionLost`]) until messages over the Unix socket are
+/// implemented.
+#[derive(Debug, Clone, Default)]
+pub struct ShmFabric {
+    mailboxes: Arc<Mutex<HashMap<Endpoint, Arc<Mailbox>>>>,
+}
+
+impl ShmFabric {
+    /// An empty fabric.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A context that receives on `endpoint`, with no link yet.
+    ///
+    /// # Errors
+    /// [`ShmError::EndpointInUse`] if another live context of this fabric receives there.
+    pub fn context(&self, endpoint: Endpoint) -> Result<ShmContext, ShmError> {
+        let mailbox = Arc::new(Mailbox::default());
+        {
+            let mut boxes = lock(&self.mailboxes);
+            if boxes.contains_key(&endpoint) {
+                return Err(ShmError::EndpointInUse(endpoint));
+            }
+            boxes.insert(endpoint, Arc::clone(&mailbox));
+        }
+        Ok(ShmContext {
+            endpoint,
+            fabric: self.clone(),
+            mailbox,
+            links: Vec::new(),
+        })
+    }
+
+    fn mailbox(&self, endpoint: Endpoint) -> Option<Arc<Mailbox>> {
+        lock(&self.mailboxes).get(&endpoint).cloned()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A receive queue and the waker of the task waiting on it.
+#[derive(Debug, Default)]
+struct Mailbox {
+    state: Mutex<MailboxState>,
+}
+
+#[derive(Debug, Default)]
+struct MailboxState {
+    queue: VecDeque<Message>,
+    waiter: Option<Waker>,
+    closed: bool,
+}
+
+impl Mailbox {
+    /// Queues `message` and wakes the receiver; `false` if the queue is closed.
+    fn deliver(&self, message: Message) -> bool {
+        let waiter = {
+            let mut state = lock(&self.state);
+            if state.closed {
+                return false;
+            }
+            state.queue.push_back(message);
+            state.waiter.take()
+        };
+        if let Some(waker) = waiter {
+            waker.wake();
+        }
+        true
+    }
+
+    fn close(&self) {
+        let waiter = {
+            let mut state = lock(&self.state);
+            state.closed = true;
+            state.waiter.take()
+        };
+        if let Some(waker) = waiter {
+            waker.wake();
+        }
+    }
+}
+
+/// The future of [`ShmContext::recv`]: ready when a message is queued; otherwise it leaves
+/// its waker with the queue, which the sender wakes.
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct Recv<'a> {
+    mailbox: &'a Mailbox,
+}
+
+impl Future for Recv<'_> {
+    type Output = Result<Message, VerbsError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = lock(&self.mailbox.state);
+        if let Some(message) = state.queue.pop_front() {
+            return Poll::Ready(Ok(message));
+        }
+        if state.closed {
+            return Poll::Ready(Err(VerbsError::Closed));
+        }
+        match &mut state.waiter {
+            Some(waker) if waker.will_wake(cx.waker()) => {}
+            slot => *slot = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}
+
+/// The verbs of one CN execution context (one thread's queue pairs) on the shared-memory
+/// fabric: one-sided ops through its [`MnLink`]s, messages through its [`ShmFabric`].
+///
+/// Posts complete immediately: the future of [`Verbs::post`] executes the whole list on its
+/// first poll and is ready then. Work requests execute in list order; the first refused one
+/// ends the post with its error, and the ones after it are not executed (as a reliable
+/// connection flushes its queue after an error).
+#[derive(Debug)]
+pub struct ShmContext {
+    endpoint: Endpoint,
+    fabric: ShmFabric,
+    mailbox: Arc<Mailbox>,
+    links: Vec<MnLink>,
+}
+
+impl ShmContext {
+    /// Adds the link to one memory node.
+    ///
+    /// # Errors
+    /// [`ShmError::DuplicateLink`] if the context already reaches that node.
+    pub fn add_link(&mut self, link: MnLink) -> Result<(), ShmError> {
+        let node = link.region.node;
+        if self.link(node).is_some() {
+            return Err(ShmError::DuplicateLink(node));
+        }
+        self.links.push(link);
+        Ok(())
+    }
+
+    /// The link to `node`, if any.
+    #[must_use]
+    pub fn link(&self, node: NodeId) -> Option<&MnLink> {
+        self.links.iter().find(|l| l.region.node == node)
+    }
+
+    /// Every link of this context.
+    pub fn links(&self) -> impl Iterator<Item = &MnLink> {
+        self.links.iter()
+    }
+
+    /// The fabric this context sends and receives on.
+    #[must_use]
+    pub fn fabric(&self) -> &ShmFabric {
+        &self.fabric
+    }
+
+    /// Executes a post list synchronously (what the [`Verbs::post`] future does on its first
+    /// poll).
+    ///
+    /// # Errors
+    /// As [`Verbs::post`]: [`VerbsError::EmptyPostList`] or [`VerbsError::Misaligned`] with
+    /// nothing executed; [`VerbsError::RemoteAccess`] for a bad rkey, an out-of-bounds range
+    /// or revoked access; [`VerbsError::ConnectionLost`] for a node this context has no link
+    /// to. Work requests before the failed one have landed.
+    pub fn post_now(&self, list: PostList) -> Result<BatchResult, VerbsError> {
+        let wrs = list.finish()?;
+        let mut outcomes = Vec::with_capacity(wrs.len());
+        let mut result = Ok(());
+        for (index, wr) in wrs.iter().enumerate() {
+            let node = wr.op.addr().node;
+            let Some(link) = self.link(node) else {
+                result = Err(VerbsError::ConnectionLost { node });
+                break;
+            };
+            match link.execute(index, &wr.op) {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        complete_post();
+        result.map(|()| BatchResult::new(outcomes))
+    }
+
+    fn send_now(&self, to: Endpoint, payload: &[u8]) -> Result<(), VerbsError> {
+        if payload.len() > MAX_MESSAGE {
+            return Err(VerbsError::MessageTooLarge {
+                len: payload.len(),
+                max: MAX_MESSAGE,
+            });
+        }
+        let lost = VerbsError::ConnectionLost { node: to.node };
+        let mailbox = self.fabric.mailbox(to).ok_or(lost.clone())?;
+        let message = Message {
+            from: self.endpoint,
+            payload: payload.to_vec(),
+        };
+        if mailbox.deliver(message) {
+            Ok(())
+        } else {
+            Err(lost)
+        }
+    }
+
+    /// A future for the next message (what [`Verbs::recv`] returns).
+    pub fn recv_future(&self) -> Recv<'_> {
+        Recv {
+            mailbox: &self.mailbox,
+        }
+    }
+}
+
+impl Drop for ShmContext {
+    fn drop(&mut self) {
+        let mut boxes = lock(&self.fabric.mailboxes);
+        if boxes
+            .get(&self.endpoint)
+            .is_some_and(|m| Arc::ptr_eq(m, &self.mailbox))
+        {
+            boxes.remove(&self.endpoint);
+        }
+        drop(boxes);
+        self.mailbox.close();
+    }
+}
+
+impl Verbs for ShmContext {
+    fn local_endpoint(&self) -> Endpoint {
+        self.endpoint
+    }
+
+    async fn post(&self, list: PostList) -> Result<BatchResult, VerbsError> {
+        self.post_now(list)
+    }
+
+    async fn send(&self, to: Endpoint, payload: &[u8]) -> Result<(), VerbsError> {
+        self.send_now(to, payload)
+    }
+
+    fn recv(&self) -> impl Future<Output = Result<Message, VerbsError>> {
+        self.recv_future()
+    }
+
+    fn try_recv(&self) -> Result<Option<Message>, VerbsError> {
+        let mut state = lock(&self.mailbox.state);
+        match state.queue.pop_front() {
+            Some(message) => Ok(Some(message)),
+            None if state.closed => Err(VerbsError::Closed),
+            None => Ok(None),
+        }
+    }
+}
