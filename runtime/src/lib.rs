@@ -1,0 +1,17 @@
+//! Real-time executors and the real-time clock of dmem (DESIGN.md, "Layers": `runtime/`).
+//!
+//! - [`Executor`]: a per-core polling executor. One thread runs many `!Send` tasks
+//!   round-robin, calls registered completion-queue pollers between task polls, and serves
+//!   timers. The same async protocol code runs on it and on the simulation executor, so
+//!   nothing here knows about a particular fabric.
+//! - [`RealClock`]: [`dmem_verbs::Clock`] on `CLOCK_MONOTONIC` ([`monotonic_now`]), shared by
+//!   every process of a host; its sleeps are timers of the executor running on the current
+//!   thread, and [`Clock::cpu`](dmem_verbs::Clock::cpu) is a no-op.
+//!
+//! glommio thread-per-core integration is not part of this crate yet.
+
+mod clock;
+mod executor;
+
+pub use clock::{RealClock, Sleep, monotonic_now};
+pub use executor::{Executor, RunOutcome, StopHandle, TaskId, YieldNow, spawn, yield_now};
