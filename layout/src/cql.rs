@@ -461,6 +461,15 @@ impl<const CAPACITY: usize> QueuePosition<CAPACITY> {
         Self::new(self.index.wrapping_sub(1))
     }
 
+    /// Whether `header`'s `qhead` has moved past this position: the client here has
+    /// released (or its successor in a shared run has). Wrap-aware: positions up to half
+    /// the `qhead` range behind the head count as passed.
+    #[inline]
+    pub const fn is_dequeued_in(self, header: CqlHeader<CAPACITY>) -> bool {
+        let behind = header.qhead().wrapping_sub(self.index) & CqlHeader::<CAPACITY>::QHEAD_MASK;
+        behind != 0 && behind <= CqlHeader::<CAPACITY>::QHEAD_MASK / 2
+    }
+
     /// Byte offset of this position's entry from the start of the [`CqlLock`].
     #[inline]
     pub const fn entry_offset(self) -> usize {
@@ -574,8 +583,10 @@ pub enum NotifyPlan<const CAPACITY: usize> {
         /// Number of readers to notify.
         count: u64,
     },
-    /// The entry at `position` is obsolete (not yet written by its waiter): read it again
-    /// from the MN and plan again (DecLock §4.3 "Read-write conflicts").
+    /// An entry the decision depends on is obsolete (not yet written by its waiter): read
+    /// the lock again and plan again (DecLock §4.3 "Read-write conflicts"). `position` is
+    /// the first such entry; for a reader's release it may be a shared holder's entry,
+    /// which stays obsolete, while the entry really awaited is a writer's further on.
     Refetch {
         /// Position to refetch.
         position: QueuePosition<CAPACITY>,
@@ -602,8 +613,9 @@ impl<const CAPACITY: usize> Successors<CAPACITY> {
         (0..self.len).map(move |i| first.advance(i))
     }
 
-    /// Decides whom to notify, given the queue entries read with (or after) the
-    /// releasing FAA (DecLock Fig. 7 lines 8–19, §4.3 "Shared holders").
+    /// Decides whom to notify, given the lock (header and queue, one READ) read after the
+    /// releasing FAA: piggybacked on it on the same queue pair, or refetched later
+    /// (DecLock Fig. 7 lines 7–19, §4.3 "Shared holders").
     ///
     /// * A writer released: the successor is waiting. If its entry is a writer's, notify
     ///   it (➃); if a reader's, notify it and every adjacent reader behind it (➄). An
@@ -612,7 +624,22 @@ impl<const CAPACITY: usize> Successors<CAPACITY> {
     ///   found first: once the number of valid writer entries equals `wcnt`, every other
     ///   entry is a reader. Then the successor is notified only if it is a writer;
     ///   otherwise it is a reader that already holds the lock.
-    pub fn plan(&self, queue: &[CqlEntry; CAPACITY]) -> NotifyPlan<CAPACITY> {
+    ///
+    /// Addition to the paper, for a reader's release only: if the fetched header shows
+    /// that `qhead` has already moved past the successor, the plan is
+    /// [`NotifyPlan::Nobody`]. A reader only ever notifies a waiting writer, and `qhead`
+    /// cannot pass a waiting writer (everyone behind it waits, and only the clients
+    /// ahead of it release), so the successor is not a writer waiting for this reader.
+    /// Without this a reader that keeps refetching while the other shared holder
+    /// notifies the writer could later find the successor's slot reused by the next
+    /// traversal and ask for a needless reset. The shortcut does not hold for a writer's
+    /// release: after it, `wcnt` may be zero, new readers are granted at once, and their
+    /// releases move `qhead` past readers still waiting for this writer's notification.
+    pub fn plan(&self, lock: &CqlLock<CAPACITY>) -> NotifyPlan<CAPACITY> {
+        if self.released == LockMode::Shared && self.first.is_dequeued_in(lock.header()) {
+            return NotifyPlan::Nobody;
+        }
+        let queue = lock.queue();
         let read = |position: QueuePosition<CAPACITY>| -> (CqlEntry, EntryFreshness) {
             let entry = queue
                 .get(position.slot())
@@ -1112,9 +1139,10 @@ mod tests {
         // And a planner that meets such a position asks for a reset instead of refetching.
         let h = H::from_fields(last_good, 2, 2, 0).unwrap();
         let succ = h.decode_release(X).unwrap().successors.unwrap();
-        assert_eq!(Lock::INITIAL.queue().len(), 8);
+        let mut lock = Lock::INITIAL;
+        *lock.header_mut() = h.after_faa(H::dequeue_exclusive_delta());
         assert_eq!(
-            succ.plan(Lock::INITIAL.queue()),
+            succ.plan(&lock),
             NotifyPlan::Reset(ResetReason::VersionExhausted)
         );
     }
@@ -1223,7 +1251,7 @@ mod tests {
                 .decode_release(mode)
                 .unwrap();
             assert!(!rel.version_exhausted);
-            rel.successors.map(|s| s.plan(self.lock.queue()))
+            rel.successors.map(|s| s.plan(&self.lock))
         }
     }
 
@@ -1329,7 +1357,7 @@ mod tests {
             .unwrap();
         let succ = rel.successors.unwrap();
         assert_eq!(
-            succ.plan(mn.lock.queue()),
+            succ.plan(&mn.lock),
             NotifyPlan::Refetch {
                 position: w2.position
             }
@@ -1337,7 +1365,7 @@ mod tests {
         // The WRITE lands; the refetch finds it.
         mn.lock.queue_mut()[w2.position.slot()] = w2.entry(cid(2), CqlTimestamp(0));
         assert_eq!(
-            succ.plan(mn.lock.queue()),
+            succ.plan(&mn.lock),
             NotifyPlan::Writer {
                 position: w2.position,
                 client: cid(2)
@@ -1361,9 +1389,80 @@ mod tests {
             .successors
             .unwrap();
         assert_eq!(
-            succ.plan(mn.lock.queue()),
+            succ.plan(&mn.lock),
             NotifyPlan::Refetch {
                 position: w.position
+            }
+        );
+    }
+
+    #[test]
+    fn stale_reader_refetch_after_queue_moved_on() {
+        // R1 and R2 share; W3 enqueued but has not written its entry yet.
+        let mut mn = Mn {
+            lock: Lock::INITIAL,
+        };
+        mn.acquire(S, 1, 0);
+        mn.acquire(S, 2, 0);
+        let w3 = mn
+            .faa(H::enqueue_exclusive_delta())
+            .decode_acquire(X)
+            .unwrap();
+        // R2 releases first and must refetch until W3's entry is there.
+        let r2 = mn.faa(H::dequeue_shared_delta()).decode_release(S).unwrap();
+        let r2 = r2.successors.unwrap();
+        // (the hint is the first obsolete entry: R1's, a shared holder's; the reader
+        // rereads the whole lock anyway)
+        assert!(matches!(r2.plan(&mn.lock), NotifyPlan::Refetch { .. }));
+        // W3 writes; R1 releases and notifies W3; W3 releases; the queue then cycles
+        // through more than a whole traversal of exclusive clients, reusing R2's slots.
+        mn.lock.queue_mut()[w3.position.slot()] = w3.entry(cid(3), CqlTimestamp(0));
+        assert!(matches!(mn.release(S), Some(NotifyPlan::Writer { .. })));
+        assert_eq!(mn.release(X), None);
+        for c in 10..20 {
+            let head = mn.lock.header().head_position();
+            mn.acquire(X, c, 0);
+            mn.lock.queue_mut()[head.slot()] =
+                CqlEntry::new(X, cid(c), head.version(), CqlTimestamp(0));
+            mn.release(X);
+        }
+        // R2's refetch now sees that its successor has long been dequeued: nothing to do
+        // (not an "overwritten" reset).
+        assert!(r2.first.is_dequeued_in(mn.lock.header()));
+        assert_eq!(r2.plan(&mn.lock), NotifyPlan::Nobody);
+    }
+
+    #[test]
+    fn writer_refetch_survives_readers_passing_qhead() {
+        // W holds; R1 enqueues behind it but is slow to write its entry.
+        let mut mn = Mn {
+            lock: Lock::INITIAL,
+        };
+        mn.acquire(X, 1, 0);
+        let r1 = mn.faa(H::enqueue_shared_delta()).decode_acquire(S).unwrap();
+        assert_eq!(r1.role, AcquireRole::Waiter);
+        let w = mn
+            .faa(H::dequeue_exclusive_delta())
+            .decode_release(X)
+            .unwrap();
+        let w = w.successors.unwrap();
+        assert_eq!(
+            w.plan(&mn.lock),
+            NotifyPlan::Refetch {
+                position: r1.position
+            }
+        );
+        // wcnt is 0 now: R5 is granted at once and releases, moving qhead past R1.
+        assert_eq!(mn.acquire(S, 5, 0).role, AcquireRole::Holder);
+        assert_eq!(mn.release(S), Some(NotifyPlan::Nobody));
+        assert!(r1.position.is_dequeued_in(mn.lock.header()));
+        // R1's entry lands; the writer must still notify it.
+        mn.lock.queue_mut()[r1.position.slot()] = r1.entry(cid(1), CqlTimestamp(0));
+        assert_eq!(
+            w.plan(&mn.lock),
+            NotifyPlan::Readers {
+                first: r1.position,
+                count: 1
             }
         );
     }
