@@ -189,19 +189,42 @@ impl ShmContext {
         let wrs = list.finish()?;
         let mut outcomes = Vec::with_capacity(wrs.len());
         let mut result = Ok(());
+        // Links entered for this post (bit i: link i), left once at the end, so a batch pays
+        // the revocation handshake once per memory node rather than once per work request.
+        let mut entered = 0u64;
         for (index, wr) in wrs.iter().enumerate() {
-            let node = wr.op.addr().node;
-            let Some(link) = self.link(node) else {
-                result = Err(VerbsError::ConnectionLost { node });
+            let addr = wr.op.addr();
+            let Some(at) = self.links.iter().position(|l| l.region.node == addr.node) else {
+                result = Err(VerbsError::ConnectionLost { node: addr.node });
                 break;
             };
-            match link.execute(index, &wr.op) {
+            let link = &self.links[at];
+            let tracked = at < 64;
+            if !(tracked && entered & (1 << at) != 0) {
+                if !link.enter() {
+                    result = Err(VerbsError::RemoteAccess { index, addr });
+                    break;
+                }
+                if tracked {
+                    entered |= 1 << at;
+                }
+            }
+            let outcome = link.execute(index, &wr.op);
+            if !tracked {
+                link.leave();
+            }
+            match outcome {
                 Ok(outcome) => outcomes.push(outcome),
                 Err(e) => {
                     result = Err(e);
                     break;
                 }
             }
+        }
+        while entered != 0 {
+            let at = entered.trailing_zeros() as usize;
+            self.links[at].leave();
+            entered &= entered - 1;
         }
         complete_post();
         result.map(|()| BatchResult::new(outcomes))

@@ -183,22 +183,39 @@ impl MnLink {
         self.mapping.slot_revoked(self.slot).load(Ordering::SeqCst) != 0
     }
 
-    /// Executes work request `index` of a post list: checks rkey, bounds and revocation,
-    /// then performs the op. A refused op touches nothing.
-    pub(crate) fn execute(&self, index: usize, op: &Op) -> Result<WrOutcome, VerbsError> {
-        let addr = op.addr();
-        let refused = VerbsError::RemoteAccess { index, addr };
-        if addr.rkey != self.region.rkey || !self.region.contains(addr.offset, op.remote_len()) {
-            return Err(refused);
-        }
+    /// Starts using the link for one post: raises the in-flight counter, then checks the
+    /// revoked flag (both `SeqCst`, see [`ShmMemoryNode::revoke`]). Returns `false`, with the
+    /// counter restored, if access is revoked. Every `true` must be paired with [`leave`].
+    ///
+    /// [`leave`]: Self::leave
+    pub(crate) fn enter(&self) -> bool {
         let in_flight = self.mapping.slot_in_flight(self.slot);
         in_flight.fetch_add(1, Ordering::SeqCst);
         if self.mapping.slot_revoked(self.slot).load(Ordering::SeqCst) != 0 {
             in_flight.fetch_sub(1, Ordering::Release);
-            return Err(refused);
+            return false;
+        }
+        true
+    }
+
+    /// Ends a post started with [`enter`](Self::enter). `Release`, so that a revoker that
+    /// reads the lowered counter also sees everything the post did.
+    pub(crate) fn leave(&self) {
+        self.mapping
+            .slot_in_flight(self.slot)
+            .fetch_sub(1, Ordering::Release);
+    }
+
+    /// Executes work request `index` of a post list, between [`enter`](Self::enter) and
+    /// [`leave`](Self::leave): checks rkey and bounds, then performs the op. A refused op
+    /// touches nothing.
+    pub(crate) fn execute(&self, index: usize, op: &Op) -> Result<WrOutcome, VerbsError> {
+        let addr = op.addr();
+        if addr.rkey != self.region.rkey || !self.region.contains(addr.offset, op.remote_len()) {
+            return Err(VerbsError::RemoteAccess { index, addr });
         }
         let m = &self.mapping;
-        let outcome = match op {
+        Ok(match op {
             Op::Read { len, .. } => WrOutcome::Bytes(ops::read(m, addr.offset, *len)),
             Op::Write { data, .. } => {
                 ops::write(m, addr.offset, data);
@@ -208,9 +225,7 @@ impl MnLink {
                 WrOutcome::Atomic(ops::cas(m, addr.offset, *expect, *swap))
             }
             Op::Faa { add, .. } => WrOutcome::Atomic(ops::faa(m, addr.offset, *add)),
-        };
-        in_flight.fetch_sub(1, Ordering::Release);
-        Ok(outcome)
+        })
     }
 }
 
