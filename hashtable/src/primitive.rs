@@ -12,6 +12,7 @@ pub(crate) use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering,
 /// Exponential backoff for the few places that wait (a bin locked by another writer, a bin in
 /// transfer, the end of a migration). Readers never wait.
 pub(crate) struct Backoff {
+    #[cfg_attr(loom, allow(dead_code))]
     step: u32,
 }
 

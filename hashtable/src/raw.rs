@@ -527,8 +527,14 @@ impl RawTable {
     /// derived from the stack address, so threads (whose stacks lie far apart) rarely meet.
     #[inline]
     pub(crate) fn pin(&self) -> Pin<'_> {
-        let marker = 0u8;
-        let hint = mix64(ptr::addr_of!(marker) as usize as u64 >> 16) as usize;
+        // Under loom the exploration must be deterministic: always start at slot 0.
+        #[cfg(loom)]
+        let hint = 0;
+        #[cfg(not(loom))]
+        let hint = {
+            let marker = 0u8;
+            mix64(ptr::addr_of!(marker) as usize as u64 >> 16) as usize
+        };
         self.collector.pin(hint)
     }
 
