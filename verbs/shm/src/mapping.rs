@@ -91,6 +91,10 @@ pub(crate) struct Mapping {
     len: usize,
     fd: OwnedFd,
     huge: HugePages,
+    /// The header's data offset and length, copied once checked: another process can write
+    /// the shared header, so it is never trusted again after the mapping is set up.
+    data_offset: usize,
+    data_len: u64,
 }
 
 // SAFETY: `Mapping` holds a raw pointer to memory that is shared by design. Moving it to
@@ -120,7 +124,7 @@ impl Mapping {
             .filter(|l| l.checked_add(CONTROL_LEN + HUGE_PAGE).is_some())
             .ok_or(ShmError::TooLarge { len: data_len })?;
         let total = CONTROL_LEN + round_up(data_len_usize, PAGE);
-        let mapping = match Self::create_with(name, round_up(total, HUGE_PAGE), true) {
+        let mut mapping = match Self::create_with(name, round_up(total, HUGE_PAGE), true) {
             Ok(m) => m,
             Err(_) => Self::create_with(name, total, false)?,
         };
@@ -132,6 +136,8 @@ impl Mapping {
             .word(H_DATA_OFFSET)
             .store(CONTROL_LEN as u64, Ordering::Relaxed);
         mapping.word(H_DATA_LEN).store(data_len, Ordering::Release);
+        mapping.data_offset = CONTROL_LEN;
+        mapping.data_len = data_len;
         Ok(mapping)
     }
 
@@ -160,6 +166,8 @@ impl Mapping {
             len: size,
             fd,
             huge,
+            data_offset: 0,
+            data_len: 0,
         })
     }
 
@@ -183,7 +191,7 @@ impl Mapping {
                 ))
             })?;
         let ptr = Self::map(&fd, size)?;
-        let mapping = Self {
+        let mut mapping = Self {
             ptr,
             len: size,
             fd,
@@ -192,16 +200,22 @@ impl Mapping {
             } else {
                 HugePages::None
             },
+            data_offset: 0,
+            data_len: 0,
         };
+        let data_offset = mapping.word(H_DATA_OFFSET).load(Ordering::Relaxed);
+        let data_len = mapping.word(H_DATA_LEN).load(Ordering::Relaxed);
         if mapping.word(H_MAGIC).load(Ordering::Acquire) != MAGIC
             || mapping.word(H_VERSION).load(Ordering::Relaxed) != LAYOUT_VERSION
-            || mapping.data_offset() != CONTROL_LEN
-            || mapping.data_offset() as u64 + mapping.data_len() > size as u64
+            || data_offset != CONTROL_LEN as u64
+            || data_len > (size - CONTROL_LEN) as u64
         {
             return Err(ShmError::Handshake(
                 "the received memfd does not hold a dmem-shm region of this layout version".into(),
             ));
         }
+        mapping.data_offset = CONTROL_LEN;
+        mapping.data_len = data_len;
         Ok(mapping)
     }
 
@@ -250,12 +264,12 @@ impl Mapping {
 
     /// Byte offset of the data (the region) inside the mapping.
     pub(crate) fn data_offset(&self) -> usize {
-        self.word(H_DATA_OFFSET).load(Ordering::Relaxed) as usize
+        self.data_offset
     }
 
     /// Length of the region in bytes (as created, before page rounding).
     pub(crate) fn data_len(&self) -> u64 {
-        self.word(H_DATA_LEN).load(Ordering::Relaxed)
+        self.data_len
     }
 
     /// The revoked word of link slot `slot`.

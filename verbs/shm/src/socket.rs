@@ -62,9 +62,11 @@ impl ShmServer {
 impl Drop for ShmServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept call; it sees `stop` and returns.
-        let _ = UnixStream::connect(&self.path);
-        if let Some(thread) = self.thread.take() {
+        // Wake the accept call; it sees `stop` and returns. If the socket file was removed
+        // behind our back nothing can wake it: leave the thread detached rather than hang.
+        if UnixStream::connect(&self.path).is_ok()
+            && let Some(thread) = self.thread.take()
+        {
             let _ = thread.join();
         }
         let _ = std::fs::remove_file(&self.path);

@@ -471,6 +471,18 @@ fn serve_and_connect_within_one_process() {
         now(local.read(at(&mn, 8), 18)).unwrap(),
         b"through the socket"
     );
+    // A peer that does not speak the handshake is refused without a descriptor, and the
+    // server keeps serving.
+    {
+        use std::io::{Read, Write};
+        let mut raw = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        raw.write_all(&[0xAB; 16]).unwrap();
+        let mut reply = Vec::new();
+        raw.read_to_end(&mut reply).unwrap();
+        assert_eq!(reply.len(), 40);
+        assert_eq!(reply[12..16], 2u32.to_le_bytes(), "status: bad hello");
+    }
+    assert!(dmem_shm::MnLink::connect(&path, NodeId(3)).is_ok());
     drop(server);
     assert!(!path.exists(), "the socket file is removed");
     assert_eq!(
