@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
 use dmem_verbs::{
-    BatchResult, Clock, Endpoint, MemoryRegion, Message, Nanos, NodeId, PostList, Verbs, VerbsError,
+    BatchResult, Clock, Endpoint, MemoryRegion, Message, Nanos, NodeId, OpKind, PostList, Verbs,
+    VerbsError,
 };
 
 use crate::stats::{NodeStats, Role, SimStats};
@@ -27,7 +28,14 @@ type TaskKey = (usize, u32);
 struct TaskWaker {
     key: TaskKey,
     queued: AtomicBool,
-    wakes: Arc<Mutex<Vec<TaskKey>>>,
+    wakes: Arc<WakeQueue>,
+}
+
+/// Keys of woken tasks, with a flag that lets the executor skip the lock when empty.
+#[derive(Default)]
+struct WakeQueue {
+    any: AtomicBool,
+    keys: Mutex<Vec<TaskKey>>,
 }
 
 impl Wake for TaskWaker {
@@ -38,9 +46,11 @@ impl Wake for TaskWaker {
     fn wake_by_ref(self: &Arc<Self>) {
         if !self.queued.swap(true, Ordering::Relaxed) {
             self.wakes
+                .keys
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .push(self.key);
+            self.wakes.any.store(true, Ordering::Release);
         }
     }
 }
@@ -58,7 +68,8 @@ struct Shared {
     /// Runnable tasks by the time their core can start them.
     ready: RefCell<BinaryHeap<Reverse<(Nanos, u64, TaskKey)>>>,
     ready_seq: Cell<u64>,
-    wakes: Arc<Mutex<Vec<TaskKey>>>,
+    wakes: Arc<WakeQueue>,
+    woken_buffer: Cell<Vec<TaskKey>>,
     generation: Cell<u32>,
     contexts: Cell<u64>,
     seed: u64,
@@ -87,7 +98,8 @@ impl Sim {
                 tasks: RefCell::new(slab::Slab::new()),
                 ready: RefCell::new(BinaryHeap::new()),
                 ready_seq: Cell::new(0),
-                wakes: Arc::new(Mutex::new(Vec::new())),
+                wakes: Arc::new(WakeQueue::default()),
+                woken_buffer: Cell::new(Vec::new()),
                 generation: Cell::new(0),
                 contexts: Cell::new(0),
                 seed: config.seed,
@@ -304,7 +316,10 @@ impl Sim {
         SimStats {
             elapsed_ns: world.now,
             nodes,
-            latency: world.latency.clone(),
+            latency: OpKind::ALL
+                .into_iter()
+                .zip(world.latency.iter().cloned())
+                .collect(),
             events: world.events_processed,
         }
     }
@@ -348,19 +363,28 @@ fn push_ready(shared: &Shared, key: TaskKey, core: usize, at: Nanos) {
 }
 
 fn drain_wakes(shared: &Shared, at: Nanos) {
-    let woken = std::mem::take(
+    if !shared.wakes.any.swap(false, Ordering::Acquire) {
+        return;
+    }
+    // Swap with a buffer kept across calls so that waking allocates nothing.
+    let mut woken = shared.woken_buffer.take();
+    std::mem::swap(
+        &mut woken,
         &mut *shared
             .wakes
+            .keys
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner),
     );
-    for key in woken {
+    for &key in &woken {
         let core = match shared.tasks.borrow().get(key.0) {
             Some(slot) if slot.generation == key.1 => slot.core,
             _ => continue,
         };
         push_ready(shared, key, core, at);
     }
+    woken.clear();
+    shared.woken_buffer.set(woken);
 }
 
 /// The next runnable task and the time its core can start it, discarding stale entries and
@@ -562,14 +586,7 @@ impl Future for PostFuture {
             Some((cqes, outcomes)) => {
                 let cost = cqes as u64 * world.profile.cqe_cpu_ns;
                 world.charge(self.ctx.core, cost);
-                let mut ok = Vec::with_capacity(outcomes.len());
-                for outcome in outcomes {
-                    match outcome.expect("completed work request has an outcome") {
-                        Ok(o) => ok.push(o),
-                        Err(e) => return Poll::Ready(Err(e)),
-                    }
-                }
-                Poll::Ready(Ok(BatchResult::new(ok)))
+                Poll::Ready(outcomes.map(BatchResult::new))
             }
             None => {
                 world.batch_mut(key).waker = Some(cx.waker().clone());
