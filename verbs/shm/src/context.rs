@@ -17,12 +17,22 @@ pub const MAX_MESSAGE: usize = 1 << 20;
 /// The two-sided side of the shared-memory fabric: receive queues of the contexts of this
 /// process, keyed by [`Endpoint`]. Cloning is cheap and shares the registry.
 ///
-/// Messages travel between contexts of one process only; a context in another process is
-/// unreachable ([`VerbsError::ConnectionLost`]) until messages over the Unix socket are
-/// implemented.
+/// Messages between contexts of this process are queued directly. Messages to other
+/// processes of the host travel over Unix sockets in a shared directory, one socket per node
+/// (`node-<id>.sock`): a process that receives for node `n` calls
+/// [`serve_messages`](Self::serve_messages); a process that only sends calls
+/// [`set_message_dir`](Self::set_message_dir). Without either, an endpoint that no context of
+/// this process receives on is unreachable ([`VerbsError::ConnectionLost`]).
 #[derive(Debug, Clone, Default)]
 pub struct ShmFabric {
-    mailboxes: Arc<Mutex<HashMap<Endpoint, Arc<Mailbox>>>>,
+    pub(crate) inner: Arc<FabricInner>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct FabricInner {
+    mailboxes: Mutex<HashMap<Endpoint, Arc<Mailbox>>>,
+    /// Where other processes' message sockets are, and the connections made to them.
+    pub(crate) peers: Mutex<Option<crate::remote::Peers>>,
 }
 
 impl ShmFabric {
@@ -39,7 +49,7 @@ impl ShmFabric {
     pub fn context(&self, endpoint: Endpoint) -> Result<ShmContext, ShmError> {
         let mailbox = Arc::new(Mailbox::default());
         {
-            let mut boxes = lock(&self.mailboxes);
+            let mut boxes = lock(&self.inner.mailboxes);
             if boxes.contains_key(&endpoint) {
                 return Err(ShmError::EndpointInUse(endpoint));
             }
@@ -53,18 +63,18 @@ impl ShmFabric {
         })
     }
 
-    fn mailbox(&self, endpoint: Endpoint) -> Option<Arc<Mailbox>> {
-        lock(&self.mailboxes).get(&endpoint).cloned()
+    pub(crate) fn mailbox(&self, endpoint: Endpoint) -> Option<Arc<Mailbox>> {
+        lock(&self.inner.mailboxes).get(&endpoint).cloned()
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A receive queue and the waker of the task waiting on it.
 #[derive(Debug, Default)]
-struct Mailbox {
+pub(crate) struct Mailbox {
     state: Mutex<MailboxState>,
 }
 
@@ -77,7 +87,7 @@ struct MailboxState {
 
 impl Mailbox {
     /// Queues `message` and wakes the receiver; `false` if the queue is closed.
-    fn deliver(&self, message: Message) -> bool {
+    pub(crate) fn deliver(&self, message: Message) -> bool {
         let waiter = {
             let mut state = lock(&self.state);
             if state.closed {
@@ -238,15 +248,14 @@ impl ShmContext {
             });
         }
         let lost = VerbsError::ConnectionLost { node: to.node };
-        let mailbox = self.fabric.mailbox(to).ok_or(lost.clone())?;
         let message = Message {
             from: self.endpoint,
             payload: payload.to_vec(),
         };
-        if mailbox.deliver(message) {
-            Ok(())
-        } else {
-            Err(lost)
+        match self.fabric.mailbox(to) {
+            Some(mailbox) if mailbox.deliver(message) => Ok(()),
+            Some(_) => Err(lost),
+            None => crate::remote::send(&self.fabric, self.endpoint, to, payload),
         }
     }
 
@@ -260,7 +269,7 @@ impl ShmContext {
 
 impl Drop for ShmContext {
     fn drop(&mut self) {
-        let mut boxes = lock(&self.fabric.mailboxes);
+        let mut boxes = lock(&self.fabric.inner.mailboxes);
         if boxes
             .get(&self.endpoint)
             .is_some_and(|m| Arc::ptr_eq(m, &self.mailbox))

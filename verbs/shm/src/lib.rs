@@ -37,11 +37,11 @@
 //!
 //! # Messages
 //!
-//! Two-sided messages go between contexts of one process through a [`ShmFabric`] (a
-//! registry of receive queues keyed by [`Endpoint`](dmem_verbs::Endpoint)).
-//! Cross-process messages are not supported yet: sending to an endpoint that no context of
-//! this process receives on fails with
-//! [`ConnectionLost`](dmem_verbs::VerbsError::ConnectionLost).
+//! Two-sided messages go through a [`ShmFabric`]: directly between contexts of one process
+//! (a registry of receive queues keyed by [`Endpoint`](dmem_verbs::Endpoint); `recv` leaves
+//! its waker with the queue and the sender wakes it), and between processes of the host over
+//! one Unix socket per receiving node in a shared directory
+//! ([`ShmFabric::serve_messages`], [`ShmFabric::set_message_dir`]).
 //!
 //! # Clock
 //!
@@ -82,10 +82,12 @@ mod error;
 mod mapping;
 mod node;
 mod ops;
+mod remote;
 mod socket;
 
 pub use context::{MAX_MESSAGE, Recv, ShmContext, ShmFabric};
 pub use error::ShmError;
 pub use mapping::{HugePages, MAX_LINKS, shmem_thp_policy};
 pub use node::{MnLink, ShmMemoryNode};
+pub use remote::{MessageServer, message_socket};
 pub use socket::ShmServer;

@@ -34,6 +34,7 @@ impl MnProcess {
             .args(["--node", &MN.0.to_string()])
             .args(["--rkey", &RKEY.0.to_string()])
             .args(["--len", &LEN.to_string()])
+            .args(["--messages", dir.to_str().unwrap()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -171,6 +172,27 @@ fn verbs_against_a_memory_node_in_another_process() {
             ..
         })
     ));
+
+    // A two-sided round trip: the MN process echoes messages to its port 0.
+    let _replies = fabric.serve_messages(&mn.dir, NodeId(1)).unwrap();
+    now(a.send(
+        Endpoint {
+            node: MN,
+            port: Port(0),
+        },
+        b"ping",
+    ))
+    .unwrap();
+    let (echo, _) = util::block_on(a.recv());
+    let echo = echo.unwrap();
+    assert_eq!(
+        echo.from,
+        Endpoint {
+            node: MN,
+            port: Port(0)
+        }
+    );
+    assert_eq!(echo.payload, b"ping");
 
     drop(mn);
     // The mapping outlives the MN process: the memfd lives as long as a mapping of it.

@@ -492,3 +492,46 @@ fn serve_and_connect_within_one_process() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Two fabrics stand for two processes: messages between them go through Unix sockets.
+#[test]
+fn messages_between_fabrics_go_through_unix_sockets() {
+    let dir = std::env::temp_dir().join(format!("dmem-shm-msg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (one, two) = (ShmFabric::new(), ShmFabric::new());
+    let server_one = one.serve_messages(&dir, NodeId(1)).unwrap();
+    let server_two = two.serve_messages(&dir, NodeId(2)).unwrap();
+    assert_eq!(server_two.path(), dmem_shm::message_socket(&dir, NodeId(2)));
+    let a = one.context(ep(1, 0)).unwrap();
+    let b = two.context(ep(2, 3)).unwrap();
+
+    let big = vec![0x5a; dmem_shm::MAX_MESSAGE];
+    now(a.send(ep(2, 3), b"over the socket")).unwrap();
+    now(a.send(ep(2, 9), b"to a port nobody receives on: dropped")).unwrap();
+    now(a.send(ep(2, 3), &big)).unwrap();
+    let (first, _) = block_on(b.recv());
+    let first = first.unwrap();
+    assert_eq!(
+        (first.from, first.payload.as_slice()),
+        (ep(1, 0), &b"over the socket"[..])
+    );
+    assert_eq!(block_on(b.recv()).0.unwrap().payload, big);
+    now(b.send(first.from, b"and back")).unwrap();
+    let (reply, _) = block_on(a.recv());
+    assert_eq!(reply.unwrap().payload, b"and back");
+
+    assert_eq!(
+        now(a.send(ep(7, 0), b"?")),
+        Err(VerbsError::ConnectionLost { node: NodeId(7) }),
+        "no socket for node 7"
+    );
+    drop(server_two);
+    assert!(!dmem_shm::message_socket(&dir, NodeId(2)).exists());
+    assert_eq!(
+        now(a.send(ep(2, 3), b"gone")),
+        Err(VerbsError::ConnectionLost { node: NodeId(2) })
+    );
+    drop(server_one);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,8 +1,12 @@
 //! `dmem-shm-mn`: a memory-node process for the shared-memory fabric.
 //!
 //! ```text
-//! dmem-shm-mn --socket PATH --node N --rkey K --len BYTES
+//! dmem-shm-mn --socket PATH --node N --rkey K --len BYTES [--messages DIR]
 //! ```
+//!
+//! With `--messages DIR` it also receives two-sided messages for node `N` on
+//! `DIR/node-N.sock` and echoes every message sent to port 0 back to its sender (a minimal
+//! control-plane RPC, used by the multi-process test).
 //!
 //! Creates the region, serves it on the Unix socket `PATH`, prints `ready <huge pages>` and
 //! then reads commands from standard input, one per line, answering each with one line:
@@ -17,21 +21,27 @@
 //! It exits at `quit` or when standard input closes, which is how a parent that dies
 //! takes its MN child with it.
 
+use std::future::Future;
 use std::io::{BufRead, Write};
+use std::pin::pin;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
 
 use dmem_shm::{ShmFabric, ShmMemoryNode};
-use dmem_verbs::{Endpoint, NodeId, Port, PostList, RKey};
+use dmem_verbs::{Endpoint, NodeId, Port, PostList, RKey, Verbs};
 
 struct Args {
     socket: String,
+    messages: Option<String>,
     node: u16,
     rkey: u32,
     len: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut socket = None;
+    let (mut socket, mut messages) = (None, None);
     let (mut node, mut rkey, mut len) = (0u16, 1u32, 1u64 << 20);
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -39,6 +49,7 @@ fn parse_args() -> Result<Args, String> {
         let bad = |e: std::num::ParseIntError| format!("{flag} {value}: {e}");
         match flag.as_str() {
             "--socket" => socket = Some(value),
+            "--messages" => messages = Some(value),
             "--node" => node = value.parse().map_err(bad)?,
             "--rkey" => rkey = value.parse().map_err(bad)?,
             "--len" => len = value.parse().map_err(bad)?,
@@ -47,6 +58,7 @@ fn parse_args() -> Result<Args, String> {
     }
     Ok(Args {
         socket: socket.ok_or("--socket PATH is required")?,
+        messages,
         node,
         rkey,
         len,
@@ -72,7 +84,9 @@ fn main() -> ExitCode {
         Ok(args) => args,
         Err(e) => {
             eprintln!("dmem-shm-mn: {e}");
-            eprintln!("usage: dmem-shm-mn --socket PATH --node N --rkey K --len BYTES");
+            eprintln!(
+                "usage: dmem-shm-mn --socket PATH --node N --rkey K --len BYTES [--messages DIR]"
+            );
             return ExitCode::from(2);
         }
     };
@@ -93,8 +107,20 @@ fn serve(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let fabric = ShmFabric::new();
     let mut local = fabric.context(Endpoint {
         node: me,
-        port: Port(0),
+        port: Port(1),
     })?;
+    let _messages = match &args.messages {
+        Some(dir) => {
+            let server = fabric.serve_messages(dir, me)?;
+            let control = fabric.context(Endpoint {
+                node: me,
+                port: Port(0),
+            })?;
+            std::thread::spawn(move || echo(&control));
+            Some(server)
+        }
+        None => None,
+    };
     local.add_link(mn.link(me)?)?;
     let region = mn.region();
 
@@ -141,4 +167,33 @@ fn serve(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         out.flush()?;
     }
     Ok(())
+}
+
+/// Echoes every message to port 0 back to its sender, until the queue closes.
+fn echo(control: &dmem_shm::ShmContext) {
+    while let Ok(message) = block_on(control.recv()) {
+        // A sender that went away is its own business.
+        let _ = block_on(control.send(message.from, &message.payload));
+    }
+}
+
+struct Unpark(Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Runs `future` on this thread, parking while it is pending.
+fn block_on<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(value) = future.as_mut().poll(&mut cx) {
+            return value;
+        }
+        std::thread::park();
+    }
 }
