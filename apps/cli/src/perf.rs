@@ -79,6 +79,9 @@ pub(crate) struct Args {
     /// Measured duration per row, ms (virtual on the sim).
     #[arg(long, default_value_t = 2)]
     duration_ms: u64,
+    /// Registered memory per MN, MiB (every client needs `--batch` slots of `--size`).
+    #[arg(long, default_value_t = 64)]
+    mn_memory_mib: u64,
     /// Seed of the simulation.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -140,6 +143,17 @@ impl Args {
             "--batch sizes must be at most 1024"
         );
         ensure!(self.size > 0, "--size must be at least 1 byte");
+        ensure!(self.mn_memory_mib > 0, "--mn-memory-mib must be at least 1");
+        let slot = u64::from(self.size.div_ceil(64) * 64);
+        let clients = u64::from(self.cns) * u64::from(self.clients);
+        let per_mn = clients.div_ceil(u64::from(self.mns));
+        let batch = self.batch.iter().copied().max().unwrap_or(1) as u64;
+        let need = per_mn * batch * slot;
+        let have = self.mn_memory_mib << 20;
+        ensure!(
+            need <= have,
+            "{per_mn} clients per MN x batch {batch} x {slot}-byte slots need {need} bytes of MN memory but --mn-memory-mib gives {have}: lower --size, --batch or --clients, or raise --mn-memory-mib"
+        );
         if self.size != 8
             && self
                 .op
@@ -212,9 +226,7 @@ async fn client<V: Verbs + Clock>(
 
 fn run_sim(args: &Args, profile: &NicProfile, op: PerfOp, batch: usize) -> anyhow::Result<Row> {
     let slot = u64::from(args.size.div_ceil(64) * 64);
-    let clients_total = u64::from(args.cns) * u64::from(args.clients);
-    let per_mn = clients_total.div_ceil(u64::from(args.mns));
-    let memory = (per_mn * batch as u64 * slot).max(1 << 20);
+    let memory = args.mn_memory_mib << 20;
     let config = ClusterConfig::with_profile(profile.clone())
         .mns(args.mns)
         .cns(args.cns)
@@ -346,6 +358,7 @@ fn print_table(args: &Args, rows: &[Row]) {
         let base = rows
             .iter()
             .find(|r| r.op == row.op && r.batch == 1)
+            .filter(|b| b.mops > 0.0)
             .map(|b| row.mops / b.mops);
         println!(
             "{:<6} {:>5} {:>6} {:>9.2} {:>9.2} {:>9.2} {:>7.0}% {:>11}",
