@@ -201,7 +201,14 @@ where
             q: key,
             _record: PhantomData,
         };
-        raw.write(&self.pin, raw.index(&self.pin), h, crate::hash::mix64(h), op, &m)
+        raw.write(
+            &self.pin,
+            raw.index(&self.pin),
+            h,
+            crate::hash::mix64(h),
+            op,
+            &m,
+        )
     }
 
     /// Retires an unlinked record and lends out its value until the guard drops.

@@ -26,9 +26,9 @@ pub use boxed::{BoxedGuard, BoxedMap};
 pub use hash::{WordHasher, WordHasherBuilder, mix64};
 #[cfg(not(loom))]
 pub use mem::WordArray;
+pub use mem::{HUGE_PAGE, PageKind};
 #[cfg(all(feature = "std", target_os = "linux"))]
 pub use mem::{anon_huge_bytes, thp_policy};
-pub use mem::{HUGE_PAGE, PageKind};
 pub use raw::MemoryUsage;
 pub use table::{Dlht, Guard, Iter, Op, Options, PREFETCH_WINDOW, Request};
 

@@ -141,7 +141,8 @@ impl<T: Zeroable> Region<T> {
         }
         // SAFETY: [start, start + size) is our mapping; MADV_HUGEPAGE only changes how the
         // kernel backs it, never its contents (fresh anonymous memory reads as zero).
-        let advised = unsafe { libc::madvise(start as *mut libc::c_void, size, libc::MADV_HUGEPAGE) } == 0;
+        let advised =
+            unsafe { libc::madvise(start as *mut libc::c_void, size, libc::MADV_HUGEPAGE) } == 0;
         Some(Region {
             ptr: NonNull::new(start as *mut T)?,
             len,
@@ -197,8 +198,8 @@ impl<T> Drop for Region<T> {
         #[cfg(not(loom))]
         match self.kind {
             PageKind::Heap => {
-                let layout =
-                    Layout::from_size_align(self.reserved, 64.max(align_of::<T>())).expect("layout");
+                let layout = Layout::from_size_align(self.reserved, 64.max(align_of::<T>()))
+                    .expect("layout");
                 // SAFETY: allocated in `new` with exactly this layout.
                 unsafe { dealloc(self.ptr.as_ptr().cast(), layout) }
             }

@@ -48,7 +48,9 @@ use core::ptr;
 
 use crate::hash::{bin_of, mix64};
 use crate::mem::{PageKind, Region, Zeroable};
-use crate::primitive::{AtomicPtr, AtomicU64, AtomicUsize, Backoff, Ordering, Padded, fence};
+use crate::primitive::{
+    AtomicPtr, AtomicU64, AtomicUsize, Backoff, Ordering, Padded, fence, prefetch,
+};
 use crate::reclaim::{Collector, Pin};
 
 /// Slots in the primary bucket.
@@ -507,12 +509,7 @@ unsafe fn free_index(p: *mut u8) {
 impl RawTable {
     pub(crate) fn new(capacity: usize, huge: bool) -> Self {
         let nbins = bins_for(capacity);
-        let index = Box::new(Index::new(
-            nbins,
-            single_cap(nbins),
-            pair_cap(nbins),
-            huge,
-        ));
+        let index = Box::new(Index::new(nbins, single_cap(nbins), pair_cap(nbins), huge));
         let mut counts = Vec::with_capacity(STRIPES);
         counts.resize_with(STRIPES, Padded::default);
         RawTable {
@@ -581,6 +578,54 @@ impl RawTable {
             if same_version(h1, h2) {
                 return found.map(|(_, v)| v);
             }
+        }
+    }
+
+    /// The first stage of a batched Get: looks only at the (prefetched) primary line.
+    /// If the key may sit in a chained overflow line, prefetches that line and returns
+    /// `None`, so the caller finishes the request with `get_in` after the other requests of
+    /// the batch, by when the line has arrived. Also `None` when the bin moved or changed.
+    #[inline(always)]
+    pub(crate) fn probe_primary(&self, idx: &Index, key: u64, h: u64) -> Option<Option<u64>> {
+        let bin = idx.bin(h);
+        let h1 = bin.header.load(Ordering::Acquire);
+        if h1 & STATE_MASK == DONE {
+            return None;
+        }
+        let valid = valid_bits(h1);
+        let mut found = None;
+        for (s, slot) in bin.slots.iter().enumerate() {
+            if valid & (1 << s) != 0 && slot.key.load(Ordering::Relaxed) == key {
+                found = Some(slot.value.load(Ordering::Acquire));
+                break;
+            }
+        }
+        if found.is_none() && valid >> PRIMARY_SLOTS != 0 {
+            let link = bin.link.load(Ordering::Relaxed);
+            if valid & SINGLE_SLOT_BITS != 0 {
+                if let Some(b) = (link & 0xffff_ffff)
+                    .checked_sub(1)
+                    .and_then(|i| idx.singles.as_slice().get(i as usize))
+                {
+                    prefetch(b);
+                }
+            }
+            if valid & PAIR_SLOT_BITS != 0 {
+                if let Some(b) = (link >> 32)
+                    .checked_sub(1)
+                    .and_then(|i| idx.pairs.as_slice().get(i as usize))
+                {
+                    prefetch(b);
+                    prefetch(b.slots[SINGLE_SLOTS..].as_ptr());
+                }
+            }
+            return None;
+        }
+        fence(Ordering::Acquire);
+        if same_version(h1, bin.header.load(Ordering::Relaxed)) {
+            Some(found)
+        } else {
+            None
         }
     }
 
@@ -696,12 +741,7 @@ impl RawTable {
             )));
             if cur
                 .next
-                .compare_exchange(
-                    ptr::null_mut(),
-                    fresh,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
+                .compare_exchange(ptr::null_mut(), fresh, Ordering::AcqRel, Ordering::Acquire)
                 .is_err()
             {
                 // SAFETY: `fresh` lost the race and was never published.
@@ -787,7 +827,9 @@ impl RawTable {
     pub(crate) fn capacity(&self) -> usize {
         let pin = self.pin();
         let idx = self.index(&pin);
-        idx.nbins() * PRIMARY_SLOTS + idx.singles.len() * SINGLE_SLOTS + idx.pairs.len() * PAIR_SLOTS
+        idx.nbins() * PRIMARY_SLOTS
+            + idx.singles.len() * SINGLE_SLOTS
+            + idx.pairs.len() * PAIR_SLOTS
     }
 
     /// Frees retired indexes and records that no pin can see any more.
@@ -829,10 +871,8 @@ fn migrate_bin(old: &Index, new: &Index, b: usize) {
             );
         }
     }
-    bin.header.store(
-        (bumped(hl) & !LOCK & !STATE_MASK) | DONE,
-        Ordering::Release,
-    );
+    bin.header
+        .store((bumped(hl) & !LOCK & !STATE_MASK) | DONE, Ordering::Release);
 }
 
 /// Inserts a migrated entry into the index being filled.

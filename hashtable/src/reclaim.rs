@@ -139,10 +139,12 @@ impl Collector {
         loop {
             // SAFETY: `last` is owned by the caller (not yet published).
             unsafe { (*last).next = head };
-            match self
-                .garbage
-                .compare_exchange_weak(head, first, Ordering::Release, Ordering::Relaxed)
-            {
+            match self.garbage.compare_exchange_weak(
+                head,
+                first,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return,
                 Err(h) => head = h,
             }
@@ -247,7 +249,8 @@ impl Pin<'_> {
     pub(crate) fn repin(&mut self) {
         let slot = &self.collector.slots[self.slot].0;
         let e = self.collector.epoch.load(Ordering::Relaxed);
-        slot.state.store((e << 2) | CLAIMED | PINNED, Ordering::Relaxed);
+        slot.state
+            .store((e << 2) | CLAIMED | PINNED, Ordering::Relaxed);
         fence(Ordering::SeqCst);
     }
 }

@@ -288,25 +288,61 @@ impl Guard<'_> {
 
     /// Executes `requests` in order, filling in each `result`. First it issues a software
     /// prefetch for the bucket of every request (up to [`PREFETCH_WINDOW`] at a time), then
-    /// executes them, so their memory latencies overlap (Dandelion §6, `BatchReqs`).
+    /// executes them, so their memory latencies overlap (Dandelion §6, `BatchReqs`). A Get
+    /// whose key may sit in a chained overflow line has that line prefetched too and is
+    /// finished after the other Gets of the window (before any later write), so most
+    /// requests wait for at most one overlapped miss.
     pub fn batch(&self, requests: &mut [Request]) {
         let raw = &self.table.raw;
         let mut hashes = [0u64; PREFETCH_WINDOW];
+        let mut later = [0u8; PREFETCH_WINDOW];
         for window in requests.chunks_mut(PREFETCH_WINDOW) {
             let idx = self.index();
             for (r, h) in window.iter().zip(hashes.iter_mut()) {
                 *h = mix64(r.key);
                 prefetch(idx.bin_ptr(*h));
             }
-            for (r, &h) in window.iter_mut().zip(hashes.iter()) {
-                r.result = match r.op {
-                    Op::Get => raw.get_in(idx, r.key, h, &AnyValue),
-                    Op::Insert(v) => raw.write(&self.pin, idx, r.key, h, WriteOp::Insert(v), &AnyValue),
-                    Op::Put(v) => raw.write(&self.pin, idx, r.key, h, WriteOp::Put(v), &AnyValue),
-                    Op::Upsert(v) => raw.write(&self.pin, idx, r.key, h, WriteOp::Upsert(v), &AnyValue),
-                    Op::Delete => raw.write(&self.pin, idx, r.key, h, WriteOp::Delete, &AnyValue),
+            // Gets whose key may sit in a chained line wait in `later` (their line is being
+            // prefetched) until the next write or the end of the window: Gets commute with
+            // Gets, so the batch still executes as if in order.
+            let mut nlater = 0;
+            for i in 0..window.len() {
+                let h = hashes[i];
+                let r = &mut window[i];
+                let key = r.key;
+                let op = match r.op {
+                    Op::Get => {
+                        match raw.probe_primary(idx, key, h) {
+                            Some(v) => r.result = v,
+                            None => {
+                                later[nlater] = i as u8;
+                                nlater += 1;
+                            }
+                        }
+                        continue;
+                    }
+                    Op::Insert(v) => WriteOp::Insert(v),
+                    Op::Put(v) => WriteOp::Put(v),
+                    Op::Upsert(v) => WriteOp::Upsert(v),
+                    Op::Delete => WriteOp::Delete,
                 };
+                self.finish_gets(idx, window, &hashes, &later[..nlater]);
+                nlater = 0;
+                window[i].result = raw.write(&self.pin, idx, key, h, op, &AnyValue);
             }
+            self.finish_gets(idx, window, &hashes, &later[..nlater]);
+        }
+    }
+
+    /// Completes deferred Gets of a window.
+    #[inline(always)]
+    fn finish_gets(&self, idx: &Index, window: &mut [Request], hashes: &[u64], later: &[u8]) {
+        for &i in later {
+            let r = &mut window[usize::from(i)];
+            r.result = self
+                .table
+                .raw
+                .get_in(idx, r.key, hashes[usize::from(i)], &AnyValue);
         }
     }
 
@@ -315,7 +351,10 @@ impl Guard<'_> {
     /// # Panics
     /// If `out` is shorter than `keys`.
     pub fn get_batch(&self, keys: &[u64], out: &mut [Option<u64>]) {
-        assert!(out.len() >= keys.len(), "get_batch: output shorter than keys");
+        assert!(
+            out.len() >= keys.len(),
+            "get_batch: output shorter than keys"
+        );
         let raw = &self.table.raw;
         let mut hashes = [0u64; PREFETCH_WINDOW];
         for (ks, os) in keys
@@ -327,8 +366,20 @@ impl Guard<'_> {
                 *h = mix64(k);
                 prefetch(idx.bin_ptr(*h));
             }
-            for ((&k, &h), o) in ks.iter().zip(hashes.iter()).zip(os.iter_mut()) {
-                *o = raw.get_in(idx, k, h, &AnyValue);
+            let mut later = [0u8; PREFETCH_WINDOW];
+            let mut nlater = 0;
+            for (i, ((&k, &h), o)) in ks.iter().zip(hashes.iter()).zip(os.iter_mut()).enumerate() {
+                match raw.probe_primary(idx, k, h) {
+                    Some(v) => *o = v,
+                    None => {
+                        later[nlater] = i as u8;
+                        nlater += 1;
+                    }
+                }
+            }
+            for &i in &later[..nlater] {
+                let i = usize::from(i);
+                os[i] = raw.get_in(idx, ks[i], hashes[i], &AnyValue);
             }
         }
     }

@@ -114,12 +114,24 @@ fn check(actions: Vec<Action>, options: Options) -> bool {
 #[quickcheck]
 fn matches_hashmap_from_one_bin(actions: Vec<Action>) -> bool {
     // Starts with a single bin, so sequences exercise chaining and many resizes.
-    check(actions, Options { capacity: 0, huge_pages: false })
+    check(
+        actions,
+        Options {
+            capacity: 0,
+            huge_pages: false,
+        },
+    )
 }
 
 #[quickcheck]
 fn matches_hashmap_presized(actions: Vec<Action>) -> bool {
-    check(actions, Options { capacity: 4096, huge_pages: true })
+    check(
+        actions,
+        Options {
+            capacity: 4096,
+            huge_pages: true,
+        },
+    )
 }
 
 #[quickcheck]
@@ -137,13 +149,19 @@ fn boxed_map_matches_hashmap(ops: Vec<(u8, u16, u32)>) -> bool {
                 assert_eq!(inserted, !m.contains_key(&key));
                 m.entry(key).or_insert(vec![v]);
             }
-            2 => assert_eq!(g.upsert(key.clone(), vec![v, v]).cloned(), m.insert(key, vec![v, v])),
+            2 => assert_eq!(
+                g.upsert(key.clone(), vec![v, v]).cloned(),
+                m.insert(key, vec![v, v])
+            ),
             _ => assert_eq!(g.remove(&key).cloned(), m.remove(&key)),
         }
         assert_eq!(t.len(), m.len());
     }
-    let mut seen: Vec<(String, Vec<u32>)> =
-        g.entries().into_iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut seen: Vec<(String, Vec<u32>)> = g
+        .entries()
+        .into_iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     seen.sort();
     let mut want: Vec<(String, Vec<u32>)> = m.into_iter().collect();
     want.sort();

@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod bench_hashtable;
 mod perf;
 
 #[derive(Parser, Debug)]
@@ -22,13 +23,19 @@ enum Command {
 }
 
 #[derive(Subcommand, Debug)]
-enum BenchCommand {}
+enum BenchCommand {
+    /// DLHT hashtable (batched and unbatched) vs hashbrown, std, dashmap, papaya, and the
+    /// machine's random-load limit: Gets, Puts, 90/10 mixes on 8-byte keys and values.
+    Hashtable(bench_hashtable::Args),
+}
 
 fn main() {
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match cli.command {
         Command::Perf(args) => perf::run(args),
-        Command::Bench(bench) => match bench {},
+        Command::Bench(bench) => match bench {
+            BenchCommand::Hashtable(args) => bench_hashtable::run(args),
+        },
     };
     if let Err(err) = result {
         // One readable line: what went wrong and, through the error's context, what to do.

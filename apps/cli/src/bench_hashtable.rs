@@ -1,0 +1,750 @@
+//! `dmem bench hashtable`: random-key Gets, Puts and 90/10 mixes on 8-byte keys and values,
+//! DLHT (batched and unbatched) side by side with hashbrown, std's HashMap, dashmap and
+//! papaya, and the machine's physical limit (random independent loads with prefetch batching
+//! over an array as big as the DLHT bins).
+
+use std::collections::HashMap as StdHashMap;
+use std::hint::black_box;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args as ClapArgs;
+use dmem_hashtable::{Dlht, Op, Options, Request, WordArray, mix64};
+
+/// Flags of `dmem bench hashtable`.
+#[derive(ClapArgs, Debug)]
+pub(crate) struct Args {
+    /// Tables to measure, comma-separated: dlht, hashbrown, std, dashmap, papaya, limit
+    /// (limit = random independent 8-byte loads over an array the size of the DLHT bins).
+    #[arg(long, default_value = "dlht,hashbrown,std,dashmap,papaya,limit")]
+    table: String,
+    /// Table sizes in keys, comma-separated (k/M suffixes allowed, e.g. 1M,10M,100M).
+    #[arg(long, default_value = "1M,10M")]
+    keys: String,
+    /// Thread counts, comma-separated (hashbrown and std run single-threaded only).
+    #[arg(long, default_value = "1,2")]
+    threads: String,
+    /// Batch sizes, comma-separated (DLHT and limit; the other tables have no batch API).
+    #[arg(long, default_value = "1,4,8,16,24,32")]
+    batch: String,
+    /// Operations, comma-separated: get, put (update of a present key), mixed (90% get).
+    #[arg(long, default_value = "get")]
+    op: String,
+    /// Seconds measured per row.
+    #[arg(long, default_value_t = 1.0)]
+    secs: f64,
+    /// Pages for the DLHT and limit arrays: huge (madvise(MADV_HUGEPAGE)) or small.
+    #[arg(long, default_value = "huge")]
+    pages: String,
+    /// Print one JSON object per measured row instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Table {
+    Dlht,
+    Hashbrown,
+    Std,
+    Dashmap,
+    Papaya,
+    Limit,
+}
+
+impl Table {
+    fn name(self) -> &'static str {
+        match self {
+            Table::Dlht => "dlht",
+            Table::Hashbrown => "hashbrown",
+            Table::Std => "std",
+            Table::Dashmap => "dashmap",
+            Table::Papaya => "papaya",
+            Table::Limit => "limit",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Workload {
+    Get,
+    Put,
+    Mixed,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Get => "get",
+            Workload::Put => "put",
+            Workload::Mixed => "mixed",
+        }
+    }
+}
+
+/// Validated flags.
+struct Plan {
+    tables: Vec<Table>,
+    keys: Vec<usize>,
+    threads: Vec<usize>,
+    batches: Vec<usize>,
+    ops: Vec<Workload>,
+    secs: f64,
+    huge: bool,
+    json: bool,
+}
+
+fn list(flag: &str, s: &str) -> Result<Vec<String>> {
+    let items: Vec<String> = s
+        .split(',')
+        .map(|x| x.trim().to_ascii_lowercase())
+        .filter(|x| !x.is_empty())
+        .collect();
+    if items.is_empty() {
+        bail!("--{flag} is empty; give a comma-separated list");
+    }
+    Ok(items)
+}
+
+fn count(flag: &str, s: &str) -> Result<usize> {
+    let (digits, mult) = match s.as_bytes().last() {
+        Some(b'k') => (&s[..s.len() - 1], 1_000),
+        Some(b'm') => (&s[..s.len() - 1], 1_000_000),
+        Some(b'g') => (&s[..s.len() - 1], 1_000_000_000),
+        _ => (s, 1),
+    };
+    let n: usize = digits
+        .parse()
+        .with_context(|| format!("--{flag}: `{s}` is not a number"))?;
+    let n = n
+        .checked_mul(mult)
+        .with_context(|| format!("--{flag}: `{s}` is too large"))?;
+    if n == 0 {
+        bail!("--{flag}: values must be at least 1 (got `{s}`)");
+    }
+    Ok(n)
+}
+
+impl Plan {
+    fn from_args(a: &Args) -> Result<Plan> {
+        let mut tables = Vec::new();
+        for t in list("table", &a.table)? {
+            tables.push(match t.as_str() {
+                "dlht" => Table::Dlht,
+                "hashbrown" => Table::Hashbrown,
+                "std" => Table::Std,
+                "dashmap" => Table::Dashmap,
+                "papaya" => Table::Papaya,
+                "limit" => Table::Limit,
+                other => bail!(
+                    "--table: unknown table `{other}` (known: dlht, hashbrown, std, dashmap, papaya, limit)"
+                ),
+            });
+        }
+        let mut ops = Vec::new();
+        for o in list("op", &a.op)? {
+            ops.push(match o.as_str() {
+                "get" => Workload::Get,
+                "put" => Workload::Put,
+                "mixed" => Workload::Mixed,
+                other => bail!("--op: unknown operation `{other}` (known: get, put, mixed)"),
+            });
+        }
+        let keys = list("keys", &a.keys)?
+            .iter()
+            .map(|s| count("keys", s))
+            .collect::<Result<Vec<_>>>()?;
+        let threads = list("threads", &a.threads)?
+            .iter()
+            .map(|s| count("threads", s))
+            .collect::<Result<Vec<_>>>()?;
+        let batches = list("batch", &a.batch)?
+            .iter()
+            .map(|s| count("batch", s))
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(&b) = batches.iter().find(|&&b| b > 4096) {
+            bail!("--batch: {b} is larger than the supported 4096");
+        }
+        if let Some(&t) = threads.iter().find(|&&t| t > 1024) {
+            bail!("--threads: {t} is more than 1024");
+        }
+        if !(a.secs > 0.0 && a.secs <= 3600.0) {
+            bail!("--secs: must be in (0, 3600], got {}", a.secs);
+        }
+        let huge = match a.pages.to_ascii_lowercase().as_str() {
+            "huge" => true,
+            "small" => false,
+            other => bail!("--pages: unknown `{other}` (known: huge, small)"),
+        };
+        let mut keys = keys;
+        // Smallest first, so the big (memory-hungry) rows run last.
+        keys.sort_unstable();
+        keys.dedup();
+        tables.dedup();
+        Ok(Plan {
+            tables,
+            keys,
+            threads,
+            batches,
+            ops,
+            secs: a.secs,
+            huge,
+            json: a.json,
+        })
+    }
+}
+
+/// The key of index `i` (distinct for distinct `i`: `mix64` is a bijection).
+fn key_of(i: u64) -> u64 {
+    mix64(i ^ 0x5eed_5eed_5eed_5eed)
+}
+
+const STREAM: usize = 1 << 20;
+
+/// One thread's request stream: random present keys and, for mixed runs, which are Puts.
+struct Stream {
+    keys: Vec<u64>,
+    is_put: Vec<bool>,
+}
+
+fn stream(n: usize, thread: usize, workload: Workload) -> Stream {
+    let mut s = 0x1234_5678_9abc_def0u64 ^ (thread as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut next = || {
+        s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        mix64(s)
+    };
+    let mut keys = Vec::with_capacity(STREAM);
+    let mut is_put = Vec::with_capacity(STREAM);
+    for _ in 0..STREAM {
+        let i = ((u128::from(next()) * n as u128) >> 64) as u64;
+        keys.push(key_of(i));
+        is_put.push(match workload {
+            Workload::Get => false,
+            Workload::Put => true,
+            Workload::Mixed => next() % 10 == 0,
+        });
+    }
+    Stream { keys, is_put }
+}
+
+/// Resident set size of this process, in bytes.
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+fn huge_bytes() -> u64 {
+    dmem_hashtable::anon_huge_bytes().unwrap_or(0)
+}
+
+/// What a built table reports next to its rows.
+struct Built {
+    /// RSS growth while building, per key.
+    bytes_per_key: f64,
+    /// Fraction of that growth on huge pages.
+    huge_fraction: f64,
+    pages: &'static str,
+}
+
+/// Runs `per_thread` on `threads` threads for `secs`, returns Mops/s.
+/// `per_thread(thread, deadline)` returns the number of operations it did.
+fn measure<F>(threads: usize, secs: f64, per_thread: F) -> f64
+where
+    F: Fn(usize, Instant) -> u64 + Sync,
+{
+    let barrier = Barrier::new(threads + 1);
+    let (ops, elapsed) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let f = &per_thread;
+                let b = &barrier;
+                s.spawn(move || {
+                    b.wait();
+                    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+                    f(t, deadline)
+                })
+            })
+            .collect();
+        barrier.wait();
+        let start = Instant::now();
+        let ops: u64 = handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread"))
+            .sum();
+        (ops, start.elapsed())
+    });
+    ops as f64 / elapsed.as_secs_f64() / 1e6
+}
+
+/// Calls `chunk(pos)` (which does `step` operations) until the deadline; returns operations.
+#[inline(always)]
+fn run_until(deadline: Instant, step: usize, mut chunk: impl FnMut(usize)) -> u64 {
+    let mut done = 0u64;
+    let mut pos = 0usize;
+    loop {
+        for _ in 0..(1024 / step).max(1) {
+            chunk(pos);
+            pos = (pos + step) % (STREAM - step);
+            done += step as u64;
+        }
+        if Instant::now() >= deadline {
+            return done;
+        }
+    }
+}
+
+struct Row<'a> {
+    table: Table,
+    workload: Workload,
+    keys: usize,
+    threads: usize,
+    batch: usize,
+    mops: f64,
+    built: &'a Built,
+}
+
+struct Printer {
+    json: bool,
+    header_done: bool,
+}
+
+impl Printer {
+    fn row(&mut self, r: &Row<'_>) {
+        if self.json {
+            let v = serde_json::json!({
+                "table": r.table.name(),
+                "op": r.workload.name(),
+                "keys": r.keys,
+                "threads": r.threads,
+                "batch": r.batch,
+                "mops": (r.mops * 1000.0).round() / 1000.0,
+                "ns_per_op_per_thread": (1e3 * r.threads as f64 / r.mops * 10.0).round() / 10.0,
+                "pages": r.built.pages,
+                "huge_fraction": (r.built.huge_fraction * 100.0).round() / 100.0,
+                "bytes_per_key": (r.built.bytes_per_key * 10.0).round() / 10.0,
+            });
+            println!("{v}");
+        } else {
+            if !self.header_done {
+                println!(
+                    "{:<10} {:<6} {:>11} {:>7} {:>5} {:>9} {:>11} {:<12} {:>6} {:>9}",
+                    "table",
+                    "op",
+                    "keys",
+                    "threads",
+                    "batch",
+                    "Mops/s",
+                    "ns/op/thr",
+                    "pages",
+                    "huge%",
+                    "B/key"
+                );
+                self.header_done = true;
+            }
+            println!(
+                "{:<10} {:<6} {:>11} {:>7} {:>5} {:>9.2} {:>11.1} {:<12} {:>6.0} {:>9.1}",
+                r.table.name(),
+                r.workload.name(),
+                r.keys,
+                r.threads,
+                r.batch,
+                r.mops,
+                1e3 * r.threads as f64 / r.mops,
+                r.built.pages,
+                r.built.huge_fraction * 100.0,
+                r.built.bytes_per_key
+            );
+        }
+    }
+}
+
+/// Builds a table with `build`, measuring RSS and huge-page growth.
+fn built<T>(n: usize, pages: &'static str, build: impl FnOnce() -> T) -> (T, Built) {
+    let (rss0, huge0) = (rss_bytes(), huge_bytes());
+    let t = build();
+    let (rss1, huge1) = (rss_bytes(), huge_bytes());
+    let grew = rss1.saturating_sub(rss0);
+    let b = Built {
+        bytes_per_key: grew as f64 / n as f64,
+        huge_fraction: if grew == 0 {
+            0.0
+        } else {
+            (huge1.saturating_sub(huge0) as f64 / grew as f64).min(1.0)
+        },
+        pages,
+    };
+    (t, b)
+}
+
+/// Entry point of `dmem bench hashtable`.
+pub(crate) fn run(args: Args) -> Result<()> {
+    let plan = Plan::from_args(&args)?;
+    let mut out = Printer {
+        json: plan.json,
+        header_done: false,
+    };
+    if !plan.json {
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        println!(
+            "# dmem bench hashtable: {} cores, THP policy {}, load average {}",
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            dmem_hashtable::thp_policy().unwrap_or_else(|| "unknown".into()),
+            load.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        println!(
+            "# {} s per row; keys and values 8 bytes; uniform random present keys; pages: what the \
+             table asked for; huge%: share of its resident growth on huge pages",
+            plan.secs
+        );
+    }
+    for &n in &plan.keys {
+        let workloads: Vec<(Workload, Vec<Stream>)> = plan
+            .ops
+            .iter()
+            .map(|&w| {
+                let max_threads = plan.threads.iter().copied().max().unwrap_or(1);
+                (w, (0..max_threads).map(|t| stream(n, t, w)).collect())
+            })
+            .collect();
+        for &table in &plan.tables {
+            bench_table(&plan, &mut out, table, n, &workloads);
+        }
+    }
+    Ok(())
+}
+
+fn bench_table(
+    plan: &Plan,
+    out: &mut Printer,
+    table: Table,
+    n: usize,
+    workloads: &[(Workload, Vec<Stream>)],
+) {
+    let secs = plan.secs;
+    let page_name = if plan.huge { "thp-advised" } else { "4k" };
+    match table {
+        Table::Dlht => {
+            let (t, b) = built(n, page_name, || {
+                let t = Dlht::with_options(Options {
+                    capacity: n,
+                    huge_pages: plan.huge,
+                });
+                let g = t.pin();
+                for i in 0..n as u64 {
+                    g.insert(key_of(i), i);
+                }
+                drop(g);
+                t
+            });
+            let b = Built {
+                pages: t.page_kind().name(),
+                ..b
+            };
+            for (w, streams) in workloads {
+                for &threads in &plan.threads {
+                    for &batch in &plan.batches {
+                        let mops = measure(threads, secs, |th, deadline| {
+                            dlht_thread(&t, &streams[th], *w, batch, deadline)
+                        });
+                        out.row(&Row {
+                            table,
+                            workload: *w,
+                            keys: n,
+                            threads,
+                            batch,
+                            mops,
+                            built: &b,
+                        });
+                    }
+                }
+            }
+        }
+        Table::Hashbrown | Table::Std => {
+            // Not concurrent: single thread, no batching.
+            if table == Table::Hashbrown {
+                let (mut m, b) = built(n, "heap", || {
+                    let mut m = hashbrown::HashMap::with_capacity(n);
+                    for i in 0..n as u64 {
+                        m.insert(key_of(i), i);
+                    }
+                    m
+                });
+                for (w, streams) in workloads {
+                    let s = &streams[0];
+                    let mut sink = 0u64;
+                    let start = Instant::now();
+                    let deadline = start + Duration::from_secs_f64(secs);
+                    let ops = run_until(deadline, 1, |p| {
+                        let k = s.keys[p];
+                        if s.is_put[p] {
+                            if let Some(v) = m.get_mut(&k) {
+                                *v = v.wrapping_add(1);
+                            }
+                        } else {
+                            sink = sink.wrapping_add(*m.get(&k).unwrap_or(&0));
+                        }
+                    });
+                    black_box(sink);
+                    let mops = ops as f64 / start.elapsed().as_secs_f64() / 1e6;
+                    out.row(&Row {
+                        table,
+                        workload: *w,
+                        keys: n,
+                        threads: 1,
+                        batch: 1,
+                        mops,
+                        built: &b,
+                    });
+                }
+            } else {
+                let (mut m, b) = built(n, "heap", || {
+                    let mut m = StdHashMap::with_capacity(n);
+                    for i in 0..n as u64 {
+                        m.insert(key_of(i), i);
+                    }
+                    m
+                });
+                for (w, streams) in workloads {
+                    let s = &streams[0];
+                    let mut sink = 0u64;
+                    let start = Instant::now();
+                    let deadline = start + Duration::from_secs_f64(secs);
+                    let ops = run_until(deadline, 1, |p| {
+                        let k = s.keys[p];
+                        if s.is_put[p] {
+                            if let Some(v) = m.get_mut(&k) {
+                                *v = v.wrapping_add(1);
+                            }
+                        } else {
+                            sink = sink.wrapping_add(*m.get(&k).unwrap_or(&0));
+                        }
+                    });
+                    black_box(sink);
+                    let mops = ops as f64 / start.elapsed().as_secs_f64() / 1e6;
+                    out.row(&Row {
+                        table,
+                        workload: *w,
+                        keys: n,
+                        threads: 1,
+                        batch: 1,
+                        mops,
+                        built: &b,
+                    });
+                }
+            }
+        }
+        Table::Dashmap => {
+            let (m, b) = built(n, "heap", || {
+                let m = dashmap::DashMap::with_capacity(n);
+                for i in 0..n as u64 {
+                    m.insert(key_of(i), i);
+                }
+                m
+            });
+            for (w, streams) in workloads {
+                for &threads in &plan.threads {
+                    let mops = measure(threads, secs, |th, deadline| {
+                        let s = &streams[th];
+                        let mut sink = 0u64;
+                        let ops = run_until(deadline, 1, |p| {
+                            let k = s.keys[p];
+                            if s.is_put[p] {
+                                m.insert(k, p as u64);
+                            } else {
+                                sink = sink.wrapping_add(m.get(&k).map_or(0, |v| *v));
+                            }
+                        });
+                        black_box(sink);
+                        ops
+                    });
+                    out.row(&Row {
+                        table,
+                        workload: *w,
+                        keys: n,
+                        threads,
+                        batch: 1,
+                        mops,
+                        built: &b,
+                    });
+                }
+            }
+        }
+        Table::Papaya => {
+            let (m, b) = built(n, "heap", || {
+                let m = papaya::HashMap::with_capacity(n);
+                {
+                    let g = m.pin();
+                    for i in 0..n as u64 {
+                        g.insert(key_of(i), i);
+                    }
+                }
+                m
+            });
+            for (w, streams) in workloads {
+                for &threads in &plan.threads {
+                    let mops = measure(threads, secs, |th, deadline| {
+                        let s = &streams[th];
+                        let mut sink = 0u64;
+                        let mut g = m.pin();
+                        let mut since = 0u32;
+                        let ops = run_until(deadline, 1, |p| {
+                            let k = s.keys[p];
+                            if s.is_put[p] {
+                                g.insert(k, p as u64);
+                            } else {
+                                sink = sink.wrapping_add(g.get(&k).copied().unwrap_or(0));
+                            }
+                            since += 1;
+                            if since == 4096 {
+                                // Let papaya reclaim, as a long-running server would.
+                                g = m.pin();
+                                since = 0;
+                            }
+                        });
+                        black_box(sink);
+                        ops
+                    });
+                    out.row(&Row {
+                        table,
+                        workload: *w,
+                        keys: n,
+                        threads,
+                        batch: 1,
+                        mops,
+                        built: &b,
+                    });
+                }
+            }
+        }
+        Table::Limit => {
+            // An array as large as the DLHT bins for n keys, one load per random cache line.
+            let bins = Dlht::with_options(Options {
+                capacity: n,
+                huge_pages: false,
+            })
+            .memory_usage()
+            .bins;
+            let words = bins * 8;
+            let (arr, b) = built(n, page_name, || {
+                let mut a = WordArray::new(words, plan.huge);
+                for (i, w) in a.as_mut_slice().iter_mut().enumerate() {
+                    *w = i as u64;
+                }
+                a
+            });
+            let b = Built {
+                pages: arr.page_kind().name(),
+                ..b
+            };
+            let lines = bins;
+            let words = arr.as_slice();
+            let streams = &workloads[0].1;
+            for &threads in &plan.threads {
+                for &batch in &plan.batches {
+                    let mops = measure(threads, secs, |th, deadline| {
+                        limit_thread(words, lines, &streams[th], batch, deadline)
+                    });
+                    out.row(&Row {
+                        table,
+                        workload: Workload::Get,
+                        keys: n,
+                        threads,
+                        batch,
+                        mops,
+                        built: &b,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// One DLHT benchmark thread. Batch 1 uses the plain calls; larger batches the batch API.
+fn dlht_thread(t: &Dlht, s: &Stream, w: Workload, batch: usize, deadline: Instant) -> u64 {
+    let mut sink = 0u64;
+    let mut g = t.pin();
+    let mut since = 0usize;
+    let mut out = vec![None; batch];
+    let mut reqs = vec![Request::new(0, Op::Get); batch];
+    let ops = run_until(deadline, batch, |p| {
+        match (w, batch) {
+            (Workload::Get, 1) => sink = sink.wrapping_add(g.get(s.keys[p]).unwrap_or(0)),
+            (Workload::Get, _) => {
+                g.get_batch(&s.keys[p..p + batch], &mut out);
+                sink = sink.wrapping_add(out[batch - 1].unwrap_or(0));
+            }
+            (_, 1) => {
+                let k = s.keys[p];
+                if s.is_put[p] {
+                    g.put(k, p as u64);
+                } else {
+                    sink = sink.wrapping_add(g.get(k).unwrap_or(0));
+                }
+            }
+            _ => {
+                for (i, r) in reqs.iter_mut().enumerate() {
+                    let k = s.keys[p + i];
+                    *r = Request::new(
+                        k,
+                        if s.is_put[p + i] {
+                            Op::Put(p as u64)
+                        } else {
+                            Op::Get
+                        },
+                    );
+                }
+                g.batch(&mut reqs);
+                sink = sink.wrapping_add(reqs[batch - 1].result.unwrap_or(0));
+            }
+        }
+        since += batch;
+        if since >= 4096 {
+            // Re-pin now and then so a resize's garbage could be freed (none here).
+            drop(std::mem::replace(&mut g, t.pin()));
+            since = 0;
+        }
+    });
+    black_box(sink);
+    ops
+}
+
+/// Random independent 8-byte loads, one per random cache line, prefetched `batch` at a time.
+fn limit_thread(words: &[u64], lines: usize, s: &Stream, batch: usize, deadline: Instant) -> u64 {
+    let mut sink = 0u64;
+    let mut idx = [0usize; 4096];
+    let ops = run_until(deadline, batch, |p| {
+        if batch == 1 {
+            let line = ((u128::from(mix64(s.keys[p])) * lines as u128) >> 64) as usize;
+            sink = sink.wrapping_add(words[line * 8]);
+            return;
+        }
+        for (i, slot) in idx[..batch].iter_mut().enumerate() {
+            let line = ((u128::from(mix64(s.keys[p + i])) * lines as u128) >> 64) as usize;
+            *slot = line * 8;
+            prefetch(&words[line * 8]);
+        }
+        for &w in &idx[..batch] {
+            sink = sink.wrapping_add(words[w]);
+        }
+    });
+    black_box(sink);
+    ops
+}
+
+#[inline(always)]
+fn prefetch(p: &u64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is in the x86-64 baseline; a prefetch is a hint and never faults.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            (p as *const u64).cast::<i8>(),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
