@@ -11,7 +11,9 @@
 //! glommio thread-per-core integration is not part of this crate yet.
 
 mod clock;
+mod clocked;
 mod executor;
 
 pub use clock::{RealClock, Sleep, monotonic_now};
+pub use clocked::Clocked;
 pub use executor::{Executor, RunOutcome, StopHandle, TaskId, YieldNow, spawn, yield_now};

@@ -20,6 +20,9 @@ use serde::Serialize;
 pub(crate) enum Fabric {
     /// The deterministic simulated cluster (virtual time).
     Sim,
+    /// Shared memory on this host (real time): MNs are memfd mappings, each CN thread is an
+    /// OS thread running a polling executor.
+    Shm,
 }
 
 /// The one-sided op to measure.
@@ -108,10 +111,10 @@ struct Row {
     p50_ns: u64,
     /// 99th-percentile latency of a post list, ns.
     p99_ns: u64,
-    /// Busy fraction of the busiest MN NIC resource (1.0 = saturated).
-    mn_nic_busy: f64,
-    /// Doorbells per work request on the CNs.
-    doorbells_per_wr: f64,
+    /// Busy fraction of the busiest MN NIC resource (1.0 = saturated); sim only.
+    mn_nic_busy: Option<f64>,
+    /// Doorbells per work request on the CNs; sim only.
+    doorbells_per_wr: Option<f64>,
 }
 
 fn load_profile(name: &str) -> anyhow::Result<NicProfile> {
@@ -154,11 +157,12 @@ impl Args {
             need <= have,
             "{per_mn} clients per MN x batch {batch} x {slot}-byte slots need {need} bytes of MN memory but --mn-memory-mib gives {have}: lower --size, --batch or --clients, or raise --mn-memory-mib"
         );
+        // Atomics always work on 8-byte words; --size is for the READ and WRITE rows.
         if self.size != 8
             && self
                 .op
                 .iter()
-                .any(|op| matches!(op, PerfOp::Cas | PerfOp::Faa))
+                .all(|op| matches!(op, PerfOp::Cas | PerfOp::Faa))
         {
             bail!(
                 "CAS and FAA work on 8-byte words: use --size 8 (got {})",
@@ -309,8 +313,120 @@ fn run_sim(args: &Args, profile: &NicProfile, op: PerfOp, batch: usize) -> anyho
         mops: tally.ops.get() as f64 / measured as f64 * 1e3,
         p50_ns: latency.value_at_quantile(0.5),
         p99_ns: latency.value_at_quantile(0.99),
-        mn_nic_busy: mn_busy,
-        doorbells_per_wr: doorbells as f64 / wrs.max(1) as f64,
+        mn_nic_busy: Some(mn_busy),
+        doorbells_per_wr: Some(doorbells as f64 / wrs.max(1) as f64),
+    })
+}
+
+/// Closed-loop clients on shared memory: one OS thread per CN thread, each running a polling
+/// executor with its clients; time is real.
+fn run_shm(args: &Args, op: PerfOp, batch: usize) -> anyhow::Result<Row> {
+    use dmem_runtime::{Clocked, Executor, monotonic_now};
+    use dmem_shm::{ShmFabric, ShmMemoryNode};
+    use dmem_verbs::{Endpoint, NodeId, Port, RKey};
+
+    let slot = u64::from(args.size.div_ceil(64) * 64);
+    let memory = args.mn_memory_mib << 20;
+    let nodes = (0..args.mns)
+        .map(|i| {
+            ShmMemoryNode::create(NodeId(i), RKey(0x5eed_0000 | u32::from(i)), memory)
+                .with_context(|| format!("cannot create the shared-memory region of MN {i}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let fabric = ShmFabric::new();
+    // Contexts per (CN, thread), built here so that set-up errors surface before any thread.
+    let mut next_slot = vec![0u64; usize::from(args.mns)];
+    let mut per_thread: Vec<Vec<(dmem_shm::ShmContext, Vec<RemoteAddr>)>> = Vec::new();
+    for cn in 0..args.cns {
+        let cn_node = NodeId(args.mns + cn);
+        let mut threads: Vec<Vec<_>> = (0..args.threads).map(|_| Vec::new()).collect();
+        for c in 0..args.clients {
+            let port = Port(u16::try_from(c + 1).context("at most 65534 clients per CN")?);
+            let mut ctx = fabric.context(Endpoint {
+                node: cn_node,
+                port,
+            })?;
+            for node in &nodes {
+                ctx.add_link(node.link(cn_node)?)?;
+            }
+            let global = u64::from(cn) * u64::from(args.clients) + u64::from(c);
+            let mn = (global % u64::from(args.mns)) as usize;
+            let region = nodes[mn].region();
+            let first = &mut next_slot[mn];
+            let targets = (0..batch as u64)
+                .map(|i| {
+                    region
+                        .at((*first + i) * slot)
+                        .context("MN region too small")
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            *first += batch as u64;
+            threads[(c % u32::from(args.threads)) as usize].push((ctx, targets));
+        }
+        per_thread.extend(threads);
+    }
+    let duration = args.duration_ms * 1_000_000;
+    // Leave the threads a moment to start before the warm-up begins.
+    let start = monotonic_now() + 5_000_000;
+    let warm_up_end = start + duration / 10;
+    let end = warm_up_end + duration;
+    let kind = op.kind();
+    let size = args.size;
+    let results = std::thread::scope(|scope| {
+        let handles: Vec<_> = per_thread
+            .into_iter()
+            .map(|clients| {
+                scope.spawn(move || {
+                    let executor = Executor::new();
+                    let tally = Tally::new();
+                    for (ctx, targets) in clients {
+                        let tally = Rc::clone(&tally);
+                        executor.spawn(client(
+                            Clocked::new(ctx),
+                            kind,
+                            size,
+                            targets,
+                            warm_up_end,
+                            end,
+                            tally,
+                        ));
+                    }
+                    executor.run();
+                    let latency = tally.latency.borrow().clone();
+                    (tally.ops.get(), latency)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("a client thread panicked"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+    })?;
+    let mut ops = 0;
+    let mut latency =
+        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("static bounds are valid");
+    for (n, h) in results {
+        ops += n;
+        latency.add(&h).context("merging latency histograms")?;
+    }
+    Ok(Row {
+        fabric: "shm",
+        profile: "-".into(),
+        op: kind.name(),
+        size: if kind.is_atomic() { 8 } else { args.size },
+        batch,
+        cns: args.cns,
+        threads: args.threads,
+        clients: args.clients,
+        mns: args.mns,
+        mops: ops as f64 / duration as f64 * 1e3,
+        p50_ns: latency.value_at_quantile(0.5),
+        p99_ns: latency.value_at_quantile(0.99),
+        mn_nic_busy: None,
+        doorbells_per_wr: None,
     })
 }
 
@@ -323,6 +439,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         for &batch in &args.batch {
             let row = match args.fabric {
                 Fabric::Sim => run_sim(&args, &profile, op, batch)?,
+                Fabric::Shm => run_shm(&args, op, batch)?,
             };
             if args.json {
                 println!("{}", serde_json::to_string(&row)?);
@@ -339,16 +456,15 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
 fn print_table(args: &Args, rows: &[Row]) {
     let fabric = match args.fabric {
         Fabric::Sim => "sim (virtual time)",
+        Fabric::Shm => "shm (real time)",
+    };
+    let profile = match args.fabric {
+        Fabric::Sim => rows.first().map_or("-", |r| r.profile.as_str()),
+        Fabric::Shm => "-",
     };
     println!(
         "dmem perf  fabric {fabric}  profile {}  {} MN  {} CN x {} threads x {} clients  {} ms per row  seed {}",
-        rows.first().map_or("-", |r| r.profile.as_str()),
-        args.mns,
-        args.cns,
-        args.threads,
-        args.clients,
-        args.duration_ms,
-        args.seed
+        profile, args.mns, args.cns, args.threads, args.clients, args.duration_ms, args.seed
     );
     println!(
         "{:<6} {:>5} {:>6} {:>9} {:>9} {:>9} {:>8} {:>11}",
@@ -360,15 +476,18 @@ fn print_table(args: &Args, rows: &[Row]) {
             .find(|r| r.op == row.op && r.batch == 1)
             .filter(|b| b.mops > 0.0)
             .map(|b| row.mops / b.mops);
+        let busy = row
+            .mn_nic_busy
+            .map_or("-".to_string(), |b| format!("{:.0}%", b * 100.0));
         println!(
-            "{:<6} {:>5} {:>6} {:>9.2} {:>9.2} {:>9.2} {:>7.0}% {:>11}",
+            "{:<6} {:>5} {:>6} {:>9.2} {:>9.2} {:>9.2} {:>8} {:>11}",
             row.op,
             row.size,
             row.batch,
             row.mops,
             row.p50_ns as f64 / 1e3,
             row.p99_ns as f64 / 1e3,
-            row.mn_nic_busy * 100.0,
+            busy,
             base.map_or("-".to_string(), |g| format!("{g:.2}x")),
         );
     }

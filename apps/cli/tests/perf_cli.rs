@@ -1,0 +1,114 @@
+//! `dmem perf` end to end: the binary, its JSON, and its error lines.
+
+use std::process::Command;
+
+fn dmem(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_dmem"))
+        .args(args)
+        .output()
+        .expect("the dmem binary runs")
+}
+
+fn json_rows(out: &std::process::Output) -> Vec<serde_json::Value> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect()
+}
+
+#[test]
+fn sim_json_rows_show_the_cx3_write_and_cas_ceilings() {
+    let out = dmem(&[
+        "perf",
+        "--fabric",
+        "sim",
+        "--profile",
+        "cx3",
+        "--op",
+        "write,cas",
+        "--batch",
+        "4",
+        "--duration-ms",
+        "1",
+        "--json",
+    ]);
+    let rows = json_rows(&out);
+    assert_eq!(rows.len(), 2);
+    for row in &rows {
+        for field in ["mops", "p50_ns", "p99_ns"] {
+            assert!(row[field].is_number(), "{field} missing in {row}");
+        }
+    }
+    let write = rows[0]["mops"].as_f64().unwrap();
+    let cas = rows[1]["mops"].as_f64().unwrap();
+    assert!(write / cas > 10.0, "write {write} Mops vs cas {cas} Mops");
+}
+
+#[test]
+fn sim_runs_are_reproducible() {
+    let args = [
+        "perf",
+        "--op",
+        "read",
+        "--batch",
+        "2",
+        "--duration-ms",
+        "1",
+        "--seed",
+        "5",
+        "--json",
+    ];
+    assert_eq!(dmem(&args).stdout, dmem(&args).stdout);
+}
+
+#[test]
+fn shm_runs_real_verbs() {
+    let out = dmem(&[
+        "perf",
+        "--fabric",
+        "shm",
+        "--op",
+        "faa",
+        "--cns",
+        "1",
+        "--threads",
+        "1",
+        "--clients",
+        "2",
+        "--duration-ms",
+        "20",
+        "--json",
+    ]);
+    let rows = json_rows(&out);
+    assert_eq!(rows[0]["fabric"], "shm");
+    assert!(rows[0]["mops"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bad_arguments_get_one_readable_line_and_a_failure_exit() {
+    for (args, expected) in [
+        (
+            vec!["perf", "--clients", "0"],
+            "--clients must be at least 1",
+        ),
+        (
+            vec!["perf", "--profile", "cx9"],
+            "unknown NIC profile `cx9`",
+        ),
+        (vec!["perf", "--op", "cas", "--size", "16"], "use --size 8"),
+        (vec!["perf", "--size", "100000000"], "need"),
+    ] {
+        let out = dmem(&args);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.starts_with("dmem: error: "), "{stderr}");
+        assert!(stderr.contains(expected), "{stderr}");
+    }
+}
