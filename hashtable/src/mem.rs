@@ -67,10 +67,11 @@ impl<T: Zeroable> Region<T> {
             .checked_mul(size_of::<T>())
             .expect("hashtable size overflows usize");
         #[cfg(all(feature = "std", target_os = "linux"))]
-        if huge && bytes >= HUGE_PAGE {
-            if let Some(r) = Self::mapped(len, bytes) {
-                return r;
-            }
+        if huge
+            && bytes >= HUGE_PAGE
+            && let Some(r) = Self::mapped(len, bytes)
+        {
+            return r;
         }
         let _ = huge;
         let layout = Layout::from_size_align(bytes, 64.max(align_of::<T>()))

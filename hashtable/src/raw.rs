@@ -317,12 +317,12 @@ impl Index {
         while rest != 0 {
             let s = rest.trailing_zeros() as usize;
             rest &= rest - 1;
-            if let Some(slot) = self.slot(bin, link, s) {
-                if slot.key.load(Ordering::Relaxed) == key {
-                    let v = slot.value.load(Ordering::Acquire);
-                    if m.matches(v) {
-                        return Some((s, v));
-                    }
+            if let Some(slot) = self.slot(bin, link, s)
+                && slot.key.load(Ordering::Relaxed) == key
+            {
+                let v = slot.value.load(Ordering::Acquire);
+                if m.matches(v) {
+                    return Some((s, v));
                 }
             }
         }
@@ -356,14 +356,14 @@ impl Index {
             if link & 0xffff_ffff != 0 {
                 return Some(single.trailing_zeros() as usize);
             }
-            if may_allocate {
-                if let Some(i) = Self::alloc_from(&self.singles_used, self.singles.len()) {
-                    link |= i as u64 + 1;
-                    // Published to readers by the release store of the header that sets the
-                    // first valid bit in the new bucket.
-                    bin.link.store(link, Ordering::Relaxed);
-                    return Some(PRIMARY_SLOTS);
-                }
+            if may_allocate
+                && let Some(i) = Self::alloc_from(&self.singles_used, self.singles.len())
+            {
+                link |= i as u64 + 1;
+                // Published to readers by the release store of the header that sets the
+                // first valid bit in the new bucket.
+                bin.link.store(link, Ordering::Relaxed);
+                return Some(PRIMARY_SLOTS);
             }
         }
         let pair = free & PAIR_SLOT_BITS;
@@ -371,12 +371,10 @@ impl Index {
             if link >> 32 != 0 {
                 return Some(pair.trailing_zeros() as usize);
             }
-            if may_allocate {
-                if let Some(i) = Self::alloc_from(&self.pairs_used, self.pairs.len()) {
-                    link |= (i as u64 + 1) << 32;
-                    bin.link.store(link, Ordering::Relaxed);
-                    return Some(PRIMARY_SLOTS + SINGLE_SLOTS);
-                }
+            if may_allocate && let Some(i) = Self::alloc_from(&self.pairs_used, self.pairs.len()) {
+                link |= (i as u64 + 1) << 32;
+                bin.link.store(link, Ordering::Relaxed);
+                return Some(PRIMARY_SLOTS + SINGLE_SLOTS);
             }
         }
         None
@@ -602,22 +600,20 @@ impl RawTable {
         }
         if found.is_none() && valid >> PRIMARY_SLOTS != 0 {
             let link = bin.link.load(Ordering::Relaxed);
-            if valid & SINGLE_SLOT_BITS != 0 {
-                if let Some(b) = (link & 0xffff_ffff)
+            if valid & SINGLE_SLOT_BITS != 0
+                && let Some(b) = (link & 0xffff_ffff)
                     .checked_sub(1)
                     .and_then(|i| idx.singles.as_slice().get(i as usize))
-                {
-                    prefetch(b);
-                }
+            {
+                prefetch(b);
             }
-            if valid & PAIR_SLOT_BITS != 0 {
-                if let Some(b) = (link >> 32)
+            if valid & PAIR_SLOT_BITS != 0
+                && let Some(b) = (link >> 32)
                     .checked_sub(1)
                     .and_then(|i| idx.pairs.as_slice().get(i as usize))
-                {
-                    prefetch(b);
-                    prefetch(b.slots[SINGLE_SLOTS..].as_ptr());
-                }
+            {
+                prefetch(b);
+                prefetch(b.slots[SINGLE_SLOTS..].as_ptr());
             }
             return None;
         }

@@ -262,7 +262,7 @@ impl Drop for Pin<'_> {
         let pins = slot.pins.load(Ordering::Relaxed).wrapping_add(1);
         slot.pins.store(pins, Ordering::Relaxed);
         slot.state.store(0, Ordering::Release);
-        if pins % COLLECT_EVERY == 0 && self.collector.pending() != 0 {
+        if pins.is_multiple_of(COLLECT_EVERY) && self.collector.pending() != 0 {
             self.collector.collect();
         }
     }
