@@ -1,0 +1,90 @@
+//! Recorded histories: the input of the checker.
+
+use alloc::vec::Vec;
+
+use dmem_verbs::Nanos;
+
+use crate::model::{Key, TableId, TxnId, Version, WriteKind};
+
+/// A read and the version it observed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadEvent {
+    /// Table read.
+    pub table: TableId,
+    /// Key read.
+    pub key: Key,
+    /// Version observed (of a present record, or of the tombstone / initial absence for a
+    /// record found absent).
+    pub version: Version,
+}
+
+/// A write and the version it installed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteEvent {
+    /// Table written.
+    pub table: TableId,
+    /// Key written.
+    pub key: Key,
+    /// Version installed (unique per record, larger than the one it replaced).
+    pub version: Version,
+    /// Update, insert or delete.
+    pub kind: WriteKind,
+}
+
+/// How a transaction ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxnOutcome {
+    /// Committed: its writes are visible.
+    Committed,
+    /// Aborted: its writes must never be observed.
+    Aborted,
+    /// Never decided (its coordinator crashed); recovery decides whether its writes survive,
+    /// and the checker treats versions it installed by what was later observed.
+    Unknown,
+}
+
+/// One transaction as a protocol recorded it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnRecord {
+    /// Its id.
+    pub id: TxnId,
+    /// When it began (before its first operation).
+    pub begin: Nanos,
+    /// When it ended (after commit or abort returned).
+    pub end: Nanos,
+    /// How it ended.
+    pub outcome: TxnOutcome,
+    /// Reads in program order.
+    pub reads: Vec<ReadEvent>,
+    /// Writes (for a committed transaction: the versions it installed).
+    pub writes: Vec<WriteEvent>,
+}
+
+/// The transactions of one run, in any order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct History {
+    /// Every recorded transaction.
+    pub txns: Vec<TxnRecord>,
+}
+
+impl History {
+    /// An empty history.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self { txns: Vec::new() }
+    }
+
+    /// Appends a transaction.
+    pub fn push(&mut self, txn: TxnRecord) {
+        self.txns.push(txn);
+    }
+
+    /// Number of committed transactions.
+    #[must_use]
+    pub fn committed(&self) -> usize {
+        self.txns
+            .iter()
+            .filter(|t| t.outcome == TxnOutcome::Committed)
+            .count()
+    }
+}
