@@ -22,6 +22,23 @@
 //!   unchanged) whatever does not fit; [`LogRegion`] checks a region and iterates its records
 //!   without copying.
 //!
+//! ```
+//! use dmem_layout::log::{DataLogEntry, LogOp, LogRecord, LogRegion, LogWriter};
+//! use dmem_layout::record::RemoteAddr;
+//!
+//! let mut region = [0u8; 128];
+//! let mut writer = LogWriter::new(&mut region, 7, 1, 1000)?; // coordinator 7, epoch 1, txn 1000
+//! let y = DataLogEntry { op: LogOp::Update, table_id: 1, key: 89, addr: RemoteAddr::new(2, 0x100)?, version: 4 };
+//! writer.append_undo(&y, b"old Y")?;
+//! let image = writer.finish(); // the bytes of the one log WRITE
+//!
+//! let log = LogRegion::new_checked(image)?;
+//! assert!(log.is_valid());
+//! let Some(LogRecord::Undo(undo)) = log.records().next() else { unreachable!() };
+//! assert_eq!((undo.header.old_version(), undo.old_value), (4, &b"old Y"[..]));
+//! # Ok::<(), dmem_layout::LayoutError>(())
+//! ```
+//!
 //! # Why a checksum, and why the valid bit is the last header byte
 //!
 //! The coordinator writes header and records in one WRITE, and a WRITE lands in increasing

@@ -20,6 +20,21 @@
 //!   frame unchanged) any message that would exceed the packet size.
 //! * [`RpcFrame`] checks a received frame and iterates its messages without copying.
 //!
+//! ```
+//! use dmem_layout::rpc::{RpcFrame, RpcFrameBuilder, RpcPacketInfo};
+//!
+//! let mut buf = [0u8; 188];
+//! let info = RpcPacketInfo { src_node: 1, flow: 0, response: false, epoch: 3 };
+//! let mut builder = RpcFrameBuilder::new(&mut buf, info)?;
+//! builder.push(1, 0, &42u64.to_le_bytes())?; // a Get for key 42, request slot 0
+//! let bytes = builder.finish();
+//!
+//! let frame = RpcFrame::new_checked(bytes)?;
+//! let get = frame.messages().next().expect("one message");
+//! assert_eq!((get.msg_type(), get.req_slot(), get.payload()), (1, 0, &42u64.to_le_bytes()[..]));
+//! # Ok::<(), dmem_layout::LayoutError>(())
+//! ```
+//!
 //! # What is an error
 //!
 //! [`RpcFrame::new_checked`] refuses, and never panics on, any frame that is not exactly
@@ -571,9 +586,10 @@ impl<'a> RpcFrameBuilder<'a> {
         req_slot: u32,
         payload: &[u8],
     ) -> Result<(), LayoutError> {
-        self.push_with(msg_type, req_slot, payload.len(), |dst| {
-            dst.copy_from_slice(payload)
-        })
+        let stored = self.fit(payload.len())?;
+        self.append(msg_type, req_slot, stored)
+            .copy_from_slice(payload);
+        Ok(())
     }
 
     /// Appends a message of `payload_len` bytes and lets `fill` write the payload in place
@@ -587,25 +603,33 @@ impl<'a> RpcFrameBuilder<'a> {
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<(), LayoutError> {
         let stored = self.fit(payload_len)?;
+        let payload = self.append(msg_type, req_slot, stored);
+        payload.fill(0);
+        fill(payload);
+        Ok(())
+    }
+
+    /// Writes a message header for a payload of `payload_len` bytes (checked by `fit`),
+    /// updates the packet header and returns the payload bytes to fill.
+    fn append(&mut self, msg_type: u16, req_slot: u32, payload_len: U16) -> &mut [u8] {
+        let len = usize::from(payload_len.get());
         let header = RpcMessageHeader {
             msg_type: U16::new(msg_type),
-            payload_len: stored,
+            payload_len,
             req_slot: U32::new(req_slot),
         };
         let start = self.len;
-        let message = &mut self.buf[start..start + RpcMessageHeader::LEN + payload_len];
-        let (head, payload) = message.split_at_mut(RpcMessageHeader::LEN);
-        head.copy_from_slice(header.as_bytes());
-        payload.fill(0);
-        fill(payload);
-        self.len += RpcMessageHeader::LEN + payload_len;
+        self.len += RpcMessageHeader::LEN + len;
         self.count += 1;
-        let (frame_header, _) = self.buf.split_at_mut(RpcPacketHeader::LEN);
-        let frame_header = header_of_mut::<RpcPacketHeader>(frame_header);
+        let (frame, rest) = self.buf.split_at_mut(RpcPacketHeader::LEN);
+        let frame_header = header_of_mut::<RpcPacketHeader>(frame);
         frame_header.msg_count = U16::new(self.count);
         // `fit` keeps len within MAX_FRAME_LEN, so the body fits in u16.
         frame_header.body_len = U16::new((self.len - RpcPacketHeader::LEN) as u16);
-        Ok(())
+        let message = &mut rest[start - RpcPacketHeader::LEN..self.len - RpcPacketHeader::LEN];
+        let (head, payload) = message.split_at_mut(RpcMessageHeader::LEN);
+        head.copy_from_slice(header.as_bytes());
+        payload
     }
 
     /// Ends the frame and returns its bytes, to be sent as one packet.
