@@ -52,3 +52,8 @@ pub use error::LayoutError;
 /// Size of a cache line on every machine dmem targets, and the unit in which an RDMA
 /// WRITE lands at the responder (DESIGN.md, LOTUS §7.1).
 pub const CACHE_LINE: usize = 64;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

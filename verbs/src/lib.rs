@@ -112,3 +112,8 @@ pub trait VerbsExt: Verbs {
 }
 
 impl<V: Verbs + ?Sized> VerbsExt for V {}
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

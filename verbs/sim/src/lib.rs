@@ -212,3 +212,8 @@ impl ClusterConfig {
         Ok(())
     }
 }
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
