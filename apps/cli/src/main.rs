@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench_hashtable;
+mod bench_locks;
 mod perf;
 
 #[derive(Parser, Debug)]
@@ -27,6 +28,9 @@ enum BenchCommand {
     /// DLHT hashtable (batched and unbatched) vs hashbrown, std, dashmap, papaya, and the
     /// machine's random-load limit: Gets, Puts, 90/10 mixes on 8-byte keys and values.
     Hashtable(bench_hashtable::Args),
+    /// DecLock's lock microbenchmark (§6.1) on the simulated cluster: CASLock, DSLR+,
+    /// ShiftLock-style MCS and DecLock CQL under Zipfian contention.
+    Locks(bench_locks::Args),
 }
 
 fn main() {
@@ -35,6 +39,7 @@ fn main() {
         Command::Perf(args) => perf::run(args),
         Command::Bench(bench) => match bench {
             BenchCommand::Hashtable(args) => bench_hashtable::run(args),
+            BenchCommand::Locks(args) => bench_locks::run(args),
         },
     };
     if let Err(err) = result {

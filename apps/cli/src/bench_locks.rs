@@ -1,0 +1,640 @@
+//! `dmem bench locks`: DecLock's lock microbenchmark (§6.1) on the simulated cluster.
+//!
+//! Every client (a coroutine; `--clients` per CN) loops: pick a lock by a Zipfian
+//! distribution over `--locks`, acquire it shared with probability `--read-ratio`
+//! (exclusive otherwise), READ (shared) or WRITE (exclusive) the 64-byte object it protects
+//! on the MN, spend `--cs-ns` inside, release. Throughput and latency count operations
+//! finishing after a 10 % warm-up; lock counters are the clients' own (MN operations they
+//! sent for locking, retries), NIC figures come from the simulator.
+//!
+//! Zipf: a small generator after Gray et al. ("Quickly generating billion-record synthetic
+//! databases", SIGMOD'94), the method YCSB uses, rather than a new dependency: O(n) setup,
+//! O(1) per draw, deterministic from the seed, and rank 0 is the hottest lock, which the
+//! fairness figure needs to find.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use anyhow::{Context as _, bail, ensure};
+use clap::{Args as ClapArgs, ValueEnum};
+use dmem_locks::caslock::{CasLockClient, CasLockConfig};
+use dmem_locks::declock::{DecLockClient, DecLockConfig};
+use dmem_locks::dslr::{DslrClient, DslrConfig};
+use dmem_locks::shiftlock::{ShiftLockClient, ShiftLockConfig};
+use dmem_locks::{
+    Directory, LockLayout, LockMode, LockStats, NoFailures, RemoteAddr, RwLockClient,
+};
+use dmem_sim::{ClusterConfig, NicProfile, Role, Sim, SimContext};
+use dmem_verbs::{Clock, Nanos, Verbs, VerbsExt};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Bytes of the object each lock protects.
+const OBJECT_BYTES: u32 = 64;
+
+/// A lock protocol to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LockArg {
+    /// Reader-writer CAS spinlock (FORD/Sherman style), no backoff.
+    Caslock,
+    /// DSLR+: reader-writer ticket lock with truncated exponential backoff.
+    Dslr,
+    /// ShiftLock-style MCS reader-writer lock (writer hand-over, counted readers).
+    Shiftlock,
+    /// DecLock CQL with a client-level queue: task-fair (strict FIFO).
+    DeclockTf,
+    /// DecLock §5 phase-fair hierarchical variant (not implemented; refused).
+    DeclockPf,
+    /// caslock, dslr, shiftlock, declock-tf.
+    All,
+}
+
+impl LockArg {
+    fn name(self) -> &'static str {
+        match self {
+            LockArg::Caslock => "caslock",
+            LockArg::Dslr => "dslr",
+            LockArg::Shiftlock => "shiftlock",
+            LockArg::DeclockTf => "declock-tf",
+            LockArg::DeclockPf => "declock-pf",
+            LockArg::All => "all",
+        }
+    }
+}
+
+/// Arguments of `dmem bench locks`.
+#[derive(Debug, ClapArgs)]
+pub(crate) struct Args {
+    /// Locks to measure, comma-separated (caslock, dslr, shiftlock, declock-tf, all).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
+    lock: Vec<LockArg>,
+    /// Compute nodes.
+    #[arg(long, default_value_t = 8)]
+    cns: u16,
+    /// Clients (coroutines) per CN.
+    #[arg(long, default_value_t = 32)]
+    clients: u32,
+    /// Cores per CN; clients are spread over them.
+    #[arg(long, default_value_t = 16)]
+    threads: u16,
+    /// Number of locks (each protects one object).
+    #[arg(long, default_value_t = 100_000)]
+    locks: u64,
+    /// Zipfian skew θ of lock choice (0 = uniform).
+    #[arg(long, default_value_t = 0.99)]
+    zipf: f64,
+    /// Probability that an operation is a read (shared lock).
+    #[arg(long, default_value_t = 0.5)]
+    read_ratio: f64,
+    /// Critical section after the object access, ns of virtual time.
+    #[arg(long, default_value_t = 0)]
+    cs_ns: u64,
+    /// NIC profile (cx3, cx4, cx5, cx6) or a TOML file with one.
+    #[arg(long, default_value = "cx4")]
+    profile: String,
+    /// Measured duration per lock, ms of virtual time (plus 10 % warm-up).
+    #[arg(long, default_value_t = 10)]
+    duration_ms: u64,
+    /// Seed of the simulation and the workload.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print one JSON object per lock instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Args {
+    fn validate(&self) -> anyhow::Result<Vec<LockArg>> {
+        ensure!(self.clients > 0, "--clients must be at least 1");
+        ensure!(self.cns > 0, "--cns must be at least 1");
+        ensure!(self.threads > 0, "--threads must be at least 1");
+        ensure!(self.locks > 0, "--locks must be at least 1");
+        ensure!(self.duration_ms > 0, "--duration-ms must be at least 1");
+        ensure!(
+            self.zipf.is_finite() && self.zipf >= 0.0,
+            "--zipf must be a finite number >= 0 (got {})",
+            self.zipf
+        );
+        ensure!(
+            (0.0..=1.0).contains(&self.read_ratio),
+            "--read-ratio must be within [0, 1] (got {})",
+            self.read_ratio
+        );
+        ensure!(
+            u64::from(self.cns) * u64::from(self.clients) <= 1 << 20,
+            "at most 2^20 clients in total"
+        );
+        let mut locks = Vec::new();
+        for &l in &self.lock {
+            match l {
+                LockArg::All => locks.extend([
+                    LockArg::Caslock,
+                    LockArg::Dslr,
+                    LockArg::Shiftlock,
+                    LockArg::DeclockTf,
+                ]),
+                LockArg::DeclockPf => bail!(
+                    "--lock declock-pf: DecLock's phase-fair hierarchical variant (§5) is not implemented yet; use declock-tf"
+                ),
+                other => locks.push(other),
+            }
+        }
+        locks.dedup();
+        Ok(locks)
+    }
+}
+
+/// Zipfian ranks in `0..n` with skew `theta` (Gray et al. SIGMOD'94; YCSB's generator).
+#[derive(Debug, Clone)]
+pub(crate) struct Zipf {
+    n: u64,
+    theta: f64,
+    alpha: f64,
+    zeta_n: f64,
+    eta: f64,
+    half_pow: f64,
+}
+
+impl Zipf {
+    pub(crate) fn new(n: u64, theta: f64) -> Self {
+        let zeta = |k: u64| (1..=k).map(|i| 1.0 / (i as f64).powf(theta)).sum::<f64>();
+        let zeta_n = zeta(n);
+        let zeta_2 = zeta(2.min(n));
+        let alpha = if (theta - 1.0).abs() < 1e-12 {
+            0.0
+        } else {
+            1.0 / (1.0 - theta)
+        };
+        let eta = if n <= 2 || (theta - 1.0).abs() < 1e-12 {
+            0.0
+        } else {
+            (1.0 - (2.0 / n as f64).powf(1.0 - theta)) / (1.0 - zeta_2 / zeta_n)
+        };
+        Self {
+            n,
+            theta,
+            alpha,
+            zeta_n,
+            eta,
+            half_pow: 1.0 + 0.5f64.powf(theta),
+        }
+    }
+
+    /// A rank for the uniform draw `u` in `[0, 1)`.
+    pub(crate) fn rank(&self, u: f64) -> u64 {
+        if self.theta == 0.0 {
+            return ((u * self.n as f64) as u64).min(self.n - 1);
+        }
+        let uz = u * self.zeta_n;
+        if uz < 1.0 {
+            return 0;
+        }
+        if uz < self.half_pow || self.n <= 2 {
+            return 1.min(self.n - 1);
+        }
+        if self.alpha == 0.0 {
+            // θ = 1: Gray's closed form has a pole; fall back to inverting the CDF.
+            let mut acc = 0.0;
+            for i in 1..=self.n {
+                acc += 1.0 / i as f64;
+                if acc >= uz {
+                    return i - 1;
+                }
+            }
+            return self.n - 1;
+        }
+        let r = (self.n as f64 * (self.eta * u - self.eta + 1.0).powf(self.alpha)) as u64;
+        r.min(self.n - 1)
+    }
+}
+
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+fn unit(state: &mut u64) -> f64 {
+    (next(state) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// One measured row.
+#[derive(Debug, Serialize)]
+struct Row {
+    lock: &'static str,
+    profile: String,
+    cns: u16,
+    clients_per_cn: u32,
+    total_clients: u64,
+    locks: u64,
+    zipf: f64,
+    read_ratio: f64,
+    cs_ns: u64,
+    /// Million operations (lock + object access + unlock) per virtual second.
+    mops: f64,
+    /// Median operation latency, ns.
+    p50_ns: u64,
+    /// 99th-percentile operation latency, ns.
+    p99_ns: u64,
+    /// MN operations the clients sent to acquire, per acquisition.
+    mn_ops_per_acquire: f64,
+    /// MN operations sent for locking (acquire + release), per operation.
+    lock_mn_ops_per_op: f64,
+    /// All MN operations served (locks + objects), per operation.
+    mn_ops_per_op: f64,
+    /// Retries per acquisition.
+    retries_per_acquire: f64,
+    /// Busy fraction of the busiest MN NIC resource.
+    mn_nic_busy: f64,
+    /// p99 / median acquire latency on the hottest lock.
+    fairness_hot: f64,
+    /// DecLock: queue capacity used (0 for other locks).
+    cql_capacity: usize,
+    /// DecLock: refetches per release, resets.
+    refetches_per_release: f64,
+    resets: u64,
+}
+
+struct Tally {
+    ops: u64,
+    latency: Histogram<u64>,
+    hot_acquire: Histogram<u64>,
+    stats: LockStats,
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("static bounds are valid")
+}
+
+fn diff(after: &LockStats, before: &LockStats) -> LockStats {
+    LockStats {
+        acquisitions: after.acquisitions - before.acquisitions,
+        releases: after.releases - before.releases,
+        acquire_mn_ops: after.acquire_mn_ops - before.acquire_mn_ops,
+        release_mn_ops: after.release_mn_ops - before.release_mn_ops,
+        retries: after.retries - before.retries,
+        refetches: after.refetches - before.refetches,
+        messages_sent: after.messages_sent - before.messages_sent,
+        resets: after.resets - before.resets,
+        aborts: after.aborts - before.aborts,
+        timeouts: after.timeouts - before.timeouts,
+        stale_messages: after.stale_messages - before.stale_messages,
+    }
+}
+
+struct Workload {
+    locks: Vec<RemoteAddr>,
+    objects: Vec<RemoteAddr>,
+    zipf: Zipf,
+    read_ratio: f64,
+    cs_ns: Nanos,
+    warm_up_end: Nanos,
+    end: Nanos,
+}
+
+async fn client<L: RwLockClient>(
+    mut lock: L,
+    ctx: SimContext,
+    work: Rc<Workload>,
+    tally: Rc<RefCell<Tally>>,
+) {
+    let mut rng = ctx.seed() | 1;
+    let payload = vec![0x5au8; OBJECT_BYTES as usize];
+    while ctx.now() < work.end {
+        let rank = work.zipf.rank(unit(&mut rng));
+        let mode = if unit(&mut rng) < work.read_ratio {
+            LockMode::Shared
+        } else {
+            LockMode::Exclusive
+        };
+        let before = *lock.stats();
+        let start = ctx.now();
+        let held = match lock.acquire(work.locks[rank as usize], mode).await {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("dmem bench locks: client stopped: {e}");
+                return;
+            }
+        };
+        let acquired = ctx.now();
+        let object = work.objects[rank as usize];
+        let access = match mode {
+            LockMode::Shared => ctx.read(object, OBJECT_BYTES).await.map(drop),
+            LockMode::Exclusive => ctx.write(object, &payload).await,
+        };
+        if let Err(e) = access {
+            eprintln!("dmem bench locks: client stopped: {e}");
+            return;
+        }
+        if work.cs_ns > 0 {
+            ctx.sleep(work.cs_ns).await;
+        }
+        if let Err(e) = lock.release(held).await {
+            eprintln!("dmem bench locks: client stopped: {e}");
+            return;
+        }
+        let done = ctx.now();
+        if done >= work.warm_up_end && done <= work.end {
+            let mut t = tally.borrow_mut();
+            t.ops += 1;
+            let _ = t.latency.record((done - start).max(1));
+            if rank == 0 {
+                let _ = t.hot_acquire.record((acquired - start).max(1));
+            }
+            let d = diff(lock.stats(), &before);
+            t.stats = t.stats.merged(&d);
+        }
+    }
+    let _ = lock.idle_until(work.end + 1_000_000).await;
+}
+
+enum Which {
+    Cas,
+    Dslr,
+    Shift,
+    Dec,
+}
+
+fn run_one(args: &Args, profile: &NicProfile, which: LockArg, zipf: &Zipf) -> anyhow::Result<Row> {
+    let total = u64::from(args.cns) * u64::from(args.clients);
+    let capacity = (total.next_power_of_two() as usize).max(8);
+    let (kind, layout): (Which, LockLayout) = match which {
+        LockArg::Caslock => (Which::Cas, dmem_locks::caslock::layout()),
+        LockArg::Dslr => (Which::Dslr, dmem_locks::dslr::layout()),
+        LockArg::Shiftlock => (Which::Shift, dmem_locks::shiftlock::layout()),
+        LockArg::DeclockTf => (Which::Dec, cql_layout(capacity)?),
+        LockArg::DeclockPf | LockArg::All => unreachable!("expanded by validate"),
+    };
+    let stride = layout.bytes.div_ceil(8) * 8;
+    let objects_base = 4096u64;
+    let locks_base = objects_base + args.locks * u64::from(OBJECT_BYTES);
+    let memory = (locks_base + args.locks * stride).div_ceil(1 << 20) * (1 << 20);
+    let sim = Sim::new(
+        ClusterConfig::with_profile(profile.clone())
+            .mns(1)
+            .cns(args.cns)
+            .threads_per_cn(args.threads)
+            .mn_memory_bytes(memory)
+            .seed(args.seed),
+    )?;
+    let mn = sim.mn(0);
+    let region = sim.region(mn);
+    let mut locks = Vec::with_capacity(args.locks as usize);
+    let mut objects = Vec::with_capacity(args.locks as usize);
+    for i in 0..args.locks {
+        let l = locks_base + i * stride;
+        if layout.initial.iter().any(|&b| b != 0) {
+            sim.write_memory(mn, l, &layout.initial);
+        }
+        locks.push(region.at(l).context("MN region too small")?);
+        objects.push(
+            region
+                .at(objects_base + i * u64::from(OBJECT_BYTES))
+                .context("MN region too small")?,
+        );
+    }
+    let duration = args.duration_ms * 1_000_000;
+    let warm_up_end = duration / 10;
+    let end = warm_up_end + duration;
+    let work = Rc::new(Workload {
+        locks,
+        objects,
+        zipf: zipf.clone(),
+        read_ratio: args.read_ratio,
+        cs_ns: args.cs_ns,
+        warm_up_end,
+        end,
+    });
+    let tally = Rc::new(RefCell::new(Tally {
+        ops: 0,
+        latency: histogram(),
+        hot_acquire: histogram(),
+        stats: LockStats::default(),
+    }));
+    let mut contexts = Vec::new();
+    for cn in 0..args.cns {
+        for c in 0..args.clients {
+            let thread = (c % u32::from(args.threads)) as u16;
+            contexts.push(sim.context(sim.cn(cn), thread)?);
+        }
+    }
+    let directory = Directory::new(contexts.iter().map(|c| c.local_endpoint()).collect());
+    for (i, ctx) in contexts.iter().enumerate() {
+        let id = i as u32;
+        let seed = ctx.seed() ^ args.seed;
+        let (w, t) = (Rc::clone(&work), Rc::clone(&tally));
+        match kind {
+            Which::Cas => {
+                let l = CasLockClient::new(ctx.clone(), id, CasLockConfig::default(), seed);
+                sim.spawn(ctx, client(l, ctx.clone(), w, t));
+            }
+            Which::Dslr => {
+                let l = DslrClient::new(ctx.clone(), DslrConfig::default(), seed);
+                sim.spawn(ctx, client(l, ctx.clone(), w, t));
+            }
+            Which::Shift => {
+                let l = ShiftLockClient::new(
+                    ctx.clone(),
+                    id,
+                    directory.clone(),
+                    ShiftLockConfig::default(),
+                    seed,
+                )?;
+                sim.spawn(ctx, client(l, ctx.clone(), w, t));
+            }
+            Which::Dec => spawn_declock(&sim, ctx, id, &directory, capacity, seed, w, t)?,
+        }
+    }
+    sim.run_until(warm_up_end);
+    let at_warm_up = sim.stats();
+    sim.run_until(end);
+    let stats = sim.stats();
+    let measured = end - warm_up_end;
+    let (mn_busy, mn_ops) = stats
+        .nodes
+        .iter()
+        .zip(&at_warm_up.nodes)
+        .filter(|(n, _)| n.role == Role::Memory)
+        .map(|(n, w)| {
+            let rw = n.nic.rw_busy_ns - w.nic.rw_busy_ns;
+            let atomic = n.nic.atomic_busy_ns - w.nic.atomic_busy_ns;
+            let egress = n.nic.egress_busy_ns - w.nic.egress_busy_ns;
+            let ingress = n.nic.ingress_busy_ns - w.nic.ingress_busy_ns;
+            let busy = rw.max(atomic).max(egress).max(ingress) / measured as f64;
+            (busy.min(1.0), n.nic.total_served() - w.nic.total_served())
+        })
+        .fold((0.0, 0u64), |(b, o), (nb, no)| (f64::max(b, nb), o + no));
+    let t = tally.borrow();
+    let acq = t.stats.acquisitions.max(1) as f64;
+    let ops = t.ops.max(1) as f64;
+    let hot_p50 = t.hot_acquire.value_at_quantile(0.5).max(1);
+    Ok(Row {
+        lock: which.name(),
+        profile: profile.name.clone(),
+        cns: args.cns,
+        clients_per_cn: args.clients,
+        total_clients: total,
+        locks: args.locks,
+        zipf: args.zipf,
+        read_ratio: args.read_ratio,
+        cs_ns: args.cs_ns,
+        mops: t.ops as f64 / measured as f64 * 1e3,
+        p50_ns: t.latency.value_at_quantile(0.5),
+        p99_ns: t.latency.value_at_quantile(0.99),
+        mn_ops_per_acquire: t.stats.acquire_mn_ops as f64 / acq,
+        lock_mn_ops_per_op: (t.stats.acquire_mn_ops + t.stats.release_mn_ops) as f64 / ops,
+        mn_ops_per_op: mn_ops as f64 / ops,
+        retries_per_acquire: t.stats.retries as f64 / acq,
+        mn_nic_busy: mn_busy,
+        fairness_hot: t.hot_acquire.value_at_quantile(0.99) as f64 / hot_p50 as f64,
+        cql_capacity: if matches!(kind, Which::Dec) {
+            capacity
+        } else {
+            0
+        },
+        refetches_per_release: t.stats.refetches as f64 / t.stats.releases.max(1) as f64,
+        resets: t.stats.resets,
+    })
+}
+
+macro_rules! with_capacity {
+    ($capacity:expr, $c:ident => $body:expr) => {
+        match $capacity {
+            8 => { const $c: usize = 8; $body }
+            16 => { const $c: usize = 16; $body }
+            32 => { const $c: usize = 32; $body }
+            64 => { const $c: usize = 64; $body }
+            128 => { const $c: usize = 128; $body }
+            256 => { const $c: usize = 256; $body }
+            512 => { const $c: usize = 512; $body }
+            1024 => { const $c: usize = 1024; $body }
+            other => bail!(
+                "DecLock's client-level queue needs one entry per client; {other} entries are not supported (at most 1024 clients in total)"
+            ),
+        }
+    };
+}
+
+fn cql_layout(capacity: usize) -> anyhow::Result<LockLayout> {
+    Ok(with_capacity!(capacity, C => dmem_locks::declock::layout::<C>()))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn spawn_declock(
+    sim: &Sim,
+    ctx: &SimContext,
+    id: u32,
+    directory: &Directory,
+    capacity: usize,
+    seed: u64,
+    work: Rc<Workload>,
+    tally: Rc<RefCell<Tally>>,
+) -> anyhow::Result<()> {
+    with_capacity!(capacity, C => {
+        let l = DecLockClient::<_, C>::new(
+            ctx.clone(),
+            id,
+            directory.clone(),
+            Rc::new(NoFailures),
+            DecLockConfig::default(),
+            seed,
+        )?;
+        sim.spawn(ctx, client(l, ctx.clone(), work, tally));
+    });
+    Ok(())
+}
+
+fn load_profile(name: &str) -> anyhow::Result<NicProfile> {
+    if NicProfile::BUILT_IN.contains(&name) {
+        return Ok(NicProfile::named(name)?);
+    }
+    let path = std::path::Path::new(name);
+    if path.exists() {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read NIC profile file {name}"))?;
+        return NicProfile::from_toml(&text).with_context(|| format!("in {name}"));
+    }
+    Ok(NicProfile::named(name)?)
+}
+
+/// Runs `dmem bench locks`.
+pub(crate) fn run(args: Args) -> anyhow::Result<()> {
+    let locks = args.validate()?;
+    let profile = load_profile(&args.profile)?;
+    let zipf = Zipf::new(args.locks, args.zipf);
+    if !args.json {
+        println!(
+            "dmem bench locks  sim profile {}  1 MN  {} CN x {} clients ({} cores/CN) = {} clients  {} locks  zipf {}  read ratio {}  cs {} ns  {} ms  seed {}",
+            profile.name,
+            args.cns,
+            args.clients,
+            args.threads,
+            u64::from(args.cns) * u64::from(args.clients),
+            args.locks,
+            args.zipf,
+            args.read_ratio,
+            args.cs_ns,
+            args.duration_ms,
+            args.seed
+        );
+        println!(
+            "{:<11} {:>7} {:>9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9}",
+            "lock",
+            "Mops",
+            "p50 µs",
+            "p99 µs",
+            "acq ops",
+            "lock ops",
+            "retries",
+            "MN busy",
+            "hot p99/",
+            "resets"
+        );
+        println!(
+            "{:<11} {:>7} {:>9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9}",
+            "", "", "", "", "/acquire", "/op", "/acquire", "", "p50", ""
+        );
+    }
+    for which in locks {
+        let row = run_one(&args, &profile, which, &zipf)?;
+        if args.json {
+            println!("{}", serde_json::to_string(&row)?);
+        } else {
+            println!(
+                "{:<11} {:>7.3} {:>9.2} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>7.0}% {:>8.1} {:>9}",
+                row.lock,
+                row.mops,
+                row.p50_ns as f64 / 1e3,
+                row.p99_ns as f64 / 1e3,
+                row.mn_ops_per_acquire,
+                row.lock_mn_ops_per_op,
+                row.retries_per_acquire,
+                row.mn_nic_busy * 100.0,
+                row.fairness_hot,
+                row.resets,
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zipf_ranks_are_skewed_and_in_range() {
+        let z = Zipf::new(1000, 0.99);
+        let mut s = 7u64;
+        let mut counts = vec![0u32; 1000];
+        for _ in 0..100_000 {
+            counts[z.rank(unit(&mut s)) as usize] += 1;
+        }
+        assert!(counts[0] > counts[1] && counts[1] > counts[10]);
+        // Rank 0 has probability 1/zeta(1000, 0.99) ≈ 0.13.
+        assert!((11_000..15_000).contains(&counts[0]), "{}", counts[0]);
+        let u = Zipf::new(10, 0.0);
+        assert!((0..1000).all(|_| u.rank(unit(&mut s)) < 10));
+    }
+}
