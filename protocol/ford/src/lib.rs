@@ -1,0 +1,31 @@
+//! FORD and Pandora: one-sided OCC transactions on disaggregated memory.
+//!
+//! * [`store`]: placement of records on a primary and `f` backup MNs, the MN hash index
+//!   (one READ per bucket), the out-of-band [`Loader`](store::Loader), per-coordinator log
+//!   regions and the CN-side [`AddressCache`](store::AddressCache). Reusable by the other
+//!   one-sided protocols.
+//! * [`config`]: [`Protocol::Ford`](config::Protocol) with each of the six bugs of Pandora
+//!   Table 1 behind its own switch ([`FordBug`](config::FordBug)), or
+//!   [`Protocol::Pandora`](config::Protocol).
+//! * [`logic`]: the decisions (lock views and PILL stealing, validation, recovery's roll
+//!   forward / roll back) as plain functions.
+//! * [`txn`]: [`FordCoordinator`](txn::FordCoordinator) and its transactions, implementing
+//!   `dmem_txn::{Coordinator, Transaction}` and recording every transaction into a
+//!   [`HistorySink`](txn::HistorySink).
+//! * [`recovery`]: heartbeat failure detector, active-link termination, log recovery,
+//!   truncation and stray-lock notification (Pandora §3.2), FORD's stray-lock scan.
+//!
+//! Protocol code is generic over `V: Verbs + Clock` and never names an executor.
+
+pub mod config;
+pub mod logic;
+pub mod recovery;
+pub mod store;
+pub mod txn;
+
+pub use config::{BugSet, FordBug, Protocol, ProtocolConfig};
+pub use recovery::{
+    FailureDetector, LinkTerminator, Member, RecoveryError, RecoveryEvent, RecoveryManager,
+};
+pub use store::{AddressCache, Loader, Store, StoreConfig, StoreError, TableSpec};
+pub use txn::{CnShared, CoordinatorStats, FordCoordinator, FordTxn, HistorySink, NoHistory};

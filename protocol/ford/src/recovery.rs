@@ -1,0 +1,543 @@
+//! Pandora's recovery protocol (§3.2): failure detection, active-link termination, log
+//! recovery, log truncation and stray-lock notification, plus FORD's ("Baseline", §4.1)
+//! stop-the-world scan for stray locks.
+//!
+//! Every step is idempotent (§3.2.3): log recovery of a coordinator whose log was already
+//! truncated finds nothing; a roll-back rewrites the same undo image; the unlock is a CAS
+//! that only releases a lock the failed coordinator still holds. So the recovery manager
+//! can simply run it again after a failure of its own.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::future::Future;
+use std::rc::Rc;
+
+use dmem_layout::log::LogRegionHeader;
+use dmem_layout::pill::{CoordinatorId as PillId, FailedCoordinatorSet, PillLockWord};
+use dmem_layout::record::{DataItemHeader, DataVersion};
+use dmem_txn::TableId;
+use dmem_verbs::{Clock, Endpoint, Nanos, NodeId, PostList, Verbs, VerbsError, VerbsExt};
+
+use crate::config::Protocol;
+use crate::logic::{self, Decision, LoggedTxn};
+use crate::store::{BUCKET_SLOTS, Store, StoreError, encode_item};
+
+/// Why recovery could not finish (it may be re-run: every step is idempotent).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecoveryError {
+    /// The fabric failed.
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// The store has no such table, partition or log region.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What log recovery did for one failed coordinator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoordinatorRecovery {
+    /// The coordinator.
+    pub coordinator: u16,
+    /// Its logged stray transaction (sequence number), if it had one.
+    pub txn: Option<u64>,
+    /// The decision taken for it.
+    pub decision: Option<Decision>,
+    /// Replicas restored from undo records.
+    pub restored: usize,
+    /// Locks released.
+    pub unlocked: usize,
+}
+
+/// Log recovery of one failed coordinator (Pandora §3.2.2 step 3) and log truncation
+/// (§3.2.3). The caller must have terminated the coordinator's links first (step 2).
+///
+/// Pandora reads the f + 1 copies of the coordinator's log; FORD reads the coordinator's
+/// region on every MN (its undo records live with the objects' replicas).
+///
+/// # Errors
+/// [`RecoveryError`] if an MN does not answer; re-run it.
+pub async fn recover_coordinator<V: Verbs>(
+    ctx: &V,
+    store: &Store,
+    protocol: Protocol,
+    coordinator: u16,
+) -> Result<CoordinatorRecovery, RecoveryError> {
+    let base = store.log_offset(coordinator)?;
+    let log_mns: Vec<u16> = match protocol {
+        Protocol::Pandora => store.pandora_log_mns(coordinator),
+        Protocol::Ford => {
+            let view = store.view().borrow().clone();
+            (0..store.config().mns)
+                .filter(|&m| view.is_alive(m))
+                .collect()
+        }
+    };
+    let mut report = CoordinatorRecovery {
+        coordinator,
+        txn: None,
+        decision: None,
+        restored: 0,
+        unlocked: 0,
+    };
+    if log_mns.is_empty() {
+        return Ok(report);
+    }
+    // f + 1 READs fetch every copy of the log.
+    let mut list = PostList::new();
+    let ids: Vec<_> = log_mns
+        .iter()
+        .map(|&mn| list.read(store.addr(mn, base), store.log_region_bytes() as u32))
+        .collect();
+    let mut res = ctx.post(list).await?;
+    let copies: Vec<LoggedTxn> = ids
+        .into_iter()
+        .filter_map(|id| logic::parse_log_copy(&res.take_bytes(id), coordinator))
+        .collect();
+    let had_log = !copies.is_empty();
+    if let Some(txn) = logic::merge_log_copies(copies) {
+        report.txn = Some(txn.txn);
+        apply_recovery(ctx, store, coordinator, &txn, &mut report).await?;
+    }
+    if had_log {
+        // Truncate every copy before stray-lock notification (§3.2.3).
+        let mut list = PostList::new();
+        for &mn in &log_mns {
+            list.write(
+                store.addr(mn, base + LogRegionHeader::STATE_OFFSET as u64),
+                &[0],
+            );
+        }
+        ctx.post(list).await?;
+    }
+    Ok(report)
+}
+
+async fn apply_recovery<V: Verbs>(
+    ctx: &V,
+    store: &Store,
+    coordinator: u16,
+    txn: &LoggedTxn,
+    report: &mut CoordinatorRecovery,
+) -> Result<(), RecoveryError> {
+    // One READ of lock + version per live replica of each logged write.
+    let mut list = PostList::new();
+    let mut ids = Vec::new();
+    for w in &txn.writes {
+        let replicas = store.live_replicas(w.partition);
+        let per: Vec<_> = replicas
+            .iter()
+            .map(|&mn| {
+                (
+                    mn,
+                    list.read(
+                        store.addr(mn, w.offset),
+                        DataItemHeader::VALIDATION_LEN as u32,
+                    ),
+                )
+            })
+            .collect();
+        ids.push(per);
+    }
+    let observed: Vec<Vec<(u16, u64)>> = if list.is_empty() {
+        Vec::new()
+    } else {
+        let res = ctx.post(list).await?;
+        ids.iter()
+            .map(|per| {
+                per.iter()
+                    .map(|&(mn, id)| {
+                        let b = res.bytes(id);
+                        let v = b
+                            .get(8..16)
+                            .and_then(|s| s.try_into().ok())
+                            .map_or(u64::MAX, u64::from_le_bytes);
+                        (mn, v)
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let versions: Vec<Vec<u64>> = observed
+        .iter()
+        .map(|per| per.iter().map(|&(_, v)| v).collect())
+        .collect();
+    let decision = logic::decide(txn, &versions);
+    report.decision = Some(decision);
+    let mut list = PostList::new();
+    if decision == Decision::RollBack {
+        for (w, per) in txn.writes.iter().zip(&observed) {
+            let Ok(layout) = store.table(TableId(w.table)) else {
+                continue;
+            };
+            let image = encode_item(
+                w.key,
+                w.table,
+                DataVersion::from_raw(w.old_version),
+                logic::undo_flags(w.op),
+                &w.old_value,
+                layout.item_len,
+            );
+            for &(mn, v) in per {
+                if v != w.old_version {
+                    list.write(
+                        store.addr(mn, w.offset + DataItemHeader::VERSION_OFFSET as u64),
+                        &image[DataItemHeader::VERSION_OFFSET..],
+                    );
+                    report.restored += 1;
+                }
+            }
+        }
+        if !list.is_empty() {
+            ctx.post(list).await?;
+        }
+    }
+    // Unlock: only what the failed coordinator still holds.
+    let mine = PillLockWord::locked_by(PillId(coordinator)).raw();
+    let mut list = PostList::new();
+    let mut cas = Vec::new();
+    for w in &txn.writes {
+        let p = store.primary(w.partition)?;
+        cas.push(list.cas(store.addr(p, w.offset), mine, 0));
+    }
+    if !list.is_empty() {
+        let res = ctx.post(list).await?;
+        report.unlocked += cas.iter().filter(|&&id| res.atomic(id) == mine).count();
+    }
+    Ok(())
+}
+
+/// FORD's recovery of stray locks (Pandora §3.1.1, §6.1 "Baseline"): READ every item of
+/// every partition at its primary and release the locks of failed coordinators with a CAS.
+/// Without PILL a lock cannot be told stray from live, so the real FORD must stop every
+/// transaction while this runs; dmem's lock word names its owner, so the scan is correct
+/// while others run, but it is as slow as FORD's (it reads the whole store).
+///
+/// # Errors
+/// [`RecoveryError`] if an MN does not answer.
+pub async fn scan_stray_locks<V: Verbs>(
+    ctx: &V,
+    store: &Store,
+    failed: &FailedCoordinatorSet,
+) -> Result<usize, RecoveryError> {
+    let mut released = 0;
+    for spec in &store.config().tables {
+        let layout = *store.table(spec.id)?;
+        for partition in 0..store.config().mns {
+            let p = store.primary(partition)?;
+            for bucket in 0..layout.spec.buckets_per_partition {
+                let b = store.bucket_of_index(spec.id, partition, bucket)?;
+                let first = store.item_at(b, 0)?;
+                let len = (layout.item_len * BUCKET_SLOTS) as u32;
+                let bytes = ctx.read(store.addr(p, first.offset), len).await?;
+                let mut list = PostList::new();
+                for slot in 0..BUCKET_SLOTS {
+                    let at = slot * layout.item_len;
+                    let word = bytes
+                        .get(at..at + 8)
+                        .and_then(|s| s.try_into().ok())
+                        .map_or(0, u64::from_le_bytes);
+                    if let Ok(Some(op)) = PillLockWord::from_raw(word).recycle_cas(failed) {
+                        list.cas(store.addr(p, first.offset + at as u64), op.compare, op.swap);
+                        released += 1;
+                    }
+                }
+                if !list.is_empty() {
+                    ctx.post(list).await?;
+                }
+            }
+        }
+    }
+    Ok(released)
+}
+
+/// Cuts a failed CN off every MN (Pandora §3.2.2 step 2, active-link termination), so a
+/// falsely suspected CN cannot corrupt memory while it is recovered (Cor1). The paper sends
+/// a link-termination RPC to the MN's management core; the simulator revokes directly.
+pub trait LinkTerminator {
+    /// Revokes `cn`'s access at `mn`; resolves once no later access from `cn` can land.
+    fn terminate(&self, mn: NodeId, cn: NodeId) -> impl Future<Output = Result<(), VerbsError>>;
+}
+
+/// A CN as the failure detector knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The CN.
+    pub cn: NodeId,
+    /// The coordinator ids it runs.
+    pub coordinators: Vec<u16>,
+    /// Where it receives stray-lock notifications.
+    pub listener: Endpoint,
+}
+
+/// The heartbeat failure detector as a state machine (Pandora §3.2.2 step 1): a CN is
+/// suspected when no heartbeat arrived for `timeout`.
+#[derive(Debug, Clone)]
+pub struct FailureDetector {
+    timeout: Nanos,
+    last: HashMap<NodeId, Nanos>,
+    members: Vec<Member>,
+    failed: Vec<NodeId>,
+}
+
+impl FailureDetector {
+    /// Watches `members`, counting every one as heard from at `now`.
+    #[must_use]
+    pub fn new(timeout: Nanos, members: Vec<Member>, now: Nanos) -> Self {
+        let last = members.iter().map(|m| (m.cn, now)).collect();
+        Self {
+            timeout,
+            last,
+            members,
+            failed: Vec::new(),
+        }
+    }
+
+    /// A heartbeat from `cn` arrived at `now`.
+    pub fn heartbeat(&mut self, cn: NodeId, now: Nanos) {
+        if let Some(t) = self.last.get_mut(&cn) {
+            *t = (*t).max(now);
+        }
+    }
+
+    /// The members newly suspected at `now` (each reported once).
+    pub fn suspects(&mut self, now: Nanos) -> Vec<Member> {
+        let mut out = Vec::new();
+        for m in &self.members {
+            if self.failed.contains(&m.cn) {
+                continue;
+            }
+            if now.saturating_sub(self.last[&m.cn]) > self.timeout {
+                out.push(m.clone());
+            }
+        }
+        self.failed.extend(out.iter().map(|m| m.cn));
+        out
+    }
+
+    /// Members not suspected.
+    #[must_use]
+    pub fn live(&self) -> Vec<Member> {
+        self.members
+            .iter()
+            .filter(|m| !self.failed.contains(&m.cn))
+            .cloned()
+            .collect()
+    }
+}
+
+/// Message tags of the control path.
+const HEARTBEAT: u8 = b'H';
+const FAILED_IDS: u8 = b'F';
+
+/// One recovered CN failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveryEvent {
+    /// The failed CN.
+    pub cn: NodeId,
+    /// When the detector suspected it.
+    pub detected_at: Nanos,
+    /// When its links were terminated at every MN.
+    pub terminated_at: Nanos,
+    /// When the stray-lock notification went out.
+    pub notified_at: Nanos,
+    /// Log recovery of each of its coordinators.
+    pub coordinators: Vec<CoordinatorRecovery>,
+    /// Stray locks the FORD scan released (0 under Pandora).
+    pub scanned_locks: usize,
+}
+
+/// The failure detector and recovery coordinator (Pandora §3.2.2, Fig. 3) on one context.
+#[derive(Debug)]
+pub struct RecoveryManager<V, T> {
+    ctx: V,
+    store: Rc<Store>,
+    protocol: Protocol,
+    terminator: T,
+    detector: FailureDetector,
+    failed: FailedCoordinatorSet,
+    events: Rc<RefCell<Vec<RecoveryEvent>>>,
+}
+
+impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
+    /// A manager watching `members` with heartbeat timeout `timeout`.
+    pub fn new(
+        ctx: V,
+        store: Rc<Store>,
+        protocol: Protocol,
+        terminator: T,
+        members: Vec<Member>,
+        timeout: Nanos,
+    ) -> Self {
+        let now = ctx.now();
+        Self {
+            ctx,
+            store,
+            protocol,
+            terminator,
+            detector: FailureDetector::new(timeout, members, now),
+            failed: FailedCoordinatorSet::EMPTY,
+            events: Rc::new(RefCell::new(Vec::new())),
+        }
+    }
+
+    /// The recovered failures so far (shared, so a test can watch it while `run` runs).
+    #[must_use]
+    pub fn events(&self) -> Rc<RefCell<Vec<RecoveryEvent>>> {
+        Rc::clone(&self.events)
+    }
+
+    /// Receives heartbeats and recovers suspected CNs until `until`, polling every `poll`.
+    ///
+    /// # Errors
+    /// [`RecoveryError`] if a recovery step failed (the manager can be run again).
+    pub async fn run(&mut self, until: Nanos, poll: Nanos) -> Result<(), RecoveryError> {
+        while self.ctx.now() < until {
+            while let Some(msg) = self.ctx.try_recv()? {
+                if msg.payload.first() == Some(&HEARTBEAT) {
+                    self.detector.heartbeat(msg.from.node, self.ctx.now());
+                }
+            }
+            for member in self.detector.suspects(self.ctx.now()) {
+                self.recover(member).await?;
+            }
+            self.ctx.sleep(poll).await;
+        }
+        Ok(())
+    }
+
+    /// Recovers one failed CN: terminate, recover logs, truncate, (FORD) scan, notify.
+    ///
+    /// # Errors
+    /// [`RecoveryError`]; every step may be re-run.
+    pub async fn recover(&mut self, member: Member) -> Result<(), RecoveryError> {
+        let detected_at = self.ctx.now();
+        // (2) Active-link termination at every MN before touching its state (Cor1).
+        for mn in 0..self.store.config().mns {
+            self.terminator
+                .terminate(self.store.mn_node(mn), member.cn)
+                .await?;
+        }
+        let terminated_at = self.ctx.now();
+        // (3) Log recovery, with truncation (§3.2.3).
+        let mut coordinators = Vec::new();
+        for &c in &member.coordinators {
+            coordinators.push(recover_coordinator(&self.ctx, &self.store, self.protocol, c).await?);
+        }
+        for &c in &member.coordinators {
+            self.failed.insert(PillId(c));
+        }
+        let scanned_locks = if self.protocol == Protocol::Ford {
+            scan_stray_locks(&self.ctx, &self.store, &self.failed).await?
+        } else {
+            0
+        };
+        // (4) Stray-lock notification, strictly after log recovery (Cor4).
+        let mut payload = vec![FAILED_IDS];
+        for &c in &member.coordinators {
+            payload.extend_from_slice(&c.to_le_bytes());
+        }
+        for live in self.detector.live() {
+            self.ctx.send(live.listener, &payload).await?;
+        }
+        self.events.borrow_mut().push(RecoveryEvent {
+            cn: member.cn,
+            detected_at,
+            terminated_at,
+            notified_at: self.ctx.now(),
+            coordinators,
+            scanned_locks,
+        });
+        Ok(())
+    }
+}
+
+/// Sends a heartbeat to the failure detector every `period` until `until`.
+///
+/// # Errors
+/// [`VerbsError`] if sending fails.
+pub async fn heartbeat_loop<V: Verbs + Clock>(
+    ctx: &V,
+    detector: Endpoint,
+    period: Nanos,
+    until: Nanos,
+) -> Result<(), VerbsError> {
+    while ctx.now() < until {
+        ctx.send(detector, &[HEARTBEAT]).await?;
+        ctx.sleep(period).await;
+    }
+    Ok(())
+}
+
+/// Receives stray-lock notifications for a CN and adds the failed ids to its set, polling
+/// every `poll` until `until`.
+///
+/// # Errors
+/// [`VerbsError`] if receiving fails.
+pub async fn membership_listener<V: Verbs + Clock>(
+    ctx: &V,
+    failed: Rc<RefCell<FailedCoordinatorSet>>,
+    poll: Nanos,
+    until: Nanos,
+) -> Result<(), VerbsError> {
+    while ctx.now() < until {
+        while let Some(msg) = ctx.try_recv()? {
+            apply_notification(&msg.payload, &mut failed.borrow_mut());
+        }
+        ctx.sleep(poll).await;
+    }
+    Ok(())
+}
+
+/// Applies one stray-lock notification payload to a failed-id set; returns how many ids
+/// it added. Other messages are ignored.
+pub fn apply_notification(payload: &[u8], failed: &mut FailedCoordinatorSet) -> usize {
+    match payload.split_first() {
+        Some((&FAILED_IDS, ids)) => ids
+            .chunks_exact(2)
+            .filter(|c| failed.insert(PillId(u16::from_le_bytes([c[0], c[1]]))))
+            .count(),
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dmem_verbs::Port;
+
+    fn member(cn: u16, ids: &[u16]) -> Member {
+        Member {
+            cn: NodeId(cn),
+            coordinators: ids.to_vec(),
+            listener: Endpoint {
+                node: NodeId(cn),
+                port: Port(0),
+            },
+        }
+    }
+
+    #[test]
+    fn detector_suspects_once_after_timeout() {
+        let mut fd = FailureDetector::new(1000, vec![member(3, &[1]), member(4, &[2])], 0);
+        fd.heartbeat(NodeId(3), 900);
+        assert!(fd.suspects(1000).is_empty());
+        let s = fd.suspects(1500);
+        assert_eq!(s, vec![member(4, &[2])]);
+        assert!(fd.suspects(1600).is_empty(), "reported once");
+        assert_eq!(fd.live(), vec![member(3, &[1])]);
+        assert_eq!(fd.suspects(2000), vec![member(3, &[1])]);
+    }
+
+    #[test]
+    fn notification_round_trip() {
+        let mut set = FailedCoordinatorSet::EMPTY;
+        let mut payload = vec![FAILED_IDS];
+        payload.extend_from_slice(&7u16.to_le_bytes());
+        payload.extend_from_slice(&300u16.to_le_bytes());
+        assert_eq!(apply_notification(&payload, &mut set), 2);
+        assert!(set.contains(PillId(7)) && set.contains(PillId(300)));
+        assert_eq!(apply_notification(&payload, &mut set), 0, "idempotent");
+        assert_eq!(apply_notification(&[HEARTBEAT], &mut set), 0);
+    }
+}

@@ -1,0 +1,856 @@
+//! How tables live in memory-node (MN) memory: placement, the MN hash index, record
+//! addresses, per-coordinator log regions, the out-of-band loader and the CN-side address
+//! cache.
+//!
+//! Nothing here is FORD-specific except the record format ([`DataItem`]); the placement, the
+//! index and the cache are meant to be reused by the later one-sided protocols (Motor/LOTUS,
+//! OCC/DrTM/OOCC).
+//!
+//! # Placement (Pandora §2.1, §3.2.5)
+//!
+//! A record's *partition* is `hash(table, key) % mns`; its primary is MN `partition` and its
+//! `f` backups are the next `f` MNs, wrapping around (a static ring, which is what
+//! consistent hashing degenerates to with a fixed MN set). When an MN fails, the first live
+//! replica becomes the primary (§3.2.5); every CN computes the same answer from the same
+//! [`MnView`].
+//!
+//! # Symmetric layout
+//!
+//! Every MN has the same layout, and a record occupies **the same offset on every replica**,
+//! so a CN needs one offset per record, not one per replica:
+//!
+//! ```text
+//! offset 0    | reserved (64 B: offset 0 is the null address)                      |
+//!             | table 0, partition 0: buckets[nb] (128 B each) | items[nb * 7]      |
+//!             | table 0, partition 1: ...                                           |
+//!             | ... every table, every partition ...                                |
+//!             | log region of coordinator 0 | coordinator 1 | ...                   |
+//! ```
+//!
+//! Partition `p`'s area exists on every MN but is used only on `p`'s replicas (the rest is
+//! slack: `mns / (f + 1)` times the data, acceptable for the simulator and simple to address).
+//!
+//! # Index (FORD's hash buckets, one READ)
+//!
+//! Each partition of a table has `buckets` [`IndexBucket<7>`](IndexBucket) of 128 bytes; a
+//! key hashes to one bucket, read with one READ. Slot `s` of bucket `b` maps its key to item
+//! `b * 7 + s` of the partition, so the item of every slot is fixed and an insert only has to
+//! claim a slot. Slots are claimed in order (first free), never freed (a delete leaves an
+//! invalid item behind that a later insert of the same key reuses), so the used slots of a
+//! bucket are always a prefix. Deviation from FORD: no overflow buckets (a full bucket
+//! refuses the insert with [`StoreError::BucketFull`]); buckets hold addresses, not items.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use dmem_layout::log::LogRegionHeader;
+use dmem_layout::record::{
+    DataItem, DataItemHeader, DataVersion, IndexBucket, IndexSlot, ItemFlags,
+    RemoteAddr as PackedAddr,
+};
+use dmem_txn::{Key, TableId};
+use dmem_verbs::{MemoryRegion, NodeId, RemoteAddr};
+
+/// Slots per index bucket (a two-cache-line [`IndexBucket`]).
+pub const BUCKET_SLOTS: usize = 7;
+/// The index bucket type.
+pub type Bucket = IndexBucket<BUCKET_SLOTS>;
+/// Bytes of one index bucket.
+pub const BUCKET_LEN: usize = Bucket::LEN;
+/// Bytes reserved at offset 0 of every MN (so that offset 0 is never a record).
+const RESERVED: u64 = 64;
+
+/// Why a store could not be laid out, loaded or addressed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// A table id used twice in the schema.
+    #[error("table {0} declared twice")]
+    DuplicateTable(u32),
+    /// A table id not in the schema.
+    #[error("unknown table {0}")]
+    UnknownTable(u32),
+    /// More replicas than MNs, or none.
+    #[error("replication degree {replicas} needs 1..={mns} MNs")]
+    Replication {
+        /// Replicas per record asked for.
+        replicas: u16,
+        /// MNs available.
+        mns: u16,
+    },
+    /// The layout does not fit into the MN regions.
+    #[error("layout needs {needed} bytes per MN, the region of {node} has {have}")]
+    TooLarge {
+        /// Bytes per MN the layout needs.
+        needed: u64,
+        /// Bytes the region has.
+        have: u64,
+        /// The MN.
+        node: NodeId,
+    },
+    /// The number of regions does not match the number of MNs.
+    #[error("{got} MN regions for {mns} MNs")]
+    Regions {
+        /// Regions given.
+        got: usize,
+        /// MNs in the configuration.
+        mns: u16,
+    },
+    /// A value of the wrong size.
+    #[error("value of {got} bytes for table {table} of {expected}-byte values")]
+    ValueSize {
+        /// The table.
+        table: u32,
+        /// Its value size.
+        expected: usize,
+        /// The size offered.
+        got: usize,
+    },
+    /// The key's bucket has no free slot.
+    #[error("bucket of key {key} in table {table} is full")]
+    BucketFull {
+        /// The table.
+        table: u32,
+        /// The key.
+        key: u64,
+    },
+    /// The key was loaded twice.
+    #[error("key {key} loaded twice into table {table}")]
+    DuplicateKey {
+        /// The table.
+        table: u32,
+        /// The key.
+        key: u64,
+    },
+    /// A coordinator id beyond the configured log regions.
+    #[error("coordinator {0} has no log region (configure more coordinators)")]
+    NoLogRegion(u16),
+    /// Every replica of a partition is on a failed MN.
+    #[error("every replica of partition {0} has failed")]
+    PartitionLost(u16),
+}
+
+/// One table of the schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableSpec {
+    /// The table id.
+    pub id: TableId,
+    /// Size of every value of the table, bytes.
+    pub value_len: usize,
+    /// Index buckets per partition (each holds [`BUCKET_SLOTS`] records).
+    pub buckets_per_partition: u32,
+}
+
+impl TableSpec {
+    /// A table of `value_len`-byte values sized for about `records` records (buckets at
+    /// most half full on average, so hashing rarely fills one).
+    #[must_use]
+    pub fn sized_for(id: TableId, value_len: usize, records: u64, mns: u16) -> Self {
+        let per_partition = records.div_ceil(u64::from(mns.max(1)));
+        let buckets = (per_partition * 2).div_ceil(BUCKET_SLOTS as u64).max(4);
+        Self {
+            id,
+            value_len,
+            buckets_per_partition: u32::try_from(buckets).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// The shape of a store: MNs, replication, tables, log regions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// Number of MNs.
+    pub mns: u16,
+    /// Replicas per record, `f + 1` (default 3, capped by `mns`).
+    pub replicas: u16,
+    /// The tables.
+    pub tables: Vec<TableSpec>,
+    /// Coordinator ids `0..coordinators` get a log region on every MN.
+    pub coordinators: u16,
+    /// Bytes of each coordinator's log region (Pandora uses 32 KB, §3.2.2).
+    pub log_region_bytes: u32,
+}
+
+impl StoreConfig {
+    /// `mns` MNs, `min(3, mns)` replicas, no tables, 64 coordinators with 4 KiB logs.
+    #[must_use]
+    pub fn new(mns: u16) -> Self {
+        Self {
+            mns,
+            replicas: mns.min(3),
+            tables: Vec::new(),
+            coordinators: 64,
+            log_region_bytes: 4096,
+        }
+    }
+
+    /// Sets the replication degree (`f + 1`).
+    #[must_use]
+    pub fn replicas(mut self, replicas: u16) -> Self {
+        self.replicas = replicas;
+        self
+    }
+
+    /// Adds a table.
+    #[must_use]
+    pub fn table(mut self, spec: TableSpec) -> Self {
+        self.tables.push(spec);
+        self
+    }
+
+    /// Sets the number of coordinator log regions.
+    #[must_use]
+    pub fn coordinators(mut self, n: u16) -> Self {
+        self.coordinators = n;
+        self
+    }
+
+    /// Sets the bytes of each log region.
+    #[must_use]
+    pub fn log_region_bytes(mut self, bytes: u32) -> Self {
+        self.log_region_bytes = bytes;
+        self
+    }
+}
+
+/// Where one table lives (the same on every MN).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableLayout {
+    /// The table's spec.
+    pub spec: TableSpec,
+    /// Bytes of one item (header + value, padded).
+    pub item_len: usize,
+    /// Offset of partition 0's area.
+    pub base: u64,
+    /// Bytes of one partition's area (buckets then items).
+    pub partition_bytes: u64,
+}
+
+impl TableLayout {
+    fn bucket_offset(&self, partition: u16, bucket: u32) -> u64 {
+        self.base
+            + u64::from(partition) * self.partition_bytes
+            + u64::from(bucket) * BUCKET_LEN as u64
+    }
+
+    fn item_offset(&self, partition: u16, bucket: u32, slot: usize) -> u64 {
+        let items = self.base
+            + u64::from(partition) * self.partition_bytes
+            + u64::from(self.spec.buckets_per_partition) * BUCKET_LEN as u64;
+        items + (u64::from(bucket) * BUCKET_SLOTS as u64 + slot as u64) * self.item_len as u64
+    }
+}
+
+/// Where a key's index bucket is: partition and bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BucketLoc {
+    /// The table.
+    pub table: TableId,
+    /// The partition (primary MN index when every MN is alive).
+    pub partition: u16,
+    /// The bucket inside the partition.
+    pub bucket: u32,
+    /// Offset of the bucket on every replica.
+    pub offset: u64,
+}
+
+/// Where a record is: its bucket slot and the item's offset on every replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ItemLoc {
+    /// The bucket that indexes it.
+    pub bucket: BucketLoc,
+    /// Its slot in the bucket.
+    pub slot: usize,
+    /// Offset of the item on every replica.
+    pub offset: u64,
+}
+
+/// Which MNs are alive, as every CN sees it (Pandora §3.2.5: all CNs are notified of an MN
+/// failure and recompute primaries deterministically).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MnView {
+    failed: u64,
+}
+
+impl MnView {
+    /// Every MN alive.
+    #[must_use]
+    pub const fn all_alive() -> Self {
+        Self { failed: 0 }
+    }
+
+    /// Marks MN index `mn` failed.
+    pub fn mark_failed(&mut self, mn: u16) {
+        if mn < 64 {
+            self.failed |= 1 << mn;
+        }
+    }
+
+    /// Whether MN index `mn` is alive.
+    #[must_use]
+    pub const fn is_alive(&self, mn: u16) -> bool {
+        mn >= 64 || self.failed & (1 << mn) == 0
+    }
+}
+
+/// The computed layout of a store plus the MN regions it lives in.
+///
+/// Shared (behind an `Rc`) by every coordinator, the loader and the recovery coordinator.
+#[derive(Debug, Clone)]
+pub struct Store {
+    config: StoreConfig,
+    tables: HashMap<TableId, TableLayout>,
+    regions: Vec<MemoryRegion>,
+    log_base: u64,
+    bytes_per_mn: u64,
+    view: Rc<RefCell<MnView>>,
+}
+
+/// splitmix64 finaliser: a fixed, well-mixed hash every node computes alike.
+#[must_use]
+pub fn mix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+impl Store {
+    /// Lays `config` out over `regions` (one per MN, in MN order).
+    ///
+    /// # Errors
+    /// A [`StoreError`] if the schema is inconsistent or does not fit a region.
+    pub fn new(config: StoreConfig, regions: Vec<MemoryRegion>) -> Result<Self, StoreError> {
+        if regions.len() != usize::from(config.mns) {
+            return Err(StoreError::Regions {
+                got: regions.len(),
+                mns: config.mns,
+            });
+        }
+        if config.replicas == 0 || config.replicas > config.mns || config.mns > 64 {
+            return Err(StoreError::Replication {
+                replicas: config.replicas,
+                mns: config.mns,
+            });
+        }
+        let mut tables = HashMap::new();
+        let mut next = RESERVED;
+        for spec in &config.tables {
+            let item_len = DataItemHeader::item_len(spec.value_len);
+            let buckets = u64::from(spec.buckets_per_partition.max(1));
+            let partition_bytes =
+                buckets * BUCKET_LEN as u64 + buckets * BUCKET_SLOTS as u64 * item_len as u64;
+            let layout = TableLayout {
+                spec: TableSpec {
+                    buckets_per_partition: spec.buckets_per_partition.max(1),
+                    ..*spec
+                },
+                item_len,
+                base: next,
+                partition_bytes,
+            };
+            if tables.insert(spec.id, layout).is_some() {
+                return Err(StoreError::DuplicateTable(spec.id.0));
+            }
+            next += partition_bytes * u64::from(config.mns);
+        }
+        let log_base = next.next_multiple_of(64);
+        let bytes_per_mn =
+            log_base + u64::from(config.coordinators) * u64::from(config.log_region_bytes);
+        for region in &regions {
+            if region.len < bytes_per_mn {
+                return Err(StoreError::TooLarge {
+                    needed: bytes_per_mn,
+                    have: region.len,
+                    node: region.node,
+                });
+            }
+        }
+        Ok(Self {
+            config,
+            tables,
+            regions,
+            log_base,
+            bytes_per_mn,
+            view: Rc::new(RefCell::new(MnView::all_alive())),
+        })
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// Bytes of every MN region the layout uses.
+    #[must_use]
+    pub fn bytes_per_mn(&self) -> u64 {
+        self.bytes_per_mn
+    }
+
+    /// The layout of `table`.
+    ///
+    /// # Errors
+    /// [`StoreError::UnknownTable`].
+    pub fn table(&self, table: TableId) -> Result<&TableLayout, StoreError> {
+        self.tables
+            .get(&table)
+            .ok_or(StoreError::UnknownTable(table.0))
+    }
+
+    /// The MN node of MN index `mn`.
+    #[must_use]
+    pub fn mn_node(&self, mn: u16) -> NodeId {
+        self.regions[usize::from(mn)].node
+    }
+
+    /// The MN index of node `node`, if it is one of the store's MNs.
+    #[must_use]
+    pub fn mn_index(&self, node: NodeId) -> Option<u16> {
+        self.regions
+            .iter()
+            .position(|r| r.node == node)
+            .and_then(|i| u16::try_from(i).ok())
+    }
+
+    /// The address of `offset` on MN index `mn`.
+    #[must_use]
+    pub fn addr(&self, mn: u16, offset: u64) -> RemoteAddr {
+        let region = &self.regions[usize::from(mn)];
+        RemoteAddr {
+            node: region.node,
+            rkey: region.rkey,
+            offset,
+        }
+    }
+
+    /// The shared view of live MNs (Pandora §3.2.5).
+    #[must_use]
+    pub fn view(&self) -> &Rc<RefCell<MnView>> {
+        &self.view
+    }
+
+    /// The bucket `key` of `table` hashes to.
+    ///
+    /// # Errors
+    /// [`StoreError::UnknownTable`].
+    pub fn bucket_of(&self, table: TableId, key: Key) -> Result<BucketLoc, StoreError> {
+        let layout = self.table(table)?;
+        let h = mix64(mix64(u64::from(table.0)) ^ key.0);
+        let partition = (h % u64::from(self.config.mns)) as u16;
+        let bucket = ((h >> 20) % u64::from(layout.spec.buckets_per_partition)) as u32;
+        Ok(BucketLoc {
+            table,
+            partition,
+            bucket,
+            offset: layout.bucket_offset(partition, bucket),
+        })
+    }
+
+    /// Bucket `bucket` of `partition` of `table` (for scans).
+    ///
+    /// # Errors
+    /// [`StoreError::UnknownTable`].
+    pub fn bucket_of_index(
+        &self,
+        table: TableId,
+        partition: u16,
+        bucket: u32,
+    ) -> Result<BucketLoc, StoreError> {
+        let layout = self.table(table)?;
+        Ok(BucketLoc {
+            table,
+            partition,
+            bucket,
+            offset: layout.bucket_offset(partition, bucket),
+        })
+    }
+
+    /// The item that slot `slot` of `bucket` indexes.
+    ///
+    /// # Errors
+    /// [`StoreError::UnknownTable`].
+    pub fn item_at(&self, bucket: BucketLoc, slot: usize) -> Result<ItemLoc, StoreError> {
+        let layout = self.table(bucket.table)?;
+        Ok(ItemLoc {
+            bucket,
+            slot,
+            offset: layout.item_offset(bucket.partition, bucket.bucket, slot),
+        })
+    }
+
+    /// Every replica of `partition` (MN indices, primary first, failed MNs included).
+    #[must_use]
+    pub fn replicas(&self, partition: u16) -> Vec<u16> {
+        (0..self.config.replicas)
+            .map(|i| (partition + i) % self.config.mns)
+            .collect()
+    }
+
+    /// The live replicas of `partition`, primary first (Pandora §3.2.5: the first live
+    /// replica is the new primary).
+    #[must_use]
+    pub fn live_replicas(&self, partition: u16) -> Vec<u16> {
+        let view = self.view.borrow();
+        self.replicas(partition)
+            .into_iter()
+            .filter(|&m| view.is_alive(m))
+            .collect()
+    }
+
+    /// The current primary of `partition`.
+    ///
+    /// # Errors
+    /// [`StoreError::PartitionLost`] if every replica failed.
+    pub fn primary(&self, partition: u16) -> Result<u16, StoreError> {
+        self.live_replicas(partition)
+            .first()
+            .copied()
+            .ok_or(StoreError::PartitionLost(partition))
+    }
+
+    /// Offset of coordinator `coordinator`'s log region (the same on every MN).
+    ///
+    /// # Errors
+    /// [`StoreError::NoLogRegion`].
+    pub fn log_offset(&self, coordinator: u16) -> Result<u64, StoreError> {
+        if coordinator >= self.config.coordinators {
+            return Err(StoreError::NoLogRegion(coordinator));
+        }
+        Ok(self.log_base + u64::from(coordinator) * u64::from(self.config.log_region_bytes))
+    }
+
+    /// Bytes of one log region.
+    #[must_use]
+    pub fn log_region_bytes(&self) -> usize {
+        self.config.log_region_bytes as usize
+    }
+
+    /// The `f + 1` MNs that hold `coordinator`'s Pandora log (§3.1.4): consecutive MNs
+    /// starting at `coordinator % mns`, live ones only.
+    #[must_use]
+    pub fn pandora_log_mns(&self, coordinator: u16) -> Vec<u16> {
+        let start = coordinator % self.config.mns;
+        let view = self.view.borrow();
+        (0..self.config.replicas)
+            .map(|i| (start + i) % self.config.mns)
+            .filter(|&m| view.is_alive(m))
+            .collect()
+    }
+
+    /// Bytes of a log header (the first READ of a log region can stop there).
+    #[must_use]
+    pub const fn log_header_len() -> usize {
+        LogRegionHeader::LEN
+    }
+}
+
+/// Writes initial records into MN memory out of band (the simulator's `write_memory`, a
+/// shm mapping, a bulk RDMA load), through a `FnMut(NodeId, offset, bytes)` writer.
+///
+/// Loaded records have [`dmem_txn::Version::INITIAL`] (counter 0) and are valid; every
+/// replica gets the item and the index slot.
+#[derive(Debug)]
+pub struct Loader<'s> {
+    store: &'s Store,
+    used: HashMap<(TableId, u16, u32), Vec<u64>>,
+}
+
+impl<'s> Loader<'s> {
+    /// A loader for an empty (zeroed) store.
+    #[must_use]
+    pub fn new(store: &'s Store) -> Self {
+        Self {
+            store,
+            used: HashMap::new(),
+        }
+    }
+
+    /// Loads one record.
+    ///
+    /// # Errors
+    /// [`StoreError::UnknownTable`], [`StoreError::ValueSize`], [`StoreError::BucketFull`],
+    /// [`StoreError::DuplicateKey`].
+    pub fn load(
+        &mut self,
+        table: TableId,
+        key: Key,
+        value: &[u8],
+        mut write: impl FnMut(NodeId, u64, &[u8]),
+    ) -> Result<ItemLoc, StoreError> {
+        let layout = *self.store.table(table)?;
+        if value.len() != layout.spec.value_len {
+            return Err(StoreError::ValueSize {
+                table: table.0,
+                expected: layout.spec.value_len,
+                got: value.len(),
+            });
+        }
+        let bucket = self.store.bucket_of(table, key)?;
+        let used = self
+            .used
+            .entry((table, bucket.partition, bucket.bucket))
+            .or_default();
+        if used.contains(&key.0) {
+            return Err(StoreError::DuplicateKey {
+                table: table.0,
+                key: key.0,
+            });
+        }
+        if used.len() >= BUCKET_SLOTS {
+            return Err(StoreError::BucketFull {
+                table: table.0,
+                key: key.0,
+            });
+        }
+        let slot = used.len();
+        used.push(key.0);
+        let loc = self.store.item_at(bucket, slot)?;
+        let item = encode_item(
+            key.0,
+            table.0,
+            DataVersion::from_raw(0),
+            ItemFlags::LOADED,
+            value,
+            layout.item_len,
+        );
+        let primary_addr =
+            PackedAddr::new(bucket.partition, loc.offset).map_err(|_| StoreError::TooLarge {
+                needed: loc.offset,
+                have: PackedAddr::MAX_OFFSET,
+                node: self.store.mn_node(bucket.partition),
+            })?;
+        let slot_bytes = index_slot_bytes(key.0, primary_addr);
+        let slot_offset = bucket.offset + slot_offset(slot);
+        for mn in self.store.replicas(bucket.partition) {
+            let node = self.store.mn_node(mn);
+            write(node, loc.offset, &item);
+            write(node, slot_offset, &slot_bytes);
+        }
+        Ok(loc)
+    }
+}
+
+/// Byte offset of slot `slot` inside a bucket.
+#[must_use]
+pub fn slot_offset(slot: usize) -> u64 {
+    Bucket::slot_offset(slot).map_or(0, |o| o as u64)
+}
+
+/// The 16 bytes of an index slot mapping `key` to `addr`.
+#[must_use]
+pub fn index_slot_bytes(key: u64, addr: PackedAddr) -> [u8; 16] {
+    let slot = IndexSlot::new(key, addr);
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&slot.key().to_le_bytes());
+    out[8..].copy_from_slice(&slot.addr().to_raw().to_le_bytes());
+    out
+}
+
+/// The image of an unlocked item, `item_len` bytes.
+#[must_use]
+pub fn encode_item(
+    key: u64,
+    table: u32,
+    version: DataVersion,
+    flags: ItemFlags,
+    value: &[u8],
+    item_len: usize,
+) -> Vec<u8> {
+    let mut buf = vec![0u8; item_len];
+    let header = DataItemHeader::new(
+        key,
+        table,
+        u16::try_from(value.len()).unwrap_or(u16::MAX),
+        version,
+        flags,
+    );
+    // The buffer is item_len(value.len()) bytes and values are at most u16::MAX (checked by
+    // the table spec), so emit cannot fail; on a failure the buffer stays zero (free, absent).
+    let _ = DataItem::emit(&mut buf[..], header, value);
+    buf
+}
+
+/// The slots of one bucket READ: `(slot, key)` of every used slot, in order, and the first
+/// free slot.
+#[must_use]
+pub fn parse_bucket(bytes: &[u8]) -> (Vec<(usize, u64)>, Option<usize>) {
+    match Bucket::parse(bytes) {
+        Ok(bucket) => {
+            let used = bucket
+                .slots()
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.is_empty())
+                .map(|(i, s)| (i, s.key()))
+                .collect();
+            (used, bucket.free_slot())
+        }
+        Err(_) => (Vec::new(), None),
+    }
+}
+
+/// The CN-side address cache: `(table, key) → item location`, filled by index lookups so
+/// that a repeated access skips the bucket READ (FORD's address cache).
+///
+/// Locations never change (slots are never freed), so entries never go stale; the cache is
+/// bounded only by the keys a CN touches.
+#[derive(Debug, Default, Clone)]
+pub struct AddressCache {
+    map: HashMap<(TableId, Key), ItemLoc>,
+    hits: u64,
+    misses: u64,
+}
+
+impl AddressCache {
+    /// An empty cache.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Looks a key up, counting hits and misses.
+    pub fn get(&mut self, table: TableId, key: Key) -> Option<ItemLoc> {
+        let found = self.map.get(&(table, key)).copied();
+        if found.is_some() {
+            self.hits += 1;
+        } else {
+            self.misses += 1;
+        }
+        found
+    }
+
+    /// Remembers a location.
+    pub fn put(&mut self, table: TableId, key: Key, loc: ItemLoc) {
+        self.map.insert((table, key), loc);
+    }
+
+    /// `(hits, misses)` so far.
+    #[must_use]
+    pub fn stats(&self) -> (u64, u64) {
+        (self.hits, self.misses)
+    }
+
+    /// Number of cached locations.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the cache is empty.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dmem_verbs::RKey;
+
+    fn regions(n: u16, len: u64) -> Vec<MemoryRegion> {
+        (0..n)
+            .map(|i| MemoryRegion {
+                node: NodeId(i),
+                rkey: RKey(u32::from(i) + 1),
+                len,
+            })
+            .collect()
+    }
+
+    fn store() -> Store {
+        let cfg = StoreConfig::new(3)
+            .table(TableSpec::sized_for(TableId(1), 16, 100, 3))
+            .table(TableSpec::sized_for(TableId(2), 100, 50, 3))
+            .coordinators(8);
+        Store::new(cfg, regions(3, 1 << 20)).unwrap()
+    }
+
+    #[test]
+    fn replicas_are_distinct_and_primary_first() {
+        let s = store();
+        for p in 0..3 {
+            let r = s.replicas(p);
+            assert_eq!(r.len(), 3);
+            assert_eq!(r[0], p);
+            let mut d = r.clone();
+            d.sort_unstable();
+            d.dedup();
+            assert_eq!(d.len(), 3);
+        }
+        s.view().borrow_mut().mark_failed(1);
+        assert_eq!(s.primary(1).unwrap(), 2);
+        assert_eq!(s.live_replicas(0), vec![0, 2]);
+    }
+
+    #[test]
+    fn areas_do_not_overlap_and_items_are_aligned() {
+        let s = store();
+        let t1 = *s.table(TableId(1)).unwrap();
+        let t2 = *s.table(TableId(2)).unwrap();
+        assert!(t1.base + t1.partition_bytes * 3 <= t2.base);
+        assert!(t2.base + t2.partition_bytes * 3 <= s.log_offset(0).unwrap());
+        assert_eq!(
+            s.log_offset(7).unwrap() + 4096,
+            s.bytes_per_mn(),
+            "the last log region ends the layout"
+        );
+        assert!(s.log_offset(8).is_err());
+        for key in 0..200 {
+            let b = s.bucket_of(TableId(2), Key(key)).unwrap();
+            for slot in 0..BUCKET_SLOTS {
+                let loc = s.item_at(b, slot).unwrap();
+                assert_eq!(loc.offset % 8, 0);
+                assert!(loc.offset >= t2.base && loc.offset < t2.base + 3 * t2.partition_bytes);
+            }
+        }
+    }
+
+    #[test]
+    fn loader_writes_every_replica_and_refuses_duplicates() {
+        let s = store();
+        let mut mem = vec![vec![0u8; 1 << 20]; 3];
+        let mut loader = Loader::new(&s);
+        let mut write = |n: NodeId, off: u64, b: &[u8]| {
+            let off = off as usize;
+            mem[usize::from(n.0)][off..off + b.len()].copy_from_slice(b);
+        };
+        let loc = loader
+            .load(TableId(1), Key(42), &[7; 16], &mut write)
+            .unwrap();
+        assert_eq!(
+            loader.load(TableId(1), Key(42), &[7; 16], &mut write),
+            Err(StoreError::DuplicateKey { table: 1, key: 42 })
+        );
+        assert!(matches!(
+            loader.load(TableId(1), Key(43), &[7; 3], &mut write),
+            Err(StoreError::ValueSize { .. })
+        ));
+        for mn in s.replicas(loc.bucket.partition) {
+            let m = &mem[usize::from(mn)];
+            let off = loc.offset as usize;
+            let item = DataItem::new_checked(&m[off..off + 48]).unwrap();
+            assert_eq!((item.key(), item.value()), (42, &[7u8; 16][..]));
+            assert!(item.is_readable());
+            let b = loc.bucket.offset as usize;
+            let (used, free) = parse_bucket(&m[b..b + BUCKET_LEN]);
+            assert_eq!(used, vec![(0, 42)]);
+            assert_eq!(free, Some(1));
+        }
+    }
+
+    #[test]
+    fn cache_counts_hits() {
+        let s = store();
+        let mut c = AddressCache::new();
+        assert!(c.get(TableId(1), Key(1)).is_none());
+        let loc = s
+            .item_at(s.bucket_of(TableId(1), Key(1)).unwrap(), 0)
+            .unwrap();
+        c.put(TableId(1), Key(1), loc);
+        assert_eq!(c.get(TableId(1), Key(1)), Some(loc));
+        assert_eq!(c.stats(), (1, 1));
+    }
+}

@@ -1,0 +1,1136 @@
+//! FORD / Pandora coordinators and transactions: the async shell around [`crate::logic`].
+//!
+//! Phases (Pandora §2.3, §3.1.5):
+//!
+//! 1. **Execution.** `read` READs the item (after one bucket READ unless the address is
+//!    cached) and aborts on a lock held by a live coordinator. `read_for_update`, `insert`
+//!    and `delete` lock eagerly with a doorbell-batched CAS + READ to the primary; a failed
+//!    CAS on a stray lock is followed by a stealing CAS (PILL, §3.1.2). A blind `write`
+//!    defers its lock to commit.
+//! 2. **Validation**, strictly after every lock is held: one READ of lock + version per
+//!    read-set item (a bucket READ for a key read as absent).
+//! 3. **Logging** (only if validation succeeded, §3.1.4): Pandora WRITEs one log of the
+//!    whole write-set to its coordinator's f + 1 log MNs; FORD WRITEs undo records to every
+//!    replica of each written object.
+//! 4. **Commit**: WRITE the new items to every replica, then (the ack point) unlock the
+//!    primaries with WRITEs. **Abort**: truncate a written log, then unlock what was
+//!    acquired.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use dmem_layout::log::{DataLogEntry, LogOp, LogRegionHeader, LogWriter};
+use dmem_layout::pill::FailedCoordinatorSet;
+use dmem_layout::record::{DataItem, DataItemHeader, DataVersion, ItemFlags};
+use dmem_txn::{
+    Coordinator, CoordinatorId, History, Key, ReadEvent, TableId, Transaction, TxnError, TxnId,
+    TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+};
+use dmem_verbs::{Clock, Nanos, PostList, Verbs, VerbsExt, WrId};
+
+use crate::config::{FordBug, Protocol, ProtocolConfig};
+use crate::logic::{self, AfterCas};
+use crate::store::{
+    AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, encode_item, index_slot_bytes,
+    parse_bucket, slot_offset,
+};
+
+/// Where committed and aborted transactions are recorded (for the checker).
+///
+/// A transaction that reaches its commit decision is recorded with
+/// [`TxnOutcome::Unknown`] *before* its first commit WRITE and resolved once it is
+/// acknowledged, so a coordinator that crashes mid-commit leaves an `Unknown` record whose
+/// writes recovery may or may not keep.
+pub trait HistorySink {
+    /// Records a transaction.
+    fn record(&self, txn: TxnRecord);
+    /// Sets the outcome and end time of a transaction recorded earlier.
+    fn resolve(&self, id: TxnId, outcome: TxnOutcome, end: Nanos);
+}
+
+impl HistorySink for Rc<RefCell<History>> {
+    fn record(&self, txn: TxnRecord) {
+        self.borrow_mut().push(txn);
+    }
+
+    fn resolve(&self, id: TxnId, outcome: TxnOutcome, end: Nanos) {
+        let mut h = self.borrow_mut();
+        if let Some(t) = h.txns.iter_mut().rev().find(|t| t.id == id) {
+            t.outcome = outcome;
+            t.end = end;
+        }
+    }
+}
+
+/// A sink that forgets everything (benchmarks).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoHistory;
+
+impl HistorySink for NoHistory {
+    fn record(&self, _: TxnRecord) {}
+    fn resolve(&self, _: TxnId, _: TxnOutcome, _: Nanos) {}
+}
+
+/// Counters of one coordinator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CoordinatorStats {
+    /// Committed transactions.
+    pub committed: u64,
+    /// Aborted transactions.
+    pub aborted: u64,
+    /// Stray locks stolen (PILL).
+    pub steals: u64,
+    /// Stray locks a read ignored (PILL).
+    pub stray_reads: u64,
+}
+
+/// Per-CN state shared by its coordinators: the failed-id set (updated by the stray-lock
+/// notification, Pandora §3.2.2 step 4) and the address cache.
+#[derive(Debug, Clone)]
+pub struct CnShared {
+    /// Failed coordinator ids.
+    pub failed: Rc<RefCell<FailedCoordinatorSet>>,
+    /// Address cache.
+    pub cache: Rc<RefCell<AddressCache>>,
+}
+
+impl CnShared {
+    /// Fresh state: no failed coordinator, empty cache.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            failed: Rc::new(RefCell::new(FailedCoordinatorSet::EMPTY)),
+            cache: Rc::new(RefCell::new(AddressCache::new())),
+        }
+    }
+}
+
+impl Default for CnShared {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A FORD or Pandora coordinator on one CN context.
+#[derive(Debug)]
+pub struct FordCoordinator<V, H> {
+    ctx: V,
+    store: Rc<Store>,
+    cfg: ProtocolConfig,
+    id: u16,
+    epoch: u64,
+    seq: u64,
+    shared: CnShared,
+    history: H,
+    stats: CoordinatorStats,
+}
+
+impl<V: Verbs + Clock, H: HistorySink> FordCoordinator<V, H> {
+    /// A coordinator with the unique 16-bit id `id` (Pandora §3.1.2: assigned by the
+    /// failure detector; it also selects the log region).
+    ///
+    /// # Errors
+    /// [`StoreError::NoLogRegion`] if the store has no log region for `id`.
+    pub fn new(
+        ctx: V,
+        store: Rc<Store>,
+        cfg: ProtocolConfig,
+        id: u16,
+        shared: CnShared,
+        history: H,
+    ) -> Result<Self, StoreError> {
+        store.log_offset(id)?;
+        Ok(Self {
+            ctx,
+            store,
+            cfg,
+            id,
+            epoch: 1,
+            seq: 0,
+            shared,
+            history,
+            stats: CoordinatorStats::default(),
+        })
+    }
+
+    /// The coordinator id.
+    #[must_use]
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    /// The counters.
+    #[must_use]
+    pub fn stats(&self) -> CoordinatorStats {
+        self.stats
+    }
+
+    /// The context.
+    #[must_use]
+    pub fn context(&self) -> &V {
+        &self.ctx
+    }
+
+    /// Begins a transaction (the inherent form of [`Coordinator::begin`]).
+    pub fn begin_txn(&mut self, kind: TxnKind) -> FordTxn<'_, V, H> {
+        self.seq += 1;
+        let id = TxnId {
+            coordinator: CoordinatorId(u32::from(self.id)),
+            seq: self.seq,
+        };
+        let begin = self.ctx.now();
+        FordTxn {
+            co: self,
+            id,
+            kind,
+            begin,
+            reads: Vec::new(),
+            writes: Vec::new(),
+            events: Vec::new(),
+            logged: Vec::new(),
+            decided: false,
+        }
+    }
+}
+
+impl<V: Verbs + Clock, H: HistorySink> Coordinator for FordCoordinator<V, H> {
+    type Txn<'a>
+        = FordTxn<'a, V, H>
+    where
+        Self: 'a;
+
+    fn begin(&mut self, kind: TxnKind) -> Self::Txn<'_> {
+        self.begin_txn(kind)
+    }
+}
+
+#[derive(Debug, Clone)]
+enum ReadTarget {
+    Item { loc: ItemLoc, version: u64 },
+    Absent { bucket: BucketLoc },
+}
+
+#[derive(Debug, Clone)]
+struct ReadEntry {
+    table: TableId,
+    key: Key,
+    target: ReadTarget,
+    value: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LockState {
+    /// Blind write: the lock is taken at commit.
+    Deferred,
+    Held,
+    /// The CAS failed: never held (complicit abort releases it anyway).
+    Failed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Intent {
+    /// Locked by read_for_update, not written (yet).
+    LockOnly,
+    Write(WriteKind),
+}
+
+#[derive(Debug, Clone)]
+struct OldImage {
+    version: DataVersion,
+    valid: bool,
+    value: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+struct WriteEntry {
+    table: TableId,
+    key: Key,
+    loc: ItemLoc,
+    lock: LockState,
+    intent: Intent,
+    old: Option<OldImage>,
+    new_value: Vec<u8>,
+}
+
+enum Located {
+    Found(ItemLoc),
+    Absent {
+        bucket: BucketLoc,
+        free: Option<usize>,
+    },
+}
+
+/// A running FORD/Pandora transaction. Always finish it with `commit` or `abort`: dropping
+/// it releases nothing.
+#[derive(Debug)]
+pub struct FordTxn<'a, V, H> {
+    co: &'a mut FordCoordinator<V, H>,
+    id: TxnId,
+    kind: TxnKind,
+    begin: Nanos,
+    reads: Vec<ReadEntry>,
+    writes: Vec<WriteEntry>,
+    events: Vec<ReadEvent>,
+    /// MN indices holding a valid log of this transaction.
+    logged: Vec<u16>,
+    /// The commit decision was taken: failures after it must not abort.
+    decided: bool,
+}
+
+fn aborted(why: &'static str) -> TxnError {
+    TxnError::Aborted(why)
+}
+
+fn store_err(e: StoreError) -> TxnError {
+    match e {
+        StoreError::UnknownTable(t) => TxnError::UnknownTable(t),
+        StoreError::ValueSize { expected, got, .. } => TxnError::ValueSize { expected, got },
+        StoreError::BucketFull { .. } => aborted("index bucket full"),
+        _ => aborted("store unavailable"),
+    }
+}
+
+struct ItemRead {
+    lock: u64,
+    version: DataVersion,
+    valid: bool,
+    value: Vec<u8>,
+}
+
+fn parse_item(bytes: &[u8], table: TableId, key: Key) -> Result<ItemRead, TxnError> {
+    let item = DataItem::new_checked(bytes).map_err(|_| aborted("malformed item"))?;
+    let h = item.header();
+    let fresh = h.key() == 0 && h.table_id() == 0 && !h.flags().is_valid();
+    if !fresh && (h.key() != key.0 || h.table_id() != table.0) {
+        return Err(aborted("index points at another record"));
+    }
+    Ok(ItemRead {
+        lock: h.lock_word(),
+        version: h.version(),
+        valid: h.flags().is_valid() && !h.version().is_invisible(),
+        value: item.value().to_vec(),
+    })
+}
+
+impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
+    /// The transaction's id.
+    #[must_use]
+    pub fn id(&self) -> TxnId {
+        self.id
+    }
+
+    fn store(&self) -> &Store {
+        &self.co.store
+    }
+
+    fn value_len(&self, table: TableId) -> Result<usize, TxnError> {
+        Ok(self.store().table(table).map_err(store_err)?.spec.value_len)
+    }
+
+    fn item_len(&self, table: TableId) -> Result<usize, TxnError> {
+        Ok(self.store().table(table).map_err(store_err)?.item_len)
+    }
+
+    fn primary_addr(&self, loc: &ItemLoc) -> Result<dmem_verbs::RemoteAddr, TxnError> {
+        let p = self
+            .store()
+            .primary(loc.bucket.partition)
+            .map_err(store_err)?;
+        Ok(self.store().addr(p, loc.offset))
+    }
+
+    async fn locate(&mut self, table: TableId, key: Key) -> Result<Located, TxnError> {
+        if let Some(loc) = self.co.shared.cache.borrow_mut().get(table, key) {
+            return Ok(Located::Found(loc));
+        }
+        let bucket = self.store().bucket_of(table, key).map_err(store_err)?;
+        let p = self.store().primary(bucket.partition).map_err(store_err)?;
+        let bytes = self
+            .co
+            .ctx
+            .read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32)
+            .await?;
+        let (used, free) = parse_bucket(&bytes);
+        if let Some(&(slot, _)) = used.iter().find(|(_, k)| *k == key.0) {
+            let loc = self.store().item_at(bucket, slot).map_err(store_err)?;
+            self.co.shared.cache.borrow_mut().put(table, key, loc);
+            Ok(Located::Found(loc))
+        } else {
+            Ok(Located::Absent { bucket, free })
+        }
+    }
+
+    fn write_entry(&self, table: TableId, key: Key) -> Option<usize> {
+        self.writes
+            .iter()
+            .position(|w| w.table == table && w.key == key)
+    }
+
+    fn current_value(&self, w: &WriteEntry) -> Option<Vec<u8>> {
+        match w.intent {
+            Intent::Write(WriteKind::Delete) => None,
+            Intent::Write(_) => Some(w.new_value.clone()),
+            Intent::LockOnly => w.old.as_ref().filter(|o| o.valid).map(|o| o.value.clone()),
+        }
+    }
+
+    fn note_read(&mut self, table: TableId, key: Key, version: u64) {
+        self.events.push(ReadEvent {
+            table,
+            key,
+            version: Version(version),
+        });
+    }
+
+    /// Posts CAS + READ to the primary and steals a stray lock (PILL). Returns the old image
+    /// if the lock is now held; records the entry either way.
+    async fn lock_and_read(
+        &mut self,
+        table: TableId,
+        key: Key,
+        loc: ItemLoc,
+        extra_index_slot: bool,
+    ) -> Result<(ItemRead, Option<Vec<u8>>), TxnError> {
+        let addr = self.primary_addr(&loc)?;
+        let item_len = self.item_len(table)? as u32;
+        let me = logic::my_lock(self.co.id);
+        let mut list = PostList::new();
+        let cas = list.cas(addr, 0, me);
+        let rd = list.read(addr, item_len);
+        let slot_rd = extra_index_slot.then(|| {
+            let bucket_addr = addr.add(0);
+            let slot_addr = dmem_verbs::RemoteAddr {
+                offset: loc.bucket.offset + slot_offset(loc.slot),
+                ..bucket_addr
+            };
+            list.read(slot_addr, 16)
+        });
+        let mut res = self.co.ctx.post(list).await?;
+        let mut old = res.atomic(cas);
+        let mut bytes = res.take_bytes(rd);
+        let slot_bytes = slot_rd.map(|id| res.take_bytes(id));
+        let item = parse_item(&bytes, table, key)?;
+        let idx = self.push_lock_entry(table, key, loc, &item);
+        if self.co.cfg.bug(FordBug::LogWithoutLock) {
+            // The corner case of Pandora §5.1: the undo record goes out before the
+            // coordinator has looked at what its CAS returned.
+            self.write_logs(true).await?;
+        }
+        let failed = self.co.shared.failed.borrow().clone();
+        loop {
+            match logic::after_cas(old, &failed, &self.co.cfg) {
+                AfterCas::Acquired => break,
+                AfterCas::Steal { observed } => {
+                    let mut list = PostList::new();
+                    let cas = list.cas(addr, observed, me);
+                    let rd = list.read(addr, item_len);
+                    let mut res = self.co.ctx.post(list).await?;
+                    let got = res.atomic(cas);
+                    if got == observed {
+                        self.co.stats.steals += 1;
+                        bytes = res.take_bytes(rd);
+                        old = 0;
+                    } else {
+                        old = got;
+                        if got == 0 {
+                            // Released meanwhile: an ordinary acquire must win it.
+                            self.writes[idx].lock = LockState::Failed;
+                            return Err(aborted("lock changed hands"));
+                        }
+                    }
+                }
+                AfterCas::Conflict => {
+                    self.writes[idx].lock = LockState::Failed;
+                    return Err(aborted("write lock held"));
+                }
+            }
+        }
+        let item = parse_item(&bytes, table, key)?;
+        let w = &mut self.writes[idx];
+        w.lock = LockState::Held;
+        w.old = Some(OldImage {
+            version: item.version,
+            valid: item.valid,
+            value: item.value.clone(),
+        });
+        Ok((item, slot_bytes))
+    }
+
+    fn push_lock_entry(
+        &mut self,
+        table: TableId,
+        key: Key,
+        loc: ItemLoc,
+        item: &ItemRead,
+    ) -> usize {
+        let old = Some(OldImage {
+            version: item.version,
+            valid: item.valid,
+            value: item.value.clone(),
+        });
+        if let Some(i) = self.write_entry(table, key) {
+            self.writes[i].old = old;
+            return i;
+        }
+        self.writes.push(WriteEntry {
+            table,
+            key,
+            loc,
+            lock: LockState::Failed,
+            intent: Intent::LockOnly,
+            old,
+            new_value: Vec::new(),
+        });
+        self.writes.len() - 1
+    }
+
+    /// Builds the log images: `(mn, bytes)` per log copy. `early` logs every entry with an
+    /// old image (the log-without-lock corner case); otherwise only written entries.
+    fn log_images(&self, early: bool) -> Result<Vec<(u16, Vec<u8>)>, TxnError> {
+        let skip_inserts = self.co.cfg.bug(FordBug::MissingInsertLog);
+        let logged: Vec<&WriteEntry> = self
+            .writes
+            .iter()
+            .filter(|w| w.old.is_some())
+            .filter(|w| match w.intent {
+                Intent::Write(WriteKind::Insert) => !skip_inserts,
+                Intent::Write(_) => true,
+                Intent::LockOnly => early,
+            })
+            .collect();
+        let store = self.store();
+        let build = |entries: &[&WriteEntry]| -> Result<Vec<u8>, TxnError> {
+            let mut buf = vec![0u8; store.log_region_bytes()];
+            let mut writer = LogWriter::new(&mut buf, self.co.id, self.co.epoch, self.id.seq)
+                .map_err(|_| aborted("log region too small"))?;
+            for w in entries {
+                let old = w
+                    .old
+                    .as_ref()
+                    .map_or((DataVersion::from_raw(0), &[][..]), |o| {
+                        (o.version, &o.value[..])
+                    });
+                let op = match w.intent {
+                    Intent::Write(WriteKind::Insert) => LogOp::Insert,
+                    Intent::Write(WriteKind::Delete) => LogOp::Delete,
+                    _ => LogOp::Update,
+                };
+                let entry = DataLogEntry {
+                    op,
+                    table_id: w.table.0,
+                    key: w.key.0,
+                    addr: logic::pack_location(w.loc.bucket.partition, w.loc.offset),
+                    version: old.0.to_raw(),
+                };
+                writer
+                    .append_undo(&entry, old.1)
+                    .map_err(|_| aborted("log region full"))?;
+            }
+            let len = writer.finish().len();
+            buf.truncate(len);
+            Ok(buf)
+        };
+        match self.co.cfg.protocol {
+            Protocol::Pandora => {
+                let image = build(&logged)?;
+                Ok(store
+                    .pandora_log_mns(self.co.id)
+                    .into_iter()
+                    .map(|mn| (mn, image.clone()))
+                    .collect())
+            }
+            Protocol::Ford => {
+                let mut out = Vec::new();
+                for mn in 0..store.config().mns {
+                    let here: Vec<&WriteEntry> = logged
+                        .iter()
+                        .copied()
+                        .filter(|w| store.live_replicas(w.loc.bucket.partition).contains(&mn))
+                        .collect();
+                    if !here.is_empty() {
+                        out.push((mn, build(&here)?));
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    fn add_log_writes(&mut self, list: &mut PostList, early: bool) -> Result<(), TxnError> {
+        let base = self.store().log_offset(self.co.id).map_err(store_err)?;
+        for (mn, image) in self.log_images(early)? {
+            list.write_owned(self.store().addr(mn, base), image);
+            if !self.logged.contains(&mn) {
+                self.logged.push(mn);
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_logs(&mut self, early: bool) -> Result<(), TxnError> {
+        let mut list = PostList::new();
+        self.add_log_writes(&mut list, early)?;
+        if !list.is_empty() {
+            self.co.ctx.post(list).await?;
+        }
+        Ok(())
+    }
+
+    /// The abort path (Pandora §3.1.5 (3)): truncate the log, then unlock.
+    async fn abort_inner(&mut self) -> Result<(), TxnError> {
+        let mut list = PostList::new();
+        if !self.co.cfg.bug(FordBug::LostDecision) {
+            let base = self.store().log_offset(self.co.id).map_err(store_err)?;
+            for &mn in &self.logged {
+                list.write(
+                    self.store()
+                        .addr(mn, base + LogRegionHeader::STATE_OFFSET as u64),
+                    &[0],
+                );
+            }
+        }
+        if !list.is_empty() {
+            self.co.ctx.post(list).await?;
+        }
+        let complicit = self.co.cfg.bug(FordBug::ComplicitAbort);
+        let mut list = PostList::new();
+        for w in &self.writes {
+            let release = match w.lock {
+                LockState::Held => true,
+                // Complicit abort: FORD releases its whole write-set, held or not.
+                LockState::Failed | LockState::Deferred => complicit,
+            };
+            if release {
+                list.write(self.primary_addr(&w.loc)?, &0u64.to_le_bytes());
+            }
+        }
+        if !list.is_empty() {
+            self.co.ctx.post(list).await?;
+        }
+        Ok(())
+    }
+
+    fn record_aborted(&mut self) {
+        self.co.stats.aborted += 1;
+        let end = self.co.ctx.now();
+        self.co.history.record(TxnRecord {
+            id: self.id,
+            begin: self.begin,
+            end,
+            outcome: TxnOutcome::Aborted,
+            reads: std::mem::take(&mut self.events),
+            writes: Vec::new(),
+        });
+    }
+
+    async fn fail(&mut self, err: TxnError) -> TxnError {
+        if self.decided {
+            // Past the decision: recovery, not an abort, settles this transaction.
+            return err;
+        }
+        // Best effort: if the fabric itself failed, the abort may fail too.
+        let _ = self.abort_inner().await;
+        self.record_aborted();
+        err
+    }
+
+    /// Locks deferred (blind-write) entries; under relaxed-locks, validation READs go in
+    /// the same batch.
+    async fn commit_inner(&mut self) -> Result<(), TxnError> {
+        let relaxed = self.co.cfg.bug(FordBug::RelaxedLocks);
+        let lost_decision = self.co.cfg.bug(FordBug::LostDecision);
+        let me = logic::my_lock(self.co.id);
+        let failed = self.co.shared.failed.borrow().clone();
+
+        // -- lock deferred write-set entries (and, relaxed, validate at the same time) --
+        let deferred: Vec<usize> = (0..self.writes.len())
+            .filter(|&i| self.writes[i].lock == LockState::Deferred)
+            .collect();
+        let mut list = PostList::new();
+        let mut lock_ids: Vec<(usize, WrId, WrId)> = Vec::new();
+        for &i in &deferred {
+            let w = &self.writes[i];
+            let addr = self.primary_addr(&w.loc)?;
+            let len = self.item_len(w.table)? as u32;
+            let c = list.cas(addr, 0, me);
+            let r = list.read(addr, len);
+            lock_ids.push((i, c, r));
+        }
+        if self.co.cfg.bug(FordBug::LogWithoutLock) && !deferred.is_empty() {
+            // Log the blind writes with the values read in execution, in the same doorbell
+            // as their lock CAS (Pandora §5.1 "Logging without locking").
+            for &i in &deferred {
+                let (table, key) = (self.writes[i].table, self.writes[i].key);
+                let seen = self.reads.iter().find_map(|r| match &r.target {
+                    ReadTarget::Item { version, .. } if r.table == table && r.key == key => {
+                        Some(OldImage {
+                            version: DataVersion::from_raw(*version),
+                            valid: r.value.is_some(),
+                            value: r.value.clone().unwrap_or_default(),
+                        })
+                    }
+                    _ => None,
+                });
+                if seen.is_some() {
+                    self.writes[i].old = seen;
+                }
+            }
+            self.add_log_writes(&mut list, true)?;
+        }
+        let mut validation = Vec::new();
+        if relaxed {
+            validation = self.add_validation_reads(&mut list)?;
+            if lost_decision {
+                self.add_log_writes(&mut list, false)?;
+            }
+        }
+        let mut res = if list.is_empty() {
+            None
+        } else {
+            Some(self.co.ctx.post(list).await?)
+        };
+        if let Some(res) = res.as_mut() {
+            for &(i, c, r) in &lock_ids {
+                let old = res.atomic(c);
+                let bytes = res.take_bytes(r);
+                let (table, key, loc) =
+                    (self.writes[i].table, self.writes[i].key, self.writes[i].loc);
+                let mut item = parse_item(&bytes, table, key)?;
+                match logic::after_cas(old, &failed, &self.co.cfg) {
+                    AfterCas::Acquired => {}
+                    AfterCas::Steal { observed } => {
+                        let addr = self.primary_addr(&loc)?;
+                        let mut l = PostList::new();
+                        let cas = l.cas(addr, observed, me);
+                        let rd = l.read(addr, self.item_len(table)? as u32);
+                        let mut r2 = self.co.ctx.post(l).await?;
+                        if r2.atomic(cas) != observed {
+                            self.writes[i].lock = LockState::Failed;
+                            return Err(aborted("write lock held"));
+                        }
+                        self.co.stats.steals += 1;
+                        item = parse_item(&r2.take_bytes(rd), table, key)?;
+                    }
+                    AfterCas::Conflict => {
+                        self.writes[i].lock = LockState::Failed;
+                        return Err(aborted("write lock held"));
+                    }
+                }
+                let w = &mut self.writes[i];
+                w.lock = LockState::Held;
+                if !item.valid && w.intent == Intent::Write(WriteKind::Update) {
+                    return Err(TxnError::KeyState(key.0));
+                }
+                w.old = Some(OldImage {
+                    version: item.version,
+                    valid: item.valid,
+                    value: item.value,
+                });
+                self.events.push(ReadEvent {
+                    table,
+                    key,
+                    version: Version(item.version.counter()),
+                });
+            }
+        }
+
+        // -- validation, strictly after locking (fixed), logs alongside (lost decision) --
+        if !relaxed {
+            let mut list = PostList::new();
+            validation = self.add_validation_reads(&mut list)?;
+            if lost_decision {
+                self.add_log_writes(&mut list, false)?;
+            }
+            if !list.is_empty() {
+                res = Some(self.co.ctx.post(list).await?);
+            }
+        }
+        if !validation.is_empty() {
+            let Some(res) = res.as_mut() else {
+                return Err(aborted("validation lost its reads"));
+            };
+            for (ri, id) in validation {
+                let bytes = res.take_bytes(id);
+                if !self.validate_one(ri, &bytes, &failed) {
+                    return Err(aborted("validation failed"));
+                }
+            }
+        }
+
+        let has_writes = self
+            .writes
+            .iter()
+            .any(|w| matches!(w.intent, Intent::Write(_)));
+        if !has_writes {
+            // Read-only (or lock-only): release locks, done.
+            self.release_held().await?;
+            self.record_committed(Vec::new(), false);
+            return Ok(());
+        }
+
+        // -- logging phase (Pandora §3.1.4): only after validation succeeded --
+        if !lost_decision {
+            self.write_logs(false).await?;
+        }
+
+        // -- commit: primaries and backups, then ack, then unlock --
+        let mut installed = Vec::new();
+        let mut list = PostList::new();
+        for w in &self.writes {
+            let Intent::Write(kind) = w.intent else {
+                continue;
+            };
+            let Some(old) = &w.old else {
+                return Err(aborted("write without an old image"));
+            };
+            let version = logic::next_version(old.version);
+            let (flags, value) = match kind {
+                WriteKind::Update => (ItemFlags::LOADED, &w.new_value),
+                WriteKind::Insert => (ItemFlags::LOADED.with_user_insert(true), &w.new_value),
+                WriteKind::Delete => (ItemFlags::EMPTY, &old.value),
+            };
+            let item_len = self.item_len(w.table)?;
+            let image = encode_item(w.key.0, w.table.0, version, flags, value, item_len);
+            for mn in self.store().live_replicas(w.loc.bucket.partition) {
+                let addr = self.store().addr(mn, w.loc.offset + 8);
+                list.write(addr, &image[DataItemHeader::VERSION_OFFSET..]);
+            }
+            installed.push(WriteEvent {
+                table: w.table,
+                key: w.key,
+                version: Version(version.counter()),
+                kind,
+            });
+        }
+        self.decided = true;
+        self.record_committed(installed, true);
+        self.co.ctx.post(list).await?;
+        self.co
+            .history
+            .resolve(self.id, TxnOutcome::Committed, self.co.ctx.now());
+        self.release_held().await?;
+        Ok(())
+    }
+
+    fn record_committed(&mut self, writes: Vec<WriteEvent>, pending: bool) {
+        self.co.stats.committed += 1;
+        let now = self.co.ctx.now();
+        self.co.history.record(TxnRecord {
+            id: self.id,
+            begin: self.begin,
+            end: now,
+            outcome: if pending {
+                TxnOutcome::Unknown
+            } else {
+                TxnOutcome::Committed
+            },
+            reads: std::mem::take(&mut self.events),
+            writes,
+        });
+    }
+
+    async fn release_held(&mut self) -> Result<(), TxnError> {
+        let mut list = PostList::new();
+        for w in &self.writes {
+            if w.lock == LockState::Held {
+                list.write(self.primary_addr(&w.loc)?, &0u64.to_le_bytes());
+            }
+        }
+        if !list.is_empty() {
+            self.co.ctx.post(list).await?;
+        }
+        for w in &mut self.writes {
+            if w.lock == LockState::Held {
+                w.lock = LockState::Failed;
+                w.intent = Intent::LockOnly;
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds one validation READ per read-set entry not covered by a held lock.
+    fn add_validation_reads(&self, list: &mut PostList) -> Result<Vec<(usize, WrId)>, TxnError> {
+        let mut ids = Vec::new();
+        for (i, r) in self.reads.iter().enumerate() {
+            if self
+                .write_entry(r.table, r.key)
+                .is_some_and(|w| self.writes[w].lock == LockState::Held)
+            {
+                if let ReadTarget::Item { .. } = r.target {
+                    // Held lock: only the version must be unchanged; checked below too.
+                } else {
+                    continue;
+                }
+            }
+            match &r.target {
+                ReadTarget::Item { loc, .. } => {
+                    let addr = self.primary_addr(loc)?;
+                    ids.push((i, list.read(addr, DataItemHeader::VALIDATION_LEN as u32)));
+                }
+                ReadTarget::Absent { bucket } => {
+                    let p = self.store().primary(bucket.partition).map_err(store_err)?;
+                    let addr = self.store().addr(p, bucket.offset);
+                    ids.push((i, list.read(addr, BUCKET_LEN as u32)));
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    fn validate_one(&self, ri: usize, bytes: &[u8], failed: &FailedCoordinatorSet) -> bool {
+        let r = &self.reads[ri];
+        match &r.target {
+            ReadTarget::Item { version, .. } => {
+                if bytes.len() < 16 {
+                    return false;
+                }
+                let lock = u64::from_le_bytes(bytes[0..8].try_into().unwrap_or([0xFF; 8]));
+                let ver = u64::from_le_bytes(bytes[8..16].try_into().unwrap_or([0xFF; 8]));
+                let mine = self
+                    .write_entry(r.table, r.key)
+                    .is_some_and(|w| self.writes[w].lock == LockState::Held);
+                if mine {
+                    return ver == *version;
+                }
+                logic::validate_item(*version, lock, ver, failed, &self.co.cfg)
+            }
+            ReadTarget::Absent { .. } => {
+                let (used, _) = parse_bucket(bytes);
+                !used.iter().any(|(_, k)| *k == r.key.0)
+            }
+        }
+    }
+
+    async fn read_impl(&mut self, table: TableId, key: Key) -> Result<Option<Vec<u8>>, TxnError> {
+        if let Some(i) = self.write_entry(table, key) {
+            let w = self.writes[i].clone();
+            match w.lock {
+                LockState::Held => return Ok(self.current_value(&w)),
+                LockState::Deferred => return Ok(Some(w.new_value)),
+                LockState::Failed => {}
+            }
+        }
+        if let Some(r) = self.reads.iter().find(|r| r.table == table && r.key == key) {
+            return Ok(r.value.clone());
+        }
+        match self.locate(table, key).await? {
+            Located::Absent { bucket, .. } => {
+                self.reads.push(ReadEntry {
+                    table,
+                    key,
+                    target: ReadTarget::Absent { bucket },
+                    value: None,
+                });
+                self.note_read(table, key, 0);
+                Ok(None)
+            }
+            Located::Found(loc) => {
+                let addr = self.primary_addr(&loc)?;
+                let len = self.item_len(table)? as u32;
+                let bytes = self.co.ctx.read(addr, len).await?;
+                let item = parse_item(&bytes, table, key)?;
+                let failed = self.co.shared.failed.borrow().clone();
+                if !logic::read_may_proceed(item.lock, &failed, &self.co.cfg) {
+                    return Err(aborted("read a locked item"));
+                }
+                if item.lock != 0 {
+                    self.co.stats.stray_reads += 1;
+                }
+                let value = item.valid.then_some(item.value);
+                self.reads.push(ReadEntry {
+                    table,
+                    key,
+                    target: ReadTarget::Item {
+                        loc,
+                        version: item.version.to_raw(),
+                    },
+                    value: value.clone(),
+                });
+                self.note_read(table, key, item.version.counter());
+                Ok(value)
+            }
+        }
+    }
+
+    async fn rfu_impl(&mut self, table: TableId, key: Key) -> Result<Option<Vec<u8>>, TxnError> {
+        if self.kind == TxnKind::ReadOnly {
+            return Err(TxnError::ReadOnly);
+        }
+        if let Some(i) = self.write_entry(table, key)
+            && self.writes[i].lock == LockState::Held
+        {
+            let w = self.writes[i].clone();
+            return Ok(self.current_value(&w));
+        }
+        match self.locate(table, key).await? {
+            Located::Absent { .. } => self.read_impl(table, key).await,
+            Located::Found(loc) => {
+                let (item, _) = self.lock_and_read(table, key, loc, false).await?;
+                self.note_read(table, key, item.version.counter());
+                Ok(item.valid.then_some(item.value))
+            }
+        }
+    }
+
+    async fn write_impl(
+        &mut self,
+        table: TableId,
+        key: Key,
+        value: &[u8],
+        kind: WriteKind,
+    ) -> Result<(), TxnError> {
+        if self.kind == TxnKind::ReadOnly {
+            return Err(TxnError::ReadOnly);
+        }
+        let expected = self.value_len(table)?;
+        if kind != WriteKind::Delete && value.len() != expected {
+            return Err(TxnError::ValueSize {
+                expected,
+                got: value.len(),
+            });
+        }
+        if let Some(i) = self.write_entry(table, key)
+            && self.writes[i].lock != LockState::Failed
+        {
+            let w = &mut self.writes[i];
+            let present = match (&w.old, w.intent) {
+                (_, Intent::Write(WriteKind::Insert | WriteKind::Update)) => true,
+                (_, Intent::Write(WriteKind::Delete)) => false,
+                (Some(o), Intent::LockOnly) => o.valid,
+                (None, Intent::LockOnly) => true,
+            };
+            let new_kind = match (kind, present) {
+                (WriteKind::Update, true) => match w.intent {
+                    Intent::Write(WriteKind::Insert) => WriteKind::Insert,
+                    _ => WriteKind::Update,
+                },
+                (WriteKind::Insert, false) => match w.intent {
+                    Intent::Write(WriteKind::Delete) => WriteKind::Update,
+                    _ => WriteKind::Insert,
+                },
+                (WriteKind::Delete, true) => WriteKind::Delete,
+                _ => return Err(TxnError::KeyState(key.0)),
+            };
+            w.intent = Intent::Write(new_kind);
+            if kind != WriteKind::Delete {
+                w.new_value = value.to_vec();
+            }
+            return Ok(());
+        }
+        match (kind, self.locate(table, key).await?) {
+            (WriteKind::Update, Located::Found(loc)) => {
+                // Blind write: FORD locks it at commit.
+                self.writes.push(WriteEntry {
+                    table,
+                    key,
+                    loc,
+                    lock: LockState::Deferred,
+                    intent: Intent::Write(WriteKind::Update),
+                    old: None,
+                    new_value: value.to_vec(),
+                });
+                Ok(())
+            }
+            (WriteKind::Delete, Located::Found(loc)) => {
+                let (item, _) = self.lock_and_read(table, key, loc, false).await?;
+                self.note_read(table, key, item.version.counter());
+                if !item.valid {
+                    return Err(TxnError::KeyState(key.0));
+                }
+                let i = self.write_entry(table, key).unwrap_or(0);
+                self.writes[i].intent = Intent::Write(WriteKind::Delete);
+                Ok(())
+            }
+            (WriteKind::Insert, Located::Found(loc)) => {
+                let (item, _) = self.lock_and_read(table, key, loc, false).await?;
+                self.note_read(table, key, item.version.counter());
+                if item.valid {
+                    return Err(TxnError::KeyState(key.0));
+                }
+                let i = self.write_entry(table, key).unwrap_or(0);
+                self.writes[i].intent = Intent::Write(WriteKind::Insert);
+                self.writes[i].new_value = value.to_vec();
+                Ok(())
+            }
+            (WriteKind::Insert, Located::Absent { bucket, free }) => {
+                let Some(slot) = free else {
+                    return Err(aborted("index bucket full"));
+                };
+                let loc = self.store().item_at(bucket, slot).map_err(store_err)?;
+                let (item, slot_bytes) = self.lock_and_read(table, key, loc, true).await?;
+                let slot_bytes = slot_bytes.unwrap_or_default();
+                let slot_key = slot_bytes
+                    .get(0..8)
+                    .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+                let slot_used = slot_bytes
+                    .get(8..16)
+                    .is_some_and(|b| b.iter().any(|&x| x != 0));
+                if slot_used && slot_key != key.0 {
+                    return Err(aborted("index slot taken by a concurrent insert"));
+                }
+                if item.valid {
+                    return Err(TxnError::KeyState(key.0));
+                }
+                if !slot_used {
+                    // Claim the slot on every replica; the item stays invalid (absent) until
+                    // commit, so readers that find the slot see the key as absent.
+                    let packed = logic::pack_location(bucket.partition, loc.offset);
+                    let bytes = index_slot_bytes(key.0, packed);
+                    let mut list = PostList::new();
+                    for mn in self.store().live_replicas(bucket.partition) {
+                        let a = self.store().addr(mn, bucket.offset + slot_offset(slot));
+                        list.write(a, &bytes);
+                    }
+                    self.co.ctx.post(list).await?;
+                }
+                self.co.shared.cache.borrow_mut().put(table, key, loc);
+                self.note_read(table, key, item.version.counter());
+                let i = self.write_entry(table, key).unwrap_or(0);
+                self.writes[i].intent = Intent::Write(WriteKind::Insert);
+                self.writes[i].new_value = value.to_vec();
+                Ok(())
+            }
+            (WriteKind::Update | WriteKind::Delete, Located::Absent { .. }) => {
+                Err(TxnError::KeyState(key.0))
+            }
+        }
+    }
+}
+
+impl<V: Verbs + Clock, H: HistorySink> Transaction for FordTxn<'_, V, H> {
+    async fn read(&mut self, table: TableId, key: Key) -> Result<Option<Vec<u8>>, TxnError> {
+        self.read_impl(table, key).await
+    }
+
+    async fn read_for_update(
+        &mut self,
+        table: TableId,
+        key: Key,
+    ) -> Result<Option<Vec<u8>>, TxnError> {
+        self.rfu_impl(table, key).await
+    }
+
+    async fn write(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {
+        self.write_impl(table, key, value, WriteKind::Update).await
+    }
+
+    async fn insert(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {
+        self.write_impl(table, key, value, WriteKind::Insert).await
+    }
+
+    async fn delete(&mut self, table: TableId, key: Key) -> Result<(), TxnError> {
+        self.write_impl(table, key, &[], WriteKind::Delete).await
+    }
+
+    async fn commit(mut self) -> Result<(), TxnError> {
+        match self.commit_inner().await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.fail(e).await),
+        }
+    }
+
+    async fn abort(mut self) {
+        let _ = self.abort_inner().await;
+        self.record_aborted();
+    }
+}
