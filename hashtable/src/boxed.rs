@@ -58,6 +58,11 @@ where
 /// with each entry boxed once. Reads return references that live as long as the
 /// [`BoxedGuard`] they were read through.
 ///
+/// # Panics
+/// Inserting a sixteenth distinct key whose 64-bit hash equals that of 15 keys already in the
+/// map panics (a bin holds 15 entries and no resize can split equal hashes). With a good
+/// hasher this does not happen by chance; use a keyed `BuildHasher` if keys are adversarial.
+///
 /// ```
 /// use dmem_hashtable::BoxedMap;
 /// let m: BoxedMap<String, Vec<u8>> = BoxedMap::new();

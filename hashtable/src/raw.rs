@@ -706,7 +706,22 @@ impl RawTable {
                 // for the migration (which then cannot run out of them).
                 let may_allocate = ptr::eq(self.current.load(Ordering::Acquire), idx);
                 let Some(s) = idx.claim_free_slot(bin, hl, may_allocate) else {
+                    let full = valid_bits(hl) == (1 << BIN_SLOTS) - 1;
+                    let all_same = full && {
+                        let link = bin.link.load(Ordering::Relaxed);
+                        (0..BIN_SLOTS).all(|s| {
+                            idx.slot(bin, link, s)
+                                .is_some_and(|sl| sl.key.load(Ordering::Relaxed) == key)
+                        })
+                    };
                     unlock();
+                    // Doubling cannot split entries with one key word (only the typed maps,
+                    // which store hashes, can have several): fail loudly instead of growing
+                    // until memory runs out.
+                    assert!(
+                        !all_same,
+                        "more than {BIN_SLOTS} distinct keys share one 64-bit hash"
+                    );
                     return Err(NeedGrow);
                 };
                 let link = bin.link.load(Ordering::Relaxed);

@@ -131,7 +131,8 @@ impl Dlht {
 
     /// Pins the calling thread for a series of operations. Hold a guard for a batch or a few
     /// thousand operations, not forever: while it lives, indexes retired by a resize cannot be
-    /// freed.
+    /// freed. At most 128 guards of one table can be alive at once; further `pin` calls wait
+    /// for one to drop (so one thread must not hold more than that).
     #[inline]
     pub fn pin(&self) -> Guard<'_> {
         Guard {

@@ -222,6 +222,11 @@ fn colliding_hashes_in_boxed_map_are_told_apart_by_key() {
     assert_eq!(g.remove(&3), Some(&103));
     assert_eq!(g.get(&3), None);
     assert_eq!(m.len(), 13);
+    assert!(g.insert(3, 3));
+    assert!(g.insert(14, 14));
+    // A sixteenth key of the same hash cannot be stored: a clear panic, not endless growth.
+    let sixteenth = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.insert(15, 15)));
+    assert!(sixteenth.is_err());
 }
 
 #[test]
