@@ -7,14 +7,18 @@
 //!   chosen at run time.
 //! * [`history`]: what every protocol records (each read with the version it observed, each
 //!   write with the version it installed, begin and end instants, outcome), for the checker.
+//! * [`checker`]: the one history checker every protocol uses (Adya's G0, G1a–c, G-single, G2,
+//!   plus real-time order for strict serializability; Pandora §5).
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 
 extern crate alloc;
 
 pub mod api;
+pub mod checker;
 pub mod history;
 pub mod model;
 
 pub use api::{Coordinator, Transaction, TxnError};
+pub use checker::{Anomaly, AnomalyKind, CheckOptions, CycleClass, Report, check, check_with};
 pub use history::{History, ReadEvent, TxnOutcome, TxnRecord, WriteEvent};
 pub use model::{CoordinatorId, Key, TableId, TxnId, TxnKind, Version, WriteKind};
