@@ -446,11 +446,11 @@ impl CycleClass {
     fn meaning(self) -> &'static str {
         match self {
             CycleClass::G0 => {
-                "the transactions' writes interleave on these records, so no serial order \
+                "the transactions' writes interleave on these records and no serial order \
                  installs them (Adya G0, write cycle)"
             }
             CycleClass::G1c => {
-                "each transaction saw or overwrote the other's effects, so information flowed \
+                "each transaction saw or overwrote the next one's effects: information flowed \
                  in a circle (Adya G1c)"
             }
             CycleClass::GSingle => {
@@ -618,17 +618,17 @@ impl fmt::Display for Anomaly {
                 Malformation::EndBeforeBegin { begin, end } => write!(
                     f,
                     "{txn} ended at {end} ns, before it began at {begin} ns; it gets no \
-                     real-time edges"
+                     real-time edges."
                 ),
                 Malformation::DuplicateId => write!(
                     f,
                     "{txn} appears more than once in the history; explanations naming it are \
-                     ambiguous"
+                     ambiguous."
                 ),
                 Malformation::WritesInitialVersion { table, key } => write!(
                     f,
                     "{txn} records a write of {} installing v0, the loaded state; the write is \
-                     ignored",
+                     ignored.",
                     Rec(*table, *key)
                 ),
             },
@@ -642,7 +642,7 @@ impl fmt::Display for Anomaly {
                 f,
                 "{first} and {second} both committed version v{} of {}; one of the two writes \
                  was overwritten without getting a version of its own, so it is lost (the \
-                 checker keeps {first}'s)",
+                 checker keeps {first}'s).",
                 version.0,
                 Rec(*table, *key)
             ),
@@ -664,7 +664,7 @@ impl fmt::Display for Anomaly {
                 write!(
                     f,
                     "{txn} installed v{} of {} with {}, but the version it replaced, v{} \
-                     installed by {previous_txn} with {}, left the record {found}",
+                     installed by {previous_txn} with {}, left the record {found}.",
                     version.0,
                     Rec(*table, *key),
                     kind_name(*kind),
@@ -689,7 +689,7 @@ impl fmt::Display for Anomaly {
                     f,
                     "{reader} committed after reading v{} of {}, a version installed only by \
                      {writer}, which {outcome}; a committed transaction must never observe an \
-                     aborted write (Adya G1a)",
+                     aborted write (Adya G1a).",
                     version.0,
                     Rec(*table, *key)
                 )
@@ -704,7 +704,7 @@ impl fmt::Display for Anomaly {
             } => write!(
                 f,
                 "{reader} read v{} of {}, which {writer} installed and then overwrote itself \
-                 with v{} before committing; only final versions may be observed (Adya G1b)",
+                 with v{} before committing; only final versions may be observed (Adya G1b).",
                 version.0,
                 Rec(*table, *key),
                 final_version.0
@@ -717,7 +717,7 @@ impl fmt::Display for Anomaly {
             } => write!(
                 f,
                 "{reader} read v{} of {}, which no transaction in the history installed (a \
-                 corrupted, torn or invented version)",
+                 corrupted, torn or invented version).",
                 version.0,
                 Rec(*table, *key)
             ),
@@ -735,7 +735,7 @@ impl fmt::Display for Anomaly {
                     }
                     write!(f, "{s}")?;
                 }
-                write!(f, ". So {}.", c.class.meaning())
+                write!(f, ". Meaning: {}.", c.class.meaning())
             }
         }
     }
@@ -764,7 +764,12 @@ impl fmt::Display for Report {
         if self.is_ok() {
             return f.write_str("no anomaly");
         }
-        write!(f, "{} anomalies", self.total())?;
+        let total = self.total();
+        write!(
+            f,
+            "{total} {}",
+            if total == 1 { "anomaly" } else { "anomalies" }
+        )?;
         if self.omitted > 0 {
             write!(f, " ({} not kept)", self.omitted)?;
         }

@@ -292,6 +292,25 @@ fn g1a_aborted_read() {
 }
 
 #[test]
+fn reads_of_an_unknown_counted_committed_are_judged() {
+    // U read an aborted write; T3 observed U's own write, so U counts committed and its read
+    // is a G1a.
+    let h = history(vec![
+        txn(1, (0, 10), Aborted, &[], &[(7, 3, Update)]),
+        txn(2, (5, 20), Unknown, &[(7, 3)], &[(8, 1, Update)]),
+        txn(3, (30, 40), Committed, &[(8, 1)], &[]),
+    ]);
+    let a = only(&h, AnomalyKind::G1a);
+    assert!(matches!(a, Anomaly::AbortedRead { reader, .. } if reader == id(2)));
+    // Unobserved, U counts aborted and its read is not judged.
+    let h = history(vec![
+        txn(1, (0, 10), Aborted, &[], &[(7, 3, Update)]),
+        txn(2, (5, 20), Unknown, &[(7, 3)], &[(8, 1, Update)]),
+    ]);
+    assert_ok(&h);
+}
+
+#[test]
 fn aborted_reader_of_aborted_write_is_not_judged() {
     let h = history(vec![
         txn(1, (0, 10), Aborted, &[], &[(7, 3, Update)]),
@@ -723,6 +742,31 @@ fn anomalies_are_bounded_and_the_rest_counted() {
     assert_eq!(r.total(), 50);
     assert!(r.anomalies.iter().all(|a| a.kind() == AnomalyKind::G0));
     assert!(r.to_string().contains("50 anomalies (40 not kept)"));
+
+    let r = check_with(
+        &history(vec![
+            txn(
+                1,
+                (0, 10),
+                Committed,
+                &[],
+                &[(1, 1, Update), (2, 2, Update)],
+            ),
+            txn(
+                2,
+                (0, 10),
+                Committed,
+                &[],
+                &[(1, 2, Update), (2, 1, Update)],
+            ),
+        ]),
+        &CheckOptions {
+            strict: true,
+            max_anomalies: 0,
+        },
+    );
+    assert!(!r.is_ok());
+    assert_eq!((r.anomalies.len(), r.omitted), (0, 1));
 }
 
 #[test]
@@ -882,12 +926,16 @@ fn run_serial(plan: &[PlanTxn]) -> Generated {
 
 #[quickcheck]
 fn serial_executions_pass(plan: Vec<PlanTxn>) -> bool {
-    let g = run_serial(&plan);
+    let mut g = run_serial(&plan);
     let r = check(&g.history);
     if !r.is_ok() {
         eprintln!("{r}");
+        return false;
     }
-    r.is_ok()
+    // The verdict does not depend on the order the history lists transactions in.
+    g.history.txns.reverse();
+    let reversed = check(&g.history);
+    reversed.is_ok() && reversed.stats == r.stats
 }
 
 /// Tampers with one committed read so that it observes a version that had been overwritten
