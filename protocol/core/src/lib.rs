@@ -22,3 +22,8 @@ pub use api::{Coordinator, Transaction, TxnError};
 pub use checker::{Anomaly, AnomalyKind, CheckOptions, CycleClass, Report, check, check_with};
 pub use history::{History, ReadEvent, TxnOutcome, TxnRecord, WriteEvent};
 pub use model::{CoordinatorId, Key, TableId, TxnId, TxnKind, Version, WriteKind};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
