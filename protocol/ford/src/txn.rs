@@ -647,6 +647,12 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             .filter(|&i| self.writes[i].lock == LockState::Deferred)
             .collect();
         let mut list = PostList::new();
+        let mut validation = Vec::new();
+        if relaxed {
+            // Relaxed locks: validation READs go out first, ahead of (and overlapping) the
+            // lock CASes of the same batch.
+            validation = self.add_validation_reads(&mut list)?;
+        }
         let mut lock_ids: Vec<(usize, WrId, WrId)> = Vec::new();
         for &i in &deferred {
             let w = &self.writes[i];
@@ -677,12 +683,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             }
             self.add_log_writes(&mut list, true)?;
         }
-        let mut validation = Vec::new();
-        if relaxed {
-            validation = self.add_validation_reads(&mut list)?;
-            if lost_decision {
-                self.add_log_writes(&mut list, false)?;
-            }
+        if relaxed && lost_decision {
+            self.add_log_writes(&mut list, false)?;
         }
         let mut res = if list.is_empty() {
             None

@@ -241,6 +241,12 @@ pub async fn worker(
 /// versions was installed again by a committed transaction (i.e. recovery rolled them
 /// forward).
 pub fn check_serializable(history: &History) {
+    let report = dmem_txn::check(history);
+    assert!(
+        report.is_ok(),
+        "dmem_txn::checker (strict serializability): {:#?}",
+        &report.anomalies[..report.anomalies.len().min(3)]
+    );
     let mut installed: HashMap<(TableId, Key, Version), usize> = HashMap::new();
     let mut rolled_back = HashSet::new();
     for pass in [TxnOutcome::Committed, TxnOutcome::Unknown] {
