@@ -13,7 +13,19 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use dmem_hashtable::{Dlht, Options, WordArray, mix64};
 
-const STREAM: usize = 1 << 16;
+/// Keys per measured iteration.
+const SLICE: usize = 1 << 16;
+/// Keys in the whole stream: iterations walk through it slice by slice, so the buckets
+/// touched (4M random ones) are far larger than the last-level cache and the workload stays
+/// memory-resident.
+const STREAM: usize = 1 << 22;
+
+/// The next slice of the stream (cycling).
+fn next_slice<'a>(keys: &'a [u64], pos: &mut usize) -> &'a [u64] {
+    let s = &keys[*pos..*pos + SLICE];
+    *pos = (*pos + SLICE) % STREAM;
+    s
+}
 
 fn key_of(i: u64) -> u64 {
     mix64(i ^ 0x5eed)
@@ -58,14 +70,16 @@ fn gets(c: &mut Criterion) {
             t.insert(key_of(i), i);
         }
         for batch in [1usize, 8, 24] {
-            group.throughput(Throughput::Elements(STREAM as u64));
+            group.throughput(Throughput::Elements(SLICE as u64));
             group.bench_with_input(BenchmarkId::new("dlht", batch), &batch, |b, &batch| {
                 let g = t.pin();
                 let mut out = vec![None; batch];
+                let mut pos = 0;
                 b.iter(|| {
+                    let keys = next_slice(&keys, &mut pos);
                     let mut sum = 0u64;
                     if batch == 1 {
-                        for &k in &keys {
+                        for &k in keys {
                             sum = sum.wrapping_add(g.get(k).unwrap_or(0));
                         }
                     } else {
@@ -86,9 +100,10 @@ fn gets(c: &mut Criterion) {
             m.insert(key_of(i), i);
         }
         group.bench_function(BenchmarkId::new("hashbrown", 1), |b| {
+            let mut pos = 0;
             b.iter(|| {
                 let mut sum = 0u64;
-                for k in &keys {
+                for k in next_slice(&keys, &mut pos) {
                     sum = sum.wrapping_add(*m.get(k).unwrap_or(&0));
                 }
                 black_box(sum)
@@ -104,9 +119,10 @@ fn gets(c: &mut Criterion) {
         for batch in [1usize, 24] {
             group.bench_with_input(BenchmarkId::new("limit", batch), &batch, |b, &batch| {
                 let mut idx = [0usize; 24];
+                let mut pos = 0;
                 b.iter(|| {
                     let mut sum = 0u64;
-                    for ks in keys.chunks_exact(batch) {
+                    for ks in next_slice(&keys, &mut pos).chunks_exact(batch) {
                         for (k, slot) in ks.iter().zip(idx.iter_mut()) {
                             let line = ((u128::from(mix64(*k)) * bins as u128) >> 64) as usize;
                             *slot = line * 8;
