@@ -1,0 +1,201 @@
+//! One of the workloads, chosen by name at run time.
+
+use core::fmt;
+
+use dmem_txn::{Key, TableId, Transaction, TxnError, TxnKind};
+
+use crate::invariants::Violation;
+use crate::kv::{KvConfig, KvGenerator, KvTxn, KvWorkload, YcsbMix};
+use crate::smallbank::{SmallBank, SmallBankConfig, SmallBankGenerator, SmallBankTxn};
+use crate::tatp::{Tatp, TatpConfig, TatpGenerator, TatpTxn};
+use crate::tpcc::{Tpcc, TpccConfig, TpccGenerator, TpccTxn};
+use crate::{Outcome, Scale, TableSpec, TxnGenerator, TxnInfo, TxnType, Workload};
+
+/// The names [`AnyWorkload::new`] accepts.
+pub const WORKLOAD_NAMES: [&str; 5] = ["kvs", "ycsb", "smallbank", "tatp", "tpcc"];
+
+/// A name that is not in [`WORKLOAD_NAMES`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown workload {0:?} (known: kvs, ycsb, smallbank, tatp, tpcc)")]
+pub struct UnknownWorkload(pub String);
+
+/// One of the workloads.
+#[derive(Debug, Clone)]
+pub enum AnyWorkload {
+    /// KVS or YCSB.
+    Kv(KvWorkload),
+    /// SmallBank.
+    SmallBank(SmallBank),
+    /// TATP.
+    Tatp(Tatp),
+    /// TPC-C.
+    Tpcc(Tpcc),
+}
+
+impl AnyWorkload {
+    /// The workload `name` at preset `scale` with its default parameters (YCSB: the
+    /// read-intensive mix).
+    ///
+    /// # Errors
+    /// An unknown name.
+    pub fn new(name: &str, scale: Scale) -> Result<Self, UnknownWorkload> {
+        Ok(match name {
+            "kvs" => AnyWorkload::Kv(KvWorkload::new(KvConfig::kvs(scale))),
+            "ycsb" => AnyWorkload::Kv(KvWorkload::new(KvConfig::ycsb(
+                scale,
+                YcsbMix::ReadIntensive,
+            ))),
+            "smallbank" => AnyWorkload::SmallBank(SmallBank::new(SmallBankConfig::preset(scale))),
+            "tatp" => AnyWorkload::Tatp(Tatp::new(TatpConfig::preset(scale))),
+            "tpcc" => AnyWorkload::Tpcc(Tpcc::new(TpccConfig::preset(scale))),
+            _ => return Err(UnknownWorkload(name.to_owned())),
+        })
+    }
+}
+
+/// A transaction of any workload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnSpec {
+    /// KVS / YCSB.
+    Kv(KvTxn),
+    /// SmallBank.
+    SmallBank(SmallBankTxn),
+    /// TATP.
+    Tatp(TatpTxn),
+    /// TPC-C.
+    Tpcc(TpccTxn),
+}
+
+impl TxnInfo for TxnSpec {
+    fn type_index(&self) -> usize {
+        match self {
+            TxnSpec::Kv(t) => t.type_index(),
+            TxnSpec::SmallBank(t) => t.type_index(),
+            TxnSpec::Tatp(t) => t.type_index(),
+            TxnSpec::Tpcc(t) => t.type_index(),
+        }
+    }
+
+    fn kind(&self) -> TxnKind {
+        match self {
+            TxnSpec::Kv(t) => t.kind(),
+            TxnSpec::SmallBank(t) => t.kind(),
+            TxnSpec::Tatp(t) => t.kind(),
+            TxnSpec::Tpcc(t) => t.kind(),
+        }
+    }
+}
+
+/// The generator of an [`AnyWorkload`].
+#[derive(Debug, Clone)]
+pub enum AnyGenerator {
+    /// KVS / YCSB.
+    Kv(KvGenerator),
+    /// SmallBank.
+    SmallBank(SmallBankGenerator),
+    /// TATP.
+    Tatp(TatpGenerator),
+    /// TPC-C.
+    Tpcc(TpccGenerator),
+}
+
+impl TxnGenerator for AnyGenerator {
+    type Txn = TxnSpec;
+
+    fn next_txn(&mut self) -> TxnSpec {
+        match self {
+            AnyGenerator::Kv(g) => TxnSpec::Kv(g.next_txn()),
+            AnyGenerator::SmallBank(g) => TxnSpec::SmallBank(g.next_txn()),
+            AnyGenerator::Tatp(g) => TxnSpec::Tatp(g.next_txn()),
+            AnyGenerator::Tpcc(g) => TxnSpec::Tpcc(g.next_txn()),
+        }
+    }
+}
+
+fn mismatch(w: &AnyWorkload, t: &TxnSpec) -> ! {
+    panic!(
+        "a {:?} transaction run on the {} workload",
+        t,
+        Workload::name(w)
+    )
+}
+
+impl Workload for AnyWorkload {
+    type Txn = TxnSpec;
+    type Generator = AnyGenerator;
+
+    fn name(&self) -> &'static str {
+        match self {
+            AnyWorkload::Kv(w) => w.name(),
+            AnyWorkload::SmallBank(w) => w.name(),
+            AnyWorkload::Tatp(w) => w.name(),
+            AnyWorkload::Tpcc(w) => w.name(),
+        }
+    }
+
+    fn tables(&self) -> Vec<TableSpec> {
+        match self {
+            AnyWorkload::Kv(w) => w.tables(),
+            AnyWorkload::SmallBank(w) => w.tables(),
+            AnyWorkload::Tatp(w) => w.tables(),
+            AnyWorkload::Tpcc(w) => w.tables(),
+        }
+    }
+
+    fn txn_types(&self) -> &[TxnType] {
+        match self {
+            AnyWorkload::Kv(w) => w.txn_types(),
+            AnyWorkload::SmallBank(w) => w.txn_types(),
+            AnyWorkload::Tatp(w) => w.txn_types(),
+            AnyWorkload::Tpcc(w) => w.txn_types(),
+        }
+    }
+
+    fn loader(&self) -> Box<dyn Iterator<Item = (TableId, Key, Vec<u8>)> + Send + '_> {
+        match self {
+            AnyWorkload::Kv(w) => w.loader(),
+            AnyWorkload::SmallBank(w) => w.loader(),
+            AnyWorkload::Tatp(w) => w.loader(),
+            AnyWorkload::Tpcc(w) => w.loader(),
+        }
+    }
+
+    fn generator(&self, coordinator: u32, seed: u64) -> AnyGenerator {
+        match self {
+            AnyWorkload::Kv(w) => AnyGenerator::Kv(w.generator(coordinator, seed)),
+            AnyWorkload::SmallBank(w) => AnyGenerator::SmallBank(w.generator(coordinator, seed)),
+            AnyWorkload::Tatp(w) => AnyGenerator::Tatp(w.generator(coordinator, seed)),
+            AnyWorkload::Tpcc(w) => AnyGenerator::Tpcc(w.generator(coordinator, seed)),
+        }
+    }
+
+    /// # Panics
+    /// If `txn` belongs to another workload.
+    async fn run<T: Transaction>(&self, txn: &TxnSpec, tx: &mut T) -> Result<Outcome, TxnError> {
+        match (self, txn) {
+            (AnyWorkload::Kv(w), TxnSpec::Kv(t)) => w.run(t, tx).await,
+            (AnyWorkload::SmallBank(w), TxnSpec::SmallBank(t)) => w.run(t, tx).await,
+            (AnyWorkload::Tatp(w), TxnSpec::Tatp(t)) => w.run(t, tx).await,
+            (AnyWorkload::Tpcc(w), TxnSpec::Tpcc(t)) => w.run(t, tx).await,
+            _ => mismatch(self, txn),
+        }
+    }
+
+    fn check<F>(&self, read: F, committed_delta: i64) -> Vec<Violation>
+    where
+        F: Fn(TableId, Key) -> Option<Vec<u8>>,
+    {
+        match self {
+            AnyWorkload::Kv(w) => w.check(read, committed_delta),
+            AnyWorkload::SmallBank(w) => w.check(read, committed_delta),
+            AnyWorkload::Tatp(w) => w.check(read, committed_delta),
+            AnyWorkload::Tpcc(w) => w.check(read, committed_delta),
+        }
+    }
+}
+
+impl fmt::Display for AnyWorkload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(Workload::name(self))
+    }
+}

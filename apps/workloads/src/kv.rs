@@ -1,0 +1,372 @@
+//! The key-value workloads: LOTUS's KVS micro-benchmark and YCSB-style mixes.
+//!
+//! One table of `records` keys `0..records` with values of `value_size` bytes.
+//!
+//! * **KVS** (LOTUS §8.1–§8.2, Pandora §6): 8-byte keys, 40-byte values; `ReadOne` reads one
+//!   record (read-only), `UpdateOne` reads it for update and writes it; the read-write share
+//!   is a parameter (LOTUS sweeps it); keys uniform or Zipf (θ = 0.99 by default).
+//! * **YCSB** (OOCC §VI): the core mixes as ratios of `Read` to `Update` transactions —
+//!   A 50/50, B 95/5, C 100/0, F 50/50 (read-modify-write, which here is what Update does),
+//!   OOCC's read-only and read-intensive (90/10) — with `ops_per_txn` keys per transaction
+//!   (distinct), scrambled Zipf keys (θ = 0.99), 8-byte values (OOCC's record size).
+//!   YCSB D (read-latest with inserts) and E (scans) are not offered: D needs a global
+//!   insert counter the generators do not share, E needs range scans a hash index lacks.
+//!
+//! # Value layout
+//!
+//! ```text
+//! 0        8                                   value_size
+//! +--------+-----------------------------------+
+//! | count  | fill(key, count)                  |
+//! +--------+-----------------------------------+
+//! ```
+//!
+//! `count` (u64 LE) is how many committed updates the record has seen; `fill` is a
+//! deterministic function of the key and the count. An update installs `count + 1` and the
+//! matching fill, so the check finds torn values, values written under the wrong key and,
+//! summing the counts, lost updates: the sum must equal the committed updates.
+
+use dmem_txn::{Key, TableId, Transaction, TxnError, TxnKind};
+
+use crate::dist::{KeyChooser, KeyDistribution, Mix, WorkloadRng, mix64, rng_for};
+use crate::invariants::Violation;
+use crate::{Outcome, Scale, TableSpec, TxnGenerator, TxnInfo, TxnType, Workload};
+
+/// The single table.
+pub const TABLE: TableId = TableId(0);
+const TABLE_NAME: &str = "kv";
+
+/// Which flavour: it sets the names and the defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvFlavor {
+    /// LOTUS's KVS (`ReadOne` / `UpdateOne`).
+    Kvs,
+    /// YCSB-style (`Read` / `Update`).
+    Ycsb,
+}
+
+/// The standard YCSB mixes (and OOCC's two).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum YcsbMix {
+    /// Workload A: 50 % read, 50 % update.
+    A,
+    /// Workload B: 95 % read, 5 % update.
+    B,
+    /// Workload C: read only.
+    C,
+    /// Workload F: 50 % read, 50 % read-modify-write.
+    F,
+    /// OOCC "Read-only": every transaction read-only.
+    ReadOnly,
+    /// OOCC "Read-intensive": 90 % read-only transactions.
+    ReadIntensive,
+}
+
+impl YcsbMix {
+    /// Percentage of update (read-write) transactions.
+    #[must_use]
+    pub const fn update_percent(self) -> u32 {
+        match self {
+            YcsbMix::A | YcsbMix::F => 50,
+            YcsbMix::B => 5,
+            YcsbMix::C | YcsbMix::ReadOnly => 0,
+            YcsbMix::ReadIntensive => 10,
+        }
+    }
+}
+
+/// Parameters of a key-value workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvConfig {
+    /// KVS or YCSB.
+    pub flavor: KvFlavor,
+    /// Number of keys (`0..records`).
+    pub records: u64,
+    /// Value size in bytes (≥ 8).
+    pub value_size: usize,
+    /// Key distribution.
+    pub distribution: KeyDistribution,
+    /// Spread Zipf's hot keys over the key space (see [`KeyChooser`]).
+    pub scramble: bool,
+    /// Percentage of read-write transactions (0–100).
+    pub update_percent: u32,
+    /// Keys per transaction (distinct; ≥ 1, ≤ `records`).
+    pub ops_per_txn: u32,
+}
+
+impl KvConfig {
+    /// LOTUS's KVS at a preset: 40-byte values, Zipf θ = 0.99, unscrambled, one key per
+    /// transaction, 50 % UpdateOne. Keys: tiny 10k, small/ford/motor 1M, lotus 20M.
+    #[must_use]
+    pub fn kvs(scale: Scale) -> Self {
+        Self {
+            flavor: KvFlavor::Kvs,
+            records: records_at(scale),
+            value_size: 40,
+            distribution: KeyDistribution::Zipf { theta: 0.99 },
+            scramble: false,
+            update_percent: 50,
+            ops_per_txn: 1,
+        }
+    }
+
+    /// A YCSB mix at a preset: 8-byte values, scrambled Zipf θ = 0.99, one key per
+    /// transaction. Keys as for [`KvConfig::kvs`].
+    #[must_use]
+    pub fn ycsb(scale: Scale, mix: YcsbMix) -> Self {
+        Self {
+            flavor: KvFlavor::Ycsb,
+            records: records_at(scale),
+            value_size: 8,
+            distribution: KeyDistribution::Zipf { theta: 0.99 },
+            scramble: true,
+            update_percent: mix.update_percent(),
+            ops_per_txn: 1,
+        }
+    }
+}
+
+fn records_at(scale: Scale) -> u64 {
+    match scale {
+        Scale::Tiny => 10_000,
+        Scale::Small | Scale::Ford | Scale::Motor => 1_000_000,
+        Scale::Lotus => 20_000_000,
+    }
+}
+
+/// A generated key-value transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvTxn {
+    /// Read these keys (read-only).
+    Read {
+        /// Distinct keys.
+        keys: Vec<u64>,
+    },
+    /// Read each key for update and write it back with its count + 1.
+    Update {
+        /// Distinct keys.
+        keys: Vec<u64>,
+    },
+}
+
+impl TxnInfo for KvTxn {
+    fn type_index(&self) -> usize {
+        match self {
+            KvTxn::Read { .. } => 0,
+            KvTxn::Update { .. } => 1,
+        }
+    }
+
+    fn kind(&self) -> TxnKind {
+        match self {
+            KvTxn::Read { .. } => TxnKind::ReadOnly,
+            KvTxn::Update { .. } => TxnKind::ReadWrite,
+        }
+    }
+}
+
+/// The KVS / YCSB workload.
+#[derive(Debug, Clone)]
+pub struct KvWorkload {
+    config: KvConfig,
+    types: [TxnType; 2],
+}
+
+impl KvWorkload {
+    /// A workload with this configuration.
+    ///
+    /// # Panics
+    /// If `value_size < 8`, `records == 0`, `update_percent > 100`, `ops_per_txn == 0` or
+    /// `ops_per_txn > records`.
+    #[must_use]
+    pub fn new(config: KvConfig) -> Self {
+        assert!(config.value_size >= 8, "values hold an 8-byte counter");
+        assert!(config.records > 0 && config.update_percent <= 100);
+        assert!(config.ops_per_txn >= 1 && u64::from(config.ops_per_txn) <= config.records);
+        let (read, update) = match config.flavor {
+            KvFlavor::Kvs => ("ReadOne", "UpdateOne"),
+            KvFlavor::Ycsb => ("Read", "Update"),
+        };
+        let types = [
+            TxnType {
+                name: read,
+                kind: TxnKind::ReadOnly,
+                weight: 100 - config.update_percent,
+            },
+            TxnType {
+                name: update,
+                kind: TxnKind::ReadWrite,
+                weight: config.update_percent,
+            },
+        ];
+        Self { config, types }
+    }
+
+    /// Its configuration.
+    #[must_use]
+    pub const fn config(&self) -> &KvConfig {
+        &self.config
+    }
+
+    /// The value of `key` after `count` committed updates.
+    #[must_use]
+    pub fn value(&self, key: u64, count: u64) -> Vec<u8> {
+        let mut v = vec![0u8; self.config.value_size];
+        v[..8].copy_from_slice(&count.to_le_bytes());
+        fill(key, count, &mut v[8..]);
+        v
+    }
+}
+
+fn fill(key: u64, count: u64, out: &mut [u8]) {
+    for (j, chunk) in out.chunks_mut(8).enumerate() {
+        let word = mix64(key ^ mix64(count ^ mix64(j as u64))).to_le_bytes();
+        chunk.copy_from_slice(&word[..chunk.len()]);
+    }
+}
+
+/// Decodes a value's count, checking size and fill.
+fn decode(key: u64, value: &[u8], size: usize) -> Result<u64, String> {
+    if value.len() != size {
+        return Err(format!("{} bytes, expected {size}", value.len()));
+    }
+    let count = u64::from_le_bytes(value[..8].try_into().expect("8 bytes"));
+    let mut expect = vec![0u8; size - 8];
+    fill(key, count, &mut expect);
+    if expect != value[8..] {
+        return Err(format!("fill does not match key {key} and count {count}"));
+    }
+    Ok(count)
+}
+
+/// The per-coordinator generator of [`KvWorkload`].
+#[derive(Debug, Clone)]
+pub struct KvGenerator {
+    rng: WorkloadRng,
+    keys: KeyChooser,
+    mix: Mix,
+    ops: usize,
+}
+
+impl TxnGenerator for KvGenerator {
+    type Txn = KvTxn;
+
+    fn next_txn(&mut self) -> KvTxn {
+        let ty = self.mix.pick(&mut self.rng);
+        let mut keys = Vec::with_capacity(self.ops);
+        while keys.len() < self.ops {
+            let k = self.keys.next_key(&mut self.rng);
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+        if ty == 0 {
+            KvTxn::Read { keys }
+        } else {
+            KvTxn::Update { keys }
+        }
+    }
+}
+
+impl Workload for KvWorkload {
+    type Txn = KvTxn;
+    type Generator = KvGenerator;
+
+    fn name(&self) -> &'static str {
+        match self.config.flavor {
+            KvFlavor::Kvs => "kvs",
+            KvFlavor::Ycsb => "ycsb",
+        }
+    }
+
+    fn tables(&self) -> Vec<TableSpec> {
+        vec![TableSpec {
+            id: TABLE,
+            name: TABLE_NAME,
+            value_size: self.config.value_size,
+            expected_records: self.config.records,
+            grows: false,
+        }]
+    }
+
+    fn txn_types(&self) -> &[TxnType] {
+        &self.types
+    }
+
+    fn loader(&self) -> Box<dyn Iterator<Item = (TableId, Key, Vec<u8>)> + Send + '_> {
+        Box::new((0..self.config.records).map(|k| (TABLE, Key(k), self.value(k, 0))))
+    }
+
+    fn generator(&self, coordinator: u32, seed: u64) -> KvGenerator {
+        KvGenerator {
+            rng: rng_for(seed, u64::from(coordinator)),
+            keys: KeyChooser::new(
+                self.config.records,
+                self.config.distribution,
+                self.config.scramble,
+            ),
+            mix: Mix::new(self.types.iter().map(|t| t.weight)),
+            ops: self.config.ops_per_txn as usize,
+        }
+    }
+
+    async fn run<T: Transaction>(&self, txn: &KvTxn, tx: &mut T) -> Result<Outcome, TxnError> {
+        let size = self.config.value_size;
+        let (keys, update) = match txn {
+            KvTxn::Read { keys } => (keys, false),
+            KvTxn::Update { keys } => (keys, true),
+        };
+        for &k in keys {
+            let value = if update {
+                tx.read_for_update(TABLE, Key(k)).await?
+            } else {
+                tx.read(TABLE, Key(k)).await?
+            };
+            let value = value.ok_or(TxnError::KeyState(k))?;
+            if value.len() != size {
+                return Err(TxnError::ValueSize {
+                    expected: size,
+                    got: value.len(),
+                });
+            }
+            if update {
+                let count = u64::from_le_bytes(value[..8].try_into().expect("8 bytes"));
+                tx.write(TABLE, Key(k), &self.value(k, count + 1)).await?;
+            }
+        }
+        Ok(Outcome::Commit {
+            delta: if update { keys.len() as i64 } else { 0 },
+        })
+    }
+
+    fn check<F>(&self, read: F, committed_delta: i64) -> Vec<Violation>
+    where
+        F: Fn(TableId, Key) -> Option<Vec<u8>>,
+    {
+        let mut violations = Vec::new();
+        let mut sum: i64 = 0;
+        for k in 0..self.config.records {
+            match read(TABLE, Key(k)) {
+                None => violations.push(Violation::Missing {
+                    table: TABLE_NAME,
+                    key: k,
+                }),
+                Some(v) => match decode(k, &v, self.config.value_size) {
+                    Ok(count) => sum = sum.wrapping_add(count as i64),
+                    Err(detail) => violations.push(Violation::Malformed {
+                        table: TABLE_NAME,
+                        key: k,
+                        detail,
+                    }),
+                },
+            }
+        }
+        if sum != committed_delta {
+            violations.push(Violation::KvUpdateCount {
+                expected: committed_delta,
+                found: sum,
+            });
+        }
+        violations
+    }
+}

@@ -1,0 +1,289 @@
+//! The dmem workloads: what the papers run on their transaction systems, written once against
+//! the [`dmem_txn::Transaction`] API so that every protocol runs the same code.
+//!
+//! | workload | module | source |
+//! |---|---|---|
+//! | KVS micro (ReadOne / UpdateOne, 8-byte keys, 40-byte values) | [`kv`] | LOTUS §8.1–§8.2, Pandora §6 |
+//! | YCSB-style mixes (A, B, C, F, read-only, read-intensive) | [`kv`] | OOCC §VI (Q1, Q2, Q4, Q5) |
+//! | SmallBank (2 tables, 6 transaction types) | [`smallbank`] | LOTUS §8.1, Dandelion §8, Pandora §6 |
+//! | TATP (4 tables, 7 transaction types, 80 % read-only) | [`tatp`] | LOTUS §8.1, OOCC §VI, Dandelion §8 |
+//! | TPC-C (9 tables + 3 index tables, 5 transactions) on a hash index | [`tpcc`] | LOTUS §8.1, OOCC Table IV, Pandora §6 |
+//!
+//! Every workload implements [`Workload`]:
+//!
+//! * its **schema** ([`Workload::tables`]): table ids, names, fixed value sizes, record counts;
+//! * a **loader** ([`Workload::loader`]): a streaming iterator of the initial records
+//!   `(TableId, Key, Vec<u8>)`, whose memory does not grow with the data set;
+//! * a **generator** per coordinator ([`Workload::generator`]), seeded from a `u64` and
+//!   deterministic on every platform (xoshiro256++), producing transactions as plain values;
+//! * the **mix** as data ([`Workload::txn_types`]): name, read-only or not, weight;
+//! * [`Workload::run`], which performs one transaction's reads and writes through any
+//!   [`Transaction`]; the caller begins, runs, then commits or aborts ([`execute`] does that,
+//!   with retries of protocol aborts);
+//! * [`Workload::check`], the benchmark's consistency conditions over a final state.
+//!
+//! [`AnyWorkload`] picks one of the five by name at run time, and [`reference`] holds a serial
+//! in-memory store implementing [`Transaction`] for tests and as an oracle.
+//!
+//! Record layouts are `#[repr(C)]` zerocopy structs with little-endian fields and alignment 1
+//! ([`record`]); key packings are documented per workload.
+
+pub mod any;
+pub mod dist;
+pub mod invariants;
+pub mod kv;
+pub mod record;
+pub mod reference;
+pub mod smallbank;
+pub mod tatp;
+pub mod tpcc;
+
+use core::fmt;
+use core::future::Future;
+
+use dmem_txn::{Coordinator, Key, TableId, Transaction, TxnError, TxnKind};
+
+pub use any::{AnyGenerator, AnyWorkload, TxnSpec, UnknownWorkload, WORKLOAD_NAMES};
+pub use invariants::Violation;
+pub use reference::ReferenceStore;
+
+/// One table of a workload's schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableSpec {
+    /// Its id (unique within the workload, dense from 0).
+    pub id: TableId,
+    /// Its name (the benchmark's table name).
+    pub name: &'static str,
+    /// The fixed size of every value in the table, in bytes.
+    pub value_size: usize,
+    /// Records after loading: exact, except for TATP's randomly sized fan-outs (1–4 access
+    /// infos and special facilities, 0–3 call forwardings each), where it is the expectation.
+    pub expected_records: u64,
+    /// Whether transactions insert records into this table as they run, so that it grows
+    /// (TPC-C ORDER, NEW-ORDER, ORDER-LINE, HISTORY), or insert and delete (TATP
+    /// CALL_FORWARDING).
+    pub grows: bool,
+}
+
+/// One transaction type of a workload's mix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnType {
+    /// The benchmark's name for it (used for per-type statistics).
+    pub name: &'static str,
+    /// Whether it is declared read-only.
+    pub kind: TxnKind,
+    /// Its weight in the mix; the share is `weight / sum of weights` (the standard mixes are
+    /// given in percent, so the weights are percentages there).
+    pub weight: u32,
+}
+
+/// The per-type percentages of a mix, in the order of the types.
+#[must_use]
+pub fn mix_percentages(types: &[TxnType]) -> Vec<f64> {
+    let total: u64 = types.iter().map(|t| u64::from(t.weight)).sum();
+    types
+        .iter()
+        .map(|t| {
+            if total == 0 {
+                0.0
+            } else {
+                100.0 * f64::from(t.weight) / total as f64
+            }
+        })
+        .collect()
+}
+
+/// What a generated transaction says about itself.
+pub trait TxnInfo {
+    /// Its type, as an index into [`Workload::txn_types`].
+    fn type_index(&self) -> usize;
+    /// Whether it is read-only (it is begun with this kind).
+    fn kind(&self) -> TxnKind;
+}
+
+/// A per-coordinator source of transactions.
+pub trait TxnGenerator {
+    /// The transactions it produces.
+    type Txn;
+    /// The next transaction.
+    fn next_txn(&mut self) -> Self::Txn;
+}
+
+/// How [`Workload::run`] wants the transaction to end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Commit it. `delta` is its change to the workload's conserved quantity, which the
+    /// caller sums over committed transactions and hands to [`Workload::check`]: money added
+    /// to the bank for SmallBank, record updates for KVS/YCSB, 0 elsewhere.
+    Commit {
+        /// Change to the conserved quantity.
+        delta: i64,
+    },
+    /// Commit it, but the benchmark counts it as unsuccessful because a row it looked for is
+    /// absent (TATP reports these separately; e.g. GET_ACCESS_DATA of a missing ai_type).
+    CommitMissed(&'static str),
+    /// The benchmark itself rolls it back (a "user abort": SmallBank insufficient funds, the
+    /// 1 % of TPC-C New-Order with an unused item, a TATP insert of an existing row). Abort it
+    /// and do not retry.
+    Rollback(&'static str),
+}
+
+/// A benchmark workload. See the crate docs for what each method is for.
+pub trait Workload {
+    /// A generated transaction: type and parameters.
+    type Txn: TxnInfo + Clone + fmt::Debug;
+    /// The per-coordinator generator.
+    type Generator: TxnGenerator<Txn = Self::Txn>;
+
+    /// The workload's name (`kvs`, `ycsb`, `smallbank`, `tatp`, `tpcc`).
+    fn name(&self) -> &'static str;
+
+    /// Its tables.
+    fn tables(&self) -> Vec<TableSpec>;
+
+    /// Its transaction types with their mix weights; [`TxnInfo::type_index`] indexes this.
+    fn txn_types(&self) -> &[TxnType];
+
+    /// The initial records, streamed: memory stays proportional to one record (or one small
+    /// group of records that are generated together, like a TATP subscriber's rows).
+    /// Deterministic: the same workload value yields the same records in the same order.
+    fn loader(&self) -> Box<dyn Iterator<Item = (TableId, Key, Vec<u8>)> + Send + '_>;
+
+    /// A generator for one coordinator. `coordinator` must be unique among the coordinators
+    /// of a run (TPC-C derives unique HISTORY keys from it); `seed` makes it deterministic.
+    fn generator(&self, coordinator: u32, seed: u64) -> Self::Generator;
+
+    /// Performs `txn`'s reads and writes in `tx`. On `Ok`, the caller commits (or, for
+    /// [`Outcome::Rollback`], aborts); on `Err`, the caller aborts and retries if
+    /// [`TxnError::is_retryable`].
+    fn run<T: Transaction>(
+        &self,
+        txn: &Self::Txn,
+        tx: &mut T,
+    ) -> impl Future<Output = Result<Outcome, TxnError>>;
+
+    /// Checks the benchmark's consistency conditions over a final state read through `read`
+    /// (no transaction may run meanwhile). `committed_delta` is the sum of
+    /// [`Outcome::Commit`] deltas of the committed transactions. Returns every violation
+    /// found (empty when consistent).
+    fn check<F>(&self, read: F, committed_delta: i64) -> Vec<Violation>
+    where
+        F: Fn(TableId, Key) -> Option<Vec<u8>>;
+
+    /// Bytes of values after loading (records × value size over all tables), the data a
+    /// memory node holds without index, replicas or protocol metadata.
+    fn value_bytes(&self) -> u64 {
+        self.tables()
+            .iter()
+            .map(|t| t.expected_records * t.value_size as u64)
+            .sum()
+    }
+}
+
+/// Size presets. `Small` is the default and fits a 24 GiB machine with room; the paper
+/// presets are the sizes REFERENCE.md lists ("Workload sizes"). DecLock's and OOCC's code use
+/// FORD's sizes. Where a paper gives no size for a workload, its preset uses `Small`'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Scale {
+    /// For unit tests and smoke runs: tiny tables (TPC-C with reduced cardinalities, which
+    /// the TPC-C specification does not allow for a measured run).
+    Tiny,
+    #[default]
+    /// The default: KVS/YCSB 1M keys, SmallBank 100k accounts (4k hot), TATP 100k
+    /// subscribers, TPC-C 8 warehouses.
+    Small,
+    /// FORD's code (also Pandora, DecLock, OOCC): SmallBank 100k/4k hot, TATP 100k, TPC-C 8.
+    Ford,
+    /// Motor's code: SmallBank 10M/400k hot, TATP 2M, TPC-C 24.
+    Motor,
+    /// LOTUS §8.1: KVS 20M pairs, TATP 3M, SmallBank 20M, TPC-C 105.
+    Lotus,
+}
+
+impl Scale {
+    /// Every preset.
+    pub const ALL: [Scale; 5] = [
+        Scale::Tiny,
+        Scale::Small,
+        Scale::Ford,
+        Scale::Motor,
+        Scale::Lotus,
+    ];
+
+    /// Its name (`tiny`, `small`, `ford`, `motor`, `lotus`).
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Scale::Tiny => "tiny",
+            Scale::Small => "small",
+            Scale::Ford => "ford",
+            Scale::Motor => "motor",
+            Scale::Lotus => "lotus",
+        }
+    }
+
+    /// The preset with this name.
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Scale> {
+        Scale::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+/// How [`execute`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Executed {
+    /// Committed after `attempts` tries.
+    Committed {
+        /// What `run` asked for ([`Outcome::Commit`] or [`Outcome::CommitMissed`]).
+        outcome: Outcome,
+        /// Tries, including the committed one.
+        attempts: u32,
+    },
+    /// Rolled back by the benchmark's own rule ([`Outcome::Rollback`]); not retried.
+    RolledBack {
+        /// Why.
+        reason: &'static str,
+        /// Tries, including the rolled-back one.
+        attempts: u32,
+    },
+    /// Gave up: a non-retryable error, or still aborting after `max_attempts` tries.
+    Failed {
+        /// The last error.
+        error: TxnError,
+        /// Tries made.
+        attempts: u32,
+    },
+}
+
+/// Runs one transaction to its end: begin, [`Workload::run`], commit or abort, and retry
+/// protocol aborts ([`TxnError::is_retryable`]) as new transactions up to `max_attempts`
+/// tries in all (the benchmarks retry aborted transactions with the same parameters).
+pub async fn execute<W: Workload, C: Coordinator>(
+    workload: &W,
+    coordinator: &mut C,
+    txn: &W::Txn,
+    max_attempts: u32,
+) -> Executed {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let mut tx = coordinator.begin(txn.kind());
+        let error = match workload.run(txn, &mut tx).await {
+            Ok(Outcome::Rollback(reason)) => {
+                tx.abort().await;
+                return Executed::RolledBack { reason, attempts };
+            }
+            Ok(outcome) => match tx.commit().await {
+                Ok(()) => return Executed::Committed { outcome, attempts },
+                Err(e) => e,
+            },
+            Err(e) => {
+                tx.abort().await;
+                e
+            }
+        };
+        if !error.is_retryable() || attempts >= max_attempts {
+            return Executed::Failed { error, attempts };
+        }
+    }
+}
