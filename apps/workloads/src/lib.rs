@@ -22,7 +22,7 @@
 //!   with retries of protocol aborts);
 //! * [`Workload::check`], the benchmark's consistency conditions over a final state.
 //!
-//! [`AnyWorkload`] picks one of the five by name at run time, and [`reference`] holds a serial
+//! [`AnyWorkload`] picks one of the five by name at run time, and [`reference`](mod@reference) holds a serial
 //! in-memory store implementing [`Transaction`] for tests and as an oracle.
 //!
 //! Record layouts are `#[repr(C)]` zerocopy structs with little-endian fields and alignment 1

@@ -75,7 +75,7 @@
 //!
 //! # Invariants
 //!
-//! [`Workload::check`] evaluates consistency conditions 1–4 (clause 3.3.2) exactly: ids are
+//! [`Workload::check`](crate::Workload::check) evaluates consistency conditions 1–4 (clause 3.3.2) exactly: ids are
 //! dense, so it enumerates each district's orders `1..D_NEXT_O_ID` (and probes a few ids
 //! above) and order lines `1..=15` by key. It also checks the adaptation's own tables:
 //! NEW_ORDER_HEAD = min(NO_O_ID) (or D_NEXT_O_ID), and CUSTOMER_LAST_ORDER names an order
