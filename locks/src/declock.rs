@@ -44,17 +44,21 @@
 
 use alloc::collections::BTreeMap;
 use alloc::rc::Rc;
+use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::future::poll_fn;
+use core::task::Poll;
 
 use dmem_layout::cql::{
-    AcquireRole, ClientId, CqlEntry, CqlError, CqlHeader, CqlLock, CqlTimestamp, NotifyPlan,
-    QueuePosition,
+    AcquireRole, ClientId, CqlEntry, CqlError, CqlHeader, CqlLock, CqlTimestamp, EntryFreshness,
+    NotifyPlan, QueuePosition, Successors,
 };
-use dmem_verbs::{Clock, Endpoint, Nanos, PostList, RemoteAddr, Verbs, VerbsExt};
+use dmem_verbs::{Clock, Endpoint, Nanos, NodeId, PostList, RemoteAddr, Verbs, VerbsExt};
 use zerocopy::IntoBytes;
 
+use crate::local::{LocalAcquire, LocalGrant, LocalLockTable, LocalRelease};
 use crate::msg::LockMsgRepr;
-use crate::util::{Rng, recv_until};
+use crate::util::{Either, Rng, recv_until, select};
 use crate::{
     Directory, FailureDetector, HeldLock, LockError, LockLayout, LockMode, LockStats, RwLockClient,
     lock_id,
@@ -200,8 +204,15 @@ pub struct DecLockClient<V, const C: usize> {
     /// an answer.
     resetting: Option<(u64, u32)>,
     awaiting_acks: Vec<(u32, Endpoint)>,
-    /// Time origin of acquisition timestamps (§5.3: synchronised; a single origin here).
+    /// Time origin of acquisition timestamps without a local table (§5.3: with one, the
+    /// table keeps the CN's synchronised origin).
     epoch: Nanos,
+    /// Hierarchical locking (§5): the CN's local lock table, shared by its clients.
+    local: Option<Arc<LocalLockTable>>,
+    /// This client's CN.
+    node: NodeId,
+    /// The earliest remote timestamp carried by the last notification (§5.3).
+    granted_remote_ts: Option<CqlTimestamp>,
 }
 
 impl<V, const C: usize> core::fmt::Debug for DecLockClient<V, C> {
@@ -235,7 +246,6 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
             return Err(LockError::UnknownClient(id));
         }
         Ok(Self {
-            ctx,
             id,
             directory,
             failures,
@@ -248,7 +258,80 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
             resetting: None,
             awaiting_acks: Vec::new(),
             epoch: 0,
+            node: ctx.local_endpoint().node,
+            local: None,
+            granted_remote_ts: None,
+            ctx,
         })
+    }
+
+    /// A client of hierarchical DecLock (§5): `table` is its CN's local lock table, shared
+    /// by every client of that CN (and only by them); its policy makes the lock task-fair
+    /// or phase-fair. The CQL queue then holds CNs, so `C` need only reach the number of
+    /// CNs. Otherwise as [`Self::new`].
+    ///
+    /// # Errors
+    /// As [`Self::new`].
+    pub fn hierarchical(
+        ctx: V,
+        id: u32,
+        directory: Directory,
+        failures: Rc<dyn FailureDetector>,
+        config: DecLockConfig,
+        seed: u64,
+        table: Arc<LocalLockTable>,
+    ) -> Result<Self, LockError> {
+        let mut c = Self::new(ctx, id, directory, failures, config, seed)?;
+        c.local = Some(table);
+        Ok(c)
+    }
+
+    /// Synchronises the CN's clock origin through the MN counter at `counter` (§5.3
+    /// "Synchronized time"): FAA it by one; the CN that brings it to `cns` WRITEs it back
+    /// to 0; every CN READs it every `poll_ns` until it is 0 and takes that instant as the
+    /// origin of its 16-bit microsecond timestamps. One client per CN calls this, at the
+    /// same period on every CN (the paper: once a second); the counter starts at 0.
+    ///
+    /// # Errors
+    /// A verbs failure.
+    pub async fn synchronize_clock(
+        &mut self,
+        counter: RemoteAddr,
+        cns: u64,
+        poll_ns: Nanos,
+    ) -> Result<Nanos, LockError> {
+        let old = self.ctx.faa(counter, 1).await?;
+        if old + 1 >= cns {
+            self.ctx.write(counter, &0u64.to_le_bytes()).await?;
+        }
+        loop {
+            let bytes = self.ctx.read(counter, 8).await?;
+            let mut word = [0u8; 8];
+            word.copy_from_slice(&bytes[..8]);
+            if u64::from_le_bytes(word) == 0 {
+                break;
+            }
+            self.ctx.sleep(poll_ns).await;
+        }
+        let epoch = self.ctx.now();
+        match &self.local {
+            Some(table) => table.set_epoch(epoch),
+            None => self.epoch = epoch,
+        }
+        Ok(epoch)
+    }
+
+    /// Waits (answering control messages) until the CN's clock origin is set by the
+    /// client that runs [`Self::synchronize_clock`]; polls every `poll_ns`.
+    ///
+    /// # Errors
+    /// A verbs failure.
+    pub async fn wait_for_clock(&mut self, poll_ns: Nanos) -> Result<(), LockError> {
+        while self.local.as_ref().is_some_and(|t| t.epoch().is_none()) {
+            let until = self.ctx.now() + poll_ns;
+            self.serve_control_until(until).await?;
+        }
+        Ok(())
     }
 
     /// The verbs context.
@@ -267,12 +350,20 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
     }
 
     fn count_of(&self, lock: u64) -> u32 {
-        self.reset_counts.get(&lock).copied().unwrap_or(0)
+        match &self.local {
+            Some(table) => table.reset_count(lock),
+            None => self.reset_counts.get(&lock).copied().unwrap_or(0),
+        }
     }
 
     fn raise_count(&mut self, lock: u64, count: u32) {
-        let c = self.reset_counts.entry(lock).or_insert(0);
-        *c = (*c).max(count);
+        match &self.local {
+            Some(table) => table.raise_reset_count(lock, count),
+            None => {
+                let c = self.reset_counts.entry(lock).or_insert(0);
+                *c = (*c).max(count);
+            }
+        }
     }
 
     async fn send(&mut self, to: Endpoint, msg: LockMsgRepr) -> Result<(), LockError> {
@@ -305,10 +396,27 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
             reset_count: self.count_of(lock),
             resetting: self.resetting,
         };
-        let handling = classify(&msg, view);
+        let mut handling = classify(&msg, view);
+        if let (Some(table), LockMsgRepr::ResetSignal { reset_count, .. }) = (&self.local, msg) {
+            // §4.4 with §5: a client handed the CN's CQL hold but not yet awake to it
+            // holds the lock and answers after its release. Raising the CN's counter in
+            // the same critical section stops the stale hold from being shared or handed
+            // on from now on.
+            if table.note_reset(lock, self.id, reset_count) && handling != Handling::Defer {
+                handling = Handling::Defer;
+            }
+        }
         match (handling, msg) {
-            (Handling::Granted, LockMsgRepr::CqlGrant { reset_count, .. }) => {
+            (
+                Handling::Granted,
+                LockMsgRepr::CqlGrant {
+                    reset_count,
+                    remote_ts,
+                    ..
+                },
+            ) => {
                 self.raise_count(lock, reset_count);
+                self.granted_remote_ts = remote_ts;
             }
             (
                 Handling::Ack | Handling::AckAndAbort,
@@ -364,6 +472,7 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
         position: u64,
         deadline: Nanos,
     ) -> Result<WaitOutcome, LockError> {
+        self.granted_remote_ts = None;
         loop {
             let Some(m) = recv_until(&self.ctx, deadline).await? else {
                 return Ok(WaitOutcome::TimedOut);
@@ -467,7 +576,11 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
     }
 
     fn timestamp(&self) -> CqlTimestamp {
-        CqlTimestamp::from_micros(self.ctx.now().saturating_sub(self.epoch) / 1000)
+        let epoch = match &self.local {
+            Some(table) => table.epoch().unwrap_or(0),
+            None => self.epoch,
+        };
+        CqlTimestamp::from_micros(self.ctx.now().saturating_sub(epoch) / 1000)
     }
 
     async fn acquire_inner(
@@ -479,6 +592,128 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
         if self.held.contains(&lock) {
             return Err(LockError::AlreadyHeld);
         }
+        if let Some(table) = self.local.clone() {
+            self.acquire_hierarchical(&table, addr, mode).await?;
+        } else {
+            let ts = self.timestamp();
+            self.acquire_cql(addr, mode, ts).await?;
+        }
+        self.held.push(lock);
+        self.stats.acquisitions += 1;
+        Ok(HeldLock::new(addr, mode))
+    }
+
+    /// DecLock §5.2 Fig. 10 lines 1–18: the local lock first; the CQL lock only when the
+    /// CN does not hold it.
+    async fn acquire_hierarchical(
+        &mut self,
+        table: &Arc<LocalLockTable>,
+        addr: RemoteAddr,
+        mode: LockMode,
+    ) -> Result<(), LockError> {
+        let lock = lock_id(addr);
+        self.serve_control().await?;
+        let ts = self.timestamp();
+        let must_acquire_cql = match table.acquire(lock, self.id, mode, ts)? {
+            LocalAcquire::Joined => false,
+            LocalAcquire::AcquireCql => true,
+            LocalAcquire::Wait { prefetch } => {
+                if let Some(generation) = prefetch {
+                    let earliest = self.prefetch_remote_ts(addr).await;
+                    table.set_remote_ts(lock, generation, earliest.as_ref().ok().copied().flatten());
+                    earliest?;
+                }
+                self.wait_local(table, lock).await? == LocalGrant::AcquireCql
+            }
+        };
+        if !must_acquire_cql {
+            self.stats.local_grants += 1;
+            return Ok(());
+        }
+        match self.acquire_cql(addr, mode, ts).await {
+            Ok((count, remote_ts)) => {
+                table.cql_acquired(lock, mode, count, remote_ts);
+                Ok(())
+            }
+            Err(e) => {
+                table.abandon_cql(lock, self.id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits for a local grant while answering messages (Fig. 10 line 10).
+    async fn wait_local(
+        &mut self,
+        table: &Arc<LocalLockTable>,
+        lock: u64,
+    ) -> Result<LocalGrant, LockError> {
+        loop {
+            let id = self.id;
+            let grant = poll_fn(|cx| match table.poll_grant(lock, id, Some(cx.waker())) {
+                Ok(Some(g)) => Poll::Ready(Ok(g)),
+                Ok(None) => Poll::Pending,
+                Err(e) => Poll::Ready(Err(e)),
+            });
+            match select(grant, self.ctx.recv()).await {
+                Either::Left(g) => return g,
+                Either::Right(m) => {
+                    let m = m?;
+                    self.handle(m.from, &m.payload, None).await?;
+                }
+            }
+        }
+    }
+
+    /// §5.3 "Prefetched remote timestamp": READs the CQL lock and returns the earliest
+    /// timestamp among current entries of other CNs.
+    async fn prefetch_remote_ts(
+        &mut self,
+        addr: RemoteAddr,
+    ) -> Result<Option<CqlTimestamp>, LockError> {
+        let image = self.read_lock(addr).await?;
+        self.stats.acquire_mn_ops += 1;
+        self.stats.prefetches += 1;
+        let header = image.header();
+        let head = header.head_position();
+        let positions = (0..header.qsize()).map(|k| head.advance(k));
+        Ok(self.earliest_remote(&image, positions))
+    }
+
+    /// The earliest timestamp among the current entries at `positions` whose client is
+    /// on another CN (§5.3).
+    fn earliest_remote(
+        &self,
+        image: &CqlLock<C>,
+        positions: impl Iterator<Item = QueuePosition<C>>,
+    ) -> Option<CqlTimestamp> {
+        let mut earliest: Option<CqlTimestamp> = None;
+        for position in positions {
+            let entry = image.queue()[position.slot()];
+            if entry.freshness(position.version()) != EntryFreshness::Current {
+                continue;
+            }
+            let remote = self
+                .directory
+                .endpoint(entry.client().get())
+                .is_some_and(|e| e.node != self.node);
+            let ts = entry.timestamp();
+            if remote && earliest.is_none_or(|e| ts.is_earlier_than(e)) {
+                earliest = Some(ts);
+            }
+        }
+        earliest
+    }
+
+    /// DecLock §4.2 Fig. 7 lines 1–5 with resets (§4.4): returns the reset counter seen
+    /// before the successful FAA and the earliest remote timestamp a notification carried.
+    async fn acquire_cql(
+        &mut self,
+        addr: RemoteAddr,
+        mode: LockMode,
+        ts: CqlTimestamp,
+    ) -> Result<(u32, Option<CqlTimestamp>), LockError> {
+        let lock = lock_id(addr);
         let start = self.ctx.now();
         let mut pause = 0u32;
         loop {
@@ -488,6 +723,7 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
                     waited_ns: self.ctx.now() - start,
                 });
             }
+            let count = self.count_of(lock);
             let old = CqlHeader::<C>::from_raw(
                 self.ctx
                     .faa(addr, CqlHeader::<C>::enqueue_delta(mode))
@@ -508,12 +744,8 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
                     continue;
                 }
             };
-            let mut held = HeldLock::new(addr, mode);
-            held.token = acquired.position.index();
             if acquired.role == AcquireRole::Holder {
-                self.held.push(lock);
-                self.stats.acquisitions += 1;
-                return Ok(held);
+                return Ok((count, None));
             }
             if acquired.overflowed {
                 // More contenders than entries: the entry would overwrite a live one. The
@@ -523,7 +755,7 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
                 continue;
             }
             let id = ClientId::new(self.id).map_err(|_| LockError::UnknownClient(self.id))?;
-            let entry: CqlEntry = acquired.entry(id, self.timestamp());
+            let entry: CqlEntry = acquired.entry(id, ts);
             let entry_addr = addr.add(acquired.position.entry_offset() as u64);
             self.ctx
                 .write(entry_addr, &entry.raw().to_le_bytes())
@@ -534,11 +766,7 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
                 .wait_grant(lock, acquired.position.index(), deadline)
                 .await?
             {
-                WaitOutcome::Granted => {
-                    self.held.push(lock);
-                    self.stats.acquisitions += 1;
-                    return Ok(held);
-                }
+                WaitOutcome::Granted => return Ok((count, self.granted_remote_ts.take())),
                 WaitOutcome::Aborted => {
                     self.stats.aborts += 1;
                     self.stats.retries += 1;
@@ -558,6 +786,7 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
         client: ClientId,
         position: QueuePosition<C>,
         mode: LockMode,
+        remote_ts: Option<CqlTimestamp>,
     ) -> Result<(), LockError> {
         let to = self
             .directory
@@ -568,6 +797,7 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
             position: position.index(),
             mode,
             reset_count: self.count_of(lock),
+            remote_ts,
         };
         self.send(to, grant).await
     }
@@ -579,8 +809,30 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
             return Err(LockError::Corrupt("release of a DecLock lock not held"));
         };
         self.held.swap_remove(i);
+        let result = match self.local.clone() {
+            // §5.2 Fig. 10 lines 19–33.
+            Some(table) => match table.release(lock, self.id) {
+                Ok(LocalRelease::Done) => Ok(()),
+                Ok(LocalRelease::ReleaseCql { mode }) => {
+                    let r = self.release_cql(addr, mode).await;
+                    table.finish_cql_release(lock, mode);
+                    r
+                }
+                Err(e) => Err(e),
+            },
+            None => self.release_cql(addr, held.mode).await,
+        };
+        self.serve_control().await?;
+        self.flush_deferred(lock).await?;
+        result
+    }
+
+    /// DecLock §4.2 Fig. 7 lines 6–19 (with §4.3 refetches and §4.4 resets); with §5 the
+    /// notification carries the earliest timestamp among the waiters left behind.
+    async fn release_cql(&mut self, addr: RemoteAddr, mode: LockMode) -> Result<(), LockError> {
+        let lock = lock_id(addr);
         let mut list = PostList::with_capacity(2);
-        let faa = list.faa(addr, CqlHeader::<C>::dequeue_delta(held.mode));
+        let faa = list.faa(addr, CqlHeader::<C>::dequeue_delta(mode));
         let read = list.read(addr, CqlLock::<C>::SIZE as u32);
         let mut result = self.ctx.post(list).await?;
         self.stats.release_mn_ops += 2;
@@ -589,17 +841,12 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
         let bytes = result.take_bytes(read);
         let mut image = *CqlLock::<C>::parse(&bytes)
             .map_err(|_| LockError::Corrupt("short READ of a CQL lock"))?;
-        let released = match old.decode_release(held.mode) {
+        let released = match old.decode_release(mode) {
             Ok(r) => r,
-            Err(CqlError::Resetting { .. }) => {
-                // §4.4: an aborted release can be ignored; answer the reset.
-                self.serve_control().await?;
-                self.flush_deferred(lock).await?;
-                return Ok(());
-            }
+            // §4.4: an aborted release can be ignored; the caller answers the reset.
+            Err(CqlError::Resetting { .. }) => return Ok(()),
             Err(CqlError::NotHeld) => {
                 self.reset(addr).await?;
-                self.flush_deferred(lock).await?;
                 return Err(LockError::Corrupt("CQL header shows no such holder"));
             }
         };
@@ -610,15 +857,17 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
                 match successors.plan(&image) {
                     NotifyPlan::Nobody => break,
                     NotifyPlan::Writer { position, client } => {
-                        self.notify(lock, client, position, LockMode::Exclusive)
+                        let behind = self.earliest_behind(&image, &successors, 1);
+                        self.notify(lock, client, position, LockMode::Exclusive, behind)
                             .await?;
                         break;
                     }
                     NotifyPlan::Readers { first, count } => {
+                        let behind = self.earliest_behind(&image, &successors, count);
                         for k in 0..count {
                             let position = first.advance(k);
                             let entry = image.queue()[position.slot()];
-                            self.notify(lock, entry.client(), position, LockMode::Shared)
+                            self.notify(lock, entry.client(), position, LockMode::Shared, behind)
                                 .await?;
                         }
                         break;
@@ -645,9 +894,32 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
             // §4.4 "Version overflow": the next position has the reserved version.
             self.reset(addr).await?;
         }
-        self.serve_control().await?;
-        self.flush_deferred(lock).await?;
         Ok(())
+    }
+
+    /// §5.3: the earliest timestamp among the queued entries after the first `notified`
+    /// successors (embedded in the notification, so the new holder's CN knows whether a
+    /// remote waiter precedes its local ones without fetching the queue). Only with a
+    /// local table; a client-level queue has no use for it.
+    fn earliest_behind(
+        &self,
+        image: &CqlLock<C>,
+        successors: &Successors<C>,
+        notified: u64,
+    ) -> Option<CqlTimestamp> {
+        self.local.as_ref()?;
+        let mut earliest: Option<CqlTimestamp> = None;
+        for position in successors.positions().skip(notified as usize) {
+            let entry = image.queue()[position.slot()];
+            if entry.freshness(position.version()) != EntryFreshness::Current {
+                continue;
+            }
+            let ts = entry.timestamp();
+            if earliest.is_none_or(|e| ts.is_earlier_than(e)) {
+                earliest = Some(ts);
+            }
+        }
+        earliest
     }
 }
 
@@ -689,6 +961,7 @@ mod tests {
             position,
             mode: LockMode::Exclusive,
             reset_count,
+            remote_ts: None,
         };
         assert_eq!(
             classify(&g(1, 9, 2), view(Some((1, 9)), &[], 2)),

@@ -13,12 +13,13 @@
 //! | DSLR+ | [`dslr`] | one 8-byte word of four 16-bit tickets | READ polling, truncated exponential backoff | DecLock §2.3 |
 //! | ShiftLock-style MCS reader-writer lock | [`shiftlock`] | three 8-byte words | writers: hand-over messages; readers: READ polling | DecLock §2.3 |
 //! | DecLock CQL | [`declock`] | 8-byte header + circular queue | one notification message | DecLock §4 |
+//! | DecLock hierarchical (TF / PF) | [`declock`] + [`local`] | CQL queue of CNs | local hand-over, or one CN↔CN notification | DecLock §5 |
 //!
 //! Lock code is `async` and generic over `V: Verbs + Clock`; it never names an executor or
 //! a backend. The decisions (what a returned lock word means, whom to notify) are plain
 //! functions on plain data, tested step by step; the async code is a thin shell.
 //!
-//! Notifications and control messages travel between clients as fixed 24-byte
+//! Notifications and control messages travel between clients as fixed 32-byte
 //! little-endian [`msg::LockMsg`] frames.
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 
@@ -28,8 +29,10 @@ pub mod caslock;
 pub mod declock;
 pub mod dslr;
 mod error;
+pub mod local;
 pub mod msg;
 pub mod shiftlock;
+mod sync;
 mod util;
 
 use alloc::sync::Arc;
@@ -96,6 +99,12 @@ pub struct LockStats {
     pub timeouts: u64,
     /// Notifications dropped as expired or not matching a wait (§4.4).
     pub stale_messages: u64,
+    /// DecLock §5: acquisitions served by the CN's local lock without a CQL acquisition
+    /// (joined a shared hold, or handed over locally with the CQL lock).
+    pub local_grants: u64,
+    /// DecLock §5.3: READs of a CQL queue to prefetch the earliest remote timestamp
+    /// (counted in `acquire_mn_ops` too).
+    pub prefetches: u64,
 }
 
 impl LockStats {
@@ -113,6 +122,8 @@ impl LockStats {
         self.aborts += other.aborts;
         self.timeouts += other.timeouts;
         self.stale_messages += other.stale_messages;
+        self.local_grants += other.local_grants;
+        self.prefetches += other.prefetches;
         self
     }
 }

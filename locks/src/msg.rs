@@ -6,10 +6,13 @@
 //! ```text
 //!  0      1       2          4           8           12          16           24          32
 //! +------+-------+----------+-----------+-----------+-----------+------------+-----------+
-//! | kind | flags | reserved | client    | count     | reserved  | lock id    | arg       |
+//! | kind | flags | reserved | client    | count     | ts        | lock id    | arg       |
 //! | u8   | u8    | 2 bytes  | u32       | u32       | 4 bytes   | u64        | u64       |
 //! +------+-------+----------+-----------+-----------+-----------+------------+-----------+
 //! ```
+//!
+//! `ts` carries DecLock §5.3's earliest remote timestamp in a [`LockMsgRepr::CqlGrant`]
+//! (low 16 bits; valid when flag bit 2 is set), zero otherwise.
 //!
 //! The layout lives here rather than in `dmem-layout` because only this crate's clients
 //! speak it; it is a CN↔CN message, never MN state.
@@ -21,6 +24,7 @@ use zerocopy::little_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use crate::LockMode;
+use dmem_layout::cql::CqlTimestamp;
 
 /// The wire frame of a lock message.
 #[derive(
@@ -33,7 +37,7 @@ pub struct LockMsg {
     reserved: [u8; 2],
     client: U32,
     count: U32,
-    reserved2: [u8; 4],
+    ts: U32,
     lock: U64,
     arg: U64,
 }
@@ -50,6 +54,7 @@ mod kind {
 
 const FLAG_EXCLUSIVE: u8 = 1;
 const FLAG_GATE_CLOSED: u8 = 2;
+const FLAG_REMOTE_TS: u8 = 4;
 
 /// A decoded lock message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +71,10 @@ pub enum LockMsgRepr {
         mode: LockMode,
         /// Sender's reset counter of the lock.
         reset_count: u32,
+        /// Hierarchical locking (§5.3 "Prefetched remote timestamp"): the earliest
+        /// acquisition timestamp among the waiters still queued behind the notified one(s),
+        /// `None` if there are none, so the notified CN need not fetch the queue.
+        remote_ts: Option<CqlTimestamp>,
     },
     /// DecLock reset step 2: `lock` is being reset by client `resetter`; after the reset
     /// its reset counter is `reset_count` (§4.4).
@@ -131,6 +140,8 @@ impl LockMsgRepr {
                     LockMode::Shared
                 },
                 reset_count: m.count.get(),
+                remote_ts: (m.flags & FLAG_REMOTE_TS != 0)
+                    .then(|| CqlTimestamp(m.ts.get() as u16)),
             },
             kind::RESET_SIGNAL => Self::ResetSignal {
                 lock,
@@ -164,7 +175,7 @@ impl LockMsgRepr {
             reserved: [0; 2],
             client: U32::ZERO,
             count: U32::ZERO,
-            reserved2: [0; 4],
+            ts: U32::ZERO,
             lock: U64::ZERO,
             arg: U64::ZERO,
         };
@@ -174,8 +185,13 @@ impl LockMsgRepr {
                 position,
                 mode,
                 reset_count,
+                remote_ts,
             } => {
                 m.kind = kind::CQL_GRANT;
+                if let Some(ts) = remote_ts {
+                    m.flags |= FLAG_REMOTE_TS;
+                    m.ts = u32::from(ts.0).into();
+                }
                 m.lock = lock.into();
                 m.arg = position.into();
                 m.count = reset_count.into();
@@ -237,12 +253,14 @@ mod tests {
                 position: 77,
                 mode: LockMode::Exclusive,
                 reset_count: 3,
+                remote_ts: Some(CqlTimestamp(0xfffe)),
             },
             LockMsgRepr::CqlGrant {
                 lock: 9,
                 position: u64::MAX,
                 mode: LockMode::Shared,
                 reset_count: 0,
+                remote_ts: None,
             },
             LockMsgRepr::ResetSignal {
                 lock: 5,
