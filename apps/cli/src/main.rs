@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod bench_hashtable;
 mod bench_locks;
+mod bench_txn;
 mod perf;
 
 #[derive(Parser, Debug)]
@@ -18,9 +19,19 @@ struct Cli {
 enum Command {
     /// perftest-like load of one-sided verbs: throughput, latency, MN NIC busy fraction.
     Perf(perf::Args),
-    /// Layer benchmarks (hashtable, locks) and transaction workloads.
+    /// Transaction protocols side by side on a workload (`dmem bench --workload smallbank
+    /// --protocol ford,pandora`), or a layer benchmark (`dmem bench hashtable`, `dmem bench
+    /// locks`).
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+struct BenchArgs {
     #[command(subcommand)]
-    Bench(BenchCommand),
+    layer: Option<BenchCommand>,
+    #[command(flatten)]
+    txn: bench_txn::Args,
 }
 
 #[derive(Subcommand, Debug)]
@@ -37,7 +48,10 @@ fn main() {
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match cli.command {
         Command::Perf(args) => perf::run(args),
-        Command::Bench(bench) => match bench {
+        Command::Bench(BenchArgs { layer: None, txn }) => bench_txn::run(txn),
+        Command::Bench(BenchArgs {
+            layer: Some(bench), ..
+        }) => match bench {
             BenchCommand::Hashtable(args) => bench_hashtable::run(args),
             BenchCommand::Locks(args) => bench_locks::run(args),
         },
