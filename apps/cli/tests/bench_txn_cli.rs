@@ -1,0 +1,109 @@
+//! `dmem bench --workload ...` end to end on tiny data sets.
+
+use std::process::Command;
+
+fn dmem(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_dmem"))
+        .args(args)
+        .output()
+        .expect("the dmem binary runs")
+}
+
+#[test]
+fn ford_and_pandora_run_smallbank_and_pass_the_checker_and_invariants() {
+    let out = dmem(&[
+        "bench",
+        "--workload",
+        "smallbank",
+        "--scale",
+        "tiny",
+        "--protocol",
+        "ford,pandora",
+        "--cns",
+        "2",
+        "--threads",
+        "2",
+        "--coroutines",
+        "4",
+        "--duration-ms",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    for (row, protocol) in rows.iter().zip(["ford", "pandora"]) {
+        assert_eq!(row["protocol"], protocol);
+        assert_eq!(row["checker"], "ok", "{row}");
+        assert_eq!(row["invariants"], "ok", "{row}");
+        assert!(row["mtps"].as_f64().unwrap() > 0.0);
+        assert!(row["checked_txns"].as_u64().unwrap() > 100);
+        for field in ["abort_rate", "p50_us", "p99_us"] {
+            assert!(row[field].is_number(), "{field} in {row}");
+        }
+    }
+}
+
+#[test]
+fn tatp_runs_on_ford() {
+    let out = dmem(&[
+        "bench",
+        "--workload",
+        "tatp",
+        "--scale",
+        "tiny",
+        "--protocol",
+        "ford",
+        "--cns",
+        "1",
+        "--threads",
+        "2",
+        "--coroutines",
+        "2",
+        "--duration-ms",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(row["checker"], "ok", "{row}");
+}
+
+#[test]
+fn bad_arguments_are_refused_in_one_line() {
+    for (args, expected) in [
+        (
+            vec!["bench", "--protocol", "motor"],
+            "unknown protocol `motor`",
+        ),
+        (vec!["bench", "--protocol", "ford:torn-reads"], "torn-reads"),
+        (vec!["bench", "--scale", "huge"], "unknown --scale `huge`"),
+        (
+            vec!["bench", "--workload", "tpch"],
+            "unknown --workload `tpch`",
+        ),
+        (
+            vec!["bench", "--coroutines", "0"],
+            "--coroutines must be at least 1",
+        ),
+        (vec!["bench", "--fabric", "shm"], "--fabric sim"),
+    ] {
+        let out = dmem(&args);
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
