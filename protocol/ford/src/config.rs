@@ -163,6 +163,12 @@ pub struct ProtocolConfig {
     pub protocol: Protocol,
     /// FORD's bugs to reproduce.
     pub bugs: BugSet,
+    /// The traditional "log before lock" scheme Pandora §6.1 and §6.2.1 contrast PILL with:
+    /// before every lock CAS the coordinator WRITEs the lock's address to its log on its
+    /// f + 1 log MNs and waits for the WRITE (one extra round trip per lock, or per batch of
+    /// commit-time locks), and recovery releases the logged locks instead of scanning the
+    /// store. Lock stealing (PILL) is off.
+    pub lock_logging: bool,
 }
 
 impl ProtocolConfig {
@@ -172,6 +178,7 @@ impl ProtocolConfig {
         Self {
             protocol: Protocol::Ford,
             bugs: BugSet::NONE,
+            lock_logging: false,
         }
     }
 
@@ -181,6 +188,7 @@ impl ProtocolConfig {
         Self {
             protocol: Protocol::Ford,
             bugs,
+            lock_logging: false,
         }
     }
 
@@ -190,6 +198,20 @@ impl ProtocolConfig {
         Self {
             protocol: Protocol::Pandora,
             bugs: BugSet::NONE,
+            lock_logging: false,
+        }
+    }
+
+    /// Pandora's logging phase and recovery with traditional lock logging in place of PILL
+    /// (Pandora §6.1 "Traditional Logging Scheme", §6.2.1): every lock acquisition is
+    /// logged to the coordinator's f + 1 log MNs before its CAS; no lock stealing; recovery
+    /// releases the logged locks of a failed coordinator after its log recovery.
+    #[must_use]
+    pub const fn pandora_lock_logging() -> Self {
+        Self {
+            protocol: Protocol::Pandora,
+            bugs: BugSet::NONE,
+            lock_logging: true,
         }
     }
 
@@ -202,7 +224,7 @@ impl ProtocolConfig {
     /// Whether lock stealing and stray-lock-ignoring reads apply (PILL, Pandora §3.1.2).
     #[must_use]
     pub const fn pill(&self) -> bool {
-        matches!(self.protocol, Protocol::Pandora)
+        matches!(self.protocol, Protocol::Pandora) && !self.lock_logging
     }
 }
 

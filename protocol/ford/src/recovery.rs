@@ -90,16 +90,43 @@ pub async fn recover_coordinator<V: Verbs>(
         .map(|&mn| list.read(store.addr(mn, base), store.log_region_bytes() as u32))
         .collect();
     let mut res = ctx.post(list).await?;
-    let copies: Vec<LoggedTxn> = ids
-        .into_iter()
-        .filter_map(|id| logic::parse_log_copy(&res.take_bytes(id), coordinator))
+    let raw: Vec<Vec<u8>> = ids.into_iter().map(|id| res.take_bytes(id)).collect();
+    let copies: Vec<LoggedTxn> = raw
+        .iter()
+        .filter_map(|bytes| logic::parse_log_copy(bytes, coordinator))
         .collect();
     let had_log = !copies.is_empty();
     if let Some(txn) = logic::merge_log_copies(copies) {
         report.txn = Some(txn.txn);
         apply_recovery(ctx, store, coordinator, &txn, &mut report).await?;
     }
-    if had_log {
+    // Traditional lock logging (§6.1): release the logged locks. After log recovery every
+    // lock still naming the coordinator belongs to a NotLogged-Stray-Tx, so releasing it is
+    // what Cor4 allows; the CAS releases nothing else.
+    let lock_log_at = logic::lock_log_offset(store.log_region_bytes());
+    let mut logged_locks: Vec<_> = lock_log_at
+        .map(|at| {
+            raw.iter()
+                .flat_map(|bytes| {
+                    logic::parse_lock_log(bytes.get(at..).unwrap_or(&[]), coordinator)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    logged_locks.sort_unstable_by_key(|a| a.to_raw());
+    logged_locks.dedup();
+    if !logged_locks.is_empty() {
+        let mine = PillLockWord::locked_by(PillId(coordinator)).raw();
+        let mut list = PostList::new();
+        let mut cas = Vec::new();
+        for a in &logged_locks {
+            let p = store.primary(a.node())?;
+            cas.push(list.cas(store.addr(p, a.offset()), mine, 0));
+        }
+        let res = ctx.post(list).await?;
+        report.unlocked += cas.iter().filter(|&&id| res.atomic(id) == mine).count();
+    }
+    if had_log || !logged_locks.is_empty() {
         // Truncate every copy before stray-lock notification (§3.2.3).
         let mut list = PostList::new();
         for &mn in &log_mns {
@@ -107,6 +134,9 @@ pub async fn recover_coordinator<V: Verbs>(
                 store.addr(mn, base + LogRegionHeader::STATE_OFFSET as u64),
                 &[0],
             );
+            if let (Some(at), false) = (lock_log_at, logged_locks.is_empty()) {
+                list.write(store.addr(mn, base + at as u64), &[0; 8]);
+            }
         }
         ctx.post(list).await?;
     }

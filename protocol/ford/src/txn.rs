@@ -15,13 +15,19 @@
 //! 4. **Commit**: WRITE the new items to every replica, then (the ack point) unlock the
 //!    primaries with WRITEs. **Abort**: truncate a written log, then unlock what was
 //!    acquired.
+//!
+//! With [`ProtocolConfig::lock_logging`] (the traditional scheme of Pandora §6.1) every
+//! lock CAS (or commit-time batch of CASes) waits for a WRITE of the lock's address to the
+//! coordinator's lock log first, and PILL stealing is off.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 
 use dmem_layout::log::{DataLogEntry, LogOp, LogRegionHeader, LogWriter};
 use dmem_layout::pill::FailedCoordinatorSet;
-use dmem_layout::record::{DataItem, DataItemHeader, DataVersion, ItemFlags};
+use dmem_layout::record::{
+    DataItem, DataItemHeader, DataVersion, ItemFlags, RemoteAddr as PackedAddr,
+};
 use dmem_txn::{
     Coordinator, CoordinatorId, History, Key, ReadEvent, TableId, Transaction, TxnError, TxnId,
     TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
@@ -188,6 +194,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordCoordinator<V, H> {
             writes: Vec::new(),
             events: Vec::new(),
             logged: Vec::new(),
+            lock_log: Vec::new(),
             decided: false,
         }
     }
@@ -273,6 +280,8 @@ pub struct FordTxn<'a, V, H> {
     events: Vec<ReadEvent>,
     /// MN indices holding a valid log of this transaction.
     logged: Vec<u16>,
+    /// Addresses in this transaction's lock log (traditional lock logging only).
+    lock_log: Vec<PackedAddr>,
     /// The commit decision was taken: failures after it must not abort.
     decided: bool,
 }
@@ -394,6 +403,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let addr = self.primary_addr(&loc)?;
         let item_len = self.item_len(table)? as u32;
         let me = logic::my_lock(self.co.id);
+        self.log_locks(&[loc]).await?;
         let mut list = PostList::new();
         let cas = list.cas(addr, 0, me);
         let rd = list.read(addr, item_len);
@@ -499,8 +509,15 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             })
             .collect();
         let store = self.store();
+        // With lock logging the lock log owns the region's tail.
+        let undo_bytes = if self.co.cfg.lock_logging {
+            logic::lock_log_offset(store.log_region_bytes())
+                .ok_or_else(|| aborted("log region too small for a lock log"))?
+        } else {
+            store.log_region_bytes()
+        };
         let build = |entries: &[&WriteEntry]| -> Result<Vec<u8>, TxnError> {
-            let mut buf = vec![0u8; store.log_region_bytes()];
+            let mut buf = vec![0u8; undo_bytes];
             let mut writer = LogWriter::new(&mut buf, self.co.id, self.co.epoch, self.id.seq)
                 .map_err(|_| aborted("log region too small"))?;
             for w in entries {
@@ -570,6 +587,35 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     async fn write_logs(&mut self, early: bool) -> Result<(), TxnError> {
         let mut list = PostList::new();
         self.add_log_writes(&mut list, early)?;
+        if !list.is_empty() {
+            self.co.ctx.post(list).await?;
+        }
+        Ok(())
+    }
+
+    /// Traditional lock logging ("log before lock", Pandora §6.1, §6.2.1): appends the
+    /// addresses of `locs` to the transaction's lock log and WRITEs it to the coordinator's
+    /// log MNs, waiting for the WRITEs before the caller posts the lock CASes. Nothing
+    /// without [`ProtocolConfig::lock_logging`].
+    async fn log_locks(&mut self, locs: &[ItemLoc]) -> Result<(), TxnError> {
+        if !self.co.cfg.lock_logging || locs.is_empty() {
+            return Ok(());
+        }
+        if self.lock_log.len() + locs.len() > logic::LOCK_LOG_SLOTS {
+            return Err(aborted("lock log full"));
+        }
+        let at = logic::lock_log_offset(self.store().log_region_bytes())
+            .ok_or_else(|| aborted("log region too small for a lock log"))?;
+        self.lock_log.extend(
+            locs.iter()
+                .map(|l| logic::pack_location(l.bucket.partition, l.offset)),
+        );
+        let image = logic::encode_lock_log(self.co.id, &self.lock_log);
+        let base = self.store().log_offset(self.co.id).map_err(store_err)?;
+        let mut list = PostList::new();
+        for mn in self.store().pandora_log_mns(self.co.id) {
+            list.write(self.store().addr(mn, base + at as u64), &image);
+        }
         if !list.is_empty() {
             self.co.ctx.post(list).await?;
         }
@@ -646,6 +692,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let deferred: Vec<usize> = (0..self.writes.len())
             .filter(|&i| self.writes[i].lock == LockState::Deferred)
             .collect();
+        let deferred_locs: Vec<ItemLoc> = deferred.iter().map(|&i| self.writes[i].loc).collect();
+        self.log_locks(&deferred_locs).await?;
         let mut list = PostList::new();
         let mut validation = Vec::new();
         if relaxed {
