@@ -369,6 +369,9 @@ pub struct RecoveryEvent {
     pub detected_at: Nanos,
     /// When its links were terminated at every MN.
     pub terminated_at: Nanos,
+    /// When log recovery (and truncation) of all its coordinators finished: every
+    /// Logged-Stray-Tx is decided. FORD's stray-lock scan runs after this.
+    pub logs_recovered_at: Nanos,
     /// When the stray-lock notification went out.
     pub notified_at: Nanos,
     /// Log recovery of each of its coordinators.
@@ -423,17 +426,28 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
     /// [`RecoveryError`] if a recovery step failed (the manager can be run again).
     pub async fn run(&mut self, until: Nanos, poll: Nanos) -> Result<(), RecoveryError> {
         while self.ctx.now() < until {
-            while let Some(msg) = self.ctx.try_recv()? {
-                if msg.payload.first() == Some(&HEARTBEAT) {
-                    self.detector.heartbeat(msg.from.node, self.ctx.now());
-                }
-            }
-            for member in self.detector.suspects(self.ctx.now()) {
+            for member in self.detect()? {
                 self.recover(member).await?;
             }
             self.ctx.sleep(poll).await;
         }
         Ok(())
+    }
+
+    /// One detector step (what [`run`](Self::run) does each poll before recovering):
+    /// receives the pending heartbeats and returns the members newly suspected now, so a
+    /// caller can act between detection and [`recover`](Self::recover) (e.g. stop the
+    /// world for FORD's scan).
+    ///
+    /// # Errors
+    /// [`RecoveryError`] if receiving fails.
+    pub fn detect(&mut self) -> Result<Vec<Member>, RecoveryError> {
+        while let Some(msg) = self.ctx.try_recv()? {
+            if msg.payload.first() == Some(&HEARTBEAT) {
+                self.detector.heartbeat(msg.from.node, self.ctx.now());
+            }
+        }
+        Ok(self.detector.suspects(self.ctx.now()))
     }
 
     /// Recovers one failed CN: terminate, recover logs, truncate, (FORD) scan, notify.
@@ -454,6 +468,7 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
         for &c in &member.coordinators {
             coordinators.push(recover_coordinator(&self.ctx, &self.store, self.protocol, c).await?);
         }
+        let logs_recovered_at = self.ctx.now();
         for &c in &member.coordinators {
             self.failed.insert(PillId(c));
         }
@@ -474,6 +489,7 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
             cn: member.cn,
             detected_at,
             terminated_at,
+            logs_recovered_at,
             notified_at: self.ctx.now(),
             coordinators,
             scanned_locks,
