@@ -1,0 +1,65 @@
+//! Pandora's litmus tests (§5, Fig. 5) as a reusable suite with crash injection.
+//!
+//! * [`litmus`]: litmus 1 (direct-write cycles, with insert and delete variants), 2
+//!   (read-write cycles) and 3 (indirect-write cycles): keys, initial states, the
+//!   transactions written once against [`dmem_txn::Transaction`], and the
+//!   application-level assertions of Fig. 5.
+//! * [`target`]: [`LitmusTarget`], the small trait through which a protocol builds its
+//!   store and coordinators on a simulated cluster and runs its own recovery;
+//!   [`FordTarget`] for FORD (fixed or with any of the six bug switches of Table 1) and
+//!   Pandora.
+//! * [`run`]: one run ([`run_one`]: cluster, concurrent transactions with seeded delays,
+//!   a crash "after any operation" — at a uniformly chosen work request of a worker CN —
+//!   recovery, the assertion transaction, and [`dmem_txn::check`] on the history) and a
+//!   suite over many seeds ([`run_suite`]).
+//!
+//! A run is a function of its seed: the same seed replays the same interleaving, crash
+//! and recovery.
+//!
+//! ```
+//! use dmem_ford::ProtocolConfig;
+//! use dmem_litmus::{FordTarget, Litmus, RunConfig, run_one};
+//!
+//! let pandora = FordTarget::new(ProtocolConfig::pandora());
+//! let out = run_one(&pandora, Litmus::IndirectWrite, 7, &RunConfig::new(1.0)).unwrap();
+//! assert!(out.violation.is_none(), "{:?}", out.violation);
+//! ```
+
+pub mod litmus;
+pub mod rng;
+pub mod run;
+pub mod target;
+
+pub use litmus::Litmus;
+pub use run::{
+    CrashPoint, Failure, LitmusSummary, RunConfig, RunOutcome, SuiteConfig, SuiteReport, Violation,
+    first_violation, run_one, run_suite,
+};
+pub use target::{DeploySpec, FordTarget, LitmusTarget, RecoveryTiming};
+
+/// Why the suite could not run (a violation is a result, not an error).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LitmusError {
+    /// A litmus name that is not one of Fig. 5's tests.
+    #[error("unknown litmus `{0}` (expected 1, 1-insert, 1-delete, 2, 3 or all)")]
+    UnknownLitmus(String),
+    /// A crash probability outside `[0, 1]`.
+    #[error("crash probability {0} is outside [0, 1]")]
+    CrashProb(f64),
+    /// Zero seeds.
+    #[error("the number of seeds must be at least 1")]
+    NoSeeds,
+    /// Another bad setting.
+    #[error("bad litmus configuration: {0}")]
+    Config(&'static str),
+    /// The simulated cluster could not be built.
+    #[error("simulator: {0}")]
+    Sim(#[from] dmem_sim::SimError),
+    /// The protocol's store could not be laid out or loaded.
+    #[error("store: {0}")]
+    Store(#[from] dmem_ford::StoreError),
+    /// A worker thread panicked.
+    #[error("a litmus worker thread panicked")]
+    WorkerPanicked,
+}

@@ -1,0 +1,632 @@
+//! One litmus run (cluster, concurrent litmus transactions, crash injection, recovery,
+//! assertion, history check) and a suite of runs over many seeds.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Instant;
+
+use dmem_sim::{ClusterConfig, Sim, SimContext};
+use dmem_txn::{Coordinator, History, Key, Transaction, TxnError, TxnKind};
+use dmem_verbs::{Clock, Nanos};
+use serde::Serialize;
+
+use crate::LitmusError;
+use crate::litmus::{self, InstanceKeys, Litmus, Shape, TABLE, VALUE_LEN};
+use crate::rng::{SplitMix, mix};
+use crate::target::{DeploySpec, LitmusTarget, RecoveryTiming};
+
+/// The shape of every run. [`RunConfig::new`] gives the defaults the README's numbers use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunConfig {
+    /// Probability that a run crashes a worker CN at a uniformly chosen work request.
+    pub crash_prob: f64,
+    /// Litmus instances per run, each on its own keys.
+    pub instances: u16,
+    /// Worker CNs (the litmus roles are spread over them; one more CN runs recovery).
+    pub worker_cns: u16,
+    /// Upper bound of the random delay before each operation, ns.
+    pub max_gap: Nanos,
+    /// Upper bound of the random delay before a transaction's first attempt, ns.
+    pub max_start: Nanos,
+    /// Attempts per litmus transaction before it gives up (aborts are retried).
+    pub max_attempts: u32,
+    /// How many times each transaction of litmus 1 (and its variants) and 3 commits
+    /// (their assertions hold after any serial repetition); litmus 2 runs once.
+    pub rounds: u32,
+    /// Failure detector timing.
+    pub timing: RecoveryTiming,
+}
+
+impl RunConfig {
+    /// Two instances on two worker CNs (3 MNs, a third CN for recovery), delays up to
+    /// 3 µs per operation, heartbeats every 10 µs with a 50 µs timeout, 2 ms of virtual
+    /// time.
+    #[must_use]
+    pub fn new(crash_prob: f64) -> Self {
+        Self {
+            crash_prob,
+            instances: 2,
+            worker_cns: 2,
+            max_gap: 3_000,
+            max_start: 10_000,
+            max_attempts: 64,
+            rounds: 3,
+            timing: RecoveryTiming {
+                heartbeat: 10_000,
+                timeout: 50_000,
+                poll: 5_000,
+                until: 2_000_000,
+            },
+        }
+    }
+
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// [`LitmusError::CrashProb`] outside `[0, 1]`, [`LitmusError::Config`] for zero counts.
+    pub fn validate(&self) -> Result<(), LitmusError> {
+        if !(0.0..=1.0).contains(&self.crash_prob) {
+            return Err(LitmusError::CrashProb(self.crash_prob));
+        }
+        if self.instances == 0 || self.worker_cns == 0 || self.max_attempts == 0 || self.rounds == 0
+        {
+            return Err(LitmusError::Config(
+                "instances, worker CNs, attempts and rounds must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A crash the run injected: CN `cn` (worker index) at its work request `k`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CrashPoint {
+    /// Worker CN index.
+    pub cn: u16,
+    /// Work request index at which it crashed (it and later ones did not land).
+    pub work_request: u64,
+    /// Work requests that CN posted in the same run without the crash.
+    pub of: u64,
+}
+
+/// What a run found wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// One line: the failed assertion, the checker's anomaly or the error.
+    pub reason: String,
+    /// The checker's full explanation (or the same as `reason`).
+    pub detail: String,
+}
+
+/// The result of one run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOutcome {
+    /// The litmus.
+    pub litmus: Litmus,
+    /// The seed.
+    pub seed: u64,
+    /// The crash injected, if any.
+    pub crash: Option<CrashPoint>,
+    /// CN failures the protocol recovered.
+    pub recoveries: usize,
+    /// Litmus transactions that committed.
+    pub committed: usize,
+    /// `None` if the assertion held and the history checked out.
+    pub violation: Option<Violation>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum RoleEnd {
+    Committed,
+    GaveUp,
+    /// The fabric failed under it (its CN crashed or was cut off).
+    Fabric,
+    Unexpected(String),
+}
+
+struct Execution {
+    wrs: Vec<u64>,
+    ends: Vec<(u16, RoleEnd)>,
+    crashed: Vec<bool>,
+    final_state: Result<Vec<Option<u64>>, String>,
+    history: History,
+    recoveries: usize,
+}
+
+fn instance_keys(litmus: Litmus, instances: u16) -> Vec<Key> {
+    (0..instances)
+        .flat_map(|i| InstanceKeys::of(i).first(litmus.key_count()))
+        .collect()
+}
+
+/// Runs role `role` of one instance: `rounds` transactions, each retried on abort, the
+/// first starting at `start`.
+#[allow(clippy::too_many_arguments)]
+async fn run_role<C: Coordinator>(
+    co: &mut C,
+    clock: &SimContext,
+    litmus: Litmus,
+    role: usize,
+    keys: InstanceKeys,
+    start: Nanos,
+    mut rng: SplitMix,
+    cfg: &RunConfig,
+) -> RoleEnd {
+    let rounds = if litmus == Litmus::ReadWrite {
+        1
+    } else {
+        cfg.rounds
+    };
+    clock.sleep_until(start).await;
+    for _ in 0..rounds {
+        match run_once(co, clock, litmus, role, keys, &mut rng, cfg).await {
+            RoleEnd::Committed => {}
+            other => return other,
+        }
+    }
+    RoleEnd::Committed
+}
+
+/// One litmus transaction until it commits (or gives up, or its CN fails).
+async fn run_once<C: Coordinator>(
+    co: &mut C,
+    clock: &SimContext,
+    litmus: Litmus,
+    role: usize,
+    keys: InstanceKeys,
+    rng: &mut SplitMix,
+    cfg: &RunConfig,
+) -> RoleEnd {
+    for _ in 0..cfg.max_attempts {
+        // Half of the attempts run without delays: with a common start (a litmus7-style
+        // barrier) the two roles then reach their commits nearly together.
+        let max_gap = if rng.next_u64() & 1 == 0 {
+            0
+        } else {
+            cfg.max_gap
+        };
+        let shape = Shape::draw(rng, max_gap);
+        let mut t = co.begin(TxnKind::ReadWrite);
+        let res = match litmus::body(litmus, role, keys, shape, &mut t, clock).await {
+            Ok(()) => t.commit().await,
+            Err(e) => {
+                t.abort().await;
+                Err(e)
+            }
+        };
+        match res {
+            Ok(()) => return RoleEnd::Committed,
+            Err(e) if e.is_retryable() => {
+                clock.sleep(1_000 + rng.below(cfg.max_gap * 4 + 1)).await;
+            }
+            Err(TxnError::Verbs(_)) => return RoleEnd::Fabric,
+            Err(e) => return RoleEnd::Unexpected(e.to_string()),
+        }
+    }
+    RoleEnd::GaveUp
+}
+
+/// The assertion transaction: read every key read-only, retrying aborts (a lock still
+/// held by a transaction finishing, a stray lock not yet released).
+async fn read_final<C: Coordinator>(
+    co: &mut C,
+    clock: &SimContext,
+    keys: &[Key],
+) -> Result<Vec<Option<u64>>, String> {
+    let mut last = String::new();
+    for _ in 0..200 {
+        let mut t = co.begin(TxnKind::ReadOnly);
+        match litmus::read_all(&mut t, keys).await {
+            Ok(values) => match t.commit().await {
+                Ok(()) => return Ok(values),
+                Err(e) => last = e.to_string(),
+            },
+            Err(e) => {
+                t.abort().await;
+                last = e.to_string();
+            }
+        }
+        clock.sleep(10_000).await;
+    }
+    Err(last)
+}
+
+fn execute<T: LitmusTarget>(
+    target: &T,
+    litmus: Litmus,
+    seed: u64,
+    cfg: &RunConfig,
+    crash: Option<(u16, u64)>,
+) -> Result<Execution, LitmusError> {
+    let workers = cfg.worker_cns;
+    let recovery_cn = workers;
+    let sim = Rc::new(Sim::new(
+        ClusterConfig::new("cx5")?
+            .mns(3)
+            .cns(workers + 1)
+            .threads_per_cn(2)
+            .mn_memory_bytes(96 << 10)
+            .seed(mix(&[seed, litmus as u64, 1])),
+    )?);
+    let history = Rc::new(RefCell::new(History::new()));
+    let mut records = Vec::new();
+    for i in 0..cfg.instances {
+        let keys = InstanceKeys::of(i).first(litmus.key_count());
+        for (key, init) in keys.into_iter().zip(litmus.initial()) {
+            if let Some(v) = init {
+                records.push((key, v.to_le_bytes().to_vec()));
+            }
+        }
+    }
+    let roles = 2u16;
+    let spec = DeploySpec {
+        table: TABLE,
+        value_len: VALUE_LEN,
+        capacity: u64::from(cfg.instances) * 3,
+        records,
+        coordinators: cfg.instances * roles + 1,
+    };
+    let mut dep = target.deploy(&sim, &spec, &history)?;
+    let ends = Rc::new(RefCell::new(Vec::new()));
+    let mut rng = SplitMix::new(mix(&[seed, litmus as u64, 2]));
+    for i in 0..cfg.instances {
+        // Half of the instances start both roles at one instant (a barrier), the others
+        // at independent instants.
+        let common = rng.below(cfg.max_start.max(1));
+        let barrier = rng.next_u64() & 1 == 0;
+        for role in 0..roles {
+            let start = if barrier {
+                common
+            } else {
+                rng.below(cfg.max_start.max(1))
+            };
+            let id = i * roles + role;
+            let cn = (role + i) % workers;
+            let ctx = sim.context(sim.cn(cn), 0)?;
+            let mut co = target.coordinator(&mut dep, ctx.clone(), id)?;
+            let role_rng = SplitMix::new(rng.next_u64());
+            let ends = Rc::clone(&ends);
+            let cfg = cfg.clone();
+            let keys = InstanceKeys::of(i);
+            let clock = ctx.clone();
+            sim.spawn(&ctx, async move {
+                let end = run_role(
+                    &mut co,
+                    &clock,
+                    litmus,
+                    usize::from(role),
+                    keys,
+                    start,
+                    role_rng,
+                    &cfg,
+                )
+                .await;
+                ends.borrow_mut().push((cn, end));
+            });
+        }
+    }
+    if let Some((cn, k)) = crash {
+        sim.crash_at_work_request(sim.cn(cn), k);
+    }
+    target.start_recovery(&mut dep, &sim, recovery_cn, cfg.timing)?;
+    sim.run_until(cfg.timing.until);
+
+    let reader_ctx = sim.context(sim.cn(recovery_cn), 0)?;
+    let mut reader =
+        target.final_coordinator(&mut dep, reader_ctx.clone(), cfg.instances * roles)?;
+    let keys = instance_keys(litmus, cfg.instances);
+    let state = Rc::new(RefCell::new(None));
+    let s = Rc::clone(&state);
+    let clock = reader_ctx.clone();
+    sim.spawn(&reader_ctx, async move {
+        let r = read_final(&mut reader, &clock, &keys).await;
+        *s.borrow_mut() = Some(r);
+    });
+    sim.run_until_idle();
+    let stats = sim.stats();
+    let wrs = (0..workers)
+        .map(|cn| stats.node(sim.cn(cn)).nic.wrs_posted)
+        .collect();
+    let crashed = (0..workers).map(|cn| sim.is_crashed(sim.cn(cn))).collect();
+    let final_state = state
+        .borrow_mut()
+        .take()
+        .unwrap_or_else(|| Err("the assertion transaction never finished".to_owned()));
+    let ends = ends.borrow().clone();
+    let history = history.borrow().clone();
+    Ok(Execution {
+        wrs,
+        ends,
+        crashed,
+        final_state,
+        history,
+        recoveries: target.recoveries(&dep),
+    })
+}
+
+fn judge(litmus: Litmus, cfg: &RunConfig, ex: &Execution) -> Option<Violation> {
+    let one = |reason: String| {
+        Some(Violation {
+            detail: reason.clone(),
+            reason,
+        })
+    };
+    for (cn, end) in &ex.ends {
+        if let RoleEnd::Unexpected(e) = end {
+            return one(format!("a litmus transaction on CN {cn} failed: {e}"));
+        }
+        if *end == RoleEnd::Fabric && !ex.crashed[usize::from(*cn)] {
+            return one(format!(
+                "a litmus transaction on live CN {cn} lost the fabric"
+            ));
+        }
+    }
+    let state = match &ex.final_state {
+        Ok(s) => s,
+        Err(e) => {
+            return one(format!(
+                "the assertion transaction could not commit (a lock never released?): {e}"
+            ));
+        }
+    };
+    let per = litmus.key_count();
+    for i in 0..usize::from(cfg.instances) {
+        if let Err(why) = litmus.assert_final(&state[i * per..(i + 1) * per]) {
+            return one(format!("assertion, instance {i}: {why}"));
+        }
+    }
+    let report = dmem_txn::check(&ex.history);
+    if !report.is_ok() {
+        let first = report
+            .anomalies
+            .first()
+            .map_or_else(String::new, |a| a.to_string());
+        let line = first.lines().next().unwrap_or_default().to_owned();
+        return Some(Violation {
+            reason: format!("checker: {line}"),
+            detail: report.to_string(),
+        });
+    }
+    None
+}
+
+/// Runs litmus `litmus` once with seed `seed`: builds the cluster and the target's store,
+/// loads the litmus keys, runs two instances of the litmus transactions concurrently with
+/// seeded delays, crashes a worker CN at a uniformly chosen work request with probability
+/// `cfg.crash_prob` (its work-request count is taken from the same run without the crash),
+/// lets the target's recovery run, then reads the keys in a read-only transaction and
+/// checks the litmus assertion (Pandora Fig. 5) and the history (`dmem_txn::check`,
+/// strict serializability).
+///
+/// # Errors
+/// [`LitmusError`] if the cluster or the store cannot be built.
+pub fn run_one<T: LitmusTarget>(
+    target: &T,
+    litmus: Litmus,
+    seed: u64,
+    cfg: &RunConfig,
+) -> Result<RunOutcome, LitmusError> {
+    cfg.validate()?;
+    let mut rng = SplitMix::new(mix(&[seed, litmus as u64, 3]));
+    let crash = if rng.unit() < cfg.crash_prob {
+        let cn = rng.below(u64::from(cfg.worker_cns)) as u16;
+        let dry = execute(target, litmus, seed, cfg, None)?;
+        let of = dry.wrs[usize::from(cn)];
+        Some(CrashPoint {
+            cn,
+            work_request: rng.below(of.max(1)),
+            of,
+        })
+    } else {
+        None
+    };
+    let ex = execute(
+        target,
+        litmus,
+        seed,
+        cfg,
+        crash.map(|c| (c.cn, c.work_request)),
+    )?;
+    let violation = judge(litmus, cfg, &ex);
+    Ok(RunOutcome {
+        litmus,
+        seed,
+        crash,
+        recoveries: ex.recoveries,
+        committed: ex
+            .ends
+            .iter()
+            .filter(|(_, e)| *e == RoleEnd::Committed)
+            .count(),
+        violation,
+    })
+}
+
+/// The first violation of a suite.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Failure {
+    /// Litmus name.
+    pub litmus: &'static str,
+    /// Seed (replay with `--litmus L --first-seed S --seeds 1`).
+    pub seed: u64,
+    /// One line.
+    pub reason: String,
+    /// The crash of that run, if any.
+    pub crash: Option<CrashPoint>,
+    /// The checker's explanation.
+    #[serde(skip)]
+    pub detail: String,
+}
+
+impl Failure {
+    fn of(o: &RunOutcome) -> Option<Self> {
+        o.violation.as_ref().map(|v| Self {
+            litmus: o.litmus.name(),
+            seed: o.seed,
+            reason: v.reason.clone(),
+            crash: o.crash,
+            detail: v.detail.clone(),
+        })
+    }
+}
+
+/// Counts of one litmus over a suite.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LitmusSummary {
+    /// Litmus name.
+    pub litmus: &'static str,
+    /// What it checks.
+    pub title: &'static str,
+    /// Runs.
+    pub runs: u64,
+    /// Runs with a violation.
+    pub violations: u64,
+    /// Runs with a crash injected.
+    pub crashes: u64,
+    /// Runs in which the protocol recovered a failure.
+    pub recovered: u64,
+    /// Litmus transactions committed.
+    pub committed: u64,
+    /// Its first failing seed.
+    pub first_failure: Option<Failure>,
+}
+
+/// A suite's result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SuiteReport {
+    /// The target's name.
+    pub protocol: String,
+    /// Total runs.
+    pub runs: u64,
+    /// Runs with a violation.
+    pub violations: u64,
+    /// The first failure by (seed, litmus order).
+    pub first_failure: Option<Failure>,
+    /// Per litmus.
+    pub per_litmus: Vec<LitmusSummary>,
+    /// Wall time, s.
+    pub wall_s: f64,
+}
+
+/// What a suite runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuiteConfig {
+    /// Which litmus tests.
+    pub litmus: Vec<Litmus>,
+    /// First seed.
+    pub first_seed: u64,
+    /// Seeds per litmus.
+    pub seeds: u64,
+    /// Per-run shape.
+    pub run: RunConfig,
+    /// OS threads (runs are independent; results do not depend on it).
+    pub threads: usize,
+}
+
+/// Runs every litmus of `cfg` over `cfg.seeds` seeds each.
+///
+/// # Errors
+/// [`LitmusError`] for a bad configuration or a run that could not be built.
+pub fn run_suite<T: LitmusTarget>(
+    target: &T,
+    cfg: &SuiteConfig,
+) -> Result<SuiteReport, LitmusError> {
+    cfg.run.validate()?;
+    if cfg.seeds == 0 {
+        return Err(LitmusError::NoSeeds);
+    }
+    if cfg.litmus.is_empty() {
+        return Err(LitmusError::Config("no litmus selected"));
+    }
+    let started = Instant::now();
+    let jobs: Vec<(u64, Litmus)> = (0..cfg.seeds)
+        .flat_map(|s| cfg.litmus.iter().map(move |&l| (cfg.first_seed + s, l)))
+        .collect();
+    let threads = cfg.threads.max(1);
+    let mut outcomes: Vec<RunOutcome> = Vec::with_capacity(jobs.len());
+    let results: Vec<Result<Vec<RunOutcome>, LitmusError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|w| {
+                let jobs = &jobs;
+                scope.spawn(move || {
+                    jobs.iter()
+                        .skip(w)
+                        .step_by(threads)
+                        .map(|&(seed, l)| run_one(target, l, seed, &cfg.run))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(Err(LitmusError::WorkerPanicked)))
+            .collect()
+    });
+    for r in results {
+        outcomes.extend(r?);
+    }
+    let order = |l: Litmus| cfg.litmus.iter().position(|&x| x == l).unwrap_or(0);
+    outcomes.sort_by_key(|o| (o.seed, order(o.litmus)));
+    let mut per: Vec<LitmusSummary> = cfg
+        .litmus
+        .iter()
+        .map(|l| LitmusSummary {
+            litmus: l.name(),
+            title: l.title(),
+            runs: 0,
+            violations: 0,
+            crashes: 0,
+            recovered: 0,
+            committed: 0,
+            first_failure: None,
+        })
+        .collect();
+    let mut first_failure = None;
+    for o in &outcomes {
+        let s = &mut per[order(o.litmus)];
+        s.runs += 1;
+        s.crashes += u64::from(o.crash.is_some());
+        s.recovered += u64::from(o.recoveries > 0);
+        s.committed += o.committed as u64;
+        if o.violation.is_some() {
+            s.violations += 1;
+            if s.first_failure.is_none() {
+                s.first_failure = Failure::of(o);
+            }
+            if first_failure.is_none() {
+                first_failure = Failure::of(o);
+            }
+        }
+    }
+    Ok(SuiteReport {
+        protocol: target.name(),
+        runs: per.iter().map(|s| s.runs).sum(),
+        violations: per.iter().map(|s| s.violations).sum(),
+        first_failure,
+        per_litmus: per,
+        wall_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Runs seeds `first_seed..first_seed + max_seeds` of each of `litmus` in order (seed
+/// by seed) and stops at the first violation: how many seeds a bug needs to show.
+///
+/// # Errors
+/// [`LitmusError`] if a run could not be built.
+pub fn first_violation<T: LitmusTarget>(
+    target: &T,
+    litmus: &[Litmus],
+    first_seed: u64,
+    max_seeds: u64,
+    cfg: &RunConfig,
+) -> Result<Option<RunOutcome>, LitmusError> {
+    for seed in first_seed..first_seed + max_seeds {
+        for &l in litmus {
+            let o = run_one(target, l, seed, cfg)?;
+            if o.violation.is_some() {
+                return Ok(Some(o));
+            }
+        }
+    }
+    Ok(None)
+}
