@@ -740,6 +740,14 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             Some(self.co.ctx.post(list).await?)
         };
         if let Some(res) = res.as_mut() {
+            // Every CAS of this batch that found the lock free acquired it: mark it held
+            // before judging any entry, so that an early return below (a conflict on
+            // another entry of the batch) still releases it in the abort path.
+            for &(i, c, _) in &lock_ids {
+                if res.atomic(c) == 0 {
+                    self.writes[i].lock = LockState::Held;
+                }
+            }
             for &(i, c, r) in &lock_ids {
                 let old = res.atomic(c);
                 let bytes = res.take_bytes(r);
