@@ -33,8 +33,9 @@ pub(crate) struct Args {
     /// Size preset of the workload: tiny, small, ford, motor, lotus.
     #[arg(long, default_value = "small")]
     scale: String,
-    /// Protocols to run side by side, comma-separated: ford, pandora, or
-    /// ford:BUG[+BUG] for FORD with bugs of Pandora Table 1 switched on.
+    /// Protocols to run side by side, comma-separated: ford, pandora,
+    /// pandora-lock-logging (traditional "log before lock" instead of PILL, Pandora §6.1),
+    /// or ford:BUG[+BUG] for FORD with bugs of Pandora Table 1 switched on.
     #[arg(long, value_delimiter = ',', default_value = "ford,pandora")]
     protocol: Vec<String>,
     /// Fabric (only the simulated cluster runs transaction protocols so far).
@@ -104,12 +105,14 @@ struct Row {
 }
 
 /// Tries before a transaction is given up (retries reuse its parameters).
-const MAX_ATTEMPTS: u32 = 64;
+pub(crate) const MAX_ATTEMPTS: u32 = 64;
 
-fn protocol_config(name: &str) -> anyhow::Result<ProtocolConfig> {
+/// The protocol named on the command line.
+pub(crate) fn protocol_config(name: &str) -> anyhow::Result<ProtocolConfig> {
     match name.split_once(':') {
         None if name == "ford" => Ok(ProtocolConfig::ford_fixed()),
         None if name == "pandora" => Ok(ProtocolConfig::pandora()),
+        None if name == "pandora-lock-logging" => Ok(ProtocolConfig::pandora_lock_logging()),
         Some(("ford", bugs)) => {
             let bugs = BugSet::parse(&bugs.replace('+', ","))
                 .map_err(|e| anyhow::anyhow!("{e}"))
@@ -117,7 +120,7 @@ fn protocol_config(name: &str) -> anyhow::Result<ProtocolConfig> {
             Ok(ProtocolConfig::ford_with(bugs))
         }
         _ => bail!(
-            "unknown protocol `{name}`: dmem bench runs ford, pandora and ford:BUG[+BUG] so far"
+            "unknown protocol `{name}`: use ford, pandora, pandora-lock-logging or ford:BUG[+BUG]"
         ),
     }
 }
@@ -147,21 +150,49 @@ impl Args {
         for p in &self.protocol {
             protocol_config(p)?;
         }
-        let scale = Scale::from_name(&self.scale).with_context(|| {
-            format!(
-                "unknown --scale `{}`: use tiny, small, ford, motor or lotus",
-                self.scale
-            )
-        })?;
-        let workload = AnyWorkload::new(&self.workload, scale).map_err(|e| {
-            anyhow::anyhow!(
-                "unknown --workload `{}`: use kvs, ycsb, smallbank, tatp or tpcc",
-                e.0
-            )
-        })?;
+        let (workload, scale) = parse_workload(&self.workload, &self.scale)?;
         let profile = NicProfile::named(&self.profile)?;
         Ok((workload, scale, profile))
     }
+
+    fn shape(&self) -> ClusterShape {
+        ClusterShape {
+            mns: self.mns,
+            cns: self.cns,
+            threads: self.threads,
+            coordinators: self.cns * self.threads * self.coroutines,
+            seed: self.seed,
+        }
+    }
+}
+
+/// The workload and scale named on the command line.
+pub(crate) fn parse_workload(workload: &str, scale: &str) -> anyhow::Result<(AnyWorkload, Scale)> {
+    let scale = Scale::from_name(scale).with_context(|| {
+        format!("unknown --scale `{scale}`: use tiny, small, ford, motor or lotus")
+    })?;
+    let workload = AnyWorkload::new(workload, scale).map_err(|e| {
+        anyhow::anyhow!(
+            "unknown --workload `{}`: use kvs, ycsb, smallbank, tatp or tpcc",
+            e.0
+        )
+    })?;
+    Ok((workload, scale))
+}
+
+/// The simulated cluster a run needs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClusterShape {
+    /// Memory nodes.
+    pub(crate) mns: u16,
+    /// Compute nodes (all of them, including any that run no coordinator).
+    pub(crate) cns: u16,
+    /// Threads per CN.
+    pub(crate) threads: u16,
+    /// Coordinators (each needs a log region).
+    pub(crate) coordinators: u16,
+    /// Seed of the cluster.
+    pub(crate) seed: u64,
 }
 
 /// The FORD/Pandora store configuration for `workload` on `mns` MNs, with index room for
@@ -190,12 +221,12 @@ fn store_config(workload: &AnyWorkload, mns: u16, coordinators: u16, slack: u64)
 }
 
 /// A simulated cluster with the workload loaded into a FORD/Pandora store.
-fn build_cluster(
-    args: &Args,
+pub(crate) fn build_cluster(
+    args: &ClusterShape,
     workload: &AnyWorkload,
     profile: &NicProfile,
 ) -> anyhow::Result<(Sim, Rc<Store>)> {
-    let coordinators = args.cns * args.threads * args.coroutines;
+    let coordinators = args.coordinators;
     let mut slack = 2;
     loop {
         let store_cfg = store_config(workload, args.mns, coordinators, slack);
@@ -244,7 +275,7 @@ fn build_cluster(
 
 /// Reads the committed value of `(table, key)` from its primary's memory (after the run,
 /// outside virtual time), for the workload's consistency checks.
-fn read_record(sim: &Sim, store: &Store, table: TableId, key: Key) -> Option<Vec<u8>> {
+pub(crate) fn read_record(sim: &Sim, store: &Store, table: TableId, key: Key) -> Option<Vec<u8>> {
     let bucket = store.bucket_of(table, key).ok()?;
     let primary = store.primary(bucket.partition).ok()?;
     let node = store.mn_node(primary);
@@ -274,7 +305,7 @@ fn run_protocol(
     protocol: &str,
 ) -> anyhow::Result<Row> {
     let protocol_cfg = protocol_config(protocol)?;
-    let (sim, store) = build_cluster(args, workload, profile)?;
+    let (sim, store) = build_cluster(&args.shape(), workload, profile)?;
 
     let history = Rc::new(RefCell::new(History::new()));
     let tally = Rc::new(Tally {

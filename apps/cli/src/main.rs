@@ -7,6 +7,7 @@ mod bench_hashtable;
 mod bench_locks;
 mod bench_txn;
 mod perf;
+mod recover;
 
 #[derive(Parser, Debug)]
 #[command(name = "dmem", version, about, propagate_version = true)]
@@ -23,6 +24,10 @@ enum Command {
     /// --protocol ford,pandora`), or a layer benchmark (`dmem bench hashtable`, `dmem bench
     /// locks`).
     Bench(BenchArgs),
+    /// A CN crash mid-run and its recovery: detection and recovery latency, transactions
+    /// rolled forward / back, committed per ms around the crash (`dmem recover --protocol
+    /// pandora|ford --workload smallbank --crash cn|half --crash-at-ms 10 [--json]`).
+    Recover(recover::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -48,6 +53,7 @@ fn main() {
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match cli.command {
         Command::Perf(args) => perf::run(args),
+        Command::Recover(args) => recover::run(args),
         Command::Bench(BenchArgs { layer: None, txn }) => bench_txn::run(txn),
         Command::Bench(BenchArgs {
             layer: Some(bench), ..

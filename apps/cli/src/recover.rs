@@ -1,0 +1,694 @@
+//! `dmem recover --protocol pandora|ford --workload W --crash cn|half ...`: a compute-node
+//! crash in the middle of a workload run, and the recovery that follows (Pandora §3.2, §6.1,
+//! §6.3).
+//!
+//! The simulated cluster has `--cns` CNs running coordinators plus one more CN that runs the
+//! failure detector and the recovery coordinator (Pandora §6.3 uses a dedicated FD machine).
+//! Every coordinator CN sends heartbeats every `--heartbeat-us` and listens for stray-lock
+//! notifications. At `--crash-at-ms` the last CN (`--crash cn`) or the last half of the CNs
+//! (`--crash half`, half of the coordinators) crash: their tasks stop and whatever they had
+//! not posted never lands. The detector suspects a CN after `--detect-timeout-us` without a
+//! heartbeat and recovers it with [`dmem_ford::RecoveryManager::recover`]: active-link
+//! termination at every MN, log recovery of each of its coordinators (roll forward or back,
+//! truncation), then
+//!
+//! * Pandora: the stray-lock notification; survivors steal the remaining stray locks (PILL);
+//! * pandora-lock-logging: the logged locks are released in log recovery, then notification;
+//! * FORD: the stop-the-world scan of the whole store for stray locks. The survivors stop
+//!   starting transactions from detection until the scan is over (the paper's Baseline stops
+//!   the KVS, §6.1); the pause flag reaches them at once (a control-plane broadcast the
+//!   simulation does not charge for), and transactions already running finish first.
+//!
+//! Recovery latency is measured in virtual time from the first detection to the end of the
+//! last CN's recovery, when every stray transaction is decided (and, for FORD, every stray
+//! lock released). Detection time is from the crash to the first detection. The committed
+//! transactions are counted per 1 ms of virtual time over the whole run. After the run the
+//! whole history goes through the checker and the final state through the workload's
+//! consistency checks, with the conserved-quantity change of a crashed in-flight transaction
+//! counted iff recovery rolled it forward.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use anyhow::{Context as _, ensure};
+use clap::Args as ClapArgs;
+use dmem_ford::logic::Decision;
+use dmem_ford::recovery::{heartbeat_loop, membership_listener};
+use dmem_ford::{
+    CnShared, FordCoordinator, HistorySink, LinkTerminator, Member, Protocol, RecoveryEvent,
+    RecoveryManager,
+};
+use dmem_sim::{NicProfile, Sim};
+use dmem_txn::{History, Transaction, TxnError, TxnOutcome, check};
+use dmem_verbs::{Clock, Nanos, NodeId, Verbs, VerbsError};
+use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator, TxnInfo, Workload};
+use serde::Serialize;
+
+use crate::bench_txn::{
+    ClusterShape, MAX_ATTEMPTS, build_cluster, parse_workload, protocol_config, read_record,
+};
+
+/// Arguments of `dmem recover`.
+#[derive(Debug, ClapArgs)]
+pub(crate) struct Args {
+    /// Protocol: pandora, ford (fixed FORD with the stop-the-world scan) or
+    /// pandora-lock-logging (traditional lock logging instead of PILL, Pandora §6.1).
+    #[arg(long, default_value = "pandora")]
+    protocol: String,
+    /// Workload: kvs, ycsb, smallbank, tatp, tpcc.
+    #[arg(long, default_value = "smallbank")]
+    workload: String,
+    /// Size preset of the workload: tiny, small, ford, motor, lotus.
+    #[arg(long, default_value = "small")]
+    scale: String,
+    /// What crashes: `cn` (the last coordinator CN) or `half` (the last half of the
+    /// coordinator CNs, so half of the coordinators; needs an even --cns).
+    #[arg(long, default_value = "cn")]
+    crash: String,
+    /// When the crash happens, ms of virtual time from the start.
+    #[arg(long, default_value_t = 10)]
+    crash_at_ms: u64,
+    /// Length of the run, ms of virtual time (recovery that is still running then finishes).
+    #[arg(long, default_value_t = 30)]
+    duration_ms: u64,
+    /// Heartbeat timeout of the failure detector, µs (Pandora §6.1 uses 5 ms).
+    #[arg(long, default_value_t = 5_000)]
+    detect_timeout_us: u64,
+    /// Period of the CNs' heartbeats, µs.
+    #[arg(long, default_value_t = 500)]
+    heartbeat_us: u64,
+    /// Poll period of the detector and of the notification listeners, µs.
+    #[arg(long, default_value_t = 10)]
+    poll_us: u64,
+    /// NIC profile of the simulated cluster.
+    #[arg(long, default_value = "cx5")]
+    profile: String,
+    /// Memory nodes (replication degree min(3, MNs)).
+    #[arg(long, default_value_t = 3)]
+    mns: u16,
+    /// Compute nodes running coordinators (one more CN runs the failure detector).
+    #[arg(long, default_value_t = 2)]
+    cns: u16,
+    /// Threads (cores) per CN.
+    #[arg(long, default_value_t = 4)]
+    threads: u16,
+    /// Coroutines (coordinators) per thread: threads × coroutines transactions are
+    /// outstanding on a CN when it crashes.
+    #[arg(long, default_value_t = 8)]
+    coroutines: u16,
+    /// Seed of the cluster and of every coordinator's transaction generator.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Skip the history checker.
+    #[arg(long)]
+    no_check: bool,
+    /// Print one JSON object instead of the report.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What crashes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Crash {
+    /// The last coordinator CN.
+    OneCn,
+    /// The last half of the coordinator CNs.
+    Half,
+}
+
+impl Args {
+    fn validate(&self) -> anyhow::Result<(AnyWorkload, NicProfile, Crash)> {
+        let crash = match self.crash.as_str() {
+            "cn" => Crash::OneCn,
+            "half" => Crash::Half,
+            other => anyhow::bail!("unknown --crash `{other}`: use cn or half"),
+        };
+        ensure!(self.mns > 0, "--mns must be at least 1");
+        ensure!(
+            self.cns >= 2,
+            "--cns must be at least 2: one CN crashes, another keeps running"
+        );
+        ensure!(
+            crash == Crash::OneCn || self.cns.is_multiple_of(2),
+            "--crash half needs an even --cns (got {})",
+            self.cns
+        );
+        ensure!(self.threads > 0, "--threads must be at least 1");
+        ensure!(self.coroutines > 0, "--coroutines must be at least 1");
+        ensure!(self.heartbeat_us > 0, "--heartbeat-us must be at least 1");
+        ensure!(self.poll_us > 0, "--poll-us must be at least 1");
+        ensure!(
+            self.detect_timeout_us > self.heartbeat_us,
+            "--detect-timeout-us ({}) must exceed --heartbeat-us ({}), or live CNs are suspected",
+            self.detect_timeout_us,
+            self.heartbeat_us
+        );
+        ensure!(
+            self.crash_at_ms * 1_000 + self.detect_timeout_us < self.duration_ms * 1_000,
+            "the crash at {} ms plus the {} µs detection timeout must fall before --duration-ms {}",
+            self.crash_at_ms,
+            self.detect_timeout_us,
+            self.duration_ms
+        );
+        let coordinators =
+            u32::from(self.cns) * u32::from(self.threads) * u32::from(self.coroutines);
+        ensure!(
+            coordinators < u32::from(u16::MAX),
+            "{coordinators} coordinators exceed the 16-bit coordinator ids: lower --cns, --threads or --coroutines"
+        );
+        let cfg = protocol_config(&self.protocol)?;
+        ensure!(
+            cfg.bugs.is_empty(),
+            "--protocol {}: dmem recover runs pandora, ford or pandora-lock-logging",
+            self.protocol
+        );
+        let (workload, _) = parse_workload(&self.workload, &self.scale)?;
+        let profile = NicProfile::named(&self.profile)?;
+        Ok((workload, profile, crash))
+    }
+
+    /// The CN indices that crash.
+    fn crashed_cns(&self, crash: Crash) -> std::ops::Range<u16> {
+        match crash {
+            Crash::OneCn => self.cns - 1..self.cns,
+            Crash::Half => self.cns / 2..self.cns,
+        }
+    }
+}
+
+/// Revokes through the simulator: the MN-side link-termination service (Pandora §3.2.2
+/// step 2) costs no virtual time here.
+struct SimTerminator(Rc<Sim>);
+
+impl LinkTerminator for SimTerminator {
+    async fn terminate(&self, mn: NodeId, cn: NodeId) -> Result<(), VerbsError> {
+        self.0.revoke(mn, cn);
+        Ok(())
+    }
+}
+
+/// One coordinator's transaction whose commit was started but not acknowledged: its
+/// sequence number and its change to the workload's conserved quantity.
+type Pending = Rc<Cell<Option<(u64, i64)>>>;
+
+/// Like [`dmem_workloads::execute`], but notes the transaction in `pending` from the
+/// commit decision until the commit is acknowledged, so that a crash in between can be
+/// matched with recovery's decision. A commit that fails with a fabric error stays pending
+/// (its outcome is in doubt) and ends the loop.
+async fn execute_tracked<V: dmem_verbs::Verbs + Clock, H: HistorySink>(
+    workload: &AnyWorkload,
+    co: &mut FordCoordinator<V, H>,
+    txn: &<AnyWorkload as Workload>::Txn,
+    pending: &Pending,
+) -> Executed {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let mut tx = co.begin_txn(txn.kind());
+        let seq = tx.id().seq;
+        let error = match workload.run(txn, &mut tx).await {
+            Ok(Outcome::Rollback(reason)) => {
+                tx.abort().await;
+                return Executed::RolledBack { reason, attempts };
+            }
+            Ok(outcome) => {
+                let delta = match outcome {
+                    Outcome::Commit { delta } => delta,
+                    Outcome::CommitMissed(_) | Outcome::Rollback(_) => 0,
+                };
+                pending.set(Some((seq, delta)));
+                match tx.commit().await {
+                    Ok(()) => {
+                        pending.set(None);
+                        return Executed::Committed { outcome, attempts };
+                    }
+                    Err(e @ TxnError::Verbs(_)) => {
+                        return Executed::Failed { error: e, attempts };
+                    }
+                    Err(e) => {
+                        pending.set(None);
+                        e
+                    }
+                }
+            }
+            Err(e) => {
+                tx.abort().await;
+                e
+            }
+        };
+        if !error.is_retryable() || attempts >= MAX_ATTEMPTS {
+            return Executed::Failed { error, attempts };
+        }
+    }
+}
+
+/// The report of one run.
+#[derive(Debug, Serialize)]
+struct Report {
+    protocol: String,
+    workload: String,
+    scale: String,
+    crash: String,
+    /// CNs running coordinators, and how many crashed.
+    cns: u16,
+    crashed_cns: u16,
+    /// Coordinators (= outstanding transactions) on each CN.
+    coordinators_per_cn: u32,
+    crash_at_us: f64,
+    detect_timeout_us: u64,
+    /// Crash → first detection.
+    detection_us: f64,
+    /// First detection → every crashed CN recovered (all stray transactions decided; FORD:
+    /// stray locks scanned and released).
+    recovery_latency_us: f64,
+    /// Parts of the recovery latency, summed over the crashed CNs: link termination, log
+    /// recovery (with truncation and, for lock logging, release of logged locks), and the
+    /// rest (FORD's scan; the notification send).
+    terminate_us: f64,
+    log_recovery_us: f64,
+    scan_us: f64,
+    /// Logged stray transactions recovery decided (one per crashed coordinator with a valid
+    /// log), and how.
+    recovered_txns: usize,
+    rolled_forward: usize,
+    rolled_back: usize,
+    /// Of those, the ones caught mid-flight (a replica restored or a lock released); a
+    /// roll-forward of a transaction that had already finished changes nothing.
+    in_flight_txns: usize,
+    restored_replicas: usize,
+    /// Locks released by log recovery (logged transactions' and, for lock logging, logged
+    /// locks).
+    released_locks: usize,
+    /// Stray locks FORD's scan released.
+    scanned_locks: usize,
+    /// Stray locks the survivors stole afterwards (PILL).
+    steals: u64,
+    /// Committed transactions per 1 ms of virtual time, from 0 to --duration-ms.
+    series: Vec<u64>,
+    /// Mean committed per ms before the crash and after recovery finished (0 if none).
+    before_per_ms: f64,
+    after_per_ms: f64,
+    committed: u64,
+    /// Verdict of the history checker: "ok", "skipped", or the first anomaly.
+    checker: String,
+    checked_txns: usize,
+    /// Transactions left with an unknown outcome by the crash.
+    in_doubt: usize,
+    /// Verdict of the workload's consistency checks.
+    invariants: String,
+}
+
+/// Runs `dmem recover`.
+pub(crate) fn run(args: Args) -> anyhow::Result<()> {
+    let (workload, profile, crash) = args.validate()?;
+    let cfg = protocol_config(&args.protocol)?;
+    let per_cn = u32::from(args.threads) * u32::from(args.coroutines);
+    let coordinators = args.cns * args.threads * args.coroutines;
+    let (sim, store) = build_cluster(
+        &ClusterShape {
+            mns: args.mns,
+            cns: args.cns + 1,
+            threads: args.threads,
+            coordinators,
+            seed: args.seed,
+        },
+        &workload,
+        &profile,
+    )
+    .context("building the simulated cluster")?;
+    let sim = Rc::new(sim);
+
+    let crash_at: Nanos = args.crash_at_ms * 1_000_000;
+    let end: Nanos = args.duration_ms * 1_000_000;
+    let poll: Nanos = args.poll_us * 1_000;
+    let buckets = usize::try_from(args.duration_ms).context("--duration-ms")?;
+    let history = Rc::new(RefCell::new(History::new()));
+    let series = Rc::new(RefCell::new(vec![0u64; buckets]));
+    let delta = Rc::new(Cell::new(0i64));
+    let steals = Rc::new(Cell::new(0u64));
+    let paused = Rc::new(Cell::new(false));
+    let workload = Rc::new(workload);
+    let fd_ctx = sim.context(sim.cn(args.cns), 0)?;
+    let fd = fd_ctx.local_endpoint();
+
+    let mut members = Vec::new();
+    let mut pendings: Vec<(u16, Pending)> = Vec::new();
+    let mut id: u16 = 0;
+    for cn in 0..args.cns {
+        let shared = CnShared::new();
+        let mut ids = Vec::new();
+        for thread in 0..args.threads {
+            for _ in 0..args.coroutines {
+                let ctx = sim.context(sim.cn(cn), thread)?;
+                let mut co = FordCoordinator::new(
+                    ctx.clone(),
+                    store.clone(),
+                    cfg,
+                    id,
+                    shared.clone(),
+                    Rc::clone(&history),
+                )?;
+                let mut generator = workload.generator(u32::from(id), args.seed ^ u64::from(id));
+                let pending: Pending = Rc::new(Cell::new(None));
+                pendings.push((id, Rc::clone(&pending)));
+                let (workload, series, delta, steals, paused) = (
+                    Rc::clone(&workload),
+                    Rc::clone(&series),
+                    Rc::clone(&delta),
+                    Rc::clone(&steals),
+                    Rc::clone(&paused),
+                );
+                let task_ctx = ctx.clone();
+                sim.spawn(&task_ctx, async move {
+                    'run: while ctx.now() < end {
+                        while paused.get() {
+                            if ctx.now() >= end {
+                                break 'run;
+                            }
+                            ctx.sleep(poll).await;
+                        }
+                        let txn = generator.next_txn();
+                        match execute_tracked(&workload, &mut co, &txn, &pending).await {
+                            Executed::Committed { outcome, .. } => {
+                                if let Outcome::Commit { delta: d } = outcome {
+                                    delta.set(delta.get() + d);
+                                }
+                                let ms =
+                                    usize::try_from(ctx.now() / 1_000_000).unwrap_or(usize::MAX);
+                                if let Some(b) = series.borrow_mut().get_mut(ms) {
+                                    *b += 1;
+                                }
+                            }
+                            Executed::Failed {
+                                error: TxnError::Verbs(_),
+                                ..
+                            } => break,
+                            Executed::RolledBack { .. } | Executed::Failed { .. } => {}
+                        }
+                    }
+                    steals.set(steals.get() + co.stats().steals);
+                });
+                ids.push(id);
+                id += 1;
+            }
+        }
+        let listener = sim.context(sim.cn(cn), 0)?;
+        members.push(Member {
+            cn: sim.cn(cn),
+            coordinators: ids,
+            listener: listener.local_endpoint(),
+        });
+        let l = listener.clone();
+        sim.spawn(&listener, async move {
+            let _ = membership_listener(&l, shared.failed, poll, end).await;
+        });
+        let hb = sim.context(sim.cn(cn), args.threads.min(2) - 1)?;
+        let h = hb.clone();
+        let period = args.heartbeat_us * 1_000;
+        sim.spawn(&hb, async move {
+            let _ = heartbeat_loop(&h, fd, period, end).await;
+        });
+    }
+
+    let mut manager = RecoveryManager::new(
+        fd_ctx.clone(),
+        Rc::clone(&store),
+        cfg.protocol,
+        SimTerminator(Rc::clone(&sim)),
+        members,
+        args.detect_timeout_us * 1_000,
+    );
+    let events = manager.events();
+    let stop_the_world = cfg.protocol == Protocol::Ford;
+    let recovery_error: Rc<RefCell<Option<String>>> = Rc::new(RefCell::new(None));
+    let err = Rc::clone(&recovery_error);
+    let paused_fd = Rc::clone(&paused);
+    let fd_clock = fd_ctx.clone();
+    sim.spawn(&fd_ctx, async move {
+        let r: Result<(), dmem_ford::RecoveryError> = async {
+            while fd_clock.now() < end {
+                let suspects = manager.detect()?;
+                if stop_the_world && !suspects.is_empty() {
+                    paused_fd.set(true);
+                }
+                for member in suspects {
+                    manager.recover(member).await?;
+                }
+                paused_fd.set(false);
+                fd_clock.sleep(poll).await;
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = r {
+            *err.borrow_mut() = Some(e.to_string());
+        }
+    });
+    let crashed: Vec<u16> = args.crashed_cns(crash).collect();
+    for &cn in &crashed {
+        sim.crash_at(sim.cn(cn), crash_at);
+    }
+
+    let progress = progress_bar(&args, end);
+    let step = (end / 100).max(1);
+    let mut now = 0;
+    while now < end {
+        now = (now + step).min(end);
+        sim.run_until(now);
+        progress.set_position(now / 1_000);
+    }
+    // In-flight transactions and a recovery still running (FORD's scan) finish.
+    sim.run_until_idle();
+    progress.finish_and_clear();
+
+    if let Some(e) = recovery_error.borrow().as_ref() {
+        anyhow::bail!("recovery failed: {e}");
+    }
+    let events = events.borrow();
+    ensure!(
+        events.len() == crashed.len(),
+        "the failure detector recovered {} of {} crashed CNs before the end of the run: raise --duration-ms",
+        events.len(),
+        crashed.len()
+    );
+
+    // Crashed in-flight transactions count toward the conserved quantity iff rolled forward.
+    let mut committed_delta = delta.get();
+    for (c, pending) in &pendings {
+        if let Some((seq, d)) = pending.get() {
+            let forward = events.iter().flat_map(|e| &e.coordinators).any(|r| {
+                r.coordinator == *c
+                    && r.txn == Some(seq)
+                    && r.decision == Some(Decision::RollForward)
+            });
+            if forward {
+                committed_delta += d;
+            }
+        }
+    }
+    let report = build_report(
+        &args,
+        per_cn,
+        crashed.len(),
+        crash_at,
+        &events,
+        &series.borrow(),
+        steals.get(),
+        (&history.borrow(), &sim, &store, &workload, committed_delta),
+    );
+    print_report(&args, &report)?;
+    ensure!(
+        (report.checker == "ok" || report.checker == "skipped") && report.invariants == "ok",
+        "correctness check failed after recovery: checker {}, invariants {}",
+        report.checker,
+        report.invariants
+    );
+    Ok(())
+}
+
+type Final<'a> = (
+    &'a History,
+    &'a Sim,
+    &'a dmem_ford::Store,
+    &'a AnyWorkload,
+    i64,
+);
+
+#[allow(clippy::too_many_arguments)]
+fn build_report(
+    args: &Args,
+    per_cn: u32,
+    crashed: usize,
+    crash_at: Nanos,
+    events: &[RecoveryEvent],
+    series: &[u64],
+    steals: u64,
+    (history, sim, store, workload, committed_delta): Final<'_>,
+) -> Report {
+    let us = |ns: Nanos| ns as f64 / 1e3;
+    let first_detect = events
+        .iter()
+        .map(|e| e.detected_at)
+        .min()
+        .unwrap_or(crash_at);
+    let last_done = events
+        .iter()
+        .map(|e| e.notified_at)
+        .max()
+        .unwrap_or(first_detect);
+    let sum = |f: fn(&RecoveryEvent) -> Nanos| events.iter().map(f).sum::<Nanos>();
+    let recs: Vec<_> = events.iter().flat_map(|e| &e.coordinators).collect();
+    let decided = |d: Decision| recs.iter().filter(|r| r.decision == Some(d)).count();
+    let crash_ms = usize::try_from(crash_at / 1_000_000).unwrap_or(usize::MAX);
+    let after_ms = usize::try_from(last_done.div_ceil(1_000_000)).unwrap_or(usize::MAX);
+    let mean = |s: &[u64]| {
+        if s.is_empty() {
+            0.0
+        } else {
+            s.iter().sum::<u64>() as f64 / s.len() as f64
+        }
+    };
+    // Skip the first ms (coordinators start cold) when there is more before the crash.
+    let before = series.get(usize::from(crash_ms > 1)..crash_ms.min(series.len()));
+    let after = series.get(after_ms.min(series.len())..);
+
+    let (checker, checked_txns) = if args.no_check {
+        ("skipped".to_string(), 0)
+    } else {
+        let report = check(history);
+        let verdict = match report.anomalies.first() {
+            None if report.is_ok() => "ok".to_string(),
+            None => format!("{} anomalies", report.total()),
+            Some(first) => format!("{} anomalies, first: {first}", report.total()),
+        };
+        (verdict, history.txns.len())
+    };
+    let violations = workload.check(
+        |table, key| read_record(sim, store, table, key),
+        committed_delta,
+    );
+    let invariants = match violations.first() {
+        None => "ok".to_string(),
+        Some(v) => format!("{} violations, first: {v}", violations.len()),
+    };
+    Report {
+        protocol: args.protocol.clone(),
+        workload: args.workload.clone(),
+        scale: args.scale.clone(),
+        crash: args.crash.clone(),
+        cns: args.cns,
+        crashed_cns: crashed as u16,
+        coordinators_per_cn: per_cn,
+        crash_at_us: us(crash_at),
+        detect_timeout_us: args.detect_timeout_us,
+        detection_us: us(first_detect.saturating_sub(crash_at)),
+        recovery_latency_us: us(last_done - first_detect),
+        terminate_us: us(sum(|e| e.terminated_at - e.detected_at)),
+        log_recovery_us: us(sum(|e| e.logs_recovered_at - e.terminated_at)),
+        scan_us: us(sum(|e| e.notified_at - e.logs_recovered_at)),
+        recovered_txns: recs.iter().filter(|r| r.decision.is_some()).count(),
+        rolled_forward: decided(Decision::RollForward),
+        rolled_back: decided(Decision::RollBack),
+        in_flight_txns: recs
+            .iter()
+            .filter(|r| r.decision.is_some() && (r.restored > 0 || r.unlocked > 0))
+            .count(),
+        restored_replicas: recs.iter().map(|r| r.restored).sum(),
+        released_locks: recs.iter().map(|r| r.unlocked).sum(),
+        scanned_locks: events.iter().map(|e| e.scanned_locks).sum(),
+        steals,
+        series: series.to_vec(),
+        before_per_ms: before.map_or(0.0, mean),
+        after_per_ms: after.map_or(0.0, mean),
+        committed: series.iter().sum(),
+        checker,
+        checked_txns,
+        in_doubt: history
+            .txns
+            .iter()
+            .filter(|t| t.outcome == TxnOutcome::Unknown)
+            .count(),
+        invariants,
+    }
+}
+
+fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
+    if args.json {
+        println!("{}", serde_json::to_string(r)?);
+        return Ok(());
+    }
+    println!(
+        "dmem recover  {} on {} ({} scale)  sim {}  {} MN  {} CN x {} threads x {} coroutines (+1 CN: detector, recovery)  crash {} of {} CN at {} ms  timeout {} µs  seed {}",
+        r.protocol,
+        r.workload,
+        r.scale,
+        args.profile,
+        args.mns,
+        args.cns,
+        args.threads,
+        args.coroutines,
+        r.crashed_cns,
+        r.cns,
+        args.crash_at_ms,
+        r.detect_timeout_us,
+        args.seed
+    );
+    println!(
+        "detection          {:>10.1} µs  (crash → suspected)",
+        r.detection_us
+    );
+    println!(
+        "recovery latency   {:>10.1} µs  (suspected → all stray transactions decided{})",
+        r.recovery_latency_us,
+        if r.scanned_locks > 0 || r.protocol == "ford" {
+            ", store scanned"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "  termination {:.1} µs, log recovery {:.1} µs, scan + notification {:.1} µs",
+        r.terminate_us, r.log_recovery_us, r.scan_us
+    );
+    println!(
+        "recovered txns     {} ({} rolled forward, {} rolled back; {} caught in flight), {} replicas restored, {} locks released, {} scanned locks released, {} stolen later",
+        r.recovered_txns,
+        r.rolled_forward,
+        r.rolled_back,
+        r.in_flight_txns,
+        r.restored_replicas,
+        r.released_locks,
+        r.scanned_locks,
+        r.steals
+    );
+    println!(
+        "throughput         {:.1} committed/ms before the crash, {:.1} after recovery",
+        r.before_per_ms, r.after_per_ms
+    );
+    println!("committed per ms:");
+    for (row, chunk) in r.series.chunks(10).enumerate() {
+        let cells: Vec<String> = chunk.iter().map(|c| format!("{c:>6}")).collect();
+        println!("  {:>5} ms {}", row * 10, cells.join(""));
+    }
+    println!(
+        "checker {} ({} txns, {} in doubt)  invariants {}",
+        r.checker, r.checked_txns, r.in_doubt, r.invariants
+    );
+    Ok(())
+}
+
+fn progress_bar(args: &Args, end: Nanos) -> indicatif::ProgressBar {
+    if args.json {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(end / 1_000);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{prefix:>10} [{bar:30}] {pos}/{len} µs virtual  {elapsed} real",
+        )
+        .expect("static template is valid")
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(args.protocol.clone());
+    bar
+}
