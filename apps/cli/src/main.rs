@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod bench_hashtable;
 mod bench_locks;
 mod bench_txn;
+mod litmus;
 mod perf;
 mod recover;
 
@@ -24,6 +25,9 @@ enum Command {
     /// --protocol ford,pandora`), or a layer benchmark (`dmem bench hashtable`, `dmem bench
     /// locks`).
     Bench(BenchArgs),
+    /// Pandora's litmus tests (§5, Fig. 5) with crash injection over many seeds (`dmem litmus
+    /// --protocol ford --bug covert-locks --seeds 100 --crash-prob 0.5 [--json]`).
+    Litmus(litmus::Args),
     /// A CN crash mid-run and its recovery: detection and recovery latency, transactions
     /// rolled forward / back, committed per ms around the crash (`dmem recover --protocol
     /// pandora|ford --workload smallbank --crash cn|half --crash-at-ms 10 [--json]`).
@@ -53,6 +57,7 @@ fn main() {
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match cli.command {
         Command::Perf(args) => perf::run(args),
+        Command::Litmus(args) => litmus::run(args),
         Command::Recover(args) => recover::run(args),
         Command::Bench(BenchArgs { layer: None, txn }) => bench_txn::run(txn),
         Command::Bench(BenchArgs {
