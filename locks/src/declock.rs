@@ -620,7 +620,11 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
             LocalAcquire::Wait { prefetch } => {
                 if let Some(generation) = prefetch {
                     let earliest = self.prefetch_remote_ts(addr).await;
-                    table.set_remote_ts(lock, generation, earliest.as_ref().ok().copied().flatten());
+                    table.set_remote_ts(
+                        lock,
+                        generation,
+                        earliest.as_ref().ok().copied().flatten(),
+                    );
                     earliest?;
                 }
                 self.wait_local(table, lock).await? == LocalGrant::AcquireCql

@@ -325,7 +325,9 @@ impl LocalLock {
             return Ok(LocalRelease::Done);
         }
         let CqlHold::Held { mode, .. } = self.cql else {
-            return Err(LockError::Corrupt("local lock: released without the CQL lock"));
+            return Err(LockError::Corrupt(
+                "local lock: released without the CQL lock",
+            ));
         };
         if let Some(i) = self.select(policy, mode) {
             let w = &self.wq[i];
@@ -479,7 +481,14 @@ impl LocalLockTable {
         let mut wakers = Vec::new();
         self.with(lock, |l, generation| {
             *generation += 1;
-            l.cql_acquired(mode, reset_count, remote_ts, *generation, policy, &mut wakers);
+            l.cql_acquired(
+                mode,
+                reset_count,
+                remote_ts,
+                *generation,
+                policy,
+                &mut wakers,
+            );
         });
         wake(wakers);
     }
@@ -583,7 +592,10 @@ mod tests {
         assert_eq!(t.acquire(1, 2, S, ts(3)).unwrap(), LocalAcquire::Joined);
         assert_eq!(t.release(1, 0).unwrap(), LocalRelease::Done);
         assert_eq!(t.release(1, 2).unwrap(), LocalRelease::Done);
-        assert_eq!(t.release(1, 1).unwrap(), LocalRelease::ReleaseCql { mode: S });
+        assert_eq!(
+            t.release(1, 1).unwrap(),
+            LocalRelease::ReleaseCql { mode: S }
+        );
         t.finish_cql_release(1, S);
         assert_eq!(t.inspect(1), (CqlHold::NotHeld, 0, 0));
     }
@@ -602,7 +614,10 @@ mod tests {
             LocalAcquire::Wait { prefetch: None }
         ));
         // The reader's release must reacquire the CQL lock for the writer (mode differs).
-        assert_eq!(t.release(1, 0).unwrap(), LocalRelease::ReleaseCql { mode: S });
+        assert_eq!(
+            t.release(1, 0).unwrap(),
+            LocalRelease::ReleaseCql { mode: S }
+        );
         t.finish_cql_release(1, S);
         assert_eq!(
             t.poll_grant(1, 1, None).unwrap(),
@@ -610,7 +625,10 @@ mod tests {
         );
         t.cql_acquired(1, X, 0, None);
         // Writer → reader: modes differ, so the CQL lock is released again.
-        assert_eq!(t.release(1, 1).unwrap(), LocalRelease::ReleaseCql { mode: X });
+        assert_eq!(
+            t.release(1, 1).unwrap(),
+            LocalRelease::ReleaseCql { mode: X }
+        );
     }
 
     #[test]
@@ -644,13 +662,20 @@ mod tests {
             panic!("prefetch expected");
         };
         t.set_remote_ts(1, g + 1, Some(ts(2)));
-        assert_eq!(t.release(1, 0).unwrap(), LocalRelease::Done, "stale prefetch");
+        assert_eq!(
+            t.release(1, 0).unwrap(),
+            LocalRelease::Done,
+            "stale prefetch"
+        );
         let t = LocalLockTable::new(FairnessPolicy::TaskFair);
         t.acquire(1, 0, X, ts(1)).unwrap();
         t.cql_acquired(1, X, 0, None);
         t.acquire(1, 1, X, ts(4)).unwrap();
         t.set_remote_ts(1, g, Some(ts(2)));
-        assert_eq!(t.release(1, 0).unwrap(), LocalRelease::ReleaseCql { mode: X });
+        assert_eq!(
+            t.release(1, 0).unwrap(),
+            LocalRelease::ReleaseCql { mode: X }
+        );
     }
 
     #[test]
@@ -665,7 +690,10 @@ mod tests {
             t.acquire(1, 1, S, ts(2)).unwrap();
             t.acquire(1, 2, X, ts(3)).unwrap();
             t.acquire(1, 3, S, ts(4)).unwrap();
-            assert_eq!(t.release(1, 0).unwrap(), LocalRelease::ReleaseCql { mode: X });
+            assert_eq!(
+                t.release(1, 0).unwrap(),
+                LocalRelease::ReleaseCql { mode: X }
+            );
             t.finish_cql_release(1, X);
             assert_eq!(
                 t.poll_grant(1, 1, None).unwrap(),
@@ -688,7 +716,10 @@ mod tests {
             t.acquire(1, 1, S, ts(2)).unwrap(),
             LocalAcquire::Wait { .. }
         ));
-        assert_eq!(t.release(1, 0).unwrap(), LocalRelease::ReleaseCql { mode: S });
+        assert_eq!(
+            t.release(1, 0).unwrap(),
+            LocalRelease::ReleaseCql { mode: S }
+        );
         t.finish_cql_release(1, S);
         assert_eq!(
             t.poll_grant(1, 1, None).unwrap(),

@@ -140,8 +140,7 @@ impl LockMsgRepr {
                     LockMode::Shared
                 },
                 reset_count: m.count.get(),
-                remote_ts: (m.flags & FLAG_REMOTE_TS != 0)
-                    .then(|| CqlTimestamp(m.ts.get() as u16)),
+                remote_ts: (m.flags & FLAG_REMOTE_TS != 0).then(|| CqlTimestamp(m.ts.get() as u16)),
             },
             kind::RESET_SIGNAL => Self::ResetSignal {
                 lock,

@@ -79,7 +79,7 @@ impl<T> SpinMutex<T> {
         loop {
             if self
                 .locked
-                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
                 break;

@@ -228,7 +228,11 @@ fn spawn_all(
 ) {
     let _ = plan;
     let directory = Directory::new(s.contexts.iter().map(|c| c.local_endpoint()).collect());
-    let mut nodes: Vec<u16> = s.contexts.iter().map(|c| c.local_endpoint().node.0).collect();
+    let mut nodes: Vec<u16> = s
+        .contexts
+        .iter()
+        .map(|c| c.local_endpoint().node.0)
+        .collect();
     nodes.dedup();
     let cns = nodes.len();
     let policy = match kind {

@@ -14,12 +14,14 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use anyhow::{Context as _, bail, ensure};
 use clap::{Args as ClapArgs, ValueEnum};
 use dmem_locks::caslock::{CasLockClient, CasLockConfig};
 use dmem_locks::declock::{DecLockClient, DecLockConfig};
 use dmem_locks::dslr::{DslrClient, DslrConfig};
+use dmem_locks::local::{FairnessPolicy, LocalLockTable};
 use dmem_locks::shiftlock::{ShiftLockClient, ShiftLockConfig};
 use dmem_locks::{
     Directory, LockLayout, LockMode, LockStats, NoFailures, RemoteAddr, RwLockClient,
@@ -41,11 +43,14 @@ pub(crate) enum LockArg {
     Dslr,
     /// ShiftLock-style MCS reader-writer lock (writer hand-over, counted readers).
     Shiftlock,
-    /// DecLock CQL with a client-level queue: task-fair (strict FIFO).
+    /// DecLock with §5 hierarchical locking (CN-level CQL queue, per-CN local locks),
+    /// task-fair.
     DeclockTf,
-    /// DecLock §5 phase-fair hierarchical variant (not implemented; refused).
+    /// DecLock with §5 hierarchical locking, phase-fair.
     DeclockPf,
-    /// caslock, dslr, shiftlock, declock-tf.
+    /// DecLock §4 alone: a client-level CQL queue (one entry per client), strict FIFO.
+    DeclockFlat,
+    /// caslock, dslr, shiftlock, declock-tf, declock-pf.
     All,
 }
 
@@ -57,6 +62,7 @@ impl LockArg {
             LockArg::Shiftlock => "shiftlock",
             LockArg::DeclockTf => "declock-tf",
             LockArg::DeclockPf => "declock-pf",
+            LockArg::DeclockFlat => "declock-flat",
             LockArg::All => "all",
         }
     }
@@ -65,7 +71,8 @@ impl LockArg {
 /// Arguments of `dmem bench locks`.
 #[derive(Debug, ClapArgs)]
 pub(crate) struct Args {
-    /// Locks to measure, comma-separated (caslock, dslr, shiftlock, declock-tf, all).
+    /// Locks to measure, comma-separated (caslock, dslr, shiftlock, declock-tf,
+    /// declock-pf, declock-flat, all).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
     lock: Vec<LockArg>,
     /// Compute nodes.
@@ -132,10 +139,8 @@ impl Args {
                     LockArg::Dslr,
                     LockArg::Shiftlock,
                     LockArg::DeclockTf,
+                    LockArg::DeclockPf,
                 ]),
-                LockArg::DeclockPf => bail!(
-                    "--lock declock-pf: DecLock's phase-fair hierarchical variant (§5) is not implemented yet; use declock-tf"
-                ),
                 other => locks.push(other),
             }
         }
@@ -254,6 +259,10 @@ struct Row {
     /// DecLock: refetches per release, resets.
     refetches_per_release: f64,
     resets: u64,
+    /// DecLock §5: fraction of acquisitions served by the local lock without a CQL
+    /// acquisition; remote-timestamp prefetch READs per acquisition.
+    local_grant_ratio: f64,
+    prefetches_per_acquire: f64,
 }
 
 struct Tally {
@@ -280,6 +289,8 @@ fn diff(after: &LockStats, before: &LockStats) -> LockStats {
         aborts: after.aborts - before.aborts,
         timeouts: after.timeouts - before.timeouts,
         stale_messages: after.stale_messages - before.stale_messages,
+        local_grants: after.local_grants - before.local_grants,
+        prefetches: after.prefetches - before.prefetches,
     }
 }
 
@@ -353,18 +364,32 @@ enum Which {
     Cas,
     Dslr,
     Shift,
-    Dec,
+    /// DecLock; `Some(policy)`: hierarchical (§5).
+    Dec(Option<FairnessPolicy>),
 }
 
 fn run_one(args: &Args, profile: &NicProfile, which: LockArg, zipf: &Zipf) -> anyhow::Result<Row> {
     let total = u64::from(args.cns) * u64::from(args.clients);
-    let capacity = (total.next_power_of_two() as usize).max(8);
+    // The CQL queue holds clients (§4) or, with hierarchical locking, CNs (§5; the paper
+    // uses capacity 8 for 8 CNs).
+    let capacity = match which {
+        LockArg::DeclockFlat => (total.next_power_of_two() as usize).max(8),
+        _ => (usize::from(args.cns).next_power_of_two()).max(8),
+    };
     let (kind, layout): (Which, LockLayout) = match which {
         LockArg::Caslock => (Which::Cas, dmem_locks::caslock::layout()),
         LockArg::Dslr => (Which::Dslr, dmem_locks::dslr::layout()),
         LockArg::Shiftlock => (Which::Shift, dmem_locks::shiftlock::layout()),
-        LockArg::DeclockTf => (Which::Dec, cql_layout(capacity)?),
-        LockArg::DeclockPf | LockArg::All => unreachable!("expanded by validate"),
+        LockArg::DeclockTf => (
+            Which::Dec(Some(FairnessPolicy::TaskFair)),
+            cql_layout(capacity)?,
+        ),
+        LockArg::DeclockPf => (
+            Which::Dec(Some(FairnessPolicy::PhaseFair)),
+            cql_layout(capacity)?,
+        ),
+        LockArg::DeclockFlat => (Which::Dec(None), cql_layout(capacity)?),
+        LockArg::All => unreachable!("expanded by validate"),
     };
     let stride = layout.bytes.div_ceil(8) * 8;
     let objects_base = 4096u64;
@@ -420,6 +445,13 @@ fn run_one(args: &Args, profile: &NicProfile, which: LockArg, zipf: &Zipf) -> an
         }
     }
     let directory = Directory::new(contexts.iter().map(|c| c.local_endpoint()).collect());
+    let tables: Vec<Arc<LocalLockTable>> = match kind {
+        Which::Dec(Some(policy)) => (0..args.cns)
+            .map(|_| Arc::new(LocalLockTable::new(policy)))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let clock_counter = region.at(CLOCK_COUNTER).context("MN region too small")?;
     for (i, ctx) in contexts.iter().enumerate() {
         let id = i as u32;
         let seed = ctx.seed() ^ args.seed;
@@ -443,7 +475,16 @@ fn run_one(args: &Args, profile: &NicProfile, which: LockArg, zipf: &Zipf) -> an
                 )?;
                 sim.spawn(ctx, client(l, ctx.clone(), w, t));
             }
-            Which::Dec => spawn_declock(&sim, ctx, id, &directory, capacity, seed, w, t)?,
+            Which::Dec(_) => {
+                let cn = i / args.clients as usize;
+                let local = tables.get(cn).map(|table| Hierarchy {
+                    table: Arc::clone(table),
+                    synchronizes: i % args.clients as usize == 0,
+                    cns: u64::from(args.cns),
+                    counter: clock_counter,
+                });
+                spawn_declock(&sim, ctx, id, &directory, capacity, seed, local, w, t)?;
+            }
         }
     }
     sim.run_until(warm_up_end);
@@ -488,13 +529,15 @@ fn run_one(args: &Args, profile: &NicProfile, which: LockArg, zipf: &Zipf) -> an
         retries_per_acquire: t.stats.retries as f64 / acq,
         mn_nic_busy: mn_busy,
         fairness_hot: t.hot_acquire.value_at_quantile(0.99) as f64 / hot_p50 as f64,
-        cql_capacity: if matches!(kind, Which::Dec) {
+        cql_capacity: if matches!(kind, Which::Dec(_)) {
             capacity
         } else {
             0
         },
         refetches_per_release: t.stats.refetches as f64 / t.stats.releases.max(1) as f64,
         resets: t.stats.resets,
+        local_grant_ratio: t.stats.local_grants as f64 / acq,
+        prefetches_per_acquire: t.stats.prefetches as f64 / acq,
     })
 }
 
@@ -520,6 +563,22 @@ fn cql_layout(capacity: usize) -> anyhow::Result<LockLayout> {
     Ok(with_capacity!(capacity, C => dmem_locks::declock::layout::<C>()))
 }
 
+/// A hierarchical DecLock client's CN-level parts (§5).
+struct Hierarchy {
+    table: Arc<LocalLockTable>,
+    /// This client synchronises its CN's clock (§5.3); the others wait for it.
+    synchronizes: bool,
+    cns: u64,
+    counter: RemoteAddr,
+}
+
+/// MN offset of the §5.3 clock synchronisation counter (below the objects).
+const CLOCK_COUNTER: u64 = 64;
+
+/// How often a CN READs the synchronisation counter, and how often its other clients
+/// look whether the clock is set, ns.
+const CLOCK_POLL_NS: Nanos = 1_000;
+
 #[allow(clippy::too_many_arguments)]
 fn spawn_declock(
     sim: &Sim,
@@ -528,19 +587,45 @@ fn spawn_declock(
     directory: &Directory,
     capacity: usize,
     seed: u64,
+    local: Option<Hierarchy>,
     work: Rc<Workload>,
     tally: Rc<RefCell<Tally>>,
 ) -> anyhow::Result<()> {
     with_capacity!(capacity, C => {
-        let l = DecLockClient::<_, C>::new(
+        let Some(h) = local else {
+            let l = DecLockClient::<_, C>::new(
+                ctx.clone(),
+                id,
+                directory.clone(),
+                Rc::new(NoFailures),
+                DecLockConfig::default(),
+                seed,
+            )?;
+            sim.spawn(ctx, client(l, ctx.clone(), work, tally));
+            return Ok(());
+        };
+        let mut l = DecLockClient::<_, C>::hierarchical(
             ctx.clone(),
             id,
             directory.clone(),
             Rc::new(NoFailures),
             DecLockConfig::default(),
             seed,
+            h.table,
         )?;
-        sim.spawn(ctx, client(l, ctx.clone(), work, tally));
+        let c = ctx.clone();
+        sim.spawn(ctx, async move {
+            let synced = if h.synchronizes {
+                l.synchronize_clock(h.counter, h.cns, CLOCK_POLL_NS).await.map(drop)
+            } else {
+                l.wait_for_clock(CLOCK_POLL_NS).await
+            };
+            if let Err(e) = synced {
+                eprintln!("dmem bench locks: clock synchronisation failed: {e}");
+                return;
+            }
+            client(l, c, work, tally).await;
+        });
     });
     Ok(())
 }
@@ -579,7 +664,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             args.seed
         );
         println!(
-            "{:<11} {:>7} {:>9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9}",
+            "{:<12} {:>7} {:>9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>7}",
             "lock",
             "Mops",
             "p50 µs",
@@ -589,11 +674,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             "retries",
             "MN busy",
             "hot p99/",
-            "resets"
+            "resets",
+            "local"
         );
         println!(
-            "{:<11} {:>7} {:>9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9}",
-            "", "", "", "", "/acquire", "/op", "/acquire", "", "p50", ""
+            "{:<12} {:>7} {:>9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>7}",
+            "", "", "", "", "/acquire", "/op", "/acquire", "", "p50", "", "grants"
         );
     }
     for which in locks {
@@ -602,7 +688,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&row)?);
         } else {
             println!(
-                "{:<11} {:>7.3} {:>9.2} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>7.0}% {:>8.1} {:>9}",
+                "{:<12} {:>7.3} {:>9.2} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>7.0}% {:>8.1} {:>9} {:>6.0}%",
                 row.lock,
                 row.mops,
                 row.p50_ns as f64 / 1e3,
@@ -613,6 +699,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
                 row.mn_nic_busy * 100.0,
                 row.fairness_hot,
                 row.resets,
+                row.local_grant_ratio * 100.0,
             );
         }
     }
