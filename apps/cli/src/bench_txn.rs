@@ -16,6 +16,7 @@ use dmem_ford::{
     BugSet, CnShared, FordCoordinator, Loader, ProtocolConfig, Store, StoreConfig, StoreError,
     TableSpec,
 };
+use dmem_layout::pill::{FailedCoordinatorSet, LockHolder, PillLockWord};
 use dmem_layout::record::DataItem;
 use dmem_sim::{ClusterConfig, NicProfile, Role, Sim};
 use dmem_txn::{History, Key, TableId, TxnOutcome, check};
@@ -276,6 +277,19 @@ pub(crate) fn build_cluster(
 /// Reads the committed value of `(table, key)` from its primary's memory (after the run,
 /// outside virtual time), for the workload's consistency checks.
 pub(crate) fn read_record(sim: &Sim, store: &Store, table: TableId, key: Key) -> Option<Vec<u8>> {
+    read_record_past_stray(sim, store, table, key, &FailedCoordinatorSet::EMPTY)
+}
+
+/// [`read_record`] that reads through a lock held by one of `failed`: a stray lock that
+/// PILL lets readers ignore and writers steal (Pandora §3.1.2), left by a crashed
+/// coordinator's not-logged transaction.
+pub(crate) fn read_record_past_stray(
+    sim: &Sim,
+    store: &Store,
+    table: TableId,
+    key: Key,
+    failed: &FailedCoordinatorSet,
+) -> Option<Vec<u8>> {
     let bucket = store.bucket_of(table, key).ok()?;
     let primary = store.primary(bucket.partition).ok()?;
     let node = store.mn_node(primary);
@@ -286,7 +300,14 @@ pub(crate) fn read_record(sim: &Sim, store: &Store, table: TableId, key: Key) ->
     let layout = store.table(table).ok()?;
     let item_bytes = sim.read_memory(node, loc.offset, layout.item_len);
     let item = DataItem::new_checked(&item_bytes[..]).ok()?;
-    item.is_readable().then(|| item.value().to_vec())
+    let header = item.header();
+    let stray = matches!(
+        PillLockWord::from_raw(header.lock_word()).holder(failed),
+        Ok(LockHolder::Stray(_))
+    );
+    let readable = item.is_readable()
+        || (stray && header.flags().is_valid() && !header.version().is_invisible());
+    readable.then(|| item.value().to_vec())
 }
 
 struct Tally {
