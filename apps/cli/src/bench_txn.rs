@@ -545,7 +545,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             args.seed
         );
         println!(
-            "{:<10} {:>8} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>7}  checker / invariants",
+            "{:<20} {:>8} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>7}  checker / invariants",
             "protocol",
             "Mtps",
             "aborts",
@@ -559,7 +559,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         );
         for r in &rows {
             println!(
-                "{:<10} {:>8.3} {:>6.1}% {:>8.1} {:>8.1} {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.0}%  {} / {}",
+                "{:<20} {:>8.3} {:>6.1}% {:>8.1} {:>8.1} {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.0}%  {} / {}",
                 r.protocol,
                 r.mtps,
                 r.abort_rate * 100.0,

@@ -34,6 +34,7 @@ use anyhow::{Context as _, ensure};
 use clap::Args as ClapArgs;
 use dmem_ford::logic::Decision;
 use dmem_ford::recovery::{heartbeat_loop, membership_listener};
+use dmem_ford::store::BUCKET_SLOTS;
 use dmem_ford::{
     CnShared, FordCoordinator, HistorySink, LinkTerminator, Member, Protocol, RecoveryEvent,
     RecoveryManager,
@@ -283,6 +284,11 @@ struct Report {
     released_locks: usize,
     /// Stray locks FORD's scan released.
     scanned_locks: usize,
+    /// Records loaded, and what a full scan reads: one READ per index bucket (of every
+    /// partition, at its primary) and the bytes of those buckets' items.
+    records: u64,
+    scan_reads: u64,
+    scan_bytes: u64,
     /// Stray locks the survivors stole afterwards (PILL).
     steals: u64,
     /// Committed transactions per 1 ms of virtual time, from 0 to --duration-ms.
@@ -540,6 +546,16 @@ fn build_report(
         .unwrap_or(first_detect);
     let sum = |f: fn(&RecoveryEvent) -> Nanos| events.iter().map(f).sum::<Nanos>();
     let recs: Vec<_> = events.iter().flat_map(|e| &e.coordinators).collect();
+    let mns = u64::from(store.config().mns);
+    let scan = store
+        .config()
+        .tables
+        .iter()
+        .filter_map(|t| store.table(t.id).ok())
+        .fold((0, 0), |(reads, bytes), l| {
+            let n = u64::from(l.spec.buckets_per_partition) * mns;
+            (reads + n, bytes + n * (l.item_len * BUCKET_SLOTS) as u64)
+        });
     let decided = |d: Decision| recs.iter().filter(|r| r.decision == Some(d)).count();
     let crash_ms = usize::try_from(crash_at / 1_000_000).unwrap_or(usize::MAX);
     let after_ms = usize::try_from(last_done.div_ceil(1_000_000)).unwrap_or(usize::MAX);
@@ -604,6 +620,9 @@ fn build_report(
         restored_replicas: recs.iter().map(|r| r.restored).sum(),
         released_locks: recs.iter().map(|r| r.unlocked).sum(),
         scanned_locks: events.iter().map(|e| e.scanned_locks).sum(),
+        records: workload.tables().iter().map(|t| t.expected_records).sum(),
+        scan_reads: scan.0,
+        scan_bytes: scan.1,
         steals,
         series: series.to_vec(),
         before_per_ms: before.map_or(0.0, mean),
@@ -668,6 +687,12 @@ fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
         r.released_locks,
         r.scanned_locks,
         r.steals
+    );
+    println!(
+        "store              {} records; a full scan is {} READs of {:.1} MiB",
+        r.records,
+        r.scan_reads,
+        r.scan_bytes as f64 / (1 << 20) as f64
     );
     println!(
         "throughput         {:.1} committed/ms before the crash, {:.1} after recovery",
