@@ -26,7 +26,7 @@ use dmem_locks::shiftlock::{ShiftLockClient, ShiftLockConfig};
 use dmem_locks::{
     Directory, LockLayout, LockMode, LockStats, NoFailures, RemoteAddr, RwLockClient,
 };
-use dmem_sim::{ClusterConfig, NicProfile, Role, Sim, SimContext};
+use dmem_sim::{ClusterConfig, NicProfile, Sim, SimContext};
 use dmem_verbs::{Clock, Nanos, Verbs, VerbsExt};
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -492,20 +492,8 @@ fn run_one(args: &Args, profile: &NicProfile, which: LockArg, zipf: &Zipf) -> an
     sim.run_until(end);
     let stats = sim.stats();
     let measured = end - warm_up_end;
-    let (mn_busy, mn_ops) = stats
-        .nodes
-        .iter()
-        .zip(&at_warm_up.nodes)
-        .filter(|(n, _)| n.role == Role::Memory)
-        .map(|(n, w)| {
-            let rw = n.nic.rw_busy_ns - w.nic.rw_busy_ns;
-            let atomic = n.nic.atomic_busy_ns - w.nic.atomic_busy_ns;
-            let egress = n.nic.egress_busy_ns - w.nic.egress_busy_ns;
-            let ingress = n.nic.ingress_busy_ns - w.nic.ingress_busy_ns;
-            let busy = rw.max(atomic).max(egress).max(ingress) / measured as f64;
-            (busy.min(1.0), n.nic.total_served() - w.nic.total_served())
-        })
-        .fold((0.0, 0u64), |(b, o), (nb, no)| (f64::max(b, nb), o + no));
+    let mn_busy = stats.mn_busy_fraction_since(&at_warm_up);
+    let mn_ops = stats.mn_served_since(&at_warm_up, None);
     let t = tally.borrow();
     let acq = t.stats.acquisitions.max(1) as f64;
     let ops = t.ops.max(1) as f64;
@@ -630,23 +618,10 @@ fn spawn_declock(
     Ok(())
 }
 
-fn load_profile(name: &str) -> anyhow::Result<NicProfile> {
-    if NicProfile::BUILT_IN.contains(&name) {
-        return Ok(NicProfile::named(name)?);
-    }
-    let path = std::path::Path::new(name);
-    if path.exists() {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read NIC profile file {name}"))?;
-        return NicProfile::from_toml(&text).with_context(|| format!("in {name}"));
-    }
-    Ok(NicProfile::named(name)?)
-}
-
 /// Runs `dmem bench locks`.
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let locks = args.validate()?;
-    let profile = load_profile(&args.profile)?;
+    let profile = NicProfile::load(&args.profile)?;
     let zipf = Zipf::new(args.locks, args.zipf);
     if !args.json {
         println!(

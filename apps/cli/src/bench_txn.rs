@@ -18,7 +18,7 @@ use dmem_ford::{
 };
 use dmem_layout::pill::{FailedCoordinatorSet, LockHolder, PillLockWord};
 use dmem_layout::record::DataItem;
-use dmem_sim::{ClusterConfig, NicProfile, Role, Sim};
+use dmem_sim::{ClusterConfig, NicProfile, Sim};
 use dmem_txn::{History, Key, TableId, TxnOutcome, check};
 use dmem_verbs::{Clock, MemoryRegion, Nanos, NodeId, OpKind, RKey};
 use dmem_workloads::{AnyWorkload, Executed, Outcome, Scale, TxnGenerator, Workload, execute};
@@ -425,30 +425,10 @@ fn run_protocol(
 
     let committed = tally.committed.get();
     let per_txn = |kind: OpKind| {
-        let ops: u64 = stats
-            .nodes
-            .iter()
-            .zip(&at_warm_up.nodes)
-            .filter(|(n, _)| n.role == Role::Memory)
-            .map(|(n, w)| n.nic.served(kind) - w.nic.served(kind))
-            .sum();
-        ops as f64 / committed.max(1) as f64
+        stats.mn_served_since(&at_warm_up, Some(kind)) as f64 / committed.max(1) as f64
     };
     let measured = duration as f64;
-    let mn_busy = stats
-        .nodes
-        .iter()
-        .zip(&at_warm_up.nodes)
-        .filter(|(n, _)| n.role == Role::Memory)
-        .map(|(n, w)| {
-            let rw = n.nic.rw_busy_ns - w.nic.rw_busy_ns;
-            let atomic = n.nic.atomic_busy_ns - w.nic.atomic_busy_ns;
-            let egress = n.nic.egress_busy_ns - w.nic.egress_busy_ns;
-            let ingress = n.nic.ingress_busy_ns - w.nic.ingress_busy_ns;
-            rw.max(atomic).max(egress).max(ingress) / measured
-        })
-        .fold(0.0, f64::max)
-        .min(1.0);
+    let mn_busy = stats.mn_busy_fraction_since(&at_warm_up);
 
     let history = history.borrow();
     let (checker, checked_txns) = if args.no_check {

@@ -117,19 +117,6 @@ struct Row {
     doorbells_per_wr: Option<f64>,
 }
 
-fn load_profile(name: &str) -> anyhow::Result<NicProfile> {
-    if NicProfile::BUILT_IN.contains(&name) {
-        return Ok(NicProfile::named(name)?);
-    }
-    let path = std::path::Path::new(name);
-    if path.exists() {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read NIC profile file {name}"))?;
-        return NicProfile::from_toml(&text).with_context(|| format!("in {name}"));
-    }
-    Ok(NicProfile::named(name)?)
-}
-
 impl Args {
     fn validate(&self) -> anyhow::Result<()> {
         ensure!(self.clients > 0, "--clients must be at least 1");
@@ -278,20 +265,7 @@ fn run_sim(args: &Args, profile: &NicProfile, op: PerfOp, batch: usize) -> anyho
     sim.run_until(end);
     let stats = sim.stats();
     let measured = end - warm_up_end;
-    let mn_busy = stats
-        .nodes
-        .iter()
-        .zip(&at_warm_up.nodes)
-        .filter(|(n, _)| n.role == Role::Memory)
-        .map(|(n, w)| {
-            let rw = n.nic.rw_busy_ns - w.nic.rw_busy_ns;
-            let atomic = n.nic.atomic_busy_ns - w.nic.atomic_busy_ns;
-            let egress = n.nic.egress_busy_ns - w.nic.egress_busy_ns;
-            let ingress = n.nic.ingress_busy_ns - w.nic.ingress_busy_ns;
-            rw.max(atomic).max(egress).max(ingress) / measured as f64
-        })
-        .fold(0.0, f64::max)
-        .min(1.0);
+    let mn_busy = stats.mn_busy_fraction_since(&at_warm_up);
     let (doorbells, wrs) = stats
         .nodes
         .iter()
@@ -433,7 +407,7 @@ fn run_shm(args: &Args, op: PerfOp, batch: usize) -> anyhow::Result<Row> {
 /// Runs `dmem perf`.
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     args.validate()?;
-    let profile = load_profile(&args.profile)?;
+    let profile = NicProfile::load(&args.profile)?;
     let mut rows = Vec::new();
     for &op in &args.op {
         for &batch in &args.batch {

@@ -64,6 +64,9 @@ pub enum ProfileError {
     /// No built-in profile has that name.
     #[error("unknown NIC profile `{0}`; known profiles: cx3, cx4, cx5, cx6 (or pass a TOML file)")]
     Unknown(String),
+    /// The profile file cannot be read.
+    #[error("cannot read NIC profile file {0}")]
+    Io(String),
     /// The TOML text does not describe a profile.
     #[error("invalid NIC profile file: {0}")]
     Toml(String),
@@ -179,6 +182,28 @@ impl NicProfile {
         }
     }
 
+    /// A built-in profile by name, or else a profile read from the TOML file at that path.
+    ///
+    /// # Errors
+    /// [`ProfileError::Unknown`] for a name that is neither built in nor an existing file,
+    /// [`ProfileError::Io`] if the file cannot be read, or the errors of
+    /// [`from_toml`](Self::from_toml).
+    pub fn load(name_or_path: &str) -> Result<Self, ProfileError> {
+        if let Ok(profile) = Self::named(name_or_path) {
+            return Ok(profile);
+        }
+        let path = std::path::Path::new(name_or_path);
+        if !path.exists() {
+            return Err(ProfileError::Unknown(name_or_path.into()));
+        }
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ProfileError::Io(format!("{name_or_path}: {e}")))?;
+        Self::from_toml(&text).map_err(|e| match e {
+            ProfileError::Toml(msg) => ProfileError::Toml(format!("{name_or_path}: {msg}")),
+            other => other,
+        })
+    }
+
     /// Parses a profile from TOML (every field required), e.g. one written from your own
     /// perftest measurements.
     ///
@@ -186,7 +211,13 @@ impl NicProfile {
     /// [`ProfileError::Toml`] on malformed text, [`ProfileError::NonPositive`] on a rate or
     /// size of zero.
     pub fn from_toml(text: &str) -> Result<Self, ProfileError> {
-        let profile: Self = toml::from_str(text).map_err(|e| ProfileError::Toml(e.to_string()))?;
+        let profile: Self = toml::from_str(text).map_err(|e| {
+            // One line: toml's Display draws the offending line under the message.
+            let at = e
+                .span()
+                .map_or(String::new(), |span| format!(" at byte {}", span.start));
+            ProfileError::Toml(format!("{}{at}", e.message().trim_end()))
+        })?;
         profile.validate()?;
         Ok(profile)
     }

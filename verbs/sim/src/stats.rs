@@ -124,6 +124,51 @@ impl SimStats {
     pub fn total_ops(&self) -> u64 {
         self.nodes.iter().map(|n| n.nic.total_served()).sum()
     }
+
+    /// Pairs each MN's counters now with its counters in `earlier`.
+    fn memory_nodes_since<'a>(
+        &'a self,
+        earlier: &'a SimStats,
+    ) -> impl Iterator<Item = (&'a NicStats, &'a NicStats)> {
+        self.nodes
+            .iter()
+            .zip(&earlier.nodes)
+            .filter(|(n, _)| n.role == Role::Memory)
+            .map(|(n, e)| (&n.nic, &e.nic))
+    }
+
+    /// Busy fraction of the busiest resource (READ/WRITE engine, atomic unit, either link
+    /// direction) of the busiest MN NIC between the snapshot `earlier` and this one: 1.0
+    /// means an MN NIC was saturated for the whole interval.
+    #[must_use]
+    pub fn mn_busy_fraction_since(&self, earlier: &SimStats) -> f64 {
+        let elapsed = self.elapsed_ns.saturating_sub(earlier.elapsed_ns);
+        if elapsed == 0 {
+            return 0.0;
+        }
+        self.memory_nodes_since(earlier)
+            .map(|(n, e)| {
+                let rw = n.rw_busy_ns - e.rw_busy_ns;
+                let atomic = n.atomic_busy_ns - e.atomic_busy_ns;
+                let egress = n.egress_busy_ns - e.egress_busy_ns;
+                let ingress = n.ingress_busy_ns - e.ingress_busy_ns;
+                rw.max(atomic).max(egress).max(ingress) / elapsed as f64
+            })
+            .fold(0.0, f64::max)
+            .min(1.0)
+    }
+
+    /// One-sided ops of `kind` (all kinds for `None`) the MNs served between the snapshot
+    /// `earlier` and this one.
+    #[must_use]
+    pub fn mn_served_since(&self, earlier: &SimStats, kind: Option<OpKind>) -> u64 {
+        self.memory_nodes_since(earlier)
+            .map(|(n, e)| match kind {
+                Some(k) => n.served(k) - e.served(k),
+                None => n.total_served() - e.total_served(),
+            })
+            .sum()
+    }
 }
 
 /// Empty latency histograms, one per op kind, indexed like [`OpKind::ALL`].
