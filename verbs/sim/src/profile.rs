@@ -296,6 +296,28 @@ mod tests {
     }
 
     #[test]
+    fn load_takes_a_name_or_a_file() {
+        assert_eq!(NicProfile::load("cx4").unwrap(), NicProfile::cx4());
+        assert!(matches!(
+            NicProfile::load("/no/such/profile.toml"),
+            Err(ProfileError::Unknown(_))
+        ));
+        let dir = std::env::temp_dir().join(format!("dmem-profile-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut mine = NicProfile::cx5();
+        mine.name = "my-nic".into();
+        mine.rw_mops = 42.0;
+        let good = dir.join("good.toml");
+        std::fs::write(&good, toml::to_string(&mine).unwrap()).unwrap();
+        assert_eq!(NicProfile::load(good.to_str().unwrap()).unwrap(), mine);
+        let bad = dir.join("bad.toml");
+        std::fs::write(&bad, "name = \"x\"\n").unwrap();
+        let err = NicProfile::load(bad.to_str().unwrap()).unwrap_err().to_string();
+        assert!(err.contains("bad.toml") && !err.contains('\n'), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn bad_profiles_are_refused() {
         assert!(matches!(
             NicProfile::named("cx9"),
