@@ -13,19 +13,24 @@
 //!   `dmem_txn::{Coordinator, Transaction}` and recording every transaction into a
 //!   [`HistorySink`](txn::HistorySink).
 //! * [`recovery`]: heartbeat failure detector, active-link termination, log recovery,
-//!   truncation and stray-lock notification (Pandora §3.2), FORD's stray-lock scan.
+//!   truncation and stray-lock notification (Pandora §3.2), FORD's stray-lock scan, and
+//!   the detector's side of MN failures (§3.2.5).
+//! * [`mnfail`]: MN failures on the CNs (§3.2.5): view epochs, pause, stop-and-decide of
+//!   in-flight transactions, acknowledgement and resume.
 //!
 //! Protocol code is generic over `V: Verbs + Clock` and never names an executor.
 
 pub mod config;
 pub mod logic;
+pub mod mnfail;
 pub mod recovery;
 pub mod store;
 pub mod txn;
 
 pub use config::{BugSet, FordBug, Protocol, ProtocolConfig};
 pub use recovery::{
-    FailureDetector, LinkTerminator, Member, RecoveryError, RecoveryEvent, RecoveryManager,
+    FailureDetector, LinkTerminator, Member, MnFailureEvent, RecoveryError, RecoveryEvent,
+    RecoveryManager,
 };
 pub use store::{AddressCache, Loader, Store, StoreConfig, StoreError, TableSpec};
 pub use txn::{CnShared, CoordinatorStats, FordCoordinator, FordTxn, HistorySink, NoHistory};

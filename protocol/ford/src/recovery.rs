@@ -20,6 +20,9 @@ use dmem_verbs::{Clock, Endpoint, Nanos, NodeId, PostList, Verbs, VerbsError, Ve
 
 use crate::config::Protocol;
 use crate::logic::{self, Decision, LoggedTxn};
+use crate::mnfail::{
+    MN_ACK, MN_RESUME, MN_SUSPECT, decode_epoch, decode_suspect, encode_epoch, encode_failure,
+};
 use crate::store::{BUCKET_SLOTS, Store, StoreError, encode_item};
 
 /// Why recovery could not finish (it may be re-run: every step is idempotent).
@@ -143,7 +146,7 @@ pub async fn recover_coordinator<V: Verbs>(
     Ok(report)
 }
 
-async fn apply_recovery<V: Verbs>(
+pub(crate) async fn apply_recovery<V: Verbs>(
     ctx: &V,
     store: &Store,
     coordinator: u16,
@@ -380,7 +383,25 @@ pub struct RecoveryEvent {
     pub scanned_locks: usize,
 }
 
-/// The failure detector and recovery coordinator (Pandora §3.2.2, Fig. 3) on one context.
+/// One MN failure handled by the detector (Pandora §3.2.5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MnFailureEvent {
+    /// The failed MN (index).
+    pub mn: u16,
+    /// The view epoch its notification carried.
+    pub epoch: u64,
+    /// When the detector confirmed it (its probe got `ConnectionLost`).
+    pub detected_at: Nanos,
+    /// When every live CN had been sent the notification.
+    pub notified_at: Nanos,
+    /// When every live CN had acknowledged (its in-flight transactions decided) and the
+    /// resume went out; `None` while waiting.
+    pub resumed_at: Option<Nanos>,
+}
+
+/// The failure detector and recovery coordinator (Pandora §3.2.2, Fig. 3) on one context;
+/// with [`watch_mns`](Self::watch_mns) also the MN-failure detector and notifier of §3.2.5
+/// (see [`crate::mnfail`]).
 #[derive(Debug)]
 pub struct RecoveryManager<V, T> {
     ctx: V,
@@ -390,6 +411,12 @@ pub struct RecoveryManager<V, T> {
     detector: FailureDetector,
     failed: FailedCoordinatorSet,
     events: Rc<RefCell<Vec<RecoveryEvent>>>,
+    mn_probe: Option<Nanos>,
+    next_probe: Nanos,
+    mn_epoch: u64,
+    mn_suspected: bool,
+    awaiting: Option<(u64, Vec<NodeId>)>,
+    mn_events: Rc<RefCell<Vec<MnFailureEvent>>>,
 }
 
 impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
@@ -411,7 +438,30 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
             detector: FailureDetector::new(timeout, members, now),
             failed: FailedCoordinatorSet::EMPTY,
             events: Rc::new(RefCell::new(Vec::new())),
+            mn_probe: None,
+            next_probe: now,
+            mn_epoch: 0,
+            mn_suspected: false,
+            awaiting: None,
+            mn_events: Rc::new(RefCell::new(Vec::new())),
         }
+    }
+
+    /// Turns on MN-failure handling (Pandora §3.2.5): [`run`](Self::run) probes every live
+    /// MN with an 8-byte READ every `probe_period` (and at once when a CN reports one),
+    /// notifies every live CN of a failure, waits for their acknowledgements and resumes
+    /// them. `store` should be the detector's own [`fork`](Store::fork_view): its view is
+    /// the authoritative one. CNs must run [`cn_listener`](crate::mnfail::cn_listener).
+    #[must_use]
+    pub fn watch_mns(mut self, probe_period: Nanos) -> Self {
+        self.mn_probe = Some(probe_period.max(1));
+        self
+    }
+
+    /// The MN failures handled so far (shared, like [`events`](Self::events)).
+    #[must_use]
+    pub fn mn_events(&self) -> Rc<RefCell<Vec<MnFailureEvent>>> {
+        Rc::clone(&self.mn_events)
     }
 
     /// The recovered failures so far (shared, so a test can watch it while `run` runs).
@@ -426,12 +476,124 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
     /// [`RecoveryError`] if a recovery step failed (the manager can be run again).
     pub async fn run(&mut self, until: Nanos, poll: Nanos) -> Result<(), RecoveryError> {
         while self.ctx.now() < until {
-            for member in self.detect()? {
-                self.recover(member).await?;
+            let suspects = self.detect()?;
+            self.check_mns().await?;
+            for member in suspects {
+                self.recover_member(member).await?;
             }
+            self.maybe_resume().await?;
             self.ctx.sleep(poll).await;
         }
         Ok(())
+    }
+
+    /// One MN-watching step (a no-op unless [`watch_mns`](Self::watch_mns)): probes the
+    /// live MNs when the probe period elapsed or a CN reported one, and handles every MN
+    /// found dead.
+    ///
+    /// # Errors
+    /// [`RecoveryError`] if a notification cannot be sent.
+    pub async fn check_mns(&mut self) -> Result<(), RecoveryError> {
+        let Some(period) = self.mn_probe else {
+            return Ok(());
+        };
+        let now = self.ctx.now();
+        if !self.mn_suspected && now < self.next_probe {
+            return Ok(());
+        }
+        self.mn_suspected = false;
+        self.next_probe = now + period;
+        while let Some(mn) = self.probe_mns().await {
+            self.fail_mn(mn).await?;
+        }
+        Ok(())
+    }
+
+    /// READs 8 bytes of every live MN in one batch; an MN whose READ fails with
+    /// `ConnectionLost` is dead (the first one the batch reports).
+    async fn probe_mns(&self) -> Option<u16> {
+        let view = self.store.view().borrow().clone();
+        let mut list = PostList::new();
+        for mn in (0..self.store.config().mns).filter(|&m| view.is_alive(m)) {
+            list.read(self.store.addr(mn, 0), 8);
+        }
+        if list.is_empty() {
+            return None;
+        }
+        match self.ctx.post(list).await {
+            Err(VerbsError::ConnectionLost { node }) => self.store.mn_index(node),
+            _ => None,
+        }
+    }
+
+    /// Handles a failed MN (§3.2.5 steps 1–2): drops it from the detector's view and sends
+    /// the new failed-MN bitmask with a new epoch to every live CN; the resume waits for
+    /// their acknowledgements.
+    async fn fail_mn(&mut self, mn: u16) -> Result<(), RecoveryError> {
+        let detected_at = self.ctx.now();
+        if !self.store.view().borrow().is_alive(mn) {
+            return Ok(());
+        }
+        self.store.view().borrow_mut().mark_failed(mn);
+        self.mn_epoch += 1;
+        let mask = self.store.view().borrow().failed_mask();
+        let payload = encode_failure(self.mn_epoch, mask);
+        for live in self.detector.live() {
+            self.ctx.send(live.listener, &payload).await?;
+        }
+        self.awaiting = Some((self.mn_epoch, Vec::new()));
+        self.mn_events.borrow_mut().push(MnFailureEvent {
+            mn,
+            epoch: self.mn_epoch,
+            detected_at,
+            notified_at: self.ctx.now(),
+            resumed_at: None,
+        });
+        Ok(())
+    }
+
+    /// Resumes every live CN once each has acknowledged the latest MN view (§3.2.5 step 3).
+    async fn maybe_resume(&mut self) -> Result<(), RecoveryError> {
+        let Some((epoch, acked)) = &self.awaiting else {
+            return Ok(());
+        };
+        let epoch = *epoch;
+        let live = self.detector.live();
+        if !live.iter().all(|m| acked.contains(&m.cn)) {
+            return Ok(());
+        }
+        let payload = encode_epoch(MN_RESUME, epoch);
+        for m in &live {
+            self.ctx.send(m.listener, &payload).await?;
+        }
+        self.awaiting = None;
+        let now = self.ctx.now();
+        for ev in self.mn_events.borrow_mut().iter_mut() {
+            if ev.resumed_at.is_none() && ev.epoch <= epoch {
+                ev.resumed_at = Some(now);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`recover`](Self::recover), re-run after handling an MN that failed under it (CN
+    /// and MN failures together: "we execute both protocols independently", §3.2.5).
+    async fn recover_member(&mut self, member: Member) -> Result<(), RecoveryError> {
+        let mut attempts = usize::from(self.store.config().mns) + 1;
+        loop {
+            match self.recover(member.clone()).await {
+                Err(RecoveryError::Verbs(VerbsError::ConnectionLost { node }))
+                    if self.mn_probe.is_some() && attempts > 0 =>
+                {
+                    let Some(mn) = self.store.mn_index(node) else {
+                        return Err(VerbsError::ConnectionLost { node }.into());
+                    };
+                    self.fail_mn(mn).await?;
+                    attempts -= 1;
+                }
+                r => return r,
+            }
+        }
     }
 
     /// One detector step (what [`run`](Self::run) does each poll before recovering):
@@ -443,8 +605,21 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
     /// [`RecoveryError`] if receiving fails.
     pub fn detect(&mut self) -> Result<Vec<Member>, RecoveryError> {
         while let Some(msg) = self.ctx.try_recv()? {
-            if msg.payload.first() == Some(&HEARTBEAT) {
-                self.detector.heartbeat(msg.from.node, self.ctx.now());
+            match msg.payload.first() {
+                Some(&HEARTBEAT) => self.detector.heartbeat(msg.from.node, self.ctx.now()),
+                Some(&MN_SUSPECT) if decode_suspect(&msg.payload).is_some() => {
+                    self.mn_suspected = true;
+                }
+                Some(&MN_ACK) => {
+                    if let (Some(e), Some((epoch, acked))) =
+                        (decode_epoch(&msg.payload), self.awaiting.as_mut())
+                        && e == *epoch
+                        && !acked.contains(&msg.from.node)
+                    {
+                        acked.push(msg.from.node);
+                    }
+                }
+                _ => {}
             }
         }
         Ok(self.detector.suspects(self.ctx.now()))

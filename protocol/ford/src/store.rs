@@ -292,6 +292,19 @@ impl MnView {
     pub const fn is_alive(&self, mn: u16) -> bool {
         mn >= 64 || self.failed & (1 << mn) == 0
     }
+
+    /// The failed MNs as a bitmask (bit `i` = MN index `i`), what an MN-failure
+    /// notification carries.
+    #[must_use]
+    pub const fn failed_mask(&self) -> u64 {
+        self.failed
+    }
+
+    /// Adds the failed MNs of `mask` (idempotent and commutative, so every CN that applied
+    /// the same notifications has the same view, whatever their order).
+    pub fn merge_failed(&mut self, mask: u64) {
+        self.failed |= mask;
+    }
 }
 
 /// The computed layout of a store plus the MN regions it lives in.
@@ -429,6 +442,18 @@ impl Store {
     #[must_use]
     pub fn view(&self) -> &Rc<RefCell<MnView>> {
         &self.view
+    }
+
+    /// The same layout with a view of its own, starting as a copy of this one. Each CN (and
+    /// the failure detector) holds its own fork, so that it changes its view only when *it*
+    /// learns of an MN failure (Pandora §3.2.5); a plain `clone` shares the view.
+    #[must_use]
+    pub fn fork_view(&self) -> Self {
+        let view = self.view.borrow().clone();
+        Self {
+            view: Rc::new(RefCell::new(view)),
+            ..self.clone()
+        }
     }
 
     /// The bucket `key` of `table` hashes to.

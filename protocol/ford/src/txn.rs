@@ -32,10 +32,12 @@ use dmem_txn::{
     Coordinator, CoordinatorId, History, Key, ReadEvent, TableId, Transaction, TxnError, TxnId,
     TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
 };
-use dmem_verbs::{Clock, Nanos, PostList, Verbs, VerbsExt, WrId};
+use dmem_verbs::{BatchResult, Clock, Nanos, NodeId, PostList, Verbs, VerbsError, WrId};
 
 use crate::config::{FordBug, Protocol, ProtocolConfig};
-use crate::logic::{self, AfterCas};
+use crate::logic::{self, AfterCas, Decision, LoggedTxn, LoggedWrite};
+use crate::mnfail::{MnState, encode_suspect};
+use crate::recovery::{CoordinatorRecovery, RecoveryError, apply_recovery};
 use crate::store::{
     AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, encode_item, index_slot_bytes,
     parse_bucket, slot_offset,
@@ -88,16 +90,27 @@ pub struct CoordinatorStats {
     pub steals: u64,
     /// Stray locks a read ignored (PILL).
     pub stray_reads: u64,
+    /// Transactions in their commit phase at an MN failure that were rolled forward
+    /// (§3.2.5; also counted in `committed`).
+    pub mn_rolled_forward: u64,
+    /// Transactions in their commit phase at an MN failure that were rolled back
+    /// (§3.2.5; counted in `aborted`, not in `committed`).
+    pub mn_rolled_back: u64,
+    /// Transactions aborted because the MN view changed before their commit phase.
+    pub mn_aborted: u64,
 }
 
 /// Per-CN state shared by its coordinators: the failed-id set (updated by the stray-lock
-/// notification, Pandora §3.2.2 step 4) and the address cache.
+/// notification, Pandora §3.2.2 step 4), the address cache and the MN-failure state
+/// (§3.2.5, see [`crate::mnfail`]).
 #[derive(Debug, Clone)]
 pub struct CnShared {
     /// Failed coordinator ids.
     pub failed: Rc<RefCell<FailedCoordinatorSet>>,
     /// Address cache.
     pub cache: Rc<RefCell<AddressCache>>,
+    /// View epoch, pause and running transactions, for MN failures.
+    pub mn: Rc<RefCell<MnState>>,
 }
 
 impl CnShared {
@@ -107,6 +120,7 @@ impl CnShared {
         Self {
             failed: Rc::new(RefCell::new(FailedCoordinatorSet::EMPTY)),
             cache: Rc::new(RefCell::new(AddressCache::new())),
+            mn: Rc::new(RefCell::new(MnState::default())),
         }
     }
 }
@@ -185,6 +199,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordCoordinator<V, H> {
             seq: self.seq,
         };
         let begin = self.ctx.now();
+        let mn_epoch = self.shared.mn.borrow_mut().begin();
         FordTxn {
             co: self,
             id,
@@ -196,6 +211,25 @@ impl<V: Verbs + Clock, H: HistorySink> FordCoordinator<V, H> {
             logged: Vec::new(),
             lock_log: Vec::new(),
             decided: false,
+            mn_epoch,
+            mn_failed: false,
+        }
+    }
+
+    /// Reports MN `mn` to the failure detector (once per CN) and waits until this CN's view
+    /// has dropped it (Pandora §3.2.5: the detector confirms and notifies every CN).
+    async fn await_mn_failure(&self, mn: u16) {
+        let (detector, poll, first) = {
+            let mut m = self.shared.mn.borrow_mut();
+            let first = m.report(mn);
+            (m.detector, m.poll.max(1), first)
+        };
+        if let (Some(fd), true) = (detector, first) {
+            // A lost report only delays detection: the detector also probes the MNs.
+            let _ = self.ctx.send(fd, &encode_suspect(mn)).await;
+        }
+        while self.store.view().borrow().is_alive(mn) {
+            self.ctx.sleep(poll).await;
         }
     }
 }
@@ -284,7 +318,20 @@ pub struct FordTxn<'a, V, H> {
     lock_log: Vec<PackedAddr>,
     /// The commit decision was taken: failures after it must not abort.
     decided: bool,
+    /// The CN's MN view epoch when the transaction began (§3.2.5).
+    mn_epoch: u64,
+    /// The transaction was stopped by an MN failure (view change or an MN not answering).
+    mn_failed: bool,
 }
+
+impl<V, H> Drop for FordTxn<'_, V, H> {
+    fn drop(&mut self) {
+        self.co.shared.mn.borrow_mut().end(self.mn_epoch);
+    }
+}
+
+/// Why a transaction stopped for an MN failure (retryable).
+const MN_VIEW_CHANGED: &str = "memory-node view changed";
 
 fn aborted(why: &'static str) -> TxnError {
     TxnError::Aborted(why)
@@ -332,6 +379,148 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         &self.co.store
     }
 
+    /// Whether the CN's MN view changed since the transaction began.
+    fn view_changed(&self) -> bool {
+        let m = self.co.shared.mn.borrow();
+        m.enabled() && m.epoch() != self.mn_epoch
+    }
+
+    /// The MN index of `node` if MN-failure handling is on and `node` is an MN.
+    fn mn_failure_handled(&self, node: NodeId) -> Option<u16> {
+        if self.co.shared.mn.borrow().enabled() {
+            self.store().mn_index(node)
+        } else {
+            None
+        }
+    }
+
+    /// Every post of a running transaction goes through here (Pandora §3.2.5, "stop"):
+    /// a transaction of an older MN view stops before and after each post; one of the
+    /// current view waits while its CN is paused; an MN that does not answer is reported
+    /// and the transaction stops once the CN's view has dropped it.
+    async fn post(&mut self, list: PostList) -> Result<BatchResult, TxnError> {
+        loop {
+            let (enabled, epoch, paused, poll) = {
+                let m = self.co.shared.mn.borrow();
+                (m.enabled(), m.epoch(), m.paused(), m.poll.max(1))
+            };
+            if !enabled {
+                break;
+            }
+            if epoch != self.mn_epoch {
+                self.mn_failed = true;
+                return Err(aborted(MN_VIEW_CHANGED));
+            }
+            if !paused {
+                break;
+            }
+            self.co.ctx.sleep(poll).await;
+        }
+        match self.co.ctx.post(list).await {
+            Ok(res) => {
+                if self.view_changed() {
+                    self.mn_failed = true;
+                    return Err(aborted(MN_VIEW_CHANGED));
+                }
+                Ok(res)
+            }
+            Err(VerbsError::ConnectionLost { node }) => match self.mn_failure_handled(node) {
+                Some(mn) => {
+                    self.co.await_mn_failure(mn).await;
+                    self.mn_failed = true;
+                    Err(aborted("memory node failed"))
+                }
+                None => Err(VerbsError::ConnectionLost { node }.into()),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The transaction's writes with their undo images, as its log holds them.
+    fn local_log(&self) -> LoggedTxn {
+        let writes = self
+            .writes
+            .iter()
+            .filter_map(|w| {
+                let Intent::Write(kind) = w.intent else {
+                    return None;
+                };
+                let old = w.old.as_ref()?;
+                Some(LoggedWrite {
+                    op: match kind {
+                        WriteKind::Insert => LogOp::Insert,
+                        WriteKind::Delete => LogOp::Delete,
+                        WriteKind::Update => LogOp::Update,
+                    },
+                    table: w.table.0,
+                    key: w.key.0,
+                    partition: w.loc.bucket.partition,
+                    offset: w.loc.offset,
+                    old_version: old.version.to_raw(),
+                    old_value: old.value.clone(),
+                })
+            })
+            .collect();
+        LoggedTxn {
+            coordinator: self.co.id,
+            txn: self.id.seq,
+            writes,
+        }
+    }
+
+    /// Decides a transaction stopped by an MN failure in its commit phase (Pandora §3.2.5):
+    /// the criterion of log recovery (§3.2.2 step 3) applied by the coordinator itself to
+    /// the live replicas — roll forward iff every live replica of every write is updated,
+    /// else restore the updated ones from the undo images — then truncate the log and
+    /// release the remaining locks.
+    ///
+    /// Deviation: the undo images come from the coordinator's memory rather than a READ of
+    /// its log; they are the bytes it logged (the paper: a CN "has complete knowledge of
+    /// the state of its transactions").
+    async fn decide_after_mn_failure(&mut self) -> Result<(), TxnError> {
+        let txn = self.local_log();
+        let mut attempts = usize::from(self.store().config().mns) + 1;
+        let decision = loop {
+            let mut report = CoordinatorRecovery {
+                coordinator: self.co.id,
+                txn: Some(txn.txn),
+                decision: None,
+                restored: 0,
+                unlocked: 0,
+            };
+            match apply_recovery(&self.co.ctx, &self.co.store, self.co.id, &txn, &mut report).await
+            {
+                Ok(()) => break report.decision.unwrap_or(Decision::RollBack),
+                Err(RecoveryError::Verbs(VerbsError::ConnectionLost { node })) if attempts > 0 => {
+                    let Some(mn) = self.mn_failure_handled(node) else {
+                        return Err(VerbsError::ConnectionLost { node }.into());
+                    };
+                    self.co.await_mn_failure(mn).await;
+                    attempts -= 1;
+                }
+                Err(RecoveryError::Verbs(e)) => return Err(e.into()),
+                Err(RecoveryError::Store(e)) => return Err(store_err(e)),
+            }
+        };
+        // Truncate the log; release what the decision did not (lock-only entries).
+        self.abort_inner().await?;
+        let now = self.co.ctx.now();
+        match decision {
+            Decision::RollForward => {
+                self.co.stats.mn_rolled_forward += 1;
+                self.co.history.resolve(self.id, TxnOutcome::Committed, now);
+                Ok(())
+            }
+            Decision::RollBack => {
+                self.co.stats.mn_rolled_back += 1;
+                self.co.stats.committed = self.co.stats.committed.saturating_sub(1);
+                self.co.stats.aborted += 1;
+                self.co.history.resolve(self.id, TxnOutcome::Aborted, now);
+                Err(aborted("rolled back after a memory-node failure"))
+            }
+        }
+    }
+
     fn value_len(&self, table: TableId) -> Result<usize, TxnError> {
         Ok(self.store().table(table).map_err(store_err)?.spec.value_len)
     }
@@ -354,11 +543,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         }
         let bucket = self.store().bucket_of(table, key).map_err(store_err)?;
         let p = self.store().primary(bucket.partition).map_err(store_err)?;
-        let bytes = self
-            .co
-            .ctx
-            .read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32)
-            .await?;
+        let mut list = PostList::new();
+        let id = list.read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32);
+        let bytes = self.post(list).await?.take_bytes(id);
         let (used, free) = parse_bucket(&bytes);
         if let Some(&(slot, _)) = used.iter().find(|(_, k)| *k == key.0) {
             let loc = self.store().item_at(bucket, slot).map_err(store_err)?;
@@ -415,7 +602,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             };
             list.read(slot_addr, 16)
         });
-        let mut res = self.co.ctx.post(list).await?;
+        let mut res = self.post(list).await?;
         let mut old = res.atomic(cas);
         let mut bytes = res.take_bytes(rd);
         let slot_bytes = slot_rd.map(|id| res.take_bytes(id));
@@ -434,7 +621,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     let mut list = PostList::new();
                     let cas = list.cas(addr, observed, me);
                     let rd = list.read(addr, item_len);
-                    let mut res = self.co.ctx.post(list).await?;
+                    let mut res = self.post(list).await?;
                     let got = res.atomic(cas);
                     if got == observed {
                         self.co.stats.steals += 1;
@@ -588,7 +775,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let mut list = PostList::new();
         self.add_log_writes(&mut list, early)?;
         if !list.is_empty() {
-            self.co.ctx.post(list).await?;
+            self.post(list).await?;
         }
         Ok(())
     }
@@ -617,17 +804,41 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             list.write(self.store().addr(mn, base + at as u64), &image);
         }
         if !list.is_empty() {
-            self.co.ctx.post(list).await?;
+            self.post(list).await?;
         }
         Ok(())
     }
 
     /// The abort path (Pandora §3.1.5 (3)): truncate the log, then unlock.
+    ///
+    /// With MN-failure handling on (§3.2.5) it survives a failed MN: an MN that does not
+    /// answer is reported, the coordinator waits until its CN's view drops it and aborts
+    /// again (every step is idempotent) on the live MNs only. After a view change the locks
+    /// are released with a CAS from this coordinator's word: a lock taken on a failed
+    /// primary is gone, and the new primary's word (never locked, as backups are not) must
+    /// not be overwritten blindly.
     async fn abort_inner(&mut self) -> Result<(), TxnError> {
+        let mut attempts = usize::from(self.store().config().mns) + 1;
+        loop {
+            match self.abort_once().await {
+                Err(VerbsError::ConnectionLost { node }) if attempts > 0 => {
+                    let Some(mn) = self.mn_failure_handled(node) else {
+                        return Err(VerbsError::ConnectionLost { node }.into());
+                    };
+                    self.co.await_mn_failure(mn).await;
+                    attempts -= 1;
+                }
+                r => return r.map_err(TxnError::from),
+            }
+        }
+    }
+
+    async fn abort_once(&mut self) -> Result<(), VerbsError> {
         let mut list = PostList::new();
         if !self.co.cfg.bug(FordBug::LostDecision) {
-            let base = self.store().log_offset(self.co.id).map_err(store_err)?;
-            for &mn in &self.logged {
+            let base = self.store().log_offset(self.co.id).unwrap_or(0);
+            let view = self.store().view().borrow().clone();
+            for &mn in self.logged.iter().filter(|&&mn| view.is_alive(mn)) {
                 list.write(
                     self.store()
                         .addr(mn, base + LogRegionHeader::STATE_OFFSET as u64),
@@ -639,6 +850,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             self.co.ctx.post(list).await?;
         }
         let complicit = self.co.cfg.bug(FordBug::ComplicitAbort);
+        let view_changed = self.view_changed() || self.mn_failed;
+        let me = logic::my_lock(self.co.id);
         let mut list = PostList::new();
         for w in &self.writes {
             let release = match w.lock {
@@ -646,8 +859,16 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 // Complicit abort: FORD releases its whole write-set, held or not.
                 LockState::Failed | LockState::Deferred => complicit,
             };
-            if release {
-                list.write(self.primary_addr(&w.loc)?, &0u64.to_le_bytes());
+            if !release {
+                continue;
+            }
+            let Ok(addr) = self.primary_addr(&w.loc) else {
+                continue;
+            };
+            if view_changed {
+                list.cas(addr, me, 0);
+            } else {
+                list.write(addr, &0u64.to_le_bytes());
             }
         }
         if !list.is_empty() {
@@ -673,6 +894,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         if self.decided {
             // Past the decision: recovery, not an abort, settles this transaction.
             return err;
+        }
+        if self.mn_failed {
+            self.co.stats.mn_aborted += 1;
         }
         // Best effort: if the fabric itself failed, the abort may fail too.
         let _ = self.abort_inner().await;
@@ -737,7 +961,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let mut res = if list.is_empty() {
             None
         } else {
-            Some(self.co.ctx.post(list).await?)
+            Some(self.post(list).await?)
         };
         if let Some(res) = res.as_mut() {
             // Every CAS of this batch that found the lock free acquired it: mark it held
@@ -761,7 +985,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                         let mut l = PostList::new();
                         let cas = l.cas(addr, observed, me);
                         let rd = l.read(addr, self.item_len(table)? as u32);
-                        let mut r2 = self.co.ctx.post(l).await?;
+                        let mut r2 = self.post(l).await?;
                         if r2.atomic(cas) != observed {
                             self.writes[i].lock = LockState::Failed;
                             return Err(aborted("write lock held"));
@@ -800,7 +1024,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 self.add_log_writes(&mut list, false)?;
             }
             if !list.is_empty() {
-                res = Some(self.co.ctx.post(list).await?);
+                res = Some(self.post(list).await?);
             }
         }
         if !validation.is_empty() {
@@ -862,7 +1086,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         }
         self.decided = true;
         self.record_committed(installed, true);
-        self.co.ctx.post(list).await?;
+        self.post(list).await?;
         self.co
             .history
             .resolve(self.id, TxnOutcome::Committed, self.co.ctx.now());
@@ -895,7 +1119,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             }
         }
         if !list.is_empty() {
-            self.co.ctx.post(list).await?;
+            self.post(list).await?;
         }
         for w in &mut self.writes {
             if w.lock == LockState::Held {
@@ -985,7 +1209,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             Located::Found(loc) => {
                 let addr = self.primary_addr(&loc)?;
                 let len = self.item_len(table)? as u32;
-                let bytes = self.co.ctx.read(addr, len).await?;
+                let mut list = PostList::new();
+                let id = list.read(addr, len);
+                let bytes = self.post(list).await?.take_bytes(id);
                 let item = parse_item(&bytes, table, key)?;
                 let failed = self.co.shared.failed.borrow().clone();
                 if !logic::read_may_proceed(item.lock, &failed, &self.co.cfg) {
@@ -1139,7 +1365,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                         let a = self.store().addr(mn, bucket.offset + slot_offset(slot));
                         list.write(a, &bytes);
                     }
-                    self.co.ctx.post(list).await?;
+                    self.post(list).await?;
                 }
                 self.co.shared.cache.borrow_mut().put(table, key, loc);
                 self.note_read(table, key, item.version.counter());
@@ -1183,11 +1409,16 @@ impl<V: Verbs + Clock, H: HistorySink> Transaction for FordTxn<'_, V, H> {
     async fn commit(mut self) -> Result<(), TxnError> {
         match self.commit_inner().await {
             Ok(()) => Ok(()),
+            // Stopped by an MN failure after the decision: decide as log recovery would.
+            Err(_) if self.decided && self.mn_failed => self.decide_after_mn_failure().await,
             Err(e) => Err(self.fail(e).await),
         }
     }
 
     async fn abort(mut self) {
+        if self.mn_failed {
+            self.co.stats.mn_aborted += 1;
+        }
         let _ = self.abort_inner().await;
         self.record_aborted();
     }
