@@ -8,8 +8,8 @@ use std::rc::Rc;
 
 use dmem_ford::store::ItemLoc;
 use dmem_ford::{
-    CnShared, FordCoordinator, LinkTerminator, Loader, ProtocolConfig, Store, StoreConfig,
-    TableSpec,
+    CnShared, CoordinatorStats, FordCoordinator, LinkTerminator, Loader, ProtocolConfig, Store,
+    StoreConfig, TableSpec,
 };
 use dmem_layout::pill::{CoordinatorId as PillId, FailedCoordinatorSet, PillLockWord};
 use dmem_layout::record::DataItem;
@@ -104,6 +104,13 @@ impl Bank {
     /// Checks: every replica equals its primary; balances sum to the initial total; every
     /// lock is free or held by one of `failed` (a stray lock not stolen yet).
     pub fn check_invariant(&self, failed: &[u16]) {
+        self.check_invariant_on(&self.store, failed);
+    }
+
+    /// [`check_invariant`](Self::check_invariant) under `store`'s view of the MNs: only
+    /// live replicas are compared and summed, and locks are read at the current primary
+    /// (the first live replica).
+    pub fn check_invariant_on(&self, store: &Store, failed: &[u16]) {
         let mut set = FailedCoordinatorSet::EMPTY;
         for &f in failed {
             set.insert(PillId(f));
@@ -111,7 +118,8 @@ impl Bank {
         let mut total = 0;
         for k in 0..self.accounts {
             let loc = self.locs[&k];
-            let replicas = self.store.replicas(loc.bucket.partition);
+            let replicas = store.live_replicas(loc.bucket.partition);
+            assert!(!replicas.is_empty(), "account {k} lost every replica");
             let (bal, lock, ver, valid) = self.item(k, replicas[0]);
             assert!(valid, "account {k} vanished");
             for &b in &replicas[1..] {
@@ -199,10 +207,21 @@ pub async fn audit<C: dmem_txn::Coordinator>(co: &mut C, accounts: u64) -> Resul
 /// Runs `txns` random transfers (and an audit every 4th) to completion, retrying aborts
 /// with a short backoff. Audits that commit must see the conserved total.
 pub async fn worker(
+    co: FordCoordinator<SimContext, Rc<RefCell<History>>>,
+    accounts: u64,
+    txns: usize,
+    done: Rc<RefCell<usize>>,
+) {
+    worker_with_stats(co, accounts, txns, done, Rc::default()).await;
+}
+
+/// [`worker`] that also appends its coordinator's counters to `stats` when it finishes.
+pub async fn worker_with_stats(
     mut co: FordCoordinator<SimContext, Rc<RefCell<History>>>,
     accounts: u64,
     txns: usize,
     done: Rc<RefCell<usize>>,
+    stats: Rc<RefCell<Vec<CoordinatorStats>>>,
 ) {
     let mut rng = co.context().seed() | 1;
     for i in 0..txns {
@@ -233,6 +252,7 @@ pub async fn worker(
         }
     }
     *done.borrow_mut() += 1;
+    stats.borrow_mut().push(co.stats());
 }
 
 /// A small serializability check: versions installed per record are unique and

@@ -1,0 +1,365 @@
+//! MN failures (Pandora §3.2.5) in the simulator: an MN crashes while CNs run transfers;
+//! the detector confirms it, notifies every CN, the CNs pause, decide their in-flight
+//! transactions on the live replicas, acknowledge, and resume under the new primaries.
+
+mod common;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use common::{Bank, SimTerminator, check_serializable, transfer, worker_with_stats};
+use dmem_ford::logic::Decision;
+use dmem_ford::mnfail::cn_listener;
+use dmem_ford::recovery::heartbeat_loop;
+use dmem_ford::{
+    CnShared, CoordinatorStats, FordCoordinator, Member, MnFailureEvent, Protocol, ProtocolConfig,
+    RecoveryEvent, RecoveryManager, Store,
+};
+use dmem_sim::SimContext;
+use dmem_txn::TxnError;
+use dmem_verbs::{Clock, Endpoint, Verbs};
+
+const DEADLINE: u64 = 40_000_000;
+const HEARTBEAT: u64 = 10_000;
+const CN_TIMEOUT: u64 = 50_000;
+const MN_PROBE: u64 = 100_000;
+const POLL: u64 = 2_000;
+
+/// One CN's listener and heartbeats, with its own view of the MNs.
+fn start_cn(
+    bank: &Bank,
+    cn: u16,
+    detector: Endpoint,
+    deadline: u64,
+) -> (Rc<Store>, CnShared, Endpoint) {
+    let store = Rc::new(bank.store.fork_view());
+    let shared = CnShared::new();
+    shared.mn.borrow_mut().detector = Some(detector);
+    shared.mn.borrow_mut().poll = POLL;
+    let listener = bank.sim.context(bank.sim.cn(cn), 0).unwrap();
+    let l = listener.clone();
+    let (st, sh) = (Rc::clone(&store), shared.clone());
+    bank.sim.spawn(&listener, async move {
+        let _ = cn_listener(&l, st, sh, detector, POLL, deadline).await;
+    });
+    let hb = bank.sim.context(bank.sim.cn(cn), 1).unwrap();
+    let h = hb.clone();
+    bank.sim.spawn(&hb, async move {
+        let _ = heartbeat_loop(&h, detector, HEARTBEAT, deadline).await;
+    });
+    (store, shared, listener.local_endpoint())
+}
+
+type Events = (
+    Rc<RefCell<Vec<MnFailureEvent>>>,
+    Rc<RefCell<Vec<RecoveryEvent>>>,
+    Rc<Store>,
+);
+
+fn start_detector(
+    bank: &Bank,
+    fd_ctx: SimContext,
+    protocol: Protocol,
+    members: Vec<Member>,
+    deadline: u64,
+) -> Events {
+    let store = Rc::new(bank.store.fork_view());
+    let mut manager = RecoveryManager::new(
+        fd_ctx.clone(),
+        Rc::clone(&store),
+        protocol,
+        SimTerminator(Rc::clone(&bank.sim)),
+        members,
+        CN_TIMEOUT,
+    )
+    .watch_mns(MN_PROBE);
+    let events = (manager.mn_events(), manager.events(), store);
+    bank.sim.spawn(&fd_ctx, async move {
+        manager.run(deadline, 5_000).await.unwrap();
+    });
+    events
+}
+
+struct Run {
+    stats: Vec<CoordinatorStats>,
+    mn_events: Vec<MnFailureEvent>,
+}
+
+/// CN 0 and CN 1 run 4 coordinators each (25 transfers/audits apiece); CN 2 runs the
+/// detector; MN `mn` crashes at `crash_at` (never if `None`).
+fn bank_with_mn_crash(
+    seed: u64,
+    cfg: ProtocolConfig,
+    protocol: Protocol,
+    mn: u16,
+    crash_at: Option<u64>,
+) -> Run {
+    let bank = Bank::new(seed, 3, 2, 10);
+    let fd_ctx = bank.sim.context(bank.sim.cn(2), 0).unwrap();
+    let detector = fd_ctx.local_endpoint();
+    let done = Rc::new(RefCell::new(0));
+    let stats = Rc::new(RefCell::new(Vec::new()));
+    let mut members = Vec::new();
+    let mut id = 0;
+    for cn in 0..2 {
+        let (store, shared, listener) = start_cn(&bank, cn, detector, DEADLINE);
+        let mut ids = Vec::new();
+        for thread in 0..2 {
+            for _ in 0..2 {
+                let ctx = bank.sim.context(bank.sim.cn(cn), thread).unwrap();
+                let co = FordCoordinator::new(
+                    ctx.clone(),
+                    Rc::clone(&store),
+                    cfg,
+                    id,
+                    shared.clone(),
+                    Rc::clone(&bank.history),
+                )
+                .unwrap();
+                ids.push(id);
+                id += 1;
+                bank.sim.spawn(
+                    &ctx,
+                    worker_with_stats(co, bank.accounts, 25, Rc::clone(&done), Rc::clone(&stats)),
+                );
+            }
+        }
+        members.push(Member {
+            cn: bank.sim.cn(cn),
+            coordinators: ids,
+            listener,
+        });
+    }
+    let (mn_events, cn_events, fd_store) =
+        start_detector(&bank, fd_ctx, protocol, members, DEADLINE);
+    if let Some(at) = crash_at {
+        bank.sim.crash_at(bank.sim.mn(mn), at);
+    }
+    bank.sim.run_until(DEADLINE + 1_000_000);
+
+    let what = format!("seed {seed}, MN {mn} at {crash_at:?}");
+    assert_eq!(*done.borrow(), 8, "{what}: every coordinator finished");
+    assert!(cn_events.borrow().is_empty(), "{what}: no CN was suspected");
+    let mn_events = mn_events.borrow().clone();
+    if crash_at.is_some() {
+        assert_eq!(
+            mn_events.len(),
+            1,
+            "{what}: the MN failure was handled once"
+        );
+        let ev = &mn_events[0];
+        assert_eq!(ev.mn, mn);
+        assert!(ev.resumed_at.is_some(), "{what}: the CNs were resumed");
+        assert!(!fd_store.view().borrow().is_alive(mn));
+    }
+    // Live replicas agree, money is conserved, no lock of a live coordinator is left.
+    bank.check_invariant_on(&fd_store, &[]);
+    check_serializable(&bank.history.borrow());
+    let stats = stats.borrow().clone();
+    Run { stats, mn_events }
+}
+
+fn total(stats: &[CoordinatorStats], f: impl Fn(&CoordinatorStats) -> u64) -> u64 {
+    stats.iter().map(f).sum()
+}
+
+#[test]
+fn pandora_survives_an_mn_crash_mid_run() {
+    let end = {
+        let quiet = bank_with_mn_crash(1, ProtocolConfig::pandora(), Protocol::Pandora, 0, None);
+        assert!(quiet.mn_events.is_empty());
+        total(&quiet.stats, |s| s.committed)
+    };
+    assert!(end >= 200);
+    let mut stopped = 0;
+    for (seed, mn, at) in [
+        (1, 0, 150_000),
+        (2, 1, 300_000),
+        (3, 2, 450_000),
+        (4, 0, 700_000),
+        (5, 1, 90_000),
+        (6, 2, 220_000),
+    ] {
+        let run = bank_with_mn_crash(
+            seed,
+            ProtocolConfig::pandora(),
+            Protocol::Pandora,
+            mn,
+            Some(at),
+        );
+        stopped += total(&run.stats, |s| {
+            s.mn_aborted + s.mn_rolled_forward + s.mn_rolled_back
+        });
+        let ev = &run.mn_events[0];
+        assert!(ev.detected_at >= at && ev.resumed_at.unwrap() >= ev.notified_at);
+    }
+    assert!(stopped > 0, "some crash stopped an in-flight transaction");
+}
+
+#[test]
+fn ford_with_an_mn_crash_is_safe() {
+    for (seed, mn, at) in [(11, 0, 200_000), (12, 1, 400_000), (13, 2, 120_000)] {
+        bank_with_mn_crash(
+            seed,
+            ProtocolConfig::ford_fixed(),
+            Protocol::Ford,
+            mn,
+            Some(at),
+        );
+    }
+}
+
+/// One transfer of 10 from account 0 to account 1 by coordinator 0 on CN 0 (CN 1 runs the
+/// detector); MN `mn` crashes at `mn_at`, CN 0 optionally at its `cn_wr`-th work request.
+/// Returns the transfer's result (None if CN 0 crashed first), its counters, the end time,
+/// and the detector's CN-recovery decisions.
+struct Single {
+    result: Option<Result<(), TxnError>>,
+    stats: CoordinatorStats,
+    end: u64,
+    /// Log recovery's decisions for the crashed coordinator, with the replicas it restored.
+    decisions: Vec<(Decision, usize)>,
+}
+
+fn single_transfer(seed: u64, mn: u16, mn_at: Option<u64>, cn_wr: Option<u64>) -> Single {
+    let deadline = 12_000_000;
+    let bank = Bank::new(seed, 2, 2, 4);
+    let fd_ctx = bank.sim.context(bank.sim.cn(1), 0).unwrap();
+    let detector = fd_ctx.local_endpoint();
+    let (store, shared, listener) = start_cn(&bank, 0, detector, deadline);
+    let members = vec![Member {
+        cn: bank.sim.cn(0),
+        coordinators: vec![0],
+        listener,
+    }];
+    let (_, cn_events, fd_store) =
+        start_detector(&bank, fd_ctx, Protocol::Pandora, members, deadline);
+    let ctx = bank.sim.context(bank.sim.cn(0), 0).unwrap();
+    let mut co = FordCoordinator::new(
+        ctx.clone(),
+        Rc::clone(&store),
+        ProtocolConfig::pandora(),
+        0,
+        shared,
+        Rc::clone(&bank.history),
+    )
+    .unwrap();
+    let out = Rc::new(RefCell::new(None));
+    let o = Rc::clone(&out);
+    bank.sim.spawn(&ctx, async move {
+        // Start after the listener turned MN handling on and a heartbeat went out.
+        co.context().sleep(20_000).await;
+        let r = transfer(&mut co, 0, 1, 10).await;
+        *o.borrow_mut() = Some((r, co.stats(), co.context().now()));
+    });
+    if let Some(at) = mn_at {
+        bank.sim.crash_at(bank.sim.mn(mn), at);
+    }
+    if let Some(k) = cn_wr {
+        bank.sim.crash_at_work_request(bank.sim.cn(0), k);
+    }
+    bank.sim.run_until(deadline + 1_000_000);
+
+    let crashed = bank.sim.is_crashed(bank.sim.cn(0));
+    let failed: &[u16] = if crashed { &[0] } else { &[] };
+    bank.check_invariant_on(&fd_store, failed);
+    check_serializable(&bank.history.borrow());
+    // All or nothing on the live replicas, and consistent with what the client was told.
+    let (a, b) = (bank.locs[&0], bank.locs[&1]);
+    let bal = |k: u64, loc: dmem_ford::store::ItemLoc| -> Vec<u64> {
+        fd_store
+            .live_replicas(loc.bucket.partition)
+            .into_iter()
+            .map(|m| bank.item(k, m).0)
+            .collect()
+    };
+    let (ba, bb) = (bal(0, a), bal(1, b));
+    let applied = ba.iter().all(|&v| v == 90) && bb.iter().all(|&v| v == 110);
+    let untouched = ba.iter().all(|&v| v == 100) && bb.iter().all(|&v| v == 100);
+    let what = format!("seed {seed}, MN {mn} at {mn_at:?}, CN at WR {cn_wr:?}: {ba:?} {bb:?}");
+    assert!(applied || untouched, "{what}: not all-or-nothing");
+    let got = out.borrow_mut().take();
+    let (result, stats, end) = match got {
+        Some((r, s, e)) => (Some(r), s, e),
+        None => {
+            assert!(crashed, "{what}: the transfer never finished");
+            (None, CoordinatorStats::default(), 0)
+        }
+    };
+    match &result {
+        Some(Ok(())) => assert!(applied, "{what}: acknowledged but not applied"),
+        Some(Err(e)) => {
+            assert!(e.is_retryable(), "{what}: {e}");
+            assert!(untouched, "{what}: aborted but applied");
+        }
+        None => {}
+    }
+    let decisions = cn_events
+        .borrow()
+        .iter()
+        .flat_map(|e| {
+            e.coordinators
+                .iter()
+                .filter_map(|c| c.decision.map(|d| (d, c.restored)))
+        })
+        .collect();
+    Single {
+        result,
+        stats,
+        end,
+        decisions,
+    }
+}
+
+#[test]
+fn mn_crash_during_a_commit_is_decided_all_or_nothing() {
+    let quiet = single_transfer(21, 0, None, None);
+    assert!(matches!(quiet.result, Some(Ok(()))));
+    let end = quiet.end;
+    let (mut forward, mut aborted, mut ok) = (0, 0, 0);
+    for mn in 0..3 {
+        for step in 0..40 {
+            let at = 20_000 + (end - 20_000) * step / 40;
+            let s = single_transfer(21, mn, Some(at), None);
+            forward += s.stats.mn_rolled_forward;
+            aborted += s.stats.mn_aborted + s.stats.mn_rolled_back;
+            ok += u64::from(matches!(s.result, Some(Ok(()))));
+        }
+    }
+    assert!(forward > 0, "an MN crash hit a commit's replica writes");
+    assert!(
+        aborted > 0,
+        "an MN crash stopped a transaction before its commit"
+    );
+    assert!(ok > 0);
+}
+
+#[test]
+fn cn_and_mn_crash_together_are_recovered_on_live_replicas() {
+    let (mut fwd, mut back, mut restored) = (0, 0, 0);
+    let quiet = single_transfer(31, 0, None, None);
+    let end = quiet.end;
+    for mn in 0..3 {
+        for step in [1, 3, 5] {
+            let at = 20_000 + (end - 20_000) * step / 6;
+            for k in 0..24 {
+                let s = single_transfer(31, mn, Some(at), Some(k));
+                for (d, r) in s.decisions {
+                    match d {
+                        Decision::RollForward => fwd += 1,
+                        Decision::RollBack => back += 1,
+                    }
+                    restored += r;
+                }
+            }
+        }
+    }
+    assert!(
+        fwd > 0 && back > 0,
+        "both decisions reached ({fwd} / {back})"
+    );
+    assert!(
+        restored > 0,
+        "some roll-back restored live replicas from the log"
+    );
+}
