@@ -19,7 +19,7 @@ use dmem_sim::SimContext;
 use dmem_txn::TxnError;
 use dmem_verbs::{Clock, Endpoint, Verbs};
 
-const DEADLINE: u64 = 40_000_000;
+const DEADLINE: u64 = 12_000_000;
 const HEARTBEAT: u64 = 10_000;
 const CN_TIMEOUT: u64 = 50_000;
 const MN_PROBE: u64 = 100_000;
@@ -222,7 +222,7 @@ struct Single {
 }
 
 fn single_transfer(seed: u64, mn: u16, mn_at: Option<u64>, cn_wr: Option<u64>) -> Single {
-    let deadline = 12_000_000;
+    let deadline = 4_000_000;
     let bank = Bank::new(seed, 2, 2, 4);
     let fd_ctx = bank.sim.context(bank.sim.cn(1), 0).unwrap();
     let detector = fd_ctx.local_endpoint();
