@@ -208,6 +208,12 @@ pub fn apply_cn_message(payload: &[u8], store: &Store, shared: &CnShared) -> boo
 /// transaction of an older view runs, and the resume. Turns MN-failure handling on for
 /// `shared`'s coordinators. Polls every `poll` until `until`.
 ///
+/// The detector must run [`watch_mns`](crate::RecoveryManager::watch_mns), and with it every
+/// member CN must run this listener: a coordinator that meets a dead MN waits for the
+/// detector's notification, and the detector resumes the CNs only once every live member
+/// acknowledged. Control messages are not re-sent: a lost acknowledgement or resume leaves
+/// the CNs paused (the simulator loses none unless told to).
+///
 /// # Errors
 /// [`VerbsError`] if receiving or sending fails.
 pub async fn cn_listener<V: Verbs + Clock>(
