@@ -312,7 +312,9 @@ mod tests {
         assert_eq!(NicProfile::load(good.to_str().unwrap()).unwrap(), mine);
         let bad = dir.join("bad.toml");
         std::fs::write(&bad, "name = \"x\"\n").unwrap();
-        let err = NicProfile::load(bad.to_str().unwrap()).unwrap_err().to_string();
+        let err = NicProfile::load(bad.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("bad.toml") && !err.contains('\n'), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
