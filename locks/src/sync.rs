@@ -33,12 +33,67 @@ impl<T> UnsafeCell<T> {
     }
 }
 
-/// Tells the CPU (or loom's scheduler) that this thread is spinning.
-fn spin() {
-    #[cfg(loom)]
-    loom::thread::yield_now();
-    #[cfg(not(loom))]
-    core::hint::spin_loop();
+/// Where a thread that finds the mutex taken waits for it to be freed.
+///
+/// On a CPU it spins on a plain read (test-and-test-and-set). Under loom a spinning wait
+/// cannot be bounded: loom may let a spinning thread's relaxed read return a `true` it has
+/// not seen yet, and with two threads waiting it may run them in turn after each yield
+/// (a yield costs no preemption) while the holder never runs, so every model with a
+/// contended mutex "exceeds the maximum number of branches". Under loom the waiter
+/// therefore parks on a loom condition variable until an unlock notifies it. Taking the
+/// mutex is still the same `Acquire` CAS of `locked` and freeing it the same `Release`
+/// store, so the model checks them; only the wait between tries changes (a `Relaxed`
+/// CAS is still caught: the executions in which the CAS succeeds without parking race on
+/// the data, and `tests/loom.rs` then fails with a causality violation).
+#[cfg(not(loom))]
+#[derive(Debug)]
+struct Parking;
+
+#[cfg(not(loom))]
+impl Parking {
+    const fn new() -> Self {
+        Self
+    }
+
+    fn wait_while_locked(&self, locked: &AtomicBool) {
+        while locked.load(Ordering::Relaxed) {
+            core::hint::spin_loop();
+        }
+    }
+
+    fn unlocked(&self) {}
+}
+
+#[cfg(loom)]
+#[derive(Debug)]
+struct Parking {
+    mutex: loom::sync::Mutex<()>,
+    freed: loom::sync::Condvar,
+}
+
+#[cfg(loom)]
+impl Parking {
+    fn new() -> Self {
+        Self {
+            mutex: loom::sync::Mutex::new(()),
+            freed: loom::sync::Condvar::new(),
+        }
+    }
+
+    /// Parks until `locked` reads `false`. `locked` is read with `parking.mutex` held and
+    /// [`Parking::unlocked`] notifies with it held after the `Release` store, so the
+    /// notification cannot fall between the read and the wait.
+    fn wait_while_locked(&self, locked: &AtomicBool) {
+        let mut guard = self.mutex.lock().expect("parking mutex");
+        while locked.load(Ordering::Relaxed) {
+            guard = self.freed.wait(guard).expect("parking mutex");
+        }
+    }
+
+    fn unlocked(&self) {
+        let _guard = self.mutex.lock().expect("parking mutex");
+        self.freed.notify_all();
+    }
 }
 
 /// A spinning mutex whose data is only reached through [`SpinMutex::with`], so a guard
@@ -46,6 +101,7 @@ fn spin() {
 #[derive(Debug)]
 pub(crate) struct SpinMutex<T> {
     locked: AtomicBool,
+    parking: Parking,
     data: UnsafeCell<T>,
 }
 
@@ -57,11 +113,12 @@ unsafe impl<T: Send> Sync for SpinMutex<T> {}
 unsafe impl<T: Send> Send for SpinMutex<T> {}
 
 /// Unlocks on drop, so a panic inside the critical section does not leave it locked.
-struct Unlock<'a>(&'a AtomicBool);
+struct Unlock<'a>(&'a AtomicBool, &'a Parking);
 
 impl Drop for Unlock<'_> {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
+        self.1.unlocked();
     }
 }
 
@@ -70,6 +127,7 @@ impl<T> SpinMutex<T> {
     pub(crate) fn new(value: T) -> Self {
         Self {
             locked: AtomicBool::new(false),
+            parking: Parking::new(),
             data: UnsafeCell::new(value),
         }
     }
@@ -84,11 +142,9 @@ impl<T> SpinMutex<T> {
             {
                 break;
             }
-            while self.locked.load(Ordering::Relaxed) {
-                spin();
-            }
+            self.parking.wait_while_locked(&self.locked);
         }
-        let _unlock = Unlock(&self.locked);
+        let _unlock = Unlock(&self.locked, &self.parking);
         self.data.with_mut(|p| {
             // SAFETY: the CAS above set `locked` and only `_unlock` clears it, after `f`
             // returns; every other access goes through this function, so this is the only
