@@ -613,9 +613,11 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             // coordinator has looked at what its CAS returned.
             self.write_logs(true).await?;
         }
-        let failed = self.co.shared.failed.borrow().clone();
         loop {
-            match logic::after_cas(old, &failed, &self.co.cfg) {
+            // Borrow the 8 KiB failed-id set only for the decision (never across an await):
+            // no copy per lock, and a notification that arrives meanwhile is seen at once.
+            let next = logic::after_cas(old, &self.co.shared.failed.borrow(), &self.co.cfg);
+            match next {
                 AfterCas::Acquired => break,
                 AfterCas::Steal { observed } => {
                     let mut list = PostList::new();
@@ -910,7 +912,6 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let relaxed = self.co.cfg.bug(FordBug::RelaxedLocks);
         let lost_decision = self.co.cfg.bug(FordBug::LostDecision);
         let me = logic::my_lock(self.co.id);
-        let failed = self.co.shared.failed.borrow().clone();
 
         // -- lock deferred write-set entries (and, relaxed, validate at the same time) --
         let deferred: Vec<usize> = (0..self.writes.len())
@@ -978,7 +979,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 let (table, key, loc) =
                     (self.writes[i].table, self.writes[i].key, self.writes[i].loc);
                 let mut item = parse_item(&bytes, table, key)?;
-                match logic::after_cas(old, &failed, &self.co.cfg) {
+                let next = logic::after_cas(old, &self.co.shared.failed.borrow(), &self.co.cfg);
+                match next {
                     AfterCas::Acquired => {}
                     AfterCas::Steal { observed } => {
                         let addr = self.primary_addr(&loc)?;
@@ -1033,7 +1035,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             };
             for (ri, id) in validation {
                 let bytes = res.take_bytes(id);
-                if !self.validate_one(ri, &bytes, &failed) {
+                let valid = self.validate_one(ri, &bytes, &self.co.shared.failed.borrow());
+                if !valid {
                     return Err(aborted("validation failed"));
                 }
             }
@@ -1213,8 +1216,12 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 let id = list.read(addr, len);
                 let bytes = self.post(list).await?.take_bytes(id);
                 let item = parse_item(&bytes, table, key)?;
-                let failed = self.co.shared.failed.borrow().clone();
-                if !logic::read_may_proceed(item.lock, &failed, &self.co.cfg) {
+                let proceed = logic::read_may_proceed(
+                    item.lock,
+                    &self.co.shared.failed.borrow(),
+                    &self.co.cfg,
+                );
+                if !proceed {
                     return Err(aborted("read a locked item"));
                 }
                 if item.lock != 0 {
