@@ -36,6 +36,7 @@
 //! | [`rpc`] | batched RPC frame | Dandelion §5 |
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 
+mod bits;
 pub mod cacheline;
 pub mod cql;
 pub mod cvt;

@@ -65,8 +65,6 @@
 //! records. On a region made with [`LogRegion::new_unchecked`] iteration stops silently at
 //! the first malformed record instead.
 
-use core::fmt;
-
 use static_assertions::{assert_eq_align, assert_eq_size, const_assert_eq};
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, TryFromBytes, Unaligned};
@@ -129,62 +127,25 @@ fn region_crc(header: &LogRegionHeader, body: &[u8]) -> u32 {
 // Region header
 // ---------------------------------------------------------------------------------------
 
-/// The state byte of a [`LogRegionHeader`]: bit 0 is the valid bit, the other bits are
-/// undefined and must be zero.
-///
-/// Valid means the region holds the log of a transaction that may still need recovery.
-/// Recovery truncates the log by writing [`LogState::TRUNCATED`] at
-/// [`LogRegionHeader::STATE_OFFSET`] (Pandora §3.2.3), and so does an aborting coordinator
-/// ("logs the decision by truncating logs", Pandora §3.1.5).
-#[derive(
-    Clone, Copy, PartialEq, Eq, Hash, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
-)]
-#[repr(C)]
-pub struct LogState(u8);
-
-assert_eq_size!(LogState, u8);
-
-impl LogState {
-    const VALID: u8 = 1;
+crate::bits::one_bit_flag_byte! {
+    /// The state byte of a [`LogRegionHeader`]: bit 0 is the valid bit, the other bits are
+    /// undefined and must be zero.
+    ///
+    /// Valid means the region holds the log of a transaction that may still need recovery.
+    /// Recovery truncates the log by writing [`LogState::TRUNCATED`] at
+    /// [`LogRegionHeader::STATE_OFFSET`] (Pandora §3.2.3), and so does an aborting coordinator
+    /// ("logs the decision by truncating logs", Pandora §3.1.5).
+    pub struct LogState;
+    field = "state";
+    flag = "valid";
     /// A truncated (invalid) log.
-    pub const TRUNCATED: Self = Self(0);
+    clear = TRUNCATED;
     /// A valid log.
-    pub const VALID_LOG: Self = Self(Self::VALID);
-
-    /// Parses a raw byte, refusing undefined bits.
-    pub const fn from_raw(raw: u8) -> Result<Self, LayoutError> {
-        if raw & !Self::VALID != 0 {
-            return Err(LayoutError::InvalidField { field: "state" });
-        }
-        Ok(Self(raw))
-    }
-
-    /// The raw byte.
-    pub const fn to_raw(self) -> u8 {
-        self.0
-    }
-
+    set = VALID_LOG;
     /// Whether the valid bit is set.
-    pub const fn is_valid(self) -> bool {
-        self.0 & Self::VALID != 0
-    }
-
+    get = is_valid;
     /// The same state with the valid bit set or cleared.
-    pub const fn with_valid(self, valid: bool) -> Self {
-        Self(if valid {
-            self.0 | Self::VALID
-        } else {
-            self.0 & !Self::VALID
-        })
-    }
-}
-
-impl fmt::Debug for LogState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LogState")
-            .field("valid", &self.is_valid())
-            .finish()
-    }
+    with = with_valid;
 }
 
 /// The 32-byte header at the start of a coordinator's log region (Pandora §3.1.3–§3.2.3).

@@ -56,8 +56,6 @@
 //! and [`RpcFrame::messages`] yields exactly `msg_count` messages. On a frame made with
 //! [`RpcFrame::new_unchecked`] iteration stops silently at the first malformed message.
 
-use core::fmt;
-
 use static_assertions::{assert_eq_align, assert_eq_size, const_assert_eq};
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -65,68 +63,21 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 use crate::LayoutError;
 use crate::record::{header_of, header_of_mut, need};
 
-/// Packet-level flags of an [`RpcPacketHeader`]: bit 0 says the packet carries responses
-/// (Dandelion dispatches them to `RespHandler`) rather than requests (`ReqHandler`), §5.1.
-/// The other bits are undefined and must be zero.
-#[derive(
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Default,
-    FromBytes,
-    IntoBytes,
-    KnownLayout,
-    Immutable,
-    Unaligned,
-)]
-#[repr(C)]
-pub struct RpcPacketFlags(u8);
-
-assert_eq_size!(RpcPacketFlags, u8);
-
-impl RpcPacketFlags {
-    const RESPONSE: u8 = 1;
+crate::bits::one_bit_flag_byte! {
+    /// Packet-level flags of an [`RpcPacketHeader`]: bit 0 says the packet carries responses
+    /// (Dandelion dispatches them to `RespHandler`) rather than requests (`ReqHandler`), §5.1.
+    /// The other bits are undefined and must be zero.
+    pub struct RpcPacketFlags;
+    field = "flags";
+    flag = "response";
     /// A packet of requests.
-    pub const REQUESTS: Self = Self(0);
+    clear = REQUESTS;
     /// A packet of responses.
-    pub const RESPONSES: Self = Self(Self::RESPONSE);
-
-    /// Parses a raw byte, refusing undefined bits.
-    pub const fn from_raw(raw: u8) -> Result<Self, LayoutError> {
-        if raw & !Self::RESPONSE != 0 {
-            return Err(LayoutError::InvalidField { field: "flags" });
-        }
-        Ok(Self(raw))
-    }
-
-    /// The raw byte.
-    pub const fn to_raw(self) -> u8 {
-        self.0
-    }
-
+    set = RESPONSES;
     /// Whether the packet carries responses.
-    pub const fn is_response(self) -> bool {
-        self.0 & Self::RESPONSE != 0
-    }
-
+    get = is_response;
     /// The same flags with the response bit set or cleared.
-    pub const fn with_response(self, response: bool) -> Self {
-        Self(if response {
-            self.0 | Self::RESPONSE
-        } else {
-            self.0 & !Self::RESPONSE
-        })
-    }
-}
-
-impl fmt::Debug for RpcPacketFlags {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RpcPacketFlags")
-            .field("response", &self.is_response())
-            .finish()
-    }
+    with = with_response;
 }
 
 /// The 16-byte header of a batched packet (Dandelion §5.1, §4.4).
