@@ -267,7 +267,11 @@ pub async fn execute<W: Workload, C: Coordinator>(
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let mut tx = coordinator.begin(txn.kind());
+        let mut tx = match coordinator.begin(txn.kind()).await {
+            Ok(tx) => tx,
+            Err(error) if error.is_retryable() && attempts < max_attempts => continue,
+            Err(error) => return Executed::Failed { error, attempts },
+        };
         let error = match workload.run(txn, &mut tx).await {
             Ok(Outcome::Rollback(reason)) => {
                 tx.abort().await;

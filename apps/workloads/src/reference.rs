@@ -296,8 +296,8 @@ impl Transaction for RefTxn<'_> {
 impl Coordinator for ReferenceStore {
     type Txn<'a> = RefTxn<'a>;
 
-    fn begin(&mut self, kind: TxnKind) -> RefTxn<'_> {
-        ReferenceStore::begin(self, kind)
+    async fn begin(&mut self, kind: TxnKind) -> Result<RefTxn<'_>, TxnError> {
+        Ok(ReferenceStore::begin(self, kind))
     }
 }
 

@@ -1,6 +1,8 @@
 //! Recorded histories: the input of the checker.
 
+use alloc::rc::Rc;
 use alloc::vec::Vec;
+use core::cell::RefCell;
 
 use dmem_verbs::Nanos;
 
@@ -87,4 +89,40 @@ impl History {
             .filter(|t| t.outcome == TxnOutcome::Committed)
             .count()
     }
+}
+
+/// Where a protocol records its transactions (for the checker).
+///
+/// A transaction that reaches its commit decision is recorded with
+/// [`TxnOutcome::Unknown`] *before* its first commit write and resolved once it is
+/// acknowledged, so a coordinator that crashes mid-commit leaves an `Unknown` record whose
+/// writes recovery may or may not keep.
+pub trait HistorySink {
+    /// Records a transaction.
+    fn record(&self, txn: TxnRecord);
+    /// Sets the outcome and end time of a transaction recorded earlier.
+    fn resolve(&self, id: TxnId, outcome: TxnOutcome, end: Nanos);
+}
+
+impl HistorySink for Rc<RefCell<History>> {
+    fn record(&self, txn: TxnRecord) {
+        self.borrow_mut().push(txn);
+    }
+
+    fn resolve(&self, id: TxnId, outcome: TxnOutcome, end: Nanos) {
+        let mut h = self.borrow_mut();
+        if let Some(t) = h.txns.iter_mut().rev().find(|t| t.id == id) {
+            t.outcome = outcome;
+            t.end = end;
+        }
+    }
+}
+
+/// A sink that forgets everything (benchmarks that do not check).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoHistory;
+
+impl HistorySink for NoHistory {
+    fn record(&self, _: TxnRecord) {}
+    fn resolve(&self, _: TxnId, _: TxnOutcome, _: Nanos) {}
 }

@@ -2,9 +2,9 @@
 //!
 //! * [`model`]: tables, keys, versions, coordinators: the data model of Pandora §2 / LOTUS §3
 //!   (records with a primary and backups on MNs, addressed by table and 64-bit key).
-//! * [`api`]: the coordinator API every protocol implements — begin, read, read-for-update,
-//!   write, insert, delete, commit, abort — so a workload is written once and the protocol is
-//!   chosen at run time.
+//! * [`api`]: the coordinator API every protocol implements — async begin, rounds of reads
+//!   (read-only or for update, issued together), write, insert, delete, commit, abort — so a
+//!   workload is written once and the protocol is chosen at run time.
 //! * [`history`]: what every protocol records (each read with the version it observed, each
 //!   write with the version it installed, begin and end instants, outcome), for the checker.
 //! * [`checker`]: the one history checker every protocol uses (Adya's G0, G1a–c, G-single, G2,
@@ -18,9 +18,12 @@ pub mod checker;
 pub mod history;
 pub mod model;
 
-pub use api::{Coordinator, Transaction, TxnError};
+pub use api::{
+    Access, BoxCoordinator, BoxTransaction, Coordinator, DynCoordinator, DynTransaction, ReadReq,
+    RoundValues, Transaction, TxnError,
+};
 pub use checker::{Anomaly, AnomalyKind, CheckOptions, CycleClass, Report, check, check_with};
-pub use history::{History, ReadEvent, TxnOutcome, TxnRecord, WriteEvent};
+pub use history::{History, HistorySink, NoHistory, ReadEvent, TxnOutcome, TxnRecord, WriteEvent};
 pub use model::{CoordinatorId, Key, TableId, TxnId, TxnKind, Version, WriteKind};
 
 /// The README's examples, compiled and run as doctests.

@@ -28,9 +28,10 @@ pub mod store;
 pub mod txn;
 
 pub use config::{BugSet, FordBug, Protocol, ProtocolConfig};
+pub use dmem_txn::{HistorySink, NoHistory};
 pub use recovery::{
     FailureDetector, LinkTerminator, Member, MnFailureEvent, RecoveryError, RecoveryEvent,
     RecoveryManager,
 };
 pub use store::{AddressCache, Loader, Store, StoreConfig, StoreError, TableSpec};
-pub use txn::{CnShared, CoordinatorStats, FordCoordinator, FordTxn, HistorySink, NoHistory};
+pub use txn::{CnShared, CoordinatorStats, FordCoordinator, FordTxn};

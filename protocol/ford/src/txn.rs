@@ -29,7 +29,7 @@ use dmem_layout::record::{
     DataItem, DataItemHeader, DataVersion, ItemFlags, RemoteAddr as PackedAddr,
 };
 use dmem_txn::{
-    Coordinator, CoordinatorId, History, Key, ReadEvent, TableId, Transaction, TxnError, TxnId,
+    Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, TableId, Transaction, TxnError, TxnId,
     TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
 };
 use dmem_verbs::{BatchResult, Clock, Nanos, NodeId, PostList, Verbs, VerbsError, WrId};
@@ -42,42 +42,6 @@ use crate::store::{
     AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, encode_item, index_slot_bytes,
     parse_bucket, slot_offset,
 };
-
-/// Where committed and aborted transactions are recorded (for the checker).
-///
-/// A transaction that reaches its commit decision is recorded with
-/// [`TxnOutcome::Unknown`] *before* its first commit WRITE and resolved once it is
-/// acknowledged, so a coordinator that crashes mid-commit leaves an `Unknown` record whose
-/// writes recovery may or may not keep.
-pub trait HistorySink {
-    /// Records a transaction.
-    fn record(&self, txn: TxnRecord);
-    /// Sets the outcome and end time of a transaction recorded earlier.
-    fn resolve(&self, id: TxnId, outcome: TxnOutcome, end: Nanos);
-}
-
-impl HistorySink for Rc<RefCell<History>> {
-    fn record(&self, txn: TxnRecord) {
-        self.borrow_mut().push(txn);
-    }
-
-    fn resolve(&self, id: TxnId, outcome: TxnOutcome, end: Nanos) {
-        let mut h = self.borrow_mut();
-        if let Some(t) = h.txns.iter_mut().rev().find(|t| t.id == id) {
-            t.outcome = outcome;
-            t.end = end;
-        }
-    }
-}
-
-/// A sink that forgets everything (benchmarks).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoHistory;
-
-impl HistorySink for NoHistory {
-    fn record(&self, _: TxnRecord) {}
-    fn resolve(&self, _: TxnId, _: TxnOutcome, _: Nanos) {}
-}
 
 /// Counters of one coordinator.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -240,8 +204,8 @@ impl<V: Verbs + Clock, H: HistorySink> Coordinator for FordCoordinator<V, H> {
     where
         Self: 'a;
 
-    fn begin(&mut self, kind: TxnKind) -> Self::Txn<'_> {
-        self.begin_txn(kind)
+    async fn begin(&mut self, kind: TxnKind) -> Result<Self::Txn<'_>, TxnError> {
+        Ok(self.begin_txn(kind))
     }
 }
 

@@ -186,13 +186,15 @@ async fn run_once<C: Coordinator>(
             cfg.max_gap
         };
         let shape = Shape::draw(rng, max_gap);
-        let mut t = co.begin(TxnKind::ReadWrite);
-        let res = match litmus::body(litmus, role, keys, shape, &mut t, clock).await {
-            Ok(()) => t.commit().await,
-            Err(e) => {
-                t.abort().await;
-                Err(e)
-            }
+        let res = match co.begin(TxnKind::ReadWrite).await {
+            Err(e) => Err(e),
+            Ok(mut t) => match litmus::body(litmus, role, keys, shape, &mut t, clock).await {
+                Ok(()) => t.commit().await,
+                Err(e) => {
+                    t.abort().await;
+                    Err(e)
+                }
+            },
         };
         match res {
             Ok(()) => return RoleEnd::Committed,
@@ -215,7 +217,14 @@ async fn read_final<C: Coordinator>(
 ) -> Result<Vec<Option<u64>>, String> {
     let mut last = String::new();
     for _ in 0..200 {
-        let mut t = co.begin(TxnKind::ReadOnly);
+        let mut t = match co.begin(TxnKind::ReadOnly).await {
+            Ok(t) => t,
+            Err(e) => {
+                last = e.to_string();
+                clock.sleep(10_000).await;
+                continue;
+            }
+        };
         match litmus::read_all(&mut t, keys).await {
             Ok(values) => match t.commit().await {
                 Ok(()) => return Ok(values),

@@ -167,7 +167,7 @@ pub async fn transfer<C: dmem_txn::Coordinator>(
     b: u64,
     amount: u64,
 ) -> Result<(), TxnError> {
-    let mut t = co.begin(TxnKind::ReadWrite);
+    let mut t = co.begin(TxnKind::ReadWrite).await?;
     let r: Result<(), TxnError> = async {
         let x = bal(t.read_for_update(ACCOUNTS, Key(a)).await?)?;
         let y = bal(t.read_for_update(ACCOUNTS, Key(b)).await?)?;
@@ -190,7 +190,7 @@ pub async fn transfer<C: dmem_txn::Coordinator>(
 
 /// One audit attempt: the sum of every balance, read-only.
 pub async fn audit<C: dmem_txn::Coordinator>(co: &mut C, accounts: u64) -> Result<u64, TxnError> {
-    let mut t = co.begin(TxnKind::ReadOnly);
+    let mut t = co.begin(TxnKind::ReadOnly).await?;
     let mut sum = 0;
     for k in 0..accounts {
         match t.read(ACCOUNTS, Key(k)).await.and_then(bal) {
