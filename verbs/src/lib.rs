@@ -59,6 +59,18 @@ pub trait Verbs {
     /// before it on the same queue pair have landed, as on a reliable connection.
     fn post(&self, list: PostList) -> impl Future<Output = Result<BatchResult, VerbsError>>;
 
+    /// Posts every work request of `list` and resolves once they are posted, without
+    /// waiting for their completions: unsignaled work requests whose outcome the caller
+    /// does not need (FORD releases its commit locks this way, `CheckCommitAll` in its
+    /// `dtx_check.cc`). They still execute in order on their queue pairs, so a later post
+    /// to the same node lands after them; if one fails, nobody is told.
+    ///
+    /// The default waits for the completions like [`post`](Verbs::post) (correct, one
+    /// round trip slower); backends that can post without a waiter override it.
+    fn post_detached(&self, list: PostList) -> impl Future<Output = Result<(), VerbsError>> {
+        async move { self.post(list).await.map(|_| ()) }
+    }
+
     /// Sends a two-sided message to `to`. Resolves once the message is handed to the NIC;
     /// delivery is not acknowledged (a lost message is the protocol's business).
     fn send(&self, to: Endpoint, payload: &[u8]) -> impl Future<Output = Result<(), VerbsError>>;
