@@ -24,6 +24,7 @@ pub mod config;
 pub mod logic;
 pub mod mnfail;
 pub mod recovery;
+mod round;
 pub mod store;
 pub mod txn;
 

@@ -29,8 +29,8 @@ use dmem_layout::record::{
     DataItem, DataItemHeader, DataVersion, ItemFlags, RemoteAddr as PackedAddr,
 };
 use dmem_txn::{
-    Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, TableId, Transaction, TxnError, TxnId,
-    TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
+    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
 };
 use dmem_verbs::{BatchResult, Clock, Nanos, NodeId, PostList, Verbs, VerbsError, WrId};
 
@@ -38,6 +38,7 @@ use crate::config::{FordBug, Protocol, ProtocolConfig};
 use crate::logic::{self, AfterCas, Decision, LoggedTxn, LoggedWrite};
 use crate::mnfail::{MnState, encode_suspect};
 use crate::recovery::{CoordinatorRecovery, RecoveryError, apply_recovery};
+use crate::round::{Answer, Located, RoundPlan, access_list};
 use crate::store::{
     AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, encode_item, index_slot_bytes,
     parse_bucket, slot_offset,
@@ -255,14 +256,6 @@ struct WriteEntry {
     intent: Intent,
     old: Option<OldImage>,
     new_value: Vec<u8>,
-}
-
-enum Located {
-    Found(ItemLoc),
-    Absent {
-        bucket: BucketLoc,
-        free: Option<usize>,
-    },
 }
 
 /// A running FORD/Pandora transaction. Always finish it with `commit` or `abort`: dropping
@@ -883,9 +876,12 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             .collect();
         let deferred_locs: Vec<ItemLoc> = deferred.iter().map(|&i| self.writes[i].loc).collect();
         self.log_locks(&deferred_locs).await?;
+        // FORD's `TxCommit`: a read-only transaction of one record commits without
+        // validation (its single READ is atomic: it aborted if the item was locked).
+        let single_read = self.writes.is_empty() && self.reads.len() == 1;
         let mut list = PostList::new();
         let mut validation = Vec::new();
-        if relaxed {
+        if relaxed && !single_read {
             // Relaxed locks: validation READs go out first, ahead of (and overlapping) the
             // lock CASes of the same batch.
             validation = self.add_validation_reads(&mut list)?;
@@ -983,7 +979,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         }
 
         // -- validation, strictly after locking (fixed), logs alongside (lost decision) --
-        if !relaxed {
+        if !relaxed && !single_read {
             let mut list = PostList::new();
             validation = self.add_validation_reads(&mut list)?;
             if lost_decision {
@@ -1012,7 +1008,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             .any(|w| matches!(w.intent, Intent::Write(_)));
         if !has_writes {
             // Read-only (or lock-only): release locks, done.
-            self.release_held().await?;
+            self.release_held(false).await?;
             self.record_committed(Vec::new(), false);
             return Ok(());
         }
@@ -1057,7 +1053,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         self.co
             .history
             .resolve(self.id, TxnOutcome::Committed, self.co.ctx.now());
-        self.release_held().await?;
+        // FORD's `CheckCommitAll`: the release WRITEs are posted after every commit WRITE
+        // completed (so no reader sees a new value that a crash could still roll back) and
+        // are not waited for.
+        self.release_held(true).await?;
         Ok(())
     }
 
@@ -1078,7 +1077,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         });
     }
 
-    async fn release_held(&mut self) -> Result<(), TxnError> {
+    /// Releases every held lock with a WRITE of 0; `detached`: without waiting for the
+    /// WRITEs ([`Verbs::post_detached`]; a later post of this coordinator to the same MN
+    /// lands after them).
+    async fn release_held(&mut self, detached: bool) -> Result<(), TxnError> {
         let mut list = PostList::new();
         for w in &self.writes {
             if w.lock == LockState::Held {
@@ -1086,7 +1088,11 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             }
         }
         if !list.is_empty() {
-            self.post(list).await?;
+            if detached && !self.co.shared.mn.borrow().enabled() {
+                self.co.ctx.post_detached(list).await?;
+            } else {
+                self.post(list).await?;
+            }
         }
         for w in &mut self.writes {
             if w.lock == LockState::Held {
@@ -1150,81 +1156,242 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         }
     }
 
-    async fn read_impl(&mut self, table: TableId, key: Key) -> Result<Option<Vec<u8>>, TxnError> {
-        if let Some(i) = self.write_entry(table, key) {
-            let w = self.writes[i].clone();
-            match w.lock {
-                LockState::Held => return Ok(self.current_value(&w)),
-                LockState::Deferred => return Ok(Some(w.new_value)),
-                LockState::Failed => {}
+    /// What the transaction's own sets answer for `r` without a verb (`None`: fetch it).
+    fn local_answer(&self, r: &ReadReq) -> Option<Option<Vec<u8>>> {
+        if let Some(i) = self.write_entry(r.table, r.key) {
+            let w = &self.writes[i];
+            match (w.lock, r.access) {
+                (LockState::Held, _) => return Some(self.current_value(w)),
+                (LockState::Deferred, Access::Read) => return Some(Some(w.new_value.clone())),
+                // A blind write read for update is locked now; a failed lock is retried.
+                (LockState::Deferred | LockState::Failed, _) => {
+                    if r.access == Access::ForUpdate {
+                        return None;
+                    }
+                }
             }
         }
-        if let Some(r) = self.reads.iter().find(|r| r.table == table && r.key == key) {
-            return Ok(r.value.clone());
+        if r.access == Access::Read
+            && let Some(e) = self
+                .reads
+                .iter()
+                .find(|e| e.table == r.table && e.key == r.key)
+        {
+            return Some(e.value.clone());
         }
-        match self.locate(table, key).await? {
-            Located::Absent { bucket, .. } => {
-                self.reads.push(ReadEntry {
-                    table,
-                    key,
-                    target: ReadTarget::Absent { bucket },
-                    value: None,
-                });
-                self.note_read(table, key, 0);
-                Ok(None)
+        None
+    }
+
+    /// One execution round ([`crate::round`]): bucket READs for uncached addresses, then
+    /// one doorbell per MN with a READ of every read-only item and a CAS + READ of every
+    /// for-update item; then the decisions of Pandora §2.3 / §3.1.2 per item (abort on a
+    /// live lock, ignore or steal a stray one).
+    async fn round_impl(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
+        if self.kind == TxnKind::ReadOnly && reqs.iter().any(|r| r.access == Access::ForUpdate) {
+            return Err(TxnError::ReadOnly);
+        }
+        let mut plan = RoundPlan::new(
+            reqs,
+            |r| self.local_answer(r),
+            |t, k| self.co.shared.cache.borrow_mut().get(t, k),
+        );
+
+        // -- locate: one bucket READ per uncached address, every MN at once --
+        if let Some((list, ids)) = plan.locate_list(self.store()).map_err(store_err)? {
+            let res = self.post(list).await?;
+            let found = plan
+                .absorb_locate(self.store(), &ids, &res)
+                .map_err(store_err)?;
+            let mut cache = self.co.shared.cache.borrow_mut();
+            for (t, k, loc) in found {
+                cache.put(t, k, loc);
             }
-            Located::Found(loc) => {
-                let addr = self.primary_addr(&loc)?;
-                let len = self.item_len(table)? as u32;
-                let mut list = PostList::new();
-                let id = list.read(addr, len);
-                let bytes = self.post(list).await?.take_bytes(id);
-                let item = parse_item(&bytes, table, key)?;
+        }
+
+        // -- access: READ (read-only) / CAS + READ (for update), one doorbell per MN --
+        let for_update: Vec<ItemLoc> = plan
+            .fetches
+            .iter()
+            .filter(|f| f.access == Access::ForUpdate)
+            .filter_map(|f| match f.located {
+                Some(Located::Found(loc)) => Some(loc),
+                _ => None,
+            })
+            .collect();
+        self.log_locks(&for_update).await?;
+        let me = logic::my_lock(self.co.id);
+        let (list, wrs) = access_list(&plan.fetches, me, |f, loc| {
+            Ok::<_, TxnError>((self.primary_addr(loc)?, self.item_len(f.table)? as u32))
+        })?;
+        let mut res = if list.is_empty() {
+            None
+        } else {
+            Some(self.post(list).await?)
+        };
+
+        // -- decide --
+        let mut values: Vec<Option<Vec<u8>>> = vec![None; plan.fetches.len()];
+        for (n, f) in plan.fetches.iter().enumerate() {
+            if let Some(Located::Absent { bucket, .. }) = f.located {
+                // Absent: validated at commit by a READ of its bucket (read or for update:
+                // the insert that may follow locks a slot of its own).
+                if !self
+                    .reads
+                    .iter()
+                    .any(|e| e.table == f.table && e.key == f.key)
+                {
+                    self.reads.push(ReadEntry {
+                        table: f.table,
+                        key: f.key,
+                        target: ReadTarget::Absent { bucket },
+                        value: None,
+                    });
+                    self.note_read(f.table, f.key, 0);
+                }
+                values[n] = None;
+            }
+        }
+        let mut conflict: Option<TxnError> = None;
+        if let Some(res) = res.as_mut() {
+            // Locks first: every CAS that found the lock free acquired it, so record those
+            // entries as held before judging anything (an abort must release them).
+            let mut locked = Vec::new();
+            for w in wrs.iter().filter(|w| w.cas.is_some()) {
+                let f = &plan.fetches[w.fetch];
+                let Some(Located::Found(loc)) = f.located else {
+                    continue;
+                };
+                let old = res.atomic(w.cas.unwrap_or(w.read));
+                let bytes = res.take_bytes(w.read);
+                let item = parse_item(&bytes, f.table, f.key)?;
+                let idx = self.push_lock_entry(f.table, f.key, loc, &item);
+                if old == 0 {
+                    self.writes[idx].lock = LockState::Held;
+                }
+                locked.push((w.fetch, idx, loc, old, bytes));
+            }
+            if self.co.cfg.bug(FordBug::LogWithoutLock) && !locked.is_empty() {
+                // The corner case of Pandora §5.1: the undo records go out before the
+                // coordinator has looked at what its CASes returned.
+                self.write_logs(true).await?;
+            }
+            for (n, idx, loc, old, bytes) in locked {
+                let (table, key) = (plan.fetches[n].table, plan.fetches[n].key);
+                match self.settle_lock(table, key, loc, idx, old, bytes).await {
+                    Ok(item) => {
+                        self.note_read(table, key, item.version.counter());
+                        values[n] = self.current_value(&self.writes[idx]);
+                    }
+                    Err(e) => {
+                        conflict.get_or_insert(e);
+                    }
+                }
+            }
+            for w in wrs.iter().filter(|w| w.cas.is_none()) {
+                let f = &plan.fetches[w.fetch];
+                let Some(Located::Found(loc)) = f.located else {
+                    continue;
+                };
+                let item = parse_item(res.bytes(w.read), f.table, f.key)?;
                 let proceed = logic::read_may_proceed(
                     item.lock,
                     &self.co.shared.failed.borrow(),
                     &self.co.cfg,
                 );
                 if !proceed {
-                    return Err(aborted("read a locked item"));
+                    conflict.get_or_insert(aborted("read a locked item"));
+                    continue;
                 }
                 if item.lock != 0 {
                     self.co.stats.stray_reads += 1;
                 }
                 let value = item.valid.then_some(item.value);
                 self.reads.push(ReadEntry {
-                    table,
-                    key,
+                    table: f.table,
+                    key: f.key,
                     target: ReadTarget::Item {
                         loc,
                         version: item.version.to_raw(),
                     },
                     value: value.clone(),
                 });
-                self.note_read(table, key, item.version.counter());
-                Ok(value)
+                self.note_read(f.table, f.key, item.version.counter());
+                values[w.fetch] = value;
             }
         }
+        if let Some(e) = conflict {
+            return Err(e);
+        }
+        Ok(plan
+            .answers
+            .into_iter()
+            .map(|a| match a {
+                Answer::Local(v) => v,
+                Answer::Fetched(n) => values[n].clone(),
+            })
+            .collect())
     }
 
-    async fn rfu_impl(&mut self, table: TableId, key: Key) -> Result<Option<Vec<u8>>, TxnError> {
-        if self.kind == TxnKind::ReadOnly {
-            return Err(TxnError::ReadOnly);
-        }
-        if let Some(i) = self.write_entry(table, key)
-            && self.writes[i].lock == LockState::Held
-        {
-            let w = self.writes[i].clone();
-            return Ok(self.current_value(&w));
-        }
-        match self.locate(table, key).await? {
-            Located::Absent { .. } => self.read_impl(table, key).await,
-            Located::Found(loc) => {
-                let (item, _) = self.lock_and_read(table, key, loc, false).await?;
-                self.note_read(table, key, item.version.counter());
-                Ok(item.valid.then_some(item.value))
+    /// Finishes the acquisition of one lock whose CAS returned `old` (the item READ in the
+    /// same doorbell returned `bytes`): acquired, stolen from a failed coordinator (PILL,
+    /// Pandora §3.1.2; one more CAS + READ), or a conflict. Returns the item as locked.
+    async fn settle_lock(
+        &mut self,
+        table: TableId,
+        key: Key,
+        loc: ItemLoc,
+        idx: usize,
+        mut old: u64,
+        mut bytes: Vec<u8>,
+    ) -> Result<ItemRead, TxnError> {
+        let addr = self.primary_addr(&loc)?;
+        let item_len = self.item_len(table)? as u32;
+        let me = logic::my_lock(self.co.id);
+        loop {
+            // Borrow the 8 KiB failed-id set only for the decision (never across an await):
+            // no copy per lock, and a notification that arrives meanwhile is seen at once.
+            let next = logic::after_cas(old, &self.co.shared.failed.borrow(), &self.co.cfg);
+            match next {
+                AfterCas::Acquired => break,
+                AfterCas::Steal { observed } => {
+                    let mut list = PostList::new();
+                    let cas = list.cas(addr, observed, me);
+                    let rd = list.read(addr, item_len);
+                    let mut res = self.post(list).await?;
+                    let got = res.atomic(cas);
+                    if got == observed {
+                        self.co.stats.steals += 1;
+                        bytes = res.take_bytes(rd);
+                        old = 0;
+                    } else {
+                        old = got;
+                        if got == 0 {
+                            // Released meanwhile: an ordinary acquire must win it.
+                            self.writes[idx].lock = LockState::Failed;
+                            return Err(aborted("lock changed hands"));
+                        }
+                    }
+                }
+                AfterCas::Conflict => {
+                    self.writes[idx].lock = LockState::Failed;
+                    return Err(aborted("write lock held"));
+                }
             }
         }
+        let item = parse_item(&bytes, table, key)?;
+        let w = &mut self.writes[idx];
+        w.lock = LockState::Held;
+        w.old = Some(OldImage {
+            version: item.version,
+            valid: item.valid,
+            value: item.value.clone(),
+        });
+        Ok(item)
+    }
+
+    async fn read_one(&mut self, req: ReadReq) -> Result<Option<Vec<u8>>, TxnError> {
+        let mut v = self.round_impl(&[req]).await?;
+        Ok(v.pop().flatten())
     }
 
     async fn write_impl(
@@ -1353,8 +1520,12 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
 }
 
 impl<V: Verbs + Clock, H: HistorySink> Transaction for FordTxn<'_, V, H> {
+    async fn read_round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
+        self.round_impl(reqs).await
+    }
+
     async fn read(&mut self, table: TableId, key: Key) -> Result<Option<Vec<u8>>, TxnError> {
-        self.read_impl(table, key).await
+        self.read_one(ReadReq::read(table, key)).await
     }
 
     async fn read_for_update(
@@ -1362,7 +1533,7 @@ impl<V: Verbs + Clock, H: HistorySink> Transaction for FordTxn<'_, V, H> {
         table: TableId,
         key: Key,
     ) -> Result<Option<Vec<u8>>, TxnError> {
-        self.rfu_impl(table, key).await
+        self.read_one(ReadReq::for_update(table, key)).await
     }
 
     async fn write(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {

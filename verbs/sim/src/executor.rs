@@ -668,19 +668,17 @@ impl Verbs for SimContext {
         }
     }
 
-    fn post_detached(&self, list: PostList) -> impl Future<Output = Result<(), VerbsError>> {
-        async move {
-            if self.crashed() {
-                return Err(VerbsError::LocalCrash);
-            }
-            let wrs = list.finish()?;
-            let mut world = self.shared.world.borrow_mut();
-            // Posted like any list (same doorbells, same per-QP order), then abandoned: the
-            // work requests execute, their completions wake nobody and cost no CQE poll.
-            let key = world.post(self.core, wrs);
-            world.abandon(key);
-            Ok(())
+    async fn post_detached(&self, list: PostList) -> Result<(), VerbsError> {
+        if self.crashed() {
+            return Err(VerbsError::LocalCrash);
         }
+        let wrs = list.finish()?;
+        let mut world = self.shared.world.borrow_mut();
+        // Posted like any list (same doorbells, same per-QP order), then abandoned: the work
+        // requests execute, their completions wake nobody and cost no CQE poll.
+        let key = world.post(self.core, wrs);
+        world.abandon(key);
+        Ok(())
     }
 
     fn send(&self, to: Endpoint, payload: &[u8]) -> impl Future<Output = Result<(), VerbsError>> {
