@@ -20,6 +20,7 @@
 //!
 //! Protocol code is generic over `V: Verbs + Clock` and never names an executor.
 
+pub mod cn;
 pub mod config;
 pub mod logic;
 pub mod mnfail;
@@ -27,7 +28,9 @@ pub mod recovery;
 mod round;
 pub mod store;
 pub mod txn;
+pub mod wire;
 
+pub use cn::CnShared;
 pub use config::{BugSet, FordBug, Protocol, ProtocolConfig};
 pub use dmem_txn::{HistorySink, NoHistory};
 pub use recovery::{
@@ -35,4 +38,4 @@ pub use recovery::{
     RecoveryManager,
 };
 pub use store::{AddressCache, Loader, Store, StoreConfig, StoreError, TableSpec};
-pub use txn::{CnShared, CoordinatorStats, FordCoordinator, FordTxn};
+pub use txn::{CoordinatorStats, FordCoordinator, FordTxn};

@@ -216,60 +216,6 @@ pub fn pack_location(partition: u16, offset: u64) -> PackedAddr {
     PackedAddr::new(partition, offset).unwrap_or(PackedAddr::NULL)
 }
 
-/// Bytes at the end of a coordinator's log region that hold its lock log when traditional
-/// lock logging is on ([`ProtocolConfig::lock_logging`], Pandora §6.1): an 8-byte header
-/// (`LKLG`, coordinator id, entry count, all little-endian) and up to
-/// [`LOCK_LOG_SLOTS`] packed item addresses, one per lock the running transaction took or
-/// is about to take. The undo log then uses only the bytes before it.
-pub const LOCK_LOG_BYTES: usize = 512;
-
-/// Locks one transaction can log.
-pub const LOCK_LOG_SLOTS: usize = LOCK_LOG_BYTES / 8 - 1;
-
-const LOCK_LOG_MAGIC: [u8; 4] = *b"LKLG";
-
-/// Offset of the lock log inside a log region of `region_bytes`, if the region has room for
-/// a log header before it.
-#[must_use]
-pub fn lock_log_offset(region_bytes: usize) -> Option<usize> {
-    let header = dmem_layout::log::LogRegionHeader::LEN;
-    (region_bytes >= LOCK_LOG_BYTES + header).then(|| region_bytes - LOCK_LOG_BYTES)
-}
-
-/// The lock-log image of `coordinator` naming `addrs` (at most [`LOCK_LOG_SLOTS`]; more are
-/// cut off).
-#[must_use]
-pub fn encode_lock_log(coordinator: u16, addrs: &[PackedAddr]) -> Vec<u8> {
-    let n = addrs.len().min(LOCK_LOG_SLOTS);
-    let mut out = Vec::with_capacity(8 + 8 * n);
-    out.extend_from_slice(&LOCK_LOG_MAGIC);
-    out.extend_from_slice(&coordinator.to_le_bytes());
-    out.extend_from_slice(&(n as u16).to_le_bytes());
-    for a in &addrs[..n] {
-        out.extend_from_slice(&a.to_raw().to_le_bytes());
-    }
-    out
-}
-
-/// The addresses in a lock log of `coordinator` (`bytes` starts at the lock log); empty if
-/// there is none, it is truncated or belongs to another coordinator.
-#[must_use]
-pub fn parse_lock_log(bytes: &[u8], coordinator: u16) -> Vec<PackedAddr> {
-    let Some((header, body)) = bytes.split_at_checked(8) else {
-        return Vec::new();
-    };
-    if header[..4] != LOCK_LOG_MAGIC || header[4..6] != coordinator.to_le_bytes() {
-        return Vec::new();
-    }
-    let n = usize::from(u16::from_le_bytes([header[6], header[7]])).min(LOCK_LOG_SLOTS);
-    body.chunks_exact(8)
-        .take(n)
-        .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
-        .map(PackedAddr::from_raw)
-        .filter(|a| !a.is_null())
-        .collect()
-}
-
 /// The version a commit installs over `old`: counter + 1, visible.
 #[must_use]
 pub fn next_version(old: DataVersion) -> DataVersion {
@@ -370,26 +316,5 @@ mod tests {
         let keys: Vec<u64> = merged.writes.iter().map(|w| w.key).collect();
         assert_eq!(keys, vec![2, 3, 7]);
         assert!(merge_log_copies(vec![]).is_none());
-    }
-
-    #[test]
-    fn lock_log_round_trips_and_rejects_others() {
-        let addrs = [pack_location(1, 4096), pack_location(2, 8192)];
-        let image = encode_lock_log(7, &addrs);
-        assert_eq!(image.len(), 8 + 16);
-        let mut area = vec![0u8; LOCK_LOG_BYTES];
-        area[..image.len()].copy_from_slice(&image);
-        assert_eq!(parse_lock_log(&area, 7), addrs.to_vec());
-        assert!(parse_lock_log(&area, 8).is_empty(), "another coordinator's");
-        assert!(
-            parse_lock_log(&[0; LOCK_LOG_BYTES], 7).is_empty(),
-            "truncated"
-        );
-        // A shorter image over a longer one: the count cuts the stale entry off.
-        let shorter = encode_lock_log(7, &addrs[..1]);
-        area[..shorter.len()].copy_from_slice(&shorter);
-        assert_eq!(parse_lock_log(&area, 7), addrs[..1].to_vec());
-        assert_eq!(lock_log_offset(4096), Some(4096 - LOCK_LOG_BYTES));
-        assert_eq!(lock_log_offset(LOCK_LOG_BYTES), None);
     }
 }

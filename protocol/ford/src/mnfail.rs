@@ -33,171 +33,31 @@
 //! [`MnView`]: crate::store::MnView
 //! [`Store::primary`]: crate::Store::primary
 
-use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use dmem_verbs::{Clock, Endpoint, Nanos, Verbs, VerbsError};
 
-use crate::recovery::apply_notification;
+use crate::cn::CnShared;
 use crate::store::Store;
-use crate::txn::CnShared;
-
-/// Message tags of the MN-failure control path.
-pub(crate) const MN_FAILED: u8 = b'M';
-pub(crate) const MN_SUSPECT: u8 = b'S';
-pub(crate) const MN_ACK: u8 = b'A';
-pub(crate) const MN_RESUME: u8 = b'R';
-
-/// A CN's state for MN failures, shared by its coordinators and its [`cn_listener`].
-#[derive(Debug, Clone, Default)]
-pub struct MnState {
-    /// Where coordinators report an MN that stopped answering. `None` means MN-failure
-    /// handling is off: a `ConnectionLost` is then an ordinary error, as before.
-    pub detector: Option<Endpoint>,
-    /// How often waiting coordinators look again, ns.
-    pub poll: Nanos,
-    /// View changes this CN has applied.
-    epoch: u64,
-    /// Between learning of an MN failure and the detector's resume.
-    paused: bool,
-    /// Running transactions per the epoch they began in.
-    active: BTreeMap<u64, usize>,
-    /// The epoch this CN must still acknowledge.
-    ack_due: Option<u64>,
-    /// MNs already reported to the detector (bitmask).
-    reported: u64,
-}
-
-impl MnState {
-    /// Whether MN-failure handling is on.
-    #[must_use]
-    pub fn enabled(&self) -> bool {
-        self.detector.is_some()
-    }
-
-    /// The view epoch.
-    #[must_use]
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    /// Whether new transactions are held back.
-    #[must_use]
-    pub fn paused(&self) -> bool {
-        self.paused
-    }
-
-    /// Running transactions that began before the current epoch.
-    #[must_use]
-    pub fn old_active(&self) -> usize {
-        self.active.range(..self.epoch).map(|(_, n)| n).sum()
-    }
-
-    pub(crate) fn begin(&mut self) -> u64 {
-        *self.active.entry(self.epoch).or_default() += 1;
-        self.epoch
-    }
-
-    pub(crate) fn end(&mut self, epoch: u64) {
-        if let Some(n) = self.active.get_mut(&epoch) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.active.remove(&epoch);
-            }
-        }
-    }
-
-    /// Marks `mn` reported; whether it was not before.
-    pub(crate) fn report(&mut self, mn: u16) -> bool {
-        let bit = if mn < 64 { 1u64 << mn } else { 0 };
-        let first = self.reported & bit == 0;
-        self.reported |= bit;
-        first
-    }
-
-    /// Applies an MN-failure notification of `epoch` carrying `mask`: merges the view and
-    /// pauses. Stale or repeated notifications change nothing.
-    pub(crate) fn apply_failure(&mut self, store: &Store, epoch: u64, mask: u64) -> bool {
-        if epoch <= self.epoch {
-            return false;
-        }
-        store.view().borrow_mut().merge_failed(mask);
-        self.epoch = epoch;
-        self.paused = true;
-        self.ack_due = Some(epoch);
-        true
-    }
-
-    pub(crate) fn apply_resume(&mut self, epoch: u64) {
-        if epoch >= self.epoch {
-            self.paused = false;
-        }
-    }
-
-    /// The epoch to acknowledge now: one is due and no older transaction is running.
-    pub(crate) fn ack_ready(&mut self) -> Option<u64> {
-        let e = self.ack_due?;
-        if self.old_active() == 0 {
-            self.ack_due = None;
-            Some(e)
-        } else {
-            None
-        }
-    }
-}
-
-pub(crate) fn encode_failure(epoch: u64, mask: u64) -> Vec<u8> {
-    let mut p = vec![MN_FAILED];
-    p.extend_from_slice(&epoch.to_le_bytes());
-    p.extend_from_slice(&mask.to_le_bytes());
-    p
-}
-
-pub(crate) fn encode_epoch(tag: u8, epoch: u64) -> Vec<u8> {
-    let mut p = vec![tag];
-    p.extend_from_slice(&epoch.to_le_bytes());
-    p
-}
-
-pub(crate) fn encode_suspect(mn: u16) -> Vec<u8> {
-    let mut p = vec![MN_SUSPECT];
-    p.extend_from_slice(&mn.to_le_bytes());
-    p
-}
-
-fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
-    bytes
-        .get(at..at + 8)
-        .and_then(|b| b.try_into().ok())
-        .map(u64::from_le_bytes)
-}
-
-pub(crate) fn decode_epoch(payload: &[u8]) -> Option<u64> {
-    u64_at(payload, 1)
-}
-
-pub(crate) fn decode_suspect(payload: &[u8]) -> Option<u16> {
-    payload.get(1..3).map(|b| u16::from_le_bytes([b[0], b[1]]))
-}
+use crate::wire::ControlMsg;
 
 /// Applies one control message for a CN (stray-lock notification, MN failure, resume);
-/// returns whether it was an MN-failure notification that changed the view.
+/// returns whether it was an MN-failure notification that changed the view. A payload that
+/// is not a control message is ignored.
 pub fn apply_cn_message(payload: &[u8], store: &Store, shared: &CnShared) -> bool {
-    match payload.first() {
-        Some(&MN_FAILED) => match (u64_at(payload, 1), u64_at(payload, 9)) {
-            (Some(epoch), Some(mask)) => shared.mn.borrow_mut().apply_failure(store, epoch, mask),
-            _ => false,
-        },
-        Some(&MN_RESUME) => {
-            if let Some(e) = decode_epoch(payload) {
-                shared.mn.borrow_mut().apply_resume(e);
-            }
+    match ControlMsg::parse(payload) {
+        Ok(ControlMsg::MnFailed { epoch, mask }) => {
+            shared.mn.borrow_mut().apply_failure(store, epoch, mask)
+        }
+        Ok(ControlMsg::MnResume { epoch }) => {
+            shared.mn.borrow_mut().apply_resume(epoch);
             false
         }
-        _ => {
-            apply_notification(payload, &mut shared.failed.borrow_mut());
+        Ok(m) => {
+            m.apply_failed_ids(&mut shared.failed.borrow_mut());
             false
         }
+        Err(_) => false,
     }
 }
 
@@ -235,34 +95,10 @@ pub async fn cn_listener<V: Verbs + Clock>(
         }
         let ack = shared.mn.borrow_mut().ack_ready();
         if let Some(epoch) = ack {
-            ctx.send(detector, &encode_epoch(MN_ACK, epoch)).await?;
+            ctx.send(detector, &ControlMsg::MnAck { epoch }.emit())
+                .await?;
         }
         ctx.sleep(poll).await;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ack_waits_for_old_transactions_and_notifications_are_idempotent() {
-        let mut s = MnState::default();
-        let a = s.begin();
-        assert_eq!(a, 0);
-        s.epoch = 1;
-        s.ack_due = Some(1);
-        let b = s.begin();
-        assert_eq!(s.old_active(), 1);
-        assert_eq!(s.ack_ready(), None, "the epoch-0 transaction still runs");
-        s.end(b);
-        assert_eq!(s.ack_ready(), None);
-        s.end(a);
-        assert_eq!(s.ack_ready(), Some(1));
-        assert_eq!(s.ack_ready(), None, "acknowledged once");
-        assert!(s.report(2) && !s.report(2));
-        assert_eq!(decode_suspect(&encode_suspect(2)), Some(2));
-        assert_eq!(decode_epoch(&encode_epoch(MN_ACK, 7)), Some(7));
-    }
 }

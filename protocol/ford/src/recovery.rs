@@ -20,10 +20,8 @@ use dmem_verbs::{Clock, Endpoint, Nanos, NodeId, PostList, Verbs, VerbsError, Ve
 
 use crate::config::Protocol;
 use crate::logic::{self, Decision, LoggedTxn};
-use crate::mnfail::{
-    MN_ACK, MN_RESUME, MN_SUSPECT, decode_epoch, decode_suspect, encode_epoch, encode_failure,
-};
 use crate::store::{BUCKET_SLOTS, Store, StoreError, encode_item};
+use crate::wire::{self, ControlMsg};
 
 /// Why recovery could not finish (it may be re-run: every step is idempotent).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -106,13 +104,11 @@ pub async fn recover_coordinator<V: Verbs>(
     // Traditional lock logging (§6.1): release the logged locks. After log recovery every
     // lock still naming the coordinator belongs to a NotLogged-Stray-Tx, so releasing it is
     // what Cor4 allows; the CAS releases nothing else.
-    let lock_log_at = logic::lock_log_offset(store.log_region_bytes());
+    let lock_log_at = wire::lock_log_offset(store.log_region_bytes());
     let mut logged_locks: Vec<_> = lock_log_at
         .map(|at| {
             raw.iter()
-                .flat_map(|bytes| {
-                    logic::parse_lock_log(bytes.get(at..).unwrap_or(&[]), coordinator)
-                })
+                .flat_map(|bytes| wire::parse_lock_log(bytes.get(at..).unwrap_or(&[]), coordinator))
                 .collect()
         })
         .unwrap_or_default();
@@ -359,10 +355,6 @@ impl FailureDetector {
     }
 }
 
-/// Message tags of the control path.
-const HEARTBEAT: u8 = b'H';
-const FAILED_IDS: u8 = b'F';
-
 /// One recovered CN failure.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecoveryEvent {
@@ -537,7 +529,11 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
         self.store.view().borrow_mut().mark_failed(mn);
         self.mn_epoch += 1;
         let mask = self.store.view().borrow().failed_mask();
-        let payload = encode_failure(self.mn_epoch, mask);
+        let payload = ControlMsg::MnFailed {
+            epoch: self.mn_epoch,
+            mask,
+        }
+        .emit();
         for live in self.detector.live() {
             self.ctx.send(live.listener, &payload).await?;
         }
@@ -562,7 +558,7 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
         if !live.iter().all(|m| acked.contains(&m.cn)) {
             return Ok(());
         }
-        let payload = encode_epoch(MN_RESUME, epoch);
+        let payload = ControlMsg::MnResume { epoch }.emit();
         for m in &live {
             self.ctx.send(m.listener, &payload).await?;
         }
@@ -605,20 +601,20 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
     /// [`RecoveryError`] if receiving fails.
     pub fn detect(&mut self) -> Result<Vec<Member>, RecoveryError> {
         while let Some(msg) = self.ctx.try_recv()? {
-            match msg.payload.first() {
-                Some(&HEARTBEAT) => self.detector.heartbeat(msg.from.node, self.ctx.now()),
-                Some(&MN_SUSPECT) if decode_suspect(&msg.payload).is_some() => {
-                    self.mn_suspected = true;
+            match ControlMsg::parse(&msg.payload) {
+                Ok(ControlMsg::Heartbeat) => {
+                    self.detector.heartbeat(msg.from.node, self.ctx.now());
                 }
-                Some(&MN_ACK) => {
-                    if let (Some(e), Some((epoch, acked))) =
-                        (decode_epoch(&msg.payload), self.awaiting.as_mut())
+                Ok(ControlMsg::MnSuspect { .. }) => self.mn_suspected = true,
+                Ok(ControlMsg::MnAck { epoch: e }) => {
+                    if let Some((epoch, acked)) = self.awaiting.as_mut()
                         && e == *epoch
                         && !acked.contains(&msg.from.node)
                     {
                         acked.push(msg.from.node);
                     }
                 }
+                // Anything else (or garbage) is not for the detector.
                 _ => {}
             }
         }
@@ -653,10 +649,7 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
             0
         };
         // (4) Stray-lock notification, strictly after log recovery (Cor4).
-        let mut payload = vec![FAILED_IDS];
-        for &c in &member.coordinators {
-            payload.extend_from_slice(&c.to_le_bytes());
-        }
+        let payload = ControlMsg::FailedCoordinators(member.coordinators.clone()).emit();
         for live in self.detector.live() {
             self.ctx.send(live.listener, &payload).await?;
         }
@@ -683,8 +676,9 @@ pub async fn heartbeat_loop<V: Verbs + Clock>(
     period: Nanos,
     until: Nanos,
 ) -> Result<(), VerbsError> {
+    let heartbeat = ControlMsg::Heartbeat.emit();
     while ctx.now() < until {
-        ctx.send(detector, &[HEARTBEAT]).await?;
+        ctx.send(detector, &heartbeat).await?;
         ctx.sleep(period).await;
     }
     Ok(())
@@ -711,15 +705,9 @@ pub async fn membership_listener<V: Verbs + Clock>(
 }
 
 /// Applies one stray-lock notification payload to a failed-id set; returns how many ids
-/// it added. Other messages are ignored.
+/// it added. Other messages (and payloads that are not control messages) are ignored.
 pub fn apply_notification(payload: &[u8], failed: &mut FailedCoordinatorSet) -> usize {
-    match payload.split_first() {
-        Some((&FAILED_IDS, ids)) => ids
-            .chunks_exact(2)
-            .filter(|c| failed.insert(PillId(u16::from_le_bytes([c[0], c[1]]))))
-            .count(),
-        _ => 0,
-    }
+    ControlMsg::parse(payload).map_or(0, |m| m.apply_failed_ids(failed))
 }
 
 #[cfg(test)]
@@ -753,12 +741,18 @@ mod tests {
     #[test]
     fn notification_round_trip() {
         let mut set = FailedCoordinatorSet::EMPTY;
-        let mut payload = vec![FAILED_IDS];
-        payload.extend_from_slice(&7u16.to_le_bytes());
-        payload.extend_from_slice(&300u16.to_le_bytes());
+        let payload = ControlMsg::FailedCoordinators(vec![7, 300]).emit();
         assert_eq!(apply_notification(&payload, &mut set), 2);
         assert!(set.contains(PillId(7)) && set.contains(PillId(300)));
         assert_eq!(apply_notification(&payload, &mut set), 0, "idempotent");
-        assert_eq!(apply_notification(&[HEARTBEAT], &mut set), 0);
+        assert_eq!(
+            apply_notification(&ControlMsg::Heartbeat.emit(), &mut set),
+            0
+        );
+        assert_eq!(
+            apply_notification(b"F\x07\x00", &mut set),
+            0,
+            "old tag format"
+        );
     }
 }

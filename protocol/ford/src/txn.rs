@@ -20,7 +20,6 @@
 //! lock CAS (or commit-time batch of CASes) waits for a WRITE of the lock's address to the
 //! coordinator's lock log first, and PILL stealing is off.
 
-use std::cell::RefCell;
 use std::rc::Rc;
 
 use dmem_layout::log::{DataLogEntry, LogOp, LogRegionHeader, LogWriter};
@@ -34,15 +33,16 @@ use dmem_txn::{
 };
 use dmem_verbs::{BatchResult, Clock, Nanos, NodeId, PostList, Verbs, VerbsError, WrId};
 
+use crate::cn::CnShared;
 use crate::config::{FordBug, Protocol, ProtocolConfig};
 use crate::logic::{self, AfterCas, Decision, LoggedTxn, LoggedWrite};
-use crate::mnfail::{MnState, encode_suspect};
 use crate::recovery::{CoordinatorRecovery, RecoveryError, apply_recovery};
 use crate::round::{Answer, Located, RoundPlan, access_list};
 use crate::store::{
-    AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, encode_item, index_slot_bytes,
-    parse_bucket, slot_offset,
+    BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, encode_item, index_slot_bytes, parse_bucket,
+    slot_offset,
 };
+use crate::wire::{self, ControlMsg};
 
 /// Counters of one coordinator.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -63,37 +63,6 @@ pub struct CoordinatorStats {
     pub mn_rolled_back: u64,
     /// Transactions aborted because the MN view changed before their commit phase.
     pub mn_aborted: u64,
-}
-
-/// Per-CN state shared by its coordinators: the failed-id set (updated by the stray-lock
-/// notification, Pandora §3.2.2 step 4), the address cache and the MN-failure state
-/// (§3.2.5, see [`crate::mnfail`]).
-#[derive(Debug, Clone)]
-pub struct CnShared {
-    /// Failed coordinator ids.
-    pub failed: Rc<RefCell<FailedCoordinatorSet>>,
-    /// Address cache.
-    pub cache: Rc<RefCell<AddressCache>>,
-    /// View epoch, pause and running transactions, for MN failures.
-    pub mn: Rc<RefCell<MnState>>,
-}
-
-impl CnShared {
-    /// Fresh state: no failed coordinator, empty cache.
-    #[must_use]
-    pub fn new() -> Self {
-        Self {
-            failed: Rc::new(RefCell::new(FailedCoordinatorSet::EMPTY)),
-            cache: Rc::new(RefCell::new(AddressCache::new())),
-            mn: Rc::new(RefCell::new(MnState::default())),
-        }
-    }
-}
-
-impl Default for CnShared {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 /// A FORD or Pandora coordinator on one CN context.
@@ -191,7 +160,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordCoordinator<V, H> {
         };
         if let (Some(fd), true) = (detector, first) {
             // A lost report only delays detection: the detector also probes the MNs.
-            let _ = self.ctx.send(fd, &encode_suspect(mn)).await;
+            let _ = self
+                .ctx
+                .send(fd, &ControlMsg::MnSuspect { mn }.emit())
+                .await;
         }
         while self.store.view().borrow().is_alive(mn) {
             self.ctx.sleep(poll).await;
@@ -657,7 +629,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let store = self.store();
         // With lock logging the lock log owns the region's tail.
         let undo_bytes = if self.co.cfg.lock_logging {
-            logic::lock_log_offset(store.log_region_bytes())
+            wire::lock_log_offset(store.log_region_bytes())
                 .ok_or_else(|| aborted("log region too small for a lock log"))?
         } else {
             store.log_region_bytes()
@@ -747,16 +719,16 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         if !self.co.cfg.lock_logging || locs.is_empty() {
             return Ok(());
         }
-        if self.lock_log.len() + locs.len() > logic::LOCK_LOG_SLOTS {
+        if self.lock_log.len() + locs.len() > wire::LOCK_LOG_SLOTS {
             return Err(aborted("lock log full"));
         }
-        let at = logic::lock_log_offset(self.store().log_region_bytes())
+        let at = wire::lock_log_offset(self.store().log_region_bytes())
             .ok_or_else(|| aborted("log region too small for a lock log"))?;
         self.lock_log.extend(
             locs.iter()
                 .map(|l| logic::pack_location(l.bucket.partition, l.offset)),
         );
-        let image = logic::encode_lock_log(self.co.id, &self.lock_log);
+        let image = wire::encode_lock_log(self.co.id, &self.lock_log);
         let base = self.store().log_offset(self.co.id).map_err(store_err)?;
         let mut list = PostList::new();
         for mn in self.store().pandora_log_mns(self.co.id) {
