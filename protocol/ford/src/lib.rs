@@ -26,6 +26,7 @@ pub mod logic;
 pub mod mnfail;
 pub mod recovery;
 mod round;
+mod state;
 pub mod store;
 pub mod txn;
 pub mod wire;

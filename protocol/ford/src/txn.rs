@@ -22,11 +22,7 @@
 
 use std::rc::Rc;
 
-use dmem_layout::log::{DataLogEntry, LogOp, LogRegionHeader, LogWriter};
-use dmem_layout::pill::FailedCoordinatorSet;
-use dmem_layout::record::{
-    DataItem, DataItemHeader, DataVersion, ItemFlags, RemoteAddr as PackedAddr,
-};
+use dmem_layout::record::DataVersion;
 use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
     Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
@@ -34,13 +30,16 @@ use dmem_txn::{
 use dmem_verbs::{BatchResult, Clock, Nanos, NodeId, PostList, Verbs, VerbsError, WrId};
 
 use crate::cn::CnShared;
-use crate::config::{FordBug, Protocol, ProtocolConfig};
-use crate::logic::{self, AfterCas, Decision, LoggedTxn, LoggedWrite};
+use crate::config::{FordBug, ProtocolConfig};
+use crate::logic::{self, AfterCas, Decision};
 use crate::recovery::{CoordinatorRecovery, RecoveryError, apply_recovery};
 use crate::round::{Answer, Located, RoundPlan, access_list};
+use crate::state::{
+    Env, Intent, ItemRead, LockState, OldImage, ReadEntry, ReadTarget, TxnState, WriteEntry,
+    aborted, parse_item, store_err,
+};
 use crate::store::{
-    BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, encode_item, index_slot_bytes, parse_bucket,
-    slot_offset,
+    BUCKET_LEN, ItemLoc, Store, StoreError, index_slot_bytes, parse_bucket, slot_offset,
 };
 use crate::wire::{self, ControlMsg};
 
@@ -139,11 +138,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordCoordinator<V, H> {
             id,
             kind,
             begin,
-            reads: Vec::new(),
-            writes: Vec::new(),
-            events: Vec::new(),
-            logged: Vec::new(),
-            lock_log: Vec::new(),
+            st: TxnState::default(),
             decided: false,
             mn_epoch,
             mn_failed: false,
@@ -182,54 +177,6 @@ impl<V: Verbs + Clock, H: HistorySink> Coordinator for FordCoordinator<V, H> {
     }
 }
 
-#[derive(Debug, Clone)]
-enum ReadTarget {
-    Item { loc: ItemLoc, version: u64 },
-    Absent { bucket: BucketLoc },
-}
-
-#[derive(Debug, Clone)]
-struct ReadEntry {
-    table: TableId,
-    key: Key,
-    target: ReadTarget,
-    value: Option<Vec<u8>>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LockState {
-    /// Blind write: the lock is taken at commit.
-    Deferred,
-    Held,
-    /// The CAS failed: never held (complicit abort releases it anyway).
-    Failed,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Intent {
-    /// Locked by read_for_update, not written (yet).
-    LockOnly,
-    Write(WriteKind),
-}
-
-#[derive(Debug, Clone)]
-struct OldImage {
-    version: DataVersion,
-    valid: bool,
-    value: Vec<u8>,
-}
-
-#[derive(Debug, Clone)]
-struct WriteEntry {
-    table: TableId,
-    key: Key,
-    loc: ItemLoc,
-    lock: LockState,
-    intent: Intent,
-    old: Option<OldImage>,
-    new_value: Vec<u8>,
-}
-
 /// A running FORD/Pandora transaction. Always finish it with `commit` or `abort`: dropping
 /// it releases nothing.
 #[derive(Debug)]
@@ -238,13 +185,7 @@ pub struct FordTxn<'a, V, H> {
     id: TxnId,
     kind: TxnKind,
     begin: Nanos,
-    reads: Vec<ReadEntry>,
-    writes: Vec<WriteEntry>,
-    events: Vec<ReadEvent>,
-    /// MN indices holding a valid log of this transaction.
-    logged: Vec<u16>,
-    /// Addresses in this transaction's lock log (traditional lock logging only).
-    lock_log: Vec<PackedAddr>,
+    st: TxnState,
     /// The commit decision was taken: failures after it must not abort.
     decided: bool,
     /// The CN's MN view epoch when the transaction began (§3.2.5).
@@ -262,41 +203,6 @@ impl<V, H> Drop for FordTxn<'_, V, H> {
 /// Why a transaction stopped for an MN failure (retryable).
 const MN_VIEW_CHANGED: &str = "memory-node view changed";
 
-fn aborted(why: &'static str) -> TxnError {
-    TxnError::Aborted(why)
-}
-
-fn store_err(e: StoreError) -> TxnError {
-    match e {
-        StoreError::UnknownTable(t) => TxnError::UnknownTable(t),
-        StoreError::ValueSize { expected, got, .. } => TxnError::ValueSize { expected, got },
-        StoreError::BucketFull { .. } => aborted("index bucket full"),
-        _ => aborted("store unavailable"),
-    }
-}
-
-struct ItemRead {
-    lock: u64,
-    version: DataVersion,
-    valid: bool,
-    value: Vec<u8>,
-}
-
-fn parse_item(bytes: &[u8], table: TableId, key: Key) -> Result<ItemRead, TxnError> {
-    let item = DataItem::new_checked(bytes).map_err(|_| aborted("malformed item"))?;
-    let h = item.header();
-    let fresh = h.key() == 0 && h.table_id() == 0 && !h.flags().is_valid();
-    if !fresh && (h.key() != key.0 || h.table_id() != table.0) {
-        return Err(aborted("index points at another record"));
-    }
-    Ok(ItemRead {
-        lock: h.lock_word(),
-        version: h.version(),
-        valid: h.flags().is_valid() && !h.version().is_invisible(),
-        value: item.value().to_vec(),
-    })
-}
-
 impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     /// The transaction's id.
     #[must_use]
@@ -306,6 +212,16 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
 
     fn store(&self) -> &Store {
         &self.co.store
+    }
+
+    fn env(&self) -> Env<'_> {
+        Env {
+            store: &self.co.store,
+            cfg: &self.co.cfg,
+            coordinator: self.co.id,
+            epoch: self.co.epoch,
+            seq: self.id.seq,
+        }
     }
 
     /// Whether the CN's MN view changed since the transaction began.
@@ -365,38 +281,6 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         }
     }
 
-    /// The transaction's writes with their undo images, as its log holds them.
-    fn local_log(&self) -> LoggedTxn {
-        let writes = self
-            .writes
-            .iter()
-            .filter_map(|w| {
-                let Intent::Write(kind) = w.intent else {
-                    return None;
-                };
-                let old = w.old.as_ref()?;
-                Some(LoggedWrite {
-                    op: match kind {
-                        WriteKind::Insert => LogOp::Insert,
-                        WriteKind::Delete => LogOp::Delete,
-                        WriteKind::Update => LogOp::Update,
-                    },
-                    table: w.table.0,
-                    key: w.key.0,
-                    partition: w.loc.bucket.partition,
-                    offset: w.loc.offset,
-                    old_version: old.version.to_raw(),
-                    old_value: old.value.clone(),
-                })
-            })
-            .collect();
-        LoggedTxn {
-            coordinator: self.co.id,
-            txn: self.id.seq,
-            writes,
-        }
-    }
-
     /// Decides a transaction stopped by an MN failure in its commit phase (Pandora §3.2.5):
     /// the criterion of log recovery (§3.2.2 step 3) applied by the coordinator itself to
     /// the live replicas — roll forward iff every live replica of every write is updated,
@@ -407,7 +291,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     /// its log; they are the bytes it logged (the paper: a CN "has complete knowledge of
     /// the state of its transactions").
     async fn decide_after_mn_failure(&mut self) -> Result<(), TxnError> {
-        let txn = self.local_log();
+        let txn = self.st.local_log(&self.env());
         let mut attempts = usize::from(self.store().config().mns) + 1;
         let decision = loop {
             let mut report = CoordinatorRecovery {
@@ -485,28 +369,6 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         }
     }
 
-    fn write_entry(&self, table: TableId, key: Key) -> Option<usize> {
-        self.writes
-            .iter()
-            .position(|w| w.table == table && w.key == key)
-    }
-
-    fn current_value(&self, w: &WriteEntry) -> Option<Vec<u8>> {
-        match w.intent {
-            Intent::Write(WriteKind::Delete) => None,
-            Intent::Write(_) => Some(w.new_value.clone()),
-            Intent::LockOnly => w.old.as_ref().filter(|o| o.valid).map(|o| o.value.clone()),
-        }
-    }
-
-    fn note_read(&mut self, table: TableId, key: Key, version: u64) {
-        self.events.push(ReadEvent {
-            table,
-            key,
-            version: Version(version),
-        });
-    }
-
     /// Posts CAS + READ to the primary and steals a stray lock (PILL). Returns the old image
     /// if the lock is now held; records the entry either way.
     async fn lock_and_read(
@@ -536,7 +398,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let mut bytes = res.take_bytes(rd);
         let slot_bytes = slot_rd.map(|id| res.take_bytes(id));
         let item = parse_item(&bytes, table, key)?;
-        let idx = self.push_lock_entry(table, key, loc, &item);
+        let idx = self.st.push_lock_entry(table, key, loc, &item);
         if self.co.cfg.bug(FordBug::LogWithoutLock) {
             // The corner case of Pandora §5.1: the undo record goes out before the
             // coordinator has looked at what its CAS returned.
@@ -562,19 +424,19 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                         old = got;
                         if got == 0 {
                             // Released meanwhile: an ordinary acquire must win it.
-                            self.writes[idx].lock = LockState::Failed;
+                            self.st.writes[idx].lock = LockState::Failed;
                             return Err(aborted("lock changed hands"));
                         }
                     }
                 }
                 AfterCas::Conflict => {
-                    self.writes[idx].lock = LockState::Failed;
+                    self.st.writes[idx].lock = LockState::Failed;
                     return Err(aborted("write lock held"));
                 }
             }
         }
         let item = parse_item(&bytes, table, key)?;
-        let w = &mut self.writes[idx];
+        let w = &mut self.st.writes[idx];
         w.lock = LockState::Held;
         w.old = Some(OldImage {
             version: item.version,
@@ -584,119 +446,12 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         Ok((item, slot_bytes))
     }
 
-    fn push_lock_entry(
-        &mut self,
-        table: TableId,
-        key: Key,
-        loc: ItemLoc,
-        item: &ItemRead,
-    ) -> usize {
-        let old = Some(OldImage {
-            version: item.version,
-            valid: item.valid,
-            value: item.value.clone(),
-        });
-        if let Some(i) = self.write_entry(table, key) {
-            self.writes[i].old = old;
-            return i;
-        }
-        self.writes.push(WriteEntry {
-            table,
-            key,
-            loc,
-            lock: LockState::Failed,
-            intent: Intent::LockOnly,
-            old,
-            new_value: Vec::new(),
-        });
-        self.writes.len() - 1
-    }
-
-    /// Builds the log images: `(mn, bytes)` per log copy. `early` logs every entry with an
-    /// old image (the log-without-lock corner case); otherwise only written entries.
-    fn log_images(&self, early: bool) -> Result<Vec<(u16, Vec<u8>)>, TxnError> {
-        let skip_inserts = self.co.cfg.bug(FordBug::MissingInsertLog);
-        let logged: Vec<&WriteEntry> = self
-            .writes
-            .iter()
-            .filter(|w| w.old.is_some())
-            .filter(|w| match w.intent {
-                Intent::Write(WriteKind::Insert) => !skip_inserts,
-                Intent::Write(_) => true,
-                Intent::LockOnly => early,
-            })
-            .collect();
-        let store = self.store();
-        // With lock logging the lock log owns the region's tail.
-        let undo_bytes = if self.co.cfg.lock_logging {
-            wire::lock_log_offset(store.log_region_bytes())
-                .ok_or_else(|| aborted("log region too small for a lock log"))?
-        } else {
-            store.log_region_bytes()
-        };
-        let build = |entries: &[&WriteEntry]| -> Result<Vec<u8>, TxnError> {
-            let mut buf = vec![0u8; undo_bytes];
-            let mut writer = LogWriter::new(&mut buf, self.co.id, self.co.epoch, self.id.seq)
-                .map_err(|_| aborted("log region too small"))?;
-            for w in entries {
-                let old = w
-                    .old
-                    .as_ref()
-                    .map_or((DataVersion::from_raw(0), &[][..]), |o| {
-                        (o.version, &o.value[..])
-                    });
-                let op = match w.intent {
-                    Intent::Write(WriteKind::Insert) => LogOp::Insert,
-                    Intent::Write(WriteKind::Delete) => LogOp::Delete,
-                    _ => LogOp::Update,
-                };
-                let entry = DataLogEntry {
-                    op,
-                    table_id: w.table.0,
-                    key: w.key.0,
-                    addr: logic::pack_location(w.loc.bucket.partition, w.loc.offset),
-                    version: old.0.to_raw(),
-                };
-                writer
-                    .append_undo(&entry, old.1)
-                    .map_err(|_| aborted("log region full"))?;
-            }
-            let len = writer.finish().len();
-            buf.truncate(len);
-            Ok(buf)
-        };
-        match self.co.cfg.protocol {
-            Protocol::Pandora => {
-                let image = build(&logged)?;
-                Ok(store
-                    .pandora_log_mns(self.co.id)
-                    .into_iter()
-                    .map(|mn| (mn, image.clone()))
-                    .collect())
-            }
-            Protocol::Ford => {
-                let mut out = Vec::new();
-                for mn in 0..store.config().mns {
-                    let here: Vec<&WriteEntry> = logged
-                        .iter()
-                        .copied()
-                        .filter(|w| store.live_replicas(w.loc.bucket.partition).contains(&mn))
-                        .collect();
-                    if !here.is_empty() {
-                        out.push((mn, build(&here)?));
-                    }
-                }
-                Ok(out)
-            }
-        }
-    }
-
     fn add_log_writes(&mut self, list: &mut PostList, early: bool) -> Result<(), TxnError> {
         let base = self.store().log_offset(self.co.id).map_err(store_err)?;
-        for (mn, image) in self.log_images(early)? {
+        for (mn, image) in self.st.log_images(&self.env(), early)? {
             list.write_owned(self.store().addr(mn, base), image);
-            if !self.logged.contains(&mn) {
-                self.logged.push(mn);
+            if !self.st.logged.contains(&mn) {
+                self.st.logged.push(mn);
             }
         }
         Ok(())
@@ -719,16 +474,16 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         if !self.co.cfg.lock_logging || locs.is_empty() {
             return Ok(());
         }
-        if self.lock_log.len() + locs.len() > wire::LOCK_LOG_SLOTS {
+        if self.st.lock_log.len() + locs.len() > wire::LOCK_LOG_SLOTS {
             return Err(aborted("lock log full"));
         }
         let at = wire::lock_log_offset(self.store().log_region_bytes())
             .ok_or_else(|| aborted("log region too small for a lock log"))?;
-        self.lock_log.extend(
+        self.st.lock_log.extend(
             locs.iter()
                 .map(|l| logic::pack_location(l.bucket.partition, l.offset)),
         );
-        let image = wire::encode_lock_log(self.co.id, &self.lock_log);
+        let image = wire::encode_lock_log(self.co.id, &self.st.lock_log);
         let base = self.store().log_offset(self.co.id).map_err(store_err)?;
         let mut list = PostList::new();
         for mn in self.store().pandora_log_mns(self.co.id) {
@@ -765,43 +520,12 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     }
 
     async fn abort_once(&mut self) -> Result<(), VerbsError> {
-        let mut list = PostList::new();
-        if !self.co.cfg.bug(FordBug::LostDecision) {
-            let base = self.store().log_offset(self.co.id).unwrap_or(0);
-            let view = self.store().view().borrow().clone();
-            for &mn in self.logged.iter().filter(|&&mn| view.is_alive(mn)) {
-                list.write(
-                    self.store()
-                        .addr(mn, base + LogRegionHeader::STATE_OFFSET as u64),
-                    &[0],
-                );
-            }
-        }
+        let list = self.st.truncate_list(&self.env());
         if !list.is_empty() {
             self.co.ctx.post(list).await?;
         }
-        let complicit = self.co.cfg.bug(FordBug::ComplicitAbort);
         let view_changed = self.view_changed() || self.mn_failed;
-        let me = logic::my_lock(self.co.id);
-        let mut list = PostList::new();
-        for w in &self.writes {
-            let release = match w.lock {
-                LockState::Held => true,
-                // Complicit abort: FORD releases its whole write-set, held or not.
-                LockState::Failed | LockState::Deferred => complicit,
-            };
-            if !release {
-                continue;
-            }
-            let Ok(addr) = self.primary_addr(&w.loc) else {
-                continue;
-            };
-            if view_changed {
-                list.cas(addr, me, 0);
-            } else {
-                list.write(addr, &0u64.to_le_bytes());
-            }
-        }
+        let list = self.st.abort_unlock_list(&self.env(), view_changed);
         if !list.is_empty() {
             self.co.ctx.post(list).await?;
         }
@@ -816,7 +540,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             begin: self.begin,
             end,
             outcome: TxnOutcome::Aborted,
-            reads: std::mem::take(&mut self.events),
+            reads: std::mem::take(&mut self.st.events),
             writes: Vec::new(),
         });
     }
@@ -843,24 +567,24 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let me = logic::my_lock(self.co.id);
 
         // -- lock deferred write-set entries (and, relaxed, validate at the same time) --
-        let deferred: Vec<usize> = (0..self.writes.len())
-            .filter(|&i| self.writes[i].lock == LockState::Deferred)
+        let deferred: Vec<usize> = (0..self.st.writes.len())
+            .filter(|&i| self.st.writes[i].lock == LockState::Deferred)
             .collect();
-        let deferred_locs: Vec<ItemLoc> = deferred.iter().map(|&i| self.writes[i].loc).collect();
+        let deferred_locs: Vec<ItemLoc> = deferred.iter().map(|&i| self.st.writes[i].loc).collect();
         self.log_locks(&deferred_locs).await?;
         // FORD's `TxCommit`: a read-only transaction of one record commits without
         // validation (its single READ is atomic: it aborted if the item was locked).
-        let single_read = self.writes.is_empty() && self.reads.len() == 1;
+        let single_read = self.st.writes.is_empty() && self.st.reads.len() == 1;
         let mut list = PostList::new();
         let mut validation = Vec::new();
         if relaxed && !single_read {
             // Relaxed locks: validation READs go out first, ahead of (and overlapping) the
             // lock CASes of the same batch.
-            validation = self.add_validation_reads(&mut list)?;
+            validation = self.st.validation_reads(self.store(), &mut list)?;
         }
         let mut lock_ids: Vec<(usize, WrId, WrId)> = Vec::new();
         for &i in &deferred {
-            let w = &self.writes[i];
+            let w = &self.st.writes[i];
             let addr = self.primary_addr(&w.loc)?;
             let len = self.item_len(w.table)? as u32;
             let c = list.cas(addr, 0, me);
@@ -871,8 +595,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             // Log the blind writes with the values read in execution, in the same doorbell
             // as their lock CAS (Pandora §5.1 "Logging without locking").
             for &i in &deferred {
-                let (table, key) = (self.writes[i].table, self.writes[i].key);
-                let seen = self.reads.iter().find_map(|r| match &r.target {
+                let (table, key) = (self.st.writes[i].table, self.st.writes[i].key);
+                let seen = self.st.reads.iter().find_map(|r| match &r.target {
                     ReadTarget::Item { version, .. } if r.table == table && r.key == key => {
                         Some(OldImage {
                             version: DataVersion::from_raw(*version),
@@ -883,7 +607,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     _ => None,
                 });
                 if seen.is_some() {
-                    self.writes[i].old = seen;
+                    self.st.writes[i].old = seen;
                 }
             }
             self.add_log_writes(&mut list, true)?;
@@ -902,14 +626,17 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             // another entry of the batch) still releases it in the abort path.
             for &(i, c, _) in &lock_ids {
                 if res.atomic(c) == 0 {
-                    self.writes[i].lock = LockState::Held;
+                    self.st.writes[i].lock = LockState::Held;
                 }
             }
             for &(i, c, r) in &lock_ids {
                 let old = res.atomic(c);
                 let bytes = res.take_bytes(r);
-                let (table, key, loc) =
-                    (self.writes[i].table, self.writes[i].key, self.writes[i].loc);
+                let (table, key, loc) = (
+                    self.st.writes[i].table,
+                    self.st.writes[i].key,
+                    self.st.writes[i].loc,
+                );
                 let mut item = parse_item(&bytes, table, key)?;
                 let next = logic::after_cas(old, &self.co.shared.failed.borrow(), &self.co.cfg);
                 match next {
@@ -921,18 +648,18 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                         let rd = l.read(addr, self.item_len(table)? as u32);
                         let mut r2 = self.post(l).await?;
                         if r2.atomic(cas) != observed {
-                            self.writes[i].lock = LockState::Failed;
+                            self.st.writes[i].lock = LockState::Failed;
                             return Err(aborted("write lock held"));
                         }
                         self.co.stats.steals += 1;
                         item = parse_item(&r2.take_bytes(rd), table, key)?;
                     }
                     AfterCas::Conflict => {
-                        self.writes[i].lock = LockState::Failed;
+                        self.st.writes[i].lock = LockState::Failed;
                         return Err(aborted("write lock held"));
                     }
                 }
-                let w = &mut self.writes[i];
+                let w = &mut self.st.writes[i];
                 w.lock = LockState::Held;
                 if !item.valid && w.intent == Intent::Write(WriteKind::Update) {
                     return Err(TxnError::KeyState(key.0));
@@ -942,7 +669,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     valid: item.valid,
                     value: item.value,
                 });
-                self.events.push(ReadEvent {
+                self.st.events.push(ReadEvent {
                     table,
                     key,
                     version: Version(item.version.counter()),
@@ -953,7 +680,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         // -- validation, strictly after locking (fixed), logs alongside (lost decision) --
         if !relaxed && !single_read {
             let mut list = PostList::new();
-            validation = self.add_validation_reads(&mut list)?;
+            validation = self.st.validation_reads(self.store(), &mut list)?;
             if lost_decision {
                 self.add_log_writes(&mut list, false)?;
             }
@@ -967,7 +694,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             };
             for (ri, id) in validation {
                 let bytes = res.take_bytes(id);
-                let valid = self.validate_one(ri, &bytes, &self.co.shared.failed.borrow());
+                let valid =
+                    self.st
+                        .validate_one(&self.co.cfg, ri, &bytes, &self.co.shared.failed.borrow());
                 if !valid {
                     return Err(aborted("validation failed"));
                 }
@@ -975,6 +704,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         }
 
         let has_writes = self
+            .st
             .writes
             .iter()
             .any(|w| matches!(w.intent, Intent::Write(_)));
@@ -991,34 +721,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         }
 
         // -- commit: primaries and backups, then ack, then unlock --
-        let mut installed = Vec::new();
-        let mut list = PostList::new();
-        for w in &self.writes {
-            let Intent::Write(kind) = w.intent else {
-                continue;
-            };
-            let Some(old) = &w.old else {
-                return Err(aborted("write without an old image"));
-            };
-            let version = logic::next_version(old.version);
-            let (flags, value) = match kind {
-                WriteKind::Update => (ItemFlags::LOADED, &w.new_value),
-                WriteKind::Insert => (ItemFlags::LOADED.with_user_insert(true), &w.new_value),
-                WriteKind::Delete => (ItemFlags::EMPTY, &old.value),
-            };
-            let item_len = self.item_len(w.table)?;
-            let image = encode_item(w.key.0, w.table.0, version, flags, value, item_len);
-            for mn in self.store().live_replicas(w.loc.bucket.partition) {
-                let addr = self.store().addr(mn, w.loc.offset + 8);
-                list.write(addr, &image[DataItemHeader::VERSION_OFFSET..]);
-            }
-            installed.push(WriteEvent {
-                table: w.table,
-                key: w.key,
-                version: Version(version.counter()),
-                kind,
-            });
-        }
+        let (list, installed) = self.st.commit_list(self.store())?;
         self.decided = true;
         self.record_committed(installed, true);
         self.post(list).await?;
@@ -1044,7 +747,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             } else {
                 TxnOutcome::Committed
             },
-            reads: std::mem::take(&mut self.events),
+            reads: std::mem::take(&mut self.st.events),
             writes,
         });
     }
@@ -1053,12 +756,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     /// WRITEs ([`Verbs::post_detached`]; a later post of this coordinator to the same MN
     /// lands after them).
     async fn release_held(&mut self, detached: bool) -> Result<(), TxnError> {
-        let mut list = PostList::new();
-        for w in &self.writes {
-            if w.lock == LockState::Held {
-                list.write(self.primary_addr(&w.loc)?, &0u64.to_le_bytes());
-            }
-        }
+        let list = self.st.release_list(self.store())?;
         if !list.is_empty() {
             if detached && !self.co.shared.mn.borrow().enabled() {
                 self.co.ctx.post_detached(list).await?;
@@ -1066,92 +764,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 self.post(list).await?;
             }
         }
-        for w in &mut self.writes {
-            if w.lock == LockState::Held {
-                w.lock = LockState::Failed;
-                w.intent = Intent::LockOnly;
-            }
-        }
+        self.st.mark_released();
         Ok(())
-    }
-
-    /// Adds one validation READ per read-set entry not covered by a held lock.
-    fn add_validation_reads(&self, list: &mut PostList) -> Result<Vec<(usize, WrId)>, TxnError> {
-        let mut ids = Vec::new();
-        for (i, r) in self.reads.iter().enumerate() {
-            if self
-                .write_entry(r.table, r.key)
-                .is_some_and(|w| self.writes[w].lock == LockState::Held)
-            {
-                if let ReadTarget::Item { .. } = r.target {
-                    // Held lock: only the version must be unchanged; checked below too.
-                } else {
-                    continue;
-                }
-            }
-            match &r.target {
-                ReadTarget::Item { loc, .. } => {
-                    let addr = self.primary_addr(loc)?;
-                    ids.push((i, list.read(addr, DataItemHeader::VALIDATION_LEN as u32)));
-                }
-                ReadTarget::Absent { bucket } => {
-                    let p = self.store().primary(bucket.partition).map_err(store_err)?;
-                    let addr = self.store().addr(p, bucket.offset);
-                    ids.push((i, list.read(addr, BUCKET_LEN as u32)));
-                }
-            }
-        }
-        Ok(ids)
-    }
-
-    fn validate_one(&self, ri: usize, bytes: &[u8], failed: &FailedCoordinatorSet) -> bool {
-        let r = &self.reads[ri];
-        match &r.target {
-            ReadTarget::Item { version, .. } => {
-                if bytes.len() < 16 {
-                    return false;
-                }
-                let lock = u64::from_le_bytes(bytes[0..8].try_into().unwrap_or([0xFF; 8]));
-                let ver = u64::from_le_bytes(bytes[8..16].try_into().unwrap_or([0xFF; 8]));
-                let mine = self
-                    .write_entry(r.table, r.key)
-                    .is_some_and(|w| self.writes[w].lock == LockState::Held);
-                if mine {
-                    return ver == *version;
-                }
-                logic::validate_item(*version, lock, ver, failed, &self.co.cfg)
-            }
-            ReadTarget::Absent { .. } => {
-                let (used, _) = parse_bucket(bytes);
-                !used.iter().any(|(_, k)| *k == r.key.0)
-            }
-        }
-    }
-
-    /// What the transaction's own sets answer for `r` without a verb (`None`: fetch it).
-    fn local_answer(&self, r: &ReadReq) -> Option<Option<Vec<u8>>> {
-        if let Some(i) = self.write_entry(r.table, r.key) {
-            let w = &self.writes[i];
-            match (w.lock, r.access) {
-                (LockState::Held, _) => return Some(self.current_value(w)),
-                (LockState::Deferred, Access::Read) => return Some(Some(w.new_value.clone())),
-                // A blind write read for update is locked now; a failed lock is retried.
-                (LockState::Deferred | LockState::Failed, _) => {
-                    if r.access == Access::ForUpdate {
-                        return None;
-                    }
-                }
-            }
-        }
-        if r.access == Access::Read
-            && let Some(e) = self
-                .reads
-                .iter()
-                .find(|e| e.table == r.table && e.key == r.key)
-        {
-            return Some(e.value.clone());
-        }
-        None
     }
 
     /// One execution round ([`crate::round`]): bucket READs for uncached addresses, then
@@ -1164,7 +778,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         }
         let mut plan = RoundPlan::new(
             reqs,
-            |r| self.local_answer(r),
+            |r| self.st.local_answer(r),
             |t, k| self.co.shared.cache.borrow_mut().get(t, k),
         );
 
@@ -1208,17 +822,18 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 // Absent: validated at commit by a READ of its bucket (read or for update:
                 // the insert that may follow locks a slot of its own).
                 if !self
+                    .st
                     .reads
                     .iter()
                     .any(|e| e.table == f.table && e.key == f.key)
                 {
-                    self.reads.push(ReadEntry {
+                    self.st.reads.push(ReadEntry {
                         table: f.table,
                         key: f.key,
                         target: ReadTarget::Absent { bucket },
                         value: None,
                     });
-                    self.note_read(f.table, f.key, 0);
+                    self.st.note_read(f.table, f.key, 0);
                 }
                 values[n] = None;
             }
@@ -1236,9 +851,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 let old = res.atomic(w.cas.unwrap_or(w.read));
                 let bytes = res.take_bytes(w.read);
                 let item = parse_item(&bytes, f.table, f.key)?;
-                let idx = self.push_lock_entry(f.table, f.key, loc, &item);
+                let idx = self.st.push_lock_entry(f.table, f.key, loc, &item);
                 if old == 0 {
-                    self.writes[idx].lock = LockState::Held;
+                    self.st.writes[idx].lock = LockState::Held;
                 }
                 locked.push((w.fetch, idx, loc, old, bytes));
             }
@@ -1251,8 +866,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 let (table, key) = (plan.fetches[n].table, plan.fetches[n].key);
                 match self.settle_lock(table, key, loc, idx, old, bytes).await {
                     Ok(item) => {
-                        self.note_read(table, key, item.version.counter());
-                        values[n] = self.current_value(&self.writes[idx]);
+                        self.st.note_read(table, key, item.version.counter());
+                        values[n] = self.st.current_value(&self.st.writes[idx]);
                     }
                     Err(e) => {
                         conflict.get_or_insert(e);
@@ -1278,7 +893,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     self.co.stats.stray_reads += 1;
                 }
                 let value = item.valid.then_some(item.value);
-                self.reads.push(ReadEntry {
+                self.st.reads.push(ReadEntry {
                     table: f.table,
                     key: f.key,
                     target: ReadTarget::Item {
@@ -1287,7 +902,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     },
                     value: value.clone(),
                 });
-                self.note_read(f.table, f.key, item.version.counter());
+                self.st.note_read(f.table, f.key, item.version.counter());
                 values[w.fetch] = value;
             }
         }
@@ -1339,19 +954,19 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                         old = got;
                         if got == 0 {
                             // Released meanwhile: an ordinary acquire must win it.
-                            self.writes[idx].lock = LockState::Failed;
+                            self.st.writes[idx].lock = LockState::Failed;
                             return Err(aborted("lock changed hands"));
                         }
                     }
                 }
                 AfterCas::Conflict => {
-                    self.writes[idx].lock = LockState::Failed;
+                    self.st.writes[idx].lock = LockState::Failed;
                     return Err(aborted("write lock held"));
                 }
             }
         }
         let item = parse_item(&bytes, table, key)?;
-        let w = &mut self.writes[idx];
+        let w = &mut self.st.writes[idx];
         w.lock = LockState::Held;
         w.old = Some(OldImage {
             version: item.version,
@@ -1383,38 +998,13 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 got: value.len(),
             });
         }
-        if let Some(i) = self.write_entry(table, key)
-            && self.writes[i].lock != LockState::Failed
-        {
-            let w = &mut self.writes[i];
-            let present = match (&w.old, w.intent) {
-                (_, Intent::Write(WriteKind::Insert | WriteKind::Update)) => true,
-                (_, Intent::Write(WriteKind::Delete)) => false,
-                (Some(o), Intent::LockOnly) => o.valid,
-                (None, Intent::LockOnly) => true,
-            };
-            let new_kind = match (kind, present) {
-                (WriteKind::Update, true) => match w.intent {
-                    Intent::Write(WriteKind::Insert) => WriteKind::Insert,
-                    _ => WriteKind::Update,
-                },
-                (WriteKind::Insert, false) => match w.intent {
-                    Intent::Write(WriteKind::Delete) => WriteKind::Update,
-                    _ => WriteKind::Insert,
-                },
-                (WriteKind::Delete, true) => WriteKind::Delete,
-                _ => return Err(TxnError::KeyState(key.0)),
-            };
-            w.intent = Intent::Write(new_kind);
-            if kind != WriteKind::Delete {
-                w.new_value = value.to_vec();
-            }
-            return Ok(());
+        if let Some(staged) = self.st.stage_on_entry(table, key, value, kind) {
+            return staged;
         }
         match (kind, self.locate(table, key).await?) {
             (WriteKind::Update, Located::Found(loc)) => {
                 // Blind write: FORD locks it at commit.
-                self.writes.push(WriteEntry {
+                self.st.writes.push(WriteEntry {
                     table,
                     key,
                     loc,
@@ -1427,23 +1017,23 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             }
             (WriteKind::Delete, Located::Found(loc)) => {
                 let (item, _) = self.lock_and_read(table, key, loc, false).await?;
-                self.note_read(table, key, item.version.counter());
+                self.st.note_read(table, key, item.version.counter());
                 if !item.valid {
                     return Err(TxnError::KeyState(key.0));
                 }
-                let i = self.write_entry(table, key).unwrap_or(0);
-                self.writes[i].intent = Intent::Write(WriteKind::Delete);
+                let i = self.st.write_entry(table, key).unwrap_or(0);
+                self.st.writes[i].intent = Intent::Write(WriteKind::Delete);
                 Ok(())
             }
             (WriteKind::Insert, Located::Found(loc)) => {
                 let (item, _) = self.lock_and_read(table, key, loc, false).await?;
-                self.note_read(table, key, item.version.counter());
+                self.st.note_read(table, key, item.version.counter());
                 if item.valid {
                     return Err(TxnError::KeyState(key.0));
                 }
-                let i = self.write_entry(table, key).unwrap_or(0);
-                self.writes[i].intent = Intent::Write(WriteKind::Insert);
-                self.writes[i].new_value = value.to_vec();
+                let i = self.st.write_entry(table, key).unwrap_or(0);
+                self.st.writes[i].intent = Intent::Write(WriteKind::Insert);
+                self.st.writes[i].new_value = value.to_vec();
                 Ok(())
             }
             (WriteKind::Insert, Located::Absent { bucket, free }) => {
@@ -1478,10 +1068,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     self.post(list).await?;
                 }
                 self.co.shared.cache.borrow_mut().put(table, key, loc);
-                self.note_read(table, key, item.version.counter());
-                let i = self.write_entry(table, key).unwrap_or(0);
-                self.writes[i].intent = Intent::Write(WriteKind::Insert);
-                self.writes[i].new_value = value.to_vec();
+                self.st.note_read(table, key, item.version.counter());
+                let i = self.st.write_entry(table, key).unwrap_or(0);
+                self.st.writes[i].intent = Intent::Write(WriteKind::Insert);
+                self.st.writes[i].new_value = value.to_vec();
                 Ok(())
             }
             (WriteKind::Update | WriteKind::Delete, Located::Absent { .. }) => {
