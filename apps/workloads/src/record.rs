@@ -102,34 +102,6 @@ pub(crate) const fn upd(table: TableId, key: u64) -> ReadReq {
     ReadReq::for_update(table, Key(key))
 }
 
-/// Reads and decodes a record that may be absent.
-pub(crate) async fn read_opt<R: Record, T: Transaction>(
-    tx: &mut T,
-    table: TableId,
-    key: u64,
-    for_update: bool,
-) -> Result<Option<R>, TxnError> {
-    let value = if for_update {
-        tx.read_for_update(table, Key(key)).await?
-    } else {
-        tx.read(table, Key(key)).await?
-    };
-    value.map(|v| R::decode(&v)).transpose()
-}
-
-/// Reads and decodes a record the benchmark guarantees to exist; its absence is
-/// [`TxnError::KeyState`] (a broken store or protocol, not a benchmark outcome).
-pub(crate) async fn read_req<R: Record, T: Transaction>(
-    tx: &mut T,
-    table: TableId,
-    key: u64,
-    for_update: bool,
-) -> Result<R, TxnError> {
-    read_opt(tx, table, key, for_update)
-        .await?
-        .ok_or(TxnError::KeyState(key))
-}
-
 /// Decodes a record from a state reader, for invariant checks.
 pub(crate) fn peek<R: Record>(
     read: &impl Fn(TableId, Key) -> Option<Vec<u8>>,
