@@ -26,10 +26,11 @@
 //! matching fill, so the check finds torn values, values written under the wrong key and,
 //! summing the counts, lost updates: the sum must equal the committed updates.
 
-use dmem_txn::{Key, TableId, Transaction, TxnError, TxnKind};
+use dmem_txn::{Key, ReadReq, TableId, Transaction, TxnError, TxnKind};
 
 use crate::dist::{KeyChooser, KeyDistribution, Mix, WorkloadRng, mix64, rng_for};
 use crate::invariants::Violation;
+use crate::record::{rd, round, upd};
 use crate::{Outcome, Scale, TableSpec, TxnGenerator, TxnInfo, TxnType, Workload};
 
 /// The single table.
@@ -137,12 +138,12 @@ fn records_at(scale: Scale) -> u64 {
 /// A generated key-value transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvTxn {
-    /// Read these keys (read-only).
+    /// Read these keys (read-only), in one round.
     Read {
         /// Distinct keys.
         keys: Vec<u64>,
     },
-    /// Read each key for update and write it back with its count + 1.
+    /// Read every key for update in one round, then write each back with its count + 1.
     Update {
         /// Distinct keys.
         keys: Vec<u64>,
@@ -316,12 +317,15 @@ impl Workload for KvWorkload {
             KvTxn::Read { keys } => (keys, false),
             KvTxn::Update { keys } => (keys, true),
         };
-        for &k in keys {
-            let value = if update {
-                tx.read_for_update(TABLE, Key(k)).await?
-            } else {
-                tx.read(TABLE, Key(k)).await?
-            };
+        // One round: every key, read-only or for update; then the writes.
+        let reqs: Vec<ReadReq> = keys
+            .iter()
+            .map(|&k| if update { upd(TABLE, k) } else { rd(TABLE, k) })
+            .collect();
+        let mut values = round(tx, &reqs).await?;
+        let mut counts = Vec::with_capacity(keys.len());
+        for _ in keys {
+            let (k, value) = values.raw();
             let value = value.ok_or(TxnError::KeyState(k))?;
             if value.len() != size {
                 return Err(TxnError::ValueSize {
@@ -329,8 +333,10 @@ impl Workload for KvWorkload {
                     got: value.len(),
                 });
             }
-            if update {
-                let count = u64::from_le_bytes(value[..8].try_into().expect("8 bytes"));
+            counts.push(u64::from_le_bytes(value[..8].try_into().expect("8 bytes")));
+        }
+        if update {
+            for (&k, count) in keys.iter().zip(counts) {
                 tx.write(TABLE, Key(k), &self.value(k, count + 1)).await?;
             }
         }

@@ -18,7 +18,8 @@
 //!   deterministic on every platform (xoshiro256++), producing transactions as plain values;
 //! * the **mix** as data ([`Workload::txn_types`]): name, read-only or not, weight;
 //! * [`Workload::run`], which performs one transaction's reads and writes through any
-//!   [`Transaction`]; the caller begins, runs, then commits or aborts ([`execute`] does that,
+//!   [`Transaction`] — the reads as rounds ([`Transaction::read_round`], one per dependent
+//!   step; the README lists each type's rounds), then the writes; the caller begins, runs, then commits or aborts ([`execute`] does that,
 //!   with retries of protocol aborts);
 //! * [`Workload::check`], the benchmark's consistency conditions over a final state.
 //!
@@ -153,7 +154,9 @@ pub trait Workload {
     /// of a run (TPC-C derives unique HISTORY keys from it); `seed` makes it deterministic.
     fn generator(&self, coordinator: u32, seed: u64) -> Self::Generator;
 
-    /// Performs `txn`'s reads and writes in `tx`. On `Ok`, the caller commits (or, for
+    /// Performs `txn`'s reads and writes in `tx`: the reads as rounds
+    /// ([`Transaction::read_round`]), each holding every record whose key (and whether it is
+    /// read at all) is known by then, then the writes. On `Ok`, the caller commits (or, for
     /// [`Outcome::Rollback`], aborts); on `Err`, the caller aborts and retries if
     /// [`TxnError::is_retryable`].
     fn run<T: Transaction>(
@@ -181,8 +184,9 @@ pub trait Workload {
 }
 
 /// Size presets. `Small` is the default and fits a 24 GiB machine with room; the paper
-/// presets are the sizes REFERENCE.md lists ("Workload sizes"). DecLock's and OOCC's code use
-/// FORD's sizes. Where a paper gives no size for a workload, its preset uses `Small`'s.
+/// presets are the papers' sizes (this crate's README, "Sizes per preset"). DecLock's and
+/// OOCC's code use FORD's sizes. Where a paper gives no size for a workload, its preset uses
+/// `Small`'s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Scale {
     /// For unit tests and smoke runs: tiny tables (TPC-C with reduced cardinalities, which

@@ -38,7 +38,7 @@
 //! Amalgamate and SendPayment, exact accounting of the rest). It also checks every record is
 //! present, carries its own account id, and that no savings balance is negative.
 
-use dmem_txn::{Key, TableId, Transaction, TxnError, TxnKind};
+use dmem_txn::{Key, ReadReq, TableId, Transaction, TxnError, TxnKind};
 use rand::RngExt;
 use static_assertions::const_assert_eq;
 use zerocopy::little_endian::{I64, U64};
@@ -46,7 +46,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::dist::{Mix, WorkloadRng, mix64, rng_for};
 use crate::invariants::Violation;
-use crate::record::{Record, peek, read_req};
+use crate::record::{Record, peek, rd, round, upd};
 use crate::{Outcome, Scale, TableSpec, TxnGenerator, TxnInfo, TxnType, Workload};
 
 /// SAVINGS.
@@ -332,14 +332,17 @@ impl TxnGenerator for SmallBankGenerator {
     }
 }
 
-async fn balance<T: Transaction>(
+/// One round of SmallBank balance reads; the balances come back in request order.
+async fn balances<T: Transaction, const N: usize>(
     tx: &mut T,
-    table: TableId,
-    acct: u64,
-    for_update: bool,
-) -> Result<i64, TxnError> {
-    let r: AccountRecord = read_req(tx, table, acct, for_update).await?;
-    Ok(r.balance.get())
+    reqs: [ReadReq; N],
+) -> Result<[i64; N], TxnError> {
+    let mut values = round(tx, &reqs).await?;
+    let mut out = [0; N];
+    for b in &mut out {
+        *b = values.req::<AccountRecord>()?.balance.get();
+    }
+    Ok(out)
 }
 
 async fn set<T: Transaction>(
@@ -397,30 +400,31 @@ impl Workload for SmallBank {
     ) -> Result<Outcome, TxnError> {
         let delta = match *txn {
             SmallBankTxn::Amalgamate { from, to } => {
-                let sav = balance(tx, SAVINGS, from, true).await?;
-                let chk = balance(tx, CHECKING, from, true).await?;
-                let to_chk = balance(tx, CHECKING, to, true).await?;
+                let [sav, chk, to_chk] = balances(
+                    tx,
+                    [upd(SAVINGS, from), upd(CHECKING, from), upd(CHECKING, to)],
+                )
+                .await?;
                 set(tx, SAVINGS, from, 0).await?;
                 set(tx, CHECKING, from, 0).await?;
                 set(tx, CHECKING, to, to_chk + sav + chk).await?;
                 0
             }
             SmallBankTxn::Balance { account } => {
-                balance(tx, SAVINGS, account, false).await?;
-                balance(tx, CHECKING, account, false).await?;
+                balances(tx, [rd(SAVINGS, account), rd(CHECKING, account)]).await?;
                 0
             }
             SmallBankTxn::DepositChecking { account, amount } => {
                 if amount < 0 {
                     return Ok(Outcome::Rollback("negative deposit"));
                 }
-                let chk = balance(tx, CHECKING, account, true).await?;
+                let [chk] = balances(tx, [upd(CHECKING, account)]).await?;
                 set(tx, CHECKING, account, chk + amount).await?;
                 amount
             }
             SmallBankTxn::SendPayment { from, to, amount } => {
-                let from_chk = balance(tx, CHECKING, from, true).await?;
-                let to_chk = balance(tx, CHECKING, to, true).await?;
+                let [from_chk, to_chk] =
+                    balances(tx, [upd(CHECKING, from), upd(CHECKING, to)]).await?;
                 if from_chk < amount {
                     return Ok(Outcome::Rollback("insufficient funds"));
                 }
@@ -429,7 +433,7 @@ impl Workload for SmallBank {
                 0
             }
             SmallBankTxn::TransactSavings { account, amount } => {
-                let sav = balance(tx, SAVINGS, account, true).await?;
+                let [sav] = balances(tx, [upd(SAVINGS, account)]).await?;
                 if sav + amount < 0 {
                     return Ok(Outcome::Rollback("negative savings"));
                 }
@@ -437,8 +441,8 @@ impl Workload for SmallBank {
                 amount
             }
             SmallBankTxn::WriteCheck { account, amount } => {
-                let sav = balance(tx, SAVINGS, account, false).await?;
-                let chk = balance(tx, CHECKING, account, true).await?;
+                let [sav, chk] =
+                    balances(tx, [rd(SAVINGS, account), upd(CHECKING, account)]).await?;
                 let debit = if sav + chk < amount {
                     amount + 1
                 } else {

@@ -55,7 +55,7 @@
 //! integrity: every subscriber present with its `sub_nbr`, and every CALL_FORWARDING row's
 //! SPECIAL_FACILITY row present (its foreign key; special facilities are never deleted).
 
-use dmem_txn::{Key, TableId, Transaction, TxnError, TxnKind};
+use dmem_txn::{Key, ReadReq, TableId, Transaction, TxnError, TxnKind};
 use rand::RngExt;
 use static_assertions::const_assert_eq;
 use zerocopy::little_endian::{U16, U32};
@@ -63,7 +63,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::dist::{Mix, WorkloadRng, nstring, rng_for, tatp_subscriber_id, upper};
 use crate::invariants::Violation;
-use crate::record::{Record, peek, read_opt, read_req};
+use crate::record::{Record, peek, rd, round, upd};
 use crate::{Outcome, Scale, TableSpec, TxnGenerator, TxnInfo, TxnType, Workload};
 
 /// SUBSCRIBER.
@@ -569,7 +569,9 @@ impl Workload for Tatp {
         const DONE: Outcome = Outcome::Commit { delta: 0 };
         match *txn {
             TatpTxn::GetSubscriberData { s_id } => {
-                read_req::<SubscriberRecord, _>(tx, SUBSCRIBER, s_id, false).await?;
+                round(tx, &[rd(SUBSCRIBER, s_id)])
+                    .await?
+                    .req::<SubscriberRecord>()?;
                 Ok(DONE)
             }
             TatpTxn::GetNewDestination {
@@ -578,15 +580,24 @@ impl Workload for Tatp {
                 start_time,
                 end_time,
             } => {
+                // Round 1: the special facility; round 2, only if it is active: the call
+                // forwardings with start_time <= t.
                 let sf: Option<SpecialFacilityRecord> =
-                    read_opt(tx, SPECIAL_FACILITY, sf_key(s_id, sf_type), false).await?;
+                    round(tx, &[rd(SPECIAL_FACILITY, sf_key(s_id, sf_type))])
+                        .await?
+                        .opt()?;
                 if sf.is_none_or(|sf| sf.is_active != 1) {
                     return Ok(Outcome::CommitMissed("no active special facility"));
                 }
+                let reqs: Vec<ReadReq> = START_TIMES
+                    .iter()
+                    .filter(|&&st| st <= start_time)
+                    .map(|&st| rd(CALL_FORWARDING, cf_key(s_id, sf_type, st)))
+                    .collect();
+                let mut cfs = round(tx, &reqs).await?;
                 let mut found = false;
-                for &st in START_TIMES.iter().filter(|&&st| st <= start_time) {
-                    let cf: Option<CallForwardingRecord> =
-                        read_opt(tx, CALL_FORWARDING, cf_key(s_id, sf_type, st), false).await?;
+                for _ in &reqs {
+                    let cf: Option<CallForwardingRecord> = cfs.opt()?;
                     found |= cf.is_some_and(|cf| end_time < cf.end_time);
                 }
                 Ok(if found {
@@ -597,7 +608,9 @@ impl Workload for Tatp {
             }
             TatpTxn::GetAccessData { s_id, ai_type } => {
                 let ai: Option<AccessInfoRecord> =
-                    read_opt(tx, ACCESS_INFO, ai_key(s_id, ai_type), false).await?;
+                    round(tx, &[rd(ACCESS_INFO, ai_key(s_id, ai_type))])
+                        .await?
+                        .opt()?;
                 Ok(if ai.is_some() {
                     DONE
                 } else {
@@ -610,11 +623,14 @@ impl Workload for Tatp {
                 sf_type,
                 data_a,
             } => {
-                let mut sub: SubscriberRecord = read_req(tx, SUBSCRIBER, s_id, true).await?;
+                let key = sf_key(s_id, sf_type);
+                let mut values =
+                    round(tx, &[upd(SUBSCRIBER, s_id), upd(SPECIAL_FACILITY, key)]).await?;
+                let mut sub: SubscriberRecord = values.req()?;
+                let sf: Option<SpecialFacilityRecord> = values.opt()?;
                 sub.bits = U16::new((sub.bits.get() & !1) | u16::from(bit_1));
                 tx.write(SUBSCRIBER, Key(s_id), &sub.encode()).await?;
-                let key = sf_key(s_id, sf_type);
-                match read_opt::<SpecialFacilityRecord, _>(tx, SPECIAL_FACILITY, key, true).await? {
+                match sf {
                     None => Ok(Outcome::CommitMissed("no special facility")),
                     Some(mut sf) => {
                         sf.data_a = data_a;
@@ -624,7 +640,7 @@ impl Workload for Tatp {
                 }
             }
             TatpTxn::UpdateLocation { s_id, vlr_location } => {
-                let mut sub: SubscriberRecord = read_req(tx, SUBSCRIBER, s_id, true).await?;
+                let mut sub: SubscriberRecord = round(tx, &[upd(SUBSCRIBER, s_id)]).await?.req()?;
                 sub.vlr_location = U32::new(vlr_location);
                 tx.write(SUBSCRIBER, Key(s_id), &sub.encode()).await?;
                 Ok(DONE)
@@ -636,17 +652,17 @@ impl Workload for Tatp {
                 end_time,
                 numberx,
             } => {
+                // Round 1: the special facility (the foreign key); round 2, only if it is
+                // present: the call forwarding to insert, for update.
                 let sf: Option<SpecialFacilityRecord> =
-                    read_opt(tx, SPECIAL_FACILITY, sf_key(s_id, sf_type), false).await?;
+                    round(tx, &[rd(SPECIAL_FACILITY, sf_key(s_id, sf_type))])
+                        .await?
+                        .opt()?;
                 if sf.is_none() {
                     return Ok(Outcome::Rollback("no special facility"));
                 }
                 let key = cf_key(s_id, sf_type, start_time);
-                if tx
-                    .read_for_update(CALL_FORWARDING, Key(key))
-                    .await?
-                    .is_some()
-                {
+                if round(tx, &[upd(CALL_FORWARDING, key)]).await?.present() {
                     return Ok(Outcome::Rollback("call forwarding exists"));
                 }
                 let cf = CallForwardingRecord { end_time, numberx };
@@ -659,11 +675,7 @@ impl Workload for Tatp {
                 start_time,
             } => {
                 let key = cf_key(s_id, sf_type, start_time);
-                if tx
-                    .read_for_update(CALL_FORWARDING, Key(key))
-                    .await?
-                    .is_none()
-                {
+                if !round(tx, &[upd(CALL_FORWARDING, key)]).await?.present() {
                     return Ok(Outcome::CommitMissed("no call forwarding"));
                 }
                 tx.delete(CALL_FORWARDING, Key(key)).await?;

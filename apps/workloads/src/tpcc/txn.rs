@@ -1,14 +1,14 @@
 //! TPC-C transactions: parameters (clauses 2.4.1, 2.5.1, 2.6.1, 2.7.1, 2.8.1), the
 //! generator, and their execution over the hash-only schema.
 
-use dmem_txn::{Key, TableId, Transaction, TxnError, TxnKind};
+use dmem_txn::{Access, Key, ReadReq, TableId, Transaction, TxnError, TxnKind};
 use rand::RngExt;
 use zerocopy::little_endian::{I64, U32, U64};
 
 use super::*;
 use crate::dist::{Mix, WorkloadRng, nurand, rng_for};
 use crate::invariants::Violation;
-use crate::record::{get_str, put_str, read_opt, read_req};
+use crate::record::{Round, get_str, put_str, rd, round, upd};
 use crate::{Outcome, TableSpec, TxnGenerator, TxnInfo, Workload};
 
 /// How a Payment or Order-Status names its customer.
@@ -291,38 +291,93 @@ async fn insert<T: Transaction, R: crate::record::Record>(
     tx.insert(table, Key(key), &r.encode()).await
 }
 
-impl Tpcc {
-    async fn resolve<T: Transaction>(
-        &self,
-        tx: &mut T,
-        w: u32,
-        d: u32,
-        customer: CustomerSelector,
-    ) -> Result<u32, TxnError> {
-        match customer {
-            CustomerSelector::Id(c) => Ok(c),
-            CustomerSelector::LastName(name) => {
-                let idx: CustomerNameIndexRecord =
-                    read_req(tx, CUSTOMER_NAME_INDEX, name_index_key(w, d, name), false).await?;
-                Ok(idx.c_id.get())
-            }
-        }
+/// The first round's request for a Payment's customer: the CUSTOMER row itself (with
+/// `access`) when named by id, else its CUSTOMER_NAME_INDEX entry (read-only; names never
+/// change), whose C_ID names the row for a later round.
+fn customer_or_index(w: u32, d: u32, customer: CustomerSelector, access: Access) -> ReadReq {
+    match customer {
+        CustomerSelector::Id(c) => ReadReq {
+            table: CUSTOMER,
+            key: Key(customer_key(w, d, c)),
+            access,
+        },
+        CustomerSelector::LastName(name) => rd(CUSTOMER_NAME_INDEX, name_index_key(w, d, name)),
     }
+}
 
+/// Takes the first round's value requested by [`customer_or_index`]: the customer's row
+/// when it is named by id, else its C_ID from the name index.
+fn customer_id(customer: CustomerSelector, values: &mut Round) -> Result<Resolved, TxnError> {
+    Ok(match customer {
+        CustomerSelector::Id(c_id) => Resolved::Row(c_id, Box::new(values.req()?)),
+        CustomerSelector::LastName(_) => {
+            Resolved::ByName(values.req::<CustomerNameIndexRecord>()?.c_id.get())
+        }
+    })
+}
+
+/// What the first round tells about a Payment's customer.
+enum Resolved {
+    /// Named by id: its C_ID and its row (read in the first round).
+    Row(u32, Box<CustomerRecord>),
+    /// Named by last name: its C_ID from the index; the row is read in the next round.
+    ByName(u32),
+}
+
+impl Tpcc {
+    /// Rounds: (1) WAREHOUSE, DISTRICT (for update), CUSTOMER, CUSTOMER_LAST_ORDER (for
+    /// update); (2) every ITEM; (3) every STOCK (for update), only if no item id is unused.
+    /// The inserted ORDER, NEW-ORDER and ORDER-LINE keys depend on D_NEXT_O_ID.
     async fn new_order<T: Transaction>(
         &self,
         p: &NewOrderParams,
         tx: &mut T,
     ) -> Result<Outcome, TxnError> {
         let (w, d) = (p.w_id, p.d_id);
-        let _warehouse: WarehouseRecord = read_req(tx, WAREHOUSE, warehouse_key(w), false).await?;
-        let mut district: DistrictRecord = read_req(tx, DISTRICT, district_key(w, d), true).await?;
+        let last_key = customer_key(w, d, p.c_id);
+        let mut first = round(
+            tx,
+            &[
+                rd(WAREHOUSE, warehouse_key(w)),
+                upd(DISTRICT, district_key(w, d)),
+                rd(CUSTOMER, customer_key(w, d, p.c_id)),
+                upd(CUSTOMER_LAST_ORDER, last_key),
+            ],
+        )
+        .await?;
+        let _warehouse: WarehouseRecord = first.req()?;
+        let mut district: DistrictRecord = first.req()?;
+        let _customer: CustomerRecord = first.req()?;
+        let mut last: CustomerLastOrderRecord = first.req()?;
+
+        let item_reqs: Vec<ReadReq> = p
+            .items
+            .iter()
+            .map(|it| rd(ITEM, item_key(it.i_id)))
+            .collect();
+        let mut item_values = round(tx, &item_reqs).await?;
+        let mut items: Vec<ItemRecord> = Vec::with_capacity(p.items.len());
+        for _ in &p.items {
+            let Some(item) = item_values.opt::<ItemRecord>()? else {
+                return Ok(Outcome::Rollback("unused item id"));
+            };
+            items.push(item);
+        }
+
+        let stock_reqs: Vec<ReadReq> = p
+            .items
+            .iter()
+            .map(|it| upd(STOCK, stock_key(it.supply_w_id, it.i_id)))
+            .collect();
+        let mut stock_values = round(tx, &stock_reqs).await?;
+        let mut stocks: Vec<StockRecord> = Vec::with_capacity(p.items.len());
+        for _ in &p.items {
+            stocks.push(stock_values.req()?);
+        }
+
         let o_id = district.d_next_o_id.get();
         district.d_next_o_id = U32::new(o_id + 1);
         write(tx, DISTRICT, district_key(w, d), &district).await?;
-        let _customer: CustomerRecord =
-            read_req(tx, CUSTOMER, customer_key(w, d, p.c_id), false).await?;
-
         let all_local = p.items.iter().all(|it| it.supply_w_id == w);
         let order = OrderRecord {
             o_entry_d: U64::new(p.entry_d),
@@ -337,19 +392,11 @@ impl Tpcc {
             _pad: [0; 4],
         };
         insert(tx, NEW_ORDER, order_key(w, d, o_id), &no).await?;
-        let last_key = customer_key(w, d, p.c_id);
-        let mut last: CustomerLastOrderRecord =
-            read_req(tx, CUSTOMER_LAST_ORDER, last_key, true).await?;
         last.o_id = U32::new(o_id);
         write(tx, CUSTOMER_LAST_ORDER, last_key, &last).await?;
 
-        for (n, it) in p.items.iter().enumerate() {
-            let Some(item) = read_opt::<ItemRecord, _>(tx, ITEM, item_key(it.i_id), false).await?
-            else {
-                return Ok(Outcome::Rollback("unused item id"));
-            };
+        for (n, ((it, item), mut stock)) in p.items.iter().zip(items).zip(stocks).enumerate() {
             let skey = stock_key(it.supply_w_id, it.i_id);
-            let mut stock: StockRecord = read_req(tx, STOCK, skey, true).await?;
             let q = stock.s_quantity.get();
             let q = if q >= it.quantity + 10 {
                 q - it.quantity
@@ -378,22 +425,39 @@ impl Tpcc {
         Ok(DONE)
     }
 
+    /// Rounds: (1) WAREHOUSE, DISTRICT and the customer by id (all for update), or the
+    /// customer's name-index entry; (2) by last name only: the CUSTOMER row (for update).
     async fn payment<T: Transaction>(
         &self,
         p: &PaymentParams,
         tx: &mut T,
     ) -> Result<Outcome, TxnError> {
         let (w, d) = (p.w_id, p.d_id);
-        let mut wh: WarehouseRecord = read_req(tx, WAREHOUSE, warehouse_key(w), true).await?;
+        let mut first = round(
+            tx,
+            &[
+                upd(WAREHOUSE, warehouse_key(w)),
+                upd(DISTRICT, district_key(w, d)),
+                customer_or_index(p.c_w_id, p.c_d_id, p.customer, Access::ForUpdate),
+            ],
+        )
+        .await?;
+        let mut wh: WarehouseRecord = first.req()?;
+        let mut di: DistrictRecord = first.req()?;
+        let (c_id, mut c) = match customer_id(p.customer, &mut first)? {
+            Resolved::Row(c_id, c) => (c_id, *c),
+            Resolved::ByName(c_id) => {
+                let ckey = customer_key(p.c_w_id, p.c_d_id, c_id);
+                (c_id, round(tx, &[upd(CUSTOMER, ckey)]).await?.req()?)
+            }
+        };
+
         wh.w_ytd = I64::new(wh.w_ytd.get() + p.amount);
         write(tx, WAREHOUSE, warehouse_key(w), &wh).await?;
-        let mut di: DistrictRecord = read_req(tx, DISTRICT, district_key(w, d), true).await?;
         di.d_ytd = I64::new(di.d_ytd.get() + p.amount);
         write(tx, DISTRICT, district_key(w, d), &di).await?;
 
-        let c_id = self.resolve(tx, p.c_w_id, p.c_d_id, p.customer).await?;
         let ckey = customer_key(p.c_w_id, p.c_d_id, c_id);
-        let mut c: CustomerRecord = read_req(tx, CUSTOMER, ckey, true).await?;
         c.c_balance = I64::new(c.c_balance.get() - p.amount);
         c.c_ytd_payment = I64::new(c.c_ytd_payment.get() + p.amount);
         c.c_payment_cnt = U32::new(c.c_payment_cnt.get() + 1);
@@ -435,56 +499,122 @@ impl Tpcc {
         Ok(DONE)
     }
 
+    /// Rounds, all read-only: by last name first the name-index entry; then (1) CUSTOMER and
+    /// CUSTOMER_LAST_ORDER; (2) the ORDER; (3) its O_OL_CNT ORDER-LINE rows.
     async fn order_status<T: Transaction>(
         &self,
         p: &OrderStatusParams,
         tx: &mut T,
     ) -> Result<Outcome, TxnError> {
         let (w, d) = (p.w_id, p.d_id);
-        let c_id = self.resolve(tx, w, d, p.customer).await?;
-        let _c: CustomerRecord = read_req(tx, CUSTOMER, customer_key(w, d, c_id), false).await?;
-        let last: CustomerLastOrderRecord =
-            read_req(tx, CUSTOMER_LAST_ORDER, customer_key(w, d, c_id), false).await?;
+        let customer_rows = |c_id| {
+            [
+                rd(CUSTOMER, customer_key(w, d, c_id)),
+                rd(CUSTOMER_LAST_ORDER, customer_key(w, d, c_id)),
+            ]
+        };
+        let mut values = match p.customer {
+            CustomerSelector::Id(c_id) => round(tx, &customer_rows(c_id)).await?,
+            CustomerSelector::LastName(name) => {
+                let idx: CustomerNameIndexRecord =
+                    round(tx, &[rd(CUSTOMER_NAME_INDEX, name_index_key(w, d, name))])
+                        .await?
+                        .req()?;
+                round(tx, &customer_rows(idx.c_id.get())).await?
+            }
+        };
+        let _c: CustomerRecord = values.req()?;
+        let last: CustomerLastOrderRecord = values.req()?;
         let o_id = last.o_id.get();
-        let order: OrderRecord = read_req(tx, ORDER, order_key(w, d, o_id), false).await?;
-        for ol in 1..=order.o_ol_cnt.get() {
-            let _line: OrderLineRecord =
-                read_req(tx, ORDER_LINE, order_line_key(w, d, o_id, ol), false).await?;
+        let order: OrderRecord = round(tx, &[rd(ORDER, order_key(w, d, o_id))])
+            .await?
+            .req()?;
+        let line_reqs: Vec<ReadReq> = (1..=order.o_ol_cnt.get())
+            .map(|ol| rd(ORDER_LINE, order_line_key(w, d, o_id, ol)))
+            .collect();
+        let mut lines = round(tx, &line_reqs).await?;
+        for _ in &line_reqs {
+            let _line: OrderLineRecord = lines.req()?;
         }
         Ok(DONE)
     }
 
+    /// Rounds, each over every district of the warehouse: (1) NEW_ORDER_HEAD; (2) the
+    /// NEW-ORDER row at the head; (3) the ORDER of each district with one; (4) its
+    /// ORDER-LINE rows and its CUSTOMER. All for update.
     async fn delivery<T: Transaction>(
         &self,
         p: &DeliveryParams,
         tx: &mut T,
     ) -> Result<Outcome, TxnError> {
         let w = p.w_id;
-        for d in 1..=self.config.districts {
+        let districts: Vec<u32> = (1..=self.config.districts).collect();
+
+        let head_reqs: Vec<ReadReq> = districts
+            .iter()
+            .map(|&d| upd(NEW_ORDER_HEAD, district_key(w, d)))
+            .collect();
+        let mut head_values = round(tx, &head_reqs).await?;
+        let mut heads: Vec<NewOrderHeadRecord> = Vec::with_capacity(districts.len());
+        for _ in &districts {
+            heads.push(head_values.req()?);
+        }
+
+        let no_reqs: Vec<ReadReq> = districts
+            .iter()
+            .zip(&heads)
+            .map(|(&d, head)| upd(NEW_ORDER, order_key(w, d, head.o_id.get())))
+            .collect();
+        let mut no_values = round(tx, &no_reqs).await?;
+        // Districts with an outstanding order (the others are skipped, clause 2.7.4.2),
+        // with their head.
+        let mut delivered: Vec<(u32, NewOrderHeadRecord)> = Vec::new();
+        for (&d, head) in districts.iter().zip(heads) {
+            if no_values.present() {
+                delivered.push((d, head));
+            }
+        }
+
+        let order_reqs: Vec<ReadReq> = delivered
+            .iter()
+            .map(|(d, head)| upd(ORDER, order_key(w, *d, head.o_id.get())))
+            .collect();
+        let mut order_values = round(tx, &order_reqs).await?;
+        let mut orders: Vec<OrderRecord> = Vec::with_capacity(delivered.len());
+        for _ in &delivered {
+            orders.push(order_values.req()?);
+        }
+
+        let mut last_reqs: Vec<ReadReq> = Vec::new();
+        for ((d, head), order) in delivered.iter().zip(&orders) {
+            let o_id = head.o_id.get();
+            last_reqs.extend(
+                (1..=order.o_ol_cnt.get())
+                    .map(|ol| upd(ORDER_LINE, order_line_key(w, *d, o_id, ol))),
+            );
+            last_reqs.push(upd(CUSTOMER, customer_key(w, *d, order.o_c_id.get())));
+        }
+        let mut last_values = round(tx, &last_reqs).await?;
+
+        for ((d, mut head), mut order) in delivered.into_iter().zip(orders) {
             let hkey = district_key(w, d);
-            let mut head: NewOrderHeadRecord = read_req(tx, NEW_ORDER_HEAD, hkey, true).await?;
             let o_id = head.o_id.get();
             let okey = order_key(w, d, o_id);
-            if tx.read_for_update(NEW_ORDER, Key(okey)).await?.is_none() {
-                // No outstanding order in this district (clause 2.7.4.2: skipped).
-                continue;
-            }
             tx.delete(NEW_ORDER, Key(okey)).await?;
             head.o_id = U32::new(o_id + 1);
             write(tx, NEW_ORDER_HEAD, hkey, &head).await?;
-            let mut order: OrderRecord = read_req(tx, ORDER, okey, true).await?;
             order.o_carrier_id = U32::new(p.carrier_id);
             write(tx, ORDER, okey, &order).await?;
             let mut total = 0i64;
             for ol in 1..=order.o_ol_cnt.get() {
                 let lkey = order_line_key(w, d, o_id, ol);
-                let mut line: OrderLineRecord = read_req(tx, ORDER_LINE, lkey, true).await?;
+                let mut line: OrderLineRecord = last_values.req()?;
                 total += line.ol_amount.get();
                 line.ol_delivery_d = U64::new(p.date);
                 write(tx, ORDER_LINE, lkey, &line).await?;
             }
             let ckey = customer_key(w, d, order.o_c_id.get());
-            let mut c: CustomerRecord = read_req(tx, CUSTOMER, ckey, true).await?;
+            let mut c: CustomerRecord = last_values.req()?;
             c.c_balance = I64::new(c.c_balance.get() + total);
             c.c_delivery_cnt = U32::new(c.c_delivery_cnt.get() + 1);
             write(tx, CUSTOMER, ckey, &c).await?;
@@ -492,28 +622,47 @@ impl Tpcc {
         Ok(DONE)
     }
 
+    /// Rounds, all read-only: (1) DISTRICT; (2) the 20 previous ORDER rows; (3) their
+    /// ORDER-LINE rows; (4) the STOCK row of each distinct item.
     async fn stock_level<T: Transaction>(
         &self,
         p: &StockLevelParams,
         tx: &mut T,
     ) -> Result<Outcome, TxnError> {
         let (w, d) = (p.w_id, p.d_id);
-        let district: DistrictRecord = read_req(tx, DISTRICT, district_key(w, d), false).await?;
+        let district: DistrictRecord = round(tx, &[rd(DISTRICT, district_key(w, d))])
+            .await?
+            .req()?;
         let next = district.d_next_o_id.get();
-        let mut items: Vec<u32> = Vec::with_capacity(20 * MAX_ORDER_LINES as usize);
-        for o_id in next.saturating_sub(20).max(1)..next {
-            let order: OrderRecord = read_req(tx, ORDER, order_key(w, d, o_id), false).await?;
-            for ol in 1..=order.o_ol_cnt.get() {
-                let line: OrderLineRecord =
-                    read_req(tx, ORDER_LINE, order_line_key(w, d, o_id, ol), false).await?;
-                items.push(line.ol_i_id.get());
-            }
+        let o_ids: Vec<u32> = (next.saturating_sub(20).max(1)..next).collect();
+
+        let order_reqs: Vec<ReadReq> = o_ids
+            .iter()
+            .map(|&o| rd(ORDER, order_key(w, d, o)))
+            .collect();
+        let mut order_values = round(tx, &order_reqs).await?;
+        let mut line_reqs: Vec<ReadReq> = Vec::with_capacity(20 * MAX_ORDER_LINES as usize);
+        for &o_id in &o_ids {
+            let order: OrderRecord = order_values.req()?;
+            line_reqs.extend(
+                (1..=order.o_ol_cnt.get()).map(|ol| rd(ORDER_LINE, order_line_key(w, d, o_id, ol))),
+            );
+        }
+
+        let mut line_values = round(tx, &line_reqs).await?;
+        let mut items: Vec<u32> = Vec::with_capacity(line_reqs.len());
+        for _ in &line_reqs {
+            let line: OrderLineRecord = line_values.req()?;
+            items.push(line.ol_i_id.get());
         }
         items.sort_unstable();
         items.dedup();
+
+        let stock_reqs: Vec<ReadReq> = items.iter().map(|&i| rd(STOCK, stock_key(w, i))).collect();
+        let mut stock_values = round(tx, &stock_reqs).await?;
         let mut low_stock = 0u32;
-        for i in items {
-            let s: StockRecord = read_req(tx, STOCK, stock_key(w, i), false).await?;
+        for _ in &items {
+            let s: StockRecord = stock_values.req()?;
             if s.s_quantity.get() < p.threshold {
                 low_stock += 1;
             }
