@@ -2,7 +2,7 @@
 //!
 //! A memory-resident table is limited by TLB misses as much as by cache misses: with 4 KiB
 //! pages a random access over gigabytes costs a page walk on top of the line fill
-//! (REFERENCE.md, "the physical limit on these machines"). With the `std` feature on Linux,
+//! (the `limit` row of `dmem bench hashtable` shows it next to every table). With the `std` feature on Linux,
 //! arrays of at least [`HUGE_PAGE`] bytes are mapped with `mmap`, aligned to 2 MiB and
 //! advised with `madvise(MADV_HUGEPAGE)`; the kernel then backs them with transparent huge
 //! pages when its policy (`/sys/kernel/mm/transparent_hugepage/enabled`) allows.

@@ -20,7 +20,8 @@
 //! # Why this detects torn reads
 //!
 //! An RDMA WRITE lands at the responder one cache line at a time, in increasing address
-//! order, and a line lands whole (DESIGN.md, "The fabrics"). A writer stamps every line of
+//! order, and a line lands whole (the semantics every dmem fabric implements; see
+//! ARCHITECTURE.md, "Fabrics"). A writer stamps every line of
 //! the new image with the same CV, one more than the old one. A reader whose READ overlaps
 //! the WRITE sees a prefix of new lines and a suffix of old ones, so it finds two different
 //! CVs; [`check_versions`] reports that. Lines are counted from the start of the image,

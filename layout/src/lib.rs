@@ -51,7 +51,7 @@ pub mod rpc;
 pub use error::LayoutError;
 
 /// Size of a cache line on every machine dmem targets, and the unit in which an RDMA
-/// WRITE lands at the responder (DESIGN.md, LOTUS §7.1).
+/// WRITE lands at the responder (LOTUS §7.1; ARCHITECTURE.md, "Fabrics").
 pub const CACHE_LINE: usize = 64;
 
 /// The README's examples, compiled and run as doctests.

@@ -14,7 +14,7 @@
 //!
 //! Payloads are packed back to back without padding: small messages dominate (8-byte keys,
 //! 16-byte values in §5.3) and every byte counts against the 188-byte inline limit
-//! (REFERENCE.md); a frame of ten 8-byte Get requests is 16 + 10 × 16 = 176 bytes.
+//! (Dandelion §5.3, ConnectX-5); a frame of ten 8-byte Get requests is 16 + 10 × 16 = 176 bytes.
 //!
 //! * [`RpcFrameBuilder`] appends messages into a caller buffer and refuses (typed error,
 //!   frame unchanged) any message that would exceed the packet size.

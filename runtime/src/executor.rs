@@ -313,7 +313,7 @@ impl StopHandle {
 }
 
 /// A single-thread executor of `!Send` tasks with completion-queue pollers and timers
-/// (DESIGN.md, runtime layer: the per-core polling executor).
+/// (the `runtime/` layer's per-core polling executor).
 ///
 /// Create one per core thread. Protocol code written against `dmem_verbs::Verbs` and
 /// [`Clock`](dmem_verbs::Clock) runs on it unchanged; [`RealClock`]'s sleeps use its timers.

@@ -1,4 +1,4 @@
-//! Real-time executors and the real-time clock of dmem (DESIGN.md, "Layers": `runtime/`).
+//! Real-time executors and the real-time clock of dmem (the `runtime/` layer).
 //!
 //! - [`Executor`]: a per-core polling executor. One thread runs many `!Send` tasks
 //!   round-robin, calls registered completion-queue pollers between task polls, and serves

@@ -1,4 +1,4 @@
-//! The shared-memory verbs fabric (DESIGN.md, "The fabrics", item 2): real time, real
+//! The shared-memory verbs fabric (ARCHITECTURE.md, "Fabrics", item 2): real time, real
 //! threads and processes, CXL-like.
 //!
 //! A memory node ([`ShmMemoryNode`]) owns a sealed memfd mapped shared; one-sided verbs are

@@ -1,7 +1,7 @@
 //! NIC cost-model profiles.
 //!
 //! Every parameter is an input taken from a hardware figure, with its source next to it.
-//! They are never tuned to make a paper's result appear (DESIGN.md). Figures the papers do not
+//! They are never tuned to make a paper's result appear. Figures the papers do not
 //! give are marked *estimate*; measure your own NIC with perftest and load the result with
 //! [`NicProfile::from_toml`] to replace them.
 
