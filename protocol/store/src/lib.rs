@@ -674,7 +674,7 @@ impl Store {
 /// replica gets the item and the index slot.
 #[derive(Debug)]
 pub struct Loader<'s> {
-    store: &'s Store,
+    store: StoreRef<'s>,
     used: HashMap<(TableId, u16, u32), Vec<u64>>,
 }
 
@@ -683,7 +683,17 @@ impl<'s> Loader<'s> {
     #[must_use]
     pub fn new(store: &'s Store) -> Self {
         Self {
-            store,
+            store: StoreRef::Borrowed(store),
+            used: HashMap::new(),
+        }
+    }
+
+    /// A loader holding a shared store, so that it can live next to the `Rc<Store>` in a
+    /// deployment that loads record by record.
+    #[must_use]
+    pub fn shared(store: Rc<Store>) -> Loader<'static> {
+        Loader {
+            store: StoreRef::Shared(store),
             used: HashMap::new(),
         }
     }
@@ -700,7 +710,12 @@ impl<'s> Loader<'s> {
         value: &[u8],
         mut write: impl FnMut(NodeId, u64, &[u8]),
     ) -> Result<ItemLoc, StoreError> {
-        let layout = *self.store.table(table)?;
+        // A field borrow (not `self.store()`), so that `self.used` can be borrowed mutably.
+        let store: &Store = match &self.store {
+            StoreRef::Borrowed(s) => s,
+            StoreRef::Shared(s) => s,
+        };
+        let layout = *store.table(table)?;
         if value.len() != layout.spec.value_len {
             return Err(StoreError::ValueSize {
                 table: table.0,
@@ -708,7 +723,7 @@ impl<'s> Loader<'s> {
                 got: value.len(),
             });
         }
-        let bucket = self.store.bucket_of(table, key)?;
+        let bucket = store.bucket_of(table, key)?;
         let used = self
             .used
             .entry((table, bucket.partition, bucket.bucket))
@@ -727,7 +742,7 @@ impl<'s> Loader<'s> {
         }
         let slot = used.len();
         used.push(key.0);
-        let loc = self.store.item_at(bucket, slot)?;
+        let loc = store.item_at(bucket, slot)?;
         let item = encode_item(
             key.0,
             table.0,
@@ -740,17 +755,24 @@ impl<'s> Loader<'s> {
             PackedAddr::new(bucket.partition, loc.offset).map_err(|_| StoreError::TooLarge {
                 needed: loc.offset,
                 have: PackedAddr::MAX_OFFSET,
-                node: self.store.mn_node(bucket.partition),
+                node: store.mn_node(bucket.partition),
             })?;
         let slot_bytes = index_slot_bytes(key.0, primary_addr);
         let slot_offset = bucket.offset + slot_offset(slot);
-        for mn in self.store.replicas(bucket.partition) {
-            let node = self.store.mn_node(mn);
+        for mn in store.replicas(bucket.partition) {
+            let node = store.mn_node(mn);
             write(node, loc.offset, &item);
             write(node, slot_offset, &slot_bytes);
         }
         Ok(loc)
     }
+}
+
+/// The store a [`Loader`] writes into: borrowed, or shared.
+#[derive(Debug)]
+enum StoreRef<'s> {
+    Borrowed(&'s Store),
+    Shared(Rc<Store>),
 }
 
 /// Byte offset of slot `slot` inside a bucket.
