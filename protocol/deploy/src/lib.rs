@@ -93,6 +93,10 @@ pub struct DeploySpec {
     /// Index room as a multiple of each table's records (doubled by [`deploy_loaded`] when
     /// a bucket fills).
     pub index_slack: u64,
+    /// Whether the index is sized for exactly the expected records (times the slack), with
+    /// no margin and no growth room: for small fixed key sets such as the litmus tests,
+    /// whose seeded runs should not change when the default margins do.
+    pub exact_index: bool,
     /// Whether every CN starts with a warm address cache (it scanned the index at start-up),
     /// so that its first access to a loaded record skips the index lookup.
     pub warm_cache: bool,
@@ -107,6 +111,7 @@ impl DeploySpec {
             coordinators,
             log_region_bytes: 4096,
             index_slack: 2,
+            exact_index: false,
             warm_cache: false,
         }
     }

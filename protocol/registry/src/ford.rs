@@ -50,7 +50,12 @@ impl FordProtocol {
 }
 
 fn store_config(spec: &DeploySpec, mns: u16) -> StoreConfig {
-    StoreConfig::for_tables(
+    let layout = if spec.exact_index {
+        StoreConfig::for_exact_tables
+    } else {
+        StoreConfig::for_tables
+    };
+    layout(
         mns,
         &spec.tables,
         spec.coordinators,

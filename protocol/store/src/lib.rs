@@ -251,6 +251,31 @@ impl StoreConfig {
         cfg
     }
 
+    /// Like [`for_tables`](Self::for_tables) but with index room for exactly `slack` times
+    /// each table's `expected_records`, no margin and no growth room: for small fixed key
+    /// sets (the litmus tests) whose runs must keep one layout.
+    #[must_use]
+    pub fn for_exact_tables(
+        mns: u16,
+        tables: &[TableDemand],
+        coordinators: u16,
+        log_region_bytes: u32,
+        slack: u64,
+    ) -> Self {
+        let mut cfg = Self::new(mns)
+            .coordinators(coordinators)
+            .log_region_bytes(log_region_bytes);
+        for t in tables {
+            cfg = cfg.table(TableSpec::sized_for(
+                t.id,
+                t.value_len,
+                t.expected_records.saturating_mul(slack.max(1)),
+                mns,
+            ));
+        }
+        cfg
+    }
+
     /// Bytes every MN region needs for this layout, computed without any region (so a
     /// cluster can be sized before it is built).
     ///
