@@ -1,32 +1,26 @@
-//! `dmem litmus`: Pandora's litmus tests (§5, Fig. 5) with crash injection against FORD
-//! (fixed, or with bug switches of Table 1) or Pandora, over many seeds.
+//! `dmem litmus`: Pandora's litmus tests (§5, Fig. 5) with crash injection against any
+//! registered protocol (FORD fixed or with bug switches of Table 1, Pandora, …), over many
+//! seeds.
 //!
 //! Prints a table (per litmus: runs, violations, first failing seed and reason) or, with
 //! `--json`, one object with `runs`, `violations`, `first_failure` and `per_litmus`.
 //! Exits non-zero on a bad flag; a violation is a result, printed, not an error.
 
 use anyhow::{Context as _, bail};
-use clap::{Args as ClapArgs, ValueEnum};
-use dmem_ford::{BugSet, ProtocolConfig};
-use dmem_litmus::{FordTarget, Litmus, RunConfig, SuiteConfig, SuiteReport, run_suite};
-
-/// A protocol the suite can run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum ProtocolArg {
-    /// FORD (fixed unless `--bug` switches bugs on), with its recovery and stray-lock scan.
-    Ford,
-    /// Pandora: PILL, logging after validation, heartbeat FD and RDMA recovery.
-    Pandora,
-}
+use clap::Args as ClapArgs;
+use dmem_deploy::{Protocol, Registry};
+use dmem_litmus::{Litmus, RunConfig, SuiteConfig, SuiteReport, run_suite};
 
 /// `dmem litmus` flags.
 #[derive(ClapArgs, Debug)]
-pub(crate) struct Args {
-    /// Protocol under test.
-    #[arg(long, value_enum)]
-    protocol: ProtocolArg,
+pub struct Args {
+    /// Protocol under test: any registered name (ford, pandora, pandora-lock-logging,
+    /// ford:BUG[+BUG], …).
+    #[arg(long)]
+    protocol: String,
     /// FORD bugs to switch on (comma-separated: complicit-abort, missing-insert-log,
-    /// covert-locks, relaxed-locks, lost-decision, log-without-lock, or all).
+    /// covert-locks, relaxed-locks, lost-decision, log-without-lock, or all); the same as
+    /// `--protocol ford:BUG+BUG`.
     #[arg(long)]
     bug: Option<String>,
     /// Litmus tests: comma-separated of 1, 1-insert, 1-delete, 2, 3, or all.
@@ -52,30 +46,32 @@ pub(crate) struct Args {
     verbose: bool,
 }
 
-fn target(args: &Args) -> anyhow::Result<FordTarget> {
-    let bugs = match &args.bug {
-        Some(list) => BugSet::parse(list).context("--bug")?,
-        None => BugSet::NONE,
+fn target(args: &Args, registry: &Registry) -> anyhow::Result<std::sync::Arc<dyn Protocol>> {
+    let name = match &args.bug {
+        Some(list) if args.protocol == "ford" => format!("ford:{}", list.replace(',', "+")),
+        Some(_) => bail!(
+            "--bug switches FORD's bugs; it does not apply to --protocol {}",
+            args.protocol
+        ),
+        None => args.protocol.clone(),
     };
-    let config = match args.protocol {
-        ProtocolArg::Ford => ProtocolConfig::ford_with(bugs),
-        ProtocolArg::Pandora if !bugs.is_empty() => {
-            bail!("--bug switches FORD's bugs; it does not apply to --protocol pandora")
-        }
-        ProtocolArg::Pandora => ProtocolConfig::pandora(),
-    };
-    Ok(FordTarget::new(config))
+    registry.get(&name).context("--protocol")
 }
 
-/// Runs `dmem litmus`.
-pub(crate) fn run(args: Args) -> anyhow::Result<()> {
+/// Runs `dmem litmus` on `registry`'s protocols and returns the suite's report (a
+/// violation is a result, printed, not an error).
+///
+/// # Errors
+/// A bad flag, an unknown protocol (the error lists the registered ones), or a run that
+/// could not be built.
+pub fn run(args: Args, registry: &Registry) -> anyhow::Result<SuiteReport> {
     if args.seeds == 0 {
         bail!("--seeds must be at least 1");
     }
     if !(0.0..=1.0).contains(&args.crash_prob) {
         bail!("--crash-prob {} is outside [0, 1]", args.crash_prob);
     }
-    let target = target(&args)?;
+    let target = target(&args, registry)?;
     let litmus = Litmus::parse_list(&args.litmus).context("--litmus")?;
     let cfg = SuiteConfig {
         litmus,
@@ -84,7 +80,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         run: RunConfig::new(args.crash_prob),
         threads: args.threads.max(1),
     };
-    let report = run_suite(&target, &cfg)?;
+    let report = run_suite(&*target, &cfg)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -100,7 +96,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(report)
 }
 
 fn print_table(report: &SuiteReport, args: &Args) {

@@ -2,11 +2,10 @@
 //! workloads on the simulated cluster, shared memory, or real RDMA.
 
 use clap::{Parser, Subcommand};
+use dmem_cli::{bench_txn, litmus};
 
 mod bench_hashtable;
 mod bench_locks;
-mod bench_txn;
-mod litmus;
 mod perf;
 mod recover;
 
@@ -57,9 +56,11 @@ fn main() {
     let cli = Cli::parse();
     let result: anyhow::Result<()> = match cli.command {
         Command::Perf(args) => perf::run(args),
-        Command::Litmus(args) => litmus::run(args),
-        Command::Recover(args) => recover::run(args),
-        Command::Bench(BenchArgs { layer: None, txn }) => bench_txn::run(txn),
+        Command::Litmus(args) => litmus::run(args, &dmem_protocols::registry()).map(drop),
+        Command::Recover(args) => recover::run(args, &dmem_protocols::registry()),
+        Command::Bench(BenchArgs { layer: None, txn }) => {
+            bench_txn::run(txn, &dmem_protocols::registry()).map(drop)
+        }
         Command::Bench(BenchArgs {
             layer: Some(bench), ..
         }) => match bench {

@@ -49,6 +49,12 @@ fn ford_and_pandora_run_smallbank_and_pass_the_checker_and_invariants() {
         for field in ["abort_rate", "p50_us", "p99_us"] {
             assert!(row[field].is_number(), "{field} in {row}");
         }
+        // Round trips per committed transaction: all, and per SmallBank type.
+        assert!(row["rtts_per_txn"]["all"].as_f64().unwrap() >= 2.0, "{row}");
+        assert!(
+            row["rtts_per_txn"]["SendPayment"].as_f64().unwrap() >= 2.0,
+            "{row}"
+        );
     }
 }
 

@@ -1,9 +1,9 @@
 //! FORD and Pandora: one-sided OCC transactions on disaggregated memory.
 //!
-//! * [`store`]: placement of records on a primary and `f` backup MNs, the MN hash index
-//!   (one READ per bucket), the out-of-band [`Loader`](store::Loader), per-coordinator log
-//!   regions and the CN-side [`AddressCache`](store::AddressCache). Reusable by the other
-//!   one-sided protocols.
+//! * [`store`]: `dmem-store` re-exported — placement of records on a primary and `f` backup
+//!   MNs, the MN hash index (one READ per bucket), the out-of-band [`Loader`](store::Loader),
+//!   per-coordinator log regions and the CN-side [`AddressCache`](store::AddressCache),
+//!   shared with the other one-sided protocols.
 //! * [`config`]: [`Protocol::Ford`](config::Protocol) with each of the six bugs of Pandora
 //!   Table 1 behind its own switch ([`FordBug`](config::FordBug)), or
 //!   [`Protocol::Pandora`](config::Protocol).
@@ -27,7 +27,11 @@ pub mod mnfail;
 pub mod recovery;
 mod round;
 mod state;
-pub mod store;
+/// The MN-side store, index, loader and address cache, shared by every one-sided protocol
+/// and now living in `dmem-store`; re-exported so `crate::store::…` paths keep working.
+pub mod store {
+    pub use dmem_store::*;
+}
 pub mod txn;
 pub mod wire;
 

@@ -1,22 +1,32 @@
 //! For each FORD bug switch alone: the first seed at which the suite shows a violation;
-//! for fixed FORD and Pandora: violations over a seed range.
+//! for fixed FORD and Pandora: violations over a seed range. Protocols come from the
+//! registry by name.
 //!
 //! `cargo run --release -p dmem-litmus --example seeds_to_find -- [max_seeds] [crash_prob]`
 
 use std::time::Instant;
 
-use dmem_ford::{BugSet, FordBug, ProtocolConfig};
-use dmem_litmus::{FordTarget, Litmus, RunConfig, SuiteConfig, first_violation, run_suite};
+use dmem_litmus::{Litmus, RunConfig, SuiteConfig, first_violation, run_suite};
+
+const BUGS: [&str; 6] = [
+    "complicit-abort",
+    "missing-insert-log",
+    "covert-locks",
+    "relaxed-locks",
+    "lost-decision",
+    "log-without-lock",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let max: u64 = args.next().map_or(Ok(2000), |s| s.parse())?;
     let p: f64 = args.next().map_or(Ok(0.5), |s| s.parse())?;
     let cfg = RunConfig::new(p);
-    for bug in FordBug::ALL {
-        let t = FordTarget::new(ProtocolConfig::ford_with(BugSet::NONE.with(bug)));
+    let registry = dmem_protocols::registry();
+    for bug in BUGS {
+        let t = registry.get(&format!("ford:{bug}"))?;
         let start = Instant::now();
-        let found = first_violation(&t, &Litmus::ALL, 0, max, &cfg)?;
+        let found = first_violation(&*t, &Litmus::ALL, 0, max, &cfg)?;
         match found {
             Some(o) => println!(
                 "{bug:<20} seed {:>5} litmus {:<8} {:.2}s  {}",
@@ -28,12 +38,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             None => println!("{bug:<20} not found in {max} seeds"),
         }
     }
-    for (name, c) in [
-        ("ford", ProtocolConfig::ford_fixed()),
-        ("pandora", ProtocolConfig::pandora()),
-    ] {
+    for name in ["ford", "pandora"] {
         let r = run_suite(
-            &FordTarget::new(c),
+            &*registry.get(name)?,
             &SuiteConfig {
                 litmus: Litmus::ALL.to_vec(),
                 first_seed: 0,

@@ -4,10 +4,10 @@
 //!   (read-write cycles) and 3 (indirect-write cycles): keys, initial states, the
 //!   transactions written once against [`dmem_txn::Transaction`], and the
 //!   application-level assertions of Fig. 5.
-//! * [`target`]: [`LitmusTarget`], the small trait through which a protocol builds its
-//!   store and coordinators on a simulated cluster and runs its own recovery;
-//!   [`FordTarget`] for FORD (fixed or with any of the six bug switches of Table 1) and
-//!   Pandora.
+//! * The protocol under test is any [`dmem_deploy::Protocol`] (looked up by name in
+//!   `dmem_protocols::registry()`): the suite builds its store and coordinators through
+//!   [`dmem_deploy::Deployment`] and lets it run its own recovery, so it names no
+//!   protocol's types.
 //! * [`run`]: one run ([`run_one`]: cluster, concurrent transactions with seeded delays,
 //!   a crash "after any operation" — at a uniformly chosen work request of a worker CN —
 //!   recovery, the assertion transaction, and [`dmem_txn::check`] on the history) and a
@@ -17,25 +17,23 @@
 //! and recovery.
 //!
 //! ```
-//! use dmem_ford::ProtocolConfig;
-//! use dmem_litmus::{FordTarget, Litmus, RunConfig, run_one};
+//! use dmem_litmus::{Litmus, RunConfig, run_one};
 //!
-//! let pandora = FordTarget::new(ProtocolConfig::pandora());
-//! let out = run_one(&pandora, Litmus::IndirectWrite, 7, &RunConfig::new(1.0)).unwrap();
+//! let pandora = dmem_protocols::registry().get("pandora").unwrap();
+//! let out = run_one(&*pandora, Litmus::IndirectWrite, 7, &RunConfig::new(1.0)).unwrap();
 //! assert!(out.violation.is_none(), "{:?}", out.violation);
 //! ```
 
 pub mod litmus;
 pub mod rng;
 pub mod run;
-pub mod target;
 
+pub use dmem_deploy::RecoveryTiming;
 pub use litmus::Litmus;
 pub use run::{
     CrashPoint, Failure, LitmusSummary, RunConfig, RunOutcome, SuiteConfig, SuiteReport, Violation,
     first_violation, run_one, run_suite,
 };
-pub use target::{DeploySpec, FordTarget, LitmusTarget, RecoveryTiming};
 
 /// Why the suite could not run (a violation is a result, not an error).
 #[derive(Debug, thiserror::Error)]
@@ -56,9 +54,9 @@ pub enum LitmusError {
     /// The simulated cluster could not be built.
     #[error("simulator: {0}")]
     Sim(#[from] dmem_sim::SimError),
-    /// The protocol's store could not be laid out or loaded.
-    #[error("store: {0}")]
-    Store(#[from] dmem_ford::StoreError),
+    /// The protocol could not be deployed or loaded.
+    #[error("deploy: {0}")]
+    Deploy(#[from] dmem_deploy::DeployError),
     /// A worker thread panicked.
     #[error("a litmus worker thread panicked")]
     WorkerPanicked,

@@ -5,7 +5,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Instant;
 
-use dmem_sim::{ClusterConfig, Sim, SimContext};
+use dmem_deploy::{ClusterShape, DeploySpec, Protocol, RecoveryTiming, TableDemand};
+use dmem_sim::{NicProfile, SimContext};
 use dmem_txn::{Coordinator, History, Key, Transaction, TxnError, TxnKind};
 use dmem_verbs::{Clock, Nanos};
 use serde::Serialize;
@@ -13,7 +14,6 @@ use serde::Serialize;
 use crate::LitmusError;
 use crate::litmus::{self, InstanceKeys, Litmus, Shape, TABLE, VALUE_LEN};
 use crate::rng::{SplitMix, mix};
-use crate::target::{DeploySpec, LitmusTarget, RecoveryTiming};
 
 /// The shape of every run. [`RunConfig::new`] gives the defaults the README's numbers use.
 #[derive(Debug, Clone, PartialEq)]
@@ -240,8 +240,8 @@ async fn read_final<C: Coordinator>(
     Err(last)
 }
 
-fn execute<T: LitmusTarget>(
-    target: &T,
+fn execute(
+    target: &dyn Protocol,
     litmus: Litmus,
     seed: u64,
     cfg: &RunConfig,
@@ -249,14 +249,6 @@ fn execute<T: LitmusTarget>(
 ) -> Result<Execution, LitmusError> {
     let workers = cfg.worker_cns;
     let recovery_cn = workers;
-    let sim = Rc::new(Sim::new(
-        ClusterConfig::new("cx5")?
-            .mns(3)
-            .cns(workers + 1)
-            .threads_per_cn(2)
-            .mn_memory_bytes(96 << 10)
-            .seed(mix(&[seed, litmus as u64, 1])),
-    )?);
     let history = Rc::new(RefCell::new(History::new()));
     let mut records = Vec::new();
     for i in 0..cfg.instances {
@@ -268,14 +260,31 @@ fn execute<T: LitmusTarget>(
         }
     }
     let roles = 2u16;
-    let spec = DeploySpec {
-        table: TABLE,
-        value_len: VALUE_LEN,
-        capacity: u64::from(cfg.instances) * 3,
-        records,
-        coordinators: cfg.instances * roles + 1,
+    let mut spec = DeploySpec::new(
+        vec![TableDemand {
+            id: TABLE,
+            value_len: VALUE_LEN,
+            expected_records: u64::from(cfg.instances) * 3,
+            grows: false,
+        }],
+        cfg.instances * roles + 1,
+    );
+    spec.log_region_bytes = 1024;
+    spec.index_slack = 1;
+    spec.exact_index = true;
+    let shape = ClusterShape {
+        mns: 3,
+        cns: workers + 1,
+        threads: 2,
+        seed: mix(&[seed, litmus as u64, 1]),
+        profile: NicProfile::named("cx5").map_err(|_| LitmusError::Config("no cx5 profile"))?,
+        min_mn_bytes: 96 << 10,
     };
-    let mut dep = target.deploy(&sim, &spec, &history)?;
+    let sim = shape.build(target.mn_bytes_per_mn(&spec, shape.mns)?)?;
+    let mut dep = target.deploy(&sim, &spec, Rc::clone(&history))?;
+    for (key, value) in &records {
+        dep.load(TABLE, *key, value)?;
+    }
     let ends = Rc::new(RefCell::new(Vec::new()));
     let mut rng = SplitMix::new(mix(&[seed, litmus as u64, 2]));
     for i in 0..cfg.instances {
@@ -292,7 +301,7 @@ fn execute<T: LitmusTarget>(
             let id = i * roles + role;
             let cn = (role + i) % workers;
             let ctx = sim.context(sim.cn(cn), 0)?;
-            let mut co = target.coordinator(&mut dep, ctx.clone(), id)?;
+            let mut co = dep.coordinator(ctx.clone(), id)?;
             let role_rng = SplitMix::new(rng.next_u64());
             let ends = Rc::clone(&ends);
             let cfg = cfg.clone();
@@ -317,12 +326,11 @@ fn execute<T: LitmusTarget>(
     if let Some((cn, k)) = crash {
         sim.crash_at_work_request(sim.cn(cn), k);
     }
-    target.start_recovery(&mut dep, &sim, recovery_cn, cfg.timing)?;
+    dep.start_recovery(&sim, recovery_cn, cfg.timing)?;
     sim.run_until(cfg.timing.until);
 
     let reader_ctx = sim.context(sim.cn(recovery_cn), 0)?;
-    let mut reader =
-        target.final_coordinator(&mut dep, reader_ctx.clone(), cfg.instances * roles)?;
+    let mut reader = dep.final_coordinator(reader_ctx.clone(), cfg.instances * roles)?;
     let keys = instance_keys(litmus, cfg.instances);
     let state = Rc::new(RefCell::new(None));
     let s = Rc::clone(&state);
@@ -349,7 +357,7 @@ fn execute<T: LitmusTarget>(
         crashed,
         final_state,
         history,
-        recoveries: target.recoveries(&dep),
+        recoveries: dep.recovery_events().len(),
     })
 }
 
@@ -409,8 +417,8 @@ fn judge(litmus: Litmus, cfg: &RunConfig, ex: &Execution) -> Option<Violation> {
 ///
 /// # Errors
 /// [`LitmusError`] if the cluster or the store cannot be built.
-pub fn run_one<T: LitmusTarget>(
-    target: &T,
+pub fn run_one(
+    target: &dyn Protocol,
     litmus: Litmus,
     seed: u64,
     cfg: &RunConfig,
@@ -536,10 +544,7 @@ pub struct SuiteConfig {
 ///
 /// # Errors
 /// [`LitmusError`] for a bad configuration or a run that could not be built.
-pub fn run_suite<T: LitmusTarget>(
-    target: &T,
-    cfg: &SuiteConfig,
-) -> Result<SuiteReport, LitmusError> {
+pub fn run_suite(target: &dyn Protocol, cfg: &SuiteConfig) -> Result<SuiteReport, LitmusError> {
     cfg.run.validate()?;
     if cfg.seeds == 0 {
         return Err(LitmusError::NoSeeds);
@@ -622,8 +627,8 @@ pub fn run_suite<T: LitmusTarget>(
 ///
 /// # Errors
 /// [`LitmusError`] if a run could not be built.
-pub fn first_violation<T: LitmusTarget>(
-    target: &T,
+pub fn first_violation(
+    target: &dyn Protocol,
     litmus: &[Litmus],
     first_seed: u64,
     max_seeds: u64,

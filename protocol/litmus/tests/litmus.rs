@@ -6,24 +6,62 @@
 //! Bounds: the first failing seed measured with this configuration (README table), times
 //! about three, at least 20.
 
-use dmem_ford::{BugSet, FordBug, ProtocolConfig};
+use std::sync::Arc;
+
+use dmem_deploy::Protocol;
 use dmem_litmus::{
-    FordTarget, Litmus, LitmusError, RunConfig, SuiteConfig, first_violation, run_one, run_suite,
+    Litmus, LitmusError, RunConfig, SuiteConfig, first_violation, run_one, run_suite,
 };
 
-fn bug(b: FordBug) -> FordTarget {
-    FordTarget::new(ProtocolConfig::ford_with(BugSet::NONE.with(b)))
+/// A registered protocol by name.
+fn protocol(name: &str) -> Arc<dyn Protocol> {
+    dmem_protocols::registry().get(name).unwrap()
+}
+
+/// FORD with one bug of Pandora Table 1 switched on.
+fn bug(b: FordBug) -> Arc<dyn Protocol> {
+    protocol(&format!("ford:{}", b.name()))
+}
+
+/// The bugs of Pandora Table 1 by their registry names.
+#[derive(Debug, Clone, Copy)]
+enum FordBug {
+    ComplicitAbort,
+    MissingInsertLog,
+    CovertLocks,
+    RelaxedLocks,
+    LostDecision,
+    LogWithoutLock,
+}
+
+impl FordBug {
+    fn name(self) -> &'static str {
+        match self {
+            FordBug::ComplicitAbort => "complicit-abort",
+            FordBug::MissingInsertLog => "missing-insert-log",
+            FordBug::CovertLocks => "covert-locks",
+            FordBug::RelaxedLocks => "relaxed-locks",
+            FordBug::LostDecision => "lost-decision",
+            FordBug::LogWithoutLock => "log-without-lock",
+        }
+    }
+}
+
+impl std::fmt::Display for FordBug {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Asserts that `litmus` finds `b` within `bound` seeds, and that the failing seed
 /// passes with the bug switched off (the violation is the bug's, not the suite's).
 fn finds(b: FordBug, litmus: &[Litmus], bound: u64) {
     let cfg = RunConfig::new(0.5);
-    let found = first_violation(&bug(b), litmus, 0, bound, &cfg)
+    let found = first_violation(&*bug(b), litmus, 0, bound, &cfg)
         .unwrap()
         .unwrap_or_else(|| panic!("{b}: no violation in {bound} seeds of {litmus:?}"));
-    let fixed = FordTarget::new(ProtocolConfig::ford_fixed());
-    let again = run_one(&fixed, found.litmus, found.seed, &cfg).unwrap();
+    let fixed = protocol("ford");
+    let again = run_one(&*fixed, found.litmus, found.seed, &cfg).unwrap();
     assert!(
         again.violation.is_none(),
         "{b}: fixed FORD fails seed {} too: {:?}",
@@ -90,9 +128,9 @@ fn log_without_lock_is_found_by_litmus_3() {
     );
 }
 
-fn passes(config: ProtocolConfig) {
+fn passes(name: &str) {
     let report = run_suite(
-        &FordTarget::new(config),
+        &*protocol(name),
         &SuiteConfig {
             litmus: Litmus::ALL.to_vec(),
             first_seed: 0,
@@ -122,12 +160,12 @@ fn passes(config: ProtocolConfig) {
 
 #[test]
 fn fixed_ford_passes_every_litmus_with_crashes() {
-    passes(ProtocolConfig::ford_fixed());
+    passes("ford");
 }
 
 #[test]
 fn pandora_passes_every_litmus_with_crashes() {
-    passes(ProtocolConfig::pandora());
+    passes("pandora");
 }
 
 #[test]
@@ -137,8 +175,8 @@ fn a_seed_replays_the_same_run() {
     for l in Litmus::ALL {
         for seed in 0..4 {
             assert_eq!(
-                run_one(&t, l, seed, &cfg).unwrap(),
-                run_one(&t, l, seed, &cfg).unwrap()
+                run_one(&*t, l, seed, &cfg).unwrap(),
+                run_one(&*t, l, seed, &cfg).unwrap()
             );
         }
     }
@@ -149,7 +187,7 @@ fn suite_results_do_not_depend_on_threads() {
     let t = bug(FordBug::ComplicitAbort);
     let run = |threads| {
         let mut r = run_suite(
-            &t,
+            &*t,
             &SuiteConfig {
                 litmus: vec![Litmus::IndirectWrite, Litmus::DirectWrite],
                 first_seed: 3,
@@ -167,7 +205,7 @@ fn suite_results_do_not_depend_on_threads() {
 
 #[test]
 fn bad_settings_are_errors() {
-    let t = FordTarget::new(ProtocolConfig::pandora());
+    let t = protocol("pandora");
     let suite = |seeds, p| SuiteConfig {
         litmus: vec![Litmus::ReadWrite],
         first_seed: 0,
@@ -176,15 +214,15 @@ fn bad_settings_are_errors() {
         threads: 1,
     };
     assert!(matches!(
-        run_suite(&t, &suite(0, 0.5)),
+        run_suite(&*t, &suite(0, 0.5)),
         Err(LitmusError::NoSeeds)
     ));
     assert!(matches!(
-        run_suite(&t, &suite(1, 1.5)),
+        run_suite(&*t, &suite(1, 1.5)),
         Err(LitmusError::CrashProb(_))
     ));
     assert!(matches!(
-        run_suite(&t, &suite(1, -0.1)),
+        run_suite(&*t, &suite(1, -0.1)),
         Err(LitmusError::CrashProb(_))
     ));
 }

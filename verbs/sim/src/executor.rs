@@ -185,6 +185,7 @@ impl Sim {
             core,
             endpoint,
             seed: splitmix(s.seed ^ splitmix(n)),
+            posts: Rc::new(Cell::new(0)),
         })
     }
 
@@ -508,6 +509,8 @@ pub struct SimContext {
     core: usize,
     endpoint: Endpoint,
     seed: u64,
+    /// Post lists issued through this context and its clones (round trips to MNs).
+    posts: Rc<Cell<u64>>,
 }
 
 impl std::fmt::Debug for SimContext {
@@ -531,6 +534,14 @@ impl SimContext {
     #[must_use]
     pub fn seed(&self) -> u64 {
         self.seed
+    }
+
+    /// Post lists ([`Verbs::post`] calls) issued so far through this context and its clones
+    /// (not through other contexts of the same thread): each is one round trip to the MNs,
+    /// so a caller that snapshots it around a transaction counts the transaction's rounds.
+    #[must_use]
+    pub fn posts(&self) -> u64 {
+        self.posts.get()
     }
 
     /// Spawns another task on this context's core.
@@ -662,6 +673,7 @@ impl Verbs for SimContext {
     }
 
     fn post(&self, list: PostList) -> impl Future<Output = Result<BatchResult, VerbsError>> {
+        self.posts.set(self.posts.get() + 1);
         PostFuture {
             ctx: self.clone(),
             state: PostState::Unposted(list),

@@ -3,8 +3,16 @@
 //! cache.
 //!
 //! Nothing here is FORD-specific except the record format ([`DataItem`]); the placement, the
-//! index and the cache are meant to be reused by the later one-sided protocols (Motor/LOTUS,
-//! OCC/DrTM/OOCC).
+//! index and the cache are shared by every one-sided protocol (FORD and Pandora today,
+//! Motor/LOTUS and OCC/DrTM/OOCC later), which is why this crate sits below them.
+//!
+//! # Sizing
+//!
+//! [`StoreConfig::for_tables`] turns a workload-neutral [`TableDemand`] list into a
+//! configuration with index room for `slack` times the records, and
+//! [`StoreConfig::bytes_per_mn`] says how much MN memory it needs *before* any region is
+//! allocated. The index has no overflow buckets, so a caller that meets
+//! [`StoreError::BucketFull`] while loading doubles the slack and lays out again.
 //!
 //! # Placement (Pandora §2.1, §3.2.5)
 //!
@@ -39,6 +47,8 @@
 //! invalid item behind that a later insert of the same key reuses), so the used slots of a
 //! bucket are always a prefix. Deviation from FORD: no overflow buckets (a full bucket
 //! refuses the insert with [`StoreError::BucketFull`]); buckets hold addresses, not items.
+
+#![forbid(unsafe_code)]
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -212,6 +222,142 @@ impl StoreConfig {
         self.log_region_bytes = bytes;
         self
     }
+
+    /// A configuration on `mns` MNs for `tables`, with index room for `slack` times the
+    /// records each table holds (a table that grows gets room for as many inserts again).
+    ///
+    /// The index has no overflow buckets (a full bucket refuses a record), so it is
+    /// over-provisioned: start with `slack` 2 (buckets a quarter full on average) and double
+    /// it when loading meets [`StoreError::BucketFull`].
+    #[must_use]
+    pub fn for_tables(
+        mns: u16,
+        tables: &[TableDemand],
+        coordinators: u16,
+        log_region_bytes: u32,
+        slack: u64,
+    ) -> Self {
+        let mut cfg = Self::new(mns)
+            .coordinators(coordinators)
+            .log_region_bytes(log_region_bytes);
+        for t in tables {
+            cfg = cfg.table(TableSpec::sized_for(
+                t.id,
+                t.value_len,
+                t.index_records().saturating_mul(slack.max(1)),
+                mns,
+            ));
+        }
+        cfg
+    }
+
+    /// Like [`for_tables`](Self::for_tables) but with index room for exactly `slack` times
+    /// each table's `expected_records`, no margin and no growth room: for small fixed key
+    /// sets (the litmus tests) whose runs must keep one layout.
+    #[must_use]
+    pub fn for_exact_tables(
+        mns: u16,
+        tables: &[TableDemand],
+        coordinators: u16,
+        log_region_bytes: u32,
+        slack: u64,
+    ) -> Self {
+        let mut cfg = Self::new(mns)
+            .coordinators(coordinators)
+            .log_region_bytes(log_region_bytes);
+        for t in tables {
+            cfg = cfg.table(TableSpec::sized_for(
+                t.id,
+                t.value_len,
+                t.expected_records.saturating_mul(slack.max(1)),
+                mns,
+            ));
+        }
+        cfg
+    }
+
+    /// Bytes every MN region needs for this layout, computed without any region (so a
+    /// cluster can be sized before it is built).
+    ///
+    /// # Errors
+    /// [`StoreError::DuplicateTable`] or [`StoreError::Replication`].
+    pub fn bytes_per_mn(&self) -> Result<u64, StoreError> {
+        Ok(Layout::compute(self)?.bytes_per_mn)
+    }
+}
+
+/// What a table needs from the store, independent of any workload crate: the deployment
+/// layer converts a workload's schema into these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableDemand {
+    /// The table id.
+    pub id: TableId,
+    /// Bytes of every value.
+    pub value_len: usize,
+    /// Records after loading.
+    pub expected_records: u64,
+    /// Whether transactions insert into the table while they run.
+    pub grows: bool,
+}
+
+impl TableDemand {
+    /// Records the index must hold: the loaded ones plus a margin, and for a growing table
+    /// as many inserts again plus 4096.
+    #[must_use]
+    pub fn index_records(&self) -> u64 {
+        if self.grows {
+            self.expected_records * 2 + 4096
+        } else {
+            self.expected_records + 64
+        }
+    }
+}
+
+/// The offsets of a configuration, independent of the regions.
+struct Layout {
+    tables: HashMap<TableId, TableLayout>,
+    log_base: u64,
+    bytes_per_mn: u64,
+}
+
+impl Layout {
+    fn compute(config: &StoreConfig) -> Result<Self, StoreError> {
+        if config.replicas == 0 || config.replicas > config.mns || config.mns > 64 {
+            return Err(StoreError::Replication {
+                replicas: config.replicas,
+                mns: config.mns,
+            });
+        }
+        let mut tables = HashMap::new();
+        let mut next = RESERVED;
+        for spec in &config.tables {
+            let item_len = DataItemHeader::item_len(spec.value_len);
+            let buckets = u64::from(spec.buckets_per_partition.max(1));
+            let partition_bytes =
+                buckets * BUCKET_LEN as u64 + buckets * BUCKET_SLOTS as u64 * item_len as u64;
+            let layout = TableLayout {
+                spec: TableSpec {
+                    buckets_per_partition: spec.buckets_per_partition.max(1),
+                    ..*spec
+                },
+                item_len,
+                base: next,
+                partition_bytes,
+            };
+            if tables.insert(spec.id, layout).is_some() {
+                return Err(StoreError::DuplicateTable(spec.id.0));
+            }
+            next += partition_bytes * u64::from(config.mns);
+        }
+        let log_base = next.next_multiple_of(64);
+        let bytes_per_mn =
+            log_base + u64::from(config.coordinators) * u64::from(config.log_region_bytes);
+        Ok(Self {
+            tables,
+            log_base,
+            bytes_per_mn,
+        })
+    }
 }
 
 /// Where one table lives (the same on every MN).
@@ -341,36 +487,11 @@ impl Store {
                 mns: config.mns,
             });
         }
-        if config.replicas == 0 || config.replicas > config.mns || config.mns > 64 {
-            return Err(StoreError::Replication {
-                replicas: config.replicas,
-                mns: config.mns,
-            });
-        }
-        let mut tables = HashMap::new();
-        let mut next = RESERVED;
-        for spec in &config.tables {
-            let item_len = DataItemHeader::item_len(spec.value_len);
-            let buckets = u64::from(spec.buckets_per_partition.max(1));
-            let partition_bytes =
-                buckets * BUCKET_LEN as u64 + buckets * BUCKET_SLOTS as u64 * item_len as u64;
-            let layout = TableLayout {
-                spec: TableSpec {
-                    buckets_per_partition: spec.buckets_per_partition.max(1),
-                    ..*spec
-                },
-                item_len,
-                base: next,
-                partition_bytes,
-            };
-            if tables.insert(spec.id, layout).is_some() {
-                return Err(StoreError::DuplicateTable(spec.id.0));
-            }
-            next += partition_bytes * u64::from(config.mns);
-        }
-        let log_base = next.next_multiple_of(64);
-        let bytes_per_mn =
-            log_base + u64::from(config.coordinators) * u64::from(config.log_region_bytes);
+        let Layout {
+            tables,
+            log_base,
+            bytes_per_mn,
+        } = Layout::compute(&config)?;
         for region in &regions {
             if region.len < bytes_per_mn {
                 return Err(StoreError::TooLarge {
@@ -578,7 +699,7 @@ impl Store {
 /// replica gets the item and the index slot.
 #[derive(Debug)]
 pub struct Loader<'s> {
-    store: &'s Store,
+    store: StoreRef<'s>,
     used: HashMap<(TableId, u16, u32), Vec<u64>>,
 }
 
@@ -587,7 +708,17 @@ impl<'s> Loader<'s> {
     #[must_use]
     pub fn new(store: &'s Store) -> Self {
         Self {
-            store,
+            store: StoreRef::Borrowed(store),
+            used: HashMap::new(),
+        }
+    }
+
+    /// A loader holding a shared store, so that it can live next to the `Rc<Store>` in a
+    /// deployment that loads record by record.
+    #[must_use]
+    pub fn shared(store: Rc<Store>) -> Loader<'static> {
+        Loader {
+            store: StoreRef::Shared(store),
             used: HashMap::new(),
         }
     }
@@ -604,7 +735,12 @@ impl<'s> Loader<'s> {
         value: &[u8],
         mut write: impl FnMut(NodeId, u64, &[u8]),
     ) -> Result<ItemLoc, StoreError> {
-        let layout = *self.store.table(table)?;
+        // A field borrow (not `self.store()`), so that `self.used` can be borrowed mutably.
+        let store: &Store = match &self.store {
+            StoreRef::Borrowed(s) => s,
+            StoreRef::Shared(s) => s,
+        };
+        let layout = *store.table(table)?;
         if value.len() != layout.spec.value_len {
             return Err(StoreError::ValueSize {
                 table: table.0,
@@ -612,7 +748,7 @@ impl<'s> Loader<'s> {
                 got: value.len(),
             });
         }
-        let bucket = self.store.bucket_of(table, key)?;
+        let bucket = store.bucket_of(table, key)?;
         let used = self
             .used
             .entry((table, bucket.partition, bucket.bucket))
@@ -631,7 +767,7 @@ impl<'s> Loader<'s> {
         }
         let slot = used.len();
         used.push(key.0);
-        let loc = self.store.item_at(bucket, slot)?;
+        let loc = store.item_at(bucket, slot)?;
         let item = encode_item(
             key.0,
             table.0,
@@ -644,17 +780,24 @@ impl<'s> Loader<'s> {
             PackedAddr::new(bucket.partition, loc.offset).map_err(|_| StoreError::TooLarge {
                 needed: loc.offset,
                 have: PackedAddr::MAX_OFFSET,
-                node: self.store.mn_node(bucket.partition),
+                node: store.mn_node(bucket.partition),
             })?;
         let slot_bytes = index_slot_bytes(key.0, primary_addr);
         let slot_offset = bucket.offset + slot_offset(slot);
-        for mn in self.store.replicas(bucket.partition) {
-            let node = self.store.mn_node(mn);
+        for mn in store.replicas(bucket.partition) {
+            let node = store.mn_node(mn);
             write(node, loc.offset, &item);
             write(node, slot_offset, &slot_bytes);
         }
         Ok(loc)
     }
+}
+
+/// The store a [`Loader`] writes into: borrowed, or shared.
+#[derive(Debug)]
+enum StoreRef<'s> {
+    Borrowed(&'s Store),
+    Shared(Rc<Store>),
 }
 
 /// Byte offset of slot `slot` inside a bucket.
@@ -749,6 +892,14 @@ impl AddressCache {
     /// Remembers a location.
     pub fn put(&mut self, table: TableId, key: Key, loc: ItemLoc) {
         self.map.insert((table, key), loc);
+    }
+
+    /// Remembers many locations at once, e.g. the ones [`Loader::load`] returned: the warm
+    /// cache of a CN that scanned the index at start-up, so that its first access to a
+    /// loaded record skips the bucket READ. Counts neither hits nor misses.
+    pub fn fill(&mut self, locs: impl IntoIterator<Item = (TableId, Key, ItemLoc)>) {
+        self.map
+            .extend(locs.into_iter().map(|(t, k, loc)| ((t, k), loc)));
     }
 
     /// `(hits, misses)` so far.
@@ -867,6 +1018,58 @@ mod tests {
     }
 
     #[test]
+    fn sizing_matches_the_layout_and_grows_with_slack() {
+        let demand = [
+            TableDemand {
+                id: TableId(1),
+                value_len: 16,
+                expected_records: 1000,
+                grows: false,
+            },
+            TableDemand {
+                id: TableId(2),
+                value_len: 40,
+                expected_records: 100,
+                grows: true,
+            },
+        ];
+        let cfg = StoreConfig::for_tables(3, &demand, 8, 1024, 2);
+        let bytes = cfg.bytes_per_mn().unwrap();
+        let laid = Store::new(cfg.clone(), regions(3, bytes)).unwrap();
+        assert_eq!(laid.bytes_per_mn(), bytes);
+        assert!(matches!(
+            Store::new(cfg, regions(3, bytes - 1)),
+            Err(StoreError::TooLarge { .. })
+        ));
+        let bigger = StoreConfig::for_tables(3, &demand, 8, 1024, 4);
+        assert!(bigger.bytes_per_mn().unwrap() > bytes);
+        assert_eq!(demand[1].index_records(), 100 * 2 + 4096);
+        let dup = StoreConfig::new(3)
+            .table(TableSpec::sized_for(TableId(1), 8, 10, 3))
+            .table(TableSpec::sized_for(TableId(1), 8, 10, 3));
+        assert_eq!(dup.bytes_per_mn(), Err(StoreError::DuplicateTable(1)));
+    }
+
+    #[test]
+    fn fill_warms_the_cache_from_loaded_locations() {
+        let s = store();
+        let mut loader = Loader::new(&s);
+        let mut locs = Vec::new();
+        for k in 0..20 {
+            let loc = loader
+                .load(TableId(1), Key(k), &[1; 16], |_, _, _| {})
+                .unwrap();
+            locs.push((TableId(1), Key(k), loc));
+        }
+        let mut c = AddressCache::new();
+        c.fill(locs.iter().copied());
+        assert_eq!(c.len(), 20);
+        assert_eq!(c.stats(), (0, 0));
+        assert_eq!(c.get(TableId(1), Key(7)), Some(locs[7].2));
+        assert_eq!(c.get(TableId(1), Key(20)), None);
+    }
+
+    #[test]
     fn cache_counts_hits() {
         let s = store();
         let mut c = AddressCache::new();
@@ -879,3 +1082,8 @@ mod tests {
         assert_eq!(c.stats(), (1, 1));
     }
 }
+
+/// The README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -1,0 +1,375 @@
+//! The closed-loop workload runner shared by `dmem bench` and the tests.
+//!
+//! [`run_bench`] deploys any [`Protocol`] (see `dmem-deploy`) for a workload on the
+//! simulated cluster, loads the workload's data set out of band, runs one closed loop per
+//! coordinator (each with its own generator; protocol aborts retried with the same
+//! parameters by [`dmem_workloads::execute`]), warms up for 10 % of the measured time, and
+//! reports throughput, abort rate, latency percentiles (hdrhistogram), MN work requests per
+//! committed transaction by verb, MN NIC busy fraction, round trips per committed transaction
+//! by type, the history checker's verdict over the whole history and the workload's
+//! invariants over the final state read with [`Deployment::read_final`].
+//!
+//! # Round trips
+//!
+//! Each coordinator runs on its own [`SimContext`], which counts the post lists issued
+//! through it ([`SimContext::posts`]); the runner wraps every coordinator in [`Rounds`],
+//! which snapshots that count when a transaction begins. When
+//! [`execute`](dmem_workloads::execute) returns a commit, the difference is the number of
+//! post lists the committed attempt awaited (one post list = one round trip to the MNs,
+//! whatever number of MNs it spans). Messages (RPCs) are not counted: no protocol here
+//! sends them on the transaction path.
+#![forbid(unsafe_code)]
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use dmem_deploy::{
+    ClusterShape, DeployError, DeploySpec, Deployed, Protocol, TableDemand, deploy_loaded,
+};
+use dmem_sim::{SimContext, SimError};
+use dmem_txn::{
+    BoxCoordinator, BoxTransaction, Coordinator, History, TxnError, TxnKind, TxnOutcome, check,
+};
+use dmem_verbs::{Clock, Nanos, OpKind};
+use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator, TxnInfo, Workload, execute};
+use hdrhistogram::Histogram;
+
+/// Why a run could not be made (a failed check is a result, not an error).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HarnessError {
+    /// The protocol could not be deployed or driven.
+    #[error(transparent)]
+    Deploy(#[from] DeployError),
+    /// The simulator refused a context.
+    #[error("simulator: {0}")]
+    Sim(#[from] SimError),
+    /// A bad run configuration.
+    #[error("bad run configuration: {0}")]
+    Config(&'static str),
+}
+
+/// The tables of `workload` as a protocol-neutral [`DeploySpec`] for `coordinators`
+/// coordinators.
+#[must_use]
+pub fn deploy_spec<W: Workload>(workload: &W, coordinators: u16) -> DeploySpec {
+    DeploySpec::new(
+        workload
+            .tables()
+            .iter()
+            .map(|t| TableDemand {
+                id: t.id,
+                value_len: t.value_size,
+                expected_records: t.expected_records,
+                grows: t.grows,
+            })
+            .collect(),
+        coordinators,
+    )
+}
+
+/// Tries before a transaction is given up (retries reuse its parameters).
+pub const MAX_ATTEMPTS: u32 = 64;
+
+/// One closed-loop run.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// The cluster (every CN runs coordinators).
+    pub shape: ClusterShape,
+    /// Coroutines (coordinators) per thread.
+    pub coroutines: u16,
+    /// Measured virtual time, ns (after a warm-up of a tenth of it).
+    pub duration: Nanos,
+    /// Seed of every coordinator's generator (xored with its id).
+    pub seed: u64,
+    /// Whether to run the history checker.
+    pub check: bool,
+    /// Whether CNs start with a warm address cache.
+    pub warm_cache: bool,
+}
+
+impl BenchConfig {
+    /// Coordinators of the run: CNs × threads × coroutines.
+    ///
+    /// # Errors
+    /// [`HarnessError::Config`] if they exceed the 16-bit coordinator ids.
+    pub fn coordinators(&self) -> Result<u16, HarnessError> {
+        let n =
+            u32::from(self.shape.cns) * u32::from(self.shape.threads) * u32::from(self.coroutines);
+        u16::try_from(n)
+            .ok()
+            .filter(|&n| n < u16::MAX)
+            .ok_or(HarnessError::Config(
+                "coordinators exceed the 16-bit coordinator ids",
+            ))
+    }
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchResult {
+    /// Committed transactions per second of virtual time, millions.
+    pub mtps: f64,
+    /// Aborted attempts / all attempts.
+    pub abort_rate: f64,
+    /// Median latency of a committed transaction (first begin to commit), µs.
+    pub p50_us: f64,
+    /// 99th-percentile latency, µs.
+    pub p99_us: f64,
+    /// MN work requests per committed transaction: READ, WRITE, CAS, FAA.
+    pub mn_per_txn: [f64; 4],
+    /// Busiest MN NIC resource's busy fraction.
+    pub mn_nic_busy: f64,
+    /// Committed transactions (measured).
+    pub committed: u64,
+    /// Transactions the workload rolled back (measured).
+    pub rolled_back: u64,
+    /// Transactions given up (measured).
+    pub failed: u64,
+    /// Mean round trips (post lists) of a committed transaction, per transaction type name
+    /// and under `all`.
+    pub rtts_per_txn: BTreeMap<String, f64>,
+    /// The checker's verdict: "ok", "skipped", or the first anomaly.
+    pub checker: String,
+    /// Transactions in the checked history.
+    pub checked_txns: usize,
+    /// Transactions whose outcome stayed unknown.
+    pub in_doubt: usize,
+    /// The invariants' verdict: "ok" or the first violation.
+    pub invariants: String,
+}
+
+/// A coordinator that notes its context's post-list count when a transaction begins (see
+/// the crate docs on round trips).
+pub struct Rounds {
+    inner: BoxCoordinator,
+    ctx: SimContext,
+    at_begin: Rc<Cell<u64>>,
+}
+
+impl Rounds {
+    /// Wraps `inner`, which runs on `ctx` (or a clone of it).
+    #[must_use]
+    pub fn new(inner: BoxCoordinator, ctx: SimContext) -> Self {
+        Self {
+            inner,
+            ctx,
+            at_begin: Rc::new(Cell::new(0)),
+        }
+    }
+
+    /// Post lists since the last transaction began.
+    #[must_use]
+    pub fn since_begin(&self) -> u64 {
+        self.ctx.posts() - self.at_begin.get()
+    }
+}
+
+impl Coordinator for Rounds {
+    type Txn<'a> = BoxTransaction<'a>;
+
+    async fn begin(&mut self, kind: TxnKind) -> Result<BoxTransaction<'_>, TxnError> {
+        self.at_begin.set(self.ctx.posts());
+        self.inner.begin(kind).await
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    committed: Cell<u64>,
+    rolled_back: Cell<u64>,
+    failed: Cell<u64>,
+    attempts: Cell<u64>,
+    delta: Cell<i64>,
+    /// Per transaction type: committed and their round trips.
+    rounds: RefCell<Vec<(u64, u64)>>,
+}
+
+/// Runs `workload` on `protocol` (see the crate docs); `progress` is called with the
+/// virtual time reached, about a hundred times.
+///
+/// # Errors
+/// [`HarnessError`] if the protocol cannot be deployed or a context made.
+pub fn run_bench(
+    protocol: &dyn Protocol,
+    workload: &AnyWorkload,
+    cfg: &BenchConfig,
+    mut progress: impl FnMut(Nanos),
+) -> Result<BenchResult, HarnessError> {
+    if cfg.duration == 0 || cfg.coroutines == 0 {
+        return Err(HarnessError::Config(
+            "duration and coroutines must be positive",
+        ));
+    }
+    let mut spec = deploy_spec(workload, cfg.coordinators()?);
+    spec.warm_cache = cfg.warm_cache;
+    let history = Rc::new(RefCell::new(History::new()));
+    let Deployed {
+        sim,
+        mut deployment,
+        ..
+    } = deploy_loaded(protocol, &cfg.shape, &spec, &history, || workload.loader())?;
+
+    let types = workload.txn_types().len();
+    let tally = Rc::new(Tally {
+        rounds: RefCell::new(vec![(0, 0); types]),
+        ..Tally::default()
+    });
+    let latency = Rc::new(RefCell::new(
+        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("static bounds are valid"),
+    ));
+    let warm_up_end = cfg.duration / 10;
+    let end = warm_up_end + cfg.duration;
+    let workload = Rc::new(workload.clone());
+    let mut id: u16 = 0;
+    for cn in 0..cfg.shape.cns {
+        for thread in 0..cfg.shape.threads {
+            for _ in 0..cfg.coroutines {
+                let ctx = sim.context(sim.cn(cn), thread)?;
+                let inner = deployment.coordinator(ctx.clone(), id)?;
+                let mut coordinator = Rounds::new(inner, ctx.clone());
+                let mut generator = workload.generator(u32::from(id), cfg.seed ^ u64::from(id));
+                let (workload, tally, latency) =
+                    (Rc::clone(&workload), Rc::clone(&tally), Rc::clone(&latency));
+                let clock = ctx.clone();
+                sim.spawn(&ctx, async move {
+                    while clock.now() < end {
+                        let txn = generator.next_txn();
+                        let start = clock.now();
+                        let executed =
+                            execute(&*workload, &mut coordinator, &txn, MAX_ATTEMPTS).await;
+                        let done = clock.now();
+                        let measured = start >= warm_up_end && done <= end;
+                        let attempts = match &executed {
+                            Executed::Committed { attempts, .. }
+                            | Executed::RolledBack { attempts, .. }
+                            | Executed::Failed { attempts, .. } => *attempts,
+                        };
+                        if let Executed::Committed {
+                            outcome: Outcome::Commit { delta },
+                            ..
+                        } = executed
+                        {
+                            tally.delta.set(tally.delta.get() + delta);
+                        }
+                        if !measured {
+                            continue;
+                        }
+                        tally
+                            .attempts
+                            .set(tally.attempts.get() + u64::from(attempts));
+                        match executed {
+                            Executed::Committed { .. } => {
+                                tally.committed.set(tally.committed.get() + 1);
+                                let _ = latency.borrow_mut().record((done - start).max(1));
+                                if let Some(r) = tally.rounds.borrow_mut().get_mut(txn.type_index())
+                                {
+                                    r.0 += 1;
+                                    r.1 += coordinator.since_begin();
+                                }
+                            }
+                            Executed::RolledBack { .. } => {
+                                tally.rolled_back.set(tally.rolled_back.get() + 1);
+                            }
+                            Executed::Failed { .. } => tally.failed.set(tally.failed.get() + 1),
+                        }
+                    }
+                });
+                id += 1;
+            }
+        }
+    }
+
+    let mut at_warm_up = None;
+    let step = (end / 100).max(1);
+    let mut now = 0;
+    while now < end {
+        now = (now + step).min(end);
+        if at_warm_up.is_none() && now >= warm_up_end {
+            sim.run_until(warm_up_end);
+            at_warm_up = Some(sim.stats());
+        }
+        sim.run_until(now);
+        progress(now);
+    }
+    let stats = sim.stats();
+    let at_warm_up = at_warm_up.unwrap_or_else(|| sim.stats());
+    // Let the transactions in flight finish so that the final state is quiescent.
+    sim.run_until_idle();
+
+    let committed = tally.committed.get();
+    let per_txn = |kind: OpKind| {
+        stats.mn_served_since(&at_warm_up, Some(kind)) as f64 / committed.max(1) as f64
+    };
+    let history = history.borrow();
+    let (checker, checked_txns) = if cfg.check {
+        (verdict(&history), history.txns.len())
+    } else {
+        ("skipped".to_owned(), 0)
+    };
+    let violations = workload.check(
+        |table, key| deployment.read_final(table, key),
+        tally.delta.get(),
+    );
+    let invariants = match violations.first() {
+        None => "ok".to_owned(),
+        Some(v) => format!("{} violations, first: {v}", violations.len()),
+    };
+    let latency = latency.borrow();
+    let attempts = tally.attempts.get();
+    let finished = committed + tally.rolled_back.get() + tally.failed.get();
+    let rounds = tally.rounds.borrow();
+    let mut rtts_per_txn: BTreeMap<String, f64> = workload
+        .txn_types()
+        .iter()
+        .zip(rounds.iter())
+        .filter(|(_, (n, _))| *n > 0)
+        .map(|(t, (n, r))| (t.name.to_owned(), *r as f64 / *n as f64))
+        .collect();
+    let (n, r) = rounds
+        .iter()
+        .fold((0, 0), |(n, r), (tn, tr)| (n + tn, r + tr));
+    rtts_per_txn.insert("all".to_owned(), r as f64 / n.max(1) as f64);
+    Ok(BenchResult {
+        mtps: committed as f64 / cfg.duration as f64 * 1e3,
+        abort_rate: attempts.saturating_sub(finished) as f64 / attempts.max(1) as f64,
+        p50_us: latency.value_at_quantile(0.5) as f64 / 1e3,
+        p99_us: latency.value_at_quantile(0.99) as f64 / 1e3,
+        mn_per_txn: [
+            per_txn(OpKind::Read),
+            per_txn(OpKind::Write),
+            per_txn(OpKind::Cas),
+            per_txn(OpKind::Faa),
+        ],
+        mn_nic_busy: stats.mn_busy_fraction_since(&at_warm_up),
+        committed,
+        rolled_back: tally.rolled_back.get(),
+        failed: tally.failed.get(),
+        rtts_per_txn,
+        checker,
+        checked_txns,
+        in_doubt: history
+            .txns
+            .iter()
+            .filter(|t| t.outcome == TxnOutcome::Unknown)
+            .count(),
+        invariants,
+    })
+}
+
+/// The checker's one-line verdict on `history`: "ok" or the first anomaly.
+#[must_use]
+pub fn verdict(history: &History) -> String {
+    let report = check(history);
+    match report.anomalies.first() {
+        None if report.is_ok() => "ok".to_owned(),
+        None => format!("{} anomalies", report.total()),
+        Some(first) => format!("{} anomalies, first: {first}", report.total()),
+    }
+}
+
+/// The README's example, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

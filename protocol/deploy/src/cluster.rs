@@ -1,0 +1,130 @@
+//! The simulated cluster a deployment runs on, the size–load–retry loop and link
+//! termination.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use dmem_sim::{ClusterConfig, NicProfile, Sim};
+use dmem_txn::{History, Key, TableId};
+use dmem_verbs::NodeId;
+
+use crate::{DeployError, DeploySpec, Deployment, Protocol};
+
+/// The simulated cluster a run needs.
+#[derive(Debug, Clone)]
+pub struct ClusterShape {
+    /// Memory nodes.
+    pub mns: u16,
+    /// Compute nodes (all of them, including one that runs only recovery).
+    pub cns: u16,
+    /// Threads (cores) per CN.
+    pub threads: u16,
+    /// Seed of the cluster.
+    pub seed: u64,
+    /// NIC profile.
+    pub profile: NicProfile,
+    /// MN memory is at least this large, whatever the protocol needs.
+    pub min_mn_bytes: u64,
+}
+
+impl ClusterShape {
+    /// Builds the cluster with `mn_bytes` (at least [`min_mn_bytes`](Self::min_mn_bytes))
+    /// of memory per MN.
+    ///
+    /// # Errors
+    /// [`DeployError::Sim`] for an invalid shape.
+    pub fn build(&self, mn_bytes: u64) -> Result<Rc<Sim>, DeployError> {
+        Ok(Rc::new(Sim::new(
+            ClusterConfig::with_profile(self.profile.clone())
+                .mns(self.mns)
+                .cns(self.cns)
+                .threads_per_cn(self.threads)
+                .mn_memory_bytes(mn_bytes.max(self.min_mn_bytes))
+                .seed(self.seed),
+        )?))
+    }
+}
+
+/// A protocol deployed and loaded on its cluster.
+pub struct Deployed {
+    /// The cluster.
+    pub sim: Rc<Sim>,
+    /// The deployment.
+    pub deployment: Box<dyn Deployment>,
+    /// The spec it was laid out with (its `index_slack` may have grown).
+    pub spec: DeploySpec,
+}
+
+impl core::fmt::Debug for Deployed {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Deployed")
+            .field("spec", &self.spec)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Largest index slack [`deploy_loaded`] tries before it gives up on a full bucket.
+const MAX_SLACK: u64 = 32;
+
+/// Sizes the MNs for `spec`, builds the cluster, deploys `protocol` and loads `records()`;
+/// when a bucket of the index fills, doubles the index slack and starts over (up to 32×).
+///
+/// `records` is called once per attempt, so it must give the same records each time.
+///
+/// # Errors
+/// [`DeployError`] if the cluster cannot be built or a record does not load.
+pub fn deploy_loaded<I>(
+    protocol: &dyn Protocol,
+    shape: &ClusterShape,
+    spec: &DeploySpec,
+    history: &Rc<RefCell<History>>,
+    mut records: impl FnMut() -> I,
+) -> Result<Deployed, DeployError>
+where
+    I: IntoIterator<Item = (TableId, Key, Vec<u8>)>,
+{
+    let mut spec = spec.clone();
+    loop {
+        let bytes = protocol.mn_bytes_per_mn(&spec, shape.mns)?;
+        let sim = shape.build(bytes)?;
+        let mut deployment = protocol.deploy(&sim, &spec, Rc::clone(history))?;
+        let mut full = false;
+        for (table, key, value) in records() {
+            match deployment.load(table, key, &value) {
+                Ok(()) => {}
+                Err(e) if e.is_index_full() && spec.index_slack < MAX_SLACK => {
+                    full = true;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if !full {
+            return Ok(Deployed {
+                sim,
+                deployment,
+                spec,
+            });
+        }
+        spec.index_slack = (spec.index_slack * 2).max(1);
+    }
+}
+
+/// Active-link termination in the simulator (Pandora §3.2.2 step 2): the MN revokes the
+/// CN's access at once, at no virtual-time cost (the paper sends an RPC to the MN's
+/// management core). Protocols wrap it in their own terminator trait.
+#[derive(Clone)]
+pub struct SimLinkTerminator(pub Rc<Sim>);
+
+impl SimLinkTerminator {
+    /// Revokes `cn`'s access at `mn`; no later access from `cn` lands there.
+    pub fn terminate(&self, mn: NodeId, cn: NodeId) {
+        self.0.revoke(mn, cn);
+    }
+}
+
+impl core::fmt::Debug for SimLinkTerminator {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("SimLinkTerminator")
+    }
+}

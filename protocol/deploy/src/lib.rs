@@ -1,0 +1,272 @@
+//! How any transaction protocol is deployed on the simulated cluster, once.
+//!
+//! `dmem bench`, `dmem recover`, the litmus suite and the tests all need the same steps:
+//! size the MNs for a data set, build the cluster, lay the protocol's store out, load records
+//! out of band, make coordinators on CN contexts, run the protocol's failure detection and
+//! recovery as simulated tasks, make a coordinator that knows which coordinators failed, and
+//! read the final state for the workload's invariants. This crate names those steps:
+//!
+//! * [`DeploySpec`]: what the run needs (tables, coordinators, log region size), neutral to
+//!   any workload crate — a harness converts a workload's schema into it.
+//! * [`Protocol`]: a factory registered by name; [`Deployment`]: one protocol on one cluster.
+//!   Coordinators come back as [`BoxCoordinator`]s, so generic workload code runs any
+//!   protocol chosen at run time.
+//! * [`ClusterShape`] and [`deploy_loaded`]: the cluster builder and the size–load–retry loop
+//!   (the index has no overflow buckets, so a full bucket doubles the index slack).
+//! * [`SimLinkTerminator`]: active-link termination in the simulator (Pandora §3.2.2 step 2).
+//! * [`Registry`]: protocols by name, plus parameterised families (`ford:BUG+BUG`).
+#![forbid(unsafe_code)]
+
+mod cluster;
+mod registry;
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+pub use cluster::{ClusterShape, Deployed, SimLinkTerminator, deploy_loaded};
+pub use dmem_store::TableDemand;
+pub use registry::{Family, Registry};
+
+use dmem_sim::{Sim, SimContext, SimError};
+use dmem_store::StoreError;
+use dmem_txn::{BoxCoordinator, History, Key, TableId};
+use dmem_verbs::{Nanos, NodeId};
+
+/// Why a deployment could not be built or driven.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeployError {
+    /// The simulated cluster could not be built or a context made.
+    #[error("simulator: {0}")]
+    Sim(#[from] SimError),
+    /// The protocol's store could not be laid out or loaded.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// A protocol name nobody registered.
+    #[error("unknown protocol `{name}`: known protocols are {}", known.join(", "))]
+    UnknownProtocol {
+        /// The name asked for.
+        name: String,
+        /// Every registered name and family.
+        known: Vec<String>,
+    },
+    /// A family recognised the name but not its parameters (`ford:no-such-bug`).
+    #[error("protocol `{name}`: {reason}")]
+    BadParameters {
+        /// The name asked for.
+        name: String,
+        /// Why the family refused it.
+        reason: String,
+    },
+    /// The same name registered twice.
+    #[error("protocol `{0}` registered twice")]
+    Duplicate(String),
+    /// A protocol-specific failure (no room for a coordinator id, a recovery step failed).
+    #[error("{protocol}: {reason}")]
+    Protocol {
+        /// The protocol.
+        protocol: String,
+        /// What failed.
+        reason: String,
+    },
+}
+
+impl DeployError {
+    /// Whether loading failed only because an index bucket filled up, so that a layout with
+    /// more index slack would load (see [`deploy_loaded`]).
+    #[must_use]
+    pub fn is_index_full(&self) -> bool {
+        matches!(self, DeployError::Store(StoreError::BucketFull { .. }))
+    }
+}
+
+/// What a run needs from a protocol's store, independent of any workload crate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeploySpec {
+    /// The tables.
+    pub tables: Vec<TableDemand>,
+    /// Coordinator ids the run uses (`0..coordinators`, each may need a log region).
+    pub coordinators: u16,
+    /// Bytes of each coordinator's log region (Pandora §3.2.2 uses 32 KB; 4 KiB is plenty
+    /// for the workloads' write sets).
+    pub log_region_bytes: u32,
+    /// Index room as a multiple of each table's records (doubled by [`deploy_loaded`] when
+    /// a bucket fills).
+    pub index_slack: u64,
+    /// Whether the index is sized for exactly the expected records (times the slack), with
+    /// no margin and no growth room: for small fixed key sets such as the litmus tests,
+    /// whose seeded runs should not change when the default margins do.
+    pub exact_index: bool,
+    /// Whether every CN starts with a warm address cache (it scanned the index at start-up),
+    /// so that its first access to a loaded record skips the index lookup.
+    pub warm_cache: bool,
+}
+
+impl DeploySpec {
+    /// `tables` for `coordinators` coordinators: 4 KiB logs, slack 2, cold caches.
+    #[must_use]
+    pub fn new(tables: Vec<TableDemand>, coordinators: u16) -> Self {
+        Self {
+            tables,
+            coordinators,
+            log_region_bytes: 4096,
+            index_slack: 2,
+            exact_index: false,
+            warm_cache: false,
+        }
+    }
+}
+
+/// Timing of a protocol's failure detector (virtual ns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecoveryTiming {
+    /// Heartbeat period of each worker CN.
+    pub heartbeat: Nanos,
+    /// Silence after which the detector suspects a CN.
+    pub timeout: Nanos,
+    /// Polling period of the detector and of the notification listeners.
+    pub poll: Nanos,
+    /// When every background task stops.
+    pub until: Nanos,
+}
+
+/// How recovery decided a crashed coordinator's in-flight transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Decision {
+    /// Its writes were kept (every replica updated, or a commit point reached).
+    RollForward,
+    /// Its writes were undone.
+    RollBack,
+}
+
+/// What recovery did for one coordinator of a failed CN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveredCoordinator {
+    /// The coordinator id.
+    pub coordinator: u16,
+    /// The sequence number of the transaction it found in flight, if any.
+    pub txn: Option<u64>,
+    /// What it decided for that transaction.
+    pub decision: Option<Decision>,
+    /// Replicas restored (rolled back) or completed (rolled forward).
+    pub restored: usize,
+    /// Locks released.
+    pub unlocked: usize,
+}
+
+/// One recovered CN failure, in a protocol-neutral form (for `dmem recover` and litmus).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveryEvent {
+    /// The failed CN.
+    pub cn: NodeId,
+    /// When the detector suspected it.
+    pub detected_at: Nanos,
+    /// When it was cut off every MN.
+    pub terminated_at: Nanos,
+    /// When its coordinators' in-flight transactions were decided.
+    pub logs_recovered_at: Nanos,
+    /// When recovery was over (survivors notified; a scan finished).
+    pub finished_at: Nanos,
+    /// Per coordinator of the CN.
+    pub coordinators: Vec<RecoveredCoordinator>,
+    /// Stray locks a store scan released (FORD's baseline; 0 elsewhere).
+    pub scanned_locks: usize,
+}
+
+/// A protocol: a factory of [`Deployment`]s, registered by name in a [`Registry`].
+///
+/// `Send + Sync` so that one protocol value serves runs on several OS threads (each run has
+/// its own single-threaded simulation and deployment).
+pub trait Protocol: Send + Sync {
+    /// The name it is registered and reported under (`pandora`, `ford:covert-locks`).
+    fn name(&self) -> String;
+
+    /// Bytes every MN needs for `spec` on `mns` MNs, before the cluster is built.
+    ///
+    /// # Errors
+    /// [`DeployError`] if `spec` cannot be laid out.
+    fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError>;
+
+    /// Lays the protocol's store out on `sim`'s MNs (zeroed); transactions record into
+    /// `history`.
+    ///
+    /// # Errors
+    /// [`DeployError`] if the store does not fit.
+    fn deploy(
+        &self,
+        sim: &Rc<Sim>,
+        spec: &DeploySpec,
+        history: Rc<RefCell<History>>,
+    ) -> Result<Box<dyn Deployment>, DeployError>;
+}
+
+/// One protocol deployed on one simulated cluster.
+///
+/// Call order: [`load`](Self::load) every record, [`coordinator`](Self::coordinator) for
+/// every worker, optionally [`start_recovery`](Self::start_recovery) once, run the
+/// simulation, then [`final_coordinator`](Self::final_coordinator) /
+/// [`read_final`](Self::read_final).
+pub trait Deployment {
+    /// Writes one initial record out of band (outside virtual time).
+    ///
+    /// # Errors
+    /// [`DeployError`] (a full index bucket: [`DeployError::is_index_full`]).
+    fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError>;
+
+    /// A worker coordinator with id `id` on `ctx` (a context of a worker CN).
+    ///
+    /// # Errors
+    /// [`DeployError`] if the protocol has no room for `id`.
+    fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError>;
+
+    /// Starts failure detection and recovery as simulated tasks: every CN that has
+    /// coordinators reports to a detector on CN `recovery_cn`, which recovers a CN that stops
+    /// answering while the others keep running. Tasks stop at `timing.until`.
+    ///
+    /// # Errors
+    /// [`DeployError`] if a context cannot be made.
+    fn start_recovery(
+        &mut self,
+        sim: &Rc<Sim>,
+        recovery_cn: u16,
+        timing: RecoveryTiming,
+    ) -> Result<(), DeployError>;
+
+    /// A coordinator on `ctx` that knows every coordinator recovery declared failed (for a
+    /// read-only check transaction after recovery).
+    ///
+    /// # Errors
+    /// [`DeployError`] if the protocol has no room for `id`.
+    fn final_coordinator(
+        &mut self,
+        ctx: SimContext,
+        id: u16,
+    ) -> Result<BoxCoordinator, DeployError>;
+
+    /// The CN failures recovered so far.
+    fn recovery_events(&self) -> Vec<RecoveryEvent>;
+
+    /// The first recovery step that failed, if one did.
+    fn recovery_error(&self) -> Option<String>;
+
+    /// Set while a stop-the-world recovery (FORD's scan) wants the survivors not to start
+    /// transactions; runners poll it between transactions. Never set by protocols that
+    /// recover online.
+    fn paused(&self) -> Rc<Cell<bool>>;
+
+    /// The committed value of `(table, key)` read from MN memory out of band (after the
+    /// run), reading past locks left by coordinators that recovery declared failed.
+    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>>;
+
+    /// One READ per index bucket and the bytes of their records: what a scan of the whole
+    /// store costs (`None` for a protocol without an index to scan).
+    fn scan_cost(&self) -> Option<(u64, u64)> {
+        None
+    }
+
+    /// Protocol-specific counters summed over coordinators that finished (e.g. PILL steals).
+    fn counter(&self, name: &str) -> Option<u64> {
+        let _ = name;
+        None
+    }
+}
