@@ -37,11 +37,7 @@ fn txn(
         outcome,
         reads: reads
             .iter()
-            .map(|&(k, v)| ReadEvent {
-                table: TableId(0),
-                key: Key(k),
-                version: Version(v),
-            })
+            .map(|&(k, v)| ReadEvent::new(TableId(0), Key(k), Version(v)))
             .collect(),
         writes: writes
             .iter()
@@ -890,11 +886,7 @@ fn run_serial(plan: &[PlanTxn]) -> Generated {
                         position,
                     });
                 }
-                reads.push(ReadEvent {
-                    table: TableId(rec.0),
-                    key: Key(rec.1),
-                    version: Version(version),
-                });
+                reads.push(ReadEvent::new(TableId(rec.0), Key(rec.1), Version(version)));
             }
         }
         if apply {

@@ -535,11 +535,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     }
 
     fn note_read(&mut self, table: TableId, key: Key, version: u64) {
-        self.events.push(ReadEvent {
-            table,
-            key,
-            version: Version(version),
-        });
+        self.events
+            .push(ReadEvent::new(table, key, Version(version)));
     }
 
     /// Posts CAS + READ to the primary and steals a stray lock (PILL). Returns the old image
@@ -974,11 +971,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     valid: item.valid,
                     value: item.value,
                 });
-                self.events.push(ReadEvent {
-                    table,
-                    key,
-                    version: Version(item.version.counter()),
-                });
+                self.events
+                    .push(ReadEvent::new(table, key, Version(item.version.counter())));
             }
         }
 
