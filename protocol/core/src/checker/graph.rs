@@ -107,13 +107,13 @@ impl Graph {
 impl Checker<'_> {
     /// Every data edge that has transaction `t` at one end (its outgoing `ww` and `rw` edges,
     /// its incoming `wr` edges), with the evidence. Graph construction and explanations both
-    /// use this, so an explanation always exists for a graph edge. Reads that land outside the
-    /// version order go to `outside` (by index).
+    /// use this, so an explanation always exists for a graph edge. Reads that are reported as
+    /// anomalies go to `flagged` (by index); an ambiguous read also has edges.
     fn for_each_dep(
         &self,
         t: u32,
         mut f: impl FnMut(u32, u32, Dependency),
-        mut outside: impl FnMut(u32),
+        mut flagged: impl FnMut(u32),
     ) {
         if !self.status[t as usize].counts_committed() {
             return;
@@ -142,28 +142,23 @@ impl Checker<'_> {
             }
         }
         for (j, r) in txn.reads.iter().enumerate() {
-            let rec = (r.table.0, r.key.0);
-            let (pos, next) = match self.resolve_read(t, rec, r.version.0) {
-                ReadTarget::Chain { pos, next } => (pos, next),
-                ReadTarget::Own => continue,
-                ReadTarget::Outside => {
-                    outside(j as u32);
-                    continue;
-                }
+            let target = self.resolve_read(t, r);
+            if target.is_anomalous() {
+                flagged(j as u32);
+            }
+            let ReadTarget::Chain { writer, next, .. } = target else {
+                continue;
             };
-            if let Some(p) = pos {
-                let writer = self.chain[p].txn;
-                if writer != t {
-                    f(
-                        writer,
-                        t,
-                        Dependency::WriteRead {
-                            table: r.table,
-                            key: r.key,
-                            version: r.version,
-                        },
-                    );
-                }
+            if let Some(writer) = writer.filter(|&w| w != t) {
+                f(
+                    writer,
+                    t,
+                    Dependency::WriteRead {
+                        table: r.table,
+                        key: r.key,
+                        version: r.version,
+                    },
+                );
             }
             if let Some(n) = next {
                 let n = self.chain[n];
@@ -186,7 +181,7 @@ impl Checker<'_> {
     pub(super) fn build_graph(&mut self) -> Graph {
         let n = self.txns.len() as u32;
         let mut edges: Vec<u64> = Vec::new();
-        let mut outside: Vec<(u32, u32)> = Vec::new();
+        let mut flagged: Vec<(u32, u32)> = Vec::new();
         for t in 0..n {
             if !self.status[t as usize].counts_committed() {
                 continue;
@@ -195,11 +190,11 @@ impl Checker<'_> {
             self.for_each_dep(
                 t,
                 |src, dst, dep| edges.push(pack(src, dep_kind(&dep), dst)),
-                |j| outside.push((t, j)),
+                |j| flagged.push((t, j)),
             );
         }
-        self.check_reads(&outside);
-        drop(outside);
+        self.check_reads(&flagged);
+        drop(flagged);
         let mut nodes = n;
         if self.options.strict {
             // Time points: distinct end instants of well-formed recorded-committed txns.

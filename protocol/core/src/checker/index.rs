@@ -5,7 +5,7 @@ use alloc::vec::Vec;
 
 use super::Checker;
 use super::report::{Anomaly, Malformation};
-use crate::history::TxnOutcome;
+use crate::history::{ReadEvent, TxnOutcome};
 use crate::model::{Key, TableId, TxnId, Version, WriteKind};
 
 /// How a transaction counts.
@@ -54,18 +54,42 @@ pub(super) struct ChainEntry {
     pub(super) txn: u32,
 }
 
-/// Where a read lands in the version order.
+/// Where a read lands: whose version it observed.
 pub(super) enum ReadTarget {
     /// The reader's own version: no edge.
     Own,
-    /// A committed version at `chain[pos]` (`None` for the loaded state), followed by
-    /// `chain[next]` if any.
+    /// A committed final version installed by `writer` (`None` for the loaded state), followed
+    /// in the version order by `chain[next]` if any.
     Chain {
-        pos: Option<usize>,
+        writer: Option<u32>,
         next: Option<usize>,
+        /// Without a recorded writer: a transaction that counts as aborted installed the same
+        /// number and the read could, by real time, have observed either (reported as
+        /// [`Anomaly::AmbiguousRead`]; the edges are those of the committed version).
+        ambiguous_with: Option<u32>,
     },
-    /// Not a committed final version.
-    Outside,
+    /// An intermediate version of a committed transaction (G1b).
+    Intermediate { writer: u32 },
+    /// A version installed by a transaction that counts as aborted (G1a).
+    Aborted { writer: u32 },
+    /// A version nobody installed.
+    Phantom,
+    /// The recorded writer did not install this version of this record.
+    WrongWriter { writer: TxnId },
+}
+
+impl ReadTarget {
+    /// Whether the read is reported as an anomaly.
+    pub(super) fn is_anomalous(&self) -> bool {
+        !matches!(
+            self,
+            ReadTarget::Own
+                | ReadTarget::Chain {
+                    ambiguous_with: None,
+                    ..
+                }
+        )
+    }
 }
 
 impl Checker<'_> {
@@ -149,8 +173,35 @@ impl Checker<'_> {
         &self.installs[lo..hi]
     }
 
+    /// The install of `(rec, version)` by the transaction with id `writer`, if any.
+    fn install_by(&self, rec: RecKey, version: u64, writer: TxnId) -> Option<&Install> {
+        self.installs_of(rec, version)
+            .iter()
+            .find(|x| self.txns[x.txn as usize].id == writer)
+    }
+
+    /// Whether `reader` can have observed the version `x` installed, which does not count as
+    /// committed, although transactions that count as committed installed the same number
+    /// and ended at `reuse_end` at the latest.
+    ///
+    /// Real time: `x`'s installer installed it after it began, so the read cannot have ended
+    /// before that; a version number is reused only after the version that first carried it
+    /// was rolled back, so a read that began after the last committed reuser ended comes too
+    /// late; and an aborted transaction rolled its versions back before its recorded end,
+    /// so a read that began after that end comes too late as well (an Unknown transaction's
+    /// versions are rolled back by recovery, at no recorded time).
+    fn could_observe_rolled_back(&self, reader: u32, x: &Install, reuse_end: u64) -> bool {
+        let (r, w) = (&self.txns[reader as usize], &self.txns[x.txn as usize]);
+        w.begin <= r.end
+            && r.begin <= reuse_end
+            && (w.outcome != TxnOutcome::Aborted || r.begin <= w.end)
+    }
+
     /// The Unknown-outcome rule: counted committed iff read by a transaction that counts as
-    /// committed, unless a recorded-committed transaction installed the same version number.
+    /// committed. A read with a recorded writer promotes exactly that writer. A read without
+    /// one promotes every Unknown installer of the number, unless a recorded-committed
+    /// transaction installed the same number and the read can have observed that one by real
+    /// time (it did not end before that transaction began).
     pub(super) fn resolve_unknown(&mut self) {
         self.status = self
             .txns
@@ -170,23 +221,36 @@ impl Checker<'_> {
             Vec::new()
         };
         while let Some(t) = work.pop() {
-            for r in &self.txns[t as usize].reads {
+            let reader = &self.txns[t as usize];
+            for r in &reader.reads {
                 if r.version == Version::INITIAL {
                     continue;
                 }
-                let found = self.installs_of((r.table.0, r.key.0), r.version.0);
-                if self.wrote(t, (r.table.0, r.key.0), r.version.0)
-                    || found
+                let rec = (r.table.0, r.key.0);
+                let promote: Vec<u32> = if let Some(w) = r.writer {
+                    self.install_by(rec, r.version.0, w)
+                        .filter(|x| {
+                            x.txn != t && self.status[x.txn as usize] == Status::UnknownAborted
+                        })
+                        .map(|x| x.txn)
+                        .into_iter()
+                        .collect()
+                } else {
+                    let found = self.installs_of(rec, r.version.0);
+                    if self.wrote(t, rec, r.version.0)
+                        || found.iter().any(|x| {
+                            let w = &self.txns[x.txn as usize];
+                            w.outcome == TxnOutcome::Committed && w.begin <= reader.end
+                        })
+                    {
+                        continue;
+                    }
+                    found
                         .iter()
-                        .any(|x| self.txns[x.txn as usize].outcome == TxnOutcome::Committed)
-                {
-                    continue;
-                }
-                let promote: Vec<u32> = found
-                    .iter()
-                    .filter(|x| self.status[x.txn as usize] == Status::UnknownAborted)
-                    .map(|x| x.txn)
-                    .collect();
+                        .filter(|x| self.status[x.txn as usize] == Status::UnknownAborted)
+                        .map(|x| x.txn)
+                        .collect()
+                };
                 for u in promote {
                     self.status[u as usize] = Status::UnknownCommitted;
                     work.push(u);
@@ -284,73 +348,173 @@ impl Checker<'_> {
         }
     }
 
-    pub(super) fn resolve_read(&self, reader: u32, rec: RecKey, version: u64) -> ReadTarget {
+    /// Whose version a read observed. With a recorded writer, exactly that transaction's;
+    /// without one, the loaded state, the reader's own version, or by the version number:
+    /// when both a transaction that counts as committed and one that does not installed the
+    /// number, real time decides (see [`Checker::could_observe_rolled_back`]), and when it
+    /// cannot, the read is credited to the committed installer and reported as ambiguous.
+    pub(super) fn resolve_read(&self, reader: u32, r: &ReadEvent) -> ReadTarget {
+        let (rec, version) = ((r.table.0, r.key.0), r.version.0);
+        if let Some(writer) = r.writer {
+            return self.resolve_attributed(reader, rec, version, writer);
+        }
         if self.wrote(reader, rec, version) {
             return ReadTarget::Own;
         }
-        let p = self
-            .chain
-            .partition_point(|c| (c.rec, c.version) < (rec, version));
-        let at = |i: usize| self.chain.get(i).filter(|c| c.rec == rec);
         if version == Version::INITIAL.0 {
             return ReadTarget::Chain {
-                pos: None,
-                next: at(p).map(|_| p),
+                writer: None,
+                next: self.next_in_chain(rec, version),
+                ambiguous_with: None,
             };
         }
-        match at(p) {
-            Some(c) if c.version == version => ReadTarget::Chain {
-                pos: Some(p),
-                next: at(p + 1).map(|_| p + 1),
-            },
-            _ => ReadTarget::Outside,
+        let found = self.installs_of(rec, version);
+        let counts = |x: &&Install| self.status[x.txn as usize].counts_committed();
+        let Some(committed) = found.iter().find(counts) else {
+            return match found.first() {
+                Some(x) => ReadTarget::Aborted { writer: x.txn },
+                None => ReadTarget::Phantom,
+            };
+        };
+        let mut target = self.committed_target(rec, committed);
+        if found.iter().all(|x| counts(&x)) {
+            return target;
+        }
+        // A transaction that counts as aborted installed the same number: real time decides.
+        let committed: Vec<&Install> = found.iter().filter(counts).collect();
+        let t = &self.txns[reader as usize];
+        let committed_possible = committed
+            .iter()
+            .any(|x| self.txns[x.txn as usize].begin <= t.end);
+        let reuse_end = committed
+            .iter()
+            .map(|x| self.txns[x.txn as usize].end)
+            .max()
+            .unwrap_or(u64::MAX);
+        let rolled_back = found
+            .iter()
+            .filter(|x| !counts(x))
+            .find(|x| self.could_observe_rolled_back(reader, x, reuse_end));
+        match (committed_possible, rolled_back) {
+            (_, None) => target,
+            (false, Some(x)) => ReadTarget::Aborted { writer: x.txn },
+            (true, Some(x)) => {
+                if let ReadTarget::Chain { ambiguous_with, .. } = &mut target {
+                    *ambiguous_with = Some(x.txn);
+                }
+                target
+            }
         }
     }
 
-    /// G1a, G1b and phantom versions, for the reads `(txn, read index)` that landed outside
-    /// the version order.
-    pub(super) fn check_reads(&mut self, outside: &[(u32, u32)]) {
-        for &(i, j) in outside {
+    /// A read attributed to `writer` by the protocol.
+    fn resolve_attributed(
+        &self,
+        reader: u32,
+        rec: RecKey,
+        version: u64,
+        writer: TxnId,
+    ) -> ReadTarget {
+        let Some(x) = self.install_by(rec, version, writer) else {
+            return ReadTarget::WrongWriter { writer };
+        };
+        if x.txn == reader {
+            ReadTarget::Own
+        } else if !self.status[x.txn as usize].counts_committed() {
+            ReadTarget::Aborted { writer: x.txn }
+        } else {
+            self.committed_target(rec, x)
+        }
+    }
+
+    /// A read of the version `x` installed, by a transaction that counts as committed.
+    fn committed_target(&self, rec: RecKey, x: &Install) -> ReadTarget {
+        if x.is_final {
+            ReadTarget::Chain {
+                writer: Some(x.txn),
+                next: self.next_in_chain(rec, x.version),
+                ambiguous_with: None,
+            }
+        } else {
+            ReadTarget::Intermediate { writer: x.txn }
+        }
+    }
+
+    /// Position of the first committed version of `rec` after `version`.
+    fn next_in_chain(&self, rec: RecKey, version: u64) -> Option<usize> {
+        let p = self
+            .chain
+            .partition_point(|c| (c.rec, c.version) <= (rec, version));
+        self.chain.get(p).filter(|c| c.rec == rec).map(|_| p)
+    }
+
+    /// G1a, G1b, phantom versions, ambiguous reads and reads naming the wrong writer, for
+    /// the reads `(txn, read index)` that [`ReadTarget::is_anomalous`] flagged.
+    pub(super) fn check_reads(&mut self, flagged: &[(u32, u32)]) {
+        for &(i, j) in flagged {
             let t = &self.txns[i as usize];
             let r = &t.reads[j as usize];
-            let rec = (r.table.0, r.key.0);
-            let found = self.installs_of(rec, r.version.0);
-            let anomaly = if let Some(x) = found
-                .iter()
-                .find(|x| self.status[x.txn as usize].counts_committed())
-            {
-                // Not in the chain although committed: an intermediate version.
-                let final_version = self.txns[x.txn as usize]
-                    .writes
-                    .iter()
-                    .filter(|w| (w.table.0, w.key.0) == rec)
-                    .map(|w| w.version.0)
-                    .max()
-                    .unwrap_or(x.version);
-                Anomaly::IntermediateRead {
-                    reader: t.id,
-                    table: r.table,
-                    key: r.key,
-                    version: r.version,
-                    writer: self.id(x.txn),
-                    final_version: Version(final_version),
+            let (reader, table, key, version) = (t.id, r.table, r.key, r.version);
+            let rec = (table.0, key.0);
+            let anomaly = match self.resolve_read(i, r) {
+                ReadTarget::Own
+                | ReadTarget::Chain {
+                    ambiguous_with: None,
+                    ..
+                } => continue,
+                ReadTarget::Chain {
+                    writer,
+                    ambiguous_with: Some(other),
+                    ..
+                } => Anomaly::AmbiguousRead {
+                    reader,
+                    table,
+                    key,
+                    version,
+                    committed: self.id(writer.expect("the loaded state is never ambiguous")),
+                    other: self.id(other),
+                    other_outcome: self.txns[other as usize].outcome,
+                },
+                ReadTarget::Intermediate { writer } => {
+                    let final_version = self.txns[writer as usize]
+                        .writes
+                        .iter()
+                        .filter(|w| (w.table.0, w.key.0) == rec)
+                        .map(|w| w.version.0)
+                        .max()
+                        .unwrap_or(version.0);
+                    Anomaly::IntermediateRead {
+                        reader,
+                        table,
+                        key,
+                        version,
+                        writer: self.id(writer),
+                        final_version: Version(final_version),
+                    }
                 }
-            } else if let Some(x) = found.first() {
-                Anomaly::AbortedRead {
-                    reader: t.id,
-                    table: r.table,
-                    key: r.key,
-                    version: r.version,
-                    writer: self.id(x.txn),
-                    writer_outcome: self.txns[x.txn as usize].outcome,
-                }
-            } else {
-                Anomaly::PhantomVersion {
-                    reader: t.id,
-                    table: r.table,
-                    key: r.key,
-                    version: r.version,
-                }
+                ReadTarget::Aborted { writer } => Anomaly::AbortedRead {
+                    reader,
+                    table,
+                    key,
+                    version,
+                    writer: self.id(writer),
+                    writer_outcome: self.txns[writer as usize].outcome,
+                },
+                ReadTarget::Phantom => Anomaly::PhantomVersion {
+                    reader,
+                    table,
+                    key,
+                    version,
+                },
+                ReadTarget::WrongWriter { writer } => Anomaly::Malformed {
+                    txn: reader,
+                    problem: Malformation::WrongWriter {
+                        table,
+                        key,
+                        version,
+                        writer,
+                    },
+                },
             };
             self.out.push(anomaly);
         }

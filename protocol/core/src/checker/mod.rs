@@ -10,8 +10,8 @@
 //! that serializability forbids, and this checker is the history-side judge of the same cycles.
 //!
 //! * **Version order.** Per record `(table, key)`, the committed versions are ordered by their
-//!   [`Version`](crate::model::Version) number (the model promises numbers grow in install order); the loaded state
-//!   [`Version::INITIAL`](crate::model::Version::INITIAL) comes first and has no installer. Only a transaction's *final*
+//!   [`Version`] number (the model promises numbers grow in install order); the loaded state
+//!   [`Version::INITIAL`] comes first and has no installer. Only a transaction's *final*
 //!   version of a record enters the order (Adya's installed versions); if a transaction wrote
 //!   the record several times, the smaller numbers are its *intermediate* versions.
 //! * **Edges** between committed transactions (a transaction never depends on itself):
@@ -26,37 +26,64 @@
 //!   one `rw`: read skew, lost update), **G2** (two or more `rw`: write skew), and
 //!   **real-time** cycles (need an `rt` edge: a stale read or a lost committed write under
 //!   strict serializability).
-//! * **Per-read anomalies**: **G1a** (a committed transaction read a version installed only by
-//!   an aborted one), **G1b** (it read another transaction's intermediate version), and
-//!   *phantom versions* (a version nobody in the history installed: corrupted, torn or
-//!   invented).
+//! * **Per-read anomalies**: **G1a** (a committed transaction read a version installed by an
+//!   aborted one), **G1b** (it read another transaction's intermediate version), *phantom
+//!   versions* (a version nobody in the history installed: corrupted, torn or invented) and
+//!   *ambiguous reads* (see below).
 //! * **Per-record anomalies**: a *lost write* (two committed transactions installed the same
 //!   version number of a record: one of the two writes vanished without a version of its own),
 //!   and a *write-kind mismatch* (an insert replacing a present record, or an update/delete
-//!   replacing a tombstone: [`WriteKind`](crate::model::WriteKind) says what a write needs to find).
+//!   replacing a tombstone: [`WriteKind`] says what a write needs to find).
 //! * **Malformed records**: end before begin, a transaction id used twice, a write that claims
-//!   to install [`Version::INITIAL`](crate::model::Version::INITIAL).
+//!   to install [`Version::INITIAL`], a read whose recorded writer did not install the version
+//!   it read.
 //!
 //! A stale read — a committed transaction reading a version that a transaction which *ended
 //! before it began* had already overwritten, i.e. a committed write that later went missing —
 //! surfaces as a real-time cycle `reader -rw-> overwriter -rt-> reader`.
 //!
+//! # Whose version a read observed
+//!
+//! Version numbers need not be unique: FORD's per-record counters give the next writer the
+//! number of a version that was rolled back (an aborted writer's, or a crashed one's undone
+//! by recovery). Aborted and Unknown transactions therefore record the versions they
+//! physically installed, and a read may record its installer ([`ReadEvent::writer`]):
+//!
+//! * **With a recorded writer**, the read observed exactly that transaction's version: a G1a
+//!   if it counts as aborted, a G1b if the version is intermediate, a `wr` edge otherwise. A
+//!   writer that did not install that version of that record (or any writer for the loaded
+//!   state) is a malformed record, and the read is not judged further.
+//! * **Without one**, the read observed the loaded state, its own write, or the one installer
+//!   of the number. When the number has installers that count as committed *and* ones that do
+//!   not, real time decides. A committed installer `C` is possible unless the read ended
+//!   before `C` began. A non-committed installer `A` is possible unless the read ended before
+//!   `A` began, began after the last committed installer of the number ended (a number is
+//!   reused only after the version that first carried it was rolled back), or — `A` being
+//!   Aborted — began after `A` ended (an aborted transaction rolled back its versions before
+//!   its recorded end; an Unknown one's are undone by recovery at no recorded time). Only `A`
+//!   possible: a G1a naming `A`. Only `C` (or neither): the committed installer's version,
+//!   as for a unique number. **Both: an [`AnomalyKind::AmbiguousRead`]** — the history cannot
+//!   tell a valid read from a dirty one, so the checker does not let it pass silently; the
+//!   graph credits `C` so cycles are still judged, and the fix is to record the writer.
+//!
 //! # Transactions with an unknown outcome
 //!
-//! A coordinator that crashed leaves [`TxnOutcome::Unknown`](crate::history::TxnOutcome::Unknown) transactions; recovery (Pandora
+//! A coordinator that crashed leaves [`TxnOutcome::Unknown`] transactions; recovery (Pandora
 //! §3.2) rolls them forward or back. The rule: **an Unknown transaction counts as committed iff
 //! a transaction that counts as committed read one of its versions** (transitively: an Unknown
 //! counted committed makes its own reads count); otherwise it counts as aborted and its
-//! versions are left out of the version order. A version number also installed by a
-//! transaction recorded as committed is attributed to that one (FORD-style per-record counters
-//! reuse the number of a rolled-back write). A later *blind* overwrite does not count as
-//! evidence: a rolled-back write followed by an overwrite leaves the same history as a
-//! surviving one. Once counted committed, all of an Unknown transaction's writes must have
-//! survived: a partial roll-back shows up as a lost write (its version number reused) or a
-//! cycle. An Unknown transaction gets no *outgoing* real-time edges, because recovery may apply
-//! its writes after its recorded end; incoming ones (from transactions that ended before it
-//! began) apply. Aborted transactions, and Unknown ones counted aborted, are not in the graph
-//! and their reads are not judged (no opacity requirement).
+//! versions are left out of the version order. A read with a recorded writer is evidence for
+//! exactly that writer. A read without one is evidence for every Unknown installer of the
+//! number, unless a transaction recorded as committed installed the same number and the read
+//! did not end before it began: then it is attributed to that one as above. A later *blind*
+//! overwrite does not count as evidence: a rolled-back write followed by an overwrite leaves
+//! the same history as a surviving one. Once counted committed, all of an Unknown
+//! transaction's writes must have survived: a partial roll-back shows up as a lost write (its
+//! version number reused) or a cycle. An Unknown transaction gets no *outgoing* real-time
+//! edges, because recovery may apply its writes after its recorded end; incoming ones (from
+//! transactions that ended before it began) apply. Aborted transactions, and Unknown ones
+//! counted aborted, are not in the graph and their reads are not judged (no opacity
+//! requirement).
 //!
 //! # Intermediate reads (G1b)
 //!
@@ -123,7 +150,11 @@ mod report;
 use alloc::vec::Vec;
 
 use crate::history::{History, TxnRecord};
+#[cfg(doc)]
+use crate::history::{ReadEvent, TxnOutcome};
 use crate::model::TxnId;
+#[cfg(doc)]
+use crate::model::{Version, WriteKind};
 
 use graph::NODE_BITS;
 use index::{ChainEntry, Install, Status};

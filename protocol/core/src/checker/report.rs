@@ -82,6 +82,10 @@ pub enum AnomalyKind {
     G1b,
     /// A read of a version nobody installed.
     PhantomVersion,
+    /// A read without a recorded writer of a version number that both a committed and an
+    /// aborted (or Unknown counted aborted) transaction installed, when real time allows
+    /// either: possibly a G1a the history cannot tell from a valid read.
+    AmbiguousRead,
     /// Adya G0: a cycle of write dependencies.
     G0,
     /// Adya G1c: a cycle of write and read dependencies.
@@ -103,6 +107,7 @@ impl fmt::Display for AnomalyKind {
             AnomalyKind::G1a => "G1a aborted read",
             AnomalyKind::G1b => "G1b intermediate read",
             AnomalyKind::PhantomVersion => "phantom version",
+            AnomalyKind::AmbiguousRead => "ambiguous read",
             AnomalyKind::G0 => "G0 write cycle",
             AnomalyKind::G1c => "G1c circular information flow",
             AnomalyKind::GSingle => "G-single anti-dependency cycle",
@@ -130,6 +135,18 @@ pub enum Malformation {
         table: TableId,
         /// Key written.
         key: Key,
+    },
+    /// A read names as the installer of the version it observed a transaction that did not
+    /// install that version of that record (or the loaded state, which has no installer).
+    WrongWriter {
+        /// Table read.
+        table: TableId,
+        /// Key read.
+        key: Key,
+        /// Version read.
+        version: Version,
+        /// The writer the read names.
+        writer: TxnId,
     },
 }
 
@@ -373,7 +390,8 @@ pub enum Anomaly {
         /// With what (last) write kind.
         previous_kind: WriteKind,
     },
-    /// Adya G1a: a committed transaction read a version installed only by an aborted one.
+    /// Adya G1a: a committed transaction read a version installed by an aborted one (the
+    /// recorded writer of the read, or by version number and real time).
     AbortedRead {
         /// The reader.
         reader: TxnId,
@@ -414,6 +432,26 @@ pub enum Anomaly {
         /// The version read.
         version: Version,
     },
+    /// A committed transaction read, without a recorded writer, a version number that a
+    /// committed and an aborted (or Unknown counted aborted) transaction both installed, and
+    /// real time does not tell which one it observed. The dependency graph credits the
+    /// committed installer; the read is a G1a if it observed the other.
+    AmbiguousRead {
+        /// The reader.
+        reader: TxnId,
+        /// Table.
+        table: TableId,
+        /// Key.
+        key: Key,
+        /// The version read.
+        version: Version,
+        /// The committed installer (the graph's choice).
+        committed: TxnId,
+        /// The installer that counts as aborted.
+        other: TxnId,
+        /// Its recorded outcome.
+        other_outcome: TxnOutcome,
+    },
     /// A dependency cycle (G0, G1c, G-single, G2, or one that needs real-time order).
     Cycle(Cycle),
 }
@@ -429,6 +467,7 @@ impl Anomaly {
             Anomaly::AbortedRead { .. } => AnomalyKind::G1a,
             Anomaly::IntermediateRead { .. } => AnomalyKind::G1b,
             Anomaly::PhantomVersion { .. } => AnomalyKind::PhantomVersion,
+            Anomaly::AmbiguousRead { .. } => AnomalyKind::AmbiguousRead,
             Anomaly::Cycle(c) => c.class.kind(),
         }
     }
@@ -479,6 +518,18 @@ impl fmt::Display for Anomaly {
                     f,
                     "{txn} records a write of {} installing v0, the loaded state; the write is \
                      ignored.",
+                    Rec(*table, *key)
+                ),
+                Malformation::WrongWriter {
+                    table,
+                    key,
+                    version,
+                    writer,
+                } => write!(
+                    f,
+                    "{txn} read v{} of {} and records {writer} as its installer, but {writer} \
+                     installed no such version of that record; the read is not judged.",
+                    version.0,
                     Rec(*table, *key)
                 ),
             },
@@ -537,7 +588,7 @@ impl fmt::Display for Anomaly {
                 };
                 write!(
                     f,
-                    "{reader} committed after reading v{} of {}, a version installed only by \
+                    "{reader} committed after reading v{} of {}, a version installed by \
                      {writer}, which {outcome}; a committed transaction must never observe an \
                      aborted write (Adya G1a).",
                     version.0,
@@ -571,6 +622,31 @@ impl fmt::Display for Anomaly {
                 version.0,
                 Rec(*table, *key)
             ),
+            Anomaly::AmbiguousRead {
+                reader,
+                table,
+                key,
+                version,
+                committed,
+                other,
+                other_outcome,
+            } => {
+                let outcome = match other_outcome {
+                    TxnOutcome::Aborted => "aborted",
+                    TxnOutcome::Unknown => "has an unknown outcome and counts as aborted",
+                    TxnOutcome::Committed => "committed",
+                };
+                write!(
+                    f,
+                    "{reader} read v{} of {} without a recorded writer; both {committed} \
+                     (committed) and {other} (which {outcome}) installed that version number, \
+                     and real time allows either, so the read may be a G1a aborted read. The \
+                     graph credits {committed}; record the writer (ReadEvent::written_by) to \
+                     decide.",
+                    version.0,
+                    Rec(*table, *key)
+                )
+            }
             Anomaly::Cycle(c) => {
                 write!(
                     f,
