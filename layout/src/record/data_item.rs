@@ -210,7 +210,7 @@ impl fmt::Debug for ItemFlags {
     }
 }
 
-/// The fixed 32-byte front of a FORD/Pandora data item (Pandora §2.3, §3.1.2; FORD).
+/// The fixed 40-byte front of a FORD/Pandora data item (Pandora §2.3, §3.1.2; FORD).
 ///
 /// ```text
 /// offset  0 +--------------------------------------+
@@ -218,13 +218,23 @@ impl fmt::Debug for ItemFlags {
 ///         8 +--------------------------------------+
 ///           | version     DataVersion               |  validation READ = bytes 0..16
 ///        16 +--------------------------------------+
+///           | writer      u64  installer of version |  (coordinator << 48) | seq; 0 = loaded
+///        24 +--------------------------------------+
 ///           | key         u64                       |
-///        24 +------------------+---------+---------+
-///           | table_id u32     | vlen u16| flags   |
 ///        32 +------------------+---------+---------+
+///           | table_id u32     | vlen u16| flags   |
+///        40 +------------------+---------+---------+
 ///           | value[vlen] ... padded to 8 bytes     |
 ///           +--------------------------------------+
 /// ```
+///
+/// The writer word names the transaction that installed the current version, so a reader
+/// can tell its history which transaction's version it observed (FORD's per-record counters
+/// give the next writer the number of a rolled-back version, so the number alone does not
+/// identify it). It sits right after the version: a commit WRITE from
+/// [`DataItemHeader::VERSION_OFFSET`] installs both, and the item READ returns both. It is
+/// packed by [`DataItemHeader::pack_writer`]; 0 ([`DataItemHeader::NO_WRITER`]) is the
+/// loader's. Validation still compares only the version (bytes 0..16).
 ///
 /// The lock word is stored as a raw little-endian `u64` holding the PILL encoding
 /// (`crate::pill`): 0 is free, a locked word names its owner (Pandora's code CASes the
@@ -233,8 +243,8 @@ impl fmt::Debug for ItemFlags {
 /// Deviation from FORD's `DataItem`: FORD orders the fields table id, value size, key, remote
 /// offset, version, lock, value, valid, user-insert. dmem puts lock and version first so that
 /// validation reads 16 bytes and the CAS target is at offset 0, moves the flags in front of
-/// the value so that items of every value size share one header, and drops the remote
-/// offset (the coordinator knows the address it read from).
+/// the value so that items of every value size share one header, drops the remote
+/// offset (the coordinator knows the address it read from), and adds the writer word.
 #[derive(
     Clone, Copy, PartialEq, Eq, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
 )]
@@ -242,16 +252,21 @@ impl fmt::Debug for ItemFlags {
 pub struct DataItemHeader {
     lock: U64,
     version: DataVersion,
+    writer: U64,
     key: U64,
     table_id: U32,
     value_len: U16,
     flags: ItemFlags,
 }
 
-assert_eq_size!(DataItemHeader, [u8; 32]);
+assert_eq_size!(DataItemHeader, [u8; 40]);
 assert_eq_align!(DataItemHeader, u8);
 const_assert_eq!(DataItemHeader::LOCK_OFFSET % 8, 0);
 const_assert_eq!(DataItemHeader::LEN % 8, 0);
+const_assert_eq!(
+    DataItemHeader::WRITER_OFFSET,
+    DataItemHeader::VALIDATION_LEN
+);
 
 impl DataItemHeader {
     /// Bytes of the header; the value starts here.
@@ -262,6 +277,12 @@ impl DataItemHeader {
     pub const VERSION_OFFSET: usize = 8;
     /// Bytes a validation READ fetches: lock + version.
     pub const VALIDATION_LEN: usize = 16;
+    /// Offset of the writer word (the installer of the current version).
+    pub const WRITER_OFFSET: usize = 16;
+    /// The writer word of a version nobody installed: the loaded state.
+    pub const NO_WRITER: u64 = 0;
+    /// Largest sequence number [`DataItemHeader::pack_writer`] accepts (48 bits).
+    pub const MAX_WRITER_SEQ: u64 = (1 << 48) - 1;
     /// Largest value a data item holds.
     pub const MAX_VALUE_LEN: usize = u16::MAX as usize;
 
@@ -271,7 +292,8 @@ impl DataItemHeader {
         pad8(Self::LEN + value_len)
     }
 
-    /// A header for an unlocked item.
+    /// A header for an unlocked item installed by the loader (writer
+    /// [`DataItemHeader::NO_WRITER`]); add an installer with [`DataItemHeader::with_writer`].
     pub const fn new(
         key: u64,
         table_id: u32,
@@ -282,6 +304,7 @@ impl DataItemHeader {
         Self {
             lock: U64::ZERO,
             version,
+            writer: U64::ZERO,
             key: U64::new(key),
             table_id: U32::new(table_id),
             value_len: U16::new(value_len),
@@ -289,9 +312,43 @@ impl DataItemHeader {
         }
     }
 
+    /// The writer word of a transaction: `(coordinator << 48) | seq`. `None` if `seq` does
+    /// not fit in 48 bits, or for coordinator 0 with sequence number 0, which would read as
+    /// [`DataItemHeader::NO_WRITER`] (start sequence numbers at 1).
+    pub const fn pack_writer(coordinator: u16, seq: u64) -> Option<u64> {
+        if seq > Self::MAX_WRITER_SEQ || (coordinator == 0 && seq == 0) {
+            None
+        } else {
+            Some(((coordinator as u64) << 48) | seq)
+        }
+    }
+
+    /// The `(coordinator, seq)` a writer word names, `None` for
+    /// [`DataItemHeader::NO_WRITER`]. Every other word decodes.
+    pub const fn unpack_writer(writer: u64) -> Option<(u16, u64)> {
+        if writer == Self::NO_WRITER {
+            None
+        } else {
+            Some(((writer >> 48) as u16, writer & Self::MAX_WRITER_SEQ))
+        }
+    }
+
+    /// This header with its writer word set (see [`DataItemHeader::pack_writer`]).
+    #[must_use]
+    pub const fn with_writer(mut self, writer: u64) -> Self {
+        self.writer = U64::new(writer);
+        self
+    }
+
     /// The raw lock word (PILL encoding; 0 = free).
     pub const fn lock_word(&self) -> u64 {
         self.lock.get()
+    }
+
+    /// The writer word: who installed the current version ([`DataItemHeader::NO_WRITER`]
+    /// for the loader).
+    pub const fn writer(&self) -> u64 {
+        self.writer.get()
     }
 
     /// Whether the lock word is non-zero.
@@ -332,6 +389,11 @@ impl DataItemHeader {
     /// Sets the version word.
     pub fn set_version(&mut self, version: DataVersion) {
         self.version = version;
+    }
+
+    /// Sets the writer word.
+    pub fn set_writer(&mut self, writer: u64) {
+        self.writer.set(writer);
     }
 
     /// Sets the key.
@@ -406,6 +468,11 @@ impl<T: AsRef<[u8]>> DataItem<T> {
         self.header().version()
     }
 
+    /// The writer word: who installed the current version.
+    pub fn writer(&self) -> u64 {
+        self.header().writer()
+    }
+
     /// The key.
     pub fn key(&self) -> u64 {
         self.header().key()
@@ -478,13 +545,16 @@ mod tests {
     fn data_item_one_read_returns_lock_version_value() {
         // Pandora Fig. 2: the coordinator locks Y (CAS 0 -> coordinator id + 1) and reads it.
         let value = [0x59u8; 40]; // LOTUS's KVS micro uses 40-byte values
-        assert_eq!(DataItemHeader::item_len(value.len()), 72);
-        let mut mn = [0u8; 72];
-        let mut item = DataItem::emit(&mut mn[..], ford_header(0x59, 3), &value).unwrap();
+        assert_eq!(DataItemHeader::item_len(value.len()), 80);
+        let mut mn = [0u8; 80];
+        let writer = DataItemHeader::pack_writer(41, 7).unwrap();
+        let header = ford_header(0x59, 3).with_writer(writer);
+        let mut item = DataItem::emit(&mut mn[..], header, &value).unwrap();
         item.header_mut().set_lock_word(41 + 1);
         let read = DataItem::new_checked(&mn[..]).unwrap();
         assert_eq!(read.lock_word(), 42);
         assert_eq!(read.version().counter(), 3);
+        assert_eq!(DataItemHeader::unpack_writer(read.writer()), Some((41, 7)));
         assert_eq!(read.key(), 0x59);
         assert_eq!(read.value(), &value);
         assert!(!read.is_readable(), "a locked item is not readable");
@@ -492,17 +562,49 @@ mod tests {
         let v = DataItemHeader::VALIDATION_LEN;
         assert_eq!(&mn[..8], &42u64.to_le_bytes());
         assert_eq!(&mn[8..v], &3u64.to_le_bytes());
+        // The installer follows the version, so a commit WRITE from the version on sets both.
+        let w = DataItemHeader::WRITER_OFFSET;
+        assert_eq!(&mn[w..w + 8], &((41u64 << 48) | 7).to_le_bytes());
+    }
+
+    #[test]
+    fn writer_word_packing() {
+        assert_eq!(ford_header(1, 1).writer(), DataItemHeader::NO_WRITER);
+        assert_eq!(
+            DataItemHeader::unpack_writer(DataItemHeader::NO_WRITER),
+            None
+        );
+        assert_eq!(DataItemHeader::pack_writer(0, 0), None);
+        assert_eq!(DataItemHeader::pack_writer(0, 1), Some(1));
+        assert_eq!(
+            DataItemHeader::pack_writer(u16::MAX, DataItemHeader::MAX_WRITER_SEQ),
+            Some(u64::MAX)
+        );
+        assert_eq!(DataItemHeader::pack_writer(3, 1 << 48), None);
+        let mut h = ford_header(1, 1);
+        h.set_writer(99);
+        assert_eq!(h.writer(), 99);
+        assert_eq!(h.with_writer(5).writer(), 5);
+    }
+
+    #[quickcheck]
+    fn qc_writer_word_round_trip(coordinator: u16, seq: u64) -> bool {
+        let seq = seq & DataItemHeader::MAX_WRITER_SEQ;
+        match DataItemHeader::pack_writer(coordinator, seq) {
+            Some(w) => DataItemHeader::unpack_writer(w) == Some((coordinator, seq)),
+            None => coordinator == 0 && seq == 0,
+        }
     }
 
     #[test]
     fn data_item_emit_refuses_short_buffer_unchanged() {
-        let mut mn = [0xAAu8; 40];
+        let mut mn = [0xAAu8; 48];
         let err = DataItem::emit(&mut mn[..], ford_header(1, 1), &[1u8; 9]).unwrap_err();
         assert_eq!(
             err,
             LayoutError::TooShort {
-                needed: 48,
-                got: 40
+                needed: 56,
+                got: 48
             }
         );
         assert!(mn.iter().all(|&b| b == 0xAA));
@@ -510,23 +612,23 @@ mod tests {
 
     #[test]
     fn data_item_checked_refusals() {
-        let mut mn = [0u8; 40];
+        let mut mn = [0u8; 48];
         DataItem::emit(&mut mn[..], ford_header(1, 1), &[9u8; 8]).unwrap();
         assert_eq!(
             DataItem::new_checked(&mn[..20]).unwrap_err(),
             LayoutError::TooShort {
-                needed: 32,
+                needed: 40,
                 got: 20
             }
         );
         assert_eq!(
-            DataItem::new_checked(&mn[..39]).unwrap_err(),
+            DataItem::new_checked(&mn[..47]).unwrap_err(),
             LayoutError::TooShort {
-                needed: 40,
-                got: 39
+                needed: 48,
+                got: 47
             }
         );
-        mn[31] = 0x80; // an undefined flag bit
+        mn[39] = 0x80; // an undefined flag bit
         assert_eq!(
             DataItem::new_checked(&mn[..]).unwrap_err(),
             LayoutError::InvalidField { field: "flags" }
@@ -538,7 +640,7 @@ mod tests {
         // An inserted, uncommitted item carries bit 63 of its version (as in FORD).
         let v = DataVersion::new(5).unwrap().with_invisible(true);
         assert_eq!(v.to_raw(), (1 << 63) | 5);
-        let mut mn = [0u8; 32];
+        let mut mn = [0u8; 40];
         let header = DataItemHeader::new(1, 1, 0, v, ItemFlags::LOADED.with_user_insert(true));
         let item = DataItem::emit(&mut mn[..], header, &[]).unwrap();
         assert!(!item.is_readable());
@@ -573,10 +675,12 @@ mod tests {
         table: u32,
         counter: u64,
         lock: u64,
+        writer: u64,
         value: Vec<u8>,
     ) -> bool {
         let version = DataVersion::new(counter & DataVersion::MAX_COUNTER).unwrap();
-        let header = DataItemHeader::new(key, table, 0, version, ItemFlags::LOADED);
+        let header =
+            DataItemHeader::new(key, table, 0, version, ItemFlags::LOADED).with_writer(writer);
         let mut buf = vec![0u8; DataItemHeader::item_len(value.len())];
         let mut item = DataItem::emit(&mut buf[..], header, &value).unwrap();
         item.header_mut().set_lock_word(lock);
@@ -585,6 +689,7 @@ mod tests {
             && read.header().table_id() == table
             && read.version() == version
             && read.lock_word() == lock
+            && read.writer() == writer
             && read.value() == &value[..]
     }
 }

@@ -110,7 +110,12 @@ mod tests {
     fn qc_any_bytes_parse_or_error(bytes: Vec<u8>) -> TestResult {
         // Checked constructors never panic, and accepted views never panic either.
         if let Ok(item) = DataItem::new_checked(&bytes[..]) {
-            let _ = (item.value().len(), item.is_readable(), item.version());
+            let _ = (
+                item.value().len(),
+                item.is_readable(),
+                item.version(),
+                item.writer(),
+            );
         }
         if let Ok(rec) = OoccRecord::new_checked(&bytes[..]) {
             let _ = (rec.value().len(), rec.lock_state());
