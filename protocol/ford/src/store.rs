@@ -856,7 +856,7 @@ mod tests {
         for mn in s.replicas(loc.bucket.partition) {
             let m = &mem[usize::from(mn)];
             let off = loc.offset as usize;
-            let item = DataItem::new_checked(&m[off..off + 48]).unwrap();
+            let item = DataItem::new_checked(&m[off..off + DataItemHeader::item_len(16)]).unwrap();
             assert_eq!((item.key(), item.value()), (42, &[7u8; 16][..]));
             assert!(item.is_readable());
             let b = loc.bucket.offset as usize;
