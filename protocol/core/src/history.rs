@@ -9,6 +9,18 @@ use dmem_verbs::Nanos;
 use crate::model::{Key, TableId, TxnId, Version, WriteKind};
 
 /// A read and the version it observed.
+///
+/// Build one with [`ReadEvent::new`] and, when the protocol knows which transaction installed
+/// the observed version, [`ReadEvent::written_by`]:
+///
+/// ```
+/// use dmem_txn::{CoordinatorId, Key, ReadEvent, TableId, TxnId, Version};
+///
+/// let installer = TxnId { coordinator: CoordinatorId(3), seq: 17 };
+/// let read = ReadEvent::new(TableId(0), Key(42), Version(5)).written_by(installer);
+/// assert_eq!(read.writer, Some(installer));
+/// assert_eq!(ReadEvent::new(TableId(0), Key(42), Version::INITIAL).writer, None);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadEvent {
     /// Table read.
@@ -18,6 +30,39 @@ pub struct ReadEvent {
     /// Version observed (of a present record, or of the tombstone / initial absence for a
     /// record found absent).
     pub version: Version,
+    /// The transaction that installed the observed version, when the protocol can tell (for
+    /// example from an installer id stored next to the version in the record).
+    ///
+    /// `None` means unknown: the loaded state [`Version::INITIAL`] (which has no installer),
+    /// or a protocol that records only version numbers. With `Some`, the checker attributes
+    /// the read to exactly that transaction, so a version number installed by an aborted
+    /// transaction and later reused by a committed one (FORD's per-record counters after a
+    /// roll-back) cannot hide a dirty read; a writer that did not install this version of this
+    /// record is reported as a malformed history. Without it, the checker falls back to the
+    /// version number and real time (see [`crate::checker`]).
+    pub writer: Option<TxnId>,
+}
+
+impl ReadEvent {
+    /// A read of `version` of `(table, key)` whose installer is unknown.
+    #[must_use]
+    pub const fn new(table: TableId, key: Key, version: Version) -> Self {
+        Self {
+            table,
+            key,
+            version,
+            writer: None,
+        }
+    }
+
+    /// The same read, observed as installed by `writer`.
+    #[must_use]
+    pub const fn written_by(self, writer: TxnId) -> Self {
+        Self {
+            writer: Some(writer),
+            ..self
+        }
+    }
 }
 
 /// A write and the version it installed.
@@ -38,7 +83,8 @@ pub struct WriteEvent {
 pub enum TxnOutcome {
     /// Committed: its writes are visible.
     Committed,
-    /// Aborted: its writes must never be observed.
+    /// Aborted: its writes must never be observed. If it installed versions before it
+    /// decided to abort, it rolled them back before its recorded end.
     Aborted,
     /// Never decided (its coordinator crashed); recovery decides whether its writes survive,
     /// and the checker treats versions it installed by what was later observed.
@@ -58,7 +104,14 @@ pub struct TxnRecord {
     pub outcome: TxnOutcome,
     /// Reads in program order.
     pub reads: Vec<ReadEvent>,
-    /// Writes (for a committed transaction: the versions it installed).
+    /// Writes: the versions it installed.
+    ///
+    /// For a committed transaction, every version it installed. An [`TxnOutcome::Aborted`]
+    /// or [`TxnOutcome::Unknown`] transaction lists the versions it *physically* installed
+    /// (a protocol that writes before it decides, or a coordinator that crashed in the middle
+    /// of its commit writes), and may list nothing if it installed nothing. Recording them
+    /// lets the checker name the aborted installer of a version a committed transaction read
+    /// (G1a) even when a committed transaction later installs the same version number.
     pub writes: Vec<WriteEvent>,
 }
 

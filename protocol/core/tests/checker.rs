@@ -37,11 +37,7 @@ fn txn(
         outcome,
         reads: reads
             .iter()
-            .map(|&(k, v)| ReadEvent {
-                table: TableId(0),
-                key: Key(k),
-                version: Version(v),
-            })
+            .map(|&(k, v)| ReadEvent::new(TableId(0), Key(k), Version(v)))
             .collect(),
         writes: writes
             .iter()
@@ -785,6 +781,205 @@ fn report_display_lists_every_anomaly() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Recorded writers and reused version numbers
+// ---------------------------------------------------------------------------------------------
+
+/// `t` with its `read`-th read attributed to transaction `writer`.
+fn read_from(mut t: TxnRecord, read: usize, writer: u64) -> TxnRecord {
+    t.reads[read] = t.reads[read].written_by(id(writer));
+    t
+}
+
+#[test]
+fn dirty_read_of_a_version_number_later_reused_is_g1a_with_writer() {
+    // FORD: T1 installs x@1 and aborts (its version is rolled back); T2 read T1's x@1 and
+    // committed; T3 later installs x@1 again from the rolled-back counter.
+    let h = history(vec![
+        txn(1, (0, 10), Aborted, &[], &[(1, 1, Update)]),
+        read_from(txn(2, (5, 40), Committed, &[(1, 1)], &[]), 0, 1),
+        txn(3, (50, 60), Committed, &[(1, 0)], &[(1, 1, Update)]),
+    ]);
+    let a = only(&h, AnomalyKind::G1a);
+    assert_eq!(
+        a,
+        Anomaly::AbortedRead {
+            reader: id(2),
+            table: TableId(0),
+            key: Key(1),
+            version: Version(1),
+            writer: id(1),
+            writer_outcome: Aborted,
+        }
+    );
+    // Also when the committed reuse overlaps the read: the recorded writer decides.
+    let h = history(vec![
+        txn(1, (0, 10), Aborted, &[], &[(1, 1, Update)]),
+        read_from(txn(2, (5, 40), Committed, &[(1, 1)], &[]), 0, 1),
+        txn(3, (20, 30), Committed, &[(1, 0)], &[(1, 1, Update)]),
+    ]);
+    let r = check(&h);
+    assert!(r.has(AnomalyKind::G1a), "{r}");
+    assert!(!r.has(AnomalyKind::AmbiguousRead), "{r}");
+}
+
+#[test]
+fn dirty_read_of_a_reused_number_without_writer_is_g1a_by_real_time() {
+    // No writer recorded, but T2 ended before T3 began: it cannot have observed T3's x@1,
+    // only the aborted T1's.
+    let h = history(vec![
+        txn(1, (0, 10), Aborted, &[], &[(1, 1, Update)]),
+        txn(2, (5, 40), Committed, &[(1, 1)], &[]),
+        txn(3, (50, 60), Committed, &[(1, 0)], &[(1, 1, Update)]),
+    ]);
+    let a = only(&h, AnomalyKind::G1a);
+    assert!(
+        matches!(a, Anomaly::AbortedRead { reader, writer, .. } if reader == id(2) && writer == id(1)),
+        "{a}"
+    );
+}
+
+#[test]
+fn read_of_the_committed_reuse_with_writer_is_ok() {
+    let h = history(vec![
+        txn(1, (0, 10), Aborted, &[], &[(1, 1, Update)]),
+        txn(3, (20, 30), Committed, &[(1, 0)], &[(1, 1, Update)]),
+        read_from(txn(2, (25, 40), Committed, &[(1, 1)], &[]), 0, 3),
+    ]);
+    let r = assert_ok(&h);
+    assert_eq!(r.stats.wr_edges, 1);
+    // The same read attributed to the aborted installer is a G1a.
+    let mut dirty = h.clone();
+    dirty.txns[2] = read_from(dirty.txns[2].clone(), 0, 1);
+    only(&dirty, AnomalyKind::G1a);
+}
+
+#[test]
+fn reused_number_readable_from_both_installers_is_reported_ambiguous() {
+    // T2 overlaps both the aborted T1 and the committed T3, and records no writer.
+    let h = history(vec![
+        txn(1, (0, 10), Aborted, &[], &[(1, 1, Update)]),
+        txn(2, (5, 40), Committed, &[(1, 1)], &[]),
+        txn(3, (8, 30), Committed, &[(1, 0)], &[(1, 1, Update)]),
+    ]);
+    let a = only(&h, AnomalyKind::AmbiguousRead);
+    assert_eq!(
+        a,
+        Anomaly::AmbiguousRead {
+            reader: id(2),
+            table: TableId(0),
+            key: Key(1),
+            version: Version(1),
+            committed: id(3),
+            other: id(1),
+            other_outcome: Aborted,
+        }
+    );
+    let text = a.to_string();
+    assert!(text.contains("T1.1") && text.contains("T1.3") && text.contains("written_by"));
+    // The graph still credits the committed installer.
+    assert_eq!(check(&h).stats.wr_edges, 1);
+    // A read that began after the aborted installer ended (its version was rolled back by
+    // then) is not ambiguous.
+    let h = history(vec![
+        txn(1, (0, 10), Aborted, &[], &[(1, 1, Update)]),
+        txn(2, (12, 40), Committed, &[(1, 1)], &[]),
+        txn(3, (8, 30), Committed, &[(1, 0)], &[(1, 1, Update)]),
+    ]);
+    assert_ok(&h);
+}
+
+#[test]
+fn writer_that_did_not_install_the_version_is_malformed() {
+    let h = history(vec![
+        txn(
+            1,
+            (0, 10),
+            Committed,
+            &[],
+            &[(1, 1, Update), (2, 1, Update)],
+        ),
+        // Names T1 for x@2 (T1 installed x@1), T9 (not in the history) for y@1, and T1 for
+        // the loaded state of z.
+        read_from(
+            read_from(
+                read_from(
+                    txn(2, (20, 30), Committed, &[(1, 2), (2, 1), (3, 0)], &[]),
+                    0,
+                    1,
+                ),
+                1,
+                9,
+            ),
+            2,
+            1,
+        ),
+    ]);
+    let r = check(&h);
+    assert_eq!(r.total(), 3, "{r}");
+    let wrong: Vec<(Key, TxnId)> = r
+        .anomalies
+        .iter()
+        .map(|a| match a {
+            Anomaly::Malformed {
+                txn,
+                problem: Malformation::WrongWriter { key, writer, .. },
+            } if *txn == id(2) => (*key, *writer),
+            other => panic!("unexpected {other}"),
+        })
+        .collect();
+    assert_eq!(
+        wrong,
+        vec![(Key(1), id(1)), (Key(2), id(9)), (Key(3), id(1))]
+    );
+    assert!(
+        r.anomalies[0]
+            .to_string()
+            .contains("installed no such version")
+    );
+}
+
+#[test]
+fn recorded_writer_decides_the_fate_of_an_unknown_transaction() {
+    // U1 crashed after installing x@1; T3 (committed) installed x@1 too. Without a writer
+    // T2's read is credited to T3 and U1 counts aborted.
+    let base = vec![
+        txn(1, (0, 10), Unknown, &[], &[(1, 1, Update)]),
+        txn(3, (5, 15), Committed, &[(1, 0)], &[(1, 1, Update)]),
+        txn(2, (20, 30), Committed, &[(1, 1)], &[]),
+    ];
+    let r = assert_ok(&history(base.clone()));
+    assert_eq!(r.stats.unknown_aborted, 1);
+    // T2 observed U1's x@1: U1 was rolled forward, so T3's install of the same number lost a
+    // write.
+    let mut h = history(base);
+    h.txns[2] = read_from(h.txns[2].clone(), 0, 1);
+    let r = check(&h);
+    assert_eq!(r.stats.unknown_committed, 1, "{r}");
+    assert!(r.has(AnomalyKind::LostWrite), "{r}");
+}
+
+#[test]
+fn recorded_writers_for_own_and_intermediate_versions() {
+    // Own write with writer = self is fine; another transaction's intermediate version named
+    // by its writer is a G1b.
+    let h = history(vec![
+        read_from(
+            txn(
+                1,
+                (0, 30),
+                Committed,
+                &[(4, 1)],
+                &[(4, 1, Update), (4, 2, Update)],
+            ),
+            0,
+            1,
+        ),
+        read_from(txn(2, (10, 40), Committed, &[(4, 1)], &[]), 0, 1),
+    ]);
+    only(&h, AnomalyKind::G1b);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Serial model executor
 // ---------------------------------------------------------------------------------------------
 
@@ -810,18 +1005,46 @@ struct Generated {
     sites: Vec<ReadSite>,
 }
 
-/// Runs `plan` serially against a model store. Records: 2 tables × 4 keys; even keys start
-/// present, odd ones absent. Every write attempt draws a fresh version number per record (as
-/// a commit-timestamp scheme does), committed and "Unknown but applied" transactions apply
-/// their writes at commit, aborted and "Unknown, rolled back" ones do not. Begin instants are
-/// non-decreasing in execution order, so real-time order never contradicts it.
+/// How the serial model numbers versions and what its reads record.
+#[derive(Clone, Copy)]
+struct Mode {
+    /// FORD-style per-record counters: a write installs the current version + 1, so the
+    /// number of an aborted or rolled-back write is reused by the next writer. Otherwise every
+    /// write attempt draws a fresh number per record (as a commit-timestamp scheme does).
+    reuse_numbers: bool,
+    /// Reads record the installer of the version they observed.
+    writers: bool,
+}
+
+/// Runs `plan` serially against a model store with fresh version numbers and no writers.
 fn run_serial(plan: &[PlanTxn]) -> Generated {
+    run_serial_with(
+        plan,
+        Mode {
+            reuse_numbers: false,
+            writers: false,
+        },
+    )
+}
+
+/// Runs `plan` serially against a model store. Records: 2 tables × 4 keys; even keys start
+/// present, odd ones absent. Committed and "Unknown but applied" transactions apply their
+/// writes at commit, aborted and "Unknown, rolled back" ones do not (but record the versions
+/// they would have installed). Begin instants are non-decreasing in execution order, so
+/// real-time order never contradicts it.
+fn run_serial_with(plan: &[PlanTxn], mode: Mode) -> Generated {
     #[derive(Clone, Copy)]
     struct Rec {
         version: u64,
         present: bool,
         next: u64,
+        /// Index of the installer of `version` (`usize::MAX` for the loaded state).
+        installer: usize,
     }
+    let txn_id = |i: usize| TxnId {
+        coordinator: CoordinatorId(i as u32 % 4),
+        seq: i as u64,
+    };
     let mut store: BTreeMap<(u32, u64), Rec> = BTreeMap::new();
     let mut applied: BTreeMap<(u32, u64), Vec<(u64, usize)>> = BTreeMap::new();
     for t in 0..2u32 {
@@ -832,6 +1055,7 @@ fn run_serial(plan: &[PlanTxn]) -> Generated {
                     version: 0,
                     present: k % 2 == 0,
                     next: 1,
+                    installer: usize::MAX,
                 },
             );
             applied.insert((t, k), vec![(0, usize::MAX)]);
@@ -870,8 +1094,12 @@ fn run_serial(plan: &[PlanTxn]) -> Generated {
                     Update
                 };
                 let r = store.get_mut(&rec).unwrap();
-                let v = r.next;
-                r.next += 1;
+                let v = if mode.reuse_numbers {
+                    version + 1
+                } else {
+                    r.next += 1;
+                    r.next - 1
+                };
                 buffered.insert(rec, (v, kind != Delete));
                 writes.push(WriteEvent {
                     table: TableId(rec.0),
@@ -890,11 +1118,16 @@ fn run_serial(plan: &[PlanTxn]) -> Generated {
                         position,
                     });
                 }
-                reads.push(ReadEvent {
-                    table: TableId(rec.0),
-                    key: Key(rec.1),
-                    version: Version(version),
-                });
+                let mut read = ReadEvent::new(TableId(rec.0), Key(rec.1), Version(version));
+                let installer = if buffered.contains_key(&rec) {
+                    i
+                } else {
+                    cur.installer
+                };
+                if mode.writers && installer != usize::MAX {
+                    read = read.written_by(txn_id(installer));
+                }
+                reads.push(read);
             }
         }
         if apply {
@@ -902,14 +1135,12 @@ fn run_serial(plan: &[PlanTxn]) -> Generated {
                 let r = store.get_mut(&rec).unwrap();
                 r.version = v;
                 r.present = present;
+                r.installer = i;
                 applied.get_mut(&rec).unwrap().push((v, i));
             }
         }
         history.push(TxnRecord {
-            id: TxnId {
-                coordinator: CoordinatorId(i as u32 % 4),
-                seq: i as u64,
-            },
+            id: txn_id(i),
             begin,
             end,
             outcome,
@@ -936,6 +1167,62 @@ fn serial_executions_pass(plan: Vec<PlanTxn>) -> bool {
     g.history.txns.reverse();
     let reversed = check(&g.history);
     reversed.is_ok() && reversed.stats == r.stats
+}
+
+#[quickcheck]
+fn serial_executions_recording_writers_pass(plan: Vec<PlanTxn>) -> bool {
+    [false, true].into_iter().all(|reuse_numbers| {
+        let g = run_serial_with(
+            &plan,
+            Mode {
+                reuse_numbers,
+                writers: true,
+            },
+        );
+        let r = check(&g.history);
+        if !r.is_ok() {
+            eprintln!("reuse_numbers={reuse_numbers}: {r}");
+        }
+        r.is_ok()
+    })
+}
+
+/// With FORD-style counters, makes one committed read whose version number an aborted
+/// transaction also installed name that aborted transaction as its writer: a dirty read the
+/// version number alone cannot show. It must be reported as G1a.
+#[quickcheck]
+fn dirty_read_of_a_reused_version_number_is_g1a(plan: Vec<PlanTxn>) -> TestResult {
+    let mut g = run_serial_with(
+        &plan,
+        Mode {
+            reuse_numbers: true,
+            writers: true,
+        },
+    );
+    let txns = &g.history.txns;
+    let planted = g.sites.iter().find_map(|site| {
+        let read = txns[site.txn].reads[site.read];
+        if txns[site.txn].outcome != Committed || read.version == Version::INITIAL {
+            return None;
+        }
+        let aborted = txns.iter().find(|t| {
+            t.outcome == Aborted
+                && t.writes
+                    .iter()
+                    .any(|w| (w.table, w.key, w.version) == (read.table, read.key, read.version))
+        })?;
+        Some((site.txn, site.read, aborted.id))
+    });
+    let Some((t, j, aborted)) = planted else {
+        return TestResult::discard();
+    };
+    let reader = g.history.txns[t].id;
+    let read = &mut g.history.txns[t].reads[j];
+    *read = read.written_by(aborted);
+    let r = check(&g.history);
+    TestResult::from_bool(r.anomalies.iter().any(|a| {
+        matches!(a, Anomaly::AbortedRead { reader: x, writer, .. } if *x == reader && *writer == aborted)
+    }))
 }
 
 /// Tampers with one committed read so that it observes a version that had been overwritten

@@ -199,6 +199,9 @@ pub(crate) async fn apply_recovery<V: Verbs>(
             let Ok(layout) = store.table(TableId(w.table)) else {
                 continue;
             };
+            // The undo log keeps the old version and value, not its installer: the restored
+            // item names no writer, and the history checker attributes reads of it by
+            // version number and real time.
             let image = encode_item(
                 w.key,
                 w.table,

@@ -10,13 +10,16 @@ use dmem_layout::record::{
     DataItem, DataItemHeader, DataVersion, ItemFlags, RemoteAddr as PackedAddr,
 };
 use dmem_txn::{
-    Access, Key, ReadEvent, ReadReq, TableId, TxnError, Version, WriteEvent, WriteKind,
+    Access, CoordinatorId, Key, ReadEvent, ReadReq, TableId, TxnError, TxnId, Version, WriteEvent,
+    WriteKind,
 };
 use dmem_verbs::{PostList, RemoteAddr, WrId};
 
 use crate::config::{FordBug, Protocol, ProtocolConfig};
 use crate::logic::{self, LoggedTxn, LoggedWrite};
-use crate::store::{BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, encode_item, parse_bucket};
+use crate::store::{
+    BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, encode_item_by, parse_bucket,
+};
 use crate::wire;
 
 /// What the state's decisions need to know about the coordinator running the transaction.
@@ -47,6 +50,8 @@ pub(crate) struct ItemRead {
     pub(crate) version: DataVersion,
     pub(crate) valid: bool,
     pub(crate) value: Vec<u8>,
+    /// The transaction that installed the version (`None`: loaded, or unknown).
+    pub(crate) writer: Option<TxnId>,
 }
 
 pub(crate) fn parse_item(bytes: &[u8], table: TableId, key: Key) -> Result<ItemRead, TxnError> {
@@ -61,6 +66,10 @@ pub(crate) fn parse_item(bytes: &[u8], table: TableId, key: Key) -> Result<ItemR
         version: h.version(),
         valid: h.flags().is_valid() && !h.version().is_invisible(),
         value: item.value().to_vec(),
+        writer: DataItemHeader::unpack_writer(h.writer()).map(|(c, seq)| TxnId {
+            coordinator: CoordinatorId(u32::from(c)),
+            seq,
+        }),
     })
 }
 
@@ -143,11 +152,19 @@ impl TxnState {
             Intent::LockOnly => w.old.as_ref().filter(|o| o.valid).map(|o| o.value.clone()),
         }
     }
-    pub(crate) fn note_read(&mut self, table: TableId, key: Key, version: u64) {
-        self.events.push(ReadEvent {
-            table,
-            key,
-            version: Version(version),
+    /// Records a read for the history: the version's counter and, when the item named it,
+    /// the transaction that installed it.
+    pub(crate) fn note_read(
+        &mut self,
+        table: TableId,
+        key: Key,
+        version: u64,
+        writer: Option<TxnId>,
+    ) {
+        let event = ReadEvent::new(table, key, Version(version));
+        self.events.push(match writer {
+            Some(w) => event.written_by(w),
+            None => event,
         });
     }
     pub(crate) fn push_lock_entry(
@@ -382,8 +399,12 @@ impl TxnState {
     /// replica, primary included, and the versions they install, for the history.
     pub(crate) fn commit_list(
         &self,
-        store: &Store,
+        env: &Env<'_>,
     ) -> Result<(PostList, Vec<WriteEvent>), TxnError> {
+        let store = env.store;
+        // Coordinator ids are 16-bit and sequence numbers start at 1: they always pack.
+        let writer = DataItemHeader::pack_writer(env.coordinator, env.seq)
+            .unwrap_or(DataItemHeader::NO_WRITER);
         let mut installed = Vec::new();
         let mut list = PostList::new();
         for w in &self.writes {
@@ -400,7 +421,7 @@ impl TxnState {
                 WriteKind::Delete => (ItemFlags::EMPTY, &old.value),
             };
             let item_len = store.table(w.table).map_err(store_err)?.item_len;
-            let image = encode_item(w.key.0, w.table.0, version, flags, value, item_len);
+            let image = encode_item_by(w.key.0, w.table.0, version, flags, value, item_len, writer);
             for mn in store.live_replicas(w.loc.bucket.partition) {
                 let addr = store.addr(mn, w.loc.offset + DataItemHeader::VERSION_OFFSET as u64);
                 list.write(addr, &image[DataItemHeader::VERSION_OFFSET..]);
@@ -653,13 +674,14 @@ mod tests {
         ));
         st.writes
             .push(entry(&s, 2, LockState::Held, Intent::LockOnly));
-        let (list, installed) = st.commit_list(&s).unwrap();
+        let fixed = ProtocolConfig::ford_fixed();
+        let (list, installed) = st.commit_list(&env(&s, &fixed)).unwrap();
         assert_eq!(installed.len(), 1, "a lock-only entry installs nothing");
         assert_eq!(installed[0].version, Version(5));
         let wrs = list.finish().unwrap();
         assert_eq!(wrs.len(), 3, "primary and two backups");
         s.view().borrow_mut().mark_failed(wrs[0].op.addr().node.0);
-        let (list, _) = st.commit_list(&s).unwrap();
+        let (list, _) = st.commit_list(&env(&s, &fixed)).unwrap();
         assert_eq!(list.len(), 2, "a failed MN is skipped");
         for w in list.finish().unwrap() {
             let Op::Write { addr, data } = &w.op else {
@@ -677,7 +699,10 @@ mod tests {
         let mut orphan = entry(&s, 3, LockState::Held, Intent::Write(WriteKind::Update));
         orphan.old = None;
         st.writes.push(orphan);
-        assert!(st.commit_list(&s).is_err(), "a write without an old image");
+        assert!(
+            st.commit_list(&env(&s, &fixed)).is_err(),
+            "a write without an old image"
+        );
     }
 
     #[test]

@@ -24,8 +24,8 @@ use std::rc::Rc;
 
 use dmem_layout::record::DataVersion;
 use dmem_txn::{
-    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundValues, TableId,
+    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, WriteEvent, WriteKind,
 };
 use dmem_verbs::{BatchResult, Clock, Nanos, NodeId, PostList, Verbs, VerbsError, WrId};
 
@@ -669,11 +669,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     valid: item.valid,
                     value: item.value,
                 });
-                self.st.events.push(ReadEvent {
-                    table,
-                    key,
-                    version: Version(item.version.counter()),
-                });
+                self.st
+                    .note_read(table, key, item.version.counter(), item.writer);
             }
         }
 
@@ -721,7 +718,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         }
 
         // -- commit: primaries and backups, then ack, then unlock --
-        let (list, installed) = self.st.commit_list(self.store())?;
+        let (list, installed) = self.st.commit_list(&self.env())?;
         self.decided = true;
         self.record_committed(installed, true);
         self.post(list).await?;
@@ -833,7 +830,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                         target: ReadTarget::Absent { bucket },
                         value: None,
                     });
-                    self.st.note_read(f.table, f.key, 0);
+                    self.st.note_read(f.table, f.key, 0, None);
                 }
                 values[n] = None;
             }
@@ -866,7 +863,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 let (table, key) = (plan.fetches[n].table, plan.fetches[n].key);
                 match self.settle_lock(table, key, loc, idx, old, bytes).await {
                     Ok(item) => {
-                        self.st.note_read(table, key, item.version.counter());
+                        self.st
+                            .note_read(table, key, item.version.counter(), item.writer);
                         values[n] = self.st.current_value(&self.st.writes[idx]);
                     }
                     Err(e) => {
@@ -902,7 +900,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     },
                     value: value.clone(),
                 });
-                self.st.note_read(f.table, f.key, item.version.counter());
+                self.st
+                    .note_read(f.table, f.key, item.version.counter(), item.writer);
                 values[w.fetch] = value;
             }
         }
@@ -1017,7 +1016,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             }
             (WriteKind::Delete, Located::Found(loc)) => {
                 let (item, _) = self.lock_and_read(table, key, loc, false).await?;
-                self.st.note_read(table, key, item.version.counter());
+                self.st
+                    .note_read(table, key, item.version.counter(), item.writer);
                 if !item.valid {
                     return Err(TxnError::KeyState(key.0));
                 }
@@ -1027,7 +1027,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             }
             (WriteKind::Insert, Located::Found(loc)) => {
                 let (item, _) = self.lock_and_read(table, key, loc, false).await?;
-                self.st.note_read(table, key, item.version.counter());
+                self.st
+                    .note_read(table, key, item.version.counter(), item.writer);
                 if item.valid {
                     return Err(TxnError::KeyState(key.0));
                 }
@@ -1068,7 +1069,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     self.post(list).await?;
                 }
                 self.co.shared.cache.borrow_mut().put(table, key, loc);
-                self.st.note_read(table, key, item.version.counter());
+                self.st
+                    .note_read(table, key, item.version.counter(), item.writer);
                 let i = self.st.write_entry(table, key).unwrap_or(0);
                 self.st.writes[i].intent = Intent::Write(WriteKind::Insert);
                 self.st.writes[i].new_value = value.to_vec();

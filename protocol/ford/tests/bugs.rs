@@ -206,9 +206,11 @@ fn missing_insert_log_leaves_a_half_inserted_record_after_roll_back() {
             let x_updated = bank.item(0, primary(&bank, 0)).0 == 55;
             let b = bank.store.bucket_of(TableId(2), Key(77)).unwrap();
             let loc = bank.store.item_at(b, 0).unwrap();
-            let k_bytes = bank
-                .sim
-                .read_memory(bank.store.mn_node(b.partition), loc.offset, 40);
+            let k_bytes = bank.sim.read_memory(
+                bank.store.mn_node(b.partition),
+                loc.offset,
+                dmem_layout::record::DataItemHeader::item_len(8),
+            );
             let item = dmem_layout::record::DataItem::new_checked(&k_bytes[..]).unwrap();
             let k_visible = item.key() == 77 && item.header().flags().is_valid();
             if k_visible != x_updated {

@@ -816,7 +816,8 @@ pub fn index_slot_bytes(key: u64, addr: PackedAddr) -> [u8; 16] {
     out
 }
 
-/// The image of an unlocked item, `item_len` bytes.
+/// The image of an unlocked item, `item_len` bytes, with no recorded installer (loaded
+/// records).
 #[must_use]
 pub fn encode_item(
     key: u64,
@@ -826,6 +827,30 @@ pub fn encode_item(
     value: &[u8],
     item_len: usize,
 ) -> Vec<u8> {
+    encode_item_by(
+        key,
+        table,
+        version,
+        flags,
+        value,
+        item_len,
+        DataItemHeader::NO_WRITER,
+    )
+}
+
+/// The image of an unlocked item whose version was installed by `writer` (a packed
+/// transaction id, [`DataItemHeader::pack_writer`]), so that readers can tell the history
+/// checker which transaction wrote what they saw.
+#[must_use]
+pub fn encode_item_by(
+    key: u64,
+    table: u32,
+    version: DataVersion,
+    flags: ItemFlags,
+    value: &[u8],
+    item_len: usize,
+    writer: u64,
+) -> Vec<u8> {
     let mut buf = vec![0u8; item_len];
     let header = DataItemHeader::new(
         key,
@@ -833,7 +858,8 @@ pub fn encode_item(
         u16::try_from(value.len()).unwrap_or(u16::MAX),
         version,
         flags,
-    );
+    )
+    .with_writer(writer);
     // The buffer is item_len(value.len()) bytes and values are at most u16::MAX (checked by
     // the table spec), so emit cannot fail; on a failure the buffer stays zero (free, absent).
     let _ = DataItem::emit(&mut buf[..], header, value);
@@ -1007,7 +1033,7 @@ mod tests {
         for mn in s.replicas(loc.bucket.partition) {
             let m = &mem[usize::from(mn)];
             let off = loc.offset as usize;
-            let item = DataItem::new_checked(&m[off..off + 48]).unwrap();
+            let item = DataItem::new_checked(&m[off..off + DataItemHeader::item_len(16)]).unwrap();
             assert_eq!((item.key(), item.value()), (42, &[7u8; 16][..]));
             assert!(item.is_readable());
             let b = loc.bucket.offset as usize;

@@ -12,7 +12,7 @@ use dmem_ford::{
     StoreConfig, TableSpec,
 };
 use dmem_layout::pill::{CoordinatorId as PillId, FailedCoordinatorSet, PillLockWord};
-use dmem_layout::record::DataItem;
+use dmem_layout::record::{DataItem, DataItemHeader};
 use dmem_sim::{ClusterConfig, Sim, SimContext};
 use dmem_txn::{History, Key, TableId, Transaction, TxnError, TxnKind, TxnOutcome, Version};
 use dmem_verbs::{Clock, NodeId, VerbsError};
@@ -90,7 +90,10 @@ impl Bank {
     /// Balance of `key` on MN index `mn`, with its lock word and version.
     pub fn item(&self, key: u64, mn: u16) -> (u64, u64, u64, bool) {
         let loc = self.locs[&key];
-        let bytes = self.sim.read_memory(self.store.mn_node(mn), loc.offset, 40);
+        let len = DataItemHeader::item_len(8);
+        let bytes = self
+            .sim
+            .read_memory(self.store.mn_node(mn), loc.offset, len);
         let item = DataItem::new_checked(&bytes[..]).unwrap();
         let bal = u64::from_le_bytes(item.value().try_into().unwrap());
         (
