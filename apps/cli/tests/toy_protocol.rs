@@ -171,11 +171,8 @@ impl SerialTxn<'_> {
         let own = self.writes.iter().any(|w| w.0 == table && w.1 == key);
         let (value, version) = self.current(table, key);
         if !own {
-            self.reads.push(ReadEvent {
-                table,
-                key,
-                version: Version(version),
-            });
+            self.reads
+                .push(ReadEvent::new(table, key, Version(version)));
         }
         Ok(value)
     }
