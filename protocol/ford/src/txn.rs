@@ -394,55 +394,21 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             list.read(slot_addr, 16)
         });
         let mut res = self.post(list).await?;
-        let mut old = res.atomic(cas);
-        let mut bytes = res.take_bytes(rd);
+        let old = res.atomic(cas);
+        let bytes = res.take_bytes(rd);
         let slot_bytes = slot_rd.map(|id| res.take_bytes(id));
         let item = parse_item(&bytes, table, key)?;
         let idx = self.st.push_lock_entry(table, key, loc, &item);
+        if old == 0 {
+            // Held from here on: an abort (even one caused by the log write below) releases it.
+            self.st.writes[idx].lock = LockState::Held;
+        }
         if self.co.cfg.bug(FordBug::LogWithoutLock) {
             // The corner case of Pandora §5.1: the undo record goes out before the
             // coordinator has looked at what its CAS returned.
             self.write_logs(true).await?;
         }
-        loop {
-            // Borrow the 8 KiB failed-id set only for the decision (never across an await):
-            // no copy per lock, and a notification that arrives meanwhile is seen at once.
-            let next = logic::after_cas(old, &self.co.shared.failed.borrow(), &self.co.cfg);
-            match next {
-                AfterCas::Acquired => break,
-                AfterCas::Steal { observed } => {
-                    let mut list = PostList::new();
-                    let cas = list.cas(addr, observed, me);
-                    let rd = list.read(addr, item_len);
-                    let mut res = self.post(list).await?;
-                    let got = res.atomic(cas);
-                    if got == observed {
-                        self.co.stats.steals += 1;
-                        bytes = res.take_bytes(rd);
-                        old = 0;
-                    } else {
-                        old = got;
-                        if got == 0 {
-                            // Released meanwhile: an ordinary acquire must win it.
-                            self.st.writes[idx].lock = LockState::Failed;
-                            return Err(aborted("lock changed hands"));
-                        }
-                    }
-                }
-                AfterCas::Conflict => {
-                    self.st.writes[idx].lock = LockState::Failed;
-                    return Err(aborted("write lock held"));
-                }
-            }
-        }
-        let item = parse_item(&bytes, table, key)?;
-        let w = &mut self.st.writes[idx];
-        w.lock = LockState::Held;
-        w.old = Some(OldImage {
-            version: item.version,
-            valid: item.valid,
-            value: item.value.clone(),
-        });
+        let item = self.settle_lock(table, key, loc, idx, old, bytes).await?;
         Ok((item, slot_bytes))
     }
 
