@@ -493,7 +493,7 @@ fn reap_crashed(shared: &Shared) {
 fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
     loop {
         reap_crashed(shared);
-        let event_at = shared.world.borrow().next_event_time();
+        let event_at = shared.world.borrow_mut().next_event_time();
         let task = next_task(shared);
         let next = match (event_at, task) {
             (None, None) => break,

@@ -36,6 +36,7 @@
 
 mod executor;
 mod profile;
+mod queue;
 mod stats;
 mod world;
 
