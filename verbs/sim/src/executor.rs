@@ -472,10 +472,10 @@ fn next_task(shared: &Shared) -> Option<(Nanos, usize, TaskKey)> {
 
 /// Drops the tasks of CNs that crashed.
 fn reap_crashed(shared: &Shared) {
-    let crashed = std::mem::take(&mut shared.world.borrow_mut().newly_crashed);
-    if crashed.is_empty() {
+    if shared.world.borrow().newly_crashed.is_empty() {
         return;
     }
+    let crashed = std::mem::take(&mut shared.world.borrow_mut().newly_crashed);
     let doomed: Vec<_> = {
         let world = shared.world.borrow();
         let mut tasks = shared.tasks.borrow_mut();
@@ -512,8 +512,25 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
             _ => false,
         };
         if run_event {
-            shared.world.borrow_mut().step();
-            let now = shared.world.borrow().now;
+            // Events up to the next task start (and the deadline) in one go, while they wake
+            // no task and crash no node: until then the next task cannot change.
+            let limit = task
+                .map_or(Nanos::MAX, |(t, ..)| t)
+                .min(deadline.unwrap_or(Nanos::MAX));
+            let now = {
+                let mut world = shared.world.borrow_mut();
+                loop {
+                    world.step();
+                    if shared.wakes.any.load(Ordering::Relaxed) || !world.newly_crashed.is_empty() {
+                        break;
+                    }
+                    match world.next_event_time() {
+                        Some(e) if e <= limit => {}
+                        _ => break,
+                    }
+                }
+                world.now
+            };
             drain_wakes(shared, now);
         } else if let Some((start, core, key)) = task {
             shared.runnable.borrow_mut().pop();

@@ -347,8 +347,8 @@ impl World {
             posted as u64 * self.profile.wr_cpu_ns + doorbells * self.profile.doorbell_cpu_ns;
         self.charge(core, cost);
         let at = self.cores[core].local;
-        let n_wrs = wrs.len();
-        let outcomes = vec![WrOutcome::Written; n_wrs];
+        let mut outcomes = Vec::with_capacity(wrs.len());
+        outcomes.resize_with(wrs.len(), || WrOutcome::Written);
         let key = self.batches.insert(Batch {
             core,
             node,
