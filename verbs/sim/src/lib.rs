@@ -33,6 +33,7 @@
 //! [`Clock::cpu`](dmem_verbs::Clock::cpu)) advances that local time; the core is busy until
 //! the task yields. So CPU is a resource tasks contend for, as on a real CN.
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod executor;
 mod profile;
