@@ -819,15 +819,17 @@ impl RawTable {
         let done = old.migrated.fetch_add(end - start, Ordering::AcqRel) + (end - start);
         if done == n {
             let old_ptr = old as *const Index as *mut Index;
-            if self
-                .current
-                .compare_exchange(old_ptr, next, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+            // Free through the pointer the swing read out of `current` (it carries the
+            // provenance of `Box::into_raw`), not through `old_ptr`, which comes from a
+            // shared reference and may not be used to free (Miri's Stacked Borrows).
+            if let Ok(retired) =
+                self.current
+                    .compare_exchange(old_ptr, next, Ordering::AcqRel, Ordering::Acquire)
             {
                 // SAFETY: `old` is no longer current, so new pins cannot reach it (older
                 // indexes that point to it were retired before it); it was created by
                 // `Box::into_raw` and is retired exactly once, by the thread whose swing won.
-                unsafe { self.collector.retire(old_ptr.cast(), free_index) };
+                unsafe { self.collector.retire(retired.cast(), free_index) };
                 self.collector.collect();
             }
         }

@@ -171,7 +171,8 @@ fn boxed_map_matches_hashmap(ops: Vec<(u8, u16, u32)>) -> bool {
 #[test]
 fn grows_from_one_bin_to_a_hundred_thousand_keys() {
     let t = Dlht::new();
-    let n = 100_000u64;
+    // Miri interprets every access: 500 keys still cross several resizes from one bin.
+    let n = if cfg!(miri) { 500u64 } else { 100_000u64 };
     for k in 0..n {
         assert_eq!(t.insert(k, k * 3), None);
     }

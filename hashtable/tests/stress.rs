@@ -15,8 +15,9 @@ use std::thread;
 
 use dmem_hashtable::{Dlht, Op, Options, Request};
 
-const THREADS: u64 = 4;
-const KEYS_PER_THREAD: u64 = 60_000;
+const THREADS: u64 = if cfg!(miri) { 2 } else { 4 };
+/// Under Miri (every access interpreted) enough keys for a few resizes.
+const KEYS_PER_THREAD: u64 = if cfg!(miri) { 100 } else { 60_000 };
 const ABSENT: u8 = 0;
 const INSERTED: u8 = 1;
 const DELETING: u8 = 2;

@@ -35,6 +35,7 @@
 //! | [`log`] | log region header, undo/redo/commit records | Pandora §3.1.3, OOCC §V, LOTUS §6 |
 //! | [`rpc`] | batched RPC frame | Dandelion §5 |
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
+#![forbid(unsafe_code)]
 
 mod bits;
 pub mod cacheline;

@@ -932,7 +932,10 @@ impl<'a> LogWriter<'a> {
             });
         }
         let stride = pad8(header_len + payload_len);
-        let max = self.buf.len().min(LogRegionHeader::LEN + u32::MAX as usize);
+        let max = self
+            .buf
+            .len()
+            .min(LogRegionHeader::LEN.saturating_add(u32::MAX as usize));
         if stride > max - self.len.min(max) {
             return Err(LayoutError::DoesNotFit {
                 field: "log record",

@@ -9,6 +9,7 @@
 //!   thread, and [`Clock::cpu`](dmem_verbs::Clock::cpu) is a no-op.
 //!
 //! glommio thread-per-core integration is not part of this crate yet.
+#![forbid(unsafe_code)]
 
 mod clock;
 mod clocked;

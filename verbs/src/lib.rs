@@ -27,6 +27,7 @@
 //! `async fn`-style methods without `Send` bounds because every dmem executor is
 //! thread-per-core: a task never migrates.
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
+#![forbid(unsafe_code)]
 
 extern crate alloc;
 

@@ -115,6 +115,11 @@ struct Row {
     mn_nic_busy: Option<f64>,
     /// Doorbells per work request on the CNs; sim only.
     doorbells_per_wr: Option<f64>,
+    /// Simulator speed: work requests simulated (warm-up included) per real second of
+    /// this process's run; sim only.
+    sim_verbs_per_real_s: Option<f64>,
+    /// Real seconds the simulation of this row took; sim only.
+    sim_real_s: Option<f64>,
 }
 
 impl Args {
@@ -260,9 +265,11 @@ fn run_sim(args: &Args, profile: &NicProfile, op: PerfOp, batch: usize) -> anyho
             );
         }
     }
+    let real_start = std::time::Instant::now();
     sim.run_until(warm_up_end);
     let at_warm_up = sim.stats();
     sim.run_until(end);
+    let real_s = real_start.elapsed().as_secs_f64();
     let stats = sim.stats();
     let measured = end - warm_up_end;
     let mn_busy = stats.mn_busy_fraction_since(&at_warm_up);
@@ -289,6 +296,8 @@ fn run_sim(args: &Args, profile: &NicProfile, op: PerfOp, batch: usize) -> anyho
         p99_ns: latency.value_at_quantile(0.99),
         mn_nic_busy: Some(mn_busy),
         doorbells_per_wr: Some(doorbells as f64 / wrs.max(1) as f64),
+        sim_verbs_per_real_s: Some(stats.total_ops() as f64 / real_s.max(1e-9)),
+        sim_real_s: Some(real_s),
     })
 }
 
@@ -401,6 +410,8 @@ fn run_shm(args: &Args, op: PerfOp, batch: usize) -> anyhow::Result<Row> {
         p99_ns: latency.value_at_quantile(0.99),
         mn_nic_busy: None,
         doorbells_per_wr: None,
+        sim_verbs_per_real_s: None,
+        sim_real_s: None,
     })
 }
 
@@ -464,5 +475,17 @@ fn print_table(args: &Args, rows: &[Row]) {
             busy,
             base.map_or("-".to_string(), |g| format!("{g:.2}x")),
         );
+    }
+    // How fast the simulator itself ran (real time, so it varies with the machine's load).
+    for row in rows {
+        if let (Some(speed), Some(real_s)) = (row.sim_verbs_per_real_s, row.sim_real_s) {
+            println!(
+                "simulator: {} batch {}: {:.2} M verbs per real second ({:.3} s real)",
+                row.op,
+                row.batch,
+                speed / 1e6,
+                real_s
+            );
+        }
     }
 }

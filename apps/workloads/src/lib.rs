@@ -28,6 +28,7 @@
 //!
 //! Record layouts are `#[repr(C)]` zerocopy structs with little-endian fields and alignment 1
 //! ([`record`]); key packings are documented per workload.
+#![forbid(unsafe_code)]
 
 pub mod any;
 pub mod dist;

@@ -10,6 +10,7 @@
 //! * [`checker`]: the one history checker every protocol uses (Adya's G0, G1a–c, G-single, G2,
 //!   plus real-time order for strict serializability; Pandora §5).
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
+#![forbid(unsafe_code)]
 
 extern crate alloc;
 

@@ -19,6 +19,7 @@
 //!   in-flight transactions, acknowledgement and resume.
 //!
 //! Protocol code is generic over `V: Verbs + Clock` and never names an executor.
+#![forbid(unsafe_code)]
 
 pub mod cn;
 pub mod config;

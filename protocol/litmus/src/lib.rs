@@ -23,6 +23,7 @@
 //! let out = run_one(&*pandora, Litmus::IndirectWrite, 7, &RunConfig::new(1.0)).unwrap();
 //! assert!(out.violation.is_none(), "{:?}", out.violation);
 //! ```
+#![forbid(unsafe_code)]
 
 pub mod litmus;
 pub mod rng;

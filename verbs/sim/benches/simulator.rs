@@ -1,15 +1,15 @@
 //! Simulator speed: simulated one-sided operations per real second on one core.
 //!
-//! 4 CNs x 4 cores x 4 coroutines post single READs of 64 B (cx5) or lists of 8 WRITEs for
-//! 200 µs of virtual time; criterion reports real time per run, and the throughput line
-//! gives simulated work requests per real second.
+//! 4 CNs x 4 cores x 4 coroutines post lists of 64-byte READs (1 or 16 per doorbell), single
+//! CAS or lists of 8 WRITEs of 8 bytes (cx5) for 200 µs of virtual time; criterion reports
+//! real time per run, and the throughput line gives simulated work requests per real second.
 #![allow(missing_docs)] // criterion_group! generates undocumented public functions
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use dmem_sim::{ClusterConfig, Sim};
-use dmem_verbs::{Clock, PostList, Verbs};
+use dmem_verbs::{Clock, OpKind, PostList, Verbs};
 
-fn workload(batch: u64) -> (Sim, u64) {
+fn workload(kind: OpKind, batch: u64) -> (Sim, u64) {
     let sim = Sim::new(
         ClusterConfig::new("cx5")
             .unwrap()
@@ -27,17 +27,20 @@ fn workload(batch: u64) -> (Sim, u64) {
                 let region = sim.region(sim.mn((k % 2) as u16));
                 let base = (u64::from(cn) * 16 + u64::from(thread) * 4 + k) * 64 * batch;
                 sim.spawn(&ctx, async move {
+                    let mut round = 0;
                     while c.now() < 200_000 {
                         let mut list = PostList::new();
                         for i in 0..batch {
                             let addr = region.at(base + i * 64).unwrap();
-                            if batch == 1 {
-                                list.read(addr, 64);
-                            } else {
-                                list.write(addr, &[7; 8]);
+                            match kind {
+                                OpKind::Read => drop(list.read(addr, 64)),
+                                OpKind::Write => drop(list.write(addr, &[7; 8])),
+                                OpKind::Cas => drop(list.cas(addr, round, round + 1)),
+                                OpKind::Faa => drop(list.faa(addr, 1)),
                             }
                         }
                         c.post(list).await.unwrap();
+                        round += 1;
                     }
                 });
             }
@@ -51,15 +54,15 @@ fn workload(batch: u64) -> (Sim, u64) {
 fn simulator_speed(c: &mut Criterion) {
     let mut group = c.benchmark_group("simulator");
     group.sample_size(10);
-    for batch in [1u64, 8] {
-        let (_, ops) = workload(batch);
+    for (name, kind, batch) in [
+        ("read64_single", OpKind::Read, 1u64),
+        ("read64_batch16", OpKind::Read, 16),
+        ("cas_single", OpKind::Cas, 1),
+        ("write8_batch8", OpKind::Write, 8),
+    ] {
+        let (_, ops) = workload(kind, batch);
         group.throughput(Throughput::Elements(ops));
-        let name = if batch == 1 {
-            "read64_single"
-        } else {
-            "write8_batch8"
-        };
-        group.bench_function(name, |b| b.iter(|| workload(batch).1));
+        group.bench_function(name, |b| b.iter(|| workload(kind, batch).1));
     }
     group.finish();
 }

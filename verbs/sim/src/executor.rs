@@ -21,6 +21,9 @@ use crate::{ClusterConfig, SimError};
 
 type TaskKey = (usize, u32);
 
+/// A core in the runnable heap: (start time, wake order of its next task, core, version).
+type CoreEntry = (Nanos, u64, usize, u64);
+
 /// Wakes a task by queueing its key; the executor drains the queue after every step.
 ///
 /// A `Waker` must be `Send + Sync`, so the queue is an `Arc<Mutex<_>>` rather than an `Rc`:
@@ -62,11 +65,24 @@ struct TaskSlot {
     waker: Arc<TaskWaker>,
 }
 
+/// The runnable tasks of one core, by (time woken, wake order): the core runs them one at a
+/// time, each when the core is free. A task waits only in its own core's queue, so a busy
+/// core with many waiting tasks costs O(log n) per task run, not a pass over all of them.
+#[derive(Default)]
+struct CoreQueue {
+    tasks: BinaryHeap<Reverse<(Nanos, u64, TaskKey)>>,
+    /// Version of this core's live entry in `Shared::runnable`.
+    version: u64,
+}
+
 struct Shared {
     world: RefCell<World>,
     tasks: RefCell<slab::Slab<TaskSlot>>,
-    /// Runnable tasks by the time their core can start them.
-    ready: RefCell<BinaryHeap<Reverse<(Nanos, u64, TaskKey)>>>,
+    /// Runnable tasks of each core.
+    queues: RefCell<Vec<CoreQueue>>,
+    /// Cores with a runnable task, by the time the core can start its next one (then that
+    /// task's wake order). One live entry per core; superseded entries are skipped.
+    runnable: RefCell<BinaryHeap<Reverse<CoreEntry>>>,
     ready_seq: Cell<u64>,
     wakes: Arc<WakeQueue>,
     woken_buffer: Cell<Vec<TaskKey>>,
@@ -96,7 +112,12 @@ impl Sim {
             shared: Rc::new(Shared {
                 world: RefCell::new(World::new(&config)),
                 tasks: RefCell::new(slab::Slab::new()),
-                ready: RefCell::new(BinaryHeap::new()),
+                queues: RefCell::new(
+                    (0..usize::from(config.cns) * usize::from(config.threads_per_cn))
+                        .map(|_| CoreQueue::default())
+                        .collect(),
+                ),
+                runnable: RefCell::new(BinaryHeap::new()),
                 ready_seq: Cell::new(0),
                 wakes: Arc::new(WakeQueue::default()),
                 woken_buffer: Cell::new(Vec::new()),
@@ -357,10 +378,35 @@ fn spawn_on(shared: &Rc<Shared>, core: usize, future: Pin<Box<dyn Future<Output 
 }
 
 fn push_ready(shared: &Shared, key: TaskKey, core: usize, at: Nanos) {
-    let start = at.max(shared.world.borrow().cores[core].busy_until);
     let seq = shared.ready_seq.get() + 1;
     shared.ready_seq.set(seq);
-    shared.ready.borrow_mut().push(Reverse((start, seq, key)));
+    let new_head = {
+        let mut queues = shared.queues.borrow_mut();
+        let tasks = &mut queues[core].tasks;
+        let new_head = tasks
+            .peek()
+            .is_none_or(|Reverse(head)| (at, seq) < (head.0, head.1));
+        tasks.push(Reverse((at, seq, key)));
+        new_head
+    };
+    if new_head {
+        publish(shared, core);
+    }
+}
+
+/// (Re)enters `core` in the runnable heap with its current head task and free time,
+/// superseding its previous entry.
+fn publish(shared: &Shared, core: usize) {
+    let mut queues = shared.queues.borrow_mut();
+    let q = &mut queues[core];
+    q.version += 1;
+    if let Some(&Reverse((at, seq, _))) = q.tasks.peek() {
+        let start = at.max(shared.world.borrow().cores[core].busy_until);
+        shared
+            .runnable
+            .borrow_mut()
+            .push(Reverse((start, seq, core, q.version)));
+    }
 }
 
 fn drain_wakes(shared: &Shared, at: Nanos) {
@@ -388,34 +434,49 @@ fn drain_wakes(shared: &Shared, at: Nanos) {
     shared.woken_buffer.set(woken);
 }
 
-/// The next runnable task and the time its core can start it, discarding stale entries and
-/// re-queueing entries whose core became busy since they were queued.
-fn next_task(shared: &Shared) -> Option<(Nanos, TaskKey)> {
+/// The next runnable task, its core and the time the core can start it, discarding finished
+/// tasks and re-entering cores that became busy since they were entered.
+fn next_task(shared: &Shared) -> Option<(Nanos, usize, TaskKey)> {
     loop {
-        let Reverse((start, _, key)) = *shared.ready.borrow().peek()?;
-        let core = match shared.tasks.borrow().get(key.0) {
-            Some(slot) if slot.generation == key.1 && slot.future.is_some() => slot.core,
-            _ => {
-                shared.ready.borrow_mut().pop();
-                continue;
+        let Reverse((start, _, core, version)) = *shared.runnable.borrow().peek()?;
+        let head = {
+            let queues = shared.queues.borrow();
+            let q = &queues[core];
+            if q.version != version {
+                None
+            } else {
+                q.tasks.peek().map(|&Reverse((_, _, key))| key)
             }
         };
-        let busy_until = shared.world.borrow().cores[core].busy_until;
-        if busy_until > start {
-            shared.ready.borrow_mut().pop();
-            push_ready(shared, key, core, busy_until);
+        let Some(key) = head else {
+            shared.runnable.borrow_mut().pop();
+            continue;
+        };
+        let alive = matches!(
+            shared.tasks.borrow().get(key.0),
+            Some(slot) if slot.generation == key.1 && slot.future.is_some()
+        );
+        if !alive {
+            shared.runnable.borrow_mut().pop();
+            shared.queues.borrow_mut()[core].tasks.pop();
+            publish(shared, core);
             continue;
         }
-        return Some((start, key));
+        if shared.world.borrow().cores[core].busy_until > start {
+            shared.runnable.borrow_mut().pop();
+            publish(shared, core);
+            continue;
+        }
+        return Some((start, core, key));
     }
 }
 
 /// Drops the tasks of CNs that crashed.
 fn reap_crashed(shared: &Shared) {
-    let crashed = std::mem::take(&mut shared.world.borrow_mut().newly_crashed);
-    if crashed.is_empty() {
+    if shared.world.borrow().newly_crashed.is_empty() {
         return;
     }
+    let crashed = std::mem::take(&mut shared.world.borrow_mut().newly_crashed);
     let doomed: Vec<_> = {
         let world = shared.world.borrow();
         let mut tasks = shared.tasks.borrow_mut();
@@ -433,13 +494,13 @@ fn reap_crashed(shared: &Shared) {
 fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
     loop {
         reap_crashed(shared);
-        let event_at = shared.world.borrow().next_event_time();
+        let event_at = shared.world.borrow_mut().next_event_time();
         let task = next_task(shared);
         let next = match (event_at, task) {
             (None, None) => break,
             (Some(e), None) => e,
-            (None, Some((t, _))) => t,
-            (Some(e), Some((t, _))) => e.min(t),
+            (None, Some((t, ..))) => t,
+            (Some(e), Some((t, ..))) => e.min(t),
         };
         if deadline.is_some_and(|d| next > d) {
             let mut world = shared.world.borrow_mut();
@@ -447,17 +508,37 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
             break;
         }
         let run_event = match (event_at, task) {
-            (Some(e), Some((t, _))) => e <= t,
+            (Some(e), Some((t, ..))) => e <= t,
             (Some(_), None) => true,
             _ => false,
         };
         if run_event {
-            shared.world.borrow_mut().step();
-            let now = shared.world.borrow().now;
+            // Events up to the next task start (and the deadline) in one go, while they wake
+            // no task and crash no node: until then the next task cannot change.
+            let limit = task
+                .map_or(Nanos::MAX, |(t, ..)| t)
+                .min(deadline.unwrap_or(Nanos::MAX));
+            let now = {
+                let mut world = shared.world.borrow_mut();
+                loop {
+                    world.step();
+                    if shared.wakes.any.load(Ordering::Relaxed) || !world.newly_crashed.is_empty() {
+                        break;
+                    }
+                    match world.next_event_time() {
+                        Some(e) if e <= limit => {}
+                        _ => break,
+                    }
+                }
+                world.now
+            };
             drain_wakes(shared, now);
-        } else if let Some((start, key)) = task {
-            shared.ready.borrow_mut().pop();
+        } else if let Some((start, core, key)) = task {
+            shared.runnable.borrow_mut().pop();
+            shared.queues.borrow_mut()[core].tasks.pop();
             poll_task(shared, key, start);
+            // The core's free time moved: enter it again with its next task.
+            publish(shared, core);
         }
     }
     shared.world.borrow().now

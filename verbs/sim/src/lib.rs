@@ -33,9 +33,11 @@
 //! [`Clock::cpu`](dmem_verbs::Clock::cpu)) advances that local time; the core is busy until
 //! the task yields. So CPU is a resource tasks contend for, as on a real CN.
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod executor;
 mod profile;
+mod queue;
 mod stats;
 mod world;
 

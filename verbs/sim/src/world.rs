@@ -26,8 +26,7 @@
 //! is not queued at the requester's ingress link; a failed work request does not move its
 //! queue pair to the error state (later work requests still execute).
 
-use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::task::Waker;
 
 use dmem_verbs::{
@@ -39,6 +38,7 @@ use rand_xoshiro::rand_core::{RngCore, SeedableRng};
 use rustc_hash::FxHashMap;
 use slab::Slab;
 
+use crate::queue::EventQueue;
 use crate::stats::{NicStats, kind_index};
 use crate::{ClusterConfig, MessageFaults, NicProfile};
 
@@ -70,29 +70,6 @@ pub(crate) enum Event {
     Deliver(Box<(Endpoint, Message)>),
     /// A two-sided message is handed to its receive queue.
     Enqueue(Box<(Endpoint, Message)>),
-}
-
-struct Entry {
-    time: Nanos,
-    seq: u64,
-    event: Event,
-}
-
-impl PartialEq for Entry {
-    fn eq(&self, other: &Self) -> bool {
-        (self.time, self.seq) == (other.time, other.seq)
-    }
-}
-impl Eq for Entry {}
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Entry {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.time, self.seq).cmp(&(other.time, other.seq))
-    }
 }
 
 /// NIC queues of one node. Times are `f64` nanoseconds so that sub-nanosecond service times
@@ -167,8 +144,7 @@ pub(crate) struct World {
     pub(crate) now: Nanos,
     /// Core whose task is being polled, if any.
     pub(crate) polling_core: Option<usize>,
-    seq: u64,
-    events: BinaryHeap<Reverse<Entry>>,
+    events: EventQueue<Event>,
     nodes: Vec<Node>,
     pub(crate) cores: Vec<Core>,
     batches: Slab<Batch>,
@@ -187,17 +163,6 @@ pub(crate) struct World {
 /// and platforms, which `std`'s hashers do not promise.
 fn fold(digest: u64, word: u64) -> u64 {
     (digest.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95)
-}
-
-/// Schedules `event` at `time`; a free function so that callers can hold borrows of other
-/// fields of the world meanwhile.
-fn push_event(events: &mut BinaryHeap<Reverse<Entry>>, seq: &mut u64, time: Nanos, event: Event) {
-    *seq += 1;
-    events.push(Reverse(Entry {
-        time,
-        seq: *seq,
-        event,
-    }));
 }
 
 const DIGEST_SEED: u64 = 0xcbf2_9ce4_8422_2325;
@@ -247,8 +212,7 @@ impl World {
             profile: config.profile.clone(),
             now: 0,
             polling_core: None,
-            seq: 0,
-            events: BinaryHeap::new(),
+            events: EventQueue::new(),
             nodes,
             cores,
             batches: Slab::new(),
@@ -267,11 +231,11 @@ impl World {
     }
 
     pub(crate) fn schedule(&mut self, time: Nanos, event: Event) {
-        push_event(&mut self.events, &mut self.seq, time, event);
+        self.events.push(time, event);
     }
 
-    pub(crate) fn next_event_time(&self) -> Option<Nanos> {
-        self.events.peek().map(|Reverse(e)| e.time)
+    pub(crate) fn next_event_time(&mut self) -> Option<Nanos> {
+        self.events.peek_time()
     }
 
     pub(crate) fn node_count(&self) -> usize {
@@ -383,8 +347,8 @@ impl World {
             posted as u64 * self.profile.wr_cpu_ns + doorbells * self.profile.doorbell_cpu_ns;
         self.charge(core, cost);
         let at = self.cores[core].local;
-        let n_wrs = wrs.len();
-        let outcomes = vec![WrOutcome::Written; n_wrs];
+        let mut outcomes = Vec::with_capacity(wrs.len());
+        outcomes.resize_with(wrs.len(), || WrOutcome::Written);
         let key = self.batches.insert(Batch {
             core,
             node,
@@ -459,13 +423,12 @@ impl World {
 
     /// Pops and handles the next event. Returns `false` when there is none.
     pub(crate) fn step(&mut self) -> bool {
-        let Some(Reverse(entry)) = self.events.pop() else {
+        let Some((time, event)) = self.events.pop() else {
             return false;
         };
-        debug_assert!(entry.time >= self.now || self.polling_core.is_some());
-        self.now = self.now.max(entry.time);
+        self.now = self.now.max(time);
         self.events_processed += 1;
-        match entry.event {
+        match event {
             Event::Timer(waker) => waker.wake(),
             Event::Doorbell(batch) => self.on_doorbell(batch),
             Event::Arrive { batch, wr } => self.on_arrive(batch, wr as usize),
@@ -497,7 +460,7 @@ impl World {
         let b = &self.batches[key];
         let node = usize::from(b.node.0);
         let nic = &mut self.nodes[node].nic;
-        let (events, seq) = (&mut self.events, &mut self.seq);
+        let events = &mut self.events;
         for (i, wr) in b.wrs[..b.posted].iter().enumerate() {
             let bytes = Self::request_bytes(&wr.op);
             let fetch = match &wr.op {
@@ -513,12 +476,7 @@ impl World {
             nic.stats.bytes_out += bytes + u64::from(profile.header_bytes);
             let arrive = nic.egress_free + profile.one_way_latency_ns as f64;
             let wr = i as u32;
-            push_event(
-                events,
-                seq,
-                arrive.ceil() as Nanos,
-                Event::Arrive { batch: key, wr },
-            );
+            events.push(arrive.ceil() as Nanos, Event::Arrive { batch: key, wr });
         }
     }
 
@@ -604,7 +562,6 @@ impl World {
         let qp_ready = node.nic.qp_done[source_core];
         let earliest = ready.max(qp_ready);
         let events = &mut self.events;
-        let seq = &mut self.seq;
         let now_ns = self.now;
         let mut inline = None;
         let mut schedule_execute = |start: f64, inline: &mut Option<Inline>| {
@@ -613,7 +570,7 @@ impl World {
                 *inline = Some(Inline::Execute);
             } else {
                 let wr = wr as u32;
-                push_event(events, seq, at, Event::Execute { batch: key, wr });
+                events.push(at, Event::Execute { batch: key, wr });
             }
         };
         match kind {
@@ -637,9 +594,7 @@ impl World {
                             inline = Some(Inline::FirstLine);
                             continue;
                         }
-                        push_event(
-                            events,
-                            seq,
+                        events.push(
                             at,
                             Event::WriteLine {
                                 batch: key,

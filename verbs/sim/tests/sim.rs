@@ -533,3 +533,28 @@ fn a_detached_post_lands_without_a_wait() {
         7u64.to_le_bytes().to_vec()
     );
 }
+
+/// The histories of three random workloads, pinned: a change to the event core (queues,
+/// scheduling, allocation) must leave every completed op at the same instant with the same
+/// outcome. Update the figures only with a deliberate change of the model, and say so.
+#[test]
+fn histories_are_pinned() {
+    let runs = [
+        (
+            ("cx5", 3, 2, 7),
+            (12_004_717_611_578_256_693, 349_284, 4800),
+        ),
+        (("cx3", 4, 2, 1), (6_768_883_818_261_322_966, 688_620, 6400)),
+        (
+            ("cx4", 2, 2, 9),
+            (16_065_046_674_906_756_307, 390_970, 3200),
+        ),
+    ];
+    for ((profile, cns, threads, seed), expected) in runs {
+        let got = random_workload(&cluster(profile, cns, threads, seed));
+        assert_eq!(
+            got, expected,
+            "{profile} {cns} CNs x {threads} threads, seed {seed}"
+        );
+    }
+}

@@ -1,0 +1,221 @@
+//! The event queue: events in `(time, scheduling order)` order, cheaply.
+//!
+//! Almost every event of a simulated cluster is due within a few microseconds of the current
+//! instant (a wire latency, a NIC service time, a response), so the queue is a timing wheel
+//! of [`WHEEL`] one-nanosecond buckets covering `[base, base + WHEEL)`, where `base` is the
+//! time of the last event taken out: every event in a bucket is due at the same instant, and
+//! a bucket is a FIFO, so scheduling order within an instant is kept for free. A bitmap finds
+//! the next non-empty bucket. Events due later than the wheel covers (transport timeouts,
+//! long timers) or before `base` go to a binary heap; taking out compares the wheel's first
+//! event with the heap's by `(time, sequence number)`, so the order is exactly that of one
+//! heap ordered by `(time, sequence number)`.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use dmem_verbs::Nanos;
+
+/// Buckets of the wheel (one per nanosecond of the horizon).
+const WHEEL: usize = 1 << 12;
+const WORDS: usize = WHEEL / 64;
+
+struct Far<T> {
+    time: Nanos,
+    seq: u64,
+    item: T,
+}
+
+impl<T> PartialEq for Far<T> {
+    fn eq(&self, other: &Self) -> bool {
+        (self.time, self.seq) == (other.time, other.seq)
+    }
+}
+impl<T> Eq for Far<T> {}
+impl<T> PartialOrd for Far<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<T> Ord for Far<T> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.time, self.seq).cmp(&(other.time, other.seq))
+    }
+}
+
+/// A priority queue of items by `(time, order of insertion)`.
+pub(crate) struct EventQueue<T> {
+    /// Every item in the wheel is due in `[base, base + WHEEL)`.
+    base: Nanos,
+    seq: u64,
+    buckets: Vec<VecDeque<(u64, T)>>,
+    occupied: [u64; WORDS],
+    in_wheel: usize,
+    /// Time of the wheel's first item, when known.
+    wheel_next: Option<Nanos>,
+    far: BinaryHeap<Reverse<Far<T>>>,
+}
+
+impl<T> EventQueue<T> {
+    pub(crate) fn new() -> Self {
+        Self {
+            base: 0,
+            seq: 0,
+            buckets: (0..WHEEL).map(|_| VecDeque::new()).collect(),
+            occupied: [0; WORDS],
+            in_wheel: 0,
+            wheel_next: None,
+            far: BinaryHeap::new(),
+        }
+    }
+
+    /// Schedules `item` at `time`, after every item already scheduled at that time.
+    pub(crate) fn push(&mut self, time: Nanos, item: T) {
+        self.seq += 1;
+        let seq = self.seq;
+        if time >= self.base && time - self.base < WHEEL as Nanos {
+            let b = time as usize & (WHEEL - 1);
+            self.buckets[b].push_back((seq, item));
+            self.occupied[b / 64] |= 1 << (b % 64);
+            self.in_wheel += 1;
+            if self.in_wheel == 1 {
+                self.wheel_next = Some(time);
+            } else if let Some(next) = self.wheel_next
+                && time < next
+            {
+                self.wheel_next = Some(time);
+            }
+        } else {
+            self.far.push(Reverse(Far { time, seq, item }));
+        }
+    }
+
+    /// Time of the wheel's first item (scanning the bitmap from `base`).
+    fn wheel_first(&mut self) -> Option<Nanos> {
+        if self.in_wheel == 0 {
+            return None;
+        }
+        if let Some(t) = self.wheel_next {
+            return Some(t);
+        }
+        let start = self.base as usize & (WHEEL - 1);
+        let (w0, bit0) = (start / 64, start % 64);
+        let mut found = None;
+        // The start word from `bit0` up, the other words in turn, then the start word's
+        // bits below `bit0` (times that wrapped around the wheel).
+        let first = self.occupied[w0] & (!0u64 << bit0);
+        if first != 0 {
+            found = Some(w0 * 64 + first.trailing_zeros() as usize);
+        } else {
+            for i in 1..=WORDS {
+                let w = (w0 + i) % WORDS;
+                let mut word = self.occupied[w];
+                if i == WORDS {
+                    word &= (1u64 << bit0).wrapping_sub(1);
+                }
+                if word != 0 {
+                    found = Some(w * 64 + word.trailing_zeros() as usize);
+                    break;
+                }
+            }
+        }
+        let b = found.expect("a non-empty wheel has an occupied bucket");
+        let t = self.base + ((b.wrapping_sub(start)) & (WHEEL - 1)) as Nanos;
+        self.wheel_next = Some(t);
+        Some(t)
+    }
+
+    /// Time of the next item.
+    pub(crate) fn peek_time(&mut self) -> Option<Nanos> {
+        let wheel = self.wheel_first();
+        let far = self.far.peek().map(|Reverse(f)| f.time);
+        match (wheel, far) {
+            (Some(w), Some(f)) => Some(w.min(f)),
+            (w, f) => w.or(f),
+        }
+    }
+
+    /// Takes out the next item and its time.
+    pub(crate) fn pop(&mut self) -> Option<(Nanos, T)> {
+        let wheel = self.wheel_first();
+        let from_wheel = match (wheel, self.far.peek()) {
+            (None, None) => return None,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(w), Some(Reverse(f))) => {
+                let b = w as usize & (WHEEL - 1);
+                let seq = self.buckets[b].front().expect("occupied bucket").0;
+                (w, seq) < (f.time, f.seq)
+            }
+        };
+        let (time, item) = if from_wheel {
+            let time = wheel.expect("wheel item");
+            let b = time as usize & (WHEEL - 1);
+            let (_, item) = self.buckets[b].pop_front().expect("occupied bucket");
+            self.in_wheel -= 1;
+            if self.buckets[b].is_empty() {
+                self.occupied[b / 64] &= !(1 << (b % 64));
+                self.wheel_next = None;
+            }
+            (time, item)
+        } else {
+            let Reverse(f) = self.far.pop().expect("far item");
+            (f.time, f.item)
+        };
+        // Everything left is due at `time` or later (this was the minimum).
+        if time > self.base {
+            self.base = time;
+        }
+        Some((time, item))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wheel and heap together give exactly the order of one heap by (time, seq).
+    #[test]
+    fn same_order_as_a_heap() {
+        let mut q = EventQueue::new();
+        let mut reference = BinaryHeap::new();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut seq = 0u64;
+        let mut now: Nanos = 0;
+        for round in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let pushes = 1 + x % 3;
+            for k in 0..pushes {
+                let delay = match (x >> (8 * k)) % 8 {
+                    0 => 0,
+                    1..=5 => (x >> 20) % 3000,
+                    6 => 4096 + (x >> 24) % 10_000,
+                    _ => 1_000_000,
+                };
+                // Now and then an item in the past, which the heap must take.
+                let time = if round % 997 == 0 {
+                    now.saturating_sub(5)
+                } else {
+                    now + delay
+                };
+                seq += 1;
+                q.push(time, seq);
+                reference.push(Reverse((time, seq)));
+            }
+            for _ in 0..(x >> 40) % 4 {
+                let got = q.pop();
+                let want = reference.pop().map(|Reverse((t, s))| (t, s));
+                assert_eq!(got, want);
+                if let Some((t, _)) = got {
+                    now = now.max(t);
+                }
+            }
+        }
+        while let Some(Reverse((t, s))) = reference.pop() {
+            assert_eq!(q.peek_time(), Some(t));
+            assert_eq!(q.pop(), Some((t, s)));
+        }
+        assert_eq!(q.pop(), None);
+    }
+}
