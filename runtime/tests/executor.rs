@@ -118,7 +118,7 @@ fn run_until_stops_at_the_deadline_and_resumes_later() {
     {
         let woke = Rc::clone(&woke);
         ex.spawn(async move {
-            RealClock.sleep(30 * MS).await;
+            RealClock.sleep(300 * MS).await;
             woke.set(true);
         });
     }
@@ -128,11 +128,11 @@ fn run_until_stops_at_the_deadline_and_resumes_later() {
         RunOutcome::DeadlineReached
     );
     let first = began.elapsed();
-    assert!(
-        first >= Duration::from_millis(5) && first < Duration::from_millis(25),
-        "{first:?}"
-    );
-    assert!(!woke.get());
+    // No upper bound on the wall time: a loaded machine may deschedule this thread for
+    // longer than the sleep. What matters is that run_for returned at its deadline with the
+    // task still pending, not after the task's 300 ms sleep had been served.
+    assert!(first >= Duration::from_millis(5), "{first:?}");
+    assert!(!woke.get(), "run_for must not wait for the task to finish");
     assert_eq!(ex.task_count(), 1);
     assert_eq!(ex.run(), RunOutcome::Finished);
     assert!(woke.get());

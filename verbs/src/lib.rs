@@ -72,6 +72,14 @@ pub trait Verbs {
         async move { self.post(list).await.map(|_| ()) }
     }
 
+    /// Notes that the protocol is about to post the work requests of phase `phase` (e.g.
+    /// `"log"`, `"commit"`). Nothing on real fabrics; the simulator records the work-request
+    /// index where each phase began, so that fault injection can aim crashes at phase
+    /// boundaries and inside batches instead of uniformly (the litmus suite does).
+    fn mark_phase(&self, phase: &'static str) {
+        let _ = phase;
+    }
+
     /// Sends a two-sided message to `to`. Resolves once the message is handed to the NIC;
     /// delivery is not acknowledged (a lost message is the protocol's business).
     fn send(&self, to: Endpoint, payload: &[u8]) -> impl Future<Output = Result<(), VerbsError>>;

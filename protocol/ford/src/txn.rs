@@ -242,8 +242,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     /// Every post of a running transaction goes through here (Pandora §3.2.5, "stop"):
     /// a transaction of an older MN view stops before and after each post; one of the
     /// current view waits while its CN is paused; an MN that does not answer is reported
-    /// and the transaction stops once the CN's view has dropped it.
-    async fn post(&mut self, list: PostList) -> Result<BatchResult, TxnError> {
+    /// and the transaction stops once the CN's view has dropped it. `phase` names the
+    /// protocol step for fault injection ([`Verbs::mark_phase`]).
+    async fn post(&mut self, phase: &'static str, list: PostList) -> Result<BatchResult, TxnError> {
         loop {
             let (enabled, epoch, paused, poll) = {
                 let m = self.co.shared.mn.borrow();
@@ -261,6 +262,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             }
             self.co.ctx.sleep(poll).await;
         }
+        self.co.ctx.mark_phase(phase);
         match self.co.ctx.post(list).await {
             Ok(res) => {
                 if self.view_changed() {
@@ -358,7 +360,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let p = self.store().primary(bucket.partition).map_err(store_err)?;
         let mut list = PostList::new();
         let id = list.read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32);
-        let bytes = self.post(list).await?.take_bytes(id);
+        let bytes = self.post("locate", list).await?.take_bytes(id);
         let (used, free) = parse_bucket(&bytes);
         if let Some(&(slot, _)) = used.iter().find(|(_, k)| *k == key.0) {
             let loc = self.store().item_at(bucket, slot).map_err(store_err)?;
@@ -393,7 +395,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             };
             list.read(slot_addr, 16)
         });
-        let mut res = self.post(list).await?;
+        let mut res = self.post("lock", list).await?;
         let old = res.atomic(cas);
         let bytes = res.take_bytes(rd);
         let slot_bytes = slot_rd.map(|id| res.take_bytes(id));
@@ -427,7 +429,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let mut list = PostList::new();
         self.add_log_writes(&mut list, early)?;
         if !list.is_empty() {
-            self.post(list).await?;
+            self.post("log", list).await?;
         }
         Ok(())
     }
@@ -456,7 +458,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             list.write(self.store().addr(mn, base + at as u64), &image);
         }
         if !list.is_empty() {
-            self.post(list).await?;
+            self.post("lock-log", list).await?;
         }
         Ok(())
     }
@@ -488,11 +490,13 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     async fn abort_once(&mut self) -> Result<(), VerbsError> {
         let list = self.st.truncate_list(&self.env());
         if !list.is_empty() {
+            self.co.ctx.mark_phase("abort-truncate");
             self.co.ctx.post(list).await?;
         }
         let view_changed = self.view_changed() || self.mn_failed;
         let list = self.st.abort_unlock_list(&self.env(), view_changed);
         if !list.is_empty() {
+            self.co.ctx.mark_phase("abort-unlock");
             self.co.ctx.post(list).await?;
         }
         Ok(())
@@ -584,7 +588,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let mut res = if list.is_empty() {
             None
         } else {
-            Some(self.post(list).await?)
+            Some(self.post("commit-lock", list).await?)
         };
         if let Some(res) = res.as_mut() {
             // Every CAS of this batch that found the lock free acquired it: mark it held
@@ -612,7 +616,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                         let mut l = PostList::new();
                         let cas = l.cas(addr, observed, me);
                         let rd = l.read(addr, self.item_len(table)? as u32);
-                        let mut r2 = self.post(l).await?;
+                        let mut r2 = self.post("steal", l).await?;
                         if r2.atomic(cas) != observed {
                             self.st.writes[i].lock = LockState::Failed;
                             return Err(aborted("write lock held"));
@@ -648,7 +652,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 self.add_log_writes(&mut list, false)?;
             }
             if !list.is_empty() {
-                res = Some(self.post(list).await?);
+                res = Some(self.post("validate", list).await?);
             }
         }
         if !validation.is_empty() {
@@ -687,7 +691,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let (list, installed) = self.st.commit_list(&self.env())?;
         self.decided = true;
         self.record_committed(installed, true);
-        self.post(list).await?;
+        self.post("commit", list).await?;
         self.co
             .history
             .resolve(self.id, TxnOutcome::Committed, self.co.ctx.now());
@@ -722,9 +726,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let list = self.st.release_list(self.store())?;
         if !list.is_empty() {
             if detached && !self.co.shared.mn.borrow().enabled() {
+                self.co.ctx.mark_phase("release");
                 self.co.ctx.post_detached(list).await?;
             } else {
-                self.post(list).await?;
+                self.post("release", list).await?;
             }
         }
         self.st.mark_released();
@@ -747,7 +752,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
 
         // -- locate: one bucket READ per uncached address, every MN at once --
         if let Some((list, ids)) = plan.locate_list(self.store()).map_err(store_err)? {
-            let res = self.post(list).await?;
+            let res = self.post("locate", list).await?;
             let found = plan
                 .absorb_locate(self.store(), &ids, &res)
                 .map_err(store_err)?;
@@ -775,7 +780,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let mut res = if list.is_empty() {
             None
         } else {
-            Some(self.post(list).await?)
+            Some(self.post("execute", list).await?)
         };
 
         // -- decide --
@@ -909,7 +914,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     let mut list = PostList::new();
                     let cas = list.cas(addr, observed, me);
                     let rd = list.read(addr, item_len);
-                    let mut res = self.post(list).await?;
+                    let mut res = self.post("steal", list).await?;
                     let got = res.atomic(cas);
                     if got == observed {
                         self.co.stats.steals += 1;
@@ -1032,7 +1037,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                         let a = self.store().addr(mn, bucket.offset + slot_offset(slot));
                         list.write(a, &bytes);
                     }
-                    self.post(list).await?;
+                    self.post("claim-slot", list).await?;
                 }
                 self.co.shared.cache.borrow_mut().put(table, key, loc);
                 self.st

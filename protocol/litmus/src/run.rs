@@ -18,8 +18,15 @@ use crate::rng::{SplitMix, mix};
 /// The shape of every run. [`RunConfig::new`] gives the defaults the README's numbers use.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunConfig {
-    /// Probability that a run crashes a worker CN at a uniformly chosen work request.
+    /// Probability that a run crashes a worker CN.
     pub crash_prob: f64,
+    /// Probability that a crash is aimed at a protocol phase (a work request from the
+    /// first one of a phase the protocol marked with `Verbs::mark_phase` — log, commit,
+    /// release, abort, … — to the first one of the next phase, so at a boundary or inside a
+    /// batch) rather than at a uniformly chosen work request. Most work requests of a run
+    /// are execution READs where no crash-dependent bug can show; the phases are where
+    /// they do (Pandora §5: a crash between logging and committing, inside a commit batch).
+    pub targeted: f64,
     /// Litmus instances per run, each on its own keys.
     pub instances: u16,
     /// Worker CNs (the litmus roles are spread over them; one more CN runs recovery).
@@ -45,6 +52,7 @@ impl RunConfig {
     pub fn new(crash_prob: f64) -> Self {
         Self {
             crash_prob,
+            targeted: 0.5,
             instances: 2,
             worker_cns: 2,
             max_gap: 3_000,
@@ -68,6 +76,11 @@ impl RunConfig {
         if !(0.0..=1.0).contains(&self.crash_prob) {
             return Err(LitmusError::CrashProb(self.crash_prob));
         }
+        if !(0.0..=1.0).contains(&self.targeted) {
+            return Err(LitmusError::Config(
+                "the targeted-crash probability must be in [0, 1]",
+            ));
+        }
         if self.instances == 0 || self.worker_cns == 0 || self.max_attempts == 0 || self.rounds == 0
         {
             return Err(LitmusError::Config(
@@ -87,6 +100,8 @@ pub struct CrashPoint {
     pub work_request: u64,
     /// Work requests that CN posted in the same run without the crash.
     pub of: u64,
+    /// The protocol phase the crash was aimed at (`None`: a uniformly chosen work request).
+    pub phase: Option<&'static str>,
 }
 
 /// What a run found wrong.
@@ -126,6 +141,8 @@ enum RoleEnd {
 
 struct Execution {
     wrs: Vec<u64>,
+    /// Per worker CN, the phase marks of the run (recorded when it injects no crash).
+    marks: Vec<Vec<(u64, &'static str)>>,
     ends: Vec<(u16, RoleEnd)>,
     crashed: Vec<bool>,
     final_state: Result<Vec<Option<u64>>, String>,
@@ -281,6 +298,7 @@ fn execute(
         min_mn_bytes: 96 << 10,
     };
     let sim = shape.build(target.mn_bytes_per_mn(&spec, shape.mns)?)?;
+    sim.record_phases(crash.is_none());
     let mut dep = target.deploy(&sim, &spec, Rc::clone(&history))?;
     for (key, value) in &records {
         dep.load(TABLE, *key, value)?;
@@ -351,8 +369,10 @@ fn execute(
         .unwrap_or_else(|| Err("the assertion transaction never finished".to_owned()));
     let ends = ends.borrow().clone();
     let history = history.borrow().clone();
+    let marks = (0..workers).map(|cn| sim.phase_marks(sim.cn(cn))).collect();
     Ok(Execution {
         wrs,
+        marks,
         ends,
         crashed,
         final_state,
@@ -407,10 +427,51 @@ fn judge(litmus: Litmus, cfg: &RunConfig, ex: &Execution) -> Option<Violation> {
     None
 }
 
+/// Where to crash a CN that posts `of` work requests: with probability `targeted` (and if
+/// the protocol marked phases) inside or at the edges of a uniformly chosen phase — from
+/// its first work request (nothing of it lands) to the first of the next phase (all of it
+/// lands) — else a uniformly chosen work request.
+fn crash_point(
+    marks: &[(u64, &'static str)],
+    of: u64,
+    targeted: f64,
+    rng: &mut SplitMix,
+) -> (u64, Option<&'static str>) {
+    let aimed = rng.unit() < targeted;
+    if aimed && !marks.is_empty() {
+        // A phase right after an abort weighs more: a crash there finds what an aborted
+        // attempt left behind (a log it did not truncate, a lock it did not release —
+        // Pandora §5.1's lost decision and complicit abort).
+        let weight = |i: usize| {
+            if i > 0 && marks[i - 1].1.starts_with("abort") && !marks[i].1.starts_with("abort") {
+                AFTER_ABORT_WEIGHT
+            } else {
+                1
+            }
+        };
+        let total: u64 = (0..marks.len()).map(weight).sum();
+        let mut pick = rng.below(total);
+        let mut i = 0;
+        while pick >= weight(i) {
+            pick -= weight(i);
+            i += 1;
+        }
+        let (start, phase) = marks[i];
+        let end = marks.get(i + 1).map_or(of, |m| m.0).max(start);
+        (start + rng.below(end - start + 1), Some(phase))
+    } else {
+        (rng.below(of.max(1)), None)
+    }
+}
+
+/// How much more likely a targeted crash falls in the phase that follows an abort.
+const AFTER_ABORT_WEIGHT: u64 = 8;
+
 /// Runs litmus `litmus` once with seed `seed`: builds the cluster and the target's store,
 /// loads the litmus keys, runs two instances of the litmus transactions concurrently with
-/// seeded delays, crashes a worker CN at a uniformly chosen work request with probability
-/// `cfg.crash_prob` (its work-request count is taken from the same run without the crash),
+/// seeded delays, crashes a worker CN with probability `cfg.crash_prob` — at a work request
+/// aimed at a protocol phase with probability `cfg.targeted`, else uniformly chosen (its
+/// work-request count and phases are taken from the same run without the crash),
 /// lets the target's recovery run, then reads the keys in a read-only transaction and
 /// checks the litmus assertion (Pandora Fig. 5) and the history (`dmem_txn::check`,
 /// strict serializability).
@@ -429,10 +490,13 @@ pub fn run_one(
         let cn = rng.below(u64::from(cfg.worker_cns)) as u16;
         let dry = execute(target, litmus, seed, cfg, None)?;
         let of = dry.wrs[usize::from(cn)];
+        let (work_request, phase) =
+            crash_point(&dry.marks[usize::from(cn)], of, cfg.targeted, &mut rng);
         Some(CrashPoint {
             cn,
-            work_request: rng.below(of.max(1)),
+            work_request,
             of,
+            phase,
         })
     } else {
         None

@@ -273,6 +273,18 @@ impl Sim {
             .schedule(at, Event::Crash(node));
     }
 
+    /// Turns recording of protocol phase marks ([`Verbs::mark_phase`]) on or off.
+    pub fn record_phases(&self, on: bool) {
+        self.shared.world.borrow_mut().record_phases = on;
+    }
+
+    /// The phase marks CN `node` recorded: for each, the index of the first work request of
+    /// the phase (the count of work requests posted before it) and its name, in order.
+    #[must_use]
+    pub fn phase_marks(&self, node: NodeId) -> Vec<(u64, &'static str)> {
+        self.shared.world.borrow().phase_marks(node).to_vec()
+    }
+
     /// Crashes CN `node` when it posts its `k`-th work request (counting from 0 since the
     /// start): work requests before it land, it and everything after do not — so a prefix
     /// of a post list may land.
@@ -772,6 +784,13 @@ impl Verbs for SimContext {
         let key = world.post(self.core, wrs);
         world.abandon(key);
         Ok(())
+    }
+
+    fn mark_phase(&self, phase: &'static str) {
+        self.shared
+            .world
+            .borrow_mut()
+            .mark_phase(self.node(), phase);
     }
 
     fn send(&self, to: Endpoint, payload: &[u8]) -> impl Future<Output = Result<(), VerbsError>> {

@@ -103,6 +103,8 @@ struct Node {
     /// Crash when this many work requests have been posted (the k-th is not posted).
     crash_at_wr: Option<u64>,
     wrs_posted: u64,
+    /// Phase marks (work-request index where the phase began, phase), when recorded.
+    phase_marks: Vec<(u64, &'static str)>,
     /// CNs whose access this MN revoked.
     revoked: BTreeSet<NodeId>,
     next_port: u16,
@@ -156,6 +158,9 @@ pub(crate) struct World {
     pub(crate) latency: [Histogram<u64>; 4],
     /// Nodes that crashed since the executor last looked (it drops their tasks).
     pub(crate) newly_crashed: Vec<NodeId>,
+    /// Whether [`mark_phase`](Self::mark_phase) records (off by default: benchmarks would
+    /// grow a list per transaction).
+    pub(crate) record_phases: bool,
 }
 
 /// Folds a word into the run digest. The mixing (rotate, xor, multiply by an odd constant,
@@ -193,6 +198,7 @@ impl World {
                 crashed: false,
                 crash_at_wr: None,
                 wrs_posted: 0,
+                phase_marks: Vec::new(),
                 revoked: BTreeSet::new(),
                 next_port: 1,
             });
@@ -223,6 +229,7 @@ impl World {
             events_processed: 0,
             latency: crate::stats::new_latency(),
             newly_crashed: Vec::new(),
+            record_phases: false,
         }
     }
 
@@ -264,6 +271,19 @@ impl World {
 
     pub(crate) fn nic_stats(&self, node: NodeId) -> &NicStats {
         &self.nodes[usize::from(node.0)].nic.stats
+    }
+
+    /// Records that `node` begins phase `phase` at its next work request, if phase
+    /// recording is on.
+    pub(crate) fn mark_phase(&mut self, node: NodeId, phase: &'static str) {
+        if self.record_phases {
+            let n = &mut self.nodes[usize::from(node.0)];
+            n.phase_marks.push((n.wrs_posted, phase));
+        }
+    }
+
+    pub(crate) fn phase_marks(&self, node: NodeId) -> &[(u64, &'static str)] {
+        &self.nodes[usize::from(node.0)].phase_marks
     }
 
     pub(crate) fn set_crash_at_wr(&mut self, node: NodeId, k: u64) {
