@@ -137,9 +137,38 @@ pub(crate) struct TxnState {
     pub(crate) logged: Vec<u16>,
     /// Addresses in this transaction's lock log (traditional lock logging only).
     pub(crate) lock_log: Vec<PackedAddr>,
+    /// Keys a round found absent, with their bucket and its first free slot then, for an
+    /// insert that follows.
+    pub(crate) absent: Vec<(TableId, Key, BucketLoc, Option<usize>)>,
 }
 
 impl TxnState {
+    /// Remembers that a round found `(table, key)` absent in `bucket`.
+    pub(crate) fn note_absent(
+        &mut self,
+        table: TableId,
+        key: Key,
+        bucket: BucketLoc,
+        free: Option<usize>,
+    ) {
+        self.absent.retain(|a| (a.0, a.1) != (table, key));
+        self.absent.push((table, key, bucket, free));
+    }
+
+    /// What a round saw of an absent key, once.
+    pub(crate) fn take_absent(
+        &mut self,
+        table: TableId,
+        key: Key,
+    ) -> Option<(BucketLoc, Option<usize>)> {
+        let i = self
+            .absent
+            .iter()
+            .position(|a| (a.0, a.1) == (table, key))?;
+        let (_, _, bucket, free) = self.absent.swap_remove(i);
+        Some((bucket, free))
+    }
+
     pub(crate) fn write_entry(&self, table: TableId, key: Key) -> Option<usize> {
         self.writes
             .iter()

@@ -356,6 +356,12 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         if let Some(loc) = self.co.shared.cache.borrow_mut().get(table, key) {
             return Ok(Located::Found(loc));
         }
+        if let Some((bucket, free)) = self.st.take_absent(table, key) {
+            // A round of this transaction found the key absent: reuse what its bucket READ
+            // showed (an insert that follows needs no second READ; if the free slot was
+            // taken meanwhile, the slot READ of the lock batch sees it and aborts).
+            return Ok(Located::Absent { bucket, free });
+        }
         let bucket = self.store().bucket_of(table, key).map_err(store_err)?;
         let p = self.store().primary(bucket.partition).map_err(store_err)?;
         let mut list = PostList::new();
@@ -786,7 +792,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         // -- decide --
         let mut values: Vec<Option<Vec<u8>>> = vec![None; plan.fetches.len()];
         for (n, f) in plan.fetches.iter().enumerate() {
-            if let Some(Located::Absent { bucket, .. }) = f.located {
+            if let Some(Located::Absent { bucket, free }) = f.located {
+                self.st.note_absent(f.table, f.key, bucket, free);
                 // Absent: validated at commit by a READ of its bucket (read or for update:
                 // the insert that may follow locks a slot of its own).
                 if !self
