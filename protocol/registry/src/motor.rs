@@ -187,6 +187,24 @@ impl Deployment for MotorDeployment {
         Rc::clone(&self.paused)
     }
 
+    fn scan_cost(&self) -> Option<(u64, u64)> {
+        let mns = u64::from(self.store.config().mns);
+        Some(
+            self.store
+                .config()
+                .tables
+                .iter()
+                .filter_map(|t| self.store.table(t.id).ok())
+                .fold((0, 0), |(reads, bytes), l| {
+                    let n = u64::from(l.spec.buckets_per_partition) * mns;
+                    (
+                        reads + n,
+                        bytes + n * (l.item_len * dmem_store::BUCKET_SLOTS) as u64,
+                    )
+                }),
+        )
+    }
+
     fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
         read_final(
             &self.store,
