@@ -54,7 +54,7 @@ pub enum HarnessError {
 /// coordinators.
 #[must_use]
 pub fn deploy_spec<W: Workload>(workload: &W, coordinators: u16) -> DeploySpec {
-    DeploySpec::new(
+    let mut spec = DeploySpec::new(
         workload
             .tables()
             .iter()
@@ -66,7 +66,9 @@ pub fn deploy_spec<W: Workload>(workload: &W, coordinators: u16) -> DeploySpec {
             })
             .collect(),
         coordinators,
-    )
+    );
+    spec.workload = Some(workload.name().to_owned());
+    spec
 }
 
 /// Tries before a transaction is given up (retries reuse its parameters).

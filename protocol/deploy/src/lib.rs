@@ -100,6 +100,10 @@ pub struct DeploySpec {
     /// Whether every CN starts with a warm address cache (it scanned the index at start-up),
     /// so that its first access to a loaded record skips the index lookup.
     pub warm_cache: bool,
+    /// The workload's name (`smallbank`, `tatp`, `tpcc`, `kvs`, …) when a harness knows it,
+    /// for protocols whose configuration follows the workload (Motor's versions per record,
+    /// LOTUS §8); `None` lets the protocol use its default.
+    pub workload: Option<String>,
 }
 
 impl DeploySpec {
@@ -113,6 +117,7 @@ impl DeploySpec {
             index_slack: 2,
             exact_index: false,
             warm_cache: false,
+            workload: None,
         }
     }
 }

@@ -5,7 +5,10 @@
 //! * `ford` — FORD with its six bugs fixed (Pandora §2.3, Table 1);
 //! * `pandora` — PILL, logging after validation, RDMA recovery (Pandora §3);
 //! * `pandora-lock-logging` — Pandora with traditional "log before lock" (Pandora §6.1);
-//! * `ford:BUG[+BUG]` — FORD with bugs of Table 1 switched on (`ford:covert-locks`).
+//! * `ford:BUG[+BUG]` — FORD with bugs of Table 1 switched on (`ford:covert-locks`);
+//! * `motor`, `motor-si` — Motor under SR and SI (LOTUS §2.2, §8; `dmem-motor`);
+//! * `motor:FLAG[+FLAG]` — Motor with switches: `si`, `no-cas` (unsafe, for the LOTUS §2.2
+//!   motivation only), `skip-newer-abort` (a planted bug for the litmus suite).
 //!
 //! `dmem bench --protocol X`, `dmem litmus --protocol X` and the tests look protocols up
 //! here; a later protocol (Motor, LOTUS, …) adds one `register` line.
@@ -16,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod ford;
+pub mod motor;
 
 use std::sync::Arc;
 
@@ -23,6 +27,7 @@ use dmem_deploy::{Protocol, Registry};
 use dmem_ford::{BugSet, ProtocolConfig};
 
 pub use ford::FordProtocol;
+pub use motor::MotorProtocol;
 
 /// The registry of every protocol dmem implements.
 #[must_use]
@@ -49,6 +54,19 @@ pub fn registry() -> Registry {
                 &format!("ford:{params}"),
                 ProtocolConfig::ford_with(bugs),
             )) as Arc<dyn Protocol>)
+        }),
+    );
+    let _ = r.register(MotorProtocol::new("motor", dmem_motor::MotorConfig::sr()));
+    let _ = r.register(MotorProtocol::new(
+        "motor-si",
+        dmem_motor::MotorConfig::si(),
+    ));
+    let _ = r.register_family(
+        "motor",
+        "motor:FLAG[+FLAG]",
+        Box::new(|params: &str| {
+            let cfg = MotorProtocol::parse_flags(params)?;
+            Ok(Arc::new(MotorProtocol::new(&format!("motor:{params}"), cfg)) as Arc<dyn Protocol>)
         }),
     );
     r

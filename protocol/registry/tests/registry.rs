@@ -29,6 +29,9 @@ fn every_protocol_runs_a_transaction_and_reads_it_back() {
         "pandora",
         "pandora-lock-logging",
         "ford:covert-locks",
+        "motor",
+        "motor-si",
+        "motor:no-cas",
     ] {
         let protocol = registry.get(name).unwrap();
         assert_eq!(protocol.name(), name);
@@ -94,10 +97,15 @@ fn a_full_bucket_grows_the_index_slack() {
 #[test]
 fn unknown_names_and_bugs_are_errors() {
     let r = dmem_protocols::registry();
-    let e = r.get("motor").err().unwrap().to_string();
+    let e = r.get("lotus").err().unwrap().to_string();
     assert!(
-        e.contains("ford, pandora, pandora-lock-logging, ford:BUG[+BUG]"),
+        e.contains("ford, pandora, pandora-lock-logging, motor, motor-si"),
         "{e}"
     );
+    assert!(
+        e.contains("ford:BUG[+BUG]") && e.contains("motor:FLAG[+FLAG]"),
+        "{e}"
+    );
+    assert!(r.get("motor:no-such-switch").is_err());
     assert!(r.get("ford:no-such-bug").is_err());
 }

@@ -150,6 +150,11 @@ pub struct TableSpec {
     pub value_len: usize,
     /// Index buckets per partition (each holds [`BUCKET_SLOTS`] records).
     pub buckets_per_partition: u32,
+    /// Bytes of one record slot when the protocol's record format is not FORD's
+    /// [`DataItem`] (Motor's and LOTUS's multi-version blocks: lock, CVT and version images);
+    /// `None` sizes slots as [`DataItemHeader::item_len`] of the value. Must be a multiple of
+    /// 8 (of 64 for cacheline-versioned images, which then stay line-aligned).
+    pub item_len: Option<usize>,
 }
 
 impl TableSpec {
@@ -163,6 +168,7 @@ impl TableSpec {
             id,
             value_len,
             buckets_per_partition: u32::try_from(buckets).unwrap_or(u32::MAX),
+            item_len: None,
         }
     }
 }
@@ -276,6 +282,18 @@ impl StoreConfig {
         cfg
     }
 
+    /// Sets the record slot length of `table` (see [`TableSpec::item_len`]): for protocols
+    /// whose record format is not FORD's. Unknown tables are ignored.
+    #[must_use]
+    pub fn with_item_len(mut self, table: TableId, item_len: usize) -> Self {
+        for t in &mut self.tables {
+            if t.id == table {
+                t.item_len = Some(item_len);
+            }
+        }
+        self
+    }
+
     /// Bytes every MN region needs for this layout, computed without any region (so a
     /// cluster can be sized before it is built).
     ///
@@ -331,7 +349,13 @@ impl Layout {
         let mut tables = HashMap::new();
         let mut next = RESERVED;
         for spec in &config.tables {
-            let item_len = DataItemHeader::item_len(spec.value_len);
+            let item_len = spec
+                .item_len
+                .unwrap_or_else(|| DataItemHeader::item_len(spec.value_len));
+            if spec.item_len.is_some() {
+                // Multi-version blocks hold cacheline-versioned images: keep them aligned.
+                next = next.next_multiple_of(64);
+            }
             let buckets = u64::from(spec.buckets_per_partition.max(1));
             let partition_bytes =
                 buckets * BUCKET_LEN as u64 + buckets * BUCKET_SLOTS as u64 * item_len as u64;

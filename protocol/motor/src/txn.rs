@@ -1,0 +1,896 @@
+//! Motor coordinators and transactions: the async shell around [`crate::logic`].
+//!
+//! 1. **Begin**: a start timestamp `S` from the [`TimestampService`].
+//! 2. **Rounds** (one per [`Transaction::read_round`]): a bucket READ per record whose
+//!    address is not cached; then, in one post list (one doorbell per MN, every MN at
+//!    once), for each for-update record a CAS of its header lock chained with a READ of its
+//!    CVT, for each read-only record a READ of its CVT; then a READ of the chosen version's
+//!    image. A for-update record with a version at or after `S` aborts (SR and SI); a
+//!    read-only record found locked is read again (its writer may hold a commit timestamp
+//!    below `S`). A for-update key absent from the index claims a free slot of its bucket
+//!    (lock it, check the index slot, write it to every replica).
+//! 3. **Commit** (read-write): a commit timestamp `C` (the service's commit-wait included);
+//!    under SR one READ of the CVT of every read-only record (abort if locked or changed at
+//!    or after `S`); then one post list per MN: to the primary and every backup the new
+//!    image, the new cell (or floor + whole CVT when cells are evicted or collected), and to
+//!    the primary the unlock WRITE last. **Abort**: unlock WRITEs.
+//!
+//! Read-only transactions read at `S` and commit without any verb. No log is written:
+//! Motor's recovery (undo/redo logs) is not implemented (see the crate docs).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use dmem_store::{
+    AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, index_slot_bytes,
+    parse_bucket, slot_offset,
+};
+use dmem_txn::{
+    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
+    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+};
+use dmem_verbs::{BatchResult, Clock, Nanos, PostList, RemoteAddr, Verbs, WrId};
+
+use crate::logic::{self, Isolation, MetaOutcome};
+use crate::mvcc::{
+    self, BlockShape, CELL_LEN, FLOOR_OFFSET, LOCK_OFFSET, Meta, Shapes, pack_writer, unpack_writer,
+};
+use crate::ts::TimestampService;
+
+/// Motor's switches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MotorConfig {
+    /// SR or SI.
+    pub isolation: Isolation,
+    /// **Unsafe, for the LOTUS §2.2 motivation experiment only**: for-update records are
+    /// READ without the lock CAS (and never unlocked). Lost updates follow; the checker is
+    /// expected to fail.
+    pub unsafe_no_cas: bool,
+    /// Planted bug for the litmus suite: a for-update record with a version newer than the
+    /// start timestamp does not abort.
+    pub skip_newer_abort: bool,
+    /// Clock uncertainty of the timestamp service, ns.
+    pub epsilon: Nanos,
+    /// Versions committed longer ago than this are collected when a writer sees them
+    /// (LOTUS §7.1: 500 ms).
+    pub gc_threshold: Nanos,
+    /// Times a read-only record found locked (or torn) is read again before aborting.
+    pub max_rereads: u32,
+    /// Pause between two such reads, ns.
+    pub reread_pause: Nanos,
+}
+
+impl MotorConfig {
+    /// Motor under serializability.
+    #[must_use]
+    pub const fn sr() -> Self {
+        Self {
+            isolation: Isolation::Serializable,
+            unsafe_no_cas: false,
+            skip_newer_abort: false,
+            epsilon: 1_000,
+            gc_threshold: 500_000_000,
+            max_rereads: 32,
+            reread_pause: 500,
+        }
+    }
+
+    /// Motor under snapshot isolation.
+    #[must_use]
+    pub const fn si() -> Self {
+        Self {
+            isolation: Isolation::Snapshot,
+            ..Self::sr()
+        }
+    }
+}
+
+/// Counters of one coordinator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MotorStats {
+    /// Committed transactions.
+    pub committed: u64,
+    /// Aborted transactions.
+    pub aborted: u64,
+    /// Reads of a CVT repeated because the record was locked or torn.
+    pub rereads: u64,
+}
+
+/// A Motor coordinator on one CN context.
+#[derive(Debug)]
+pub struct MotorCoordinator<V, H, T> {
+    ctx: V,
+    store: Rc<Store>,
+    shapes: Rc<Shapes>,
+    cfg: MotorConfig,
+    id: u16,
+    seq: u64,
+    cache: Rc<RefCell<AddressCache>>,
+    history: H,
+    ts: T,
+    stats: MotorStats,
+}
+
+impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorCoordinator<V, H, T> {
+    /// A coordinator with the unique id `id`, sharing its CN's address `cache`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ctx: V,
+        store: Rc<Store>,
+        shapes: Rc<Shapes>,
+        cfg: MotorConfig,
+        id: u16,
+        cache: Rc<RefCell<AddressCache>>,
+        history: H,
+        ts: T,
+    ) -> Self {
+        Self {
+            ctx,
+            store,
+            shapes,
+            cfg,
+            id,
+            seq: 0,
+            cache,
+            history,
+            ts,
+            stats: MotorStats::default(),
+        }
+    }
+
+    /// The counters.
+    #[must_use]
+    pub fn stats(&self) -> MotorStats {
+        self.stats
+    }
+
+    /// The timestamp service.
+    #[must_use]
+    pub fn timestamps(&self) -> &T {
+        &self.ts
+    }
+}
+
+impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Coordinator
+    for MotorCoordinator<V, H, T>
+{
+    type Txn<'a>
+        = MotorTxn<'a, V, H, T>
+    where
+        Self: 'a;
+
+    async fn begin(&mut self, kind: TxnKind) -> Result<Self::Txn<'_>, TxnError> {
+        self.seq += 1;
+        let id = TxnId {
+            coordinator: CoordinatorId(u32::from(self.id)),
+            seq: self.seq,
+        };
+        let begin = self.ctx.now();
+        let start = self.ts.start_ts().await;
+        Ok(MotorTxn {
+            co: self,
+            id,
+            kind,
+            begin,
+            start,
+            reads: Vec::new(),
+            writes: Vec::new(),
+            events: Vec::new(),
+        })
+    }
+}
+
+/// Where a read-only record was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Block(ItemLoc),
+    Absent(BucketLoc),
+}
+
+#[derive(Debug, Clone)]
+struct ReadEntry {
+    table: TableId,
+    key: Key,
+    target: Target,
+    value: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Op {
+    Put(Vec<u8>, WriteKind),
+    Delete,
+}
+
+#[derive(Debug, Clone)]
+struct WriteEntry {
+    table: TableId,
+    key: Key,
+    loc: ItemLoc,
+    meta: Meta,
+    held: bool,
+    current: Option<Vec<u8>>,
+    op: Option<Op>,
+}
+
+impl WriteEntry {
+    fn value(&self) -> Option<Vec<u8>> {
+        match &self.op {
+            None => self.current.clone(),
+            Some(Op::Put(v, _)) => Some(v.clone()),
+            Some(Op::Delete) => None,
+        }
+    }
+}
+
+/// A running Motor transaction. Finish it with `commit` or `abort`.
+#[derive(Debug)]
+pub struct MotorTxn<'a, V, H, T> {
+    co: &'a mut MotorCoordinator<V, H, T>,
+    id: TxnId,
+    kind: TxnKind,
+    begin: Nanos,
+    start: u64,
+    reads: Vec<ReadEntry>,
+    writes: Vec<WriteEntry>,
+    events: Vec<ReadEvent>,
+}
+
+fn aborted(why: &'static str) -> TxnError {
+    TxnError::Aborted(why)
+}
+
+fn store_err(e: StoreError) -> TxnError {
+    match e {
+        StoreError::UnknownTable(t) => TxnError::UnknownTable(t),
+        StoreError::BucketFull { .. } => aborted("index bucket full"),
+        _ => aborted("store unavailable"),
+    }
+}
+
+/// One record a round fetches.
+#[derive(Debug, Clone)]
+struct Fetch {
+    table: TableId,
+    key: Key,
+    access: Access,
+    loc: Option<ItemLoc>,
+    done: Option<Option<Vec<u8>>>,
+}
+
+impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T> {
+    /// The transaction's id.
+    #[must_use]
+    pub fn id(&self) -> TxnId {
+        self.id
+    }
+
+    /// Its start timestamp.
+    #[must_use]
+    pub fn start_ts(&self) -> u64 {
+        self.start
+    }
+
+    fn store(&self) -> &Store {
+        &self.co.store
+    }
+
+    fn shape(&self, table: TableId) -> Result<BlockShape, TxnError> {
+        self.co.shapes.get(table).map_err(store_err)
+    }
+
+    fn primary(&self, loc: &ItemLoc, offset: u64) -> Result<RemoteAddr, TxnError> {
+        let p = self
+            .store()
+            .primary(loc.bucket.partition)
+            .map_err(store_err)?;
+        Ok(self.store().addr(p, loc.offset + offset))
+    }
+
+    fn my_lock(&self) -> u64 {
+        u64::from(self.co.id) + 1
+    }
+
+    fn write_entry(&self, table: TableId, key: Key) -> Option<usize> {
+        self.writes
+            .iter()
+            .position(|w| w.table == table && w.key == key)
+    }
+
+    fn local(&self, r: &ReadReq) -> Option<Option<Vec<u8>>> {
+        if let Some(i) = self.write_entry(r.table, r.key) {
+            return Some(self.writes[i].value());
+        }
+        if r.access == Access::Read {
+            return self
+                .reads
+                .iter()
+                .find(|e| e.table == r.table && e.key == r.key)
+                .map(|e| e.value.clone());
+        }
+        None
+    }
+
+    fn note(&mut self, table: TableId, key: Key, version: u64, writer: u64) {
+        let mut ev = ReadEvent::new(table, key, Version(version));
+        if let Some(w) = unpack_writer(writer) {
+            ev = ev.written_by(w);
+        }
+        self.events.push(ev);
+    }
+
+    async fn round_impl(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
+        if self.kind == TxnKind::ReadOnly && reqs.iter().any(|r| r.access == Access::ForUpdate) {
+            return Err(TxnError::ReadOnly);
+        }
+        // -- plan: local answers, distinct fetches --
+        let mut answers: Vec<Result<Option<Vec<u8>>, usize>> = Vec::with_capacity(reqs.len());
+        let mut fetches: Vec<Fetch> = Vec::new();
+        for r in reqs {
+            if let Some(v) = self.local(r) {
+                answers.push(Ok(v));
+                continue;
+            }
+            if let Some(n) = fetches
+                .iter()
+                .position(|f| f.table == r.table && f.key == r.key)
+            {
+                if r.access == Access::ForUpdate {
+                    fetches[n].access = Access::ForUpdate;
+                }
+                answers.push(Err(n));
+                continue;
+            }
+            let loc = self.co.cache.borrow_mut().get(r.table, r.key);
+            fetches.push(Fetch {
+                table: r.table,
+                key: r.key,
+                access: r.access,
+                loc,
+                done: None,
+            });
+            answers.push(Err(fetches.len() - 1));
+        }
+
+        // -- locate: one bucket READ per uncached record, every MN at once --
+        let mut list = PostList::new();
+        let mut lookups: Vec<(usize, BucketLoc, WrId)> = Vec::new();
+        for (n, f) in fetches.iter().enumerate() {
+            if f.loc.is_some() {
+                continue;
+            }
+            let bucket = self.store().bucket_of(f.table, f.key).map_err(store_err)?;
+            let p = self.store().primary(bucket.partition).map_err(store_err)?;
+            let wr = list.read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32);
+            lookups.push((n, bucket, wr));
+        }
+        if !lookups.is_empty() {
+            let res = self.co.ctx.post(list).await?;
+            let mut absent = Vec::new();
+            for &(n, bucket, wr) in &lookups {
+                let (used, free) = parse_bucket(res.bytes(wr));
+                let f = &mut fetches[n];
+                match used.iter().find(|(_, k)| *k == f.key.0) {
+                    Some(&(slot, _)) => {
+                        let loc = self.co.store.item_at(bucket, slot).map_err(store_err)?;
+                        self.co.cache.borrow_mut().put(f.table, f.key, loc);
+                        f.loc = Some(loc);
+                    }
+                    None => absent.push((n, bucket, free)),
+                }
+            }
+            for (n, bucket, free) in absent {
+                let (table, key) = (fetches[n].table, fetches[n].key);
+                if fetches[n].access == Access::ForUpdate {
+                    let v = self.claim(table, key, bucket, free).await?;
+                    fetches[n].done = Some(v);
+                } else {
+                    self.reads.push(ReadEntry {
+                        table,
+                        key,
+                        target: Target::Absent(bucket),
+                        value: None,
+                    });
+                    self.note(table, key, 0, 0);
+                    fetches[n].done = Some(None);
+                }
+            }
+        }
+
+        // -- CVTs: CAS + READ (for update) / READ (read-only), then the images --
+        let mut rereads = 0;
+        loop {
+            let pending: Vec<usize> = (0..fetches.len())
+                .filter(|&n| fetches[n].done.is_none())
+                .collect();
+            if pending.is_empty() {
+                break;
+            }
+            let me = self.my_lock();
+            let mut list = PostList::new();
+            let mut wrs = Vec::new();
+            for &n in &pending {
+                let f = &fetches[n];
+                let Some(loc) = f.loc else { continue };
+                let shape = self.shape(f.table)?;
+                let addr = self.primary(&loc, 0)?;
+                let cas = (f.access == Access::ForUpdate && !self.co.cfg.unsafe_no_cas)
+                    .then(|| list.cas(addr, 0, me));
+                let rd = list.read(addr, shape.meta_len() as u32);
+                wrs.push((n, loc, shape, cas, rd));
+            }
+            let res = self.co.ctx.post(list).await?;
+            let mut conflict = None;
+            let mut images = Vec::new();
+            for &(n, loc, shape, cas, rd) in &wrs {
+                let f = &fetches[n];
+                let Some(meta) = Meta::parse(res.bytes(rd), shape) else {
+                    conflict.get_or_insert(aborted("unreadable version table"));
+                    continue;
+                };
+                let for_update = f.access == Access::ForUpdate;
+                if let Some(cas) = cas
+                    && res.atomic(cas) != 0
+                {
+                    conflict.get_or_insert(aborted("record locked"));
+                    continue;
+                }
+                if for_update {
+                    // Held from here on (or, without the CAS, tracked): abort releases it.
+                    self.writes.push(WriteEntry {
+                        table: f.table,
+                        key: f.key,
+                        loc,
+                        meta: meta.clone(),
+                        held: cas.is_some(),
+                        current: None,
+                        op: None,
+                    });
+                }
+                match logic::after_meta(&meta, self.start, for_update, self.co.cfg.skip_newer_abort)
+                {
+                    MetaOutcome::Image(i) => images.push((n, loc, shape, meta.cells[i])),
+                    MetaOutcome::Absent => {
+                        if !for_update {
+                            self.reads.push(ReadEntry {
+                                table: f.table,
+                                key: f.key,
+                                target: Target::Block(loc),
+                                value: None,
+                            });
+                        }
+                        self.note(f.table, f.key, 0, 0);
+                        fetches[n].done = Some(None);
+                    }
+                    MetaOutcome::Retry => {}
+                    MetaOutcome::Abort(why) => {
+                        conflict.get_or_insert(aborted(why));
+                    }
+                }
+            }
+            if let Some(e) = conflict {
+                return Err(e);
+            }
+            if !images.is_empty() {
+                let mut list = PostList::new();
+                let mut ids = Vec::new();
+                for &(n, loc, shape, cell) in &images {
+                    let p = self
+                        .store()
+                        .primary(loc.bucket.partition)
+                        .map_err(store_err)?;
+                    let wr = list.read(
+                        self.store().addr(p, cell.address()),
+                        shape.image_len() as u32,
+                    );
+                    ids.push((n, shape, cell, wr));
+                }
+                let res = self.co.ctx.post(list).await?;
+                for (n, shape, cell, wr) in ids {
+                    let (table, key) = (fetches[n].table, fetches[n].key);
+                    let for_update = fetches[n].access == Access::ForUpdate;
+                    match mvcc::decode_image(shape, &cell, res.bytes(wr)) {
+                        Some(p) => {
+                            self.note(table, key, cell.commit_version(), p.writer);
+                            if for_update {
+                                if let Some(i) = self.write_entry(table, key) {
+                                    self.writes[i].current.clone_from(&p.value);
+                                }
+                            } else if let Some(loc) = fetches[n].loc {
+                                self.reads.push(ReadEntry {
+                                    table,
+                                    key,
+                                    target: Target::Block(loc),
+                                    value: p.value.clone(),
+                                });
+                            }
+                            fetches[n].done = Some(p.value);
+                        }
+                        None if for_update && !self.co.cfg.unsafe_no_cas => {
+                            return Err(aborted("torn image under the lock"));
+                        }
+                        None if for_update => return Err(aborted("torn image")),
+                        None => {}
+                    }
+                }
+            }
+            if fetches.iter().any(|f| f.done.is_none()) {
+                rereads += 1;
+                self.co.stats.rereads += 1;
+                if rereads > self.co.cfg.max_rereads {
+                    return Err(aborted("record stayed locked"));
+                }
+                self.co.ctx.sleep(self.co.cfg.reread_pause).await;
+            }
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| match a {
+                Ok(v) => v,
+                Err(n) => fetches[n].done.clone().flatten(),
+            })
+            .collect())
+    }
+
+    /// A for-update access to a key absent from the index: lock the block of the bucket's
+    /// first free slot (CAS) reading its CVT and the index slot, then write the slot to
+    /// every replica. The record then exists with no version (absent) and is locked.
+    async fn claim(
+        &mut self,
+        table: TableId,
+        key: Key,
+        bucket: BucketLoc,
+        free: Option<usize>,
+    ) -> Result<Option<Vec<u8>>, TxnError> {
+        let Some(slot) = free else {
+            return Err(aborted("index bucket full"));
+        };
+        let loc = self.store().item_at(bucket, slot).map_err(store_err)?;
+        let shape = self.shape(table)?;
+        let addr = self.primary(&loc, 0)?;
+        let p = self.store().primary(bucket.partition).map_err(store_err)?;
+        let slot_addr = self.store().addr(p, bucket.offset + slot_offset(slot));
+        let mut list = PostList::new();
+        let cas = (!self.co.cfg.unsafe_no_cas).then(|| list.cas(addr, 0, self.my_lock()));
+        let rd = list.read(addr, shape.meta_len() as u32);
+        let srd = list.read(slot_addr, 16);
+        let res = self.co.ctx.post(list).await?;
+        if let Some(cas) = cas
+            && res.atomic(cas) != 0
+        {
+            return Err(aborted("index slot being claimed"));
+        }
+        let meta = Meta::parse(res.bytes(rd), shape).ok_or(aborted("unreadable version table"))?;
+        self.writes.push(WriteEntry {
+            table,
+            key,
+            loc,
+            meta: meta.clone(),
+            held: cas.is_some(),
+            current: None,
+            op: None,
+        });
+        let sb = res.bytes(srd);
+        let slot_key = u64::from_le_bytes(sb[..8].try_into().unwrap_or([0; 8]));
+        let used = sb[8..16].iter().any(|&b| b != 0);
+        if used && slot_key != key.0 {
+            return Err(aborted("index slot taken by a concurrent insert"));
+        }
+        if !used {
+            let packed = dmem_layout::record::RemoteAddr::new(bucket.partition, loc.offset)
+                .map_err(|_| aborted("offset beyond packed addresses"))?;
+            let bytes = index_slot_bytes(key.0, packed);
+            let mut list = PostList::new();
+            for mn in self.store().live_replicas(bucket.partition) {
+                list.write(
+                    self.store().addr(mn, bucket.offset + slot_offset(slot)),
+                    &bytes,
+                );
+            }
+            self.co.ctx.post(list).await?;
+        }
+        self.co.cache.borrow_mut().put(table, key, loc);
+        match logic::after_meta(&meta, self.start, true, self.co.cfg.skip_newer_abort) {
+            MetaOutcome::Absent => {
+                self.note(table, key, 0, 0);
+                Ok(None)
+            }
+            MetaOutcome::Abort(why) => Err(aborted(why)),
+            MetaOutcome::Image(i) => {
+                // The key was inserted meanwhile by another transaction: read its version.
+                let cell = meta.cells[i];
+                let mut list = PostList::new();
+                let wr = list.read(
+                    self.store().addr(p, cell.address()),
+                    shape.image_len() as u32,
+                );
+                let res = self.co.ctx.post(list).await?;
+                let payload = mvcc::decode_image(shape, &cell, res.bytes(wr))
+                    .ok_or(aborted("torn image under the lock"))?;
+                self.note(table, key, cell.commit_version(), payload.writer);
+                if let Some(i) = self.write_entry(table, key) {
+                    self.writes[i].current.clone_from(&payload.value);
+                }
+                Ok(payload.value)
+            }
+            MetaOutcome::Retry => Err(aborted("torn version table under the lock")),
+        }
+    }
+
+    async fn stage(
+        &mut self,
+        table: TableId,
+        key: Key,
+        value: &[u8],
+        kind: WriteKind,
+    ) -> Result<(), TxnError> {
+        if self.kind == TxnKind::ReadOnly {
+            return Err(TxnError::ReadOnly);
+        }
+        let expected = self.shape(table)?.value_len;
+        if kind != WriteKind::Delete && value.len() != expected {
+            return Err(TxnError::ValueSize {
+                expected,
+                got: value.len(),
+            });
+        }
+        if self.write_entry(table, key).is_none() {
+            self.round_impl(&[ReadReq::for_update(table, key)]).await?;
+        }
+        let i = self
+            .write_entry(table, key)
+            .ok_or(aborted("record not locked"))?;
+        let w = &mut self.writes[i];
+        let present = w.value().is_some();
+        let existed = w.current.is_some();
+        w.op = match (kind, present) {
+            (WriteKind::Update, true) => Some(Op::Put(
+                value.to_vec(),
+                match &w.op {
+                    Some(Op::Put(_, k)) => *k,
+                    _ => WriteKind::Update,
+                },
+            )),
+            (WriteKind::Insert, false) => Some(Op::Put(
+                value.to_vec(),
+                if existed {
+                    WriteKind::Update
+                } else {
+                    WriteKind::Insert
+                },
+            )),
+            (WriteKind::Delete, true) => {
+                if existed {
+                    Some(Op::Delete)
+                } else {
+                    None
+                }
+            }
+            _ => return Err(TxnError::KeyState(key.0)),
+        };
+        Ok(())
+    }
+
+    /// Unlock WRITEs of every held lock (one post list).
+    async fn release(&mut self) -> Result<(), TxnError> {
+        let mut list = PostList::new();
+        for w in self.writes.iter().filter(|w| w.held) {
+            list.write(self.primary(&w.loc, LOCK_OFFSET)?, &0u64.to_le_bytes());
+        }
+        for w in &mut self.writes {
+            w.held = false;
+        }
+        if !list.is_empty() {
+            self.co.ctx.post(list).await?;
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, outcome: TxnOutcome, writes: Vec<WriteEvent>) {
+        let end = self.co.ctx.now();
+        self.co.history.record(TxnRecord {
+            id: self.id,
+            begin: self.begin,
+            end,
+            outcome,
+            reads: std::mem::take(&mut self.events),
+            writes,
+        });
+        match outcome {
+            TxnOutcome::Committed => self.co.stats.committed += 1,
+            _ => self.co.stats.aborted += 1,
+        }
+    }
+
+    /// SR validation of the read-only records: one READ each (CVT, or the bucket of a key
+    /// read as absent from the index).
+    async fn validate(&mut self) -> Result<bool, TxnError> {
+        let mut list = PostList::new();
+        let mut checks = Vec::new();
+        for r in &self.reads {
+            if self.write_entry(r.table, r.key).is_some() {
+                continue; // locked by us: the lock validates it
+            }
+            match r.target {
+                Target::Block(loc) => {
+                    let shape = self.shape(r.table)?;
+                    let wr = list.read(self.primary(&loc, 0)?, shape.meta_len() as u32);
+                    checks.push((r.key, Some(shape), wr));
+                }
+                Target::Absent(bucket) => {
+                    let p = self.store().primary(bucket.partition).map_err(store_err)?;
+                    let wr = list.read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32);
+                    checks.push((r.key, None, wr));
+                }
+            }
+        }
+        if list.is_empty() {
+            return Ok(true);
+        }
+        let res: BatchResult = self.co.ctx.post(list).await?;
+        Ok(checks.iter().all(|&(key, shape, wr)| match shape {
+            Some(shape) => Meta::parse(res.bytes(wr), shape)
+                .is_some_and(|m| logic::still_valid(&m, self.start)),
+            None => !parse_bucket(res.bytes(wr))
+                .0
+                .iter()
+                .any(|(_, k)| *k == key.0),
+        }))
+    }
+
+    async fn commit_impl(&mut self) -> Result<(), TxnError> {
+        if self.writes.iter().all(|w| w.op.is_none()) {
+            // Nothing to install: every read was at the snapshot S.
+            self.release().await?;
+            self.record(TxnOutcome::Committed, Vec::new());
+            return Ok(());
+        }
+        let c = self.co.ts.commit_ts().await;
+        if self.co.cfg.isolation == Isolation::Serializable && !self.validate().await? {
+            return Err(aborted("read-only record changed (SR validation)"));
+        }
+        let horizon = self.co.ts.horizon(self.co.cfg.gc_threshold);
+        let writer = pack_writer(self.id);
+        let mut events = Vec::new();
+        let mut list = PostList::new();
+        for w in &self.writes {
+            if let Some(op) = &w.op {
+                let shape = self.shape(w.table)?;
+                let mut plan = logic::plan_commit(&w.meta, shape, w.loc.offset, c, horizon);
+                plan.whole |= w.meta.key != w.key.0;
+                let cell = plan.cells[plan.cell];
+                let (value, kind) = match op {
+                    Op::Put(v, k) => (Some(v.as_slice()), *k),
+                    Op::Delete => (None, WriteKind::Delete),
+                };
+                let image = mvcc::encode_image(shape, writer, value, cell.head_cv());
+                let meta_tail =
+                    mvcc::encode_meta_tail(w.key.0, w.table, shape, plan.floor, &plan.cells);
+                for mn in self.store().live_replicas(w.loc.bucket.partition) {
+                    let at = |o: u64| self.store().addr(mn, w.loc.offset + o);
+                    list.write(at(shape.image_offset(plan.cell) as u64), &image);
+                    if plan.whole {
+                        list.write(at(FLOOR_OFFSET), &meta_tail);
+                    } else {
+                        let o = shape.cell_offset(plan.cell);
+                        let from = o - FLOOR_OFFSET as usize;
+                        list.write(at(o as u64), &meta_tail[from..from + CELL_LEN]);
+                    }
+                }
+                events.push(WriteEvent {
+                    table: w.table,
+                    key: w.key,
+                    version: Version(c),
+                    kind,
+                });
+            }
+        }
+        // Unlocks last: on the same queue pair as the writes, so they land after them.
+        for w in self.writes.iter().filter(|w| w.held) {
+            list.write(self.primary(&w.loc, LOCK_OFFSET)?, &0u64.to_le_bytes());
+        }
+        let id = self.id;
+        self.co.history.record(TxnRecord {
+            id,
+            begin: self.begin,
+            end: self.co.ctx.now(),
+            outcome: TxnOutcome::Unknown,
+            reads: std::mem::take(&mut self.events),
+            writes: events,
+        });
+        self.co.ctx.post(list).await?;
+        for w in &mut self.writes {
+            w.held = false;
+        }
+        self.co
+            .history
+            .resolve(id, TxnOutcome::Committed, self.co.ctx.now());
+        self.co.stats.committed += 1;
+        Ok(())
+    }
+}
+
+impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Transaction for MotorTxn<'_, V, H, T> {
+    async fn read_round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
+        self.round_impl(reqs).await
+    }
+
+    async fn read(&mut self, table: TableId, key: Key) -> Result<Option<Vec<u8>>, TxnError> {
+        Ok(self
+            .round_impl(&[ReadReq::read(table, key)])
+            .await?
+            .pop()
+            .flatten())
+    }
+
+    async fn read_for_update(
+        &mut self,
+        table: TableId,
+        key: Key,
+    ) -> Result<Option<Vec<u8>>, TxnError> {
+        if self.kind == TxnKind::ReadOnly {
+            return Err(TxnError::ReadOnly);
+        }
+        Ok(self
+            .round_impl(&[ReadReq::for_update(table, key)])
+            .await?
+            .pop()
+            .flatten())
+    }
+
+    async fn write(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {
+        self.stage(table, key, value, WriteKind::Update).await
+    }
+
+    async fn insert(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {
+        self.stage(table, key, value, WriteKind::Insert).await
+    }
+
+    async fn delete(&mut self, table: TableId, key: Key) -> Result<(), TxnError> {
+        self.stage(table, key, &[], WriteKind::Delete).await
+    }
+
+    async fn commit(mut self) -> Result<(), TxnError> {
+        match self.commit_impl().await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let _ = self.release().await;
+                if !matches!(e, TxnError::Verbs(_)) || self.events.is_empty() {
+                    self.record(TxnOutcome::Aborted, Vec::new());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn abort(mut self) {
+        let _ = self.release().await;
+        self.record(TxnOutcome::Aborted, Vec::new());
+    }
+}
+
+/// The committed value of a record read from `read(offset, len)` of its primary's memory
+/// (out of band, after a run): the newest committed version.
+pub fn read_final(
+    store: &Store,
+    shapes: &Shapes,
+    table: TableId,
+    key: Key,
+    mut read: impl FnMut(dmem_verbs::NodeId, u64, usize) -> Vec<u8>,
+) -> Option<Vec<u8>> {
+    let bucket = store.bucket_of(table, key).ok()?;
+    let p = store.primary(bucket.partition).ok()?;
+    let node = store.mn_node(p);
+    let (used, _) = parse_bucket(&read(node, bucket.offset, BUCKET_LEN));
+    let slot = used.iter().find(|(_, k)| *k == key.0)?.0;
+    let loc = store.item_at(bucket, slot).ok()?;
+    let shape = shapes.get(table).ok()?;
+    let meta = Meta::parse(&read(node, loc.offset, shape.meta_len()), shape)?;
+    let (_, cell) = meta
+        .cells
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.is_committed())
+        .max_by_key(|(_, c)| c.commit_version())?;
+    let image = read(node, cell.address(), shape.image_len());
+    mvcc::decode_image(shape, cell, &image)?.value
+}

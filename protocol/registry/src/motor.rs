@@ -1,0 +1,217 @@
+//! Motor (SR and SI) as a [`Protocol`] on the simulated cluster.
+//!
+//! Versions per record follow the workload (LOTUS §8: TATP 2, SmallBank 3, TPC-C and
+//! micro-benchmarks 4; [`DeploySpec::workload`]). Motor keeps no logs here, so there is no
+//! recovery: [`Deployment::start_recovery`] starts nothing.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use dmem_deploy::{DeployError, DeploySpec, Deployment, Protocol, RecoveryEvent, RecoveryTiming};
+use dmem_motor::mvcc::{self, MvccLoader, Shapes};
+use dmem_motor::{MotorConfig, MotorCoordinator, SyncedClock, cells_for_workload, read_final};
+use dmem_sim::{Sim, SimContext};
+use dmem_store::{AddressCache, ItemLoc, Store};
+use dmem_txn::{BoxCoordinator, History, Key, TableId};
+use dmem_verbs::NodeId;
+
+/// Motor under a registered name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MotorProtocol {
+    name: String,
+    config: MotorConfig,
+}
+
+impl MotorProtocol {
+    /// `config` registered as `name`.
+    #[must_use]
+    pub fn new(name: &str, config: MotorConfig) -> Self {
+        Self {
+            name: name.to_owned(),
+            config,
+        }
+    }
+
+    /// Parses the switches of `motor:FLAG[+FLAG]`: `si`, `no-cas` (unsafe, LOTUS §2.2
+    /// motivation only), `skip-newer-abort` (planted bug).
+    ///
+    /// # Errors
+    /// The unknown flag.
+    pub fn parse_flags(params: &str) -> Result<MotorConfig, String> {
+        let mut cfg = MotorConfig::sr();
+        for f in params.split(['+', ',']).filter(|f| !f.is_empty()) {
+            match f {
+                "si" => cfg.isolation = dmem_motor::Isolation::Snapshot,
+                "no-cas" => cfg.unsafe_no_cas = true,
+                "skip-newer-abort" => cfg.skip_newer_abort = true,
+                other => {
+                    return Err(format!(
+                        "unknown motor switch `{other}` (known: si, no-cas, skip-newer-abort)"
+                    ));
+                }
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+/// The shapes and store configuration of `spec` on `mns` MNs.
+fn layout(spec: &DeploySpec, mns: u16) -> (Shapes, dmem_store::StoreConfig) {
+    let shapes = Shapes::uniform(&spec.tables, cells_for_workload(spec.workload.as_deref()));
+    let cfg = mvcc::store_config(
+        mns,
+        &spec.tables,
+        &shapes,
+        3,
+        spec.index_slack,
+        spec.exact_index,
+    );
+    (shapes, cfg)
+}
+
+impl Protocol for MotorProtocol {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
+        Ok(layout(spec, mns).1.bytes_per_mn()?)
+    }
+
+    fn deploy(
+        &self,
+        sim: &Rc<Sim>,
+        spec: &DeploySpec,
+        history: Rc<RefCell<History>>,
+    ) -> Result<Box<dyn Deployment>, DeployError> {
+        let mns = sim.mn_count();
+        let (shapes, cfg) = layout(spec, mns);
+        let regions = (0..mns).map(|i| sim.region(sim.mn(i))).collect();
+        let store = Rc::new(Store::new(cfg, regions)?);
+        let shapes = Rc::new(shapes);
+        Ok(Box::new(MotorDeployment {
+            config: self.config,
+            sim: Rc::clone(sim),
+            loader: MvccLoader::new(Rc::clone(&store), Rc::clone(&shapes)),
+            store,
+            shapes,
+            history,
+            caches: Vec::new(),
+            warm: spec.warm_cache.then(Vec::new),
+            paused: Rc::new(Cell::new(false)),
+        }))
+    }
+}
+
+/// Motor on one simulated cluster.
+struct MotorDeployment {
+    config: MotorConfig,
+    sim: Rc<Sim>,
+    store: Rc<Store>,
+    shapes: Rc<Shapes>,
+    loader: MvccLoader,
+    history: Rc<RefCell<History>>,
+    /// Per CN: its address cache.
+    caches: Vec<(NodeId, Rc<RefCell<AddressCache>>)>,
+    warm: Option<Vec<(TableId, Key, ItemLoc)>>,
+    paused: Rc<Cell<bool>>,
+}
+
+impl MotorDeployment {
+    fn cache_of(&mut self, cn: NodeId) -> Rc<RefCell<AddressCache>> {
+        if let Some((_, c)) = self.caches.iter().find(|(n, _)| *n == cn) {
+            return Rc::clone(c);
+        }
+        let cache = Rc::new(RefCell::new(AddressCache::new()));
+        if let Some(locs) = &self.warm {
+            cache.borrow_mut().fill(locs.iter().copied());
+        }
+        self.caches.push((cn, Rc::clone(&cache)));
+        cache
+    }
+}
+
+impl Deployment for MotorDeployment {
+    fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
+        let sim = &self.sim;
+        let loc = self.loader.load(table, key, value, |node, offset, bytes| {
+            sim.write_memory(node, offset, bytes);
+        })?;
+        if let Some(locs) = &mut self.warm {
+            locs.push((table, key, loc));
+        }
+        Ok(())
+    }
+
+    fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        let cache = self.cache_of(ctx.node());
+        let ts = SyncedClock::new(ctx.clone(), ctx.node(), id, self.config.epsilon);
+        Ok(Box::new(MotorCoordinator::new(
+            ctx,
+            Rc::clone(&self.store),
+            Rc::clone(&self.shapes),
+            self.config,
+            id,
+            cache,
+            Rc::clone(&self.history),
+            ts,
+        )))
+    }
+
+    fn start_recovery(
+        &mut self,
+        _sim: &Rc<Sim>,
+        _recovery_cn: u16,
+        _timing: RecoveryTiming,
+    ) -> Result<(), DeployError> {
+        Ok(())
+    }
+
+    fn final_coordinator(
+        &mut self,
+        ctx: SimContext,
+        id: u16,
+    ) -> Result<BoxCoordinator, DeployError> {
+        self.coordinator(ctx, id)
+    }
+
+    fn recovery_events(&self) -> Vec<RecoveryEvent> {
+        Vec::new()
+    }
+
+    fn recovery_error(&self) -> Option<String> {
+        None
+    }
+
+    fn paused(&self) -> Rc<Cell<bool>> {
+        Rc::clone(&self.paused)
+    }
+
+    fn scan_cost(&self) -> Option<(u64, u64)> {
+        let mns = u64::from(self.store.config().mns);
+        Some(
+            self.store
+                .config()
+                .tables
+                .iter()
+                .filter_map(|t| self.store.table(t.id).ok())
+                .fold((0, 0), |(reads, bytes), l| {
+                    let n = u64::from(l.spec.buckets_per_partition) * mns;
+                    (
+                        reads + n,
+                        bytes + n * (l.item_len * dmem_store::BUCKET_SLOTS) as u64,
+                    )
+                }),
+        )
+    }
+
+    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
+        read_final(
+            &self.store,
+            &self.shapes,
+            table,
+            key,
+            |node, offset, len| self.sim.read_memory(node, offset, len),
+        )
+    }
+}
