@@ -26,7 +26,8 @@ pub struct Args {
     /// Size preset of the workload: tiny, small, ford, motor, lotus.
     #[arg(long, default_value = "small")]
     scale: String,
-    /// Protocols to run side by side, comma-separated: any registered name — ford,
+    /// Protocols to run side by side, comma-separated: any registered name — ford, motor,
+    /// motor-si,
     /// pandora, pandora-lock-logging (traditional "log before lock" instead of PILL,
     /// Pandora §6.1), or ford:BUG[+BUG] for FORD with bugs of Pandora Table 1 switched on.
     #[arg(long, value_delimiter = ',', default_value = "ford,pandora")]
