@@ -16,6 +16,8 @@ extern crate alloc;
 
 mod boxed;
 mod hash;
+#[cfg(all(test, not(loom)))]
+mod lincheck_tests;
 mod mem;
 mod primitive;
 mod raw;

@@ -152,8 +152,20 @@ const _: () = {
 
 /// Decides whether a slot whose key word matched really holds the looked-for entry (the
 /// typed maps store a key hash in the key word and compare the full key behind the pointer).
+///
+/// The two items with defaults exist for the planted-bug test of the linearizability checker
+/// (`src/lincheck_tests.rs`); every real matcher keeps them, and they compile away.
 pub(crate) trait Matcher {
+    /// Whether a Get re-checks the bin version after reading. Always true outside the
+    /// planted-bug test, which turns it off to show that the checker catches the result.
+    const RECHECK: bool = true;
+
     fn matches(&self, value: u64) -> bool;
+
+    /// Called by a Get after a slot's key word matched and before its value is loaded: the
+    /// test pauses the reader here while another thread reuses the slot.
+    #[inline(always)]
+    fn key_matched(&self) {}
 }
 
 /// The `u64` fast path: the key word is the key.
@@ -294,6 +306,7 @@ impl Index {
         while hits != 0 {
             let s = hits.trailing_zeros() as usize;
             hits &= hits - 1;
+            m.key_matched();
             let v = bin.slots[s].value.load(Ordering::Acquire);
             if m.matches(v) {
                 return Some((s, v));
@@ -321,6 +334,7 @@ impl Index {
             if let Some(slot) = self.slot(bin, link, s)
                 && slot.key.load(Ordering::Relaxed) == key
             {
+                m.key_matched();
                 let v = slot.value.load(Ordering::Acquire);
                 if m.matches(v) {
                     return Some((s, v));
@@ -586,6 +600,9 @@ impl RawTable {
                 continue;
             }
             let found = idx.find(bin, h1, key, m);
+            if !M::RECHECK {
+                return found.map(|(_, v)| v);
+            }
             fence(Ordering::Acquire);
             let h2 = bin.header.load(Ordering::Relaxed);
             if same_version(h1, h2) {

@@ -129,6 +129,12 @@ impl Dlht {
         }
     }
 
+    /// The core (for the crate's own tests).
+    #[cfg(test)]
+    pub(crate) fn raw(&self) -> &RawTable {
+        &self.raw
+    }
+
     /// Pins the calling thread for a series of operations. Hold a guard for a batch or a few
     /// thousand operations, not forever: while it lives, indexes retired by a resize cannot be
     /// freed. At most 128 guards of one table can be alive at once; further `pin` calls wait
