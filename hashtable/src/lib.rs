@@ -34,5 +34,6 @@ pub use mem::{anon_huge_bytes, thp_policy};
 pub use raw::MemoryUsage;
 pub use table::{Dlht, Guard, Iter, Op, Options, PREFETCH_WINDOW, Request};
 
-/// Most entries one bin holds (3 inline, 4 in a chained line, 8 in a chained pair of lines).
+/// Most entries one bin holds (3 inline, 4 in a chained line, 12 in a chained bucket of three
+/// lines).
 pub const BIN_SLOTS: usize = raw::BIN_SLOTS;

@@ -15,7 +15,7 @@ pub const PREFETCH_WINDOW: usize = 32;
 /// Construction options for [`Dlht`] and [`crate::BoxedMap`].
 #[derive(Clone, Copy, Debug)]
 pub struct Options {
-    /// Entries the table should hold without resizing (it sizes 1.5 entries per bin).
+    /// Entries the table should hold without resizing (it sizes 2.6 entries per bin).
     pub capacity: usize,
     /// Map big arrays on 2 MiB pages where the OS allows (`std` feature, Linux).
     pub huge_pages: bool,
@@ -189,7 +189,7 @@ impl Dlht {
     }
 
     /// Slots in the current index. The table doubles before all are used: when one bin's
-    /// 15 slots or an overflow pool run out.
+    /// [`crate::BIN_SLOTS`] slots or an overflow pool run out.
     pub fn capacity(&self) -> usize {
         self.raw.capacity()
     }
