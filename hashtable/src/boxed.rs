@@ -113,7 +113,7 @@ impl<K, V, S> BoxedMap<K, V, S> {
     /// A map built from `options` hashing keys with `hasher`.
     pub fn with_options_and_hasher(options: Options, hasher: S) -> Self {
         BoxedMap {
-            raw: RawTable::new(options.capacity, options.huge_pages),
+            raw: RawTable::new(options.capacity, options.huge_pages, options.sizing),
             hasher,
             _records: PhantomData,
         }

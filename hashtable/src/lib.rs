@@ -31,7 +31,7 @@ pub use mem::WordArray;
 pub use mem::{HUGE_PAGE, PageKind};
 #[cfg(all(feature = "std", target_os = "linux"))]
 pub use mem::{anon_huge_bytes, thp_policy};
-pub use raw::MemoryUsage;
+pub use raw::{MemoryUsage, Sizing};
 pub use table::{Dlht, Guard, Iter, Op, Options, PREFETCH_WINDOW, Request};
 
 /// Most entries one bin holds (3 inline, 4 in a chained line, 12 in a chained bucket of three

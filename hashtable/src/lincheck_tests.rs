@@ -45,6 +45,7 @@ fn forced_race<const RECHECK: bool>() -> (Vec<Event>, Option<u64>) {
     let table = Arc::new(Dlht::with_options(Options {
         capacity: 0,
         huge_pages: false,
+        ..Options::default()
     }));
     let clock = Arc::new(Clock::default());
     let barrier = Arc::new(Barrier::new(2));

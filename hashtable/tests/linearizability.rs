@@ -51,6 +51,7 @@ fn round(round: u64, keys: u64, ops: u64) -> Vec<lincheck::Event> {
     let table = Dlht::with_options(Options {
         capacity: 0,
         huge_pages: false,
+        ..Options::default()
     });
     let clock = Clock::default();
     let mut history = Vec::new();
@@ -126,6 +127,7 @@ fn gets_racing_one_writer_on_one_bin_are_linearizable() {
     let table = Dlht::with_options(Options {
         capacity: 0,
         huge_pages: false,
+        ..Options::default()
     });
     let clock = Clock::default();
     let mut history = Vec::new();

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use dmem_hashtable::{BoxedMap, Dlht, Op, Options, Request};
+use dmem_hashtable::{BoxedMap, Dlht, Op, Options, Request, Sizing};
 use quickcheck::{Arbitrary, Gen};
 use quickcheck_macros::quickcheck;
 
@@ -119,6 +119,7 @@ fn matches_hashmap_from_one_bin(actions: Vec<Action>) -> bool {
         Options {
             capacity: 0,
             huge_pages: false,
+            ..Options::default()
         },
     )
 }
@@ -130,6 +131,19 @@ fn matches_hashmap_presized(actions: Vec<Action>) -> bool {
         Options {
             capacity: 4096,
             huge_pages: true,
+            ..Options::default()
+        },
+    )
+}
+
+#[quickcheck]
+fn matches_hashmap_fast_sizing_from_one_bin(actions: Vec<Action>) -> bool {
+    check(
+        actions,
+        Options {
+            capacity: 0,
+            huge_pages: false,
+            sizing: Sizing::Fast,
         },
     )
 }

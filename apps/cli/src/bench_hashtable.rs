@@ -12,13 +12,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args as ClapArgs;
-use dmem_hashtable::{Dlht, Op, Options, Request, WordArray, mix64};
+use dmem_hashtable::{Dlht, Op, Options, Request, Sizing, WordArray, mix64};
 
 /// Flags of `dmem bench hashtable`.
 #[derive(ClapArgs, Debug)]
 pub(crate) struct Args {
-    /// Tables to measure, comma-separated: dlht, hashbrown, std, dashmap, papaya, limit
-    /// (limit = random independent 8-byte loads over an array the size of the DLHT bins).
+    /// Tables to measure, comma-separated: dlht, dlht-fast, hashbrown, std, dashmap, papaya,
+    /// limit (dlht-fast = DLHT with `Sizing::Fast`, 1.5 entries per bin instead of 2.6;
+    /// limit = random independent 8-byte loads over an array the size of the DLHT bins).
     #[arg(long, default_value = "dlht,hashbrown,std,dashmap,papaya,limit")]
     table: String,
     /// Table sizes in keys, comma-separated (k/M suffixes allowed, e.g. 1M,10M,100M).
@@ -53,6 +54,7 @@ pub(crate) struct Args {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Table {
     Dlht,
+    DlhtFast,
     Hashbrown,
     Std,
     Dashmap,
@@ -64,6 +66,7 @@ impl Table {
     fn name(self) -> &'static str {
         match self {
             Table::Dlht => "dlht",
+            Table::DlhtFast => "dlht-fast",
             Table::Hashbrown => "hashbrown",
             Table::Std => "std",
             Table::Dashmap => "dashmap",
@@ -193,13 +196,14 @@ impl Plan {
         for t in list("table", &a.table)? {
             tables.push(match t.as_str() {
                 "dlht" => Table::Dlht,
+                "dlht-fast" => Table::DlhtFast,
                 "hashbrown" => Table::Hashbrown,
                 "std" => Table::Std,
                 "dashmap" => Table::Dashmap,
                 "papaya" => Table::Papaya,
                 "limit" => Table::Limit,
                 other => bail!(
-                    "--table: unknown table `{other}` (known: dlht, hashbrown, std, dashmap, papaya, limit)"
+                    "--table: unknown table `{other}` (known: dlht, dlht-fast, hashbrown, std, dashmap, papaya, limit)"
                 ),
             });
         }
@@ -508,11 +512,16 @@ fn bench_table(
     let secs = plan.secs;
     let page_name = if plan.huge { "thp-advised" } else { "4k" };
     match table {
-        Table::Dlht => {
+        Table::Dlht | Table::DlhtFast => {
             let (t, b) = built(n, page_name, || {
                 let t = Dlht::with_options(Options {
                     capacity: n,
                     huge_pages: plan.huge,
+                    sizing: if table == Table::DlhtFast {
+                        Sizing::Fast
+                    } else {
+                        Sizing::Compact
+                    },
                 });
                 let g = t.pin();
                 for i in 0..n as u64 {
@@ -601,6 +610,7 @@ fn bench_table(
             let bins = Dlht::with_options(Options {
                 capacity: n,
                 huge_pages: false,
+                ..Options::default()
             })
             .memory_usage()
             .bins;
