@@ -262,8 +262,8 @@ impl Index {
     fn new(nbins: usize, singles: usize, wides: usize, huge: bool) -> Self {
         Index {
             bins: Region::new(nbins, huge),
-            singles: Region::new(singles, huge),
-            wides: Region::new(wides, huge),
+            singles: Region::new_pool(singles, huge),
+            wides: Region::new_pool(wides, huge),
             singles_used: AtomicUsize::new(0),
             wides_used: AtomicUsize::new(0),
             next: AtomicPtr::new(ptr::null_mut()),
