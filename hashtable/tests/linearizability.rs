@@ -17,7 +17,12 @@ use dmem_hashtable::{Dlht, Op, Options, Request};
 use lincheck::{Clock, Kind, Recorder, check};
 
 const THREADS: usize = 4;
-const ROUNDS: u64 = 6;
+/// Operations per thread and round (a debug-build run of the file takes seconds on an idle
+/// 2-core machine; the checker itself is linear here thanks to its memo).
+const OPS_PER_THREAD: u64 = 8_000;
+/// Operations of each reader and of the writer in the one-bin test.
+const ONE_BIN_OPS: u64 = 12_000;
+const ROUNDS: u64 = 4;
 
 fn rng(state: &mut u64) -> u64 {
     *state ^= *state << 13;
@@ -113,7 +118,7 @@ fn concurrent_histories_with_resizes_are_linearizable() {
         // Alternate a few hot keys (long overlapping chains per key) with more keys (more
         // bins, so the table keeps resizing during the round).
         let keys = if r.is_multiple_of(2) { 16 } else { 4096 };
-        let history = round(r, keys, 20_000);
+        let history = round(r, keys, OPS_PER_THREAD);
         if let Err(v) = check(&history) {
             panic!("round {r} ({keys} keys): {v}");
         }
@@ -137,7 +142,7 @@ fn gets_racing_one_writer_on_one_bin_are_linearizable() {
             for k in 0..3 {
                 rec.op(k, Kind::Insert(k), || table.insert(k, k));
             }
-            for i in 3..30_000u64 {
+            for i in 3..ONE_BIN_OPS {
                 let old = i - 3;
                 rec.op(old % 6, Kind::Delete, || table.delete(old % 6));
                 rec.op(i % 6, Kind::Insert(i), || table.insert(i % 6, i));
@@ -150,7 +155,7 @@ fn gets_racing_one_writer_on_one_bin_are_linearizable() {
                 s.spawn(move || {
                     let mut rec = Recorder::new(clock, t);
                     let mut seed = 77 + t as u64;
-                    for _ in 0..30_000 {
+                    for _ in 0..ONE_BIN_OPS {
                         let k = rng(&mut seed) % 6;
                         rec.op(k, Kind::Get, || table.get(k));
                     }

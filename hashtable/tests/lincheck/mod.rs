@@ -124,9 +124,9 @@ pub fn check_key(key: u64, mut ops: Vec<Event>, init: Option<u64>) -> Result<(),
     let mut done = vec![0u64; words];
     let is_done = |d: &[u64], i: usize| d[i / 64] >> (i % 64) & 1 == 1;
     // Lowe's memo: (set of linearized operations, state) pairs already explored.
-    let mut seen: HashSet<(Vec<u64>, Option<u64>)> = HashSet::new();
-    // The linearization so far: (operation, state before it).
-    let mut stack: Vec<(usize, Option<u64>)> = Vec::new();
+    let mut seen: HashSet<(usize, Vec<u64>, Option<u64>)> = HashSet::new();
+    // The linearization so far: (operation, state before it, highest operation linearized).
+    let mut stack: Vec<(usize, Option<u64>, usize)> = Vec::new();
     let mut state = init;
     // Operations before `first` are all linearized.
     let mut first = 0;
@@ -161,8 +161,18 @@ pub fn check_key(key: u64, mut ops: Vec<Event>, init: Option<u64>) -> Result<(),
                 continue;
             };
             done[i / 64] |= 1 << (i % 64);
-            if seen.insert((done.clone(), next)) {
-                stack.push((i, state));
+            // The linearized set, exactly: every operation below the first unlinearized one
+            // is in it, none above the highest linearized one is, so only the words in
+            // between are kept (a few, as few operations overlap), not the whole bitmap.
+            let hi = i.max(stack.last().map_or(0, |&(_, _, h)| h));
+            let mut f = first;
+            while f < n && is_done(&done, f) {
+                f += 1;
+            }
+            let lo = (f / 64).min(hi / 64);
+            let key = (lo, done[lo..=hi / 64].to_vec(), next);
+            if seen.insert(key) {
+                stack.push((i, state, hi));
                 state = next;
                 resume = 0;
                 advanced = true;
@@ -174,10 +184,10 @@ pub fn check_key(key: u64, mut ops: Vec<Event>, init: Option<u64>) -> Result<(),
             continue;
         }
         if stack.len() >= best.len() {
-            best = stack.iter().map(|&(i, _)| i).collect();
+            best = stack.iter().map(|&(i, _, _)| i).collect();
             best_stuck = (first..end).filter(|&i| !is_done(&done, i)).collect();
         }
-        let Some((i, before)) = stack.pop() else {
+        let Some((i, before, _)) = stack.pop() else {
             return Err(Violation {
                 key,
                 longest_prefix: best.iter().map(|&i| ops[i]).collect(),
