@@ -1,11 +1,11 @@
 //! A fixed amount of Get work for instruction-level profiling (callgrind):
 //! `valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*run_*' \
-//!  target/release/examples/get_profile [keys] [gets]`; instruction counts per Get are
+//!  target/release/examples/get_profile [keys] [gets] [compact|fast]`; instruction counts per Get are
 //! `Ir(run_*) / gets`. Keys are random and present, as in `dmem bench hashtable`.
 
 use std::hint::black_box;
 
-use dmem_hashtable::{Dlht, Guard, mix64};
+use dmem_hashtable::{Dlht, Guard, Options, Sizing, mix64};
 
 fn key_of(i: u64) -> u64 {
     mix64(i ^ 0x5eed_5eed_5eed_5eed)
@@ -38,7 +38,15 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000_000);
     let gets: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(240_000);
-    let t = Dlht::with_capacity(n as usize);
+    let sizing = match args.next().as_deref() {
+        Some("fast") => Sizing::Fast,
+        _ => Sizing::Compact,
+    };
+    let t = Dlht::with_options(Options {
+        capacity: n as usize,
+        sizing,
+        ..Options::default()
+    });
     for i in 0..n {
         t.insert(key_of(i), i);
     }
@@ -48,7 +56,7 @@ fn main() {
     black_box(run_get_b24(&g, &keys));
     let m = t.memory_usage();
     println!(
-        "{n} keys: {} bins, singles {}/{}, wides {}/{}, {:.1} B/entry reserved",
+        "{n} keys, {sizing:?}: {} bins, singles {}/{}, wides {}/{}, {:.1} B/entry reserved",
         m.bins,
         m.singles_used,
         m.singles_reserved,
