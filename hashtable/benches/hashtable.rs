@@ -65,6 +65,7 @@ fn gets(c: &mut Criterion) {
         let t = Dlht::with_options(Options {
             capacity: n,
             huge_pages: true,
+            ..Options::default()
         });
         for i in 0..n as u64 {
             t.insert(key_of(i), i);

@@ -59,8 +59,9 @@ where
 /// [`BoxedGuard`] they were read through.
 ///
 /// # Panics
-/// Inserting a sixteenth distinct key whose 64-bit hash equals that of 15 keys already in the
-/// map panics (a bin holds 15 entries and no resize can split equal hashes). With a good
+/// Inserting a twentieth distinct key whose 64-bit hash equals that of 19 keys already in the
+/// map panics (a bin holds [`crate::BIN_SLOTS`] = 19 entries and no resize can split equal
+/// hashes). With a good
 /// hasher this does not happen by chance; use a keyed `BuildHasher` if keys are adversarial.
 ///
 /// ```
@@ -112,7 +113,7 @@ impl<K, V, S> BoxedMap<K, V, S> {
     /// A map built from `options` hashing keys with `hasher`.
     pub fn with_options_and_hasher(options: Options, hasher: S) -> Self {
         BoxedMap {
-            raw: RawTable::new(options.capacity, options.huge_pages),
+            raw: RawTable::new(options.capacity, options.huge_pages, options.sizing),
             hasher,
             _records: PhantomData,
         }

@@ -16,6 +16,8 @@ extern crate alloc;
 
 mod boxed;
 mod hash;
+#[cfg(all(test, not(loom)))]
+mod lincheck_tests;
 mod mem;
 mod primitive;
 mod raw;
@@ -29,8 +31,9 @@ pub use mem::WordArray;
 pub use mem::{HUGE_PAGE, PageKind};
 #[cfg(all(feature = "std", target_os = "linux"))]
 pub use mem::{anon_huge_bytes, thp_policy};
-pub use raw::MemoryUsage;
+pub use raw::{MemoryUsage, Sizing};
 pub use table::{Dlht, Guard, Iter, Op, Options, PREFETCH_WINDOW, Request};
 
-/// Most entries one bin holds (3 inline, 4 in a chained line, 8 in a chained pair of lines).
+/// Most entries one bin holds (3 inline, 4 in a chained line, 12 in a chained bucket of three
+/// lines).
 pub const BIN_SLOTS: usize = raw::BIN_SLOTS;

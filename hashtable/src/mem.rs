@@ -14,6 +14,9 @@ use core::ptr::NonNull;
 /// The size of an x86-64 huge page: 2 MiB.
 pub const HUGE_PAGE: usize = 2 << 20;
 
+/// Overflow pools smaller than this are mapped with 4 KiB pages (see `Region::new_pool`).
+pub(crate) const POOL_HUGE_MIN: usize = 16 * HUGE_PAGE;
+
 /// How the memory of an array was obtained.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PageKind {
@@ -69,7 +72,7 @@ impl<T: Zeroable> Region<T> {
         #[cfg(all(feature = "std", target_os = "linux"))]
         if huge
             && bytes >= HUGE_PAGE
-            && let Some(r) = Self::mapped(len, bytes)
+            && let Some(r) = Self::mapped(len, bytes, true)
         {
             return r;
         }
@@ -89,6 +92,34 @@ impl<T: Zeroable> Region<T> {
         }
     }
 
+    /// A zeroed overflow pool of `len >= 1` elements. Only a prefix of a pool is ever used
+    /// (buckets are handed out in order), and the kernel backs a huge-page mapping 2 MiB at a
+    /// time: a pool smaller than [`POOL_HUGE_MIN`] bytes would be mostly one partly used huge
+    /// page (2 B per key of a 1M-key table), so it is mapped with 4 KiB pages instead, where
+    /// pages nobody touched stay virtual as well. Larger pools get huge pages as `new` does.
+    #[cfg(not(loom))]
+    pub(crate) fn new_pool(len: usize, huge: bool) -> Self {
+        #[cfg(all(feature = "std", target_os = "linux"))]
+        {
+            let bytes = len
+                .checked_mul(size_of::<T>())
+                .expect("hashtable size overflows usize");
+            if huge
+                && bytes >= HUGE_PAGE
+                && let Some(r) = Self::mapped(len, bytes, bytes >= POOL_HUGE_MIN)
+            {
+                return r;
+            }
+        }
+        Self::new(len, huge)
+    }
+
+    /// Under loom, as `new`.
+    #[cfg(loom)]
+    pub(crate) fn new_pool(len: usize, huge: bool) -> Self {
+        Self::new(len, huge)
+    }
+
     /// Under loom the atomics carry model state and must be constructed, not zeroed.
     #[cfg(loom)]
     pub(crate) fn new(len: usize, _huge: bool) -> Self {
@@ -106,9 +137,9 @@ impl<T: Zeroable> Region<T> {
         }
     }
 
-    /// An anonymous mapping aligned to 2 MiB and advised for transparent huge pages.
+    /// An anonymous mapping aligned to 2 MiB, advised for transparent huge pages if `advise`.
     #[cfg(all(feature = "std", target_os = "linux", not(loom)))]
-    fn mapped(len: usize, bytes: usize) -> Option<Self> {
+    fn mapped(len: usize, bytes: usize, advise: bool) -> Option<Self> {
         let size = bytes.checked_next_multiple_of(HUGE_PAGE)?;
         let map_len = size.checked_add(HUGE_PAGE)?;
         // SAFETY: an anonymous private mapping at an address the kernel chooses touches no
@@ -142,8 +173,8 @@ impl<T: Zeroable> Region<T> {
         }
         // SAFETY: [start, start + size) is our mapping; MADV_HUGEPAGE only changes how the
         // kernel backs it, never its contents (fresh anonymous memory reads as zero).
-        let advised =
-            unsafe { libc::madvise(start as *mut libc::c_void, size, libc::MADV_HUGEPAGE) } == 0;
+        let advised = advise
+            && unsafe { libc::madvise(start as *mut libc::c_void, size, libc::MADV_HUGEPAGE) } == 0;
         Some(Region {
             ptr: NonNull::new(start as *mut T)?,
             len,

@@ -10,20 +10,26 @@
 //! | header |  link  | slot 0         | slot 1         | slot 2         |  bit  32     lock (writers)
 //! |  8 B   |  8 B   | key 8B | val 8B| key 8B | val 8B| key 8B | val 8B|  bits 33..35 state: Normal,
 //! +--------+--------+----------------+----------------+----------------+               InTransfer, Done
-//!              |                                                          bits 35..50 valid bit of
-//!              |  low 32 bits: 1 + index into the single-link pool                    slots 0..15
-//!              |  high 32 bits: 1 + index into the pair-link pool (0 = none)
+//!              |                                                          bits 35..54 valid bit of
+//!              |  low 32 bits: 1 + index into the single-link pool                    slots 0..19
+//!              |  high 32 bits: 1 + index into the wide-link pool (0 = none)
 //!              v
-//!  single-link bucket (64 B): slots 3..7      pair-link bucket (128 B): slots 7..15
+//!  single-link bucket (64 B): slots 3..7      wide-link bucket (192 B, three lines): slots 7..19
 //! +-------+-------+-------+-------+         +-------+-------+-- ... --+-------+
-//! | s3    | s4    | s5    | s6    |         | s7    | s8    |         | s14   |
+//! | s3    | s4    | s5    | s6    |         | s7    | s8    |         | s18   |
 //! +-------+-------+-------+-------+         +-------+-------+-- ... --+-------+
 //! ```
 //!
-//! A bin holds at most 15 entries: 3 inline, 4 in one chained cache line, 8 in a chained pair
-//! of lines. All validity lives in the header, so a Get for a key of the primary bucket (or a
-//! miss in a bin without overflow) reads exactly one cache line. When a bin is full, or the
-//! overflow pools are used up, the table doubles.
+//! A bin holds at most 19 entries: 3 inline, 4 in one chained cache line, 12 in a chained
+//! bucket of three lines. All validity lives in the header, so a Get for a key of the primary
+//! bucket (or a miss in a bin without overflow) reads exactly one cache line. When a bin is
+//! full, or the overflow pools are used up, the table doubles.
+//!
+//! The default sizing is 2.6 entries per bin (see `Sizing` and `bins_for`): 24.6 B of bins per entry, and
+//! about 6.8 B of chained buckets, so about 31.5 B per entry in all (Poisson occupancy). The
+//! 12-slot wide bucket is what allows this load: with 15 slots per bin, a 100M-key table at
+//! 2.6 per bin would expect 0.7 full bins (each a doubling of the whole table); with 19 it
+//! expects about 10^-4.
 //!
 //! # Concurrency
 //!
@@ -57,14 +63,34 @@ use crate::reclaim::{Collector, Pin};
 pub(crate) const PRIMARY_SLOTS: usize = 3;
 /// Slots in a single-link overflow bucket.
 pub(crate) const SINGLE_SLOTS: usize = 4;
-/// Slots in a pair-link overflow bucket.
-pub(crate) const PAIR_SLOTS: usize = 8;
+/// Slots in a wide-link overflow bucket (three cache lines).
+pub(crate) const WIDE_SLOTS: usize = 12;
 /// The most entries a bin holds.
-pub(crate) const BIN_SLOTS: usize = PRIMARY_SLOTS + SINGLE_SLOTS + PAIR_SLOTS;
+pub(crate) const BIN_SLOTS: usize = PRIMARY_SLOTS + SINGLE_SLOTS + WIDE_SLOTS;
 
-/// Average entries per bin the initial size is chosen for (see `bins_for`).
-const TARGET_LOAD_NUM: usize = 3;
-const TARGET_LOAD_DEN: usize = 2;
+/// How densely a table is sized for its capacity: the average entries per bin it is built
+/// (and `reserve`d) for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Sizing {
+    /// 2.6 entries per bin: about 31.5 B per 16-byte entry (24.6 B of bins, the rest chained
+    /// buckets). About 18 % of the entries sit in a chained line, so a Get of one of them reads
+    /// a second line.
+    #[default]
+    Compact,
+    /// 1.5 entries per bin: about 45.5 B per entry, and only about 6 % of the entries in a
+    /// chained line: Gets read about 1.07 lines instead of about 1.2.
+    Fast,
+}
+
+impl Sizing {
+    /// Entries per bin as a fraction (numerator, denominator).
+    const fn load(self) -> (usize, usize) {
+        match self {
+            Sizing::Compact => (13, 5),
+            Sizing::Fast => (3, 2),
+        }
+    }
+}
 
 /// Bins migrated per claimed chunk during a resize.
 #[cfg(not(loom))]
@@ -78,9 +104,9 @@ const STATE_MASK: u64 = 0b11 << 33;
 const IN_TRANSFER: u64 = 1 << 33;
 const DONE: u64 = 2 << 33;
 const VALID_SHIFT: u32 = 35;
-const VALID_MASK: u64 = 0x7fff << VALID_SHIFT;
+const VALID_MASK: u64 = ((1 << BIN_SLOTS) - 1) << VALID_SHIFT;
 const SINGLE_SLOT_BITS: u64 = 0b1111 << PRIMARY_SLOTS;
-const PAIR_SLOT_BITS: u64 = 0xff << (PRIMARY_SLOTS + SINGLE_SLOTS);
+const WIDE_SLOT_BITS: u64 = ((1 << WIDE_SLOTS) - 1) << (PRIMARY_SLOTS + SINGLE_SLOTS);
 
 #[inline(always)]
 fn valid_bits(h: u64) -> u64 {
@@ -127,11 +153,11 @@ pub(crate) struct Single {
     slots: [Slot; SINGLE_SLOTS],
 }
 
-/// A chained pair of overflow cache lines with eight slots.
+/// A chained overflow bucket of three cache lines with twelve slots.
 #[derive(Default)]
 #[repr(C, align(64))]
-pub(crate) struct Pair {
-    slots: [Slot; PAIR_SLOTS],
+pub(crate) struct Wide {
+    slots: [Slot; WIDE_SLOTS],
 }
 
 // SAFETY: these are arrays of `AtomicU64`, for which zero bytes are the value 0, the same as
@@ -140,20 +166,34 @@ unsafe impl Zeroable for Primary {}
 // SAFETY: as for `Primary`.
 unsafe impl Zeroable for Single {}
 // SAFETY: as for `Primary`.
-unsafe impl Zeroable for Pair {}
+unsafe impl Zeroable for Wide {}
 
 #[cfg(not(loom))]
 const _: () = {
     assert!(size_of::<Primary>() == 64);
     assert!(size_of::<Single>() == 64);
-    assert!(size_of::<Pair>() == 128);
+    assert!(size_of::<Wide>() == 192);
+    // version, lock, state and one valid bit per slot fit the header word.
+    assert!(VALID_SHIFT as usize + BIN_SLOTS <= 64);
     assert!(size_of::<Slot>() == 16);
 };
 
 /// Decides whether a slot whose key word matched really holds the looked-for entry (the
 /// typed maps store a key hash in the key word and compare the full key behind the pointer).
+///
+/// The two items with defaults exist for the planted-bug test of the linearizability checker
+/// (`src/lincheck_tests.rs`); every real matcher keeps them, and they compile away.
 pub(crate) trait Matcher {
+    /// Whether a Get re-checks the bin version after reading. Always true outside the
+    /// planted-bug test, which turns it off to show that the checker catches the result.
+    const RECHECK: bool = true;
+
     fn matches(&self, value: u64) -> bool;
+
+    /// Called by a Get after a slot's key word matched and before its value is loaded: the
+    /// test pauses the reader here while another thread reuses the slot.
+    #[inline(always)]
+    fn key_matched(&self) {}
 }
 
 /// The `u64` fast path: the key word is the key.
@@ -183,32 +223,33 @@ enum Locked {
 
 struct NeedGrow;
 
-/// Single-link pool size for `nbins` bins.
+/// Single-link pool size for `nbins` bins: 3/8 of the bins. At 2.6 entries per bin 26 % of
+/// the bins hold more than 3 entries (Poisson); the pool is only reserved, and pages nobody
+/// linked stay virtual.
 fn single_cap(nbins: usize) -> usize {
-    (nbins / 4).max(1)
+    (nbins / 8 * 3).max(1)
 }
 
-/// Pair-link pool size for `nbins` bins.
-fn pair_cap(nbins: usize) -> usize {
+/// Wide-link pool size for `nbins` bins: 1/32 of them (0.5 % hold more than 7 entries at
+/// 2.6 per bin).
+fn wide_cap(nbins: usize) -> usize {
     (nbins / 32).max(1)
 }
 
-/// Bins for an initial capacity of `capacity` entries: 1.5 entries per bin on average, where
-/// about 94 % of entries sit in the primary line (Poisson occupancy).
-pub(crate) fn bins_for(capacity: usize) -> usize {
-    capacity
-        .saturating_mul(TARGET_LOAD_DEN)
-        .div_ceil(TARGET_LOAD_NUM)
-        .max(1)
+/// Bins for an initial capacity of `capacity` entries at `sizing` (by default 2.6 entries per
+/// bin on average, where about 82 % of entries sit in the primary line: Poisson occupancy).
+pub(crate) fn bins_for(capacity: usize, sizing: Sizing) -> usize {
+    let (num, den) = sizing.load();
+    capacity.saturating_mul(den).div_ceil(num).max(1)
 }
 
 /// One generation of the table: bins, overflow pools, and the resize state.
 pub(crate) struct Index {
     bins: Region<Primary>,
     singles: Region<Single>,
-    pairs: Region<Pair>,
+    wides: Region<Wide>,
     singles_used: AtomicUsize,
-    pairs_used: AtomicUsize,
+    wides_used: AtomicUsize,
     /// The index this one migrates into; null when no resize is under way.
     next: AtomicPtr<Index>,
     /// Next bin to claim for migration.
@@ -218,13 +259,13 @@ pub(crate) struct Index {
 }
 
 impl Index {
-    fn new(nbins: usize, singles: usize, pairs: usize, huge: bool) -> Self {
+    fn new(nbins: usize, singles: usize, wides: usize, huge: bool) -> Self {
         Index {
             bins: Region::new(nbins, huge),
-            singles: Region::new(singles, huge),
-            pairs: Region::new(pairs, huge),
+            singles: Region::new_pool(singles, huge),
+            wides: Region::new_pool(wides, huge),
             singles_used: AtomicUsize::new(0),
-            pairs_used: AtomicUsize::new(0),
+            wides_used: AtomicUsize::new(0),
             next: AtomicPtr::new(ptr::null_mut()),
             claim: AtomicUsize::new(0),
             migrated: AtomicUsize::new(0),
@@ -275,7 +316,7 @@ impl Index {
             b.slots.get(s - PRIMARY_SLOTS)
         } else {
             let i = (link >> 32) as usize;
-            let b = self.pairs.as_slice().get(i.checked_sub(1)?)?;
+            let b = self.wides.as_slice().get(i.checked_sub(1)?)?;
             b.slots.get(s - PRIMARY_SLOTS - SINGLE_SLOTS)
         }
     }
@@ -294,6 +335,7 @@ impl Index {
         while hits != 0 {
             let s = hits.trailing_zeros() as usize;
             hits &= hits - 1;
+            m.key_matched();
             let v = bin.slots[s].value.load(Ordering::Acquire);
             if m.matches(v) {
                 return Some((s, v));
@@ -302,10 +344,54 @@ impl Index {
         if valid >> PRIMARY_SLOTS == 0 {
             return None;
         }
-        self.find_overflow(bin, valid, key, m)
+        self.find_overflow_slot(bin, valid, key, m)
     }
 
     #[inline(never)]
+    fn find_overflow_slot<M: Matcher>(
+        &self,
+        bin: &Primary,
+        valid: u64,
+        key: u64,
+        m: &M,
+    ) -> Option<(usize, u64)> {
+        self.find_overflow(bin, valid, key, m)
+    }
+
+    /// The value of the valid slot holding `key`, for Gets. Returns `Option<u64>`, which
+    /// travels in registers: a Get of a key in the primary line runs without a call and
+    /// without stack traffic, so more Gets fit the out-of-order window.
+    #[inline(always)]
+    fn find_value<M: Matcher>(&self, bin: &Primary, header: u64, key: u64, m: &M) -> Option<u64> {
+        let valid = valid_bits(header);
+        let mut hits = primary_hits(bin, valid, key);
+        while hits != 0 {
+            let s = hits.trailing_zeros() as usize;
+            hits &= hits - 1;
+            m.key_matched();
+            let v = bin.slots[s].value.load(Ordering::Acquire);
+            if m.matches(v) {
+                return Some(v);
+            }
+        }
+        if valid >> PRIMARY_SLOTS == 0 {
+            return None;
+        }
+        self.find_overflow_value(bin, valid, key, m)
+    }
+
+    #[inline(never)]
+    fn find_overflow_value<M: Matcher>(
+        &self,
+        bin: &Primary,
+        valid: u64,
+        key: u64,
+        m: &M,
+    ) -> Option<u64> {
+        self.find_overflow(bin, valid, key, m).map(|(_, v)| v)
+    }
+
+    #[inline(always)]
     fn find_overflow<M: Matcher>(
         &self,
         bin: &Primary,
@@ -321,6 +407,7 @@ impl Index {
             if let Some(slot) = self.slot(bin, link, s)
                 && slot.key.load(Ordering::Relaxed) == key
             {
+                m.key_matched();
                 let v = slot.value.load(Ordering::Acquire);
                 if m.matches(v) {
                     return Some((s, v));
@@ -367,12 +454,12 @@ impl Index {
                 return Some(PRIMARY_SLOTS);
             }
         }
-        let pair = free & PAIR_SLOT_BITS;
-        if pair != 0 {
+        let wide = free & WIDE_SLOT_BITS;
+        if wide != 0 {
             if link >> 32 != 0 {
-                return Some(pair.trailing_zeros() as usize);
+                return Some(wide.trailing_zeros() as usize);
             }
-            if may_allocate && let Some(i) = Self::alloc_from(&self.pairs_used, self.pairs.len()) {
+            if may_allocate && let Some(i) = Self::alloc_from(&self.wides_used, self.wides.len()) {
                 link |= (i as u64 + 1) << 32;
                 bin.link.store(link, Ordering::Relaxed);
                 return Some(PRIMARY_SLOTS + SINGLE_SLOTS);
@@ -473,10 +560,10 @@ pub struct MemoryUsage {
     pub singles_used: usize,
     /// Single-link overflow buckets reserved in the pool.
     pub singles_reserved: usize,
-    /// Pair-link overflow buckets linked into bins.
-    pub pairs_used: usize,
-    /// Pair-link overflow buckets reserved in the pool.
-    pub pairs_reserved: usize,
+    /// Wide-link overflow buckets linked into bins.
+    pub wides_used: usize,
+    /// Wide-link overflow buckets reserved in the pool.
+    pub wides_reserved: usize,
     /// Bytes reserved for bins and both pools (rounded to whole huge pages where mapped).
     pub reserved_bytes: usize,
     /// Entries in the table when measured.
@@ -508,6 +595,7 @@ pub(crate) struct RawTable {
     collector: Collector,
     counts: Box<[Padded<AtomicU64>]>,
     huge: bool,
+    sizing: Sizing,
 }
 
 /// Frees an `Index` handed to the collector.
@@ -520,9 +608,9 @@ unsafe fn free_index(p: *mut u8) {
 }
 
 impl RawTable {
-    pub(crate) fn new(capacity: usize, huge: bool) -> Self {
-        let nbins = bins_for(capacity);
-        let index = Box::new(Index::new(nbins, single_cap(nbins), pair_cap(nbins), huge));
+    pub(crate) fn new(capacity: usize, huge: bool, sizing: Sizing) -> Self {
+        let nbins = bins_for(capacity, sizing);
+        let index = Box::new(Index::new(nbins, single_cap(nbins), wide_cap(nbins), huge));
         let mut counts = Vec::with_capacity(STRIPES);
         counts.resize_with(STRIPES, Padded::default);
         RawTable {
@@ -530,6 +618,7 @@ impl RawTable {
             collector: Collector::new(),
             counts: counts.into_boxed_slice(),
             huge,
+            sizing,
         }
     }
 
@@ -585,11 +674,14 @@ impl RawTable {
                 idx = unsafe { idx.next_unchecked() };
                 continue;
             }
-            let found = idx.find(bin, h1, key, m);
+            let found = idx.find_value(bin, h1, key, m);
+            if !M::RECHECK {
+                return found;
+            }
             fence(Ordering::Acquire);
             let h2 = bin.header.load(Ordering::Relaxed);
             if same_version(h1, h2) {
-                return found.map(|(_, v)| v);
+                return found;
             }
         }
     }
@@ -625,13 +717,18 @@ impl RawTable {
             {
                 prefetch(b);
             }
-            if valid & PAIR_SLOT_BITS != 0
+            if valid & WIDE_SLOT_BITS != 0
                 && let Some(b) = (link >> 32)
                     .checked_sub(1)
-                    .and_then(|i| idx.pairs.as_slice().get(i as usize))
+                    .and_then(|i| idx.wides.as_slice().get(i as usize))
             {
-                prefetch(b);
-                prefetch(b.slots[SINGLE_SLOTS..].as_ptr());
+                // The lines of the wide bucket that hold valid slots (four slots a line).
+                let lines = valid >> (PRIMARY_SLOTS + SINGLE_SLOTS);
+                for (l, line) in b.slots.chunks(4).enumerate() {
+                    if lines >> (4 * l) & 0xf != 0 {
+                        prefetch(line.as_ptr());
+                    }
+                }
             }
             return None;
         }
@@ -765,7 +862,7 @@ impl RawTable {
             let fresh = Box::into_raw(Box::new(Index::new(
                 n * 2,
                 single_cap(n * 2).max(2 * cur.singles.len()),
-                pair_cap(n * 2).max(2 * cur.pairs.len()),
+                wide_cap(n * 2).max(2 * cur.wides.len()),
                 self.huge,
             )));
             if cur
@@ -778,6 +875,11 @@ impl RawTable {
             }
         }
         self.finish_migration(pin, cur);
+    }
+
+    /// The sizing the table was built with.
+    pub(crate) fn sizing(&self) -> Sizing {
+        self.sizing
     }
 
     /// Doubles the table now (used by `reserve` and the resize models).
@@ -844,11 +946,11 @@ impl RawTable {
             bins: idx.nbins(),
             singles_used: idx.singles_used.load(Ordering::Relaxed),
             singles_reserved: idx.singles.len(),
-            pairs_used: idx.pairs_used.load(Ordering::Relaxed),
-            pairs_reserved: idx.pairs.len(),
+            wides_used: idx.wides_used.load(Ordering::Relaxed),
+            wides_reserved: idx.wides.len(),
             reserved_bytes: idx.bins.reserved_bytes()
                 + idx.singles.reserved_bytes()
-                + idx.pairs.reserved_bytes(),
+                + idx.wides.reserved_bytes(),
             entries: self.len(),
             pages: idx.bins.kind(),
         }
@@ -860,7 +962,7 @@ impl RawTable {
         let idx = self.index(&pin);
         idx.nbins() * PRIMARY_SLOTS
             + idx.singles.len() * SINGLE_SLOTS
-            + idx.pairs.len() * PAIR_SLOTS
+            + idx.wides.len() * WIDE_SLOTS
     }
 
     /// Frees retired indexes and records that no pin can see any more.
@@ -912,7 +1014,7 @@ fn insert_migrated(new: &Index, key: u64, value: u64) {
     let Locked::Held(hl) = lock(bin) else {
         unreachable!("an index being filled does not migrate itself")
     };
-    // A child bin receives a subset of one parent bin (at most 15 entries), and its pools
+    // A child bin receives a subset of one parent bin (at most BIN_SLOTS entries), and its pools
     // are twice the parent's, reserved for migration while it is being filled.
     let s = new
         .claim_free_slot(bin, hl, true)

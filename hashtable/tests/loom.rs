@@ -21,6 +21,7 @@ fn one_bin() -> Dlht {
     Dlht::with_options(Options {
         capacity: 0,
         huge_pages: false,
+        ..Options::default()
     })
 }
 

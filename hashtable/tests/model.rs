@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use dmem_hashtable::{BoxedMap, Dlht, Op, Options, Request};
+use dmem_hashtable::{BoxedMap, Dlht, Op, Options, Request, Sizing};
 use quickcheck::{Arbitrary, Gen};
 use quickcheck_macros::quickcheck;
 
@@ -119,6 +119,7 @@ fn matches_hashmap_from_one_bin(actions: Vec<Action>) -> bool {
         Options {
             capacity: 0,
             huge_pages: false,
+            ..Options::default()
         },
     )
 }
@@ -130,6 +131,19 @@ fn matches_hashmap_presized(actions: Vec<Action>) -> bool {
         Options {
             capacity: 4096,
             huge_pages: true,
+            ..Options::default()
+        },
+    )
+}
+
+#[quickcheck]
+fn matches_hashmap_fast_sizing_from_one_bin(actions: Vec<Action>) -> bool {
+    check(
+        actions,
+        Options {
+            capacity: 0,
+            huge_pages: false,
+            sizing: Sizing::Fast,
         },
     )
 }
@@ -213,21 +227,22 @@ fn colliding_hashes_in_boxed_map_are_told_apart_by_key() {
     let m: BoxedMap<u32, u32, Constant> =
         BoxedMap::with_options_and_hasher(Options::default(), Constant);
     let g = m.pin();
-    // 14 keys of one hash fit one bin (15 slots); more force resizes that cannot split them.
-    for k in 0..14 {
+    // 18 keys of one hash fit one bin (19 slots); more force resizes that cannot split them.
+    let full = dmem_hashtable::BIN_SLOTS as u32;
+    for k in 0..full - 1 {
         assert!(g.insert(k, k + 100));
     }
-    for k in 0..14 {
+    for k in 0..full - 1 {
         assert_eq!(g.get(&k), Some(&(k + 100)));
     }
     assert_eq!(g.remove(&3), Some(&103));
     assert_eq!(g.get(&3), None);
-    assert_eq!(m.len(), 13);
+    assert_eq!(m.len(), full as usize - 2);
     assert!(g.insert(3, 3));
-    assert!(g.insert(14, 14));
-    // A sixteenth key of the same hash cannot be stored: a clear panic, not endless growth.
-    let sixteenth = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.insert(15, 15)));
-    assert!(sixteenth.is_err());
+    assert!(g.insert(full - 1, 0));
+    // One more key of the same hash cannot be stored: a clear panic, not endless growth.
+    let one_more = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.insert(full, 0)));
+    assert!(one_more.is_err());
 }
 
 #[test]

@@ -66,6 +66,7 @@ fn concurrent_inserts_puts_deletes_and_gets_with_resizes() {
         table: Dlht::with_options(Options {
             capacity: 0,
             huge_pages: false,
+            ..Options::default()
         }),
         state: (0..total).map(|_| AtomicU8::new(ABSENT)).collect(),
         done: AtomicBool::new(false),

@@ -1,22 +1,25 @@
 //! `dmem bench hashtable`: random-key Gets, Puts and 90/10 mixes on 8-byte keys and values,
 //! DLHT (batched and unbatched) side by side with hashbrown, std's HashMap, dashmap and
 //! papaya, and the machine's physical limit (random independent loads with prefetch batching
-//! over an array as big as the DLHT bins).
+//! over an array as big as the DLHT bins). `--hasher` runs the comparison tables with their
+//! own default hashers, with DLHT's `mix64`, or with foldhash, so rows compare like for like.
 
 use std::collections::HashMap as StdHashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args as ClapArgs;
-use dmem_hashtable::{Dlht, Op, Options, Request, WordArray, mix64};
+use dmem_hashtable::{Dlht, Op, Options, Request, Sizing, WordArray, mix64};
 
 /// Flags of `dmem bench hashtable`.
 #[derive(ClapArgs, Debug)]
 pub(crate) struct Args {
-    /// Tables to measure, comma-separated: dlht, hashbrown, std, dashmap, papaya, limit
-    /// (limit = random independent 8-byte loads over an array the size of the DLHT bins).
+    /// Tables to measure, comma-separated: dlht, dlht-fast, hashbrown, std, dashmap, papaya,
+    /// limit (dlht-fast = DLHT with `Sizing::Fast`, 1.5 entries per bin instead of 2.6;
+    /// limit = random independent 8-byte loads over an array the size of the DLHT bins).
     #[arg(long, default_value = "dlht,hashbrown,std,dashmap,papaya,limit")]
     table: String,
     /// Table sizes in keys, comma-separated (k/M suffixes allowed, e.g. 1M,10M,100M).
@@ -37,6 +40,12 @@ pub(crate) struct Args {
     /// Pages for the DLHT and limit arrays: huge (madvise(MADV_HUGEPAGE)) or small.
     #[arg(long, default_value = "huge")]
     pages: String,
+    /// Hashers for hashbrown, std, dashmap and papaya, comma-separated: default (each table's
+    /// own: foldhash for hashbrown, SipHash-1-3 with random keys for std, dashmap and papaya),
+    /// mix64 (DLHT's own bin hash, for all: like for like with dlht) or foldhash (for all).
+    /// DLHT always hashes with mix64, and limit with mix64 too; they run once.
+    #[arg(long, default_value = "default")]
+    hasher: String,
     /// Print one JSON object per measured row instead of a table.
     #[arg(long)]
     json: bool,
@@ -45,6 +54,7 @@ pub(crate) struct Args {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Table {
     Dlht,
+    DlhtFast,
     Hashbrown,
     Std,
     Dashmap,
@@ -56,12 +66,66 @@ impl Table {
     fn name(self) -> &'static str {
         match self {
             Table::Dlht => "dlht",
+            Table::DlhtFast => "dlht-fast",
             Table::Hashbrown => "hashbrown",
             Table::Std => "std",
             Table::Dashmap => "dashmap",
             Table::Papaya => "papaya",
             Table::Limit => "limit",
         }
+    }
+}
+
+/// The hasher the comparison tables run with (`--hasher`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HasherChoice {
+    Default,
+    Mix64,
+    Foldhash,
+}
+
+impl HasherChoice {
+    fn name(self) -> &'static str {
+        match self {
+            HasherChoice::Default => "default",
+            HasherChoice::Mix64 => "mix64",
+            HasherChoice::Foldhash => "foldhash",
+        }
+    }
+}
+
+/// DLHT's bin hash as a `BuildHasher`: a `u64` key hashes to exactly `mix64(key)`, the value
+/// DLHT itself picks the bin from, so `--hasher mix64` compares tables, not hashers.
+#[derive(Clone, Copy, Debug, Default)]
+struct Mix64Build;
+
+struct Mix64Hasher(u64);
+
+impl std::hash::Hasher for Mix64Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for c in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            self.write_u64(u64::from_le_bytes(w));
+        }
+    }
+
+    #[inline(always)]
+    fn write_u64(&mut self, x: u64) {
+        self.0 = self.0.rotate_left(23) ^ x;
+    }
+
+    #[inline(always)]
+    fn finish(&self) -> u64 {
+        mix64(self.0)
+    }
+}
+
+impl std::hash::BuildHasher for Mix64Build {
+    type Hasher = Mix64Hasher;
+    #[inline(always)]
+    fn build_hasher(&self) -> Mix64Hasher {
+        Mix64Hasher(0)
     }
 }
 
@@ -89,6 +153,7 @@ struct Plan {
     threads: Vec<usize>,
     batches: Vec<usize>,
     ops: Vec<Workload>,
+    hashers: Vec<HasherChoice>,
     secs: f64,
     huge: bool,
     json: bool,
@@ -131,13 +196,14 @@ impl Plan {
         for t in list("table", &a.table)? {
             tables.push(match t.as_str() {
                 "dlht" => Table::Dlht,
+                "dlht-fast" => Table::DlhtFast,
                 "hashbrown" => Table::Hashbrown,
                 "std" => Table::Std,
                 "dashmap" => Table::Dashmap,
                 "papaya" => Table::Papaya,
                 "limit" => Table::Limit,
                 other => bail!(
-                    "--table: unknown table `{other}` (known: dlht, hashbrown, std, dashmap, papaya, limit)"
+                    "--table: unknown table `{other}` (known: dlht, dlht-fast, hashbrown, std, dashmap, papaya, limit)"
                 ),
             });
         }
@@ -150,6 +216,18 @@ impl Plan {
                 other => bail!("--op: unknown operation `{other}` (known: get, put, mixed)"),
             });
         }
+        let mut hashers = Vec::new();
+        for h in list("hasher", &a.hasher)? {
+            hashers.push(match h.as_str() {
+                "default" => HasherChoice::Default,
+                "mix64" => HasherChoice::Mix64,
+                "foldhash" => HasherChoice::Foldhash,
+                other => {
+                    bail!("--hasher: unknown hasher `{other}` (known: default, mix64, foldhash)")
+                }
+            });
+        }
+        hashers.dedup();
         let keys = list("keys", &a.keys)?
             .iter()
             .map(|s| count("keys", s))
@@ -187,6 +265,7 @@ impl Plan {
             threads,
             batches,
             ops,
+            hashers,
             secs: a.secs,
             huge,
             json: a.json,
@@ -301,6 +380,8 @@ struct Row<'a> {
     keys: usize,
     threads: usize,
     batch: usize,
+    /// The hasher the table ran with.
+    hasher: &'static str,
     mops: f64,
     built: &'a Built,
 }
@@ -319,6 +400,7 @@ impl Printer {
                 "keys": r.keys,
                 "threads": r.threads,
                 "batch": r.batch,
+                "hasher": r.hasher,
                 "mops": (r.mops * 1000.0).round() / 1000.0,
                 "ns_per_op_per_thread": (1e3 * r.threads as f64 / r.mops * 10.0).round() / 10.0,
                 "pages": r.built.pages,
@@ -329,12 +411,13 @@ impl Printer {
         } else {
             if !self.header_done {
                 println!(
-                    "{:<10} {:<6} {:>11} {:>7} {:>5} {:>9} {:>11} {:<12} {:>6} {:>9}",
+                    "{:<10} {:<6} {:>11} {:>7} {:>5} {:<8} {:>9} {:>11} {:<12} {:>6} {:>9}",
                     "table",
                     "op",
                     "keys",
                     "threads",
                     "batch",
+                    "hasher",
                     "Mops/s",
                     "ns/op/thr",
                     "pages",
@@ -344,12 +427,13 @@ impl Printer {
                 self.header_done = true;
             }
             println!(
-                "{:<10} {:<6} {:>11} {:>7} {:>5} {:>9.2} {:>11.1} {:<12} {:>6.0} {:>9.1}",
+                "{:<10} {:<6} {:>11} {:>7} {:>5} {:<8} {:>9.2} {:>11.1} {:<12} {:>6.0} {:>9.1}",
                 r.table.name(),
                 r.workload.name(),
                 r.keys,
                 r.threads,
                 r.batch,
+                r.hasher,
                 r.mops,
                 1e3 * r.threads as f64 / r.mops,
                 r.built.pages,
@@ -428,11 +512,16 @@ fn bench_table(
     let secs = plan.secs;
     let page_name = if plan.huge { "thp-advised" } else { "4k" };
     match table {
-        Table::Dlht => {
+        Table::Dlht | Table::DlhtFast => {
             let (t, b) = built(n, page_name, || {
                 let t = Dlht::with_options(Options {
                     capacity: n,
                     huge_pages: plan.huge,
+                    sizing: if table == Table::DlhtFast {
+                        Sizing::Fast
+                    } else {
+                        Sizing::Compact
+                    },
                 });
                 let g = t.pin();
                 for i in 0..n as u64 {
@@ -457,6 +546,7 @@ fn bench_table(
                             keys: n,
                             threads,
                             batch,
+                            hasher: "mix64",
                             mops,
                             built: &b,
                         });
@@ -464,160 +554,54 @@ fn bench_table(
                 }
             }
         }
-        Table::Hashbrown | Table::Std => {
-            // Not concurrent: single thread, no batching.
-            if table == Table::Hashbrown {
-                let (mut m, b) = built(n, "heap", || {
-                    let mut m = hashbrown::HashMap::with_capacity(n);
-                    for i in 0..n as u64 {
-                        m.insert(key_of(i), i);
+        Table::Hashbrown | Table::Std | Table::Dashmap | Table::Papaya => {
+            // The table's memory does not depend on its hasher; the first build's resident
+            // growth is kept, because later builds reuse pages the allocator kept.
+            let first_bpk = std::cell::Cell::new(None);
+            for &h in &plan.hashers {
+                let c = Cmp {
+                    plan,
+                    table,
+                    n,
+                    workloads,
+                    hasher: h,
+                    first_bpk: &first_bpk,
+                };
+                match (table, h) {
+                    (Table::Hashbrown, HasherChoice::Default | HasherChoice::Foldhash) => {
+                        c.seq(out, |n| {
+                            hashbrown::HashMap::with_capacity_and_hasher(
+                                n,
+                                hashbrown::DefaultHashBuilder::default(),
+                            )
+                        })
                     }
-                    m
-                });
-                for (w, streams) in workloads {
-                    let s = &streams[0];
-                    let mut sink = 0u64;
-                    let start = Instant::now();
-                    let deadline = start + Duration::from_secs_f64(secs);
-                    let ops = run_until(deadline, 1, |p| {
-                        let k = s.keys[p];
-                        if s.is_put[p] {
-                            if let Some(v) = m.get_mut(&k) {
-                                *v = v.wrapping_add(1);
-                            }
-                        } else {
-                            sink = sink.wrapping_add(*m.get(&k).unwrap_or(&0));
-                        }
-                    });
-                    black_box(sink);
-                    let mops = ops as f64 / start.elapsed().as_secs_f64() / 1e6;
-                    out.row(&Row {
-                        table,
-                        workload: *w,
-                        keys: n,
-                        threads: 1,
-                        batch: 1,
-                        mops,
-                        built: &b,
-                    });
-                }
-            } else {
-                let (mut m, b) = built(n, "heap", || {
-                    let mut m = StdHashMap::with_capacity(n);
-                    for i in 0..n as u64 {
-                        m.insert(key_of(i), i);
+                    (Table::Hashbrown, HasherChoice::Mix64) => c.seq(out, |n| {
+                        hashbrown::HashMap::with_capacity_and_hasher(n, Mix64Build)
+                    }),
+                    (Table::Std, HasherChoice::Default) => c.seq(out, |n| {
+                        StdHashMap::with_capacity_and_hasher(n, RandomState::new())
+                    }),
+                    (Table::Std, HasherChoice::Mix64) => {
+                        c.seq(out, |n| StdHashMap::with_capacity_and_hasher(n, Mix64Build))
                     }
-                    m
-                });
-                for (w, streams) in workloads {
-                    let s = &streams[0];
-                    let mut sink = 0u64;
-                    let start = Instant::now();
-                    let deadline = start + Duration::from_secs_f64(secs);
-                    let ops = run_until(deadline, 1, |p| {
-                        let k = s.keys[p];
-                        if s.is_put[p] {
-                            if let Some(v) = m.get_mut(&k) {
-                                *v = v.wrapping_add(1);
-                            }
-                        } else {
-                            sink = sink.wrapping_add(*m.get(&k).unwrap_or(&0));
-                        }
-                    });
-                    black_box(sink);
-                    let mops = ops as f64 / start.elapsed().as_secs_f64() / 1e6;
-                    out.row(&Row {
-                        table,
-                        workload: *w,
-                        keys: n,
-                        threads: 1,
-                        batch: 1,
-                        mops,
-                        built: &b,
-                    });
-                }
-            }
-        }
-        Table::Dashmap => {
-            let (m, b) = built(n, "heap", || {
-                let m = dashmap::DashMap::with_capacity(n);
-                for i in 0..n as u64 {
-                    m.insert(key_of(i), i);
-                }
-                m
-            });
-            for (w, streams) in workloads {
-                for &threads in &plan.threads {
-                    let mops = measure(threads, secs, |th, deadline| {
-                        let s = &streams[th];
-                        let mut sink = 0u64;
-                        let ops = run_until(deadline, 1, |p| {
-                            let k = s.keys[p];
-                            if s.is_put[p] {
-                                m.insert(k, p as u64);
-                            } else {
-                                sink = sink.wrapping_add(m.get(&k).map_or(0, |v| *v));
-                            }
-                        });
-                        black_box(sink);
-                        ops
-                    });
-                    out.row(&Row {
-                        table,
-                        workload: *w,
-                        keys: n,
-                        threads,
-                        batch: 1,
-                        mops,
-                        built: &b,
-                    });
-                }
-            }
-        }
-        Table::Papaya => {
-            let (m, b) = built(n, "heap", || {
-                let m = papaya::HashMap::with_capacity(n);
-                {
-                    let g = m.pin();
-                    for i in 0..n as u64 {
-                        g.insert(key_of(i), i);
+                    (Table::Std, HasherChoice::Foldhash) => c.seq(out, |n| {
+                        StdHashMap::with_capacity_and_hasher(
+                            n,
+                            hashbrown::DefaultHashBuilder::default(),
+                        )
+                    }),
+                    (Table::Dashmap, HasherChoice::Default) => c.dashmap(out, RandomState::new()),
+                    (Table::Dashmap, HasherChoice::Mix64) => c.dashmap(out, Mix64Build),
+                    (Table::Dashmap, HasherChoice::Foldhash) => {
+                        c.dashmap(out, hashbrown::DefaultHashBuilder::default())
                     }
-                }
-                m
-            });
-            for (w, streams) in workloads {
-                for &threads in &plan.threads {
-                    let mops = measure(threads, secs, |th, deadline| {
-                        let s = &streams[th];
-                        let mut sink = 0u64;
-                        let mut g = m.pin();
-                        let mut since = 0u32;
-                        let ops = run_until(deadline, 1, |p| {
-                            let k = s.keys[p];
-                            if s.is_put[p] {
-                                g.insert(k, p as u64);
-                            } else {
-                                sink = sink.wrapping_add(g.get(&k).copied().unwrap_or(0));
-                            }
-                            since += 1;
-                            if since == 4096 {
-                                // Let papaya reclaim, as a long-running server would.
-                                g = m.pin();
-                                since = 0;
-                            }
-                        });
-                        black_box(sink);
-                        ops
-                    });
-                    out.row(&Row {
-                        table,
-                        workload: *w,
-                        keys: n,
-                        threads,
-                        batch: 1,
-                        mops,
-                        built: &b,
-                    });
+                    (Table::Papaya, HasherChoice::Default) => c.papaya(out, RandomState::new()),
+                    (Table::Papaya, HasherChoice::Mix64) => c.papaya(out, Mix64Build),
+                    (Table::Papaya, HasherChoice::Foldhash) => {
+                        c.papaya(out, hashbrown::DefaultHashBuilder::default())
+                    }
+                    _ => unreachable!("only comparison tables take a hasher"),
                 }
             }
         }
@@ -626,6 +610,7 @@ fn bench_table(
             let bins = Dlht::with_options(Options {
                 capacity: n,
                 huge_pages: false,
+                ..Options::default()
             })
             .memory_usage()
             .bins;
@@ -655,10 +640,190 @@ fn bench_table(
                         keys: n,
                         threads,
                         batch,
+                        hasher: "mix64",
                         mops,
                         built: &b,
                     });
                 }
+            }
+        }
+    }
+}
+
+/// A single-threaded map the benchmark drives (hashbrown and std).
+trait SeqMap {
+    fn put_new(&mut self, k: u64, v: u64);
+    fn read(&self, k: u64) -> Option<u64>;
+    fn bump(&mut self, k: u64);
+}
+
+impl<S: BuildHasher> SeqMap for hashbrown::HashMap<u64, u64, S> {
+    fn put_new(&mut self, k: u64, v: u64) {
+        self.insert(k, v);
+    }
+    #[inline(always)]
+    fn read(&self, k: u64) -> Option<u64> {
+        self.get(&k).copied()
+    }
+    #[inline(always)]
+    fn bump(&mut self, k: u64) {
+        if let Some(v) = self.get_mut(&k) {
+            *v = v.wrapping_add(1);
+        }
+    }
+}
+
+impl<S: BuildHasher> SeqMap for StdHashMap<u64, u64, S> {
+    fn put_new(&mut self, k: u64, v: u64) {
+        self.insert(k, v);
+    }
+    #[inline(always)]
+    fn read(&self, k: u64) -> Option<u64> {
+        self.get(&k).copied()
+    }
+    #[inline(always)]
+    fn bump(&mut self, k: u64) {
+        if let Some(v) = self.get_mut(&k) {
+            *v = v.wrapping_add(1);
+        }
+    }
+}
+
+/// One comparison table at one size and hasher.
+struct Cmp<'a> {
+    plan: &'a Plan,
+    table: Table,
+    n: usize,
+    workloads: &'a [(Workload, Vec<Stream>)],
+    hasher: HasherChoice,
+    /// B/key of this table's first build (see `bench_table`).
+    first_bpk: &'a std::cell::Cell<Option<f64>>,
+}
+
+impl Cmp<'_> {
+    /// `b` with the B/key of the table's first build.
+    fn first_build(&self, b: Built) -> Built {
+        match self.first_bpk.get() {
+            Some(bytes_per_key) => Built { bytes_per_key, ..b },
+            None => {
+                self.first_bpk.set(Some(b.bytes_per_key));
+                b
+            }
+        }
+    }
+
+    fn row(&self, out: &mut Printer, w: Workload, threads: usize, mops: f64, b: &Built) {
+        out.row(&Row {
+            table: self.table,
+            workload: w,
+            keys: self.n,
+            threads,
+            batch: 1,
+            hasher: self.hasher.name(),
+            mops,
+            built: b,
+        });
+    }
+
+    /// hashbrown or std: single thread, no batching.
+    fn seq<M: SeqMap>(&self, out: &mut Printer, new: impl FnOnce(usize) -> M) {
+        let n = self.n;
+        let (mut m, b) = built(n, "heap", || {
+            let mut m = new(n);
+            for i in 0..n as u64 {
+                m.put_new(key_of(i), i);
+            }
+            m
+        });
+        let b = self.first_build(b);
+        for (w, streams) in self.workloads {
+            let s = &streams[0];
+            let mut sink = 0u64;
+            let start = Instant::now();
+            let deadline = start + Duration::from_secs_f64(self.plan.secs);
+            let ops = run_until(deadline, 1, |p| {
+                let k = s.keys[p];
+                if s.is_put[p] {
+                    m.bump(k);
+                } else {
+                    sink = sink.wrapping_add(m.read(k).unwrap_or(0));
+                }
+            });
+            black_box(sink);
+            let mops = ops as f64 / start.elapsed().as_secs_f64() / 1e6;
+            self.row(out, *w, 1, mops, &b);
+        }
+    }
+
+    fn dashmap<S: BuildHasher + Clone + Send + Sync>(&self, out: &mut Printer, hasher: S) {
+        let n = self.n;
+        let (m, b) = built(n, "heap", || {
+            let m = dashmap::DashMap::with_capacity_and_hasher(n, hasher);
+            for i in 0..n as u64 {
+                m.insert(key_of(i), i);
+            }
+            m
+        });
+        let b = self.first_build(b);
+        for (w, streams) in self.workloads {
+            for &threads in &self.plan.threads {
+                let mops = measure(threads, self.plan.secs, |th, deadline| {
+                    let s = &streams[th];
+                    let mut sink = 0u64;
+                    let ops = run_until(deadline, 1, |p| {
+                        let k = s.keys[p];
+                        if s.is_put[p] {
+                            m.insert(k, p as u64);
+                        } else {
+                            sink = sink.wrapping_add(m.get(&k).map_or(0, |v| *v));
+                        }
+                    });
+                    black_box(sink);
+                    ops
+                });
+                self.row(out, *w, threads, mops, &b);
+            }
+        }
+    }
+
+    fn papaya<S: BuildHasher + Send + Sync>(&self, out: &mut Printer, hasher: S) {
+        let n = self.n;
+        let (m, b) = built(n, "heap", || {
+            let m = papaya::HashMap::with_capacity_and_hasher(n, hasher);
+            {
+                let g = m.pin();
+                for i in 0..n as u64 {
+                    g.insert(key_of(i), i);
+                }
+            }
+            m
+        });
+        let b = self.first_build(b);
+        for (w, streams) in self.workloads {
+            for &threads in &self.plan.threads {
+                let mops = measure(threads, self.plan.secs, |th, deadline| {
+                    let s = &streams[th];
+                    let mut sink = 0u64;
+                    let mut g = m.pin();
+                    let mut since = 0u32;
+                    let ops = run_until(deadline, 1, |p| {
+                        let k = s.keys[p];
+                        if s.is_put[p] {
+                            g.insert(k, p as u64);
+                        } else {
+                            sink = sink.wrapping_add(g.get(&k).copied().unwrap_or(0));
+                        }
+                        since += 1;
+                        if since == 4096 {
+                            // Let papaya reclaim, as a long-running server would.
+                            g = m.pin();
+                            since = 0;
+                        }
+                    });
+                    black_box(sink);
+                    ops
+                });
+                self.row(out, *w, threads, mops, &b);
             }
         }
     }

@@ -1,0 +1,67 @@
+//! A fixed amount of Get work for instruction-level profiling (callgrind):
+//! `valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*run_*' \
+//!  target/release/examples/get_profile [keys] [gets] [compact|fast]`; instruction counts per Get are
+//! `Ir(run_*) / gets`. Keys are random and present, as in `dmem bench hashtable`.
+
+use std::hint::black_box;
+
+use dmem_hashtable::{Dlht, Guard, Options, Sizing, mix64};
+
+fn key_of(i: u64) -> u64 {
+    mix64(i ^ 0x5eed_5eed_5eed_5eed)
+}
+
+#[inline(never)]
+fn run_get_b1(g: &Guard<'_>, keys: &[u64]) -> u64 {
+    let mut sink = 0u64;
+    for &k in keys {
+        sink = sink.wrapping_add(g.get(k).unwrap_or(0));
+    }
+    sink
+}
+
+#[inline(never)]
+fn run_get_b24(g: &Guard<'_>, keys: &[u64]) -> u64 {
+    let mut sink = 0u64;
+    let mut out = [None; 24];
+    for ks in keys.chunks_exact(24) {
+        g.get_batch(ks, &mut out);
+        sink = sink.wrapping_add(out[23].unwrap_or(0));
+    }
+    sink
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let n: u64 = args
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    let gets: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(240_000);
+    let sizing = match args.next().as_deref() {
+        Some("fast") => Sizing::Fast,
+        _ => Sizing::Compact,
+    };
+    let t = Dlht::with_options(Options {
+        capacity: n as usize,
+        sizing,
+        ..Options::default()
+    });
+    for i in 0..n {
+        t.insert(key_of(i), i);
+    }
+    let keys: Vec<u64> = (0..gets).map(|i| key_of(mix64(i) % n)).collect();
+    let g = t.pin();
+    black_box(run_get_b1(&g, &keys));
+    black_box(run_get_b24(&g, &keys));
+    let m = t.memory_usage();
+    println!(
+        "{n} keys, {sizing:?}: {} bins, singles {}/{}, wides {}/{}, {:.1} B/entry reserved",
+        m.bins,
+        m.singles_used,
+        m.singles_reserved,
+        m.wides_used,
+        m.wides_reserved,
+        m.bytes_per_entry()
+    );
+}
