@@ -40,10 +40,13 @@ pub fn expand(argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
     let table: toml::Table = toml::from_str(&text)
         .map_err(|e| anyhow::anyhow!("--config file {path}: {}", e.message().trim_end()))?;
     let mut out: Vec<OsString> = argv;
+    // A command is named if the first word that is neither a flag nor `--config`'s value is
+    // one of dmem's commands.
     let named_command = args
         .iter()
         .skip(1)
-        .any(|a| !a.starts_with('-') && !is_value_of_config(&args, a));
+        .find(|a| !a.starts_with('-') && !is_value_of_config(&args, a))
+        .is_some_and(|a| COMMANDS.contains(&a.as_str()));
     let mut tail = Vec::new();
     for (key, value) in &table {
         if key == "command" {
@@ -88,6 +91,9 @@ pub fn expand(argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
     out.extend(tail.into_iter().map(OsString::from));
     Ok(out)
 }
+
+/// dmem's top-level commands.
+const COMMANDS: [&str; 6] = ["perf", "bench", "litmus", "recover", "reproduce", "help"];
 
 fn is_value_of_config(args: &[String], a: &str) -> bool {
     args.windows(2).any(|w| w[0] == "--config" && w[1] == a)

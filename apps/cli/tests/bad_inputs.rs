@@ -184,3 +184,61 @@ fn a_closed_stdout_ends_quietly() {
     assert!(stderr.is_empty(), "{stderr}");
     assert_ne!(out.status.code(), Some(101), "a panic");
 }
+
+#[test]
+fn an_absurd_profile_is_refused_before_a_run() {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/profiles/cx3-fdr.toml"),
+    )
+    .expect("sample profile");
+    let path = std::env::temp_dir().join(format!("dmem-absurd-{}.toml", std::process::id()));
+    std::fs::write(
+        &path,
+        text.replace("link_gbps = 56.0", "link_gbps = 1e-300"),
+    )
+    .expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_dmem"))
+        .args(["perf", "--profile", path.to_str().expect("utf-8")])
+        .output()
+        .expect("runs");
+    let _ = std::fs::remove_file(&path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("dmem: error: ") && stderr.contains("link_gbps"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn litmus_violations_exit_3() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dmem"))
+        .args([
+            "litmus",
+            "--protocol",
+            "ford",
+            "--bug",
+            "covert-locks",
+            "--litmus",
+            "2",
+            "--seeds",
+            "20",
+            "--json",
+        ])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("a summary")).expect("JSON lines");
+    assert!(
+        last["violations"].as_u64().expect("violations") > 0,
+        "{last}"
+    );
+}
