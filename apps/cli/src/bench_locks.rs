@@ -648,7 +648,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
                 format!("{:.0}%", row.local_grant_ratio * 100.0),
             ]);
         }
-        println!("{t}");
+        println!("{}", common::render(&t));
     }
     sink.finish("bench locks", &args, serde_json::json!({}))
 }

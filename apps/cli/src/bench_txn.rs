@@ -393,7 +393,7 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
                 format!("{} / {}", r.checker, r.invariants),
             ]);
         }
-        println!("{t}");
+        println!("{}", common::render(&t));
         if rows.len() > 1 {
             let base = &rows[0];
             for r in &rows[1..] {

@@ -220,15 +220,24 @@ pub fn table(header: &[&str]) -> comfy_table::Table {
     t.load_preset(comfy_table::presets::NOTHING);
     t.set_content_arrangement(comfy_table::ContentArrangement::Disabled);
     t.set_header(header.iter().map(|h| comfy_table::Cell::new(*h)));
-    for i in 1..header.len() {
+    for i in 0..header.len() {
         if let Some(c) = t.column_mut(i) {
-            c.set_cell_alignment(comfy_table::CellAlignment::Right);
+            c.set_padding((0, 2));
+            if i > 0 {
+                c.set_cell_alignment(comfy_table::CellAlignment::Right);
+            }
         }
     }
-    if let Some(c) = t.column_mut(0) {
-        c.set_padding((0, 1));
-    }
     t
+}
+
+/// A table as text, without trailing blanks.
+#[must_use]
+pub fn render(t: &comfy_table::Table) -> String {
+    t.lines()
+        .map(|l| l.trim_end().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Where a measuring command's rows go: a table (printed by the command), JSON lines on

@@ -189,20 +189,39 @@ fn print_table(report: &SuiteReport, args: &Args) {
         args.crash_prob,
         report.wall_s
     );
-    println!(
-        "{:<9} {:<29} {:>6} {:>7} {:>9} {:>10} {:>10}  first failure",
-        "litmus", "checks", "runs", "crashed", "recovered", "committed", "violations"
-    );
+    let mut t = common::table(&[
+        "litmus",
+        "checks",
+        "runs",
+        "crashed",
+        "recovered",
+        "committed",
+        "violations",
+        "first failure",
+    ]);
+    if let Some(c) = t.column_mut(1) {
+        c.set_cell_alignment(comfy_table::CellAlignment::Left);
+    }
+    if let Some(c) = t.column_mut(7) {
+        c.set_cell_alignment(comfy_table::CellAlignment::Left);
+    }
     for s in &report.per_litmus {
         let first = s.first_failure.as_ref().map_or_else(
             || "-".to_owned(),
             |f| format!("seed {}: {}", f.seed, f.reason),
         );
-        println!(
-            "{:<9} {:<29} {:>6} {:>7} {:>9} {:>10} {:>10}  {}",
-            s.litmus, s.title, s.runs, s.crashes, s.recovered, s.committed, s.violations, first
-        );
+        t.add_row(vec![
+            s.litmus.to_string(),
+            s.title.to_string(),
+            s.runs.to_string(),
+            s.crashes.to_string(),
+            s.recovered.to_string(),
+            s.committed.to_string(),
+            s.violations.to_string(),
+            first,
+        ]);
     }
+    println!("{}", common::render(&t));
     println!(
         "total: {} runs, {} violations{}",
         report.runs,

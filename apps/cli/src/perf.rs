@@ -536,5 +536,5 @@ fn print_table(args: &Args, rows: &[Row]) {
             base.map_or("-".to_string(), |g| format!("{g:.2}x")),
         ]);
     }
-    println!("{t}");
+    println!("{}", common::render(&t));
 }
