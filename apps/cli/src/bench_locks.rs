@@ -200,8 +200,13 @@ struct Row {
     lock_mn_ops_per_op: f64,
     /// All MN operations served (locks + objects), per operation.
     mn_ops_per_op: f64,
-    /// Retries per acquisition.
+    /// Retries per acquisition (mean).
     retries_per_acquire: f64,
+    /// 99th percentile and most retries of one acquisition.
+    retries_p99: u64,
+    retries_max: u64,
+    /// MN atomics (CAS + FAA) served per second of virtual time, millions.
+    mn_atomic_mops: f64,
     /// Busy fraction of the busiest MN NIC resource.
     mn_nic_busy: f64,
     /// p99 / median acquire latency on the hottest lock.
@@ -220,6 +225,8 @@ struct Row {
 struct Tally {
     ops: u64,
     latency: Histogram<u64>,
+    /// Retries of each acquisition (+1, the histogram's floor is 1).
+    retries: Histogram<u64>,
     hot_acquire: Histogram<u64>,
     stats: LockStats,
 }
@@ -306,6 +313,7 @@ async fn client<L: RwLockClient>(
                 let _ = t.hot_acquire.record((acquired - start).max(1));
             }
             let d = diff(lock.stats(), &before);
+            let _ = t.retries.record(d.retries + 1);
             t.stats = t.stats.merged(&d);
         }
     }
@@ -391,6 +399,7 @@ fn run_one(
     let tally = Rc::new(RefCell::new(Tally {
         ops: 0,
         latency: histogram(),
+        retries: histogram(),
         hot_acquire: histogram(),
         stats: LockStats::default(),
     }));
@@ -451,6 +460,8 @@ fn run_one(
     let measured = end - warm_up_end;
     let mn_busy = stats.mn_busy_fraction_since(&at_warm_up);
     let mn_ops = stats.mn_served_since(&at_warm_up, None);
+    let atomics = stats.mn_served_since(&at_warm_up, Some(dmem_verbs::OpKind::Cas))
+        + stats.mn_served_since(&at_warm_up, Some(dmem_verbs::OpKind::Faa));
     let t = tally.borrow();
     let acq = t.stats.acquisitions.max(1) as f64;
     let ops = t.ops.max(1) as f64;
@@ -479,6 +490,9 @@ fn run_one(
         ),
         mn_ops_per_op: round(mn_ops as f64 / ops, 3),
         retries_per_acquire: round(t.stats.retries as f64 / acq, 3),
+        retries_p99: t.retries.value_at_quantile(0.99).saturating_sub(1),
+        retries_max: t.retries.max().saturating_sub(1),
+        mn_atomic_mops: round(atomics as f64 / measured as f64 * 1e3, 3),
         mn_nic_busy: round(mn_busy, 3),
         fairness_hot: round(
             t.hot_acquire.value_at_quantile(0.99) as f64 / hot_p50 as f64,
@@ -583,6 +597,37 @@ fn spawn_declock(
         });
     });
     Ok(())
+}
+
+#[derive(clap::Parser, Debug)]
+struct Cli {
+    #[command(flatten)]
+    args: Args,
+}
+
+/// Runs `dmem bench locks ARGV...` (flags only) without printing; one JSON row per lock.
+///
+/// # Errors
+/// A bad flag or a run that could not be built.
+pub(crate) fn measure(argv: &[&str]) -> anyhow::Result<Vec<serde_json::Value>> {
+    use clap::Parser as _;
+    let args =
+        Cli::try_parse_from(std::iter::once("dmem-bench-locks").chain(argv.iter().copied()))?.args;
+    let locks = args.validate()?;
+    let profile = common::load_profile(&args.profile)?;
+    let zipf = KeyChooser::new(
+        args.locks,
+        KeyDistribution::Zipf { theta: args.zipf },
+        false,
+    );
+    locks
+        .into_iter()
+        .map(|which| {
+            Ok(serde_json::to_value(run_one(
+                &args, &profile, which, &zipf,
+            )?)?)
+        })
+        .collect()
 }
 
 /// Runs `dmem bench locks`.

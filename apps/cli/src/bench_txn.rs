@@ -334,6 +334,32 @@ fn run_protocol(
     })
 }
 
+/// Runs `dmem bench ARGV...` (flags only) on `registry`'s protocols without printing; one
+/// JSON row per protocol (checks are in the rows, not errors).
+///
+/// # Errors
+/// A bad flag or a run that could not be built.
+pub fn measure(argv: &[&str], registry: &Registry) -> anyhow::Result<Vec<serde_json::Value>> {
+    use clap::Parser as _;
+    #[derive(clap::Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+    let mut args =
+        Cli::try_parse_from(std::iter::once("dmem-bench").chain(argv.iter().copied()))?.args;
+    args.json = true; // no progress bar
+    let (workload, _, profile) = args.validate(registry)?;
+    args.protocol
+        .iter()
+        .map(|p| {
+            Ok(serde_json::to_value(run_protocol(
+                &args, registry, &workload, &profile, p,
+            )?)?)
+        })
+        .collect()
+}
+
 /// Runs the transaction benchmark on the protocols of `registry`; returns the rows it
 /// printed (so a test can run a protocol of its own through the same path).
 ///

@@ -9,6 +9,7 @@ mod bench_hashtable;
 mod bench_locks;
 mod perf;
 mod recover;
+mod reproduce;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -47,6 +48,10 @@ enum Command {
     /// pandora|ford --workload smallbank --crash cn|half --crash-at-ms 10 [--json]`).
     #[command(allow_negative_numbers = true)]
     Recover(recover::Args),
+    /// A paper's key figures on the simulated cluster next to the paper's values: prints
+    /// paper, dmem, ratio and whether each ordering holds; writes CSV and SVG under `--out`
+    /// (default ./reproduce/<paper>/); exits 3 if an ordering does not hold.
+    Reproduce(reproduce::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -125,6 +130,7 @@ fn run() -> i32 {
         Command::Perf(args) => perf::run(args),
         Command::Litmus(args) => litmus::run(args, &dmem_protocols::registry()).map(drop),
         Command::Recover(args) => recover::run(args, &dmem_protocols::registry()),
+        Command::Reproduce(args) => reproduce::run(args),
         Command::Bench(BenchArgs { layer: None, txn }) => {
             bench_txn::run(txn, &dmem_protocols::registry()).map(drop)
         }

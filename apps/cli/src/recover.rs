@@ -318,8 +318,39 @@ struct Report {
 
 /// Runs `dmem recover` on `registry`'s protocols.
 pub(crate) fn run(args: Args, registry: &Registry) -> anyhow::Result<()> {
-    let (workload, profile, crash) = args.validate(registry)?;
     let mut sink = Sink::new(args.json, args.csv.as_deref())?;
+    let report = measure_report(&args, registry)?;
+    sink.row(&report)?;
+    print_report(&args, &report)?;
+    sink.finish("recover", &args, serde_json::json!({ "seed": args.seed }))?;
+    if !((report.checker == "ok" || report.checker == "skipped") && report.invariants == "ok") {
+        return Err(CheckFailed(format!(
+            "correctness check failed after recovery: checker {}, invariants {}",
+            report.checker, report.invariants
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+#[derive(clap::Parser, Debug)]
+struct Cli {
+    #[command(flatten)]
+    args: Args,
+}
+
+/// Runs `dmem recover ARGV...` (flags only) without printing; the report as JSON.
+///
+/// # Errors
+/// A bad flag or a run that could not be built.
+pub(crate) fn measure(argv: &[&str], registry: &Registry) -> anyhow::Result<serde_json::Value> {
+    use clap::Parser as _;
+    let cli = Cli::try_parse_from(std::iter::once("dmem-recover").chain(argv.iter().copied()))?;
+    Ok(serde_json::to_value(measure_report(&cli.args, registry)?)?)
+}
+
+fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
+    let (workload, profile, crash) = args.validate(registry)?;
     let protocol = registry.get(&args.protocol)?;
     let per_cn = u32::from(args.threads) * u32::from(args.coroutines);
     let coordinators = args.cns * args.threads * args.coroutines;
@@ -465,8 +496,8 @@ pub(crate) fn run(args: Args, registry: &Registry) -> anyhow::Result<()> {
         }
     }
     let steals = deployment.counter("steals").unwrap_or(0);
-    let report = build_report(
-        &args,
+    Ok(build_report(
+        args,
         per_cn,
         crashed.len(),
         crash_at,
@@ -474,18 +505,7 @@ pub(crate) fn run(args: Args, registry: &Registry) -> anyhow::Result<()> {
         &series.borrow(),
         steals,
         (&history.borrow(), &*deployment, &workload, committed_delta),
-    );
-    sink.row(&report)?;
-    print_report(&args, &report)?;
-    sink.finish("recover", &args, serde_json::json!({ "seed": args.seed }))?;
-    if !((report.checker == "ok" || report.checker == "skipped") && report.invariants == "ok") {
-        return Err(CheckFailed(format!(
-            "correctness check failed after recovery: checker {}, invariants {}",
-            report.checker, report.invariants
-        ))
-        .into());
-    }
-    Ok(())
+    ))
 }
 
 type Final<'a> = (&'a History, &'a dyn Deployment, &'a AnyWorkload, i64);
