@@ -276,7 +276,7 @@ fn plot(path: &Path, fig: &Figure) -> Result<(), Box<dyn std::error::Error>> {
         .flat_map(|(_, ys)| ys.iter().copied())
         .filter(|y| y.is_finite())
         .fold(0f64, f64::max)
-        * 1.15;
+        * 1.5;
     let root = SVGBackend::new(path, (760, 460)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
