@@ -144,14 +144,6 @@ impl Args {
             total <= MAX_CLIENTS,
             "{total} clients: at most {MAX_CLIENTS} in total (the simulator's cost grows faster than linearly with requests outstanding at the MN, and DecLock's flat queue holds 1024): lower --cns or --clients"
         );
-        // MN region (objects + lock words of up to a 1024-entry CQL) plus two addresses per
-        // lock on the CN side.
-        let per_lock = u64::from(OBJECT_BYTES) + 1024 * 8 + 2 * 16;
-        common::ensure_memory(
-            common::product(&[self.locks, per_lock]),
-            &format!("--locks {}", self.locks),
-            "--locks",
-        )?;
         let mut locks = Vec::new();
         for &l in &self.lock {
             match l {
@@ -166,8 +158,49 @@ impl Args {
             }
         }
         locks.dedup();
+        // MN region (object + the largest lock word of the run) plus two addresses per lock
+        // on the CN side, for every lock, before any is laid out.
+        let mut stride = 8u64;
+        for &l in &locks {
+            let (_, layout) = lock_layout(self, l)?;
+            stride = stride.max(layout.bytes.div_ceil(8) as u64 * 8);
+        }
+        let per_lock = u64::from(OBJECT_BYTES) + stride + 2 * 16;
+        common::ensure_memory(
+            common::product(&[self.locks, per_lock]),
+            &format!("--locks {} ({per_lock} bytes each)", self.locks),
+            "--locks",
+        )?;
         Ok(locks)
     }
+}
+
+/// The CQL capacity of a DecLock run: CNs (§5) or clients (§4, flat), at least 8.
+fn cql_capacity(args: &Args, which: LockArg) -> usize {
+    let total = u64::from(args.cns) * u64::from(args.clients);
+    match which {
+        LockArg::DeclockFlat => (total.next_power_of_two() as usize).max(8),
+        _ => (usize::from(args.cns).next_power_of_two()).max(8),
+    }
+}
+
+fn lock_layout(args: &Args, which: LockArg) -> anyhow::Result<(Which, LockLayout)> {
+    let capacity = cql_capacity(args, which);
+    Ok(match which {
+        LockArg::Caslock => (Which::Cas, dmem_locks::caslock::layout()),
+        LockArg::Dslr => (Which::Dslr, dmem_locks::dslr::layout()),
+        LockArg::Shiftlock => (Which::Shift, dmem_locks::shiftlock::layout()),
+        LockArg::DeclockTf => (
+            Which::Dec(Some(FairnessPolicy::TaskFair)),
+            cql_layout(capacity)?,
+        ),
+        LockArg::DeclockPf => (
+            Which::Dec(Some(FairnessPolicy::PhaseFair)),
+            cql_layout(capacity)?,
+        ),
+        LockArg::DeclockFlat => (Which::Dec(None), cql_layout(capacity)?),
+        LockArg::All => bail!("`all` is expanded before the locks are laid out"),
+    })
 }
 
 /// One measured row.
@@ -337,25 +370,8 @@ fn run_one(
     let total = u64::from(args.cns) * u64::from(args.clients);
     // The CQL queue holds clients (§4) or, with hierarchical locking, CNs (§5; the paper
     // uses capacity 8 for 8 CNs).
-    let capacity = match which {
-        LockArg::DeclockFlat => (total.next_power_of_two() as usize).max(8),
-        _ => (usize::from(args.cns).next_power_of_two()).max(8),
-    };
-    let (kind, layout): (Which, LockLayout) = match which {
-        LockArg::Caslock => (Which::Cas, dmem_locks::caslock::layout()),
-        LockArg::Dslr => (Which::Dslr, dmem_locks::dslr::layout()),
-        LockArg::Shiftlock => (Which::Shift, dmem_locks::shiftlock::layout()),
-        LockArg::DeclockTf => (
-            Which::Dec(Some(FairnessPolicy::TaskFair)),
-            cql_layout(capacity)?,
-        ),
-        LockArg::DeclockPf => (
-            Which::Dec(Some(FairnessPolicy::PhaseFair)),
-            cql_layout(capacity)?,
-        ),
-        LockArg::DeclockFlat => (Which::Dec(None), cql_layout(capacity)?),
-        LockArg::All => unreachable!("expanded by validate"),
-    };
+    let capacity = cql_capacity(args, which);
+    let (kind, layout) = lock_layout(args, which)?;
     let stride = layout.bytes.div_ceil(8) * 8;
     let objects_base = 4096u64;
     let locks_base = objects_base + args.locks * u64::from(OBJECT_BYTES);
