@@ -163,7 +163,7 @@ impl Args {
         let mut stride = 8u64;
         for &l in &locks {
             let (_, layout) = lock_layout(self, l)?;
-            stride = stride.max(layout.bytes.div_ceil(8) as u64 * 8);
+            stride = stride.max(layout.bytes.div_ceil(8) * 8);
         }
         let per_lock = u64::from(OBJECT_BYTES) + stride + 2 * 16;
         common::ensure_memory(
