@@ -7,10 +7,10 @@
 //! finishing after a 10 % warm-up; lock counters are the clients' own (MN operations they
 //! sent for locking, retries), NIC figures come from the simulator.
 //!
-//! Zipf: a small generator after Gray et al. ("Quickly generating billion-record synthetic
-//! databases", SIGMOD'94), the method YCSB uses, rather than a new dependency: O(n) setup,
-//! O(1) per draw, deterministic from the seed, and rank 0 is the hottest lock, which the
-//! fairness figure needs to find.
+//! Zipf: the workloads' sampler (`rand_distr::Zipf` through
+//! [`dmem_workloads::dist::KeyChooser`], unscrambled): O(1) setup and per draw, so set-up
+//! does not grow with `--locks`; deterministic from the seed, and lock 0 is the hottest,
+//! which the fairness figure needs to find.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, bail, ensure};
 use clap::{Args as ClapArgs, ValueEnum};
+use dmem_cli::common::{self, Sink, round};
 use dmem_locks::caslock::{CasLockClient, CasLockConfig};
 use dmem_locks::declock::{DecLockClient, DecLockConfig};
 use dmem_locks::dslr::{DslrClient, DslrConfig};
@@ -28,14 +29,22 @@ use dmem_locks::{
 };
 use dmem_sim::{ClusterConfig, NicProfile, Sim, SimContext};
 use dmem_verbs::{Clock, Nanos, Verbs, VerbsExt};
+use dmem_workloads::dist::{KeyChooser, KeyDistribution, WorkloadRng, rng_for};
 use hdrhistogram::Histogram;
+use rand::RngExt as _;
 use serde::Serialize;
+
+/// Most clients in total (CNs × clients per CN): the simulator's cost grows faster than
+/// linearly with outstanding requests at one MN (see `dmem perf`), and DecLock's flat queue
+/// holds at most 1024 entries.
+const MAX_CLIENTS: u64 = 4096;
 
 /// Bytes of the object each lock protects.
 const OBJECT_BYTES: u32 = 64;
 
 /// A lock protocol to measure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub(crate) enum LockArg {
     /// Reader-writer CAS spinlock (FORD/Sherman style), no backoff.
     Caslock,
@@ -69,23 +78,24 @@ impl LockArg {
 }
 
 /// Arguments of `dmem bench locks`.
-#[derive(Debug, ClapArgs)]
+#[derive(Debug, ClapArgs, Serialize)]
 pub(crate) struct Args {
     /// Locks to measure, comma-separated (caslock, dslr, shiftlock, declock-tf,
     /// declock-pf, declock-flat, all).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
     lock: Vec<LockArg>,
-    /// Compute nodes.
-    #[arg(long, default_value_t = 8)]
+    /// Compute nodes (CNs × clients at most 4096).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=4096))]
     cns: u16,
     /// Clients (coroutines) per CN.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4096))]
     clients: u32,
     /// Cores per CN; clients are spread over them.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: u16,
-    /// Number of locks (each protects one object).
-    #[arg(long, default_value_t = 100_000)]
+    /// Number of locks (each protects one object; MN memory is checked against the
+    /// machine's before set-up).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=(1 << 40)))]
     locks: u64,
     /// Zipfian skew θ of lock choice (0 = uniform).
     #[arg(long, default_value_t = 0.99)]
@@ -94,29 +104,31 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 0.5)]
     read_ratio: f64,
     /// Critical section after the object access, ns of virtual time.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
     cs_ns: u64,
     /// NIC profile (cx3, cx4, cx5, cx6) or a TOML file with one.
     #[arg(long, default_value = "cx4")]
     profile: String,
     /// Measured duration per lock, ms of virtual time (plus 10 % warm-up).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     duration_ms: u64,
     /// Seed of the simulation and the workload.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Print one JSON object per lock instead of a table.
+    /// Print JSON lines instead of a table: one object per lock, then a summary.
     #[arg(long)]
     json: bool,
+    /// Also write the rows to this CSV file.
+    #[arg(long, value_name = "FILE")]
+    csv: Option<std::path::PathBuf>,
 }
 
 impl Args {
     fn validate(&self) -> anyhow::Result<Vec<LockArg>> {
-        ensure!(self.clients > 0, "--clients must be at least 1");
-        ensure!(self.cns > 0, "--cns must be at least 1");
-        ensure!(self.threads > 0, "--threads must be at least 1");
-        ensure!(self.locks > 0, "--locks must be at least 1");
-        ensure!(self.duration_ms > 0, "--duration-ms must be at least 1");
+        common::no_duplicates(
+            "lock",
+            &self.lock.iter().map(|l| l.name()).collect::<Vec<_>>(),
+        )?;
         ensure!(
             self.zipf.is_finite() && self.zipf >= 0.0,
             "--zipf must be a finite number >= 0 (got {})",
@@ -127,9 +139,10 @@ impl Args {
             "--read-ratio must be within [0, 1] (got {})",
             self.read_ratio
         );
+        let total = u64::from(self.cns) * u64::from(self.clients);
         ensure!(
-            u64::from(self.cns) * u64::from(self.clients) <= 1 << 20,
-            "at most 2^20 clients in total"
+            total <= MAX_CLIENTS,
+            "{total} clients: at most {MAX_CLIENTS} in total (the simulator's cost grows faster than linearly with requests outstanding at the MN, and DecLock's flat queue holds 1024): lower --cns or --clients"
         );
         let mut locks = Vec::new();
         for &l in &self.lock {
@@ -145,83 +158,49 @@ impl Args {
             }
         }
         locks.dedup();
+        // MN region (object + the largest lock word of the run) plus two addresses per lock
+        // on the CN side, for every lock, before any is laid out.
+        let mut stride = 8u64;
+        for &l in &locks {
+            let (_, layout) = lock_layout(self, l)?;
+            stride = stride.max(layout.bytes.div_ceil(8) * 8);
+        }
+        let per_lock = u64::from(OBJECT_BYTES) + stride + 2 * 16;
+        common::ensure_memory(
+            common::product(&[self.locks, per_lock]),
+            &format!("--locks {} ({per_lock} bytes each)", self.locks),
+            "--locks",
+        )?;
         Ok(locks)
     }
 }
 
-/// Zipfian ranks in `0..n` with skew `theta` (Gray et al. SIGMOD'94; YCSB's generator).
-#[derive(Debug, Clone)]
-pub(crate) struct Zipf {
-    n: u64,
-    theta: f64,
-    alpha: f64,
-    zeta_n: f64,
-    eta: f64,
-    half_pow: f64,
-}
-
-impl Zipf {
-    pub(crate) fn new(n: u64, theta: f64) -> Self {
-        let zeta = |k: u64| (1..=k).map(|i| 1.0 / (i as f64).powf(theta)).sum::<f64>();
-        let zeta_n = zeta(n);
-        let zeta_2 = zeta(2.min(n));
-        let alpha = if (theta - 1.0).abs() < 1e-12 {
-            0.0
-        } else {
-            1.0 / (1.0 - theta)
-        };
-        let eta = if n <= 2 || (theta - 1.0).abs() < 1e-12 {
-            0.0
-        } else {
-            (1.0 - (2.0 / n as f64).powf(1.0 - theta)) / (1.0 - zeta_2 / zeta_n)
-        };
-        Self {
-            n,
-            theta,
-            alpha,
-            zeta_n,
-            eta,
-            half_pow: 1.0 + 0.5f64.powf(theta),
-        }
-    }
-
-    /// A rank for the uniform draw `u` in `[0, 1)`.
-    pub(crate) fn rank(&self, u: f64) -> u64 {
-        if self.theta == 0.0 {
-            return ((u * self.n as f64) as u64).min(self.n - 1);
-        }
-        let uz = u * self.zeta_n;
-        if uz < 1.0 {
-            return 0;
-        }
-        if uz < self.half_pow || self.n <= 2 {
-            return 1.min(self.n - 1);
-        }
-        if self.alpha == 0.0 {
-            // θ = 1: Gray's closed form has a pole; fall back to inverting the CDF.
-            let mut acc = 0.0;
-            for i in 1..=self.n {
-                acc += 1.0 / i as f64;
-                if acc >= uz {
-                    return i - 1;
-                }
-            }
-            return self.n - 1;
-        }
-        let r = (self.n as f64 * (self.eta * u - self.eta + 1.0).powf(self.alpha)) as u64;
-        r.min(self.n - 1)
+/// The CQL capacity of a DecLock run: CNs (§5) or clients (§4, flat), at least 8.
+fn cql_capacity(args: &Args, which: LockArg) -> usize {
+    let total = u64::from(args.cns) * u64::from(args.clients);
+    match which {
+        LockArg::DeclockFlat => (total.next_power_of_two() as usize).max(8),
+        _ => (usize::from(args.cns).next_power_of_two()).max(8),
     }
 }
 
-fn next(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
-
-fn unit(state: &mut u64) -> f64 {
-    (next(state) >> 11) as f64 / (1u64 << 53) as f64
+fn lock_layout(args: &Args, which: LockArg) -> anyhow::Result<(Which, LockLayout)> {
+    let capacity = cql_capacity(args, which);
+    Ok(match which {
+        LockArg::Caslock => (Which::Cas, dmem_locks::caslock::layout()),
+        LockArg::Dslr => (Which::Dslr, dmem_locks::dslr::layout()),
+        LockArg::Shiftlock => (Which::Shift, dmem_locks::shiftlock::layout()),
+        LockArg::DeclockTf => (
+            Which::Dec(Some(FairnessPolicy::TaskFair)),
+            cql_layout(capacity)?,
+        ),
+        LockArg::DeclockPf => (
+            Which::Dec(Some(FairnessPolicy::PhaseFair)),
+            cql_layout(capacity)?,
+        ),
+        LockArg::DeclockFlat => (Which::Dec(None), cql_layout(capacity)?),
+        LockArg::All => bail!("`all` is expanded before the locks are laid out"),
+    })
 }
 
 /// One measured row.
@@ -229,6 +208,8 @@ fn unit(state: &mut u64) -> f64 {
 struct Row {
     lock: &'static str,
     profile: String,
+    seed: u64,
+    duration_ms: u64,
     cns: u16,
     clients_per_cn: u32,
     total_clients: u64,
@@ -242,14 +223,23 @@ struct Row {
     p50_ns: u64,
     /// 99th-percentile operation latency, ns.
     p99_ns: u64,
+    /// Median operation latency, µs.
+    p50_us: f64,
+    /// 99th-percentile operation latency, µs.
+    p99_us: f64,
     /// MN operations the clients sent to acquire, per acquisition.
     mn_ops_per_acquire: f64,
     /// MN operations sent for locking (acquire + release), per operation.
     lock_mn_ops_per_op: f64,
     /// All MN operations served (locks + objects), per operation.
     mn_ops_per_op: f64,
-    /// Retries per acquisition.
+    /// Retries per acquisition (mean).
     retries_per_acquire: f64,
+    /// 99th percentile and most retries of one acquisition.
+    retries_p99: u64,
+    retries_max: u64,
+    /// MN atomics (CAS + FAA) served per second of virtual time, millions.
+    mn_atomic_mops: f64,
     /// Busy fraction of the busiest MN NIC resource.
     mn_nic_busy: f64,
     /// p99 / median acquire latency on the hottest lock.
@@ -268,6 +258,8 @@ struct Row {
 struct Tally {
     ops: u64,
     latency: Histogram<u64>,
+    /// Retries of each acquisition (+1, the histogram's floor is 1).
+    retries: Histogram<u64>,
     hot_acquire: Histogram<u64>,
     stats: LockStats,
 }
@@ -297,7 +289,7 @@ fn diff(after: &LockStats, before: &LockStats) -> LockStats {
 struct Workload {
     locks: Vec<RemoteAddr>,
     objects: Vec<RemoteAddr>,
-    zipf: Zipf,
+    zipf: KeyChooser,
     read_ratio: f64,
     cs_ns: Nanos,
     warm_up_end: Nanos,
@@ -310,11 +302,11 @@ async fn client<L: RwLockClient>(
     work: Rc<Workload>,
     tally: Rc<RefCell<Tally>>,
 ) {
-    let mut rng = ctx.seed() | 1;
+    let mut rng: WorkloadRng = rng_for(ctx.seed(), 0x10c5);
     let payload = vec![0x5au8; OBJECT_BYTES as usize];
     while ctx.now() < work.end {
-        let rank = work.zipf.rank(unit(&mut rng));
-        let mode = if unit(&mut rng) < work.read_ratio {
+        let rank = work.zipf.next_key(&mut rng);
+        let mode = if rng.random::<f64>() < work.read_ratio {
             LockMode::Shared
         } else {
             LockMode::Exclusive
@@ -354,6 +346,7 @@ async fn client<L: RwLockClient>(
                 let _ = t.hot_acquire.record((acquired - start).max(1));
             }
             let d = diff(lock.stats(), &before);
+            let _ = t.retries.record(d.retries + 1);
             t.stats = t.stats.merged(&d);
         }
     }
@@ -368,29 +361,17 @@ enum Which {
     Dec(Option<FairnessPolicy>),
 }
 
-fn run_one(args: &Args, profile: &NicProfile, which: LockArg, zipf: &Zipf) -> anyhow::Result<Row> {
+fn run_one(
+    args: &Args,
+    profile: &NicProfile,
+    which: LockArg,
+    zipf: &KeyChooser,
+) -> anyhow::Result<Row> {
     let total = u64::from(args.cns) * u64::from(args.clients);
     // The CQL queue holds clients (§4) or, with hierarchical locking, CNs (§5; the paper
     // uses capacity 8 for 8 CNs).
-    let capacity = match which {
-        LockArg::DeclockFlat => (total.next_power_of_two() as usize).max(8),
-        _ => (usize::from(args.cns).next_power_of_two()).max(8),
-    };
-    let (kind, layout): (Which, LockLayout) = match which {
-        LockArg::Caslock => (Which::Cas, dmem_locks::caslock::layout()),
-        LockArg::Dslr => (Which::Dslr, dmem_locks::dslr::layout()),
-        LockArg::Shiftlock => (Which::Shift, dmem_locks::shiftlock::layout()),
-        LockArg::DeclockTf => (
-            Which::Dec(Some(FairnessPolicy::TaskFair)),
-            cql_layout(capacity)?,
-        ),
-        LockArg::DeclockPf => (
-            Which::Dec(Some(FairnessPolicy::PhaseFair)),
-            cql_layout(capacity)?,
-        ),
-        LockArg::DeclockFlat => (Which::Dec(None), cql_layout(capacity)?),
-        LockArg::All => unreachable!("expanded by validate"),
-    };
+    let capacity = cql_capacity(args, which);
+    let (kind, layout) = lock_layout(args, which)?;
     let stride = layout.bytes.div_ceil(8) * 8;
     let objects_base = 4096u64;
     let locks_base = objects_base + args.locks * u64::from(OBJECT_BYTES);
@@ -434,6 +415,7 @@ fn run_one(args: &Args, profile: &NicProfile, which: LockArg, zipf: &Zipf) -> an
     let tally = Rc::new(RefCell::new(Tally {
         ops: 0,
         latency: histogram(),
+        retries: histogram(),
         hot_acquire: histogram(),
         stats: LockStats::default(),
     }));
@@ -494,6 +476,8 @@ fn run_one(args: &Args, profile: &NicProfile, which: LockArg, zipf: &Zipf) -> an
     let measured = end - warm_up_end;
     let mn_busy = stats.mn_busy_fraction_since(&at_warm_up);
     let mn_ops = stats.mn_served_since(&at_warm_up, None);
+    let atomics = stats.mn_served_since(&at_warm_up, Some(dmem_verbs::OpKind::Cas))
+        + stats.mn_served_since(&at_warm_up, Some(dmem_verbs::OpKind::Faa));
     let t = tally.borrow();
     let acq = t.stats.acquisitions.max(1) as f64;
     let ops = t.ops.max(1) as f64;
@@ -501,6 +485,8 @@ fn run_one(args: &Args, profile: &NicProfile, which: LockArg, zipf: &Zipf) -> an
     Ok(Row {
         lock: which.name(),
         profile: profile.name.clone(),
+        seed: args.seed,
+        duration_ms: args.duration_ms,
         cns: args.cns,
         clients_per_cn: args.clients,
         total_clients: total,
@@ -508,24 +494,35 @@ fn run_one(args: &Args, profile: &NicProfile, which: LockArg, zipf: &Zipf) -> an
         zipf: args.zipf,
         read_ratio: args.read_ratio,
         cs_ns: args.cs_ns,
-        mops: t.ops as f64 / measured as f64 * 1e3,
+        mops: round(t.ops as f64 / measured as f64 * 1e3, 4),
         p50_ns: t.latency.value_at_quantile(0.5),
         p99_ns: t.latency.value_at_quantile(0.99),
-        mn_ops_per_acquire: t.stats.acquire_mn_ops as f64 / acq,
-        lock_mn_ops_per_op: (t.stats.acquire_mn_ops + t.stats.release_mn_ops) as f64 / ops,
-        mn_ops_per_op: mn_ops as f64 / ops,
-        retries_per_acquire: t.stats.retries as f64 / acq,
-        mn_nic_busy: mn_busy,
-        fairness_hot: t.hot_acquire.value_at_quantile(0.99) as f64 / hot_p50 as f64,
+        p50_us: round(t.latency.value_at_quantile(0.5) as f64 / 1e3, 2),
+        p99_us: round(t.latency.value_at_quantile(0.99) as f64 / 1e3, 2),
+        mn_ops_per_acquire: round(t.stats.acquire_mn_ops as f64 / acq, 3),
+        lock_mn_ops_per_op: round(
+            (t.stats.acquire_mn_ops + t.stats.release_mn_ops) as f64 / ops,
+            3,
+        ),
+        mn_ops_per_op: round(mn_ops as f64 / ops, 3),
+        retries_per_acquire: round(t.stats.retries as f64 / acq, 3),
+        retries_p99: t.retries.value_at_quantile(0.99).saturating_sub(1),
+        retries_max: t.retries.max().saturating_sub(1),
+        mn_atomic_mops: round(atomics as f64 / measured as f64 * 1e3, 3),
+        mn_nic_busy: round(mn_busy, 3),
+        fairness_hot: round(
+            t.hot_acquire.value_at_quantile(0.99) as f64 / hot_p50 as f64,
+            2,
+        ),
         cql_capacity: if matches!(kind, Which::Dec(_)) {
             capacity
         } else {
             0
         },
-        refetches_per_release: t.stats.refetches as f64 / t.stats.releases.max(1) as f64,
+        refetches_per_release: round(t.stats.refetches as f64 / t.stats.releases.max(1) as f64, 3),
         resets: t.stats.resets,
-        local_grant_ratio: t.stats.local_grants as f64 / acq,
-        prefetches_per_acquire: t.stats.prefetches as f64 / acq,
+        local_grant_ratio: round(t.stats.local_grants as f64 / acq, 3),
+        prefetches_per_acquire: round(t.stats.prefetches as f64 / acq, 3),
     })
 }
 
@@ -618,11 +615,57 @@ fn spawn_declock(
     Ok(())
 }
 
+#[derive(clap::Parser, Debug)]
+struct Cli {
+    #[command(flatten)]
+    args: Args,
+}
+
+/// Runs `dmem bench locks ARGV...` (flags only) without printing; one JSON row per lock.
+///
+/// # Errors
+/// A bad flag or a run that could not be built.
+pub(crate) fn measure(argv: &[&str]) -> anyhow::Result<Vec<serde_json::Value>> {
+    use clap::Parser as _;
+    let args =
+        Cli::try_parse_from(std::iter::once("dmem-bench-locks").chain(argv.iter().copied()))?.args;
+    let locks = args.validate()?;
+    let profile = common::load_profile(&args.profile)?;
+    let zipf = KeyChooser::new(
+        args.locks,
+        KeyDistribution::Zipf { theta: args.zipf },
+        false,
+    );
+    locks
+        .into_iter()
+        .map(|which| {
+            Ok(serde_json::to_value(run_one(
+                &args, &profile, which, &zipf,
+            )?)?)
+        })
+        .collect()
+}
+
 /// Runs `dmem bench locks`.
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let locks = args.validate()?;
-    let profile = NicProfile::load(&args.profile)?;
-    let zipf = Zipf::new(args.locks, args.zipf);
+    let profile = common::load_profile(&args.profile)?;
+    let zipf = KeyChooser::new(
+        args.locks,
+        KeyDistribution::Zipf { theta: args.zipf },
+        false,
+    );
+    let mut sink = Sink::new(args.json, args.csv.as_deref())?;
+    let bar = common::progress(locks.len() as u64, "bench locks", "locks", args.json);
+    let mut rows = Vec::new();
+    for which in locks {
+        bar.set_message(which.name());
+        let row = run_one(&args, &profile, which, &zipf)?;
+        sink.row(&row)?;
+        bar.inc(1);
+        rows.push(row);
+    }
+    bar.finish_and_clear();
     if !args.json {
         println!(
             "dmem bench locks  sim profile {}  1 MN  {} CN x {} clients ({} cores/CN) = {} clients  {} locks  zipf {}  read ratio {}  cs {} ns  {} ms  seed {}",
@@ -638,65 +681,35 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             args.duration_ms,
             args.seed
         );
-        println!(
-            "{:<12} {:>7} {:>9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>7}",
+        let mut t = common::table(&[
             "lock",
             "Mops",
             "p50 µs",
             "p99 µs",
-            "acq ops",
-            "lock ops",
-            "retries",
+            "acq ops/acquire",
+            "lock ops/op",
+            "retries/acquire",
             "MN busy",
-            "hot p99/",
+            "hot p99/p50",
             "resets",
-            "local"
-        );
-        println!(
-            "{:<12} {:>7} {:>9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>9} {:>7}",
-            "", "", "", "", "/acquire", "/op", "/acquire", "", "p50", "", "grants"
-        );
-    }
-    for which in locks {
-        let row = run_one(&args, &profile, which, &zipf)?;
-        if args.json {
-            println!("{}", serde_json::to_string(&row)?);
-        } else {
-            println!(
-                "{:<12} {:>7.3} {:>9.2} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>7.0}% {:>8.1} {:>9} {:>6.0}%",
-                row.lock,
-                row.mops,
-                row.p50_ns as f64 / 1e3,
-                row.p99_ns as f64 / 1e3,
-                row.mn_ops_per_acquire,
-                row.lock_mn_ops_per_op,
-                row.retries_per_acquire,
-                row.mn_nic_busy * 100.0,
-                row.fairness_hot,
-                row.resets,
-                row.local_grant_ratio * 100.0,
-            );
+            "local grants",
+        ]);
+        for row in &rows {
+            t.add_row(vec![
+                row.lock.to_string(),
+                format!("{:.3}", row.mops),
+                format!("{:.2}", row.p50_us),
+                format!("{:.2}", row.p99_us),
+                format!("{:.2}", row.mn_ops_per_acquire),
+                format!("{:.2}", row.lock_mn_ops_per_op),
+                format!("{:.2}", row.retries_per_acquire),
+                format!("{:.0}%", row.mn_nic_busy * 100.0),
+                format!("{:.1}", row.fairness_hot),
+                row.resets.to_string(),
+                format!("{:.0}%", row.local_grant_ratio * 100.0),
+            ]);
         }
+        println!("{}", common::render(&t));
     }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn zipf_ranks_are_skewed_and_in_range() {
-        let z = Zipf::new(1000, 0.99);
-        let mut s = 7u64;
-        let mut counts = vec![0u32; 1000];
-        for _ in 0..100_000 {
-            counts[z.rank(unit(&mut s)) as usize] += 1;
-        }
-        assert!(counts[0] > counts[1] && counts[1] > counts[10]);
-        // Rank 0 has probability 1/zeta(1000, 0.99) ≈ 0.13.
-        assert!((11_000..15_000).contains(&counts[0]), "{}", counts[0]);
-        let u = Zipf::new(10, 0.0);
-        assert!((0..1000).all(|_| u.rank(unit(&mut s)) < 10));
-    }
+    sink.finish("bench locks", &args, serde_json::json!({}))
 }

@@ -9,23 +9,118 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context as _, ensure};
-use clap::Args as ClapArgs;
+use clap::{Args as ClapArgs, ValueEnum};
 use dmem_deploy::{ClusterShape, Registry};
-use dmem_harness::{BenchConfig, run_bench};
+use dmem_harness::{BenchConfig, deploy_spec, run_bench};
 use dmem_sim::NicProfile;
-use dmem_verbs::Nanos;
 use dmem_workloads::{AnyWorkload, Scale, Workload};
 use serde::Serialize;
 
+use crate::common::{self, CheckFailed, Sink, round};
+
+/// A workload by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadArg {
+    /// Key-value store: one-key reads and writes.
+    Kvs,
+    /// YCSB A-style mixes.
+    Ycsb,
+    /// SmallBank: six banking transactions over accounts.
+    Smallbank,
+    /// TATP: telecom subscriber transactions, read-mostly.
+    Tatp,
+    /// TPC-C: warehouses, orders, stock.
+    Tpcc,
+}
+
+impl WorkloadArg {
+    /// Its name.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkloadArg::Kvs => "kvs",
+            WorkloadArg::Ycsb => "ycsb",
+            WorkloadArg::Smallbank => "smallbank",
+            WorkloadArg::Tatp => "tatp",
+            WorkloadArg::Tpcc => "tpcc",
+        }
+    }
+}
+
+/// A workload's size preset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScaleArg {
+    /// Tiny tables for smoke runs.
+    Tiny,
+    /// A laptop-sized data set (the default).
+    Small,
+    /// FORD's evaluation sizes.
+    Ford,
+    /// Motor's evaluation sizes.
+    Motor,
+    /// LOTUS's evaluation sizes.
+    Lotus,
+}
+
+impl ScaleArg {
+    /// Its name.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            ScaleArg::Tiny => "tiny",
+            ScaleArg::Small => "small",
+            ScaleArg::Ford => "ford",
+            ScaleArg::Motor => "motor",
+            ScaleArg::Lotus => "lotus",
+        }
+    }
+}
+
+/// Fabrics of the transaction commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TxnFabric {
+    /// The deterministic simulated cluster (the only one that runs transaction protocols
+    /// so far).
+    Sim,
+}
+
+/// Bytes of memory a run of `protocol` on `workload` takes (MN regions plus loading), `None` past 2^64.
+///
+/// # Errors
+/// An unknown protocol or a store that cannot be laid out.
+pub fn memory_estimate(
+    registry: &Registry,
+    protocol: &str,
+    workload: &AnyWorkload,
+    coordinators: u16,
+    mns: u16,
+) -> anyhow::Result<Option<u64>> {
+    let p = registry.get(protocol)?;
+    let per_mn = p
+        .mn_bytes_per_mn(&deploy_spec(workload, coordinators), mns)
+        .with_context(|| format!("sizing {protocol}'s store"))?;
+    // The simulator holds each MN's region (x1.5 for the loader's copies) and the CN side
+    // holds per-record state (address caches, load buffers): an upper bound of 8 KiB per
+    // record covers the peak RSS measured at --scale small for every workload (TATP: 8.2 GB
+    // for 975k records and 1.2 GB of regions; TPC-C: 19.8 GB for 4.4M records and 14 GB).
+    let records: u64 = workload.tables().iter().map(|t| t.expected_records).sum();
+    Ok(common::product(&[per_mn, u64::from(mns)])
+        .and_then(|b| b.checked_add(b / 2))
+        .and_then(|b| b.checked_add(records.checked_mul(8 << 10)?)))
+}
+
 /// Arguments of the transaction benchmark (`dmem bench` without a subcommand).
-#[derive(Debug, ClapArgs)]
+#[derive(Debug, Clone, ClapArgs, Serialize)]
 pub struct Args {
-    /// Workload: kvs, ycsb, smallbank, tatp, tpcc.
-    #[arg(long, default_value = "smallbank")]
-    workload: String,
-    /// Size preset of the workload: tiny, small, ford, motor, lotus.
-    #[arg(long, default_value = "small")]
-    scale: String,
+    /// Workload.
+    #[arg(long, value_enum, default_value = "smallbank")]
+    workload: WorkloadArg,
+    /// Size preset of the workload (its memory is estimated and checked before loading).
+    #[arg(long, value_enum, default_value = "small")]
+    scale: ScaleArg,
     /// Protocols to run side by side, comma-separated: any registered name — ford, motor,
     /// motor-si,
     /// pandora, pandora-lock-logging (traditional "log before lock" instead of PILL,
@@ -33,25 +128,25 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "ford,pandora")]
     protocol: Vec<String>,
     /// Fabric (only the simulated cluster runs transaction protocols so far).
-    #[arg(long, default_value = "sim")]
-    fabric: String,
-    /// NIC profile of the simulated cluster.
+    #[arg(long, value_enum, default_value = "sim")]
+    fabric: TxnFabric,
+    /// NIC profile of the simulated cluster: cx3, cx4, cx5, cx6 or a TOML file.
     #[arg(long, default_value = "cx5")]
     profile: String,
     /// Memory nodes (replication degree min(3, MNs)).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=64))]
     mns: u16,
-    /// Compute nodes.
-    #[arg(long, default_value_t = 2)]
+    /// Compute nodes (CNs × threads × coroutines must stay below 65535).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=4096))]
     cns: u16,
     /// Threads (cores) per CN.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: u16,
     /// Coroutines (coordinators) per thread.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=1024))]
     coroutines: u16,
     /// Measured duration, ms of virtual time (after a 10 % warm-up).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     duration_ms: u64,
     /// Seed of the cluster and of every coordinator's transaction generator.
     #[arg(long, default_value_t = 1)]
@@ -65,9 +160,12 @@ pub struct Args {
     /// READ, so only a warm cache compares round trips like for like.
     #[arg(long)]
     cold_cache: bool,
-    /// Print one JSON object per protocol instead of a table.
+    /// Print JSON lines instead of a table: one object per protocol, then a summary.
     #[arg(long)]
     json: bool,
+    /// Also write the rows to this CSV file.
+    #[arg(long, value_name = "FILE")]
+    csv: Option<std::path::PathBuf>,
 }
 
 /// One protocol's results.
@@ -76,8 +174,11 @@ pub struct Row {
     pub protocol: String,
     workload: String,
     scale: String,
+    profile: String,
+    seed: u64,
+    duration_ms: u64,
     /// Committed transactions per second of virtual time, millions.
-    mtps: f64,
+    pub mtps: f64,
     /// Aborted attempts / all attempts.
     abort_rate: f64,
     /// Median latency of a committed transaction (first begin to commit, retries included), µs.
@@ -110,19 +211,10 @@ pub struct Row {
 impl Args {
     fn validate(&self, registry: &Registry) -> anyhow::Result<(AnyWorkload, Scale, NicProfile)> {
         ensure!(
-            self.fabric == "sim",
-            "--fabric {}: transaction protocols run on the simulated cluster so far (--fabric sim)",
-            self.fabric
+            !self.protocol.is_empty() && self.protocol.iter().all(|p| !p.is_empty()),
+            "--protocol needs at least one protocol name"
         );
-        ensure!(self.mns > 0, "--mns must be at least 1");
-        ensure!(self.cns > 0, "--cns must be at least 1");
-        ensure!(self.threads > 0, "--threads must be at least 1");
-        ensure!(self.coroutines > 0, "--coroutines must be at least 1");
-        ensure!(self.duration_ms > 0, "--duration-ms must be at least 1");
-        ensure!(
-            !self.protocol.is_empty(),
-            "--protocol needs at least one protocol"
-        );
+        common::no_duplicates("protocol", &self.protocol)?;
         let coordinators =
             u32::from(self.cns) * u32::from(self.threads) * u32::from(self.coroutines);
         ensure!(
@@ -132,8 +224,21 @@ impl Args {
         for p in &self.protocol {
             registry.get(p).context("in --protocol")?;
         }
-        let (workload, scale) = parse_workload(&self.workload, &self.scale)?;
-        let profile = NicProfile::named(&self.profile)?;
+        let profile = common::load_profile(&self.profile)?;
+        let (workload, scale) = parse_workload(self.workload.name(), self.scale.name())?;
+        for p in &self.protocol {
+            let bytes = memory_estimate(registry, p, &workload, coordinators as u16, self.mns)?;
+            common::ensure_memory(
+                bytes,
+                &format!(
+                    "{} at --scale {} on {} MNs under {p}",
+                    self.workload.name(),
+                    self.scale.name(),
+                    self.mns
+                ),
+                "--scale (tiny, small) or --mns",
+            )?;
+        }
         Ok((workload, scale, profile))
     }
 
@@ -183,7 +288,12 @@ fn run_protocol(
     let p = registry.get(protocol)?;
     let cfg = args.config(profile);
     let warm_up_end = cfg.duration / 10;
-    let progress = progress_bar(args, protocol, warm_up_end + cfg.duration);
+    let progress = common::progress(
+        (warm_up_end + cfg.duration) / 1_000,
+        protocol,
+        "µs virtual",
+        args.json,
+    );
     let r = run_bench(&*p, workload, &cfg, |now| {
         progress.set_position(now / 1_000)
     })
@@ -197,41 +307,58 @@ fn run_protocol(
     }
     Ok(Row {
         protocol: protocol.to_string(),
-        workload: args.workload.clone(),
-        scale: args.scale.clone(),
-        mtps: r.mtps,
-        abort_rate: r.abort_rate,
-        p50_us: r.p50_us,
-        p99_us: r.p99_us,
-        mn_reads_per_txn: r.mn_per_txn[0],
-        mn_writes_per_txn: r.mn_per_txn[1],
-        mn_cas_per_txn: r.mn_per_txn[2],
-        mn_faa_per_txn: r.mn_per_txn[3],
-        mn_nic_busy: r.mn_nic_busy,
+        workload: args.workload.name().to_string(),
+        scale: args.scale.name().to_string(),
+        profile: profile.name.clone(),
+        seed: args.seed,
+        duration_ms: args.duration_ms,
+        mtps: round(r.mtps, 4),
+        abort_rate: round(r.abort_rate, 4),
+        p50_us: round(r.p50_us, 2),
+        p99_us: round(r.p99_us, 2),
+        mn_reads_per_txn: round(r.mn_per_txn[0], 3),
+        mn_writes_per_txn: round(r.mn_per_txn[1], 3),
+        mn_cas_per_txn: round(r.mn_per_txn[2], 3),
+        mn_faa_per_txn: round(r.mn_per_txn[3], 3),
+        mn_nic_busy: round(r.mn_nic_busy, 3),
         committed: r.committed,
         rolled_back: r.rolled_back,
         failed: r.failed,
         checker: r.checker,
         checked_txns: r.checked_txns,
         invariants: r.invariants,
-        rtts_per_txn: r.rtts_per_txn,
+        rtts_per_txn: r
+            .rtts_per_txn
+            .into_iter()
+            .map(|(k, v)| (k, round(v, 3)))
+            .collect(),
     })
 }
 
-fn progress_bar(args: &Args, protocol: &str, end: Nanos) -> indicatif::ProgressBar {
-    if args.json {
-        return indicatif::ProgressBar::hidden();
+/// Runs `dmem bench ARGV...` (flags only) on `registry`'s protocols without printing; one
+/// JSON row per protocol (checks are in the rows, not errors).
+///
+/// # Errors
+/// A bad flag or a run that could not be built.
+pub fn measure(argv: &[&str], registry: &Registry) -> anyhow::Result<Vec<serde_json::Value>> {
+    use clap::Parser as _;
+    #[derive(clap::Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
     }
-    let bar = indicatif::ProgressBar::new(end / 1_000);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{prefix:>10} [{bar:30}] {pos}/{len} µs virtual  {elapsed} real",
-        )
-        .expect("static template is valid")
-        .progress_chars("=> "),
-    );
-    bar.set_prefix(protocol.to_string());
-    bar
+    let mut args =
+        Cli::try_parse_from(std::iter::once("dmem-bench").chain(argv.iter().copied()))?.args;
+    args.json = true; // no progress bar
+    let (workload, _, profile) = args.validate(registry)?;
+    args.protocol
+        .iter()
+        .map(|p| {
+            Ok(serde_json::to_value(run_protocol(
+                &args, registry, &workload, &profile, p,
+            )?)?)
+        })
+        .collect()
 }
 
 /// Runs the transaction benchmark on the protocols of `registry`; returns the rows it
@@ -242,18 +369,17 @@ fn progress_bar(args: &Args, protocol: &str, end: Nanos) -> indicatif::ProgressB
 /// not be built, or a failed checker / invariants verdict.
 pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
     let (workload, scale, profile) = args.validate(registry)?;
+    let mut sink = Sink::new(args.json, args.csv.as_deref())?;
     let mut rows = Vec::new();
     for protocol in &args.protocol {
         let row = run_protocol(&args, registry, &workload, &profile, protocol)?;
-        if args.json {
-            println!("{}", serde_json::to_string(&row)?);
-        }
+        sink.row(&row)?;
         rows.push(row);
     }
     if !args.json {
         println!(
             "dmem bench  workload {} ({} scale, {:.1} MB of values)  sim {}  {} MN  {} CN x {} threads x {} coroutines  {} ms  seed {}",
-            args.workload,
+            args.workload.name(),
             scale.name(),
             workload.value_bytes() as f64 / 1e6,
             profile.name,
@@ -264,8 +390,7 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             args.duration_ms,
             args.seed
         );
-        println!(
-            "{:<20} {:>8} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>7} {:>6}  checker / invariants",
+        let mut t = common::table(&[
             "protocol",
             "Mtps",
             "aborts",
@@ -276,26 +401,26 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             "CAS",
             "FAA",
             "MN busy",
-            "rtts"
-        );
+            "rtts",
+            "checker / invariants",
+        ]);
         for r in &rows {
-            println!(
-                "{:<20} {:>8.3} {:>6.1}% {:>8.1} {:>8.1} {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.0}% {:>6.2}  {} / {}",
-                r.protocol,
-                r.mtps,
-                r.abort_rate * 100.0,
-                r.p50_us,
-                r.p99_us,
-                r.mn_reads_per_txn,
-                r.mn_writes_per_txn,
-                r.mn_cas_per_txn,
-                r.mn_faa_per_txn,
-                r.mn_nic_busy * 100.0,
-                r.rtts_per_txn.get("all").copied().unwrap_or(0.0),
-                r.checker,
-                r.invariants
-            );
+            t.add_row(vec![
+                r.protocol.clone(),
+                format!("{:.3}", r.mtps),
+                format!("{:.1}%", r.abort_rate * 100.0),
+                format!("{:.1}", r.p50_us),
+                format!("{:.1}", r.p99_us),
+                format!("{:.2}", r.mn_reads_per_txn),
+                format!("{:.2}", r.mn_writes_per_txn),
+                format!("{:.2}", r.mn_cas_per_txn),
+                format!("{:.2}", r.mn_faa_per_txn),
+                format!("{:.0}%", r.mn_nic_busy * 100.0),
+                format!("{:.2}", r.rtts_per_txn.get("all").copied().unwrap_or(0.0)),
+                format!("{} / {}", r.checker, r.invariants),
+            ]);
         }
+        println!("{}", common::render(&t));
         if rows.len() > 1 {
             let base = &rows[0];
             for r in &rows[1..] {
@@ -311,12 +436,15 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
     let bad: Vec<_> = rows
         .iter()
         .filter(|r| !(r.checker == "ok" || r.checker == "skipped") || r.invariants != "ok")
-        .map(|r| r.protocol.as_str())
+        .map(|r| r.protocol.clone())
         .collect();
-    ensure!(
-        bad.is_empty(),
-        "correctness check failed for {}: see the checker / invariants column",
-        bad.join(", ")
-    );
+    sink.finish("bench", &args, serde_json::json!({ "check_failed": bad }))?;
+    if !bad.is_empty() {
+        return Err(CheckFailed(format!(
+            "correctness check failed for {}: see the checker / invariants column",
+            bad.join(", ")
+        ))
+        .into());
+    }
     Ok(rows)
 }

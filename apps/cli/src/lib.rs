@@ -4,6 +4,8 @@
 //! `dmem_protocols::registry()`.
 
 pub mod bench_txn;
+pub mod common;
+pub mod config;
 pub mod litmus;
 
 use clap::Parser;

@@ -3,16 +3,20 @@
 //! seeds.
 //!
 //! Prints a table (per litmus: runs, violations, first failing seed and reason) or, with
-//! `--json`, one object with `runs`, `violations`, `first_failure` and `per_litmus`.
-//! Exits non-zero on a bad flag; a violation is a result, printed, not an error.
+//! `--json`, JSON lines: one object per litmus, then a summary object with `runs`,
+//! `violations`, `first_failure` and the configuration. Exits 1 on a bad flag and 3 when a
+//! violation was found (the table or JSON is printed first).
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, bail, ensure};
 use clap::Args as ClapArgs;
 use dmem_deploy::{Protocol, Registry};
 use dmem_litmus::{Litmus, RunConfig, SuiteConfig, SuiteReport, run_suite};
+use serde::Serialize;
+
+use crate::common::{self, CheckFailed, Sink};
 
 /// `dmem litmus` flags.
-#[derive(ClapArgs, Debug)]
+#[derive(ClapArgs, Debug, Clone, Serialize)]
 pub struct Args {
     /// Protocol under test: any registered name (ford, pandora, pandora-lock-logging,
     /// ford:BUG[+BUG], …).
@@ -27,7 +31,7 @@ pub struct Args {
     #[arg(long, default_value = "all")]
     litmus: String,
     /// Seeds per litmus.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     seeds: u64,
     /// First seed.
     #[arg(long, default_value_t = 0)]
@@ -36,17 +40,32 @@ pub struct Args {
     #[arg(long, default_value_t = 0.5)]
     crash_prob: f64,
     /// OS threads running seeds (results do not depend on it).
-    #[arg(long, default_value_t = 2)]
-    threads: usize,
-    /// Print one JSON object instead of the table.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=256))]
+    threads: u16,
+    /// Print JSON lines instead of the table: one object per litmus, then a summary.
     #[arg(long)]
     json: bool,
+    /// Also write the per-litmus rows to this CSV file.
+    #[arg(long, value_name = "FILE")]
+    csv: Option<std::path::PathBuf>,
     /// Print the checker's full explanation of each litmus's first failure.
     #[arg(long)]
     verbose: bool,
 }
 
 fn target(args: &Args, registry: &Registry) -> anyhow::Result<std::sync::Arc<dyn Protocol>> {
+    ensure!(
+        !args.protocol.is_empty(),
+        "--protocol needs a protocol name"
+    );
+    if let Some(list) = &args.bug {
+        let bugs: Vec<&str> = list.split(',').map(str::trim).collect();
+        ensure!(
+            bugs.iter().all(|b| !b.is_empty()),
+            "--bug needs bug names, comma-separated (complicit-abort, missing-insert-log, covert-locks, relaxed-locks, lost-decision, log-without-lock, all)"
+        );
+        common::no_duplicates("bug", &bugs)?;
+    }
     let name = match &args.bug {
         Some(list) if args.protocol == "ford" => format!("ford:{}", list.replace(',', "+")),
         Some(_) => bail!(
@@ -65,27 +84,61 @@ fn target(args: &Args, registry: &Registry) -> anyhow::Result<std::sync::Arc<dyn
 /// A bad flag, an unknown protocol (the error lists the registered ones), or a run that
 /// could not be built.
 pub fn run(args: Args, registry: &Registry) -> anyhow::Result<SuiteReport> {
-    if args.seeds == 0 {
-        bail!("--seeds must be at least 1");
-    }
     if !(0.0..=1.0).contains(&args.crash_prob) {
         bail!("--crash-prob {} is outside [0, 1]", args.crash_prob);
     }
     let target = target(&args, registry)?;
+    let names: Vec<&str> = args.litmus.split(',').map(str::trim).collect();
+    ensure!(
+        names.iter().all(|n| !n.is_empty()),
+        "--litmus needs names, comma-separated (1, 1-insert, 1-delete, 2, 3, all)"
+    );
+    common::no_duplicates("litmus", &names)?;
     let litmus = Litmus::parse_list(&args.litmus).context("--litmus")?;
-    let cfg = SuiteConfig {
-        litmus,
-        first_seed: args.first_seed,
-        seeds: args.seeds,
-        run: RunConfig::new(args.crash_prob),
-        threads: args.threads.max(1),
-    };
-    let report = run_suite(&*target, &cfg)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
+    let mut sink = Sink::new(args.json, args.csv.as_deref())?;
+    // Seeds run in chunks so that the progress bar moves; the report is the same as one
+    // suite over all seeds (every run is independent and the first failure is the first
+    // by seed).
+    let bar = common::progress(args.seeds, "dmem litmus", "seeds", args.json);
+    let chunk = (args.seeds / 50).max(1);
+    let mut report: Option<SuiteReport> = None;
+    let mut done = 0;
+    while done < args.seeds {
+        let n = chunk.min(args.seeds - done);
+        let cfg = SuiteConfig {
+            litmus: litmus.clone(),
+            first_seed: args.first_seed.saturating_add(done),
+            seeds: n,
+            run: RunConfig::new(args.crash_prob),
+            threads: usize::from(args.threads),
+        };
+        let part = run_suite(&*target, &cfg)?;
+        report = Some(match report {
+            None => part,
+            Some(acc) => merge(acc, part),
+        });
+        done += n;
+        bar.set_position(done);
+    }
+    bar.finish_and_clear();
+    let report = report.context("no seed ran")?;
+    for s in &report.per_litmus {
+        sink.row(s)?;
+    }
+    if !args.json {
         print_table(&report, &args);
     }
+    sink.finish(
+        "litmus",
+        &args,
+        serde_json::json!({
+            "protocol": report.protocol,
+            "runs": report.runs,
+            "violations": report.violations,
+            "first_failure": report.first_failure,
+            "wall_s": common::round(report.wall_s, 2),
+        }),
+    )?;
     if args.verbose {
         for s in &report.per_litmus {
             if let Some(f) = &s.first_failure {
@@ -96,7 +149,35 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<SuiteReport> {
             }
         }
     }
+    if report.violations > 0 {
+        return Err(CheckFailed(format!(
+            "{} of {} litmus runs of {} found a violation",
+            report.violations, report.runs, report.protocol
+        ))
+        .into());
+    }
     Ok(report)
+}
+
+/// Two reports over consecutive seed ranges as one.
+fn merge(mut a: SuiteReport, b: SuiteReport) -> SuiteReport {
+    a.runs += b.runs;
+    a.violations += b.violations;
+    a.wall_s += b.wall_s;
+    if a.first_failure.is_none() {
+        a.first_failure = b.first_failure;
+    }
+    for (x, y) in a.per_litmus.iter_mut().zip(b.per_litmus) {
+        x.runs += y.runs;
+        x.violations += y.violations;
+        x.crashes += y.crashes;
+        x.recovered += y.recovered;
+        x.committed += y.committed;
+        if x.first_failure.is_none() {
+            x.first_failure = y.first_failure;
+        }
+    }
+    a
 }
 
 fn print_table(report: &SuiteReport, args: &Args) {
@@ -108,20 +189,39 @@ fn print_table(report: &SuiteReport, args: &Args) {
         args.crash_prob,
         report.wall_s
     );
-    println!(
-        "{:<9} {:<29} {:>6} {:>7} {:>9} {:>10} {:>10}  first failure",
-        "litmus", "checks", "runs", "crashed", "recovered", "committed", "violations"
-    );
+    let mut t = common::table(&[
+        "litmus",
+        "checks",
+        "runs",
+        "crashed",
+        "recovered",
+        "committed",
+        "violations",
+        "first failure",
+    ]);
+    if let Some(c) = t.column_mut(1) {
+        c.set_cell_alignment(comfy_table::CellAlignment::Left);
+    }
+    if let Some(c) = t.column_mut(7) {
+        c.set_cell_alignment(comfy_table::CellAlignment::Left);
+    }
     for s in &report.per_litmus {
         let first = s.first_failure.as_ref().map_or_else(
             || "-".to_owned(),
             |f| format!("seed {}: {}", f.seed, f.reason),
         );
-        println!(
-            "{:<9} {:<29} {:>6} {:>7} {:>9} {:>10} {:>10}  {}",
-            s.litmus, s.title, s.runs, s.crashes, s.recovered, s.committed, s.violations, first
-        );
+        t.add_row(vec![
+            s.litmus.to_string(),
+            s.title.to_string(),
+            s.runs.to_string(),
+            s.crashes.to_string(),
+            s.recovered.to_string(),
+            s.committed.to_string(),
+            s.violations.to_string(),
+            first,
+        ]);
     }
+    println!("{}", common::render(&t));
     println!(
         "total: {} runs, {} violations{}",
         report.runs,

@@ -15,8 +15,18 @@ use dmem_verbs::{Clock, Nanos, OpKind, PostList, RemoteAddr, Verbs};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use dmem_cli::common::{self, Sink, round};
+
+/// Most clients (CNs × clients per CN) a simulated row takes: the simulator's cost grows
+/// faster than linearly with the lists outstanding at one MN (measured: 4000 clients take
+/// 5 s per ms of virtual time, 16000 take 60 s), so larger runs would look hung.
+const MAX_SIM_CLIENTS: u64 = 4096;
+/// Most clients on shared memory (one port each per CN).
+const MAX_SHM_CLIENTS_PER_CN: u32 = 1024;
+
 /// Which fabric carries the verbs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub(crate) enum Fabric {
     /// The deterministic simulated cluster (virtual time).
     Sim,
@@ -26,7 +36,8 @@ pub(crate) enum Fabric {
 }
 
 /// The one-sided op to measure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub(crate) enum PerfOp {
     /// RDMA READ of `--size` bytes.
     Read,
@@ -50,7 +61,7 @@ impl PerfOp {
 }
 
 /// Arguments of `dmem perf`.
-#[derive(Debug, ClapArgs)]
+#[derive(Debug, ClapArgs, Serialize)]
 pub(crate) struct Args {
     /// Fabric to run on.
     #[arg(long, value_enum, default_value = "sim")]
@@ -62,35 +73,40 @@ pub(crate) struct Args {
     #[arg(long, value_enum, value_delimiter = ',', default_value = "write")]
     op: Vec<PerfOp>,
     /// Bytes per READ or WRITE (atomics are always 8).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=(1 << 20)))]
     size: u32,
-    /// Work requests per doorbell, comma-separated list.
-    #[arg(long, value_delimiter = ',', default_value = "1")]
-    batch: Vec<usize>,
-    /// Coroutines per CN.
-    #[arg(long, default_value_t = 8)]
+    /// Work requests per doorbell, comma-separated list (each 1..=1024).
+    #[arg(long, value_delimiter = ',', default_value = "1", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    batch: Vec<u64>,
+    /// Coroutines per CN (CNs × clients at most 4096 on the sim, whose cost grows faster
+    /// than linearly with outstanding lists).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
     clients: u32,
     /// Threads (cores) per CN; clients are spread over them.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     threads: u16,
     /// Compute nodes.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=4096))]
     cns: u16,
     /// Memory nodes (clients target them round-robin).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     mns: u16,
     /// Measured duration per row, ms (virtual on the sim).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     duration_ms: u64,
-    /// Registered memory per MN, MiB (every client needs `--batch` slots of `--size`).
-    #[arg(long, default_value_t = 64)]
+    /// Registered memory per MN, MiB (every client needs `--batch` slots of `--size`;
+    /// MNs × this must fit in the machine's available memory).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=(1 << 30)))]
     mn_memory_mib: u64,
     /// Seed of the simulation.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Print one JSON object per row instead of a table.
+    /// Print JSON lines instead of a table: one object per row, then a summary.
     #[arg(long)]
     json: bool,
+    /// Also write the rows to this CSV file.
+    #[arg(long, value_name = "FILE")]
+    csv: Option<std::path::PathBuf>,
 }
 
 /// One measured row.
@@ -100,17 +116,24 @@ struct Row {
     profile: String,
     op: &'static str,
     size: u32,
-    batch: usize,
+    batch: u64,
     cns: u16,
     threads: u16,
     clients: u32,
     mns: u16,
-    /// Million work requests per second (virtual seconds on the sim).
+    seed: u64,
+    duration_ms: u64,
+    /// Million work requests per second (virtual seconds on the sim; on the sim, those the
+    /// MNs served inside the measured window, so a backlog from the warm-up is not counted).
     mops: f64,
     /// Median latency of a post list, ns.
     p50_ns: u64,
     /// 99th-percentile latency of a post list, ns.
     p99_ns: u64,
+    /// Median latency of a post list, µs.
+    p50_us: f64,
+    /// 99th-percentile latency of a post list, µs.
+    p99_us: f64,
     /// Busy fraction of the busiest MN NIC resource (1.0 = saturated); sim only.
     mn_nic_busy: Option<f64>,
     /// Doorbells per work request on the CNs; sim only.
@@ -124,31 +147,37 @@ struct Row {
 
 impl Args {
     fn validate(&self) -> anyhow::Result<()> {
-        ensure!(self.clients > 0, "--clients must be at least 1");
-        ensure!(self.threads > 0, "--threads must be at least 1");
-        ensure!(self.cns > 0, "--cns must be at least 1");
-        ensure!(self.mns > 0, "--mns must be at least 1");
-        ensure!(self.duration_ms > 0, "--duration-ms must be at least 1");
-        ensure!(
-            !self.batch.is_empty() && self.batch.iter().all(|&b| b > 0),
-            "--batch sizes must be at least 1"
-        );
-        ensure!(
-            self.batch.iter().all(|&b| b <= 1024),
-            "--batch sizes must be at most 1024"
-        );
-        ensure!(self.size > 0, "--size must be at least 1 byte");
-        ensure!(self.mn_memory_mib > 0, "--mn-memory-mib must be at least 1");
+        common::no_duplicates(
+            "op",
+            &self.op.iter().map(|o| o.kind().name()).collect::<Vec<_>>(),
+        )?;
+        common::no_duplicates("batch", &self.batch)?;
         let slot = u64::from(self.size.div_ceil(64) * 64);
         let clients = u64::from(self.cns) * u64::from(self.clients);
+        match self.fabric {
+            Fabric::Sim => ensure!(
+                clients <= MAX_SIM_CLIENTS,
+                "{clients} clients: the simulator takes at most {MAX_SIM_CLIENTS} (its cost grows faster than linearly with the lists outstanding at one MN, 16000 clients take a minute per ms): lower --clients or --cns"
+            ),
+            Fabric::Shm => ensure!(
+                self.clients <= MAX_SHM_CLIENTS_PER_CN,
+                "--clients {}: shared memory takes at most {MAX_SHM_CLIENTS_PER_CN} per CN",
+                self.clients
+            ),
+        }
         let per_mn = clients.div_ceil(u64::from(self.mns));
-        let batch = self.batch.iter().copied().max().unwrap_or(1) as u64;
+        let batch = self.batch.iter().copied().max().unwrap_or(1);
         let need = per_mn * batch * slot;
         let have = self.mn_memory_mib << 20;
         ensure!(
             need <= have,
             "{per_mn} clients per MN x batch {batch} x {slot}-byte slots need {need} bytes of MN memory but --mn-memory-mib gives {have}: lower --size, --batch or --clients, or raise --mn-memory-mib"
         );
+        common::ensure_memory(
+            common::product(&[u64::from(self.mns), self.mn_memory_mib, 1 << 20]),
+            &format!("{} MNs x --mn-memory-mib {}", self.mns, self.mn_memory_mib),
+            "--mn-memory-mib or --mns",
+        )?;
         // Atomics always work on 8-byte words; --size is for the READ and WRITE rows.
         if self.size != 8
             && self
@@ -220,7 +249,7 @@ async fn client<V: Verbs + Clock>(
     }
 }
 
-fn run_sim(args: &Args, profile: &NicProfile, op: PerfOp, batch: usize) -> anyhow::Result<Row> {
+fn run_sim(args: &Args, profile: &NicProfile, op: PerfOp, batch: u64) -> anyhow::Result<Row> {
     let slot = u64::from(args.size.div_ceil(64) * 64);
     let memory = args.mn_memory_mib << 20;
     let config = ClusterConfig::with_profile(profile.clone())
@@ -243,14 +272,14 @@ fn run_sim(args: &Args, profile: &NicProfile, op: PerfOp, batch: usize) -> anyho
             let mn = (global % u64::from(args.mns)) as u16;
             let region = sim.region(sim.mn(mn));
             let first = &mut next_slot[usize::from(mn)];
-            let targets = (0..batch as u64)
+            let targets = (0..batch)
                 .map(|i| {
                     region
                         .at((*first + i) * slot)
                         .context("MN region too small")
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            *first += batch as u64;
+            *first += batch;
             sim.spawn(
                 &ctx,
                 client(
@@ -281,6 +310,12 @@ fn run_sim(args: &Args, profile: &NicProfile, op: PerfOp, batch: usize) -> anyho
             (d + n.nic.doorbells, w + n.nic.wrs_posted)
         });
     let latency = tally.latency.borrow();
+    let served = stats.mn_served_since(&at_warm_up, None);
+    ensure!(
+        tally.ops.get() > 0 && served > 0,
+        "no work request completed in the measured window ({} ms): the lists take longer than it (a slow profile or many clients); raise --duration-ms or lower --clients",
+        args.duration_ms
+    );
     Ok(Row {
         fabric: "sim",
         profile: profile.name.clone(),
@@ -291,19 +326,23 @@ fn run_sim(args: &Args, profile: &NicProfile, op: PerfOp, batch: usize) -> anyho
         threads: args.threads,
         clients: args.clients,
         mns: args.mns,
-        mops: tally.ops.get() as f64 / measured as f64 * 1e3,
+        seed: args.seed,
+        duration_ms: args.duration_ms,
+        mops: round(served as f64 / measured as f64 * 1e3, 3),
         p50_ns: latency.value_at_quantile(0.5),
         p99_ns: latency.value_at_quantile(0.99),
-        mn_nic_busy: Some(mn_busy),
-        doorbells_per_wr: Some(doorbells as f64 / wrs.max(1) as f64),
-        sim_verbs_per_real_s: Some(stats.total_ops() as f64 / real_s.max(1e-9)),
-        sim_real_s: Some(real_s),
+        p50_us: round(latency.value_at_quantile(0.5) as f64 / 1e3, 2),
+        p99_us: round(latency.value_at_quantile(0.99) as f64 / 1e3, 2),
+        mn_nic_busy: Some(round(mn_busy, 3)),
+        doorbells_per_wr: Some(round(doorbells as f64 / wrs.max(1) as f64, 3)),
+        sim_verbs_per_real_s: Some(round(stats.total_ops() as f64 / real_s.max(1e-9), 0)),
+        sim_real_s: Some(round(real_s, 3)),
     })
 }
 
 /// Closed-loop clients on shared memory: one OS thread per CN thread, each running a polling
 /// executor with its clients; time is real.
-fn run_shm(args: &Args, op: PerfOp, batch: usize) -> anyhow::Result<Row> {
+fn run_shm(args: &Args, op: PerfOp, batch: u64) -> anyhow::Result<Row> {
     use dmem_runtime::{Clocked, Executor, monotonic_now};
     use dmem_shm::{ShmFabric, ShmMemoryNode};
     use dmem_verbs::{Endpoint, NodeId, Port, RKey};
@@ -336,32 +375,37 @@ fn run_shm(args: &Args, op: PerfOp, batch: usize) -> anyhow::Result<Row> {
             let mn = (global % u64::from(args.mns)) as usize;
             let region = nodes[mn].region();
             let first = &mut next_slot[mn];
-            let targets = (0..batch as u64)
+            let targets = (0..batch)
                 .map(|i| {
                     region
                         .at((*first + i) * slot)
                         .context("MN region too small")
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            *first += batch as u64;
+            *first += batch;
             threads[(c % u32::from(args.threads)) as usize].push((ctx, targets));
         }
         per_thread.extend(threads);
     }
     let duration = args.duration_ms * 1_000_000;
-    // Leave the threads a moment to start before the warm-up begins.
-    let start = monotonic_now() + 5_000_000;
-    let warm_up_end = start + duration / 10;
-    let end = warm_up_end + duration;
     let kind = op.kind();
     let size = args.size;
+    // The window starts once every client thread runs (a busy machine may start them late):
+    // all threads meet at a barrier, the window is fixed, and they meet again to read it.
+    let threads = per_thread.len();
+    let ready = std::sync::Barrier::new(threads + 1);
+    let window = std::sync::OnceLock::<(Nanos, Nanos)>::new();
     let results = std::thread::scope(|scope| {
         let handles: Vec<_> = per_thread
             .into_iter()
             .map(|clients| {
+                let (ready, window) = (&ready, &window);
                 scope.spawn(move || {
                     let executor = Executor::new();
                     let tally = Tally::new();
+                    ready.wait();
+                    ready.wait();
+                    let (warm_up_end, end) = *window.get().expect("set between the barriers");
                     for (ctx, targets) in clients {
                         let tally = Rc::clone(&tally);
                         executor.spawn(client(
@@ -380,6 +424,11 @@ fn run_shm(args: &Args, op: PerfOp, batch: usize) -> anyhow::Result<Row> {
                 })
             })
             .collect();
+        ready.wait();
+        let start = monotonic_now() + 1_000_000;
+        let warm_up_end = start + duration / 10;
+        let _ = window.set((warm_up_end, warm_up_end + duration));
+        ready.wait();
         handles
             .into_iter()
             .map(|h| {
@@ -388,13 +437,12 @@ fn run_shm(args: &Args, op: PerfOp, batch: usize) -> anyhow::Result<Row> {
             })
             .collect::<anyhow::Result<Vec<_>>>()
     })?;
-    let mut ops = 0;
-    let mut latency =
-        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("static bounds are valid");
-    for (n, h) in results {
-        ops += n;
-        latency.add(&h).context("merging latency histograms")?;
-    }
+    let (ops, latency) = merge(results)?;
+    ensure!(
+        ops > 0,
+        "no work request completed in the measured window ({} ms of real time): the client threads did not get to run in it (a busy machine?); raise --duration-ms",
+        args.duration_ms
+    );
     Ok(Row {
         fabric: "shm",
         profile: "-".into(),
@@ -405,9 +453,13 @@ fn run_shm(args: &Args, op: PerfOp, batch: usize) -> anyhow::Result<Row> {
         threads: args.threads,
         clients: args.clients,
         mns: args.mns,
-        mops: ops as f64 / duration as f64 * 1e3,
+        seed: args.seed,
+        duration_ms: args.duration_ms,
+        mops: round(ops as f64 / duration as f64 * 1e3, 3),
         p50_ns: latency.value_at_quantile(0.5),
         p99_ns: latency.value_at_quantile(0.99),
+        p50_us: round(latency.value_at_quantile(0.5) as f64 / 1e3, 2),
+        p99_us: round(latency.value_at_quantile(0.99) as f64 / 1e3, 2),
         mn_nic_busy: None,
         doorbells_per_wr: None,
         sim_verbs_per_real_s: None,
@@ -415,10 +467,26 @@ fn run_shm(args: &Args, op: PerfOp, batch: usize) -> anyhow::Result<Row> {
     })
 }
 
+type ThreadResult = (u64, Histogram<u64>);
+
+fn merge(results: Vec<ThreadResult>) -> anyhow::Result<ThreadResult> {
+    let mut ops = 0;
+    let mut latency =
+        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("static bounds are valid");
+    for (n, h) in results {
+        ops += n;
+        latency.add(&h).context("merging latency histograms")?;
+    }
+    Ok((ops, latency))
+}
+
 /// Runs `dmem perf`.
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     args.validate()?;
-    let profile = NicProfile::load(&args.profile)?;
+    let profile = common::load_profile(&args.profile)?;
+    let mut sink = Sink::new(args.json, args.csv.as_deref())?;
+    let rows_total = (args.op.len() * args.batch.len()) as u64;
+    let bar = common::progress(rows_total, "dmem perf", "rows", args.json);
     let mut rows = Vec::new();
     for &op in &args.op {
         for &batch in &args.batch {
@@ -426,16 +494,16 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
                 Fabric::Sim => run_sim(&args, &profile, op, batch)?,
                 Fabric::Shm => run_shm(&args, op, batch)?,
             };
-            if args.json {
-                println!("{}", serde_json::to_string(&row)?);
-            }
+            sink.row(&row)?;
+            bar.inc(1);
             rows.push(row);
         }
     }
+    bar.finish_and_clear();
     if !args.json {
         print_table(&args, &rows);
     }
-    Ok(())
+    sink.finish("perf", &args, serde_json::json!({}))
 }
 
 fn print_table(args: &Args, rows: &[Row]) {
@@ -451,31 +519,35 @@ fn print_table(args: &Args, rows: &[Row]) {
         "dmem perf  fabric {fabric}  profile {}  {} MN  {} CN x {} threads x {} clients  {} ms per row  seed {}",
         profile, args.mns, args.cns, args.threads, args.clients, args.duration_ms, args.seed
     );
-    println!(
-        "{:<6} {:>5} {:>6} {:>9} {:>9} {:>9} {:>8} {:>11}",
-        "op", "size", "batch", "Mops", "p50 µs", "p99 µs", "MN busy", "vs batch 1"
-    );
+    let mut t = common::table(&[
+        "op",
+        "size",
+        "batch",
+        "Mops",
+        "p50 µs",
+        "p99 µs",
+        "MN busy",
+        "vs batch 1",
+    ]);
     for row in rows {
         let base = rows
             .iter()
             .find(|r| r.op == row.op && r.batch == 1)
             .filter(|b| b.mops > 0.0)
             .map(|b| row.mops / b.mops);
-        let busy = row
-            .mn_nic_busy
-            .map_or("-".to_string(), |b| format!("{:.0}%", b * 100.0));
-        println!(
-            "{:<6} {:>5} {:>6} {:>9.2} {:>9.2} {:>9.2} {:>8} {:>11}",
-            row.op,
-            row.size,
-            row.batch,
-            row.mops,
-            row.p50_ns as f64 / 1e3,
-            row.p99_ns as f64 / 1e3,
-            busy,
+        t.add_row(vec![
+            row.op.to_string(),
+            row.size.to_string(),
+            row.batch.to_string(),
+            format!("{:.2}", row.mops),
+            format!("{:.2}", row.p50_us),
+            format!("{:.2}", row.p99_us),
+            row.mn_nic_busy
+                .map_or("-".to_string(), |b| format!("{:.0}%", b * 100.0)),
             base.map_or("-".to_string(), |g| format!("{g:.2}x")),
-        );
+        ]);
     }
+    println!("{}", common::render(&t));
     // How fast the simulator itself ran (real time, so it varies with the machine's load).
     for row in rows {
         if let (Some(speed), Some(real_s)) = (row.sim_verbs_per_real_s, row.sim_real_s) {

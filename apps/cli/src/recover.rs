@@ -33,6 +33,8 @@ use std::rc::Rc;
 use anyhow::{Context as _, ensure};
 use clap::Args as ClapArgs;
 use dmem_cli::bench_txn::parse_workload;
+use dmem_cli::bench_txn::{ScaleArg, WorkloadArg, memory_estimate};
+use dmem_cli::common::{self, CheckFailed, Sink};
 use dmem_deploy::{
     ClusterShape, Decision, Deployed, Deployment, RecoveryEvent, RecoveryTiming, Registry,
     deploy_loaded,
@@ -45,53 +47,53 @@ use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator, TxnInfo, Work
 use serde::Serialize;
 
 /// Arguments of `dmem recover`.
-#[derive(Debug, ClapArgs)]
+#[derive(Debug, ClapArgs, Serialize)]
 pub(crate) struct Args {
     /// Protocol, any registered name without parameters: pandora, ford (fixed FORD with the
     /// stop-the-world scan) or pandora-lock-logging (traditional lock logging instead of
     /// PILL, Pandora §6.1).
     #[arg(long, default_value = "pandora")]
     protocol: String,
-    /// Workload: kvs, ycsb, smallbank, tatp, tpcc.
-    #[arg(long, default_value = "smallbank")]
-    workload: String,
-    /// Size preset of the workload: tiny, small, ford, motor, lotus.
-    #[arg(long, default_value = "small")]
-    scale: String,
+    /// Workload.
+    #[arg(long, value_enum, default_value = "smallbank")]
+    workload: WorkloadArg,
+    /// Size preset of the workload (its memory is estimated and checked before loading).
+    #[arg(long, value_enum, default_value = "small")]
+    scale: ScaleArg,
     /// What crashes: `cn` (the last coordinator CN) or `half` (the last half of the
     /// coordinator CNs, so half of the coordinators; needs an even --cns).
-    #[arg(long, default_value = "cn")]
-    crash: String,
+    #[arg(long, value_enum, default_value = "cn")]
+    crash: Crash,
     /// When the crash happens, ms of virtual time from the start.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     crash_at_ms: u64,
     /// Length of the run, ms of virtual time (recovery that is still running then finishes).
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     duration_ms: u64,
     /// Heartbeat timeout of the failure detector, µs (Pandora §6.1 uses 5 ms).
-    #[arg(long, default_value_t = 5_000)]
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..=60_000_000))]
     detect_timeout_us: u64,
     /// Period of the CNs' heartbeats, µs.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=60_000_000))]
     heartbeat_us: u64,
     /// Poll period of the detector and of the notification listeners, µs.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     poll_us: u64,
-    /// NIC profile of the simulated cluster.
+    /// NIC profile of the simulated cluster: cx3, cx4, cx5, cx6 or a TOML file.
     #[arg(long, default_value = "cx5")]
     profile: String,
     /// Memory nodes (replication degree min(3, MNs)).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=64))]
     mns: u16,
     /// Compute nodes running coordinators (one more CN runs the failure detector).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(2..=4096))]
     cns: u16,
     /// Threads (cores) per CN.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: u16,
     /// Coroutines (coordinators) per thread: threads × coroutines transactions are
     /// outstanding on a CN when it crashes.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=1024))]
     coroutines: u16,
     /// Seed of the cluster and of every coordinator's transaction generator.
     #[arg(long, default_value_t = 1)]
@@ -99,15 +101,21 @@ pub(crate) struct Args {
     /// Skip the history checker.
     #[arg(long)]
     no_check: bool,
-    /// Print one JSON object instead of the report.
+    /// Print JSON lines instead of the report: the report as one object, then a summary.
     #[arg(long)]
     json: bool,
+    /// Also write the report to this CSV file (one row).
+    #[arg(long, value_name = "FILE")]
+    csv: Option<std::path::PathBuf>,
 }
 
 /// What crashes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
 enum Crash {
     /// The last coordinator CN.
+    #[value(name = "cn")]
+    #[serde(rename = "cn")]
     OneCn,
     /// The last half of the coordinator CNs.
     Half,
@@ -115,12 +123,7 @@ enum Crash {
 
 impl Args {
     fn validate(&self, registry: &Registry) -> anyhow::Result<(AnyWorkload, NicProfile, Crash)> {
-        let crash = match self.crash.as_str() {
-            "cn" => Crash::OneCn,
-            "half" => Crash::Half,
-            other => anyhow::bail!("unknown --crash `{other}`: use cn or half"),
-        };
-        ensure!(self.mns > 0, "--mns must be at least 1");
+        let crash = self.crash;
         ensure!(
             self.cns >= 2,
             "--cns must be at least 2: one CN crashes, another keeps running"
@@ -130,10 +133,6 @@ impl Args {
             "--crash half needs an even --cns (got {})",
             self.cns
         );
-        ensure!(self.threads > 0, "--threads must be at least 1");
-        ensure!(self.coroutines > 0, "--coroutines must be at least 1");
-        ensure!(self.heartbeat_us > 0, "--heartbeat-us must be at least 1");
-        ensure!(self.poll_us > 0, "--poll-us must be at least 1");
         ensure!(
             self.detect_timeout_us > self.heartbeat_us,
             "--detect-timeout-us ({}) must exceed --heartbeat-us ({}), or live CNs are suspected",
@@ -165,8 +164,24 @@ impl Args {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        let (workload, _) = parse_workload(&self.workload, &self.scale)?;
-        let profile = NicProfile::named(&self.profile)?;
+        let profile = common::load_profile(&self.profile)?;
+        let (workload, _) = parse_workload(self.workload.name(), self.scale.name())?;
+        common::ensure_memory(
+            memory_estimate(
+                registry,
+                &self.protocol,
+                &workload,
+                coordinators as u16,
+                self.mns,
+            )?,
+            &format!(
+                "{} at --scale {} on {} MNs",
+                self.workload.name(),
+                self.scale.name(),
+                self.mns
+            ),
+            "--scale (tiny, small)",
+        )?;
         Ok((workload, profile, crash))
     }
 
@@ -303,6 +318,38 @@ struct Report {
 
 /// Runs `dmem recover` on `registry`'s protocols.
 pub(crate) fn run(args: Args, registry: &Registry) -> anyhow::Result<()> {
+    let mut sink = Sink::new(args.json, args.csv.as_deref())?;
+    let report = measure_report(&args, registry)?;
+    sink.row(&report)?;
+    print_report(&args, &report)?;
+    sink.finish("recover", &args, serde_json::json!({ "seed": args.seed }))?;
+    if !((report.checker == "ok" || report.checker == "skipped") && report.invariants == "ok") {
+        return Err(CheckFailed(format!(
+            "correctness check failed after recovery: checker {}, invariants {}",
+            report.checker, report.invariants
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+#[derive(clap::Parser, Debug)]
+struct Cli {
+    #[command(flatten)]
+    args: Args,
+}
+
+/// Runs `dmem recover ARGV...` (flags only) without printing; the report as JSON.
+///
+/// # Errors
+/// A bad flag or a run that could not be built.
+pub(crate) fn measure(argv: &[&str], registry: &Registry) -> anyhow::Result<serde_json::Value> {
+    use clap::Parser as _;
+    let cli = Cli::try_parse_from(std::iter::once("dmem-recover").chain(argv.iter().copied()))?;
+    Ok(serde_json::to_value(measure_report(&cli.args, registry)?)?)
+}
+
+fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
     let (workload, profile, crash) = args.validate(registry)?;
     let protocol = registry.get(&args.protocol)?;
     let per_cn = u32::from(args.threads) * u32::from(args.coroutines);
@@ -402,7 +449,7 @@ pub(crate) fn run(args: Args, registry: &Registry) -> anyhow::Result<()> {
         sim.crash_at(sim.cn(cn), crash_at);
     }
 
-    let progress = progress_bar(&args, end);
+    let progress = common::progress(end / 1_000, &args.protocol, "µs virtual", args.json);
     let step = (end / 100).max(1);
     let mut now = 0;
     while now < end {
@@ -449,8 +496,8 @@ pub(crate) fn run(args: Args, registry: &Registry) -> anyhow::Result<()> {
         }
     }
     let steals = deployment.counter("steals").unwrap_or(0);
-    let report = build_report(
-        &args,
+    Ok(build_report(
+        args,
         per_cn,
         crashed.len(),
         crash_at,
@@ -458,15 +505,7 @@ pub(crate) fn run(args: Args, registry: &Registry) -> anyhow::Result<()> {
         &series.borrow(),
         steals,
         (&history.borrow(), &*deployment, &workload, committed_delta),
-    );
-    print_report(&args, &report)?;
-    ensure!(
-        (report.checker == "ok" || report.checker == "skipped") && report.invariants == "ok",
-        "correctness check failed after recovery: checker {}, invariants {}",
-        report.checker,
-        report.invariants
-    );
-    Ok(())
+    ))
 }
 
 type Final<'a> = (&'a History, &'a dyn Deployment, &'a AnyWorkload, i64);
@@ -527,9 +566,12 @@ fn build_report(
     };
     Report {
         protocol: args.protocol.clone(),
-        workload: args.workload.clone(),
-        scale: args.scale.clone(),
-        crash: args.crash.clone(),
+        workload: args.workload.name().to_string(),
+        scale: args.scale.name().to_string(),
+        crash: match args.crash {
+            Crash::OneCn => "cn".to_string(),
+            Crash::Half => "half".to_string(),
+        },
         cns: args.cns,
         crashed_cns: crashed as u16,
         coordinators_per_cn: per_cn,
@@ -571,7 +613,6 @@ fn build_report(
 
 fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
     if args.json {
-        println!("{}", serde_json::to_string(r)?);
         return Ok(());
     }
     println!(
@@ -638,20 +679,4 @@ fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
         r.checker, r.checked_txns, r.in_doubt, r.invariants
     );
     Ok(())
-}
-
-fn progress_bar(args: &Args, end: Nanos) -> indicatif::ProgressBar {
-    if args.json {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(end / 1_000);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{prefix:>10} [{bar:30}] {pos}/{len} µs virtual  {elapsed} real",
-        )
-        .expect("static template is valid")
-        .progress_chars("=> "),
-    );
-    bar.set_prefix(args.protocol.clone());
-    bar
 }

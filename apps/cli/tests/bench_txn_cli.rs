@@ -37,7 +37,8 @@ fn ford_and_pandora_run_smallbank_and_pass_the_checker_and_invariants() {
     let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("summary").is_none())
         .collect();
     assert_eq!(rows.len(), 2);
     for (row, protocol) in rows.iter().zip(["ford", "pandora"]) {
@@ -83,7 +84,8 @@ fn tatp_runs_on_ford() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let row: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let row: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
     assert_eq!(row["checker"], "ok", "{row}");
 }
 
@@ -91,20 +93,20 @@ fn tatp_runs_on_ford() {
 fn bad_arguments_are_refused_in_one_line() {
     for (args, expected) in [
         (
-            vec!["bench", "--protocol", "motor"],
-            "unknown protocol `motor`",
+            vec!["bench", "--protocol", "lotus"],
+            "unknown protocol `lotus`",
         ),
         (vec!["bench", "--protocol", "ford:torn-reads"], "torn-reads"),
-        (vec!["bench", "--scale", "huge"], "unknown --scale `huge`"),
+        (
+            vec!["bench", "--scale", "huge"],
+            "[possible values: tiny, small, ford, motor, lotus]",
+        ),
         (
             vec!["bench", "--workload", "tpch"],
-            "unknown --workload `tpch`",
+            "invalid value 'tpch' for '--workload <WORKLOAD>'",
         ),
-        (
-            vec!["bench", "--coroutines", "0"],
-            "--coroutines must be at least 1",
-        ),
-        (vec!["bench", "--fabric", "shm"], "--fabric sim"),
+        (vec!["bench", "--coroutines", "0"], "0 is not in 1..=1024"),
+        (vec!["bench", "--fabric", "shm"], "[possible values: sim]"),
     ] {
         let out = dmem(&args);
         assert!(!out.status.success(), "{args:?}");

@@ -42,7 +42,9 @@ fn recover(protocol: &str, workload: &str, crash: &str, cns: &str) -> serde_json
         "{protocol}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
+    // JSON lines: the report, then the summary.
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    serde_json::from_str(stdout.lines().next().expect("a report line")).expect("one JSON object")
 }
 
 fn assert_recovered(r: &serde_json::Value) {
@@ -92,7 +94,7 @@ fn half_of_the_coordinators_crash_under_lock_logging_on_tatp() {
 #[test]
 fn bad_flags_give_one_readable_line() {
     for (flag, value, expect) in [
-        ("--crash", "mn", "unknown --crash `mn`"),
+        ("--crash", "mn", "[possible values: cn, half]"),
         ("--protocol", "ford:covert-locks", "dmem recover runs"),
         ("--crash-at-ms", "40", "must fall before --duration-ms"),
     ] {

@@ -73,6 +73,18 @@ pub enum ProfileError {
     /// A parameter is out of range.
     #[error("invalid NIC profile: {0} must be positive")]
     NonPositive(&'static str),
+    /// A rate is positive but outside what any NIC does (a run would stall or overflow).
+    #[error("invalid NIC profile: {name} = {value} is outside {min}..={max}")]
+    OutOfRange {
+        /// The parameter.
+        name: &'static str,
+        /// Its value.
+        value: f64,
+        /// Smallest value accepted.
+        min: f64,
+        /// Largest value accepted.
+        max: f64,
+    },
 }
 
 impl NicProfile {
@@ -237,6 +249,18 @@ impl NicProfile {
         for (name, value) in rates {
             if !(value > 0.0 && value.is_finite()) {
                 return Err(ProfileError::NonPositive(name));
+            }
+            // From a 1 Mbit/s, 1000-ops/s device to 1000x today's NICs: outside that, a
+            // work request takes longer than any run or the cost model's nanoseconds round
+            // to nothing.
+            let (min, max) = (1e-3, 1e6);
+            if !(min..=max).contains(&value) {
+                return Err(ProfileError::OutOfRange {
+                    name,
+                    value,
+                    min,
+                    max,
+                });
             }
         }
         if self.processing_units == 0 {

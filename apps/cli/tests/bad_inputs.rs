@@ -1,0 +1,244 @@
+//! Bad inputs: every one exits 1 with one stderr line starting `dmem: error:`, no panic,
+//! within 10 s, and before any expensive work.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BAD: &[&[&str]] = &[
+    // no command, unknown command, unknown flag
+    &[],
+    &["frobnicate"],
+    &["perf", "--frobnicate"],
+    // perf: sizes that would not fit, overflow, or look hung
+    &["perf", "--mn-memory-mib", "18446744073709551615"],
+    &["perf", "--mn-memory-mib", "100000000"],
+    &["perf", "--clients", "100000"],
+    &["perf", "--clients", "0"],
+    &["perf", "--clients", "-1"],
+    &["perf", "--cns", "100000"],
+    &["perf", "--cns", "0"],
+    &["perf", "--mns", "65"],
+    &["perf", "--batch", "0"],
+    &["perf", "--batch", "1,1"],
+    &["perf", "--batch", "2000"],
+    &["perf", "--op", "read,read"],
+    &["perf", "--op", "nop"],
+    &["perf", "--fabric", "tcp"],
+    &["perf", "--size", "0"],
+    &["perf", "--duration-ms", "0"],
+    &["perf", "--op", "cas", "--size", "64"],
+    &["perf", "--profile", "cx9"],
+    &["perf", "--profile", "no/such/profile.toml"],
+    &["perf", "--profile", "Cargo.toml"],
+    &["perf", "--csv", "/no/such/dir/out.csv"],
+    // bench (transactions)
+    &["bench", "--workload", "tpcc", "--scale", "lotus"],
+    &["bench", "--workload", "nosuch"],
+    &["bench", "--scale", "huge"],
+    &["bench", "--protocol", "ford,ford"],
+    &["bench", "--protocol", "nosuch"],
+    &["bench", "--protocol", ""],
+    &["bench", "--mns", "65"],
+    &["bench", "--mns", "0"],
+    &["bench", "--cns", "-1"],
+    &["bench", "--coroutines", "1024", "--threads", "1024"],
+    &["bench", "--fabric", "shm"],
+    &["bench", "--profile", "missing.toml"],
+    &["bench", "--duration-ms", "abc"],
+    // bench locks
+    &["bench", "locks", "--locks", "18446744073709551615"],
+    &["bench", "locks", "--locks", "0"],
+    &["bench", "locks", "--cns", "1024", "--clients", "1024"],
+    &["bench", "locks", "--lock", "caslock,caslock"],
+    &["bench", "locks", "--lock", "mutex"],
+    &["bench", "locks", "--zipf", "-1"],
+    &["bench", "locks", "--read-ratio", "2"],
+    &["bench", "locks", "--profile", "nope"],
+    // litmus
+    &["litmus", "--protocol", "pandora", "--threads", "100000"],
+    &["litmus", "--protocol", "pandora", "--threads", "0"],
+    &["litmus", "--protocol", "ford", "--bug", ""],
+    &["litmus", "--protocol", "ford", "--bug", "nosuch"],
+    &["litmus", "--protocol", "pandora", "--bug", "covert-locks"],
+    &["litmus", "--protocol", "pandora", "--seeds", "0"],
+    &["litmus", "--protocol", "pandora", "--crash-prob", "2"],
+    &["litmus", "--protocol", "pandora", "--litmus", "9"],
+    &["litmus", "--protocol", "pandora", "--litmus", "1,1"],
+    &["litmus"],
+    // recover
+    &["recover", "--crash", "rack"],
+    &["recover", "--cns", "1"],
+    &["recover", "--crash", "half", "--cns", "3"],
+    &["recover", "--heartbeat-us", "0"],
+    &[
+        "recover",
+        "--detect-timeout-us",
+        "100",
+        "--heartbeat-us",
+        "500",
+    ],
+    &["recover", "--workload", "tpcc", "--scale", "lotus"],
+    &["recover", "--protocol", "ford:covert-locks"],
+    &["recover", "--profile", "gone.toml"],
+    // --config
+    &["perf", "--config", "no/such/run.toml"],
+    &["perf", "--config"],
+    // reproduce
+    &["reproduce", "nosuch-paper"],
+];
+
+#[test]
+fn bad_inputs_exit_1_with_one_error_line() {
+    assert!(BAD.len() >= 40);
+    let mut failures = Vec::new();
+    for args in BAD {
+        let started = Instant::now();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dmem"))
+            .args(*args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the dmem binary runs");
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                failures.push(format!("{args:?}: still running after 10 s"));
+                break child.wait().expect("wait");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let out = child.wait_with_output().expect("output");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().collect();
+        if status.code() != Some(1) {
+            failures.push(format!(
+                "{args:?}: exit {:?}, stderr {stderr}",
+                status.code()
+            ));
+        } else if lines.len() != 1 || !lines[0].starts_with("dmem: error: ") {
+            failures.push(format!("{args:?}: stderr is not one error line: {stderr}"));
+        } else if stderr.contains("panicked") || stderr.contains("internal error") {
+            failures.push(format!("{args:?}: panicked: {stderr}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn help_and_version_exit_0() {
+    for args in [
+        &["--help"][..],
+        &["--version"],
+        &["bench", "locks", "--help"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_dmem"))
+            .args(args)
+            .output()
+            .expect("runs");
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+    }
+}
+
+#[test]
+fn possible_values_are_in_help() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dmem"))
+        .args(["bench", "--help"])
+        .output()
+        .expect("runs");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("smallbank") && help.contains("tpcc"),
+        "{help}"
+    );
+    assert!(help.contains("lotus"), "{help}");
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dmem"))
+        .args([
+            "bench",
+            "locks",
+            "--json",
+            "--duration-ms",
+            "1",
+            "--locks",
+            "1000",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs");
+    // Read one line, then close the pipe as `head -1` does.
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut first = [0u8; 1];
+    use std::io::Read as _;
+    stdout.read_exact(&mut first).expect("some output");
+    drop(stdout);
+    let out = child.wait_with_output().expect("waits");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.is_empty(), "{stderr}");
+    assert_ne!(out.status.code(), Some(101), "a panic");
+}
+
+#[test]
+fn an_absurd_profile_is_refused_before_a_run() {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/profiles/cx3-fdr.toml"),
+    )
+    .expect("sample profile");
+    let path = std::env::temp_dir().join(format!("dmem-absurd-{}.toml", std::process::id()));
+    std::fs::write(
+        &path,
+        text.replace("link_gbps = 56.0", "link_gbps = 1e-300"),
+    )
+    .expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_dmem"))
+        .args(["perf", "--profile", path.to_str().expect("utf-8")])
+        .output()
+        .expect("runs");
+    let _ = std::fs::remove_file(&path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("dmem: error: ") && stderr.contains("link_gbps"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn litmus_violations_exit_3() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dmem"))
+        .args([
+            "litmus",
+            "--protocol",
+            "ford",
+            "--bug",
+            "covert-locks",
+            "--litmus",
+            "2",
+            "--seeds",
+            "20",
+            "--json",
+        ])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("a summary")).expect("JSON lines");
+    assert!(
+        last["violations"].as_u64().expect("violations") > 0,
+        "{last}"
+    );
+}
