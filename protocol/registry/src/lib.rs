@@ -3,6 +3,9 @@
 //! [`registry`] returns a [`Registry`] with
 //!
 //! * `ford` — FORD with its six bugs fixed (Pandora §2.3, Table 1);
+//! * `occ` — OOCC's OCC baseline (OOCC §II-A, Fig. 3): it *is* FORD with rounds (execution
+//!   READ / CAS + READ, validation READs, undo log, commit WRITEs, lock release), so it is
+//!   registered as fixed FORD under a second name rather than written twice;
 //! * `pandora` — PILL, logging after validation, RDMA recovery (Pandora §3);
 //! * `pandora-lock-logging` — Pandora with traditional "log before lock" (Pandora §6.1);
 //! * `ford:BUG[+BUG]` — FORD with bugs of Table 1 switched on (`ford:covert-locks`).
@@ -30,6 +33,8 @@ pub fn registry() -> Registry {
     let mut r = Registry::new();
     let fixed = [
         FordProtocol::new("ford", ProtocolConfig::ford_fixed()),
+        // OOCC §II-A's OCC baseline is FORD (Fig. 3): the same protocol under its name.
+        FordProtocol::new("occ", ProtocolConfig::ford_fixed()),
         FordProtocol::new("pandora", ProtocolConfig::pandora()),
         FordProtocol::new(
             "pandora-lock-logging",
