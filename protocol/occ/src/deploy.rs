@@ -1,0 +1,218 @@
+//! OOCC as a [`Protocol`] on the simulated cluster: the store of [`crate::store`], one
+//! [`DriftingCtx`] per coordinator (its node's clock, [`DriftModel`]), shared per-CN version
+//! hints, and the deployment's counters.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use dmem_deploy::{DeployError, DeploySpec, Deployment, Protocol, RecoveryEvent, RecoveryTiming};
+use dmem_layout::record::OoccLockWord;
+use dmem_sim::{Sim, SimContext};
+use dmem_txn::{BoxCoordinator, History, Key, TableId};
+use dmem_verbs::NodeId;
+
+use crate::drift::{DriftModel, DriftingCtx};
+use crate::oocc::{Leases, OoccConfig, OoccCoordinator, Stats};
+use crate::store::{Directory, Layout, Loc, emit, parse};
+
+/// OOCC under a registered name, with its configuration and its clocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OoccProtocol {
+    name: String,
+    /// Protocol knobs.
+    pub config: OoccConfig,
+    /// How node clocks drift.
+    pub drift: DriftModel,
+}
+
+impl OoccProtocol {
+    /// `config` registered as `name`, clocks within ±100 ppm ([`DriftModel::default`]).
+    #[must_use]
+    pub fn new(name: &str, config: OoccConfig) -> Self {
+        Self {
+            name: name.to_owned(),
+            config,
+            drift: DriftModel::default(),
+        }
+    }
+
+    /// The same protocol with `drift`.
+    #[must_use]
+    pub fn with_drift(mut self, drift: DriftModel) -> Self {
+        self.drift = drift;
+        self
+    }
+}
+
+impl Protocol for OoccProtocol {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
+        Ok(Layout::new(spec, mns)?.bytes_per_mn)
+    }
+
+    fn deploy(
+        &self,
+        sim: &Rc<Sim>,
+        spec: &DeploySpec,
+        history: Rc<RefCell<History>>,
+    ) -> Result<Box<dyn Deployment>, DeployError> {
+        let mns = sim.mn_count();
+        let layout = Layout::new(spec, mns)?;
+        let regions = (0..mns).map(|i| sim.region(sim.mn(i))).collect();
+        Ok(Box::new(OoccDeployment {
+            protocol: self.clone(),
+            sim: Rc::clone(sim),
+            dir: Rc::new(Directory::new(layout, regions)),
+            history,
+            hints: HashMap::new(),
+            stats: Rc::new(Stats::default()),
+            leases: Vec::new(),
+            paused: Rc::new(Cell::new(false)),
+        }))
+    }
+}
+
+/// OOCC on one simulated cluster.
+pub struct OoccDeployment {
+    protocol: OoccProtocol,
+    sim: Rc<Sim>,
+    dir: Rc<Directory>,
+    history: Rc<RefCell<History>>,
+    hints: HashMap<NodeId, Rc<RefCell<HashMap<Loc, u64>>>>,
+    stats: Rc<Stats>,
+    leases: Vec<(u16, NodeId, Rc<Leases>)>,
+    paused: Rc<Cell<bool>>,
+}
+
+impl OoccDeployment {
+    /// The deployment's counters.
+    #[must_use]
+    pub fn stats(&self) -> Rc<Stats> {
+        Rc::clone(&self.stats)
+    }
+
+    /// The record directory.
+    #[must_use]
+    pub fn directory(&self) -> Rc<Directory> {
+        Rc::clone(&self.dir)
+    }
+
+    /// Every coordinator's leases, with its id and node.
+    #[must_use]
+    pub fn leases(&self) -> Vec<(u16, NodeId, Rc<Leases>)> {
+        self.leases.clone()
+    }
+
+    /// A coordinator, typed (tests use it to reach its leases).
+    ///
+    /// # Errors
+    /// Never so far; kept fallible like [`Deployment::coordinator`].
+    pub fn typed_coordinator(
+        &mut self,
+        ctx: SimContext,
+        id: u16,
+    ) -> Result<OoccCoordinator<SimContext>, DeployError> {
+        let node = ctx.node();
+        let hints = Rc::clone(self.hints.entry(node).or_default());
+        let cfg = self.protocol.config;
+        let leases = Leases::new(cfg.lease_ns, cfg.offset_ns);
+        self.leases.push((id, node, Rc::clone(&leases)));
+        let ctx = DriftingCtx::new(ctx, self.protocol.drift.drift_of(node));
+        Ok(OoccCoordinator::new(
+            ctx,
+            Rc::clone(&self.dir),
+            id,
+            cfg,
+            leases,
+            Rc::clone(&self.stats),
+            hints,
+            Rc::clone(&self.history),
+        ))
+    }
+}
+
+impl Deployment for OoccDeployment {
+    fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
+        let vlen = self
+            .dir
+            .value_len(table)
+            .map_err(|e| DeployError::Protocol {
+                protocol: self.protocol.name.clone(),
+                reason: e.to_string(),
+            })?;
+        let loc = self
+            .dir
+            .slot(table, key)
+            .map_err(|e| DeployError::Protocol {
+                protocol: self.protocol.name.clone(),
+                reason: e.to_string(),
+            })?;
+        let image = emit(table, key, Some(value), vlen, OoccLockWord::from_raw(0));
+        self.sim
+            .write_memory(self.dir.node(loc.mn), loc.offset, &image);
+        Ok(())
+    }
+
+    fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        Ok(Box::new(self.typed_coordinator(ctx, id)?))
+    }
+
+    fn start_recovery(
+        &mut self,
+        _sim: &Rc<Sim>,
+        _recovery_cn: u16,
+        _timing: RecoveryTiming,
+    ) -> Result<(), DeployError> {
+        Ok(())
+    }
+
+    fn final_coordinator(
+        &mut self,
+        ctx: SimContext,
+        id: u16,
+    ) -> Result<BoxCoordinator, DeployError> {
+        self.coordinator(ctx, id)
+    }
+
+    fn recovery_events(&self) -> Vec<RecoveryEvent> {
+        Vec::new()
+    }
+
+    fn recovery_error(&self) -> Option<String> {
+        None
+    }
+
+    fn paused(&self) -> Rc<Cell<bool>> {
+        Rc::clone(&self.paused)
+    }
+
+    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
+        let loc = self.dir.get(table, key)?;
+        let vlen = self.dir.value_len(table).ok()?;
+        let bytes = self.sim.read_memory(
+            self.dir.node(loc.mn),
+            loc.offset,
+            dmem_layout::record::OoccRecordHeader::record_len(vlen),
+        );
+        let image = parse(&bytes, vlen);
+        image.present.then_some(image.value)
+    }
+
+    fn counter(&self, name: &str) -> Option<u64> {
+        let s = &self.stats;
+        Some(match name {
+            "ro_committed" => s.ro_committed.get(),
+            "ro_one_round" => s.ro_one_round.get(),
+            "ro_lease_expired" => s.ro_lease_expired.get(),
+            "ro_intention" => s.ro_intention.get(),
+            "rw_committed" => s.rw_committed.get(),
+            "aborts" => s.aborts.get(),
+            "lease_wait_ns" => s.lease_wait_ns.get(),
+            _ => return None,
+        })
+    }
+}
