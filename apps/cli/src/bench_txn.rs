@@ -26,8 +26,11 @@ pub struct Args {
     /// Size preset of the workload: tiny, small, ford, motor, lotus.
     #[arg(long, default_value = "small")]
     scale: String,
-    /// Protocols to run side by side, comma-separated: any registered name — ford,
-    /// pandora, pandora-lock-logging (traditional "log before lock" instead of PILL,
+    /// YCSB mix (with `--workload ycsb`): read-only, read-intensive (the default), a, b, c, f.
+    #[arg(long)]
+    mix: Option<String>,
+    /// Protocols to run side by side, comma-separated: any registered name — ford, occ
+    /// (OOCC's OCC baseline: fixed FORD), oocc, pandora, pandora-lock-logging (traditional "log before lock" instead of PILL,
     /// Pandora §6.1), or ford:BUG[+BUG] for FORD with bugs of Pandora Table 1 switched on.
     #[arg(long, value_delimiter = ',', default_value = "ford,pandora")]
     protocol: Vec<String>,
@@ -104,6 +107,9 @@ pub struct Row {
     /// Mean round trips (post lists awaited) of a committed transaction, per transaction
     /// type and under `all`.
     pub rtts_per_txn: BTreeMap<String, f64>,
+    /// Share of committed read-only transactions that took no round trip beyond their
+    /// execution rounds (no validation): for one-round ones, committed in one round trip.
+    pub ro_one_rtt_share: Option<f64>,
 }
 
 impl Args {
@@ -131,7 +137,10 @@ impl Args {
         for p in &self.protocol {
             registry.get(p).context("in --protocol")?;
         }
-        let (workload, scale) = parse_workload(&self.workload, &self.scale)?;
+        let (mut workload, scale) = parse_workload(&self.workload, &self.scale)?;
+        if let Some(mix) = &self.mix {
+            workload = ycsb_mix(&self.workload, scale, mix)?;
+        }
         let profile = NicProfile::named(&self.profile)?;
         Ok((workload, scale, profile))
     }
@@ -170,6 +179,24 @@ pub fn parse_workload(workload: &str, scale: &str) -> anyhow::Result<(AnyWorkloa
         )
     })?;
     Ok((workload, scale))
+}
+
+/// YCSB with the mix named by `--mix`.
+fn ycsb_mix(workload: &str, scale: Scale, mix: &str) -> anyhow::Result<AnyWorkload> {
+    use dmem_workloads::kv::{KvConfig, KvWorkload, YcsbMix};
+    ensure!(workload == "ycsb", "--mix applies to --workload ycsb only");
+    let mix = match mix {
+        "read-only" => YcsbMix::ReadOnly,
+        "read-intensive" => YcsbMix::ReadIntensive,
+        "a" => YcsbMix::A,
+        "b" => YcsbMix::B,
+        "c" => YcsbMix::C,
+        "f" => YcsbMix::F,
+        other => {
+            anyhow::bail!("unknown --mix `{other}`: use read-only, read-intensive, a, b, c or f")
+        }
+    };
+    Ok(AnyWorkload::Kv(KvWorkload::new(KvConfig::ycsb(scale, mix))))
 }
 
 fn run_protocol(
@@ -214,6 +241,8 @@ fn run_protocol(
         checked_txns: r.checked_txns,
         invariants: r.invariants,
         rtts_per_txn: r.rtts_per_txn,
+        ro_one_rtt_share: (r.ro_committed > 0)
+            .then(|| r.ro_no_validation as f64 / r.ro_committed as f64),
     })
 }
 
@@ -264,7 +293,7 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             args.seed
         );
         println!(
-            "{:<20} {:>8} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>7} {:>6}  checker / invariants",
+            "{:<20} {:>8} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>6} {:>7} {:>6} {:>7}  checker / invariants",
             "protocol",
             "Mtps",
             "aborts",
@@ -275,11 +304,12 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             "CAS",
             "FAA",
             "MN busy",
-            "rtts"
+            "rtts",
+            "RO 1rt"
         );
         for r in &rows {
             println!(
-                "{:<20} {:>8.3} {:>6.1}% {:>8.1} {:>8.1} {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.0}% {:>6.2}  {} / {}",
+                "{:<20} {:>8.3} {:>6.1}% {:>8.1} {:>8.1} {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.0}% {:>6.2} {:>7}  {} / {}",
                 r.protocol,
                 r.mtps,
                 r.abort_rate * 100.0,
@@ -291,6 +321,8 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
                 r.mn_faa_per_txn,
                 r.mn_nic_busy * 100.0,
                 r.rtts_per_txn.get("all").copied().unwrap_or(0.0),
+                r.ro_one_rtt_share
+                    .map_or_else(|| "-".to_owned(), |x| format!("{:.1}%", x * 100.0)),
                 r.checker,
                 r.invariants
             );

@@ -6,6 +6,7 @@
 //! * `occ` — OOCC's OCC baseline (OOCC §II-A, Fig. 3): it *is* FORD with rounds (execution
 //!   READ / CAS + READ, validation READs, undo log, commit WRITEs, lock release), so it is
 //!   registered as fixed FORD under a second name rather than written twice;
+//! * `oocc` — OOCC (implicit read leases, delayed write locks, one-op write-unlock; `dmem-occ`);
 //! * `pandora` — PILL, logging after validation, RDMA recovery (Pandora §3);
 //! * `pandora-lock-logging` — Pandora with traditional "log before lock" (Pandora §6.1);
 //! * `ford:BUG[+BUG]` — FORD with bugs of Table 1 switched on (`ford:covert-locks`).
@@ -19,6 +20,7 @@
 #![forbid(unsafe_code)]
 
 pub mod ford;
+pub mod occ_family;
 
 use std::sync::Arc;
 
@@ -45,6 +47,7 @@ pub fn registry() -> Registry {
         // The names above are distinct, so registration cannot fail.
         let _ = r.register(p);
     }
+    let _ = r.register(occ_family::oocc());
     let _ = r.register_family(
         "ford",
         "ford:BUG[+BUG]",

@@ -27,6 +27,7 @@ fn every_protocol_runs_a_transaction_and_reads_it_back() {
     for name in [
         "ford",
         "occ",
+        "oocc",
         "pandora",
         "pandora-lock-logging",
         "ford:covert-locks",
@@ -65,7 +66,10 @@ fn every_protocol_runs_a_transaction_and_reads_it_back() {
         assert_eq!(history.borrow().txns.len(), 1);
         assert_eq!(history.borrow().txns[0].outcome, TxnOutcome::Committed);
         assert!(d.deployment.recovery_events().is_empty());
-        assert!(d.deployment.scan_cost().unwrap().0 > 0);
+        // The OOCC family has no index to scan (a directory stands in for it).
+        if name != "oocc" {
+            assert!(d.deployment.scan_cost().unwrap().0 > 0);
+        }
     }
 }
 
