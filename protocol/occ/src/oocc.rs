@@ -6,8 +6,16 @@
 //! |---|---|---|
 //! | Execute&Locking, per round | READ record (read set); CAS intention + READ record (write set) | 1 |
 //! | Validate&Logging (RO, skipped when every record was free and `now − start ≤ rv`) | READ lock words | 0 or 1 |
-//! | Validate&Logging (RW) | WRITE redo log + WRITE lock upgrades (+ READ lock words if the lease ran out) | 1 |
-//! | Commit (RW) | wait until upgrade + `ww`; one WRITE of value + version + free lock per record | 1 |
+//! | Validate&Logging (RW), started `upgrade_lead` before the lease ends | WRITE redo log + WRITE lock upgrades + READ lock words of the read set if the lease ran out | 1 |
+//! | Commit (RW) | wait until intention lock + `ww`; one WRITE of value + version + free lock per record | 1 |
+//!
+//! The write-wait lease runs from the completion of the intention-lock CAS: a reader that
+//! found a record free read it before that CAS landed, so the commit WRITE lands more than
+//! a lease after its read. The upgrade to the write lock must land before the first commit
+//! WRITE and at (or before) the read-set validation; it is posted about one round trip
+//! before the lease ends, so a record is write-locked for about one round trip (§IV-B:
+//! "the actual lock duration … reduced to a mere one RTT"), and readers that meet the
+//! intention lock in the meantime validate instead of aborting.
 //!
 //! `rv` (read-validate lease) = lease − offset and `ww` (write-wait lease) = lease + offset
 //! (§VII-B): a reader trusts its implicit lease for less than the lease and a writer waits
@@ -45,6 +53,11 @@ pub struct OoccConfig {
     /// One-op write-unlock (§V): value + version + released lock in one WRITE. Off: the
     /// value WRITE and the unlocking WRITE are two round trips.
     pub one_op_unlock: bool,
+    /// How long before the write-wait lease ends the writer starts Validate&Logging (the
+    /// lock upgrade, the redo log, read-set validation), ns: about one round trip, so that
+    /// records stay write-locked for about one round trip (§IV-B) while the lease wait
+    /// overlaps everything before it.
+    pub upgrade_lead_ns: Nanos,
     /// Planted bug for the litmus and checker tests: the writer does not wait for the
     /// write-wait lease before its commit WRITE.
     pub bug_skip_lease_wait: bool,
@@ -58,6 +71,7 @@ impl Default for OoccConfig {
             implicit_lease: true,
             delayed_lock: true,
             one_op_unlock: true,
+            upgrade_lead_ns: 3_000,
             bug_skip_lease_wait: false,
         }
     }
@@ -234,6 +248,7 @@ impl<C: Verbs + Clock> Coordinator for OoccCoordinator<C> {
             writes: Vec::new(),
             events: Vec::new(),
             intention_seen: false,
+            lock_time: 0,
             done: false,
         })
     }
@@ -272,6 +287,9 @@ pub struct OoccTxn<'a, C> {
     writes: Vec<WriteEntry>,
     events: Vec<ReadEvent>,
     intention_seen: bool,
+    /// When the last intention-lock round completed (local clock): the write-wait lease
+    /// runs from here (a reader that saw a record free read it before its CAS landed).
+    lock_time: Nanos,
     done: bool,
 }
 
@@ -359,6 +377,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 ids.push((i, cas, read, swap));
             }
             let res = self.co.ctx.post(list).await?;
+            self.lock_time = self.co.ctx.now();
             for (i, cas, read, swap) in ids {
                 let (table, _, loc) = targets[i];
                 match decide_cas(expected[i], res.atomic(cas)) {
@@ -543,6 +562,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             ids.push((i, expected, cas, read, swap));
         }
         let res = self.co.ctx.post(list).await?;
+        self.lock_time = self.co.ctx.now();
         let mut read_idx = 0;
         for p in pending.iter_mut() {
             if let Pending::Read { idx, id, .. } = p {
@@ -764,6 +784,16 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         if log.len() as u64 > crate::store::LOG_REGION_BYTES {
             return Err(aborted("redo log larger than its region"));
         }
+        let ww = self.co.leases.ww.get();
+        if self.co.cfg.delayed_lock && !self.co.cfg.bug_skip_lease_wait {
+            // Overlap the lease wait with everything before the upgrade round (§IV-B).
+            let at = (self.lock_time + ww).saturating_sub(self.co.cfg.upgrade_lead_ns);
+            let now = self.co.ctx.now();
+            if at > now {
+                bump(&self.co.stats.lease_wait_ns, at - now);
+                self.co.ctx.sleep_until(at).await;
+            }
+        }
         let log_mn = layout.log_mn(self.co.id);
         let log_addr = dir.addr(log_mn, layout.log_offset(self.co.id));
         let mut list = PostList::new();
@@ -778,7 +808,8 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         // Validation is skipped while the lease holds when the round returns (checked
         // after it); with the implicit lease off it always goes in this round.
         let validate_now = !self.co.cfg.implicit_lease
-            || self.co.ctx.now().saturating_sub(self.start) > self.co.leases.rv.get();
+            || (self.co.ctx.now() + self.co.cfg.upgrade_lead_ns).saturating_sub(self.start)
+                > self.co.leases.rv.get();
         let mut ids = Vec::new();
         if validate_now {
             for r in &self.reads {
@@ -786,7 +817,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             }
         }
         let res = self.co.ctx.post(list).await?;
-        let lock_time = self.co.ctx.now();
+        let upgraded = self.co.ctx.now();
         let mut ok = true;
         for (r, id) in self.reads.iter().zip(&ids) {
             let word = u64::from_le_bytes(res.bytes(*id).try_into().unwrap_or([0xFF; 8]));
@@ -794,7 +825,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         }
         if ok
             && !validate_now
-            && lock_time.saturating_sub(self.start) > self.co.leases.rv.get()
+            && upgraded.saturating_sub(self.start) > self.co.leases.rv.get()
             && !self.reads.is_empty()
         {
             // The lease ran out while the round was in flight: validate now.
@@ -843,7 +874,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             writes,
         });
         if !self.co.cfg.bug_skip_lease_wait {
-            let until = lock_time + self.co.leases.ww.get();
+            let until = self.lock_time + ww;
             let now = self.co.ctx.now();
             if until > now {
                 bump(&self.co.stats.lease_wait_ns, until - now);
