@@ -13,6 +13,7 @@ use dmem_txn::{BoxCoordinator, History, Key, TableId};
 use dmem_verbs::NodeId;
 
 use crate::drift::{DriftModel, DriftingCtx};
+use crate::manager::{LeaseTable, ManagerLog, Policy};
 use crate::oocc::{Leases, OoccConfig, OoccCoordinator, Stats};
 use crate::store::{Directory, Layout, Loc, emit, parse};
 
@@ -24,6 +25,8 @@ pub struct OoccProtocol {
     pub config: OoccConfig,
     /// How node clocks drift.
     pub drift: DriftModel,
+    /// The lease manager's policy, if one runs (§VII-A).
+    pub manager: Option<Policy>,
 }
 
 impl OoccProtocol {
@@ -34,7 +37,19 @@ impl OoccProtocol {
             name: name.to_owned(),
             config,
             drift: DriftModel::default(),
+            manager: None,
         }
+    }
+
+    /// The same protocol with a lease manager running `policy` (its offset is the
+    /// protocol's).
+    #[must_use]
+    pub fn with_manager(mut self, policy: Policy) -> Self {
+        self.manager = Some(Policy {
+            offset_ns: self.config.offset_ns,
+            ..policy
+        });
+        self
     }
 
     /// The same protocol with `drift`.
@@ -70,7 +85,12 @@ impl Protocol for OoccProtocol {
             history,
             hints: HashMap::new(),
             stats: Rc::new(Stats::default()),
-            leases: Vec::new(),
+            leases: Rc::new(RefCell::new(Vec::new())),
+            manager: Rc::new(ManagerLog {
+                adjustments: RefCell::new(Vec::new()),
+                lease: Cell::new(self.config.lease_ns),
+            }),
+            manager_started: false,
             paused: Rc::new(Cell::new(false)),
         }))
     }
@@ -84,7 +104,9 @@ pub struct OoccDeployment {
     history: Rc<RefCell<History>>,
     hints: HashMap<NodeId, Rc<RefCell<HashMap<Loc, u64>>>>,
     stats: Rc<Stats>,
-    leases: Vec<(u16, NodeId, Rc<Leases>)>,
+    leases: LeaseTable,
+    manager: Rc<ManagerLog>,
+    manager_started: bool,
     paused: Rc<Cell<bool>>,
 }
 
@@ -104,7 +126,13 @@ impl OoccDeployment {
     /// Every coordinator's leases, with its id and node.
     #[must_use]
     pub fn leases(&self) -> Vec<(u16, NodeId, Rc<Leases>)> {
-        self.leases.clone()
+        self.leases.borrow().clone()
+    }
+
+    /// The lease manager's record.
+    #[must_use]
+    pub fn manager_log(&self) -> Rc<ManagerLog> {
+        Rc::clone(&self.manager)
     }
 
     /// A coordinator, typed (tests use it to reach its leases).
@@ -119,8 +147,25 @@ impl OoccDeployment {
         let node = ctx.node();
         let hints = Rc::clone(self.hints.entry(node).or_default());
         let cfg = self.protocol.config;
-        let leases = Leases::new(cfg.lease_ns, cfg.offset_ns);
-        self.leases.push((id, node, Rc::clone(&leases)));
+        let leases = Leases::new(self.manager.lease.get(), cfg.offset_ns);
+        self.leases
+            .borrow_mut()
+            .push((id, node, Rc::clone(&leases)));
+        if let (Some(policy), false) = (self.protocol.manager, self.manager_started) {
+            self.manager_started = true;
+            // The manager runs on the first CN's thread 0, beside its coordinators.
+            let mctx = self.sim.context(self.sim.cn(0), 0)?;
+            let drift = self.protocol.drift.drift_of(mctx.node());
+            let task = crate::manager::run(
+                DriftingCtx::new(mctx.clone(), drift),
+                Rc::clone(&self.dir),
+                Rc::clone(&self.stats),
+                Rc::clone(&self.leases),
+                policy,
+                Rc::clone(&self.manager),
+            );
+            self.sim.spawn(&mctx, task);
+        }
         let ctx = DriftingCtx::new(ctx, self.protocol.drift.drift_of(node));
         Ok(OoccCoordinator::new(
             ctx,
@@ -212,6 +257,14 @@ impl Deployment for OoccDeployment {
             "rw_committed" => s.rw_committed.get(),
             "aborts" => s.aborts.get(),
             "lease_wait_ns" => s.lease_wait_ns.get(),
+            "lease_ns" => self.manager.lease.get(),
+            "lease_adjustments" => self.manager.adjustments.borrow().len() as u64,
+            "lease_adjust_ns" => self
+                .manager
+                .adjustments
+                .borrow()
+                .last()
+                .map_or(0, |a| a.finished - a.started),
             _ => return None,
         })
     }

@@ -6,6 +6,7 @@
 //!   lists are Alg. 1's round trips;
 //! * [`store`]: records (lock word at the highest address), redo-log regions, lease lines;
 //! * [`drift`]: a context wrapper that gives each node its own drifting clock;
+//! * [`manager`]: the lease manager (§VII-A), two-phase adjustments, adaptive policy;
 //! * [`deploy`]: the [`dmem_deploy::Protocol`] registered as `oocc`.
 //!
 //! The OCC baseline of §II-A is FORD and is registered as `occ` by `dmem-protocols`.
@@ -13,6 +14,7 @@
 
 pub mod deploy;
 pub mod drift;
+pub mod manager;
 pub mod oocc;
 pub mod store;
 

@@ -114,6 +114,9 @@ pub struct Stats {
     pub aborts: Cell<u64>,
     /// Total ns writers slept for the write-wait lease.
     pub lease_wait_ns: Cell<u64>,
+    /// Longest execution (begin to commit decision, local clock) of a read-only
+    /// transaction since the lease manager last looked.
+    pub ro_longest_ns: Cell<u64>,
 }
 
 fn bump(c: &Cell<u64>, by: u64) {
@@ -721,6 +724,9 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
     async fn commit_read_only(&mut self) -> Result<(), TxnError> {
         let stats = Rc::clone(&self.co.stats);
         let elapsed = self.co.ctx.now().saturating_sub(self.start);
+        stats
+            .ro_longest_ns
+            .set(stats.ro_longest_ns.get().max(elapsed));
         let in_lease = self.co.cfg.implicit_lease && elapsed <= self.co.leases.rv.get();
         if in_lease && !self.intention_seen {
             bump(&stats.ro_one_round, 1);

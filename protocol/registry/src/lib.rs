@@ -7,6 +7,8 @@
 //!   READ / CAS + READ, validation READs, undo log, commit WRITEs, lock release), so it is
 //!   registered as fixed FORD under a second name rather than written twice;
 //! * `oocc` — OOCC (implicit read leases, delayed write locks, one-op write-unlock; `dmem-occ`);
+//! * `oocc:PARAM[+PARAM]` — OOCC varied for the figures (lease, offset, drift, lease manager,
+//!   techniques off, a planted bug; see [`occ_family`]);
 //! * `pandora` — PILL, logging after validation, RDMA recovery (Pandora §3);
 //! * `pandora-lock-logging` — Pandora with traditional "log before lock" (Pandora §6.1);
 //! * `ford:BUG[+BUG]` — FORD with bugs of Table 1 switched on (`ford:covert-locks`).
@@ -58,6 +60,11 @@ pub fn registry() -> Registry {
                 ProtocolConfig::ford_with(bugs),
             )) as Arc<dyn Protocol>)
         }),
+    );
+    let _ = r.register_family(
+        "oocc",
+        "oocc:PARAM[+PARAM]",
+        Box::new(|params: &str| Ok(Arc::new(occ_family::oocc_with(params)?) as Arc<dyn Protocol>)),
     );
     r
 }

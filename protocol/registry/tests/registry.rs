@@ -107,8 +107,11 @@ fn unknown_names_and_bugs_are_errors() {
         "pandora",
         "pandora-lock-logging",
         "ford:BUG[+BUG]",
+        "oocc:PARAM[+PARAM]",
     ] {
         assert!(r.names().iter().any(|n| n == name), "{name} missing: {e}");
     }
     assert!(r.get("ford:no-such-bug").is_err());
+    assert!(r.get("oocc:lease=50+manager+ppm=10").is_ok());
+    assert!(r.get("oocc:no-such-knob").is_err());
 }
