@@ -6,11 +6,13 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use dmem_deploy::{DeployError, DeploySpec, Deployment, Protocol, RecoveryEvent, RecoveryTiming};
+use dmem_deploy::{
+    DeployError, DeploySpec, Deployment, Protocol, RecoveryEvent, RecoveryTiming, SimLinkTerminator,
+};
 use dmem_layout::record::OoccLockWord;
 use dmem_sim::{Sim, SimContext};
 use dmem_txn::{BoxCoordinator, History, Key, TableId};
-use dmem_verbs::NodeId;
+use dmem_verbs::{Clock, NodeId};
 
 use crate::drift::{DriftModel, DriftingCtx};
 use crate::manager::{LeaseTable, ManagerLog, Policy};
@@ -92,7 +94,40 @@ impl Protocol for OoccProtocol {
             }),
             manager_started: false,
             paused: Rc::new(Cell::new(false)),
+            events: Rc::new(RefCell::new(Vec::new())),
+            error: Rc::new(RefCell::new(None)),
         }))
+    }
+}
+
+/// Writes recovery's decision into the history: the crashed coordinator's in-flight
+/// transaction (recorded `Unknown` before its first commit WRITE) committed if it was
+/// rolled forward, and aborted with nothing installed if it was rolled back (no commit WRITE
+/// of it landed).
+fn settle(history: &Rc<RefCell<History>>, r: &dmem_deploy::RecoveredCoordinator, now: u64) {
+    let (Some(seq), Some(decision)) = (r.txn, r.decision) else {
+        return;
+    };
+    let mut h = history.borrow_mut();
+    let id = dmem_txn::TxnId {
+        coordinator: dmem_txn::CoordinatorId(u32::from(r.coordinator)),
+        seq,
+    };
+    if let Some(t) = h
+        .txns
+        .iter_mut()
+        .find(|t| t.id == id && t.outcome == dmem_txn::TxnOutcome::Unknown)
+    {
+        match decision {
+            dmem_deploy::Decision::RollForward => {
+                t.outcome = dmem_txn::TxnOutcome::Committed;
+                t.end = now;
+            }
+            dmem_deploy::Decision::RollBack => {
+                t.outcome = dmem_txn::TxnOutcome::Aborted;
+                t.writes.clear();
+            }
+        }
     }
 }
 
@@ -108,6 +143,8 @@ pub struct OoccDeployment {
     manager: Rc<ManagerLog>,
     manager_started: bool,
     paused: Rc<Cell<bool>>,
+    events: Rc<RefCell<Vec<RecoveryEvent>>>,
+    error: Rc<RefCell<Option<String>>>,
 }
 
 impl OoccDeployment {
@@ -208,10 +245,70 @@ impl Deployment for OoccDeployment {
 
     fn start_recovery(
         &mut self,
-        _sim: &Rc<Sim>,
-        _recovery_cn: u16,
-        _timing: RecoveryTiming,
+        sim: &Rc<Sim>,
+        recovery_cn: u16,
+        timing: RecoveryTiming,
     ) -> Result<(), DeployError> {
+        let ctx = sim.context(sim.cn(recovery_cn), 0)?;
+        let (sim2, dir, leases, events) = (
+            Rc::clone(sim),
+            Rc::clone(&self.dir),
+            Rc::clone(&self.leases),
+            Rc::clone(&self.events),
+        );
+        let error = Rc::clone(&self.error);
+        let history = Rc::clone(&self.history);
+        let c = ctx.clone();
+        sim.spawn(&ctx, async move {
+            let mut done: Vec<NodeId> = Vec::new();
+            while c.now() < timing.until {
+                let cns: Vec<NodeId> = {
+                    let mut v: Vec<NodeId> = leases.borrow().iter().map(|(_, n, _)| *n).collect();
+                    v.sort_unstable();
+                    v.dedup();
+                    v
+                };
+                for cn in cns {
+                    if done.contains(&cn) || !sim2.is_crashed(cn) {
+                        continue;
+                    }
+                    done.push(cn);
+                    let detected_at = c.now();
+                    // 1. Cut the CN off every MN.
+                    for mn in 0..sim2.mn_count() {
+                        SimLinkTerminator(Rc::clone(&sim2)).terminate(sim2.mn(mn), cn);
+                    }
+                    let terminated_at = c.now();
+                    let ids: Vec<u16> = leases
+                        .borrow()
+                        .iter()
+                        .filter(|(_, n, _)| *n == cn)
+                        .map(|(id, _, _)| *id)
+                        .collect();
+                    let mut coordinators = Vec::new();
+                    for id in ids {
+                        match crate::recovery::recover_coordinator(&c, &dir, id).await {
+                            Ok(r) => {
+                                settle(&history, &r, c.now());
+                                coordinators.push(r);
+                            }
+                            Err(e) => *error.borrow_mut() = Some(format!("recovering {id}: {e}")),
+                        }
+                    }
+                    let now = c.now();
+                    events.borrow_mut().push(RecoveryEvent {
+                        cn,
+                        detected_at,
+                        terminated_at,
+                        logs_recovered_at: now,
+                        finished_at: now,
+                        coordinators,
+                        scanned_locks: 0,
+                    });
+                }
+                c.sleep(timing.poll).await;
+            }
+        });
         Ok(())
     }
 
@@ -224,11 +321,11 @@ impl Deployment for OoccDeployment {
     }
 
     fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        Vec::new()
+        self.events.borrow().clone()
     }
 
     fn recovery_error(&self) -> Option<String> {
-        None
+        self.error.borrow().clone()
     }
 
     fn paused(&self) -> Rc<Cell<bool>> {

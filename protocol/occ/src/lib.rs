@@ -7,6 +7,7 @@
 //! * [`store`]: records (lock word at the highest address), redo-log regions, lease lines;
 //! * [`drift`]: a context wrapper that gives each node its own drifting clock;
 //! * [`manager`]: the lease manager (§VII-A), two-phase adjustments, adaptive policy;
+//! * [`recovery`]: a crashed CN's coordinators recovered from their redo logs;
 //! * [`deploy`]: the [`dmem_deploy::Protocol`] registered as `oocc`.
 //!
 //! The OCC baseline of §II-A is FORD and is registered as `occ` by `dmem-protocols`.
@@ -16,6 +17,7 @@ pub mod deploy;
 pub mod drift;
 pub mod manager;
 pub mod oocc;
+pub mod recovery;
 pub mod store;
 
 pub use deploy::{OoccDeployment, OoccProtocol};

@@ -251,6 +251,7 @@ impl<C: Verbs + Clock> Coordinator for OoccCoordinator<C> {
             writes: Vec::new(),
             events: Vec::new(),
             intention_seen: false,
+            logged: false,
             lock_time: 0,
             done: false,
         })
@@ -290,6 +291,8 @@ pub struct OoccTxn<'a, C> {
     writes: Vec<WriteEntry>,
     events: Vec<ReadEvent>,
     intention_seen: bool,
+    /// Whether a redo log was written (an abort then truncates it).
+    logged: bool,
     /// When the last intention-lock round completed (local clock): the write-wait lease
     /// runs from here (a reader that saw a record free read it before its CAS landed).
     lock_time: Nanos,
@@ -656,6 +659,15 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
     /// Releases every lock this transaction holds (same version), without waiting.
     async fn release_all(&mut self) {
         let mut list = PostList::new();
+        if self.logged {
+            let layout = self.co.dir.layout();
+            list.write(
+                self.co
+                    .dir
+                    .addr(layout.log_mn(self.co.id), layout.log_offset(self.co.id)),
+                &[0u8; 16],
+            );
+        }
         for w in &self.writes {
             if let Ok(addr) = self.lock_addr(w.table, w.loc) {
                 list.write(addr, &w.lock.released_same_version().to_raw().to_le_bytes());
@@ -787,6 +799,10 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             log.extend_from_slice(&image);
             images.push(image);
         }
+        // Trailer = header: the log WRITE lands in increasing address order, so a log
+        // whose trailer matches its header landed whole.
+        let header: [u8; 8] = log[0..8].try_into().unwrap_or_default();
+        log.extend_from_slice(&header);
         if log.len() as u64 > crate::store::LOG_REGION_BYTES {
             return Err(aborted("redo log larger than its region"));
         }
@@ -822,6 +838,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 ids.push(list.read(self.lock_addr(r.table, r.loc)?, 8));
             }
         }
+        self.logged = true;
         let res = self.co.ctx.post(list).await?;
         let upgraded = self.co.ctx.now();
         let mut ok = true;
