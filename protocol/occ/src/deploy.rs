@@ -15,6 +15,7 @@ use dmem_txn::{BoxCoordinator, History, Key, TableId};
 use dmem_verbs::{Clock, NodeId};
 
 use crate::drift::{DriftModel, DriftingCtx};
+use crate::drtm::{DrtmConfig, DrtmCoordinator};
 use crate::manager::{LeaseTable, ManagerLog, Policy};
 use crate::oocc::{Leases, OoccConfig, OoccCoordinator, Stats};
 use crate::store::{Directory, Layout, Loc, emit, parse};
@@ -29,6 +30,8 @@ pub struct OoccProtocol {
     pub drift: DriftModel,
     /// The lease manager's policy, if one runs (§VII-A).
     pub manager: Option<Policy>,
+    /// DrTM instead of OOCC (same store, same recovery).
+    pub drtm: Option<DrtmConfig>,
 }
 
 impl OoccProtocol {
@@ -40,7 +43,30 @@ impl OoccProtocol {
             config,
             drift: DriftModel::default(),
             manager: None,
+            drtm: None,
         }
+    }
+
+    /// DrTM (lease-based shared locks, OOCC §II-A) registered as `name`.
+    #[must_use]
+    pub fn drtm(name: &str, config: DrtmConfig) -> Self {
+        Self {
+            drtm: Some(config),
+            ..Self::new(name, OoccConfig::default())
+        }
+    }
+
+    /// Bytes a record's value takes in memory (DrTM keeps an 8-byte version in front).
+    fn prefix(&self) -> usize {
+        if self.drtm.is_some() { 8 } else { 0 }
+    }
+
+    fn layout(&self, spec: &DeploySpec, mns: u16) -> Result<Layout, DeployError> {
+        let mut spec = spec.clone();
+        for t in &mut spec.tables {
+            t.value_len += self.prefix();
+        }
+        Layout::new(&spec, mns)
     }
 
     /// The same protocol with a lease manager running `policy` (its offset is the
@@ -68,7 +94,7 @@ impl Protocol for OoccProtocol {
     }
 
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
-        Ok(Layout::new(spec, mns)?.bytes_per_mn)
+        Ok(self.layout(spec, mns)?.bytes_per_mn)
     }
 
     fn deploy(
@@ -78,7 +104,7 @@ impl Protocol for OoccProtocol {
         history: Rc<RefCell<History>>,
     ) -> Result<Box<dyn Deployment>, DeployError> {
         let mns = sim.mn_count();
-        let layout = Layout::new(spec, mns)?;
+        let layout = self.layout(spec, mns)?;
         let regions = (0..mns).map(|i| sim.region(sim.mn(i))).collect();
         Ok(Box::new(OoccDeployment {
             protocol: self.clone(),
@@ -233,13 +259,32 @@ impl Deployment for OoccDeployment {
                 protocol: self.protocol.name.clone(),
                 reason: e.to_string(),
             })?;
-        let image = emit(table, key, Some(value), vlen, OoccLockWord::from_raw(0));
+        let mut stored = vec![0u8; self.protocol.prefix()];
+        stored.extend_from_slice(value);
+        let image = emit(table, key, Some(&stored), vlen, OoccLockWord::from_raw(0));
         self.sim
             .write_memory(self.dir.node(loc.mn), loc.offset, &image);
         Ok(())
     }
 
     fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        if let Some(cfg) = self.protocol.drtm {
+            let node = ctx.node();
+            let hints = Rc::clone(self.hints.entry(node).or_default());
+            self.leases
+                .borrow_mut()
+                .push((id, node, Leases::new(cfg.lease_ns, 0)));
+            let ctx = DriftingCtx::new(ctx, self.protocol.drift.drift_of(node));
+            return Ok(Box::new(DrtmCoordinator::new(
+                ctx,
+                Rc::clone(&self.dir),
+                id,
+                cfg,
+                Rc::clone(&self.stats),
+                hints,
+                Rc::clone(&self.history),
+            )));
+        }
         Ok(Box::new(self.typed_coordinator(ctx, id)?))
     }
 
@@ -341,7 +386,9 @@ impl Deployment for OoccDeployment {
             dmem_layout::record::OoccRecordHeader::record_len(vlen),
         );
         let image = parse(&bytes, vlen);
-        image.present.then_some(image.value)
+        image
+            .present
+            .then(|| image.value[self.protocol.prefix()..].to_vec())
     }
 
     fn counter(&self, name: &str) -> Option<u64> {

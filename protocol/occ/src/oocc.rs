@@ -807,7 +807,10 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             return Err(aborted("redo log larger than its region"));
         }
         let ww = self.co.leases.ww.get();
-        if self.co.cfg.delayed_lock && !self.co.cfg.bug_skip_lease_wait {
+        // Without the implicit lease every read set is validated and nobody relies on a
+        // writer's wait: plain OCC commits at once.
+        let wait = self.co.cfg.implicit_lease && !self.co.cfg.bug_skip_lease_wait;
+        if self.co.cfg.delayed_lock && wait {
             // Overlap the lease wait with everything before the upgrade round (§IV-B).
             let at = (self.lock_time + ww).saturating_sub(self.co.cfg.upgrade_lead_ns);
             let now = self.co.ctx.now();
@@ -896,7 +899,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             reads: std::mem::take(&mut self.events),
             writes,
         });
-        if !self.co.cfg.bug_skip_lease_wait {
+        if wait {
             let until = self.lock_time + ww;
             let now = self.co.ctx.now();
             if until > now {

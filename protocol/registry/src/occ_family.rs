@@ -23,6 +23,12 @@ pub fn oocc() -> OoccProtocol {
     OoccProtocol::new("oocc", OoccConfig::default())
 }
 
+/// DrTM's lease-based shared locks (OOCC §II-A), lease 400 µs.
+#[must_use]
+pub fn drtm() -> OoccProtocol {
+    OoccProtocol::drtm("drtm", dmem_occ::drtm::DrtmConfig::default())
+}
+
 /// `oocc:PARAMS` (see the module docs).
 ///
 /// # Errors

@@ -1,7 +1,7 @@
 //! Shared test harness: a bank on OOCC over the simulated cluster.
 #![allow(dead_code, unreachable_pub)]
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use dmem_deploy::{ClusterShape, DeploySpec, Deployed, TableDemand, deploy_loaded};
@@ -10,6 +10,7 @@ use dmem_sim::NicProfile;
 use dmem_txn::{
     Coordinator, History, Key, ReadReq, TableId, Transaction, TxnError, TxnKind, check,
 };
+use dmem_verbs::Clock;
 
 pub const T: TableId = TableId(1);
 
@@ -113,4 +114,56 @@ pub fn verdict(history: &History) -> Result<(), String> {
     } else {
         Err(format!("{:?}", r.anomalies.first()))
     }
+}
+
+/// Transfers inside groups of four accounts and audits of one group (its sum is constant),
+/// two CNs × two threads × four coordinators, 3 ms of virtual time.
+pub fn bank(protocol: &OoccProtocol, seed: u64) -> (Rc<RefCell<dmem_txn::History>>, u64, u64) {
+    const ACCOUNTS: u64 = 32;
+    const GROUP: u64 = 4;
+    let shape = shape(2, 2, seed);
+    let (mut d, history) = deploy(protocol, &shape, ACCOUNTS, 8, |_| {
+        100u64.to_le_bytes().to_vec()
+    });
+    let audits_ok = Rc::new(Cell::new(0u64));
+    let commits = Rc::new(Cell::new(0u64));
+    let mut id = 0;
+    for cn in 0..2 {
+        for th in 0..2 {
+            for _ in 0..4 {
+                let ctx = d.sim.context(d.sim.cn(cn), th).unwrap();
+                let mut co = d.deployment.coordinator(ctx.clone(), id).unwrap();
+                let (audits_ok, commits) = (Rc::clone(&audits_ok), Rc::clone(&commits));
+                let mut rng = seed * 1000 + u64::from(id) + 1;
+                let clock = ctx.clone();
+                d.sim.spawn(&ctx, async move {
+                    while clock.now() < 3_000_000 {
+                        let group = next(&mut rng) % (ACCOUNTS / GROUP) * GROUP;
+                        if !next(&mut rng).is_multiple_of(4) {
+                            if let Ok(sum) = audit(&mut co, &clock, 30_000, group, GROUP).await {
+                                assert_eq!(sum, GROUP * 100, "an audit saw money appear or vanish");
+                                audits_ok.set(audits_ok.get() + 1);
+                            }
+                        } else {
+                            let a = group + next(&mut rng) % GROUP;
+                            let b = group + (a - group + 1 + next(&mut rng) % (GROUP - 1)) % GROUP;
+                            if transfer(&mut co, a, b, 1 + next(&mut rng) % 5)
+                                .await
+                                .is_ok()
+                            {
+                                commits.set(commits.get() + 1);
+                            }
+                        }
+                    }
+                });
+                id += 1;
+            }
+        }
+    }
+    d.sim.run_until_idle();
+    let total: u64 = (0..ACCOUNTS)
+        .map(|k| bal(d.deployment.read_final(T, Key(k))))
+        .sum();
+    assert_eq!(total, ACCOUNTS * 100);
+    (history, audits_ok.get(), commits.get())
 }
