@@ -131,10 +131,19 @@ impl Protocol for OoccProtocol {
 /// rolled forward, and aborted with nothing installed if it was rolled back (no commit WRITE
 /// of it landed).
 fn settle(history: &Rc<RefCell<History>>, r: &dmem_deploy::RecoveredCoordinator, now: u64) {
+    let mut h = history.borrow_mut();
     let (Some(seq), Some(decision)) = (r.txn, r.decision) else {
+        // No whole log: no commit WRITE was posted (they follow the log), so an in-flight
+        // transaction of this coordinator installed nothing.
+        for t in h.txns.iter_mut().filter(|t| {
+            t.id.coordinator.0 == u32::from(r.coordinator)
+                && t.outcome == dmem_txn::TxnOutcome::Unknown
+        }) {
+            t.outcome = dmem_txn::TxnOutcome::Aborted;
+            t.writes.clear();
+        }
         return;
     };
-    let mut h = history.borrow_mut();
     let id = dmem_txn::TxnId {
         coordinator: dmem_txn::CoordinatorId(u32::from(r.coordinator)),
         seq,
@@ -303,10 +312,13 @@ impl Deployment for OoccDeployment {
         );
         let error = Rc::clone(&self.error);
         let history = Rc::clone(&self.history);
+        let log_is_decision = self.protocol.drtm.is_some();
         let c = ctx.clone();
         sim.spawn(&ctx, async move {
             let mut done: Vec<NodeId> = Vec::new();
-            while c.now() < timing.until {
+            // Past `until` too (as long again): DrTM's transactions wait out 400 µs leases
+            // and may still be running, and crash, when the other tasks stop.
+            while c.now() < timing.until.saturating_mul(2) {
                 let cns: Vec<NodeId> = {
                     let mut v: Vec<NodeId> = leases.borrow().iter().map(|(_, n, _)| *n).collect();
                     v.sort_unstable();
@@ -332,7 +344,9 @@ impl Deployment for OoccDeployment {
                         .collect();
                     let mut coordinators = Vec::new();
                     for id in ids {
-                        match crate::recovery::recover_coordinator(&c, &dir, id).await {
+                        match crate::recovery::recover_coordinator(&c, &dir, id, log_is_decision)
+                            .await
+                        {
                             Ok(r) => {
                                 settle(&history, &r, c.now());
                                 coordinators.push(r);

@@ -17,7 +17,9 @@
 //!   that lease lasts); an expired or nearly expired one is CASed again; a write lock
 //!   aborts.
 //! * A write CASes the free word to the write-locked word, after its lease ended: a lease
-//!   still running is waited out (lease 400 µs, as in DrTM and OOCC §VIII-A).
+//!   still running is waited out (lease 400 µs, as in DrTM and OOCC §VIII-A) by a
+//!   transaction that holds no write lock yet; one that holds some aborts instead, so that
+//!   readers renewing the lease cannot keep its locks held.
 //! * Commit: every read's lease must still hold (`now + delta < lease end`), else abort;
 //!   read-write transactions then WRITE the redo log, WRITE the records, WRITE the unlocks
 //!   (three round trips, DrTM's commit order). Lease ends are absolute times of different
@@ -195,6 +197,12 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
                 .unwrap_or(0);
             let now = self.co.ctx.now();
             if expires > now {
+                // Waiting while holding write locks would let readers that keep renewing
+                // the lease starve this writer with its locks held (and every reader of
+                // those): a writer waits only while it holds nothing, else it aborts.
+                if self.entries.iter().any(|e| e.lock.is_some()) {
+                    return Err(aborted("lease running on a record to lock, locks held"));
+                }
                 if expires - now > 2 * cfg.lease_ns {
                     return Err(aborted("lease too long to wait out"));
                 }
@@ -221,6 +229,7 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
             let res = self.co.ctx.post(list).await?;
             let now = self.co.ctx.now();
             let mut next = Vec::new();
+            let mut failure = None;
             for ((table, key, exclusive, loc, expected), (cas, read, swap)) in
                 todo.into_iter().zip(ids)
             {
@@ -237,7 +246,9 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
                     )
                 };
                 let got = if locked(r) {
-                    return Err(aborted("record write-locked"));
+                    // Settle the rest of the round first: its locks must be released.
+                    failure = Some(aborted("record write-locked"));
+                    None
                 } else if r == expected {
                     if exclusive {
                         Some(settle(0, Some(swap)))
@@ -246,7 +257,8 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
                         Some(settle(swap & END, None))
                     }
                 } else if exclusive {
-                    // Free at another word: CAS again once its lease ran out.
+                    // Free at another word: CAS again once its lease ran out (the next
+                    // round waits for it, or aborts if this round locked something).
                     next.push((table, key, exclusive, loc, r));
                     None
                 } else if (r & END) > now + cfg.delta_ns + cfg.min_left_ns {
@@ -272,6 +284,9 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
                         new: None,
                     });
                 }
+            }
+            if let Some(e) = failure {
+                return Err(e);
             }
             todo = next;
         }
@@ -469,9 +484,6 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
             return Err(aborted("redo log larger than its region"));
         }
         let log_addr = dir.addr(layout.log_mn(self.co.id), layout.log_offset(self.co.id));
-        let mut list = PostList::new();
-        list.write_owned(log_addr, log);
-        self.co.ctx.post(list).await?;
         let writes = written
             .iter()
             .map(|e| WriteEvent {
@@ -494,6 +506,10 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
             reads: std::mem::take(&mut self.events),
             writes,
         });
+        // Decided: recorded before the log, whose landing makes recovery roll forward.
+        let mut list = PostList::new();
+        list.write_owned(log_addr, log);
+        self.co.ctx.post(list).await?;
         // Records (header + value), then the unlocks.
         let mut list = PostList::new();
         let mut unlock = PostList::new();

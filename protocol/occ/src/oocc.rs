@@ -384,6 +384,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             }
             let res = self.co.ctx.post(list).await?;
             self.lock_time = self.co.ctx.now();
+            let mut failure = None;
             for (i, cas, read, swap) in ids {
                 let (table, _, loc) = targets[i];
                 match decide_cas(expected[i], res.atomic(cas)) {
@@ -396,19 +397,26 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                         if self.reads.iter().any(|r| r.loc == loc) {
                             // Read at another version: it changed since, so it would fail
                             // validation anyway.
-                            return Err(aborted("record changed since it was read"));
+                            failure = Some(aborted("record changed since it was read"));
                         }
                         expected[i] = word;
                     }
                     CasDecision::Abort => {
-                        return Err(aborted("record locked by another transaction"));
+                        failure = Some(aborted("record locked by another transaction"));
                     }
                 }
             }
+            if let Some(e) = failure {
+                // Keep what this call locked so that the abort releases it.
+                self.adopt_locks(targets, &out);
+                return Err(e);
+            }
         }
-        out.into_iter()
-            .map(|o| o.ok_or(aborted("intention lock: version kept changing")))
-            .collect()
+        if out.iter().any(Option::is_none) {
+            self.adopt_locks(targets, &out);
+            return Err(aborted("intention lock: version kept changing"));
+        }
+        Ok(out.into_iter().flatten().collect())
     }
 
     async fn round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {

@@ -79,12 +79,17 @@ fn image_lock(image: &[u8]) -> OoccLockWord {
 
 /// Recovers coordinator `id` (steps 2–4 of the module docs) through `ctx`.
 ///
+/// `log_is_decision`: the protocol writes its redo log only after deciding to commit
+/// (DrTM), so a whole log rolls forward by itself; OOCC logs in the same round as its
+/// validation and decides by what landed.
+///
 /// # Errors
 /// A verb failed.
 pub async fn recover_coordinator<C: Verbs + Clock>(
     ctx: &C,
     dir: &Rc<Directory>,
     id: u16,
+    log_is_decision: bool,
 ) -> Result<RecoveredCoordinator, VerbsError> {
     let layout = dir.layout();
     let mut list = PostList::new();
@@ -125,10 +130,11 @@ pub async fn recover_coordinator<C: Verbs + Clock>(
                 && w.owner() == id
                 && w.version() == logged_old(e)
         };
-        let landed = entries
-            .iter()
-            .zip(&now)
-            .any(|(e, w)| !held(e, *w) && w.version() != logged_old(e));
+        let landed = log_is_decision
+            || entries
+                .iter()
+                .zip(&now)
+                .any(|(e, w)| !held(e, *w) && w.version() != logged_old(e));
         if landed {
             out.decision = Some(Decision::RollForward);
             let mut list = PostList::new();
