@@ -16,6 +16,7 @@ use dmem_verbs::{Clock, NodeId};
 
 use crate::drift::{DriftModel, DriftingCtx};
 use crate::drtm::{DrtmConfig, DrtmCoordinator};
+use crate::dslr2pl::{DslrConfig, DslrCoordinator};
 use crate::manager::{LeaseTable, ManagerLog, Policy};
 use crate::oocc::{Leases, OoccConfig, OoccCoordinator, Stats};
 use crate::store::{Directory, Layout, Loc, emit, parse};
@@ -32,6 +33,8 @@ pub struct OoccProtocol {
     pub manager: Option<Policy>,
     /// DrTM instead of OOCC (same store, same recovery).
     pub drtm: Option<DrtmConfig>,
+    /// DSLR two-phase locking instead of OOCC (same store; no crash recovery).
+    pub dslr: Option<DslrConfig>,
 }
 
 impl OoccProtocol {
@@ -44,6 +47,16 @@ impl OoccProtocol {
             drift: DriftModel::default(),
             manager: None,
             drtm: None,
+            dslr: None,
+        }
+    }
+
+    /// DSLR two-phase locking (OOCC §II-A) registered as `name`.
+    #[must_use]
+    pub fn dslr(name: &str, config: DslrConfig) -> Self {
+        Self {
+            dslr: Some(config),
+            ..Self::new(name, OoccConfig::default())
         }
     }
 
@@ -58,7 +71,11 @@ impl OoccProtocol {
 
     /// Bytes a record's value takes in memory (DrTM keeps an 8-byte version in front).
     fn prefix(&self) -> usize {
-        if self.drtm.is_some() { 8 } else { 0 }
+        if self.drtm.is_some() || self.dslr.is_some() {
+            8
+        } else {
+            0
+        }
     }
 
     fn layout(&self, spec: &DeploySpec, mns: u16) -> Result<Layout, DeployError> {
@@ -277,6 +294,19 @@ impl Deployment for OoccDeployment {
     }
 
     fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        if let Some(cfg) = self.protocol.dslr {
+            let node = ctx.node();
+            self.leases.borrow_mut().push((id, node, Leases::new(0, 0)));
+            let ctx = DriftingCtx::new(ctx, self.protocol.drift.drift_of(node));
+            return Ok(Box::new(DslrCoordinator::new(
+                ctx,
+                Rc::clone(&self.dir),
+                id,
+                cfg,
+                Rc::clone(&self.stats),
+                Rc::clone(&self.history),
+            )));
+        }
         if let Some(cfg) = self.protocol.drtm {
             let node = ctx.node();
             let hints = Rc::clone(self.hints.entry(node).or_default());
@@ -303,6 +333,10 @@ impl Deployment for OoccDeployment {
         recovery_cn: u16,
         timing: RecoveryTiming,
     ) -> Result<(), DeployError> {
+        if self.protocol.dslr.is_some() {
+            // A DSLR word does not name its holders: no recovery (see `dslr2pl`).
+            return Ok(());
+        }
         let ctx = sim.context(sim.cn(recovery_cn), 0)?;
         let (sim2, dir, leases, events) = (
             Rc::clone(sim),

@@ -5,6 +5,7 @@
 //! * [`oocc`]: the protocol — decisions as plain functions, a thin async shell whose post
 //!   lists are Alg. 1's round trips;
 //! * [`drtm`]: DrTM's lease-based shared locks (§II-A baseline), on the same store;
+//! * [`dslr2pl`]: two-phase locking on DSLR ticket locks (§II-A baseline), same store;
 //! * [`store`]: records (lock word at the highest address), redo-log regions, lease lines;
 //! * [`drift`]: a context wrapper that gives each node its own drifting clock;
 //! * [`manager`]: the lease manager (§VII-A), two-phase adjustments, adaptive policy;
@@ -17,6 +18,7 @@
 pub mod deploy;
 pub mod drift;
 pub mod drtm;
+pub mod dslr2pl;
 pub mod manager;
 pub mod oocc;
 pub mod recovery;

@@ -8,6 +8,7 @@
 //!   registered as fixed FORD under a second name rather than written twice;
 //! * `oocc` — OOCC (implicit read leases, delayed write locks, one-op write-unlock; `dmem-occ`);
 //! * `drtm` — DrTM's lease-based shared locks (OOCC §II-A baseline, lease 400 µs; `dmem-occ`);
+//! * `dslr` — two-phase locking on DSLR ticket locks (OOCC §II-A baseline; `dmem-occ`);
 //! * `oocc:PARAM[+PARAM]` — OOCC varied for the figures (lease, offset, drift, lease manager,
 //!   techniques off, a planted bug; see [`occ_family`]);
 //! * `pandora` — PILL, logging after validation, RDMA recovery (Pandora §3);
@@ -52,6 +53,7 @@ pub fn registry() -> Registry {
     }
     let _ = r.register(occ_family::oocc());
     let _ = r.register(occ_family::drtm());
+    let _ = r.register(occ_family::dslr());
     let _ = r.register_family(
         "ford",
         "ford:BUG[+BUG]",

@@ -29,6 +29,12 @@ pub fn drtm() -> OoccProtocol {
     OoccProtocol::drtm("drtm", dmem_occ::drtm::DrtmConfig::default())
 }
 
+/// DSLR two-phase locking (OOCC §II-A): FAA ticket reader-writer locks, queued.
+#[must_use]
+pub fn dslr() -> OoccProtocol {
+    OoccProtocol::dslr("dslr", dmem_occ::dslr2pl::DslrConfig::default())
+}
+
 /// `oocc:PARAMS` (see the module docs).
 ///
 /// # Errors
