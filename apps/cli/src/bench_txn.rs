@@ -121,8 +121,11 @@ pub struct Args {
     /// Size preset of the workload (its memory is estimated and checked before loading).
     #[arg(long, value_enum, default_value = "small")]
     scale: ScaleArg,
-    /// Protocols to run side by side, comma-separated: any registered name — ford, motor,
-    /// motor-si,
+    /// YCSB mix (with `--workload ycsb`): read-only, read-intensive (the default), a, b, c, f.
+    #[arg(long)]
+    mix: Option<String>,
+    /// Protocols to run side by side, comma-separated: any registered name — ford, occ
+    /// (OOCC's OCC baseline: fixed FORD), oocc, drtm, dslr, motor, motor-si,
     /// pandora, pandora-lock-logging (traditional "log before lock" instead of PILL,
     /// Pandora §6.1), or ford:BUG[+BUG] for FORD with bugs of Pandora Table 1 switched on.
     #[arg(long, value_delimiter = ',', default_value = "ford,pandora")]
@@ -206,6 +209,9 @@ pub struct Row {
     /// Mean round trips (post lists awaited) of a committed transaction, per transaction
     /// type and under `all`.
     pub rtts_per_txn: BTreeMap<String, f64>,
+    /// Share of committed read-only transactions that took no round trip beyond their
+    /// execution rounds (no validation): for one-round ones, committed in one round trip.
+    pub ro_one_rtt_share: Option<f64>,
 }
 
 impl Args {
@@ -225,7 +231,10 @@ impl Args {
             registry.get(p).context("in --protocol")?;
         }
         let profile = common::load_profile(&self.profile)?;
-        let (workload, scale) = parse_workload(self.workload.name(), self.scale.name())?;
+        let (mut workload, scale) = parse_workload(self.workload.name(), self.scale.name())?;
+        if let Some(mix) = &self.mix {
+            workload = ycsb_mix(self.workload.name(), scale, mix)?;
+        }
         for p in &self.protocol {
             let bytes = memory_estimate(registry, p, &workload, coordinators as u16, self.mns)?;
             common::ensure_memory(
@@ -276,6 +285,24 @@ pub fn parse_workload(workload: &str, scale: &str) -> anyhow::Result<(AnyWorkloa
         )
     })?;
     Ok((workload, scale))
+}
+
+/// YCSB with the mix named by `--mix`.
+fn ycsb_mix(workload: &str, scale: Scale, mix: &str) -> anyhow::Result<AnyWorkload> {
+    use dmem_workloads::kv::{KvConfig, KvWorkload, YcsbMix};
+    ensure!(workload == "ycsb", "--mix applies to --workload ycsb only");
+    let mix = match mix {
+        "read-only" => YcsbMix::ReadOnly,
+        "read-intensive" => YcsbMix::ReadIntensive,
+        "a" => YcsbMix::A,
+        "b" => YcsbMix::B,
+        "c" => YcsbMix::C,
+        "f" => YcsbMix::F,
+        other => {
+            anyhow::bail!("unknown --mix `{other}`: use read-only, read-intensive, a, b, c or f")
+        }
+    };
+    Ok(AnyWorkload::Kv(KvWorkload::new(KvConfig::ycsb(scale, mix))))
 }
 
 fn run_protocol(
@@ -332,6 +359,8 @@ fn run_protocol(
             .into_iter()
             .map(|(k, v)| (k, round(v, 3)))
             .collect(),
+        ro_one_rtt_share: (r.ro_committed > 0)
+            .then(|| round(r.ro_no_validation as f64 / r.ro_committed as f64, 4)),
     })
 }
 
@@ -402,6 +431,7 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             "FAA",
             "MN busy",
             "rtts",
+            "RO 1rt",
             "checker / invariants",
         ]);
         for r in &rows {
@@ -417,6 +447,8 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
                 format!("{:.2}", r.mn_faa_per_txn),
                 format!("{:.0}%", r.mn_nic_busy * 100.0),
                 format!("{:.2}", r.rtts_per_txn.get("all").copied().unwrap_or(0.0)),
+                r.ro_one_rtt_share
+                    .map_or_else(|| "-".to_owned(), |x| format!("{:.1}%", x * 100.0)),
                 format!("{} / {}", r.checker, r.invariants),
             ]);
         }

@@ -140,6 +140,12 @@ pub struct BenchResult {
     pub in_doubt: usize,
     /// The invariants' verdict: "ok" or the first violation.
     pub invariants: String,
+    /// Committed read-only transactions (measured) and, of those, the ones that took no
+    /// round trip beyond their execution rounds (no validation round): one round trip for
+    /// a read-only transaction of one round (OOCC §VIII's "commit in one RTT").
+    pub ro_committed: u64,
+    /// See [`ro_committed`](Self::ro_committed).
+    pub ro_no_validation: u64,
 }
 
 /// A coordinator that notes its context's post-list count when a transaction begins (see
@@ -148,6 +154,8 @@ pub struct Rounds {
     inner: BoxCoordinator,
     ctx: SimContext,
     at_begin: Rc<Cell<u64>>,
+    /// Rounds the workload asked for in the current transaction.
+    asked: Rc<Cell<u64>>,
 }
 
 impl Rounds {
@@ -158,7 +166,14 @@ impl Rounds {
             inner,
             ctx,
             at_begin: Rc::new(Cell::new(0)),
+            asked: Rc::new(Cell::new(0)),
         }
+    }
+
+    /// Rounds (reads, read rounds) the workload issued since the last transaction began.
+    #[must_use]
+    pub fn asked_since_begin(&self) -> u64 {
+        self.asked.get()
     }
 
     /// Post lists since the last transaction began.
@@ -173,7 +188,79 @@ impl Coordinator for Rounds {
 
     async fn begin(&mut self, kind: TxnKind) -> Result<BoxTransaction<'_>, TxnError> {
         self.at_begin.set(self.ctx.posts());
-        self.inner.begin(kind).await
+        self.asked.set(0);
+        let inner = self.inner.begin(kind).await?;
+        Ok(Box::new(Asked {
+            inner,
+            asked: Rc::clone(&self.asked),
+        }))
+    }
+}
+
+/// A transaction that counts the rounds its workload issues (for [`Rounds`]).
+struct Asked<'a> {
+    inner: BoxTransaction<'a>,
+    asked: Rc<Cell<u64>>,
+}
+
+impl Asked<'_> {
+    fn ask(&self) {
+        self.asked.set(self.asked.get() + 1);
+    }
+}
+
+impl dmem_txn::Transaction for Asked<'_> {
+    async fn read_round(
+        &mut self,
+        reqs: &[dmem_txn::ReadReq],
+    ) -> Result<dmem_txn::RoundValues, TxnError> {
+        self.ask();
+        self.inner.read_round(reqs).await
+    }
+    async fn read(
+        &mut self,
+        table: dmem_txn::TableId,
+        key: dmem_txn::Key,
+    ) -> Result<Option<Vec<u8>>, TxnError> {
+        self.ask();
+        self.inner.read(table, key).await
+    }
+    async fn read_for_update(
+        &mut self,
+        table: dmem_txn::TableId,
+        key: dmem_txn::Key,
+    ) -> Result<Option<Vec<u8>>, TxnError> {
+        self.ask();
+        self.inner.read_for_update(table, key).await
+    }
+    async fn write(
+        &mut self,
+        table: dmem_txn::TableId,
+        key: dmem_txn::Key,
+        value: &[u8],
+    ) -> Result<(), TxnError> {
+        self.inner.write(table, key, value).await
+    }
+    async fn insert(
+        &mut self,
+        table: dmem_txn::TableId,
+        key: dmem_txn::Key,
+        value: &[u8],
+    ) -> Result<(), TxnError> {
+        self.inner.insert(table, key, value).await
+    }
+    async fn delete(
+        &mut self,
+        table: dmem_txn::TableId,
+        key: dmem_txn::Key,
+    ) -> Result<(), TxnError> {
+        self.inner.delete(table, key).await
+    }
+    async fn commit(self) -> Result<(), TxnError> {
+        self.inner.commit().await
+    }
+    async fn abort(self) {
+        self.inner.abort().await;
     }
 }
 
@@ -186,6 +273,8 @@ struct Tally {
     delta: Cell<i64>,
     /// Per transaction type: committed and their round trips.
     rounds: RefCell<Vec<(u64, u64)>>,
+    /// Committed read-only transactions, and those without a validation round.
+    ro: Cell<(u64, u64)>,
 }
 
 /// Runs `workload` on `protocol` (see the crate docs); `progress` is called with the
@@ -269,6 +358,12 @@ pub fn run_bench(
                                 {
                                     r.0 += 1;
                                     r.1 += coordinator.since_begin();
+                                }
+                                if txn.kind() == TxnKind::ReadOnly {
+                                    let (n, fast) = tally.ro.get();
+                                    let no_validation = coordinator.since_begin()
+                                        <= coordinator.asked_since_begin();
+                                    tally.ro.set((n + 1, fast + u64::from(no_validation)));
                                 }
                             }
                             Executed::RolledBack { .. } => {
@@ -357,6 +452,8 @@ pub fn run_bench(
             .filter(|t| t.outcome == TxnOutcome::Unknown)
             .count(),
         invariants,
+        ro_committed: tally.ro.get().0,
+        ro_no_validation: tally.ro.get().1,
     })
 }
 

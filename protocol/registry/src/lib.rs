@@ -3,6 +3,14 @@
 //! [`registry`] returns a [`Registry`] with
 //!
 //! * `ford` — FORD with its six bugs fixed (Pandora §2.3, Table 1);
+//! * `occ` — OOCC's OCC baseline (OOCC §II-A, Fig. 3): it *is* FORD with rounds (execution
+//!   READ / CAS + READ, validation READs, undo log, commit WRITEs, lock release), so it is
+//!   registered as fixed FORD under a second name rather than written twice;
+//! * `oocc` — OOCC (implicit read leases, delayed write locks, one-op write-unlock; `dmem-occ`);
+//! * `drtm` — DrTM's lease-based shared locks (OOCC §II-A baseline, lease 400 µs; `dmem-occ`);
+//! * `dslr` — two-phase locking on DSLR ticket locks (OOCC §II-A baseline; `dmem-occ`);
+//! * `oocc:PARAM[+PARAM]` — OOCC varied for the figures (lease, offset, drift, lease manager,
+//!   techniques off, a planted bug; see [`occ_family`]);
 //! * `pandora` — PILL, logging after validation, RDMA recovery (Pandora §3);
 //! * `pandora-lock-logging` — Pandora with traditional "log before lock" (Pandora §6.1);
 //! * `ford:BUG[+BUG]` — FORD with bugs of Table 1 switched on (`ford:covert-locks`);
@@ -20,6 +28,7 @@
 
 pub mod ford;
 pub mod motor;
+pub mod occ_family;
 
 use std::sync::Arc;
 
@@ -35,6 +44,8 @@ pub fn registry() -> Registry {
     let mut r = Registry::new();
     let fixed = [
         FordProtocol::new("ford", ProtocolConfig::ford_fixed()),
+        // OOCC §II-A's OCC baseline is FORD (Fig. 3): the same protocol under its name.
+        FordProtocol::new("occ", ProtocolConfig::ford_fixed()),
         FordProtocol::new("pandora", ProtocolConfig::pandora()),
         FordProtocol::new(
             "pandora-lock-logging",
@@ -45,6 +56,9 @@ pub fn registry() -> Registry {
         // The names above are distinct, so registration cannot fail.
         let _ = r.register(p);
     }
+    let _ = r.register(occ_family::oocc());
+    let _ = r.register(occ_family::drtm());
+    let _ = r.register(occ_family::dslr());
     let _ = r.register_family(
         "ford",
         "ford:BUG[+BUG]",
@@ -68,6 +82,11 @@ pub fn registry() -> Registry {
             let cfg = MotorProtocol::parse_flags(params)?;
             Ok(Arc::new(MotorProtocol::new(&format!("motor:{params}"), cfg)) as Arc<dyn Protocol>)
         }),
+    );
+    let _ = r.register_family(
+        "oocc",
+        "oocc:PARAM[+PARAM]",
+        Box::new(|params: &str| Ok(Arc::new(occ_family::oocc_with(params)?) as Arc<dyn Protocol>)),
     );
     r
 }

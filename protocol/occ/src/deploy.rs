@@ -1,0 +1,463 @@
+//! OOCC as a [`Protocol`] on the simulated cluster: the store of [`crate::store`], one
+//! [`DriftingCtx`] per coordinator (its node's clock, [`DriftModel`]), shared per-CN version
+//! hints, and the deployment's counters.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use dmem_deploy::{
+    DeployError, DeploySpec, Deployment, Protocol, RecoveryEvent, RecoveryTiming, SimLinkTerminator,
+};
+use dmem_layout::record::OoccLockWord;
+use dmem_sim::{Sim, SimContext};
+use dmem_txn::{BoxCoordinator, History, Key, TableId};
+use dmem_verbs::{Clock, NodeId};
+
+use crate::drift::{DriftModel, DriftingCtx};
+use crate::drtm::{DrtmConfig, DrtmCoordinator};
+use crate::dslr2pl::{DslrConfig, DslrCoordinator};
+use crate::manager::{LeaseTable, ManagerLog, Policy};
+use crate::oocc::{Leases, OoccConfig, OoccCoordinator, Stats};
+use crate::store::{Directory, Layout, Loc, emit, parse};
+
+/// OOCC under a registered name, with its configuration and its clocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OoccProtocol {
+    name: String,
+    /// Protocol knobs.
+    pub config: OoccConfig,
+    /// How node clocks drift.
+    pub drift: DriftModel,
+    /// The lease manager's policy, if one runs (§VII-A).
+    pub manager: Option<Policy>,
+    /// DrTM instead of OOCC (same store, same recovery).
+    pub drtm: Option<DrtmConfig>,
+    /// DSLR two-phase locking instead of OOCC (same store; no crash recovery).
+    pub dslr: Option<DslrConfig>,
+}
+
+impl OoccProtocol {
+    /// `config` registered as `name`, clocks within ±100 ppm ([`DriftModel::default`]).
+    #[must_use]
+    pub fn new(name: &str, config: OoccConfig) -> Self {
+        Self {
+            name: name.to_owned(),
+            config,
+            drift: DriftModel::default(),
+            manager: None,
+            drtm: None,
+            dslr: None,
+        }
+    }
+
+    /// DSLR two-phase locking (OOCC §II-A) registered as `name`.
+    #[must_use]
+    pub fn dslr(name: &str, config: DslrConfig) -> Self {
+        Self {
+            dslr: Some(config),
+            ..Self::new(name, OoccConfig::default())
+        }
+    }
+
+    /// DrTM (lease-based shared locks, OOCC §II-A) registered as `name`.
+    #[must_use]
+    pub fn drtm(name: &str, config: DrtmConfig) -> Self {
+        Self {
+            drtm: Some(config),
+            ..Self::new(name, OoccConfig::default())
+        }
+    }
+
+    /// Bytes a record's value takes in memory (DrTM keeps an 8-byte version in front).
+    fn prefix(&self) -> usize {
+        if self.drtm.is_some() || self.dslr.is_some() {
+            8
+        } else {
+            0
+        }
+    }
+
+    fn layout(&self, spec: &DeploySpec, mns: u16) -> Result<Layout, DeployError> {
+        let mut spec = spec.clone();
+        for t in &mut spec.tables {
+            t.value_len += self.prefix();
+        }
+        Layout::new(&spec, mns)
+    }
+
+    /// The same protocol with a lease manager running `policy` (its offset is the
+    /// protocol's).
+    #[must_use]
+    pub fn with_manager(mut self, policy: Policy) -> Self {
+        self.manager = Some(Policy {
+            offset_ns: self.config.offset_ns,
+            ..policy
+        });
+        self
+    }
+
+    /// The same protocol with `drift`.
+    #[must_use]
+    pub fn with_drift(mut self, drift: DriftModel) -> Self {
+        self.drift = drift;
+        self
+    }
+}
+
+impl Protocol for OoccProtocol {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
+        Ok(self.layout(spec, mns)?.bytes_per_mn)
+    }
+
+    fn deploy(
+        &self,
+        sim: &Rc<Sim>,
+        spec: &DeploySpec,
+        history: Rc<RefCell<History>>,
+    ) -> Result<Box<dyn Deployment>, DeployError> {
+        let mns = sim.mn_count();
+        let layout = self.layout(spec, mns)?;
+        let regions = (0..mns).map(|i| sim.region(sim.mn(i))).collect();
+        Ok(Box::new(OoccDeployment {
+            protocol: self.clone(),
+            sim: Rc::clone(sim),
+            dir: Rc::new(Directory::new(layout, regions)),
+            history,
+            hints: HashMap::new(),
+            stats: Rc::new(Stats::default()),
+            leases: Rc::new(RefCell::new(Vec::new())),
+            manager: Rc::new(ManagerLog {
+                adjustments: RefCell::new(Vec::new()),
+                lease: Cell::new(self.config.lease_ns),
+            }),
+            manager_started: false,
+            paused: Rc::new(Cell::new(false)),
+            events: Rc::new(RefCell::new(Vec::new())),
+            error: Rc::new(RefCell::new(None)),
+        }))
+    }
+}
+
+/// Writes recovery's decision into the history: the crashed coordinator's in-flight
+/// transaction (recorded `Unknown` before its first commit WRITE) committed if it was
+/// rolled forward, and aborted with nothing installed if it was rolled back (no commit WRITE
+/// of it landed).
+fn settle(history: &Rc<RefCell<History>>, r: &dmem_deploy::RecoveredCoordinator, now: u64) {
+    let mut h = history.borrow_mut();
+    let (Some(seq), Some(decision)) = (r.txn, r.decision) else {
+        // No whole log: no commit WRITE was posted (they follow the log), so an in-flight
+        // transaction of this coordinator installed nothing.
+        for t in h.txns.iter_mut().filter(|t| {
+            t.id.coordinator.0 == u32::from(r.coordinator)
+                && t.outcome == dmem_txn::TxnOutcome::Unknown
+        }) {
+            t.outcome = dmem_txn::TxnOutcome::Aborted;
+            t.writes.clear();
+        }
+        return;
+    };
+    let id = dmem_txn::TxnId {
+        coordinator: dmem_txn::CoordinatorId(u32::from(r.coordinator)),
+        seq,
+    };
+    if let Some(t) = h
+        .txns
+        .iter_mut()
+        .find(|t| t.id == id && t.outcome == dmem_txn::TxnOutcome::Unknown)
+    {
+        match decision {
+            dmem_deploy::Decision::RollForward => {
+                t.outcome = dmem_txn::TxnOutcome::Committed;
+                t.end = now;
+            }
+            dmem_deploy::Decision::RollBack => {
+                t.outcome = dmem_txn::TxnOutcome::Aborted;
+                t.writes.clear();
+            }
+        }
+    }
+}
+
+/// OOCC on one simulated cluster.
+pub struct OoccDeployment {
+    protocol: OoccProtocol,
+    sim: Rc<Sim>,
+    dir: Rc<Directory>,
+    history: Rc<RefCell<History>>,
+    hints: HashMap<NodeId, Rc<RefCell<HashMap<Loc, u64>>>>,
+    stats: Rc<Stats>,
+    leases: LeaseTable,
+    manager: Rc<ManagerLog>,
+    manager_started: bool,
+    paused: Rc<Cell<bool>>,
+    events: Rc<RefCell<Vec<RecoveryEvent>>>,
+    error: Rc<RefCell<Option<String>>>,
+}
+
+impl OoccDeployment {
+    /// The deployment's counters.
+    #[must_use]
+    pub fn stats(&self) -> Rc<Stats> {
+        Rc::clone(&self.stats)
+    }
+
+    /// The record directory.
+    #[must_use]
+    pub fn directory(&self) -> Rc<Directory> {
+        Rc::clone(&self.dir)
+    }
+
+    /// Every coordinator's leases, with its id and node.
+    #[must_use]
+    pub fn leases(&self) -> Vec<(u16, NodeId, Rc<Leases>)> {
+        self.leases.borrow().clone()
+    }
+
+    /// The lease manager's record.
+    #[must_use]
+    pub fn manager_log(&self) -> Rc<ManagerLog> {
+        Rc::clone(&self.manager)
+    }
+
+    /// A coordinator, typed (tests use it to reach its leases).
+    ///
+    /// # Errors
+    /// Never so far; kept fallible like [`Deployment::coordinator`].
+    pub fn typed_coordinator(
+        &mut self,
+        ctx: SimContext,
+        id: u16,
+    ) -> Result<OoccCoordinator<SimContext>, DeployError> {
+        let node = ctx.node();
+        let hints = Rc::clone(self.hints.entry(node).or_default());
+        let cfg = self.protocol.config;
+        let leases = Leases::new(self.manager.lease.get(), cfg.offset_ns);
+        self.leases
+            .borrow_mut()
+            .push((id, node, Rc::clone(&leases)));
+        if let (Some(policy), false) = (self.protocol.manager, self.manager_started) {
+            self.manager_started = true;
+            // The manager runs on the first CN's thread 0, beside its coordinators.
+            let mctx = self.sim.context(self.sim.cn(0), 0)?;
+            let drift = self.protocol.drift.drift_of(mctx.node());
+            let task = crate::manager::run(
+                DriftingCtx::new(mctx.clone(), drift),
+                Rc::clone(&self.dir),
+                Rc::clone(&self.stats),
+                Rc::clone(&self.leases),
+                policy,
+                Rc::clone(&self.manager),
+            );
+            self.sim.spawn(&mctx, task);
+        }
+        let ctx = DriftingCtx::new(ctx, self.protocol.drift.drift_of(node));
+        Ok(OoccCoordinator::new(
+            ctx,
+            Rc::clone(&self.dir),
+            id,
+            cfg,
+            leases,
+            Rc::clone(&self.stats),
+            hints,
+            Rc::clone(&self.history),
+        ))
+    }
+}
+
+impl Deployment for OoccDeployment {
+    fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
+        let vlen = self
+            .dir
+            .value_len(table)
+            .map_err(|e| DeployError::Protocol {
+                protocol: self.protocol.name.clone(),
+                reason: e.to_string(),
+            })?;
+        let loc = self
+            .dir
+            .slot(table, key)
+            .map_err(|e| DeployError::Protocol {
+                protocol: self.protocol.name.clone(),
+                reason: e.to_string(),
+            })?;
+        let mut stored = vec![0u8; self.protocol.prefix()];
+        stored.extend_from_slice(value);
+        let image = emit(table, key, Some(&stored), vlen, OoccLockWord::from_raw(0));
+        self.sim
+            .write_memory(self.dir.node(loc.mn), loc.offset, &image);
+        Ok(())
+    }
+
+    fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        if let Some(cfg) = self.protocol.dslr {
+            let node = ctx.node();
+            self.leases.borrow_mut().push((id, node, Leases::new(0, 0)));
+            let ctx = DriftingCtx::new(ctx, self.protocol.drift.drift_of(node));
+            return Ok(Box::new(DslrCoordinator::new(
+                ctx,
+                Rc::clone(&self.dir),
+                id,
+                cfg,
+                Rc::clone(&self.stats),
+                Rc::clone(&self.history),
+            )));
+        }
+        if let Some(cfg) = self.protocol.drtm {
+            let node = ctx.node();
+            let hints = Rc::clone(self.hints.entry(node).or_default());
+            self.leases
+                .borrow_mut()
+                .push((id, node, Leases::new(cfg.lease_ns, 0)));
+            let ctx = DriftingCtx::new(ctx, self.protocol.drift.drift_of(node));
+            return Ok(Box::new(DrtmCoordinator::new(
+                ctx,
+                Rc::clone(&self.dir),
+                id,
+                cfg,
+                Rc::clone(&self.stats),
+                hints,
+                Rc::clone(&self.history),
+            )));
+        }
+        Ok(Box::new(self.typed_coordinator(ctx, id)?))
+    }
+
+    fn start_recovery(
+        &mut self,
+        sim: &Rc<Sim>,
+        recovery_cn: u16,
+        timing: RecoveryTiming,
+    ) -> Result<(), DeployError> {
+        if self.protocol.dslr.is_some() {
+            // A DSLR word does not name its holders: no recovery (see `dslr2pl`).
+            return Ok(());
+        }
+        let ctx = sim.context(sim.cn(recovery_cn), 0)?;
+        let (sim2, dir, leases, events) = (
+            Rc::clone(sim),
+            Rc::clone(&self.dir),
+            Rc::clone(&self.leases),
+            Rc::clone(&self.events),
+        );
+        let error = Rc::clone(&self.error);
+        let history = Rc::clone(&self.history);
+        let log_is_decision = self.protocol.drtm.is_some();
+        let c = ctx.clone();
+        sim.spawn(&ctx, async move {
+            let mut done: Vec<NodeId> = Vec::new();
+            // Past `until` too (as long again): DrTM's transactions wait out 400 µs leases
+            // and may still be running, and crash, when the other tasks stop.
+            while c.now() < timing.until.saturating_mul(2) {
+                let cns: Vec<NodeId> = {
+                    let mut v: Vec<NodeId> = leases.borrow().iter().map(|(_, n, _)| *n).collect();
+                    v.sort_unstable();
+                    v.dedup();
+                    v
+                };
+                for cn in cns {
+                    if done.contains(&cn) || !sim2.is_crashed(cn) {
+                        continue;
+                    }
+                    done.push(cn);
+                    let detected_at = c.now();
+                    // 1. Cut the CN off every MN.
+                    for mn in 0..sim2.mn_count() {
+                        SimLinkTerminator(Rc::clone(&sim2)).terminate(sim2.mn(mn), cn);
+                    }
+                    let terminated_at = c.now();
+                    let ids: Vec<u16> = leases
+                        .borrow()
+                        .iter()
+                        .filter(|(_, n, _)| *n == cn)
+                        .map(|(id, _, _)| *id)
+                        .collect();
+                    let mut coordinators = Vec::new();
+                    for id in ids {
+                        match crate::recovery::recover_coordinator(&c, &dir, id, log_is_decision)
+                            .await
+                        {
+                            Ok(r) => {
+                                settle(&history, &r, c.now());
+                                coordinators.push(r);
+                            }
+                            Err(e) => *error.borrow_mut() = Some(format!("recovering {id}: {e}")),
+                        }
+                    }
+                    let now = c.now();
+                    events.borrow_mut().push(RecoveryEvent {
+                        cn,
+                        detected_at,
+                        terminated_at,
+                        logs_recovered_at: now,
+                        finished_at: now,
+                        coordinators,
+                        scanned_locks: 0,
+                    });
+                }
+                c.sleep(timing.poll).await;
+            }
+        });
+        Ok(())
+    }
+
+    fn final_coordinator(
+        &mut self,
+        ctx: SimContext,
+        id: u16,
+    ) -> Result<BoxCoordinator, DeployError> {
+        self.coordinator(ctx, id)
+    }
+
+    fn recovery_events(&self) -> Vec<RecoveryEvent> {
+        self.events.borrow().clone()
+    }
+
+    fn recovery_error(&self) -> Option<String> {
+        self.error.borrow().clone()
+    }
+
+    fn paused(&self) -> Rc<Cell<bool>> {
+        Rc::clone(&self.paused)
+    }
+
+    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
+        let loc = self.dir.get(table, key)?;
+        let vlen = self.dir.value_len(table).ok()?;
+        let bytes = self.sim.read_memory(
+            self.dir.node(loc.mn),
+            loc.offset,
+            dmem_layout::record::OoccRecordHeader::record_len(vlen),
+        );
+        let image = parse(&bytes, vlen);
+        image
+            .present
+            .then(|| image.value[self.protocol.prefix()..].to_vec())
+    }
+
+    fn counter(&self, name: &str) -> Option<u64> {
+        let s = &self.stats;
+        Some(match name {
+            "ro_committed" => s.ro_committed.get(),
+            "ro_one_round" => s.ro_one_round.get(),
+            "ro_lease_expired" => s.ro_lease_expired.get(),
+            "ro_intention" => s.ro_intention.get(),
+            "rw_committed" => s.rw_committed.get(),
+            "aborts" => s.aborts.get(),
+            "lease_wait_ns" => s.lease_wait_ns.get(),
+            "lease_ns" => self.manager.lease.get(),
+            "lease_adjustments" => self.manager.adjustments.borrow().len() as u64,
+            "lease_adjust_ns" => self
+                .manager
+                .adjustments
+                .borrow()
+                .last()
+                .map_or(0, |a| a.finished - a.started),
+            _ => return None,
+        })
+    }
+}

@@ -1,0 +1,606 @@
+//! DrTM's lease-based shared locks (OOCC §II-A; DrTM, SOSP'15 §4.3) on one-sided verbs.
+//!
+//! The record is the OOCC record (lock word at the highest address); the value carries an
+//! 8-byte version in front (for histories), and the lock word is
+//!
+//! ```text
+//!  63        48  47  46  45                                    0
+//! +------------+---+---+---------------------------------------+
+//! | owner (16) | W | W |  lease end, ns of the readers' clocks  |
+//! +------------+---+---+---------------------------------------+
+//! ```
+//!
+//! (both lock bits set when write-locked, so OOCC's recovery releases DrTM's locks too).
+//!
+//! * A read CASes the lease end to `now + lease` and READs the record in the same post
+//!   list. A CAS that loses to a valid lease shares it (the READ behind it is good while
+//!   that lease lasts); an expired or nearly expired one is CASed again; a write lock
+//!   aborts.
+//! * A write CASes the free word to the write-locked word, after its lease ended: a lease
+//!   still running is waited out (lease 400 µs, as in DrTM and OOCC §VIII-A) by a
+//!   transaction that holds no write lock yet; one that holds some aborts instead, so that
+//!   readers renewing the lease cannot keep its locks held.
+//! * Commit: every read's lease must still hold (`now + delta < lease end`), else abort;
+//!   read-write transactions then WRITE the redo log, WRITE the records, WRITE the unlocks
+//!   (three round trips, DrTM's commit order). Lease ends are absolute times of different
+//!   clocks: `delta` covers the clock offsets (§VII-B).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use dmem_layout::record::{OoccLockState, OoccLockWord, OoccRecordHeader};
+use dmem_txn::{
+    Coordinator, CoordinatorId, History, HistorySink, Key, ReadEvent, ReadReq, RoundValues,
+    TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent,
+    WriteKind,
+};
+use dmem_verbs::{Clock, Nanos, PostList, RemoteAddr, Verbs};
+
+use crate::drift::DriftingCtx;
+use crate::oocc::Stats;
+use crate::store::{Directory, Loc, emit, parse};
+
+/// DrTM's knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrtmConfig {
+    /// Read lease, ns (DrTM: 400 µs).
+    pub lease_ns: Nanos,
+    /// Clock uncertainty, ns: a lease counts until `end − delta` for readers and from
+    /// `end + delta` for writers.
+    pub delta_ns: Nanos,
+    /// A shared lease is reused only if it has at least this much left, ns.
+    pub min_left_ns: Nanos,
+}
+
+impl Default for DrtmConfig {
+    fn default() -> Self {
+        Self {
+            lease_ns: 400_000,
+            delta_ns: 2_000,
+            min_left_ns: 50_000,
+        }
+    }
+}
+
+const LOCKED: u64 = (1 << 46) | (1 << 47);
+const END: u64 = (1 << 46) - 1;
+
+fn locked(w: u64) -> bool {
+    w & LOCKED != 0
+}
+
+/// One DrTM coordinator.
+pub struct DrtmCoordinator<C> {
+    ctx: DriftingCtx<C>,
+    dir: Rc<Directory>,
+    id: u16,
+    seq: u64,
+    cfg: DrtmConfig,
+    stats: Rc<Stats>,
+    hints: Rc<RefCell<HashMap<Loc, u64>>>,
+    history: Rc<RefCell<History>>,
+}
+
+impl<C: Verbs + Clock> DrtmCoordinator<C> {
+    /// A coordinator (see [`crate::oocc::OoccCoordinator::new`]).
+    #[allow(clippy::too_many_arguments)]
+    #[must_use]
+    pub fn new(
+        ctx: DriftingCtx<C>,
+        dir: Rc<Directory>,
+        id: u16,
+        cfg: DrtmConfig,
+        stats: Rc<Stats>,
+        hints: Rc<RefCell<HashMap<Loc, u64>>>,
+        history: Rc<RefCell<History>>,
+    ) -> Self {
+        Self {
+            ctx,
+            dir,
+            id,
+            seq: 0,
+            cfg,
+            stats,
+            hints,
+            history,
+        }
+    }
+}
+
+impl<C: Verbs + Clock> Coordinator for DrtmCoordinator<C> {
+    type Txn<'a>
+        = DrtmTxn<'a, C>
+    where
+        C: 'a;
+
+    async fn begin(&mut self, kind: TxnKind) -> Result<DrtmTxn<'_, C>, TxnError> {
+        self.seq += 1;
+        let id = TxnId {
+            coordinator: CoordinatorId(u32::from(self.id)),
+            seq: self.seq,
+        };
+        Ok(DrtmTxn {
+            begin_true: self.ctx.true_now(),
+            co: self,
+            id,
+            kind,
+            entries: Vec::new(),
+            events: Vec::new(),
+            done: false,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    table: TableId,
+    key: Key,
+    loc: Loc,
+    /// Write-locked by us (the word we installed), or read under a lease ending here.
+    lock: Option<u64>,
+    lease_end: Nanos,
+    version: u64,
+    present: bool,
+    value: Vec<u8>,
+    new: Option<Option<Vec<u8>>>,
+}
+
+/// One running DrTM transaction.
+pub struct DrtmTxn<'a, C> {
+    co: &'a mut DrtmCoordinator<C>,
+    id: TxnId,
+    kind: TxnKind,
+    begin_true: Nanos,
+    entries: Vec<Entry>,
+    events: Vec<ReadEvent>,
+    done: bool,
+}
+
+fn aborted(why: &'static str) -> TxnError {
+    TxnError::Aborted(why)
+}
+
+impl<C: Verbs + Clock> DrtmTxn<'_, C> {
+    fn vlen(&self, table: TableId) -> Result<usize, TxnError> {
+        Ok(self.co.dir.value_len(table)? - 8)
+    }
+
+    fn lock_addr(&self, table: TableId, loc: Loc) -> Result<RemoteAddr, TxnError> {
+        let phys = self.co.dir.value_len(table)?;
+        Ok(self.co.dir.addr(
+            loc.mn,
+            loc.offset + OoccRecordHeader::lock_offset(phys) as u64,
+        ))
+    }
+
+    /// Locks or leases `targets` (table, key, exclusive), one CAS + READ per record per
+    /// round, until every one is settled.
+    async fn acquire(&mut self, targets: Vec<(TableId, Key, bool)>) -> Result<(), TxnError> {
+        let mut todo: Vec<(TableId, Key, bool, Loc, u64)> = Vec::new();
+        for (table, key, exclusive) in targets {
+            let loc = self.co.dir.slot(table, key)?;
+            let hint = self.co.hints.borrow().get(&loc).copied().unwrap_or(0);
+            todo.push((table, key, exclusive, loc, hint));
+        }
+        let cfg = self.co.cfg;
+        for _ in 0..64 {
+            if todo.is_empty() {
+                return Ok(());
+            }
+            // A write lock may only replace an expired lease: wait out the ones expected.
+            let expires = todo
+                .iter()
+                .filter(|t| t.2)
+                .map(|t| (t.4 & END) + cfg.delta_ns)
+                .max()
+                .unwrap_or(0);
+            let now = self.co.ctx.now();
+            if expires > now {
+                // Waiting while holding write locks would let readers that keep renewing
+                // the lease starve this writer with its locks held (and every reader of
+                // those): a writer waits only while it holds nothing, else it aborts.
+                if self.entries.iter().any(|e| e.lock.is_some()) {
+                    return Err(aborted("lease running on a record to lock, locks held"));
+                }
+                if expires - now > 2 * cfg.lease_ns {
+                    return Err(aborted("lease too long to wait out"));
+                }
+                bump(&self.co.stats.lease_wait_ns, expires - now);
+                self.co.ctx.sleep_until(expires).await;
+            }
+            let now = self.co.ctx.now();
+            let mut list = PostList::new();
+            let mut ids = Vec::new();
+            for &(table, _, exclusive, loc, expected) in &todo {
+                let swap = if exclusive {
+                    (u64::from(self.co.id) << 48) | LOCKED | (expected & END)
+                } else {
+                    (now + cfg.lease_ns) & END
+                };
+                let cas = list.cas(self.lock_addr(table, loc)?, expected, swap);
+                let phys = self.co.dir.value_len(table)?;
+                let read = list.read(
+                    self.co.dir.addr(loc.mn, loc.offset),
+                    OoccRecordHeader::record_len(phys) as u32,
+                );
+                ids.push((cas, read, swap));
+            }
+            let res = self.co.ctx.post(list).await?;
+            let now = self.co.ctx.now();
+            let mut next = Vec::new();
+            let mut failure = None;
+            for ((table, key, exclusive, loc, expected), (cas, read, swap)) in
+                todo.into_iter().zip(ids)
+            {
+                let r = res.atomic(cas);
+                self.co
+                    .hints
+                    .borrow_mut()
+                    .insert(loc, if locked(r) { 0 } else { r });
+                let settle = |lease_end: Nanos, lock: Option<u64>| {
+                    (
+                        lease_end,
+                        lock,
+                        parse(res.bytes(read), self.co.dir.value_len(table).unwrap_or(8)),
+                    )
+                };
+                let got = if locked(r) {
+                    // Settle the rest of the round first: its locks must be released.
+                    failure = Some(aborted("record write-locked"));
+                    None
+                } else if r == expected {
+                    if exclusive {
+                        Some(settle(0, Some(swap)))
+                    } else {
+                        self.co.hints.borrow_mut().insert(loc, swap);
+                        Some(settle(swap & END, None))
+                    }
+                } else if exclusive {
+                    // Free at another word: CAS again once its lease ran out (the next
+                    // round waits for it, or aborts if this round locked something).
+                    next.push((table, key, exclusive, loc, r));
+                    None
+                } else if (r & END) > now + cfg.delta_ns + cfg.min_left_ns {
+                    // A valid lease: share it.
+                    Some(settle(r & END, None))
+                } else {
+                    next.push((table, key, exclusive, loc, r));
+                    None
+                };
+                if let Some((lease_end, lock, image)) = got {
+                    let version = u64::from_le_bytes(image.value[..8].try_into().unwrap_or([0; 8]));
+                    self.events
+                        .push(ReadEvent::new(table, key, Version(version)));
+                    self.entries.push(Entry {
+                        table,
+                        key,
+                        loc,
+                        lock,
+                        lease_end,
+                        version,
+                        present: image.present,
+                        value: image.value[8..].to_vec(),
+                        new: None,
+                    });
+                }
+            }
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            todo = next;
+        }
+        Err(aborted("lease kept changing"))
+    }
+
+    async fn release_all(&mut self) {
+        let mut list = PostList::new();
+        for e in &self.entries {
+            if let (Some(w), Ok(addr)) = (e.lock, self.lock_addr(e.table, e.loc)) {
+                list.write(addr, &(w & END).to_le_bytes());
+            }
+        }
+        if !list.is_empty() {
+            let _ = self.co.ctx.post_detached(list).await;
+        }
+    }
+
+    async fn fail(&mut self, e: TxnError) -> TxnError {
+        if !self.done {
+            self.done = true;
+            self.release_all().await;
+            bump(&self.co.stats.aborts, 1);
+            self.co.history.record(TxnRecord {
+                id: self.id,
+                begin: self.begin_true,
+                end: self.co.ctx.true_now(),
+                outcome: TxnOutcome::Aborted,
+                reads: std::mem::take(&mut self.events),
+                writes: Vec::new(),
+            });
+        }
+        e
+    }
+
+    async fn round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
+        let mut targets = Vec::new();
+        for r in reqs {
+            self.co.dir.value_len(r.table)?;
+            let exclusive =
+                r.access == dmem_txn::Access::ForUpdate && self.kind == TxnKind::ReadWrite;
+            match self
+                .entries
+                .iter()
+                .position(|e| e.table == r.table && e.key == r.key)
+            {
+                Some(i) if self.entries[i].lock.is_some() || !exclusive => {}
+                Some(_) => return Err(aborted("lock upgrade (a read-leased record written)")),
+                None => {
+                    if !targets.iter().any(|(t, k, _)| *t == r.table && *k == r.key) {
+                        targets.push((r.table, r.key, exclusive));
+                    }
+                }
+            }
+        }
+        self.acquire(targets).await?;
+        reqs.iter()
+            .map(|r| {
+                let e = self
+                    .entries
+                    .iter()
+                    .find(|e| e.table == r.table && e.key == r.key)
+                    .ok_or(aborted("record not acquired"))?;
+                Ok(match &e.new {
+                    Some(n) => n.clone(),
+                    None => e.present.then(|| e.value.clone()),
+                })
+            })
+            .collect()
+    }
+
+    async fn entry_for_write(&mut self, table: TableId, key: Key) -> Result<usize, TxnError> {
+        if self.kind == TxnKind::ReadOnly {
+            return Err(TxnError::ReadOnly);
+        }
+        if self
+            .entries
+            .iter()
+            .all(|e| e.table != table || e.key != key)
+        {
+            let r = self.round(&[ReadReq::for_update(table, key)]).await;
+            if let Err(e) = r {
+                return Err(self.fail(e).await);
+            }
+        }
+        let i = self
+            .entries
+            .iter()
+            .position(|e| e.table == table && e.key == key)
+            .ok_or(aborted("record not acquired"))?;
+        if self.entries[i].lock.is_none() {
+            return Err(self
+                .fail(aborted("lock upgrade (a read-leased record written)"))
+                .await);
+        }
+        Ok(i)
+    }
+
+    async fn set(
+        &mut self,
+        table: TableId,
+        key: Key,
+        value: Option<&[u8]>,
+        want_present: bool,
+    ) -> Result<(), TxnError> {
+        if let Some(v) = value
+            && v.len() != self.vlen(table)?
+        {
+            return Err(TxnError::ValueSize {
+                expected: self.vlen(table)?,
+                got: v.len(),
+            });
+        }
+        let i = self.entry_for_write(table, key).await?;
+        let e = &mut self.entries[i];
+        let present = match &e.new {
+            Some(n) => n.is_some(),
+            None => e.present,
+        };
+        if present != want_present {
+            return Err(TxnError::KeyState(key.0));
+        }
+        e.new = Some(value.map(<[u8]>::to_vec));
+        Ok(())
+    }
+
+    async fn commit_inner(&mut self) -> Result<(), TxnError> {
+        let now = self.co.ctx.now();
+        let delta = self.co.cfg.delta_ns;
+        if self
+            .entries
+            .iter()
+            .any(|e| e.lock.is_none() && now + delta >= e.lease_end)
+        {
+            return Err(aborted("read lease expired"));
+        }
+        let dir = Rc::clone(&self.co.dir);
+        let written: Vec<Entry> = self
+            .entries
+            .iter()
+            .filter(|e| e.new.is_some())
+            .cloned()
+            .collect();
+        if written.is_empty() {
+            self.release_all().await;
+            bump(&self.co.stats.ro_committed, 1);
+            bump(&self.co.stats.ro_one_round, 1);
+            self.done = true;
+            self.co.history.record(TxnRecord {
+                id: self.id,
+                begin: self.begin_true,
+                end: self.co.ctx.true_now(),
+                outcome: TxnOutcome::Committed,
+                reads: std::mem::take(&mut self.events),
+                writes: Vec::new(),
+            });
+            return Ok(());
+        }
+        // Redo log (the OOCC format, so that OOCC's recovery serves DrTM too).
+        let layout = dir.layout();
+        let mut log = Vec::new();
+        let header = (u64::from(self.co.id) << 48) | (self.id.seq & 0xFFFF_FFFF_FFFF);
+        log.extend_from_slice(&header.to_le_bytes());
+        log.extend_from_slice(&(written.len() as u64).to_le_bytes());
+        let mut images = Vec::new();
+        for e in &written {
+            let phys = dir.value_len(e.table)?;
+            let new = e.new.as_ref().and_then(|n| n.as_deref()).map(|v| {
+                let mut p = (e.version + 1).to_le_bytes().to_vec();
+                p.extend_from_slice(v);
+                p
+            });
+            let lock = e.lock.unwrap_or(0);
+            let released = OoccLockWord::from_raw(((lock & END) + 1) & END);
+            let mut image = match new {
+                Some(v) => emit(e.table, e.key, Some(&v), phys, released),
+                None => {
+                    // A delete keeps the version in front of a zeroed value.
+                    let mut v = vec![0u8; phys];
+                    v[..8].copy_from_slice(&(e.version + 1).to_le_bytes());
+                    emit(e.table, e.key, Some(&v), phys, released)
+                }
+            };
+            if e.new.as_ref().is_some_and(Option::is_none) {
+                image[14..16].copy_from_slice(&0u16.to_le_bytes());
+            }
+            log.extend_from_slice(&u64::from(e.loc.mn).to_le_bytes());
+            log.extend_from_slice(&e.loc.offset.to_le_bytes());
+            log.extend_from_slice(&(image.len() as u64).to_le_bytes());
+            log.extend_from_slice(&image);
+            images.push(image);
+        }
+        log.extend_from_slice(&header.to_le_bytes());
+        if log.len() as u64 > crate::store::LOG_REGION_BYTES {
+            return Err(aborted("redo log larger than its region"));
+        }
+        let log_addr = dir.addr(layout.log_mn(self.co.id), layout.log_offset(self.co.id));
+        let writes = written
+            .iter()
+            .map(|e| WriteEvent {
+                table: e.table,
+                key: e.key,
+                version: Version(e.version + 1),
+                kind: match (&e.new, e.present) {
+                    (Some(None), _) => WriteKind::Delete,
+                    (_, false) => WriteKind::Insert,
+                    _ => WriteKind::Update,
+                },
+            })
+            .collect();
+        self.done = true;
+        self.co.history.record(TxnRecord {
+            id: self.id,
+            begin: self.begin_true,
+            end: self.co.ctx.true_now(),
+            outcome: TxnOutcome::Unknown,
+            reads: std::mem::take(&mut self.events),
+            writes,
+        });
+        // Decided: recorded before the log, whose landing makes recovery roll forward.
+        let mut list = PostList::new();
+        list.write_owned(log_addr, log);
+        self.co.ctx.post(list).await?;
+        // Records (header + value), then the unlocks.
+        let mut list = PostList::new();
+        let mut unlock = PostList::new();
+        for (e, image) in written.iter().zip(&images) {
+            let at = image.len() - 8;
+            list.write(dir.addr(e.loc.mn, e.loc.offset), &image[..at]);
+            unlock.write(self.lock_addr(e.table, e.loc)?, &image[at..]);
+        }
+        for e in self.entries.iter().filter(|e| e.new.is_none()) {
+            if let Some(w) = e.lock {
+                unlock.write(self.lock_addr(e.table, e.loc)?, &(w & END).to_le_bytes());
+            }
+        }
+        self.co.ctx.post(list).await?;
+        self.co.ctx.post(unlock).await?;
+        let mut trunc = PostList::new();
+        trunc.write(log_addr, &[0u8; 16]);
+        let _ = self.co.ctx.post_detached(trunc).await;
+        bump(&self.co.stats.rw_committed, 1);
+        self.co
+            .history
+            .resolve(self.id, TxnOutcome::Committed, self.co.ctx.true_now());
+        Ok(())
+    }
+}
+
+fn bump(c: &std::cell::Cell<u64>, by: u64) {
+    c.set(c.get() + by);
+}
+
+impl<C: Verbs + Clock> Transaction for DrtmTxn<'_, C> {
+    async fn read_round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
+        if self.done {
+            return Err(aborted("transaction is over"));
+        }
+        match self.round(reqs).await {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.fail(e).await),
+        }
+    }
+
+    async fn read(&mut self, table: TableId, key: Key) -> Result<Option<Vec<u8>>, TxnError> {
+        Ok(self
+            .read_round(&[ReadReq::read(table, key)])
+            .await?
+            .pop()
+            .flatten())
+    }
+
+    async fn read_for_update(
+        &mut self,
+        table: TableId,
+        key: Key,
+    ) -> Result<Option<Vec<u8>>, TxnError> {
+        Ok(self
+            .read_round(&[ReadReq::for_update(table, key)])
+            .await?
+            .pop()
+            .flatten())
+    }
+
+    async fn write(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {
+        self.set(table, key, Some(value), true).await
+    }
+
+    async fn insert(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {
+        self.set(table, key, Some(value), false).await
+    }
+
+    async fn delete(&mut self, table: TableId, key: Key) -> Result<(), TxnError> {
+        self.set(table, key, None, true).await
+    }
+
+    async fn commit(mut self) -> Result<(), TxnError> {
+        if self.done {
+            return Err(aborted("transaction is over"));
+        }
+        match self.commit_inner().await {
+            Ok(()) => Ok(()),
+            Err(e) if self.done => Err(e),
+            Err(e) => Err(self.fail(e).await),
+        }
+    }
+
+    async fn abort(mut self) {
+        let _ = self.fail(aborted("aborted by the caller")).await;
+    }
+}
+
+/// Whether a raw DrTM lock word is write-locked (for tests).
+#[must_use]
+pub fn is_write_locked(word: u64) -> bool {
+    OoccLockWord::from_raw(word).state() == Ok(OoccLockState::Write)
+}

@@ -1,0 +1,191 @@
+//! Recovery of a crashed CN's coordinators from OOCC's redo logs (§V, "Write-Unlock"
+//! paragraph: replay when the redo log is stored, otherwise abort).
+//!
+//! With the one-op write-unlock a record becomes visible the moment its commit WRITE
+//! lands, so once any record of a transaction is visible the whole transaction must
+//! survive: an undo log cannot be used (rolling back would take away a value a reader may
+//! have seen). The redo log, written in Validate&Logging, holds every new record image.
+//! For a crashed coordinator recovery:
+//!
+//! 1. cuts the CN off every MN (no late WRITE lands after recovery);
+//! 2. reads its redo log; if one of the logged records already shows the new version (its
+//!    commit WRITE landed, so validation had passed and readers may have seen it), it
+//!    **rolls forward**: writes the logged image to every logged record still locked by
+//!    the coordinator at the logged version;
+//! 3. otherwise the transaction made nothing visible and is **rolled back**: a log written
+//!    in the same round as a validation that failed, or a commit that never started, is
+//!    ignored;
+//! 4. releases every lock the coordinator still holds (a scan of the records' lock words;
+//!    the owner field names the coordinator), at the version it holds it at.
+//!
+//! The failure detector is an oracle: it polls the simulator for crashed CNs every
+//! `poll`; Pandora's heartbeat detector lives in `dmem-ford` and is not repeated here.
+
+use std::rc::Rc;
+
+use dmem_deploy::{Decision, RecoveredCoordinator};
+use dmem_layout::record::{OoccLockState, OoccLockWord, OoccRecordHeader};
+use dmem_verbs::{Clock, PostList, Verbs, VerbsError};
+
+use crate::store::{Directory, LOG_REGION_BYTES};
+
+/// One logged record image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogEntry {
+    /// MN index.
+    pub mn: u16,
+    /// Record offset.
+    pub offset: u64,
+    /// The whole new record image (lock word last: free, new version).
+    pub image: Vec<u8>,
+}
+
+/// Parses a redo log region: `(header word, entries)`; `None` if empty, malformed or not
+/// wholly landed (header: coordinator << 48 | txn sequence number, count; per entry MN,
+/// offset, length, image; trailer: the header again).
+#[must_use]
+pub fn parse_log(bytes: &[u8]) -> Option<(u64, Vec<LogEntry>)> {
+    let word = |at: usize| -> Option<u64> {
+        Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+    };
+    let header = word(0)?;
+    let count = word(8)?;
+    if header == 0 || count == 0 || count > 4096 {
+        return None;
+    }
+    let mut at = 16;
+    let mut entries = Vec::new();
+    for _ in 0..count {
+        let mn = u16::try_from(word(at)?).ok()?;
+        let offset = word(at + 8)?;
+        let len = usize::try_from(word(at + 16)?).ok()?;
+        let image = bytes.get(at + 24..at + 24 + len)?.to_vec();
+        if len < OoccRecordHeader::LEN + 8 {
+            return None;
+        }
+        entries.push(LogEntry { mn, offset, image });
+        at += 24 + len;
+    }
+    // The trailer repeats the header: the whole log landed.
+    (word(at)? == header).then_some((header, entries))
+}
+
+fn image_lock(image: &[u8]) -> OoccLockWord {
+    let at = image.len() - 8;
+    OoccLockWord::from_raw(u64::from_le_bytes(
+        image[at..].try_into().unwrap_or([0xFF; 8]),
+    ))
+}
+
+/// Recovers coordinator `id` (steps 2–4 of the module docs) through `ctx`.
+///
+/// `log_is_decision`: the protocol writes its redo log only after deciding to commit
+/// (DrTM), so a whole log rolls forward by itself; OOCC logs in the same round as its
+/// validation and decides by what landed.
+///
+/// # Errors
+/// A verb failed.
+pub async fn recover_coordinator<C: Verbs + Clock>(
+    ctx: &C,
+    dir: &Rc<Directory>,
+    id: u16,
+    log_is_decision: bool,
+) -> Result<RecoveredCoordinator, VerbsError> {
+    let layout = dir.layout();
+    let mut list = PostList::new();
+    let log_id = list.read(
+        dir.addr(layout.log_mn(id), layout.log_offset(id)),
+        LOG_REGION_BYTES as u32,
+    );
+    let log = ctx.post(list).await?.take_bytes(log_id);
+    let mut out = RecoveredCoordinator {
+        coordinator: id,
+        txn: None,
+        decision: None,
+        restored: 0,
+        unlocked: 0,
+    };
+    if let Some((header, entries)) = parse_log(&log) {
+        out.txn = Some(header & 0xFFFF_FFFF_FFFF);
+        // The current lock word of every logged record.
+        let mut list = PostList::new();
+        let ids: Vec<_> = entries
+            .iter()
+            .map(|e| list.read(dir.addr(e.mn, e.offset + e.image.len() as u64 - 8), 8))
+            .collect();
+        let res = ctx.post(list).await?;
+        let now: Vec<OoccLockWord> = ids
+            .iter()
+            .map(|i| {
+                OoccLockWord::from_raw(u64::from_le_bytes(
+                    res.bytes(*i).try_into().unwrap_or([0xFF; 8]),
+                ))
+            })
+            .collect();
+        let logged_old = |e: &LogEntry| {
+            image_lock(&e.image).version().wrapping_sub(1) & OoccLockWord::MAX_VERSION
+        };
+        let held = |e: &LogEntry, w: OoccLockWord| {
+            w.state().is_ok_and(|s| s != OoccLockState::Free)
+                && w.owner() == id
+                && w.version() == logged_old(e)
+        };
+        let landed = log_is_decision
+            || entries
+                .iter()
+                .zip(&now)
+                .any(|(e, w)| !held(e, *w) && w.version() != logged_old(e));
+        if landed {
+            out.decision = Some(Decision::RollForward);
+            let mut list = PostList::new();
+            for (e, w) in entries.iter().zip(&now) {
+                if held(e, *w) {
+                    list.write(dir.addr(e.mn, e.offset), &e.image);
+                    out.restored += 1;
+                }
+            }
+            if !list.is_empty() {
+                ctx.post(list).await?;
+            }
+        } else {
+            out.decision = Some(Decision::RollBack);
+        }
+        let mut trunc = PostList::new();
+        trunc.write(
+            dir.addr(layout.log_mn(id), layout.log_offset(id)),
+            &[0u8; 16],
+        );
+        ctx.post(trunc).await?;
+    }
+    // Release every lock the coordinator still holds.
+    let slots = dir.all();
+    for chunk in slots.chunks(64) {
+        let mut list = PostList::new();
+        let mut ids = Vec::new();
+        for ((table, _), loc) in chunk {
+            let Ok(vlen) = dir.value_len(*table) else {
+                continue;
+            };
+            let at = loc.offset + OoccRecordHeader::lock_offset(vlen) as u64;
+            ids.push((at, loc.mn, list.read(dir.addr(loc.mn, at), 8)));
+        }
+        let res = ctx.post(list).await?;
+        let mut release = PostList::new();
+        for (at, mn, rid) in ids {
+            let w = OoccLockWord::from_raw(u64::from_le_bytes(
+                res.bytes(rid).try_into().unwrap_or([0; 8]),
+            ));
+            if w.state().is_ok_and(|s| s != OoccLockState::Free) && w.owner() == id {
+                release.write(
+                    dir.addr(mn, at),
+                    &w.released_same_version().to_raw().to_le_bytes(),
+                );
+                out.unlocked += 1;
+            }
+        }
+        if !release.is_empty() {
+            ctx.post(release).await?;
+        }
+    }
+    Ok(out)
+}

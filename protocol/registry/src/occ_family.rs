@@ -1,0 +1,69 @@
+//! The OOCC family of `dmem-occ` (OOCC §II-A, §III–§VII): each protocol is a
+//! [`Protocol`](dmem_deploy::Protocol) of that crate, registered here by name.
+//!
+//! `oocc:PARAM[+PARAM]` varies OOCC for the figures:
+//!
+//! | parameter | meaning |
+//! |---|---|
+//! | `lease=N` | initial lease, µs (default 100) |
+//! | `offset=X` | drift offset, µs, fractional allowed (default 1.0) |
+//! | `ppm=N` | node clocks drift within ±N ppm (default 100) |
+//! | `manager` | run the lease manager (§VII-A) |
+//! | `no-lease` | no implicit read lease: every read set is validated (Fig. 11 ladder) |
+//! | `no-delayed-lock` | write lock at execution instead of the intention lock (Fig. 11) |
+//! | `no-one-op-unlock` | value WRITE and unlock WRITE in two round trips (Fig. 11) |
+//! | `skip-lease-wait` | planted bug: the writer does not wait for the lease |
+
+use dmem_occ::manager::Policy;
+use dmem_occ::{DriftModel, OoccConfig, OoccProtocol};
+
+/// OOCC with the artifact's lease (100 µs) and offset (1 µs), every technique on.
+#[must_use]
+pub fn oocc() -> OoccProtocol {
+    OoccProtocol::new("oocc", OoccConfig::default())
+}
+
+/// DrTM's lease-based shared locks (OOCC §II-A), lease 400 µs.
+#[must_use]
+pub fn drtm() -> OoccProtocol {
+    OoccProtocol::drtm("drtm", dmem_occ::drtm::DrtmConfig::default())
+}
+
+/// DSLR two-phase locking (OOCC §II-A): FAA ticket reader-writer locks, queued.
+#[must_use]
+pub fn dslr() -> OoccProtocol {
+    OoccProtocol::dslr("dslr", dmem_occ::dslr2pl::DslrConfig::default())
+}
+
+/// `oocc:PARAMS` (see the module docs).
+///
+/// # Errors
+/// An unknown parameter or a bad number.
+pub fn oocc_with(params: &str) -> Result<OoccProtocol, String> {
+    let mut cfg = OoccConfig::default();
+    let mut drift = DriftModel::default();
+    let mut manager = false;
+    let num = |v: &str| v.parse::<f64>().map_err(|e| format!("`{v}`: {e}"));
+    for p in params.split('+') {
+        match p.split_once('=') {
+            Some(("lease", v)) => cfg.lease_ns = (num(v)? * 1e3) as u64,
+            Some(("offset", v)) => cfg.offset_ns = (num(v)? * 1e3) as u64,
+            Some(("ppm", v)) => drift.max_ppm = num(v)? as u64,
+            None if p == "manager" => manager = true,
+            None if p == "no-lease" => cfg.implicit_lease = false,
+            None if p == "no-delayed-lock" => cfg.delayed_lock = false,
+            None if p == "no-one-op-unlock" => cfg.one_op_unlock = false,
+            None if p == "skip-lease-wait" => cfg.bug_skip_lease_wait = true,
+            _ => {
+                return Err(format!(
+                    "unknown parameter `{p}`: use lease=µs, offset=µs, ppm=N, manager, no-lease, no-delayed-lock, no-one-op-unlock, skip-lease-wait"
+                ));
+            }
+        }
+    }
+    let mut p = OoccProtocol::new(&format!("oocc:{params}"), cfg).with_drift(drift);
+    if manager {
+        p = p.with_manager(Policy::default());
+    }
+    Ok(p)
+}
