@@ -145,19 +145,39 @@ pub trait Transaction {
         }
     }
 
-    /// Reads a record (a round of one read-only access).
+    /// Reads a record: a round of one read-only access. The default runs
+    /// [`read_round`](Self::read_round); a protocol implements `read_round`, or `read` and
+    /// `read_for_update` (whose defaults call each other the other way). One that implements
+    /// neither does not compile (the two default futures would contain each other).
     fn read(
         &mut self,
         table: TableId,
         key: Key,
-    ) -> impl Future<Output = Result<Option<Vec<u8>>, TxnError>>;
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, TxnError>> {
+        async move {
+            Ok(self
+                .read_round(&[ReadReq::read(table, key)])
+                .await?
+                .pop()
+                .flatten())
+        }
+    }
 
-    /// Reads a record the transaction will write (a round of one for-update access).
+    /// Reads a record the transaction will write: a round of one for-update access (the
+    /// default runs [`read_round`](Self::read_round)).
     fn read_for_update(
         &mut self,
         table: TableId,
         key: Key,
-    ) -> impl Future<Output = Result<Option<Vec<u8>>, TxnError>>;
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, TxnError>> {
+        async move {
+            Ok(self
+                .read_round(&[ReadReq::for_update(table, key)])
+                .await?
+                .pop()
+                .flatten())
+        }
+    }
 
     /// Replaces the value of a present record.
     fn write(

@@ -953,11 +953,6 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         Ok(item)
     }
 
-    async fn read_one(&mut self, req: ReadReq) -> Result<Option<Vec<u8>>, TxnError> {
-        let mut v = self.round_impl(&[req]).await?;
-        Ok(v.pop().flatten())
-    }
-
     async fn write_impl(
         &mut self,
         table: TableId,
@@ -1064,18 +1059,6 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
 impl<V: Verbs + Clock, H: HistorySink> Transaction for FordTxn<'_, V, H> {
     async fn read_round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
         self.round_impl(reqs).await
-    }
-
-    async fn read(&mut self, table: TableId, key: Key) -> Result<Option<Vec<u8>>, TxnError> {
-        self.read_one(ReadReq::read(table, key)).await
-    }
-
-    async fn read_for_update(
-        &mut self,
-        table: TableId,
-        key: Key,
-    ) -> Result<Option<Vec<u8>>, TxnError> {
-        self.read_one(ReadReq::for_update(table, key)).await
     }
 
     async fn write(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {

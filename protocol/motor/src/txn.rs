@@ -811,30 +811,10 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
 
 impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Transaction for MotorTxn<'_, V, H, T> {
     async fn read_round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
-        self.round_impl(reqs).await
-    }
-
-    async fn read(&mut self, table: TableId, key: Key) -> Result<Option<Vec<u8>>, TxnError> {
-        Ok(self
-            .round_impl(&[ReadReq::read(table, key)])
-            .await?
-            .pop()
-            .flatten())
-    }
-
-    async fn read_for_update(
-        &mut self,
-        table: TableId,
-        key: Key,
-    ) -> Result<Option<Vec<u8>>, TxnError> {
-        if self.kind == TxnKind::ReadOnly {
+        if self.kind == TxnKind::ReadOnly && reqs.iter().any(|r| r.access == Access::ForUpdate) {
             return Err(TxnError::ReadOnly);
         }
-        Ok(self
-            .round_impl(&[ReadReq::for_update(table, key)])
-            .await?
-            .pop()
-            .flatten())
+        self.round_impl(reqs).await
     }
 
     async fn write(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {

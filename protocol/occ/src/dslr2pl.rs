@@ -563,26 +563,6 @@ impl<C: Verbs + Clock> Transaction for DslrTxn<'_, C> {
         }
     }
 
-    async fn read(&mut self, table: TableId, key: Key) -> Result<Option<Vec<u8>>, TxnError> {
-        Ok(self
-            .read_round(&[ReadReq::read(table, key)])
-            .await?
-            .pop()
-            .flatten())
-    }
-
-    async fn read_for_update(
-        &mut self,
-        table: TableId,
-        key: Key,
-    ) -> Result<Option<Vec<u8>>, TxnError> {
-        Ok(self
-            .read_round(&[ReadReq::for_update(table, key)])
-            .await?
-            .pop()
-            .flatten())
-    }
-
     async fn write(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {
         self.set(table, key, Some(value), true).await
     }

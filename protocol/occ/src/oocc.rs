@@ -978,20 +978,6 @@ impl<C: Verbs + Clock> Transaction for OoccTxn<'_, C> {
         self.checked(r).await
     }
 
-    async fn read(&mut self, table: TableId, key: Key) -> Result<Option<Vec<u8>>, TxnError> {
-        let mut v = self.read_round(&[ReadReq::read(table, key)]).await?;
-        Ok(v.pop().flatten())
-    }
-
-    async fn read_for_update(
-        &mut self,
-        table: TableId,
-        key: Key,
-    ) -> Result<Option<Vec<u8>>, TxnError> {
-        let mut v = self.read_round(&[ReadReq::for_update(table, key)]).await?;
-        Ok(v.pop().flatten())
-    }
-
     async fn write(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {
         self.check_len(table, value)?;
         let i = self.write_entry(table, key).await?;
