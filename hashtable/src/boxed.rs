@@ -234,6 +234,10 @@ where
     /// Adds `key → value` if `key` is absent. Returns false (and drops the pair) if present.
     pub fn insert(&self, key: K, value: V) -> bool {
         let rec = Box::into_raw(Box::new(Record { key, value }));
+        // Frees the record if the write unwinds (more than `BIN_SLOTS` keys of one hash: the
+        // raw table's assertion fires before anything is published), so a panic leaks
+        // nothing (found by Miri).
+        let unpublished = Unpublished(rec);
         // SAFETY: `rec` is ours until published.
         let key_ref = unsafe { &(*rec).key };
         let h = self.hash(key_ref);
@@ -251,10 +255,12 @@ where
             &m,
         );
         if existing.is_some() {
-            // SAFETY: the insert did not publish `rec`; it is still exclusively ours.
-            drop(unsafe { Box::from_raw(rec) });
+            // The insert did not publish `rec`: the guard frees it.
+            drop(unpublished);
             false
         } else {
+            // Published: the table owns it now.
+            core::mem::forget(unpublished);
             true
         }
     }
@@ -309,5 +315,18 @@ where
                 unsafe { (&(*rec).key, &(*rec).value) }
             })
             .collect()
+    }
+}
+
+/// A record allocated for an insert and not (yet) published in the table: freed when dropped.
+struct Unpublished<K, V>(*mut Record<K, V>);
+
+impl<K, V> Drop for Unpublished<K, V> {
+    fn drop(&mut self) {
+        // SAFETY: the pointer comes from `Box::into_raw` in `insert`, which drops this guard
+        // only while the record is unpublished (an existing key, or an unwind before the
+        // write stored it) and forgets it once the table owns the record, so nobody else can
+        // reach it and it is freed once.
+        drop(unsafe { Box::from_raw(self.0) });
     }
 }
