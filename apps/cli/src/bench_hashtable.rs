@@ -254,6 +254,15 @@ impl Plan {
             "small" => false,
             other => bail!("--pages: unknown `{other}` (known: huge, small)"),
         };
+        // One table is alive at a time; the hungriest measured here (dashmap, papaya, std)
+        // stays under 96 bytes per 16-byte entry, the DLHT and the limit array far below.
+        if let Some(&n) = keys.iter().max() {
+            crate::common::ensure_memory(
+                (n as u64).checked_mul(BYTES_PER_KEY_BOUND),
+                &format!("a table of {n} keys"),
+                "--keys",
+            )?;
+        }
         let mut keys = keys;
         // Smallest first, so the big (memory-hungry) rows run last.
         keys.sort_unstable();
@@ -272,6 +281,10 @@ impl Plan {
         })
     }
 }
+
+/// An upper bound of the resident bytes per key of any table this command builds (checked
+/// before building, against the machine's available memory).
+const BYTES_PER_KEY_BOUND: u64 = 96;
 
 /// The key of index `i` (distinct for distinct `i`: `mix64` is a bijection).
 fn key_of(i: u64) -> u64 {

@@ -54,6 +54,9 @@ const BAD: &[&[&str]] = &[
     &["bench", "locks", "--zipf", "-1"],
     &["bench", "locks", "--read-ratio", "2"],
     &["bench", "locks", "--profile", "nope"],
+    // bench hashtable: sizes priced before anything is built
+    &["bench", "hashtable", "--keys", "18446744073709551615"],
+    &["bench", "hashtable", "--keys", "100000000000"],
     // litmus
     &["litmus", "--protocol", "pandora", "--threads", "100000"],
     &["litmus", "--protocol", "pandora", "--threads", "0"],
