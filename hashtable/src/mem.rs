@@ -15,7 +15,7 @@ use core::ptr::NonNull;
 pub const HUGE_PAGE: usize = 2 << 20;
 
 /// Overflow pools smaller than this are mapped with 4 KiB pages (see `Region::new_pool`).
-#[cfg(all(feature = "std", target_os = "linux"))]
+#[cfg(all(feature = "std", target_os = "linux", not(loom)))]
 pub(crate) const POOL_HUGE_MIN: usize = 16 * HUGE_PAGE;
 
 /// How the memory of an array was obtained.
