@@ -33,7 +33,7 @@ use dmem_txn::{
 use dmem_verbs::{Clock, Nanos, PostList, RemoteAddr, Verbs};
 
 use crate::drift::DriftingCtx;
-use crate::oocc::Stats;
+use crate::oocc::{Stats, bump};
 use crate::store::{Directory, Loc, emit, parse};
 
 /// DSLR 2PL's knobs.
@@ -548,45 +548,4 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
     }
 }
 
-fn bump(c: &std::cell::Cell<u64>, by: u64) {
-    c.set(c.get() + by);
-}
-
-impl<C: Verbs + Clock> Transaction for DslrTxn<'_, C> {
-    async fn read_round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
-        if self.done {
-            return Err(aborted("transaction is over"));
-        }
-        match self.round(reqs).await {
-            Ok(v) => Ok(v),
-            Err(e) => Err(self.fail(e).await),
-        }
-    }
-
-    async fn write(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {
-        self.set(table, key, Some(value), true).await
-    }
-
-    async fn insert(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {
-        self.set(table, key, Some(value), false).await
-    }
-
-    async fn delete(&mut self, table: TableId, key: Key) -> Result<(), TxnError> {
-        self.set(table, key, None, true).await
-    }
-
-    async fn commit(mut self) -> Result<(), TxnError> {
-        if self.done {
-            return Err(aborted("transaction is over"));
-        }
-        match self.commit_inner().await {
-            Ok(()) => Ok(()),
-            Err(e) if self.done => Err(e),
-            Err(e) => Err(self.fail(e).await),
-        }
-    }
-
-    async fn abort(mut self) {
-        let _ = self.fail(aborted("aborted by the caller")).await;
-    }
-}
+crate::shell::lock_based_transaction!(DslrTxn);

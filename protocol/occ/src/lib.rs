@@ -22,6 +22,7 @@ pub mod dslr2pl;
 pub mod manager;
 pub mod oocc;
 pub mod recovery;
+mod shell;
 pub mod store;
 
 pub use deploy::{OoccDeployment, OoccProtocol};

@@ -119,7 +119,8 @@ pub struct Stats {
     pub ro_longest_ns: Cell<u64>,
 }
 
-fn bump(c: &Cell<u64>, by: u64) {
+/// Adds `by` to a statistics counter.
+pub(crate) fn bump(c: &Cell<u64>, by: u64) {
     c.set(c.get() + by);
 }
 
