@@ -14,10 +14,13 @@
 //! * [`ClusterShape`] and [`deploy_loaded`]: the cluster builder and the size–load–retry loop
 //!   (the index has no overflow buckets, so a full bucket doubles the index slack).
 //! * [`SimLinkTerminator`]: active-link termination in the simulator (Pandora §3.2.2 step 2).
+//! * [`spawn_oracle_recovery`] and [`settle_history`]: crash recovery under an oracle failure
+//!   detector (OOCC, Motor) and the history bookkeeping every recovery shares.
 //! * [`Registry`]: protocols by name, plus parameterised families (`ford:BUG+BUG`).
 #![forbid(unsafe_code)]
 
 mod cluster;
+mod oracle;
 mod registry;
 
 use std::cell::{Cell, RefCell};
@@ -25,6 +28,7 @@ use std::rc::Rc;
 
 pub use cluster::{ClusterShape, Deployed, SimLinkTerminator, deploy_loaded};
 pub use dmem_store::TableDemand;
+pub use oracle::{OracleState, settle_history, spawn_oracle_recovery};
 pub use registry::{Family, Registry};
 
 use dmem_sim::{Sim, SimContext, SimError};

@@ -15,8 +15,9 @@
 //!    image, the new cell (or floor + whole CVT when cells are evicted or collected), and to
 //!    the primary the unlock WRITE last. **Abort**: unlock WRITEs.
 //!
-//! Read-only transactions read at `S` and commit without any verb. No log is written:
-//! Motor's recovery (undo/redo logs) is not implemented (see the crate docs).
+//! Read-only transactions read at `S` and commit without any verb. Every lock taken and,
+//! at commit, every install is noted in the coordinator's [`OpLogs`] entry (CN memory that
+//! survives a crash, Motor's UPS-backed DRAM) for [`crate::recovery`].
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -35,6 +36,7 @@ use crate::logic::{self, Isolation, MetaOutcome};
 use crate::mvcc::{
     self, BlockShape, CELL_LEN, FLOOR_OFFSET, LOCK_OFFSET, Meta, Shapes, pack_writer, unpack_writer,
 };
+use crate::oplog::{Install, LockedRecord, OpLogs};
 use crate::ts::TimestampService;
 
 /// Motor's switches.
@@ -49,6 +51,10 @@ pub struct MotorConfig {
     /// Planted bug for the litmus suite: a for-update record with a version newer than the
     /// start timestamp does not abort.
     pub skip_newer_abort: bool,
+    /// Planted bug for the litmus suite (and Motor's public code as it is): recovery only
+    /// releases a crashed coordinator's locks and leaves a commit interrupted between its
+    /// post lists unfinished.
+    pub recovery_releases_only: bool,
     /// Clock uncertainty of the timestamp service, ns.
     pub epsilon: Nanos,
     /// Versions committed longer ago than this are collected when a writer sees them
@@ -68,6 +74,7 @@ impl MotorConfig {
             isolation: Isolation::Serializable,
             unsafe_no_cas: false,
             skip_newer_abort: false,
+            recovery_releases_only: false,
             epsilon: 1_000,
             gc_threshold: 500_000_000,
             max_rereads: 32,
@@ -109,6 +116,7 @@ pub struct MotorCoordinator<V, H, T> {
     history: H,
     ts: T,
     stats: MotorStats,
+    oplog: Rc<OpLogs>,
 }
 
 impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorCoordinator<V, H, T> {
@@ -135,7 +143,16 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorCoordinator<V, 
             history,
             ts,
             stats: MotorStats::default(),
+            oplog: Rc::new(OpLogs::new()),
         }
+    }
+
+    /// Keeps the op log in `logs` (shared with recovery, surviving the CN's crash) instead
+    /// of a private one.
+    #[must_use]
+    pub fn with_op_log(mut self, logs: Rc<OpLogs>) -> Self {
+        self.oplog = logs;
+        self
     }
 
     /// The counters.
@@ -166,6 +183,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Coordinator
             seq: self.seq,
         };
         let begin = self.ctx.now();
+        self.oplog.begin(self.id, self.seq);
         let start = self.ts.start_ts().await;
         Ok(MotorTxn {
             co: self,
@@ -287,7 +305,19 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
     }
 
     fn my_lock(&self) -> u64 {
-        u64::from(self.co.id) + 1
+        crate::recovery::lock_value(self.co.id)
+    }
+
+    /// Notes in the op log that the lock of `loc`'s record is held or about to be taken.
+    fn log_locked(&self, table: TableId, loc: ItemLoc) {
+        self.co.oplog.locked(
+            self.co.id,
+            LockedRecord {
+                table,
+                partition: loc.bucket.partition,
+                block: loc.offset,
+            },
+        );
     }
 
     fn write_entry(&self, table: TableId, key: Key) -> Option<usize> {
@@ -415,18 +445,19 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 let addr = self.primary(&loc, 0)?;
                 let cas = (f.access == Access::ForUpdate && !self.co.cfg.unsafe_no_cas)
                     .then(|| list.cas(addr, 0, me));
+                if cas.is_some() {
+                    // Logged before the CAS is posted: a crash may land it unseen.
+                    self.log_locked(f.table, loc);
+                }
                 let rd = list.read(addr, shape.meta_len() as u32);
                 wrs.push((n, loc, shape, cas, rd));
             }
+            self.co.ctx.mark_phase("execute");
             let res = self.co.ctx.post(list).await?;
             let mut conflict = None;
             let mut images = Vec::new();
             for &(n, loc, shape, cas, rd) in &wrs {
                 let f = &fetches[n];
-                let Some(meta) = Meta::parse(res.bytes(rd), shape) else {
-                    conflict.get_or_insert(aborted("unreadable version table"));
-                    continue;
-                };
                 let for_update = f.access == Access::ForUpdate;
                 if let Some(cas) = cas
                     && res.atomic(cas) != 0
@@ -434,6 +465,22 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                     conflict.get_or_insert(aborted("record locked"));
                     continue;
                 }
+                let Some(meta) = Meta::parse(res.bytes(rd), shape) else {
+                    if cas.is_some() {
+                        // Held though unreadable: keep it so that the abort releases it.
+                        self.writes.push(WriteEntry {
+                            table: f.table,
+                            key: f.key,
+                            loc,
+                            meta: Meta::empty(shape.cells),
+                            held: true,
+                            current: None,
+                            op: None,
+                        });
+                    }
+                    conflict.get_or_insert(aborted("unreadable version table"));
+                    continue;
+                };
                 if for_update {
                     // Held from here on (or, without the CAS, tracked): abort releases it.
                     self.writes.push(WriteEntry {
@@ -551,6 +598,10 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         let slot_addr = self.store().addr(p, bucket.offset + slot_offset(slot));
         let mut list = PostList::new();
         let cas = (!self.co.cfg.unsafe_no_cas).then(|| list.cas(addr, 0, self.my_lock()));
+        if cas.is_some() {
+            // Logged before the CAS is posted: a crash may land it unseen.
+            self.log_locked(table, loc);
+        }
         let rd = list.read(addr, shape.meta_len() as u32);
         let srd = list.read(slot_addr, 16);
         let res = self.co.ctx.post(list).await?;
@@ -559,16 +610,18 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         {
             return Err(aborted("index slot being claimed"));
         }
-        let meta = Meta::parse(res.bytes(rd), shape).ok_or(aborted("unreadable version table"))?;
+        let parsed = Meta::parse(res.bytes(rd), shape);
         self.writes.push(WriteEntry {
             table,
             key,
             loc,
-            meta: meta.clone(),
+            meta: parsed.clone().unwrap_or_else(|| Meta::empty(shape.cells)),
             held: cas.is_some(),
             current: None,
             op: None,
         });
+        // Pushed before giving up, so that the abort releases the lock.
+        let meta = parsed.ok_or(aborted("unreadable version table"))?;
         let sb = res.bytes(srd);
         let slot_key = u64::from_le_bytes(sb[..8].try_into().unwrap_or([0; 8]));
         let used = sb[8..16].iter().any(|&b| b != 0);
@@ -680,8 +733,10 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             w.held = false;
         }
         if !list.is_empty() {
+            self.co.ctx.mark_phase("release");
             self.co.ctx.post(list).await?;
         }
+        self.co.oplog.finished(self.co.id);
         Ok(())
     }
 
@@ -745,12 +800,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             return Ok(());
         }
         let c = self.co.ts.commit_ts().await;
+        self.co.ctx.mark_phase("validate");
         if self.co.cfg.isolation == Isolation::Serializable && !self.validate().await? {
             return Err(aborted("read-only record changed (SR validation)"));
         }
         let horizon = self.co.ts.horizon(self.co.cfg.gc_threshold);
         let writer = pack_writer(self.id);
         let mut events = Vec::new();
+        let mut installs = Vec::new();
         let mut list = PostList::new();
         for w in &self.writes {
             if let Some(op) = &w.op {
@@ -765,6 +822,19 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 let image = mvcc::encode_image(shape, writer, value, cell.head_cv());
                 let meta_tail =
                     mvcc::encode_meta_tail(w.key.0, w.table, shape, plan.floor, &plan.cells);
+                let cell_at = shape.cell_offset(plan.cell);
+                let cell_bytes = &meta_tail[cell_at - FLOOR_OFFSET as usize..][..CELL_LEN];
+                installs.push(Install {
+                    record: LockedRecord {
+                        table: w.table,
+                        partition: w.loc.bucket.partition,
+                        block: w.loc.offset,
+                    },
+                    version: c,
+                    image: (shape.image_offset(plan.cell) as u64, image.clone()),
+                    cell: (cell_at as u64, cell_bytes.to_vec()),
+                    whole: plan.whole.then(|| (FLOOR_OFFSET, meta_tail.clone())),
+                });
                 for mn in self.store().live_replicas(w.loc.bucket.partition) {
                     let at = |o: u64| self.store().addr(mn, w.loc.offset + o);
                     list.write(at(shape.image_offset(plan.cell) as u64), &image);
@@ -789,6 +859,8 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             list.write(self.primary(&w.loc, LOCK_OFFSET)?, &0u64.to_le_bytes());
         }
         let id = self.id;
+        // Decided: logged before the first install WRITE is posted (no await in between).
+        self.co.oplog.committing(self.co.id, installs);
         self.co.history.record(TxnRecord {
             id,
             begin: self.begin,
@@ -797,7 +869,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             reads: std::mem::take(&mut self.events),
             writes: events,
         });
+        self.co.ctx.mark_phase("commit");
         self.co.ctx.post(list).await?;
+        self.co.oplog.finished(self.co.id);
         for w in &mut self.writes {
             w.held = false;
         }

@@ -7,12 +7,12 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use dmem_deploy::{
-    DeployError, DeploySpec, Deployment, Protocol, RecoveryEvent, RecoveryTiming, SimLinkTerminator,
+    DeployError, DeploySpec, Deployment, OracleState, Protocol, RecoveryEvent, RecoveryTiming,
 };
 use dmem_layout::record::OoccLockWord;
 use dmem_sim::{Sim, SimContext};
 use dmem_txn::{BoxCoordinator, History, Key, TableId};
-use dmem_verbs::{Clock, NodeId};
+use dmem_verbs::NodeId;
 
 use crate::drift::{DriftModel, DriftingCtx};
 use crate::drtm::{DrtmConfig, DrtmCoordinator};
@@ -137,49 +137,8 @@ impl Protocol for OoccProtocol {
             }),
             manager_started: false,
             paused: Rc::new(Cell::new(false)),
-            events: Rc::new(RefCell::new(Vec::new())),
-            error: Rc::new(RefCell::new(None)),
+            oracle: OracleState::default(),
         }))
-    }
-}
-
-/// Writes recovery's decision into the history: the crashed coordinator's in-flight
-/// transaction (recorded `Unknown` before its first commit WRITE) committed if it was
-/// rolled forward, and aborted with nothing installed if it was rolled back (no commit WRITE
-/// of it landed).
-fn settle(history: &Rc<RefCell<History>>, r: &dmem_deploy::RecoveredCoordinator, now: u64) {
-    let mut h = history.borrow_mut();
-    let (Some(seq), Some(decision)) = (r.txn, r.decision) else {
-        // No whole log: no commit WRITE was posted (they follow the log), so an in-flight
-        // transaction of this coordinator installed nothing.
-        for t in h.txns.iter_mut().filter(|t| {
-            t.id.coordinator.0 == u32::from(r.coordinator)
-                && t.outcome == dmem_txn::TxnOutcome::Unknown
-        }) {
-            t.outcome = dmem_txn::TxnOutcome::Aborted;
-            t.writes.clear();
-        }
-        return;
-    };
-    let id = dmem_txn::TxnId {
-        coordinator: dmem_txn::CoordinatorId(u32::from(r.coordinator)),
-        seq,
-    };
-    if let Some(t) = h
-        .txns
-        .iter_mut()
-        .find(|t| t.id == id && t.outcome == dmem_txn::TxnOutcome::Unknown)
-    {
-        match decision {
-            dmem_deploy::Decision::RollForward => {
-                t.outcome = dmem_txn::TxnOutcome::Committed;
-                t.end = now;
-            }
-            dmem_deploy::Decision::RollBack => {
-                t.outcome = dmem_txn::TxnOutcome::Aborted;
-                t.writes.clear();
-            }
-        }
     }
 }
 
@@ -195,8 +154,7 @@ pub struct OoccDeployment {
     manager: Rc<ManagerLog>,
     manager_started: bool,
     paused: Rc<Cell<bool>>,
-    events: Rc<RefCell<Vec<RecoveryEvent>>>,
-    error: Rc<RefCell<Option<String>>>,
+    oracle: OracleState,
 }
 
 impl OoccDeployment {
@@ -337,72 +295,27 @@ impl Deployment for OoccDeployment {
             // A DSLR word does not name its holders: no recovery (see `dslr2pl`).
             return Ok(());
         }
-        let ctx = sim.context(sim.cn(recovery_cn), 0)?;
-        let (sim2, dir, leases, events) = (
-            Rc::clone(sim),
-            Rc::clone(&self.dir),
-            Rc::clone(&self.leases),
-            Rc::clone(&self.events),
-        );
-        let error = Rc::clone(&self.error);
-        let history = Rc::clone(&self.history);
+        let (dir, leases) = (Rc::clone(&self.dir), Rc::clone(&self.leases));
         let log_is_decision = self.protocol.drtm.is_some();
-        let c = ctx.clone();
-        sim.spawn(&ctx, async move {
-            let mut done: Vec<NodeId> = Vec::new();
-            // Past `until` too (as long again): DrTM's transactions wait out 400 µs leases
-            // and may still be running, and crash, when the other tasks stop.
-            while c.now() < timing.until.saturating_mul(2) {
-                let cns: Vec<NodeId> = {
-                    let mut v: Vec<NodeId> = leases.borrow().iter().map(|(_, n, _)| *n).collect();
-                    v.sort_unstable();
-                    v.dedup();
-                    v
-                };
-                for cn in cns {
-                    if done.contains(&cn) || !sim2.is_crashed(cn) {
-                        continue;
-                    }
-                    done.push(cn);
-                    let detected_at = c.now();
-                    // 1. Cut the CN off every MN.
-                    for mn in 0..sim2.mn_count() {
-                        SimLinkTerminator(Rc::clone(&sim2)).terminate(sim2.mn(mn), cn);
-                    }
-                    let terminated_at = c.now();
-                    let ids: Vec<u16> = leases
-                        .borrow()
-                        .iter()
-                        .filter(|(_, n, _)| *n == cn)
-                        .map(|(id, _, _)| *id)
-                        .collect();
-                    let mut coordinators = Vec::new();
-                    for id in ids {
-                        match crate::recovery::recover_coordinator(&c, &dir, id, log_is_decision)
-                            .await
-                        {
-                            Ok(r) => {
-                                settle(&history, &r, c.now());
-                                coordinators.push(r);
-                            }
-                            Err(e) => *error.borrow_mut() = Some(format!("recovering {id}: {e}")),
-                        }
-                    }
-                    let now = c.now();
-                    events.borrow_mut().push(RecoveryEvent {
-                        cn,
-                        detected_at,
-                        terminated_at,
-                        logs_recovered_at: now,
-                        finished_at: now,
-                        coordinators,
-                        scanned_locks: 0,
-                    });
-                }
-                c.sleep(timing.poll).await;
-            }
-        });
-        Ok(())
+        // Past `until` too (as long again): DrTM's transactions wait out 400 µs leases and
+        // may still be running, and crash, when the other tasks stop.
+        let timing = RecoveryTiming {
+            until: timing.until.saturating_mul(2),
+            ..timing
+        };
+        dmem_deploy::spawn_oracle_recovery(
+            sim,
+            recovery_cn,
+            timing,
+            Rc::clone(&self.history),
+            &self.oracle,
+            move || leases.borrow().iter().map(|(id, n, _)| (*id, *n)).collect(),
+            async move |c: &SimContext, id: u16| {
+                crate::recovery::recover_coordinator(c, &dir, id, log_is_decision)
+                    .await
+                    .map_err(|e| e.to_string())
+            },
+        )
     }
 
     fn final_coordinator(
@@ -414,11 +327,11 @@ impl Deployment for OoccDeployment {
     }
 
     fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        self.events.borrow().clone()
+        self.oracle.events.borrow().clone()
     }
 
     fn recovery_error(&self) -> Option<String> {
-        self.error.borrow().clone()
+        self.oracle.error.borrow().clone()
     }
 
     fn paused(&self) -> Rc<Cell<bool>> {

@@ -16,7 +16,8 @@
 //! * `ford:BUG[+BUG]` — FORD with bugs of Table 1 switched on (`ford:covert-locks`);
 //! * `motor`, `motor-si` — Motor under SR and SI (LOTUS §2.2, §8; `dmem-motor`);
 //! * `motor:FLAG[+FLAG]` — Motor with switches: `si`, `no-cas` (unsafe, for the LOTUS §2.2
-//!   motivation only), `skip-newer-abort` (a planted bug for the litmus suite).
+//!   motivation only), `skip-newer-abort` and `recovery-releases-only` (planted bugs for the
+//!   litmus suite; the second is what Motor's public code recovers).
 //!
 //! `dmem bench --protocol X`, `dmem litmus --protocol X` and the tests look protocols up
 //! here; a later protocol (Motor, LOTUS, …) adds one `register` line.

@@ -1,15 +1,22 @@
 //! Motor (SR and SI) as a [`Protocol`] on the simulated cluster.
 //!
 //! Versions per record follow the workload (LOTUS §8: TATP 2, SmallBank 3, TPC-C and
-//! micro-benchmarks 4; [`DeploySpec::workload`]). Motor keeps no logs here, so there is no
-//! recovery: [`Deployment::start_recovery`] starts nothing.
+//! micro-benchmarks 4; [`DeploySpec::workload`]). Coordinators keep their op logs in an
+//! [`OpLogs`] owned by the deployment (CN memory that survives a crash, Motor's UPS-backed
+//! DRAM); [`Deployment::start_recovery`] starts the oracle failure detector of `dmem-deploy`,
+//! which finishes a crashed CN's transactions with [`dmem_motor::recover_coordinator`].
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use dmem_deploy::{DeployError, DeploySpec, Deployment, Protocol, RecoveryEvent, RecoveryTiming};
+use dmem_deploy::{
+    Decision, DeployError, DeploySpec, Deployment, OracleState, Protocol, RecoveredCoordinator,
+    RecoveryEvent, RecoveryTiming,
+};
 use dmem_motor::mvcc::{self, MvccLoader, Shapes};
-use dmem_motor::{MotorConfig, MotorCoordinator, SyncedClock, cells_for_workload, read_final};
+use dmem_motor::{
+    MotorConfig, MotorCoordinator, OpLogs, SyncedClock, cells_for_workload, read_final,
+};
 use dmem_sim::{Sim, SimContext};
 use dmem_store::{AddressCache, ItemLoc, Store};
 use dmem_txn::{BoxCoordinator, History, Key, TableId};
@@ -33,7 +40,7 @@ impl MotorProtocol {
     }
 
     /// Parses the switches of `motor:FLAG[+FLAG]`: `si`, `no-cas` (unsafe, LOTUS §2.2
-    /// motivation only), `skip-newer-abort` (planted bug).
+    /// motivation only), `skip-newer-abort`, `recovery-releases-only` (planted bugs).
     ///
     /// # Errors
     /// The unknown flag.
@@ -44,9 +51,10 @@ impl MotorProtocol {
                 "si" => cfg.isolation = dmem_motor::Isolation::Snapshot,
                 "no-cas" => cfg.unsafe_no_cas = true,
                 "skip-newer-abort" => cfg.skip_newer_abort = true,
+                "recovery-releases-only" => cfg.recovery_releases_only = true,
                 other => {
                     return Err(format!(
-                        "unknown motor switch `{other}` (known: si, no-cas, skip-newer-abort)"
+                        "unknown motor switch `{other}` (known: si, no-cas, skip-newer-abort, recovery-releases-only)"
                     ));
                 }
             }
@@ -99,6 +107,9 @@ impl Protocol for MotorProtocol {
             caches: Vec::new(),
             warm: spec.warm_cache.then(Vec::new),
             paused: Rc::new(Cell::new(false)),
+            oplogs: Rc::new(OpLogs::new()),
+            coordinators: Rc::new(RefCell::new(Vec::new())),
+            oracle: OracleState::default(),
         }))
     }
 }
@@ -115,6 +126,11 @@ struct MotorDeployment {
     caches: Vec<(NodeId, Rc<RefCell<AddressCache>>)>,
     warm: Option<Vec<(TableId, Key, ItemLoc)>>,
     paused: Rc<Cell<bool>>,
+    /// Every coordinator's op log (survives CN crashes).
+    oplogs: Rc<OpLogs>,
+    /// `(coordinator id, CN)` of every worker.
+    coordinators: Rc<RefCell<Vec<(u16, NodeId)>>>,
+    oracle: OracleState,
 }
 
 impl MotorDeployment {
@@ -146,25 +162,56 @@ impl Deployment for MotorDeployment {
     fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
         let cache = self.cache_of(ctx.node());
         let ts = SyncedClock::new(ctx.clone(), ctx.node(), id, self.config.epsilon);
-        Ok(Box::new(MotorCoordinator::new(
-            ctx,
-            Rc::clone(&self.store),
-            Rc::clone(&self.shapes),
-            self.config,
-            id,
-            cache,
-            Rc::clone(&self.history),
-            ts,
-        )))
+        self.coordinators.borrow_mut().push((id, ctx.node()));
+        Ok(Box::new(
+            MotorCoordinator::new(
+                ctx,
+                Rc::clone(&self.store),
+                Rc::clone(&self.shapes),
+                self.config,
+                id,
+                cache,
+                Rc::clone(&self.history),
+                ts,
+            )
+            .with_op_log(Rc::clone(&self.oplogs)),
+        ))
     }
 
     fn start_recovery(
         &mut self,
-        _sim: &Rc<Sim>,
-        _recovery_cn: u16,
-        _timing: RecoveryTiming,
+        sim: &Rc<Sim>,
+        recovery_cn: u16,
+        timing: RecoveryTiming,
     ) -> Result<(), DeployError> {
-        Ok(())
+        let (store, shapes, logs) = (
+            Rc::clone(&self.store),
+            Rc::clone(&self.shapes),
+            Rc::clone(&self.oplogs),
+        );
+        let coordinators = Rc::clone(&self.coordinators);
+        let releases_only = self.config.recovery_releases_only;
+        dmem_deploy::spawn_oracle_recovery(
+            sim,
+            recovery_cn,
+            timing,
+            Rc::clone(&self.history),
+            &self.oracle,
+            move || coordinators.borrow().clone(),
+            async move |c: &SimContext, id: u16| {
+                let r =
+                    dmem_motor::recover_coordinator(c, &store, &shapes, &logs, id, releases_only)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                Ok(RecoveredCoordinator {
+                    coordinator: id,
+                    txn: r.rolled_forward,
+                    decision: r.rolled_forward.map(|_| Decision::RollForward),
+                    restored: r.restored,
+                    unlocked: r.unlocked,
+                })
+            },
+        )
     }
 
     fn final_coordinator(
@@ -176,11 +223,11 @@ impl Deployment for MotorDeployment {
     }
 
     fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        Vec::new()
+        self.oracle.events.borrow().clone()
     }
 
     fn recovery_error(&self) -> Option<String> {
-        None
+        self.oracle.error.borrow().clone()
     }
 
     fn paused(&self) -> Rc<Cell<bool>> {
