@@ -29,7 +29,8 @@ use dmem_deploy::{
 };
 use dmem_sim::{SimContext, SimError};
 use dmem_txn::{
-    BoxCoordinator, BoxTransaction, Coordinator, History, TxnError, TxnKind, TxnOutcome, check,
+    BoxCoordinator, BoxTransaction, CheckOptions, Coordinator, History, Isolation, TxnError,
+    TxnKind, TxnOutcome, check_with,
 };
 use dmem_verbs::{Clock, Nanos, OpKind};
 use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator, TxnInfo, Workload, execute};
@@ -401,7 +402,10 @@ pub fn run_bench(
     };
     let history = history.borrow();
     let (checker, checked_txns) = if cfg.check {
-        (verdict(&history), history.txns.len())
+        (
+            verdict_under(&history, protocol.isolation()),
+            history.txns.len(),
+        )
     } else {
         ("skipped".to_owned(), 0)
     };
@@ -457,10 +461,24 @@ pub fn run_bench(
     })
 }
 
-/// The checker's one-line verdict on `history`: "ok" or the first anomaly.
+/// The checker's one-line verdict on `history` under strict serializability: "ok" or the
+/// first anomaly.
 #[must_use]
 pub fn verdict(history: &History) -> String {
-    let report = check(history);
+    verdict_under(history, Isolation::Serializable)
+}
+
+/// The checker's one-line verdict on `history` under `isolation` (strict): "ok" or the
+/// first anomaly.
+#[must_use]
+pub fn verdict_under(history: &History, isolation: Isolation) -> String {
+    let report = check_with(
+        history,
+        &CheckOptions {
+            isolation,
+            ..CheckOptions::default()
+        },
+    );
     match report.anomalies.first() {
         None if report.is_ok() => "ok".to_owned(),
         None => format!("{} anomalies", report.total()),

@@ -23,7 +23,9 @@ pub use api::{
     Access, BoxCoordinator, BoxTransaction, Coordinator, DynCoordinator, DynTransaction, ReadReq,
     RoundValues, Transaction, TxnError,
 };
-pub use checker::{Anomaly, AnomalyKind, CheckOptions, CycleClass, Report, check, check_with};
+pub use checker::{
+    Anomaly, AnomalyKind, CheckOptions, CycleClass, Isolation, Report, check, check_with,
+};
 pub use history::{History, HistorySink, NoHistory, ReadEvent, TxnOutcome, TxnRecord, WriteEvent};
 pub use model::{CoordinatorId, Key, TableId, TxnId, TxnKind, Version, WriteKind};
 

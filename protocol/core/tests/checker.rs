@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use dmem_txn::checker::{Dependency, Malformation};
 use dmem_txn::{
-    Anomaly, AnomalyKind, CheckOptions, CoordinatorId, CycleClass, History, Key, ReadEvent, Report,
-    TableId, TxnId, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind, check, check_with,
+    Anomaly, AnomalyKind, CheckOptions, CoordinatorId, CycleClass, History, Isolation, Key,
+    ReadEvent, Report, TableId, TxnId, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+    check, check_with,
 };
 use quickcheck::TestResult;
 use quickcheck_macros::quickcheck;
@@ -253,6 +254,7 @@ fn serializable_but_not_strict_passes_without_real_time() {
         &CheckOptions {
             strict: false,
             max_anomalies: 8,
+            ..CheckOptions::default()
         },
     );
     assert!(r.is_ok(), "{r}");
@@ -731,6 +733,7 @@ fn anomalies_are_bounded_and_the_rest_counted() {
         &CheckOptions {
             strict: true,
             max_anomalies: 10,
+            ..CheckOptions::default()
         },
     );
     assert_eq!(r.anomalies.len(), 10);
@@ -759,6 +762,7 @@ fn anomalies_are_bounded_and_the_rest_counted() {
         &CheckOptions {
             strict: true,
             max_anomalies: 0,
+            ..CheckOptions::default()
         },
     );
     assert!(!r.is_ok());
@@ -1306,4 +1310,78 @@ fn large_serial_history_passes_and_one_stale_read_is_found() {
         assert!(c.steps.len() <= 3, "{r}");
         assert!(c.steps.iter().any(|s| s.from == reader), "{r}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshot isolation
+// ---------------------------------------------------------------------------------------------
+
+fn snapshot(strict: bool) -> CheckOptions {
+    CheckOptions {
+        strict,
+        isolation: Isolation::Snapshot,
+        ..CheckOptions::default()
+    }
+}
+
+/// Write skew (Fig. 5(b)'s (1,1) outcome): T1 reads x, y and writes y; T2 reads x, y and
+/// writes x, concurrently. Two `rw` edges: G2 under serializability, allowed under SI.
+#[test]
+fn write_skew_is_g2_under_serializability_and_allowed_under_snapshot_isolation() {
+    let h = history(vec![
+        txn(1, (0, 10), Committed, &[(1, 0), (2, 0)], &[(2, 1, Update)]),
+        txn(2, (0, 10), Committed, &[(1, 0), (2, 0)], &[(1, 1, Update)]),
+    ]);
+    let a = only(&h, AnomalyKind::G2);
+    assert_eq!(cycle_labels(&a), ["rw", "rw"]);
+    for strict in [false, true] {
+        let r = check_with(&h, &snapshot(strict));
+        assert!(r.is_ok(), "SI (strict {strict}) allows write skew: {r}");
+    }
+}
+
+/// A lost update (G-single: one `rw` edge) is an anomaly under SI too.
+#[test]
+fn lost_update_is_an_anomaly_under_snapshot_isolation() {
+    let h = history(vec![
+        txn(1, (0, 10), Committed, &[(1, 0)], &[(1, 1, Update)]),
+        txn(2, (0, 10), Committed, &[(1, 0)], &[(1, 2, Update)]),
+    ]);
+    for strict in [false, true] {
+        let r = check_with(&h, &snapshot(strict));
+        assert_eq!(r.total(), 1, "strict {strict}: {r}");
+        assert_eq!(r.anomalies[0].kind(), AnomalyKind::GSingle, "{r}");
+    }
+}
+
+/// A stale read — reading a version that a transaction which ended before the reader began
+/// had overwritten — is one `rw` and one `rt` edge: an anomaly under strict SI, allowed
+/// without real time.
+#[test]
+fn stale_read_is_an_anomaly_under_strict_snapshot_isolation_only() {
+    let h = history(vec![
+        txn(1, (0, 10), Committed, &[], &[(1, 1, Update)]),
+        txn(2, (20, 30), Committed, &[(1, 0)], &[]),
+    ]);
+    assert!(check_with(&h, &snapshot(false)).is_ok());
+    let r = check_with(&h, &snapshot(true));
+    assert_eq!(r.total(), 1, "{r}");
+    assert_eq!(r.anomalies[0].kind(), AnomalyKind::RealTime, "{r}");
+}
+
+/// Write skew followed in real time by a reader closes cycles with `rt` edges as well; they
+/// still hold two `rw` edges and SI allows them, while G1c in the same history is found.
+#[test]
+fn snapshot_isolation_still_reports_g1c_beside_allowed_write_skew() {
+    let h = history(vec![
+        txn(1, (0, 10), Committed, &[(1, 0), (2, 0)], &[(2, 1, Update)]),
+        txn(2, (0, 10), Committed, &[(1, 0), (2, 0)], &[(1, 1, Update)]),
+        txn(3, (20, 30), Committed, &[(1, 1), (2, 1)], &[]),
+        // Circular information flow between T4 and T5.
+        txn(4, (40, 50), Committed, &[(4, 1)], &[(3, 1, Update)]),
+        txn(5, (40, 50), Committed, &[(3, 1)], &[(4, 1, Update)]),
+    ]);
+    let r = check_with(&h, &snapshot(true));
+    assert_eq!(r.total(), 1, "{r}");
+    assert_eq!(r.anomalies[0].kind(), AnomalyKind::G1c, "{r}");
 }

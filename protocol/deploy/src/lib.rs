@@ -33,7 +33,7 @@ pub use registry::{Family, Registry};
 
 use dmem_sim::{Sim, SimContext, SimError};
 use dmem_store::StoreError;
-use dmem_txn::{BoxCoordinator, History, Key, TableId};
+use dmem_txn::{BoxCoordinator, History, Isolation, Key, TableId};
 use dmem_verbs::{Nanos, NodeId};
 
 /// Why a deployment could not be built or driven.
@@ -189,6 +189,12 @@ pub struct RecoveryEvent {
 pub trait Protocol: Send + Sync {
     /// The name it is registered and reported under (`pandora`, `ford:covert-locks`).
     fn name(&self) -> String;
+
+    /// The isolation level it promises, which the history checker and the litmus
+    /// assertions judge it by (serializable unless said otherwise; strict in both cases).
+    fn isolation(&self) -> Isolation {
+        Isolation::Serializable
+    }
 
     /// Bytes every MN needs for `spec` on `mns` MNs, before the cluster is built.
     ///

@@ -381,7 +381,12 @@ fn execute(
     })
 }
 
-fn judge(litmus: Litmus, cfg: &RunConfig, ex: &Execution) -> Option<Violation> {
+fn judge(
+    litmus: Litmus,
+    cfg: &RunConfig,
+    ex: &Execution,
+    isolation: dmem_txn::Isolation,
+) -> Option<Violation> {
     let one = |reason: String| {
         Some(Violation {
             detail: reason.clone(),
@@ -408,11 +413,17 @@ fn judge(litmus: Litmus, cfg: &RunConfig, ex: &Execution) -> Option<Violation> {
     };
     let per = litmus.key_count();
     for i in 0..usize::from(cfg.instances) {
-        if let Err(why) = litmus.assert_final(&state[i * per..(i + 1) * per]) {
+        if let Err(why) = litmus.assert_final_under(&state[i * per..(i + 1) * per], isolation) {
             return one(format!("assertion, instance {i}: {why}"));
         }
     }
-    let report = dmem_txn::check(&ex.history);
+    let report = dmem_txn::check_with(
+        &ex.history,
+        &dmem_txn::CheckOptions {
+            isolation,
+            ..dmem_txn::CheckOptions::default()
+        },
+    );
     if !report.is_ok() {
         let first = report
             .anomalies
@@ -508,7 +519,7 @@ pub fn run_one(
         cfg,
         crash.map(|c| (c.cn, c.work_request)),
     )?;
-    let violation = judge(litmus, cfg, &ex);
+    let violation = judge(litmus, cfg, &ex, target.isolation());
     Ok(RunOutcome {
         litmus,
         seed,

@@ -173,6 +173,13 @@ fn motor_passes_every_litmus_with_crashes() {
     passes("motor");
 }
 
+/// Judged as snapshot isolation (write skew allowed by litmus 2's assertion and the
+/// checker).
+#[test]
+fn motor_under_snapshot_isolation_passes_every_litmus_with_crashes() {
+    passes("motor-si");
+}
+
 /// Motor's public code only releases a crashed coordinator's locks; a commit cut between
 /// its post lists then stays half installed. The litmus suite must see that (seed 3 of
 /// litmus 1 in the README's measurement).

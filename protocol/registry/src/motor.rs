@@ -82,6 +82,13 @@ impl Protocol for MotorProtocol {
         self.name.clone()
     }
 
+    fn isolation(&self) -> dmem_txn::Isolation {
+        match self.config.isolation {
+            dmem_motor::Isolation::Serializable => dmem_txn::Isolation::Serializable,
+            dmem_motor::Isolation::Snapshot => dmem_txn::Isolation::Snapshot,
+        }
+    }
+
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
         Ok(layout(spec, mns).1.bytes_per_mn()?)
     }

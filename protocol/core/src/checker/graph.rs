@@ -6,9 +6,9 @@ use alloc::vec::Vec;
 
 use dmem_verbs::Nanos;
 
-use super::Checker;
 use super::index::{ReadTarget, Status};
 use super::report::{Anomaly, Cycle, CycleClass, CycleStep, Dependency};
+use super::{Checker, Isolation};
 use crate::model::Version;
 
 // Edge kinds, packed in bits 30..32 of an edge word.
@@ -267,31 +267,47 @@ impl Checker<'_> {
         if !cyclic {
             return;
         }
-        let mut levels = alloc::vec![
-            (bit(WW), WW),
-            (bit(WW) | bit(WR), WR),
-            (bit(WW) | bit(WR) | bit(RW), RW),
-        ];
-        if self.options.strict {
-            levels.push((all, RT));
+        let snapshot = self.options.isolation == Isolation::Snapshot;
+        // (edges of the level's graph, the new kinds whose edges start a search, the edges a
+        // search may follow back; `None`: the level's graph).
+        let mut levels: Vec<(u8, u8, Option<u8>)> =
+            alloc::vec![(bit(WW), bit(WW), None), (bit(WW) | bit(WR), bit(WR), None),];
+        if snapshot {
+            // Snapshot isolation forbids a cycle with at most one `rw` edge (G-single, and
+            // with real time a stale read) and allows those with two or more (write skew):
+            // start at each `rw` (and `rt`) edge and return without another `rw`.
+            let starts = bit(RW) | if self.options.strict { bit(RT) } else { 0 };
+            levels.push((all, starts, Some(all & !bit(RW))));
+        } else {
+            levels.push((bit(WW) | bit(WR) | bit(RW), bit(RW), None));
+            if self.options.strict {
+                levels.push((all, bit(RT), None));
+            }
         }
         let mut search = Search::new(g.nodes as usize);
         // Transactions per component at the previous level (none before the first).
         let mut prev: Option<(Vec<u32>, Vec<u32>)> = None;
-        for (mask, new_kind) in levels {
+        for (mask, new_kinds, path_mask) in levels {
             scc.run(g, mask, Some(&active));
             let sizes = scc.txn_counts(g);
-            // Edges of the new kind inside a component, grouped by component.
-            let mut cand: Vec<(u32, u32, u32)> = g
+            // Edges of the new kinds inside a component, grouped by component.
+            let mut cand: Vec<(u32, u32, u32, u64)> = g
                 .edges
                 .iter()
                 .filter(|&&e| {
-                    edge_kind(e) == new_kind
+                    bit(edge_kind(e)) & new_kinds != 0
                         && edge_src(e) < g.txn_nodes
                         && scc.comp[edge_src(e) as usize] != NO_NODE
                         && scc.comp[edge_src(e) as usize] == scc.comp[edge_dst(e) as usize]
                 })
-                .map(|&e| (scc.comp[edge_src(e) as usize], edge_src(e), edge_dst(e)))
+                .map(|&e| {
+                    (
+                        scc.comp[edge_src(e) as usize],
+                        edge_src(e),
+                        edge_dst(e),
+                        edge_kind(e),
+                    )
+                })
                 .collect();
             cand.sort_by_key(|c| c.0);
             let mut start = 0;
@@ -311,7 +327,11 @@ impl Checker<'_> {
                     self.out.omitted += 1;
                     continue;
                 }
-                let cycle = self.shortest_cycle(g, &mut search, &scc.comp, mask, new_kind, group);
+                let Some(cycle) =
+                    self.shortest_cycle(g, &mut search, &scc.comp, mask, path_mask, group)
+                else {
+                    continue; // snapshot isolation: every cycle has two `rw` edges
+                };
                 let steps = self.explain(g, &cycle);
                 self.out.push(Anomaly::Cycle(Cycle {
                     class: CycleClass::of(&steps),
@@ -323,30 +343,32 @@ impl Checker<'_> {
         }
     }
 
-    /// The shortest cycle through one of `group`'s edges `(comp, u, v)`, as a node list
-    /// `[u, v, …]` with the kind of the edge leaving each node.
+    /// The shortest cycle through one of `group`'s edges `(comp, u, v, kind)`, as a node
+    /// list `[u, v, …]` with the kind of the edge leaving each node. With `path_mask` the
+    /// way back follows only those edge kinds, and there may be no such cycle.
     fn shortest_cycle(
         &self,
         g: &Graph,
         search: &mut Search,
         comp: &[u32],
         mask: u8,
-        new_kind: u64,
-        group: &[(u32, u32, u32)],
-    ) -> Vec<(u32, u64)> {
+        path_mask: Option<u8>,
+        group: &[(u32, u32, u32, u64)],
+    ) -> Option<Vec<(u32, u64)>> {
         let c = group[0].0;
         let comp_nodes = comp.iter().filter(|&&x| x == c).count();
         let mut best: Option<(u32, Vec<(u32, u64)>)> = None;
         // At the rw level, first look for G-single: a path back without further rw edges.
-        let passes: &[u8] = if new_kind == RW {
-            &[bit(WW) | bit(WR), 0]
-        } else {
-            &[0]
+        let rw_level = group.iter().all(|&(_, _, _, k)| k == RW);
+        let passes: Vec<u8> = match path_mask {
+            Some(m) => alloc::vec![m],
+            None if rw_level => alloc::vec![bit(WW) | bit(WR), 0],
+            None => alloc::vec![0],
         };
-        for &pass_mask in passes {
+        for pass_mask in passes {
             let path_mask = if pass_mask == 0 { mask } else { pass_mask };
             let mut budget = 64 * comp_nodes + 4096;
-            for (i, &(_, u, v)) in group.iter().enumerate() {
+            for (i, &(_, u, v, kind)) in group.iter().enumerate() {
                 let w0 = g.weight(u);
                 let limit = best.as_ref().map_or(u32::MAX, |b| b.0);
                 if w0 >= limit {
@@ -357,7 +379,7 @@ impl Checker<'_> {
                 match search.path(g, comp, c, path_mask, v, u, limit - w0, budget_ref) {
                     PathResult::Found(d, path) => {
                         let mut cycle = Vec::with_capacity(path.len() + 1);
-                        cycle.push((u, new_kind));
+                        cycle.push((u, kind));
                         cycle.extend(path);
                         best = Some((d + w0, cycle));
                         if d + w0 <= 2 {
@@ -372,8 +394,11 @@ impl Checker<'_> {
                 break;
             }
         }
-        best.expect("an edge inside a strongly connected component lies on a cycle")
-            .1
+        debug_assert!(
+            path_mask.is_some() || best.is_some(),
+            "an edge inside a strongly connected component lies on a cycle"
+        );
+        best.map(|b| b.1)
     }
 
     /// Collapses time-point runs into `rt` steps and attaches the evidence to each edge.

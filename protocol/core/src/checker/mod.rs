@@ -163,11 +163,27 @@ pub use report::{
     Report,
 };
 
+/// The isolation level a history is judged against.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Isolation {
+    /// Serializability: no dependency cycle at all.
+    #[default]
+    Serializable,
+    /// Snapshot isolation as Adya's PL-SI judges it from dependencies: G0, G1 and every
+    /// cycle with at most one `rw` edge (G-single; with `strict`, a stale read) are
+    /// anomalies, cycles with two or more `rw` edges (write skew) are allowed. The
+    /// start-order conditions of PL-SI (G-SIa) need start timestamps, which histories do
+    /// not record, and are not checked.
+    Snapshot,
+}
+
 /// What the checker judges and how much it reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckOptions {
     /// Judge strict serializability (add real-time edges) instead of serializability.
     pub strict: bool,
+    /// Serializability or snapshot isolation.
+    pub isolation: Isolation,
     /// Keep at most this many anomalies; the rest are only counted
     /// ([`Report::omitted`]).
     pub max_anomalies: usize,
@@ -178,6 +194,7 @@ impl Default for CheckOptions {
     fn default() -> Self {
         Self {
             strict: true,
+            isolation: Isolation::Serializable,
             max_anomalies: 32,
         }
     }
