@@ -10,48 +10,89 @@ use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use clap::Args as ClapArgs;
+use anyhow::{Result, bail};
+use clap::{Args as ClapArgs, ValueEnum};
+use dmem_cli::common::{self, Sink, round};
 use dmem_hashtable::{Dlht, Op, Options, Request, Sizing, WordArray, mix64};
+use serde::Serialize;
 
 /// Flags of `dmem bench hashtable`.
-#[derive(ClapArgs, Debug)]
+#[derive(ClapArgs, Debug, Serialize)]
 pub(crate) struct Args {
-    /// Tables to measure, comma-separated: dlht, dlht-fast, hashbrown, std, dashmap, papaya,
-    /// limit (dlht-fast = DLHT with `Sizing::Fast`, 1.5 entries per bin instead of 2.6;
-    /// limit = random independent 8-byte loads over an array the size of the DLHT bins).
-    #[arg(long, default_value = "dlht,hashbrown,std,dashmap,papaya,limit")]
-    table: String,
-    /// Table sizes in keys, comma-separated (k/M suffixes allowed, e.g. 1M,10M,100M).
-    #[arg(long, default_value = "1M,10M")]
-    keys: String,
-    /// Thread counts, comma-separated (hashbrown and std run single-threaded only).
-    #[arg(long, default_value = "1,2")]
-    threads: String,
-    /// Batch sizes, comma-separated (DLHT and limit; the other tables have no batch API).
-    #[arg(long, default_value = "1,4,8,16,24,32")]
-    batch: String,
+    /// Tables to measure, comma-separated (dlht-fast = DLHT with `Sizing::Fast`, 1.5
+    /// entries per bin instead of 2.6; limit = random independent 8-byte loads over an
+    /// array the size of the DLHT bins).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "dlht,hashbrown,std,dashmap,papaya,limit"
+    )]
+    table: Vec<Table>,
+    /// Table sizes in keys, comma-separated (k/M/G suffixes allowed, e.g. 1M,10M,100M).
+    #[arg(long, value_delimiter = ',', default_value = "1M,10M", value_parser = parse_count)]
+    keys: Vec<usize>,
+    /// Thread counts, comma-separated, 1..=1024 (hashbrown and std run single-threaded only).
+    #[arg(long, value_delimiter = ',', default_value = "1,2", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    threads: Vec<u16>,
+    /// Batch sizes, comma-separated, 1..=4096 (DLHT and limit; the other tables have no
+    /// batch API).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8,16,24,32", value_parser = clap::value_parser!(u16).range(1..=4096))]
+    batch: Vec<u16>,
     /// Operations, comma-separated: get, put (update of a present key), mixed (90% get).
-    #[arg(long, default_value = "get")]
-    op: String,
-    /// Seconds measured per row.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "get")]
+    op: Vec<Workload>,
+    /// Seconds measured per row, in (0, 3600].
     #[arg(long, default_value_t = 1.0)]
     secs: f64,
     /// Pages for the DLHT and limit arrays: huge (madvise(MADV_HUGEPAGE)) or small.
-    #[arg(long, default_value = "huge")]
-    pages: String,
+    #[arg(long, value_enum, default_value = "huge")]
+    pages: Pages,
     /// Hashers for hashbrown, std, dashmap and papaya, comma-separated: default (each table's
     /// own: foldhash for hashbrown, SipHash-1-3 with random keys for std, dashmap and papaya),
     /// mix64 (DLHT's own bin hash, for all: like for like with dlht) or foldhash (for all).
     /// DLHT always hashes with mix64, and limit with mix64 too; they run once.
-    #[arg(long, default_value = "default")]
-    hasher: String,
-    /// Print one JSON object per measured row instead of a table.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "default")]
+    hasher: Vec<HasherChoice>,
+    /// Print JSON lines instead of a table: one object per measured row, then a summary.
     #[arg(long)]
     json: bool,
+    /// Also write the rows to this CSV file.
+    #[arg(long, value_name = "FILE")]
+    csv: Option<std::path::PathBuf>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// Pages of the DLHT and limit arrays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Pages {
+    Huge,
+    Small,
+}
+
+/// A count with an optional k/M/G suffix (`10M`), at least 1.
+fn parse_count(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (digits, mult) = match t.as_bytes().last() {
+        Some(b'k' | b'K') => (&t[..t.len() - 1], 1_000),
+        Some(b'm' | b'M') => (&t[..t.len() - 1], 1_000_000),
+        Some(b'g' | b'G') => (&t[..t.len() - 1], 1_000_000_000),
+        _ => (t, 1),
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number (suffixes k, M, G allowed)"))?;
+    let n = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("`{s}` is too large"))?;
+    if n == 0 {
+        return Err("must be at least 1".into());
+    }
+    Ok(n)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
 enum Table {
     Dlht,
     DlhtFast,
@@ -77,7 +118,8 @@ impl Table {
 }
 
 /// The hasher the comparison tables run with (`--hasher`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
 enum HasherChoice {
     Default,
     Mix64,
@@ -129,7 +171,8 @@ impl std::hash::BuildHasher for Mix64Build {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
 enum Workload {
     Get,
     Put,
@@ -156,128 +199,41 @@ struct Plan {
     hashers: Vec<HasherChoice>,
     secs: f64,
     huge: bool,
-    json: bool,
-}
-
-fn list(flag: &str, s: &str) -> Result<Vec<String>> {
-    let items: Vec<String> = s
-        .split(',')
-        .map(|x| x.trim().to_ascii_lowercase())
-        .filter(|x| !x.is_empty())
-        .collect();
-    if items.is_empty() {
-        bail!("--{flag} is empty; give a comma-separated list");
-    }
-    Ok(items)
-}
-
-fn count(flag: &str, s: &str) -> Result<usize> {
-    let (digits, mult) = match s.as_bytes().last() {
-        Some(b'k') => (&s[..s.len() - 1], 1_000),
-        Some(b'm') => (&s[..s.len() - 1], 1_000_000),
-        Some(b'g') => (&s[..s.len() - 1], 1_000_000_000),
-        _ => (s, 1),
-    };
-    let n: usize = digits
-        .parse()
-        .with_context(|| format!("--{flag}: `{s}` is not a number"))?;
-    let n = n
-        .checked_mul(mult)
-        .with_context(|| format!("--{flag}: `{s}` is too large"))?;
-    if n == 0 {
-        bail!("--{flag}: values must be at least 1 (got `{s}`)");
-    }
-    Ok(n)
 }
 
 impl Plan {
     fn from_args(a: &Args) -> Result<Plan> {
-        let mut tables = Vec::new();
-        for t in list("table", &a.table)? {
-            tables.push(match t.as_str() {
-                "dlht" => Table::Dlht,
-                "dlht-fast" => Table::DlhtFast,
-                "hashbrown" => Table::Hashbrown,
-                "std" => Table::Std,
-                "dashmap" => Table::Dashmap,
-                "papaya" => Table::Papaya,
-                "limit" => Table::Limit,
-                other => bail!(
-                    "--table: unknown table `{other}` (known: dlht, dlht-fast, hashbrown, std, dashmap, papaya, limit)"
-                ),
-            });
-        }
-        let mut ops = Vec::new();
-        for o in list("op", &a.op)? {
-            ops.push(match o.as_str() {
-                "get" => Workload::Get,
-                "put" => Workload::Put,
-                "mixed" => Workload::Mixed,
-                other => bail!("--op: unknown operation `{other}` (known: get, put, mixed)"),
-            });
-        }
-        let mut hashers = Vec::new();
-        for h in list("hasher", &a.hasher)? {
-            hashers.push(match h.as_str() {
-                "default" => HasherChoice::Default,
-                "mix64" => HasherChoice::Mix64,
-                "foldhash" => HasherChoice::Foldhash,
-                other => {
-                    bail!("--hasher: unknown hasher `{other}` (known: default, mix64, foldhash)")
-                }
-            });
-        }
-        hashers.dedup();
-        let keys = list("keys", &a.keys)?
-            .iter()
-            .map(|s| count("keys", s))
-            .collect::<Result<Vec<_>>>()?;
-        let threads = list("threads", &a.threads)?
-            .iter()
-            .map(|s| count("threads", s))
-            .collect::<Result<Vec<_>>>()?;
-        let batches = list("batch", &a.batch)?
-            .iter()
-            .map(|s| count("batch", s))
-            .collect::<Result<Vec<_>>>()?;
-        if let Some(&b) = batches.iter().find(|&&b| b > 4096) {
-            bail!("--batch: {b} is larger than the supported 4096");
-        }
-        if let Some(&t) = threads.iter().find(|&&t| t > 1024) {
-            bail!("--threads: {t} is more than 1024");
-        }
+        let names = |v: &[Table]| v.iter().map(|t| t.name()).collect::<Vec<_>>();
+        common::no_duplicates("table", &names(&a.table))?;
+        common::no_duplicates("keys", &a.keys)?;
+        common::no_duplicates("threads", &a.threads)?;
+        common::no_duplicates("batch", &a.batch)?;
+        common::no_duplicates("op", &a.op)?;
+        common::no_duplicates("hasher", &a.hasher)?;
         if !(a.secs > 0.0 && a.secs <= 3600.0) {
             bail!("--secs: must be in (0, 3600], got {}", a.secs);
         }
-        let huge = match a.pages.to_ascii_lowercase().as_str() {
-            "huge" => true,
-            "small" => false,
-            other => bail!("--pages: unknown `{other}` (known: huge, small)"),
-        };
         // One table is alive at a time; the hungriest measured here (dashmap, papaya, std)
         // stays under 96 bytes per 16-byte entry, the DLHT and the limit array far below.
-        if let Some(&n) = keys.iter().max() {
-            crate::common::ensure_memory(
+        if let Some(&n) = a.keys.iter().max() {
+            common::ensure_memory(
                 (n as u64).checked_mul(BYTES_PER_KEY_BOUND),
                 &format!("a table of {n} keys"),
                 "--keys",
             )?;
         }
-        let mut keys = keys;
+        let mut keys = a.keys.clone();
         // Smallest first, so the big (memory-hungry) rows run last.
         keys.sort_unstable();
-        keys.dedup();
-        tables.dedup();
         Ok(Plan {
-            tables,
+            tables: a.table.clone(),
             keys,
-            threads,
-            batches,
-            ops,
-            hashers,
+            threads: a.threads.iter().map(|&t| usize::from(t)).collect(),
+            batches: a.batch.iter().map(|&b| usize::from(b)).collect(),
+            ops: a.op.clone(),
+            hashers: a.hasher.clone(),
             secs: a.secs,
-            huge,
-            json: a.json,
+            huge: a.pages == Pages::Huge,
         })
     }
 }
@@ -399,61 +355,83 @@ struct Row<'a> {
     built: &'a Built,
 }
 
+/// One measured row as `--json` and `--csv` give it.
+#[derive(Serialize)]
+struct RowOut {
+    table: Table,
+    op: Workload,
+    keys: usize,
+    threads: usize,
+    batch: usize,
+    hasher: &'static str,
+    mops: f64,
+    ns_per_op_per_thread: f64,
+    pages: &'static str,
+    huge_fraction: f64,
+    bytes_per_key: f64,
+}
+
+/// Rows to the terminal as they are measured, and to the shared sink (JSON lines, CSV).
 struct Printer {
-    json: bool,
+    sink: Sink,
     header_done: bool,
+    /// The first row the sink could not take (reported after the run).
+    error: Option<anyhow::Error>,
 }
 
 impl Printer {
     fn row(&mut self, r: &Row<'_>) {
-        if self.json {
-            let v = serde_json::json!({
-                "table": r.table.name(),
-                "op": r.workload.name(),
-                "keys": r.keys,
-                "threads": r.threads,
-                "batch": r.batch,
-                "hasher": r.hasher,
-                "mops": (r.mops * 1000.0).round() / 1000.0,
-                "ns_per_op_per_thread": (1e3 * r.threads as f64 / r.mops * 10.0).round() / 10.0,
-                "pages": r.built.pages,
-                "huge_fraction": (r.built.huge_fraction * 100.0).round() / 100.0,
-                "bytes_per_key": (r.built.bytes_per_key * 10.0).round() / 10.0,
-            });
-            println!("{v}");
-        } else {
-            if !self.header_done {
-                println!(
-                    "{:<10} {:<6} {:>11} {:>7} {:>5} {:<8} {:>9} {:>11} {:<12} {:>6} {:>9}",
-                    "table",
-                    "op",
-                    "keys",
-                    "threads",
-                    "batch",
-                    "hasher",
-                    "Mops/s",
-                    "ns/op/thr",
-                    "pages",
-                    "huge%",
-                    "B/key"
-                );
-                self.header_done = true;
-            }
-            println!(
-                "{:<10} {:<6} {:>11} {:>7} {:>5} {:<8} {:>9.2} {:>11.1} {:<12} {:>6.0} {:>9.1}",
-                r.table.name(),
-                r.workload.name(),
-                r.keys,
-                r.threads,
-                r.batch,
-                r.hasher,
-                r.mops,
-                1e3 * r.threads as f64 / r.mops,
-                r.built.pages,
-                r.built.huge_fraction * 100.0,
-                r.built.bytes_per_key
-            );
+        let ns = 1e3 * r.threads as f64 / r.mops;
+        let out = self.sink.row(&RowOut {
+            table: r.table,
+            op: r.workload,
+            keys: r.keys,
+            threads: r.threads,
+            batch: r.batch,
+            hasher: r.hasher,
+            mops: round(r.mops, 3),
+            ns_per_op_per_thread: round(ns, 1),
+            pages: r.built.pages,
+            huge_fraction: round(r.built.huge_fraction, 2),
+            bytes_per_key: round(r.built.bytes_per_key, 1),
+        });
+        if let Err(e) = out {
+            self.error.get_or_insert(e);
         }
+        if self.sink.json() {
+            return;
+        }
+        if !self.header_done {
+            println!(
+                "{:<10} {:<6} {:>11} {:>7} {:>5} {:<8} {:>9} {:>11} {:<12} {:>6} {:>9}",
+                "table",
+                "op",
+                "keys",
+                "threads",
+                "batch",
+                "hasher",
+                "Mops/s",
+                "ns/op/thr",
+                "pages",
+                "huge%",
+                "B/key"
+            );
+            self.header_done = true;
+        }
+        println!(
+            "{:<10} {:<6} {:>11} {:>7} {:>5} {:<8} {:>9.2} {:>11.1} {:<12} {:>6.0} {:>9.1}",
+            r.table.name(),
+            r.workload.name(),
+            r.keys,
+            r.threads,
+            r.batch,
+            r.hasher,
+            r.mops,
+            ns,
+            r.built.pages,
+            r.built.huge_fraction * 100.0,
+            r.built.bytes_per_key
+        );
     }
 }
 
@@ -479,10 +457,11 @@ fn built<T>(n: usize, pages: &'static str, build: impl FnOnce() -> T) -> (T, Bui
 pub(crate) fn run(args: Args) -> Result<()> {
     let plan = Plan::from_args(&args)?;
     let mut out = Printer {
-        json: plan.json,
+        sink: Sink::new(args.json, args.csv.as_deref())?,
         header_done: false,
+        error: None,
     };
-    if !plan.json {
+    if !args.json {
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         println!(
             "# dmem bench hashtable: {} cores, THP policy {}, load average {}",
@@ -512,7 +491,11 @@ pub(crate) fn run(args: Args) -> Result<()> {
             bench_table(&plan, &mut out, table, n, &workloads);
         }
     }
-    Ok(())
+    if let Some(e) = out.error {
+        return Err(e);
+    }
+    out.sink
+        .finish("bench hashtable", &args, serde_json::json!({}))
 }
 
 fn bench_table(

@@ -57,6 +57,13 @@ const BAD: &[&[&str]] = &[
     // bench hashtable: sizes priced before anything is built
     &["bench", "hashtable", "--keys", "18446744073709551615"],
     &["bench", "hashtable", "--keys", "100000000000"],
+    &["bench", "hashtable", "--keys", "0"],
+    &["bench", "hashtable", "--keys", "10k,10k"],
+    &["bench", "hashtable", "--table", "btree"],
+    &["bench", "hashtable", "--threads", "2000"],
+    &["bench", "hashtable", "--batch", "0"],
+    &["bench", "hashtable", "--secs", "0"],
+    &["bench", "hashtable", "--csv", "/nonexistent-dir/rows.csv"],
     // litmus
     &["litmus", "--protocol", "pandora", "--threads", "100000"],
     &["litmus", "--protocol", "pandora", "--threads", "0"],
