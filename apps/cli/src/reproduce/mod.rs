@@ -7,6 +7,7 @@
 //! command exits 3 when an ordering does not hold.
 
 mod declock;
+mod oocc;
 mod pandora;
 
 use std::path::{Path, PathBuf};
@@ -80,7 +81,7 @@ pub(crate) struct Paper {
 }
 
 /// Every paper `dmem reproduce` knows; adding one is a module and a line here.
-pub(crate) const PAPERS: &[Paper] = &[declock::PAPER, pandora::PAPER];
+pub(crate) const PAPERS: &[Paper] = &[declock::PAPER, oocc::PAPER, pandora::PAPER];
 
 /// Papers by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -88,6 +89,9 @@ pub(crate) const PAPERS: &[Paper] = &[declock::PAPER, pandora::PAPER];
 pub(crate) enum PaperArg {
     /// DecLock (lock microbenchmark, Figs. 12–13): CASLock, DSLR+, ShiftLock, DecLock-TF/-PF.
     Declock,
+    /// OOCC (Figs. 10–14: against OCC, DrTM, DSLR; technique ladder; lease, manager and
+    /// offset sweeps).
+    Oocc,
     /// Pandora (steady state vs FORD and lock logging; recovery latency; FORD's scan).
     Pandora,
 }
@@ -96,6 +100,7 @@ impl PaperArg {
     fn name(self) -> &'static str {
         match self {
             PaperArg::Declock => "declock",
+            PaperArg::Oocc => "oocc",
             PaperArg::Pandora => "pandora",
         }
     }
