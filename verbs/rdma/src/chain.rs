@@ -54,11 +54,16 @@ pub enum ChainedOp {
         local: LocalSlice,
     },
     /// `ibv_wr_rdma_write` with the payload copied into the work-queue entry.
-    WriteInline,
+    WriteInline {
+        /// The payload.
+        data: Vec<u8>,
+    },
     /// `ibv_wr_rdma_write` gathering the payload from `local` (copied there first).
     Write {
         /// Source in the staging buffer.
         local: LocalSlice,
+        /// The payload.
+        data: Vec<u8>,
     },
     /// `ibv_wr_atomic_cmp_swp`; the old value lands at `local` (8 bytes, 8-aligned).
     Cas {
@@ -101,7 +106,7 @@ impl ChainedWr {
     pub const fn kind(&self) -> OpKind {
         match self.op {
             ChainedOp::Read { .. } => OpKind::Read,
-            ChainedOp::Write { .. } | ChainedOp::WriteInline => OpKind::Write,
+            ChainedOp::Write { .. } | ChainedOp::WriteInline { .. } => OpKind::Write,
             ChainedOp::Cas { .. } => OpKind::Cas,
             ChainedOp::Faa { .. } => OpKind::Faa,
         }
@@ -110,7 +115,7 @@ impl ChainedWr {
     /// Whether the payload is inline.
     #[must_use]
     pub const fn inline(&self) -> bool {
-        matches!(self.op, ChainedOp::WriteInline)
+        matches!(self.op, ChainedOp::WriteInline { .. })
     }
 }
 
@@ -239,11 +244,12 @@ pub fn build_chains(
             Op::Read { len, .. } => ChainedOp::Read {
                 local: take(len as usize, false),
             },
-            Op::Write { ref data, .. } if data.len() <= limits.max_inline as usize => {
-                ChainedOp::WriteInline
+            Op::Write { data, .. } if data.len() <= limits.max_inline as usize => {
+                ChainedOp::WriteInline { data }
             }
-            Op::Write { ref data, .. } => ChainedOp::Write {
+            Op::Write { data, .. } => ChainedOp::Write {
                 local: take(data.len(), false),
+                data,
             },
             Op::Cas { expect, swap, .. } => ChainedOp::Cas {
                 compare: expect,
@@ -287,7 +293,11 @@ pub fn build_chains(
             });
         }
     }
-    let signaled = split.iter().flat_map(|c| &c.wrs).filter(|w| w.signaled).count();
+    let signaled = split
+        .iter()
+        .flat_map(|c| &c.wrs)
+        .filter(|w| w.signaled)
+        .count();
     Ok(ChainPlan {
         chains: split,
         staging_len: staging,
@@ -335,7 +345,10 @@ mod tests {
         let plan = build_chains(list, &regions(), ChainLimits::default(), 7).unwrap();
         assert_eq!(plan.chains.len(), 1, "one doorbell");
         let wrs = &plan.chains[0].wrs;
-        assert_eq!(wrs.iter().map(|w| w.signaled).collect::<Vec<_>>(), [false, true]);
+        assert_eq!(
+            wrs.iter().map(|w| w.signaled).collect::<Vec<_>>(),
+            [false, true]
+        );
         assert_eq!(wrs[0].remote_addr, BASE[0] + 64);
         assert_eq!(wrs[0].rkey, 10);
         assert_eq!(
@@ -346,7 +359,12 @@ mod tests {
                 local: LocalSlice { offset: 0, len: 8 }
             }
         );
-        assert_eq!(wrs[1].op, ChainedOp::Read { local: LocalSlice { offset: 8, len: 40 } });
+        assert_eq!(
+            wrs[1].op,
+            ChainedOp::Read {
+                local: LocalSlice { offset: 8, len: 40 }
+            }
+        );
         assert_eq!(split_wr_id(wrs[1].wr_id), (7, 1));
         assert_eq!((plan.signaled, plan.staging_len, plan.len), (1, 48, 2));
     }
@@ -365,7 +383,10 @@ mod tests {
         for chain in &plan.chains {
             assert!(chain.wrs.last().unwrap().signaled);
             assert!(chain.wrs[..chain.wrs.len() - 1].iter().all(|w| !w.signaled));
-            assert!(chain.wrs.windows(2).all(|w| w[0].index < w[1].index), "list order kept");
+            assert!(
+                chain.wrs.windows(2).all(|w| w[0].index < w[1].index),
+                "list order kept"
+            );
         }
         assert_eq!(plan.signaled, 3);
     }
@@ -379,7 +400,14 @@ mod tests {
         let plan = build_chains(list, &regions(), ChainLimits::default(), 0).unwrap();
         let wrs = &plan.chains[0].wrs;
         assert!(wrs[0].inline() && !wrs[1].inline() && wrs[2].inline());
-        assert_eq!(wrs[1].op, ChainedOp::Write { local: LocalSlice { offset: 0, len: 65 } });
+        assert_eq!(
+            wrs[1].op,
+            ChainedOp::Write {
+                local: LocalSlice { offset: 0, len: 65 },
+                data: vec![8; 65]
+            }
+        );
+        assert_eq!(wrs[0].op, ChainedOp::WriteInline { data: vec![7; 64] });
         let small = ChainLimits {
             max_inline: 0,
             ..ChainLimits::default()
@@ -387,7 +415,10 @@ mod tests {
         let mut list = PostList::new();
         list.write(at(0, 0), &[7; 8]);
         let plan = build_chains(list, &regions(), small, 0).unwrap();
-        assert!(!plan.chains[0].wrs[0].inline(), "inline off when the QP has no inline room");
+        assert!(
+            !plan.chains[0].wrs[0].inline(),
+            "inline off when the QP has no inline room"
+        );
     }
 
     #[test]
@@ -402,9 +433,9 @@ mod tests {
             .wrs
             .iter()
             .map(|w| match &w.op {
-                ChainedOp::Read { local } | ChainedOp::Write { local } => local.offset,
+                ChainedOp::Read { local } | ChainedOp::Write { local, .. } => local.offset,
                 ChainedOp::Cas { local, .. } | ChainedOp::Faa { local, .. } => local.offset,
-                ChainedOp::WriteInline => usize::MAX,
+                ChainedOp::WriteInline { .. } => usize::MAX,
             })
             .collect();
         assert_eq!(offsets, [0, 8, 16, 24]);
@@ -503,7 +534,11 @@ mod tests {
             max_send_wr: u32::from(depth % 16) + 1,
         };
         let plan = build_chains(list, &regions(), limits, 3).unwrap();
-        let mut seen: Vec<usize> = plan.chains.iter().flat_map(|c| c.wrs.iter().map(|w| w.index)).collect();
+        let mut seen: Vec<usize> = plan
+            .chains
+            .iter()
+            .flat_map(|c| c.wrs.iter().map(|w| w.index))
+            .collect();
         seen.sort_unstable();
         let mut slices: Vec<LocalSlice> = Vec::new();
         for w in plan.chains.iter().flat_map(|c| &c.wrs) {
@@ -514,17 +549,27 @@ mod tests {
                     }
                     slices.push(*local);
                 }
-                ChainedOp::Read { local } | ChainedOp::Write { local } => slices.push(*local),
-                ChainedOp::WriteInline => {}
+                ChainedOp::Read { local } | ChainedOp::Write { local, .. } => slices.push(*local),
+                ChainedOp::WriteInline { .. } => {}
             }
         }
         // Zero-length READs and WRITEs occupy nothing.
         slices.retain(|s| s.len > 0);
         slices.sort_by_key(|s| s.offset);
         seen == (0..ops.len()).collect::<Vec<_>>()
-            && plan.chains.iter().all(|c| c.wrs.last().is_some_and(|w| w.signaled))
-            && plan.chains.iter().all(|c| c.wrs.len() <= limits.max_send_wr as usize)
-            && slices.windows(2).all(|s| s[0].offset + s[0].len <= s[1].offset)
-            && slices.last().is_none_or(|s| s.offset + s.len <= plan.staging_len)
+            && plan
+                .chains
+                .iter()
+                .all(|c| c.wrs.last().is_some_and(|w| w.signaled))
+            && plan
+                .chains
+                .iter()
+                .all(|c| c.wrs.len() <= limits.max_send_wr as usize)
+            && slices
+                .windows(2)
+                .all(|s| s[0].offset + s[0].len <= s[1].offset)
+            && slices
+                .last()
+                .is_none_or(|s| s.offset + s.len <= plan.staging_len)
     }
 }

@@ -73,6 +73,31 @@ impl CompletionTable {
         seq
     }
 
+    /// Reserves a sequence number before the number of signaled work requests is known
+    /// (the `wr_id`s embed it); [`expect`](Self::expect) sets it once the chains are built.
+    pub fn reserve(&mut self) -> u32 {
+        let seq = self.register(1);
+        if let Some(p) = self.pending.get_mut(&seq) {
+            p.remaining = usize::MAX;
+        }
+        seq
+    }
+
+    /// Sets how many signaled completions post `seq` waits for (none: done at once).
+    pub fn expect(&mut self, seq: u32, signaled: usize) {
+        if let Some(p) = self.pending.get_mut(&seq) {
+            p.remaining = signaled;
+            if signaled == 0 && p.outcome.is_none() {
+                p.outcome = Some(PostOutcome::Done);
+            }
+        }
+    }
+
+    /// Forgets post `seq` (nothing of it was posted).
+    pub fn cancel(&mut self, seq: u32) {
+        self.pending.remove(&seq);
+    }
+
     /// Records one work completion. Completions of a post already finished (the flushes after
     /// its error) or unknown are ignored. Returns whether a post finished.
     pub fn complete(&mut self, wr_id: u64, status: u32) -> bool {
@@ -160,7 +185,10 @@ mod tests {
         let b = t.register(1);
         assert_eq!(t.poll(a, &waker), None);
         assert!(!t.complete(wr_id(a, 3), WC_SUCCESS));
-        assert!(t.complete(wr_id(b, 0), WC_SUCCESS), "posts are told apart by seq");
+        assert!(
+            t.complete(wr_id(b, 0), WC_SUCCESS),
+            "posts are told apart by seq"
+        );
         assert_eq!(count.0.load(Ordering::SeqCst), 0, "b had no waker");
         assert!(t.complete(wr_id(a, 5), WC_SUCCESS));
         assert_eq!(count.0.load(Ordering::SeqCst), 1, "a's waiter woken");
@@ -184,7 +212,10 @@ mod tests {
                 status: WC_REM_ACCESS_ERR
             })
         );
-        assert!(!t.complete(wr_id(s, 4), WC_SUCCESS), "unknown after it was taken");
+        assert!(
+            !t.complete(wr_id(s, 4), WC_SUCCESS),
+            "unknown after it was taken"
+        );
     }
 
     #[test]
@@ -199,9 +230,35 @@ mod tests {
         let c = t.register(1);
         assert_eq!(c, 1, "skips the live u32::MAX and 0");
         t.fail_all([a, c], WC_WR_FLUSH_ERR);
-        assert!(matches!(t.poll(a, &waker), Some(PostOutcome::Failed { .. })));
+        assert!(matches!(
+            t.poll(a, &waker),
+            Some(PostOutcome::Failed { .. })
+        ));
         assert_eq!(t.poll(b, &waker), None);
         assert_eq!(t.register(0), 2);
-        assert_eq!(t.poll(2, &waker), Some(PostOutcome::Done), "nothing signaled: done at once");
+        assert_eq!(
+            t.poll(2, &waker),
+            Some(PostOutcome::Done),
+            "nothing signaled: done at once"
+        );
+    }
+
+    #[test]
+    fn reserve_then_expect_then_cancel() {
+        let waker = Waker::noop().clone();
+        let mut t = CompletionTable::new();
+        let s = t.reserve();
+        assert!(
+            !t.complete(wr_id(s, 0), WC_SUCCESS),
+            "still unknown how many"
+        );
+        t.expect(s, 2);
+        assert!(!t.complete(wr_id(s, 1), WC_SUCCESS));
+        assert!(t.complete(wr_id(s, 2), WC_SUCCESS));
+        assert_eq!(t.poll(s, &waker), Some(PostOutcome::Done));
+        let s = t.reserve();
+        t.cancel(s);
+        assert_eq!(t.poll(s, &waker), None);
+        assert_eq!(t.in_flight(), 0);
     }
 }

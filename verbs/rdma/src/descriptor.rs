@@ -24,7 +24,9 @@ pub const DESCRIPTOR_LEN: usize = core::mem::size_of::<DescriptorWire>();
 pub const MAX_24_BIT: u32 = (1 << 24) - 1;
 
 /// The descriptor as it travels: every integer little-endian, no padding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
+)]
 #[repr(C)]
 pub struct DescriptorWire {
     /// [`DESCRIPTOR_MAGIC`].
@@ -348,7 +350,11 @@ mod tests {
     }
 
     #[quickcheck]
-    fn any_single_byte_flip_is_parsed_or_refused_without_panic(d: RdmaDescriptor, at: usize, x: u8) -> bool {
+    fn any_single_byte_flip_is_parsed_or_refused_without_panic(
+        d: RdmaDescriptor,
+        at: usize,
+        x: u8,
+    ) -> bool {
         let mut bytes = d.encode();
         bytes[at % DESCRIPTOR_LEN] ^= x;
         match RdmaDescriptor::parse(&bytes) {
@@ -410,7 +416,10 @@ mod tests {
         assert_eq!(with(38, &[0]), DescriptorError::Mtu(0));
         assert_eq!(with(38, &[6]), DescriptorError::Mtu(6));
         assert_eq!(with(39, &[1]), DescriptorError::Reserved(1));
-        assert!(matches!(with(8, &u64::MAX.to_le_bytes()), DescriptorError::Region { .. }));
+        assert!(matches!(
+            with(8, &u64::MAX.to_le_bytes()),
+            DescriptorError::Region { .. }
+        ));
         assert!(matches!(with(16, &[0; 8]), DescriptorError::Region { .. }));
         assert_eq!(with(36, &[0, 0]), DescriptorError::NoAddress(3));
         let msg = with(38, &[9]).to_string();

@@ -17,7 +17,9 @@ pub const MAX_PAYLOAD: usize = RECV_BUFFER - HEADER_LEN;
 pub const HEADER_LEN: usize = core::mem::size_of::<FrameHeader>();
 
 /// The header in front of every message payload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
+)]
 #[repr(C)]
 pub struct FrameHeader {
     /// [`FRAME_MAGIC`].

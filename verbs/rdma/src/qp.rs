@@ -98,7 +98,8 @@ impl AttrMask {
 }
 
 /// Access rights the responder grants the peer: everything one-sided verbs need.
-pub const REMOTE_ACCESS: u32 = ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC;
+pub const REMOTE_ACCESS: u32 =
+    ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC;
 /// `IBV_ACCESS_LOCAL_WRITE`.
 pub const ACCESS_LOCAL_WRITE: u32 = 1;
 /// `IBV_ACCESS_REMOTE_WRITE`.
@@ -205,7 +206,9 @@ impl Transition {
     /// The union of the attributes' mask bits.
     #[must_use]
     pub fn mask(&self) -> AttrMask {
-        self.attrs.iter().fold(AttrMask(0), |m, a| m.union(a.mask()))
+        self.attrs
+            .iter()
+            .fold(AttrMask(0), |m, a| m.union(a.mask()))
     }
 }
 
@@ -487,7 +490,10 @@ mod tests {
         let mut m = QpMachine::new(QpConfig::default()).unwrap();
         assert_eq!(m.state(), QpState::Reset);
         let init = m.to_init().unwrap();
-        assert_eq!(init.mask(), AttrMask::required(QpState::Reset, QpState::Init).unwrap());
+        assert_eq!(
+            init.mask(),
+            AttrMask::required(QpState::Reset, QpState::Init).unwrap()
+        );
         assert!(init.attrs.contains(&QpAttr::AccessFlags(REMOTE_ACCESS)));
         m.applied(&init).unwrap();
         assert_eq!(m.state(), QpState::Init);
@@ -499,8 +505,14 @@ mod tests {
         );
         assert!(rtr.attrs.contains(&QpAttr::DestQpNum(0x42)));
         assert!(rtr.attrs.contains(&QpAttr::RqPsn(0x1234)));
-        assert!(rtr.attrs.contains(&QpAttr::PathMtu(PathMtu::Mtu1024)), "min of 4096 and 1024");
-        assert!(rtr.attrs.contains(&QpAttr::Av(AddressVector::Lid { dest_lid: 9, port: 1 })));
+        assert!(
+            rtr.attrs.contains(&QpAttr::PathMtu(PathMtu::Mtu1024)),
+            "min of 4096 and 1024"
+        );
+        assert!(rtr.attrs.contains(&QpAttr::Av(AddressVector::Lid {
+            dest_lid: 9,
+            port: 1
+        })));
         m.applied(&rtr).unwrap();
 
         let rts = m.to_rts(77).unwrap();
@@ -542,7 +554,10 @@ mod tests {
     #[test]
     fn transitions_out_of_order_are_refused() {
         let mut m = QpMachine::new(QpConfig::default()).unwrap();
-        assert!(matches!(m.to_rtr(&peer([0; 16])), Err(QpStateError::WrongState { .. })));
+        assert!(matches!(
+            m.to_rtr(&peer([0; 16])),
+            Err(QpStateError::WrongState { .. })
+        ));
         assert!(matches!(m.to_rts(0), Err(QpStateError::WrongState { .. })));
         let init = m.to_init().unwrap();
         m.applied(&init).unwrap();
@@ -569,20 +584,38 @@ mod tests {
     #[test]
     fn out_of_range_settings_and_peers_are_refused() {
         assert!(matches!(
-            QpMachine::new(QpConfig { retry_cnt: 8, ..QpConfig::default() }),
-            Err(QpStateError::OutOfRange { field: "retry_cnt", .. })
+            QpMachine::new(QpConfig {
+                retry_cnt: 8,
+                ..QpConfig::default()
+            }),
+            Err(QpStateError::OutOfRange {
+                field: "retry_cnt",
+                ..
+            })
         ));
-        assert!(QpMachine::new(QpConfig { port: 0, ..QpConfig::default() }).is_err());
+        assert!(
+            QpMachine::new(QpConfig {
+                port: 0,
+                ..QpConfig::default()
+            })
+            .is_err()
+        );
         let m = QpMachine::new(QpConfig::default()).unwrap();
         let mut bad = peer([0; 16]);
         bad.qp_num = 1 << 24;
         assert!(matches!(
             m.connect_plan(&bad, 0),
-            Err(QpStateError::OutOfRange { field: "peer QP number", .. })
+            Err(QpStateError::OutOfRange {
+                field: "peer QP number",
+                ..
+            })
         ));
         assert!(matches!(
             m.connect_plan(&peer([0; 16]), 1 << 24),
-            Err(QpStateError::OutOfRange { field: "local PSN", .. })
+            Err(QpStateError::OutOfRange {
+                field: "local PSN",
+                ..
+            })
         ));
     }
 
@@ -590,11 +623,16 @@ mod tests {
     fn required_masks_follow_the_ibv_modify_qp_table() {
         use QpState::*;
         // Bits from <infiniband/verbs.h>: STATE=1, ACCESS_FLAGS=8, PKEY_INDEX=16, PORT=32.
-        assert_eq!(AttrMask::required(Reset, Init), Some(AttrMask(1 | 8 | 16 | 32)));
+        assert_eq!(
+            AttrMask::required(Reset, Init),
+            Some(AttrMask(1 | 8 | 16 | 32))
+        );
         // AV=1<<7, PATH_MTU=1<<8, RQ_PSN=1<<12, MIN_RNR_TIMER=1<<15, MAX_DEST_RD_ATOMIC=1<<17, DEST_QPN=1<<20.
         assert_eq!(
             AttrMask::required(Init, ReadyToReceive),
-            Some(AttrMask(1 | 1 << 7 | 1 << 8 | 1 << 12 | 1 << 15 | 1 << 17 | 1 << 20))
+            Some(AttrMask(
+                1 | 1 << 7 | 1 << 8 | 1 << 12 | 1 << 15 | 1 << 17 | 1 << 20
+            ))
         );
         // TIMEOUT=1<<9, RETRY_CNT=1<<10, RNR_RETRY=1<<11, MAX_QP_RD_ATOMIC=1<<13, SQ_PSN=1<<16.
         assert_eq!(
