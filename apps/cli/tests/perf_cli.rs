@@ -133,12 +133,21 @@ fn bad_arguments_get_one_readable_line_and_a_failure_exit() {
 /// (CI and the development machines: no RNIC, no kernel RDMA).
 #[test]
 fn rdma_without_a_device_or_without_the_feature_is_one_error_line() {
-    let has_device = std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
+    let has_device =
+        std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
     if cfg!(feature = "rdma") && has_device {
         eprintln!("skipped: this host has an RDMA device (/sys/class/infiniband)");
         return;
     }
-    let out = dmem(&["perf", "--fabric", "rdma", "--op", "read", "--duration-ms", "1"]);
+    let out = dmem(&[
+        "perf",
+        "--fabric",
+        "rdma",
+        "--op",
+        "read",
+        "--duration-ms",
+        "1",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = stderr.lines().collect();

@@ -13,7 +13,7 @@ use dmem_rdma::ChainLimits;
 use dmem_rdma::device::{RdmaContext, RdmaDevice};
 use dmem_runtime::{Clocked, Executor, monotonic_now};
 use dmem_verbs::{
-    BatchResult, Endpoint, Message, NodeId, PostList, Port, RemoteAddr, Verbs, VerbsError,
+    BatchResult, Endpoint, Message, NodeId, Port, PostList, RemoteAddr, Verbs, VerbsError,
 };
 
 use super::{Args, PerfOp, Row, Tally, client, merge};
@@ -111,7 +111,10 @@ pub(super) fn run_rdma(args: &Args, op: PerfOp, batch: u64) -> anyhow::Result<Ro
     }
     executor.run();
     let (ops, latency) = merge(vec![(tally.ops.get(), tally.latency.borrow().clone())])?;
-    ensure!(ops > 0, "no work request completed in the measured window; raise --duration-ms");
+    ensure!(
+        ops > 0,
+        "no work request completed in the measured window; raise --duration-ms"
+    );
     let kind = op.kind();
     Ok(Row {
         fabric: "rdma",
