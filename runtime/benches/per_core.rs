@@ -2,8 +2,8 @@
 //! (`tests/common/declock_shm.rs`): acquisitions per second, each executor kind run in
 //! turn, three times.
 //!
-//! `cargo bench -p dmem-runtime --features glommio --bench per_core [-- MS]` (MS = measured
-//! wall-clock per run, default 1000). Without the feature only the polling executor runs.
+//! `cargo bench -p dmem-runtime --features glommio --bench per_core [-- MS [LOCKS]]` (MS =
+//! measured wall-clock per run, default 1000; LOCKS default 4: fewer means more waiting). Without the feature only the polling executor runs.
 
 #[path = "../tests/common/declock_shm.rs"]
 mod declock_shm;
@@ -12,16 +12,20 @@ use declock_shm::{Workload, run};
 use dmem_runtime::ExecutorKind;
 
 fn main() {
-    // `cargo bench` passes `--bench`; a number is the duration.
-    let ms: u64 = std::env::args()
+    // `cargo bench` passes `--bench`; the numbers are the duration and the lock count.
+    let numbers: Vec<u64> = std::env::args()
         .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(1000);
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let ms = numbers.first().copied().unwrap_or(1000);
+    let locks = numbers
+        .get(1)
+        .map_or(4, |&l| u32::try_from(l.clamp(1, 4096)).unwrap_or(4));
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let w = Workload {
         cores: (0..2).map(|i| i % cpus).collect(),
         clients_per_core: 4,
-        locks: 4,
+        locks,
         ops: u64::MAX,
         duration_ns: ms * 1_000_000,
     };
