@@ -1156,3 +1156,64 @@ impl Verbs for RdmaContext {
         Ok(self.inbox.borrow_mut().pop_front())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The planned transitions reach sideway's attribute struct value by value (what
+    /// `ibv_modify_qp` will be given), without a device.
+    #[test]
+    fn planned_transitions_map_onto_sideway_attributes() {
+        let config = QpConfig {
+            port: 2,
+            pkey_index: 3,
+            max_rd_atomic: 8,
+            ..QpConfig::default()
+        };
+        let peer = QpEndpoint {
+            qp_num: 0x1234,
+            psn: 0x55,
+            lid: 4,
+            gid: [0; 16],
+            mtu: PathMtu::Mtu2048,
+        };
+        let [init, rtr, rts] = QpMachine::new(config)
+            .unwrap()
+            .connect_plan(&peer, 0x66)
+            .unwrap();
+        let a = to_sideway_attr(&init.attrs);
+        assert_eq!(a.state(), QueuePairState::Init);
+        assert_eq!((a.port(), a.pkey_index()), (2, 3));
+        assert_eq!(
+            a.access_flags(),
+            AccessFlags::LocalWrite
+                | AccessFlags::RemoteWrite
+                | AccessFlags::RemoteRead
+                | AccessFlags::RemoteAtomic
+        );
+        let a = to_sideway_attr(&rtr.attrs);
+        assert_eq!(a.state(), QueuePairState::ReadyToReceive);
+        assert_eq!((a.dest_qp_num(), a.rq_psn()), (0x1234, 0x55));
+        assert_eq!(a.path_mtu(), Mtu::Mtu2048);
+        assert_eq!((a.max_dest_read_atomic(), a.min_rnr_timer()), (8, 12));
+        let a = to_sideway_attr(&rts.attrs);
+        assert_eq!(a.state(), QueuePairState::ReadyToSend);
+        assert_eq!(a.sq_psn(), 0x66);
+        assert_eq!(
+            (
+                a.timeout(),
+                a.retry_cnt(),
+                a.rnr_retry(),
+                a.max_read_atomic()
+            ),
+            (14, 7, 7, 8)
+        );
+    }
+
+    #[test]
+    fn receive_wr_ids_name_the_peer_and_the_slot() {
+        let id = recv_wr_id(NodeId(0xbeef), 63);
+        assert_eq!(((id >> 32) as u16, id as u32 as usize), (0xbeef, 63));
+    }
+}
