@@ -68,3 +68,32 @@ fn without_the_feature_detect_falls_back_to_polling_and_says_why() {
     assert_eq!(kind, ExecutorKind::Polling);
     assert_eq!(why.as_deref(), Some("built without the `glommio` feature"));
 }
+
+/// Each glommio executor's thread may run only on its job's CPU (the kernel's affinity
+/// list for the thread, read inside the job).
+#[cfg(feature = "glommio")]
+#[test]
+fn glommio_executors_are_pinned_to_their_cpu() {
+    if let Err(why) = dmem_runtime::glommio_probe() {
+        eprintln!("skipped: glommio does not start here: {why}");
+        return;
+    }
+    let cpus = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(2);
+    let jobs = (0..cpus)
+        .map(|cpu| {
+            (cpu, move |_clock| async move {
+                let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .map(|v| v.trim().to_owned())
+                    .unwrap()
+            })
+        })
+        .collect();
+    let allowed = dmem_runtime::run_per_core(ExecutorKind::Glommio, jobs).unwrap();
+    let expected: Vec<String> = (0..cpus).map(|c| c.to_string()).collect();
+    assert_eq!(allowed, expected);
+}
