@@ -93,6 +93,20 @@ impl CompletionTable {
         }
     }
 
+    /// Lowers the completions post `seq` still waits for by `n` (work requests that were
+    /// never posted); finishes it if none are left.
+    pub fn reduce(&mut self, seq: u32, n: usize) {
+        if let Some(p) = self.pending.get_mut(&seq) {
+            p.remaining = p.remaining.saturating_sub(n);
+            if p.remaining == 0 && p.outcome.is_none() {
+                p.outcome = Some(PostOutcome::Done);
+                if let Some(w) = p.waker.take() {
+                    w.wake();
+                }
+            }
+        }
+    }
+
     /// Forgets post `seq` (nothing of it was posted).
     pub fn cancel(&mut self, seq: u32) {
         self.pending.remove(&seq);
@@ -255,6 +269,13 @@ mod tests {
         t.expect(s, 2);
         assert!(!t.complete(wr_id(s, 1), WC_SUCCESS));
         assert!(t.complete(wr_id(s, 2), WC_SUCCESS));
+        assert_eq!(t.poll(s, &waker), Some(PostOutcome::Done));
+        let s = t.reserve();
+        t.expect(s, 3);
+        assert!(!t.complete(wr_id(s, 0), WC_SUCCESS));
+        t.reduce(s, 1);
+        assert_eq!(t.poll(s, &waker), None, "one posted completion still due");
+        t.reduce(s, 1);
         assert_eq!(t.poll(s, &waker), Some(PostOutcome::Done));
         let s = t.reserve();
         t.cancel(s);

@@ -804,6 +804,105 @@ impl RdmaContext {
         }
     }
 
+    /// Waits until the queue pair to `node` has room for `n` more work requests (a chain
+    /// larger than the queue waits for an empty one; it was split to fit).
+    async fn room(&self, node: NodeId, n: usize) {
+        poll_fn(|cx| {
+            self.poll_completions();
+            // A missing link passes here and fails in `post_chain` with ConnectionLost.
+            let ok = self.links.borrow().get(&node).is_none_or(|l| {
+                l.outstanding == 0 || l.outstanding + n <= self.limits.max_send_wr as usize
+            });
+            if ok {
+                Poll::Ready(())
+            } else {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+
+    /// Posts one chain of post `seq` behind one doorbell (`ibv_wr_start` ... `ibv_wr_complete`).
+    fn post_chain(&self, seq: u32, chain: &crate::chain::Chain) -> Result<(), VerbsError> {
+        let posts = self.posts.borrow();
+        let staging = posts
+            .get(&seq)
+            .and_then(|p| p.staging.as_ref())
+            .ok_or(VerbsError::LocalCrash)?;
+        let (buf, base) = self.staging_buffer(staging);
+        let mut links = self.links.borrow_mut();
+        let link = links
+            .get_mut(&chain.node)
+            .filter(|l| l.machine.state() == QpState::ReadyToSend)
+            .ok_or(VerbsError::ConnectionLost { node: chain.node })?;
+        let mut guard = link.qp.start_post_send();
+        for w in &chain.wrs {
+            let mut flags = WorkRequestFlags::none();
+            if w.signaled {
+                flags |= WorkRequestFlags::Signaled;
+            }
+            if w.inline() {
+                flags |= WorkRequestFlags::Inline;
+            }
+            let h = guard.construct_wr(w.wr_id, flags);
+            let sge = |local: &crate::chain::LocalSlice| {
+                (
+                    buf.lkey(),
+                    buf.addr() + (base + local.offset) as u64,
+                    local.len as u32,
+                )
+            };
+            match &w.op {
+                ChainedOp::Read { local } => {
+                    let (lkey, addr, len) = sge(local);
+                    let h = h.setup_read(w.rkey, w.remote_addr);
+                    // SAFETY: the slice lies in the staging buffer, which stays
+                    // registered and alive until the post completes (kept in `posts`).
+                    unsafe { h.setup_sge(lkey, addr, len) };
+                }
+                ChainedOp::WriteInline { data } => {
+                    h.setup_write(w.rkey, w.remote_addr).setup_inline_data(data);
+                }
+                ChainedOp::Write { local, data } => {
+                    buf.write(base + local.offset, data);
+                    let (lkey, addr, len) = sge(local);
+                    let h = h.setup_write(w.rkey, w.remote_addr);
+                    // SAFETY: as for READ.
+                    unsafe { h.setup_sge(lkey, addr, len) };
+                }
+                ChainedOp::Cas {
+                    compare,
+                    swap,
+                    local,
+                } => {
+                    let (lkey, addr, len) = sge(local);
+                    let h = h.setup_atomic_compare_swap(w.rkey, w.remote_addr, *compare, *swap);
+                    // SAFETY: as for READ; the slice is 8 bytes, 8-aligned.
+                    unsafe { h.setup_sge(lkey, addr, len) };
+                }
+                ChainedOp::Faa { add, local } => {
+                    let (lkey, addr, len) = sge(local);
+                    let h = h.setup_atomic_fetch_add(w.rkey, w.remote_addr, *add);
+                    // SAFETY: as for READ.
+                    unsafe { h.setup_sge(lkey, addr, len) };
+                }
+            }
+        }
+        // One doorbell for the whole chain (`ibv_wr_complete`).
+        guard
+            .post()
+            .map_err(|_| VerbsError::ConnectionLost { node: chain.node })?;
+        link.outstanding += chain.wrs.len();
+        drop(posts);
+        if let Some(last) = chain.wrs.last()
+            && let Some(p) = self.posts.borrow_mut().get_mut(&seq)
+        {
+            p.retires.insert(last.wr_id, (chain.node, chain.wrs.len()));
+        }
+        Ok(())
+    }
+
     async fn post_inner(&self, list: PostList) -> Result<BatchResult, VerbsError> {
         let seq = self.table.borrow_mut().reserve();
         // Dropped before completion (the caller gave up on the future): see `AbandonGuard`.
@@ -811,6 +910,7 @@ impl RdmaContext {
             ctx: self,
             seq,
             armed: true,
+            unposted_signaled: 0,
         };
         let built = build_chains(list, &self.regions.borrow(), self.limits, seq);
         let plan = match built {
@@ -820,28 +920,6 @@ impl RdmaContext {
                 return Err(e);
             }
         };
-        // Wait until every target queue pair has room for its chains.
-        poll_fn(|cx| {
-            self.poll_completions();
-            let links = self.links.borrow();
-            let mut need: HashMap<NodeId, usize> = HashMap::new();
-            for c in &plan.chains {
-                *need.entry(c.node).or_default() += c.wrs.len();
-            }
-            let room = need.iter().all(|(node, n)| {
-                // A missing link passes here and fails below with ConnectionLost.
-                links.get(node).is_none_or(|l| {
-                    l.outstanding == 0 || l.outstanding + n <= self.limits.max_send_wr as usize
-                })
-            });
-            if room {
-                Poll::Ready(())
-            } else {
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
-        })
-        .await;
         let staging = match self.staging_for(plan.staging_len) {
             Ok(s) => s,
             Err(e) => {
@@ -857,116 +935,33 @@ impl RdmaContext {
             };
             plan.len
         ];
-        let mut retires = HashMap::new();
-        let mut posted_signaled = 0;
-        let posted = (|| -> Result<(), VerbsError> {
-            let (buf, base) = self.staging_buffer(&staging);
-            let mut links = self.links.borrow_mut();
-            for chain in &plan.chains {
-                let link = links
-                    .get_mut(&chain.node)
-                    .filter(|l| l.machine.state() == QpState::ReadyToSend)
-                    .ok_or(VerbsError::ConnectionLost { node: chain.node })?;
-                let mut guard = link.qp.start_post_send();
-                for w in &chain.wrs {
-                    addrs[w.index] = RemoteAddr {
-                        node: chain.node,
-                        rkey: dmem_verbs::RKey(w.rkey),
-                        offset: 0,
-                    };
-                    let mut flags = WorkRequestFlags::none();
-                    if w.signaled {
-                        flags |= WorkRequestFlags::Signaled;
-                    }
-                    if w.inline() {
-                        flags |= WorkRequestFlags::Inline;
-                    }
-                    let h = guard.construct_wr(w.wr_id, flags);
-                    let sge = |local: &crate::chain::LocalSlice| {
-                        (
-                            buf.lkey(),
-                            buf.addr() + (base + local.offset) as u64,
-                            local.len as u32,
-                        )
-                    };
-                    match &w.op {
-                        ChainedOp::Read { local } => {
-                            let (lkey, addr, len) = sge(local);
-                            let h = h.setup_read(w.rkey, w.remote_addr);
-                            // SAFETY: the slice lies in the staging buffer, which stays
-                            // registered and alive until the post completes (kept in `posts`).
-                            unsafe { h.setup_sge(lkey, addr, len) };
-                        }
-                        ChainedOp::WriteInline { data } => {
-                            h.setup_write(w.rkey, w.remote_addr).setup_inline_data(data);
-                        }
-                        ChainedOp::Write { local, data } => {
-                            buf.write(base + local.offset, data);
-                            let (lkey, addr, len) = sge(local);
-                            let h = h.setup_write(w.rkey, w.remote_addr);
-                            // SAFETY: as for READ.
-                            unsafe { h.setup_sge(lkey, addr, len) };
-                        }
-                        ChainedOp::Cas {
-                            compare,
-                            swap,
-                            local,
-                        } => {
-                            let (lkey, addr, len) = sge(local);
-                            let h =
-                                h.setup_atomic_compare_swap(w.rkey, w.remote_addr, *compare, *swap);
-                            // SAFETY: as for READ; the slice is 8 bytes, 8-aligned.
-                            unsafe { h.setup_sge(lkey, addr, len) };
-                        }
-                        ChainedOp::Faa { add, local } => {
-                            let (lkey, addr, len) = sge(local);
-                            let h = h.setup_atomic_fetch_add(w.rkey, w.remote_addr, *add);
-                            // SAFETY: as for READ.
-                            unsafe { h.setup_sge(lkey, addr, len) };
-                        }
-                    }
-                }
-                // One doorbell for the whole chain (`ibv_wr_complete`).
-                guard
-                    .post()
-                    .map_err(|_| VerbsError::ConnectionLost { node: chain.node })?;
-                link.outstanding += chain.wrs.len();
-                posted_signaled += chain.wrs.iter().filter(|w| w.signaled).count();
-                if let Some(last) = chain.wrs.last() {
-                    retires.insert(last.wr_id, (chain.node, chain.wrs.len()));
-                }
+        for chain in &plan.chains {
+            for w in &chain.wrs {
+                addrs[w.index] = RemoteAddr {
+                    node: chain.node,
+                    rkey: dmem_verbs::RKey(w.rkey),
+                    offset: 0,
+                };
             }
-            Ok(())
-        })();
-        if let Err(e) = posted {
-            // Chains already posted still complete: keep their staging until they have.
-            if posted_signaled == 0 {
-                self.table.borrow_mut().cancel(seq);
-                self.release(Some(staging));
-            } else {
-                self.table.borrow_mut().expect(seq, posted_signaled);
-                self.posts.borrow_mut().insert(
-                    seq,
-                    PostState {
-                        staging: Some(staging),
-                        addrs,
-                        retires,
-                    },
-                );
-            }
-            // The armed guard marks the post abandoned (or forgets it if nothing was posted).
-            return Err(e);
         }
-        // Now expect exactly the signaled completions.
+        // Registered before the first doorbell: completions of early chains are counted and
+        // retire their send-queue entries while later chains wait for room.
         self.table.borrow_mut().expect(seq, plan.signaled);
         self.posts.borrow_mut().insert(
             seq,
             PostState {
                 staging: Some(staging),
                 addrs,
-                retires,
+                retires: HashMap::new(),
             },
         );
+        guard.unposted_signaled = plan.signaled;
+        for chain in &plan.chains {
+            self.room(chain.node, chain.wrs.len()).await;
+            // On an error the armed guard settles the post (see `AbandonGuard`).
+            self.post_chain(seq, chain)?;
+            guard.unposted_signaled -= chain.wrs.iter().filter(|w| w.signaled).count();
+        }
         let outcome = poll_fn(|cx| {
             self.poll_completions();
             match self.table.borrow_mut().poll(seq, cx.waker()) {
@@ -1025,13 +1020,16 @@ impl RdmaContext {
     }
 }
 
-/// Marks a post abandoned when its future is dropped (or returns early) before completing,
-/// so that its staging buffer is released only when the NIC is done with it; a post of
-/// which nothing reached the NIC is simply forgotten.
+/// Settles a post whose future is dropped (or returns an error) before its outcome was
+/// taken. Its signaled work requests that were never posted are no longer awaited; if
+/// nothing of it is in flight any more it is forgotten and its staging freed at once,
+/// otherwise it is marked abandoned and its staging is freed when the NIC is done with it.
 struct AbandonGuard<'a> {
     ctx: &'a RdmaContext,
     seq: u32,
     armed: bool,
+    /// Signaled work requests of the post not handed to the NIC yet.
+    unposted_signaled: usize,
 }
 
 impl Drop for AbandonGuard<'_> {
@@ -1039,10 +1037,27 @@ impl Drop for AbandonGuard<'_> {
         if !self.armed {
             return;
         }
-        if self.ctx.posts.borrow().contains_key(&self.seq) {
-            self.ctx.abandoned.borrow_mut().insert(self.seq);
-        } else {
-            self.ctx.table.borrow_mut().cancel(self.seq);
+        let ctx = self.ctx;
+        if !ctx.posts.borrow().contains_key(&self.seq) {
+            ctx.table.borrow_mut().cancel(self.seq);
+            return;
+        }
+        ctx.table
+            .borrow_mut()
+            .reduce(self.seq, self.unposted_signaled);
+        let outcome = ctx.table.borrow_mut().poll(self.seq, Waker::noop());
+        match outcome {
+            Some(o) => {
+                if let Some(mut p) = ctx.posts.borrow_mut().remove(&self.seq) {
+                    match o {
+                        PostOutcome::Done => ctx.release(p.staging.take()),
+                        PostOutcome::Failed { .. } => ctx.quarantine(p.staging.take()),
+                    }
+                }
+            }
+            None => {
+                ctx.abandoned.borrow_mut().insert(self.seq);
+            }
         }
     }
 }
@@ -1067,6 +1082,7 @@ impl Verbs for RdmaContext {
             ctx: self,
             seq,
             armed: true,
+            unposted_signaled: 0,
         };
         let staging = self.staging_for(frame.len())?;
         let posted = (|| -> Result<(), VerbsError> {
