@@ -298,6 +298,7 @@ impl RdmaDevice {
             table: RefCell::new(CompletionTable::new()),
             posts: RefCell::new(HashMap::new()),
             abandoned: RefCell::new(HashSet::new()),
+            in_flight: RefCell::new(InFlight::default()),
             arena,
             free_slots: RefCell::new((0..STAGING_SLOTS).collect()),
             quarantined: RefCell::new(Vec::new()),
@@ -363,8 +364,43 @@ struct PostState {
     staging: Option<Staging>,
     /// Per post-list index: the target (for errors).
     addrs: Vec<RemoteAddr>,
-    /// Signaled wr_id -> (node, work requests it retires).
+}
+
+/// What a context knows about the chains it has in flight, independent of whether their
+/// post is still awaited (a post that failed early returns while its other chains run on).
+#[derive(Default)]
+struct InFlight {
+    /// Signaled `wr_id` ending a chain -> (node, work requests it retires).
     retires: HashMap<u64, (NodeId, usize)>,
+    /// Post -> (node of each work request by index, chains not yet retired).
+    nodes: HashMap<u32, (Vec<NodeId>, usize)>,
+}
+
+impl InFlight {
+    fn retire(&mut self, wr_id: u64) -> Option<(NodeId, usize)> {
+        let r = self.retires.remove(&wr_id)?;
+        let seq = split_wr_id(wr_id).0;
+        if let Some(entry) = self.nodes.get_mut(&seq) {
+            entry.1 = entry.1.saturating_sub(1);
+            if entry.1 == 0 {
+                self.nodes.remove(&seq);
+            }
+        }
+        Some(r)
+    }
+
+    /// Forgets the chains to `node` (its queue pair broke).
+    fn drop_node(&mut self, node: NodeId) {
+        let gone: Vec<u64> = self
+            .retires
+            .iter()
+            .filter(|(_, (n, _))| *n == node)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.retire(id);
+        }
+    }
 }
 
 /// One CN (or MN) thread's verbs: an RC queue pair per connected peer, one send and one
@@ -384,6 +420,7 @@ pub struct RdmaContext {
     table: RefCell<CompletionTable>,
     posts: RefCell<HashMap<u32, PostState>>,
     abandoned: RefCell<HashSet<u32>>,
+    in_flight: RefCell<InFlight>,
     arena: PinnedBuffer,
     free_slots: RefCell<Vec<usize>>,
     quarantined: RefCell<Vec<Staging>>,
@@ -696,25 +733,22 @@ impl RdmaContext {
 
     fn on_send_completion(&self, id: u64, status: u32) {
         let (seq, index) = split_wr_id(id);
-        let retire = self
-            .posts
-            .borrow()
-            .get(&seq)
-            .and_then(|p| p.retires.get(&id).copied());
-        if let Some((node, n)) = retire
-            && let Some(link) = self.links.borrow_mut().get_mut(&node)
-        {
-            link.outstanding = link.outstanding.saturating_sub(n);
-        }
         if status != WC_SUCCESS {
             let node = self
-                .posts
+                .in_flight
                 .borrow()
+                .nodes
                 .get(&seq)
-                .and_then(|p| p.addrs.get(index as usize).map(|a| a.node));
+                .and_then(|(nodes, _)| nodes.get(index as usize).copied());
             if let Some(node) = node {
                 self.break_link(node);
             }
+        }
+        let retired = self.in_flight.borrow_mut().retire(id);
+        if let Some((node, n)) = retired
+            && let Some(link) = self.links.borrow_mut().get_mut(&node)
+        {
+            link.outstanding = link.outstanding.saturating_sub(n);
         }
         let finished = self.table.borrow_mut().complete(id, status);
         if finished && self.abandoned.borrow_mut().remove(&seq) {
@@ -736,6 +770,7 @@ impl RdmaContext {
             link.machine.failed();
             link.outstanding = 0;
         }
+        self.in_flight.borrow_mut().drop_node(node);
         self.regions.borrow_mut().remove_node(node);
     }
 
@@ -895,10 +930,12 @@ impl RdmaContext {
             .map_err(|_| VerbsError::ConnectionLost { node: chain.node })?;
         link.outstanding += chain.wrs.len();
         drop(posts);
-        if let Some(last) = chain.wrs.last()
-            && let Some(p) = self.posts.borrow_mut().get_mut(&seq)
-        {
-            p.retires.insert(last.wr_id, (chain.node, chain.wrs.len()));
+        if let Some(last) = chain.wrs.last() {
+            let mut f = self.in_flight.borrow_mut();
+            f.retires.insert(last.wr_id, (chain.node, chain.wrs.len()));
+            if let Some(entry) = f.nodes.get_mut(&seq) {
+                entry.1 += 1;
+            }
         }
         Ok(())
     }
@@ -947,12 +984,15 @@ impl RdmaContext {
         // Registered before the first doorbell: completions of early chains are counted and
         // retire their send-queue entries while later chains wait for room.
         self.table.borrow_mut().expect(seq, plan.signaled);
+        self.in_flight
+            .borrow_mut()
+            .nodes
+            .insert(seq, (addrs.iter().map(|a| a.node).collect(), 0));
         self.posts.borrow_mut().insert(
             seq,
             PostState {
                 staging: Some(staging),
                 addrs,
-                retires: HashMap::new(),
             },
         );
         guard.unposted_signaled = plan.signaled;
@@ -1038,6 +1078,16 @@ impl Drop for AbandonGuard<'_> {
             return;
         }
         let ctx = self.ctx;
+        {
+            // A post none of whose chains reached the NIC has nothing to retire.
+            let mut f = ctx.in_flight.borrow_mut();
+            if f.nodes
+                .get(&self.seq)
+                .is_some_and(|(_, chains)| *chains == 0)
+            {
+                f.nodes.remove(&self.seq);
+            }
+        }
         if !ctx.posts.borrow().contains_key(&self.seq) {
             ctx.table.borrow_mut().cancel(self.seq);
             return;
@@ -1109,14 +1159,15 @@ impl Verbs for RdmaContext {
             post.post()
                 .map_err(|_| VerbsError::ConnectionLost { node: to.node })?;
             link.outstanding += 1;
+            let mut f = self.in_flight.borrow_mut();
+            f.retires.insert(wr_id(seq, 0), (to.node, 1));
+            f.nodes.insert(seq, (vec![to.node], 1));
             Ok(())
         })();
         if let Err(e) = posted {
             self.release(Some(staging));
             return Err(e);
         }
-        let mut retires = HashMap::new();
-        retires.insert(wr_id(seq, 0), (to.node, 1));
         self.posts.borrow_mut().insert(
             seq,
             PostState {
@@ -1126,7 +1177,6 @@ impl Verbs for RdmaContext {
                     rkey: dmem_verbs::RKey(0),
                     offset: 0,
                 }],
-                retires,
             },
         );
         let outcome = poll_fn(|cx| {
@@ -1225,6 +1275,20 @@ mod tests {
             ),
             (14, 7, 7, 8)
         );
+    }
+
+    #[test]
+    fn chains_in_flight_retire_by_their_last_wr_and_go_with_a_broken_link() {
+        let mut f = InFlight::default();
+        f.nodes
+            .insert(7, (vec![NodeId(1), NodeId(1), NodeId(2)], 2));
+        f.retires.insert(wr_id(7, 1), (NodeId(1), 2));
+        f.retires.insert(wr_id(7, 2), (NodeId(2), 1));
+        assert_eq!(f.retire(wr_id(7, 0)), None, "unsignaled: retires nothing");
+        assert_eq!(f.retire(wr_id(7, 1)), Some((NodeId(1), 2)));
+        assert!(f.nodes.contains_key(&7), "node 2's chain still runs");
+        f.drop_node(NodeId(2));
+        assert!(f.retires.is_empty() && f.nodes.is_empty());
     }
 
     #[test]
