@@ -8,13 +8,19 @@
 //!   every process of a host; its sleeps are timers of the executor running on the current
 //!   thread, and [`Clock::cpu`](dmem_verbs::Clock::cpu) is a no-op.
 //!
-//! glommio thread-per-core integration is not part of this crate yet.
+//! - [`run_per_core`]: one executor per core, glommio's pinned `LocalExecutor` (feature
+//!   `glommio`) or the polling executor, chosen by [`ExecutorKind::detect`]; jobs get a
+//!   [`CoreClock`] and are written once.
 #![forbid(unsafe_code)]
 
 mod clock;
 mod clocked;
 mod executor;
+mod per_core;
 
 pub use clock::{RealClock, Sleep, monotonic_now};
 pub use clocked::Clocked;
 pub use executor::{Executor, RunOutcome, StopHandle, TaskId, YieldNow, spawn, yield_now};
+pub use per_core::{CoreClock, ExecutorKind, PerCoreError, run_per_core};
+#[cfg(feature = "glommio")]
+pub use per_core::{GlommioClock, IO_MEMORY, SPIN_BEFORE_PARK, glommio_probe, glommio_run};

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | deterministic simulated cluster with a NIC cost model | `dmem-sim` | virtual |
 //! | shared memory (threads or processes on one host, CXL-like) | `dmem-shm` | real |
-//! | RDMA NICs through libibverbs | `dmem-rdma` (later) | real |
+//! | RDMA NICs through libibverbs | `dmem-rdma` (device part behind a feature) | real |
 //!
 //! # Doorbell batching and selective signaling
 //!

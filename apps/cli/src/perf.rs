@@ -17,6 +17,9 @@ use serde::Serialize;
 
 use dmem_cli::common::{self, Sink, round};
 
+#[cfg(feature = "rdma")]
+mod rdma;
+
 /// Most clients (CNs × clients per CN) a simulated row takes: the simulator's cost grows
 /// faster than linearly with the lists outstanding at one MN (measured: 4000 clients take
 /// 5 s per ms of virtual time, 16000 take 60 s), so larger runs would look hung.
@@ -33,6 +36,9 @@ pub(crate) enum Fabric {
     /// Shared memory on this host (real time): MNs are memfd mappings, each CN thread is an
     /// OS thread running a polling executor.
     Shm,
+    /// An RDMA NIC of this host through libibverbs, looped back (one CN thread); needs a
+    /// build with `--features rdma`.
+    Rdma,
 }
 
 /// The one-sided op to measure.
@@ -163,6 +169,10 @@ impl Args {
                 self.clients <= MAX_SHM_CLIENTS_PER_CN,
                 "--clients {}: shared memory takes at most {MAX_SHM_CLIENTS_PER_CN} per CN",
                 self.clients
+            ),
+            Fabric::Rdma => ensure!(
+                cfg!(feature = "rdma"),
+                "this dmem was built without RDMA support: build it with `cargo build --release -p dmem-cli --features rdma`"
             ),
         }
         let per_mn = clients.div_ceil(u64::from(self.mns));
@@ -493,6 +503,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             let row = match args.fabric {
                 Fabric::Sim => run_sim(&args, &profile, op, batch)?,
                 Fabric::Shm => run_shm(&args, op, batch)?,
+                #[cfg(feature = "rdma")]
+                Fabric::Rdma => rdma::run_rdma(&args, op, batch)?,
+                #[cfg(not(feature = "rdma"))]
+                Fabric::Rdma => unreachable!("refused by validate without the rdma feature"),
             };
             sink.row(&row)?;
             bar.inc(1);
@@ -510,10 +524,11 @@ fn print_table(args: &Args, rows: &[Row]) {
     let fabric = match args.fabric {
         Fabric::Sim => "sim (virtual time)",
         Fabric::Shm => "shm (real time)",
+        Fabric::Rdma => "rdma (real time)",
     };
     let profile = match args.fabric {
         Fabric::Sim => rows.first().map_or("-", |r| r.profile.as_str()),
-        Fabric::Shm => "-",
+        Fabric::Shm | Fabric::Rdma => "-",
     };
     println!(
         "dmem perf  fabric {fabric}  profile {}  {} MN  {} CN x {} threads x {} clients  {} ms per row  seed {}",

@@ -127,3 +127,36 @@ fn bad_arguments_get_one_readable_line_and_a_failure_exit() {
         assert!(stderr.contains(expected), "{stderr}");
     }
 }
+
+/// `--fabric rdma`: one `dmem: error:` line and exit 1, whether the binary was built without
+/// the `rdma` feature (it says how to build it) or with it on a host without an RDMA device
+/// (CI and the development machines: no RNIC, no kernel RDMA).
+#[test]
+fn rdma_without_a_device_or_without_the_feature_is_one_error_line() {
+    let has_device =
+        std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
+    if cfg!(feature = "rdma") && has_device {
+        eprintln!("skipped: this host has an RDMA device (/sys/class/infiniband)");
+        return;
+    }
+    let out = dmem(&[
+        "perf",
+        "--fabric",
+        "rdma",
+        "--op",
+        "read",
+        "--duration-ms",
+        "1",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    let expected = if cfg!(feature = "rdma") {
+        "dmem: error: no RDMA device found ("
+    } else {
+        "dmem: error: this dmem was built without RDMA support: build it with `cargo build --release -p dmem-cli --features rdma`"
+    };
+    assert!(lines[0].starts_with(expected), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing on stdout");
+}
