@@ -7,6 +7,7 @@
 //! command exits 3 when an ordering does not hold.
 
 mod declock;
+mod lotus;
 mod oocc;
 mod pandora;
 
@@ -81,7 +82,7 @@ pub(crate) struct Paper {
 }
 
 /// Every paper `dmem reproduce` knows; adding one is a module and a line here.
-pub(crate) const PAPERS: &[Paper] = &[declock::PAPER, oocc::PAPER, pandora::PAPER];
+pub(crate) const PAPERS: &[Paper] = &[declock::PAPER, lotus::PAPER, oocc::PAPER, pandora::PAPER];
 
 /// Papers by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -89,6 +90,8 @@ pub(crate) const PAPERS: &[Paper] = &[declock::PAPER, oocc::PAPER, pandora::PAPE
 pub(crate) enum PaperArg {
     /// DecLock (lock microbenchmark, Figs. 12–13): CASLock, DSLR+, ShiftLock, DecLock-TF/-PF.
     Declock,
+    /// LOTUS (§2.2 Figs. 2–3: Motor and FORD against MN atomics, and without the CAS).
+    Lotus,
     /// OOCC (Figs. 10–14: against OCC, DrTM, DSLR; technique ladder; lease, manager and
     /// offset sweeps).
     Oocc,
@@ -100,6 +103,7 @@ impl PaperArg {
     fn name(self) -> &'static str {
         match self {
             PaperArg::Declock => "declock",
+            PaperArg::Lotus => "lotus",
             PaperArg::Oocc => "oocc",
             PaperArg::Pandora => "pandora",
         }

@@ -1,0 +1,104 @@
+//! LOTUS (§2.2 Fig. 2/3: Motor and FORD against the MNs' NIC atomics, and what removing
+//! the lock CAS would gain) on the simulated cluster with LOTUS's testbed NIC (`cx3`, 3 MNs,
+//! 3-way replication), as `dmem bench` runs it. Motor keeps 3 versions per record on
+//! SmallBank (LOTUS §8's setting for Motor); `motor:no-cas` is unsafe on purpose.
+
+use anyhow::Context as _;
+
+use super::{Claim, Figure, Outcome, Paper, num};
+
+pub(crate) const PAPER: Paper = Paper {
+    name: "lotus",
+    title: "LOTUS §2.2: Motor and FORD bound by MN atomics (Fig. 2), and without the CAS (Fig. 3)",
+    run,
+    steps: COROUTINES.len() as u64,
+};
+
+/// Coroutines per thread; concurrent transactions = 2 CNs × 4 threads × this.
+const COROUTINES: [u32; 6] = [1, 2, 4, 8, 16, 32];
+
+fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
+    let registry = dmem_protocols::registry();
+    let protocols = ["ford", "motor", "motor:no-cas"];
+    let mut series: Vec<Vec<f64>> = vec![Vec::new(); protocols.len()];
+    for co in COROUTINES {
+        let co = co.to_string();
+        let list = protocols.join(",");
+        let argv = [
+            "--workload",
+            "smallbank",
+            "--scale",
+            "small",
+            "--profile",
+            "cx3",
+            "--mns",
+            "3",
+            "--cns",
+            "2",
+            "--threads",
+            "4",
+            "--coroutines",
+            &co,
+            "--duration-ms",
+            "5",
+            "--protocol",
+            &list,
+        ];
+        let rows = dmem_cli::bench_txn::measure(&argv, &registry)
+            .with_context(|| format!("dmem bench {}", argv.join(" ")))?;
+        for (i, row) in rows.iter().enumerate() {
+            if protocols[i] != "motor:no-cas" {
+                anyhow::ensure!(
+                    row["checker"] == "ok" && row["invariants"] == "ok",
+                    "{}: a correctness check failed: {row}",
+                    protocols[i]
+                );
+            }
+            series[i].push(num(row, "mtps")?);
+        }
+        bar.inc(1);
+    }
+    let concurrent: Vec<f64> = COROUTINES.iter().map(|&c| f64::from(c * 8)).collect();
+    let peak = |s: &[f64]| s.iter().copied().fold(f64::MIN, f64::max);
+    let (ford, motor, no_cas) = (&series[0], &series[1], &series[2]);
+    let last = COROUTINES.len() - 1;
+    let mut out = Outcome::default();
+    out.claims.push(Claim::new(
+        "Fig. 2",
+        "motor Mtps at 256 / at 64 concurrent transactions",
+        f64::NAN,
+        motor[last] / motor[3],
+        "motor stops scaling once the MNs saturate",
+        motor[last] / motor[3] < 1.15,
+    ));
+    out.claims.push(Claim::new(
+        "Fig. 2",
+        "motor / ford peak Mtps",
+        f64::NAN,
+        peak(motor) / peak(ford),
+        "motor ahead of ford",
+        peak(motor) > peak(ford),
+    ));
+    out.claims.push(Claim::new(
+        "Fig. 3",
+        "motor without the CAS / motor, peak Mtps",
+        2.4,
+        peak(no_cas) / peak(motor),
+        "removing the lock CAS raises motor's peak",
+        peak(no_cas) > peak(motor),
+    ));
+    out.figures.push(Figure {
+        id: "fig2_fig3_concurrency",
+        title: "SmallBank, cx3, 3 MNs: throughput vs concurrent transactions".into(),
+        x_label: "concurrent transactions",
+        y_label: "Mtps",
+        log_x: true,
+        x: concurrent,
+        series: protocols
+            .iter()
+            .map(|p| (*p).to_string())
+            .zip(series.iter().cloned())
+            .collect(),
+    });
+    Ok(out)
+}
