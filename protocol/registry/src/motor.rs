@@ -55,42 +55,64 @@ impl MotorProtocol {
     }
 }
 
-/// The shapes and store configuration of `spec` on `mns` MNs.
-fn layout(spec: &DeploySpec, mns: u16) -> (Shapes, dmem_store::StoreConfig) {
+/// The shapes and store configuration of `spec` on `mns` MNs, with `log_region_bytes` of
+/// log per coordinator (0: none, as Motor keeps no logs).
+fn layout(spec: &DeploySpec, mns: u16, log_region_bytes: u32) -> (Shapes, dmem_store::StoreConfig) {
     let shapes = Shapes::uniform(&spec.tables, cells_for_workload(spec.workload.as_deref()));
-    let cfg = mvcc::store_config(
+    let logs = if log_region_bytes == 0 {
+        0
+    } else {
+        spec.coordinators
+    };
+    let cfg = mvcc::store_config_with_logs(
         mns,
         &spec.tables,
         &shapes,
         3,
         spec.index_slack,
         spec.exact_index,
+        logs,
+        log_region_bytes,
     );
     (shapes, cfg)
 }
 
-impl Protocol for MotorProtocol {
-    fn name(&self) -> String {
-        self.name.clone()
+/// Motor's MVCC store deployed on a simulated cluster: what Motor and LOTUS share (the
+/// store, its loader, the per-CN address caches, the out-of-band reads).
+pub(crate) struct MvccDeploy {
+    pub(crate) sim: Rc<Sim>,
+    pub(crate) store: Rc<Store>,
+    pub(crate) shapes: Rc<Shapes>,
+    loader: MvccLoader,
+    pub(crate) history: Rc<RefCell<History>>,
+    /// Per CN: its address cache.
+    caches: Vec<(NodeId, Rc<RefCell<AddressCache>>)>,
+    warm: Option<Vec<(TableId, Key, ItemLoc)>>,
+}
+
+impl MvccDeploy {
+    /// MN bytes for `spec` on `mns` MNs.
+    pub(crate) fn mn_bytes(
+        spec: &DeploySpec,
+        mns: u16,
+        log_region_bytes: u32,
+    ) -> Result<u64, DeployError> {
+        Ok(layout(spec, mns, log_region_bytes).1.bytes_per_mn()?)
     }
 
-    fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
-        Ok(layout(spec, mns).1.bytes_per_mn()?)
-    }
-
-    fn deploy(
-        &self,
+    /// Lays the store out on `sim`'s MNs.
+    pub(crate) fn new(
         sim: &Rc<Sim>,
         spec: &DeploySpec,
         history: Rc<RefCell<History>>,
-    ) -> Result<Box<dyn Deployment>, DeployError> {
+        log_region_bytes: u32,
+    ) -> Result<Self, DeployError> {
         let mns = sim.mn_count();
-        let (shapes, cfg) = layout(spec, mns);
+        let (shapes, cfg) = layout(spec, mns, log_region_bytes);
         let regions = (0..mns).map(|i| sim.region(sim.mn(i))).collect();
         let store = Rc::new(Store::new(cfg, regions)?);
         let shapes = Rc::new(shapes);
-        Ok(Box::new(MotorDeployment {
-            config: self.config,
+        Ok(Self {
             sim: Rc::clone(sim),
             loader: MvccLoader::new(Rc::clone(&store), Rc::clone(&shapes)),
             store,
@@ -98,27 +120,11 @@ impl Protocol for MotorProtocol {
             history,
             caches: Vec::new(),
             warm: spec.warm_cache.then(Vec::new),
-            paused: Rc::new(Cell::new(false)),
-        }))
+        })
     }
-}
 
-/// Motor on one simulated cluster.
-struct MotorDeployment {
-    config: MotorConfig,
-    sim: Rc<Sim>,
-    store: Rc<Store>,
-    shapes: Rc<Shapes>,
-    loader: MvccLoader,
-    history: Rc<RefCell<History>>,
-    /// Per CN: its address cache.
-    caches: Vec<(NodeId, Rc<RefCell<AddressCache>>)>,
-    warm: Option<Vec<(TableId, Key, ItemLoc)>>,
-    paused: Rc<Cell<bool>>,
-}
-
-impl MotorDeployment {
-    fn cache_of(&mut self, cn: NodeId) -> Rc<RefCell<AddressCache>> {
+    /// The address cache of CN `cn` (made on first use, warm if the spec asked).
+    pub(crate) fn cache_of(&mut self, cn: NodeId) -> Rc<RefCell<AddressCache>> {
         if let Some((_, c)) = self.caches.iter().find(|(n, _)| *n == cn) {
             return Rc::clone(c);
         }
@@ -129,10 +135,13 @@ impl MotorDeployment {
         self.caches.push((cn, Rc::clone(&cache)));
         cache
     }
-}
 
-impl Deployment for MotorDeployment {
-    fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
+    pub(crate) fn load(
+        &mut self,
+        table: TableId,
+        key: Key,
+        value: &[u8],
+    ) -> Result<(), DeployError> {
         let sim = &self.sim;
         let loc = self.loader.load(table, key, value, |node, offset, bytes| {
             sim.write_memory(node, offset, bytes);
@@ -143,17 +152,81 @@ impl Deployment for MotorDeployment {
         Ok(())
     }
 
+    pub(crate) fn scan_cost(&self) -> Option<(u64, u64)> {
+        let mns = u64::from(self.store.config().mns);
+        Some(
+            self.store
+                .config()
+                .tables
+                .iter()
+                .filter_map(|t| self.store.table(t.id).ok())
+                .fold((0, 0), |(reads, bytes), l| {
+                    let n = u64::from(l.spec.buckets_per_partition) * mns;
+                    (
+                        reads + n,
+                        bytes + n * (l.item_len * dmem_store::BUCKET_SLOTS) as u64,
+                    )
+                }),
+        )
+    }
+
+    pub(crate) fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
+        read_final(
+            &self.store,
+            &self.shapes,
+            table,
+            key,
+            |node, offset, len| self.sim.read_memory(node, offset, len),
+        )
+    }
+}
+
+impl Protocol for MotorProtocol {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
+        MvccDeploy::mn_bytes(spec, mns, 0)
+    }
+
+    fn deploy(
+        &self,
+        sim: &Rc<Sim>,
+        spec: &DeploySpec,
+        history: Rc<RefCell<History>>,
+    ) -> Result<Box<dyn Deployment>, DeployError> {
+        Ok(Box::new(MotorDeployment {
+            config: self.config,
+            base: MvccDeploy::new(sim, spec, history, 0)?,
+            paused: Rc::new(Cell::new(false)),
+        }))
+    }
+}
+
+/// Motor on one simulated cluster.
+struct MotorDeployment {
+    config: MotorConfig,
+    base: MvccDeploy,
+    paused: Rc<Cell<bool>>,
+}
+
+impl Deployment for MotorDeployment {
+    fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
+        self.base.load(table, key, value)
+    }
+
     fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
-        let cache = self.cache_of(ctx.node());
+        let cache = self.base.cache_of(ctx.node());
         let ts = SyncedClock::new(ctx.clone(), ctx.node(), id, self.config.epsilon);
         Ok(Box::new(MotorCoordinator::new(
             ctx,
-            Rc::clone(&self.store),
-            Rc::clone(&self.shapes),
+            Rc::clone(&self.base.store),
+            Rc::clone(&self.base.shapes),
             self.config,
             id,
             cache,
-            Rc::clone(&self.history),
+            Rc::clone(&self.base.history),
             ts,
         )))
     }
@@ -188,30 +261,10 @@ impl Deployment for MotorDeployment {
     }
 
     fn scan_cost(&self) -> Option<(u64, u64)> {
-        let mns = u64::from(self.store.config().mns);
-        Some(
-            self.store
-                .config()
-                .tables
-                .iter()
-                .filter_map(|t| self.store.table(t.id).ok())
-                .fold((0, 0), |(reads, bytes), l| {
-                    let n = u64::from(l.spec.buckets_per_partition) * mns;
-                    (
-                        reads + n,
-                        bytes + n * (l.item_len * dmem_store::BUCKET_SLOTS) as u64,
-                    )
-                }),
-        )
+        self.base.scan_cost()
     }
 
     fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
-        read_final(
-            &self.store,
-            &self.shapes,
-            table,
-            key,
-            |node, offset, len| self.sim.read_memory(node, offset, len),
-        )
+        self.base.read_final(table, key)
     }
 }

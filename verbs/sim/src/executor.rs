@@ -163,6 +163,12 @@ impl Sim {
         self.shared.cns
     }
 
+    /// Threads (cores) per CN.
+    #[must_use]
+    pub fn threads_per_cn(&self) -> u16 {
+        self.shared.threads_per_cn
+    }
+
     /// The registered region of memory node `mn`.
     ///
     /// # Panics
@@ -627,6 +633,12 @@ impl SimContext {
     #[must_use]
     pub fn seed(&self) -> u64 {
         self.seed
+    }
+
+    /// The thread (core index within its CN) this context runs on.
+    #[must_use]
+    pub fn thread(&self) -> u16 {
+        (self.core % usize::from(self.shared.threads_per_cn.max(1))) as u16
     }
 
     /// Post lists ([`Verbs::post`] calls) issued so far through this context and its clones
