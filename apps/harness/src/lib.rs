@@ -16,8 +16,15 @@
 //! which snapshots that count when a transaction begins. When
 //! [`execute`](dmem_workloads::execute) returns a commit, the difference is the number of
 //! post lists the committed attempt awaited (one post list = one round trip to the MNs,
-//! whatever number of MNs it spans). Messages (RPCs) are not counted: no protocol here
-//! sends them on the transaction path.
+//! whatever number of MNs it spans). Messages (RPCs, LOTUS's lock requests) are not round
+//! trips to the MNs; they are counted separately ([`BenchResult::msgs_per_txn`]).
+//!
+//! # Routing
+//!
+//! A deployment with a [`Router`](dmem_deploy::Router) (LOTUS §4.3) gets its transactions
+//! placed: each coordinator keeps one client that generates a transaction, asks the router
+//! for a CN and queues it there; the CN's coordinators serve their queue in arrival order
+//! and hand the result back. Latency then includes the wait in the queue.
 #![forbid(unsafe_code)]
 
 use std::cell::{Cell, RefCell};
@@ -155,6 +162,11 @@ pub struct BenchResult {
     pub ro_committed: u64,
     /// See [`ro_committed`](Self::ro_committed).
     pub ro_no_validation: u64,
+    /// Share of the CNs' cores' time spent on charged CPU work (posting, completions,
+    /// received messages, protocol work such as LOTUS's lock operations), measured.
+    pub cn_cpu_busy: f64,
+    /// Two-sided messages the CNs received per committed transaction (LOTUS's lock RPCs).
+    pub msgs_per_txn: f64,
 }
 
 /// A coordinator that notes its context's post-list count when a transaction begins (see
@@ -410,6 +422,25 @@ pub fn run_bench(
     sim.run_until_idle();
 
     let committed = tally.committed.get();
+    let cns: Vec<_> = stats
+        .nodes
+        .iter()
+        .zip(&at_warm_up.nodes)
+        .filter(|(n, _)| n.role == dmem_sim::Role::Compute)
+        .collect();
+    let cn_cpu: f64 = cns
+        .iter()
+        .map(|(n, w)| n.cpu_busy_ns.saturating_sub(w.cpu_busy_ns) as f64)
+        .sum();
+    let msgs: u64 = cns
+        .iter()
+        .map(|(n, w)| {
+            n.nic
+                .messages_received
+                .saturating_sub(w.nic.messages_received)
+        })
+        .sum();
+    let cores = u64::from(cfg.shape.cns) * u64::from(cfg.shape.threads);
     let per_txn = |kind: OpKind| {
         stats.mn_served_since(&at_warm_up, Some(kind)) as f64 / committed.max(1) as f64
     };
@@ -468,6 +499,8 @@ pub fn run_bench(
         invariants,
         ro_committed: tally.ro.get().0,
         ro_no_validation: tally.ro.get().1,
+        cn_cpu_busy: cn_cpu / (cfg.duration as f64 * cores.max(1) as f64),
+        msgs_per_txn: msgs as f64 / committed.max(1) as f64,
     })
 }
 

@@ -814,8 +814,8 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         for (n, bucket, wr) in wrs {
             let (used, _) = parse_bucket(res.bytes(wr));
             let f = &mut fetches[n];
-            let slot = match used.iter().find(|(_, k)| *k == f.key.0) {
-                Some(&(slot, _)) => slot,
+            let (slot, fresh) = match used.iter().find(|(_, k)| *k == f.key.0) {
+                Some(&(slot, _)) => (slot, false),
                 None => {
                     let free = (0..dmem_store::BUCKET_SLOTS).find(|s| {
                         !used.iter().any(|(u, _)| u == s) && !taken.contains(&(bucket.offset, *s))
@@ -834,15 +834,36 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                             &bytes,
                         );
                     }
-                    slot
+                    (slot, true)
                 }
             };
             let loc = self.co.store.item_at(bucket, slot).map_err(store_err)?;
             self.co.cache.borrow_mut().put(f.table, f.key, loc);
             f.loc = Some(loc);
+            if fresh {
+                // A slot never used before: its block holds no version (slots are never
+                // freed), so the key is absent and its meta need not be read. Whatever a
+                // crashed inserter left there is overwritten whole at commit (the meta's key
+                // is not ours).
+                let shape = self.shape(f.table)?;
+                let (table, key) = (f.table, f.key);
+                f.done = Some(None);
+                self.writes.push(WriteEntry {
+                    table,
+                    key,
+                    loc,
+                    meta: Meta::empty(shape.cells),
+                    current: None,
+                    op: None,
+                });
+                self.note(table, key, 0, 0);
+            }
         }
         if !slots.is_empty() {
-            self.co.ctx.post(slots).await?;
+            // Unsignaled: the slot WRITEs land before this transaction's commit WRITEs to
+            // the same replicas (in-order queue pairs); until then the key reads as absent,
+            // which it is.
+            self.co.ctx.post_detached(slots).await?;
         }
         Ok(())
     }
