@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod locking;
+pub mod recovery;
 pub mod shard;
 pub mod txn;
 pub mod wire;

@@ -58,9 +58,42 @@ pub struct LockCluster {
     pub sharding: Sharding,
     /// CPU a CN core spends on one lock or unlock (hash, bucket scan, CAS, lock state).
     pub lock_cpu_ns: Nanos,
+    /// CNs the membership service declared failed (LOTUS §6): no lock is asked of them, and
+    /// a transaction holding one of their locks aborts unless it is already committing.
+    pub failed: RefCell<Vec<u16>>,
+    /// Per CN, transactions in their commit phase that hold locks of that CN: recovery waits
+    /// for them before the CN's shards are served again.
+    pub committing: RefCell<Vec<u32>>,
 }
 
 impl LockCluster {
+    /// A cluster of `cns` (their locks and servers) over `map`.
+    #[must_use]
+    pub fn new(
+        cns: Vec<Rc<CnLocks>>,
+        servers: Vec<Vec<Endpoint>>,
+        map: Rc<RefCell<ShardMap>>,
+        sharding: Sharding,
+        lock_cpu_ns: Nanos,
+    ) -> Self {
+        let n = cns.len();
+        Self {
+            cns,
+            servers,
+            map,
+            sharding,
+            lock_cpu_ns,
+            failed: RefCell::new(Vec::new()),
+            committing: RefCell::new(vec![0; n]),
+        }
+    }
+
+    /// Whether CN `cn` was declared failed.
+    #[must_use]
+    pub fn is_failed(&self, cn: u16) -> bool {
+        self.failed.borrow().contains(&cn)
+    }
+
     /// The server endpoint a coordinator on thread `thread` uses to reach CN `cn`.
     #[must_use]
     pub fn server(&self, cn: u16, thread: u16) -> Option<Endpoint> {

@@ -51,6 +51,7 @@ use dmem_txn::{
 use dmem_verbs::{Clock, Message, Nanos, PostList, RemoteAddr, Verbs};
 
 use crate::locking::{LockCluster, stronger};
+use crate::recovery::{LogEntry, encode_log};
 use crate::shard::{Sharding, bucket_lock_key, record_lock_key};
 use crate::wire::{LockEntry, Reply, Request, RequestKind, Status};
 
@@ -287,6 +288,33 @@ struct Fetch {
     done: Option<Option<Vec<u8>>>,
 }
 
+/// Counts a transaction as committing with locks of `owners` while it lives.
+struct Committing {
+    cluster: Rc<LockCluster>,
+    owners: Vec<u16>,
+}
+
+impl Committing {
+    fn enter(cluster: Rc<LockCluster>, owners: Vec<u16>) -> Self {
+        for &o in &owners {
+            if let Some(n) = cluster.committing.borrow_mut().get_mut(usize::from(o)) {
+                *n += 1;
+            }
+        }
+        Self { cluster, owners }
+    }
+}
+
+impl Drop for Committing {
+    fn drop(&mut self) {
+        for &o in &self.owners {
+            if let Some(n) = self.cluster.committing.borrow_mut().get_mut(usize::from(o)) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+}
+
 /// Receives the next message, or `None` at `deadline`.
 async fn recv_until<V: Verbs + Clock>(ctx: &V, deadline: Nanos) -> Option<Message> {
     let mut recv = pin!(ctx.recv());
@@ -415,6 +443,10 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 }
             }
             // Remote requests first, so the local work overlaps their round trip.
+            if groups.iter().any(|(owner, _)| cluster.is_failed(*owner)) {
+                // §6: new transactions asking a failed CN for locks abort at once.
+                return Err(aborted("lock owner failed"));
+            }
             let mut pending: Vec<(u64, u16, Vec<LockEntry>)> = Vec::new();
             for (owner, entries) in &groups {
                 if *owner == self.co.cn {
@@ -694,12 +726,12 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                     .cells
                     .iter()
                     .any(|c| c.is_valid() && c.commit_version() == INVISIBLE);
-                let outcome = if committing && locked {
-                    // Nobody commits under our lock: a crashed writer's leftover.
-                    MetaOutcome::Abort("uncommitted version under the lock")
-                } else if committing {
+                let outcome = if committing && !locked {
                     MetaOutcome::Retry
                 } else {
+                    // Under our lock no writer is between its INVISIBLE and visible WRITEs
+                    // (recovery decides a failed one's before its locks go), so a locked
+                    // read picks among committed versions as §5.1 says.
                     // Locked records abort on a newer version (§5.1 step 3); unlocked ones
                     // read the snapshot.
                     logic::after_meta(&meta, self.start, locked, false)
@@ -945,13 +977,25 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             self.record(TxnOutcome::Committed, Vec::new());
             return Ok(());
         }
+        // §6: a transaction holding a failed CN's lock aborts unless already committing;
+        // from here on it is committing, and recovery waits for it before the failed CN's
+        // shards are served again.
+        let owners: Vec<u16> = {
+            let mut o: Vec<u16> = self.held.iter().map(|h| h.owner).collect();
+            o.sort_unstable();
+            o.dedup();
+            o
+        };
+        if owners.iter().any(|&o| self.co.cluster.is_failed(o)) {
+            return Err(aborted("a lock owner failed before commit"));
+        }
+        let _committing = Committing::enter(Rc::clone(&self.co.cluster), owners);
         // (1) Write data & log: images and INVISIBLE cells to every replica, the log.
         let horizon = self.co.ts.horizon(self.co.cfg.gc_threshold);
         let writer = pack_writer(self.id);
-        let mut list = PostList::new();
+        let mut data: Vec<(RemoteAddr, Vec<u8>)> = Vec::new();
         let mut installed = Vec::new();
-        let mut log = Vec::new();
-        log.extend_from_slice(&writer.to_le_bytes());
+        let mut logged = Vec::new();
         for w in &self.writes {
             let Some(op) = &w.op else { continue };
             let shape = self.shape(w.table)?;
@@ -967,26 +1011,41 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 mvcc::encode_meta_tail(w.key.0, w.table, shape, plan.floor, &plan.cells);
             for mn in self.store().live_replicas(w.loc.bucket.partition) {
                 let at = |o: u64| self.store().addr(mn, w.loc.offset + o);
-                list.write(at(shape.image_offset(plan.cell) as u64), &image);
+                data.push((at(shape.image_offset(plan.cell) as u64), image.clone()));
                 if plan.whole {
-                    list.write(at(FLOOR_OFFSET), &meta_tail);
+                    data.push((at(FLOOR_OFFSET), meta_tail.clone()));
                 } else {
                     let o = shape.cell_offset(plan.cell);
                     let from = o - FLOOR_OFFSET as usize;
-                    list.write(at(o as u64), &meta_tail[from..from + CELL_LEN]);
+                    data.push((at(o as u64), meta_tail[from..from + CELL_LEN].to_vec()));
                 }
             }
-            log.extend_from_slice(&w.loc.bucket.partition.to_le_bytes());
-            log.extend_from_slice(&(plan.cell as u16).to_le_bytes());
-            log.extend_from_slice(&w.loc.offset.to_le_bytes());
+            logged.push(LogEntry {
+                table: w.table,
+                partition: w.loc.bucket.partition,
+                cell: plan.cell as u16,
+                offset: w.loc.offset,
+            });
             installed.push((w.table, w.key, w.loc, shape, plan.cell, kind));
         }
-        if let Ok(at) = self.store().log_offset(self.co.id)
-            && log.len() <= self.store().log_region_bytes()
-        {
-            for mn in self.store().pandora_log_mns(self.co.id) {
+        // The log goes first on every MN's queue pair, so an INVISIBLE cell never lands
+        // without it (see `crate::recovery`).
+        let log = encode_log(writer, &logged);
+        let mut list = PostList::new();
+        let at = self
+            .store()
+            .log_offset(self.co.id)
+            .map_err(|_| aborted("no log region"))?;
+        if log.len() > self.store().log_region_bytes() {
+            return Err(aborted("commit log larger than the log region"));
+        }
+        for mn in 0..self.store().config().mns {
+            if self.store().live_replicas(mn).contains(&mn) {
                 list.write(self.store().addr(mn, at), &log);
             }
+        }
+        for (addr, bytes) in data {
+            list.write_owned(addr, bytes);
         }
         self.co.ctx.mark_phase("write-invisible");
         self.co.ctx.post(list).await?;

@@ -7,12 +7,15 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use dmem_deploy::{
-    DeployError, DeploySpec, Deployment, Protocol, RecoveryEvent, RecoveryTiming, Router,
+    Decision, DeployError, DeploySpec, Deployment, Protocol, RecoveredCoordinator, RecoveryEvent,
+    RecoveryTiming, Router, SimLinkTerminator,
 };
+use dmem_lotus::recovery::{Decided, recover_coordinator};
 use dmem_lotus::{CnLocks, LockCluster, LotusConfig, LotusCoordinator, ShardMap, Sharding, serve};
 use dmem_motor::SyncedClock;
 use dmem_sim::{Sim, SimContext};
-use dmem_txn::{BoxCoordinator, History, Key, TableId, TxnKind};
+use dmem_txn::{BoxCoordinator, History, Key, TableId, TxnKind, TxnOutcome};
+use dmem_verbs::Clock;
 
 use crate::motor::MvccDeploy;
 
@@ -30,6 +33,10 @@ pub struct LotusProtocol {
     pub random_sharding: bool,
     /// Ablation (§8.3): no hybrid routing; transactions run where they were generated.
     pub no_routing: bool,
+    /// Planted bug for the litmus suite: recovery releases a failed CN's locks before it
+    /// decides the CN's transactions from their commit logs (LOTUS §6 orders them the
+    /// other way).
+    pub early_unlock: bool,
 }
 
 impl LotusProtocol {
@@ -43,10 +50,12 @@ impl LotusProtocol {
             lock_cpu_ns: 60,
             random_sharding: false,
             no_routing: false,
+            early_unlock: false,
         }
     }
 
-    /// `lotus:FLAG[+FLAG]`: `si`, `no-sharding`, `no-routing` (the §8.3 ablation).
+    /// `lotus:FLAG[+FLAG]`: `si`, `no-sharding`, `no-routing` (the §8.3 ablation),
+    /// `early-unlock` (a planted recovery bug).
     ///
     /// # Errors
     /// The unknown flag.
@@ -57,9 +66,10 @@ impl LotusProtocol {
                 "si" => p.config = LotusConfig::si(),
                 "no-sharding" => p.random_sharding = true,
                 "no-routing" => p.no_routing = true,
+                "early-unlock" => p.early_unlock = true,
                 other => {
                     return Err(format!(
-                        "unknown lotus switch `{other}` (known: si, no-sharding, no-routing)"
+                        "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, early-unlock)"
                     ));
                 }
             }
@@ -103,13 +113,13 @@ impl Protocol for LotusProtocol {
             }
             servers.push(row);
         }
-        let cluster = Rc::new(LockCluster {
-            cns: locks,
+        let cluster = Rc::new(LockCluster::new(
+            locks,
             servers,
-            map: Rc::clone(&map),
-            sharding: sharding.clone(),
-            lock_cpu_ns: self.lock_cpu_ns,
-        });
+            Rc::clone(&map),
+            sharding.clone(),
+            self.lock_cpu_ns,
+        ));
         for (c, ctx) in contexts {
             let task = serve(
                 ctx.clone(),
@@ -126,10 +136,14 @@ impl Protocol for LotusProtocol {
         });
         Ok(Box::new(LotusDeployment {
             config: self.config,
+            early_unlock: self.early_unlock,
             base,
             cluster,
             router,
+            placed: Vec::new(),
             paused: Rc::new(Cell::new(false)),
+            events: Rc::new(RefCell::new(Vec::new())),
+            error: Rc::new(RefCell::new(None)),
         }))
     }
 }
@@ -149,10 +163,129 @@ impl Router for LotusRouter {
 /// LOTUS on one simulated cluster.
 struct LotusDeployment {
     config: LotusConfig,
+    early_unlock: bool,
     base: MvccDeploy,
     cluster: Rc<LockCluster>,
     router: Option<Rc<dyn Router>>,
+    /// Coordinator ids and the CN (index) each runs on.
+    placed: Vec<(u16, u16)>,
     paused: Rc<Cell<bool>>,
+    events: Rc<RefCell<Vec<RecoveryEvent>>>,
+    error: Rc<RefCell<Option<String>>>,
+}
+
+/// Writes recovery's decision into the history (the coordinator's transaction recorded
+/// `Unknown` after its commit timestamp): committed if rolled forward, aborted with nothing
+/// installed otherwise.
+fn settle(history: &RefCell<History>, coordinator: u16, decided: Decided, now: u64) {
+    let mut h = history.borrow_mut();
+    for t in h.txns.iter_mut().filter(|t| {
+        t.id.coordinator.0 == u32::from(coordinator) && t.outcome == TxnOutcome::Unknown
+    }) {
+        match decided {
+            Decided::RolledForward { txn, .. } if txn == t.id => {
+                t.outcome = TxnOutcome::Committed;
+                t.end = now;
+            }
+            _ => {
+                t.outcome = TxnOutcome::Aborted;
+                t.writes.clear();
+            }
+        }
+    }
+}
+
+impl LotusDeployment {
+    /// LOTUS §6 for CN `cn` (index), failed: transactions decided from commit logs, then
+    /// its locks released on every survivor, then its shards served again from empty
+    /// tables (by survivors: the simulator does not restart CNs).
+    #[allow(clippy::too_many_arguments)]
+    async fn recover_cn(
+        c: &SimContext,
+        sim: &Rc<Sim>,
+        cluster: &LockCluster,
+        store: &dmem_store::Store,
+        shapes: &dmem_motor::mvcc::Shapes,
+        history: &RefCell<History>,
+        ids: &[u16],
+        cn: u16,
+        early_unlock: bool,
+        poll: u64,
+    ) -> Result<RecoveryEvent, String> {
+        let node = sim.cn(cn);
+        let detected_at = c.now();
+        cluster.failed.borrow_mut().push(cn);
+        // Cut the CN off every MN: no late WRITE of it lands after its logs are read.
+        for mn in 0..sim.mn_count() {
+            SimLinkTerminator(Rc::clone(sim)).terminate(sim.mn(mn), node);
+        }
+        let terminated_at = c.now();
+        let release = || {
+            let mut n = 0;
+            for (i, t) in cluster.cns.iter().enumerate() {
+                if i != usize::from(cn) {
+                    t.table.fence(cn);
+                    n += t.table.release_cn(cn);
+                }
+            }
+            n
+        };
+        let mut unlocked = if early_unlock { release() } else { 0 };
+        let mut coordinators = Vec::new();
+        for &id in ids {
+            let decided = recover_coordinator(c, store, shapes, id)
+                .await
+                .map_err(|e| format!("recovering coordinator {id}: {e}"))?;
+            settle(history, id, decided, c.now());
+            let (txn, decision, restored) = match decided {
+                Decided::Nothing => (None, None, 0),
+                Decided::RolledForward { txn, cells, .. } => {
+                    (Some(txn.seq), Some(Decision::RollForward), cells)
+                }
+                Decided::RolledBack { txn, cells } => {
+                    (Some(txn.seq), Some(Decision::RollBack), cells)
+                }
+            };
+            coordinators.push(RecoveredCoordinator {
+                coordinator: id,
+                txn,
+                decision,
+                restored,
+                unlocked: 0,
+            });
+        }
+        let logs_recovered_at = c.now();
+        if !early_unlock {
+            unlocked = release();
+        }
+        if let Some(first) = coordinators.first_mut() {
+            first.unlocked = unlocked;
+        }
+        // Survivors' transactions already committing with locks of the failed CN finish
+        // first; the others abort when they reach commit.
+        while cluster.committing.borrow()[usize::from(cn)] > 0 {
+            c.sleep(poll).await;
+        }
+        // The failed CN's lock table is not rebuilt: its shards start empty elsewhere.
+        let live: Vec<u16> = (0..sim.cn_count())
+            .filter(|&x| !cluster.is_failed(x) && !sim.is_crashed(sim.cn(x)))
+            .collect();
+        if !live.is_empty() {
+            let mut map = cluster.map.borrow_mut();
+            for (i, s) in map.shards_of(cn).into_iter().enumerate() {
+                map.assign(s, live[i % live.len()]);
+            }
+        }
+        Ok(RecoveryEvent {
+            cn: node,
+            detected_at,
+            terminated_at,
+            logs_recovered_at,
+            finished_at: c.now(),
+            coordinators,
+            scanned_locks: 0,
+        })
+    }
 }
 
 impl Deployment for LotusDeployment {
@@ -165,6 +298,7 @@ impl Deployment for LotusDeployment {
         let ts = SyncedClock::new(ctx.clone(), ctx.node(), id, self.config.epsilon);
         let cn = ctx.node().0 - self.base.sim.mn_count();
         let thread = ctx.thread();
+        self.placed.push((id, cn));
         Ok(Box::new(LotusCoordinator::new(
             ctx,
             cn,
@@ -180,12 +314,58 @@ impl Deployment for LotusDeployment {
         )))
     }
 
+    /// The membership service is an oracle (as `dmem-occ`'s detector): every `poll` the
+    /// task on `recovery_cn` asks the simulator which CNs crashed.
     fn start_recovery(
         &mut self,
-        _sim: &Rc<Sim>,
-        _recovery_cn: u16,
-        _timing: RecoveryTiming,
+        sim: &Rc<Sim>,
+        recovery_cn: u16,
+        timing: RecoveryTiming,
     ) -> Result<(), DeployError> {
+        let ctx = sim.context(sim.cn(recovery_cn), 0)?;
+        let (sim2, cluster, store, shapes, history) = (
+            Rc::clone(sim),
+            Rc::clone(&self.cluster),
+            Rc::clone(&self.base.store),
+            Rc::clone(&self.base.shapes),
+            Rc::clone(&self.base.history),
+        );
+        let (events, error) = (Rc::clone(&self.events), Rc::clone(&self.error));
+        let placed = self.placed.clone();
+        let early_unlock = self.early_unlock;
+        let c = ctx.clone();
+        sim.spawn(&ctx, async move {
+            while c.now() < timing.until {
+                for cn in 0..sim2.cn_count() {
+                    if cluster.is_failed(cn) || !sim2.is_crashed(sim2.cn(cn)) {
+                        continue;
+                    }
+                    let ids: Vec<u16> = placed
+                        .iter()
+                        .filter(|(_, x)| *x == cn)
+                        .map(|(id, _)| *id)
+                        .collect();
+                    match Self::recover_cn(
+                        &c,
+                        &sim2,
+                        &cluster,
+                        &store,
+                        &shapes,
+                        &history,
+                        &ids,
+                        cn,
+                        early_unlock,
+                        timing.poll,
+                    )
+                    .await
+                    {
+                        Ok(ev) => events.borrow_mut().push(ev),
+                        Err(e) => *error.borrow_mut() = Some(e),
+                    }
+                }
+                c.sleep(timing.poll).await;
+            }
+        });
         Ok(())
     }
 
@@ -198,11 +378,11 @@ impl Deployment for LotusDeployment {
     }
 
     fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        Vec::new()
+        self.events.borrow().clone()
     }
 
     fn recovery_error(&self) -> Option<String> {
-        None
+        self.error.borrow().clone()
     }
 
     fn paused(&self) -> Rc<Cell<bool>> {
