@@ -215,11 +215,8 @@ mod tests {
         let b = req(RequestKind::Lock, 2, 2, &[(12, 1, x), (11, 4, x)]);
         assert_eq!(apply(&cn1, &map, &b).0, Status::Refused);
         assert!(cn1.table.holders(12).is_empty());
-        apply(
-            &cn1,
-            &map,
-            &req(RequestKind::Unlock, 1, 0, &[(10, 1, x), (11, 4, x)]),
-        );
+        let unlock = req(RequestKind::Unlock, 1, 0, &[(10, 1, x), (11, 4, x)]);
+        assert_eq!(apply(&cn1, &map, &unlock), (Status::Granted, 2));
         assert!(cn1.table.slots_free());
         assert_eq!(apply(&cn1, &map, &b).0, Status::Granted);
     }

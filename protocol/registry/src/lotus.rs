@@ -99,8 +99,15 @@ impl Protocol for LotusProtocol {
         let mut sharding = Sharding::new(spec.critical_fields.clone());
         sharding.random = self.random_sharding;
         let map = Rc::new(RefCell::new(ShardMap::new(cns)));
+        // Slots are occupied by held locks (a few per running transaction), not records:
+        // the paper's 32 MB, or 16 B per record for data sets small enough that 32 MB per
+        // CN would only cost the simulator memory and time (at least 64 KiB).
+        let records: u64 = spec.tables.iter().map(|t| t.expected_records).sum();
+        let table_bytes = usize::try_from(records.saturating_mul(16))
+            .unwrap_or(usize::MAX)
+            .clamp(64 << 10, self.lock_table_bytes.max(64 << 10));
         let locks: Vec<Rc<CnLocks>> = (0..cns)
-            .map(|c| Rc::new(CnLocks::new(c, self.lock_table_bytes)))
+            .map(|c| Rc::new(CnLocks::new(c, table_bytes)))
             .collect();
         let mut servers = Vec::new();
         let mut contexts = Vec::new();

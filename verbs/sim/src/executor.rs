@@ -714,6 +714,16 @@ impl Future for PostFuture {
     }
 }
 
+/// Tasks still waiting when the simulation goes (a lock server's receive loop, a worker
+/// waiting for work) hold contexts, and contexts hold the cluster: without this the cluster
+/// and its memory would stay alive through that cycle. Dropping the simulation drops them.
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let tasks = std::mem::take(&mut *self.shared.tasks.borrow_mut());
+        drop(tasks);
+    }
+}
+
 impl Drop for PostFuture {
     fn drop(&mut self) {
         if let PostState::Posted(key) = self.state
