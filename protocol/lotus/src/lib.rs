@@ -6,12 +6,15 @@
 //! * [`locking`]: each CN's lock table ([`dmem_locks::lotus`], Alg. 1) and the lock server
 //!   that serves other CNs (§4.1).
 //! * [`txn`]: the lock-first protocol (§5.1) under SR and SI (§5.2).
+//! * [`vtcache`]: the version table cache (§4.4).
+//! * [`recovery`]: the commit log and lock-rebuild-free recovery (§6).
 #![forbid(unsafe_code)]
 
 pub mod locking;
 pub mod recovery;
 pub mod shard;
 pub mod txn;
+pub mod vtcache;
 pub mod wire;
 
 pub use dmem_motor::Isolation;

@@ -20,6 +20,7 @@ use dmem_locks::lotus::{Acquired, Holder, LotusLockTable};
 use dmem_verbs::{Clock, Endpoint, Nanos, Verbs};
 
 use crate::shard::{ShardMap, Sharding};
+use crate::vtcache::VtCache;
 use crate::wire::{Reply, Request, RequestKind, Status};
 
 /// One CN's locks.
@@ -31,6 +32,8 @@ pub struct CnLocks {
     pub table: LotusLockTable,
     /// Requests served, locks granted and refused (statistics).
     pub served: Cell<(u64, u64, u64)>,
+    /// The CN's version table cache (§4.4).
+    pub vt: VtCache,
 }
 
 impl CnLocks {
@@ -41,6 +44,7 @@ impl CnLocks {
             cn,
             table: LotusLockTable::with_bytes(table_bytes, 64),
             served: Cell::new((0, 0, 0)),
+            vt: VtCache::new(64 * 1024, 16),
         }
     }
 }
@@ -126,7 +130,13 @@ pub fn apply(locks: &CnLocks, map: &ShardMap, req: &Request) -> (Status, u64) {
             for e in &req.entries {
                 ops += 1;
                 match locks.table.acquire(e.key, e.mode, holder) {
-                    Acquired::Granted => granted.push(e.key),
+                    Acquired::Granted => {
+                        if e.mode == LockMode::Exclusive {
+                            // Alg. 1 line 15: a remote writer will change the CVT.
+                            locks.vt.invalidate(e.key);
+                        }
+                        granted.push(e.key);
+                    }
                     Acquired::AlreadyHeld => {}
                     Acquired::Refused(_) => {
                         for k in granted {

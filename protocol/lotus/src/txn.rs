@@ -72,6 +72,8 @@ pub struct LotusConfig {
     pub rpc_timeout: Nanos,
     /// Retries of a lock request refused because the shard moved.
     pub max_reroutes: u32,
+    /// Whether the version table cache is used (§4.4; off for the §8.3 ablation).
+    pub vt_cache: bool,
 }
 
 impl LotusConfig {
@@ -86,6 +88,7 @@ impl LotusConfig {
             reread_pause: 500,
             rpc_timeout: 1_000_000,
             max_reroutes: 3,
+            vt_cache: true,
         }
     }
 
@@ -116,6 +119,8 @@ pub struct LotusStats {
     pub refusals: u64,
     /// Reads repeated because a version was being committed or torn.
     pub rereads: u64,
+    /// CVT READs saved by the version table cache.
+    pub vt_hits: u64,
 }
 
 /// A LOTUS coordinator on one CN context.
@@ -284,6 +289,8 @@ struct Fetch {
     access: Access,
     /// Whether this transaction holds a lock on it (read or write).
     locked: bool,
+    /// Whether that lock is on this CN's table (its CVT may be cached, §4.4).
+    local: bool,
     loc: Option<ItemLoc>,
     done: Option<Option<Vec<u8>>>,
 }
@@ -622,6 +629,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 key: r.key,
                 access: r.access,
                 locked: false,
+                local: false,
                 loc,
                 done: None,
             });
@@ -642,6 +650,25 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         }
         let _ = self.sharding();
         self.lock_all(&wanted).await?;
+        let mut cached: Vec<Option<Meta>> = vec![None; fetches.len()];
+        for (n, f) in fetches.iter_mut().enumerate() {
+            if !f.locked {
+                continue;
+            }
+            let key = record_lock_key(f.table, f.key);
+            f.local = self
+                .held
+                .iter()
+                .any(|h| h.key == key && h.owner == self.co.cn);
+            if f.local && self.co.cfg.vt_cache {
+                let vt = &self.co.cluster.cns[usize::from(self.co.cn)].vt;
+                if let Some((loc, meta)) = vt.get(key) {
+                    f.loc = Some(loc);
+                    cached[n] = Some(meta);
+                    self.co.stats.vt_hits += 1;
+                }
+            }
+        }
 
         // -- 2a. locate: one bucket READ per uncached record --
         let mut list = PostList::new();
@@ -700,18 +727,37 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 let f = &fetches[n];
                 let Some(loc) = f.loc else { continue };
                 let shape = self.shape(f.table)?;
-                let rd = list.read(self.primary(&loc, 0)?, shape.meta_len() as u32);
+                let rd = if cached[n].is_some() {
+                    None
+                } else {
+                    Some(list.read(self.primary(&loc, 0)?, shape.meta_len() as u32))
+                };
                 wrs.push((n, loc, shape, rd));
             }
-            let res = self.co.ctx.post(list).await?;
+            let res = if list.is_empty() {
+                None
+            } else {
+                Some(self.co.ctx.post(list).await?)
+            };
             let mut images = Vec::new();
             for &(n, loc, shape, rd) in &wrs {
                 let f = &fetches[n];
                 let (table, key, locked, for_update) =
                     (f.table, f.key, f.locked, f.access == Access::ForUpdate);
-                let Some(meta) = Meta::parse(res.bytes(rd), shape) else {
+                let meta = match (rd, &res) {
+                    (Some(rd), Some(res)) => Meta::parse(res.bytes(rd), shape),
+                    _ => cached[n].take(),
+                };
+                let Some(meta) = meta else {
                     return Err(aborted("unreadable version table"));
                 };
+                if f.local && self.co.cfg.vt_cache && rd.is_some() && meta.is_consistent() {
+                    self.co.cluster.cns[usize::from(self.co.cn)].vt.put(
+                        record_lock_key(table, key),
+                        loc,
+                        meta.clone(),
+                    );
+                }
                 if for_update {
                     self.writes.push(WriteEntry {
                         table,
@@ -996,6 +1042,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         let mut data: Vec<(RemoteAddr, Vec<u8>)> = Vec::new();
         let mut installed = Vec::new();
         let mut logged = Vec::new();
+        let mut plans = Vec::new();
         for w in &self.writes {
             let Some(op) = &w.op else { continue };
             let shape = self.shape(w.table)?;
@@ -1027,6 +1074,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 offset: w.loc.offset,
             });
             installed.push((w.table, w.key, w.loc, shape, plan.cell, kind));
+            plans.push(plan);
         }
         // The log goes first on every MN's queue pair, so an INVISIBLE cell never lands
         // without it (see `crate::recovery`).
@@ -1086,6 +1134,32 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             .history
             .resolve(id, TxnOutcome::Committed, self.co.ctx.now());
         self.co.stats.committed += 1;
+        if self.co.cfg.vt_cache {
+            // §4.4: a local writer keeps the cached CVTs of its locally locked records.
+            let vt = &self.co.cluster.cns[usize::from(self.co.cn)].vt;
+            for (&(table, key, loc, _, cell, _), plan) in installed.iter().zip(plans) {
+                let lock = record_lock_key(table, key);
+                if !self
+                    .held
+                    .iter()
+                    .any(|h| h.key == lock && h.owner == self.co.cn)
+                {
+                    continue;
+                }
+                let mut cells = plan.cells;
+                cells[cell] = cells[cell].with_commit_version(c);
+                vt.put(
+                    lock,
+                    loc,
+                    Meta {
+                        lock: 0,
+                        floor: plan.floor,
+                        key: key.0,
+                        cells,
+                    },
+                );
+            }
+        }
         // (4) Unlock.
         self.unlock_all().await;
         Ok(())

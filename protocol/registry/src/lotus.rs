@@ -54,7 +54,8 @@ impl LotusProtocol {
         }
     }
 
-    /// `lotus:FLAG[+FLAG]`: `si`, `no-sharding`, `no-routing` (the §8.3 ablation),
+    /// `lotus:FLAG[+FLAG]`: `si`, `no-sharding`, `no-routing`, `no-vt-cache` (the §8.3
+    /// ablation),
     /// `early-unlock` (a planted recovery bug).
     ///
     /// # Errors
@@ -63,13 +64,14 @@ impl LotusProtocol {
         let mut p = Self::new(&format!("lotus:{params}"), LotusConfig::sr());
         for f in params.split(['+', ',']).filter(|f| !f.is_empty()) {
             match f {
-                "si" => p.config = LotusConfig::si(),
+                "si" => p.config.isolation = dmem_lotus::Isolation::Snapshot,
                 "no-sharding" => p.random_sharding = true,
                 "no-routing" => p.no_routing = true,
                 "early-unlock" => p.early_unlock = true,
+                "no-vt-cache" => p.config.vt_cache = false,
                 other => {
                     return Err(format!(
-                        "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, early-unlock)"
+                        "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, early-unlock)"
                     ));
                 }
             }
