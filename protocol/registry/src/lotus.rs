@@ -186,11 +186,13 @@ struct LotusDeployment {
 /// Writes recovery's decision into the history (the coordinator's transaction recorded
 /// `Unknown` after its commit timestamp): committed if rolled forward, aborted with nothing
 /// installed otherwise.
-fn settle(history: &RefCell<History>, coordinator: u16, decided: Decided, now: u64) {
+fn settle(history: &RefCell<History>, coordinator: u16, decided: Decided, now: u64) -> bool {
     let mut h = history.borrow_mut();
+    let mut changed = false;
     for t in h.txns.iter_mut().filter(|t| {
         t.id.coordinator.0 == u32::from(coordinator) && t.outcome == TxnOutcome::Unknown
     }) {
+        changed = true;
         match decided {
             Decided::RolledForward { txn, .. } if txn == t.id => {
                 t.outcome = TxnOutcome::Committed;
@@ -202,6 +204,7 @@ fn settle(history: &RefCell<History>, coordinator: u16, decided: Decided, now: u
             }
         }
     }
+    changed
 }
 
 impl LotusDeployment {
@@ -245,9 +248,11 @@ impl LotusDeployment {
             let decided = recover_coordinator(c, store, shapes, id)
                 .await
                 .map_err(|e| format!("recovering coordinator {id}: {e}"))?;
-            settle(history, id, decided, c.now());
+            let in_flight = settle(history, id, decided, c.now());
             let (txn, decision, restored) = match decided {
                 Decided::Nothing => (None, None, 0),
+                // The last logged transaction had finished: nothing was in flight.
+                Decided::RolledForward { cells: 0, .. } if !in_flight => (None, None, 0),
                 Decided::RolledForward { txn, cells, .. } => {
                     (Some(txn.seq), Some(Decision::RollForward), cells)
                 }
