@@ -21,3 +21,8 @@ pub use dmem_motor::Isolation;
 pub use locking::{CnLocks, LockCluster, serve};
 pub use shard::{ShardMap, Sharding};
 pub use txn::{LotusConfig, LotusCoordinator, LotusStats, LotusTxn};
+
+/// The README's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
