@@ -85,6 +85,15 @@ fn lotus_routed_checks_out_with_fewer_messages_than_unrouted() {
             assert!(r.cn_cpu_busy > 0.0);
             msgs.push(r.msgs_per_txn);
         }
+        // Fig. 17's idealised RDMA lock: correct too, and the only variant with MN atomics.
+        let rdma = registry.get("lotus:rdma-lock").unwrap();
+        let r = run_bench(&*rdma, &workload, &lotus_cfg(), |_| {}).unwrap();
+        assert_eq!(
+            (r.checker.as_str(), r.invariants.as_str()),
+            ("ok", "ok"),
+            "{w}: {r:?}"
+        );
+        assert!(r.mn_per_txn[3] > 0.0, "{w}: {r:?}");
         if w != "kvs" {
             // KVS has no critical field: its records are sharded by hash either way.
             assert!(

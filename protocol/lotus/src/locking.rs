@@ -34,6 +34,8 @@ pub struct CnLocks {
     pub served: Cell<(u64, u64, u64)>,
     /// The CN's version table cache (§4.4).
     pub vt: VtCache,
+    /// Per lock key, this CN's holders (the idealised RDMA lock of §8.4 Fig. 17).
+    pub counts: RefCell<std::collections::HashMap<u64, u32>>,
 }
 
 impl CnLocks {
@@ -45,6 +47,7 @@ impl CnLocks {
             table: LotusLockTable::with_bytes(table_bytes, 64),
             served: Cell::new((0, 0, 0)),
             vt: VtCache::new(64 * 1024, 16),
+            counts: RefCell::new(std::collections::HashMap::new()),
         }
     }
 }

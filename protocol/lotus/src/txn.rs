@@ -74,6 +74,12 @@ pub struct LotusConfig {
     pub max_reroutes: u32,
     /// Whether the version table cache is used (§4.4; off for the §8.3 ablation).
     pub vt_cache: bool,
+    /// LOTUS §8.4 Fig. 17's idealised CN-counted RDMA lock instead of lock disaggregation:
+    /// every lock is decided at once on its owner's table (no message, no queue, no
+    /// notification: an upper bound), and each CN counts its holders per lock; an FAA to
+    /// the record's lock word at its MN marks the CN's first holder (0 → 1) and its last
+    /// release (1 → 0), the global ownership transfer.
+    pub rdma_lock: bool,
 }
 
 impl LotusConfig {
@@ -89,6 +95,7 @@ impl LotusConfig {
             rpc_timeout: 1_000_000,
             max_reroutes: 3,
             vt_cache: true,
+            rdma_lock: false,
         }
     }
 
@@ -121,6 +128,8 @@ pub struct LotusStats {
     pub rereads: u64,
     /// CVT READs saved by the version table cache.
     pub vt_hits: u64,
+    /// FAAs of the idealised RDMA lock ([`LotusConfig::rdma_lock`]).
+    pub rdma_faas: u64,
 }
 
 /// A LOTUS coordinator on one CN context.
@@ -220,6 +229,8 @@ struct HeldLock {
     shard: u16,
     owner: u16,
     mode: LockMode,
+    /// The record's lock word, once an idealised RDMA lock FAA'd it (0 → 1).
+    word: Option<RemoteAddr>,
 }
 
 #[derive(Debug, Clone)]
@@ -432,6 +443,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         }
         let holder = self.holder();
         let cluster = Rc::clone(&self.co.cluster);
+        if self.co.cfg.rdma_lock {
+            return self.lock_idealised(&todo, holder);
+        }
         for _ in 0..=self.co.cfg.max_reroutes {
             if todo.is_empty() {
                 return Ok(());
@@ -492,6 +506,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                             shard: e.shard,
                             owner: self.co.cn,
                             mode: e.mode,
+                            word: None,
                         }),
                         Acquired::Refused(_) => {
                             self.co.stats.refusals += 1;
@@ -522,6 +537,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                                 shard: e.shard,
                                 owner,
                                 mode: e.mode,
+                                word: None,
                             });
                         }
                     }
@@ -544,6 +560,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                             shard: e.shard,
                             owner,
                             mode: e.mode,
+                            word: None,
                         });
                     }
                 }
@@ -557,6 +574,50 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         Err(aborted("shard map kept changing"))
     }
 
+    /// Fig. 17's idealised RDMA lock: decided on the owner's table at once, counted per CN
+    /// (the FAA of a 0 → 1 transition is posted with the record's CVT READ).
+    fn lock_idealised(
+        &mut self,
+        todo: &[(u64, u16, LockMode)],
+        holder: Holder,
+    ) -> Result<(), TxnError> {
+        let cluster = Rc::clone(&self.co.cluster);
+        for &(key, shard, mode) in todo {
+            let owner = cluster.map.borrow().owner(shard);
+            self.co.ctx.cpu(cluster.lock_cpu_ns);
+            match cluster.cns[usize::from(owner)]
+                .table
+                .acquire(key, mode, holder)
+            {
+                Acquired::Granted | Acquired::AlreadyHeld => {
+                    self.held.push(HeldLock {
+                        key,
+                        shard,
+                        owner,
+                        mode,
+                        word: None,
+                    });
+                }
+                Acquired::Refused(_) => {
+                    self.co.stats.refusals += 1;
+                    return Err(aborted("lock refused"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this CN's count of holders of `key` goes 0 → 1 with this holder (an FAA is
+    /// due, idealised RDMA lock).
+    fn count_up(&self, key: u64) -> bool {
+        let mut counts = self.co.cluster.cns[usize::from(self.co.cn)]
+            .counts
+            .borrow_mut();
+        let n = counts.entry(key).or_insert(0);
+        *n += 1;
+        *n == 1
+    }
+
     /// Releases every lock held: local ones on the table, remote ones by one message per CN
     /// without waiting (§5.1 step 4).
     async fn unlock_all(&mut self) {
@@ -565,6 +626,30 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         }
         let holder = self.holder();
         let cluster = Rc::clone(&self.co.cluster);
+        if self.co.cfg.rdma_lock {
+            let mut faas = PostList::new();
+            for h in std::mem::take(&mut self.held) {
+                self.co.ctx.cpu(cluster.lock_cpu_ns);
+                cluster.cns[usize::from(h.owner)]
+                    .table
+                    .release(h.key, holder);
+                let Some(word) = h.word else { continue };
+                let last = {
+                    let mut counts = cluster.cns[usize::from(self.co.cn)].counts.borrow_mut();
+                    let n = counts.entry(h.key).or_insert(1);
+                    *n = n.saturating_sub(1);
+                    *n == 0
+                };
+                if last {
+                    faas.faa(word, u64::MAX); // −1
+                    self.co.stats.rdma_faas += 1;
+                }
+            }
+            if !faas.is_empty() {
+                let _ = self.co.ctx.post_detached(faas).await;
+            }
+            return;
+        }
         let mut groups: Vec<(u16, Vec<LockEntry>)> = Vec::new();
         for h in std::mem::take(&mut self.held) {
             if h.owner == self.co.cn {
@@ -660,7 +745,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 .held
                 .iter()
                 .any(|h| h.key == key && h.owner == self.co.cn);
-            if f.local && self.co.cfg.vt_cache {
+            if f.local && self.co.cfg.vt_cache && !self.co.cfg.rdma_lock {
                 let vt = &self.co.cluster.cns[usize::from(self.co.cn)].vt;
                 if let Some((loc, meta)) = vt.get(key) {
                     f.loc = Some(loc);
@@ -727,6 +812,21 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 let f = &fetches[n];
                 let Some(loc) = f.loc else { continue };
                 let shape = self.shape(f.table)?;
+                if self.co.cfg.rdma_lock && f.locked {
+                    let key = record_lock_key(f.table, f.key);
+                    let word = self.primary(&loc, 0)?;
+                    if let Some(i) = self
+                        .held
+                        .iter()
+                        .position(|h| h.key == key && h.word.is_none())
+                    {
+                        self.held[i].word = Some(word);
+                        if self.count_up(key) {
+                            list.faa(word, 1);
+                            self.co.stats.rdma_faas += 1;
+                        }
+                    }
+                }
                 let rd = if cached[n].is_some() {
                     None
                 } else {
@@ -748,10 +848,17 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                     (Some(rd), Some(res)) => Meta::parse(res.bytes(rd), shape),
                     _ => cached[n].take(),
                 };
-                let Some(meta) = meta else {
+                let Some(mut meta) = meta else {
                     return Err(aborted("unreadable version table"));
                 };
-                if f.local && self.co.cfg.vt_cache && rd.is_some() && meta.is_consistent() {
+                // LOTUS keeps no lock in the block (only the idealised RDMA lock counts there).
+                meta.lock = 0;
+                if f.local
+                    && self.co.cfg.vt_cache
+                    && !self.co.cfg.rdma_lock
+                    && rd.is_some()
+                    && meta.is_consistent()
+                {
                     self.co.cluster.cns[usize::from(self.co.cn)].vt.put(
                         record_lock_key(table, key),
                         loc,
@@ -1134,7 +1241,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             .history
             .resolve(id, TxnOutcome::Committed, self.co.ctx.now());
         self.co.stats.committed += 1;
-        if self.co.cfg.vt_cache {
+        if self.co.cfg.vt_cache && !self.co.cfg.rdma_lock {
             // §4.4: a local writer keeps the cached CVTs of its locally locked records.
             let vt = &self.co.cluster.cns[usize::from(self.co.cn)].vt;
             for (&(table, key, loc, _, cell, _), plan) in installed.iter().zip(plans) {

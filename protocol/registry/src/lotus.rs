@@ -55,7 +55,7 @@ impl LotusProtocol {
     }
 
     /// `lotus:FLAG[+FLAG]`: `si`, `no-sharding`, `no-routing`, `no-vt-cache` (the §8.3
-    /// ablation),
+    /// ablation), `rdma-lock` (§8.4 Fig. 17's idealised RDMA lock),
     /// `early-unlock` (a planted recovery bug).
     ///
     /// # Errors
@@ -69,9 +69,10 @@ impl LotusProtocol {
                 "no-routing" => p.no_routing = true,
                 "early-unlock" => p.early_unlock = true,
                 "no-vt-cache" => p.config.vt_cache = false,
+                "rdma-lock" => p.config.rdma_lock = true,
                 other => {
                     return Err(format!(
-                        "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, early-unlock)"
+                        "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, rdma-lock, early-unlock)"
                     ));
                 }
             }
