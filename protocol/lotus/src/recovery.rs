@@ -140,60 +140,89 @@ pub async fn recover_coordinator<V: Verbs>(
     shapes: &Shapes,
     coordinator: u16,
 ) -> Result<Decided, VerbsError> {
-    let Ok(at) = store.log_offset(coordinator) else {
-        return Ok(Decided::Nothing);
-    };
+    Ok(recover_coordinators(ctx, store, shapes, &[coordinator])
+        .await?
+        .first()
+        .copied()
+        .unwrap_or(Decided::Nothing))
+}
+
+/// Decides the last logged transaction of every coordinator of `coordinators` (module
+/// docs) in three round trips whatever their number: one post list READs every log region
+/// on every live MN, one READs every logged cell and image, one writes every decision.
+/// Returns the decisions in the order of `coordinators`.
+///
+/// # Errors
+/// A failed READ or WRITE.
+pub async fn recover_coordinators<V: Verbs>(
+    ctx: &V,
+    store: &Store,
+    shapes: &Shapes,
+    coordinators: &[u16],
+) -> Result<Vec<Decided>, VerbsError> {
+    let mut decided = vec![Decided::Nothing; coordinators.len()];
     let len = store.log_region_bytes() as u32;
     // MN `m` is alive iff it is among the live replicas of partition `m`.
     let live: Vec<u16> = (0..store.config().mns)
         .filter(|&m| store.live_replicas(m).contains(&m))
         .collect();
+    // 1. Every log region on every live MN.
     let mut list = PostList::new();
-    let reads: Vec<_> = live
-        .iter()
-        .map(|&m| list.read(store.addr(m, at), len))
-        .collect();
-    if reads.is_empty() {
-        return Ok(Decided::Nothing);
-    }
-    let res = ctx.post(list).await?;
-    let Some((writer, entries)) = reads
-        .iter()
-        .filter_map(|&wr| parse_log(res.bytes(wr)))
-        .max_by_key(|(w, _)| unpack_writer(*w).map_or(0, |t| t.seq))
-    else {
-        return Ok(Decided::Nothing);
-    };
-    let Some(txn) = unpack_writer(writer) else {
-        return Ok(Decided::Nothing);
-    };
-    // Read every logged cell and its image on every live replica.
-    let mut list = PostList::new();
-    let mut probes = Vec::new();
-    for e in &entries {
-        let Ok(shape) = shapes.get(e.table) else {
+    let mut reads = Vec::new();
+    for (i, &id) in coordinators.iter().enumerate() {
+        let Ok(at) = store.log_offset(id) else {
             continue;
         };
-        let cell = usize::from(e.cell);
-        if cell >= shape.cells {
-            continue;
+        for &m in &live {
+            reads.push((i, list.read(store.addr(m, at), len)));
         }
-        for mn in store.live_replicas(e.partition) {
-            let cell_at = e.offset + shape.cell_offset(cell) as u64;
-            let c = list.read(store.addr(mn, cell_at), 32);
-            let i = list.read(
-                store.addr(mn, e.offset + shape.image_offset(cell) as u64),
-                shape.image_len() as u32,
-            );
-            probes.push((mn, cell_at, shape, c, i));
+    }
+    if reads.is_empty() {
+        return Ok(decided);
+    }
+    let res = ctx.post(list).await?;
+    let mut logs: Vec<Option<(u64, Vec<LogEntry>)>> = vec![None; coordinators.len()];
+    for (i, wr) in reads {
+        if let Some((w, e)) = parse_log(res.bytes(wr)) {
+            let seq = |w: u64| unpack_writer(w).map_or(0, |t| t.seq);
+            if logs[i].as_ref().is_none_or(|(old, _)| seq(w) > seq(*old)) {
+                logs[i] = Some((w, e));
+            }
+        }
+    }
+    // 2. Every logged cell and its image on every live replica.
+    let mut list = PostList::new();
+    let mut probes = Vec::new();
+    for (i, log) in logs.iter().enumerate() {
+        let Some((_, entries)) = log else { continue };
+        for e in entries {
+            let Ok(shape) = shapes.get(e.table) else {
+                continue;
+            };
+            let cell = usize::from(e.cell);
+            if cell >= shape.cells {
+                continue;
+            }
+            for mn in store.live_replicas(e.partition) {
+                let cell_at = e.offset + shape.cell_offset(cell) as u64;
+                let c = list.read(store.addr(mn, cell_at), 32);
+                let img = list.read(
+                    store.addr(mn, e.offset + shape.image_offset(cell) as u64),
+                    shape.image_len() as u32,
+                );
+                probes.push((i, mn, cell_at, shape, c, img));
+            }
         }
     }
     if probes.is_empty() {
-        return Ok(Decided::Nothing);
+        return Ok(decided);
     }
     let res = ctx.post(list).await?;
-    let mut ours: Vec<Found> = Vec::new();
-    for (mn, at, shape, c, i) in probes {
+    let mut ours: Vec<Vec<Found>> = vec![Vec::new(); coordinators.len()];
+    for (i, mn, at, shape, c, img) in probes {
+        let Some((writer, _)) = &logs[i] else {
+            continue;
+        };
         let Ok(cell) = <CvtCell as zerocopy::TryFromBytes>::try_read_from_bytes(res.bytes(c))
         else {
             continue;
@@ -202,53 +231,57 @@ pub async fn recover_coordinator<V: Verbs>(
             continue;
         }
         // The image must be this transaction's: a stale log names cells reused since.
-        if mvcc::decode_image(shape, &cell, res.bytes(i)).is_some_and(|p| p.writer == writer) {
-            ours.push(Found { mn, at, cell });
+        if mvcc::decode_image(shape, &cell, res.bytes(img)).is_some_and(|p| p.writer == *writer) {
+            ours[i].push(Found { mn, at, cell });
         }
     }
-    let visible = ours
-        .iter()
-        .map(|f| f.cell.commit_version())
-        .find(|&v| v != INVISIBLE);
-    let pending: Vec<&Found> = ours
-        .iter()
-        .filter(|f| f.cell.commit_version() == INVISIBLE)
-        .collect();
-    if ours.is_empty() {
-        return Ok(Decided::Nothing);
-    }
+    // 3. Every decision.
     let mut list = PostList::new();
-    match visible {
-        Some(version) => {
-            for f in &pending {
-                list.write(
-                    store.addr(f.mn, f.at + CvtCell::VERSION_OFFSET as u64),
-                    &version.to_le_bytes(),
-                );
-            }
-            if !list.is_empty() {
-                ctx.post(list).await?;
-            }
-            Ok(Decided::RolledForward {
-                txn,
-                version,
-                cells: pending.len(),
-            })
+    for (i, found) in ours.iter().enumerate() {
+        let Some(txn) = logs[i].as_ref().and_then(|(w, _)| unpack_writer(*w)) else {
+            continue;
+        };
+        if found.is_empty() {
+            continue;
         }
-        None => {
-            for f in &pending {
-                let free = free_with_cv(f.cell.head_cv());
-                list.write(store.addr(f.mn, f.at), free.as_bytes());
+        let visible = found
+            .iter()
+            .map(|f| f.cell.commit_version())
+            .find(|&v| v != INVISIBLE);
+        let pending: Vec<&Found> = found
+            .iter()
+            .filter(|f| f.cell.commit_version() == INVISIBLE)
+            .collect();
+        decided[i] = match visible {
+            Some(version) => {
+                for f in &pending {
+                    list.write(
+                        store.addr(f.mn, f.at + CvtCell::VERSION_OFFSET as u64),
+                        &version.to_le_bytes(),
+                    );
+                }
+                Decided::RolledForward {
+                    txn,
+                    version,
+                    cells: pending.len(),
+                }
             }
-            if !list.is_empty() {
-                ctx.post(list).await?;
+            None => {
+                for f in &pending {
+                    let free = free_with_cv(f.cell.head_cv());
+                    list.write(store.addr(f.mn, f.at), free.as_bytes());
+                }
+                Decided::RolledBack {
+                    txn,
+                    cells: pending.len(),
+                }
             }
-            Ok(Decided::RolledBack {
-                txn,
-                cells: pending.len(),
-            })
-        }
+        };
     }
+    if !list.is_empty() {
+        ctx.post(list).await?;
+    }
+    Ok(decided)
 }
 
 #[cfg(test)]

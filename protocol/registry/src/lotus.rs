@@ -10,7 +10,7 @@ use dmem_deploy::{
     Decision, DeployError, DeploySpec, Deployment, Protocol, RecoveredCoordinator, RecoveryEvent,
     RecoveryTiming, Router, SimLinkTerminator,
 };
-use dmem_lotus::recovery::{Decided, recover_coordinator};
+use dmem_lotus::recovery::{Decided, recover_coordinators};
 use dmem_lotus::{CnLocks, LockCluster, LotusConfig, LotusCoordinator, ShardMap, Sharding, serve};
 use dmem_motor::SyncedClock;
 use dmem_sim::{Sim, SimContext};
@@ -227,7 +227,6 @@ impl LotusDeployment {
     ) -> Result<RecoveryEvent, String> {
         let node = sim.cn(cn);
         let detected_at = c.now();
-        cluster.failed.borrow_mut().push(cn);
         // Cut the CN off every MN: no late WRITE of it lands after its logs are read.
         for mn in 0..sim.mn_count() {
             SimLinkTerminator(Rc::clone(sim)).terminate(sim.mn(mn), node);
@@ -244,11 +243,12 @@ impl LotusDeployment {
             n
         };
         let mut unlocked = if early_unlock { release() } else { 0 };
+        // Every coordinator of the CN at once: three round trips (`recover_coordinators`).
+        let decisions = recover_coordinators(c, store, shapes, ids)
+            .await
+            .map_err(|e| format!("recovering CN {cn}'s coordinators: {e}"))?;
         let mut coordinators = Vec::new();
-        for &id in ids {
-            let decided = recover_coordinator(c, store, shapes, id)
-                .await
-                .map_err(|e| format!("recovering coordinator {id}: {e}"))?;
+        for (&id, &decided) in ids.iter().zip(&decisions) {
             let in_flight = settle(history, id, decided, c.now());
             let (txn, decision, restored) = match decided {
                 Decided::Nothing => (None, None, 0),
@@ -360,23 +360,42 @@ impl Deployment for LotusDeployment {
                         .filter(|(_, x)| *x == cn)
                         .map(|(id, _)| *id)
                         .collect();
-                    match Self::recover_cn(
-                        &c,
-                        &sim2,
-                        &cluster,
-                        &store,
-                        &shapes,
-                        &history,
-                        &ids,
-                        cn,
-                        early_unlock,
-                        timing.poll,
-                    )
-                    .await
-                    {
-                        Ok(ev) => events.borrow_mut().push(ev),
-                        Err(e) => *error.borrow_mut() = Some(e),
-                    }
+                    // Declared failed now; recovered by its own task, so that concurrent
+                    // failures are recovered in parallel (§6 "Remarks").
+                    cluster.failed.borrow_mut().push(cn);
+                    let Ok(rc) = sim2.context(sim2.cn(recovery_cn), 0) else {
+                        *error.borrow_mut() = Some("no context for recovery".to_owned());
+                        continue;
+                    };
+                    let (sim3, cluster, store, shapes, history, events, error) = (
+                        Rc::clone(&sim2),
+                        Rc::clone(&cluster),
+                        Rc::clone(&store),
+                        Rc::clone(&shapes),
+                        Rc::clone(&history),
+                        Rc::clone(&events),
+                        Rc::clone(&error),
+                    );
+                    let rc2 = rc.clone();
+                    sim2.spawn(&rc, async move {
+                        match Self::recover_cn(
+                            &rc2,
+                            &sim3,
+                            &cluster,
+                            &store,
+                            &shapes,
+                            &history,
+                            &ids,
+                            cn,
+                            early_unlock,
+                            timing.poll,
+                        )
+                        .await
+                        {
+                            Ok(ev) => events.borrow_mut().push(ev),
+                            Err(e) => *error.borrow_mut() = Some(e),
+                        }
+                    });
                 }
                 c.sleep(timing.poll).await;
             }
