@@ -30,6 +30,7 @@ pub mod declock;
 pub mod dslr;
 mod error;
 pub mod local;
+pub mod lotus;
 pub mod msg;
 pub mod shiftlock;
 mod sync;

@@ -217,3 +217,110 @@ fn hand_over_races_a_new_writer_task_fair() {
     model(2, move || run(FairnessPolicy::TaskFair, &[X, X, X], p));
     assert!(p.with_cql.load(Ordering::Relaxed) > 0, "no local hand-over");
 }
+
+// ---- LOTUS CN lock table (LOTUS §4.1 Alg. 1, §6) ----
+
+mod lotus_table {
+    use super::model;
+    use dmem_locks::LockMode;
+    use dmem_locks::lotus::{Acquired, Holder, LotusLockTable, Refusal};
+    use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+    use loom::thread;
+
+    const X: LockMode = LockMode::Exclusive;
+    const S: LockMode = LockMode::Shared;
+
+    /// Two transactions on two cores write-lock the same key (one bucket, so their CASes
+    /// meet on one slot) and a third reads a key of the same bucket: at most one writer
+    /// is ever inside, and after every release the slots and state are empty.
+    #[test]
+    fn writers_exclude_and_slots_drain() {
+        model(3, || {
+            let t = Arc::new(LotusLockTable::new(1, 2));
+            let inside = Arc::new(AtomicUsize::new(0));
+            let handles: Vec<_> = (0..2u64)
+                .map(|i| {
+                    let (t, inside) = (Arc::clone(&t), Arc::clone(&inside));
+                    thread::spawn(move || {
+                        let me = Holder {
+                            txn: i,
+                            cn: i as u16,
+                        };
+                        if t.acquire(7, X, me) == Acquired::Granted {
+                            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                            assert!(t.release(7, me));
+                        }
+                    })
+                })
+                .collect();
+            let me = Holder { txn: 9, cn: 2 };
+            if t.acquire(8, S, me).is_held() {
+                assert!(t.release(8, me));
+            }
+            for h in handles {
+                h.join().unwrap();
+            }
+            assert!(t.slots_free());
+            assert_eq!(t.held(), 0);
+        });
+    }
+
+    /// A retransmitted read-lock request served by two cores at once counts the reader
+    /// once; one unlock (and its duplicate) frees the slot.
+    #[test]
+    fn duplicate_requests_are_idempotent() {
+        model(3, || {
+            let t = Arc::new(LotusLockTable::new(1, 1));
+            let me = Holder { txn: 1, cn: 0 };
+            let t2 = Arc::clone(&t);
+            let dup = thread::spawn(move || t2.acquire(3, S, me));
+            let a = t.acquire(3, S, me);
+            let b = dup.join().unwrap();
+            assert!(a.is_held() || b.is_held());
+            assert!(
+                matches!((a, b), (Acquired::Granted, _) | (_, Acquired::Granted)),
+                "{a:?} {b:?}"
+            );
+            assert!(!matches!((a, b), (Acquired::Granted, Acquired::Granted)));
+            assert!(t.slot_of(3) >> 56 == 2);
+            let t2 = Arc::clone(&t);
+            let dup = thread::spawn(move || t2.release(3, me));
+            let r1 = t.release(3, me);
+            let r2 = dup.join().unwrap();
+            assert!(r1 ^ r2);
+            assert!(t.slots_free());
+        });
+    }
+
+    /// Recovery fences CN 1 and releases its locks while CN 1's last request is being
+    /// served on another core: whatever the interleaving, CN 1 ends holding nothing and
+    /// the slot is free, and a survivor's lock survives.
+    #[test]
+    fn recovery_races_a_failed_cns_request() {
+        model(3, || {
+            let t = Arc::new(LotusLockTable::new(1, 2));
+            let survivor = Holder { txn: 5, cn: 0 };
+            assert_eq!(t.acquire(4, S, survivor), Acquired::Granted);
+            let failed = Holder { txn: 1, cn: 1 };
+            let t2 = Arc::clone(&t);
+            let late = thread::spawn(move || t2.acquire(4, S, failed));
+            t.fence(1);
+            t.release_cn(1);
+            let r = late.join().unwrap();
+            assert!(matches!(
+                r,
+                Acquired::Granted | Acquired::Refused(Refusal::Fenced)
+            ));
+            if r == Acquired::Granted {
+                // Granted before the fence: the release above or this one frees it.
+                t.release_cn(1);
+            }
+            assert_eq!(t.holders(4), vec![(survivor, S)]);
+            assert_eq!(t.slot_of(4) >> 56, 2);
+            assert!(t.release(4, survivor));
+            assert!(t.slots_free());
+        });
+    }
+}

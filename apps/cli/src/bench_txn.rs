@@ -212,6 +212,10 @@ pub struct Row {
     /// Share of committed read-only transactions that took no round trip beyond their
     /// execution rounds (no validation): for one-round ones, committed in one round trip.
     pub ro_one_rtt_share: Option<f64>,
+    /// Share of CN core time spent on charged CPU work.
+    pub cn_cpu_busy: f64,
+    /// Two-sided messages CNs received per committed transaction.
+    pub msgs_per_txn: f64,
 }
 
 impl Args {
@@ -361,6 +365,8 @@ fn run_protocol(
             .collect(),
         ro_one_rtt_share: (r.ro_committed > 0)
             .then(|| round(r.ro_no_validation as f64 / r.ro_committed as f64, 4)),
+        cn_cpu_busy: round(r.cn_cpu_busy, 3),
+        msgs_per_txn: round(r.msgs_per_txn, 3),
     })
 }
 
@@ -430,6 +436,8 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             "CAS",
             "FAA",
             "MN busy",
+            "CN cpu",
+            "msgs",
             "rtts",
             "RO 1rt",
             "checker / invariants",
@@ -446,6 +454,8 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
                 format!("{:.2}", r.mn_cas_per_txn),
                 format!("{:.2}", r.mn_faa_per_txn),
                 format!("{:.0}%", r.mn_nic_busy * 100.0),
+                format!("{:.0}%", r.cn_cpu_busy * 100.0),
+                format!("{:.2}", r.msgs_per_txn),
                 format!("{:.2}", r.rtts_per_txn.get("all").copied().unwrap_or(0.0)),
                 r.ro_one_rtt_share
                     .map_or_else(|| "-".to_owned(), |x| format!("{:.1}%", x * 100.0)),

@@ -93,8 +93,8 @@ fn tatp_runs_on_ford() {
 fn bad_arguments_are_refused_in_one_line() {
     for (args, expected) in [
         (
-            vec!["bench", "--protocol", "lotus"],
-            "unknown protocol `lotus`",
+            vec!["bench", "--protocol", "dandelion"],
+            "unknown protocol `dandelion`",
         ),
         (vec!["bench", "--protocol", "ford:torn-reads"], "torn-reads"),
         (

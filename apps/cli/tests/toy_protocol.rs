@@ -332,9 +332,9 @@ fn a_registered_toy_protocol_passes_the_litmus_suite() {
 fn unknown_protocols_list_the_registered_ones() {
     let chain = format!(
         "{:#}",
-        dmem_cli::bench(&["--protocol", "lotus"], &registry()).unwrap_err()
+        dmem_cli::bench(&["--protocol", "dandelion"], &registry()).unwrap_err()
     );
-    assert!(chain.contains("unknown protocol `lotus`"), "{chain}");
+    assert!(chain.contains("unknown protocol `dandelion`"), "{chain}");
     assert!(
         chain.contains("pandora") && chain.contains("serial"),
         "{chain}"

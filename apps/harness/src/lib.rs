@@ -16,13 +16,22 @@
 //! which snapshots that count when a transaction begins. When
 //! [`execute`](dmem_workloads::execute) returns a commit, the difference is the number of
 //! post lists the committed attempt awaited (one post list = one round trip to the MNs,
-//! whatever number of MNs it spans). Messages (RPCs) are not counted: no protocol here
-//! sends them on the transaction path.
+//! whatever number of MNs it spans). Messages (RPCs, LOTUS's lock requests) are not round
+//! trips to the MNs; they are counted separately ([`BenchResult::msgs_per_txn`]).
+//!
+//! # Routing
+//!
+//! A deployment with a [`Router`](dmem_deploy::Router) (LOTUS §4.3) gets its transactions
+//! placed: each coordinator keeps one client that generates a transaction, asks the router
+//! for a CN and queues it there; the CN's coordinators serve their queue in arrival order
+//! and hand the result back. Latency then includes the wait in the queue.
 #![forbid(unsafe_code)]
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::future::poll_fn;
 use std::rc::Rc;
+use std::task::{Poll, Waker};
 
 use dmem_deploy::{
     ClusterShape, DeployError, DeploySpec, Deployed, Protocol, TableDemand, deploy_loaded,
@@ -33,7 +42,9 @@ use dmem_txn::{
     TxnKind, TxnOutcome, check_with,
 };
 use dmem_verbs::{Clock, Nanos, OpKind};
-use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator, TxnInfo, Workload, execute};
+use dmem_workloads::{
+    AnyWorkload, Executed, Outcome, TxnGenerator, TxnInfo, TxnSpec, Workload, execute,
+};
 use hdrhistogram::Histogram;
 
 /// Why a run could not be made (a failed check is a result, not an error).
@@ -69,6 +80,11 @@ pub fn deploy_spec<W: Workload>(workload: &W, coordinators: u16) -> DeploySpec {
         coordinators,
     );
     spec.workload = Some(workload.name().to_owned());
+    spec.critical_fields = workload
+        .tables()
+        .iter()
+        .filter_map(|t| workload.critical_field(t.id).map(|f| (t.id, f)))
+        .collect();
     spec
 }
 
@@ -147,6 +163,11 @@ pub struct BenchResult {
     pub ro_committed: u64,
     /// See [`ro_committed`](Self::ro_committed).
     pub ro_no_validation: u64,
+    /// Share of the CNs' cores' time spent on charged CPU work (posting, completions,
+    /// received messages, protocol work such as LOTUS's lock operations), measured.
+    pub cn_cpu_busy: f64,
+    /// Two-sided messages the CNs received per committed transaction (LOTUS's lock RPCs).
+    pub msgs_per_txn: f64,
 }
 
 /// A coordinator that notes its context's post-list count when a transaction begins (see
@@ -314,6 +335,18 @@ pub fn run_bench(
     let warm_up_end = cfg.duration / 10;
     let end = warm_up_end + cfg.duration;
     let workload = Rc::new(workload.clone());
+    let window = Window {
+        warm_up_end,
+        end,
+        tally: Rc::clone(&tally),
+        latency: Rc::clone(&latency),
+    };
+    let router = deployment.router();
+    // With a router (LOTUS §4.3), each CN's coordinators serve one queue of routed
+    // transactions; every coordinator still has one client that generates and waits.
+    let queues: Vec<Rc<JobQueue>> = (0..cfg.shape.cns)
+        .map(|_| Rc::new(JobQueue::default()))
+        .collect();
     let mut id: u16 = 0;
     for cn in 0..cfg.shape.cns {
         for thread in 0..cfg.shape.threads {
@@ -322,58 +355,51 @@ pub fn run_bench(
                 let inner = deployment.coordinator(ctx.clone(), id)?;
                 let mut coordinator = Rounds::new(inner, ctx.clone());
                 let mut generator = workload.generator(u32::from(id), cfg.seed ^ u64::from(id));
-                let (workload, tally, latency) =
-                    (Rc::clone(&workload), Rc::clone(&tally), Rc::clone(&latency));
+                let (workload, window) = (Rc::clone(&workload), window.clone());
                 let clock = ctx.clone();
-                sim.spawn(&ctx, async move {
-                    while clock.now() < end {
-                        let txn = generator.next_txn();
-                        let start = clock.now();
-                        let executed =
-                            execute(&*workload, &mut coordinator, &txn, MAX_ATTEMPTS).await;
-                        let done = clock.now();
-                        let measured = start >= warm_up_end && done <= end;
-                        let attempts = match &executed {
-                            Executed::Committed { attempts, .. }
-                            | Executed::RolledBack { attempts, .. }
-                            | Executed::Failed { attempts, .. } => *attempts,
-                        };
-                        if let Executed::Committed {
-                            outcome: Outcome::Commit { delta },
-                            ..
-                        } = executed
-                        {
-                            tally.delta.set(tally.delta.get() + delta);
+                match &router {
+                    None => sim.spawn(&ctx, async move {
+                        while clock.now() < end {
+                            let txn = generator.next_txn();
+                            let start = clock.now();
+                            let done = run_one(&workload, &mut coordinator, &txn).await;
+                            window.note(&txn, start, clock.now(), done);
                         }
-                        if !measured {
-                            continue;
-                        }
-                        tally
-                            .attempts
-                            .set(tally.attempts.get() + u64::from(attempts));
-                        match executed {
-                            Executed::Committed { .. } => {
-                                tally.committed.set(tally.committed.get() + 1);
-                                let _ = latency.borrow_mut().record((done - start).max(1));
-                                if let Some(r) = tally.rounds.borrow_mut().get_mut(txn.type_index())
-                                {
-                                    r.0 += 1;
-                                    r.1 += coordinator.since_begin();
-                                }
-                                if txn.kind() == TxnKind::ReadOnly {
-                                    let (n, fast) = tally.ro.get();
-                                    let no_validation = coordinator.since_begin()
-                                        <= coordinator.asked_since_begin();
-                                    tally.ro.set((n + 1, fast + u64::from(no_validation)));
-                                }
+                    }),
+                    Some(router) => {
+                        let queue = Rc::clone(&queues[usize::from(cn)]);
+                        let worker_workload = Rc::clone(&workload);
+                        sim.spawn(&ctx, async move {
+                            loop {
+                                let job = queue.pop().await;
+                                let done =
+                                    run_one(&worker_workload, &mut coordinator, &job.txn).await;
+                                job.reply.fill(done);
                             }
-                            Executed::RolledBack { .. } => {
-                                tally.rolled_back.set(tally.rolled_back.get() + 1);
+                        });
+                        let (router, queues) = (Rc::clone(router), queues.clone());
+                        let mut random = cfg.seed ^ 0x0007_0075 ^ (u64::from(id) << 20);
+                        let home = usize::from(cn);
+                        sim.spawn(&ctx, async move {
+                            while clock.now() < end {
+                                let txn = generator.next_txn();
+                                let start = clock.now();
+                                random = next_random(random);
+                                let target = router
+                                    .route(txn.kind(), txn.first_record(), random)
+                                    .map_or(home, usize::from)
+                                    .min(queues.len() - 1);
+                                let reply = Rc::new(Reply::default());
+                                queues[target].push(Job {
+                                    txn: txn.clone(),
+                                    reply: Rc::clone(&reply),
+                                });
+                                let done = reply.wait().await;
+                                window.note(&txn, start, clock.now(), done);
                             }
-                            Executed::Failed { .. } => tally.failed.set(tally.failed.get() + 1),
-                        }
+                        });
                     }
-                });
+                }
                 id += 1;
             }
         }
@@ -397,6 +423,25 @@ pub fn run_bench(
     sim.run_until_idle();
 
     let committed = tally.committed.get();
+    let cns: Vec<_> = stats
+        .nodes
+        .iter()
+        .zip(&at_warm_up.nodes)
+        .filter(|(n, _)| n.role == dmem_sim::Role::Compute)
+        .collect();
+    let cn_cpu: f64 = cns
+        .iter()
+        .map(|(n, w)| n.cpu_busy_ns.saturating_sub(w.cpu_busy_ns) as f64)
+        .sum();
+    let msgs: u64 = cns
+        .iter()
+        .map(|(n, w)| {
+            n.nic
+                .messages_received
+                .saturating_sub(w.nic.messages_received)
+        })
+        .sum();
+    let cores = u64::from(cfg.shape.cns) * u64::from(cfg.shape.threads);
     let per_txn = |kind: OpKind| {
         stats.mn_served_since(&at_warm_up, Some(kind)) as f64 / committed.max(1) as f64
     };
@@ -458,7 +503,151 @@ pub fn run_bench(
         invariants,
         ro_committed: tally.ro.get().0,
         ro_no_validation: tally.ro.get().1,
+        cn_cpu_busy: cn_cpu / (cfg.duration as f64 * cores.max(1) as f64),
+        msgs_per_txn: msgs as f64 / committed.max(1) as f64,
     })
+}
+
+/// What one transaction's execution gave: the outcome and its coordinator's round counts.
+struct Done {
+    executed: Executed,
+    /// Post lists the committed attempt awaited.
+    rounds: u64,
+    /// Rounds the workload asked for.
+    asked: u64,
+}
+
+/// Runs `txn` on `coordinator` with retries ([`execute`]).
+async fn run_one(workload: &AnyWorkload, coordinator: &mut Rounds, txn: &TxnSpec) -> Done {
+    let executed = execute(workload, coordinator, txn, MAX_ATTEMPTS).await;
+    Done {
+        executed,
+        rounds: coordinator.since_begin(),
+        asked: coordinator.asked_since_begin(),
+    }
+}
+
+/// The measurement window and where finished transactions are counted.
+#[derive(Clone)]
+struct Window {
+    warm_up_end: Nanos,
+    end: Nanos,
+    tally: Rc<Tally>,
+    latency: Rc<RefCell<Histogram<u64>>>,
+}
+
+impl Window {
+    /// Counts `txn`, generated at `start` and finished at `finished`.
+    fn note(&self, txn: &TxnSpec, start: Nanos, finished: Nanos, done: Done) {
+        let tally = &self.tally;
+        let attempts = match &done.executed {
+            Executed::Committed { attempts, .. }
+            | Executed::RolledBack { attempts, .. }
+            | Executed::Failed { attempts, .. } => *attempts,
+        };
+        if let Executed::Committed {
+            outcome: Outcome::Commit { delta },
+            ..
+        } = done.executed
+        {
+            tally.delta.set(tally.delta.get() + delta);
+        }
+        if start < self.warm_up_end || finished > self.end {
+            return;
+        }
+        tally
+            .attempts
+            .set(tally.attempts.get() + u64::from(attempts));
+        match done.executed {
+            Executed::Committed { .. } => {
+                tally.committed.set(tally.committed.get() + 1);
+                let _ = self.latency.borrow_mut().record((finished - start).max(1));
+                if let Some(r) = tally.rounds.borrow_mut().get_mut(txn.type_index()) {
+                    r.0 += 1;
+                    r.1 += done.rounds;
+                }
+                if txn.kind() == TxnKind::ReadOnly {
+                    let (n, fast) = tally.ro.get();
+                    let no_validation = done.rounds <= done.asked;
+                    tally.ro.set((n + 1, fast + u64::from(no_validation)));
+                }
+            }
+            Executed::RolledBack { .. } => {
+                tally.rolled_back.set(tally.rolled_back.get() + 1);
+            }
+            Executed::Failed { .. } => tally.failed.set(tally.failed.get() + 1),
+        }
+    }
+}
+
+/// A routed transaction waiting in a CN's queue.
+struct Job {
+    txn: TxnSpec,
+    reply: Rc<Reply>,
+}
+
+/// Where a routed transaction's result goes back to its client.
+#[derive(Default)]
+struct Reply {
+    done: RefCell<Option<Done>>,
+    waker: RefCell<Option<Waker>>,
+}
+
+impl Reply {
+    fn fill(&self, done: Done) {
+        *self.done.borrow_mut() = Some(done);
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    async fn wait(&self) -> Done {
+        poll_fn(|cx| match self.done.borrow_mut().take() {
+            Some(d) => Poll::Ready(d),
+            None => {
+                *self.waker.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+/// One CN's queue of routed transactions, served by its coordinators in arrival order.
+#[derive(Default)]
+struct JobQueue {
+    jobs: RefCell<VecDeque<Job>>,
+    idle: RefCell<Vec<Waker>>,
+}
+
+impl JobQueue {
+    fn push(&self, job: Job) {
+        self.jobs.borrow_mut().push_back(job);
+        // Wake every idle coordinator: one takes the job, the others wait again (a wake
+        // that finds the queue empty costs nothing in the simulator).
+        for w in self.idle.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+
+    async fn pop(&self) -> Job {
+        poll_fn(|cx| match self.jobs.borrow_mut().pop_front() {
+            Some(job) => Poll::Ready(job),
+            None => {
+                self.idle.borrow_mut().push(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+/// splitmix64 step for the clients' random routing draws.
+fn next_random(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// The checker's one-line verdict on `history` under strict serializability: "ok" or the

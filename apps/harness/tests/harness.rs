@@ -39,3 +39,69 @@ fn smallbank_on_pandora_checks_out_and_counts_round_trips() {
         assert!(*rtts >= 1.0, "{name}: {rtts}");
     }
 }
+
+fn lotus_cfg() -> BenchConfig {
+    BenchConfig {
+        shape: ClusterShape {
+            mns: 3,
+            cns: 3,
+            threads: 2,
+            seed: 1,
+            profile: NicProfile::named("cx3").unwrap(),
+            min_mn_bytes: 1 << 20,
+        },
+        coroutines: 2,
+        duration: 400_000,
+        seed: 1,
+        check: true,
+        warm_cache: false,
+    }
+}
+
+/// LOTUS through its router (LOTUS §4.3): every workload passes the checker and the
+/// invariants, no MN atomic is used, and routing read-write transactions to the owner of
+/// their first record's shard sends fewer lock messages than running them where they were
+/// generated.
+#[test]
+fn lotus_routed_checks_out_with_fewer_messages_than_unrouted() {
+    let registry = dmem_protocols::registry();
+    for w in ["smallbank", "tatp", "tpcc", "kvs"] {
+        let workload = AnyWorkload::new(w, Scale::Tiny).unwrap();
+        let mut msgs = Vec::new();
+        for p in ["lotus", "lotus:no-routing", "lotus-si"] {
+            let protocol = registry.get(p).unwrap();
+            let r = run_bench(&*protocol, &workload, &lotus_cfg(), |_| {}).unwrap();
+            assert_eq!(r.checker, "ok", "{w} {p}: {r:?}");
+            assert_eq!(r.invariants, "ok", "{w} {p}: {r:?}");
+            assert!(
+                r.committed > if w == "tpcc" { 2 } else { 20 },
+                "{w} {p}: {r:?}"
+            );
+            assert_eq!(
+                r.mn_per_txn[2] + r.mn_per_txn[3],
+                0.0,
+                "{w} {p}: no MN atomics"
+            );
+            assert!(r.cn_cpu_busy > 0.0);
+            msgs.push(r.msgs_per_txn);
+        }
+        // Fig. 17's idealised RDMA lock: correct too, and the only variant with MN atomics.
+        let rdma = registry.get("lotus:rdma-lock").unwrap();
+        let r = run_bench(&*rdma, &workload, &lotus_cfg(), |_| {}).unwrap();
+        assert_eq!(
+            (r.checker.as_str(), r.invariants.as_str()),
+            ("ok", "ok"),
+            "{w}: {r:?}"
+        );
+        assert!(r.mn_per_txn[3] > 0.0, "{w}: {r:?}");
+        if w != "kvs" {
+            // KVS has no critical field: its records are sharded by hash either way.
+            assert!(
+                msgs[0] < msgs[1],
+                "{w}: routed {} vs unrouted {}",
+                msgs[0],
+                msgs[1]
+            );
+        }
+    }
+}

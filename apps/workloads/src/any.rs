@@ -67,6 +67,15 @@ pub enum TxnSpec {
 }
 
 impl TxnInfo for TxnSpec {
+    fn first_record(&self) -> Option<(TableId, Key)> {
+        match self {
+            TxnSpec::Kv(t) => t.first_record(),
+            TxnSpec::SmallBank(t) => t.first_record(),
+            TxnSpec::Tatp(t) => t.first_record(),
+            TxnSpec::Tpcc(t) => t.first_record(),
+        }
+    }
+
     fn type_index(&self) -> usize {
         match self {
             TxnSpec::Kv(t) => t.type_index(),
@@ -123,6 +132,15 @@ fn mismatch(w: &AnyWorkload, t: &TxnSpec) -> ! {
 impl Workload for AnyWorkload {
     type Txn = TxnSpec;
     type Generator = AnyGenerator;
+
+    fn critical_field(&self, table: TableId) -> Option<dmem_txn::CriticalField> {
+        match self {
+            AnyWorkload::Kv(w) => w.critical_field(table),
+            AnyWorkload::SmallBank(w) => w.critical_field(table),
+            AnyWorkload::Tatp(w) => w.critical_field(table),
+            AnyWorkload::Tpcc(w) => w.critical_field(table),
+        }
+    }
 
     fn name(&self) -> &'static str {
         match self {

@@ -151,6 +151,12 @@ pub enum KvTxn {
 }
 
 impl TxnInfo for KvTxn {
+    fn first_record(&self) -> Option<(TableId, Key)> {
+        match self {
+            KvTxn::Read { keys } | KvTxn::Update { keys } => keys.first().map(|&k| (TABLE, Key(k))),
+        }
+    }
+
     fn type_index(&self) -> usize {
         match self {
             KvTxn::Read { .. } => 0,

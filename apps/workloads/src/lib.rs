@@ -43,7 +43,7 @@ pub mod tpcc;
 use core::fmt;
 use core::future::Future;
 
-use dmem_txn::{Coordinator, Key, TableId, Transaction, TxnError, TxnKind};
+use dmem_txn::{Coordinator, CriticalField, Key, TableId, Transaction, TxnError, TxnKind};
 
 pub use any::{AnyGenerator, AnyWorkload, TxnSpec, UnknownWorkload, WORKLOAD_NAMES};
 pub use invariants::Violation;
@@ -101,6 +101,11 @@ pub trait TxnInfo {
     fn type_index(&self) -> usize;
     /// Whether it is read-only (it is begun with this kind).
     fn kind(&self) -> TxnKind;
+    /// The first record it accesses, if known before it runs: where a router that places
+    /// read-write transactions by the shard of their first record sends it (LOTUS §4.3).
+    fn first_record(&self) -> Option<(TableId, Key)> {
+        None
+    }
 }
 
 /// A per-coordinator source of transactions.
@@ -173,6 +178,12 @@ pub trait Workload {
     fn check<F>(&self, read: F, committed_delta: i64) -> Vec<Violation>
     where
         F: Fn(TableId, Key) -> Option<Vec<u8>>;
+
+    /// Where `table`'s critical field sits in its keys (LOTUS §4.2), if it has one.
+    fn critical_field(&self, table: TableId) -> Option<CriticalField> {
+        let _ = table;
+        None
+    }
 
     /// Bytes of values after loading (records × value size over all tables), the data a
     /// memory node holds without index, replicas or protocol metadata.

@@ -38,7 +38,7 @@
 //! Amalgamate and SendPayment, exact accounting of the rest). It also checks every record is
 //! present, carries its own account id, and that no savings balance is negative.
 
-use dmem_txn::{Key, ReadReq, TableId, Transaction, TxnError, TxnKind};
+use dmem_txn::{CriticalField, Key, ReadReq, TableId, Transaction, TxnError, TxnKind};
 use rand::RngExt;
 use static_assertions::const_assert_eq;
 use zerocopy::little_endian::{I64, U64};
@@ -181,6 +181,17 @@ pub enum SmallBankTxn {
 }
 
 impl TxnInfo for SmallBankTxn {
+    fn first_record(&self) -> Option<(TableId, Key)> {
+        Some(match *self {
+            SmallBankTxn::Amalgamate { from, .. } => (SAVINGS, Key(from)),
+            SmallBankTxn::Balance { account }
+            | SmallBankTxn::TransactSavings { account, .. }
+            | SmallBankTxn::WriteCheck { account, .. } => (SAVINGS, Key(account)),
+            SmallBankTxn::DepositChecking { account, .. } => (CHECKING, Key(account)),
+            SmallBankTxn::SendPayment { from, .. } => (CHECKING, Key(from)),
+        })
+    }
+
     fn type_index(&self) -> usize {
         match self {
             SmallBankTxn::Amalgamate { .. } => 0,
@@ -355,6 +366,11 @@ async fn set<T: Transaction>(
 }
 
 impl Workload for SmallBank {
+    /// Both tables are keyed by the account (LOTUS §4.2).
+    fn critical_field(&self, _table: TableId) -> Option<CriticalField> {
+        Some(CriticalField::WHOLE_KEY)
+    }
+
     type Txn = SmallBankTxn;
     type Generator = SmallBankGenerator;
 

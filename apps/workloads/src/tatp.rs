@@ -55,7 +55,7 @@
 //! integrity: every subscriber present with its `sub_nbr`, and every CALL_FORWARDING row's
 //! SPECIAL_FACILITY row present (its foreign key; special facilities are never deleted).
 
-use dmem_txn::{Key, ReadReq, TableId, Transaction, TxnError, TxnKind};
+use dmem_txn::{CriticalField, Key, ReadReq, TableId, Transaction, TxnError, TxnKind};
 use rand::RngExt;
 use static_assertions::const_assert_eq;
 use zerocopy::little_endian::{U16, U32};
@@ -276,6 +276,19 @@ pub enum TatpTxn {
 }
 
 impl TxnInfo for TatpTxn {
+    fn first_record(&self) -> Option<(TableId, Key)> {
+        let s_id = match *self {
+            TatpTxn::GetSubscriberData { s_id }
+            | TatpTxn::GetNewDestination { s_id, .. }
+            | TatpTxn::GetAccessData { s_id, .. }
+            | TatpTxn::UpdateSubscriberData { s_id, .. }
+            | TatpTxn::UpdateLocation { s_id, .. }
+            | TatpTxn::InsertCallForwarding { s_id, .. }
+            | TatpTxn::DeleteCallForwarding { s_id, .. } => s_id,
+        };
+        Some((SUBSCRIBER, Key(s_id)))
+    }
+
     fn type_index(&self) -> usize {
         match self {
             TatpTxn::GetSubscriberData { .. } => 0,
@@ -502,6 +515,21 @@ impl TxnGenerator for TatpGenerator {
 }
 
 impl Workload for Tatp {
+    /// Every table is keyed by the subscriber id, shifted past the row's own fields
+    /// (LOTUS §4.2: TATP shards by subscriber).
+    fn critical_field(&self, table: TableId) -> Option<CriticalField> {
+        let shift = match table {
+            SUBSCRIBER => 0,
+            ACCESS_INFO | SPECIAL_FACILITY => 2,
+            CALL_FORWARDING => 4,
+            _ => return None,
+        };
+        Some(CriticalField {
+            shift,
+            bits: 64 - shift,
+        })
+    }
+
     type Txn = TatpTxn;
     type Generator = TatpGenerator;
 

@@ -27,7 +27,7 @@ pub use checker::{
     Anomaly, AnomalyKind, CheckOptions, CycleClass, Isolation, Report, check, check_with,
 };
 pub use history::{History, HistorySink, NoHistory, ReadEvent, TxnOutcome, TxnRecord, WriteEvent};
-pub use model::{CoordinatorId, Key, TableId, TxnId, TxnKind, Version, WriteKind};
+pub use model::{CoordinatorId, CriticalField, Key, TableId, TxnId, TxnKind, Version, WriteKind};
 
 /// The README's examples, compiled and run as doctests.
 #[cfg(doctest)]

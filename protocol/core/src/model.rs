@@ -65,3 +65,35 @@ pub enum WriteKind {
     /// Removes a present record (installs a tombstone version).
     Delete,
 }
+
+/// Where a table's *critical field* (the field with the most locality: TPC-C's warehouse,
+/// TATP's subscriber, SmallBank's account) sits in its 64-bit keys: `bits` bits from bit
+/// `shift` (LOTUS §4.2). Protocols that shard by it (LOTUS) take its low 12 bits as the
+/// record's shard number; a table without one is sharded by a hash of the whole key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CriticalField {
+    /// Lowest bit of the field in the key.
+    pub shift: u8,
+    /// Width of the field (1–64).
+    pub bits: u8,
+}
+
+impl CriticalField {
+    /// The whole key.
+    pub const WHOLE_KEY: Self = Self { shift: 0, bits: 64 };
+
+    /// The field's value in `key`.
+    #[must_use]
+    pub const fn value(self, key: Key) -> u64 {
+        let v = if self.shift >= 64 {
+            0
+        } else {
+            key.0 >> self.shift
+        };
+        if self.bits >= 64 {
+            v
+        } else {
+            v & ((1 << self.bits) - 1)
+        }
+    }
+}

@@ -33,7 +33,7 @@ pub use registry::{Family, Registry};
 
 use dmem_sim::{Sim, SimContext, SimError};
 use dmem_store::StoreError;
-use dmem_txn::{BoxCoordinator, History, Isolation, Key, TableId};
+use dmem_txn::{BoxCoordinator, CriticalField, History, Isolation, Key, TableId, TxnKind};
 use dmem_verbs::{Nanos, NodeId};
 
 /// Why a deployment could not be built or driven.
@@ -108,6 +108,9 @@ pub struct DeploySpec {
     /// for protocols whose configuration follows the workload (Motor's versions per record,
     /// LOTUS §8); `None` lets the protocol use its default.
     pub workload: Option<String>,
+    /// Per table, where its critical field sits in its keys (LOTUS §4.2 shards by it);
+    /// tables not listed have none. Empty unless a harness knows the workload.
+    pub critical_fields: Vec<(TableId, CriticalField)>,
 }
 
 impl DeploySpec {
@@ -122,6 +125,7 @@ impl DeploySpec {
             exact_index: false,
             warm_cache: false,
             workload: None,
+            critical_fields: Vec::new(),
         }
     }
 }
@@ -284,4 +288,20 @@ pub trait Deployment {
         let _ = name;
         None
     }
+
+    /// Where transactions should run, for a protocol that places them (LOTUS §4.3 hybrid
+    /// routing); `None` (the default): every coordinator runs what its own client generates.
+    fn router(&self) -> Option<Rc<dyn Router>> {
+        None
+    }
+}
+
+/// The routing layer in front of the CNs (LOTUS §4.3): it picks the CN that runs a
+/// transaction. Runners (the bench harness) hand each generated transaction to a
+/// coordinator of that CN.
+pub trait Router {
+    /// The CN (index `0..cns`) that should run a transaction of `kind` whose first record is
+    /// `first`; `random` is a uniformly random number the caller drew (for random
+    /// placement). `None`: run it where it was generated.
+    fn route(&self, kind: TxnKind, first: Option<(TableId, Key)>, random: u64) -> Option<u16>;
 }

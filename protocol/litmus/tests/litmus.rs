@@ -168,6 +168,25 @@ fn pandora_passes_every_litmus_with_crashes() {
     passes("pandora");
 }
 
+/// LOTUS (§6): a crashed CN loses its lock table; recovery decides its transactions from
+/// their commit logs and only then releases its locks on the survivors.
+#[test]
+fn lotus_passes_every_litmus_with_crashes() {
+    passes("lotus");
+}
+
+/// The planted recovery bug (locks of the failed CN released before its logs are decided)
+/// is found, and the failing seed passes with the bug off.
+#[test]
+fn lotus_early_unlock_is_found() {
+    let cfg = RunConfig::new(0.5);
+    let found = first_violation(&*protocol("lotus:early-unlock"), &Litmus::ALL, 0, 200, &cfg)
+        .unwrap()
+        .expect("early-unlock: no violation in 200 seeds");
+    let again = run_one(&*protocol("lotus"), found.litmus, found.seed, &cfg).unwrap();
+    assert!(again.violation.is_none(), "{:?}", again.violation);
+}
+
 #[test]
 fn motor_passes_every_litmus_with_crashes() {
     passes("motor");

@@ -162,12 +162,30 @@ pub fn store_config(
     slack: u64,
     exact: bool,
 ) -> StoreConfig {
+    store_config_with_logs(mns, tables, shapes, replicas, slack, exact, 0, 0)
+}
+
+/// [`store_config`] plus one log region of `log_region_bytes` per coordinator on every MN
+/// (LOTUS §5.1 writes a commit log there; Motor keeps none).
+#[allow(clippy::too_many_arguments)]
+#[must_use]
+pub fn store_config_with_logs(
+    mns: u16,
+    tables: &[TableDemand],
+    shapes: &Shapes,
+    replicas: u16,
+    slack: u64,
+    exact: bool,
+    coordinators: u16,
+    log_region_bytes: u32,
+) -> StoreConfig {
     let layout = if exact {
         StoreConfig::for_exact_tables
     } else {
         StoreConfig::for_tables
     };
-    let mut cfg = layout(mns, tables, 0, 0, slack).replicas(replicas.min(mns));
+    let mut cfg =
+        layout(mns, tables, coordinators, log_region_bytes, slack).replicas(replicas.min(mns));
     for t in tables {
         if let Ok(shape) = shapes.get(t.id) {
             cfg = cfg.with_item_len(t.id, shape.block_len());

@@ -15,6 +15,8 @@
 //! * `pandora-lock-logging` — Pandora with traditional "log before lock" (Pandora §6.1);
 //! * `ford:BUG[+BUG]` — FORD with bugs of Table 1 switched on (`ford:covert-locks`);
 //! * `motor`, `motor-si` — Motor under SR and SI (LOTUS §2.2, §8; `dmem-motor`);
+//! * `lotus`, `lotus-si` — LOTUS under SR and SI (lock disaggregation, lock-first MVCC;
+//!   `dmem-lotus`); `lotus:FLAG[+FLAG]` with `si`, `no-sharding`, `no-routing` (§8.3);
 //! * `motor:FLAG[+FLAG]` — Motor with switches: `si`, `no-cas` (unsafe, for the LOTUS §2.2
 //!   motivation only), `skip-newer-abort` and `recovery-releases-only` (planted bugs for the
 //!   litmus suite; the second is what Motor's public code recovers).
@@ -28,6 +30,7 @@
 #![forbid(unsafe_code)]
 
 pub mod ford;
+pub mod lotus;
 pub mod motor;
 pub mod occ_family;
 
@@ -37,6 +40,7 @@ use dmem_deploy::{Protocol, Registry};
 use dmem_ford::{BugSet, ProtocolConfig};
 
 pub use ford::FordProtocol;
+pub use lotus::LotusProtocol;
 pub use motor::MotorProtocol;
 
 /// The registry of every protocol dmem implements.
@@ -82,6 +86,18 @@ pub fn registry() -> Registry {
         Box::new(|params: &str| {
             let cfg = MotorProtocol::parse_flags(params)?;
             Ok(Arc::new(MotorProtocol::new(&format!("motor:{params}"), cfg)) as Arc<dyn Protocol>)
+        }),
+    );
+    let _ = r.register(LotusProtocol::new("lotus", dmem_lotus::LotusConfig::sr()));
+    let _ = r.register(LotusProtocol::new(
+        "lotus-si",
+        dmem_lotus::LotusConfig::si(),
+    ));
+    let _ = r.register_family(
+        "lotus",
+        "lotus:FLAG[+FLAG]",
+        Box::new(|params: &str| {
+            Ok(Arc::new(LotusProtocol::with_flags(params)?) as Arc<dyn Protocol>)
         }),
     );
     let _ = r.register_family(

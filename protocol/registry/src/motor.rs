@@ -63,18 +63,130 @@ impl MotorProtocol {
     }
 }
 
-/// The shapes and store configuration of `spec` on `mns` MNs.
-fn layout(spec: &DeploySpec, mns: u16) -> (Shapes, dmem_store::StoreConfig) {
+/// The shapes and store configuration of `spec` on `mns` MNs, with `log_region_bytes` of
+/// log per coordinator in MN memory (0: none, as Motor's op log lives on the CN).
+fn layout(spec: &DeploySpec, mns: u16, log_region_bytes: u32) -> (Shapes, dmem_store::StoreConfig) {
     let shapes = Shapes::uniform(&spec.tables, cells_for_workload(spec.workload.as_deref()));
-    let cfg = mvcc::store_config(
+    let logs = if log_region_bytes == 0 {
+        0
+    } else {
+        spec.coordinators
+    };
+    let cfg = mvcc::store_config_with_logs(
         mns,
         &spec.tables,
         &shapes,
         3,
         spec.index_slack,
         spec.exact_index,
+        logs,
+        log_region_bytes,
     );
     (shapes, cfg)
+}
+
+/// Motor's MVCC store deployed on a simulated cluster: what Motor and LOTUS share (the
+/// store, its loader, the per-CN address caches, the out-of-band reads).
+pub(crate) struct MvccDeploy {
+    pub(crate) sim: Rc<Sim>,
+    pub(crate) store: Rc<Store>,
+    pub(crate) shapes: Rc<Shapes>,
+    loader: MvccLoader,
+    pub(crate) history: Rc<RefCell<History>>,
+    /// Per CN: its address cache.
+    caches: Vec<(NodeId, Rc<RefCell<AddressCache>>)>,
+    warm: Option<Vec<(TableId, Key, ItemLoc)>>,
+}
+
+impl MvccDeploy {
+    /// MN bytes for `spec` on `mns` MNs.
+    pub(crate) fn mn_bytes(
+        spec: &DeploySpec,
+        mns: u16,
+        log_region_bytes: u32,
+    ) -> Result<u64, DeployError> {
+        Ok(layout(spec, mns, log_region_bytes).1.bytes_per_mn()?)
+    }
+
+    /// Lays the store out on `sim`'s MNs.
+    pub(crate) fn new(
+        sim: &Rc<Sim>,
+        spec: &DeploySpec,
+        history: Rc<RefCell<History>>,
+        log_region_bytes: u32,
+    ) -> Result<Self, DeployError> {
+        let mns = sim.mn_count();
+        let (shapes, cfg) = layout(spec, mns, log_region_bytes);
+        let regions = (0..mns).map(|i| sim.region(sim.mn(i))).collect();
+        let store = Rc::new(Store::new(cfg, regions)?);
+        let shapes = Rc::new(shapes);
+        Ok(Self {
+            sim: Rc::clone(sim),
+            loader: MvccLoader::new(Rc::clone(&store), Rc::clone(&shapes)),
+            store,
+            shapes,
+            history,
+            caches: Vec::new(),
+            warm: spec.warm_cache.then(Vec::new),
+        })
+    }
+
+    /// The address cache of CN `cn` (made on first use, warm if the spec asked).
+    pub(crate) fn cache_of(&mut self, cn: NodeId) -> Rc<RefCell<AddressCache>> {
+        if let Some((_, c)) = self.caches.iter().find(|(n, _)| *n == cn) {
+            return Rc::clone(c);
+        }
+        let cache = Rc::new(RefCell::new(AddressCache::new()));
+        if let Some(locs) = &self.warm {
+            cache.borrow_mut().fill(locs.iter().copied());
+        }
+        self.caches.push((cn, Rc::clone(&cache)));
+        cache
+    }
+
+    pub(crate) fn load(
+        &mut self,
+        table: TableId,
+        key: Key,
+        value: &[u8],
+    ) -> Result<(), DeployError> {
+        let sim = &self.sim;
+        let loc = self.loader.load(table, key, value, |node, offset, bytes| {
+            sim.write_memory(node, offset, bytes);
+        })?;
+        if let Some(locs) = &mut self.warm {
+            locs.push((table, key, loc));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn scan_cost(&self) -> Option<(u64, u64)> {
+        let mns = u64::from(self.store.config().mns);
+        Some(
+            self.store
+                .config()
+                .tables
+                .iter()
+                .filter_map(|t| self.store.table(t.id).ok())
+                .fold((0, 0), |(reads, bytes), l| {
+                    let n = u64::from(l.spec.buckets_per_partition) * mns;
+                    (
+                        reads + n,
+                        bytes + n * (l.item_len * dmem_store::BUCKET_SLOTS) as u64,
+                    )
+                }),
+        )
+    }
+
+    pub(crate) fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
+        read_final(
+            &self.store,
+            &self.shapes,
+            table,
+            key,
+            |node, offset, len| self.sim.read_memory(node, offset, len),
+        )
+    }
 }
 
 impl Protocol for MotorProtocol {
@@ -90,7 +202,7 @@ impl Protocol for MotorProtocol {
     }
 
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
-        Ok(layout(spec, mns).1.bytes_per_mn()?)
+        MvccDeploy::mn_bytes(spec, mns, 0)
     }
 
     fn deploy(
@@ -99,20 +211,9 @@ impl Protocol for MotorProtocol {
         spec: &DeploySpec,
         history: Rc<RefCell<History>>,
     ) -> Result<Box<dyn Deployment>, DeployError> {
-        let mns = sim.mn_count();
-        let (shapes, cfg) = layout(spec, mns);
-        let regions = (0..mns).map(|i| sim.region(sim.mn(i))).collect();
-        let store = Rc::new(Store::new(cfg, regions)?);
-        let shapes = Rc::new(shapes);
         Ok(Box::new(MotorDeployment {
             config: self.config,
-            sim: Rc::clone(sim),
-            loader: MvccLoader::new(Rc::clone(&store), Rc::clone(&shapes)),
-            store,
-            shapes,
-            history,
-            caches: Vec::new(),
-            warm: spec.warm_cache.then(Vec::new),
+            base: MvccDeploy::new(sim, spec, history, 0)?,
             paused: Rc::new(Cell::new(false)),
             oplogs: Rc::new(OpLogs::new()),
             coordinators: Rc::new(RefCell::new(Vec::new())),
@@ -124,14 +225,7 @@ impl Protocol for MotorProtocol {
 /// Motor on one simulated cluster.
 struct MotorDeployment {
     config: MotorConfig,
-    sim: Rc<Sim>,
-    store: Rc<Store>,
-    shapes: Rc<Shapes>,
-    loader: MvccLoader,
-    history: Rc<RefCell<History>>,
-    /// Per CN: its address cache.
-    caches: Vec<(NodeId, Rc<RefCell<AddressCache>>)>,
-    warm: Option<Vec<(TableId, Key, ItemLoc)>>,
+    base: MvccDeploy,
     paused: Rc<Cell<bool>>,
     /// Every coordinator's op log (survives CN crashes).
     oplogs: Rc<OpLogs>,
@@ -140,45 +234,24 @@ struct MotorDeployment {
     oracle: OracleState,
 }
 
-impl MotorDeployment {
-    fn cache_of(&mut self, cn: NodeId) -> Rc<RefCell<AddressCache>> {
-        if let Some((_, c)) = self.caches.iter().find(|(n, _)| *n == cn) {
-            return Rc::clone(c);
-        }
-        let cache = Rc::new(RefCell::new(AddressCache::new()));
-        if let Some(locs) = &self.warm {
-            cache.borrow_mut().fill(locs.iter().copied());
-        }
-        self.caches.push((cn, Rc::clone(&cache)));
-        cache
-    }
-}
-
 impl Deployment for MotorDeployment {
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
-        let sim = &self.sim;
-        let loc = self.loader.load(table, key, value, |node, offset, bytes| {
-            sim.write_memory(node, offset, bytes);
-        })?;
-        if let Some(locs) = &mut self.warm {
-            locs.push((table, key, loc));
-        }
-        Ok(())
+        self.base.load(table, key, value)
     }
 
     fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
-        let cache = self.cache_of(ctx.node());
+        let cache = self.base.cache_of(ctx.node());
         let ts = SyncedClock::new(ctx.clone(), ctx.node(), id, self.config.epsilon);
         self.coordinators.borrow_mut().push((id, ctx.node()));
         Ok(Box::new(
             MotorCoordinator::new(
                 ctx,
-                Rc::clone(&self.store),
-                Rc::clone(&self.shapes),
+                Rc::clone(&self.base.store),
+                Rc::clone(&self.base.shapes),
                 self.config,
                 id,
                 cache,
-                Rc::clone(&self.history),
+                Rc::clone(&self.base.history),
                 ts,
             )
             .with_op_log(Rc::clone(&self.oplogs)),
@@ -192,8 +265,8 @@ impl Deployment for MotorDeployment {
         timing: RecoveryTiming,
     ) -> Result<(), DeployError> {
         let (store, shapes, logs) = (
-            Rc::clone(&self.store),
-            Rc::clone(&self.shapes),
+            Rc::clone(&self.base.store),
+            Rc::clone(&self.base.shapes),
             Rc::clone(&self.oplogs),
         );
         let coordinators = Rc::clone(&self.coordinators);
@@ -202,7 +275,7 @@ impl Deployment for MotorDeployment {
             sim,
             recovery_cn,
             timing,
-            Rc::clone(&self.history),
+            Rc::clone(&self.base.history),
             &self.oracle,
             move || coordinators.borrow().clone(),
             async move |c: &SimContext, id: u16| {
@@ -242,30 +315,10 @@ impl Deployment for MotorDeployment {
     }
 
     fn scan_cost(&self) -> Option<(u64, u64)> {
-        let mns = u64::from(self.store.config().mns);
-        Some(
-            self.store
-                .config()
-                .tables
-                .iter()
-                .filter_map(|t| self.store.table(t.id).ok())
-                .fold((0, 0), |(reads, bytes), l| {
-                    let n = u64::from(l.spec.buckets_per_partition) * mns;
-                    (
-                        reads + n,
-                        bytes + n * (l.item_len * dmem_store::BUCKET_SLOTS) as u64,
-                    )
-                }),
-        )
+        self.base.scan_cost()
     }
 
     fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
-        read_final(
-            &self.store,
-            &self.shapes,
-            table,
-            key,
-            |node, offset, len| self.sim.read_memory(node, offset, len),
-        )
+        self.base.read_final(table, key)
     }
 }

@@ -36,6 +36,9 @@ fn every_protocol_runs_a_transaction_and_reads_it_back() {
         "motor",
         "motor-si",
         "motor:no-cas",
+        "lotus",
+        "lotus-si",
+        "lotus:no-sharding+no-routing",
     ] {
         let protocol = registry.get(name).unwrap();
         assert_eq!(protocol.name(), name);
@@ -104,7 +107,7 @@ fn a_full_bucket_grows_the_index_slack() {
 #[test]
 fn unknown_names_and_bugs_are_errors() {
     let r = dmem_protocols::registry();
-    let e = r.get("lotus").err().unwrap().to_string();
+    let e = r.get("dandelion").err().unwrap().to_string();
     assert!(e.contains(&r.names().join(", ")), "{e}");
     for name in [
         "ford",
@@ -116,10 +119,14 @@ fn unknown_names_and_bugs_are_errors() {
         "ford:BUG[+BUG]",
         "motor:FLAG[+FLAG]",
         "oocc:PARAM[+PARAM]",
+        "lotus",
+        "lotus-si",
+        "lotus:FLAG[+FLAG]",
     ] {
         assert!(r.names().iter().any(|n| n == name), "{name} missing: {e}");
     }
     assert!(r.get("motor:no-such-switch").is_err());
+    assert!(r.get("lotus:no-such-switch").is_err());
     assert!(r.get("ford:no-such-bug").is_err());
     assert!(r.get("oocc:lease=50+manager+ppm=10").is_ok());
     assert!(r.get("oocc:no-such-knob").is_err());

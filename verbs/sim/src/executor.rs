@@ -163,6 +163,12 @@ impl Sim {
         self.shared.cns
     }
 
+    /// Threads (cores) per CN.
+    #[must_use]
+    pub fn threads_per_cn(&self) -> u16 {
+        self.shared.threads_per_cn
+    }
+
     /// The registered region of memory node `mn`.
     ///
     /// # Panics
@@ -629,6 +635,12 @@ impl SimContext {
         self.seed
     }
 
+    /// The thread (core index within its CN) this context runs on.
+    #[must_use]
+    pub fn thread(&self) -> u16 {
+        (self.core % usize::from(self.shared.threads_per_cn.max(1))) as u16
+    }
+
     /// Post lists ([`Verbs::post`] calls) issued so far through this context and its clones
     /// (not through other contexts of the same thread): each is one round trip to the MNs,
     /// so a caller that snapshots it around a transaction counts the transaction's rounds.
@@ -699,6 +711,16 @@ impl Future for PostFuture {
                 Poll::Pending
             }
         }
+    }
+}
+
+/// Tasks still waiting when the simulation goes (a lock server's receive loop, a worker
+/// waiting for work) hold contexts, and contexts hold the cluster: without this the cluster
+/// and its memory would stay alive through that cycle. Dropping the simulation drops them.
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let tasks = std::mem::take(&mut *self.shared.tasks.borrow_mut());
+        drop(tasks);
     }
 }
 

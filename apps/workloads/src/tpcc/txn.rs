@@ -116,6 +116,17 @@ pub enum TpccTxn {
 }
 
 impl TxnInfo for TpccTxn {
+    fn first_record(&self) -> Option<(TableId, Key)> {
+        let w = match self {
+            TpccTxn::NewOrder(p) => p.w_id,
+            TpccTxn::Payment(p) => p.w_id,
+            TpccTxn::OrderStatus(p) => p.w_id,
+            TpccTxn::Delivery(p) => p.w_id,
+            TpccTxn::StockLevel(p) => p.w_id,
+        };
+        Some((super::WAREHOUSE, Key(super::warehouse_key(w))))
+    }
+
     fn type_index(&self) -> usize {
         match self {
             TpccTxn::NewOrder(_) => 0,
@@ -673,6 +684,15 @@ impl Tpcc {
 }
 
 impl Workload for Tpcc {
+    /// The warehouse id, bits 48–62 of every key but ITEM's (LOTUS §4.2: TPC-C shards by
+    /// warehouse); ITEM, read by every warehouse, has none.
+    fn critical_field(&self, table: TableId) -> Option<dmem_txn::CriticalField> {
+        (table != super::ITEM).then_some(dmem_txn::CriticalField {
+            shift: 48,
+            bits: 15,
+        })
+    }
+
     type Txn = TpccTxn;
     type Generator = TpccGenerator;
 

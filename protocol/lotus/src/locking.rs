@@ -1,0 +1,236 @@
+//! The CN side of lock disaggregation (LOTUS §4.1): each CN's lock table and the lock
+//! service that serves other CNs' requests over two-sided messages.
+//!
+//! * [`CnLocks`]: one CN's [`LotusLockTable`] and whether it serves (a CN whose old
+//!   incarnation failed serves only after recovery finished, LOTUS §6).
+//! * [`LockCluster`]: what every coordinator knows about the others: each CN's table
+//!   (a coordinator touches only its own CN's directly), the shard map (the routing layer's
+//!   cached copy is the same map in the simulator), and the endpoints of the lock servers:
+//!   server `t` of CN `c` runs on thread `t` of CN `c`, and the coordinators of thread `t`
+//!   send to it (LOTUS §4.1: the i-th coordinator of one CN talks to the i-th of another).
+//! * [`serve`]: a lock server's loop: receive a request, check that every shard is owned,
+//!   take (or release) every lock on the table, charge the CN core the lock work, reply.
+//!   A lock request is all or nothing: a refusal releases what the same message got.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use dmem_locks::LockMode;
+use dmem_locks::lotus::{Acquired, Holder, LotusLockTable};
+use dmem_verbs::{Clock, Endpoint, Nanos, Verbs};
+
+use crate::shard::{ShardMap, Sharding};
+use crate::vtcache::VtCache;
+use crate::wire::{Reply, Request, RequestKind, Status};
+
+/// One CN's locks.
+#[derive(Debug)]
+pub struct CnLocks {
+    /// The CN's index (0..cns).
+    pub cn: u16,
+    /// Its lock table.
+    pub table: LotusLockTable,
+    /// Requests served, locks granted and refused (statistics).
+    pub served: Cell<(u64, u64, u64)>,
+    /// The CN's version table cache (§4.4).
+    pub vt: VtCache,
+    /// Per lock key, this CN's holders (the idealised RDMA lock of §8.4 Fig. 17).
+    pub counts: RefCell<std::collections::HashMap<u64, u32>>,
+}
+
+impl CnLocks {
+    /// A CN with a table of `table_bytes` bytes of slots.
+    #[must_use]
+    pub fn new(cn: u16, table_bytes: usize) -> Self {
+        Self {
+            cn,
+            table: LotusLockTable::with_bytes(table_bytes, 64),
+            served: Cell::new((0, 0, 0)),
+            vt: VtCache::new(64 * 1024, 16),
+            counts: RefCell::new(std::collections::HashMap::new()),
+        }
+    }
+}
+
+/// The lock service of the whole cluster as every coordinator sees it.
+#[derive(Debug)]
+pub struct LockCluster {
+    /// Per CN.
+    pub cns: Vec<Rc<CnLocks>>,
+    /// Lock server endpoints, `[cn][thread]`.
+    pub servers: Vec<Vec<Endpoint>>,
+    /// The shard-to-CN map.
+    pub map: Rc<RefCell<ShardMap>>,
+    /// Key to shard.
+    pub sharding: Sharding,
+    /// CPU a CN core spends on one lock or unlock (hash, bucket scan, CAS, lock state).
+    pub lock_cpu_ns: Nanos,
+    /// CNs the membership service declared failed (LOTUS §6): no lock is asked of them, and
+    /// a transaction holding one of their locks aborts unless it is already committing.
+    pub failed: RefCell<Vec<u16>>,
+    /// Per CN, transactions in their commit phase that hold locks of that CN: recovery waits
+    /// for them before the CN's shards are served again.
+    pub committing: RefCell<Vec<u32>>,
+}
+
+impl LockCluster {
+    /// A cluster of `cns` (their locks and servers) over `map`.
+    #[must_use]
+    pub fn new(
+        cns: Vec<Rc<CnLocks>>,
+        servers: Vec<Vec<Endpoint>>,
+        map: Rc<RefCell<ShardMap>>,
+        sharding: Sharding,
+        lock_cpu_ns: Nanos,
+    ) -> Self {
+        let n = cns.len();
+        Self {
+            cns,
+            servers,
+            map,
+            sharding,
+            lock_cpu_ns,
+            failed: RefCell::new(Vec::new()),
+            committing: RefCell::new(vec![0; n]),
+        }
+    }
+
+    /// Whether CN `cn` was declared failed.
+    #[must_use]
+    pub fn is_failed(&self, cn: u16) -> bool {
+        self.failed.borrow().contains(&cn)
+    }
+
+    /// The server endpoint a coordinator on thread `thread` uses to reach CN `cn`.
+    #[must_use]
+    pub fn server(&self, cn: u16, thread: u16) -> Option<Endpoint> {
+        let row = self.servers.get(usize::from(cn))?;
+        row.get(usize::from(thread) % row.len().max(1)).copied()
+    }
+}
+
+/// Applies a lock request to `locks` (the decisions of a server, without messaging):
+/// all or nothing. Returns the status and how many lock operations it performed.
+#[must_use]
+pub fn apply(locks: &CnLocks, map: &ShardMap, req: &Request) -> (Status, u64) {
+    let holder = Holder {
+        txn: req.txn,
+        cn: req.cn,
+    };
+    match req.kind {
+        RequestKind::Unlock => {
+            for e in &req.entries {
+                locks.table.release(e.key, holder);
+            }
+            (Status::Granted, req.entries.len() as u64)
+        }
+        RequestKind::Lock => {
+            if req.entries.iter().any(|e| map.owner(e.shard) != locks.cn) {
+                return (Status::NotOwner, 0);
+            }
+            let mut granted = Vec::new();
+            let mut ops = 0;
+            for e in &req.entries {
+                ops += 1;
+                match locks.table.acquire(e.key, e.mode, holder) {
+                    Acquired::Granted => {
+                        if e.mode == LockMode::Exclusive {
+                            // Alg. 1 line 15: a remote writer will change the CVT.
+                            locks.vt.invalidate(e.key);
+                        }
+                        granted.push(e.key);
+                    }
+                    Acquired::AlreadyHeld => {}
+                    Acquired::Refused(_) => {
+                        for k in granted {
+                            ops += 1;
+                            locks.table.release(k, holder);
+                        }
+                        return (Status::Refused, ops);
+                    }
+                }
+            }
+            (Status::Granted, ops)
+        }
+    }
+}
+
+/// A lock server on `ctx` (a context on thread `t` of the CN `locks` belongs to): serves
+/// requests until its context fails (the CN crashed).
+pub async fn serve<V: Verbs + Clock>(ctx: V, cluster: Rc<LockCluster>, locks: Rc<CnLocks>) {
+    loop {
+        let Ok(msg) = ctx.recv().await else {
+            return;
+        };
+        let Ok(req) = Request::parse(&msg.payload) else {
+            continue;
+        };
+        let (status, ops) = apply(&locks, &cluster.map.borrow(), &req);
+        ctx.cpu(ops * cluster.lock_cpu_ns);
+        let (n, g, r) = locks.served.get();
+        locks.served.set((
+            n + 1,
+            g + u64::from(status == Status::Granted && req.kind == RequestKind::Lock),
+            r + u64::from(status == Status::Refused),
+        ));
+        if req.kind == RequestKind::Lock {
+            let reply = Reply {
+                req: req.req,
+                status,
+            };
+            let _ = ctx.send(msg.from, &reply.encode()).await;
+        }
+    }
+}
+
+/// A mode that covers both `a` and `b`.
+#[must_use]
+pub fn stronger(a: LockMode, b: LockMode) -> LockMode {
+    if a == LockMode::Exclusive || b == LockMode::Exclusive {
+        LockMode::Exclusive
+    } else {
+        LockMode::Shared
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::LockEntry;
+
+    fn req(kind: RequestKind, txn: u64, cn: u16, keys: &[(u64, u16, LockMode)]) -> Request {
+        Request {
+            kind,
+            cn,
+            req: txn,
+            txn,
+            entries: keys
+                .iter()
+                .map(|&(key, shard, mode)| LockEntry { key, shard, mode })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn requests_are_all_or_nothing_and_owned() {
+        let map = ShardMap::new(3);
+        let cn1 = CnLocks::new(1, 4096);
+        let x = LockMode::Exclusive;
+        // Shards 1 and 4 belong to CN 1; shard 2 does not.
+        let a = req(RequestKind::Lock, 1, 0, &[(10, 1, x), (11, 4, x)]);
+        assert_eq!(apply(&cn1, &map, &a).0, Status::Granted);
+        assert_eq!(apply(&cn1, &map, &a).0, Status::Granted, "idempotent");
+        assert_eq!(
+            apply(&cn1, &map, &req(RequestKind::Lock, 2, 2, &[(12, 2, x)])).0,
+            Status::NotOwner
+        );
+        // Txn 2 gets 12 but not 11: nothing of it is held afterwards.
+        let b = req(RequestKind::Lock, 2, 2, &[(12, 1, x), (11, 4, x)]);
+        assert_eq!(apply(&cn1, &map, &b).0, Status::Refused);
+        assert!(cn1.table.holders(12).is_empty());
+        let unlock = req(RequestKind::Unlock, 1, 0, &[(10, 1, x), (11, 4, x)]);
+        assert_eq!(apply(&cn1, &map, &unlock), (Status::Granted, 2));
+        assert!(cn1.table.slots_free());
+        assert_eq!(apply(&cn1, &map, &b).0, Status::Granted);
+    }
+}

@@ -1,0 +1,1313 @@
+//! LOTUS coordinators and transactions: the lock-first protocol (LOTUS §5.1, §5.2) on
+//! Motor's CVT store ([`dmem_motor::mvcc`]) and timestamp service ([`dmem_motor::ts`]).
+//!
+//! 1. **Begin**: a start timestamp `T_start`.
+//! 2. **Execution** (one per [`Transaction::read_round`]):
+//!    1. *Lock* (read-write transactions): a write lock for every for-update record, under
+//!       SR a read lock for every read-only record (SI takes none, §5.2); all of the round's
+//!       requests at once: the local ones on this CN's table, the others in one message per
+//!       owning CN; any refusal aborts the transaction. An insert (a for-update key absent
+//!       from the index) also locks its index bucket, then claims a free slot of it.
+//!    2. *Read CVT*: the record's meta (one READ; a bucket READ first if the address is not
+//!       cached).
+//!    3. *Read data*: the largest version below `T_start`; a committed version at or after
+//!       `T_start` of a locked record aborts (the data changed since `T_start`). Locked
+//!       records need no validation at commit: the locks keep them unchanged.
+//!
+//!    Records read without a lock (read-only transactions, SI) wait out a version that is
+//!    being committed (`INVISIBLE`: its commit timestamp may fall below `T_start`) and a
+//!    torn cell or image (cacheline versions, §7.1) by reading again.
+//! 3. **Commit** (with writes): (1) new image and CVT cell with version `INVISIBLE` to the
+//!    primary and the backups, and the commit log (new addresses) to the coordinator's log
+//!    region, in one post list; (2) `T_commit`; (3) the commit version into every new cell
+//!    (visible); (4) unlock: local locks at once, remote ones by one asynchronous message per
+//!    CN. Without writes: unlock only. Read-only transactions commit without anything.
+//!
+//! Versions in the history are commit timestamps; each read names its installer.
+
+use std::cell::RefCell;
+use std::future::poll_fn;
+use std::pin::pin;
+use std::rc::Rc;
+use std::task::Poll;
+
+use dmem_layout::cvt::{CvtCell, INVISIBLE};
+use dmem_locks::LockMode;
+use dmem_locks::lotus::{Acquired, Holder};
+use dmem_motor::Isolation;
+use dmem_motor::logic::{self, MetaOutcome};
+use dmem_motor::mvcc::{
+    self, BlockShape, CELL_LEN, FLOOR_OFFSET, Meta, Shapes, pack_writer, unpack_writer,
+};
+use dmem_motor::ts::TimestampService;
+use dmem_store::{
+    AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, index_slot_bytes,
+    parse_bucket, slot_offset,
+};
+use dmem_txn::{
+    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
+    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+};
+use dmem_verbs::{Clock, Message, Nanos, PostList, RemoteAddr, Verbs};
+
+use crate::locking::{LockCluster, stronger};
+use crate::recovery::{LogEntry, encode_log};
+use crate::shard::{Sharding, bucket_lock_key, record_lock_key};
+use crate::wire::{LockEntry, Reply, Request, RequestKind, Status};
+
+/// LOTUS's switches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LotusConfig {
+    /// SR or SI (§5.2).
+    pub isolation: Isolation,
+    /// Clock uncertainty of the timestamp service, ns.
+    pub epsilon: Nanos,
+    /// Versions older than this are collected when a writer sees them (§7.1: 500 ms).
+    pub gc_threshold: Nanos,
+    /// Reads of a record being committed (or torn) repeated before aborting.
+    pub max_rereads: u32,
+    /// Pause between two such reads, ns.
+    pub reread_pause: Nanos,
+    /// How long a coordinator waits for lock replies before it aborts, ns.
+    pub rpc_timeout: Nanos,
+    /// Retries of a lock request refused because the shard moved.
+    pub max_reroutes: u32,
+    /// Whether the version table cache is used (§4.4; off for the §8.3 ablation).
+    pub vt_cache: bool,
+    /// LOTUS §8.4 Fig. 17's idealised CN-counted RDMA lock instead of lock disaggregation:
+    /// every lock is decided at once on its owner's table (no message, no queue, no
+    /// notification: an upper bound), and each CN counts its holders per lock; an FAA to
+    /// the record's lock word at its MN marks the CN's first holder (0 → 1) and its last
+    /// release (1 → 0), the global ownership transfer.
+    pub rdma_lock: bool,
+}
+
+impl LotusConfig {
+    /// LOTUS under serializability.
+    #[must_use]
+    pub const fn sr() -> Self {
+        Self {
+            isolation: Isolation::Serializable,
+            epsilon: 1_000,
+            gc_threshold: 500_000_000,
+            max_rereads: 32,
+            reread_pause: 500,
+            rpc_timeout: 1_000_000,
+            max_reroutes: 3,
+            vt_cache: true,
+            rdma_lock: false,
+        }
+    }
+
+    /// LOTUS under snapshot isolation.
+    #[must_use]
+    pub const fn si() -> Self {
+        Self {
+            isolation: Isolation::Snapshot,
+            ..Self::sr()
+        }
+    }
+}
+
+/// Counters of one coordinator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LotusStats {
+    /// Committed transactions.
+    pub committed: u64,
+    /// Aborted transactions.
+    pub aborted: u64,
+    /// Locks taken on this CN's table directly.
+    pub local_locks: u64,
+    /// Locks requested from other CNs.
+    pub remote_locks: u64,
+    /// Lock request messages sent (lock and unlock).
+    pub lock_messages: u64,
+    /// Lock requests refused.
+    pub refusals: u64,
+    /// Reads repeated because a version was being committed or torn.
+    pub rereads: u64,
+    /// CVT READs saved by the version table cache.
+    pub vt_hits: u64,
+    /// FAAs of the idealised RDMA lock ([`LotusConfig::rdma_lock`]).
+    pub rdma_faas: u64,
+}
+
+/// A LOTUS coordinator on one CN context.
+#[derive(Debug)]
+pub struct LotusCoordinator<V, H, T> {
+    ctx: V,
+    cn: u16,
+    thread: u16,
+    cluster: Rc<LockCluster>,
+    store: Rc<Store>,
+    shapes: Rc<Shapes>,
+    cfg: LotusConfig,
+    id: u16,
+    seq: u64,
+    req: u64,
+    cache: Rc<RefCell<AddressCache>>,
+    history: H,
+    ts: T,
+    stats: LotusStats,
+}
+
+impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusCoordinator<V, H, T> {
+    /// Coordinator `id` on thread `thread` of CN `cn`, sharing its CN's address `cache`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ctx: V,
+        cn: u16,
+        thread: u16,
+        cluster: Rc<LockCluster>,
+        store: Rc<Store>,
+        shapes: Rc<Shapes>,
+        cfg: LotusConfig,
+        id: u16,
+        cache: Rc<RefCell<AddressCache>>,
+        history: H,
+        ts: T,
+    ) -> Self {
+        Self {
+            ctx,
+            cn,
+            thread,
+            cluster,
+            store,
+            shapes,
+            cfg,
+            id,
+            seq: 0,
+            req: 0,
+            cache,
+            history,
+            ts,
+            stats: LotusStats::default(),
+        }
+    }
+
+    /// The counters.
+    #[must_use]
+    pub fn stats(&self) -> LotusStats {
+        self.stats
+    }
+}
+
+impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Coordinator
+    for LotusCoordinator<V, H, T>
+{
+    type Txn<'a>
+        = LotusTxn<'a, V, H, T>
+    where
+        Self: 'a;
+
+    async fn begin(&mut self, kind: TxnKind) -> Result<Self::Txn<'_>, TxnError> {
+        self.seq += 1;
+        let id = TxnId {
+            coordinator: CoordinatorId(u32::from(self.id)),
+            seq: self.seq,
+        };
+        let begin = self.ctx.now();
+        let start = self.ts.start_ts().await;
+        Ok(LotusTxn {
+            co: self,
+            id,
+            kind,
+            begin,
+            start,
+            held: Vec::new(),
+            reads: Vec::new(),
+            writes: Vec::new(),
+            events: Vec::new(),
+        })
+    }
+}
+
+/// A lock the transaction holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HeldLock {
+    key: u64,
+    shard: u16,
+    owner: u16,
+    mode: LockMode,
+    /// The record's lock word, once an idealised RDMA lock FAA'd it (0 → 1).
+    word: Option<RemoteAddr>,
+}
+
+#[derive(Debug, Clone)]
+struct ReadEntry {
+    table: TableId,
+    key: Key,
+    value: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Op {
+    Put(Vec<u8>, WriteKind),
+    Delete,
+}
+
+#[derive(Debug, Clone)]
+struct WriteEntry {
+    table: TableId,
+    key: Key,
+    loc: ItemLoc,
+    meta: Meta,
+    current: Option<Vec<u8>>,
+    op: Option<Op>,
+}
+
+impl WriteEntry {
+    fn value(&self) -> Option<Vec<u8>> {
+        match &self.op {
+            None => self.current.clone(),
+            Some(Op::Put(v, _)) => Some(v.clone()),
+            Some(Op::Delete) => None,
+        }
+    }
+}
+
+/// A running LOTUS transaction. Finish it with `commit` or `abort`.
+#[derive(Debug)]
+pub struct LotusTxn<'a, V, H, T> {
+    co: &'a mut LotusCoordinator<V, H, T>,
+    id: TxnId,
+    kind: TxnKind,
+    begin: Nanos,
+    start: u64,
+    held: Vec<HeldLock>,
+    reads: Vec<ReadEntry>,
+    writes: Vec<WriteEntry>,
+    events: Vec<ReadEvent>,
+}
+
+fn aborted(why: &'static str) -> TxnError {
+    TxnError::Aborted(why)
+}
+
+fn store_err(e: StoreError) -> TxnError {
+    match e {
+        StoreError::UnknownTable(t) => TxnError::UnknownTable(t),
+        StoreError::BucketFull { .. } => aborted("index bucket full"),
+        _ => aborted("store unavailable"),
+    }
+}
+
+/// One record a round fetches.
+#[derive(Debug, Clone)]
+struct Fetch {
+    table: TableId,
+    key: Key,
+    access: Access,
+    /// Whether this transaction holds a lock on it (read or write).
+    locked: bool,
+    /// Whether that lock is on this CN's table (its CVT may be cached, §4.4).
+    local: bool,
+    loc: Option<ItemLoc>,
+    done: Option<Option<Vec<u8>>>,
+}
+
+/// Counts a transaction as committing with locks of `owners` while it lives.
+struct Committing {
+    cluster: Rc<LockCluster>,
+    owners: Vec<u16>,
+}
+
+impl Committing {
+    fn enter(cluster: Rc<LockCluster>, owners: Vec<u16>) -> Self {
+        for &o in &owners {
+            if let Some(n) = cluster.committing.borrow_mut().get_mut(usize::from(o)) {
+                *n += 1;
+            }
+        }
+        Self { cluster, owners }
+    }
+}
+
+impl Drop for Committing {
+    fn drop(&mut self) {
+        for &o in &self.owners {
+            if let Some(n) = self.cluster.committing.borrow_mut().get_mut(usize::from(o)) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// Receives the next message, or `None` at `deadline`.
+async fn recv_until<V: Verbs + Clock>(ctx: &V, deadline: Nanos) -> Option<Message> {
+    let mut recv = pin!(ctx.recv());
+    let mut sleep = pin!(ctx.sleep_until(deadline));
+    poll_fn(|cx| {
+        if let Poll::Ready(m) = recv.as_mut().poll(cx) {
+            return Poll::Ready(m.ok());
+        }
+        if sleep.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T> {
+    /// The transaction's id.
+    #[must_use]
+    pub fn id(&self) -> TxnId {
+        self.id
+    }
+
+    fn store(&self) -> &Store {
+        &self.co.store
+    }
+
+    fn shape(&self, table: TableId) -> Result<BlockShape, TxnError> {
+        self.co.shapes.get(table).map_err(store_err)
+    }
+
+    fn primary(&self, loc: &ItemLoc, offset: u64) -> Result<RemoteAddr, TxnError> {
+        let p = self
+            .store()
+            .primary(loc.bucket.partition)
+            .map_err(store_err)?;
+        Ok(self.store().addr(p, loc.offset + offset))
+    }
+
+    fn holder(&self) -> Holder {
+        Holder {
+            txn: pack_writer(self.id),
+            cn: self.co.cn,
+        }
+    }
+
+    fn write_entry(&self, table: TableId, key: Key) -> Option<usize> {
+        self.writes
+            .iter()
+            .position(|w| w.table == table && w.key == key)
+    }
+
+    fn local(&self, r: &ReadReq) -> Option<Option<Vec<u8>>> {
+        if let Some(i) = self.write_entry(r.table, r.key) {
+            return Some(self.writes[i].value());
+        }
+        if r.access == Access::Read {
+            return self
+                .reads
+                .iter()
+                .find(|e| e.table == r.table && e.key == r.key)
+                .map(|e| e.value.clone());
+        }
+        None
+    }
+
+    fn note(&mut self, table: TableId, key: Key, version: u64, writer: u64) {
+        let mut ev = ReadEvent::new(table, key, Version(version));
+        if let Some(w) = unpack_writer(writer) {
+            ev = ev.written_by(w);
+        }
+        self.events.push(ev);
+    }
+
+    fn sharding(&self) -> &Sharding {
+        &self.co.cluster.sharding
+    }
+
+    /// The lock a record needs in this transaction, if any (§5.1 step 1, §5.2).
+    fn lock_mode(&self, access: Access) -> Option<LockMode> {
+        match (self.kind, access, self.co.cfg.isolation) {
+            (TxnKind::ReadOnly, _, _) => None,
+            (_, Access::ForUpdate, _) => Some(LockMode::Exclusive),
+            (_, Access::Read, Isolation::Serializable) => Some(LockMode::Shared),
+            (_, Access::Read, Isolation::Snapshot) => None,
+        }
+    }
+
+    fn holds(&self, key: u64, mode: LockMode) -> bool {
+        self.held
+            .iter()
+            .any(|h| h.key == key && (h.mode == LockMode::Exclusive || mode == LockMode::Shared))
+    }
+
+    /// Takes every lock of `wanted` (lock key, shard, mode): local ones on this CN's table,
+    /// the others in one message per owning CN, all sent before any reply is awaited.
+    /// Any refusal (or a CN that does not answer in time) aborts.
+    async fn lock_all(&mut self, wanted: &[(u64, u16, LockMode)]) -> Result<(), TxnError> {
+        let mut todo: Vec<(u64, u16, LockMode)> = Vec::new();
+        for &(key, shard, mode) in wanted {
+            if self.holds(key, mode) {
+                continue;
+            }
+            match todo.iter_mut().find(|t| t.0 == key) {
+                Some(t) => t.2 = stronger(t.2, mode),
+                None => todo.push((key, shard, mode)),
+            }
+        }
+        let holder = self.holder();
+        let cluster = Rc::clone(&self.co.cluster);
+        if self.co.cfg.rdma_lock {
+            return self.lock_idealised(&todo, holder);
+        }
+        for _ in 0..=self.co.cfg.max_reroutes {
+            if todo.is_empty() {
+                return Ok(());
+            }
+            // Group by owner under the current map.
+            let mut groups: Vec<(u16, Vec<LockEntry>)> = Vec::new();
+            {
+                let map = cluster.map.borrow();
+                for &(key, shard, mode) in &todo {
+                    let owner = map.owner(shard);
+                    let e = LockEntry { key, shard, mode };
+                    match groups.iter_mut().find(|g| g.0 == owner) {
+                        Some(g) => g.1.push(e),
+                        None => groups.push((owner, vec![e])),
+                    }
+                }
+            }
+            // Remote requests first, so the local work overlaps their round trip.
+            if groups.iter().any(|(owner, _)| cluster.is_failed(*owner)) {
+                // §6: new transactions asking a failed CN for locks abort at once.
+                return Err(aborted("lock owner failed"));
+            }
+            let mut pending: Vec<(u64, u16, Vec<LockEntry>)> = Vec::new();
+            for (owner, entries) in &groups {
+                if *owner == self.co.cn {
+                    continue;
+                }
+                let server = cluster
+                    .server(*owner, self.co.thread)
+                    .ok_or(aborted("no lock server for a CN"))?;
+                self.co.req += 1;
+                let req = Request {
+                    kind: RequestKind::Lock,
+                    cn: self.co.cn,
+                    req: self.co.req,
+                    txn: holder.txn,
+                    entries: entries.clone(),
+                };
+                self.co.stats.lock_messages += 1;
+                self.co.stats.remote_locks += entries.len() as u64;
+                self.co.ctx.send(server, &req.encode()).await?;
+                pending.push((self.co.req, *owner, entries.clone()));
+            }
+            let mut failed = false;
+            let mut rerouted: Vec<(u64, u16, LockMode)> = Vec::new();
+            if let Some((_, entries)) = groups.iter().find(|g| g.0 == self.co.cn) {
+                let local = &cluster.cns[usize::from(self.co.cn)];
+                for e in entries {
+                    self.co.ctx.cpu(cluster.lock_cpu_ns);
+                    self.co.stats.local_locks += 1;
+                    if cluster.map.borrow().owner(e.shard) != self.co.cn {
+                        rerouted.push((e.key, e.shard, e.mode));
+                        continue;
+                    }
+                    match local.table.acquire(e.key, e.mode, holder) {
+                        Acquired::Granted | Acquired::AlreadyHeld => self.held.push(HeldLock {
+                            key: e.key,
+                            shard: e.shard,
+                            owner: self.co.cn,
+                            mode: e.mode,
+                            word: None,
+                        }),
+                        Acquired::Refused(_) => {
+                            self.co.stats.refusals += 1;
+                            failed = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            // Replies.
+            let deadline = self.co.ctx.now() + self.co.cfg.rpc_timeout;
+            while !pending.is_empty() {
+                let Some(msg) = recv_until(&self.co.ctx, deadline).await else {
+                    break;
+                };
+                let Ok(reply) = Reply::parse(&msg.payload) else {
+                    continue;
+                };
+                let Some(i) = pending.iter().position(|p| p.0 == reply.req) else {
+                    continue; // a late reply of an earlier request
+                };
+                let (_, owner, entries) = pending.swap_remove(i);
+                match reply.status {
+                    Status::Granted => {
+                        for e in entries {
+                            self.held.push(HeldLock {
+                                key: e.key,
+                                shard: e.shard,
+                                owner,
+                                mode: e.mode,
+                                word: None,
+                            });
+                        }
+                    }
+                    Status::Refused => {
+                        self.co.stats.refusals += 1;
+                        failed = true;
+                    }
+                    Status::NotOwner => {
+                        rerouted.extend(entries.iter().map(|e| (e.key, e.shard, e.mode)));
+                    }
+                }
+            }
+            if !pending.is_empty() {
+                // No answer in time: the locks may be held there; the unlocks sent on abort
+                // are idempotent, so send them for everything asked.
+                for (_, owner, entries) in pending {
+                    for e in entries {
+                        self.held.push(HeldLock {
+                            key: e.key,
+                            shard: e.shard,
+                            owner,
+                            mode: e.mode,
+                            word: None,
+                        });
+                    }
+                }
+                return Err(aborted("lock request timed out"));
+            }
+            if failed {
+                return Err(aborted("lock refused"));
+            }
+            todo = rerouted;
+        }
+        Err(aborted("shard map kept changing"))
+    }
+
+    /// Fig. 17's idealised RDMA lock: decided on the owner's table at once, counted per CN
+    /// (the FAA of a 0 → 1 transition is posted with the record's CVT READ).
+    fn lock_idealised(
+        &mut self,
+        todo: &[(u64, u16, LockMode)],
+        holder: Holder,
+    ) -> Result<(), TxnError> {
+        let cluster = Rc::clone(&self.co.cluster);
+        for &(key, shard, mode) in todo {
+            let owner = cluster.map.borrow().owner(shard);
+            self.co.ctx.cpu(cluster.lock_cpu_ns);
+            match cluster.cns[usize::from(owner)]
+                .table
+                .acquire(key, mode, holder)
+            {
+                Acquired::Granted | Acquired::AlreadyHeld => {
+                    self.held.push(HeldLock {
+                        key,
+                        shard,
+                        owner,
+                        mode,
+                        word: None,
+                    });
+                }
+                Acquired::Refused(_) => {
+                    self.co.stats.refusals += 1;
+                    return Err(aborted("lock refused"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this CN's count of holders of `key` goes 0 → 1 with this holder (an FAA is
+    /// due, idealised RDMA lock).
+    fn count_up(&self, key: u64) -> bool {
+        let mut counts = self.co.cluster.cns[usize::from(self.co.cn)]
+            .counts
+            .borrow_mut();
+        let n = counts.entry(key).or_insert(0);
+        *n += 1;
+        *n == 1
+    }
+
+    /// Releases every lock held: local ones on the table, remote ones by one message per CN
+    /// without waiting (§5.1 step 4).
+    async fn unlock_all(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        let holder = self.holder();
+        let cluster = Rc::clone(&self.co.cluster);
+        if self.co.cfg.rdma_lock {
+            let mut faas = PostList::new();
+            for h in std::mem::take(&mut self.held) {
+                self.co.ctx.cpu(cluster.lock_cpu_ns);
+                cluster.cns[usize::from(h.owner)]
+                    .table
+                    .release(h.key, holder);
+                let Some(word) = h.word else { continue };
+                let last = {
+                    let mut counts = cluster.cns[usize::from(self.co.cn)].counts.borrow_mut();
+                    let n = counts.entry(h.key).or_insert(1);
+                    *n = n.saturating_sub(1);
+                    *n == 0
+                };
+                if last {
+                    faas.faa(word, u64::MAX); // −1
+                    self.co.stats.rdma_faas += 1;
+                }
+            }
+            if !faas.is_empty() {
+                let _ = self.co.ctx.post_detached(faas).await;
+            }
+            return;
+        }
+        let mut groups: Vec<(u16, Vec<LockEntry>)> = Vec::new();
+        for h in std::mem::take(&mut self.held) {
+            if h.owner == self.co.cn {
+                self.co.ctx.cpu(cluster.lock_cpu_ns);
+                cluster.cns[usize::from(h.owner)]
+                    .table
+                    .release(h.key, holder);
+                continue;
+            }
+            let e = LockEntry {
+                key: h.key,
+                shard: h.shard,
+                mode: h.mode,
+            };
+            match groups.iter_mut().find(|g| g.0 == h.owner) {
+                Some(g) => g.1.push(e),
+                None => groups.push((h.owner, vec![e])),
+            }
+        }
+        for (owner, entries) in groups {
+            let Some(server) = cluster.server(owner, self.co.thread) else {
+                continue;
+            };
+            self.co.req += 1;
+            let req = Request {
+                kind: RequestKind::Unlock,
+                cn: self.co.cn,
+                req: self.co.req,
+                txn: holder.txn,
+                entries,
+            };
+            self.co.stats.lock_messages += 1;
+            let _ = self.co.ctx.send(server, &req.encode()).await;
+        }
+    }
+
+    async fn round_impl(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
+        if self.kind == TxnKind::ReadOnly && reqs.iter().any(|r| r.access == Access::ForUpdate) {
+            return Err(TxnError::ReadOnly);
+        }
+        // -- plan: local answers, distinct fetches --
+        let mut answers: Vec<Result<Option<Vec<u8>>, usize>> = Vec::with_capacity(reqs.len());
+        let mut fetches: Vec<Fetch> = Vec::new();
+        for r in reqs {
+            if let Some(v) = self.local(r) {
+                answers.push(Ok(v));
+                continue;
+            }
+            if let Some(n) = fetches
+                .iter()
+                .position(|f| f.table == r.table && f.key == r.key)
+            {
+                if r.access == Access::ForUpdate {
+                    fetches[n].access = Access::ForUpdate;
+                }
+                answers.push(Err(n));
+                continue;
+            }
+            let loc = self.co.cache.borrow_mut().get(r.table, r.key);
+            fetches.push(Fetch {
+                table: r.table,
+                key: r.key,
+                access: r.access,
+                locked: false,
+                local: false,
+                loc,
+                done: None,
+            });
+            answers.push(Err(fetches.len() - 1));
+        }
+
+        // -- 1. lock: every lock of the round at once --
+        let mut wanted = Vec::new();
+        for f in &mut fetches {
+            if let Some(mode) = self.lock_mode(f.access) {
+                wanted.push((
+                    record_lock_key(f.table, f.key),
+                    self.co.cluster.sharding.shard_of(f.table, f.key),
+                    mode,
+                ));
+                f.locked = true;
+            }
+        }
+        let _ = self.sharding();
+        self.lock_all(&wanted).await?;
+        let mut cached: Vec<Option<Meta>> = vec![None; fetches.len()];
+        for (n, f) in fetches.iter_mut().enumerate() {
+            if !f.locked {
+                continue;
+            }
+            let key = record_lock_key(f.table, f.key);
+            f.local = self
+                .held
+                .iter()
+                .any(|h| h.key == key && h.owner == self.co.cn);
+            if f.local && self.co.cfg.vt_cache && !self.co.cfg.rdma_lock {
+                let vt = &self.co.cluster.cns[usize::from(self.co.cn)].vt;
+                if let Some((loc, meta)) = vt.get(key) {
+                    f.loc = Some(loc);
+                    cached[n] = Some(meta);
+                    self.co.stats.vt_hits += 1;
+                }
+            }
+        }
+
+        // -- 2a. locate: one bucket READ per uncached record --
+        let mut list = PostList::new();
+        let mut lookups = Vec::new();
+        for (n, f) in fetches.iter().enumerate() {
+            if f.loc.is_some() {
+                continue;
+            }
+            let bucket = self.store().bucket_of(f.table, f.key).map_err(store_err)?;
+            let p = self.store().primary(bucket.partition).map_err(store_err)?;
+            let wr = list.read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32);
+            lookups.push((n, bucket, wr));
+        }
+        if !lookups.is_empty() {
+            let res = self.co.ctx.post(list).await?;
+            let mut inserts = Vec::new();
+            for &(n, bucket, wr) in &lookups {
+                let (used, _) = parse_bucket(res.bytes(wr));
+                let f = &mut fetches[n];
+                match used.iter().find(|(_, k)| *k == f.key.0) {
+                    Some(&(slot, _)) => {
+                        let loc = self.co.store.item_at(bucket, slot).map_err(store_err)?;
+                        self.co.cache.borrow_mut().put(f.table, f.key, loc);
+                        f.loc = Some(loc);
+                    }
+                    None if f.access == Access::ForUpdate => inserts.push((n, bucket)),
+                    None => {
+                        let (table, key) = (f.table, f.key);
+                        f.done = Some(None);
+                        self.reads.push(ReadEntry {
+                            table,
+                            key,
+                            value: None,
+                        });
+                        self.note(table, key, 0, 0);
+                    }
+                }
+            }
+            if !inserts.is_empty() {
+                self.claim_slots(&mut fetches, &inserts).await?;
+            }
+        }
+
+        // -- 2b/3. CVTs, then the images --
+        let mut rereads = 0;
+        loop {
+            let pending: Vec<usize> = (0..fetches.len())
+                .filter(|&n| fetches[n].done.is_none())
+                .collect();
+            if pending.is_empty() {
+                break;
+            }
+            let mut list = PostList::new();
+            let mut wrs = Vec::new();
+            for &n in &pending {
+                let f = &fetches[n];
+                let Some(loc) = f.loc else { continue };
+                let shape = self.shape(f.table)?;
+                if self.co.cfg.rdma_lock && f.locked {
+                    let key = record_lock_key(f.table, f.key);
+                    let word = self.primary(&loc, 0)?;
+                    if let Some(i) = self
+                        .held
+                        .iter()
+                        .position(|h| h.key == key && h.word.is_none())
+                    {
+                        self.held[i].word = Some(word);
+                        if self.count_up(key) {
+                            list.faa(word, 1);
+                            self.co.stats.rdma_faas += 1;
+                        }
+                    }
+                }
+                let rd = if cached[n].is_some() {
+                    None
+                } else {
+                    Some(list.read(self.primary(&loc, 0)?, shape.meta_len() as u32))
+                };
+                wrs.push((n, loc, shape, rd));
+            }
+            let res = if list.is_empty() {
+                None
+            } else {
+                Some(self.co.ctx.post(list).await?)
+            };
+            let mut images = Vec::new();
+            for &(n, loc, shape, rd) in &wrs {
+                let f = &fetches[n];
+                let (table, key, locked, for_update) =
+                    (f.table, f.key, f.locked, f.access == Access::ForUpdate);
+                let meta = match (rd, &res) {
+                    (Some(rd), Some(res)) => Meta::parse(res.bytes(rd), shape),
+                    _ => cached[n].take(),
+                };
+                let Some(mut meta) = meta else {
+                    return Err(aborted("unreadable version table"));
+                };
+                // LOTUS keeps no lock in the block (only the idealised RDMA lock counts there).
+                meta.lock = 0;
+                if f.local
+                    && self.co.cfg.vt_cache
+                    && !self.co.cfg.rdma_lock
+                    && rd.is_some()
+                    && meta.is_consistent()
+                {
+                    self.co.cluster.cns[usize::from(self.co.cn)].vt.put(
+                        record_lock_key(table, key),
+                        loc,
+                        meta.clone(),
+                    );
+                }
+                if for_update {
+                    self.writes.push(WriteEntry {
+                        table,
+                        key,
+                        loc,
+                        meta: meta.clone(),
+                        current: None,
+                        op: None,
+                    });
+                }
+                let committing = meta
+                    .cells
+                    .iter()
+                    .any(|c| c.is_valid() && c.commit_version() == INVISIBLE);
+                let outcome = if committing && !locked {
+                    MetaOutcome::Retry
+                } else {
+                    // Under our lock no writer is between its INVISIBLE and visible WRITEs
+                    // (recovery decides a failed one's before its locks go), so a locked
+                    // read picks among committed versions as §5.1 says.
+                    // Locked records abort on a newer version (§5.1 step 3); unlocked ones
+                    // read the snapshot.
+                    logic::after_meta(&meta, self.start, locked, false)
+                };
+                match outcome {
+                    MetaOutcome::Image(i) => images.push((n, loc, shape, meta.cells[i])),
+                    MetaOutcome::Absent => {
+                        if !for_update {
+                            self.reads.push(ReadEntry {
+                                table,
+                                key,
+                                value: None,
+                            });
+                        }
+                        self.note(table, key, 0, 0);
+                        fetches[n].done = Some(None);
+                    }
+                    MetaOutcome::Retry => {}
+                    MetaOutcome::Abort(why) => return Err(aborted(why)),
+                }
+            }
+            if !images.is_empty() {
+                let mut list = PostList::new();
+                let mut ids = Vec::new();
+                for &(n, loc, shape, cell) in &images {
+                    let p = self
+                        .store()
+                        .primary(loc.bucket.partition)
+                        .map_err(store_err)?;
+                    let wr = list.read(
+                        self.store().addr(p, cell.address()),
+                        shape.image_len() as u32,
+                    );
+                    ids.push((n, shape, cell, wr));
+                }
+                let res = self.co.ctx.post(list).await?;
+                for (n, shape, cell, wr) in ids {
+                    let (table, key, locked) =
+                        (fetches[n].table, fetches[n].key, fetches[n].locked);
+                    let for_update = fetches[n].access == Access::ForUpdate;
+                    match mvcc::decode_image(shape, &cell, res.bytes(wr)) {
+                        Some(p) => {
+                            self.note(table, key, cell.commit_version(), p.writer);
+                            if for_update {
+                                if let Some(i) = self.write_entry(table, key) {
+                                    self.writes[i].current.clone_from(&p.value);
+                                }
+                            } else {
+                                self.reads.push(ReadEntry {
+                                    table,
+                                    key,
+                                    value: p.value.clone(),
+                                });
+                            }
+                            fetches[n].done = Some(p.value);
+                        }
+                        None if locked => return Err(aborted("torn image under the lock")),
+                        None => {}
+                    }
+                }
+            }
+            if fetches.iter().any(|f| f.done.is_none()) {
+                // Writes of a for-update record were noted once; a retry only happens for
+                // unlocked reads, which have no write entry.
+                rereads += 1;
+                self.co.stats.rereads += 1;
+                if rereads > self.co.cfg.max_rereads {
+                    return Err(aborted("version stayed uncommitted or torn"));
+                }
+                self.co.ctx.sleep(self.co.cfg.reread_pause).await;
+            }
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| match a {
+                Ok(v) => v,
+                Err(n) => fetches[n].done.clone().flatten(),
+            })
+            .collect())
+    }
+
+    /// Inserts (§4.1): lock the index buckets of for-update keys absent from the index,
+    /// read the buckets again under those locks, and claim a free slot for each key still
+    /// absent (its slot written to every replica). A key inserted meanwhile is used as is.
+    async fn claim_slots(
+        &mut self,
+        fetches: &mut [Fetch],
+        inserts: &[(usize, BucketLoc)],
+    ) -> Result<(), TxnError> {
+        let wanted: Vec<_> = inserts
+            .iter()
+            .map(|(_, b)| {
+                let k = bucket_lock_key(b.partition, b.offset);
+                (k, Sharding::bucket_shard(k), LockMode::Exclusive)
+            })
+            .collect();
+        self.lock_all(&wanted).await?;
+        let mut list = PostList::new();
+        let mut wrs = Vec::new();
+        for &(n, bucket) in inserts {
+            let p = self.store().primary(bucket.partition).map_err(store_err)?;
+            wrs.push((
+                n,
+                bucket,
+                list.read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32),
+            ));
+        }
+        let res = self.co.ctx.post(list).await?;
+        let mut slots = PostList::new();
+        // Slots claimed in this round, per bucket (two inserts into one bucket).
+        let mut taken: Vec<(u64, usize)> = Vec::new();
+        for (n, bucket, wr) in wrs {
+            let (used, _) = parse_bucket(res.bytes(wr));
+            let f = &mut fetches[n];
+            let (slot, fresh) = match used.iter().find(|(_, k)| *k == f.key.0) {
+                Some(&(slot, _)) => (slot, false),
+                None => {
+                    let free = (0..dmem_store::BUCKET_SLOTS).find(|s| {
+                        !used.iter().any(|(u, _)| u == s) && !taken.contains(&(bucket.offset, *s))
+                    });
+                    let Some(slot) = free else {
+                        return Err(aborted("index bucket full"));
+                    };
+                    taken.push((bucket.offset, slot));
+                    let loc = self.co.store.item_at(bucket, slot).map_err(store_err)?;
+                    let packed = dmem_layout::record::RemoteAddr::new(bucket.partition, loc.offset)
+                        .map_err(|_| aborted("offset beyond packed addresses"))?;
+                    let bytes = index_slot_bytes(f.key.0, packed);
+                    for mn in self.co.store.live_replicas(bucket.partition) {
+                        slots.write(
+                            self.co.store.addr(mn, bucket.offset + slot_offset(slot)),
+                            &bytes,
+                        );
+                    }
+                    (slot, true)
+                }
+            };
+            let loc = self.co.store.item_at(bucket, slot).map_err(store_err)?;
+            self.co.cache.borrow_mut().put(f.table, f.key, loc);
+            f.loc = Some(loc);
+            if fresh {
+                // A slot never used before: its block holds no version (slots are never
+                // freed), so the key is absent and its meta need not be read. Whatever a
+                // crashed inserter left there is overwritten whole at commit (the meta's key
+                // is not ours).
+                let shape = self.shape(f.table)?;
+                let (table, key) = (f.table, f.key);
+                f.done = Some(None);
+                self.writes.push(WriteEntry {
+                    table,
+                    key,
+                    loc,
+                    meta: Meta::empty(shape.cells),
+                    current: None,
+                    op: None,
+                });
+                self.note(table, key, 0, 0);
+            }
+        }
+        if !slots.is_empty() {
+            // Unsignaled: the slot WRITEs land before this transaction's commit WRITEs to
+            // the same replicas (in-order queue pairs); until then the key reads as absent,
+            // which it is.
+            self.co.ctx.post_detached(slots).await?;
+        }
+        Ok(())
+    }
+
+    async fn stage(
+        &mut self,
+        table: TableId,
+        key: Key,
+        value: &[u8],
+        kind: WriteKind,
+    ) -> Result<(), TxnError> {
+        if self.kind == TxnKind::ReadOnly {
+            return Err(TxnError::ReadOnly);
+        }
+        let expected = self.shape(table)?.value_len;
+        if kind != WriteKind::Delete && value.len() != expected {
+            return Err(TxnError::ValueSize {
+                expected,
+                got: value.len(),
+            });
+        }
+        if self.write_entry(table, key).is_none() {
+            self.round_impl(&[ReadReq::for_update(table, key)]).await?;
+        }
+        let i = self
+            .write_entry(table, key)
+            .ok_or(aborted("record not locked"))?;
+        let w = &mut self.writes[i];
+        let present = w.value().is_some();
+        let existed = w.current.is_some();
+        w.op = match (kind, present) {
+            (WriteKind::Update, true) => Some(Op::Put(
+                value.to_vec(),
+                match &w.op {
+                    Some(Op::Put(_, k)) => *k,
+                    _ => WriteKind::Update,
+                },
+            )),
+            (WriteKind::Insert, false) => Some(Op::Put(
+                value.to_vec(),
+                if existed {
+                    WriteKind::Update
+                } else {
+                    WriteKind::Insert
+                },
+            )),
+            (WriteKind::Delete, true) => {
+                if existed {
+                    Some(Op::Delete)
+                } else {
+                    None
+                }
+            }
+            _ => return Err(TxnError::KeyState(key.0)),
+        };
+        Ok(())
+    }
+
+    fn record(&mut self, outcome: TxnOutcome, writes: Vec<WriteEvent>) {
+        let end = self.co.ctx.now();
+        self.co.history.record(TxnRecord {
+            id: self.id,
+            begin: self.begin,
+            end,
+            outcome,
+            reads: std::mem::take(&mut self.events),
+            writes,
+        });
+        match outcome {
+            TxnOutcome::Committed => self.co.stats.committed += 1,
+            _ => self.co.stats.aborted += 1,
+        }
+    }
+
+    async fn commit_impl(&mut self) -> Result<(), TxnError> {
+        if self.writes.iter().all(|w| w.op.is_none()) {
+            // Nothing to install: the locks kept every read unchanged since T_start.
+            self.unlock_all().await;
+            self.record(TxnOutcome::Committed, Vec::new());
+            return Ok(());
+        }
+        // §6: a transaction holding a failed CN's lock aborts unless already committing;
+        // from here on it is committing, and recovery waits for it before the failed CN's
+        // shards are served again.
+        let owners: Vec<u16> = {
+            let mut o: Vec<u16> = self.held.iter().map(|h| h.owner).collect();
+            o.sort_unstable();
+            o.dedup();
+            o
+        };
+        if owners.iter().any(|&o| self.co.cluster.is_failed(o)) {
+            return Err(aborted("a lock owner failed before commit"));
+        }
+        let _committing = Committing::enter(Rc::clone(&self.co.cluster), owners);
+        // (1) Write data & log: images and INVISIBLE cells to every replica, the log.
+        let horizon = self.co.ts.horizon(self.co.cfg.gc_threshold);
+        let writer = pack_writer(self.id);
+        let mut data: Vec<(RemoteAddr, Vec<u8>)> = Vec::new();
+        let mut installed = Vec::new();
+        let mut logged = Vec::new();
+        let mut plans = Vec::new();
+        for w in &self.writes {
+            let Some(op) = &w.op else { continue };
+            let shape = self.shape(w.table)?;
+            let mut plan = logic::plan_commit(&w.meta, shape, w.loc.offset, INVISIBLE, horizon);
+            plan.whole |= w.meta.key != w.key.0;
+            let cell = plan.cells[plan.cell];
+            let (value, kind) = match op {
+                Op::Put(v, k) => (Some(v.as_slice()), *k),
+                Op::Delete => (None, WriteKind::Delete),
+            };
+            let image = mvcc::encode_image(shape, writer, value, cell.head_cv());
+            let meta_tail =
+                mvcc::encode_meta_tail(w.key.0, w.table, shape, plan.floor, &plan.cells);
+            for mn in self.store().live_replicas(w.loc.bucket.partition) {
+                let at = |o: u64| self.store().addr(mn, w.loc.offset + o);
+                data.push((at(shape.image_offset(plan.cell) as u64), image.clone()));
+                if plan.whole {
+                    data.push((at(FLOOR_OFFSET), meta_tail.clone()));
+                } else {
+                    let o = shape.cell_offset(plan.cell);
+                    let from = o - FLOOR_OFFSET as usize;
+                    data.push((at(o as u64), meta_tail[from..from + CELL_LEN].to_vec()));
+                }
+            }
+            logged.push(LogEntry {
+                table: w.table,
+                partition: w.loc.bucket.partition,
+                cell: plan.cell as u16,
+                offset: w.loc.offset,
+            });
+            installed.push((w.table, w.key, w.loc, shape, plan.cell, kind));
+            plans.push(plan);
+        }
+        // The log goes first on every MN's queue pair, so an INVISIBLE cell never lands
+        // without it (see `crate::recovery`).
+        let log = encode_log(writer, &logged);
+        let mut list = PostList::new();
+        let at = self
+            .store()
+            .log_offset(self.co.id)
+            .map_err(|_| aborted("no log region"))?;
+        if log.len() > self.store().log_region_bytes() {
+            return Err(aborted("commit log larger than the log region"));
+        }
+        for mn in 0..self.store().config().mns {
+            if self.store().live_replicas(mn).contains(&mn) {
+                list.write(self.store().addr(mn, at), &log);
+            }
+        }
+        for (addr, bytes) in data {
+            list.write_owned(addr, bytes);
+        }
+        self.co.ctx.mark_phase("write-invisible");
+        self.co.ctx.post(list).await?;
+        // (2) Commit timestamp (with the service's commit-wait).
+        let c = self.co.ts.commit_ts().await;
+        let events: Vec<WriteEvent> = installed
+            .iter()
+            .map(|&(table, key, _, _, _, kind)| WriteEvent {
+                table,
+                key,
+                version: Version(c),
+                kind,
+            })
+            .collect();
+        let id = self.id;
+        self.co.history.record(TxnRecord {
+            id,
+            begin: self.begin,
+            end: self.co.ctx.now(),
+            outcome: TxnOutcome::Unknown,
+            reads: std::mem::take(&mut self.events),
+            writes: events,
+        });
+        // (3) Write visible: the commit version into every new cell.
+        let mut list = PostList::new();
+        for &(_, _, loc, shape, cell, _) in &installed {
+            let o = shape.cell_offset(cell) + CvtCell::VERSION_OFFSET;
+            for mn in self.store().live_replicas(loc.bucket.partition) {
+                list.write(
+                    self.store().addr(mn, loc.offset + o as u64),
+                    &c.to_le_bytes(),
+                );
+            }
+        }
+        self.co.ctx.mark_phase("write-visible");
+        self.co.ctx.post(list).await?;
+        self.co
+            .history
+            .resolve(id, TxnOutcome::Committed, self.co.ctx.now());
+        self.co.stats.committed += 1;
+        if self.co.cfg.vt_cache && !self.co.cfg.rdma_lock {
+            // §4.4: a local writer keeps the cached CVTs of its locally locked records.
+            let vt = &self.co.cluster.cns[usize::from(self.co.cn)].vt;
+            for (&(table, key, loc, _, cell, _), plan) in installed.iter().zip(plans) {
+                let lock = record_lock_key(table, key);
+                if !self
+                    .held
+                    .iter()
+                    .any(|h| h.key == lock && h.owner == self.co.cn)
+                {
+                    continue;
+                }
+                let mut cells = plan.cells;
+                cells[cell] = cells[cell].with_commit_version(c);
+                vt.put(
+                    lock,
+                    loc,
+                    Meta {
+                        lock: 0,
+                        floor: plan.floor,
+                        key: key.0,
+                        cells,
+                    },
+                );
+            }
+        }
+        // (4) Unlock.
+        self.unlock_all().await;
+        Ok(())
+    }
+}
+
+impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Transaction for LotusTxn<'_, V, H, T> {
+    async fn read_round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
+        self.round_impl(reqs).await
+    }
+
+    async fn write(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {
+        self.stage(table, key, value, WriteKind::Update).await
+    }
+
+    async fn insert(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {
+        self.stage(table, key, value, WriteKind::Insert).await
+    }
+
+    async fn delete(&mut self, table: TableId, key: Key) -> Result<(), TxnError> {
+        self.stage(table, key, &[], WriteKind::Delete).await
+    }
+
+    async fn commit(mut self) -> Result<(), TxnError> {
+        match self.commit_impl().await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // Before the INVISIBLE cells landed nothing is visible; a failure after the
+                // history record leaves the outcome to recovery.
+                let recorded = self.events.is_empty() && self.writes.iter().any(|w| w.op.is_some());
+                self.unlock_all().await;
+                if !matches!(e, TxnError::Verbs(_)) || !recorded {
+                    self.record(TxnOutcome::Aborted, Vec::new());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn abort(mut self) {
+        self.unlock_all().await;
+        self.record(TxnOutcome::Aborted, Vec::new());
+    }
+}

@@ -1,0 +1,140 @@
+//! The version table cache (LOTUS §4.4): per CN, the CVTs (here: the record's block
+//! location and its meta) of records in the CN's lock range, so that a coordinator holding
+//! a local lock on a record finds its versions without the CVT READ (and without the
+//! bucket READ when the address was not cached either).
+//!
+//! Consistency (§4.4 "Zero Consistency Overhead"): a CVT changes only under a write lock.
+//! A local writer updates the entry when it commits; a remote write-lock request
+//! invalidates it when the lock is granted (Alg. 1 line 15, [`crate::locking::apply`]).
+//! Only records locked through this CN's table are cached or read from the cache.
+//!
+//! LRU, hash-partitioned into sub-caches (Fig. 9) so that on a real CN the cores contend
+//! on different sub-caches; the simulator's CN is single-threaded, so each sub-cache is a
+//! `RefCell`. Default capacity 64K entries per CN (the default; the paper sizes it
+//! at 4.5 MB).
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+
+use dmem_motor::mvcc::Meta;
+use dmem_store::ItemLoc;
+
+#[derive(Debug, Default)]
+struct Sub {
+    entries: HashMap<u64, (ItemLoc, Meta, u64)>,
+    order: BTreeMap<u64, u64>,
+    tick: u64,
+}
+
+/// A CN's version table cache.
+#[derive(Debug)]
+pub struct VtCache {
+    subs: Vec<RefCell<Sub>>,
+    per_sub: usize,
+}
+
+impl VtCache {
+    /// A cache of `capacity` entries in `subs` sub-caches (at least one of each).
+    #[must_use]
+    pub fn new(capacity: usize, subs: usize) -> Self {
+        let subs = subs.max(1);
+        Self {
+            subs: (0..subs).map(|_| RefCell::new(Sub::default())).collect(),
+            per_sub: capacity.div_ceil(subs).max(1),
+        }
+    }
+
+    fn sub(&self, key: u64) -> &RefCell<Sub> {
+        &self.subs[(crate::shard::mix64(key) % self.subs.len() as u64) as usize]
+    }
+
+    /// The cached location and meta of the record with lock key `key` (refreshes its LRU
+    /// position).
+    #[must_use]
+    pub fn get(&self, key: u64) -> Option<(ItemLoc, Meta)> {
+        let mut s = self.sub(key).borrow_mut();
+        s.tick += 1;
+        let tick = s.tick;
+        let (loc, meta, old) = {
+            let e = s.entries.get_mut(&key)?;
+            let old = e.2;
+            e.2 = tick;
+            (e.0, e.1.clone(), old)
+        };
+        s.order.remove(&old);
+        s.order.insert(tick, key);
+        Some((loc, meta))
+    }
+
+    /// Caches (or replaces) the entry of `key`, evicting the least recently used one of its
+    /// sub-cache when full.
+    pub fn put(&self, key: u64, loc: ItemLoc, meta: Meta) {
+        let mut s = self.sub(key).borrow_mut();
+        s.tick += 1;
+        let tick = s.tick;
+        if let Some((_, _, old)) = s.entries.insert(key, (loc, meta, tick)) {
+            s.order.remove(&old);
+        }
+        s.order.insert(tick, key);
+        while s.entries.len() > self.per_sub {
+            let Some((_, victim)) = s.order.pop_first() else {
+                break;
+            };
+            s.entries.remove(&victim);
+        }
+    }
+
+    /// Drops the entry of `key` (a remote writer is about to change the CVT).
+    pub fn invalidate(&self, key: u64) {
+        let mut s = self.sub(key).borrow_mut();
+        if let Some((_, _, old)) = s.entries.remove(&key) {
+            s.order.remove(&old);
+        }
+    }
+
+    /// Entries cached.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.subs.iter().map(|s| s.borrow().entries.len()).sum()
+    }
+
+    /// Whether nothing is cached.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dmem_store::BucketLoc;
+    use dmem_txn::TableId;
+
+    fn loc(o: u64) -> ItemLoc {
+        ItemLoc {
+            bucket: BucketLoc {
+                table: TableId(0),
+                partition: 0,
+                bucket: 0,
+                offset: 0,
+            },
+            slot: 0,
+            offset: o,
+        }
+    }
+
+    #[test]
+    fn lru_evicts_the_least_recent_and_invalidates() {
+        let c = VtCache::new(2, 1);
+        c.put(1, loc(1), Meta::empty(2));
+        c.put(2, loc(2), Meta::empty(2));
+        assert!(c.get(1).is_some()); // 1 is now the most recent
+        c.put(3, loc(3), Meta::empty(2));
+        assert!(c.get(2).is_none(), "2 was the least recent");
+        assert_eq!(c.get(1).unwrap().0.offset, 1);
+        c.invalidate(1);
+        assert!(c.get(1).is_none());
+        assert_eq!(c.len(), 1);
+    }
+}

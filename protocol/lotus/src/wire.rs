@@ -1,0 +1,272 @@
+//! Lock RPC messages between CNs (LOTUS §4.1): every lock request of one transaction's
+//! round for one CN in one message, and the reply. Little-endian, parsed with checks
+//! (a message comes from the network).
+//!
+//! ```text
+//! request  kind u8 (1 lock, 2 unlock) | mode-free pad u8 | cn u16 | pad u32 | req u64 | txn u64
+//!          | n u16 | n × (lock key u64, shard u16, mode u8 (0 shared, 1 exclusive))
+//! reply    kind u8 (3) | status u8 | pad 6 | req u64
+//! ```
+
+use dmem_locks::LockMode;
+
+/// Bytes of a request before its entries.
+pub const REQUEST_HEADER: usize = 26;
+/// Bytes of one entry.
+pub const ENTRY: usize = 11;
+/// Bytes of a reply.
+pub const REPLY: usize = 16;
+
+/// One lock of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockEntry {
+    /// Lock key ([`crate::shard::record_lock_key`] or a bucket's).
+    pub key: u64,
+    /// Its shard.
+    pub shard: u16,
+    /// Mode.
+    pub mode: LockMode,
+}
+
+/// What a request asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    /// Acquire every entry (all or nothing).
+    Lock,
+    /// Release every entry (asynchronous: no reply).
+    Unlock,
+}
+
+/// A lock request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// Lock or unlock.
+    pub kind: RequestKind,
+    /// The requesting transaction's CN.
+    pub cn: u16,
+    /// Request id (echoed in the reply).
+    pub req: u64,
+    /// Transaction id.
+    pub txn: u64,
+    /// The locks.
+    pub entries: Vec<LockEntry>,
+}
+
+/// The answer to a lock request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Every lock granted.
+    Granted,
+    /// A lock was refused (conflict, full bucket, overflow): none is held.
+    Refused,
+    /// The CN does not own a shard of the request: retry with a fresh shard map.
+    NotOwner,
+}
+
+/// A reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply {
+    /// The request it answers.
+    pub req: u64,
+    /// The outcome.
+    pub status: Status,
+}
+
+/// Why a message could not be parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Shorter than its header says.
+    #[error("lock message truncated: {0} bytes")]
+    Truncated(usize),
+    /// A field with an undefined value.
+    #[error("lock message field {0} out of range")]
+    Field(&'static str),
+}
+
+fn u16_at(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(w)
+}
+
+impl Request {
+    /// Bytes of the encoding.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        REQUEST_HEADER + ENTRY * self.entries.len()
+    }
+
+    /// Whether it has no entries.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The encoding.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(self.len());
+        b.push(match self.kind {
+            RequestKind::Lock => 1,
+            RequestKind::Unlock => 2,
+        });
+        b.push(0);
+        b.extend_from_slice(&self.cn.to_le_bytes());
+        b.extend_from_slice(&[0; 4]);
+        b.extend_from_slice(&self.req.to_le_bytes());
+        b.extend_from_slice(&self.txn.to_le_bytes());
+        b.extend_from_slice(&(self.entries.len() as u16).to_le_bytes());
+        for e in &self.entries {
+            b.extend_from_slice(&e.key.to_le_bytes());
+            b.extend_from_slice(&e.shard.to_le_bytes());
+            b.push(u8::from(e.mode == LockMode::Exclusive));
+        }
+        b
+    }
+
+    /// Parses a request.
+    ///
+    /// # Errors
+    /// [`WireError`].
+    pub fn parse(b: &[u8]) -> Result<Self, WireError> {
+        if b.len() < REQUEST_HEADER {
+            return Err(WireError::Truncated(b.len()));
+        }
+        let kind = match b[0] {
+            1 => RequestKind::Lock,
+            2 => RequestKind::Unlock,
+            _ => return Err(WireError::Field("kind")),
+        };
+        let n = usize::from(u16_at(b, 24));
+        if b.len() != REQUEST_HEADER + n * ENTRY {
+            return Err(WireError::Truncated(b.len()));
+        }
+        let mut entries = Vec::with_capacity(n);
+        for i in 0..n {
+            let o = REQUEST_HEADER + i * ENTRY;
+            entries.push(LockEntry {
+                key: u64_at(b, o),
+                shard: u16_at(b, o + 8),
+                mode: match b[o + 10] {
+                    0 => LockMode::Shared,
+                    1 => LockMode::Exclusive,
+                    _ => return Err(WireError::Field("mode")),
+                },
+            });
+        }
+        Ok(Self {
+            kind,
+            cn: u16_at(b, 2),
+            req: u64_at(b, 8),
+            txn: u64_at(b, 16),
+            entries,
+        })
+    }
+}
+
+impl Reply {
+    /// The encoding.
+    #[must_use]
+    pub fn encode(&self) -> [u8; REPLY] {
+        let mut b = [0u8; REPLY];
+        b[0] = 3;
+        b[1] = match self.status {
+            Status::Granted => 0,
+            Status::Refused => 1,
+            Status::NotOwner => 2,
+        };
+        b[8..].copy_from_slice(&self.req.to_le_bytes());
+        b
+    }
+
+    /// Parses a reply.
+    ///
+    /// # Errors
+    /// [`WireError`].
+    pub fn parse(b: &[u8]) -> Result<Self, WireError> {
+        if b.len() != REPLY {
+            return Err(WireError::Truncated(b.len()));
+        }
+        if b[0] != 3 {
+            return Err(WireError::Field("kind"));
+        }
+        let status = match b[1] {
+            0 => Status::Granted,
+            1 => Status::Refused,
+            2 => Status::NotOwner,
+            _ => return Err(WireError::Field("status")),
+        };
+        Ok(Self {
+            req: u64_at(b, 8),
+            status,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quickcheck_macros::quickcheck;
+
+    #[quickcheck]
+    fn request_round_trip(
+        cn: u16,
+        req: u64,
+        txn: u64,
+        keys: Vec<(u64, u16, bool)>,
+        lock: bool,
+    ) -> bool {
+        let r = Request {
+            kind: if lock {
+                RequestKind::Lock
+            } else {
+                RequestKind::Unlock
+            },
+            cn,
+            req,
+            txn,
+            entries: keys
+                .into_iter()
+                .take(300)
+                .map(|(key, shard, x)| LockEntry {
+                    key,
+                    shard,
+                    mode: if x {
+                        LockMode::Exclusive
+                    } else {
+                        LockMode::Shared
+                    },
+                })
+                .collect(),
+        };
+        let b = r.encode();
+        b.len() == r.len() && Request::parse(&b) == Ok(r)
+    }
+
+    #[quickcheck]
+    fn parsing_never_panics(bytes: Vec<u8>) -> bool {
+        let _ = Request::parse(&bytes);
+        let _ = Reply::parse(&bytes);
+        true
+    }
+
+    #[test]
+    fn reply_round_trip_and_bad_input() {
+        for status in [Status::Granted, Status::Refused, Status::NotOwner] {
+            let r = Reply { req: 77, status };
+            assert_eq!(Reply::parse(&r.encode()), Ok(r));
+        }
+        let mut b = Reply {
+            req: 1,
+            status: Status::Granted,
+        }
+        .encode();
+        b[1] = 9;
+        assert_eq!(Reply::parse(&b), Err(WireError::Field("status")));
+        assert_eq!(Request::parse(&[1; 5]), Err(WireError::Truncated(5)));
+    }
+}

@@ -1,0 +1,456 @@
+//! LOTUS (SR and SI) as a [`Protocol`] on the simulated cluster: Motor's MVCC store
+//! (shared with [`crate::motor`] through `MvccDeploy`) plus a commit-log region per
+//! coordinator, one lock table per CN, one lock server per CN thread, the shard map and
+//! the hybrid router (LOTUS §4.3) the bench harness places transactions with.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use dmem_deploy::{
+    Decision, DeployError, DeploySpec, Deployment, Protocol, RecoveredCoordinator, RecoveryEvent,
+    RecoveryTiming, Router, SimLinkTerminator,
+};
+use dmem_lotus::recovery::{Decided, recover_coordinators};
+use dmem_lotus::{CnLocks, LockCluster, LotusConfig, LotusCoordinator, ShardMap, Sharding, serve};
+use dmem_motor::SyncedClock;
+use dmem_sim::{Sim, SimContext};
+use dmem_txn::{BoxCoordinator, History, Key, TableId, TxnKind, TxnOutcome};
+use dmem_verbs::Clock;
+
+use crate::motor::MvccDeploy;
+
+/// LOTUS under a registered name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LotusProtocol {
+    name: String,
+    /// Protocol switches.
+    pub config: LotusConfig,
+    /// Bytes of lock slots per CN (LOTUS §8.1: 32 MB).
+    pub lock_table_bytes: usize,
+    /// CPU a CN core spends per lock or unlock, ns (modelled, see the crate README).
+    pub lock_cpu_ns: u64,
+    /// Ablation (§8.3): shard every record by hash instead of its critical field.
+    pub random_sharding: bool,
+    /// Ablation (§8.3): no hybrid routing; transactions run where they were generated.
+    pub no_routing: bool,
+    /// Planted bug for the litmus suite: recovery releases a failed CN's locks before it
+    /// decides the CN's transactions from their commit logs (LOTUS §6 orders them the
+    /// other way).
+    pub early_unlock: bool,
+}
+
+impl LotusProtocol {
+    /// `config` registered as `name` with the paper's table size.
+    #[must_use]
+    pub fn new(name: &str, config: LotusConfig) -> Self {
+        Self {
+            name: name.to_owned(),
+            config,
+            lock_table_bytes: 32 << 20,
+            lock_cpu_ns: 60,
+            random_sharding: false,
+            no_routing: false,
+            early_unlock: false,
+        }
+    }
+
+    /// `lotus:FLAG[+FLAG]`: `si`, `no-sharding`, `no-routing`, `no-vt-cache` (the §8.3
+    /// ablation), `rdma-lock` (§8.4 Fig. 17's idealised RDMA lock),
+    /// `early-unlock` (a planted recovery bug).
+    ///
+    /// # Errors
+    /// The unknown flag.
+    pub fn with_flags(params: &str) -> Result<Self, String> {
+        let mut p = Self::new(&format!("lotus:{params}"), LotusConfig::sr());
+        for f in params.split(['+', ',']).filter(|f| !f.is_empty()) {
+            match f {
+                "si" => p.config.isolation = dmem_lotus::Isolation::Snapshot,
+                "no-sharding" => p.random_sharding = true,
+                "no-routing" => p.no_routing = true,
+                "early-unlock" => p.early_unlock = true,
+                "no-vt-cache" => p.config.vt_cache = false,
+                "rdma-lock" => p.config.rdma_lock = true,
+                other => {
+                    return Err(format!(
+                        "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, rdma-lock, early-unlock)"
+                    ));
+                }
+            }
+        }
+        Ok(p)
+    }
+}
+
+impl Protocol for LotusProtocol {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn isolation(&self) -> dmem_txn::Isolation {
+        match self.config.isolation {
+            dmem_lotus::Isolation::Serializable => dmem_txn::Isolation::Serializable,
+            dmem_lotus::Isolation::Snapshot => dmem_txn::Isolation::Snapshot,
+        }
+    }
+
+    fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
+        MvccDeploy::mn_bytes(spec, mns, spec.log_region_bytes)
+    }
+
+    fn deploy(
+        &self,
+        sim: &Rc<Sim>,
+        spec: &DeploySpec,
+        history: Rc<RefCell<History>>,
+    ) -> Result<Box<dyn Deployment>, DeployError> {
+        let base = MvccDeploy::new(sim, spec, history, spec.log_region_bytes)?;
+        let cns = sim.cn_count();
+        let threads = sim.threads_per_cn();
+        let mut sharding = Sharding::new(spec.critical_fields.clone());
+        sharding.random = self.random_sharding;
+        let map = Rc::new(RefCell::new(ShardMap::new(cns)));
+        // Slots are occupied by held locks (a few per running transaction), not records:
+        // the paper's 32 MB, or 16 B per record for data sets small enough that 32 MB per
+        // CN would only cost the simulator memory and time (at least 64 KiB).
+        let records: u64 = spec.tables.iter().map(|t| t.expected_records).sum();
+        let table_bytes = usize::try_from(records.saturating_mul(16))
+            .unwrap_or(usize::MAX)
+            .clamp(64 << 10, self.lock_table_bytes.max(64 << 10));
+        let locks: Vec<Rc<CnLocks>> = (0..cns)
+            .map(|c| Rc::new(CnLocks::new(c, table_bytes)))
+            .collect();
+        let mut servers = Vec::new();
+        let mut contexts = Vec::new();
+        for c in 0..cns {
+            let mut row = Vec::new();
+            for t in 0..threads {
+                let ctx = sim.context(sim.cn(c), t)?;
+                row.push(dmem_verbs::Verbs::local_endpoint(&ctx));
+                contexts.push((c, ctx));
+            }
+            servers.push(row);
+        }
+        let cluster = Rc::new(LockCluster::new(
+            locks,
+            servers,
+            Rc::clone(&map),
+            sharding.clone(),
+            self.lock_cpu_ns,
+        ));
+        for (c, ctx) in contexts {
+            let task = serve(
+                ctx.clone(),
+                Rc::clone(&cluster),
+                Rc::clone(&cluster.cns[usize::from(c)]),
+            );
+            sim.spawn(&ctx, task);
+        }
+        let router: Option<Rc<dyn Router>> = (!self.no_routing).then(|| {
+            Rc::new(LotusRouter {
+                map: Rc::clone(&map),
+                sharding,
+            }) as Rc<dyn Router>
+        });
+        Ok(Box::new(LotusDeployment {
+            config: self.config,
+            early_unlock: self.early_unlock,
+            base,
+            cluster,
+            router,
+            placed: Vec::new(),
+            paused: Rc::new(Cell::new(false)),
+            events: Rc::new(RefCell::new(Vec::new())),
+            error: Rc::new(RefCell::new(None)),
+        }))
+    }
+}
+
+/// Hybrid routing (LOTUS §4.3) over the deployment's shard map.
+struct LotusRouter {
+    map: Rc<RefCell<ShardMap>>,
+    sharding: Sharding,
+}
+
+impl Router for LotusRouter {
+    fn route(&self, kind: TxnKind, first: Option<(TableId, Key)>, random: u64) -> Option<u16> {
+        self.map.borrow().route(&self.sharding, kind, first, random)
+    }
+}
+
+/// LOTUS on one simulated cluster.
+struct LotusDeployment {
+    config: LotusConfig,
+    early_unlock: bool,
+    base: MvccDeploy,
+    cluster: Rc<LockCluster>,
+    router: Option<Rc<dyn Router>>,
+    /// Coordinator ids and the CN (index) each runs on.
+    placed: Vec<(u16, u16)>,
+    paused: Rc<Cell<bool>>,
+    events: Rc<RefCell<Vec<RecoveryEvent>>>,
+    error: Rc<RefCell<Option<String>>>,
+}
+
+/// Writes recovery's decision into the history (the coordinator's transaction recorded
+/// `Unknown` after its commit timestamp): committed if rolled forward, aborted with nothing
+/// installed otherwise.
+fn settle(history: &RefCell<History>, coordinator: u16, decided: Decided, now: u64) -> bool {
+    let mut h = history.borrow_mut();
+    let mut changed = false;
+    for t in h.txns.iter_mut().filter(|t| {
+        t.id.coordinator.0 == u32::from(coordinator) && t.outcome == TxnOutcome::Unknown
+    }) {
+        changed = true;
+        match decided {
+            Decided::RolledForward { txn, .. } if txn == t.id => {
+                t.outcome = TxnOutcome::Committed;
+                t.end = now;
+            }
+            _ => {
+                t.outcome = TxnOutcome::Aborted;
+                t.writes.clear();
+            }
+        }
+    }
+    changed
+}
+
+impl LotusDeployment {
+    /// LOTUS §6 for CN `cn` (index), failed: transactions decided from commit logs, then
+    /// its locks released on every survivor, then its shards served again from empty
+    /// tables (by survivors: the simulator does not restart CNs).
+    #[allow(clippy::too_many_arguments)]
+    async fn recover_cn(
+        c: &SimContext,
+        sim: &Rc<Sim>,
+        cluster: &LockCluster,
+        store: &dmem_store::Store,
+        shapes: &dmem_motor::mvcc::Shapes,
+        history: &RefCell<History>,
+        ids: &[u16],
+        cn: u16,
+        early_unlock: bool,
+        poll: u64,
+    ) -> Result<RecoveryEvent, String> {
+        let node = sim.cn(cn);
+        let detected_at = c.now();
+        // Cut the CN off every MN: no late WRITE of it lands after its logs are read.
+        for mn in 0..sim.mn_count() {
+            SimLinkTerminator(Rc::clone(sim)).terminate(sim.mn(mn), node);
+        }
+        let terminated_at = c.now();
+        let release = || {
+            let mut n = 0;
+            for (i, t) in cluster.cns.iter().enumerate() {
+                if i != usize::from(cn) {
+                    t.table.fence(cn);
+                    n += t.table.release_cn(cn);
+                }
+            }
+            n
+        };
+        let mut unlocked = if early_unlock { release() } else { 0 };
+        // Every coordinator of the CN at once: three round trips (`recover_coordinators`).
+        let decisions = recover_coordinators(c, store, shapes, ids)
+            .await
+            .map_err(|e| format!("recovering CN {cn}'s coordinators: {e}"))?;
+        let mut coordinators = Vec::new();
+        for (&id, &decided) in ids.iter().zip(&decisions) {
+            let in_flight = settle(history, id, decided, c.now());
+            let (txn, decision, restored) = match decided {
+                Decided::Nothing => (None, None, 0),
+                // The last logged transaction had finished: nothing was in flight.
+                Decided::RolledForward { cells: 0, .. } if !in_flight => (None, None, 0),
+                Decided::RolledForward { txn, cells, .. } => {
+                    (Some(txn.seq), Some(Decision::RollForward), cells)
+                }
+                Decided::RolledBack { txn, cells } => {
+                    (Some(txn.seq), Some(Decision::RollBack), cells)
+                }
+            };
+            coordinators.push(RecoveredCoordinator {
+                coordinator: id,
+                txn,
+                decision,
+                restored,
+                unlocked: 0,
+            });
+        }
+        let logs_recovered_at = c.now();
+        if !early_unlock {
+            unlocked = release();
+        }
+        if let Some(first) = coordinators.first_mut() {
+            first.unlocked = unlocked;
+        }
+        // Survivors' transactions already committing with locks of the failed CN finish
+        // first; the others abort when they reach commit.
+        while cluster.committing.borrow()[usize::from(cn)] > 0 {
+            c.sleep(poll).await;
+        }
+        // The failed CN's lock table is not rebuilt: its shards start empty elsewhere.
+        let live: Vec<u16> = (0..sim.cn_count())
+            .filter(|&x| !cluster.is_failed(x) && !sim.is_crashed(sim.cn(x)))
+            .collect();
+        if !live.is_empty() {
+            let mut map = cluster.map.borrow_mut();
+            for (i, s) in map.shards_of(cn).into_iter().enumerate() {
+                map.assign(s, live[i % live.len()]);
+            }
+        }
+        Ok(RecoveryEvent {
+            cn: node,
+            detected_at,
+            terminated_at,
+            logs_recovered_at,
+            finished_at: c.now(),
+            coordinators,
+            scanned_locks: 0,
+        })
+    }
+}
+
+impl Deployment for LotusDeployment {
+    fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
+        self.base.load(table, key, value)
+    }
+
+    fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        let cache = self.base.cache_of(ctx.node());
+        let ts = SyncedClock::new(ctx.clone(), ctx.node(), id, self.config.epsilon);
+        let cn = ctx.node().0 - self.base.sim.mn_count();
+        let thread = ctx.thread();
+        self.placed.push((id, cn));
+        Ok(Box::new(LotusCoordinator::new(
+            ctx,
+            cn,
+            thread,
+            Rc::clone(&self.cluster),
+            Rc::clone(&self.base.store),
+            Rc::clone(&self.base.shapes),
+            self.config,
+            id,
+            cache,
+            Rc::clone(&self.base.history),
+            ts,
+        )))
+    }
+
+    /// The membership service is an oracle (as `dmem-occ`'s detector): every `poll` the
+    /// task on `recovery_cn` asks the simulator which CNs crashed.
+    fn start_recovery(
+        &mut self,
+        sim: &Rc<Sim>,
+        recovery_cn: u16,
+        timing: RecoveryTiming,
+    ) -> Result<(), DeployError> {
+        let ctx = sim.context(sim.cn(recovery_cn), 0)?;
+        let (sim2, cluster, store, shapes, history) = (
+            Rc::clone(sim),
+            Rc::clone(&self.cluster),
+            Rc::clone(&self.base.store),
+            Rc::clone(&self.base.shapes),
+            Rc::clone(&self.base.history),
+        );
+        let (events, error) = (Rc::clone(&self.events), Rc::clone(&self.error));
+        let placed = self.placed.clone();
+        let early_unlock = self.early_unlock;
+        let c = ctx.clone();
+        sim.spawn(&ctx, async move {
+            while c.now() < timing.until {
+                for cn in 0..sim2.cn_count() {
+                    if cluster.is_failed(cn) || !sim2.is_crashed(sim2.cn(cn)) {
+                        continue;
+                    }
+                    let ids: Vec<u16> = placed
+                        .iter()
+                        .filter(|(_, x)| *x == cn)
+                        .map(|(id, _)| *id)
+                        .collect();
+                    // Declared failed now; recovered by its own task, so that concurrent
+                    // failures are recovered in parallel (§6 "Remarks").
+                    cluster.failed.borrow_mut().push(cn);
+                    let Ok(rc) = sim2.context(sim2.cn(recovery_cn), 0) else {
+                        *error.borrow_mut() = Some("no context for recovery".to_owned());
+                        continue;
+                    };
+                    let (sim3, cluster, store, shapes, history, events, error) = (
+                        Rc::clone(&sim2),
+                        Rc::clone(&cluster),
+                        Rc::clone(&store),
+                        Rc::clone(&shapes),
+                        Rc::clone(&history),
+                        Rc::clone(&events),
+                        Rc::clone(&error),
+                    );
+                    let rc2 = rc.clone();
+                    sim2.spawn(&rc, async move {
+                        match Self::recover_cn(
+                            &rc2,
+                            &sim3,
+                            &cluster,
+                            &store,
+                            &shapes,
+                            &history,
+                            &ids,
+                            cn,
+                            early_unlock,
+                            timing.poll,
+                        )
+                        .await
+                        {
+                            Ok(ev) => events.borrow_mut().push(ev),
+                            Err(e) => *error.borrow_mut() = Some(e),
+                        }
+                    });
+                }
+                c.sleep(timing.poll).await;
+            }
+        });
+        Ok(())
+    }
+
+    fn final_coordinator(
+        &mut self,
+        ctx: SimContext,
+        id: u16,
+    ) -> Result<BoxCoordinator, DeployError> {
+        self.coordinator(ctx, id)
+    }
+
+    fn recovery_events(&self) -> Vec<RecoveryEvent> {
+        self.events.borrow().clone()
+    }
+
+    fn recovery_error(&self) -> Option<String> {
+        self.error.borrow().clone()
+    }
+
+    fn paused(&self) -> Rc<Cell<bool>> {
+        Rc::clone(&self.paused)
+    }
+
+    fn scan_cost(&self) -> Option<(u64, u64)> {
+        self.base.scan_cost()
+    }
+
+    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
+        self.base.read_final(table, key)
+    }
+
+    fn counter(&self, name: &str) -> Option<u64> {
+        let sum = |f: fn((u64, u64, u64)) -> u64| {
+            self.cluster.cns.iter().map(|c| f(c.served.get())).sum()
+        };
+        match name {
+            "lock_messages_served" => Some(sum(|s| s.0)),
+            "lock_requests_granted" => Some(sum(|s| s.1)),
+            "lock_requests_refused" => Some(sum(|s| s.2)),
+            _ => None,
+        }
+    }
+
+    fn router(&self) -> Option<Rc<dyn Router>> {
+        self.router.clone()
+    }
+}
