@@ -64,6 +64,10 @@ pub(crate) struct Args {
     /// coordinator CNs, so half of the coordinators; needs an even --cns).
     #[arg(long, value_enum, default_value = "cn")]
     crash: Crash,
+    /// Instead of --crash: the last N coordinator CNs crash at once (LOTUS §8.4 crashes 3 of
+    /// 9); at least one CN must survive.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    crash_cns: Option<u16>,
     /// When the crash happens, ms of virtual time from the start.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     crash_at_ms: u64,
@@ -129,10 +133,17 @@ impl Args {
             "--cns must be at least 2: one CN crashes, another keeps running"
         );
         ensure!(
-            crash == Crash::OneCn || self.cns.is_multiple_of(2),
+            crash == Crash::OneCn || self.crash_cns.is_some() || self.cns.is_multiple_of(2),
             "--crash half needs an even --cns (got {})",
             self.cns
         );
+        if let Some(n) = self.crash_cns {
+            ensure!(
+                n < self.cns,
+                "--crash-cns {n} leaves no CN running with --cns {}: give fewer than --cns",
+                self.cns
+            );
+        }
         ensure!(
             self.detect_timeout_us > self.heartbeat_us,
             "--detect-timeout-us ({}) must exceed --heartbeat-us ({}), or live CNs are suspected",
@@ -187,6 +198,9 @@ impl Args {
 
     /// The CN indices that crash.
     fn crashed_cns(&self, crash: Crash) -> std::ops::Range<u16> {
+        if let Some(n) = self.crash_cns {
+            return self.cns - n..self.cns;
+        }
         match crash {
             Crash::OneCn => self.cns - 1..self.cns,
             Crash::Half => self.cns / 2..self.cns,
@@ -568,9 +582,10 @@ fn build_report(
         protocol: args.protocol.clone(),
         workload: args.workload.name().to_string(),
         scale: args.scale.name().to_string(),
-        crash: match args.crash {
-            Crash::OneCn => "cn".to_string(),
-            Crash::Half => "half".to_string(),
+        crash: match (args.crash_cns, args.crash) {
+            (Some(n), _) => format!("{n} cns"),
+            (None, Crash::OneCn) => "cn".to_string(),
+            (None, Crash::Half) => "half".to_string(),
         },
         cns: args.cns,
         crashed_cns: crashed as u16,

@@ -76,6 +76,16 @@ const BAD: &[&[&str]] = &[
     &["litmus", "--protocol", "pandora", "--litmus", "1,1"],
     &["litmus"],
     // recover
+    &[
+        "recover",
+        "--protocol",
+        "lotus",
+        "--cns",
+        "3",
+        "--crash-cns",
+        "3",
+    ],
+    &["recover", "--crash-cns", "0"],
     &["recover", "--crash", "rack"],
     &["recover", "--cns", "1"],
     &["recover", "--crash", "half", "--cns", "3"],
