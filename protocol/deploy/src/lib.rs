@@ -28,7 +28,7 @@ use std::rc::Rc;
 
 pub use cluster::{ClusterShape, Deployed, SimLinkTerminator, deploy_loaded};
 pub use dmem_store::TableDemand;
-pub use oracle::{OracleState, settle_history, spawn_oracle_recovery};
+pub use oracle::{OracleState, settle_history, spawn_crash_watch, spawn_oracle_recovery};
 pub use registry::{Family, Registry};
 
 use dmem_sim::{Sim, SimContext, SimError};

@@ -66,12 +66,53 @@ pub struct OracleState {
     pub error: Rc<RefCell<Option<String>>>,
 }
 
-/// Spawns the oracle recovery task on CN `recovery_cn` (thread 0). Every `timing.poll` of
-/// virtual time until `timing.until` it asks `coordinators()` for the `(coordinator id, CN)` pairs of the
-/// run; for each CN that crashed since, it revokes the CN's access at every MN, awaits
-/// `recover(ctx, id)` for each of its coordinators (in id order), settles the history with
-/// each result ([`settle_history`]) and pushes a [`RecoveryEvent`] to `state.events`. A
-/// failed `recover` is stored in `state.error` (the first one) and the task goes on.
+/// Spawns the oracle failure detector on CN `recovery_cn` (thread 0): every `timing.poll` of
+/// virtual time until `timing.until` it asks `cns()` for the CNs to watch, and for each one
+/// that crashed since, spawns `on_crash(ctx, cn)` as a task of its own on the recovery CN,
+/// so that concurrent failures are recovered in parallel. Each CN is reported once.
+///
+/// # Errors
+/// [`DeployError::Sim`] if the recovery CN has no context.
+pub fn spawn_crash_watch<C, F, Fut>(
+    sim: &Rc<Sim>,
+    recovery_cn: u16,
+    timing: RecoveryTiming,
+    cns: C,
+    on_crash: F,
+) -> Result<(), DeployError>
+where
+    C: Fn() -> Vec<NodeId> + 'static,
+    F: Fn(SimContext, NodeId) -> Fut + 'static,
+    Fut: Future<Output = ()> + 'static,
+{
+    let ctx = sim.context(sim.cn(recovery_cn), 0)?;
+    let sim2 = Rc::clone(sim);
+    let c = ctx.clone();
+    sim.spawn(&ctx, async move {
+        let mut done: Vec<NodeId> = Vec::new();
+        while c.now() < timing.until {
+            let mut watched = cns();
+            watched.sort_unstable();
+            watched.dedup();
+            for cn in watched {
+                if done.contains(&cn) || !sim2.is_crashed(cn) {
+                    continue;
+                }
+                done.push(cn);
+                sim2.spawn(&c, on_crash(c.clone(), cn));
+            }
+            c.sleep(timing.poll).await;
+        }
+    });
+    Ok(())
+}
+
+/// Oracle recovery for protocols that recover coordinator by coordinator: a
+/// [`spawn_crash_watch`] over the CNs of `coordinators()` (`(coordinator id, CN)` pairs)
+/// whose task per crashed CN revokes the CN's access at every MN, awaits `recover(ctx, id)`
+/// for each of its coordinators (in id order), settles the history with each result
+/// ([`settle_history`]) and pushes a [`RecoveryEvent`] to `state.events`. A failed `recover`
+/// is stored in `state.error` (the first one) and recovery goes on.
 ///
 /// # Errors
 /// [`DeployError::Sim`] if the recovery CN has no context.
@@ -88,31 +129,35 @@ where
     C: Fn() -> Vec<(u16, NodeId)> + 'static,
     R: AsyncFn(&SimContext, u16) -> Result<RecoveredCoordinator, String> + 'static,
 {
-    let ctx = sim.context(sim.cn(recovery_cn), 0)?;
-    let sim2 = Rc::clone(sim);
+    let coordinators = Rc::new(coordinators);
+    let recover = Rc::new(recover);
     let (events, error) = (Rc::clone(&state.events), Rc::clone(&state.error));
-    let c = ctx.clone();
-    sim.spawn(&ctx, async move {
-        let mut done: Vec<NodeId> = Vec::new();
-        while c.now() < timing.until {
-            let all = coordinators();
-            let mut cns: Vec<NodeId> = all.iter().map(|&(_, n)| n).collect();
-            cns.sort_unstable();
-            cns.dedup();
-            for cn in cns {
-                if done.contains(&cn) || !sim2.is_crashed(cn) {
-                    continue;
-                }
-                done.push(cn);
+    let sim2 = Rc::clone(sim);
+    let watched = Rc::clone(&coordinators);
+    spawn_crash_watch(
+        sim,
+        recovery_cn,
+        timing,
+        move || watched().into_iter().map(|(_, n)| n).collect(),
+        move |c: SimContext, cn: NodeId| {
+            let (sim2, coordinators, recover, history, events, error) = (
+                Rc::clone(&sim2),
+                Rc::clone(&coordinators),
+                Rc::clone(&recover),
+                Rc::clone(&history),
+                Rc::clone(&events),
+                Rc::clone(&error),
+            );
+            async move {
                 let detected_at = c.now();
                 for mn in 0..sim2.mn_count() {
                     SimLinkTerminator(Rc::clone(&sim2)).terminate(sim2.mn(mn), cn);
                 }
                 let terminated_at = c.now();
-                let mut ids: Vec<u16> = all
-                    .iter()
-                    .filter(|&&(_, n)| n == cn)
-                    .map(|&(id, _)| id)
+                let mut ids: Vec<u16> = coordinators()
+                    .into_iter()
+                    .filter(|&(_, n)| n == cn)
+                    .map(|(id, _)| id)
                     .collect();
                 ids.sort_unstable();
                 let mut recovered = Vec::new();
@@ -140,8 +185,6 @@ where
                     scanned_locks: 0,
                 });
             }
-            c.sleep(timing.poll).await;
-        }
-    });
-    Ok(())
+        },
+    )
 }

@@ -344,7 +344,6 @@ impl Deployment for LotusDeployment {
         recovery_cn: u16,
         timing: RecoveryTiming,
     ) -> Result<(), DeployError> {
-        let ctx = sim.context(sim.cn(recovery_cn), 0)?;
         let (sim2, cluster, store, shapes, history) = (
             Rc::clone(sim),
             Rc::clone(&self.cluster),
@@ -353,61 +352,60 @@ impl Deployment for LotusDeployment {
             Rc::clone(&self.base.history),
         );
         let (events, error) = (Rc::clone(&self.events), Rc::clone(&self.error));
-        let placed = self.placed.clone();
+        let placed = Rc::new(self.placed.clone());
         let early_unlock = self.early_unlock;
-        let c = ctx.clone();
-        sim.spawn(&ctx, async move {
-            while c.now() < timing.until {
-                for cn in 0..sim2.cn_count() {
-                    if cluster.is_failed(cn) || !sim2.is_crashed(sim2.cn(cn)) {
-                        continue;
+        let watched = Rc::clone(sim);
+        // One recovery task per failed CN, so that concurrent failures are recovered in
+        // parallel (§6 "Remarks").
+        dmem_deploy::spawn_crash_watch(
+            sim,
+            recovery_cn,
+            timing,
+            move || (0..watched.cn_count()).map(|i| watched.cn(i)).collect(),
+            move |rc: SimContext, node: dmem_verbs::NodeId| {
+                let (sim3, cluster, store, shapes, history, events, error, placed) = (
+                    Rc::clone(&sim2),
+                    Rc::clone(&cluster),
+                    Rc::clone(&store),
+                    Rc::clone(&shapes),
+                    Rc::clone(&history),
+                    Rc::clone(&events),
+                    Rc::clone(&error),
+                    Rc::clone(&placed),
+                );
+                async move {
+                    let Some(cn) = (0..sim3.cn_count()).find(|&i| sim3.cn(i) == node) else {
+                        return;
+                    };
+                    if cluster.is_failed(cn) {
+                        return;
                     }
                     let ids: Vec<u16> = placed
                         .iter()
                         .filter(|(_, x)| *x == cn)
                         .map(|(id, _)| *id)
                         .collect();
-                    // Declared failed now; recovered by its own task, so that concurrent
-                    // failures are recovered in parallel (§6 "Remarks").
                     cluster.failed.borrow_mut().push(cn);
-                    let Ok(rc) = sim2.context(sim2.cn(recovery_cn), 0) else {
-                        *error.borrow_mut() = Some("no context for recovery".to_owned());
-                        continue;
-                    };
-                    let (sim3, cluster, store, shapes, history, events, error) = (
-                        Rc::clone(&sim2),
-                        Rc::clone(&cluster),
-                        Rc::clone(&store),
-                        Rc::clone(&shapes),
-                        Rc::clone(&history),
-                        Rc::clone(&events),
-                        Rc::clone(&error),
-                    );
-                    let rc2 = rc.clone();
-                    sim2.spawn(&rc, async move {
-                        match Self::recover_cn(
-                            &rc2,
-                            &sim3,
-                            &cluster,
-                            &store,
-                            &shapes,
-                            &history,
-                            &ids,
-                            cn,
-                            early_unlock,
-                            timing.poll,
-                        )
-                        .await
-                        {
-                            Ok(ev) => events.borrow_mut().push(ev),
-                            Err(e) => *error.borrow_mut() = Some(e),
-                        }
-                    });
+                    match Self::recover_cn(
+                        &rc,
+                        &sim3,
+                        &cluster,
+                        &store,
+                        &shapes,
+                        &history,
+                        &ids,
+                        cn,
+                        early_unlock,
+                        timing.poll,
+                    )
+                    .await
+                    {
+                        Ok(ev) => events.borrow_mut().push(ev),
+                        Err(e) => *error.borrow_mut() = Some(e),
+                    }
                 }
-                c.sleep(timing.poll).await;
-            }
-        });
-        Ok(())
+            },
+        )
     }
 
     fn final_coordinator(
