@@ -142,6 +142,10 @@ pub struct Args {
     /// Compute nodes (CNs × threads × coroutines must stay below 65535).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=4096))]
     cns: u16,
+    /// Servers of a symmetric protocol (dnl-4, dnl-2, dnl-1, fasst: every server is both
+    /// coordinator and storage; they replace --mns and --cns for it).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    servers: u16,
     /// Threads (cores) per CN.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: u16,
@@ -221,8 +225,9 @@ impl Args {
             "--protocol needs at least one protocol name"
         );
         common::no_duplicates("protocol", &self.protocol)?;
-        let coordinators =
-            u32::from(self.cns) * u32::from(self.threads) * u32::from(self.coroutines);
+        let coordinators = u32::from(self.cns.max(self.servers))
+            * u32::from(self.threads)
+            * u32::from(self.coroutines);
         ensure!(
             coordinators < u32::from(u16::MAX),
             "{coordinators} coordinators exceed the 16-bit coordinator ids: lower --cns, --threads or --coroutines"
@@ -313,7 +318,10 @@ fn run_protocol(
     protocol: &str,
 ) -> anyhow::Result<Row> {
     let p = registry.get(protocol)?;
-    let cfg = args.config(profile);
+    let mut cfg = args.config(profile);
+    if p.symmetric() {
+        cfg.shape = cfg.shape.symmetric(args.servers);
+    }
     let warm_up_end = cfg.duration / 10;
     let progress = common::progress(
         (warm_up_end + cfg.duration) / 1_000,
@@ -407,13 +415,14 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
     }
     if !args.json {
         println!(
-            "dmem bench  workload {} ({} scale, {:.1} MB of values)  sim {}  {} MN  {} CN x {} threads x {} coroutines  {} ms  seed {}",
+            "dmem bench  workload {} ({} scale, {:.1} MB of values)  sim {}  {} MN  {} CN ({} servers if symmetric) x {} threads x {} coroutines  {} ms  seed {}",
             args.workload.name(),
             scale.name(),
             workload.value_bytes() as f64 / 1e6,
             profile.name,
             args.mns,
             args.cns,
+            args.servers,
             args.threads,
             args.coroutines,
             args.duration_ms,

@@ -15,6 +15,13 @@
 //! * `pandora-lock-logging` — Pandora with traditional "log before lock" (Pandora §6.1);
 //! * `ford:BUG[+BUG]` — FORD with bugs of Table 1 switched on (`ford:covert-locks`);
 //! * `motor`, `motor-si` — Motor under SR and SI (LOTUS §2.2, §8; `dmem-motor`);
+//! * `dnl-4`, `dnl-2`, `dnl-1` — Dandelion's three commit protocols (Dandelion §4.2.3,
+//!   Table 4) on symmetric servers with network batching, hashtable batching and local
+//!   reads (`dmem-dandelion`);
+//! * `fasst` — the FaSST baseline: Dnl-4's commit with one message per packet, one
+//!   hashtable request at a time and no local backup reads (Dandelion §7);
+//! * `dnl:P[+FLAG]` — Dandelion varied for the ablation (`dnl:4+no-net-batch`, see
+//!   [`DandelionProtocol::parse_flags`]);
 //! * `motor:FLAG[+FLAG]` — Motor with switches: `si`, `no-cas` (unsafe, for the LOTUS §2.2
 //!   motivation only), `skip-newer-abort` (a planted bug for the litmus suite).
 //!
@@ -26,6 +33,7 @@
 //! termination) stays here, out of `dmem-ford`'s protocol modules.
 #![forbid(unsafe_code)]
 
+pub mod dandelion;
 pub mod ford;
 pub mod motor;
 pub mod occ_family;
@@ -35,6 +43,7 @@ use std::sync::Arc;
 use dmem_deploy::{Protocol, Registry};
 use dmem_ford::{BugSet, ProtocolConfig};
 
+pub use dandelion::DandelionProtocol;
 pub use ford::FordProtocol;
 pub use motor::MotorProtocol;
 
@@ -81,6 +90,22 @@ pub fn registry() -> Registry {
         Box::new(|params: &str| {
             let cfg = MotorProtocol::parse_flags(params)?;
             Ok(Arc::new(MotorProtocol::new(&format!("motor:{params}"), cfg)) as Arc<dyn Protocol>)
+        }),
+    );
+    for (name, config) in [
+        ("dnl-4", dmem_dandelion::DnlConfig::dnl_4()),
+        ("dnl-2", dmem_dandelion::DnlConfig::dnl_2()),
+        ("dnl-1", dmem_dandelion::DnlConfig::dnl_1()),
+        ("fasst", dmem_dandelion::DnlConfig::fasst()),
+    ] {
+        let _ = r.register(DandelionProtocol::new(name, config));
+    }
+    let _ = r.register_family(
+        "dnl",
+        "dnl:P[+FLAG]",
+        Box::new(|params: &str| {
+            let cfg = DandelionProtocol::parse_flags(params)?;
+            Ok(Arc::new(DandelionProtocol::new(&format!("dnl:{params}"), cfg)) as Arc<dyn Protocol>)
         }),
     );
     let _ = r.register_family(

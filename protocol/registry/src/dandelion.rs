@@ -1,0 +1,253 @@
+//! Dandelion (Dnl-4, Dnl-2, Dnl-1) and FaSST as symmetric [`Protocol`]s on the simulated
+//! cluster: every CN is a server (coordinator and storage), the MNs stay idle.
+//!
+//! At deployment every server thread gets a context, an endpoint and a `RunIteration` loop
+//! task ([`dmem_dandelion::Worker::run`]); records are loaded into the stores of their R
+//! replicas; a coordinator made on a CN context runs on that server thread's worker.
+//!
+//! Recovery (Dandelion §4.4) is not built: [`Deployment::start_recovery`] says so.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use dmem_dandelion::{Bugs, Cluster, DnlConfig, DnlCoordinator, Worker};
+use dmem_deploy::{DeployError, DeploySpec, Deployment, Protocol, RecoveryEvent, RecoveryTiming};
+use dmem_sim::{NicProfile, Sim, SimContext};
+use dmem_txn::{BoxCoordinator, History, Key, TableId};
+use dmem_verbs::Verbs;
+
+/// A Dandelion configuration under a registered name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DandelionProtocol {
+    name: String,
+    config: DnlConfig,
+}
+
+impl DandelionProtocol {
+    /// `config` registered as `name`.
+    #[must_use]
+    pub fn new(name: &str, config: DnlConfig) -> Self {
+        Self {
+            name: name.to_owned(),
+            config,
+        }
+    }
+
+    /// Its configuration.
+    #[must_use]
+    pub fn config(&self) -> DnlConfig {
+        self.config
+    }
+
+    /// A variant by flags after `dnl:` — `4`, `2` or `1` first (the commit protocol), then
+    /// any of `no-net-batch`, `no-ht-batch`, `no-local-reads`, `no-get-one`, `batch=N`,
+    /// `r=N`, `skip-readable` (a planted bug), joined by `+`.
+    ///
+    /// # Errors
+    /// A line naming the unknown flag.
+    pub fn parse_flags(params: &str) -> Result<DnlConfig, String> {
+        let mut flags = params.split('+');
+        let mut config = match flags.next() {
+            Some("4") => DnlConfig::dnl_4(),
+            Some("2") => DnlConfig::dnl_2(),
+            Some("1") => DnlConfig::dnl_1(),
+            Some("fasst") => DnlConfig::fasst(),
+            other => {
+                return Err(format!(
+                    "`{}`: the first parameter is the protocol, 4, 2, 1 or fasst",
+                    other.unwrap_or("")
+                ));
+            }
+        };
+        for flag in flags {
+            match flag {
+                "no-net-batch" => config.network_batching = false,
+                "net-batch" => config.network_batching = true,
+                "no-ht-batch" => config.hashtable_batching = false,
+                "ht-batch" => config.hashtable_batching = true,
+                "no-local-reads" => config.local_reads = false,
+                "local-reads" => config.local_reads = true,
+                "no-get-one" => config.get_one = false,
+                "skip-readable" => {
+                    config.bugs = Bugs {
+                        skip_readable: true,
+                    }
+                }
+                other => {
+                    let (key, value) = other.split_once('=').ok_or_else(|| unknown(other))?;
+                    let n: u16 = value
+                        .parse()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| format!("`{other}`: expected a positive number"))?;
+                    match key {
+                        "batch" => config.max_batch = n,
+                        "r" => config.replication = n,
+                        _ => return Err(unknown(other)),
+                    }
+                }
+            }
+        }
+        Ok(config)
+    }
+}
+
+fn unknown(flag: &str) -> String {
+    format!(
+        "unknown flag `{flag}`: use no-net-batch, no-ht-batch, no-local-reads, no-get-one, batch=N, r=N or skip-readable"
+    )
+}
+
+impl Protocol for DandelionProtocol {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn symmetric(&self) -> bool {
+        true
+    }
+
+    fn mn_bytes_per_mn(&self, _: &DeploySpec, _: u16) -> Result<u64, DeployError> {
+        // Nothing lives on MNs: servers hold their data in their own memory.
+        Ok(0)
+    }
+
+    fn deploy(
+        &self,
+        sim: &Rc<Sim>,
+        _spec: &DeploySpec,
+        history: Rc<RefCell<History>>,
+    ) -> Result<Box<dyn Deployment>, DeployError> {
+        let (servers, threads) = (sim.cn_count(), sim.threads_per_cn());
+        let mut contexts = Vec::new();
+        for s in 0..servers {
+            let mut per_thread = Vec::new();
+            for t in 0..threads {
+                per_thread.push(sim.context(sim.cn(s), t)?);
+            }
+            contexts.push(per_thread);
+        }
+        let endpoints = contexts
+            .iter()
+            .map(|ts| ts.iter().map(Verbs::local_endpoint).collect())
+            .collect();
+        let cluster = Rc::new(Cluster::new(endpoints, self.config));
+        // A packet is at most one two-sided message (the profile's MTU-sized limit).
+        let packet_limit = max_packet(&sim.profile());
+        let mut workers = Vec::new();
+        for (s, ts) in contexts.into_iter().enumerate() {
+            let mut per_thread = Vec::new();
+            for (t, ctx) in ts.into_iter().enumerate() {
+                let w = Worker::new(ctx.clone(), s as u16, t, Rc::clone(&cluster), packet_limit);
+                sim.spawn(&ctx, Rc::clone(&w).run());
+                per_thread.push(w);
+            }
+            workers.push(per_thread);
+        }
+        Ok(Box::new(DandelionDeployment {
+            name: self.name.clone(),
+            mns: sim.mn_count(),
+            cluster,
+            workers,
+            history,
+            paused: Rc::new(Cell::new(false)),
+        }))
+    }
+}
+
+/// The largest packet: one MTU-sized message.
+fn max_packet(profile: &NicProfile) -> usize {
+    profile.mtu.min(profile.max_message_bytes) as usize
+}
+
+/// Dandelion on one simulated cluster.
+struct DandelionDeployment {
+    name: String,
+    mns: u16,
+    cluster: Rc<Cluster>,
+    workers: Vec<Vec<Rc<Worker<SimContext>>>>,
+    history: Rc<RefCell<History>>,
+    paused: Rc<Cell<bool>>,
+}
+
+impl DandelionDeployment {
+    fn make(&self, ctx: &SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        let server = usize::from(ctx.node().0 - self.mns);
+        let worker = self
+            .workers
+            .get(server)
+            .and_then(|ts| ts.get(usize::from(ctx.thread())))
+            .ok_or_else(|| DeployError::Protocol {
+                protocol: self.name.clone(),
+                reason: format!("no server thread for {ctx:?}"),
+            })?;
+        Ok(Box::new(DnlCoordinator::new(
+            Rc::clone(worker),
+            id,
+            Rc::clone(&self.history),
+        )))
+    }
+}
+
+impl Deployment for DandelionDeployment {
+    fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
+        self.cluster.load(table.0, key.0, value);
+        Ok(())
+    }
+
+    fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        self.make(&ctx, id)
+    }
+
+    fn start_recovery(
+        &mut self,
+        _sim: &Rc<Sim>,
+        _recovery_cn: u16,
+        _timing: RecoveryTiming,
+    ) -> Result<(), DeployError> {
+        Err(DeployError::Protocol {
+            protocol: self.name.clone(),
+            reason: "recovery (Dandelion §4.4) is not built yet".to_owned(),
+        })
+    }
+
+    fn final_coordinator(
+        &mut self,
+        ctx: SimContext,
+        id: u16,
+    ) -> Result<BoxCoordinator, DeployError> {
+        self.make(&ctx, id)
+    }
+
+    fn recovery_events(&self) -> Vec<RecoveryEvent> {
+        Vec::new()
+    }
+
+    fn recovery_error(&self) -> Option<String> {
+        None
+    }
+
+    fn paused(&self) -> Rc<Cell<bool>> {
+        Rc::clone(&self.paused)
+    }
+
+    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
+        self.cluster.read_final(table.0, key.0)
+    }
+
+    fn counter(&self, name: &str) -> Option<u64> {
+        let sum = |f: fn(dmem_dandelion::WorkerStats) -> u64| {
+            self.workers
+                .iter()
+                .flatten()
+                .map(|w| f(w.stats()))
+                .sum::<u64>()
+        };
+        match name {
+            "packets" => Some(sum(|s| s.packets)),
+            "messages" => Some(sum(|s| s.messages)),
+            "local_requests" => Some(sum(|s| s.local_requests)),
+            _ => None,
+        }
+    }
+}
