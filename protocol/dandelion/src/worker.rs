@@ -370,7 +370,7 @@ impl<V: Verbs + Clock> Worker<V> {
         reqs.iter().map(|r| store.handle(r)).collect()
     }
 
-    /// One `RunIteration` (§4.1 step 1 and 3, §5.1), starting with `first` if the loop
+    /// One `RunIteration` (§4.1 steps 1 and 3, §5.1), starting with `first` if the loop
     /// received it while waiting. Returns whether it did anything.
     ///
     /// # Errors
@@ -390,9 +390,8 @@ impl<V: Verbs + Clock> Worker<V> {
                 }
             }
         }
-        // 2. Send every buffered packet.
-        did |= self.flush().await?;
-        // 3. Poll and dispatch.
+        // 2. Poll and dispatch: requests run as one batch per packet, their responses join
+        // the packets buffered for their sources.
         let mut next = first;
         loop {
             let msg = match next.take() {
@@ -405,6 +404,9 @@ impl<V: Verbs + Clock> Worker<V> {
             did = true;
             self.dispatch(msg);
         }
+        // 3. Send every buffered packet (requests of the coroutines and the responses just
+        // made) with one doorbell. The paper sends before polling; over consecutive
+        // iterations the order is the same, and one doorbell per iteration instead of two.
         did |= self.flush().await?;
         if did {
             self.iterations.set(self.iterations.get() + 1);
