@@ -107,6 +107,12 @@ pub fn memory_estimate(
     // record covers the peak RSS measured at --scale small for every workload (TATP: 8.2 GB
     // for 975k records and 1.2 GB of regions; TPC-C: 19.8 GB for 4.4M records and 14 GB).
     let records: u64 = workload.tables().iter().map(|t| t.expected_records).sum();
+    if p.symmetric() {
+        // Servers hold every record R times in their own memory: 2 KiB per record bounds
+        // the peak RSS measured for dnl-4 on SmallBank at --scale small (90 MB for 200k
+        // records, history included).
+        return Ok(records.checked_mul(2 << 10));
+    }
     Ok(common::product(&[per_mn, u64::from(mns)])
         .and_then(|b| b.checked_add(b / 2))
         .and_then(|b| b.checked_add(records.checked_mul(8 << 10)?)))
@@ -216,6 +222,10 @@ pub struct Row {
     /// Share of committed read-only transactions that took no round trip beyond their
     /// execution rounds (no validation): for one-round ones, committed in one round trip.
     pub ro_one_rtt_share: Option<f64>,
+    /// Messages per packet, for protocols that batch RPCs (Dandelion).
+    pub msgs_per_packet: Option<f64>,
+    /// Mean packet payload, bytes, for protocols that batch RPCs.
+    pub packet_bytes: Option<f64>,
 }
 
 impl Args {
@@ -369,6 +379,8 @@ fn run_protocol(
             .collect(),
         ro_one_rtt_share: (r.ro_committed > 0)
             .then(|| round(r.ro_no_validation as f64 / r.ro_committed as f64, 4)),
+        msgs_per_packet: r.packets.map(|(m, _)| round(m, 2)),
+        packet_bytes: r.packets.map(|(_, b)| round(b, 1)),
     })
 }
 
@@ -441,6 +453,7 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             "MN busy",
             "rtts",
             "RO 1rt",
+            "msg/pkt",
             "checker / invariants",
         ]);
         for r in &rows {
@@ -458,6 +471,10 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
                 format!("{:.2}", r.rtts_per_txn.get("all").copied().unwrap_or(0.0)),
                 r.ro_one_rtt_share
                     .map_or_else(|| "-".to_owned(), |x| format!("{:.1}%", x * 100.0)),
+                r.msgs_per_packet.map_or_else(
+                    || "-".to_owned(),
+                    |m| format!("{m:.2} ({:.0} B)", r.packet_bytes.unwrap_or(0.0)),
+                ),
                 format!("{} / {}", r.checker, r.invariants),
             ]);
         }

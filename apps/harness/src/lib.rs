@@ -146,6 +146,10 @@ pub struct BenchResult {
     pub ro_committed: u64,
     /// See [`ro_committed`](Self::ro_committed).
     pub ro_no_validation: u64,
+    /// For a protocol that batches RPCs into packets (its deployment's `packets`,
+    /// `messages` and `packet_bytes` counters, over the whole run): messages per packet
+    /// and mean packet payload, bytes.
+    pub packets: Option<(f64, f64)>,
 }
 
 /// A coordinator that notes its context's post-list count when a transaction begins (see
@@ -454,6 +458,14 @@ pub fn run_bench(
         invariants,
         ro_committed: tally.ro.get().0,
         ro_no_validation: tally.ro.get().1,
+        packets: match (
+            deployment.counter("packets"),
+            deployment.counter("messages"),
+            deployment.counter("packet_bytes"),
+        ) {
+            (Some(p), Some(m), Some(b)) if p > 0 => Some((m as f64 / p as f64, b as f64 / p as f64)),
+            _ => None,
+        },
     })
 }
 

@@ -73,6 +73,7 @@ pub struct Net {
     order: Vec<(Endpoint, Flow, bool)>,
     sent_packets: u64,
     sent_messages: u64,
+    sent_bytes: u64,
 }
 
 impl Net {
@@ -91,6 +92,7 @@ impl Net {
             order: Vec::new(),
             sent_packets: 0,
             sent_messages: 0,
+            sent_bytes: 0,
         }
     }
 
@@ -111,10 +113,11 @@ impl Net {
         self.epoch = epoch;
     }
 
-    /// Packets and messages handed out by [`take_packets`](Self::take_packets) so far.
+    /// Packets, messages and packet bytes (frames, without transport headers) handed out
+    /// by [`take_packets`](Self::take_packets) so far.
     #[must_use]
-    pub fn sent(&self) -> (u64, u64) {
-        (self.sent_packets, self.sent_messages)
+    pub fn sent(&self) -> (u64, u64, u64) {
+        (self.sent_packets, self.sent_messages, self.sent_bytes)
     }
 
     /// Whether nothing is buffered.
@@ -204,6 +207,7 @@ impl Net {
                 debug_assert_eq!(len, bytes);
                 self.sent_packets += 1;
                 self.sent_messages += msgs.len() as u64;
+                self.sent_bytes += bytes as u64;
                 frames.push((to, frame));
             }
         }
@@ -265,7 +269,7 @@ mod tests {
         let first = parse(&frames[0].1).unwrap();
         assert_eq!((first.epoch, first.messages.len(), first.response), (7, 4, false));
         assert_eq!(first.messages[1], msg(2, 12));
-        assert_eq!(net.sent(), (4, 10));
+        assert_eq!(net.sent(), (4, 10, 2 * (16 + 4 * 20) + 2 * (16 + 20)));
         assert!(net.is_empty());
     }
 

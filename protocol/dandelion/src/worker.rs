@@ -184,6 +184,8 @@ pub struct WorkerStats {
     pub packets: u64,
     /// Messages sent in them.
     pub messages: u64,
+    /// Bytes of those packets (frames, without transport headers).
+    pub bytes: u64,
     /// Local hashtable requests.
     pub local_requests: u64,
 }
@@ -267,11 +269,12 @@ impl<V: Verbs + Clock> Worker<V> {
     /// Its counters.
     #[must_use]
     pub fn stats(&self) -> WorkerStats {
-        let (packets, messages) = self.net.borrow().sent();
+        let (packets, messages, bytes) = self.net.borrow().sent();
         WorkerStats {
             iterations: self.iterations.get(),
             packets,
             messages,
+            bytes,
             local_requests: self.local_requests.get(),
         }
     }

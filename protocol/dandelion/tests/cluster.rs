@@ -147,6 +147,7 @@ fn stats(run: &Run) -> WorkerStats {
         iterations: a.iterations + s.iterations,
         packets: a.packets + s.packets,
         messages: a.messages + s.messages,
+        bytes: a.bytes + s.bytes,
         local_requests: a.local_requests + s.local_requests,
     })
 }
@@ -214,4 +215,64 @@ fn a_single_key_read_commits_as_get_one() {
     let (v, stats) = got.borrow().unwrap();
     assert_eq!(v, START);
     assert_eq!((stats.committed, stats.get_ones), (1, 1));
+}
+
+/// GetOne at backups: a writer on a backup B1 of key K replicates to its own (local) copy
+/// first and to the other backup B2 a network hop later. Readers on B1 and B2 run
+/// single-key reads of K back to back. With the readable flag, B1's replicated copy is not
+/// readable until the writer committed, so no reader sees the new value and then the old
+/// one; with the planted bug (`skip_readable`) the checker finds that real-time anomaly.
+fn get_one_race(bugs: dmem_dandelion::Bugs) -> dmem_txn::Report {
+    let config = DnlConfig {
+        bugs,
+        ..DnlConfig::dnl_4()
+    };
+    let run = deploy(config, 3, 1, 9);
+    let p = run.cluster.placement;
+    // A key whose backups are servers 1 and 2 (primary 0).
+    let key = (0..ACCOUNTS).find(|&k| p.primary(0, k) == 0).unwrap();
+    let replicas: Vec<u16> = p.replicas(0, key).collect();
+    let (b1, b2) = (replicas[1], replicas[2]);
+    let worker = |s: u16| Rc::clone(&run.workers[usize::from(s)]);
+    let writer = worker(b1);
+    let mut c = DnlCoordinator::new(Rc::clone(&writer), 0, Rc::clone(&run.history));
+    let until = 400_000;
+    let clock = writer.ctx().clone();
+    run.sim.spawn(writer.ctx(), async move {
+        while clock.now() < until {
+            let mut t = c.begin(TxnKind::ReadWrite).await.unwrap();
+            let Ok(v) = t.read_for_update(TableId(0), Key(key)).await else { continue };
+            let n = value(&v) + 1;
+            t.write(TableId(0), Key(key), &n.to_le_bytes()).await.unwrap();
+            let _ = t.commit().await;
+            clock.sleep(3_000).await;
+        }
+    });
+    for (id, s) in [(1u16, b1), (2, b2), (3, b2)] {
+        let w = worker(s);
+        let mut c = DnlCoordinator::new(Rc::clone(&w), id, Rc::clone(&run.history));
+        let clock = w.ctx().clone();
+        run.sim.spawn(w.ctx(), async move {
+            while clock.now() < until {
+                let mut t = c.begin(TxnKind::ReadOnly).await.unwrap();
+                if t.read(TableId(0), Key(key)).await.is_ok() {
+                    let _ = t.commit().await;
+                }
+                clock.sleep(50).await;
+            }
+        });
+    }
+    run.sim.run_until_idle();
+    let history = run.history.borrow();
+    check(&history)
+}
+
+#[test]
+fn the_readable_flag_guards_get_one_and_its_planted_bug_is_found() {
+    let fixed = get_one_race(dmem_dandelion::Bugs::default());
+    assert!(fixed.is_ok(), "{:?}", fixed.anomalies.first());
+    let buggy = get_one_race(dmem_dandelion::Bugs {
+        skip_readable: true,
+    });
+    assert!(!buggy.is_ok(), "the checker missed reads of a write before its commit");
 }

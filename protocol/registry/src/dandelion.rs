@@ -246,6 +246,7 @@ impl Deployment for DandelionDeployment {
         match name {
             "packets" => Some(sum(|s| s.packets)),
             "messages" => Some(sum(|s| s.messages)),
+            "packet_bytes" => Some(sum(|s| s.bytes)),
             "local_requests" => Some(sum(|s| s.local_requests)),
             _ => None,
         }
