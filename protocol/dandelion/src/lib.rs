@@ -21,6 +21,7 @@
 
 pub mod config;
 pub mod net;
+pub mod recovery;
 pub mod store;
 pub mod txn;
 pub mod wire;
@@ -28,6 +29,7 @@ pub mod worker;
 
 pub use config::{Bugs, CommitSpec, DnlConfig, Replicas, Visit};
 pub use net::{Flow, Net};
+pub use recovery::{RecoveryReport, recover};
 pub use store::ServerStore;
 pub use txn::{DnlCoordinator, DnlTxn, TxnStats};
 pub use worker::{Cluster, Placement, Step, Worker, WorkerStats};

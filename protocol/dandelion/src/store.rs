@@ -45,6 +45,10 @@ pub struct LogEntry {
     /// Set once Replication applied the write here: the previous metadata and value (undo)
     /// and the version installed.
     pub applied: Option<(KvMeta, Vec<u8>, u32)>,
+    /// Whether this entry holds the key's lock here (a Locking entry).
+    pub locked: bool,
+    /// Distinct keys its transaction locks (from the `LOCK`; 0 for a Replication entry).
+    pub lock_set: u16,
 }
 
 /// A server's tables, records and log.
@@ -155,6 +159,7 @@ impl ServerStore {
                 key,
                 read,
                 write,
+                lock_set,
             } => {
                 let s = self.slot_or_create(*table, *key);
                 let r = &mut self.records[s];
@@ -179,6 +184,8 @@ impl ServerStore {
                         key: *key,
                         write: write.clone(),
                         applied: None,
+                        locked: true,
+                        lock_set: *lock_set,
                     });
                 }
                 Some(Response::Lock {
@@ -217,6 +224,8 @@ impl ServerStore {
                         key: *key,
                         write: Some(write.clone()),
                         applied,
+                        locked: false,
+                        lock_set: 0,
                     }),
                 }
                 Some(Response::Ack { ok: true })
@@ -270,41 +279,61 @@ impl ServerStore {
         }
     }
 
-    /// Recovery (§4.4): commits `txn` here — applies its logged writes not yet applied
-    /// (with `version_of`), releases its locks, raises readable flags — or aborts it (undoes
-    /// applied writes, releases its locks). Returns the entries it decided.
-    pub fn decide(&mut self, txn: TxnId, commit: bool, versions: &HashMap<(u32, u64), u32>) -> usize {
-        let Some(entries) = self.log.remove(&txn) else {
-            return 0;
-        };
-        let n = entries.len();
-        for e in entries {
-            match (&e.applied, commit) {
-                (None, true) => {
-                    if let (Some(w), Some(v)) = (&e.write, versions.get(&(e.table, e.key))) {
-                        self.apply(e.table, e.key, *v, w);
-                    }
+    /// Recovery (§4.4): the version `txn` installs on `(table, key)` when it commits, if
+    /// this replica knows it: the version Replication applied, or — the key still locked by
+    /// `txn` — the current version + 1.
+    #[must_use]
+    pub fn version_of(&self, txn: TxnId, table: u32, key: u64) -> Option<u32> {
+        let entry = self.log.get(&txn)?.iter().find(|e| e.table == table && e.key == key)?;
+        if let Some((_, _, v)) = entry.applied {
+            return Some(v);
+        }
+        let r = self.get(table, key)?;
+        (r.holder == Some(txn)).then(|| r.meta.bumped().version())
+    }
+
+    /// Recovery: commits `txn` here — applies `writes` (key → version and write) where this
+    /// replica does not hold that version yet, releases the locks, raises the readable
+    /// flags — or aborts it (undoes what Replication applied, releases the locks).
+    pub fn decide(&mut self, txn: TxnId, commit: bool, writes: &[(u32, u64, u32, WriteOp)], holds: impl Fn(u32, u64) -> bool) {
+        let entries = self.log.remove(&txn).unwrap_or_default();
+        if commit {
+            for (table, key, version, write) in writes {
+                if !holds(*table, *key) {
+                    continue;
                 }
-                (Some((meta, value, _)), false) => {
+                // Apply only where the replica is behind: a later writer's version (a
+                // Dnl-4 backup is written without a lock) must not be overwritten. Versions
+                // wrap at 29 bits, so "behind" is a wrapping distance.
+                let current = self.meta(*table, *key).version();
+                let ahead = version.wrapping_sub(current) & KvMeta::MAX_VERSION;
+                if ahead != 0 && ahead < 1 << (KvMeta::VERSION_BITS - 1) {
+                    self.apply(*table, *key, *version, write);
+                }
+                if let Some(s) = self.slot(*table, *key) {
+                    let r = &mut self.records[s];
+                    r.meta = r.meta.with_readable(true);
+                }
+            }
+        } else {
+            for e in &entries {
+                if let Some((meta, value, _)) = &e.applied {
                     let s = self.slot_or_create(e.table, e.key);
                     let r = &mut self.records[s];
                     r.meta = meta.with_locked(r.meta.is_locked());
                     r.value.clone_from(value);
                 }
-                _ => {}
             }
+        }
+        for e in &entries {
             if let Some(s) = self.slot(e.table, e.key) {
                 let r = &mut self.records[s];
                 if r.holder == Some(txn) {
                     r.meta = r.meta.with_locked(false);
                     r.holder = None;
                 }
-                if commit {
-                    r.meta = r.meta.with_readable(true);
-                }
             }
         }
-        n
     }
 }
 
@@ -342,6 +371,7 @@ mod tests {
                 key,
                 read,
                 write: Some(upd(b"x")),
+                lock_set: 1,
             }),
             Some(Response::Lock { granted: true, .. })
         )
@@ -415,7 +445,7 @@ mod tests {
         assert!(!meta.is_readable() && !meta.get_one_allowed());
         assert_eq!((meta.version(), value), (1, b"new".to_vec()));
         // Recovery aborting it restores the old value and version.
-        assert_eq!(s.decide(t(1), false, &HashMap::new()), 1);
+        s.decide(t(1), false, &[], |_, _| true);
         let (meta, value) = get(&mut s, 5);
         assert_eq!((meta.version(), value), (0, b"old".to_vec()));
         // Raise after a commit.
@@ -451,6 +481,7 @@ mod tests {
                 key: 3,
                 read: None,
                 write: Some(ins.clone()),
+                lock_set: 1,
             }),
             Some(Response::Lock { granted: true, .. })
         ));

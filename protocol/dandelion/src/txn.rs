@@ -30,7 +30,7 @@ use dmem_verbs::{Clock, Verbs};
 use crate::config::{CommitSpec, Replicas, Visit};
 use crate::net::Flow;
 use crate::wire::{Request, Response, Seen, WriteOp};
-use crate::worker::{Step, Worker};
+use crate::worker::{Interrupted, Step, Worker};
 
 /// Counters of one coordinator.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +65,11 @@ impl<V: Verbs + Clock, H: HistorySink> DnlCoordinator<V, H> {
     /// Coordinator `id` on `worker`'s thread, recording into `history`.
     #[must_use]
     pub fn new(worker: Rc<Worker<V>>, id: u16, history: H) -> Self {
+        worker
+            .cluster()
+            .coordinator_server
+            .borrow_mut()
+            .insert(u32::from(id), worker.server());
         Self {
             worker,
             id: CoordinatorId(u32::from(id)),
@@ -150,9 +155,9 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
     }
 
     /// Sends every request of a step and waits for all responses, in order.
-    async fn step(&self, flow: Flow, outs: Vec<Out>) -> Vec<Response> {
+    async fn step(&self, flow: Flow, outs: Vec<Out>) -> Result<Vec<Response>, Interrupted> {
         if outs.is_empty() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let step = Step::new(outs.len());
         for (i, (to, req)) in outs.into_iter().enumerate() {
@@ -227,17 +232,17 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
     }
 
     fn replicas_of(&self, e: &Entry, which: Replicas) -> Vec<u16> {
-        let p = &self.worker().cluster().placement;
-        let all: Vec<u16> = p.replicas(e.table, e.key).collect();
+        let all = self.worker().cluster().replicas(e.table, e.key);
+        let split = all.len().min(1);
         match which {
-            Replicas::Primary => all[..1].to_vec(),
-            Replicas::Backups => all[1..].to_vec(),
+            Replicas::Primary => all[..split].to_vec(),
+            Replicas::Backups => all[split..].to_vec(),
             Replicas::All => all,
         }
     }
 
     fn primary(&self, e: &Entry) -> u16 {
-        self.worker().cluster().placement.primary(e.table, e.key)
+        self.worker().cluster().primary(e.table, e.key)
     }
 
     fn record(&self, outcome: TxnOutcome, writes: Vec<WriteEvent>) {
@@ -270,7 +275,8 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
             })
             .collect();
         if wait {
-            self.step(Flow::COMMIT, unlocks).await;
+            // Interrupted: recovery aborts it (its coordinator did not decide commit).
+            let _ = self.step(Flow::COMMIT, unlocks).await;
         } else {
             self.send_detached(Flow::COMMIT, unlocks, true).await;
         }
@@ -298,8 +304,7 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
             .collect();
         self.step(Flow::COMMIT, outs)
             .await
-            .iter()
-            .all(|r| matches!(r, Response::Ack { ok: true }))
+            .is_ok_and(|rs| rs.iter().all(|r| matches!(r, Response::Ack { ok: true })))
     }
 
     async fn commit_read_only(self) -> Result<(), TxnError> {
@@ -328,13 +333,21 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
             .filter(|&i| self.entries[i].write.is_none() && self.entries[i].seen.is_some())
             .collect();
 
+        // Recovery between Locking and the decision releases the locks of an undecided
+        // transaction: one that resumes in a later epoch must abort.
+        let epoch = self.worker().cluster().epoch.get();
         // 1. Locking (no-wait: a refused lock aborts).
         let mut locked: Vec<(usize, u16)> = Vec::new();
         let mut base: HashMap<usize, u32> = HashMap::new();
         if let Some(Visit { reads, replicas }) = spec.lock {
             let mut targets = Vec::new();
-            let keys = writes.iter().chain(if reads { read_only.iter() } else { [].iter() });
-            for &i in keys {
+            let keys: Vec<usize> = writes
+                .iter()
+                .chain(if reads { read_only.iter() } else { [].iter() })
+                .copied()
+                .collect();
+            let lock_set = u16::try_from(keys.len()).unwrap_or(u16::MAX);
+            for &i in &keys {
                 for to in self.replicas_of(&self.entries[i], replicas) {
                     targets.push((i, to));
                 }
@@ -351,12 +364,14 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
                             key: e.key,
                             read: e.seen,
                             write: e.write.clone(),
+                            lock_set,
                         },
                     )
                 })
                 .collect();
-            let replies = self.step(Flow::COMMIT, outs).await;
-            let mut all = true;
+            // Interrupted by recovery: not decided, so recovery aborts it.
+            let replies = self.step(Flow::COMMIT, outs).await.unwrap_or_default();
+            let mut all = replies.len() == targets.len();
             for (&(i, to), r) in targets.iter().zip(&replies) {
                 match r {
                     Response::Lock { granted: true, meta } => {
@@ -383,6 +398,11 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
                 .await;
         }
 
+        if self.worker().cluster().epoch.get() != epoch {
+            // Recovery already released this transaction's locks.
+            return self.abort_with(Vec::new(), false, "interrupted by recovery").await;
+        }
+
         // Decided: commit. The versions installed, recorded before any write lands.
         let mut versions: HashMap<usize, u32> = HashMap::new();
         let mut events = Vec::new();
@@ -400,6 +420,20 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
             });
         }
         self.record(TxnOutcome::Unknown, events);
+        let decision = writes
+            .iter()
+            .map(|&i| {
+                let e = &self.entries[i];
+                (e.table, e.key, versions[&i], e.write.clone().expect("a write"))
+            })
+            .collect();
+        self.worker()
+            .cluster()
+            .decided
+            .borrow_mut()
+            .insert(self.id, decision);
+        // From here on the transaction commits: if recovery interrupts a step, it rolls the
+        // transaction forward (its coordinator decided commit), so the client is told commit.
 
         // 3. Replication with undo logs; backups lower the readable flag.
         let mut replicated: Vec<(usize, u16)> = Vec::new();
@@ -428,7 +462,9 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
                     ));
                 }
             }
-            self.step(Flow::COMMIT, outs).await;
+            if self.step(Flow::COMMIT, outs).await.is_err() {
+                return Ok(self.committed());
+            }
         }
 
         // 4. Unlocking with the decision; replicas that were not replicated to apply here.
@@ -453,7 +489,9 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
             })
             .collect();
         if spec.commit_waits_for_unlock {
-            self.step(Flow::COMMIT, unlocks).await;
+            if self.step(Flow::COMMIT, unlocks).await.is_err() {
+                return Ok(self.committed());
+            }
         } else {
             self.send_detached(Flow::COMMIT, unlocks, true).await;
         }
@@ -474,12 +512,15 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
             })
             .collect();
         self.send_detached(Flow::COMMIT, raises, false).await;
+        self.committed();
+        Ok(())
+    }
 
+    fn committed(self) {
         self.coord
             .history
             .resolve(self.id, TxnOutcome::Committed, self.worker().ctx().now());
         self.coord.stats.committed += 1;
-        Ok(())
     }
 }
 
@@ -487,7 +528,7 @@ impl<V: Verbs + Clock, H: HistorySink> Transaction for DnlTxn<'_, V, H> {
     async fn read_round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
         let me = self.worker().server();
         let config = self.worker().cluster().config;
-        let placement = self.worker().cluster().placement;
+        let cluster = Rc::clone(self.worker().cluster());
         // Keys not in the transaction cache yet: one Get each, all issued before any wait.
         let mut fetch: Vec<(u32, u64)> = Vec::new();
         for r in reqs {
@@ -503,13 +544,17 @@ impl<V: Verbs + Clock, H: HistorySink> Transaction for DnlTxn<'_, V, H> {
         let outs: Vec<Out> = fetch
             .iter()
             .map(|&(table, key)| {
-                let local = placement.holds(me, table, key)
-                    && (config.local_reads || placement.primary(table, key) == me);
-                let to = if local { me } else { placement.primary(table, key) };
+                let primary = cluster.primary(table, key);
+                let local = primary == me
+                    || (config.local_reads && cluster.replicas(table, key).contains(&me));
+                let to = if local { me } else { primary };
                 (to, Request::Get { table, key })
             })
             .collect();
-        let replies = self.step(Flow::EXECUTION, outs).await;
+        let replies = self
+            .step(Flow::EXECUTION, outs)
+            .await
+            .map_err(|Interrupted| TxnError::Aborted("interrupted by recovery"))?;
         for (&(table, key), r) in fetch.iter().zip(replies) {
             let Response::Get { meta, value } = r else {
                 return Err(TxnError::Aborted("malformed Get response"));

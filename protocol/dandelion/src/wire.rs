@@ -8,7 +8,7 @@
 //! | type | request payload | response payload |
 //! |---|---|---|
 //! | `GET` | table u32, key u64 | meta u32, value |
-//! | `LOCK` | txn, table, key, read u32+u8, write | granted u8, meta u32 |
+//! | `LOCK` | txn, table, key, read u32+u8, write, lock set u16 | granted u8, meta u32 |
 //! | `VALIDATE` | table, key, read u32+u8 | ok u8 |
 //! | `REPLICATE` | txn, table, key, version u32, lower u8, write | ok u8 |
 //! | `UNLOCK` | txn, table, key, commit u8, apply u8, version u32, write | ok u8 |
@@ -96,6 +96,9 @@ pub enum Request {
         read: Option<Seen>,
         /// The write to log, if the access is not a Get.
         write: Option<WriteOp>,
+        /// Distinct keys the transaction locks (logged: recovery of a Dnl-1 transaction
+        /// commits it only if it finds every one of them locked, §4.4).
+        lock_set: u16,
     },
     /// Read Validation (§4.2.2 step 2) at the primary.
     Validate {
@@ -204,11 +207,13 @@ impl Request {
                 key,
                 read,
                 write,
+                lock_set,
             } => {
                 put_txn(&mut w, *txn);
                 put_tk(&mut w, *table, *key);
                 put_seen(&mut w, *read);
                 put_write(&mut w, write.as_ref());
+                w.extend_from_slice(&lock_set.to_le_bytes());
             }
             Request::Validate { table, key, read } => {
                 put_tk(&mut w, *table, *key);
@@ -277,12 +282,14 @@ impl Request {
                 let (table, key) = r.tk()?;
                 let read = r.seen()?;
                 let write = r.write()?;
+                let lock_set = r.u16()?;
                 Request::Lock {
                     txn,
                     table,
                     key,
                     read,
                     write,
+                    lock_set,
                 }
             }
             msg::VALIDATE => {
@@ -539,6 +546,7 @@ mod tests {
                     present: !b,
                 }),
                 write: (!b).then(|| write.clone()),
+                lock_set: v as u16,
             },
             Request::Validate {
                 table: t,

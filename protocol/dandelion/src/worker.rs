@@ -14,17 +14,19 @@
 //! fill a quota (opportunistic batching, §2).
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
+use dmem_txn::TxnId;
 use dmem_verbs::{Clock, Endpoint, Message, Verbs, VerbsError};
 
 use crate::config::{DnlConfig, cost};
 use crate::net::{Flow, Msg, Net, parse};
 use crate::store::ServerStore;
-use crate::wire::{Request, Response};
+use crate::wire::{Request, Response, WriteOp};
 
 /// Where keys live: a primary by hash and the next R − 1 servers as backups (§2, §4.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +88,16 @@ pub struct Cluster {
     pub config: DnlConfig,
     /// The epoch (§4.4): packets of another epoch are ignored.
     pub epoch: Cell<u64>,
+    /// Servers recovery declared crashed: no longer replicas of anything.
+    pub crashed: RefCell<Vec<bool>>,
+    /// The server of every coordinator.
+    pub coordinator_server: RefCell<HashMap<u32, u16>>,
+    /// Transactions whose coordinator decided to commit, with their writes (table, key,
+    /// version, write). Recovery asks a survivor's coordinators for their decisions (§4.4);
+    /// this map is that answer, and recovery never reads the entries of a crashed server's
+    /// coordinators (their memory is gone). Kept for the whole run (a decision may be needed
+    /// as long as a message of it can be lost).
+    pub decided: RefCell<HashMap<TxnId, Vec<(u32, u64, u32, WriteOp)>>>,
 }
 
 impl Cluster {
@@ -99,7 +111,35 @@ impl Cluster {
             placement: Placement::new(servers, config.replication),
             config,
             epoch: Cell::new(0),
+            crashed: RefCell::new(vec![false; usize::from(servers)]),
+            coordinator_server: RefCell::new(HashMap::new()),
+            decided: RefCell::new(HashMap::new()),
         }
+    }
+
+    /// Whether recovery declared `server` crashed.
+    #[must_use]
+    pub fn is_crashed(&self, server: u16) -> bool {
+        self.crashed.borrow().get(usize::from(server)).copied().unwrap_or(true)
+    }
+
+    /// The live replicas of `(table, key)`, the acting primary first (the first live one:
+    /// with no re-replication, §4.4, a backup takes over from a crashed primary).
+    #[must_use]
+    pub fn replicas(&self, table: u32, key: u64) -> Vec<u16> {
+        self.placement
+            .replicas(table, key)
+            .filter(|s| !self.is_crashed(*s))
+            .collect()
+    }
+
+    /// The acting primary of `(table, key)` (its first live replica).
+    #[must_use]
+    pub fn primary(&self, table: u32, key: u64) -> u16 {
+        self.placement
+            .replicas(table, key)
+            .find(|s| !self.is_crashed(*s))
+            .unwrap_or_else(|| self.placement.primary(table, key))
     }
 
     /// Loads a record at every replica (out of band).
@@ -109,10 +149,10 @@ impl Cluster {
         }
     }
 
-    /// The committed value of `(table, key)` at its primary (`None`: absent).
+    /// The committed value of `(table, key)` at its acting primary (`None`: absent).
     #[must_use]
     pub fn read_final(&self, table: u32, key: u64) -> Option<Vec<u8>> {
-        let p = self.placement.primary(table, key);
+        let p = self.primary(table, key);
         let store = self.stores[usize::from(p)].borrow();
         let r = store.get(table, key)?;
         (!r.meta.is_deleted()).then(|| r.value.clone())
@@ -125,7 +165,12 @@ pub struct Step {
     replies: RefCell<Vec<Option<Response>>>,
     remaining: Cell<usize>,
     waker: RefCell<Option<Waker>>,
+    interrupted: Cell<bool>,
 }
+
+/// A step whose responses will never come: recovery bumped the epoch (§4.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interrupted;
 
 impl Step {
     /// A step of `n` requests.
@@ -135,7 +180,16 @@ impl Step {
             replies: RefCell::new(vec![None; n]),
             remaining: Cell::new(n),
             waker: RefCell::new(None),
+            interrupted: Cell::new(false),
         })
+    }
+
+    /// Fails the step (recovery).
+    pub fn interrupt(&self) {
+        self.interrupted.set(true);
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
     }
 
     fn deliver(&self, index: usize, resp: Response) {
@@ -153,18 +207,20 @@ impl Step {
         }
     }
 
-    /// Resolves with every response, in request order, once all have arrived.
-    pub fn wait(self: &Rc<Self>) -> impl Future<Output = Vec<Response>> + use<> {
+    /// Resolves with every response, in request order, once all have arrived, or with
+    /// [`Interrupted`] if recovery ran meanwhile.
+    pub fn wait(self: &Rc<Self>) -> impl Future<Output = Result<Vec<Response>, Interrupted>> + use<> {
         let step = Rc::clone(self);
         poll_fn(move |cx| {
-            if step.remaining.get() == 0 {
-                Poll::Ready(
-                    step.replies
+            if step.interrupted.get() {
+                Poll::Ready(Err(Interrupted))
+            } else if step.remaining.get() == 0 {
+                Poll::Ready(Ok(step
+                    .replies
                         .borrow_mut()
                         .iter_mut()
                         .map(|r| r.take().expect("every reply arrived"))
-                        .collect(),
-                )
+                        .collect()))
             } else {
                 *step.waker.borrow_mut() = Some(cx.waker().clone());
                 Poll::Pending
@@ -276,6 +332,28 @@ impl<V: Verbs + Clock> Worker<V> {
             messages,
             bytes,
             local_requests: self.local_requests.get(),
+        }
+    }
+
+    /// Recovery (§4.4): drops every buffered packet and queued request and fails every step
+    /// waiting for a response (they were sent in the old epoch).
+    pub fn interrupt(&self) {
+        let mut net = self.net.borrow_mut();
+        let _ = net.take_packets();
+        net.set_epoch(self.cluster.epoch.get());
+        drop(net);
+        for (_, reply) in self.local.borrow_mut().drain(..) {
+            if let Some((step, _)) = reply {
+                step.interrupt();
+            }
+        }
+        let mut pending = self.pending.borrow_mut();
+        let mut free = self.free.borrow_mut();
+        for (slot, reply) in pending.iter_mut().enumerate() {
+            if let Some((step, _)) = reply.take() {
+                step.interrupt();
+                free.push(slot as u32);
+            }
         }
     }
 
