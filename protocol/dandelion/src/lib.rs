@@ -33,3 +33,8 @@ pub use recovery::{RecoveryReport, recover};
 pub use store::ServerStore;
 pub use txn::{DnlCoordinator, DnlTxn, TxnStats};
 pub use worker::{Cluster, Placement, Step, Worker, WorkerStats};
+
+/// The README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

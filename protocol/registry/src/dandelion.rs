@@ -5,16 +5,22 @@
 //! task ([`dmem_dandelion::Worker::run`]); records are loaded into the stores of their R
 //! replicas; a coordinator made on a CN context runs on that server thread's worker.
 //!
-//! Recovery (Dandelion §4.4) is not built: [`Deployment::start_recovery`] says so.
+//! Recovery (Dandelion §4.4, [`dmem_dandelion::recover`]) runs as a simulated task on the
+//! recovery CN: it notices a crashed server (from the simulator's crash state, then waits the
+//! heartbeat timeout), declares it crashed, decides and applies every logged transaction,
+//! bumps the epoch and lets the survivors resume.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use dmem_dandelion::{Bugs, Cluster, DnlConfig, DnlCoordinator, Worker};
-use dmem_deploy::{DeployError, DeploySpec, Deployment, Protocol, RecoveryEvent, RecoveryTiming};
+use dmem_dandelion::{Bugs, Cluster, DnlConfig, DnlCoordinator, Worker, recover};
+use dmem_deploy::{
+    Decision, DeployError, DeploySpec, Deployment, Protocol, RecoveredCoordinator, RecoveryEvent,
+    RecoveryTiming,
+};
 use dmem_sim::{NicProfile, Sim, SimContext};
 use dmem_txn::{BoxCoordinator, History, Key, TableId};
-use dmem_verbs::Verbs;
+use dmem_verbs::{Clock, Verbs};
 
 /// A Dandelion configuration under a registered name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,6 +157,7 @@ impl Protocol for DandelionProtocol {
             workers,
             history,
             paused: Rc::new(Cell::new(false)),
+            events: Rc::new(RefCell::new(Vec::new())),
         }))
     }
 }
@@ -168,6 +175,7 @@ struct DandelionDeployment {
     workers: Vec<Vec<Rc<Worker<SimContext>>>>,
     history: Rc<RefCell<History>>,
     paused: Rc<Cell<bool>>,
+    events: Rc<RefCell<Vec<RecoveryEvent>>>,
 }
 
 impl DandelionDeployment {
@@ -201,14 +209,59 @@ impl Deployment for DandelionDeployment {
 
     fn start_recovery(
         &mut self,
-        _sim: &Rc<Sim>,
-        _recovery_cn: u16,
-        _timing: RecoveryTiming,
+        sim: &Rc<Sim>,
+        recovery_cn: u16,
+        timing: RecoveryTiming,
     ) -> Result<(), DeployError> {
-        Err(DeployError::Protocol {
-            protocol: self.name.clone(),
-            reason: "recovery (Dandelion §4.4) is not built yet".to_owned(),
-        })
+        let ctx = sim.context(sim.cn(recovery_cn), 0)?;
+        let (sim, cluster) = (Rc::clone(sim), Rc::clone(&self.cluster));
+        let workers: Vec<_> = self.workers.iter().flatten().cloned().collect();
+        let (events, history) = (Rc::clone(&self.events), Rc::clone(&self.history));
+        let clock = ctx.clone();
+        sim.clone().spawn(&ctx, async move {
+            while clock.now() < timing.until {
+                // Failure detection reads the simulator's crash state (an oracle) and then
+                // waits a heartbeat timeout, the time a heartbeat detector would take.
+                let crashed: Vec<u16> = (0..sim.cn_count())
+                    .filter(|&s| sim.is_crashed(sim.cn(s)) && !cluster.is_crashed(s))
+                    .collect();
+                if crashed.is_empty() {
+                    clock.sleep(timing.poll).await;
+                    continue;
+                }
+                let detected_at = clock.now();
+                clock.sleep(timing.timeout).await;
+                let now = clock.now();
+                let report = recover(&cluster, &workers, &crashed, &history, now);
+                let servers = cluster.coordinator_server.borrow().clone();
+                for &s in &crashed {
+                    let decided = |txns: &[dmem_txn::TxnId], d: Decision| {
+                        txns.iter()
+                            .filter(|t| servers.get(&t.coordinator.0) == Some(&s))
+                            .map(|t| RecoveredCoordinator {
+                                coordinator: t.coordinator.0 as u16,
+                                txn: Some(t.seq),
+                                decision: Some(d),
+                                restored: 0,
+                                unlocked: 0,
+                            })
+                            .collect::<Vec<_>>()
+                    };
+                    let mut coordinators = decided(&report.committed, Decision::RollForward);
+                    coordinators.extend(decided(&report.aborted, Decision::RollBack));
+                    events.borrow_mut().push(RecoveryEvent {
+                        cn: sim.cn(s),
+                        detected_at,
+                        terminated_at: now,
+                        logs_recovered_at: now,
+                        finished_at: now,
+                        coordinators,
+                        scanned_locks: 0,
+                    });
+                }
+            }
+        });
+        Ok(())
     }
 
     fn final_coordinator(
@@ -220,7 +273,7 @@ impl Deployment for DandelionDeployment {
     }
 
     fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        Vec::new()
+        self.events.borrow().clone()
     }
 
     fn recovery_error(&self) -> Option<String> {
