@@ -463,7 +463,9 @@ pub fn run_bench(
             deployment.counter("messages"),
             deployment.counter("packet_bytes"),
         ) {
-            (Some(p), Some(m), Some(b)) if p > 0 => Some((m as f64 / p as f64, b as f64 / p as f64)),
+            (Some(p), Some(m), Some(b)) if p > 0 => {
+                Some((m as f64 / p as f64, b as f64 / p as f64))
+            }
             _ => None,
         },
     })

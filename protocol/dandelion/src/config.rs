@@ -225,17 +225,26 @@ mod tests {
     fn table_4_rows() {
         // Dnl-4: W at P; validation; replication W at B.
         let d4 = CommitSpec::DNL_4;
-        assert_eq!(d4.lock.map(|v| (v.reads, v.replicas)), Some((false, Replicas::Primary)));
+        assert_eq!(
+            d4.lock.map(|v| (v.reads, v.replicas)),
+            Some((false, Replicas::Primary))
+        );
         assert!(d4.validate);
         assert_eq!(d4.replicate.map(|v| v.replicas), Some(Replicas::Backups));
         // Dnl-2: R&W at P; no validation; W at P&B.
         let d2 = CommitSpec::DNL_2;
-        assert_eq!(d2.lock.map(|v| (v.reads, v.replicas)), Some((true, Replicas::Primary)));
+        assert_eq!(
+            d2.lock.map(|v| (v.reads, v.replicas)),
+            Some((true, Replicas::Primary))
+        );
         assert!(!d2.validate);
         assert_eq!(d2.replicate.map(|v| v.replicas), Some(Replicas::All));
         // Dnl-1: R&W at P&B; nothing else.
         let d1 = CommitSpec::DNL_1;
-        assert_eq!(d1.lock.map(|v| (v.reads, v.replicas)), Some((true, Replicas::All)));
+        assert_eq!(
+            d1.lock.map(|v| (v.reads, v.replicas)),
+            Some((true, Replicas::All))
+        );
         assert!(!d1.validate && d1.replicate.is_none() && d1.abort_waits_for_unlock);
         // Dnl-RO: validation only.
         let ro = CommitSpec::DNL_RO;

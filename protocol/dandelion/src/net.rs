@@ -13,7 +13,9 @@
 use std::collections::HashMap;
 
 use dmem_layout::LayoutError;
-use dmem_layout::rpc::{RpcFrame, RpcFrameBuilder, RpcMessageHeader, RpcPacketHeader, RpcPacketInfo};
+use dmem_layout::rpc::{
+    RpcFrame, RpcFrameBuilder, RpcMessageHeader, RpcPacketHeader, RpcPacketInfo,
+};
 use dmem_verbs::Endpoint;
 
 /// A group of messages that may share a packet (§5.1: execution, commit, recovery).
@@ -81,7 +83,13 @@ impl Net {
     /// `packet_limit` bytes, at most `max_packets` buffered requests packets per destination
     /// and flow before [`try_insert`](Self::try_insert) says no (responses are never refused).
     #[must_use]
-    pub fn new(src_node: u16, epoch: u64, batch_limit: usize, packet_limit: usize, max_packets: usize) -> Self {
+    pub fn new(
+        src_node: u16,
+        epoch: u64,
+        batch_limit: usize,
+        packet_limit: usize,
+        max_packets: usize,
+    ) -> Self {
         Self {
             src_node,
             epoch,
@@ -132,11 +140,13 @@ impl Net {
             return false;
         }
         let key = (to, flow, response);
-        let (limit, bytes_limit, max_packets) = (self.batch_limit, self.packet_limit, self.max_packets);
+        let (limit, bytes_limit, max_packets) =
+            (self.batch_limit, self.packet_limit, self.max_packets);
         let buf = self.out.entry(key).or_default();
-        let fits = buf.packets.last().is_some_and(|(msgs, bytes)| {
-            msgs.len() < limit && bytes + size <= bytes_limit
-        });
+        let fits = buf
+            .packets
+            .last()
+            .is_some_and(|(msgs, bytes)| msgs.len() < limit && bytes + size <= bytes_limit);
         if !fits {
             if !response && buf.packets.len() >= max_packets {
                 return false;
@@ -166,7 +176,8 @@ impl Net {
                 b.packets.len() < self.max_packets
                     || b.packets.last().is_some_and(|(m, bytes)| {
                         m.len() < self.batch_limit
-                            && bytes + RpcMessageHeader::LEN + msg.payload.len() <= self.packet_limit
+                            && bytes + RpcMessageHeader::LEN + msg.payload.len()
+                                <= self.packet_limit
                     })
             })
         });
@@ -267,7 +278,10 @@ mod tests {
         // 5 messages per destination, at most 4 per packet: 2 packets each.
         assert_eq!(frames.len(), 4);
         let first = parse(&frames[0].1).unwrap();
-        assert_eq!((first.epoch, first.messages.len(), first.response), (7, 4, false));
+        assert_eq!(
+            (first.epoch, first.messages.len(), first.response),
+            (7, 4, false)
+        );
         assert_eq!(first.messages[1], msg(2, 12));
         assert_eq!(net.sent(), (4, 10, 2 * (16 + 4 * 20) + 2 * (16 + 20)));
         assert!(net.is_empty());
@@ -289,8 +303,14 @@ mod tests {
         for i in 0..3 {
             assert!(net.try_insert(ep(1), Flow::COMMIT, msg(i, 40)));
         }
-        assert!(!net.try_insert(ep(1), Flow::COMMIT, msg(3, 40)), "one packet buffered at most");
-        assert!(!net.try_insert(ep(2), Flow::COMMIT, msg(0, 200)), "can never fit");
+        assert!(
+            !net.try_insert(ep(1), Flow::COMMIT, msg(3, 40)),
+            "one packet buffered at most"
+        );
+        assert!(
+            !net.try_insert(ep(2), Flow::COMMIT, msg(0, 200)),
+            "can never fit"
+        );
         net.insert_response(ep(1), Flow::COMMIT, msg(9, 40));
         let frames = net.take_packets().unwrap();
         assert_eq!(frames.len(), 2);

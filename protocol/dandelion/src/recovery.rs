@@ -150,12 +150,11 @@ pub fn recover<V: Verbs + Clock>(
             });
         }
         for &s in &survivors {
-            cluster.stores[usize::from(s)].borrow_mut().decide(
-                txn,
-                commit,
-                &writes,
-                |t, k| cluster.replicas(t, k).contains(&s),
-            );
+            cluster.stores[usize::from(s)]
+                .borrow_mut()
+                .decide(txn, commit, &writes, |t, k| {
+                    cluster.replicas(t, k).contains(&s)
+                });
         }
         if entries.is_empty() && live {
             // Finished long ago: nothing to report.
@@ -185,10 +184,7 @@ fn fully_locked(cluster: &Cluster, entries: &[(u16, LogEntry)]) -> bool {
         keys.entry((e.table, e.key)).or_default().push(*s);
     }
     keys.len() == usize::from(announced)
-        && keys.iter().all(|((t, k), holders)| {
-            cluster
-                .replicas(*t, *k)
-                .iter()
-                .all(|r| holders.contains(r))
-        })
+        && keys
+            .iter()
+            .all(|((t, k), holders)| cluster.replicas(*t, *k).iter().all(|r| holders.contains(r)))
 }

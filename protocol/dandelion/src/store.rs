@@ -93,10 +93,7 @@ impl ServerStore {
             value: Vec::new(),
             holder: None,
         });
-        self.index
-            .entry(table)
-            .or_default()
-            .insert(key, s as u64);
+        self.index.entry(table).or_default().insert(key, s as u64);
         s
     }
 
@@ -136,7 +133,7 @@ impl ServerStore {
     }
 
     fn seen_matches(meta: KvMeta, seen: Seen) -> bool {
-        meta.version() == seen.version && !meta.is_deleted() == seen.present
+        meta.version() == seen.version && meta.is_deleted() != seen.present
     }
 
     /// Handles one request (`ReqHandler`, §5.1); `None` for a request without a response.
@@ -163,7 +160,8 @@ impl ServerStore {
             } => {
                 let s = self.slot_or_create(*table, *key);
                 let r = &mut self.records[s];
-                let free = !r.meta.is_locked() && read.is_none_or(|seen| Self::seen_matches(r.meta, seen));
+                let free =
+                    !r.meta.is_locked() && read.is_none_or(|seen| Self::seen_matches(r.meta, seen));
                 // The write's precondition on presence (insert: absent; update, delete:
                 // present) is checked against the value read in execution; a blind write
                 // is checked here.
@@ -284,7 +282,11 @@ impl ServerStore {
     /// `txn` — the current version + 1.
     #[must_use]
     pub fn version_of(&self, txn: TxnId, table: u32, key: u64) -> Option<u32> {
-        let entry = self.log.get(&txn)?.iter().find(|e| e.table == table && e.key == key)?;
+        let entry = self
+            .log
+            .get(&txn)?
+            .iter()
+            .find(|e| e.table == table && e.key == key)?;
         if let Some((_, _, v)) = entry.applied {
             return Some(v);
         }
@@ -295,7 +297,13 @@ impl ServerStore {
     /// Recovery: commits `txn` here — applies `writes` (key → version and write) where this
     /// replica does not hold that version yet, releases the locks, raises the readable
     /// flags — or aborts it (undoes what Replication applied, releases the locks).
-    pub fn decide(&mut self, txn: TxnId, commit: bool, writes: &[(u32, u64, u32, WriteOp)], holds: impl Fn(u32, u64) -> bool) {
+    pub fn decide(
+        &mut self,
+        txn: TxnId,
+        commit: bool,
+        writes: &[(u32, u64, u32, WriteOp)],
+        holds: impl Fn(u32, u64) -> bool,
+    ) {
         let entries = self.log.remove(&txn).unwrap_or_default();
         if commit {
             for (table, key, version, write) in writes {
@@ -386,7 +394,10 @@ mod tests {
             present: true,
         };
         assert!(lock(&mut s, t(1), 7, Some(seen)));
-        assert!(!lock(&mut s, t(2), 7, Some(seen)), "locked: no-wait refuses");
+        assert!(
+            !lock(&mut s, t(2), 7, Some(seen)),
+            "locked: no-wait refuses"
+        );
         // Unlock with commit applies Dnl-4's primary write at version 1.
         s.handle(&Request::Unlock {
             txn: t(1),
@@ -396,7 +407,10 @@ mod tests {
             apply: Some((1, upd(b"b"))),
         });
         let (meta, value) = get(&mut s, 7);
-        assert_eq!((meta.version(), meta.is_locked(), value), (1, false, b"b".to_vec()));
+        assert_eq!(
+            (meta.version(), meta.is_locked(), value),
+            (1, false, b"b".to_vec())
+        );
         assert!(!lock(&mut s, t(3), 7, Some(seen)), "stale version refused");
         assert!(s.log.is_empty());
     }
@@ -411,7 +425,11 @@ mod tests {
         };
         let ok = |s: &mut ServerStore| {
             matches!(
-                s.handle(&Request::Validate { table: 0, key: 1, read: seen }),
+                s.handle(&Request::Validate {
+                    table: 0,
+                    key: 1,
+                    read: seen
+                }),
                 Some(Response::Ack { ok: true })
             )
         };
@@ -423,7 +441,10 @@ mod tests {
             s.handle(&Request::Validate {
                 table: 0,
                 key: 99,
-                read: Seen { version: 0, present: false }
+                read: Seen {
+                    version: 0,
+                    present: false
+                }
             }),
             Some(Response::Ack { ok: true })
         ));

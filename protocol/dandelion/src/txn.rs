@@ -202,7 +202,13 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
         }
     }
 
-    fn buffer_write(&mut self, table: TableId, key: Key, kind: WriteKind, value: &[u8]) -> Result<(), TxnError> {
+    fn buffer_write(
+        &mut self,
+        table: TableId,
+        key: Key,
+        kind: WriteKind,
+        value: &[u8],
+    ) -> Result<(), TxnError> {
         if self.kind == TxnKind::ReadOnly {
             return Err(TxnError::ReadOnly);
         }
@@ -257,7 +263,12 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
     }
 
     /// Ends in abort: unlocks what Locking took (waiting for the acks if `wait`), records.
-    async fn abort_with(self, locked: Vec<(usize, u16)>, wait: bool, why: &'static str) -> Result<(), TxnError> {
+    async fn abort_with(
+        self,
+        locked: Vec<(usize, u16)>,
+        wait: bool,
+        why: &'static str,
+    ) -> Result<(), TxnError> {
         let unlocks: Vec<Out> = locked
             .iter()
             .map(|&(i, to)| {
@@ -313,7 +324,9 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
         if !get_one {
             let reads: Vec<usize> = (0..self.entries.len()).collect();
             if !self.validate(&reads).await {
-                return self.abort_with(Vec::new(), false, "read validation failed").await;
+                return self
+                    .abort_with(Vec::new(), false, "read validation failed")
+                    .await;
             }
         } else {
             self.coord.stats.get_ones += 1;
@@ -374,7 +387,10 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
             let mut all = replies.len() == targets.len();
             for (&(i, to), r) in targets.iter().zip(&replies) {
                 match r {
-                    Response::Lock { granted: true, meta } => {
+                    Response::Lock {
+                        granted: true,
+                        meta,
+                    } => {
                         locked.push((i, to));
                         if to == self.primary(&self.entries[i]) {
                             base.insert(i, KvMeta::from_raw(*meta).version());
@@ -394,13 +410,19 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
         let lock_reads = spec.lock.is_some_and(|v| v.reads);
         if spec.validate && !lock_reads && !self.validate(&read_only).await {
             return self
-                .abort_with(locked, spec.abort_waits_for_unlock, "read validation failed")
+                .abort_with(
+                    locked,
+                    spec.abort_waits_for_unlock,
+                    "read validation failed",
+                )
                 .await;
         }
 
         if self.worker().cluster().epoch.get() != epoch {
             // Recovery already released this transaction's locks.
-            return self.abort_with(Vec::new(), false, "interrupted by recovery").await;
+            return self
+                .abort_with(Vec::new(), false, "interrupted by recovery")
+                .await;
         }
 
         // Decided: commit. The versions installed, recorded before any write lands.
@@ -408,8 +430,14 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
         let mut events = Vec::new();
         for &i in &writes {
             let e = &self.entries[i];
-            let from = e.seen.map(|s| s.version).or_else(|| base.get(&i).copied()).unwrap_or(0);
-            let v = KvMeta::INSERTED.with_version(from).map_or(0, |m| m.bumped().version());
+            let from = e
+                .seen
+                .map(|s| s.version)
+                .or_else(|| base.get(&i).copied())
+                .unwrap_or(0);
+            let v = KvMeta::INSERTED
+                .with_version(from)
+                .map_or(0, |m| m.bumped().version());
             versions.insert(i, v);
             let w = e.write.as_ref().expect("a write");
             events.push(WriteEvent {
@@ -424,7 +452,12 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
             .iter()
             .map(|&i| {
                 let e = &self.entries[i];
-                (e.table, e.key, versions[&i], e.write.clone().expect("a write"))
+                (
+                    e.table,
+                    e.key,
+                    versions[&i],
+                    e.write.clone().expect("a write"),
+                )
             })
             .collect();
         self.worker()
@@ -463,7 +496,8 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
                 }
             }
             if self.step(Flow::COMMIT, outs).await.is_err() {
-                return Ok(self.committed());
+                self.committed();
+                return Ok(());
             }
         }
 
@@ -490,7 +524,8 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
             .collect();
         if spec.commit_waits_for_unlock {
             if self.step(Flow::COMMIT, unlocks).await.is_err() {
-                return Ok(self.committed());
+                self.committed();
+                return Ok(());
             }
         } else {
             self.send_detached(Flow::COMMIT, unlocks, true).await;
@@ -533,10 +568,9 @@ impl<V: Verbs + Clock, H: HistorySink> Transaction for DnlTxn<'_, V, H> {
         let mut fetch: Vec<(u32, u64)> = Vec::new();
         for r in reqs {
             let k = (r.table.0, r.key.0);
-            let cached = self
-                .index
-                .get(&k)
-                .is_some_and(|&i| self.entries[i].seen.is_some() || self.entries[i].write.is_some());
+            let cached = self.index.get(&k).is_some_and(|&i| {
+                self.entries[i].seen.is_some() || self.entries[i].write.is_some()
+            });
             if !cached && !fetch.contains(&k) {
                 fetch.push(k);
             }

@@ -385,9 +385,7 @@ impl Response {
                 let meta = r.u32()?;
                 Response::Lock { granted, meta }
             }
-            msg::VALIDATE | msg::REPLICATE | msg::UNLOCK => Response::Ack {
-                ok: r.flag("ok")?,
-            },
+            msg::VALIDATE | msg::REPLICATE | msg::UNLOCK => Response::Ack { ok: r.flag("ok")? },
             other => return Err(WireError::UnknownType(other)),
         };
         r.end()?;
@@ -451,13 +449,19 @@ impl<'a> Reader<'a> {
         Ok(self.take(1)?[0])
     }
     fn u16(&mut self) -> Result<u16, WireError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
     }
     fn u32(&mut self) -> Result<u32, WireError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     fn u64(&mut self) -> Result<u64, WireError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     fn flag(&mut self, field: &'static str) -> Result<bool, WireError> {
         match self.u8()? {
@@ -530,7 +534,15 @@ mod tests {
     }
 
     #[quickcheck]
-    fn requests_round_trip(c: u32, s: u64, t: u32, k: u64, v: u32, b: bool, wk: u8, value: Vec<u8>) {
+    fn requests_round_trip(
+        (c, s): (u32, u64),
+        t: u32,
+        k: u64,
+        v: u32,
+        b: bool,
+        wk: u8,
+        value: Vec<u8>,
+    ) {
         let write = WriteOp {
             kind: kind(wk),
             value,
@@ -609,7 +621,10 @@ mod tests {
         );
         let mut long = get.clone();
         long.push(0);
-        assert_eq!(Request::decode(msg::GET, &long), Err(WireError::Trailing(1)));
+        assert_eq!(
+            Request::decode(msg::GET, &long),
+            Err(WireError::Trailing(1))
+        );
         assert_eq!(Request::decode(99, &get), Err(WireError::UnknownType(99)));
         assert_eq!(
             Response::decode(msg::UNLOCK, &[2]),

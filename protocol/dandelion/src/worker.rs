@@ -74,6 +74,9 @@ fn mix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// A write of a decided transaction: table, key, the version it installs, the write.
+pub type DecidedWrite = (u32, u64, u32, WriteOp);
+
 /// The state every server thread shares: the stores, endpoints, placement, configuration,
 /// epoch.
 #[derive(Debug)]
@@ -97,7 +100,7 @@ pub struct Cluster {
     /// this map is that answer, and recovery never reads the entries of a crashed server's
     /// coordinators (their memory is gone). Kept for the whole run (a decision may be needed
     /// as long as a message of it can be lost).
-    pub decided: RefCell<HashMap<TxnId, Vec<(u32, u64, u32, WriteOp)>>>,
+    pub decided: RefCell<HashMap<TxnId, Vec<DecidedWrite>>>,
 }
 
 impl Cluster {
@@ -106,7 +109,9 @@ impl Cluster {
     pub fn new(endpoints: Vec<Vec<Endpoint>>, config: DnlConfig) -> Self {
         let servers = endpoints.len() as u16;
         Self {
-            stores: (0..servers).map(|_| RefCell::new(ServerStore::new())).collect(),
+            stores: (0..servers)
+                .map(|_| RefCell::new(ServerStore::new()))
+                .collect(),
             endpoints,
             placement: Placement::new(servers, config.replication),
             config,
@@ -120,7 +125,11 @@ impl Cluster {
     /// Whether recovery declared `server` crashed.
     #[must_use]
     pub fn is_crashed(&self, server: u16) -> bool {
-        self.crashed.borrow().get(usize::from(server)).copied().unwrap_or(true)
+        self.crashed
+            .borrow()
+            .get(usize::from(server))
+            .copied()
+            .unwrap_or(true)
     }
 
     /// The live replicas of `(table, key)`, the acting primary first (the first live one:
@@ -145,7 +154,9 @@ impl Cluster {
     /// Loads a record at every replica (out of band).
     pub fn load(&self, table: u32, key: u64, value: &[u8]) {
         for r in self.placement.replicas(table, key) {
-            self.stores[usize::from(r)].borrow_mut().load(table, key, value);
+            self.stores[usize::from(r)]
+                .borrow_mut()
+                .load(table, key, value);
         }
     }
 
@@ -209,7 +220,9 @@ impl Step {
 
     /// Resolves with every response, in request order, once all have arrived, or with
     /// [`Interrupted`] if recovery ran meanwhile.
-    pub fn wait(self: &Rc<Self>) -> impl Future<Output = Result<Vec<Response>, Interrupted>> + use<> {
+    pub fn wait(
+        self: &Rc<Self>,
+    ) -> impl Future<Output = Result<Vec<Response>, Interrupted>> + use<> {
         let step = Rc::clone(self);
         poll_fn(move |cx| {
             if step.interrupted.get() {
@@ -217,10 +230,10 @@ impl Step {
             } else if step.remaining.get() == 0 {
                 Poll::Ready(Ok(step
                     .replies
-                        .borrow_mut()
-                        .iter_mut()
-                        .map(|r| r.take().expect("every reply arrived"))
-                        .collect()))
+                    .borrow_mut()
+                    .iter_mut()
+                    .map(|r| r.take().expect("every reply arrived"))
+                    .collect()))
             } else {
                 *step.waker.borrow_mut() = Some(cx.waker().clone());
                 Poll::Pending
@@ -279,7 +292,13 @@ impl<V: Verbs + Clock> Worker<V> {
     /// The worker of `server`'s thread `thread`, on `ctx` (whose endpoint is
     /// `cluster.endpoints[server][thread]`); `packet_limit` is the fabric's largest message.
     #[must_use]
-    pub fn new(ctx: V, server: u16, thread: usize, cluster: Rc<Cluster>, packet_limit: usize) -> Rc<Self> {
+    pub fn new(
+        ctx: V,
+        server: u16,
+        thread: usize,
+        cluster: Rc<Cluster>,
+        packet_limit: usize,
+    ) -> Rc<Self> {
         let net = Net::new(
             server,
             cluster.epoch.get(),
@@ -502,7 +521,8 @@ impl<V: Verbs + Clock> Worker<V> {
         let packets = {
             let mut net = self.net.borrow_mut();
             net.set_epoch(self.cluster.epoch.get());
-            net.take_packets().map_err(|_| VerbsError::MessageTooLarge { len: 0, max: 0 })?
+            net.take_packets()
+                .map_err(|_| VerbsError::MessageTooLarge { len: 0, max: 0 })?
         };
         if packets.is_empty() {
             return Ok(false);
@@ -604,7 +624,10 @@ mod tests {
             assert_eq!((0..5).filter(|s| p.holds(*s, 0, key)).count(), 3);
             primaries[usize::from(r[0])] += 1;
         }
-        assert!(primaries.iter().all(|&n| (1_700..2_300).contains(&n)), "{primaries:?}");
+        assert!(
+            primaries.iter().all(|&n| (1_700..2_300).contains(&n)),
+            "{primaries:?}"
+        );
         assert_eq!(Placement::new(2, 3).replicas(1, 1).count(), 2);
     }
 }

@@ -33,7 +33,11 @@ fn deploy(config: DnlConfig, servers: u16, threads: u16, seed: u64) -> Run {
         .unwrap(),
     );
     let ctxs: Vec<Vec<SimContext>> = (0..servers)
-        .map(|s| (0..threads).map(|t| sim.context(sim.cn(s), t).unwrap()).collect())
+        .map(|s| {
+            (0..threads)
+                .map(|t| sim.context(sim.cn(s), t).unwrap())
+                .collect()
+        })
         .collect();
     let endpoints = ctxs
         .iter()
@@ -76,7 +80,9 @@ fn bank(run: &Run, per_thread: u16, txns: u32) -> Rc<RefCell<(u64, u64)>> {
             let mut x = u64::from(id) * 7919 + 1;
             run.sim.spawn(w.ctx(), async move {
                 for n in 0..txns {
-                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     let (a, b) = ((x >> 33) % ACCOUNTS, (x >> 45) % ACCOUNTS);
                     if a == b {
                         continue;
@@ -85,7 +91,10 @@ fn bank(run: &Run, per_thread: u16, txns: u32) -> Rc<RefCell<(u64, u64)>> {
                     if n % 3 == 0 {
                         let mut t = c.begin(TxnKind::ReadOnly).await.unwrap();
                         let Ok(r) = t
-                            .read_round(&[ReadReq::read(TableId(0), Key(a)), ReadReq::read(TableId(0), Key(b))])
+                            .read_round(&[
+                                ReadReq::read(TableId(0), Key(a)),
+                                ReadReq::read(TableId(0), Key(b)),
+                            ])
                             .await
                         else {
                             t.abort().await;
@@ -111,8 +120,12 @@ fn bank(run: &Run, per_thread: u16, txns: u32) -> Rc<RefCell<(u64, u64)>> {
                         t.abort().await;
                         continue;
                     }
-                    t.write(TableId(0), Key(a), &(va - 1).to_le_bytes()).await.unwrap();
-                    t.write(TableId(0), Key(b), &(vb + 1).to_le_bytes()).await.unwrap();
+                    t.write(TableId(0), Key(a), &(va - 1).to_le_bytes())
+                        .await
+                        .unwrap();
+                    t.write(TableId(0), Key(b), &(vb + 1).to_le_bytes())
+                        .await
+                        .unwrap();
                     let ok = t.commit().await.is_ok();
                     let mut tl = tally.borrow_mut();
                     if ok {
@@ -138,10 +151,18 @@ fn total(run: &Run) -> u64 {
 fn replicas_agree(run: &Run) {
     for k in 0..ACCOUNTS {
         let rs: Vec<_> = run.cluster.replicas(0, k);
-        let first = run.cluster.stores[usize::from(rs[0])].borrow().get(0, k).cloned().unwrap();
+        let first = run.cluster.stores[usize::from(rs[0])]
+            .borrow()
+            .get(0, k)
+            .cloned()
+            .unwrap();
         assert!(!first.meta.is_locked(), "key {k} left locked");
         for r in &rs[1..] {
-            let other = run.cluster.stores[usize::from(*r)].borrow().get(0, k).cloned().unwrap();
+            let other = run.cluster.stores[usize::from(*r)]
+                .borrow()
+                .get(0, k)
+                .cloned()
+                .unwrap();
             assert_eq!(other.value, first.value, "key {k}: replicas disagree");
             assert_eq!(other.meta.version(), first.meta.version(), "key {k}");
         }
@@ -149,13 +170,16 @@ fn replicas_agree(run: &Run) {
 }
 
 fn stats(run: &Run) -> WorkerStats {
-    run.workers.iter().map(|w| w.stats()).fold(WorkerStats::default(), |a, s| WorkerStats {
-        iterations: a.iterations + s.iterations,
-        packets: a.packets + s.packets,
-        messages: a.messages + s.messages,
-        bytes: a.bytes + s.bytes,
-        local_requests: a.local_requests + s.local_requests,
-    })
+    run.workers
+        .iter()
+        .map(|w| w.stats())
+        .fold(WorkerStats::default(), |a, s| WorkerStats {
+            iterations: a.iterations + s.iterations,
+            packets: a.packets + s.packets,
+            messages: a.messages + s.messages,
+            bytes: a.bytes + s.bytes,
+            local_requests: a.local_requests + s.local_requests,
+        })
 }
 
 #[test]
@@ -169,8 +193,15 @@ fn every_variant_conserves_money_and_is_serializable() {
         let run = deploy(config, 4, 2, 3);
         let tally = bank(&run, 4, 30);
         let (committed, aborted) = *tally.borrow();
-        assert!(committed > 100, "{name}: {committed} committed, {aborted} aborted");
-        assert_eq!(total(&run), ACCOUNTS * START, "{name}: money created or lost");
+        assert!(
+            committed > 100,
+            "{name}: {committed} committed, {aborted} aborted"
+        );
+        assert_eq!(
+            total(&run),
+            ACCOUNTS * START,
+            "{name}: money created or lost"
+        );
         replicas_agree(&run);
         let history = run.history.borrow();
         let report = check(&history);
@@ -194,7 +225,10 @@ fn batching_packs_messages_into_fewer_packets() {
     );
     bank(&unbatched, 8, 20);
     let (b, u) = (stats(&batched), stats(&unbatched));
-    assert_eq!(u.packets, u.messages, "one message per packet without batching");
+    assert_eq!(
+        u.packets, u.messages,
+        "one message per packet without batching"
+    );
     let per_packet = b.messages as f64 / b.packets as f64;
     assert!(per_packet > 1.5, "batched: {b:?}");
     assert!(b.local_requests > 0);
@@ -247,9 +281,13 @@ fn get_one_race(bugs: dmem_dandelion::Bugs) -> dmem_txn::Report {
     run.sim.spawn(writer.ctx(), async move {
         while clock.now() < until {
             let mut t = c.begin(TxnKind::ReadWrite).await.unwrap();
-            let Ok(v) = t.read_for_update(TableId(0), Key(key)).await else { continue };
+            let Ok(v) = t.read_for_update(TableId(0), Key(key)).await else {
+                continue;
+            };
             let n = value(&v) + 1;
-            t.write(TableId(0), Key(key), &n.to_le_bytes()).await.unwrap();
+            t.write(TableId(0), Key(key), &n.to_le_bytes())
+                .await
+                .unwrap();
             let _ = t.commit().await;
             clock.sleep(3_000).await;
         }
@@ -280,7 +318,10 @@ fn the_readable_flag_guards_get_one_and_its_planted_bug_is_found() {
     let buggy = get_one_race(dmem_dandelion::Bugs {
         skip_readable: true,
     });
-    assert!(!buggy.is_ok(), "the checker missed reads of a write before its commit");
+    assert!(
+        !buggy.is_ok(),
+        "the checker missed reads of a write before its commit"
+    );
 }
 
 /// Recovery (§4.4): a server crashes in the middle of the bank; survivors detect it after
@@ -309,10 +350,18 @@ fn crash_run(config: DnlConfig, seed: u64) -> (u64, usize) {
     });
     bank(&run, 4, 40);
     assert!(run.cluster.is_crashed(victim));
-    assert_eq!(total(&run), ACCOUNTS * START, "seed {seed}: money created or lost");
+    assert_eq!(
+        total(&run),
+        ACCOUNTS * START,
+        "seed {seed}: money created or lost"
+    );
     replicas_agree(&run);
     let report = check(&run.history.borrow());
-    assert!(report.is_ok(), "seed {seed}: {:?}", report.anomalies.first());
+    assert!(
+        report.is_ok(),
+        "seed {seed}: {:?}",
+        report.anomalies.first()
+    );
     let committed = run.history.borrow().committed() as u64;
     let n = *recovered.borrow();
     (committed, n)
@@ -329,9 +378,15 @@ fn every_variant_recovers_from_a_server_crash() {
         let mut decided = 0;
         for seed in 0..12 {
             let (committed, n) = crash_run(config, seed);
-            assert!(committed > 50, "{name} seed {seed}: only {committed} committed");
+            assert!(
+                committed > 50,
+                "{name} seed {seed}: only {committed} committed"
+            );
             decided += n;
         }
-        assert!(decided > 0, "{name}: recovery never found a transaction to decide");
+        assert!(
+            decided > 0,
+            "{name}: recovery never found a transaction to decide"
+        );
     }
 }

@@ -105,7 +105,10 @@ pub fn registry() -> Registry {
         "dnl:P[+FLAG]",
         Box::new(|params: &str| {
             let cfg = DandelionProtocol::parse_flags(params)?;
-            Ok(Arc::new(DandelionProtocol::new(&format!("dnl:{params}"), cfg)) as Arc<dyn Protocol>)
+            Ok(
+                Arc::new(DandelionProtocol::new(&format!("dnl:{params}"), cfg))
+                    as Arc<dyn Protocol>,
+            )
         }),
     );
     let _ = r.register_family(
