@@ -106,6 +106,9 @@ pub struct Bugs {
     /// Backups never lower the readable flag during Replication, so a single-key read
     /// (GetOne) at a backup can return a write whose primary is still locked (§4.2.1).
     pub skip_readable: bool,
+    /// Recovery aborts every transaction of a crashed coordinator whatever the survivors'
+    /// logs say, contradicting commits already reported (§4.4).
+    pub abort_crashed: bool,
 }
 
 /// A Dandelion (or FaSST) configuration.
@@ -144,6 +147,7 @@ impl DnlConfig {
             get_one: true,
             bugs: Bugs {
                 skip_readable: false,
+                abort_crashed: false,
             },
         }
     }

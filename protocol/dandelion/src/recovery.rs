@@ -104,6 +104,8 @@ pub fn recover<V: Verbs + Clock>(
         };
         let commit = if live {
             decision.is_some()
+        } else if cluster.config.bugs.abort_crashed {
+            false
         } else if replicated {
             entries.iter().any(|(_, e)| e.applied.is_some())
         } else {

@@ -31,6 +31,9 @@ pub struct Record {
     pub value: Vec<u8>,
     /// The transaction holding the protocol lock.
     pub holder: Option<TxnId>,
+    /// The transaction that installed the current version (`None`: loaded), returned with
+    /// every Get so that the history names the writer of what was read.
+    pub writer: Option<TxnId>,
 }
 
 /// One log entry of a transaction at this server.
@@ -45,6 +48,8 @@ pub struct LogEntry {
     /// Set once Replication applied the write here: the previous metadata and value (undo)
     /// and the version installed.
     pub applied: Option<(KvMeta, Vec<u8>, u32)>,
+    /// The writer of the version Replication replaced (undo).
+    pub undo_writer: Option<TxnId>,
     /// Whether this entry holds the key's lock here (a Locking entry).
     pub locked: bool,
     /// Distinct keys its transaction locks (from the `LOCK`; 0 for a Replication entry).
@@ -92,6 +97,7 @@ impl ServerStore {
             meta: ABSENT,
             value: Vec::new(),
             holder: None,
+            writer: None,
         });
         self.index.entry(table).or_default().insert(key, s as u64);
         s
@@ -104,6 +110,7 @@ impl ServerStore {
             meta: KvMeta::INSERTED,
             value: value.to_vec(),
             holder: None,
+            writer: None,
         };
     }
 
@@ -114,10 +121,18 @@ impl ServerStore {
     }
 
     /// Applies a write installing `version` and returns the previous metadata and value.
-    fn apply(&mut self, table: u32, key: u64, version: u32, write: &WriteOp) -> (KvMeta, Vec<u8>) {
+    fn apply(
+        &mut self,
+        txn: TxnId,
+        table: u32,
+        key: u64,
+        version: u32,
+        write: &WriteOp,
+    ) -> (KvMeta, Vec<u8>, Option<TxnId>) {
         let s = self.slot_or_create(table, key);
         let r = &mut self.records[s];
-        let before = (r.meta, r.value.clone());
+        let before = (r.meta, r.value.clone(), r.writer);
+        r.writer = Some(txn);
         let deleted = write.kind == WriteKind::Delete;
         // 29-bit versions: `with_version` refuses only a wider one, which the coordinator
         // never computes (it bumps a 29-bit version with wrap-around).
@@ -140,13 +155,14 @@ impl ServerStore {
     pub fn handle(&mut self, req: &Request) -> Option<Response> {
         match req {
             Request::Get { table, key } => {
-                let (meta, value) = match self.get(*table, *key) {
-                    Some(r) if !r.meta.is_deleted() => (r.meta, r.value.clone()),
-                    Some(r) => (r.meta, Vec::new()),
-                    None => (ABSENT, Vec::new()),
+                let (meta, writer, value) = match self.get(*table, *key) {
+                    Some(r) if !r.meta.is_deleted() => (r.meta, r.writer, r.value.clone()),
+                    Some(r) => (r.meta, r.writer, Vec::new()),
+                    None => (ABSENT, None, Vec::new()),
                 };
                 Some(Response::Get {
                     meta: meta.to_raw(),
+                    writer,
                     value,
                 })
             }
@@ -182,6 +198,7 @@ impl ServerStore {
                         key: *key,
                         write: write.clone(),
                         applied: None,
+                        undo_writer: None,
                         locked: true,
                         lock_set: *lock_set,
                     });
@@ -205,7 +222,8 @@ impl ServerStore {
                 lower_readable,
                 write,
             } => {
-                let (before_meta, before_value) = self.apply(*table, *key, *version, write);
+                let (before_meta, before_value, before_writer) =
+                    self.apply(*txn, *table, *key, *version, write);
                 if *lower_readable {
                     let s = self.slot_or_create(*table, *key);
                     self.records[s].meta = self.records[s].meta.with_readable(false);
@@ -216,12 +234,16 @@ impl ServerStore {
                     .iter_mut()
                     .find(|e| e.table == *table && e.key == *key)
                 {
-                    Some(e) => e.applied = applied,
+                    Some(e) => {
+                        e.applied = applied;
+                        e.undo_writer = before_writer;
+                    }
                     None => entries.push(LogEntry {
                         table: *table,
                         key: *key,
                         write: Some(write.clone()),
                         applied,
+                        undo_writer: before_writer,
                         locked: false,
                         lock_set: 0,
                     }),
@@ -236,7 +258,7 @@ impl ServerStore {
                 apply,
             } => {
                 if *commit && let Some((version, write)) = apply {
-                    self.apply(*table, *key, *version, write);
+                    self.apply(*txn, *table, *key, *version, write);
                 }
                 if let Some(s) = self.slot(*table, *key)
                     && self.records[s].holder == Some(*txn)
@@ -316,7 +338,7 @@ impl ServerStore {
                 let current = self.meta(*table, *key).version();
                 let ahead = version.wrapping_sub(current) & KvMeta::MAX_VERSION;
                 if ahead != 0 && ahead < 1 << (KvMeta::VERSION_BITS - 1) {
-                    self.apply(*table, *key, *version, write);
+                    self.apply(txn, *table, *key, *version, write);
                 }
                 if let Some(s) = self.slot(*table, *key) {
                     let r = &mut self.records[s];
@@ -330,6 +352,7 @@ impl ServerStore {
                     let r = &mut self.records[s];
                     r.meta = meta.with_locked(r.meta.is_locked());
                     r.value.clone_from(value);
+                    r.writer = e.undo_writer;
                 }
             }
         }
@@ -366,7 +389,7 @@ mod tests {
 
     fn get(s: &mut ServerStore, key: u64) -> (KvMeta, Vec<u8>) {
         match s.handle(&Request::Get { table: 0, key }) {
-            Some(Response::Get { meta, value }) => (KvMeta::from_raw(meta), value),
+            Some(Response::Get { meta, value, .. }) => (KvMeta::from_raw(meta), value),
             other => panic!("{other:?}"),
         }
     }

@@ -590,16 +590,21 @@ impl<V: Verbs + Clock, H: HistorySink> Transaction for DnlTxn<'_, V, H> {
             .await
             .map_err(|Interrupted| TxnError::Aborted("interrupted by recovery"))?;
         for (&(table, key), r) in fetch.iter().zip(replies) {
-            let Response::Get { meta, value } = r else {
+            let Response::Get {
+                meta,
+                writer,
+                value,
+            } = r
+            else {
                 return Err(TxnError::Aborted("malformed Get response"));
             };
             let meta = KvMeta::from_raw(meta);
             let present = !meta.is_deleted();
-            self.reads.push(ReadEvent::new(
-                TableId(table),
-                Key(key),
-                Version(u64::from(meta.version())),
-            ));
+            let read = ReadEvent::new(TableId(table), Key(key), Version(u64::from(meta.version())));
+            self.reads.push(match writer {
+                Some(w) => read.written_by(w),
+                None => read,
+            });
             let e = self.entry_mut(table, key);
             e.seen = Some(Seen {
                 version: meta.version(),

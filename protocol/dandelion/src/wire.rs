@@ -7,7 +7,7 @@
 //!
 //! | type | request payload | response payload |
 //! |---|---|---|
-//! | `GET` | table u32, key u64 | meta u32, value |
+//! | `GET` | table u32, key u64 | meta u32, writer (u8 + txn), value |
 //! | `LOCK` | txn, table, key, read u32+u8, write, lock set u16 | granted u8, meta u32 |
 //! | `VALIDATE` | table, key, read u32+u8 | ok u8 |
 //! | `REPLICATE` | txn, table, key, version u32, lower u8, write | ok u8 |
@@ -158,6 +158,9 @@ pub enum Response {
     Get {
         /// Raw `KvMeta`.
         meta: u32,
+        /// The transaction that installed this version (`None`: loaded). History
+        /// instrumentation for the checker, not part of the paper's message: 1 or 13 bytes.
+        writer: Option<TxnId>,
         /// Value bytes (empty if absent).
         value: Vec<u8>,
     },
@@ -355,8 +358,19 @@ impl Response {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Vec::with_capacity(8);
         match self {
-            Response::Get { meta, value } => {
+            Response::Get {
+                meta,
+                writer,
+                value,
+            } => {
                 w.extend_from_slice(&meta.to_le_bytes());
+                match writer {
+                    Some(t) => {
+                        w.push(1);
+                        put_txn(&mut w, *t);
+                    }
+                    None => w.push(0),
+                }
                 w.extend_from_slice(value);
             }
             Response::Lock { granted, meta } => {
@@ -377,8 +391,17 @@ impl Response {
         let resp = match msg_type {
             msg::GET => {
                 let meta = r.u32()?;
+                let writer = if r.flag("writer")? {
+                    Some(r.txn()?)
+                } else {
+                    None
+                };
                 let value = r.rest().to_vec();
-                Response::Get { meta, value }
+                Response::Get {
+                    meta,
+                    writer,
+                    value,
+                }
             }
             msg::LOCK => {
                 let granted = r.flag("granted")?;
@@ -598,7 +621,14 @@ mod tests {
     #[quickcheck]
     fn responses_round_trip(meta: u32, b: bool, value: Vec<u8>) {
         for (ty, r) in [
-            (msg::GET, Response::Get { meta, value }),
+            (
+                msg::GET,
+                Response::Get {
+                    meta,
+                    writer: b.then(|| txn(meta, u64::from(meta))),
+                    value,
+                },
+            ),
             (msg::LOCK, Response::Lock { granted: b, meta }),
             (msg::UNLOCK, Response::Ack { ok: b }),
         ] {

@@ -317,6 +317,7 @@ fn the_readable_flag_guards_get_one_and_its_planted_bug_is_found() {
     assert!(fixed.is_ok(), "{:?}", fixed.anomalies.first());
     let buggy = get_one_race(dmem_dandelion::Bugs {
         skip_readable: true,
+        ..dmem_dandelion::Bugs::default()
     });
     assert!(
         !buggy.is_ok(),

@@ -13,7 +13,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use dmem_dandelion::{Bugs, Cluster, DnlConfig, DnlCoordinator, Worker, recover};
+use dmem_dandelion::{Cluster, DnlConfig, DnlCoordinator, Worker, recover};
 use dmem_deploy::{
     Decision, DeployError, DeploySpec, Deployment, Protocol, RecoveredCoordinator, RecoveryEvent,
     RecoveryTiming,
@@ -47,7 +47,7 @@ impl DandelionProtocol {
 
     /// A variant by flags after `dnl:` — `4`, `2` or `1` first (the commit protocol), then
     /// any of `no-net-batch`, `no-ht-batch`, `no-local-reads`, `no-get-one`, `batch=N`,
-    /// `r=N`, `skip-readable` (a planted bug), joined by `+`.
+    /// `r=N`, and the planted bugs `skip-readable`, `abort-crashed`, joined by `+`.
     ///
     /// # Errors
     /// A line naming the unknown flag.
@@ -74,11 +74,8 @@ impl DandelionProtocol {
                 "no-local-reads" => config.local_reads = false,
                 "local-reads" => config.local_reads = true,
                 "no-get-one" => config.get_one = false,
-                "skip-readable" => {
-                    config.bugs = Bugs {
-                        skip_readable: true,
-                    }
-                }
+                "skip-readable" => config.bugs.skip_readable = true,
+                "abort-crashed" => config.bugs.abort_crashed = true,
                 other => {
                     let (key, value) = other.split_once('=').ok_or_else(|| unknown(other))?;
                     let n: u16 = value
@@ -100,7 +97,7 @@ impl DandelionProtocol {
 
 fn unknown(flag: &str) -> String {
     format!(
-        "unknown flag `{flag}`: use no-net-batch, no-ht-batch, no-local-reads, no-get-one, batch=N, r=N or skip-readable"
+        "unknown flag `{flag}`: use no-net-batch, no-ht-batch, no-local-reads, no-get-one, batch=N, r=N, skip-readable or abort-crashed"
     )
 }
 
