@@ -302,3 +302,63 @@ impl Deployment for DandelionDeployment {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dmem_deploy::ClusterShape;
+    use dmem_txn::{Coordinator, Transaction, TxnKind};
+
+    #[test]
+    fn flags_parse_and_bad_ones_are_named() {
+        let c = DandelionProtocol::parse_flags("4+no-net-batch+batch=8+r=2").unwrap();
+        assert!(!c.network_batching && c.max_batch == 8 && c.replication == 2);
+        assert_eq!(
+            DandelionProtocol::parse_flags("fasst").unwrap(),
+            DnlConfig::fasst()
+        );
+        let err = DandelionProtocol::parse_flags("4+bogus").unwrap_err();
+        assert!(err.contains("bogus"), "{err}");
+        assert!(DandelionProtocol::parse_flags("3").is_err());
+        assert!(DandelionProtocol::parse_flags("4+batch=0").is_err());
+    }
+
+    #[test]
+    fn the_registry_deploys_symmetric_servers() {
+        let p = crate::registry().get("dnl-4").unwrap();
+        assert!(p.symmetric());
+        let shape = ClusterShape {
+            mns: 3,
+            cns: 2,
+            threads: 2,
+            seed: 1,
+            profile: NicProfile::cx5(),
+            min_mn_bytes: 1 << 20,
+        }
+        .symmetric(4);
+        assert_eq!((shape.cns, shape.mns), (4, 1));
+        let sim = shape.build(0).unwrap();
+        let history = Rc::new(RefCell::new(History::new()));
+        let spec = DeploySpec::new(Vec::new(), 1);
+        let mut dep = p.deploy(&sim, &spec, Rc::clone(&history)).unwrap();
+        dep.load(TableId(0), Key(5), &7u64.to_le_bytes()).unwrap();
+        let ctx = sim.context(sim.cn(3), 1).unwrap();
+        let mut c = dep.coordinator(ctx.clone(), 0).unwrap();
+        sim.spawn(&ctx, async move {
+            let mut t = c.begin(TxnKind::ReadWrite).await.unwrap();
+            let v = t.read_for_update(TableId(0), Key(5)).await.unwrap();
+            assert_eq!(v, Some(7u64.to_le_bytes().to_vec()));
+            t.write(TableId(0), Key(5), &8u64.to_le_bytes())
+                .await
+                .unwrap();
+            t.commit().await.unwrap();
+        });
+        sim.run_until_idle();
+        assert_eq!(
+            dep.read_final(TableId(0), Key(5)),
+            Some(8u64.to_le_bytes().to_vec())
+        );
+        assert_eq!(history.borrow().committed(), 1);
+        assert!(dep.counter("packets").is_some_and(|n| n > 0));
+    }
+}
