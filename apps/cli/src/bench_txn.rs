@@ -133,7 +133,8 @@ pub struct Args {
     /// Protocols to run side by side, comma-separated: any registered name — ford, occ
     /// (OOCC's OCC baseline: fixed FORD), oocc, drtm, dslr, motor, motor-si,
     /// pandora, pandora-lock-logging (traditional "log before lock" instead of PILL,
-    /// Pandora §6.1), or ford:BUG[+BUG] for FORD with bugs of Pandora Table 1 switched on.
+    /// Pandora §6.1), ford:BUG[+BUG] for FORD with bugs of Pandora Table 1 switched on,
+    /// or the symmetric dnl-4, dnl-2, dnl-1, fasst, dnl:P[+FLAG] (sized by --servers).
     #[arg(long, value_delimiter = ',', default_value = "ford,pandora")]
     protocol: Vec<String>,
     /// Fabric (only the simulated cluster runs transaction protocols so far).
