@@ -521,8 +521,11 @@ impl<V: Verbs + Clock> Worker<V> {
         let packets = {
             let mut net = self.net.borrow_mut();
             net.set_epoch(self.cluster.epoch.get());
+            let max = net.packet_limit();
+            // Sizes are checked on insert, so a frame always builds; were it not to, the
+            // packet could not be sent and is reported as too large.
             net.take_packets()
-                .map_err(|_| VerbsError::MessageTooLarge { len: 0, max: 0 })?
+                .map_err(|_| VerbsError::MessageTooLarge { len: max + 1, max })?
         };
         if packets.is_empty() {
             return Ok(false);
