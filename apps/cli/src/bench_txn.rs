@@ -127,7 +127,9 @@ pub struct Args {
     /// Size preset of the workload (its memory is estimated and checked before loading).
     #[arg(long, value_enum, default_value = "small")]
     scale: ScaleArg,
-    /// YCSB mix (with `--workload ycsb`): read-only, read-intensive (the default), a, b, c, f.
+    /// YCSB mix (with `--workload ycsb`): read-only, read-intensive (the default), a, b, c, f,
+    /// or oG-P for the O(G,P) micro-benchmark (G Gets and P blind Puts per transaction, 16-byte
+    /// values, uniform keys; `o4-2` is O(4,2)).
     #[arg(long)]
     mix: Option<String>,
     /// Protocols to run side by side, comma-separated: any registered name — ford, occ
@@ -307,6 +309,19 @@ pub fn parse_workload(workload: &str, scale: &str) -> anyhow::Result<(AnyWorkloa
 fn ycsb_mix(workload: &str, scale: Scale, mix: &str) -> anyhow::Result<AnyWorkload> {
     use dmem_workloads::kv::{KvConfig, KvWorkload, YcsbMix};
     ensure!(workload == "ycsb", "--mix applies to --workload ycsb only");
+    if let Some((gets, puts)) = mix
+        .strip_prefix('o')
+        .and_then(|gp| gp.split_once('-'))
+        .and_then(|(g, p)| Some((g.parse::<u32>().ok()?, p.parse::<u32>().ok()?)))
+    {
+        ensure!(
+            gets + puts >= 1 && gets + puts <= 64,
+            "--mix oG-P needs 1 to 64 keys per transaction"
+        );
+        return Ok(AnyWorkload::Kv(KvWorkload::new(KvConfig::micro(
+            scale, gets, puts,
+        ))));
+    }
     let mix = match mix {
         "read-only" => YcsbMix::ReadOnly,
         "read-intensive" => YcsbMix::ReadIntensive,
@@ -315,7 +330,9 @@ fn ycsb_mix(workload: &str, scale: Scale, mix: &str) -> anyhow::Result<AnyWorklo
         "c" => YcsbMix::C,
         "f" => YcsbMix::F,
         other => {
-            anyhow::bail!("unknown --mix `{other}`: use read-only, read-intensive, a, b, c or f")
+            anyhow::bail!(
+                "unknown --mix `{other}`: use read-only, read-intensive, a, b, c, f or oG-P (O(G,P): G Gets and P blind Puts)"
+            )
         }
     };
     Ok(AnyWorkload::Kv(KvWorkload::new(KvConfig::ycsb(scale, mix))))
