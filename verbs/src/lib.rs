@@ -84,6 +84,21 @@ pub trait Verbs {
     /// delivery is not acknowledged (a lost message is the protocol's business).
     fn send(&self, to: Endpoint, payload: &[u8]) -> impl Future<Output = Result<(), VerbsError>>;
 
+    /// Sends several two-sided messages at once; on a NIC this is one doorbell for all of
+    /// their work requests (doorbell batching, eRPC NSDI'19 §4.1). The default sends them
+    /// one after the other; backends that model doorbells override it.
+    fn send_batch(
+        &self,
+        messages: alloc::vec::Vec<(Endpoint, alloc::vec::Vec<u8>)>,
+    ) -> impl Future<Output = Result<(), VerbsError>> {
+        async move {
+            for (to, payload) in &messages {
+                self.send(*to, payload).await?;
+            }
+            Ok(())
+        }
+    }
+
     /// Receives the next message addressed to [`local_endpoint`](Verbs::local_endpoint).
     fn recv(&self) -> impl Future<Output = Result<Message, VerbsError>>;
 

@@ -107,6 +107,12 @@ pub fn memory_estimate(
     // record covers the peak RSS measured at --scale small for every workload (TATP: 8.2 GB
     // for 975k records and 1.2 GB of regions; TPC-C: 19.8 GB for 4.4M records and 14 GB).
     let records: u64 = workload.tables().iter().map(|t| t.expected_records).sum();
+    if p.symmetric() {
+        // Servers hold every record R times in their own memory: 2 KiB per record bounds
+        // the peak RSS measured for dnl-4 on SmallBank at --scale small (90 MB for 200k
+        // records, history included).
+        return Ok(records.checked_mul(2 << 10));
+    }
     Ok(common::product(&[per_mn, u64::from(mns)])
         .and_then(|b| b.checked_add(b / 2))
         .and_then(|b| b.checked_add(records.checked_mul(8 << 10)?)))
@@ -121,13 +127,16 @@ pub struct Args {
     /// Size preset of the workload (its memory is estimated and checked before loading).
     #[arg(long, value_enum, default_value = "small")]
     scale: ScaleArg,
-    /// YCSB mix (with `--workload ycsb`): read-only, read-intensive (the default), a, b, c, f.
+    /// YCSB mix (with `--workload ycsb`): read-only, read-intensive (the default), a, b, c, f,
+    /// or oG-P for the O(G,P) micro-benchmark (G Gets and P blind Puts per transaction, 16-byte
+    /// values, uniform keys; `o4-2` is O(4,2)).
     #[arg(long)]
     mix: Option<String>,
     /// Protocols to run side by side, comma-separated: any registered name — ford, occ
     /// (OOCC's OCC baseline: fixed FORD), oocc, drtm, dslr, motor, motor-si,
     /// pandora, pandora-lock-logging (traditional "log before lock" instead of PILL,
-    /// Pandora §6.1), or ford:BUG[+BUG] for FORD with bugs of Pandora Table 1 switched on.
+    /// Pandora §6.1), ford:BUG[+BUG] for FORD with bugs of Pandora Table 1 switched on,
+    /// or the symmetric dnl-4, dnl-2, dnl-1, fasst, dnl:P[+FLAG] (sized by --servers).
     #[arg(long, value_delimiter = ',', default_value = "ford,pandora")]
     protocol: Vec<String>,
     /// Fabric (only the simulated cluster runs transaction protocols so far).
@@ -142,6 +151,10 @@ pub struct Args {
     /// Compute nodes (CNs × threads × coroutines must stay below 65535).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=4096))]
     cns: u16,
+    /// Servers of a symmetric protocol (dnl-4, dnl-2, dnl-1, fasst: every server is both
+    /// coordinator and storage; they replace --mns and --cns for it).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    servers: u16,
     /// Threads (cores) per CN.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: u16,
@@ -216,6 +229,10 @@ pub struct Row {
     pub cn_cpu_busy: f64,
     /// Two-sided messages CNs received per committed transaction.
     pub msgs_per_txn: f64,
+    /// Messages per packet, for protocols that batch RPCs (Dandelion).
+    pub msgs_per_packet: Option<f64>,
+    /// Mean packet payload, bytes, for protocols that batch RPCs.
+    pub packet_bytes: Option<f64>,
 }
 
 impl Args {
@@ -225,8 +242,9 @@ impl Args {
             "--protocol needs at least one protocol name"
         );
         common::no_duplicates("protocol", &self.protocol)?;
-        let coordinators =
-            u32::from(self.cns) * u32::from(self.threads) * u32::from(self.coroutines);
+        let coordinators = u32::from(self.cns.max(self.servers))
+            * u32::from(self.threads)
+            * u32::from(self.coroutines);
         ensure!(
             coordinators < u32::from(u16::MAX),
             "{coordinators} coordinators exceed the 16-bit coordinator ids: lower --cns, --threads or --coroutines"
@@ -295,6 +313,19 @@ pub fn parse_workload(workload: &str, scale: &str) -> anyhow::Result<(AnyWorkloa
 fn ycsb_mix(workload: &str, scale: Scale, mix: &str) -> anyhow::Result<AnyWorkload> {
     use dmem_workloads::kv::{KvConfig, KvWorkload, YcsbMix};
     ensure!(workload == "ycsb", "--mix applies to --workload ycsb only");
+    if let Some((gets, puts)) = mix
+        .strip_prefix('o')
+        .and_then(|gp| gp.split_once('-'))
+        .and_then(|(g, p)| Some((g.parse::<u32>().ok()?, p.parse::<u32>().ok()?)))
+    {
+        ensure!(
+            gets + puts >= 1 && gets + puts <= 64,
+            "--mix oG-P needs 1 to 64 keys per transaction"
+        );
+        return Ok(AnyWorkload::Kv(KvWorkload::new(KvConfig::micro(
+            scale, gets, puts,
+        ))));
+    }
     let mix = match mix {
         "read-only" => YcsbMix::ReadOnly,
         "read-intensive" => YcsbMix::ReadIntensive,
@@ -303,7 +334,9 @@ fn ycsb_mix(workload: &str, scale: Scale, mix: &str) -> anyhow::Result<AnyWorklo
         "c" => YcsbMix::C,
         "f" => YcsbMix::F,
         other => {
-            anyhow::bail!("unknown --mix `{other}`: use read-only, read-intensive, a, b, c or f")
+            anyhow::bail!(
+                "unknown --mix `{other}`: use read-only, read-intensive, a, b, c, f or oG-P (O(G,P): G Gets and P blind Puts)"
+            )
         }
     };
     Ok(AnyWorkload::Kv(KvWorkload::new(KvConfig::ycsb(scale, mix))))
@@ -317,7 +350,10 @@ fn run_protocol(
     protocol: &str,
 ) -> anyhow::Result<Row> {
     let p = registry.get(protocol)?;
-    let cfg = args.config(profile);
+    let mut cfg = args.config(profile);
+    if p.symmetric() {
+        cfg.shape = cfg.shape.symmetric(args.servers);
+    }
     let warm_up_end = cfg.duration / 10;
     let progress = common::progress(
         (warm_up_end + cfg.duration) / 1_000,
@@ -367,6 +403,8 @@ fn run_protocol(
             .then(|| round(r.ro_no_validation as f64 / r.ro_committed as f64, 4)),
         cn_cpu_busy: round(r.cn_cpu_busy, 3),
         msgs_per_txn: round(r.msgs_per_txn, 3),
+        msgs_per_packet: r.packets.map(|(m, _)| round(m, 2)),
+        packet_bytes: r.packets.map(|(_, b)| round(b, 1)),
     })
 }
 
@@ -413,13 +451,14 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
     }
     if !args.json {
         println!(
-            "dmem bench  workload {} ({} scale, {:.1} MB of values)  sim {}  {} MN  {} CN x {} threads x {} coroutines  {} ms  seed {}",
+            "dmem bench  workload {} ({} scale, {:.1} MB of values)  sim {}  {} MN  {} CN ({} servers if symmetric) x {} threads x {} coroutines  {} ms  seed {}",
             args.workload.name(),
             scale.name(),
             workload.value_bytes() as f64 / 1e6,
             profile.name,
             args.mns,
             args.cns,
+            args.servers,
             args.threads,
             args.coroutines,
             args.duration_ms,
@@ -440,6 +479,7 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             "msgs",
             "rtts",
             "RO 1rt",
+            "msg/pkt",
             "checker / invariants",
         ]);
         for r in &rows {
@@ -459,6 +499,10 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
                 format!("{:.2}", r.rtts_per_txn.get("all").copied().unwrap_or(0.0)),
                 r.ro_one_rtt_share
                     .map_or_else(|| "-".to_owned(), |x| format!("{:.1}%", x * 100.0)),
+                r.msgs_per_packet.map_or_else(
+                    || "-".to_owned(),
+                    |m| format!("{m:.2} ({:.0} B)", r.packet_bytes.unwrap_or(0.0)),
+                ),
                 format!("{} / {}", r.checker, r.invariants),
             ]);
         }

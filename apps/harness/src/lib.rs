@@ -168,6 +168,10 @@ pub struct BenchResult {
     pub cn_cpu_busy: f64,
     /// Two-sided messages the CNs received per committed transaction (LOTUS's lock RPCs).
     pub msgs_per_txn: f64,
+    /// For a protocol that batches RPCs into packets (its deployment's `packets`,
+    /// `messages` and `packet_bytes` counters, over the whole run): messages per packet
+    /// and mean packet payload, bytes.
+    pub packets: Option<(f64, f64)>,
 }
 
 /// A coordinator that notes its context's post-list count when a transaction begins (see
@@ -505,6 +509,16 @@ pub fn run_bench(
         ro_no_validation: tally.ro.get().1,
         cn_cpu_busy: cn_cpu / (cfg.duration as f64 * cores.max(1) as f64),
         msgs_per_txn: msgs as f64 / committed.max(1) as f64,
+        packets: match (
+            deployment.counter("packets"),
+            deployment.counter("messages"),
+            deployment.counter("packet_bytes"),
+        ) {
+            (Some(p), Some(m), Some(b)) if p > 0 => {
+                Some((m as f64 / p as f64, b as f64 / p as f64))
+            }
+            _ => None,
+        },
     })
 }
 

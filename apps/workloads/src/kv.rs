@@ -44,6 +44,10 @@ pub enum KvFlavor {
     Kvs,
     /// YCSB-style (`Read` / `Update`).
     Ycsb,
+    /// FaSST's and Dandelion's O(G,P) micro-benchmarks (Dandelion §7): G Gets and P Puts
+    /// to distinct uniformly chosen keys per transaction (`ops_per_txn` = G,
+    /// `puts_per_txn` = P); a Put is a blind write.
+    Micro,
 }
 
 /// The standard YCSB mixes (and OOCC's two).
@@ -91,8 +95,13 @@ pub struct KvConfig {
     pub scramble: bool,
     /// Percentage of read-write transactions (0–100).
     pub update_percent: u32,
-    /// Keys per transaction (distinct; ≥ 1, ≤ `records`).
+    /// Keys per transaction (distinct; ≥ 1, ≤ `records`); the Gets of [`KvFlavor::Micro`]
+    /// (which may be 0 if it has Puts).
     pub ops_per_txn: u32,
+    /// Blind Puts per transaction of [`KvFlavor::Micro`] (0 for the other flavours), to
+    /// keys distinct from its Gets. A Put writes the key's loaded value again (count 0), so
+    /// the counts' invariant still holds while every value's fill is checked.
+    pub puts_per_txn: u32,
 }
 
 impl KvConfig {
@@ -108,6 +117,7 @@ impl KvConfig {
             scramble: false,
             update_percent: 50,
             ops_per_txn: 1,
+            puts_per_txn: 0,
         }
     }
 
@@ -123,6 +133,23 @@ impl KvConfig {
             scramble: true,
             update_percent: mix.update_percent(),
             ops_per_txn: 1,
+            puts_per_txn: 0,
+        }
+    }
+
+    /// O(`gets`, `puts`) as in Dandelion §7: 16-byte values, uniform keys (keys as for
+    /// [`KvConfig::kvs`]).
+    #[must_use]
+    pub fn micro(scale: Scale, gets: u32, puts: u32) -> Self {
+        Self {
+            flavor: KvFlavor::Micro,
+            records: records_at(scale),
+            value_size: 16,
+            distribution: KeyDistribution::Uniform,
+            scramble: false,
+            update_percent: if puts > 0 { 100 } else { 0 },
+            ops_per_txn: gets,
+            puts_per_txn: puts,
         }
     }
 }
@@ -148,12 +175,20 @@ pub enum KvTxn {
         /// Distinct keys.
         keys: Vec<u64>,
     },
+    /// O(G,P): read `gets` in one round, then blind-write `puts`.
+    Micro {
+        /// Keys read.
+        gets: Vec<u64>,
+        /// Keys written without reading, distinct from `gets`.
+        puts: Vec<u64>,
+    },
 }
 
 impl TxnInfo for KvTxn {
     fn first_record(&self) -> Option<(TableId, Key)> {
         match self {
             KvTxn::Read { keys } | KvTxn::Update { keys } => keys.first().map(|&k| (TABLE, Key(k))),
+            KvTxn::Micro { gets, puts } => gets.first().or(puts.first()).map(|&k| (TABLE, Key(k))),
         }
     }
 
@@ -161,6 +196,7 @@ impl TxnInfo for KvTxn {
         match self {
             KvTxn::Read { .. } => 0,
             KvTxn::Update { .. } => 1,
+            KvTxn::Micro { puts, .. } => usize::from(!puts.is_empty()),
         }
     }
 
@@ -168,6 +204,8 @@ impl TxnInfo for KvTxn {
         match self {
             KvTxn::Read { .. } => TxnKind::ReadOnly,
             KvTxn::Update { .. } => TxnKind::ReadWrite,
+            KvTxn::Micro { puts, .. } if puts.is_empty() => TxnKind::ReadOnly,
+            KvTxn::Micro { .. } => TxnKind::ReadWrite,
         }
     }
 }
@@ -189,10 +227,13 @@ impl KvWorkload {
     pub fn new(config: KvConfig) -> Self {
         assert!(config.value_size >= 8, "values hold an 8-byte counter");
         assert!(config.records > 0 && config.update_percent <= 100);
-        assert!(config.ops_per_txn >= 1 && u64::from(config.ops_per_txn) <= config.records);
+        let keys = config.ops_per_txn + config.puts_per_txn;
+        assert!(keys >= 1 && u64::from(keys) <= config.records);
+        assert!(config.ops_per_txn >= 1 || config.flavor == KvFlavor::Micro);
         let (read, update) = match config.flavor {
             KvFlavor::Kvs => ("ReadOne", "UpdateOne"),
             KvFlavor::Ycsb => ("Read", "Update"),
+            KvFlavor::Micro => ("Gets", "GetsPuts"),
         };
         let types = [
             TxnType {
@@ -225,6 +266,35 @@ impl KvWorkload {
     }
 }
 
+impl KvWorkload {
+    /// O(G,P): one round of Gets (each value checked), then blind Puts of the loaded value.
+    async fn run_micro<T: Transaction>(
+        &self,
+        gets: &[u64],
+        puts: &[u64],
+        tx: &mut T,
+    ) -> Result<Outcome, TxnError> {
+        if !gets.is_empty() {
+            let reqs: Vec<ReadReq> = gets.iter().map(|&k| rd(TABLE, k)).collect();
+            let mut values = round(tx, &reqs).await?;
+            for _ in gets {
+                let (k, value) = values.raw();
+                let value = value.ok_or(TxnError::KeyState(k))?;
+                if value.len() != self.config.value_size {
+                    return Err(TxnError::ValueSize {
+                        expected: self.config.value_size,
+                        got: value.len(),
+                    });
+                }
+            }
+        }
+        for &k in puts {
+            tx.write(TABLE, Key(k), &self.value(k, 0)).await?;
+        }
+        Ok(Outcome::Commit { delta: 0 })
+    }
+}
+
 fn fill(key: u64, count: u64, out: &mut [u8]) {
     for (j, chunk) in out.chunks_mut(8).enumerate() {
         let word = mix64(key ^ mix64(count ^ mix64(j as u64))).to_le_bytes();
@@ -253,6 +323,8 @@ pub struct KvGenerator {
     keys: KeyChooser,
     mix: Mix,
     ops: usize,
+    /// Blind Puts per transaction for O(G,P) (`None`: KVS / YCSB).
+    puts: Option<usize>,
 }
 
 impl TxnGenerator for KvGenerator {
@@ -260,14 +332,18 @@ impl TxnGenerator for KvGenerator {
 
     fn next_txn(&mut self) -> KvTxn {
         let ty = self.mix.pick(&mut self.rng);
-        let mut keys = Vec::with_capacity(self.ops);
-        while keys.len() < self.ops {
+        let total = self.ops + self.puts.unwrap_or(0);
+        let mut keys = Vec::with_capacity(total);
+        while keys.len() < total {
             let k = self.keys.next_key(&mut self.rng);
             if !keys.contains(&k) {
                 keys.push(k);
             }
         }
-        if ty == 0 {
+        if self.puts.is_some() {
+            let puts = keys.split_off(self.ops);
+            KvTxn::Micro { gets: keys, puts }
+        } else if ty == 0 {
             KvTxn::Read { keys }
         } else {
             KvTxn::Update { keys }
@@ -283,6 +359,7 @@ impl Workload for KvWorkload {
         match self.config.flavor {
             KvFlavor::Kvs => "kvs",
             KvFlavor::Ycsb => "ycsb",
+            KvFlavor::Micro => "micro",
         }
     }
 
@@ -314,6 +391,8 @@ impl Workload for KvWorkload {
             ),
             mix: Mix::new(self.types.iter().map(|t| t.weight)),
             ops: self.config.ops_per_txn as usize,
+            puts: (self.config.flavor == KvFlavor::Micro)
+                .then_some(self.config.puts_per_txn as usize),
         }
     }
 
@@ -322,6 +401,7 @@ impl Workload for KvWorkload {
         let (keys, update) = match txn {
             KvTxn::Read { keys } => (keys, false),
             KvTxn::Update { keys } => (keys, true),
+            KvTxn::Micro { gets, puts } => return self.run_micro(gets, puts, tx).await,
         };
         // One round: every key, read-only or for update; then the writes.
         let reqs: Vec<ReadReq> = keys

@@ -151,6 +151,7 @@ fn kvs_and_ycsb_read_every_key_in_one_round() {
             let access = match txn {
                 KvTxn::Read { .. } => R,
                 KvTxn::Update { .. } => U,
+                KvTxn::Micro { .. } => unreachable!("no micro workload here"),
             };
             assert_eq!(s, &vec![vec![(table, access, ops)]], "{txn:?}");
         }

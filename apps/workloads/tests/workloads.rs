@@ -399,3 +399,27 @@ fn presets_match_reference_sizes() {
     assert_eq!(AccountRecord::SIZE, 16);
     assert_eq!(KvConfig::kvs(Scale::Small).value_size, 40);
 }
+
+#[test]
+fn micro_transactions_have_g_gets_and_p_distinct_blind_puts() {
+    use dmem_workloads::kv::KvTxn;
+    let w = KvWorkload::new(KvConfig::micro(Scale::Tiny, 4, 2));
+    assert_eq!(w.name(), "micro");
+    let mut g = w.generator(3, 9);
+    for _ in 0..100 {
+        let t = g.next_txn();
+        let KvTxn::Micro { gets, puts } = &t else {
+            panic!("{t:?}")
+        };
+        assert_eq!((gets.len(), puts.len()), (4, 2));
+        assert!(puts.iter().all(|p| !gets.contains(p)) && puts[0] != puts[1]);
+        assert_eq!(t.kind(), TxnKind::ReadWrite);
+    }
+    let ro = KvWorkload::new(KvConfig::micro(Scale::Tiny, 1, 0));
+    let t = ro.generator(0, 1).next_txn();
+    assert_eq!(t.kind(), TxnKind::ReadOnly);
+    let puts_only = KvWorkload::new(KvConfig::micro(Scale::Tiny, 0, 1));
+    assert!(
+        matches!(puts_only.generator(0, 1).next_txn(), KvTxn::Micro { gets, .. } if gets.is_empty())
+    );
+}

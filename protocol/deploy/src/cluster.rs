@@ -28,6 +28,15 @@ pub struct ClusterShape {
 }
 
 impl ClusterShape {
+    /// The shape of a symmetric deployment (see [`Protocol::symmetric`]): `servers` CNs that
+    /// are the servers, and the one MN the simulator requires, left idle at its minimum size.
+    #[must_use]
+    pub fn symmetric(mut self, servers: u16) -> Self {
+        self.cns = servers;
+        self.mns = 1;
+        self
+    }
+
     /// Builds the cluster with `mn_bytes` (at least [`min_mn_bytes`](Self::min_mn_bytes))
     /// of memory per MN.
     ///

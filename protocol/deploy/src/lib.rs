@@ -200,6 +200,14 @@ pub trait Protocol: Send + Sync {
         Isolation::Serializable
     }
 
+    /// Whether the protocol is symmetric: every node is a server, both coordinator and
+    /// storage, holding its data in its own memory (Dandelion). Its deployment runs on the
+    /// cluster's CNs only — a command sizes it with `--servers N` as N CNs — and leaves the
+    /// simulator's MNs idle. `false` by default: CNs reach data on MNs.
+    fn symmetric(&self) -> bool {
+        false
+    }
+
     /// Bytes every MN needs for `spec` on `mns` MNs, before the cluster is built.
     ///
     /// # Errors

@@ -92,13 +92,20 @@ impl RunConfig {
 }
 
 /// A crash the run injected: CN `cn` (worker index) at its work request `k`.
+///
+/// A symmetric protocol's servers (Dandelion) post no work requests: they are crashed at a
+/// uniformly chosen instant instead, and `work_request` / `of` are then virtual ns (the
+/// crash instant / the instant the last litmus transaction ended without the crash), with
+/// `phase` `Some("time")`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct CrashPoint {
     /// Worker CN index.
     pub cn: u16,
-    /// Work request index at which it crashed (it and later ones did not land).
+    /// Work request index at which it crashed (it and later ones did not land), or the
+    /// crash instant for a symmetric protocol.
     pub work_request: u64,
-    /// Work requests that CN posted in the same run without the crash.
+    /// Work requests that CN posted in the same run without the crash, or the instant its
+    /// last litmus transaction ended for a symmetric protocol.
     pub of: u64,
     /// The protocol phase the crash was aimed at (`None`: a uniformly chosen work request).
     pub phase: Option<&'static str>,
@@ -148,6 +155,8 @@ struct Execution {
     final_state: Result<Vec<Option<u64>>, String>,
     history: History,
     recoveries: usize,
+    /// When the last litmus role ended.
+    last_end: u64,
 }
 
 fn instance_keys(litmus: Litmus, instances: u16) -> Vec<Key> {
@@ -304,6 +313,7 @@ fn execute(
         dep.load(TABLE, *key, value)?;
     }
     let ends = Rc::new(RefCell::new(Vec::new()));
+    let last_end = Rc::new(std::cell::Cell::new(0u64));
     let mut rng = SplitMix::new(mix(&[seed, litmus as u64, 2]));
     for i in 0..cfg.instances {
         // Half of the instances start both roles at one instant (a barrier), the others
@@ -325,6 +335,7 @@ fn execute(
             let cfg = cfg.clone();
             let keys = InstanceKeys::of(i);
             let clock = ctx.clone();
+            let last_end = Rc::clone(&last_end);
             sim.spawn(&ctx, async move {
                 let end = run_role(
                     &mut co,
@@ -338,11 +349,16 @@ fn execute(
                 )
                 .await;
                 ends.borrow_mut().push((cn, end));
+                last_end.set(last_end.get().max(clock.now()));
             });
         }
     }
     if let Some((cn, k)) = crash {
-        sim.crash_at_work_request(sim.cn(cn), k);
+        if target.symmetric() {
+            sim.crash_at(sim.cn(cn), k);
+        } else {
+            sim.crash_at_work_request(sim.cn(cn), k);
+        }
     }
     dep.start_recovery(&sim, recovery_cn, cfg.timing)?;
     sim.run_until(cfg.timing.until);
@@ -378,6 +394,7 @@ fn execute(
         final_state,
         history,
         recoveries: dep.recovery_events().len(),
+        last_end: last_end.get(),
     })
 }
 
@@ -500,9 +517,17 @@ pub fn run_one(
     let crash = if rng.unit() < cfg.crash_prob {
         let cn = rng.below(u64::from(cfg.worker_cns)) as u16;
         let dry = execute(target, litmus, seed, cfg, None)?;
-        let of = dry.wrs[usize::from(cn)];
-        let (work_request, phase) =
-            crash_point(&dry.marks[usize::from(cn)], of, cfg.targeted, &mut rng);
+        let (of, (work_request, phase)) = if target.symmetric() {
+            // No work requests to count: a uniformly chosen instant of the run.
+            let of = dry.last_end;
+            (of, (rng.below(of.max(1)), Some("time")))
+        } else {
+            let of = dry.wrs[usize::from(cn)];
+            (
+                of,
+                crash_point(&dry.marks[usize::from(cn)], of, cfg.targeted, &mut rng),
+            )
+        };
         Some(CrashPoint {
             cn,
             work_request,

@@ -17,6 +17,13 @@
 //! * `motor`, `motor-si` — Motor under SR and SI (LOTUS §2.2, §8; `dmem-motor`);
 //! * `lotus`, `lotus-si` — LOTUS under SR and SI (lock disaggregation, lock-first MVCC;
 //!   `dmem-lotus`); `lotus:FLAG[+FLAG]` with `si`, `no-sharding`, `no-routing` (§8.3);
+//! * `dnl-4`, `dnl-2`, `dnl-1` — Dandelion's three commit protocols (Dandelion §4.2.3,
+//!   Table 4) on symmetric servers with network batching, hashtable batching and local
+//!   reads (`dmem-dandelion`);
+//! * `fasst` — the FaSST baseline: Dnl-4's commit with one message per packet, one
+//!   hashtable request at a time and no local backup reads (Dandelion §7);
+//! * `dnl:P[+FLAG]` — Dandelion varied for the ablation (`dnl:4+no-net-batch`, see
+//!   [`DandelionProtocol::parse_flags`]);
 //! * `motor:FLAG[+FLAG]` — Motor with switches: `si`, `no-cas` (unsafe, for the LOTUS §2.2
 //!   motivation only), `skip-newer-abort` and `recovery-releases-only` (planted bugs for the
 //!   litmus suite; the second is what Motor's public code recovers).
@@ -29,6 +36,7 @@
 //! termination) stays here, out of `dmem-ford`'s protocol modules.
 #![forbid(unsafe_code)]
 
+pub mod dandelion;
 pub mod ford;
 pub mod lotus;
 pub mod motor;
@@ -39,6 +47,7 @@ use std::sync::Arc;
 use dmem_deploy::{Protocol, Registry};
 use dmem_ford::{BugSet, ProtocolConfig};
 
+pub use dandelion::DandelionProtocol;
 pub use ford::FordProtocol;
 pub use lotus::LotusProtocol;
 pub use motor::MotorProtocol;
@@ -98,6 +107,25 @@ pub fn registry() -> Registry {
         "lotus:FLAG[+FLAG]",
         Box::new(|params: &str| {
             Ok(Arc::new(LotusProtocol::with_flags(params)?) as Arc<dyn Protocol>)
+        }),
+    );
+    for (name, config) in [
+        ("dnl-4", dmem_dandelion::DnlConfig::dnl_4()),
+        ("dnl-2", dmem_dandelion::DnlConfig::dnl_2()),
+        ("dnl-1", dmem_dandelion::DnlConfig::dnl_1()),
+        ("fasst", dmem_dandelion::DnlConfig::fasst()),
+    ] {
+        let _ = r.register(DandelionProtocol::new(name, config));
+    }
+    let _ = r.register_family(
+        "dnl",
+        "dnl:P[+FLAG]",
+        Box::new(|params: &str| {
+            let cfg = DandelionProtocol::parse_flags(params)?;
+            Ok(
+                Arc::new(DandelionProtocol::new(&format!("dnl:{params}"), cfg))
+                    as Arc<dyn Protocol>,
+            )
         }),
     );
     let _ = r.register_family(

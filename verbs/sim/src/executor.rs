@@ -163,7 +163,13 @@ impl Sim {
         self.shared.cns
     }
 
-    /// Threads (cores) per CN.
+    /// The NIC profile every node of the cluster shares.
+    #[must_use]
+    pub fn profile(&self) -> crate::NicProfile {
+        self.shared.world.borrow().profile.clone()
+    }
+
+    /// Simulated cores (threads) per CN.
     #[must_use]
     pub fn threads_per_cn(&self) -> u16 {
         self.shared.threads_per_cn
@@ -832,6 +838,22 @@ impl Verbs for SimContext {
             world.send(self.core, self.endpoint, to, payload);
             Ok(())
         }
+    }
+
+    async fn send_batch(&self, messages: Vec<(Endpoint, Vec<u8>)>) -> Result<(), VerbsError> {
+        if self.crashed() {
+            return Err(VerbsError::LocalCrash);
+        }
+        let mut world = self.shared.world.borrow_mut();
+        let max = world.profile.max_message_bytes as usize;
+        if let Some((_, big)) = messages.iter().find(|(_, p)| p.len() > max) {
+            return Err(VerbsError::MessageTooLarge {
+                len: big.len(),
+                max,
+            });
+        }
+        world.send_batch(self.core, self.endpoint, messages);
+        Ok(())
     }
 
     fn recv(&self) -> impl Future<Output = Result<Message, VerbsError>> {

@@ -1,0 +1,192 @@
+//! Recovery after server crashes (Dandelion §4.4).
+//!
+//! Operation halts, the survivors decide every transaction they hold state for, apply the
+//! decisions, bump the epoch and resume; crashed servers are not replaced and their replicas
+//! are not re-created (as the paper). [`recover`] runs at one instant of virtual time over
+//! the survivors' stores, which is the halt: nothing interleaves with it.
+//!
+//! Decisions never contradict one reported to a client:
+//!
+//! * a transaction of a **live** coordinator commits iff the coordinator decided commit
+//!   (it reports commit only after deciding, and abort only without deciding);
+//! * a transaction of a **crashed** coordinator is decided from the survivors' logs. With a
+//!   Replication step (Dnl-4, Dnl-2) the decision precedes Replication and commit is reported
+//!   only after every replica applied it, so it commits iff some survivor holds a
+//!   Replication entry. Without one (Dnl-1) commit is reported once every replica of every
+//!   locked key granted its lock, and abort only after the unlocks are acknowledged, so it
+//!   commits iff the survivors hold a lock entry at every live replica of as many distinct
+//!   keys as its `LOCK`s announced.
+//!
+//! A committed transaction's writes are applied at every live replica that does not hold
+//! them yet (a replica whose message was lost in the crash), its locks released and the
+//! readable flags raised; an aborted one's applied writes are undone and its locks released.
+
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+
+use dmem_txn::{HistorySink, Key, TableId, TxnId, TxnOutcome, TxnRecord, Version, WriteEvent};
+use dmem_verbs::{Clock, Nanos, Verbs};
+
+use crate::store::LogEntry;
+use crate::wire::WriteOp;
+use crate::worker::{Cluster, Worker};
+
+/// What one recovery did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// The epoch operation resumed in.
+    pub epoch: u64,
+    /// Servers declared crashed by this recovery.
+    pub crashed: Vec<u16>,
+    /// Transactions decided commit / abort.
+    pub committed: Vec<TxnId>,
+    /// See [`committed`](Self::committed).
+    pub aborted: Vec<TxnId>,
+}
+
+/// Declares `crashed` servers crashed and recovers at virtual time `now` (see the module
+/// docs); `workers` are every server thread (those of crashed servers are skipped).
+///
+/// History bookkeeping: a crashed coordinator's transaction that recovery commits but that
+/// its coordinator never recorded (Dnl-1 commits once every lock is granted, at the
+/// replicas, before the coordinator hears of it) is recorded into `history` as
+/// [`TxnOutcome::Unknown`] with the versions recovery installed, its reads unknown, ending
+/// now; the checker then judges its writes by what was observed.
+pub fn recover<V: Verbs + Clock>(
+    cluster: &Cluster,
+    workers: &[Rc<Worker<V>>],
+    crashed: &[u16],
+    history: &impl HistorySink,
+    now: Nanos,
+) -> RecoveryReport {
+    for &s in crashed {
+        if let Some(c) = cluster.crashed.borrow_mut().get_mut(usize::from(s)) {
+            *c = true;
+        }
+    }
+    let survivors: Vec<u16> = (0..cluster.stores.len() as u16)
+        .filter(|s| !cluster.is_crashed(*s))
+        .collect();
+    // Every survivor's log entries, per transaction (ordered: a deterministic run).
+    let mut logs: BTreeMap<TxnId, Vec<(u16, LogEntry)>> = BTreeMap::new();
+    for &s in &survivors {
+        for (txn, entries) in &cluster.stores[usize::from(s)].borrow().log {
+            for e in entries {
+                logs.entry(*txn).or_default().push((s, e.clone()));
+            }
+        }
+    }
+    let mut report = RecoveryReport {
+        crashed: crashed.to_vec(),
+        ..RecoveryReport::default()
+    };
+    let coordinator_live = |txn: &TxnId| {
+        cluster
+            .coordinator_server
+            .borrow()
+            .get(&txn.coordinator.0)
+            .is_some_and(|s| !cluster.is_crashed(*s))
+    };
+    // A live coordinator's committed transaction may have left no entry at any survivor
+    // (its primary crashed before Replication reached a backup): decide those too.
+    for txn in cluster.decided.borrow().keys() {
+        if coordinator_live(txn) {
+            logs.entry(*txn).or_default();
+        }
+    }
+    let replicated = cluster.config.commit.replicate.is_some();
+    for (txn, entries) in logs {
+        let live = coordinator_live(&txn);
+        let decision = if live {
+            cluster.decided.borrow().get(&txn).cloned()
+        } else {
+            None
+        };
+        let commit = if live {
+            decision.is_some()
+        } else if cluster.config.bugs.abort_crashed {
+            false
+        } else if replicated {
+            entries.iter().any(|(_, e)| e.applied.is_some())
+        } else {
+            fully_locked(cluster, &entries)
+        };
+        // The writes a commit installs: per key, the write and its version — the live
+        // coordinator's own, or else what the survivors logged.
+        let mut writes: HashMap<(u32, u64), (u32, WriteOp)> = decision
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(t, k, v, w)| ((t, k), (v, w)))
+            .collect();
+        if commit && !live {
+            for (s, e) in &entries {
+                let Some(w) = &e.write else { continue };
+                let version = cluster.stores[usize::from(*s)]
+                    .borrow()
+                    .version_of(txn, e.table, e.key);
+                if let Some(v) = version {
+                    writes.entry((e.table, e.key)).or_insert((v, w.clone()));
+                }
+            }
+        }
+        let writes: Vec<(u32, u64, u32, WriteOp)> = writes
+            .into_iter()
+            .map(|((t, k), (v, w))| (t, k, v, w))
+            .collect();
+        if commit && !live && !cluster.decided.borrow().contains_key(&txn) {
+            history.record(TxnRecord {
+                id: txn,
+                begin: 0,
+                end: now,
+                outcome: TxnOutcome::Unknown,
+                reads: Vec::new(),
+                writes: writes
+                    .iter()
+                    .map(|(t, k, v, w)| WriteEvent {
+                        table: TableId(*t),
+                        key: Key(*k),
+                        version: Version(u64::from(*v)),
+                        kind: w.kind,
+                    })
+                    .collect(),
+            });
+        }
+        for &s in &survivors {
+            cluster.stores[usize::from(s)]
+                .borrow_mut()
+                .decide(txn, commit, &writes, |t, k| {
+                    cluster.replicas(t, k).contains(&s)
+                });
+        }
+        if entries.is_empty() && live {
+            // Finished long ago: nothing to report.
+        } else if commit {
+            report.committed.push(txn);
+        } else {
+            report.aborted.push(txn);
+        }
+    }
+    cluster.epoch.set(cluster.epoch.get() + 1);
+    report.epoch = cluster.epoch.get();
+    for w in workers {
+        if !cluster.is_crashed(w.server()) {
+            w.interrupt();
+        }
+    }
+    report
+}
+
+/// Dnl-1's rule: every key the transaction announced is locked at each of its live replicas.
+fn fully_locked(cluster: &Cluster, entries: &[(u16, LogEntry)]) -> bool {
+    let Some(announced) = entries.iter().map(|(_, e)| e.lock_set).max() else {
+        return false;
+    };
+    let mut keys: BTreeMap<(u32, u64), Vec<u16>> = BTreeMap::new();
+    for (s, e) in entries.iter().filter(|(_, e)| e.locked) {
+        keys.entry((e.table, e.key)).or_default().push(*s);
+    }
+    keys.len() == usize::from(announced)
+        && keys
+            .iter()
+            .all(|((t, k), holders)| cluster.replicas(*t, *k).iter().all(|r| holders.contains(r)))
+}

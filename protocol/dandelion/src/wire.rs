@@ -1,0 +1,664 @@
+//! The protocol's messages (Dandelion §4.2) as bytes inside an RPC frame's message.
+//!
+//! Each message of a `dmem_layout::rpc` frame has a type, a request slot and a payload;
+//! this module encodes the payloads of the protocol's requests and responses (little
+//! endian, packed) and parses received ones with checked parsing: a truncated, oversized or
+//! undefined payload is a [`WireError`], never a panic.
+//!
+//! | type | request payload | response payload |
+//! |---|---|---|
+//! | `GET` | table u32, key u64 | meta u32, writer (u8 + txn), value |
+//! | `LOCK` | txn, table, key, read u32+u8, write, lock set u16 | granted u8, meta u32 |
+//! | `VALIDATE` | table, key, read u32+u8 | ok u8 |
+//! | `REPLICATE` | txn, table, key, version u32, lower u8, write | ok u8 |
+//! | `UNLOCK` | txn, table, key, commit u8, apply u8, version u32, write | ok u8 |
+//! | `RAISE` | txn, table, key, version u32 | — (none) |
+//!
+//! `txn` is the coordinator (u32) and sequence number (u64); `write` is a kind byte and the
+//! value. A `LOCK` carries the write so that the replica logs it (Locking step, §4.2.2).
+
+use dmem_txn::{CoordinatorId, TxnId, WriteKind};
+
+/// Message types (the `msg_type` of a frame message).
+pub mod msg {
+    /// Execution-phase read.
+    pub const GET: u16 = 1;
+    /// Locking step.
+    pub const LOCK: u16 = 2;
+    /// Read Validation step.
+    pub const VALIDATE: u16 = 3;
+    /// Replication step.
+    pub const REPLICATE: u16 = 4;
+    /// Unlocking step.
+    pub const UNLOCK: u16 = 5;
+    /// Raises the readable flag of a backup once its writer committed (piggybacked, §4.2.2).
+    pub const RAISE: u16 = 6;
+}
+
+/// Why a payload could not be parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// The payload ended early.
+    #[error("payload truncated: needed {needed} more bytes")]
+    Truncated {
+        /// Bytes missing.
+        needed: usize,
+    },
+    /// Bytes left after the message.
+    #[error("{0} trailing bytes after the message")]
+    Trailing(usize),
+    /// A field with an undefined value.
+    #[error("undefined value in field `{0}`")]
+    Invalid(&'static str),
+    /// An unknown message type.
+    #[error("unknown message type {0}")]
+    UnknownType(u16),
+}
+
+/// What a transaction observed of a key when it read it: its version and whether it was
+/// present (a deleted or never-inserted key is absent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// The 29-bit version.
+    pub version: u32,
+    /// Present (not deleted, inserted).
+    pub present: bool,
+}
+
+/// A write carried by a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteOp {
+    /// Update, insert or delete.
+    pub kind: WriteKind,
+    /// The new value (empty for a delete).
+    pub value: Vec<u8>,
+}
+
+/// A request message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Execution-phase Get (§4.2.1).
+    Get {
+        /// Table.
+        table: u32,
+        /// Key.
+        key: u64,
+    },
+    /// Locking (§4.2.2 step 1): lock, check the version read, log the write.
+    Lock {
+        /// The transaction.
+        txn: TxnId,
+        /// Table.
+        table: u32,
+        /// Key.
+        key: u64,
+        /// What the transaction read, if it read the key.
+        read: Option<Seen>,
+        /// The write to log, if the access is not a Get.
+        write: Option<WriteOp>,
+        /// Distinct keys the transaction locks (logged: recovery of a Dnl-1 transaction
+        /// commits it only if it finds every one of them locked, §4.4).
+        lock_set: u16,
+    },
+    /// Read Validation (§4.2.2 step 2) at the primary.
+    Validate {
+        /// Table.
+        table: u32,
+        /// Key.
+        key: u64,
+        /// What the transaction read.
+        read: Seen,
+    },
+    /// Replication (§4.2.2 step 3): apply the write, keep the undo entry.
+    Replicate {
+        /// The transaction.
+        txn: TxnId,
+        /// Table.
+        table: u32,
+        /// Key.
+        key: u64,
+        /// Version the write installs.
+        version: u32,
+        /// Lower the readable flag (a backup, §4.2.2).
+        lower_readable: bool,
+        /// The write.
+        write: WriteOp,
+    },
+    /// Unlocking (§4.2.2 step 4), with the decision.
+    Unlock {
+        /// The transaction.
+        txn: TxnId,
+        /// Table.
+        table: u32,
+        /// Key.
+        key: u64,
+        /// Commit (else abort).
+        commit: bool,
+        /// The write to apply here with the version it installs (replicas that were not
+        /// replicated to: Dnl-4's primary, every Dnl-1 replica).
+        apply: Option<(u32, WriteOp)>,
+    },
+    /// Raise the readable flag of a backup whose writer committed (§4.2.2).
+    Raise {
+        /// The writer.
+        txn: TxnId,
+        /// Table.
+        table: u32,
+        /// Key.
+        key: u64,
+        /// The version it installed.
+        version: u32,
+    },
+}
+
+/// A response message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    /// The value of a Get with its metadata word (`KvMeta` raw).
+    Get {
+        /// Raw `KvMeta`.
+        meta: u32,
+        /// The transaction that installed this version (`None`: loaded). History
+        /// instrumentation for the checker, not part of the paper's message: 1 or 13 bytes.
+        writer: Option<TxnId>,
+        /// Value bytes (empty if absent).
+        value: Vec<u8>,
+    },
+    /// Lock granted or not, with the key's metadata when asked.
+    Lock {
+        /// Granted.
+        granted: bool,
+        /// Raw `KvMeta` at the replica.
+        meta: u32,
+    },
+    /// Validation, replication or unlock: done / passed.
+    Ack {
+        /// Passed (validation) or done.
+        ok: bool,
+    },
+}
+
+impl Request {
+    /// Its message type.
+    #[must_use]
+    pub fn msg_type(&self) -> u16 {
+        match self {
+            Request::Get { .. } => msg::GET,
+            Request::Lock { .. } => msg::LOCK,
+            Request::Validate { .. } => msg::VALIDATE,
+            Request::Replicate { .. } => msg::REPLICATE,
+            Request::Unlock { .. } => msg::UNLOCK,
+            Request::Raise { .. } => msg::RAISE,
+        }
+    }
+
+    /// Whether the receiver answers it.
+    #[must_use]
+    pub fn expects_response(&self) -> bool {
+        !matches!(self, Request::Raise { .. })
+    }
+
+    /// Its payload bytes.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(32);
+        match self {
+            Request::Get { table, key } => put_tk(&mut w, *table, *key),
+            Request::Lock {
+                txn,
+                table,
+                key,
+                read,
+                write,
+                lock_set,
+            } => {
+                put_txn(&mut w, *txn);
+                put_tk(&mut w, *table, *key);
+                put_seen(&mut w, *read);
+                put_write(&mut w, write.as_ref());
+                w.extend_from_slice(&lock_set.to_le_bytes());
+            }
+            Request::Validate { table, key, read } => {
+                put_tk(&mut w, *table, *key);
+                put_seen(&mut w, Some(*read));
+            }
+            Request::Replicate {
+                txn,
+                table,
+                key,
+                version,
+                lower_readable,
+                write,
+            } => {
+                put_txn(&mut w, *txn);
+                put_tk(&mut w, *table, *key);
+                w.extend_from_slice(&version.to_le_bytes());
+                w.push(u8::from(*lower_readable));
+                put_write(&mut w, Some(write));
+            }
+            Request::Unlock {
+                txn,
+                table,
+                key,
+                commit,
+                apply,
+            } => {
+                put_txn(&mut w, *txn);
+                put_tk(&mut w, *table, *key);
+                w.push(u8::from(*commit));
+                match apply {
+                    Some((version, write)) => {
+                        w.push(1);
+                        w.extend_from_slice(&version.to_le_bytes());
+                        put_write(&mut w, Some(write));
+                    }
+                    None => w.push(0),
+                }
+            }
+            Request::Raise {
+                txn,
+                table,
+                key,
+                version,
+            } => {
+                put_txn(&mut w, *txn);
+                put_tk(&mut w, *table, *key);
+                w.extend_from_slice(&version.to_le_bytes());
+            }
+        }
+        w
+    }
+
+    /// Parses the payload of a message of type `msg_type`.
+    ///
+    /// # Errors
+    /// [`WireError`] on anything a sender of this module does not emit.
+    pub fn decode(msg_type: u16, payload: &[u8]) -> Result<Self, WireError> {
+        let mut r = Reader(payload);
+        let req = match msg_type {
+            msg::GET => {
+                let (table, key) = r.tk()?;
+                Request::Get { table, key }
+            }
+            msg::LOCK => {
+                let txn = r.txn()?;
+                let (table, key) = r.tk()?;
+                let read = r.seen()?;
+                let write = r.write()?;
+                let lock_set = r.u16()?;
+                Request::Lock {
+                    txn,
+                    table,
+                    key,
+                    read,
+                    write,
+                    lock_set,
+                }
+            }
+            msg::VALIDATE => {
+                let (table, key) = r.tk()?;
+                let read = r.seen()?.ok_or(WireError::Invalid("read"))?;
+                Request::Validate { table, key, read }
+            }
+            msg::REPLICATE => {
+                let txn = r.txn()?;
+                let (table, key) = r.tk()?;
+                let version = r.u32()?;
+                let lower_readable = r.flag("lower_readable")?;
+                let write = r.write()?.ok_or(WireError::Invalid("write"))?;
+                Request::Replicate {
+                    txn,
+                    table,
+                    key,
+                    version,
+                    lower_readable,
+                    write,
+                }
+            }
+            msg::UNLOCK => {
+                let txn = r.txn()?;
+                let (table, key) = r.tk()?;
+                let commit = r.flag("commit")?;
+                let apply = if r.flag("apply")? {
+                    let version = r.u32()?;
+                    let write = r.write()?.ok_or(WireError::Invalid("write"))?;
+                    Some((version, write))
+                } else {
+                    None
+                };
+                Request::Unlock {
+                    txn,
+                    table,
+                    key,
+                    commit,
+                    apply,
+                }
+            }
+            msg::RAISE => {
+                let txn = r.txn()?;
+                let (table, key) = r.tk()?;
+                let version = r.u32()?;
+                Request::Raise {
+                    txn,
+                    table,
+                    key,
+                    version,
+                }
+            }
+            other => return Err(WireError::UnknownType(other)),
+        };
+        r.end()?;
+        Ok(req)
+    }
+}
+
+impl Response {
+    /// Its payload bytes (the message type is the request's).
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(8);
+        match self {
+            Response::Get {
+                meta,
+                writer,
+                value,
+            } => {
+                w.extend_from_slice(&meta.to_le_bytes());
+                match writer {
+                    Some(t) => {
+                        w.push(1);
+                        put_txn(&mut w, *t);
+                    }
+                    None => w.push(0),
+                }
+                w.extend_from_slice(value);
+            }
+            Response::Lock { granted, meta } => {
+                w.push(u8::from(*granted));
+                w.extend_from_slice(&meta.to_le_bytes());
+            }
+            Response::Ack { ok } => w.push(u8::from(*ok)),
+        }
+        w
+    }
+
+    /// Parses the response to a request of type `msg_type`.
+    ///
+    /// # Errors
+    /// [`WireError`] on anything [`Response::encode`] does not emit.
+    pub fn decode(msg_type: u16, payload: &[u8]) -> Result<Self, WireError> {
+        let mut r = Reader(payload);
+        let resp = match msg_type {
+            msg::GET => {
+                let meta = r.u32()?;
+                let writer = if r.flag("writer")? {
+                    Some(r.txn()?)
+                } else {
+                    None
+                };
+                let value = r.rest().to_vec();
+                Response::Get {
+                    meta,
+                    writer,
+                    value,
+                }
+            }
+            msg::LOCK => {
+                let granted = r.flag("granted")?;
+                let meta = r.u32()?;
+                Response::Lock { granted, meta }
+            }
+            msg::VALIDATE | msg::REPLICATE | msg::UNLOCK => Response::Ack { ok: r.flag("ok")? },
+            other => return Err(WireError::UnknownType(other)),
+        };
+        r.end()?;
+        Ok(resp)
+    }
+}
+
+fn put_tk(w: &mut Vec<u8>, table: u32, key: u64) {
+    w.extend_from_slice(&table.to_le_bytes());
+    w.extend_from_slice(&key.to_le_bytes());
+}
+
+fn put_txn(w: &mut Vec<u8>, txn: TxnId) {
+    w.extend_from_slice(&txn.coordinator.0.to_le_bytes());
+    w.extend_from_slice(&txn.seq.to_le_bytes());
+}
+
+fn put_seen(w: &mut Vec<u8>, seen: Option<Seen>) {
+    match seen {
+        Some(s) => {
+            w.extend_from_slice(&s.version.to_le_bytes());
+            w.push(1 | (u8::from(s.present) << 1));
+        }
+        None => {
+            w.extend_from_slice(&0u32.to_le_bytes());
+            w.push(0);
+        }
+    }
+}
+
+fn put_write(w: &mut Vec<u8>, write: Option<&WriteOp>) {
+    match write {
+        None => w.push(0),
+        Some(op) => {
+            w.push(match op.kind {
+                WriteKind::Update => 1,
+                WriteKind::Insert => 2,
+                WriteKind::Delete => 3,
+            });
+            let len = u16::try_from(op.value.len()).expect("values are at most 64 KiB");
+            w.extend_from_slice(&len.to_le_bytes());
+            w.extend_from_slice(&op.value);
+        }
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.0.len() < n {
+            return Err(WireError::Truncated {
+                needed: n - self.0.len(),
+            });
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn flag(&mut self, field: &'static str) -> Result<bool, WireError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(WireError::Invalid(field)),
+        }
+    }
+    fn tk(&mut self) -> Result<(u32, u64), WireError> {
+        Ok((self.u32()?, self.u64()?))
+    }
+    fn txn(&mut self) -> Result<TxnId, WireError> {
+        let coordinator = CoordinatorId(self.u32()?);
+        let seq = self.u64()?;
+        Ok(TxnId { coordinator, seq })
+    }
+    fn seen(&mut self) -> Result<Option<Seen>, WireError> {
+        let version = self.u32()?;
+        match self.u8()? {
+            0 if version == 0 => Ok(None),
+            f @ (1 | 3) => Ok(Some(Seen {
+                version,
+                present: f == 3,
+            })),
+            _ => Err(WireError::Invalid("read")),
+        }
+    }
+    fn write(&mut self) -> Result<Option<WriteOp>, WireError> {
+        let kind = match self.u8()? {
+            0 => return Ok(None),
+            1 => WriteKind::Update,
+            2 => WriteKind::Insert,
+            3 => WriteKind::Delete,
+            _ => return Err(WireError::Invalid("write kind")),
+        };
+        let len = usize::from(self.u16()?);
+        let value = self.take(len)?.to_vec();
+        Ok(Some(WriteOp { kind, value }))
+    }
+    fn rest(&mut self) -> &'a [u8] {
+        core::mem::take(&mut self.0)
+    }
+    fn end(&self) -> Result<(), WireError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(WireError::Trailing(self.0.len()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quickcheck_macros::quickcheck;
+
+    fn txn(c: u32, s: u64) -> TxnId {
+        TxnId {
+            coordinator: CoordinatorId(c),
+            seq: s,
+        }
+    }
+
+    fn kind(k: u8) -> WriteKind {
+        match k % 3 {
+            0 => WriteKind::Update,
+            1 => WriteKind::Insert,
+            _ => WriteKind::Delete,
+        }
+    }
+
+    #[quickcheck]
+    fn requests_round_trip(
+        (c, s): (u32, u64),
+        t: u32,
+        k: u64,
+        v: u32,
+        b: bool,
+        wk: u8,
+        value: Vec<u8>,
+    ) {
+        let write = WriteOp {
+            kind: kind(wk),
+            value,
+        };
+        let reqs = [
+            Request::Get { table: t, key: k },
+            Request::Lock {
+                txn: txn(c, s),
+                table: t,
+                key: k,
+                read: b.then_some(Seen {
+                    version: v,
+                    present: !b,
+                }),
+                write: (!b).then(|| write.clone()),
+                lock_set: v as u16,
+            },
+            Request::Validate {
+                table: t,
+                key: k,
+                read: Seen {
+                    version: v,
+                    present: b,
+                },
+            },
+            Request::Replicate {
+                txn: txn(c, s),
+                table: t,
+                key: k,
+                version: v,
+                lower_readable: b,
+                write: write.clone(),
+            },
+            Request::Unlock {
+                txn: txn(c, s),
+                table: t,
+                key: k,
+                commit: b,
+                apply: b.then(|| (v, write.clone())),
+            },
+            Request::Raise {
+                txn: txn(c, s),
+                table: t,
+                key: k,
+                version: v,
+            },
+        ];
+        for r in reqs {
+            assert_eq!(Request::decode(r.msg_type(), &r.encode()), Ok(r));
+        }
+    }
+
+    #[quickcheck]
+    fn responses_round_trip(meta: u32, b: bool, value: Vec<u8>) {
+        for (ty, r) in [
+            (
+                msg::GET,
+                Response::Get {
+                    meta,
+                    writer: b.then(|| txn(meta, u64::from(meta))),
+                    value,
+                },
+            ),
+            (msg::LOCK, Response::Lock { granted: b, meta }),
+            (msg::UNLOCK, Response::Ack { ok: b }),
+        ] {
+            assert_eq!(Response::decode(ty, &r.encode()), Ok(r));
+        }
+    }
+
+    #[quickcheck]
+    fn garbage_never_panics(ty: u16, bytes: Vec<u8>) {
+        let _ = Request::decode(ty % 8, &bytes);
+        let _ = Response::decode(ty % 8, &bytes);
+    }
+
+    #[test]
+    fn bad_payloads_are_typed_errors() {
+        let get = Request::Get { table: 1, key: 2 }.encode();
+        assert_eq!(
+            Request::decode(msg::GET, &get[..5]),
+            Err(WireError::Truncated { needed: 7 })
+        );
+        let mut long = get.clone();
+        long.push(0);
+        assert_eq!(
+            Request::decode(msg::GET, &long),
+            Err(WireError::Trailing(1))
+        );
+        assert_eq!(Request::decode(99, &get), Err(WireError::UnknownType(99)));
+        assert_eq!(
+            Response::decode(msg::UNLOCK, &[2]),
+            Err(WireError::Invalid("ok"))
+        );
+    }
+}

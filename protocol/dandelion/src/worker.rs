@@ -1,0 +1,636 @@
+//! A server thread: its network endpoint, its `RunIteration` loop and the requests its
+//! transactions wait for (Dandelion §4.1, §5.1).
+//!
+//! Every server runs one [`Worker`] per thread. Transactions (the client coroutines of that
+//! thread) hand it requests with [`Worker::issue`]; requests to the worker's own server are
+//! queued for a local hashtable batch, the others are inserted into the networking layer's
+//! packets for the same thread of the destination server. The worker's loop
+//! ([`Worker::run`]) runs an iteration whenever a transaction issued something or a packet
+//! arrived: it executes the local batch, sends every buffered packet, receives every packet
+//! that arrived, runs their requests as one batch (`ReqHandler`) and answers them in one
+//! packet of responses per source, and delivers responses (`RespHandler`) to the waiting
+//! transactions. Because the loop task is woken behind the coroutines that are already
+//! runnable, an iteration batches whatever they issued in the meantime and never waits to
+//! fill a quota (opportunistic batching, §2).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+
+use dmem_txn::TxnId;
+use dmem_verbs::{Clock, Endpoint, Message, Verbs, VerbsError};
+
+use crate::config::{DnlConfig, cost};
+use crate::net::{Flow, Msg, Net, parse};
+use crate::store::ServerStore;
+use crate::wire::{Request, Response, WriteOp};
+
+/// Where keys live: a primary by hash and the next R − 1 servers as backups (§2, §4.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placement {
+    /// Servers.
+    pub servers: u16,
+    /// Replicas per key (capped at `servers`).
+    pub replication: u16,
+}
+
+impl Placement {
+    /// `replication` replicas on `servers` servers.
+    #[must_use]
+    pub fn new(servers: u16, replication: u16) -> Self {
+        Self {
+            servers: servers.max(1),
+            replication: replication.clamp(1, servers.max(1)),
+        }
+    }
+
+    /// The primary of `(table, key)`.
+    #[must_use]
+    pub fn primary(&self, table: u32, key: u64) -> u16 {
+        let h = mix64(key ^ (u64::from(table) << 56) ^ u64::from(table).rotate_left(17));
+        (h % u64::from(self.servers)) as u16
+    }
+
+    /// Primary first, then the backups.
+    pub fn replicas(&self, table: u32, key: u64) -> impl Iterator<Item = u16> + use<> {
+        let (p, n) = (self.primary(table, key), self.servers);
+        (0..self.replication).map(move |i| (p + i) % n)
+    }
+
+    /// Whether `server` holds a replica of `(table, key)`.
+    #[must_use]
+    pub fn holds(&self, server: u16, table: u32, key: u64) -> bool {
+        let offset = (server + self.servers - self.primary(table, key)) % self.servers;
+        offset < self.replication
+    }
+}
+
+fn mix64(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// A write of a decided transaction: table, key, the version it installs, the write.
+pub type DecidedWrite = (u32, u64, u32, WriteOp);
+
+/// The state every server thread shares: the stores, endpoints, placement, configuration,
+/// epoch.
+#[derive(Debug)]
+pub struct Cluster {
+    /// Per server, its store.
+    pub stores: Vec<RefCell<ServerStore>>,
+    /// Per server, per thread, the worker's endpoint.
+    pub endpoints: Vec<Vec<Endpoint>>,
+    /// Key placement.
+    pub placement: Placement,
+    /// Protocol configuration.
+    pub config: DnlConfig,
+    /// The epoch (§4.4): packets of another epoch are ignored.
+    pub epoch: Cell<u64>,
+    /// Servers recovery declared crashed: no longer replicas of anything.
+    pub crashed: RefCell<Vec<bool>>,
+    /// The server of every coordinator.
+    pub coordinator_server: RefCell<HashMap<u32, u16>>,
+    /// Transactions whose coordinator decided to commit, with their writes (table, key,
+    /// version, write). Recovery asks a survivor's coordinators for their decisions (§4.4);
+    /// this map is that answer, and recovery never reads the entries of a crashed server's
+    /// coordinators (their memory is gone). Kept for the whole run (a decision may be needed
+    /// as long as a message of it can be lost).
+    pub decided: RefCell<HashMap<TxnId, Vec<DecidedWrite>>>,
+}
+
+impl Cluster {
+    /// `endpoints[server][thread]` under `config`.
+    #[must_use]
+    pub fn new(endpoints: Vec<Vec<Endpoint>>, config: DnlConfig) -> Self {
+        let servers = endpoints.len() as u16;
+        Self {
+            stores: (0..servers)
+                .map(|_| RefCell::new(ServerStore::new()))
+                .collect(),
+            endpoints,
+            placement: Placement::new(servers, config.replication),
+            config,
+            epoch: Cell::new(0),
+            crashed: RefCell::new(vec![false; usize::from(servers)]),
+            coordinator_server: RefCell::new(HashMap::new()),
+            decided: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// Whether recovery declared `server` crashed.
+    #[must_use]
+    pub fn is_crashed(&self, server: u16) -> bool {
+        self.crashed
+            .borrow()
+            .get(usize::from(server))
+            .copied()
+            .unwrap_or(true)
+    }
+
+    /// The live replicas of `(table, key)`, the acting primary first (the first live one:
+    /// with no re-replication, §4.4, a backup takes over from a crashed primary).
+    #[must_use]
+    pub fn replicas(&self, table: u32, key: u64) -> Vec<u16> {
+        self.placement
+            .replicas(table, key)
+            .filter(|s| !self.is_crashed(*s))
+            .collect()
+    }
+
+    /// The acting primary of `(table, key)` (its first live replica).
+    #[must_use]
+    pub fn primary(&self, table: u32, key: u64) -> u16 {
+        self.placement
+            .replicas(table, key)
+            .find(|s| !self.is_crashed(*s))
+            .unwrap_or_else(|| self.placement.primary(table, key))
+    }
+
+    /// Loads a record at every replica (out of band).
+    pub fn load(&self, table: u32, key: u64, value: &[u8]) {
+        for r in self.placement.replicas(table, key) {
+            self.stores[usize::from(r)]
+                .borrow_mut()
+                .load(table, key, value);
+        }
+    }
+
+    /// The committed value of `(table, key)` at its acting primary (`None`: absent).
+    #[must_use]
+    pub fn read_final(&self, table: u32, key: u64) -> Option<Vec<u8>> {
+        let p = self.primary(table, key);
+        let store = self.stores[usize::from(p)].borrow();
+        let r = store.get(table, key)?;
+        (!r.meta.is_deleted()).then(|| r.value.clone())
+    }
+}
+
+/// Responses a transaction step waits for.
+#[derive(Debug, Default)]
+pub struct Step {
+    replies: RefCell<Vec<Option<Response>>>,
+    remaining: Cell<usize>,
+    waker: RefCell<Option<Waker>>,
+    interrupted: Cell<bool>,
+}
+
+/// A step whose responses will never come: recovery bumped the epoch (§4.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interrupted;
+
+impl Step {
+    /// A step of `n` requests.
+    #[must_use]
+    pub fn new(n: usize) -> Rc<Self> {
+        Rc::new(Self {
+            replies: RefCell::new(vec![None; n]),
+            remaining: Cell::new(n),
+            waker: RefCell::new(None),
+            interrupted: Cell::new(false),
+        })
+    }
+
+    /// Fails the step (recovery).
+    pub fn interrupt(&self) {
+        self.interrupted.set(true);
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    fn deliver(&self, index: usize, resp: Response) {
+        let mut replies = self.replies.borrow_mut();
+        if let Some(slot) = replies.get_mut(index)
+            && slot.is_none()
+        {
+            *slot = Some(resp);
+            self.remaining.set(self.remaining.get() - 1);
+            if self.remaining.get() == 0
+                && let Some(w) = self.waker.borrow_mut().take()
+            {
+                w.wake();
+            }
+        }
+    }
+
+    /// Resolves with every response, in request order, once all have arrived, or with
+    /// [`Interrupted`] if recovery ran meanwhile.
+    pub fn wait(
+        self: &Rc<Self>,
+    ) -> impl Future<Output = Result<Vec<Response>, Interrupted>> + use<> {
+        let step = Rc::clone(self);
+        poll_fn(move |cx| {
+            if step.interrupted.get() {
+                Poll::Ready(Err(Interrupted))
+            } else if step.remaining.get() == 0 {
+                Poll::Ready(Ok(step
+                    .replies
+                    .borrow_mut()
+                    .iter_mut()
+                    .map(|r| r.take().expect("every reply arrived"))
+                    .collect()))
+            } else {
+                *step.waker.borrow_mut() = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+    }
+}
+
+type ReplyTo = (Rc<Step>, usize);
+
+/// Counters of one worker.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// Iterations that did something.
+    pub iterations: u64,
+    /// Packets sent (requests and responses).
+    pub packets: u64,
+    /// Messages sent in them.
+    pub messages: u64,
+    /// Bytes of those packets (frames, without transport headers).
+    pub bytes: u64,
+    /// Local hashtable requests.
+    pub local_requests: u64,
+}
+
+/// One server thread (see the module docs).
+pub struct Worker<V> {
+    ctx: V,
+    server: u16,
+    thread: usize,
+    cluster: Rc<Cluster>,
+    net: RefCell<Net>,
+    local: RefCell<Vec<(Request, Option<ReplyTo>)>>,
+    pending: RefCell<Vec<Option<ReplyTo>>>,
+    free: RefCell<Vec<u32>>,
+    notified: Cell<bool>,
+    loop_waker: RefCell<Option<Waker>>,
+    iteration_waiters: RefCell<Vec<Waker>>,
+    iterations: Cell<u64>,
+    local_requests: Cell<u64>,
+}
+
+impl<V> core::fmt::Debug for Worker<V> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Worker")
+            .field("server", &self.server)
+            .field("thread", &self.thread)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Request packets buffered per destination and flow before `TryInsert` says no.
+const MAX_BUFFERED_PACKETS: usize = 16;
+
+impl<V: Verbs + Clock> Worker<V> {
+    /// The worker of `server`'s thread `thread`, on `ctx` (whose endpoint is
+    /// `cluster.endpoints[server][thread]`); `packet_limit` is the fabric's largest message.
+    #[must_use]
+    pub fn new(
+        ctx: V,
+        server: u16,
+        thread: usize,
+        cluster: Rc<Cluster>,
+        packet_limit: usize,
+    ) -> Rc<Self> {
+        let net = Net::new(
+            server,
+            cluster.epoch.get(),
+            cluster.config.batch_limit(),
+            packet_limit,
+            MAX_BUFFERED_PACKETS,
+        );
+        Rc::new(Self {
+            ctx,
+            server,
+            thread,
+            cluster,
+            net: RefCell::new(net),
+            local: RefCell::new(Vec::new()),
+            pending: RefCell::new(Vec::new()),
+            free: RefCell::new(Vec::new()),
+            notified: Cell::new(false),
+            loop_waker: RefCell::new(None),
+            iteration_waiters: RefCell::new(Vec::new()),
+            iterations: Cell::new(0),
+            local_requests: Cell::new(0),
+        })
+    }
+
+    /// The server this worker belongs to.
+    #[must_use]
+    pub fn server(&self) -> u16 {
+        self.server
+    }
+
+    /// The shared cluster state.
+    #[must_use]
+    pub fn cluster(&self) -> &Rc<Cluster> {
+        &self.cluster
+    }
+
+    /// Its fabric context (for the clock).
+    #[must_use]
+    pub fn ctx(&self) -> &V {
+        &self.ctx
+    }
+
+    /// Its counters.
+    #[must_use]
+    pub fn stats(&self) -> WorkerStats {
+        let (packets, messages, bytes) = self.net.borrow().sent();
+        WorkerStats {
+            iterations: self.iterations.get(),
+            packets,
+            messages,
+            bytes,
+            local_requests: self.local_requests.get(),
+        }
+    }
+
+    /// Recovery (§4.4): drops every buffered packet and queued request and fails every step
+    /// waiting for a response (they were sent in the old epoch).
+    pub fn interrupt(&self) {
+        let mut net = self.net.borrow_mut();
+        let _ = net.take_packets();
+        net.set_epoch(self.cluster.epoch.get());
+        drop(net);
+        for (_, reply) in self.local.borrow_mut().drain(..) {
+            if let Some((step, _)) = reply {
+                step.interrupt();
+            }
+        }
+        let mut pending = self.pending.borrow_mut();
+        let mut free = self.free.borrow_mut();
+        for (slot, reply) in pending.iter_mut().enumerate() {
+            if let Some((step, _)) = reply.take() {
+                step.interrupt();
+                free.push(slot as u32);
+            }
+        }
+    }
+
+    fn notify(&self) {
+        self.notified.set(true);
+        if let Some(w) = self.loop_waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    /// Sends `req` to server `to` in `flow`; its response goes to `reply` (`None`: a request
+    /// without a response). Waits for an iteration and retries while the destination's
+    /// packets are full (`TryInsert` said no).
+    pub async fn issue(&self, to: u16, flow: Flow, req: Request, reply: Option<ReplyTo>) {
+        if to == self.server {
+            self.local.borrow_mut().push((req, reply));
+            self.notify();
+            return;
+        }
+        let payload = req.encode();
+        let msg_type = req.msg_type();
+        let dest = self.cluster.endpoints[usize::from(to)][self.thread];
+        loop {
+            let slot = match &reply {
+                Some(r) => self.alloc(r.clone()),
+                None => u32::MAX,
+            };
+            let msg = Msg {
+                msg_type,
+                slot,
+                payload: payload.clone(),
+            };
+            if self.net.borrow_mut().try_insert(dest, flow, msg) {
+                self.ctx.cpu(cost::MESSAGE_NS);
+                self.notify();
+                return;
+            }
+            if slot != u32::MAX {
+                self.release(slot);
+            }
+            self.notify();
+            self.next_iteration().await;
+        }
+    }
+
+    fn alloc(&self, reply: ReplyTo) -> u32 {
+        let mut pending = self.pending.borrow_mut();
+        match self.free.borrow_mut().pop() {
+            Some(slot) => {
+                pending[slot as usize] = Some(reply);
+                slot
+            }
+            None => {
+                pending.push(Some(reply));
+                (pending.len() - 1) as u32
+            }
+        }
+    }
+
+    fn release(&self, slot: u32) -> Option<ReplyTo> {
+        let taken = self.pending.borrow_mut().get_mut(slot as usize)?.take();
+        if taken.is_some() {
+            self.free.borrow_mut().push(slot);
+        }
+        taken
+    }
+
+    /// Resolves after the next iteration of the loop.
+    fn next_iteration(&self) -> impl Future<Output = ()> + '_ {
+        let target = self.iterations.get() + 1;
+        poll_fn(move |cx| {
+            if self.iterations.get() >= target {
+                Poll::Ready(())
+            } else {
+                self.iteration_waiters.borrow_mut().push(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+    }
+
+    fn hashtable_cost(&self, batch: usize) -> u64 {
+        let each = if self.cluster.config.hashtable_batching && batch > 1 {
+            cost::HASHTABLE_BATCHED_NS
+        } else {
+            cost::HASHTABLE_ALONE_NS
+        };
+        each * batch as u64
+    }
+
+    /// Executes a batch of requests against this server's store (`ReqHandler`), charging
+    /// the hashtable's CPU.
+    fn execute(&self, reqs: &[Request]) -> Vec<Option<Response>> {
+        self.ctx.cpu(self.hashtable_cost(reqs.len()));
+        let mut store = self.cluster.stores[usize::from(self.server)].borrow_mut();
+        reqs.iter().map(|r| store.handle(r)).collect()
+    }
+
+    /// One `RunIteration` (§4.1 steps 1 and 3, §5.1), starting with `first` if the loop
+    /// received it while waiting. Returns whether it did anything.
+    ///
+    /// # Errors
+    /// The fabric's error (this server crashed).
+    pub async fn run_iteration(&self, first: Option<Message>) -> Result<bool, VerbsError> {
+        let mut did = false;
+        // 1. The local hashtable batch.
+        let local = std::mem::take(&mut *self.local.borrow_mut());
+        if !local.is_empty() {
+            did = true;
+            self.local_requests
+                .set(self.local_requests.get() + local.len() as u64);
+            let (reqs, replies): (Vec<_>, Vec<_>) = local.into_iter().unzip();
+            for (resp, reply) in self.execute(&reqs).into_iter().zip(replies) {
+                if let (Some(resp), Some((step, i))) = (resp, reply) {
+                    step.deliver(i, resp);
+                }
+            }
+        }
+        // 2. Poll and dispatch: requests run as one batch per packet, their responses join
+        // the packets buffered for their sources.
+        let mut next = first;
+        loop {
+            let msg = match next.take() {
+                Some(m) => m,
+                None => match self.ctx.try_recv()? {
+                    Some(m) => m,
+                    None => break,
+                },
+            };
+            did = true;
+            self.dispatch(msg);
+        }
+        // 3. Send every buffered packet (requests of the coroutines and the responses just
+        // made) with one doorbell. The paper sends before polling; over consecutive
+        // iterations the order is the same, and one doorbell per iteration instead of two.
+        did |= self.flush().await?;
+        if did {
+            self.iterations.set(self.iterations.get() + 1);
+            for w in self.iteration_waiters.borrow_mut().drain(..) {
+                w.wake();
+            }
+        }
+        Ok(did)
+    }
+
+    async fn flush(&self) -> Result<bool, VerbsError> {
+        let packets = {
+            let mut net = self.net.borrow_mut();
+            net.set_epoch(self.cluster.epoch.get());
+            let max = net.packet_limit();
+            // Sizes are checked on insert, so a frame always builds; were it not to, the
+            // packet could not be sent and is reported as too large.
+            net.take_packets()
+                .map_err(|_| VerbsError::MessageTooLarge { len: max + 1, max })?
+        };
+        if packets.is_empty() {
+            return Ok(false);
+        }
+        self.ctx.send_batch(packets).await?;
+        Ok(true)
+    }
+
+    fn dispatch(&self, msg: Message) {
+        let Ok(packet) = parse(&msg.payload) else {
+            return; // a malformed packet is dropped
+        };
+        if packet.epoch != self.cluster.epoch.get() {
+            return; // a packet of another epoch (§4.4)
+        }
+        self.ctx
+            .cpu(cost::MESSAGE_NS * packet.messages.len() as u64);
+        if packet.response {
+            for m in packet.messages {
+                let Some((step, i)) = self.release(m.slot) else {
+                    continue;
+                };
+                if let Ok(resp) = Response::decode(m.msg_type, &m.payload) {
+                    step.deliver(i, resp);
+                }
+            }
+            return;
+        }
+        let mut reqs = Vec::with_capacity(packet.messages.len());
+        let mut slots = Vec::with_capacity(packet.messages.len());
+        for m in &packet.messages {
+            if let Ok(r) = Request::decode(m.msg_type, &m.payload) {
+                slots.push((m.msg_type, m.slot));
+                reqs.push(r);
+            }
+        }
+        let responses = self.execute(&reqs);
+        let mut net = self.net.borrow_mut();
+        for (resp, (msg_type, slot)) in responses.into_iter().zip(slots) {
+            if let Some(resp) = resp {
+                self.ctx.cpu(cost::MESSAGE_NS);
+                net.insert_response(
+                    msg.from,
+                    packet.flow,
+                    Msg {
+                        msg_type,
+                        slot,
+                        payload: resp.encode(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// The loop: runs iterations until the fabric fails (this server crashed).
+    pub async fn run(self: Rc<Self>) {
+        let mut first = None;
+        loop {
+            match self.run_iteration(first.take()).await {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(_) => return,
+            }
+            // Wait for a transaction's request or a packet.
+            let mut recv = pin!(self.ctx.recv());
+            let got = poll_fn(|cx| {
+                if self.notified.replace(false) {
+                    return Poll::Ready(Ok(None));
+                }
+                *self.loop_waker.borrow_mut() = Some(cx.waker().clone());
+                match recv.as_mut().poll(cx) {
+                    Poll::Ready(Ok(m)) => Poll::Ready(Ok(Some(m))),
+                    Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await;
+            match got {
+                Ok(m) => first = m,
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placement_spreads_replicas_over_distinct_servers() {
+        let p = Placement::new(5, 3);
+        let mut primaries = [0u32; 5];
+        for key in 0..10_000u64 {
+            let r: Vec<u16> = p.replicas(0, key).collect();
+            assert_eq!(r.len(), 3);
+            assert!(r[0] != r[1] && r[1] != r[2] && r[0] != r[2]);
+            assert!(r.iter().all(|s| p.holds(*s, 0, key)));
+            assert_eq!((0..5).filter(|s| p.holds(*s, 0, key)).count(), 3);
+            primaries[usize::from(r[0])] += 1;
+        }
+        assert!(
+            primaries.iter().all(|&n| (1_700..2_300).contains(&n)),
+            "{primaries:?}"
+        );
+        assert_eq!(Placement::new(2, 3).replicas(1, 1).count(), 2);
+    }
+}

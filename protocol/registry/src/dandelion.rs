@@ -1,0 +1,364 @@
+//! Dandelion (Dnl-4, Dnl-2, Dnl-1) and FaSST as symmetric [`Protocol`]s on the simulated
+//! cluster: every CN is a server (coordinator and storage), the MNs stay idle.
+//!
+//! At deployment every server thread gets a context, an endpoint and a `RunIteration` loop
+//! task ([`dmem_dandelion::Worker::run`]); records are loaded into the stores of their R
+//! replicas; a coordinator made on a CN context runs on that server thread's worker.
+//!
+//! Recovery (Dandelion §4.4, [`dmem_dandelion::recover`]) runs as a simulated task on the
+//! recovery CN: it notices a crashed server (from the simulator's crash state, then waits the
+//! heartbeat timeout), declares it crashed, decides and applies every logged transaction,
+//! bumps the epoch and lets the survivors resume.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use dmem_dandelion::{Cluster, DnlConfig, DnlCoordinator, Worker, recover};
+use dmem_deploy::{
+    Decision, DeployError, DeploySpec, Deployment, Protocol, RecoveredCoordinator, RecoveryEvent,
+    RecoveryTiming,
+};
+use dmem_sim::{NicProfile, Sim, SimContext};
+use dmem_txn::{BoxCoordinator, History, Key, TableId};
+use dmem_verbs::{Clock, Verbs};
+
+/// A Dandelion configuration under a registered name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DandelionProtocol {
+    name: String,
+    config: DnlConfig,
+}
+
+impl DandelionProtocol {
+    /// `config` registered as `name`.
+    #[must_use]
+    pub fn new(name: &str, config: DnlConfig) -> Self {
+        Self {
+            name: name.to_owned(),
+            config,
+        }
+    }
+
+    /// Its configuration.
+    #[must_use]
+    pub fn config(&self) -> DnlConfig {
+        self.config
+    }
+
+    /// A variant by flags after `dnl:` — `4`, `2` or `1` first (the commit protocol), then
+    /// any of `no-net-batch`, `no-ht-batch`, `no-local-reads`, `no-get-one`, `batch=N`,
+    /// `r=N`, and the planted bugs `skip-readable`, `abort-crashed`, joined by `+`.
+    ///
+    /// # Errors
+    /// A line naming the unknown flag.
+    pub fn parse_flags(params: &str) -> Result<DnlConfig, String> {
+        let mut flags = params.split('+');
+        let mut config = match flags.next() {
+            Some("4") => DnlConfig::dnl_4(),
+            Some("2") => DnlConfig::dnl_2(),
+            Some("1") => DnlConfig::dnl_1(),
+            Some("fasst") => DnlConfig::fasst(),
+            other => {
+                return Err(format!(
+                    "`{}`: the first parameter is the protocol, 4, 2, 1 or fasst",
+                    other.unwrap_or("")
+                ));
+            }
+        };
+        for flag in flags {
+            match flag {
+                "no-net-batch" => config.network_batching = false,
+                "net-batch" => config.network_batching = true,
+                "no-ht-batch" => config.hashtable_batching = false,
+                "ht-batch" => config.hashtable_batching = true,
+                "no-local-reads" => config.local_reads = false,
+                "local-reads" => config.local_reads = true,
+                "no-get-one" => config.get_one = false,
+                "skip-readable" => config.bugs.skip_readable = true,
+                "abort-crashed" => config.bugs.abort_crashed = true,
+                other => {
+                    let (key, value) = other.split_once('=').ok_or_else(|| unknown(other))?;
+                    let n: u16 = value
+                        .parse()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| format!("`{other}`: expected a positive number"))?;
+                    match key {
+                        "batch" => config.max_batch = n,
+                        "r" => config.replication = n,
+                        _ => return Err(unknown(other)),
+                    }
+                }
+            }
+        }
+        Ok(config)
+    }
+}
+
+fn unknown(flag: &str) -> String {
+    format!(
+        "unknown flag `{flag}`: use no-net-batch, no-ht-batch, no-local-reads, no-get-one, batch=N, r=N, skip-readable or abort-crashed"
+    )
+}
+
+impl Protocol for DandelionProtocol {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn symmetric(&self) -> bool {
+        true
+    }
+
+    fn mn_bytes_per_mn(&self, _: &DeploySpec, _: u16) -> Result<u64, DeployError> {
+        // Nothing lives on MNs: servers hold their data in their own memory.
+        Ok(0)
+    }
+
+    fn deploy(
+        &self,
+        sim: &Rc<Sim>,
+        _spec: &DeploySpec,
+        history: Rc<RefCell<History>>,
+    ) -> Result<Box<dyn Deployment>, DeployError> {
+        let (servers, threads) = (sim.cn_count(), sim.threads_per_cn());
+        let mut contexts = Vec::new();
+        for s in 0..servers {
+            let mut per_thread = Vec::new();
+            for t in 0..threads {
+                per_thread.push(sim.context(sim.cn(s), t)?);
+            }
+            contexts.push(per_thread);
+        }
+        let endpoints = contexts
+            .iter()
+            .map(|ts| ts.iter().map(Verbs::local_endpoint).collect())
+            .collect();
+        let cluster = Rc::new(Cluster::new(endpoints, self.config));
+        // A packet is at most one two-sided message (the profile's MTU-sized limit).
+        let packet_limit = max_packet(&sim.profile());
+        let mut workers = Vec::new();
+        for (s, ts) in contexts.into_iter().enumerate() {
+            let mut per_thread = Vec::new();
+            for (t, ctx) in ts.into_iter().enumerate() {
+                let w = Worker::new(ctx.clone(), s as u16, t, Rc::clone(&cluster), packet_limit);
+                sim.spawn(&ctx, Rc::clone(&w).run());
+                per_thread.push(w);
+            }
+            workers.push(per_thread);
+        }
+        Ok(Box::new(DandelionDeployment {
+            name: self.name.clone(),
+            mns: sim.mn_count(),
+            cluster,
+            workers,
+            history,
+            paused: Rc::new(Cell::new(false)),
+            events: Rc::new(RefCell::new(Vec::new())),
+        }))
+    }
+}
+
+/// The largest packet: one MTU-sized message.
+fn max_packet(profile: &NicProfile) -> usize {
+    profile.mtu.min(profile.max_message_bytes) as usize
+}
+
+/// Dandelion on one simulated cluster.
+struct DandelionDeployment {
+    name: String,
+    mns: u16,
+    cluster: Rc<Cluster>,
+    workers: Vec<Vec<Rc<Worker<SimContext>>>>,
+    history: Rc<RefCell<History>>,
+    paused: Rc<Cell<bool>>,
+    events: Rc<RefCell<Vec<RecoveryEvent>>>,
+}
+
+impl DandelionDeployment {
+    fn make(&self, ctx: &SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        let server = usize::from(ctx.node().0 - self.mns);
+        let worker = self
+            .workers
+            .get(server)
+            .and_then(|ts| ts.get(usize::from(ctx.thread())))
+            .ok_or_else(|| DeployError::Protocol {
+                protocol: self.name.clone(),
+                reason: format!("no server thread for {ctx:?}"),
+            })?;
+        Ok(Box::new(DnlCoordinator::new(
+            Rc::clone(worker),
+            id,
+            Rc::clone(&self.history),
+        )))
+    }
+}
+
+impl Deployment for DandelionDeployment {
+    fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
+        self.cluster.load(table.0, key.0, value);
+        Ok(())
+    }
+
+    fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        self.make(&ctx, id)
+    }
+
+    fn start_recovery(
+        &mut self,
+        sim: &Rc<Sim>,
+        recovery_cn: u16,
+        timing: RecoveryTiming,
+    ) -> Result<(), DeployError> {
+        let ctx = sim.context(sim.cn(recovery_cn), 0)?;
+        let (sim, cluster) = (Rc::clone(sim), Rc::clone(&self.cluster));
+        let workers: Vec<_> = self.workers.iter().flatten().cloned().collect();
+        let (events, history) = (Rc::clone(&self.events), Rc::clone(&self.history));
+        let clock = ctx.clone();
+        sim.clone().spawn(&ctx, async move {
+            while clock.now() < timing.until {
+                // Failure detection reads the simulator's crash state (an oracle) and then
+                // waits a heartbeat timeout, the time a heartbeat detector would take.
+                let crashed: Vec<u16> = (0..sim.cn_count())
+                    .filter(|&s| sim.is_crashed(sim.cn(s)) && !cluster.is_crashed(s))
+                    .collect();
+                if crashed.is_empty() {
+                    clock.sleep(timing.poll).await;
+                    continue;
+                }
+                let detected_at = clock.now();
+                clock.sleep(timing.timeout).await;
+                let now = clock.now();
+                let report = recover(&cluster, &workers, &crashed, &history, now);
+                let servers = cluster.coordinator_server.borrow().clone();
+                for &s in &crashed {
+                    let decided = |txns: &[dmem_txn::TxnId], d: Decision| {
+                        txns.iter()
+                            .filter(|t| servers.get(&t.coordinator.0) == Some(&s))
+                            .map(|t| RecoveredCoordinator {
+                                coordinator: t.coordinator.0 as u16,
+                                txn: Some(t.seq),
+                                decision: Some(d),
+                                restored: 0,
+                                unlocked: 0,
+                            })
+                            .collect::<Vec<_>>()
+                    };
+                    let mut coordinators = decided(&report.committed, Decision::RollForward);
+                    coordinators.extend(decided(&report.aborted, Decision::RollBack));
+                    events.borrow_mut().push(RecoveryEvent {
+                        cn: sim.cn(s),
+                        detected_at,
+                        terminated_at: now,
+                        logs_recovered_at: now,
+                        finished_at: now,
+                        coordinators,
+                        scanned_locks: 0,
+                    });
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn final_coordinator(
+        &mut self,
+        ctx: SimContext,
+        id: u16,
+    ) -> Result<BoxCoordinator, DeployError> {
+        self.make(&ctx, id)
+    }
+
+    fn recovery_events(&self) -> Vec<RecoveryEvent> {
+        self.events.borrow().clone()
+    }
+
+    fn recovery_error(&self) -> Option<String> {
+        None
+    }
+
+    fn paused(&self) -> Rc<Cell<bool>> {
+        Rc::clone(&self.paused)
+    }
+
+    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
+        self.cluster.read_final(table.0, key.0)
+    }
+
+    fn counter(&self, name: &str) -> Option<u64> {
+        let sum = |f: fn(dmem_dandelion::WorkerStats) -> u64| {
+            self.workers
+                .iter()
+                .flatten()
+                .map(|w| f(w.stats()))
+                .sum::<u64>()
+        };
+        match name {
+            "packets" => Some(sum(|s| s.packets)),
+            "messages" => Some(sum(|s| s.messages)),
+            "packet_bytes" => Some(sum(|s| s.bytes)),
+            "local_requests" => Some(sum(|s| s.local_requests)),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dmem_deploy::ClusterShape;
+    use dmem_txn::{Coordinator, Transaction, TxnKind};
+
+    #[test]
+    fn flags_parse_and_bad_ones_are_named() {
+        let c = DandelionProtocol::parse_flags("4+no-net-batch+batch=8+r=2").unwrap();
+        assert!(!c.network_batching && c.max_batch == 8 && c.replication == 2);
+        assert_eq!(
+            DandelionProtocol::parse_flags("fasst").unwrap(),
+            DnlConfig::fasst()
+        );
+        let err = DandelionProtocol::parse_flags("4+bogus").unwrap_err();
+        assert!(err.contains("bogus"), "{err}");
+        assert!(DandelionProtocol::parse_flags("3").is_err());
+        assert!(DandelionProtocol::parse_flags("4+batch=0").is_err());
+    }
+
+    #[test]
+    fn the_registry_deploys_symmetric_servers() {
+        let p = crate::registry().get("dnl-4").unwrap();
+        assert!(p.symmetric());
+        let shape = ClusterShape {
+            mns: 3,
+            cns: 2,
+            threads: 2,
+            seed: 1,
+            profile: NicProfile::cx5(),
+            min_mn_bytes: 1 << 20,
+        }
+        .symmetric(4);
+        assert_eq!((shape.cns, shape.mns), (4, 1));
+        let sim = shape.build(0).unwrap();
+        let history = Rc::new(RefCell::new(History::new()));
+        let spec = DeploySpec::new(Vec::new(), 1);
+        let mut dep = p.deploy(&sim, &spec, Rc::clone(&history)).unwrap();
+        dep.load(TableId(0), Key(5), &7u64.to_le_bytes()).unwrap();
+        let ctx = sim.context(sim.cn(3), 1).unwrap();
+        let mut c = dep.coordinator(ctx.clone(), 0).unwrap();
+        sim.spawn(&ctx, async move {
+            let mut t = c.begin(TxnKind::ReadWrite).await.unwrap();
+            let v = t.read_for_update(TableId(0), Key(5)).await.unwrap();
+            assert_eq!(v, Some(7u64.to_le_bytes().to_vec()));
+            t.write(TableId(0), Key(5), &8u64.to_le_bytes())
+                .await
+                .unwrap();
+            t.commit().await.unwrap();
+        });
+        sim.run_until_idle();
+        assert_eq!(
+            dep.read_final(TableId(0), Key(5)),
+            Some(8u64.to_le_bytes().to_vec())
+        );
+        assert_eq!(history.borrow().committed(), 1);
+        assert!(dep.counter("packets").is_some_and(|n| n > 0));
+    }
+}
