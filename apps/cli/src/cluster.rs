@@ -232,9 +232,9 @@ impl Cluster {
                     })?;
                     let data = parse(&n.name, "data", data)?;
                     claim(data, format!("node `{}` data", n.name))?;
-                    let mib = n.memory_mib.with_context(|| {
-                        format!("node `{}`: an MN needs `memory_mib`", n.name)
-                    })?;
+                    let mib = n
+                        .memory_mib
+                        .with_context(|| format!("node `{}`: an MN needs `memory_mib`", n.name))?;
                     ensure!(
                         (1..=1 << 20).contains(&mib),
                         "node `{}`: memory_mib {mib} is outside 1..=1048576",
@@ -320,7 +320,11 @@ impl Cluster {
             format!(
                 "no MN named `{name}` in {} (MNs: {})",
                 self.path.display(),
-                self.mns.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", ")
+                self.mns
+                    .iter()
+                    .map(|m| m.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )
         })
     }
@@ -330,7 +334,11 @@ impl Cluster {
             format!(
                 "no CN named `{name}` in {} (CNs: {})",
                 self.path.display(),
-                self.cns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
+                self.cns
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )
         })
     }
@@ -415,14 +423,18 @@ fn control_endpoint(node: NodeId) -> Endpoint {
 pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
     let cluster = Cluster::load(&args.cluster)?;
     let me = cluster.mn(&args.node)?.clone();
-    let memory = ShmMemoryNode::create(me.node, RKey(0xd3e3_0000 | u32::from(me.node.0)), me.memory)
-        .with_context(|| format!("{}: cannot create {} bytes of memory", me.name, me.memory))?;
+    let memory =
+        ShmMemoryNode::create(me.node, RKey(0xd3e3_0000 | u32::from(me.node.0)), me.memory)
+            .with_context(|| format!("{}: cannot create {} bytes of memory", me.name, me.memory))?;
     let server = TcpMemoryServer::serve(memory, me.data)
         .with_context(|| format!("{}: cannot serve memory on {}", me.name, me.data))?;
     let fabric = TcpFabric::new(me.node);
-    let _listener = fabric
-        .listen(me.control)
-        .with_context(|| format!("{}: cannot listen for control messages on {}", me.name, me.control))?;
+    let _listener = fabric.listen(me.control).with_context(|| {
+        format!(
+            "{}: cannot listen for control messages on {}",
+            me.name, me.control
+        )
+    })?;
     let ctx = fabric.context(Port(0))?;
     // The parent (`dmem cluster`) waits for this line before starting CNs.
     println!("ready {}", me.name);
@@ -535,7 +547,9 @@ pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
         let mut list = PostList::new();
         let id = list.read(region.at(offset).context("counter outside the region")?, 8);
         let done = local.post_now(list)?;
-        Ok(u64::from_ne_bytes(done.bytes(id).try_into().context("8 bytes")?))
+        Ok(u64::from_ne_bytes(
+            done.bytes(id).try_into().context("8 bytes")?,
+        ))
     };
     let report = MnReport {
         role: "mn".into(),
@@ -565,13 +579,15 @@ fn connect_retrying(ctx: &mut TcpContext, mn: &MnNode, deadline: Instant) -> any
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => {
-                return Err(e).with_context(|| {
-                    format!("cannot connect to MN `{}` at {}", mn.name, mn.data)
-                });
+                return Err(e)
+                    .with_context(|| format!("cannot connect to MN `{}` at {}", mn.name, mn.data));
             }
         }
     }
 }
+
+/// A client's targets at one MN: its CN's word and the shared word.
+type Targets = (RemoteAddr, RemoteAddr);
 
 /// One closed-loop client of the `faa` workload; returns its completed posts, or the error
 /// that stopped it with the posts before it.
@@ -615,7 +631,7 @@ pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
     }
     // Every client context connects to every MN (retrying while MNs start).
     let deadline = Instant::now() + cluster.join_timeout;
-    let mut per_thread: Vec<Vec<(TcpContext, Vec<(RemoteAddr, RemoteAddr)>)>> =
+    let mut per_thread: Vec<Vec<(TcpContext, Vec<Targets>)>> =
         (0..cluster.threads).map(|_| Vec::new()).collect();
     for c in 0..cluster.clients {
         let mut ctx = fabric.context(Port(u16::try_from(c + 2).context("too many clients")?))?;
@@ -640,8 +656,9 @@ pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
         .name("dmem-cn-heartbeat".into())
         .spawn(move || {
             let executor = Executor::new();
-            *heartbeat_stop.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                Some(executor.stop_handle());
+            *heartbeat_stop
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(executor.stop_handle());
             let ctx = Rc::new(Clocked::new(heartbeat_ctx));
             for mn in mn_nodes {
                 let ctx = Rc::clone(&ctx);
@@ -684,7 +701,10 @@ pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or((0, vec!["a client thread panicked".into()])))
+            .map(|h| {
+                h.join()
+                    .unwrap_or((0, vec!["a client thread panicked".into()]))
+            })
             .collect()
     });
     let elapsed = start.elapsed().as_secs_f64();
@@ -697,7 +717,10 @@ pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
     let executor = Executor::new();
     for mn in &cluster.mns {
         if let Err(e) = executor.block_on(done_ctx.send(control_endpoint(mn.node), &payload)) {
-            eprintln!("dmem cn {}: cannot tell MN `{}` it is done: {e}", me.name, mn.name);
+            eprintln!(
+                "dmem cn {}: cannot tell MN `{}` it is done: {e}",
+                me.name, mn.name
+            );
         }
     }
     if let Some(stop) = stop
@@ -736,7 +759,12 @@ struct Started {
     ready: Arc<AtomicBool>,
 }
 
-fn start_node(cluster: &Cluster, role: &str, name: &str, netns: Option<&str>) -> anyhow::Result<Started> {
+fn start_node(
+    cluster: &Cluster,
+    role: &str,
+    name: &str,
+    netns: Option<&str>,
+) -> anyhow::Result<Started> {
     let exe = std::env::current_exe().context("cannot find the dmem executable")?;
     let mut cmd = match netns {
         Some(ns) => {
@@ -790,7 +818,10 @@ fn finish<T: for<'de> Deserialize<'de>>(mut node: Started) -> (String, bool, Opt
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
-    let report = lines.iter().rev().find_map(|l| serde_json::from_str(l).ok());
+    let report = lines
+        .iter()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok());
     (node.name, ok, report)
 }
 
@@ -811,10 +842,16 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
         while !mns.iter().all(|m| m.ready.load(Ordering::SeqCst)) {
             for m in &mut mns {
                 if matches!(m.child.try_wait(), Ok(Some(_))) {
-                    bail!("MN `{}` exited before it was ready (its error is above)", m.name);
+                    bail!(
+                        "MN `{}` exited before it was ready (its error is above)",
+                        m.name
+                    );
                 }
             }
-            ensure!(Instant::now() < deadline, "the MNs were not ready within the join timeout");
+            ensure!(
+                Instant::now() < deadline,
+                "the MNs were not ready within the join timeout"
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         for cn in &cluster.cns {
@@ -822,12 +859,18 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
         }
         if let Some(kill) = &args.kill {
             std::thread::sleep(Duration::from_millis(args.kill_after_ms));
-            let victim = cns.iter_mut().find(|c| &c.name == kill).context("checked above")?;
+            let victim = cns
+                .iter_mut()
+                .find(|c| &c.name == kill)
+                .context("checked above")?;
             victim
                 .child
                 .kill()
                 .with_context(|| format!("cannot kill CN `{kill}`"))?;
-            eprintln!("dmem cluster: killed CN `{kill}` with SIGKILL after {} ms", args.kill_after_ms);
+            eprintln!(
+                "dmem cluster: killed CN `{kill}` with SIGKILL after {} ms",
+                args.kill_after_ms
+            );
         }
         Ok(())
     })();
@@ -857,7 +900,9 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
     }
     if problems.is_empty() {
         if !args.json {
-            println!("check: ok (every MN's shared word is the sum of the CN words; every finished CN's word is its posts x batch; the killed CN, if any, was revoked at every MN and no other CN was)");
+            println!(
+                "check: ok (every MN's shared word is the sum of the CN words; every finished CN's word is its posts x batch; the killed CN, if any, was revoked at every MN and no other CN was)"
+            );
         }
         Ok(())
     } else {
@@ -880,13 +925,22 @@ fn check(
         };
         let sum: u64 = r.words.values().sum();
         if sum != r.shared {
-            problems.push(format!("MN `{name}`: shared word {} != sum of CN words {sum}", r.shared));
+            problems.push(format!(
+                "MN `{name}`: shared word {} != sum of CN words {sum}",
+                r.shared
+            ));
         }
         for cn in &cluster.cns {
             let is_killed = killed == Some(cn.name.as_str());
             match (is_killed, r.revoked.contains_key(&cn.name)) {
-                (true, false) => problems.push(format!("MN `{name}` never revoked the killed CN `{}`", cn.name)),
-                (false, true) => problems.push(format!("MN `{name}` revoked the live CN `{}` (false suspicion)", cn.name)),
+                (true, false) => problems.push(format!(
+                    "MN `{name}` never revoked the killed CN `{}`",
+                    cn.name
+                )),
+                (false, true) => problems.push(format!(
+                    "MN `{name}` revoked the live CN `{}` (false suspicion)",
+                    cn.name
+                )),
                 _ => {}
             }
         }
@@ -941,8 +995,10 @@ fn print_summary(
             "cn".into(),
             if *ok { "ok".into() } else { "failed".into() },
             r.as_ref().map_or("-".into(), |r| r.posts.to_string()),
-            r.as_ref().map_or("-".into(), |r| format!("{:.0}", r.posts_per_s)),
-            r.as_ref().map_or("no report (killed?)".into(), |r| r.errors.join("; ")),
+            r.as_ref()
+                .map_or("-".into(), |r| format!("{:.0}", r.posts_per_s)),
+            r.as_ref()
+                .map_or("no report (killed?)".into(), |r| r.errors.join("; ")),
         ]);
     }
     for (name, ok, r) in mns {
@@ -955,7 +1011,11 @@ fn print_summary(
             format!(
                 "shared {} = sum of CN words; revoked: {}",
                 r.shared,
-                if revoked.is_empty() { "none".into() } else { revoked.join(", ") }
+                if revoked.is_empty() {
+                    "none".into()
+                } else {
+                    revoked.join(", ")
+                }
             )
         });
         t.add_row(vec![

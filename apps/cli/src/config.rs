@@ -94,7 +94,15 @@ pub fn expand(argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
 
 /// dmem's top-level commands.
 const COMMANDS: [&str; 9] = [
-    "perf", "bench", "litmus", "recover", "reproduce", "mn", "cn", "cluster", "help",
+    "perf",
+    "bench",
+    "litmus",
+    "recover",
+    "reproduce",
+    "mn",
+    "cn",
+    "cluster",
+    "help",
 ];
 
 fn is_value_of_config(args: &[String], a: &str) -> bool {
