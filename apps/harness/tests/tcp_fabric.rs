@@ -24,58 +24,125 @@ const MNS: u16 = 2;
 const COORDINATORS: u16 = 6;
 const TXNS_PER_COORDINATOR: usize = 150;
 
+/// SmallBank laid out for FORD/Pandora on `MNS` tcp memory servers on loopback, loaded out
+/// of band through a local shared-memory link to each MN's memory.
+struct TcpSmallBank {
+    workload: AnyWorkload,
+    servers: Rc<Vec<TcpMemoryServer>>,
+    store_config: StoreConfig,
+    regions: Vec<dmem_verbs::MemoryRegion>,
+    addrs: Vec<std::net::SocketAddr>,
+    store: Rc<Store>,
+    keys: Vec<(TableId, Key)>,
+}
+
+impl TcpSmallBank {
+    fn new() -> Self {
+        let workload = AnyWorkload::new("smallbank", Scale::Tiny).unwrap();
+        let spec = deploy_spec(&workload, COORDINATORS);
+        let store_config = StoreConfig::for_tables(
+            MNS,
+            &spec.tables,
+            spec.coordinators,
+            spec.log_region_bytes,
+            spec.index_slack * 2,
+        );
+        let bytes = store_config.bytes_per_mn().unwrap();
+        let servers: Vec<TcpMemoryServer> = (0..MNS)
+            .map(|i| {
+                let mn =
+                    ShmMemoryNode::create(NodeId(i), RKey(0x5eed + u32::from(i)), bytes).unwrap();
+                TcpMemoryServer::serve(mn, "127.0.0.1:0".parse().unwrap()).unwrap()
+            })
+            .collect();
+        let regions: Vec<_> = servers.iter().map(TcpMemoryServer::region).collect();
+        let addrs = servers.iter().map(TcpMemoryServer::local_addr).collect();
+        let store = Rc::new(Store::new(store_config.clone(), regions.clone()).unwrap());
+        let loader_fabric = ShmFabric::new();
+        let local: Vec<ShmContext> = servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let node = NodeId(100 + i as u16);
+                let mut ctx = loader_fabric
+                    .context(Endpoint {
+                        node,
+                        port: Port(0),
+                    })
+                    .unwrap();
+                ctx.add_link(s.memory().link(node).unwrap()).unwrap();
+                ctx
+            })
+            .collect();
+        let mut loader = Loader::new(&store);
+        let mut keys = Vec::new();
+        for (table, key, value) in workload.loader() {
+            loader
+                .load(table, key, &value, |node, offset, bytes| {
+                    let mut list = PostList::new();
+                    list.write(regions[usize::from(node.0)].at(offset).unwrap(), bytes);
+                    local[usize::from(node.0)].post_now(list).unwrap();
+                })
+                .unwrap();
+            keys.push((table, key));
+        }
+        Self {
+            workload,
+            servers: Rc::new(servers),
+            store_config,
+            regions,
+            addrs,
+            store,
+            keys,
+        }
+    }
+
+    /// A coordinator on a new context of `fabric` (port `port`) connected to every MN.
+    fn coordinator<H: dmem_txn::HistorySink>(
+        &self,
+        fabric: &TcpFabric,
+        port: u16,
+        cfg: ProtocolConfig,
+        id: u16,
+        shared: CnShared,
+        history: H,
+    ) -> FordCoordinator<Clocked<dmem_tcp::TcpContext>, H> {
+        let mut ctx = fabric.context(Port(port)).unwrap();
+        for &a in &self.addrs {
+            ctx.connect(a).unwrap();
+        }
+        FordCoordinator::new(
+            Clocked::new(ctx),
+            Rc::clone(&self.store),
+            cfg,
+            id,
+            shared,
+            history,
+        )
+        .unwrap()
+    }
+
+    /// Every loaded record, read by read-only transactions of `co` (16 per round).
+    async fn read_all<C: Coordinator>(
+        &self,
+        co: &mut C,
+    ) -> HashMap<(TableId, Key), Option<Vec<u8>>> {
+        let mut finals = HashMap::new();
+        for chunk in self.keys.chunks(16) {
+            let reqs: Vec<ReadReq> = chunk.iter().map(|&(t, k)| ReadReq::read(t, k)).collect();
+            let mut tx = co.begin(TxnKind::ReadOnly).await.unwrap();
+            let values = tx.read_round(&reqs).await.unwrap();
+            tx.commit().await.unwrap();
+            finals.extend(chunk.iter().copied().zip(values));
+        }
+        finals
+    }
+}
+
 /// Runs SmallBank on `cfg` over tcp and returns (checker verdict, invariant violations,
 /// committed transactions).
 fn smallbank_on_tcp(cfg: ProtocolConfig) -> (String, Vec<String>, u64) {
-    let workload = AnyWorkload::new("smallbank", Scale::Tiny).unwrap();
-    let spec = deploy_spec(&workload, COORDINATORS);
-    let store_config = StoreConfig::for_tables(
-        MNS,
-        &spec.tables,
-        spec.coordinators,
-        spec.log_region_bytes,
-        spec.index_slack * 2,
-    );
-    let bytes = store_config.bytes_per_mn().unwrap();
-    let servers: Vec<TcpMemoryServer> = (0..MNS)
-        .map(|i| {
-            let mn = ShmMemoryNode::create(NodeId(i), RKey(0x5eed + u32::from(i)), bytes).unwrap();
-            TcpMemoryServer::serve(mn, "127.0.0.1:0".parse().unwrap()).unwrap()
-        })
-        .collect();
-    let regions = servers.iter().map(TcpMemoryServer::region).collect();
-    let store = Rc::new(Store::new(store_config, regions).unwrap());
-
-    // Load out of band, through a local shared-memory link to each MN's memory.
-    let loader_fabric = ShmFabric::new();
-    let local: Vec<ShmContext> = servers
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            let mut ctx = loader_fabric
-                .context(Endpoint {
-                    node: NodeId(100 + i as u16),
-                    port: Port(0),
-                })
-                .unwrap();
-            ctx.add_link(s.memory().link(NodeId(100 + i as u16)).unwrap())
-                .unwrap();
-            ctx
-        })
-        .collect();
-    let mut loader = Loader::new(&store);
-    let mut keys: Vec<(TableId, Key)> = Vec::new();
-    for (table, key, value) in workload.loader() {
-        loader
-            .load(table, key, &value, |node, offset, bytes| {
-                let mut list = PostList::new();
-                list.write(servers[usize::from(node.0)].region().at(offset).unwrap(), bytes);
-                local[usize::from(node.0)].post_now(list).unwrap();
-            })
-            .unwrap();
-        keys.push((table, key));
-    }
-
+    let bank = TcpSmallBank::new();
     // Coordinators: one tcp context each (its own connection to every MN), all on one
     // real-time executor.
     let history = Rc::new(RefCell::new(History::new()));
@@ -84,26 +151,21 @@ fn smallbank_on_tcp(cfg: ProtocolConfig) -> (String, Vec<String>, u64) {
     let shared = CnShared::new();
     let delta = Rc::new(Cell::new(0i64));
     let committed = Rc::new(Cell::new(0u64));
-    let workload = Rc::new(workload);
-    let coordinator = |id: u16| {
-        let mut ctx = fabric.context(Port(id + 1)).unwrap();
-        for s in &servers {
-            ctx.connect(s.local_addr()).unwrap();
-        }
-        FordCoordinator::new(
-            Clocked::new(ctx),
-            Rc::clone(&store),
+    let workload = Rc::new(bank.workload.clone());
+    for id in 0..COORDINATORS - 1 {
+        let mut co = bank.coordinator(
+            &fabric,
+            id + 1,
             cfg,
             id,
             shared.clone(),
             Rc::clone(&history),
-        )
-        .unwrap()
-    };
-    for id in 0..COORDINATORS - 1 {
-        let mut co = coordinator(id);
-        let (workload, delta, committed) =
-            (Rc::clone(&workload), Rc::clone(&delta), Rc::clone(&committed));
+        );
+        let (workload, delta, committed) = (
+            Rc::clone(&workload),
+            Rc::clone(&delta),
+            Rc::clone(&committed),
+        );
         executor.spawn(async move {
             let mut generator = workload.generator(u32::from(id), 7 ^ u64::from(id));
             for _ in 0..TXNS_PER_COORDINATOR {
@@ -124,18 +186,15 @@ fn smallbank_on_tcp(cfg: ProtocolConfig) -> (String, Vec<String>, u64) {
     executor.run();
 
     // The final state, read by a last coordinator's read-only transactions.
-    let mut last = coordinator(COORDINATORS - 1);
-    let finals: HashMap<(TableId, Key), Option<Vec<u8>>> = executor.block_on(async {
-        let mut finals = HashMap::new();
-        for chunk in keys.chunks(16) {
-            let reqs: Vec<ReadReq> = chunk.iter().map(|&(t, k)| ReadReq::read(t, k)).collect();
-            let mut tx = last.begin(TxnKind::ReadOnly).await.unwrap();
-            let values = tx.read_round(&reqs).await.unwrap();
-            tx.commit().await.unwrap();
-            finals.extend(chunk.iter().copied().zip(values));
-        }
-        finals
-    });
+    let mut last = bank.coordinator(
+        &fabric,
+        COORDINATORS,
+        cfg,
+        COORDINATORS - 1,
+        shared,
+        dmem_txn::NoHistory,
+    );
+    let finals = executor.block_on(bank.read_all(&mut last));
     let violations = workload
         .check(|t, k| finals.get(&(t, k)).cloned().flatten(), delta.get())
         .iter()
@@ -193,58 +252,8 @@ fn pandora_recovers_a_crashed_cn_on_tcp() {
     const HEARTBEAT: u64 = 5_000_000;
     const TIMEOUT: u64 = 100_000_000;
     let cfg = ProtocolConfig::pandora();
-    let workload = AnyWorkload::new("smallbank", Scale::Tiny).unwrap();
-    let spec = deploy_spec(&workload, COORDINATORS);
-    let store_config = StoreConfig::for_tables(
-        MNS,
-        &spec.tables,
-        spec.coordinators,
-        spec.log_region_bytes,
-        spec.index_slack * 2,
-    );
-    let bytes = store_config.bytes_per_mn().unwrap();
-    let servers: Rc<Vec<TcpMemoryServer>> = Rc::new(
-        (0..MNS)
-            .map(|i| {
-                let mn =
-                    ShmMemoryNode::create(NodeId(i), RKey(0x5eed + u32::from(i)), bytes).unwrap();
-                TcpMemoryServer::serve(mn, "127.0.0.1:0".parse().unwrap()).unwrap()
-            })
-            .collect(),
-    );
-    let regions: Vec<_> = servers.iter().map(TcpMemoryServer::region).collect();
-    let addrs: Vec<_> = servers.iter().map(TcpMemoryServer::local_addr).collect();
-    let store = Rc::new(Store::new(store_config.clone(), regions.clone()).unwrap());
-    {
-        let loader_fabric = ShmFabric::new();
-        let local: Vec<ShmContext> = servers
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let node = NodeId(100 + i as u16);
-                let mut ctx = loader_fabric
-                    .context(Endpoint {
-                        node,
-                        port: Port(0),
-                    })
-                    .unwrap();
-                ctx.add_link(s.memory().link(node).unwrap()).unwrap();
-                ctx
-            })
-            .collect();
-        let mut loader = Loader::new(&store);
-        for (table, key, value) in workload.loader() {
-            loader
-                .load(table, key, &value, |node, offset, bytes| {
-                    let mut list = PostList::new();
-                    list.write(regions[usize::from(node.0)].at(offset).unwrap(), bytes);
-                    local[usize::from(node.0)].post_now(list).unwrap();
-                })
-                .unwrap();
-        }
-    }
-    let keys: Vec<(TableId, Key)> = workload.loader().map(|(t, k, _)| (t, k)).collect();
-
+    let bank = TcpSmallBank::new();
+    let (servers, addrs) = (Rc::clone(&bank.servers), bank.addrs.clone());
     // The surviving CN: coordinators 0..3, the detector, its stray-lock listener.
     let (survivor, victim) = (NodeId(MNS), NodeId(MNS + 1));
     let survivor_ids: Vec<u16> = (0..3).collect();
@@ -263,8 +272,12 @@ fn pandora_recovers_a_crashed_cn_on_tcp() {
     // The victim CN on its own thread: it heartbeats, runs coordinators 3..5, and after
     // 300 ms its executor stops with everything in flight (the crash).
     let victim_thread = {
-        let (store_config, regions, addrs, victim_ids) =
-            (store_config.clone(), regions.clone(), addrs.clone(), victim_ids.clone());
+        let (store_config, regions, addrs, victim_ids) = (
+            bank.store_config.clone(),
+            bank.regions.clone(),
+            addrs.clone(),
+            victim_ids.clone(),
+        );
         let survivor_addr = listener.local_addr();
         std::thread::spawn(move || {
             let workload = Rc::new(AnyWorkload::new("smallbank", Scale::Tiny).unwrap());
@@ -341,7 +354,7 @@ fn pandora_recovers_a_crashed_cn_on_tcp() {
     }
     let mut manager = RecoveryManager::new(
         Clocked::new(detector_ctx),
-        Rc::clone(&store),
+        Rc::clone(&bank.store),
         cfg.protocol,
         TcpTerminator(Rc::clone(&servers)),
         members,
@@ -366,24 +379,22 @@ fn pandora_recovers_a_crashed_cn_on_tcp() {
     executor.spawn(async move {
         let _ = membership_listener(&*listen_ctx, failed, HEARTBEAT, until).await;
     });
-    let workload = Rc::new(workload);
+    let workload = Rc::new(bank.workload.clone());
     let after_crash = Rc::new(Cell::new(0u64));
     for &id in &survivor_ids {
-        let mut ctx = fabric.context(Port(id + 1)).unwrap();
-        for &a in &addrs {
-            ctx.connect(a).unwrap();
-        }
-        let mut co = FordCoordinator::new(
-            Clocked::new(ctx),
-            Rc::clone(&store),
+        let mut co = bank.coordinator(
+            &fabric,
+            id + 1,
             cfg,
             id,
             shared.clone(),
             Rc::clone(&history),
-        )
-        .unwrap();
-        let (workload, after_crash, events) =
-            (Rc::clone(&workload), Rc::clone(&after_crash), Rc::clone(&events));
+        );
+        let (workload, after_crash, events) = (
+            Rc::clone(&workload),
+            Rc::clone(&after_crash),
+            Rc::clone(&events),
+        );
         executor.spawn(async move {
             let mut generator = workload.generator(u32::from(id), 13 ^ u64::from(id));
             while clock.now() < until {
@@ -402,16 +413,26 @@ fn pandora_recovers_a_crashed_cn_on_tcp() {
     }
     executor.run();
     let (victim_history, victim_committed) = victim_thread.join().unwrap();
-    assert!(victim_committed > 0, "the victim committed nothing before its crash");
+    assert!(
+        victim_committed > 0,
+        "the victim committed nothing before its crash"
+    );
     assert_eq!(*recovery_error.borrow(), None);
     let events = events.borrow();
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0].cn, victim);
     assert_eq!(
-        events[0].coordinators.iter().map(|c| c.coordinator).collect::<Vec<_>>(),
+        events[0]
+            .coordinators
+            .iter()
+            .map(|c| c.coordinator)
+            .collect::<Vec<_>>(),
         victim_ids
     );
-    assert!(after_crash.get() > 0, "the survivors committed nothing after recovery");
+    assert!(
+        after_crash.get() > 0,
+        "the survivors committed nothing after recovery"
+    );
     eprintln!(
         "victim committed {victim_committed}, in doubt {}; recovered {:?}; survivors committed {} after recovery",
         victim_history
@@ -434,28 +455,15 @@ fn pandora_recovers_a_crashed_cn_on_tcp() {
     // Every record is still readable, past the locks the victim left (PILL).
     let final_shared = CnShared::new();
     *final_shared.failed.borrow_mut() = shared.failed.borrow().clone();
-    let mut ctx = fabric.context(Port(50)).unwrap();
-    for &a in &addrs {
-        ctx.connect(a).unwrap();
-    }
-    let mut last = FordCoordinator::new(
-        Clocked::new(ctx),
-        Rc::clone(&store),
+    let mut last = bank.coordinator(
+        &fabric,
+        50,
         cfg,
         COORDINATORS - 1,
         final_shared,
         dmem_txn::NoHistory,
-    )
-    .unwrap();
-    let read = executor.block_on(async {
-        let mut n = 0;
-        for chunk in keys.chunks(16) {
-            let reqs: Vec<ReadReq> = chunk.iter().map(|&(t, k)| ReadReq::read(t, k)).collect();
-            let mut tx = last.begin(TxnKind::ReadOnly).await.unwrap();
-            n += tx.read_round(&reqs).await.unwrap().iter().flatten().count();
-            tx.commit().await.unwrap();
-        }
-        n
-    });
-    assert_eq!(read, keys.len());
+    );
+    let finals = executor.block_on(bank.read_all(&mut last));
+    let read = finals.values().flatten().count();
+    assert_eq!(read, bank.keys.len());
 }
