@@ -88,8 +88,13 @@ fn default_one() -> u32 {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WorkloadFile {
-    /// Only `faa` so far.
+    /// `faa` (verbs level) or a transaction workload (`smallbank`, `kvs`, `ycsb`, `tatp`,
+    /// `tpcc`).
     kind: String,
+    /// Transaction workloads: `ford` or `pandora`.
+    protocol: Option<String>,
+    /// Transaction workloads: `tiny` (default) or `small`.
+    scale: Option<String>,
     duration_ms: u64,
     #[serde(default = "default_one")]
     threads: u32,
@@ -117,10 +122,10 @@ struct NodeFile {
 /// A memory node of a validated cluster.
 #[derive(Debug, Clone)]
 pub(crate) struct MnNode {
-    name: String,
-    node: NodeId,
-    data: SocketAddr,
-    control: SocketAddr,
+    pub(crate) name: String,
+    pub(crate) node: NodeId,
+    pub(crate) data: SocketAddr,
+    pub(crate) control: SocketAddr,
     memory: u64,
     netns: Option<String>,
 }
@@ -128,15 +133,29 @@ pub(crate) struct MnNode {
 /// A compute node of a validated cluster.
 #[derive(Debug, Clone)]
 pub(crate) struct CnNode {
-    name: String,
-    node: NodeId,
-    control: SocketAddr,
+    pub(crate) name: String,
+    pub(crate) node: NodeId,
+    pub(crate) control: SocketAddr,
     netns: Option<String>,
+}
+
+/// What the CNs run.
+#[derive(Debug, Clone)]
+pub(crate) enum Kind {
+    /// Verbs-level FAA counters.
+    Faa,
+    /// A transaction workload on a protocol.
+    Txn {
+        workload: String,
+        scale: dmem_workloads::Scale,
+        protocol: String,
+    },
 }
 
 /// A validated cluster file.
 #[derive(Debug, Clone)]
 pub(crate) struct Cluster {
+    kind: Kind,
     path: PathBuf,
     heartbeat: Nanos,
     timeout: Nanos,
@@ -184,11 +203,41 @@ impl Cluster {
             file.heartbeat_ms
         );
         let w = &file.workload;
-        ensure!(
-            w.kind == "faa",
-            "workload kind `{}`: only `faa` runs on real deployments so far (transaction protocols run on the simulator: `dmem bench`)",
-            w.kind
-        );
+        let kind = if w.kind == "faa" {
+            ensure!(
+                w.protocol.is_none() && w.scale.is_none(),
+                "workload kind `faa` takes no `protocol` or `scale` (those are for transaction workloads)"
+            );
+            Kind::Faa
+        } else {
+            ensure!(
+                dmem_workloads::WORKLOAD_NAMES.contains(&w.kind.as_str()),
+                "workload kind `{}` is not `faa` or one of {}",
+                w.kind,
+                dmem_workloads::WORKLOAD_NAMES.join(", ")
+            );
+            let protocol = w.protocol.clone().with_context(|| {
+                format!("workload `{}` needs `protocol = \"ford\"` or `\"pandora\"`", w.kind)
+            })?;
+            ensure!(
+                protocol == "ford" || protocol == "pandora",
+                "protocol `{protocol}`: real deployments run `ford` or `pandora` so far"
+            );
+            let scale = match w.scale.as_deref().unwrap_or("tiny") {
+                "tiny" => dmem_workloads::Scale::Tiny,
+                "small" => dmem_workloads::Scale::Small,
+                other => bail!("scale `{other}` is not `tiny` or `small`"),
+            };
+            ensure!(
+                w.threads == 1,
+                "a transaction workload runs every coordinator of a CN on one executor thread: use threads = 1 and clients = coordinators per CN"
+            );
+            Kind::Txn {
+                workload: w.kind.clone(),
+                scale,
+                protocol,
+            }
+        };
         ensure!(
             (1..=3_600_000).contains(&w.duration_ms),
             "workload duration_ms {} is outside 1..=3600000",
@@ -232,9 +281,13 @@ impl Cluster {
                     })?;
                     let data = parse(&n.name, "data", data)?;
                     claim(data, format!("node `{}` data", n.name))?;
-                    let mib = n
-                        .memory_mib
-                        .with_context(|| format!("node `{}`: an MN needs `memory_mib`", n.name))?;
+                    // A transaction workload's store decides the size.
+                    let mib = match (&kind, n.memory_mib) {
+                        (Kind::Txn { .. }, None) => 1,
+                        (_, mib) => mib.with_context(|| {
+                            format!("node `{}`: an MN needs `memory_mib`", n.name)
+                        })?,
+                    };
                     ensure!(
                         (1..=1 << 20).contains(&mib),
                         "node `{}`: memory_mib {mib} is outside 1..=1048576",
@@ -291,7 +344,7 @@ impl Cluster {
             "the MNs' memory_mib",
             "memory_mib",
         )?;
-        let cns = cns
+        let cns: Vec<CnNode> = cns
             .into_iter()
             .enumerate()
             .map(|(i, (n, control))| CnNode {
@@ -301,7 +354,13 @@ impl Cluster {
                 netns: n.netns.clone(),
             })
             .collect();
+        let coordinators = cns.len() as u64 * u64::from(w.clients);
+        ensure!(
+            coordinators < u64::from(u16::MAX),
+            "{coordinators} coordinators (CNs x clients) exceed the 16-bit coordinator ids"
+        );
         Ok(Self {
+            kind,
             path: path.to_path_buf(),
             heartbeat: file.heartbeat_ms * 1_000_000,
             timeout: file.timeout_ms * 1_000_000,
@@ -313,6 +372,74 @@ impl Cluster {
             mns,
             cns,
         })
+    }
+
+    pub(crate) fn mns(&self) -> &[MnNode] {
+        &self.mns
+    }
+
+    pub(crate) fn cns(&self) -> &[CnNode] {
+        &self.cns
+    }
+
+    pub(crate) fn mn_count(&self) -> u16 {
+        self.mns.len() as u16
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    pub(crate) fn join_timeout(&self) -> Duration {
+        self.join_timeout
+    }
+
+    pub(crate) fn heartbeat(&self) -> Nanos {
+        self.heartbeat
+    }
+
+    pub(crate) fn timeout(&self) -> Nanos {
+        self.timeout
+    }
+
+    pub(crate) fn clients(&self) -> u32 {
+        self.clients
+    }
+
+    /// Coordinators of the workers: every client of every CN.
+    pub(crate) fn coordinators(&self) -> u16 {
+        (self.cns.len() as u32 * self.clients) as u16
+    }
+
+    /// The coordinator ids of CN `node`: its clients, numbered CN by CN.
+    pub(crate) fn coordinator_ids(&self, node: NodeId) -> Vec<u16> {
+        let index = self.cn_index(node).unwrap_or(0) as u32;
+        (0..self.clients)
+            .map(|c| (index * self.clients + c) as u16)
+            .collect()
+    }
+
+    /// The name of CN `node` (or `node N`).
+    pub(crate) fn cn_name(&self, node: NodeId) -> String {
+        self.cn_index(node)
+            .map_or(format!("node {}", node.0), |i| self.cns[i].name.clone())
+    }
+
+    fn txn_setup(&self) -> anyhow::Result<Option<crate::cluster_txn::TxnSetup>> {
+        match &self.kind {
+            Kind::Faa => Ok(None),
+            Kind::Txn {
+                workload,
+                scale,
+                protocol,
+            } => crate::cluster_txn::TxnSetup::new(self, workload, *scale, protocol)
+                .map(Some)
+                .with_context(|| format!("cluster file {}", self.path.display())),
+        }
     }
 
     fn mn(&self, name: &str) -> anyhow::Result<&MnNode> {
@@ -423,6 +550,9 @@ fn control_endpoint(node: NodeId) -> Endpoint {
 pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
     let cluster = Cluster::load(&args.cluster)?;
     let me = cluster.mn(&args.node)?.clone();
+    if let Some(setup) = cluster.txn_setup()? {
+        return crate::cluster_txn::run_mn(&cluster, &me, &setup);
+    }
     let memory =
         ShmMemoryNode::create(me.node, RKey(0xd3e3_0000 | u32::from(me.node.0)), me.memory)
             .with_context(|| format!("{}: cannot create {} bytes of memory", me.name, me.memory))?;
@@ -571,7 +701,7 @@ pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
 }
 
 /// Connects `ctx` to `mn`, retrying while the MN is not up yet, until `deadline`.
-fn connect_retrying(ctx: &mut TcpContext, mn: &MnNode, deadline: Instant) -> anyhow::Result<()> {
+pub(crate) fn connect_retrying(ctx: &mut TcpContext, mn: &MnNode, deadline: Instant) -> anyhow::Result<()> {
     loop {
         match ctx.connect(mn.data) {
             Ok(_) => return Ok(()),
@@ -618,6 +748,9 @@ async fn faa_client<V: Verbs>(
 pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
     let cluster = Cluster::load(&args.cluster)?;
     let me = cluster.cn(&args.node)?.clone();
+    if let Some(setup) = cluster.txn_setup()? {
+        return crate::cluster_txn::run_cn(&cluster, &me, &setup);
+    }
     let my_index = cluster.cn_index(me.node).context("a CN of the cluster")?;
     let fabric = TcpFabric::new(me.node);
     let _listener = fabric
@@ -810,7 +943,15 @@ fn start_node(
 }
 
 /// The node's exit status and its last stdout line that parses as `T`.
-fn finish<T: for<'de> Deserialize<'de>>(mut node: Started) -> (String, bool, Option<T>) {
+fn finish<T: for<'de> Deserialize<'de>>(node: Started) -> (String, bool, Option<T>) {
+    let (name, ok, report, _) = finish_with_lines(node);
+    (name, ok, report)
+}
+
+/// [`finish`], and every stdout line of the node.
+fn finish_with_lines<T: for<'de> Deserialize<'de>>(
+    mut node: Started,
+) -> (String, bool, Option<T>, Vec<String>) {
     let ok = node.child.wait().is_ok_and(|s| s.success());
     let _ = node.reader.join();
     let lines = node
@@ -822,7 +963,7 @@ fn finish<T: for<'de> Deserialize<'de>>(mut node: Started) -> (String, bool, Opt
         .iter()
         .rev()
         .find_map(|l| serde_json::from_str(l).ok());
-    (node.name, ok, report)
+    (node.name, ok, report, lines)
 }
 
 /// `dmem cluster`.
@@ -830,7 +971,14 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
     let cluster = Cluster::load(&args.cluster)?;
     if let Some(kill) = &args.kill {
         cluster.cn(kill)?;
+        if matches!(cluster.kind, Kind::Txn { .. }) {
+            ensure!(
+                cluster.cns[0].name != *kill,
+                "--kill {kill}: the first CN runs the failure detector and recovery; kill another"
+            );
+        }
     }
+    let setup = cluster.txn_setup()?;
     let mut mns = Vec::new();
     let mut cns = Vec::new();
     // Stop every started child if anything below fails.
@@ -880,6 +1028,58 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
             let _ = node.child.wait();
         }
         return Err(e);
+    }
+    if let (Some(setup), Kind::Txn { protocol, .. }) = (&setup, &cluster.kind) {
+        let mut histories = Vec::new();
+        let cn_results: Vec<(String, bool, Option<crate::cluster_txn::TxnCnReport>)> = cns
+            .into_iter()
+            .map(|node| {
+                let (name, ok, report, lines) = finish_with_lines(node);
+                histories.push(crate::cluster_txn::history_from_lines(&lines));
+                (name, ok, report)
+            })
+            .collect();
+        let verdict = crate::cluster_txn::collect(
+            &cluster,
+            setup,
+            args.kill.as_deref(),
+            &cn_results,
+            histories,
+        );
+        if verdict.is_err() {
+            // The MNs wait for a quit that `collect` did not get to send.
+            let fabric = TcpFabric::new(NodeId(u16::MAX - 1));
+            crate::cluster_txn::quit_mns(&cluster, &fabric, &Executor::new());
+        }
+        let mn_results: Vec<(String, bool, Option<crate::cluster_txn::TxnMnReport>)> =
+            mns.into_iter().map(finish).collect();
+        let mut verdict = verdict?;
+        for (name, ok, report) in &mn_results {
+            if !ok || report.is_none() {
+                verdict
+                    .problems
+                    .push(format!("MN `{name}` failed or printed no report"));
+            }
+        }
+        if args.json {
+            for r in cn_results.iter().filter_map(|(_, _, r)| r.as_ref()) {
+                println!("{}", serde_json::to_string(r)?);
+            }
+            for r in mn_results.iter().filter_map(|(_, _, r)| r.as_ref()) {
+                println!("{}", serde_json::to_string(r)?);
+            }
+        } else {
+            crate::cluster_txn::print_summary(&cluster, protocol, &cn_results, &verdict);
+        }
+        return if verdict.problems.is_empty() {
+            Ok(())
+        } else {
+            Err(CheckFailed(format!(
+                "cluster check failed: {}",
+                verdict.problems.join("; ")
+            ))
+            .into())
+        };
     }
     let cn_results: Vec<(String, bool, Option<CnReport>)> = cns.into_iter().map(finish).collect();
     let mn_results: Vec<(String, bool, Option<MnReport>)> = mns.into_iter().map(finish).collect();
