@@ -82,9 +82,11 @@ impl ScaleArg {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TxnFabric {
-    /// The deterministic simulated cluster (the only one that runs transaction protocols
-    /// so far).
+    /// The deterministic simulated cluster (every protocol).
     Sim,
+    /// Separate MN and CN processes on this host over the tcp fabric (ford and pandora;
+    /// real time; `dmem cluster` with a generated cluster file).
+    Tcp,
 }
 
 /// Bytes of memory a run of `protocol` on `workload` takes (MN regions plus loading), `None` past 2^64.
@@ -130,7 +132,9 @@ pub struct Args {
     /// Pandora §6.1), or ford:BUG[+BUG] for FORD with bugs of Pandora Table 1 switched on.
     #[arg(long, value_delimiter = ',', default_value = "ford,pandora")]
     protocol: Vec<String>,
-    /// Fabric (only the simulated cluster runs transaction protocols so far).
+    /// Fabric: the simulated cluster, or `tcp`: a local cluster of separate MN and CN
+    /// processes on loopback (ford and pandora; each CN runs threads x coroutines
+    /// coordinators on one executor thread; --duration-ms is real time, at least 1000).
     #[arg(long, value_enum, default_value = "sim")]
     fabric: TxnFabric,
     /// NIC profile of the simulated cluster: cx3, cx4, cx5, cx6 or a TOML file.
@@ -169,6 +173,50 @@ pub struct Args {
     /// Also write the rows to this CSV file.
     #[arg(long, value_name = "FILE")]
     csv: Option<std::path::PathBuf>,
+}
+
+/// What `dmem bench --fabric tcp` needs from the arguments.
+#[derive(Debug, Clone)]
+pub struct TcpShape {
+    /// Workload name.
+    pub workload: &'static str,
+    /// Scale name.
+    pub scale: &'static str,
+    /// Protocol names.
+    pub protocols: Vec<String>,
+    /// Memory nodes.
+    pub mns: u16,
+    /// Compute nodes.
+    pub cns: u16,
+    /// Coordinators per CN (threads x coroutines).
+    pub coordinators_per_cn: u32,
+    /// Real-time duration, ms.
+    pub duration_ms: u64,
+    /// JSON output.
+    pub json: bool,
+}
+
+impl Args {
+    /// The fabric asked for.
+    #[must_use]
+    pub fn fabric(&self) -> TxnFabric {
+        self.fabric
+    }
+
+    /// The shape of a tcp run (see [`TxnFabric::Tcp`]).
+    #[must_use]
+    pub fn tcp_shape(&self) -> TcpShape {
+        TcpShape {
+            workload: self.workload.name(),
+            scale: self.scale.name(),
+            protocols: self.protocol.clone(),
+            mns: self.mns,
+            cns: self.cns,
+            coordinators_per_cn: u32::from(self.threads) * u32::from(self.coroutines),
+            duration_ms: self.duration_ms.max(1000),
+            json: self.json,
+        }
+    }
 }
 
 /// One protocol's results.

@@ -93,7 +93,7 @@ struct WorkloadFile {
     kind: String,
     /// Transaction workloads: `ford` or `pandora`.
     protocol: Option<String>,
-    /// Transaction workloads: `tiny` (default) or `small`.
+    /// Transaction workloads: `tiny` (default), `small`, `ford`, `motor`, `lotus`.
     scale: Option<String>,
     duration_ms: u64,
     #[serde(default = "default_one")]
@@ -223,11 +223,10 @@ impl Cluster {
                 protocol == "ford" || protocol == "pandora",
                 "protocol `{protocol}`: real deployments run `ford` or `pandora` so far"
             );
-            let scale = match w.scale.as_deref().unwrap_or("tiny") {
-                "tiny" => dmem_workloads::Scale::Tiny,
-                "small" => dmem_workloads::Scale::Small,
-                other => bail!("scale `{other}` is not `tiny` or `small`"),
-            };
+            let scale_name = w.scale.as_deref().unwrap_or("tiny");
+            let scale = dmem_workloads::Scale::from_name(scale_name).with_context(|| {
+                format!("scale `{scale_name}` is not tiny, small, ford, motor or lotus")
+            })?;
             ensure!(
                 w.threads == 1,
                 "a transaction workload runs every coordinator of a CN on one executor thread: use threads = 1 and clients = coordinators per CN"
@@ -1228,4 +1227,72 @@ fn print_summary(
         ]);
     }
     println!("{}", common::render(&t));
+}
+
+/// `dmem bench --fabric tcp`: for each protocol, a local cluster of separate MN and CN
+/// processes on loopback (a generated cluster file in a temporary directory), run by
+/// [`run_cluster`]: histories collected and checked, invariants checked, cluster stopped.
+pub(crate) fn bench_tcp(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<()> {
+    let tcp = args.tcp_shape();
+    for protocol in &tcp.protocols {
+        ensure!(
+            protocol == "ford" || protocol == "pandora",
+            "--protocol {protocol}: the tcp fabric runs ford and pandora so far (every protocol runs on --fabric sim)"
+        );
+    }
+    let dir = std::env::temp_dir().join(format!("dmem-bench-tcp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut failed = Vec::new();
+    for protocol in &tcp.protocols {
+        // Free loopback ports: two per MN, one per CN.
+        let listeners = (0..2 * usize::from(tcp.mns) + usize::from(tcp.cns))
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<Result<Vec<_>, _>>()
+            .context("cannot find free loopback ports")?;
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.port()))
+            .collect::<Result<_, _>>()?;
+        drop(listeners);
+        let mut text = format!(
+            "fabric = \"tcp\"\n\n[workload]\nkind = \"{}\"\nprotocol = \"{protocol}\"\nscale = \"{}\"\nduration_ms = {}\nthreads = 1\nclients = {}\n",
+            tcp.workload, tcp.scale, tcp.duration_ms, tcp.coordinators_per_cn
+        );
+        for m in 0..usize::from(tcp.mns) {
+            text += &format!(
+                "\n[[node]]\nname = \"mn{m}\"\nrole = \"mn\"\ndata = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
+                ports[2 * m],
+                ports[2 * m + 1]
+            );
+        }
+        for c in 0..usize::from(tcp.cns) {
+            text += &format!(
+                "\n[[node]]\nname = \"cn{c}\"\nrole = \"cn\"\ncontrol = \"127.0.0.1:{}\"\n",
+                ports[2 * usize::from(tcp.mns) + c]
+            );
+        }
+        let path = dir.join(format!("{protocol}.toml"));
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        let result = run_cluster(&ClusterArgs {
+            cluster: path,
+            kill: None,
+            kill_after_ms: 0,
+            json: tcp.json,
+        });
+        match result {
+            Ok(()) => {}
+            Err(e) if e.downcast_ref::<CheckFailed>().is_some() => failed.push(format!("{protocol}: {e}")),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(CheckFailed(failed.join("; ")).into())
+    }
 }

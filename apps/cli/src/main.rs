@@ -147,6 +147,11 @@ fn run() -> i32 {
         Command::Mn(args) => cluster::run_mn(&args),
         Command::Cn(args) => cluster::run_cn(&args),
         Command::Cluster(args) => cluster::run_cluster(&args),
+        Command::Bench(BenchArgs { layer: None, txn })
+            if txn.fabric() == bench_txn::TxnFabric::Tcp =>
+        {
+            cluster::bench_tcp(&txn)
+        }
         Command::Bench(BenchArgs { layer: None, txn }) => {
             bench_txn::run(txn, &dmem_protocols::registry()).map(drop)
         }
