@@ -217,7 +217,10 @@ impl Cluster {
                 dmem_workloads::WORKLOAD_NAMES.join(", ")
             );
             let protocol = w.protocol.clone().with_context(|| {
-                format!("workload `{}` needs `protocol = \"ford\"` or `\"pandora\"`", w.kind)
+                format!(
+                    "workload `{}` needs `protocol = \"ford\"` or `\"pandora\"`",
+                    w.kind
+                )
             })?;
             ensure!(
                 protocol == "ford" || protocol == "pandora",
@@ -700,7 +703,11 @@ pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
 }
 
 /// Connects `ctx` to `mn`, retrying while the MN is not up yet, until `deadline`.
-pub(crate) fn connect_retrying(ctx: &mut TcpContext, mn: &MnNode, deadline: Instant) -> anyhow::Result<()> {
+pub(crate) fn connect_retrying(
+    ctx: &mut TcpContext,
+    mn: &MnNode,
+    deadline: Instant,
+) -> anyhow::Result<()> {
     loop {
         match ctx.connect(mn.data) {
             Ok(_) => return Ok(()),
@@ -802,6 +809,8 @@ pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
             executor.run();
         })
         .context("cannot start the heartbeat thread")?;
+    // `dmem cluster` starts its kill timer once every CN is this far.
+    println!("ready {}", me.name);
     let start = Instant::now();
     let end = start + cluster.duration;
     let batch = cluster.batch;
@@ -1005,6 +1014,23 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
             cns.push(start_node(&cluster, "cn", &cn.name, cn.netns.as_deref())?);
         }
         if let Some(kill) = &args.kill {
+            // The kill timer starts once every CN is connected and heartbeating.
+            let deadline = Instant::now() + cluster.join_timeout;
+            while !cns.iter().all(|c| c.ready.load(Ordering::SeqCst)) {
+                for c in &mut cns {
+                    if matches!(c.child.try_wait(), Ok(Some(_))) {
+                        bail!(
+                            "CN `{}` exited before it was ready (its error is above)",
+                            c.name
+                        );
+                    }
+                }
+                ensure!(
+                    Instant::now() < deadline,
+                    "the CNs were not ready within the join timeout"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
             std::thread::sleep(Duration::from_millis(args.kill_after_ms));
             let victim = cns
                 .iter_mut()
@@ -1241,8 +1267,7 @@ pub(crate) fn bench_tcp(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<()> 
         );
     }
     let dir = std::env::temp_dir().join(format!("dmem-bench-tcp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut failed = Vec::new();
     for protocol in &tcp.protocols {
         // Free loopback ports: two per MN, one per CN.
@@ -1282,7 +1307,9 @@ pub(crate) fn bench_tcp(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<()> 
         });
         match result {
             Ok(()) => {}
-            Err(e) if e.downcast_ref::<CheckFailed>().is_some() => failed.push(format!("{protocol}: {e}")),
+            Err(e) if e.downcast_ref::<CheckFailed>().is_some() => {
+                failed.push(format!("{protocol}: {e}"))
+            }
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
                 return Err(e);

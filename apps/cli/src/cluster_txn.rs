@@ -26,7 +26,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use dmem_ford::recovery::{heartbeat_loop, membership_listener};
-use dmem_ford::{CnShared, FordCoordinator, LinkTerminator, Member, ProtocolConfig, RecoveryManager};
+use dmem_ford::{
+    CnShared, FordCoordinator, LinkTerminator, Member, ProtocolConfig, RecoveryManager,
+};
 use dmem_runtime::{Clocked, Executor, RealClock};
 use dmem_shm::ShmMemoryNode;
 use dmem_store::{Loader, Store, StoreConfig};
@@ -70,7 +72,12 @@ pub(crate) struct TxnSetup {
 }
 
 impl TxnSetup {
-    pub(crate) fn new(cluster: &Cluster, workload: &str, scale: dmem_workloads::Scale, protocol: &str) -> anyhow::Result<Self> {
+    pub(crate) fn new(
+        cluster: &Cluster,
+        workload: &str,
+        scale: dmem_workloads::Scale,
+        protocol: &str,
+    ) -> anyhow::Result<Self> {
         let workload = AnyWorkload::new(workload, scale)?;
         let config = match protocol {
             "ford" => ProtocolConfig::ford_fixed(),
@@ -103,7 +110,10 @@ impl TxnSetup {
     }
 
     fn store(&self) -> anyhow::Result<Rc<Store>> {
-        Ok(Rc::new(Store::new(self.store_config.clone(), self.regions.clone())?))
+        Ok(Rc::new(Store::new(
+            self.store_config.clone(),
+            self.regions.clone(),
+        )?))
     }
 
     /// Bytes of each MN's region.
@@ -122,7 +132,12 @@ fn endpoint(node: NodeId, port: Port) -> Endpoint {
 }
 
 /// Connects a new context of `fabric` on `port` to every MN.
-fn connected(fabric: &TcpFabric, port: Port, cluster: &Cluster, deadline: Instant) -> anyhow::Result<TcpContext> {
+fn connected(
+    fabric: &TcpFabric,
+    port: Port,
+    cluster: &Cluster,
+    deadline: Instant,
+) -> anyhow::Result<TcpContext> {
     let mut ctx = fabric.context(port)?;
     for mn in cluster.mns() {
         crate::cluster::connect_retrying(&mut ctx, mn, deadline)?;
@@ -142,7 +157,13 @@ pub(crate) struct TxnMnReport {
 /// `dmem mn` for a transaction workload.
 pub(crate) fn run_mn(cluster: &Cluster, me: &MnNode, setup: &TxnSetup) -> anyhow::Result<()> {
     let memory = ShmMemoryNode::create(me.node, mn_rkey(me.node), setup.bytes_per_mn())
-        .with_context(|| format!("{}: cannot create {} bytes of memory", me.name, setup.bytes_per_mn()))?;
+        .with_context(|| {
+            format!(
+                "{}: cannot create {} bytes of memory",
+                me.name,
+                setup.bytes_per_mn()
+            )
+        })?;
     // Load this MN's share of the records (every replica on it) out of band.
     {
         let mut local = dmem_shm::ShmFabric::new().context(endpoint(me.node, Port(0)))?;
@@ -175,9 +196,12 @@ pub(crate) fn run_mn(cluster: &Cluster, me: &MnNode, setup: &TxnSetup) -> anyhow
     let server = TcpMemoryServer::serve(memory, me.data)
         .with_context(|| format!("{}: cannot serve memory on {}", me.name, me.data))?;
     let fabric = TcpFabric::new(me.node);
-    let _listener = fabric
-        .listen(me.control)
-        .with_context(|| format!("{}: cannot listen for control messages on {}", me.name, me.control))?;
+    let _listener = fabric.listen(me.control).with_context(|| {
+        format!(
+            "{}: cannot listen for control messages on {}",
+            me.name, me.control
+        )
+    })?;
     for cn in cluster.cns() {
         fabric.add_peer(cn.node, cn.control);
     }
@@ -343,6 +367,9 @@ pub(crate) struct TxnCnReport {
     delta: i64,
     /// First CN only: the CN failures it recovered.
     recovered: Vec<Recovered>,
+    /// First CN only: every loaded record's final value `(table, key, value)`, read after
+    /// every CN finished or was recovered.
+    finals: Vec<(u32, u64, Option<Vec<u8>>)>,
 }
 
 /// `dmem cn` for a transaction workload.
@@ -360,13 +387,25 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         fabric.add_peer(cn.node, cn.control);
     }
     let deadline = Instant::now() + cluster.join_timeout();
+    // The detector's receive queue exists before anything else, so that no heartbeat of a
+    // quicker CN is dropped while this one connects.
+    let detector_ctx = if is_detector {
+        Some(connected(&fabric, DETECTOR, cluster, deadline)?)
+    } else {
+        None
+    };
     let store = setup.store()?;
     let shared = CnShared::new();
     let executor = Executor::new();
     let ids = cluster.coordinator_ids(me.node);
     let mut coordinators = Vec::new();
     for (i, &id) in ids.iter().enumerate() {
-        let ctx = connected(&fabric, Port(FIRST_COORDINATOR_PORT + i as u16), cluster, deadline)?;
+        let ctx = connected(
+            &fabric,
+            Port(FIRST_COORDINATOR_PORT + i as u16),
+            cluster,
+            deadline,
+        )?;
         coordinators.push(FordCoordinator::new(
             Clocked::new(ctx),
             Rc::clone(&store),
@@ -387,12 +426,18 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     executor.spawn(async move {
         let _ = membership_listener(&*listener_ctx, failed, period, u64::MAX).await;
     });
-    let tally = Rc::new((Cell::new(0u64), Cell::new(0u64), Cell::new(0u64), Cell::new(0i64)));
+    let tally = Rc::new((
+        Cell::new(0u64),
+        Cell::new(0u64),
+        Cell::new(0u64),
+        Cell::new(0i64),
+    ));
     let running = Rc::new(Cell::new(coordinators.len()));
     let end = dmem_runtime::monotonic_now() + cluster.duration().as_nanos() as u64;
     let workload = Rc::new(setup.workload.clone());
     for mut co in coordinators {
-        let (tally, running, workload) = (Rc::clone(&tally), Rc::clone(&running), Rc::clone(&workload));
+        let (tally, running, workload) =
+            (Rc::clone(&tally), Rc::clone(&running), Rc::clone(&workload));
         let id = co.id();
         executor.spawn(async move {
             let mut generator = workload.generator(u32::from(id), 0x5eed ^ u64::from(id));
@@ -420,7 +465,13 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
             running.set(running.get() - 1);
         });
     }
-    let recovered: Vec<Recovered> = if is_detector {
+    // `dmem cluster` starts its kill timer once every CN is this far (the first CN: once
+    // it heard every CN's first heartbeat).
+    if !is_detector {
+        println!("ready {}", me.name);
+    }
+    let mut finals = Vec::new();
+    let recovered: Vec<Recovered> = if let Some(detector_ctx) = detector_ctx {
         let members = cluster
             .cns()
             .iter()
@@ -430,7 +481,6 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                 listener: endpoint(c.node, LISTENER),
             })
             .collect();
-        let detector_ctx = connected(&fabric, DETECTOR, cluster, deadline)?;
         // Join: suspicion starts once every CN has sent its first heartbeat (a CN still
         // connecting its coordinators is not a failed one).
         executor.block_on(async {
@@ -458,6 +508,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
             }
             Ok(())
         })?;
+        println!("ready {}", me.name);
         let mut manager = RecoveryManager::new(
             Clocked::new(detector_ctx),
             Rc::clone(&store),
@@ -470,7 +521,12 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         );
         let events = manager.events();
         let done_ctx = fabric.context(DONE_PORT)?;
-        let others: BTreeSet<NodeId> = cluster.cns().iter().map(|c| c.node).filter(|&n| n != me.node).collect();
+        let others: BTreeSet<NodeId> = cluster
+            .cns()
+            .iter()
+            .map(|c| c.node)
+            .filter(|&n| n != me.node)
+            .collect();
         let start = dmem_runtime::monotonic_now();
         let running = Rc::clone(&running);
         executor.block_on(async {
@@ -495,13 +551,52 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                     recovered.insert(member.cn);
                     manager.recover(member).await?;
                 }
-                if running.get() == 0 && others.iter().all(|n| finished.contains(n) || recovered.contains(n)) {
+                if running.get() == 0
+                    && others
+                        .iter()
+                        .all(|n| finished.contains(n) || recovered.contains(n))
+                {
                     return Ok::<(), anyhow::Error>(());
                 }
                 RealClock.sleep(period / 2).await;
             }
         })?;
         let events = events.borrow();
+        // The final state, read by one more coordinator that knows who failed (it reads
+        // past the locks they left), then the MNs are told the run is over.
+        let final_shared = CnShared::new();
+        for e in events.iter() {
+            for c in &e.coordinators {
+                final_shared
+                    .failed
+                    .borrow_mut()
+                    .insert(dmem_layout::pill::CoordinatorId(c.coordinator));
+            }
+        }
+        let mut last = FordCoordinator::new(
+            Clocked::new(connected(&fabric, Port(3), cluster, deadline)?),
+            Rc::clone(&store),
+            setup.config,
+            cluster.coordinators(),
+            final_shared,
+            dmem_txn::NoHistory,
+        )?;
+        let keys: Vec<(TableId, Key)> = setup.workload.loader().map(|(t, k, _)| (t, k)).collect();
+        finals = executor
+            .block_on(async {
+                let mut finals = Vec::with_capacity(keys.len());
+                for chunk in keys.chunks(16) {
+                    let reqs: Vec<ReadReq> =
+                        chunk.iter().map(|&(t, k)| ReadReq::read(t, k)).collect();
+                    let mut tx = last.begin(TxnKind::ReadOnly).await?;
+                    let values = tx.read_round(&reqs).await?;
+                    tx.commit().await?;
+                    finals.extend(chunk.iter().zip(values).map(|(&(t, k), v)| (t.0, k.0, v)));
+                }
+                Ok::<_, dmem_txn::TxnError>(finals)
+            })
+            .context("reading the final state")?;
+        quit_mns(cluster, &fabric, &executor);
         events
             .iter()
             .map(|e| Recovered {
@@ -527,8 +622,12 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
             }
         });
         let done_ctx = fabric.context(DONE_PORT)?;
-        if let Err(e) = executor.block_on(done_ctx.send(endpoint(detector_cn, DONE_PORT), CN_DONE)) {
-            eprintln!("dmem cn {}: cannot tell the detector it is done: {e}", me.name);
+        if let Err(e) = executor.block_on(done_ctx.send(endpoint(detector_cn, DONE_PORT), CN_DONE))
+        {
+            eprintln!(
+                "dmem cn {}: cannot tell the detector it is done: {e}",
+                me.name
+            );
         }
         Vec::new()
     };
@@ -541,6 +640,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         failed: tally.2.get(),
         delta: tally.3.get(),
         recovered,
+        finals,
     };
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
@@ -554,7 +654,8 @@ pub(crate) struct TxnVerdict {
 }
 
 /// `dmem cluster`'s part of a transaction run, once the CNs have exited: merge the
-/// histories, read the final state, check, and tell every MN to quit.
+/// histories (the killed CN's streamed records included), check them, and check the
+/// workload's invariants over the final state the first CN read.
 pub(crate) fn collect(
     cluster: &Cluster,
     setup: &TxnSetup,
@@ -568,7 +669,6 @@ pub(crate) fn collect(
         history.txns.extend(h.txns);
     }
     let mut delta = 0;
-    let mut failed_ids = Vec::new();
     for (name, ok, report) in cns {
         if killed == Some(name.as_str()) {
             continue;
@@ -582,52 +682,40 @@ pub(crate) fn collect(
         }
         delta += r.delta;
         for rec in &r.recovered {
-            failed_ids.extend(rec.coordinators.iter().copied());
             if killed != Some(rec.cn.as_str()) {
-                problems.push(format!("the live CN `{}` was recovered (false suspicion)", rec.cn));
+                problems.push(format!(
+                    "the live CN `{}` was recovered (false suspicion)",
+                    rec.cn
+                ));
             }
         }
     }
     if let Some(k) = killed {
-        let recovered = cns.iter().filter_map(|(_, _, r)| r.as_ref()).any(|r| r.recovered.iter().any(|rec| rec.cn == k));
+        let recovered = cns
+            .iter()
+            .filter_map(|(_, _, r)| r.as_ref())
+            .any(|r| r.recovered.iter().any(|rec| rec.cn == k));
         if !recovered {
             problems.push(format!("the killed CN `{k}` was not recovered"));
         }
     }
-    // The final state, read by a coordinator of this process that knows who failed.
-    let me = NodeId(cluster.mn_count() + cluster.cns().len() as u16);
-    let fabric = TcpFabric::new(me);
-    let deadline = Instant::now() + cluster.join_timeout();
-    let ctx = connected(&fabric, Port(1), cluster, deadline)?;
-    let shared = CnShared::new();
-    for id in failed_ids {
-        shared
-            .failed
-            .borrow_mut()
-            .insert(dmem_layout::pill::CoordinatorId(id));
+    // The final state, as the first CN read it after the run (it is inside the cluster's
+    // network, which this process may not be).
+    let first = &cluster.cns()[0].name;
+    let finals: HashMap<(TableId, Key), Option<Vec<u8>>> = cns
+        .iter()
+        .find(|(name, _, _)| name == first)
+        .and_then(|(_, _, r)| r.as_ref())
+        .map(|r| {
+            r.finals
+                .iter()
+                .map(|(t, k, v)| ((TableId(*t), Key(*k)), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    if finals.is_empty() {
+        problems.push(format!("the first CN `{first}` reported no final state"));
     }
-    let mut last = FordCoordinator::new(
-        Clocked::new(ctx),
-        setup.store()?,
-        setup.config,
-        cluster.coordinators(),
-        shared,
-        dmem_txn::NoHistory,
-    )?;
-    let keys: Vec<(TableId, Key)> = setup.workload.loader().map(|(t, k, _)| (t, k)).collect();
-    let executor = Executor::new();
-    let finals: HashMap<(TableId, Key), Option<Vec<u8>>> = executor.block_on(async {
-        let mut finals = HashMap::new();
-        for chunk in keys.chunks(16) {
-            let reqs: Vec<ReadReq> = chunk.iter().map(|&(t, k)| ReadReq::read(t, k)).collect();
-            let mut tx = last.begin(TxnKind::ReadOnly).await?;
-            let values = tx.read_round(&reqs).await?;
-            tx.commit().await?;
-            finals.extend(chunk.iter().copied().zip(values));
-        }
-        Ok::<_, dmem_txn::TxnError>(finals)
-    })
-    .context("reading the final state")?;
     let checker = dmem_harness::verdict(&history);
     if checker != "ok" {
         problems.push(format!("history checker: {checker}"));
@@ -647,7 +735,6 @@ pub(crate) fn collect(
             }
         }
     };
-    quit_mns(cluster, &fabric, &executor);
     Ok(TxnVerdict {
         checker: format!("{checker} ({} transactions)", history.txns.len()),
         invariants,
@@ -671,7 +758,12 @@ pub(crate) fn quit_mns(cluster: &Cluster, fabric: &TcpFabric, executor: &Executo
 }
 
 /// Prints the CN table of a transaction run.
-pub(crate) fn print_summary(cluster: &Cluster, protocol: &str, cns: &[(String, bool, Option<TxnCnReport>)], verdict: &TxnVerdict) {
+pub(crate) fn print_summary(
+    cluster: &Cluster,
+    protocol: &str,
+    cns: &[(String, bool, Option<TxnCnReport>)],
+    verdict: &TxnVerdict,
+) {
     println!(
         "dmem cluster  {}  fabric tcp  protocol {protocol}  {} MN  {} CN x {} coordinators  {} ms",
         cluster.path().display(),
@@ -680,18 +772,36 @@ pub(crate) fn print_summary(cluster: &Cluster, protocol: &str, cns: &[(String, b
         cluster.clients(),
         cluster.duration().as_millis()
     );
-    let mut t = common::table(&["node", "exit", "committed", "rolled back", "given up", "recovered"]);
+    let mut t = common::table(&[
+        "node",
+        "exit",
+        "committed",
+        "rolled back",
+        "given up",
+        "recovered",
+    ]);
     for (name, ok, r) in cns {
         let recovered = r.as_ref().map_or(String::new(), |r| {
             r.recovered
                 .iter()
-                .map(|rec| format!("{} at {} ms: {}", rec.cn, rec.detected_ms, rec.decisions.join(",")))
+                .map(|rec| {
+                    format!(
+                        "{} at {} ms: {}",
+                        rec.cn,
+                        rec.detected_ms,
+                        rec.decisions.join(",")
+                    )
+                })
                 .collect::<Vec<_>>()
                 .join("; ")
         });
         t.add_row(vec![
             name.clone(),
-            if *ok { "ok".into() } else { "killed/failed".into() },
+            if *ok {
+                "ok".into()
+            } else {
+                "killed/failed".into()
+            },
             r.as_ref().map_or("-".into(), |r| r.committed.to_string()),
             r.as_ref().map_or("-".into(), |r| r.rolled_back.to_string()),
             r.as_ref().map_or("-".into(), |r| r.failed.to_string()),
@@ -699,5 +809,8 @@ pub(crate) fn print_summary(cluster: &Cluster, protocol: &str, cns: &[(String, b
         ]);
     }
     println!("{}", common::render(&t));
-    println!("checker: {}  invariants: {}", verdict.checker, verdict.invariants);
+    println!(
+        "checker: {}  invariants: {}",
+        verdict.checker, verdict.invariants
+    );
 }

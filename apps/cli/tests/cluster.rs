@@ -87,6 +87,37 @@ control = "{h2}:{p3}"
     )
 }
 
+/// The same cluster running SmallBank on `protocol` (4 coordinators per CN).
+fn smallbank_toml(hosts: [(&str, Option<&str>); 3], ports: &[u16], protocol: &str) -> String {
+    cluster_toml(hosts, ports)
+        .replace(
+            "kind = \"faa\"",
+            &format!("kind = \"smallbank\"\nprotocol = \"{protocol}\""),
+        )
+        .replace("batch = 2\n", "")
+        .replace("clients = 2", "clients = 4")
+        .replace("memory_mib = 4\n", "")
+}
+
+/// SmallBank with a killed CN: the first CN recovered it (Pandora's logs), the MN
+/// terminated its link on request, the merged history (the killed CN's streamed records
+/// included) is clean.
+fn assert_recovered_kill(out: &Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "dmem cluster failed: {stderr}");
+    assert!(stderr.contains("killed CN `cn1` with SIGKILL"), "{stderr}");
+    assert!(stderr.contains("cn1 missed its heartbeats"), "{stderr}");
+    assert!(stderr.contains("link of cn1 terminated"), "{stderr}");
+    let r = reports(out);
+    let cn0 = &r["cn0"];
+    assert!(cn0["committed"].as_u64().unwrap() > 0);
+    let recovered = cn0["recovered"].as_array().unwrap();
+    assert_eq!(recovered.len(), 1, "{cn0}");
+    assert_eq!(recovered[0]["cn"], "cn1");
+    assert_eq!(recovered[0]["coordinators"].as_array().unwrap().len(), 4);
+    assert_eq!(r["mn0"]["revoked"][0], "cn1");
+}
+
 fn run_cluster(file: &Path, extra: &[&str]) -> Output {
     dmem()
         .arg("cluster")
@@ -261,8 +292,10 @@ impl Drop for Namespaces {
 }
 
 /// The cross-host test: MN on host 0, CNs on hosts 1 and 2, each in its own network
-/// namespace with a veth link to a bridge, all made here; cn1 is killed with SIGKILL
-/// mid-run; the MN detects it by heartbeats and revokes it; cn0 finishes; memory checks.
+/// namespace with a veth link to a bridge, all made here. First the FAA workload (cn1 killed
+/// with SIGKILL, the MN's detector revokes it, memory checks), then SmallBank on Pandora
+/// (cn1 killed, cn0's detector recovers its coordinators from their logs through the MN
+/// process, the checker over both CNs' histories is clean).
 #[test]
 fn three_hosts_in_network_namespaces_survive_a_killed_cn() {
     let ns = match Namespaces::three_hosts() {
@@ -289,6 +322,17 @@ fn three_hosts_in_network_namespaces_survive_a_killed_cn() {
     );
     let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
     assert_survived_kill(&out);
+    let hosts_ref = [
+        ("10.77.0.1", Some(hosts[0].as_str())),
+        ("10.77.0.2", Some(hosts[1].as_str())),
+        ("10.77.0.3", Some(hosts[2].as_str())),
+    ];
+    let file = dir.write(
+        "smallbank.toml",
+        &smallbank_toml(hosts_ref, &[7300, 7301, 7400, 7401], "pandora"),
+    );
+    let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
+    assert_recovered_kill(&out);
 }
 
 #[test]
@@ -324,8 +368,19 @@ fn cluster_file_errors_are_one_readable_line() {
             "is not an IP:port address",
         ),
         (
+            good.replace("kind = \"faa\"", "kind = \"bank\""),
+            "is not `faa` or one of",
+        ),
+        (
             good.replace("kind = \"faa\"", "kind = \"smallbank\""),
-            "only `faa` runs",
+            "needs `protocol",
+        ),
+        (
+            good.replace(
+                "kind = \"faa\"",
+                "kind = \"smallbank\"\nprotocol = \"motor\"",
+            ),
+            "run `ford` or `pandora`",
         ),
         (
             good.replace("timeout_ms = 200", "timeout_ms = 5"),
@@ -362,6 +417,108 @@ fn cluster_file_errors_are_one_readable_line() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("no CN named `cn7`") && stderr.contains("cn0, cn1"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn smallbank_on_pandora_recovers_a_killed_cn_process() {
+    let dir = TempDir::new("smallbank");
+    let ports = free_ports(4);
+    let local = [
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+    ];
+    let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "pandora"));
+    let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
+    assert_recovered_kill(&out);
+}
+
+#[test]
+fn smallbank_on_ford_without_failures_checks_clean() {
+    let dir = TempDir::new("ford");
+    let ports = free_ports(4);
+    let local = [
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+    ];
+    let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "ford"));
+    let out = dmem()
+        .arg("cluster")
+        .arg("--cluster")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("checker: ok"), "{stdout}");
+    assert!(stdout.contains("invariants: ok"), "{stdout}");
+}
+
+/// The newcomer's path: `dmem bench --fabric tcp` starts, checks and stops a local cluster
+/// per protocol.
+#[test]
+fn bench_on_tcp_runs_ford_and_pandora_in_processes() {
+    let out = dmem()
+        .args([
+            "bench",
+            "--fabric",
+            "tcp",
+            "--workload",
+            "smallbank",
+            "--protocol",
+            "ford,pandora",
+            "--scale",
+            "tiny",
+            "--mns",
+            "2",
+            "--cns",
+            "2",
+            "--threads",
+            "1",
+            "--coroutines",
+            "3",
+            "--duration-ms",
+            "1000",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for protocol in ["ford", "pandora"] {
+        assert!(
+            stdout.contains(&format!("protocol {protocol}  2 MN  2 CN x 3 coordinators")),
+            "{stdout}"
+        );
+    }
+    assert_eq!(stdout.matches("checker: ok").count(), 2, "{stdout}");
+    assert_eq!(stdout.matches("invariants: ok").count(), 2, "{stdout}");
+    let refused = dmem()
+        .args([
+            "bench",
+            "--fabric",
+            "tcp",
+            "--protocol",
+            "motor",
+            "--scale",
+            "tiny",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr.contains("the tcp fabric runs ford and pandora so far"),
         "{stderr}"
     );
 }
