@@ -39,10 +39,12 @@ use clap::Args as ClapArgs;
 use dmem_ford::recovery::heartbeat_loop;
 use dmem_ford::wire::ControlMsg;
 use dmem_ford::{FailureDetector, Member};
-use dmem_runtime::{Clocked, Executor, monotonic_now};
+use dmem_runtime::{Clocked, Executor, RealClock, monotonic_now};
 use dmem_shm::ShmMemoryNode;
 use dmem_tcp::{TcpContext, TcpError, TcpFabric, TcpMemoryServer};
-use dmem_verbs::{Endpoint, Nanos, NodeId, Port, PostList, RKey, RemoteAddr, Verbs, VerbsError};
+use dmem_verbs::{
+    Clock, Endpoint, Nanos, NodeId, Port, PostList, RKey, RemoteAddr, Verbs, VerbsError,
+};
 use serde::{Deserialize, Serialize};
 
 use dmem_cli::common::{self, CheckFailed};
@@ -802,8 +804,14 @@ pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
             for mn in mn_nodes {
                 let ctx = Rc::clone(&ctx);
                 executor.spawn(async move {
-                    // A lost MN ends its loop; the workload reports the MN's loss.
-                    let _ = heartbeat_loop(&*ctx, control_endpoint(mn), period, Nanos::MAX).await;
+                    // A send fails while the MN's control listener is not up yet, or once
+                    // the MN is gone (the workload reports that): try again a period later.
+                    while heartbeat_loop(&*ctx, control_endpoint(mn), period, Nanos::MAX)
+                        .await
+                        .is_err()
+                    {
+                        RealClock.sleep(period).await;
+                    }
                 });
             }
             executor.run();
@@ -1018,7 +1026,9 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
             let deadline = Instant::now() + cluster.join_timeout;
             while !cns.iter().all(|c| c.ready.load(Ordering::SeqCst)) {
                 for c in &mut cns {
-                    if matches!(c.child.try_wait(), Ok(Some(_))) {
+                    // A CN that was ready may have finished already; the kill says so.
+                    if !c.ready.load(Ordering::SeqCst) && matches!(c.child.try_wait(), Ok(Some(_)))
+                    {
                         bail!(
                             "CN `{}` exited before it was ready (its error is above)",
                             c.name
@@ -1036,6 +1046,11 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
                 .iter_mut()
                 .find(|c| &c.name == kill)
                 .context("checked above")?;
+            ensure!(
+                matches!(victim.child.try_wait(), Ok(None)),
+                "CN `{kill}` finished before --kill-after-ms {} ms: raise the workload's duration_ms",
+                args.kill_after_ms
+            );
             victim
                 .child
                 .kill()

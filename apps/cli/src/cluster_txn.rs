@@ -419,7 +419,14 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     // Heartbeats and the stray-lock listener run until this process ends.
     let hb = Rc::new(Clocked::new(fabric.context(HEARTBEAT)?));
     executor.spawn(async move {
-        let _ = heartbeat_loop(&*hb, endpoint(detector_cn, DETECTOR), period, u64::MAX).await;
+        // A send fails while the detector's CN is still starting (nothing listens yet):
+        // heartbeat again after a period rather than stop for good.
+        while heartbeat_loop(&*hb, endpoint(detector_cn, DETECTOR), period, u64::MAX)
+            .await
+            .is_err()
+        {
+            RealClock.sleep(period).await;
+        }
     });
     let listener_ctx = Rc::new(Clocked::new(fabric.context(LISTENER)?));
     let failed = Rc::clone(&shared.failed);

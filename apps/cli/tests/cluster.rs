@@ -97,6 +97,9 @@ fn smallbank_toml(hosts: [(&str, Option<&str>); 3], ports: &[u16], protocol: &st
         .replace("batch = 2\n", "")
         .replace("clients = 2", "clients = 4")
         .replace("memory_mib = 4\n", "")
+        // Long enough that the victim is still running when every CN is ready and
+        // 400 ms have passed, on a loaded machine too.
+        .replace("duration_ms = 1500", "duration_ms = 3000")
 }
 
 /// SmallBank with a killed CN: the first CN recovered it (Pandora's logs), the MN
