@@ -1069,7 +1069,7 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
         }
         return Err(e);
     }
-    if let (Some(setup), Kind::Txn { protocol, .. }) = (&setup, &cluster.kind) {
+    if let (Some(_), Kind::Txn { protocol, .. }) = (&setup, &cluster.kind) {
         let mut histories = Vec::new();
         let cn_results: Vec<(String, bool, Option<crate::cluster_txn::TxnCnReport>)> = cns
             .into_iter()
@@ -1079,13 +1079,8 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
                 (name, ok, report)
             })
             .collect();
-        let verdict = crate::cluster_txn::collect(
-            &cluster,
-            setup,
-            args.kill.as_deref(),
-            &cn_results,
-            histories,
-        );
+        let verdict =
+            crate::cluster_txn::collect(&cluster, args.kill.as_deref(), &cn_results, histories);
         if verdict.is_err() {
             // The MNs wait for a quit that `collect` did not get to send.
             let fabric = TcpFabric::new(NodeId(u16::MAX - 1));
