@@ -17,12 +17,12 @@
 //!   (inside the node's network namespace when it names one), optionally kills one CN with
 //!   SIGKILL mid-run, collects the reports and checks them.
 //!
-//! The workload is verbs-level (`faa`): every post list carries, for every MN, `batch`
-//! pairs of FAAs — one on the CN's own word, one on the MN's shared word. A frame executes
-//! whole or not at all, so at every MN the shared word equals the sum of the CN words even
-//! when a CN dies mid-run, and a CN that finished has exactly `posts × batch` in its word.
-//! Transaction protocols do not run on tcp yet: `dmem-deploy` builds them on the simulator
-//! only.
+//! This module runs the verbs-level workload (`faa`): every post list carries, for every
+//! MN, `batch` pairs of FAAs — one on the CN's own word, one on the MN's shared word. A
+//! frame executes whole or not at all, so at every MN the shared word equals the sum of the
+//! CN words even when a CN dies mid-run, and a CN that finished has exactly `posts × batch`
+//! in its word. Transaction workloads on FORD/Pandora (`kind = "smallbank"` etc.) are in
+//! `cluster_txn.rs`, where the first CN, not the MNs, detects and recovers failed CNs.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader};

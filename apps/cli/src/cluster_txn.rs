@@ -595,18 +595,20 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         invariants = if events.is_empty() {
             // Records are read one by one as the workload's check asks for them (TPC-C
             // looks up the orders it inserted), each by a read-only transaction.
-            let last = std::cell::RefCell::new(last);
+            // (Taken out of its cell for each read: `check` wants a `Fn`.)
+            let last = Cell::new(Some(last));
             let read_error = std::cell::RefCell::new(None);
             let delta = tally.3.get() + deltas.values().sum::<i64>();
             let violations = setup.workload.check(
                 |table, key| {
+                    let mut co = last.take()?;
                     let read = executor.block_on(async {
-                        let mut co = last.borrow_mut();
                         let mut tx = co.begin(TxnKind::ReadOnly).await?;
                         let value = tx.read(table, key).await?;
                         tx.commit().await?;
                         Ok::<_, dmem_txn::TxnError>(value)
                     });
+                    last.set(Some(co));
                     read.unwrap_or_else(|e| {
                         *read_error.borrow_mut() = Some(e.to_string());
                         None
