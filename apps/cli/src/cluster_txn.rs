@@ -60,6 +60,8 @@ const DONE_PORT: Port = Port(102);
 const LISTENER: Port = Port(99);
 const HEARTBEAT: Port = Port(98);
 const FIRST_COORDINATOR_PORT: u16 = 1;
+/// Doublings of the index slack tried before a layout counts as impossible.
+const MAX_SLACK_DOUBLINGS: u32 = 6;
 /// How long a link termination may take before recovery gives up on that MN.
 const TERMINATE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -84,29 +86,48 @@ impl TxnSetup {
             "pandora" => ProtocolConfig::pandora(),
             other => bail!("protocol `{other}`: real deployments run `ford` or `pandora` so far"),
         };
-        let coordinators = cluster.coordinators() + 1;
-        let spec = dmem_harness::deploy_spec(&workload, coordinators);
-        let store_config = StoreConfig::for_tables(
-            cluster.mn_count(),
-            &spec.tables,
-            spec.coordinators,
-            spec.log_region_bytes,
-            spec.index_slack * 2,
-        );
-        let len = store_config.bytes_per_mn()?;
-        let regions = (0..cluster.mn_count())
-            .map(|i| MemoryRegion {
-                node: NodeId(i),
-                rkey: mn_rkey(NodeId(i)),
-                len,
-            })
-            .collect();
-        Ok(Self {
-            workload,
-            config,
-            store_config,
-            regions,
-        })
+        // The layout the simulator's deployment of this protocol uses.
+        let layout = dmem_protocols::FordProtocol::new(protocol, config);
+        let mut spec = dmem_harness::deploy_spec(&workload, cluster.coordinators() + 1);
+        // As `dmem_deploy::deploy_loaded` does, a full index bucket doubles the slack; here
+        // a dry run of the loader finds the slack, so every process derives the same one.
+        for _ in 0..MAX_SLACK_DOUBLINGS {
+            let store_config = layout.store_config(&spec, cluster.mn_count());
+            let len = store_config.bytes_per_mn()?;
+            let regions: Vec<MemoryRegion> = (0..cluster.mn_count())
+                .map(|i| MemoryRegion {
+                    node: NodeId(i),
+                    rkey: mn_rkey(NodeId(i)),
+                    len,
+                })
+                .collect();
+            let store = Store::new(store_config.clone(), regions.clone())?;
+            let mut loader = Loader::new(&store);
+            let mut full = false;
+            for (table, key, value) in workload.loader() {
+                match loader.load(table, key, &value, |_, _, _| {}) {
+                    Ok(_) => {}
+                    Err(dmem_store::StoreError::BucketFull { .. }) => {
+                        full = true;
+                        break;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if !full {
+                return Ok(Self {
+                    workload,
+                    config,
+                    store_config,
+                    regions,
+                });
+            }
+            spec.index_slack = (spec.index_slack * 2).max(1);
+        }
+        bail!(
+            "the workload's records do not fit the index even with a {}x index slack",
+            spec.index_slack
+        )
     }
 
     fn store(&self) -> anyhow::Result<Rc<Store>> {

@@ -39,14 +39,12 @@ struct TcpSmallBank {
 impl TcpSmallBank {
     fn new() -> Self {
         let workload = AnyWorkload::new("smallbank", Scale::Tiny).unwrap();
-        let spec = deploy_spec(&workload, COORDINATORS);
-        let store_config = StoreConfig::for_tables(
-            MNS,
-            &spec.tables,
-            spec.coordinators,
-            spec.log_region_bytes,
-            spec.index_slack * 2,
-        );
+        let mut spec = deploy_spec(&workload, COORDINATORS);
+        // Room enough in the index for tiny SmallBank without `deploy_loaded`'s retries.
+        spec.index_slack *= 2;
+        // The layout the simulator's deployment of FORD/Pandora uses (the same for both).
+        let store_config = dmem_protocols::FordProtocol::new("pandora", ProtocolConfig::pandora())
+            .store_config(&spec, MNS);
         let bytes = store_config.bytes_per_mn().unwrap();
         let servers: Vec<TcpMemoryServer> = (0..MNS)
             .map(|i| {
