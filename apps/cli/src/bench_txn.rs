@@ -173,6 +173,12 @@ pub struct Args {
     /// Also write the rows to this CSV file.
     #[arg(long, value_name = "FILE")]
     csv: Option<std::path::PathBuf>,
+    /// With `--fabric tcp`: run on the nodes this cluster file names (addresses, network
+    /// namespaces, heartbeat settings) instead of a local cluster on loopback; the workload,
+    /// scale, protocols, duration and coordinators per CN come from these flags, --mns and
+    /// --cns from the file.
+    #[arg(long, value_name = "FILE")]
+    cluster: Option<std::path::PathBuf>,
 }
 
 /// What `dmem bench --fabric tcp` needs from the arguments.
@@ -194,6 +200,8 @@ pub struct TcpShape {
     pub duration_ms: u64,
     /// JSON output.
     pub json: bool,
+    /// A cluster file whose nodes to use.
+    pub cluster: Option<std::path::PathBuf>,
 }
 
 impl Args {
@@ -215,6 +223,7 @@ impl Args {
             coordinators_per_cn: u32::from(self.threads) * u32::from(self.coroutines),
             duration_ms: self.duration_ms.max(1000),
             json: self.json,
+            cluster: self.cluster.clone(),
         }
     }
 }
@@ -264,6 +273,10 @@ pub struct Row {
 
 impl Args {
     fn validate(&self, registry: &Registry) -> anyhow::Result<(AnyWorkload, Scale, NicProfile)> {
+        ensure!(
+            self.cluster.is_none(),
+            "--cluster FILE runs on the nodes of a cluster file: add --fabric tcp"
+        );
         ensure!(
             !self.protocol.is_empty() && self.protocol.iter().all(|p| !p.is_empty()),
             "--protocol needs at least one protocol name"

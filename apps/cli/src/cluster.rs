@@ -1290,23 +1290,45 @@ pub(crate) fn bench_tcp(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<()> 
             .map(|l| l.local_addr().map(|a| a.port()))
             .collect::<Result<_, _>>()?;
         drop(listeners);
-        let mut text = format!(
-            "fabric = \"tcp\"\n\n[workload]\nkind = \"{}\"\nprotocol = \"{protocol}\"\nscale = \"{}\"\nduration_ms = {}\nthreads = 1\nclients = {}\n",
+        let workload = format!(
+            "\n[workload]\nkind = \"{}\"\nprotocol = \"{protocol}\"\nscale = \"{}\"\nduration_ms = {}\nthreads = 1\nclients = {}\n",
             tcp.workload, tcp.scale, tcp.duration_ms, tcp.coordinators_per_cn
         );
-        for m in 0..usize::from(tcp.mns) {
-            text += &format!(
-                "\n[[node]]\nname = \"mn{m}\"\nrole = \"mn\"\ndata = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
-                ports[2 * m],
-                ports[2 * m + 1]
-            );
-        }
-        for c in 0..usize::from(tcp.cns) {
-            text += &format!(
-                "\n[[node]]\nname = \"cn{c}\"\nrole = \"cn\"\ncontrol = \"127.0.0.1:{}\"\n",
-                ports[2 * usize::from(tcp.mns) + c]
-            );
-        }
+        let text = match &tcp.cluster {
+            // The file's nodes and settings, with this run's workload.
+            Some(file) => {
+                let text = std::fs::read_to_string(file)
+                    .with_context(|| format!("cannot read cluster file {}", file.display()))?;
+                let mut table: toml::Table = toml::from_str(&text).map_err(|e| {
+                    anyhow::anyhow!(
+                        "cluster file {}: {}",
+                        file.display(),
+                        e.message().trim_end()
+                    )
+                })?;
+                table.remove("workload");
+                let workload: toml::Table = toml::from_str(&workload)?;
+                table.extend(workload);
+                toml::to_string(&table)?
+            }
+            None => {
+                let mut text = format!("fabric = \"tcp\"\n{workload}");
+                for m in 0..usize::from(tcp.mns) {
+                    text += &format!(
+                        "\n[[node]]\nname = \"mn{m}\"\nrole = \"mn\"\ndata = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
+                        ports[2 * m],
+                        ports[2 * m + 1]
+                    );
+                }
+                for c in 0..usize::from(tcp.cns) {
+                    text += &format!(
+                        "\n[[node]]\nname = \"cn{c}\"\nrole = \"cn\"\ncontrol = \"127.0.0.1:{}\"\n",
+                        ports[2 * usize::from(tcp.mns) + c]
+                    );
+                }
+                text
+            }
+        };
         let path = dir.join(format!("{protocol}.toml"));
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
         let result = run_cluster(&ClusterArgs {

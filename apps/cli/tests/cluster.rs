@@ -525,3 +525,61 @@ fn bench_on_tcp_runs_ford_and_pandora_in_processes() {
         "{stderr}"
     );
 }
+
+/// `dmem bench --fabric tcp --cluster FILE` runs on the nodes the file names, with the
+/// workload of the flags; without --fabric tcp the file is refused.
+#[test]
+fn bench_on_tcp_uses_the_nodes_of_a_cluster_file() {
+    let dir = TempDir::new("bench-file");
+    let ports = free_ports(4);
+    let local = [
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+    ];
+    let file = dir.write("cluster.toml", &cluster_toml(local, &ports));
+    let out = dmem()
+        .args([
+            "bench",
+            "--fabric",
+            "tcp",
+            "--workload",
+            "smallbank",
+            "--protocol",
+            "pandora",
+        ])
+        .args([
+            "--scale",
+            "tiny",
+            "--threads",
+            "1",
+            "--coroutines",
+            "2",
+            "--duration-ms",
+            "1000",
+        ])
+        .arg("--cluster")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("protocol pandora  1 MN  2 CN x 2 coordinators"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("checker: ok"), "{stdout}");
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{}", ports[0])),
+        "{stderr}"
+    );
+    let refused = dmem()
+        .args(["bench", "--scale", "tiny", "--cluster"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(stderr.contains("add --fabric tcp"), "{stderr}");
+}
