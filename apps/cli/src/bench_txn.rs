@@ -82,9 +82,11 @@ impl ScaleArg {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TxnFabric {
-    /// The deterministic simulated cluster (the only one that runs transaction protocols
-    /// so far).
+    /// The deterministic simulated cluster (every protocol).
     Sim,
+    /// Separate MN and CN processes on this host over the tcp fabric (ford and pandora;
+    /// real time; `dmem cluster` with a generated cluster file).
+    Tcp,
 }
 
 /// Bytes of memory a run of `protocol` on `workload` takes (MN regions plus loading), `None` past 2^64.
@@ -139,7 +141,9 @@ pub struct Args {
     /// or the symmetric dnl-4, dnl-2, dnl-1, fasst, dnl:P[+FLAG] (sized by --servers).
     #[arg(long, value_delimiter = ',', default_value = "ford,pandora")]
     protocol: Vec<String>,
-    /// Fabric (only the simulated cluster runs transaction protocols so far).
+    /// Fabric: the simulated cluster, or `tcp`: a local cluster of separate MN and CN
+    /// processes on loopback (ford and pandora; each CN runs threads x coroutines
+    /// coordinators on one executor thread; --duration-ms is real time, at least 1000).
     #[arg(long, value_enum, default_value = "sim")]
     fabric: TxnFabric,
     /// NIC profile of the simulated cluster: cx3, cx4, cx5, cx6 or a TOML file.
@@ -182,6 +186,59 @@ pub struct Args {
     /// Also write the rows to this CSV file.
     #[arg(long, value_name = "FILE")]
     csv: Option<std::path::PathBuf>,
+    /// With `--fabric tcp`: run on the nodes this cluster file names (addresses, network
+    /// namespaces, heartbeat settings) instead of a local cluster on loopback; the workload,
+    /// scale, protocols, duration and coordinators per CN come from these flags, --mns and
+    /// --cns from the file.
+    #[arg(long, value_name = "FILE")]
+    cluster: Option<std::path::PathBuf>,
+}
+
+/// What `dmem bench --fabric tcp` needs from the arguments.
+#[derive(Debug, Clone)]
+pub struct TcpShape {
+    /// Workload name.
+    pub workload: &'static str,
+    /// Scale name.
+    pub scale: &'static str,
+    /// Protocol names.
+    pub protocols: Vec<String>,
+    /// Memory nodes.
+    pub mns: u16,
+    /// Compute nodes.
+    pub cns: u16,
+    /// Coordinators per CN (threads x coroutines).
+    pub coordinators_per_cn: u32,
+    /// Real-time duration, ms.
+    pub duration_ms: u64,
+    /// JSON output.
+    pub json: bool,
+    /// A cluster file whose nodes to use.
+    pub cluster: Option<std::path::PathBuf>,
+}
+
+impl Args {
+    /// The fabric asked for.
+    #[must_use]
+    pub fn fabric(&self) -> TxnFabric {
+        self.fabric
+    }
+
+    /// The shape of a tcp run (see [`TxnFabric::Tcp`]).
+    #[must_use]
+    pub fn tcp_shape(&self) -> TcpShape {
+        TcpShape {
+            workload: self.workload.name(),
+            scale: self.scale.name(),
+            protocols: self.protocol.clone(),
+            mns: self.mns,
+            cns: self.cns,
+            coordinators_per_cn: u32::from(self.threads) * u32::from(self.coroutines),
+            duration_ms: self.duration_ms.max(1000),
+            json: self.json,
+            cluster: self.cluster.clone(),
+        }
+    }
 }
 
 /// One protocol's results.
@@ -237,6 +294,10 @@ pub struct Row {
 
 impl Args {
     fn validate(&self, registry: &Registry) -> anyhow::Result<(AnyWorkload, Scale, NicProfile)> {
+        ensure!(
+            self.cluster.is_none(),
+            "--cluster FILE runs on the nodes of a cluster file: add --fabric tcp"
+        );
         ensure!(
             !self.protocol.is_empty() && self.protocol.iter().all(|p| !p.is_empty()),
             "--protocol needs at least one protocol name"

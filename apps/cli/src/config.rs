@@ -93,7 +93,17 @@ pub fn expand(argv: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
 }
 
 /// dmem's top-level commands.
-const COMMANDS: [&str; 6] = ["perf", "bench", "litmus", "recover", "reproduce", "help"];
+const COMMANDS: [&str; 9] = [
+    "perf",
+    "bench",
+    "litmus",
+    "recover",
+    "reproduce",
+    "mn",
+    "cn",
+    "cluster",
+    "help",
+];
 
 fn is_value_of_config(args: &[String], a: &str) -> bool {
     args.windows(2).any(|w| w[0] == "--config" && w[1] == a)

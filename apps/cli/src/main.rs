@@ -7,6 +7,8 @@ use dmem_cli::{bench_txn, config, litmus};
 
 mod bench_hashtable;
 mod bench_locks;
+mod cluster;
+mod cluster_txn;
 mod perf;
 mod recover;
 mod reproduce;
@@ -52,6 +54,17 @@ enum Command {
     /// paper, dmem, ratio and whether each ordering holds; writes CSV and SVG under `--out`
     /// (default ./reproduce/<paper>/); exits 3 if an ordering does not hold.
     Reproduce(reproduce::Args),
+    /// A memory-node process of a cluster file on the tcp fabric: serves its memory, detects
+    /// failed CNs by heartbeats and revokes them, reports its memory at the end (`dmem mn
+    /// --cluster cluster.toml --node mn0`).
+    Mn(cluster::NodeArgs),
+    /// A compute-node process of a cluster file: connects to every MN, heartbeats, runs the
+    /// workload, reports (`dmem cn --cluster cluster.toml --node cn0`).
+    Cn(cluster::NodeArgs),
+    /// Starts every node of a cluster file as a separate process on this host (in its
+    /// network namespace if it names one), optionally SIGKILLs a CN mid-run, collects the
+    /// reports and checks them (`dmem cluster --cluster cluster.toml [--kill cn1]`).
+    Cluster(cluster::ClusterArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -115,7 +128,7 @@ fn run() -> i32 {
                 ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
                 | ErrorKind::MissingSubcommand => {
                     eprintln!(
-                        "dmem: error: name a command: perf, bench, bench locks, bench hashtable, litmus, recover or reproduce (dmem --help)"
+                        "dmem: error: name a command: perf, bench, bench locks, bench hashtable, litmus, recover, reproduce, mn, cn or cluster (dmem --help)"
                     );
                     EXIT_ERROR
                 }
@@ -131,6 +144,14 @@ fn run() -> i32 {
         Command::Litmus(args) => litmus::run(args, &dmem_protocols::registry()).map(drop),
         Command::Recover(args) => recover::run(args, &dmem_protocols::registry()),
         Command::Reproduce(args) => reproduce::run(args),
+        Command::Mn(args) => cluster::run_mn(&args),
+        Command::Cn(args) => cluster::run_cn(&args),
+        Command::Cluster(args) => cluster::run_cluster(&args),
+        Command::Bench(BenchArgs { layer: None, txn })
+            if txn.fabric() == bench_txn::TxnFabric::Tcp =>
+        {
+            cluster::bench_tcp(&txn)
+        }
         Command::Bench(BenchArgs { layer: None, txn }) => {
             bench_txn::run(txn, &dmem_protocols::registry()).map(drop)
         }

@@ -27,6 +27,9 @@ const MAX_SIM_CLIENTS: u64 = 4096;
 /// Most clients on shared memory (one port each per CN).
 const MAX_SHM_CLIENTS_PER_CN: u32 = 1024;
 
+/// Most connections a tcp run makes (clients × MNs); each has a completion-reader thread.
+const MAX_TCP_CONNECTIONS: u64 = 1024;
+
 /// Which fabric carries the verbs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -39,6 +42,9 @@ pub(crate) enum Fabric {
     /// An RDMA NIC of this host through libibverbs, looped back (one CN thread); needs a
     /// build with `--features rdma`.
     Rdma,
+    /// TCP over loopback (real time): each MN is a tcp memory node serving from an io_uring
+    /// loop in this process, each client context has its own connection to every MN.
+    Tcp,
 }
 
 /// The one-sided op to measure.
@@ -173,6 +179,11 @@ impl Args {
             Fabric::Rdma => ensure!(
                 cfg!(feature = "rdma"),
                 "this dmem was built without RDMA support: build it with `cargo build --release -p dmem-cli --features rdma`"
+            ),
+            Fabric::Tcp => ensure!(
+                clients * u64::from(self.mns) <= MAX_TCP_CONNECTIONS,
+                "{clients} clients x {} MNs: the tcp fabric takes at most {MAX_TCP_CONNECTIONS} connections (each has a completion-reader thread): lower --clients, --cns or --mns",
+                self.mns
             ),
         }
         let per_mn = clients.div_ceil(u64::from(self.mns));
@@ -350,25 +361,56 @@ fn run_sim(args: &Args, profile: &NicProfile, op: PerfOp, batch: u64) -> anyhow:
     })
 }
 
+/// The clients of each executor thread: a context and the addresses it targets.
+type ThreadClients<V> = Vec<Vec<(V, Vec<RemoteAddr>)>>;
+
+/// `batch` consecutive slots of `slot` bytes for client `global`, on the MN it targets
+/// (round-robin), taken from that MN's next free slot.
+fn client_targets(
+    args: &Args,
+    global: u64,
+    batch: u64,
+    regions: &[dmem_verbs::MemoryRegion],
+    next_slot: &mut [u64],
+) -> anyhow::Result<Vec<RemoteAddr>> {
+    let slot = u64::from(args.size.div_ceil(64) * 64);
+    let mn = (global % u64::from(args.mns)) as usize;
+    let first = &mut next_slot[mn];
+    let targets = (0..batch)
+        .map(|i| {
+            regions[mn]
+                .at((*first + i) * slot)
+                .context("MN region too small")
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    *first += batch;
+    Ok(targets)
+}
+
+/// The memory nodes of a real-time run: one zeroed shared-memory region each.
+fn memory_nodes(args: &Args) -> anyhow::Result<Vec<dmem_shm::ShmMemoryNode>> {
+    use dmem_verbs::{NodeId, RKey};
+    let memory = args.mn_memory_mib << 20;
+    (0..args.mns)
+        .map(|i| {
+            dmem_shm::ShmMemoryNode::create(NodeId(i), RKey(0x5eed_0000 | u32::from(i)), memory)
+                .with_context(|| format!("cannot create the shared-memory region of MN {i}"))
+        })
+        .collect()
+}
+
 /// Closed-loop clients on shared memory: one OS thread per CN thread, each running a polling
 /// executor with its clients; time is real.
 fn run_shm(args: &Args, op: PerfOp, batch: u64) -> anyhow::Result<Row> {
-    use dmem_runtime::{Clocked, Executor, monotonic_now};
-    use dmem_shm::{ShmFabric, ShmMemoryNode};
-    use dmem_verbs::{Endpoint, NodeId, Port, RKey};
+    use dmem_shm::ShmFabric;
+    use dmem_verbs::{Endpoint, NodeId, Port};
 
-    let slot = u64::from(args.size.div_ceil(64) * 64);
-    let memory = args.mn_memory_mib << 20;
-    let nodes = (0..args.mns)
-        .map(|i| {
-            ShmMemoryNode::create(NodeId(i), RKey(0x5eed_0000 | u32::from(i)), memory)
-                .with_context(|| format!("cannot create the shared-memory region of MN {i}"))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let nodes = memory_nodes(args)?;
+    let regions: Vec<_> = nodes.iter().map(|n| n.region()).collect();
     let fabric = ShmFabric::new();
     // Contexts per (CN, thread), built here so that set-up errors surface before any thread.
     let mut next_slot = vec![0u64; usize::from(args.mns)];
-    let mut per_thread: Vec<Vec<(dmem_shm::ShmContext, Vec<RemoteAddr>)>> = Vec::new();
+    let mut per_thread: ThreadClients<dmem_shm::ShmContext> = Vec::new();
     for cn in 0..args.cns {
         let cn_node = NodeId(args.mns + cn);
         let mut threads: Vec<Vec<_>> = (0..args.threads).map(|_| Vec::new()).collect();
@@ -382,21 +424,63 @@ fn run_shm(args: &Args, op: PerfOp, batch: u64) -> anyhow::Result<Row> {
                 ctx.add_link(node.link(cn_node)?)?;
             }
             let global = u64::from(cn) * u64::from(args.clients) + u64::from(c);
-            let mn = (global % u64::from(args.mns)) as usize;
-            let region = nodes[mn].region();
-            let first = &mut next_slot[mn];
-            let targets = (0..batch)
-                .map(|i| {
-                    region
-                        .at((*first + i) * slot)
-                        .context("MN region too small")
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            *first += batch;
+            let targets = client_targets(args, global, batch, &regions, &mut next_slot)?;
             threads[(c % u32::from(args.threads)) as usize].push((ctx, targets));
         }
         per_thread.extend(threads);
     }
+    run_real_time(args, "shm", op, batch, per_thread)
+}
+
+/// Closed-loop clients on the tcp fabric over loopback: every MN is a `TcpMemoryServer` (its
+/// io_uring serving thread) in this process, every client context has its own connection
+/// to each MN; threads as on shm.
+fn run_tcp(args: &Args, op: PerfOp, batch: u64) -> anyhow::Result<Row> {
+    use dmem_tcp::{TcpFabric, TcpMemoryServer};
+    use dmem_verbs::{NodeId, Port};
+
+    let servers = memory_nodes(args)?
+        .into_iter()
+        .map(|mn| {
+            TcpMemoryServer::serve(mn, std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+                .context("cannot start a tcp memory node on loopback")
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let regions: Vec<_> = servers.iter().map(TcpMemoryServer::region).collect();
+    let mut next_slot = vec![0u64; usize::from(args.mns)];
+    let mut per_thread: ThreadClients<dmem_tcp::TcpContext> = Vec::new();
+    for cn in 0..args.cns {
+        let fabric = TcpFabric::new(NodeId(args.mns + cn));
+        let mut threads: Vec<Vec<_>> = (0..args.threads).map(|_| Vec::new()).collect();
+        for c in 0..args.clients {
+            let port = Port(u16::try_from(c + 1).context("at most 65534 clients per CN")?);
+            let mut ctx = fabric.context(port)?;
+            for server in &servers {
+                ctx.connect(server.local_addr())?;
+            }
+            let global = u64::from(cn) * u64::from(args.clients) + u64::from(c);
+            let targets = client_targets(args, global, batch, &regions, &mut next_slot)?;
+            threads[(c % u32::from(args.threads)) as usize].push((ctx, targets));
+        }
+        per_thread.extend(threads);
+    }
+    let row = run_real_time(args, "tcp", op, batch, per_thread);
+    for server in servers {
+        server.stop().context("a tcp memory node failed")?;
+    }
+    row
+}
+
+/// Runs the clients of each thread on its own polling executor for the measured window.
+fn run_real_time<V: Verbs + Send + 'static>(
+    args: &Args,
+    fabric: &'static str,
+    op: PerfOp,
+    batch: u64,
+    per_thread: ThreadClients<V>,
+) -> anyhow::Result<Row> {
+    use dmem_runtime::{Clocked, Executor, monotonic_now};
+
     let duration = args.duration_ms * 1_000_000;
     let kind = op.kind();
     let size = args.size;
@@ -454,7 +538,7 @@ fn run_shm(args: &Args, op: PerfOp, batch: u64) -> anyhow::Result<Row> {
         args.duration_ms
     );
     Ok(Row {
-        fabric: "shm",
+        fabric,
         profile: "-".into(),
         op: kind.name(),
         size: if kind.is_atomic() { 8 } else { args.size },
@@ -507,6 +591,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
                 Fabric::Rdma => rdma::run_rdma(&args, op, batch)?,
                 #[cfg(not(feature = "rdma"))]
                 Fabric::Rdma => unreachable!("refused by validate without the rdma feature"),
+                Fabric::Tcp => run_tcp(&args, op, batch)?,
             };
             sink.row(&row)?;
             bar.inc(1);
@@ -525,10 +610,11 @@ fn print_table(args: &Args, rows: &[Row]) {
         Fabric::Sim => "sim (virtual time)",
         Fabric::Shm => "shm (real time)",
         Fabric::Rdma => "rdma (real time)",
+        Fabric::Tcp => "tcp over loopback (real time)",
     };
     let profile = match args.fabric {
         Fabric::Sim => rows.first().map_or("-", |r| r.profile.as_str()),
-        Fabric::Shm | Fabric::Rdma => "-",
+        Fabric::Shm | Fabric::Rdma | Fabric::Tcp => "-",
     };
     println!(
         "dmem perf  fabric {fabric}  profile {}  {} MN  {} CN x {} threads x {} clients  {} ms per row  seed {}",

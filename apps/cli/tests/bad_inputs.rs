@@ -23,7 +23,7 @@ const BAD: &[&[&str]] = &[
     &["perf", "--batch", "2000"],
     &["perf", "--op", "read,read"],
     &["perf", "--op", "nop"],
-    &["perf", "--fabric", "tcp"],
+    &["perf", "--fabric", "infiniband"],
     &["perf", "--size", "0"],
     &["perf", "--duration-ms", "0"],
     &["perf", "--op", "cas", "--size", "64"],

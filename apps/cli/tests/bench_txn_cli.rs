@@ -106,7 +106,10 @@ fn bad_arguments_are_refused_in_one_line() {
             "invalid value 'tpch' for '--workload <WORKLOAD>'",
         ),
         (vec!["bench", "--coroutines", "0"], "0 is not in 1..=1024"),
-        (vec!["bench", "--fabric", "shm"], "[possible values: sim]"),
+        (
+            vec!["bench", "--fabric", "shm"],
+            "[possible values: sim, tcp]",
+        ),
     ] {
         let out = dmem(&args);
         assert!(!out.status.success(), "{args:?}");

@@ -22,6 +22,7 @@ use crate::model::{Key, TableId, TxnId, Version, WriteKind};
 /// assert_eq!(ReadEvent::new(TableId(0), Key(42), Version::INITIAL).writer, None);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ReadEvent {
     /// Table read.
     pub table: TableId,
@@ -67,6 +68,7 @@ impl ReadEvent {
 
 /// A write and the version it installed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct WriteEvent {
     /// Table written.
     pub table: TableId,
@@ -80,6 +82,7 @@ pub struct WriteEvent {
 
 /// How a transaction ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum TxnOutcome {
     /// Committed: its writes are visible.
     Committed,
@@ -93,6 +96,7 @@ pub enum TxnOutcome {
 
 /// One transaction as a protocol recorded it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct TxnRecord {
     /// Its id.
     pub id: TxnId,
@@ -117,6 +121,7 @@ pub struct TxnRecord {
 
 /// The transactions of one run, in any order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct History {
     /// Every recorded transaction.
     pub txns: Vec<TxnRecord>,

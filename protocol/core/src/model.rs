@@ -5,10 +5,12 @@ use core::fmt;
 /// A table. Every table has fixed-size values (FORD, Motor and LOTUS all size records per
 /// table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct TableId(pub u32);
 
 /// A record key inside its table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Key(pub u64);
 
 /// A version of one record.
@@ -19,6 +21,7 @@ pub struct Key(pub u64);
 /// its own scheme onto this: a per-record counter (FORD, Pandora, OCC), a commit timestamp
 /// (Motor, LOTUS), a 29-bit wrapping counter widened to 64 bits (Dandelion).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Version(pub u64);
 
 impl Version {
@@ -28,10 +31,12 @@ impl Version {
 
 /// A transaction coordinator (Pandora's coordinator id: a CN coroutine).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct CoordinatorId(pub u32);
 
 /// A transaction, unique in a run: the coordinator and its sequence number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct TxnId {
     /// The coordinator that ran it.
     pub coordinator: CoordinatorId,
@@ -47,6 +52,7 @@ impl fmt::Display for TxnId {
 
 /// Whether a transaction may write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum TxnKind {
     /// Declared read-only: protocols may take a cheaper path (OOCC's one-RTT reads, MVCC
     /// snapshots). A write is refused.
@@ -57,6 +63,7 @@ pub enum TxnKind {
 
 /// What a write does to its record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum WriteKind {
     /// Replaces the value of a present record.
     Update,

@@ -47,6 +47,13 @@ impl FordProtocol {
     pub fn config(&self) -> ProtocolConfig {
         self.config
     }
+
+    /// The store layout of `spec` on `mns` MNs, as [`Protocol::deploy`] lays it out (for
+    /// deployments outside the simulator, which must agree on it in every process).
+    #[must_use]
+    pub fn store_config(&self, spec: &DeploySpec, mns: u16) -> StoreConfig {
+        store_config(spec, mns)
+    }
 }
 
 fn store_config(spec: &DeploySpec, mns: u16) -> StoreConfig {

@@ -63,6 +63,13 @@ impl ShmFabric {
         })
     }
 
+    /// Queues `message` for the context of this process that receives on `to` and wakes
+    /// it; `false` if no live context receives there. For fabrics that carry messages
+    /// between processes over other transports (the tcp fabric's reader threads).
+    pub fn deliver(&self, to: Endpoint, message: Message) -> bool {
+        self.mailbox(to).is_some_and(|m| m.deliver(message))
+    }
+
     pub(crate) fn mailbox(&self, endpoint: Endpoint) -> Option<Arc<Mailbox>> {
         lock(&self.inner.mailboxes).get(&endpoint).cloned()
     }

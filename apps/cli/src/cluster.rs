@@ -1,0 +1,1357 @@
+//! Real deployments on the tcp fabric: `dmem mn`, `dmem cn` and `dmem cluster`.
+//!
+//! A cluster is one TOML file (see [`ClusterFile`]): its nodes with their roles and
+//! addresses, the heartbeat period and timeout, and the workload. Node ids follow the
+//! simulator's convention: MNs first, in file order, then CNs.
+//!
+//! - `dmem mn --cluster FILE --node NAME` registers the MN's memory (a memfd region), serves
+//!   it on the node's `data` address from the tcp fabric's io_uring loop, and runs the
+//!   failure detector on its `control` address: it waits for every CN's first heartbeat,
+//!   then revokes a CN that stays silent longer than `timeout_ms` (its connections are shut
+//!   down and refused: Pandora §3.2.2's active-link termination), and exits once every CN
+//!   finished or was revoked, printing a JSON report of its memory.
+//! - `dmem cn --cluster FILE --node NAME` connects every client context to every MN,
+//!   heartbeats to every MN's control endpoint (`dmem_ford::recovery::heartbeat_loop`),
+//!   runs the workload, tells each MN it is done, and prints a JSON report.
+//! - `dmem cluster --cluster FILE` starts every node as a separate process on this host
+//!   (inside the node's network namespace when it names one), optionally kills one CN with
+//!   SIGKILL mid-run, collects the reports and checks them.
+//!
+//! This module runs the verbs-level workload (`faa`): every post list carries, for every
+//! MN, `batch` pairs of FAAs — one on the CN's own word, one on the MN's shared word. A
+//! frame executes whole or not at all, so at every MN the shared word equals the sum of the
+//! CN words even when a CN dies mid-run, and a CN that finished has exactly `posts × batch`
+//! in its word. Transaction workloads on FORD/Pandora (`kind = "smallbank"` etc.) are in
+//! `cluster_txn.rs`, where the first CN, not the MNs, detects and recovers failed CNs.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use clap::Args as ClapArgs;
+use dmem_ford::recovery::heartbeat_loop;
+use dmem_ford::wire::ControlMsg;
+use dmem_ford::{FailureDetector, Member};
+use dmem_runtime::{Clocked, Executor, RealClock, monotonic_now};
+use dmem_shm::ShmMemoryNode;
+use dmem_tcp::{TcpContext, TcpError, TcpFabric, TcpMemoryServer};
+use dmem_verbs::{
+    Clock, Endpoint, Nanos, NodeId, Port, PostList, RKey, RemoteAddr, Verbs, VerbsError,
+};
+use serde::{Deserialize, Serialize};
+
+use dmem_cli::common::{self, CheckFailed};
+
+/// Payload prefix of a CN's "done" message to each MN, followed by its post count (u64 LE).
+const DONE: &[u8] = b"dmem-cn-done";
+/// Bytes between two CN words at an MN (a cache line each, so FAAs do not share one).
+const WORD_STRIDE: u64 = 64;
+
+/// The cluster file as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ClusterFile {
+    /// Only `tcp` so far.
+    fabric: String,
+    /// CN heartbeat period, ms.
+    #[serde(default = "default_heartbeat_ms")]
+    heartbeat_ms: u64,
+    /// Silence after which an MN revokes a CN, ms.
+    #[serde(default = "default_timeout_ms")]
+    timeout_ms: u64,
+    /// How long an MN waits for every CN's first heartbeat, and a CN for every MN, ms.
+    #[serde(default = "default_join_timeout_ms")]
+    join_timeout_ms: u64,
+    workload: WorkloadFile,
+    #[serde(rename = "node")]
+    nodes: Vec<NodeFile>,
+}
+
+fn default_heartbeat_ms() -> u64 {
+    10
+}
+fn default_timeout_ms() -> u64 {
+    250
+}
+fn default_join_timeout_ms() -> u64 {
+    10_000
+}
+fn default_one() -> u32 {
+    1
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkloadFile {
+    /// `faa` (verbs level) or a transaction workload (`smallbank`, `kvs`, `ycsb`, `tatp`,
+    /// `tpcc`).
+    kind: String,
+    /// Transaction workloads: `ford` or `pandora`.
+    protocol: Option<String>,
+    /// Transaction workloads: `tiny` (default), `small`, `ford`, `motor`, `lotus`.
+    scale: Option<String>,
+    duration_ms: u64,
+    #[serde(default = "default_one")]
+    threads: u32,
+    #[serde(default = "default_one")]
+    clients: u32,
+    #[serde(default = "default_one")]
+    batch: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeFile {
+    name: String,
+    role: String,
+    /// MN: where CNs reach its memory.
+    data: Option<String>,
+    /// Where the node receives control messages (heartbeats, done).
+    control: String,
+    /// MN: registered memory, MiB.
+    memory_mib: Option<u64>,
+    /// Network namespace `dmem cluster` starts the node in (`ip netns exec`).
+    netns: Option<String>,
+}
+
+/// A memory node of a validated cluster.
+#[derive(Debug, Clone)]
+pub(crate) struct MnNode {
+    pub(crate) name: String,
+    pub(crate) node: NodeId,
+    pub(crate) data: SocketAddr,
+    pub(crate) control: SocketAddr,
+    memory: u64,
+    netns: Option<String>,
+}
+
+/// A compute node of a validated cluster.
+#[derive(Debug, Clone)]
+pub(crate) struct CnNode {
+    pub(crate) name: String,
+    pub(crate) node: NodeId,
+    pub(crate) control: SocketAddr,
+    netns: Option<String>,
+}
+
+/// What the CNs run.
+#[derive(Debug, Clone)]
+pub(crate) enum Kind {
+    /// Verbs-level FAA counters.
+    Faa,
+    /// A transaction workload on a protocol.
+    Txn {
+        workload: String,
+        scale: dmem_workloads::Scale,
+        protocol: String,
+    },
+}
+
+/// A validated cluster file.
+#[derive(Debug, Clone)]
+pub(crate) struct Cluster {
+    kind: Kind,
+    path: PathBuf,
+    heartbeat: Nanos,
+    timeout: Nanos,
+    join_timeout: Duration,
+    duration: Duration,
+    threads: u32,
+    clients: u32,
+    batch: u32,
+    mns: Vec<MnNode>,
+    cns: Vec<CnNode>,
+}
+
+/// Most work requests one CN's post list may carry (the tcp fabric's per-frame limit).
+const MAX_WRS: u64 = dmem_tcp::wire::MAX_WRS as u64;
+
+impl Cluster {
+    /// Reads and checks a cluster file; every problem is one line naming the file and node.
+    pub(crate) fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read cluster file {}", path.display()))?;
+        let file: ClusterFile = toml::from_str(&text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+            anyhow::anyhow!(
+                "cluster file {}{}: {}",
+                path.display(),
+                line.map_or(String::new(), |l| format!(", line {l}")),
+                e.message().trim_end()
+            )
+        })?;
+        Self::validate(path, file).with_context(|| format!("cluster file {}", path.display()))
+    }
+
+    fn validate(path: &Path, file: ClusterFile) -> anyhow::Result<Self> {
+        ensure!(
+            file.fabric == "tcp",
+            "fabric `{}`: `dmem mn`/`dmem cn` deploy the tcp fabric only so far (use `fabric = \"tcp\"`)",
+            file.fabric
+        );
+        ensure!(
+            file.heartbeat_ms >= 1 && file.timeout_ms > file.heartbeat_ms,
+            "timeout_ms ({}) must exceed heartbeat_ms ({}), which must be at least 1",
+            file.timeout_ms,
+            file.heartbeat_ms
+        );
+        let w = &file.workload;
+        let kind = if w.kind == "faa" {
+            ensure!(
+                w.protocol.is_none() && w.scale.is_none(),
+                "workload kind `faa` takes no `protocol` or `scale` (those are for transaction workloads)"
+            );
+            Kind::Faa
+        } else {
+            ensure!(
+                dmem_workloads::WORKLOAD_NAMES.contains(&w.kind.as_str()),
+                "workload kind `{}` is not `faa` or one of {}",
+                w.kind,
+                dmem_workloads::WORKLOAD_NAMES.join(", ")
+            );
+            let protocol = w.protocol.clone().with_context(|| {
+                format!(
+                    "workload `{}` needs `protocol = \"ford\"` or `\"pandora\"`",
+                    w.kind
+                )
+            })?;
+            ensure!(
+                protocol == "ford" || protocol == "pandora",
+                "protocol `{protocol}`: real deployments run `ford` or `pandora` so far"
+            );
+            let scale_name = w.scale.as_deref().unwrap_or("tiny");
+            let scale = dmem_workloads::Scale::from_name(scale_name).with_context(|| {
+                format!("scale `{scale_name}` is not tiny, small, ford, motor or lotus")
+            })?;
+            ensure!(
+                w.threads == 1,
+                "a transaction workload runs every coordinator of a CN on one executor thread: use threads = 1 and clients = coordinators per CN"
+            );
+            Kind::Txn {
+                workload: w.kind.clone(),
+                scale,
+                protocol,
+            }
+        };
+        ensure!(
+            (1..=3_600_000).contains(&w.duration_ms),
+            "workload duration_ms {} is outside 1..=3600000",
+            w.duration_ms
+        );
+        ensure!(
+            (1..=64).contains(&w.threads) && (1..=256).contains(&w.clients),
+            "workload threads must be 1..=64 and clients 1..=256 (got {} and {})",
+            w.threads,
+            w.clients
+        );
+        let (mut mns, mut cns) = (Vec::new(), Vec::new());
+        let mut names = HashSet::new();
+        let mut addrs = HashMap::new();
+        let mut claim = |addr: SocketAddr, what: String| -> anyhow::Result<()> {
+            if let Some(other) = addrs.insert(addr, what.clone()) {
+                bail!("{what} and {other} both use {addr}");
+            }
+            Ok(())
+        };
+        let parse = |node: &str, key: &str, value: &str| -> anyhow::Result<SocketAddr> {
+            value.parse().map_err(|_| {
+                anyhow::anyhow!("node `{node}`: {key} = \"{value}\" is not an IP:port address")
+            })
+        };
+        for n in &file.nodes {
+            ensure!(
+                !n.name.is_empty() && names.insert(n.name.clone()),
+                "node name `{}` is empty or used twice",
+                n.name
+            );
+            let control = parse(&n.name, "control", &n.control)?;
+            claim(control, format!("node `{}` control", n.name))?;
+            match n.role.as_str() {
+                "mn" => {
+                    let data = n.data.as_deref().with_context(|| {
+                        format!(
+                            "node `{}`: an MN needs `data`, the address CNs reach its memory on",
+                            n.name
+                        )
+                    })?;
+                    let data = parse(&n.name, "data", data)?;
+                    claim(data, format!("node `{}` data", n.name))?;
+                    // A transaction workload's store decides the size.
+                    let mib = match (&kind, n.memory_mib) {
+                        (Kind::Txn { .. }, None) => 1,
+                        (_, mib) => mib.with_context(|| {
+                            format!("node `{}`: an MN needs `memory_mib`", n.name)
+                        })?,
+                    };
+                    ensure!(
+                        (1..=1 << 20).contains(&mib),
+                        "node `{}`: memory_mib {mib} is outside 1..=1048576",
+                        n.name
+                    );
+                    mns.push((n, data, control, mib << 20));
+                }
+                "cn" => {
+                    ensure!(
+                        n.data.is_none() && n.memory_mib.is_none(),
+                        "node `{}`: `data` and `memory_mib` are for MNs; a CN has only `control`",
+                        n.name
+                    );
+                    cns.push((n, control));
+                }
+                other => bail!("node `{}`: role `{other}` is not `mn` or `cn`", n.name),
+            }
+        }
+        ensure!(!mns.is_empty(), "no node has role = \"mn\"");
+        ensure!(!cns.is_empty(), "no node has role = \"cn\"");
+        let mn_count = mns.len();
+        ensure!(
+            mn_count + cns.len() < usize::from(u16::MAX),
+            "too many nodes"
+        );
+        let per_list = mn_count as u64 * u64::from(w.batch) * 2;
+        ensure!(
+            w.batch >= 1 && per_list <= MAX_WRS,
+            "workload batch {} x {mn_count} MNs x 2 FAAs = {per_list} work requests per post list; the tcp fabric takes 1..={MAX_WRS}",
+            w.batch
+        );
+        let need = WORD_STRIDE * (1 + cns.len() as u64);
+        let mns: Vec<MnNode> = mns
+            .into_iter()
+            .enumerate()
+            .map(|(i, (n, data, control, memory))| {
+                ensure!(
+                    memory >= need,
+                    "node `{}`: memory_mib holds fewer than the {need} bytes of counters",
+                    n.name
+                );
+                Ok(MnNode {
+                    name: n.name.clone(),
+                    node: NodeId(i as u16),
+                    data,
+                    control,
+                    memory,
+                    netns: n.netns.clone(),
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+        common::ensure_memory(
+            Some(mns.iter().map(|m| m.memory).sum()),
+            "the MNs' memory_mib",
+            "memory_mib",
+        )?;
+        let cns: Vec<CnNode> = cns
+            .into_iter()
+            .enumerate()
+            .map(|(i, (n, control))| CnNode {
+                name: n.name.clone(),
+                node: NodeId((mn_count + i) as u16),
+                control,
+                netns: n.netns.clone(),
+            })
+            .collect();
+        let coordinators = cns.len() as u64 * u64::from(w.clients);
+        ensure!(
+            coordinators < u64::from(u16::MAX),
+            "{coordinators} coordinators (CNs x clients) exceed the 16-bit coordinator ids"
+        );
+        Ok(Self {
+            kind,
+            path: path.to_path_buf(),
+            heartbeat: file.heartbeat_ms * 1_000_000,
+            timeout: file.timeout_ms * 1_000_000,
+            join_timeout: Duration::from_millis(file.join_timeout_ms),
+            duration: Duration::from_millis(w.duration_ms),
+            threads: w.threads,
+            clients: w.clients,
+            batch: w.batch,
+            mns,
+            cns,
+        })
+    }
+
+    pub(crate) fn mns(&self) -> &[MnNode] {
+        &self.mns
+    }
+
+    pub(crate) fn cns(&self) -> &[CnNode] {
+        &self.cns
+    }
+
+    pub(crate) fn mn_count(&self) -> u16 {
+        self.mns.len() as u16
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    pub(crate) fn join_timeout(&self) -> Duration {
+        self.join_timeout
+    }
+
+    pub(crate) fn heartbeat(&self) -> Nanos {
+        self.heartbeat
+    }
+
+    pub(crate) fn timeout(&self) -> Nanos {
+        self.timeout
+    }
+
+    pub(crate) fn clients(&self) -> u32 {
+        self.clients
+    }
+
+    /// Coordinators of the workers: every client of every CN.
+    pub(crate) fn coordinators(&self) -> u16 {
+        (self.cns.len() as u32 * self.clients) as u16
+    }
+
+    /// The coordinator ids of CN `node`: its clients, numbered CN by CN.
+    pub(crate) fn coordinator_ids(&self, node: NodeId) -> Vec<u16> {
+        let index = self.cn_index(node).unwrap_or(0) as u32;
+        (0..self.clients)
+            .map(|c| (index * self.clients + c) as u16)
+            .collect()
+    }
+
+    /// The name of CN `node` (or `node N`).
+    pub(crate) fn cn_name(&self, node: NodeId) -> String {
+        self.cn_index(node)
+            .map_or(format!("node {}", node.0), |i| self.cns[i].name.clone())
+    }
+
+    fn txn_setup(&self) -> anyhow::Result<Option<crate::cluster_txn::TxnSetup>> {
+        match &self.kind {
+            Kind::Faa => Ok(None),
+            Kind::Txn {
+                workload,
+                scale,
+                protocol,
+            } => crate::cluster_txn::TxnSetup::new(self, workload, *scale, protocol)
+                .map(Some)
+                .with_context(|| format!("cluster file {}", self.path.display())),
+        }
+    }
+
+    fn mn(&self, name: &str) -> anyhow::Result<&MnNode> {
+        self.mns.iter().find(|m| m.name == name).with_context(|| {
+            format!(
+                "no MN named `{name}` in {} (MNs: {})",
+                self.path.display(),
+                self.mns
+                    .iter()
+                    .map(|m| m.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+    }
+
+    fn cn(&self, name: &str) -> anyhow::Result<&CnNode> {
+        self.cns.iter().find(|c| c.name == name).with_context(|| {
+            format!(
+                "no CN named `{name}` in {} (CNs: {})",
+                self.path.display(),
+                self.cns
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+    }
+
+    fn cn_index(&self, node: NodeId) -> Option<usize> {
+        self.cns.iter().position(|c| c.node == node)
+    }
+
+    /// Offset of CN `index`'s word at every MN (word 0 is the shared one).
+    fn cn_word(index: usize) -> u64 {
+        WORD_STRIDE * (1 + index as u64)
+    }
+}
+
+/// Arguments of `dmem mn` and `dmem cn`.
+#[derive(Debug, ClapArgs)]
+pub(crate) struct NodeArgs {
+    /// The cluster file.
+    #[arg(long, value_name = "FILE")]
+    cluster: PathBuf,
+    /// This node's name in it.
+    #[arg(long)]
+    node: String,
+}
+
+/// Arguments of `dmem cluster`.
+#[derive(Debug, ClapArgs)]
+pub(crate) struct ClusterArgs {
+    /// The cluster file.
+    #[arg(long, value_name = "FILE")]
+    cluster: PathBuf,
+    /// Kill this CN with SIGKILL during the run.
+    #[arg(long, value_name = "CN")]
+    kill: Option<String>,
+    /// When to kill it, ms after the CNs started.
+    #[arg(long, default_value_t = 500)]
+    kill_after_ms: u64,
+    /// Print the JSON reports instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What an MN reports at the end (one JSON line on stdout).
+#[derive(Debug, Serialize, Deserialize)]
+struct MnReport {
+    role: String,
+    name: String,
+    node: u16,
+    /// The shared word.
+    shared: u64,
+    /// Each CN's word, by CN name.
+    words: BTreeMap<String, u64>,
+    /// CNs that said they were done, with their post counts.
+    done: BTreeMap<String, u64>,
+    /// CNs whose access was revoked, with the ms from the start of detection.
+    revoked: BTreeMap<String, u64>,
+}
+
+/// What a CN reports at the end (one JSON line on stdout).
+#[derive(Debug, Serialize, Deserialize)]
+struct CnReport {
+    role: String,
+    name: String,
+    node: u16,
+    /// Post lists completed.
+    posts: u64,
+    batch: u32,
+    /// Post lists per second.
+    posts_per_s: f64,
+    /// Errors that stopped clients.
+    errors: Vec<String>,
+}
+
+fn control_endpoint(node: NodeId) -> Endpoint {
+    Endpoint {
+        node,
+        port: Port(0),
+    }
+}
+
+/// `dmem mn`.
+pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
+    let cluster = Cluster::load(&args.cluster)?;
+    let me = cluster.mn(&args.node)?.clone();
+    if let Some(setup) = cluster.txn_setup()? {
+        return crate::cluster_txn::run_mn(&cluster, &me, &setup);
+    }
+    let memory =
+        ShmMemoryNode::create(me.node, RKey(0xd3e3_0000 | u32::from(me.node.0)), me.memory)
+            .with_context(|| format!("{}: cannot create {} bytes of memory", me.name, me.memory))?;
+    let server = TcpMemoryServer::serve(memory, me.data)
+        .with_context(|| format!("{}: cannot serve memory on {}", me.name, me.data))?;
+    let fabric = TcpFabric::new(me.node);
+    let _listener = fabric.listen(me.control).with_context(|| {
+        format!(
+            "{}: cannot listen for control messages on {}",
+            me.name, me.control
+        )
+    })?;
+    let ctx = fabric.context(Port(0))?;
+    // The parent (`dmem cluster`) waits for this line before starting CNs.
+    println!("ready {}", me.name);
+    eprintln!(
+        "dmem mn {}: node {} serves {} on {} (control {})",
+        me.name,
+        me.node.0,
+        common::human_bytes(me.memory),
+        me.data,
+        me.control
+    );
+    let name_of = |node: NodeId| {
+        cluster
+            .cn_index(node)
+            .map_or(format!("node {}", node.0), |i| cluster.cns[i].name.clone())
+    };
+    let mut done: BTreeMap<String, u64> = BTreeMap::new();
+    // Takes every control message that arrived: heartbeats (to `heard` and the detector)
+    // and "done" reports.
+    let drain = |detector: &mut Option<&mut FailureDetector>,
+                 heard: &mut HashSet<NodeId>,
+                 done: &mut BTreeMap<String, u64>|
+     -> anyhow::Result<()> {
+        while let Some(msg) = ctx.try_recv()? {
+            let from = msg.from.node;
+            if cluster.cn_index(from).is_none() {
+                continue;
+            }
+            if let Some(count) = msg.payload.strip_prefix(DONE) {
+                let posts = count.try_into().map(u64::from_le_bytes).unwrap_or(0);
+                done.insert(name_of(from), posts);
+            } else if matches!(ControlMsg::parse(&msg.payload), Ok(ControlMsg::Heartbeat)) {
+                heard.insert(from);
+                if let Some(d) = detector.as_mut() {
+                    d.heartbeat(from, monotonic_now());
+                }
+            }
+        }
+        Ok(())
+    };
+    // Join: every CN's first heartbeat.
+    let mut heard = HashSet::new();
+    let start = Instant::now();
+    while heard.len() < cluster.cns.len() {
+        drain(&mut None, &mut heard, &mut done)?;
+        if start.elapsed() > cluster.join_timeout {
+            let missing: Vec<String> = cluster
+                .cns
+                .iter()
+                .filter(|c| !heard.contains(&c.node))
+                .map(|c| format!("{} ({})", c.name, c.control))
+                .collect();
+            bail!(
+                "{}: no heartbeat from {} within {} ms: is `dmem cn` running there, and can it reach {} and {}?",
+                me.name,
+                missing.join(", "),
+                cluster.join_timeout.as_millis(),
+                me.data,
+                me.control
+            );
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Detection (Pandora §3.2.2 step 1) and link termination (step 2) at this MN.
+    let members = cluster
+        .cns
+        .iter()
+        .map(|c| Member {
+            cn: c.node,
+            coordinators: Vec::new(),
+            listener: control_endpoint(c.node),
+        })
+        .collect();
+    let detect_start = monotonic_now();
+    let mut detector = FailureDetector::new(cluster.timeout, members, detect_start);
+    let mut revoked: BTreeMap<String, u64> = BTreeMap::new();
+    let poll = Duration::from_nanos((cluster.heartbeat / 2).max(100_000));
+    loop {
+        drain(&mut Some(&mut detector), &mut heard, &mut done)?;
+        let now = monotonic_now();
+        for suspect in detector.suspects(now) {
+            let name = name_of(suspect.cn);
+            if done.contains_key(&name) {
+                continue;
+            }
+            let shut = server
+                .revoke(suspect.cn)
+                .with_context(|| format!("{}: revoking {name}", me.name))?;
+            eprintln!(
+                "dmem mn {}: {name} silent for more than {} ms: access revoked, {shut} connections shut down",
+                me.name,
+                cluster.timeout / 1_000_000
+            );
+            revoked.insert(name, (now - detect_start) / 1_000_000);
+        }
+        if cluster
+            .cns
+            .iter()
+            .all(|c| done.contains_key(&c.name) || revoked.contains_key(&c.name))
+        {
+            break;
+        }
+        std::thread::sleep(poll);
+    }
+    // Read the counters through a local link (out of band).
+    let mut local = dmem_shm::ShmFabric::new().context(control_endpoint(me.node))?;
+    local.add_link(server.memory().link(me.node)?)?;
+    let region = server.region();
+    let read_word = |offset: u64| -> anyhow::Result<u64> {
+        let mut list = PostList::new();
+        let id = list.read(region.at(offset).context("counter outside the region")?, 8);
+        let done = local.post_now(list)?;
+        Ok(u64::from_ne_bytes(
+            done.bytes(id).try_into().context("8 bytes")?,
+        ))
+    };
+    let report = MnReport {
+        role: "mn".into(),
+        name: me.name.clone(),
+        node: me.node.0,
+        shared: read_word(0)?,
+        words: cluster
+            .cns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Ok((c.name.clone(), read_word(Cluster::cn_word(i))?)))
+            .collect::<anyhow::Result<_>>()?,
+        done,
+        revoked,
+    };
+    println!("{}", serde_json::to_string(&report)?);
+    server.stop().context("the serving loop failed")?;
+    Ok(())
+}
+
+/// Connects `ctx` to `mn`, retrying while the MN is not up yet, until `deadline`.
+pub(crate) fn connect_retrying(
+    ctx: &mut TcpContext,
+    mn: &MnNode,
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    loop {
+        match ctx.connect(mn.data) {
+            Ok(_) => return Ok(()),
+            Err(TcpError::Io { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("cannot connect to MN `{}` at {}", mn.name, mn.data));
+            }
+        }
+    }
+}
+
+/// A client's targets at one MN: its CN's word and the shared word.
+type Targets = (RemoteAddr, RemoteAddr);
+
+/// One closed-loop client of the `faa` workload; returns its completed posts, or the error
+/// that stopped it with the posts before it.
+async fn faa_client<V: Verbs>(
+    ctx: V,
+    targets: Vec<(RemoteAddr, RemoteAddr)>,
+    batch: u32,
+    end: Instant,
+) -> (u64, Option<VerbsError>) {
+    let mut posts = 0;
+    while Instant::now() < end {
+        let mut list = PostList::with_capacity(targets.len() * batch as usize * 2);
+        for &(own, shared) in &targets {
+            for _ in 0..batch {
+                list.faa(own, 1);
+                list.faa(shared, 1);
+            }
+        }
+        if let Err(e) = ctx.post(list).await {
+            return (posts, Some(e));
+        }
+        posts += 1;
+    }
+    (posts, None)
+}
+
+/// `dmem cn`.
+pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
+    let cluster = Cluster::load(&args.cluster)?;
+    let me = cluster.cn(&args.node)?.clone();
+    if let Some(setup) = cluster.txn_setup()? {
+        return crate::cluster_txn::run_cn(&cluster, &me, &setup);
+    }
+    let my_index = cluster.cn_index(me.node).context("a CN of the cluster")?;
+    let fabric = TcpFabric::new(me.node);
+    let _listener = fabric
+        .listen(me.control)
+        .with_context(|| format!("{}: cannot listen for messages on {}", me.name, me.control))?;
+    for mn in &cluster.mns {
+        fabric.add_peer(mn.node, mn.control);
+    }
+    for cn in cluster.cns.iter().filter(|c| c.node != me.node) {
+        fabric.add_peer(cn.node, cn.control);
+    }
+    // Every client context connects to every MN (retrying while MNs start).
+    let deadline = Instant::now() + cluster.join_timeout;
+    let mut per_thread: Vec<Vec<(TcpContext, Vec<Targets>)>> =
+        (0..cluster.threads).map(|_| Vec::new()).collect();
+    for c in 0..cluster.clients {
+        let mut ctx = fabric.context(Port(u16::try_from(c + 2).context("too many clients")?))?;
+        let mut targets = Vec::new();
+        for mn in &cluster.mns {
+            connect_retrying(&mut ctx, mn, deadline)?;
+            let region = ctx.region(mn.node).context("connected above")?;
+            let own = region
+                .at(Cluster::cn_word(my_index))
+                .context("the MN's region is smaller than the cluster file says")?;
+            targets.push((own, region.at(0).context("empty region")?));
+        }
+        per_thread[(c % cluster.threads) as usize].push((ctx, targets));
+    }
+    // Heartbeats to every MN until the workload is over and the MNs were told.
+    let heartbeat_ctx = fabric.context(Port(0))?;
+    let stop = Arc::new(Mutex::new(None::<dmem_runtime::StopHandle>));
+    let heartbeat_stop = Arc::clone(&stop);
+    let mn_nodes: Vec<NodeId> = cluster.mns.iter().map(|m| m.node).collect();
+    let period = cluster.heartbeat;
+    let heartbeats = std::thread::Builder::new()
+        .name("dmem-cn-heartbeat".into())
+        .spawn(move || {
+            let executor = Executor::new();
+            *heartbeat_stop
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(executor.stop_handle());
+            let ctx = Rc::new(Clocked::new(heartbeat_ctx));
+            for mn in mn_nodes {
+                let ctx = Rc::clone(&ctx);
+                executor.spawn(async move {
+                    // A send fails while the MN's control listener is not up yet, or once
+                    // the MN is gone (the workload reports that): try again a period later.
+                    while heartbeat_loop(&*ctx, control_endpoint(mn), period, Nanos::MAX)
+                        .await
+                        .is_err()
+                    {
+                        RealClock.sleep(period).await;
+                    }
+                });
+            }
+            executor.run();
+        })
+        .context("cannot start the heartbeat thread")?;
+    // `dmem cluster` starts its kill timer once every CN is this far.
+    println!("ready {}", me.name);
+    let start = Instant::now();
+    let end = start + cluster.duration;
+    let batch = cluster.batch;
+    let results: Vec<(u64, Vec<String>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = per_thread
+            .into_iter()
+            .map(|clients| {
+                scope.spawn(move || {
+                    let executor = Executor::new();
+                    let outcomes = Rc::new(std::cell::RefCell::new(Vec::new()));
+                    for (ctx, targets) in clients {
+                        let outcomes = Rc::clone(&outcomes);
+                        executor.spawn(async move {
+                            let outcome = faa_client(ctx, targets, batch, end).await;
+                            outcomes.borrow_mut().push(outcome);
+                        });
+                    }
+                    executor.run();
+                    let outcomes = outcomes.borrow();
+                    (
+                        outcomes.iter().map(|(p, _)| p).sum::<u64>(),
+                        outcomes
+                            .iter()
+                            .filter_map(|(_, e)| e.as_ref().map(ToString::to_string))
+                            .collect::<Vec<_>>(),
+                    )
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or((0, vec!["a client thread panicked".into()]))
+            })
+            .collect()
+    });
+    let elapsed = start.elapsed().as_secs_f64();
+    let posts: u64 = results.iter().map(|(p, _)| p).sum();
+    let errors: Vec<String> = results.into_iter().flat_map(|(_, e)| e).collect();
+    // Tell every MN (before the heartbeats stop, so that it does not suspect this CN).
+    let done_ctx = fabric.context(Port(1))?;
+    let mut payload = DONE.to_vec();
+    payload.extend_from_slice(&posts.to_le_bytes());
+    let executor = Executor::new();
+    for mn in &cluster.mns {
+        if let Err(e) = executor.block_on(done_ctx.send(control_endpoint(mn.node), &payload)) {
+            eprintln!(
+                "dmem cn {}: cannot tell MN `{}` it is done: {e}",
+                me.name, mn.name
+            );
+        }
+    }
+    if let Some(stop) = stop
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+    {
+        stop.stop();
+    }
+    let _ = heartbeats.join();
+    let report = CnReport {
+        role: "cn".into(),
+        name: me.name.clone(),
+        node: me.node.0,
+        posts,
+        batch,
+        posts_per_s: common::round(posts as f64 / elapsed.max(1e-9), 1),
+        errors,
+    };
+    println!("{}", serde_json::to_string(&report)?);
+    ensure!(
+        report.errors.is_empty(),
+        "{}: clients stopped on errors: {}",
+        me.name,
+        report.errors.join("; ")
+    );
+    Ok(())
+}
+
+/// A node process started by `dmem cluster`.
+struct Started {
+    name: String,
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: std::thread::JoinHandle<()>,
+    ready: Arc<AtomicBool>,
+}
+
+fn start_node(
+    cluster: &Cluster,
+    role: &str,
+    name: &str,
+    netns: Option<&str>,
+) -> anyhow::Result<Started> {
+    let exe = std::env::current_exe().context("cannot find the dmem executable")?;
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    cmd.arg(role)
+        .arg("--cluster")
+        .arg(&cluster.path)
+        .arg("--node")
+        .arg(name)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start `dmem {role}` for node `{name}`"))?;
+    let stdout = child.stdout.take().context("piped stdout")?;
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let ready = Arc::new(AtomicBool::new(false));
+    let (reader_lines, reader_ready) = (Arc::clone(&lines), Arc::clone(&ready));
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with("ready ") {
+                reader_ready.store(true, Ordering::SeqCst);
+            }
+            reader_lines
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(line);
+        }
+    });
+    Ok(Started {
+        name: name.to_owned(),
+        child,
+        lines,
+        reader,
+        ready,
+    })
+}
+
+/// The node's exit status and its last stdout line that parses as `T`.
+fn finish<T: for<'de> Deserialize<'de>>(node: Started) -> (String, bool, Option<T>) {
+    let (name, ok, report, _) = finish_with_lines(node);
+    (name, ok, report)
+}
+
+/// [`finish`], and every stdout line of the node.
+fn finish_with_lines<T: for<'de> Deserialize<'de>>(
+    mut node: Started,
+) -> (String, bool, Option<T>, Vec<String>) {
+    let ok = node.child.wait().is_ok_and(|s| s.success());
+    let _ = node.reader.join();
+    let lines = node
+        .lines
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let report = lines
+        .iter()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok());
+    (node.name, ok, report, lines)
+}
+
+/// `dmem cluster`.
+pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
+    let cluster = Cluster::load(&args.cluster)?;
+    if let Some(kill) = &args.kill {
+        cluster.cn(kill)?;
+        if matches!(cluster.kind, Kind::Txn { .. }) {
+            ensure!(
+                cluster.cns[0].name != *kill,
+                "--kill {kill}: the first CN runs the failure detector and recovery; kill another"
+            );
+        }
+    }
+    let setup = cluster.txn_setup()?;
+    let mut mns = Vec::new();
+    let mut cns = Vec::new();
+    // Stop every started child if anything below fails.
+    let result = (|| -> anyhow::Result<()> {
+        for mn in &cluster.mns {
+            mns.push(start_node(&cluster, "mn", &mn.name, mn.netns.as_deref())?);
+        }
+        let deadline = Instant::now() + cluster.join_timeout;
+        while !mns.iter().all(|m| m.ready.load(Ordering::SeqCst)) {
+            for m in &mut mns {
+                if matches!(m.child.try_wait(), Ok(Some(_))) {
+                    bail!(
+                        "MN `{}` exited before it was ready (its error is above)",
+                        m.name
+                    );
+                }
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the MNs were not ready within the join timeout"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for cn in &cluster.cns {
+            cns.push(start_node(&cluster, "cn", &cn.name, cn.netns.as_deref())?);
+        }
+        if let Some(kill) = &args.kill {
+            // The kill timer starts once every CN is connected and heartbeating.
+            let deadline = Instant::now() + cluster.join_timeout;
+            while !cns.iter().all(|c| c.ready.load(Ordering::SeqCst)) {
+                for c in &mut cns {
+                    // A CN that was ready may have finished already; the kill says so.
+                    if !c.ready.load(Ordering::SeqCst) && matches!(c.child.try_wait(), Ok(Some(_)))
+                    {
+                        bail!(
+                            "CN `{}` exited before it was ready (its error is above)",
+                            c.name
+                        );
+                    }
+                }
+                ensure!(
+                    Instant::now() < deadline,
+                    "the CNs were not ready within the join timeout"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(Duration::from_millis(args.kill_after_ms));
+            let victim = cns
+                .iter_mut()
+                .find(|c| &c.name == kill)
+                .context("checked above")?;
+            ensure!(
+                matches!(victim.child.try_wait(), Ok(None)),
+                "CN `{kill}` finished before --kill-after-ms {} ms: raise the workload's duration_ms",
+                args.kill_after_ms
+            );
+            victim
+                .child
+                .kill()
+                .with_context(|| format!("cannot kill CN `{kill}`"))?;
+            eprintln!(
+                "dmem cluster: killed CN `{kill}` with SIGKILL after {} ms",
+                args.kill_after_ms
+            );
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        for node in mns.iter_mut().chain(cns.iter_mut()) {
+            let _ = node.child.kill();
+            let _ = node.child.wait();
+        }
+        return Err(e);
+    }
+    if let (Some(_), Kind::Txn { protocol, .. }) = (&setup, &cluster.kind) {
+        let mut histories = Vec::new();
+        let cn_results: Vec<(String, bool, Option<crate::cluster_txn::TxnCnReport>)> = cns
+            .into_iter()
+            .map(|node| {
+                let (name, ok, report, lines) = finish_with_lines(node);
+                histories.push(crate::cluster_txn::history_from_lines(&lines));
+                (name, ok, report)
+            })
+            .collect();
+        let verdict =
+            crate::cluster_txn::collect(&cluster, args.kill.as_deref(), &cn_results, histories);
+        if verdict.is_err() {
+            // The MNs wait for a quit that `collect` did not get to send.
+            let fabric = TcpFabric::new(NodeId(u16::MAX - 1));
+            crate::cluster_txn::quit_mns(&cluster, &fabric, &Executor::new());
+        }
+        let mn_results: Vec<(String, bool, Option<crate::cluster_txn::TxnMnReport>)> =
+            mns.into_iter().map(finish).collect();
+        let mut verdict = verdict?;
+        for (name, ok, report) in &mn_results {
+            if !ok || report.is_none() {
+                verdict
+                    .problems
+                    .push(format!("MN `{name}` failed or printed no report"));
+            }
+        }
+        if args.json {
+            for r in cn_results.iter().filter_map(|(_, _, r)| r.as_ref()) {
+                println!("{}", serde_json::to_string(r)?);
+            }
+            for r in mn_results.iter().filter_map(|(_, _, r)| r.as_ref()) {
+                println!("{}", serde_json::to_string(r)?);
+            }
+        } else {
+            crate::cluster_txn::print_summary(&cluster, protocol, &cn_results, &verdict);
+        }
+        return if verdict.problems.is_empty() {
+            Ok(())
+        } else {
+            Err(CheckFailed(format!(
+                "cluster check failed: {}",
+                verdict.problems.join("; ")
+            ))
+            .into())
+        };
+    }
+    let cn_results: Vec<(String, bool, Option<CnReport>)> = cns.into_iter().map(finish).collect();
+    let mn_results: Vec<(String, bool, Option<MnReport>)> = mns.into_iter().map(finish).collect();
+    let problems = check(&cluster, args.kill.as_deref(), &cn_results, &mn_results);
+    if args.json {
+        for (_, _, r) in &cn_results {
+            if let Some(r) = r {
+                println!("{}", serde_json::to_string(r)?);
+            }
+        }
+        for (_, _, r) in &mn_results {
+            if let Some(r) = r {
+                println!("{}", serde_json::to_string(r)?);
+            }
+        }
+    } else {
+        print_summary(&cluster, &cn_results, &mn_results);
+    }
+    if problems.is_empty() {
+        if !args.json {
+            println!(
+                "check: ok (every MN's shared word is the sum of the CN words; every finished CN's word is its posts x batch; the killed CN, if any, was revoked at every MN and no other CN was)"
+            );
+        }
+        Ok(())
+    } else {
+        Err(CheckFailed(format!("cluster check failed: {}", problems.join("; "))).into())
+    }
+}
+
+/// Every violated property, as readable lines.
+fn check(
+    cluster: &Cluster,
+    killed: Option<&str>,
+    cns: &[(String, bool, Option<CnReport>)],
+    mns: &[(String, bool, Option<MnReport>)],
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (name, ok, report) in mns {
+        let Some(r) = report.as_ref().filter(|_| *ok) else {
+            problems.push(format!("MN `{name}` failed or printed no report"));
+            continue;
+        };
+        let sum: u64 = r.words.values().sum();
+        if sum != r.shared {
+            problems.push(format!(
+                "MN `{name}`: shared word {} != sum of CN words {sum}",
+                r.shared
+            ));
+        }
+        for cn in &cluster.cns {
+            let is_killed = killed == Some(cn.name.as_str());
+            match (is_killed, r.revoked.contains_key(&cn.name)) {
+                (true, false) => problems.push(format!(
+                    "MN `{name}` never revoked the killed CN `{}`",
+                    cn.name
+                )),
+                (false, true) => problems.push(format!(
+                    "MN `{name}` revoked the live CN `{}` (false suspicion)",
+                    cn.name
+                )),
+                _ => {}
+            }
+        }
+    }
+    for (name, ok, report) in cns {
+        if killed == Some(name.as_str()) {
+            continue;
+        }
+        let Some(r) = report.as_ref().filter(|_| *ok) else {
+            problems.push(format!("CN `{name}` failed or printed no report"));
+            continue;
+        };
+        if r.posts == 0 {
+            problems.push(format!("CN `{name}` completed no post"));
+        }
+        let expected = r.posts * u64::from(r.batch);
+        for (mn, _, m) in mns {
+            if let Some(m) = m
+                && m.words.get(name) != Some(&expected)
+            {
+                problems.push(format!(
+                    "MN `{mn}` holds {:?} in CN `{name}`'s word, expected {expected} ({} posts x batch {})",
+                    m.words.get(name),
+                    r.posts,
+                    r.batch
+                ));
+            }
+        }
+    }
+    problems
+}
+
+fn print_summary(
+    cluster: &Cluster,
+    cns: &[(String, bool, Option<CnReport>)],
+    mns: &[(String, bool, Option<MnReport>)],
+) {
+    println!(
+        "dmem cluster  {}  fabric tcp  {} MN  {} CN x {} threads x {} clients  batch {}  {} ms",
+        cluster.path.display(),
+        cluster.mns.len(),
+        cluster.cns.len(),
+        cluster.threads,
+        cluster.clients,
+        cluster.batch,
+        cluster.duration.as_millis()
+    );
+    let mut t = common::table(&["node", "role", "exit", "posts", "posts/s", "note"]);
+    for (name, ok, r) in cns {
+        t.add_row(vec![
+            name.clone(),
+            "cn".into(),
+            if *ok { "ok".into() } else { "failed".into() },
+            r.as_ref().map_or("-".into(), |r| r.posts.to_string()),
+            r.as_ref()
+                .map_or("-".into(), |r| format!("{:.0}", r.posts_per_s)),
+            r.as_ref()
+                .map_or("no report (killed?)".into(), |r| r.errors.join("; ")),
+        ]);
+    }
+    for (name, ok, r) in mns {
+        let note = r.as_ref().map_or("no report".into(), |r| {
+            let revoked: Vec<String> = r
+                .revoked
+                .iter()
+                .map(|(cn, ms)| format!("{cn} at {ms} ms"))
+                .collect();
+            format!(
+                "shared {} = sum of CN words; revoked: {}",
+                r.shared,
+                if revoked.is_empty() {
+                    "none".into()
+                } else {
+                    revoked.join(", ")
+                }
+            )
+        });
+        t.add_row(vec![
+            name.clone(),
+            "mn".into(),
+            if *ok { "ok".into() } else { "failed".into() },
+            "-".into(),
+            "-".into(),
+            note,
+        ]);
+    }
+    println!("{}", common::render(&t));
+}
+
+/// `dmem bench --fabric tcp`: for each protocol, a local cluster of separate MN and CN
+/// processes on loopback (a generated cluster file in a temporary directory), run by
+/// [`run_cluster`]: histories collected and checked, invariants checked, cluster stopped.
+pub(crate) fn bench_tcp(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<()> {
+    let tcp = args.tcp_shape();
+    for protocol in &tcp.protocols {
+        ensure!(
+            protocol == "ford" || protocol == "pandora",
+            "--protocol {protocol}: the tcp fabric runs ford and pandora so far (every protocol runs on --fabric sim)"
+        );
+    }
+    let dir = std::env::temp_dir().join(format!("dmem-bench-tcp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut failed = Vec::new();
+    for protocol in &tcp.protocols {
+        // Free loopback ports: two per MN, one per CN.
+        let listeners = (0..2 * usize::from(tcp.mns) + usize::from(tcp.cns))
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<Result<Vec<_>, _>>()
+            .context("cannot find free loopback ports")?;
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.port()))
+            .collect::<Result<_, _>>()?;
+        drop(listeners);
+        let workload = format!(
+            "\n[workload]\nkind = \"{}\"\nprotocol = \"{protocol}\"\nscale = \"{}\"\nduration_ms = {}\nthreads = 1\nclients = {}\n",
+            tcp.workload, tcp.scale, tcp.duration_ms, tcp.coordinators_per_cn
+        );
+        let text = match &tcp.cluster {
+            // The file's nodes and settings, with this run's workload.
+            Some(file) => {
+                let text = std::fs::read_to_string(file)
+                    .with_context(|| format!("cannot read cluster file {}", file.display()))?;
+                let mut table: toml::Table = toml::from_str(&text).map_err(|e| {
+                    anyhow::anyhow!(
+                        "cluster file {}: {}",
+                        file.display(),
+                        e.message().trim_end()
+                    )
+                })?;
+                table.remove("workload");
+                let workload: toml::Table = toml::from_str(&workload)?;
+                table.extend(workload);
+                toml::to_string(&table)?
+            }
+            None => {
+                let mut text = format!("fabric = \"tcp\"\n{workload}");
+                for m in 0..usize::from(tcp.mns) {
+                    text += &format!(
+                        "\n[[node]]\nname = \"mn{m}\"\nrole = \"mn\"\ndata = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
+                        ports[2 * m],
+                        ports[2 * m + 1]
+                    );
+                }
+                for c in 0..usize::from(tcp.cns) {
+                    text += &format!(
+                        "\n[[node]]\nname = \"cn{c}\"\nrole = \"cn\"\ncontrol = \"127.0.0.1:{}\"\n",
+                        ports[2 * usize::from(tcp.mns) + c]
+                    );
+                }
+                text
+            }
+        };
+        let path = dir.join(format!("{protocol}.toml"));
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        let result = run_cluster(&ClusterArgs {
+            cluster: path,
+            kill: None,
+            kill_after_ms: 0,
+            json: tcp.json,
+        });
+        match result {
+            Ok(()) => {}
+            Err(e) if e.downcast_ref::<CheckFailed>().is_some() => {
+                failed.push(format!("{protocol}: {e}"))
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(CheckFailed(failed.join("; ")).into())
+    }
+}

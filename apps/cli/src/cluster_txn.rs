@@ -1,0 +1,844 @@
+//! Transaction workloads (SmallBank, KVS, ...) on FORD or Pandora across MN and CN processes
+//! of a cluster file (see `cluster.rs` for the file and the verbs-level workload).
+//!
+//! - Every process derives the same store layout from the cluster file ([`TxnSetup`]): the
+//!   workload's tables, one coordinator id per client of every CN plus one for the final
+//!   check, and the MNs' regions.
+//! - **MN**: creates a region of the store's size, loads its share of the records out of
+//!   band, serves it, and answers link-termination requests (Pandora §3.2.2 step 2: the
+//!   paper's RPC to the MN's management core) until `dmem cluster` tells it to quit.
+//! - **CN**: one executor thread with one coordinator per client, each on its own
+//!   `TcpContext`; heartbeats to the detector on the first CN; a stray-lock listener. The
+//!   first CN also runs Pandora's `RecoveryManager` (§3.2.2: detection, link termination at
+//!   every MN through the MN processes, log recovery, notification) and waits until every
+//!   other CN finished or was recovered. Each CN prints its history as JSON.
+//! - **`dmem cluster`** merges the histories, reads the final state with a coordinator of
+//!   its own (knowing the recovered coordinators), runs the checker and (without a killed
+//!   CN) the workload's invariants.
+//!
+//! Real-time edges of the checker compare `CLOCK_MONOTONIC` instants of different
+//! processes: valid on one host (network namespaces included), not across machines.
+
+use std::cell::Cell;
+use std::collections::{BTreeSet, HashMap};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use dmem_ford::recovery::{heartbeat_loop, membership_listener};
+use dmem_ford::{
+    CnShared, FordCoordinator, LinkTerminator, Member, ProtocolConfig, RecoveryManager,
+};
+use dmem_runtime::{Clocked, Executor, RealClock};
+use dmem_shm::ShmMemoryNode;
+use dmem_store::{Loader, Store, StoreConfig};
+use dmem_tcp::{TcpContext, TcpFabric, TcpMemoryServer};
+use dmem_txn::{
+    Coordinator, History, HistorySink, Transaction, TxnId, TxnKind, TxnOutcome, TxnRecord,
+};
+use dmem_verbs::{Clock, Endpoint, MemoryRegion, NodeId, Port, PostList, RKey, Verbs, VerbsError};
+use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator, Workload, execute};
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::{Cluster, CnNode, MnNode};
+use dmem_cli::common;
+
+/// CN → MN: revoke CN `u16 LE`; the MN answers [`TERMINATED`] with the same id.
+const TERMINATE: &[u8] = b"dmem-terminate";
+/// MN → CN: the CN's access is revoked.
+const TERMINATED: &[u8] = b"dmem-terminated";
+/// `dmem cluster` → MN: the run is over.
+const QUIT: &[u8] = b"dmem-quit";
+/// CN → first CN: this CN's workload is over; then its committed delta (i64 LE, the
+/// workload's conserved quantity, e.g. money SmallBank added).
+const CN_DONE: &[u8] = b"dmem-cn-done";
+/// Ports of a CN: the detector (first CN), the terminator's replies, "done" reports, the
+/// stray-lock listener, the heartbeat sender; coordinators from [`FIRST_COORDINATOR_PORT`].
+const DETECTOR: Port = Port(100);
+const TERMINATOR: Port = Port(101);
+const DONE_PORT: Port = Port(102);
+const LISTENER: Port = Port(99);
+const HEARTBEAT: Port = Port(98);
+const FIRST_COORDINATOR_PORT: u16 = 1;
+/// Doublings of the index slack tried before a layout counts as impossible.
+const MAX_SLACK_DOUBLINGS: u32 = 6;
+/// How long a link termination may take before recovery gives up on that MN.
+const TERMINATE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The store of a cluster, as every process derives it.
+pub(crate) struct TxnSetup {
+    pub(crate) workload: AnyWorkload,
+    pub(crate) config: ProtocolConfig,
+    store_config: StoreConfig,
+    regions: Vec<MemoryRegion>,
+}
+
+impl TxnSetup {
+    pub(crate) fn new(
+        cluster: &Cluster,
+        workload: &str,
+        scale: dmem_workloads::Scale,
+        protocol: &str,
+    ) -> anyhow::Result<Self> {
+        let workload = AnyWorkload::new(workload, scale)?;
+        let config = match protocol {
+            "ford" => ProtocolConfig::ford_fixed(),
+            "pandora" => ProtocolConfig::pandora(),
+            other => bail!("protocol `{other}`: real deployments run `ford` or `pandora` so far"),
+        };
+        // The layout the simulator's deployment of this protocol uses.
+        let layout = dmem_protocols::FordProtocol::new(protocol, config);
+        let mut spec = dmem_harness::deploy_spec(&workload, cluster.coordinators() + 1);
+        // As `dmem_deploy::deploy_loaded` does, a full index bucket doubles the slack; here
+        // a dry run of the loader finds the slack, so every process derives the same one.
+        for _ in 0..MAX_SLACK_DOUBLINGS {
+            let store_config = layout.store_config(&spec, cluster.mn_count());
+            let len = store_config.bytes_per_mn()?;
+            let regions: Vec<MemoryRegion> = (0..cluster.mn_count())
+                .map(|i| MemoryRegion {
+                    node: NodeId(i),
+                    rkey: mn_rkey(NodeId(i)),
+                    len,
+                })
+                .collect();
+            let store = Store::new(store_config.clone(), regions.clone())?;
+            let mut loader = Loader::new(&store);
+            let mut full = false;
+            for (table, key, value) in workload.loader() {
+                match loader.load(table, key, &value, |_, _, _| {}) {
+                    Ok(_) => {}
+                    Err(dmem_store::StoreError::BucketFull { .. }) => {
+                        full = true;
+                        break;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if !full {
+                return Ok(Self {
+                    workload,
+                    config,
+                    store_config,
+                    regions,
+                });
+            }
+            spec.index_slack = (spec.index_slack * 2).max(1);
+        }
+        bail!(
+            "the workload's records do not fit the index even with a {}x index slack",
+            spec.index_slack
+        )
+    }
+
+    fn store(&self) -> anyhow::Result<Rc<Store>> {
+        Ok(Rc::new(Store::new(
+            self.store_config.clone(),
+            self.regions.clone(),
+        )?))
+    }
+
+    /// Bytes of each MN's region.
+    pub(crate) fn bytes_per_mn(&self) -> u64 {
+        self.regions.first().map_or(0, |r| r.len)
+    }
+}
+
+/// The rkey of MN `node`'s region.
+pub(crate) fn mn_rkey(node: NodeId) -> RKey {
+    RKey(0xd3e3_0000 | u32::from(node.0))
+}
+
+fn endpoint(node: NodeId, port: Port) -> Endpoint {
+    Endpoint { node, port }
+}
+
+/// Connects a new context of `fabric` on `port` to every MN.
+fn connected(
+    fabric: &TcpFabric,
+    port: Port,
+    cluster: &Cluster,
+    deadline: Instant,
+) -> anyhow::Result<TcpContext> {
+    let mut ctx = fabric.context(port)?;
+    for mn in cluster.mns() {
+        crate::cluster::connect_retrying(&mut ctx, mn, deadline)?;
+    }
+    Ok(ctx)
+}
+
+/// What an MN reports in a transaction run.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct TxnMnReport {
+    role: String,
+    name: String,
+    /// CNs whose access was revoked.
+    revoked: Vec<String>,
+}
+
+/// `dmem mn` for a transaction workload.
+pub(crate) fn run_mn(cluster: &Cluster, me: &MnNode, setup: &TxnSetup) -> anyhow::Result<()> {
+    let memory = ShmMemoryNode::create(me.node, mn_rkey(me.node), setup.bytes_per_mn())
+        .with_context(|| {
+            format!(
+                "{}: cannot create {} bytes of memory",
+                me.name,
+                setup.bytes_per_mn()
+            )
+        })?;
+    // Load this MN's share of the records (every replica on it) out of band.
+    {
+        let mut local = dmem_shm::ShmFabric::new().context(endpoint(me.node, Port(0)))?;
+        local.add_link(memory.link(me.node)?)?;
+        let store = setup.store()?;
+        let mut loader = Loader::new(&store);
+        let region = memory.region();
+        let mut failed = None;
+        for (table, key, value) in setup.workload.loader() {
+            loader.load(table, key, &value, |node, offset, bytes| {
+                if node != me.node || failed.is_some() {
+                    return;
+                }
+                let mut list = PostList::new();
+                match region.at(offset) {
+                    Some(at) => {
+                        list.write(at, bytes);
+                        if let Err(e) = local.post_now(list) {
+                            failed = Some(e.to_string());
+                        }
+                    }
+                    None => failed = Some(format!("offset {offset} outside the region")),
+                }
+            })?;
+        }
+        if let Some(e) = failed {
+            bail!("{}: loading failed: {e}", me.name);
+        }
+    }
+    let server = TcpMemoryServer::serve(memory, me.data)
+        .with_context(|| format!("{}: cannot serve memory on {}", me.name, me.data))?;
+    let fabric = TcpFabric::new(me.node);
+    let _listener = fabric.listen(me.control).with_context(|| {
+        format!(
+            "{}: cannot listen for control messages on {}",
+            me.name, me.control
+        )
+    })?;
+    for cn in cluster.cns() {
+        fabric.add_peer(cn.node, cn.control);
+    }
+    let ctx = fabric.context(Port(0))?;
+    println!("ready {}", me.name);
+    eprintln!(
+        "dmem mn {}: node {} serves {} of {} on {} (control {})",
+        me.name,
+        me.node.0,
+        common::human_bytes(setup.bytes_per_mn()),
+        setup.workload.name(),
+        me.data,
+        me.control
+    );
+    let executor = Executor::new();
+    let mut revoked = BTreeSet::new();
+    // The run ends at QUIT; a parent that died leaves an MN that gives up after a while.
+    let give_up = Instant::now() + cluster.duration() + cluster.join_timeout() * 6;
+    loop {
+        while let Some(msg) = ctx.try_recv()? {
+            if msg.payload == QUIT {
+                let report = TxnMnReport {
+                    role: "mn".into(),
+                    name: me.name.clone(),
+                    revoked: revoked.into_iter().collect(),
+                };
+                println!("{}", serde_json::to_string(&report)?);
+                server.stop().context("the serving loop failed")?;
+                return Ok(());
+            }
+            if let Some(cn) = msg.payload.strip_prefix(TERMINATE)
+                && let Ok(cn) = <[u8; 2]>::try_from(cn)
+            {
+                let cn = NodeId(u16::from_le_bytes(cn));
+                let shut = server.revoke(cn)?;
+                let name = cluster.cn_name(cn);
+                eprintln!(
+                    "dmem mn {}: link of {name} terminated on request of node {} ({shut} connections shut down)",
+                    me.name, msg.from.node.0
+                );
+                revoked.insert(name);
+                let mut reply = TERMINATED.to_vec();
+                reply.extend_from_slice(&cn.0.to_le_bytes());
+                if let Err(e) = executor.block_on(ctx.send(msg.from, &reply)) {
+                    eprintln!("dmem mn {}: cannot confirm the termination: {e}", me.name);
+                }
+            }
+        }
+        ensure!(
+            Instant::now() < give_up,
+            "{}: no quit from `dmem cluster` in time; giving up",
+            me.name
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Active-link termination through the MN processes: a request to each MN's control
+/// endpoint, confirmed by its reply.
+struct RemoteTerminator {
+    ctx: Clocked<TcpContext>,
+}
+
+impl LinkTerminator for RemoteTerminator {
+    async fn terminate(&self, mn: NodeId, cn: NodeId) -> Result<(), VerbsError> {
+        let mut request = TERMINATE.to_vec();
+        request.extend_from_slice(&cn.0.to_le_bytes());
+        self.ctx.send(endpoint(mn, Port(0)), &request).await?;
+        let mut expected = TERMINATED.to_vec();
+        expected.extend_from_slice(&cn.0.to_le_bytes());
+        let deadline = self.ctx.now() + TERMINATE_TIMEOUT.as_nanos() as u64;
+        while self.ctx.now() < deadline {
+            while let Some(msg) = self.ctx.try_recv()? {
+                if msg.from.node == mn && msg.payload == expected {
+                    return Ok(());
+                }
+            }
+            self.ctx.sleep(1_000_000).await;
+        }
+        Err(VerbsError::ConnectionLost { node: mn })
+    }
+}
+
+/// One line of a CN's history stream on stdout.
+#[derive(Debug, Serialize, Deserialize)]
+enum HistoryLine {
+    /// A transaction recorded (before its first commit write).
+    Record(TxnRecord),
+    /// Its outcome and end, later.
+    Resolve(TxnId, TxnOutcome, dmem_verbs::Nanos),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct HistoryLineWrap {
+    history: HistoryLine,
+}
+
+/// A history sink that writes every record and resolution to stdout as one JSON line at
+/// once, so that the history of a CN killed mid-run survives it up to its last record
+/// (a transaction is recorded before its first commit write, as `Unknown`).
+#[derive(Debug, Clone, Copy)]
+struct StdoutHistory;
+
+impl StdoutHistory {
+    fn emit(line: HistoryLine) {
+        use std::io::Write as _;
+        if let Ok(text) = serde_json::to_string(&HistoryLineWrap { history: line }) {
+            let mut out = std::io::stdout().lock();
+            // A closed stdout (the parent died) loses the history, not the run.
+            let _ = writeln!(out, "{text}");
+            let _ = out.flush();
+        }
+    }
+}
+
+impl HistorySink for StdoutHistory {
+    fn record(&self, txn: TxnRecord) {
+        Self::emit(HistoryLine::Record(txn));
+    }
+
+    fn resolve(&self, id: TxnId, outcome: TxnOutcome, end: dmem_verbs::Nanos) {
+        Self::emit(HistoryLine::Resolve(id, outcome, end));
+    }
+}
+
+/// Rebuilds a CN's history from its stdout lines (other lines are skipped).
+pub(crate) fn history_from_lines(lines: &[String]) -> History {
+    let mut history = History::new();
+    for line in lines {
+        match serde_json::from_str::<HistoryLineWrap>(line).map(|w| w.history) {
+            Ok(HistoryLine::Record(txn)) => history.push(txn),
+            Ok(HistoryLine::Resolve(id, outcome, end)) => {
+                if let Some(t) = history.txns.iter_mut().rev().find(|t| t.id == id) {
+                    t.outcome = outcome;
+                    t.end = end;
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    history
+}
+
+/// One CN failure recovered by the first CN.
+#[derive(Debug, Serialize, Deserialize)]
+struct Recovered {
+    cn: String,
+    /// Coordinator ids recovered.
+    coordinators: Vec<u16>,
+    /// Per coordinator: its in-flight transaction's fate (`roll-forward`, `roll-back`, `none`).
+    decisions: Vec<String>,
+    detected_ms: u64,
+}
+
+/// What a CN reports in a transaction run.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct TxnCnReport {
+    role: String,
+    name: String,
+    committed: u64,
+    rolled_back: u64,
+    failed: u64,
+    delta: i64,
+    /// First CN only: the CN failures it recovered.
+    recovered: Vec<Recovered>,
+    /// First CN only: the workload's invariants over the final state, read after every CN
+    /// finished or was recovered (`ok`, the violations, or why they were skipped).
+    invariants: String,
+}
+
+/// `dmem cn` for a transaction workload.
+pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow::Result<()> {
+    let detector_cn = cluster.cns()[0].node;
+    let is_detector = me.node == detector_cn;
+    let fabric = TcpFabric::new(me.node);
+    let _listener = fabric
+        .listen(me.control)
+        .with_context(|| format!("{}: cannot listen for messages on {}", me.name, me.control))?;
+    for mn in cluster.mns() {
+        fabric.add_peer(mn.node, mn.control);
+    }
+    for cn in cluster.cns().iter().filter(|c| c.node != me.node) {
+        fabric.add_peer(cn.node, cn.control);
+    }
+    let deadline = Instant::now() + cluster.join_timeout();
+    // The detector's receive queue exists before anything else, so that no heartbeat of a
+    // quicker CN is dropped while this one connects.
+    let detector_ctx = if is_detector {
+        Some(connected(&fabric, DETECTOR, cluster, deadline)?)
+    } else {
+        None
+    };
+    let store = setup.store()?;
+    let shared = CnShared::new();
+    let executor = Executor::new();
+    let ids = cluster.coordinator_ids(me.node);
+    let mut coordinators = Vec::new();
+    for (i, &id) in ids.iter().enumerate() {
+        let ctx = connected(
+            &fabric,
+            Port(FIRST_COORDINATOR_PORT + i as u16),
+            cluster,
+            deadline,
+        )?;
+        coordinators.push(FordCoordinator::new(
+            Clocked::new(ctx),
+            Rc::clone(&store),
+            setup.config,
+            id,
+            shared.clone(),
+            StdoutHistory,
+        )?);
+    }
+    let period = cluster.heartbeat();
+    // Heartbeats and the stray-lock listener run until this process ends.
+    let hb = Rc::new(Clocked::new(fabric.context(HEARTBEAT)?));
+    executor.spawn(async move {
+        // A send fails while the detector's CN is still starting (nothing listens yet):
+        // heartbeat again after a period rather than stop for good.
+        while heartbeat_loop(&*hb, endpoint(detector_cn, DETECTOR), period, u64::MAX)
+            .await
+            .is_err()
+        {
+            RealClock.sleep(period).await;
+        }
+    });
+    let listener_ctx = Rc::new(Clocked::new(fabric.context(LISTENER)?));
+    let failed = Rc::clone(&shared.failed);
+    executor.spawn(async move {
+        let _ = membership_listener(&*listener_ctx, failed, period, u64::MAX).await;
+    });
+    let tally = Rc::new((
+        Cell::new(0u64),
+        Cell::new(0u64),
+        Cell::new(0u64),
+        Cell::new(0i64),
+    ));
+    let running = Rc::new(Cell::new(coordinators.len()));
+    let end = dmem_runtime::monotonic_now() + cluster.duration().as_nanos() as u64;
+    let workload = Rc::new(setup.workload.clone());
+    for mut co in coordinators {
+        let (tally, running, workload) =
+            (Rc::clone(&tally), Rc::clone(&running), Rc::clone(&workload));
+        let id = co.id();
+        executor.spawn(async move {
+            let mut generator = workload.generator(u32::from(id), 0x5eed ^ u64::from(id));
+            while RealClock.now() < end {
+                let txn = generator.next_txn();
+                match execute(&*workload, &mut co, &txn, dmem_harness::MAX_ATTEMPTS).await {
+                    Executed::Committed { outcome, .. } => {
+                        tally.0.set(tally.0.get() + 1);
+                        if let Outcome::Commit { delta } = outcome {
+                            tally.3.set(tally.3.get() + delta);
+                        }
+                    }
+                    Executed::RolledBack { .. } => tally.1.set(tally.1.get() + 1),
+                    Executed::Failed { .. } => {
+                        tally.2.set(tally.2.get() + 1);
+                        // Revoked (or an MN gone): nothing this coordinator posts lands
+                        // any more.
+                        let ctx = co.context().verbs();
+                        if ctx.links().any(|(region, _)| ctx.is_lost(region.node)) {
+                            break;
+                        }
+                    }
+                }
+            }
+            running.set(running.get() - 1);
+        });
+    }
+    // `dmem cluster` starts its kill timer once every CN is this far (the first CN: once
+    // it heard every CN's first heartbeat).
+    if !is_detector {
+        println!("ready {}", me.name);
+    }
+    let mut invariants = String::new();
+    let recovered: Vec<Recovered> = if let Some(detector_ctx) = detector_ctx {
+        let members = cluster
+            .cns()
+            .iter()
+            .map(|c| Member {
+                cn: c.node,
+                coordinators: cluster.coordinator_ids(c.node),
+                listener: endpoint(c.node, LISTENER),
+            })
+            .collect();
+        // Join: suspicion starts once every CN has sent its first heartbeat (a CN still
+        // connecting its coordinators is not a failed one).
+        executor.block_on(async {
+            let mut heard = BTreeSet::new();
+            let join_end = RealClock.now() + cluster.join_timeout().as_nanos() as u64;
+            while heard.len() < cluster.cns().len() {
+                while let Some(msg) = detector_ctx.try_recv()? {
+                    heard.insert(msg.from.node);
+                }
+                if RealClock.now() > join_end {
+                    let missing: Vec<String> = cluster
+                        .cns()
+                        .iter()
+                        .filter(|c| !heard.contains(&c.node))
+                        .map(|c| format!("{} ({})", c.name, c.control))
+                        .collect();
+                    bail!(
+                        "{}: no heartbeat from {} within {} ms",
+                        me.name,
+                        missing.join(", "),
+                        cluster.join_timeout().as_millis()
+                    );
+                }
+                RealClock.sleep(1_000_000).await;
+            }
+            Ok(())
+        })?;
+        println!("ready {}", me.name);
+        let mut manager = RecoveryManager::new(
+            Clocked::new(detector_ctx),
+            Rc::clone(&store),
+            setup.config.protocol,
+            RemoteTerminator {
+                ctx: Clocked::new(fabric.context(TERMINATOR)?),
+            },
+            members,
+            cluster.timeout(),
+        );
+        let events = manager.events();
+        let done_ctx = fabric.context(DONE_PORT)?;
+        let others: BTreeSet<NodeId> = cluster
+            .cns()
+            .iter()
+            .map(|c| c.node)
+            .filter(|&n| n != me.node)
+            .collect();
+        let start = dmem_runtime::monotonic_now();
+        let running = Rc::clone(&running);
+        let mut deltas: HashMap<NodeId, i64> = HashMap::new();
+        executor.block_on(async {
+            let mut finished: BTreeSet<NodeId> = BTreeSet::new();
+            let mut recovered: BTreeSet<NodeId> = BTreeSet::new();
+            loop {
+                while let Some(msg) = done_ctx.try_recv()? {
+                    if let Some(delta) = msg.payload.strip_prefix(CN_DONE) {
+                        finished.insert(msg.from.node);
+                        if let Ok(delta) = <[u8; 8]>::try_from(delta) {
+                            deltas.insert(msg.from.node, i64::from_le_bytes(delta));
+                        }
+                    }
+                }
+                for member in manager.detect()? {
+                    if finished.contains(&member.cn) {
+                        continue;
+                    }
+                    eprintln!(
+                        "dmem cn {}: {} missed its heartbeats for {} ms: recovering it",
+                        me.name,
+                        cluster.cn_name(member.cn),
+                        cluster.timeout() / 1_000_000
+                    );
+                    recovered.insert(member.cn);
+                    manager.recover(member).await?;
+                }
+                if running.get() == 0
+                    && others
+                        .iter()
+                        .all(|n| finished.contains(n) || recovered.contains(n))
+                {
+                    return Ok::<(), anyhow::Error>(());
+                }
+                RealClock.sleep(period / 2).await;
+            }
+        })?;
+        let events = events.borrow();
+        // The final state, read by one more coordinator that knows who failed (it reads
+        // past the locks they left), then the MNs are told the run is over.
+        let final_shared = CnShared::new();
+        for e in events.iter() {
+            for c in &e.coordinators {
+                final_shared
+                    .failed
+                    .borrow_mut()
+                    .insert(dmem_layout::pill::CoordinatorId(c.coordinator));
+            }
+        }
+        let last = FordCoordinator::new(
+            Clocked::new(connected(&fabric, Port(3), cluster, deadline)?),
+            Rc::clone(&store),
+            setup.config,
+            cluster.coordinators(),
+            final_shared,
+            dmem_txn::NoHistory,
+        )?;
+        invariants = if events.is_empty() {
+            // Records are read one by one as the workload's check asks for them (TPC-C
+            // looks up the orders it inserted), each by a read-only transaction.
+            // (Taken out of its cell for each read: `check` wants a `Fn`.)
+            let last = Cell::new(Some(last));
+            let read_error = std::cell::RefCell::new(None);
+            let delta = tally.3.get() + deltas.values().sum::<i64>();
+            let violations = setup.workload.check(
+                |table, key| {
+                    let mut co = last.take()?;
+                    let read = executor.block_on(async {
+                        let mut tx = co.begin(TxnKind::ReadOnly).await?;
+                        let value = tx.read(table, key).await?;
+                        tx.commit().await?;
+                        Ok::<_, dmem_txn::TxnError>(value)
+                    });
+                    last.set(Some(co));
+                    read.unwrap_or_else(|e| {
+                        *read_error.borrow_mut() = Some(e.to_string());
+                        None
+                    })
+                },
+                delta,
+            );
+            match (read_error.into_inner(), violations.first()) {
+                (Some(e), _) => format!("could not read the final state: {e}"),
+                (None, None) => "ok".to_owned(),
+                (None, Some(v)) => format!("{} violations, first: {v}", violations.len()),
+            }
+        } else {
+            // A recovered CN's committed changes are not known here.
+            "skipped (a CN was recovered)".to_owned()
+        };
+        quit_mns(cluster, &fabric, &executor);
+        events
+            .iter()
+            .map(|e| Recovered {
+                cn: cluster.cn_name(e.cn),
+                coordinators: e.coordinators.iter().map(|c| c.coordinator).collect(),
+                decisions: e
+                    .coordinators
+                    .iter()
+                    .map(|c| match c.decision {
+                        Some(dmem_ford::logic::Decision::RollForward) => "roll-forward".into(),
+                        Some(dmem_ford::logic::Decision::RollBack) => "roll-back".into(),
+                        None => "none".into(),
+                    })
+                    .collect(),
+                detected_ms: e.detected_at.saturating_sub(start) / 1_000_000,
+            })
+            .collect()
+    } else {
+        let running = Rc::clone(&running);
+        executor.block_on(async {
+            while running.get() > 0 {
+                RealClock.sleep(period).await;
+            }
+        });
+        let done_ctx = fabric.context(DONE_PORT)?;
+        let mut done = CN_DONE.to_vec();
+        done.extend_from_slice(&tally.3.get().to_le_bytes());
+        if let Err(e) = executor.block_on(done_ctx.send(endpoint(detector_cn, DONE_PORT), &done)) {
+            eprintln!(
+                "dmem cn {}: cannot tell the detector it is done: {e}",
+                me.name
+            );
+        }
+        Vec::new()
+    };
+    drop(executor);
+    let report = TxnCnReport {
+        role: "cn".into(),
+        name: me.name.clone(),
+        committed: tally.0.get(),
+        rolled_back: tally.1.get(),
+        failed: tally.2.get(),
+        delta: tally.3.get(),
+        recovered,
+        invariants,
+    };
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+/// The outcome of a transaction run, as `dmem cluster` checked it.
+pub(crate) struct TxnVerdict {
+    pub(crate) checker: String,
+    pub(crate) invariants: String,
+    pub(crate) problems: Vec<String>,
+}
+
+/// `dmem cluster`'s part of a transaction run, once the CNs have exited: merge the
+/// histories (the killed CN's streamed records included), check them, and check the
+/// workload's invariants over the final state the first CN read.
+pub(crate) fn collect(
+    cluster: &Cluster,
+    killed: Option<&str>,
+    cns: &[(String, bool, Option<TxnCnReport>)],
+    histories: Vec<History>,
+) -> anyhow::Result<TxnVerdict> {
+    let mut problems = Vec::new();
+    let mut history = History::new();
+    for h in histories {
+        history.txns.extend(h.txns);
+    }
+    for (name, ok, report) in cns {
+        if killed == Some(name.as_str()) {
+            continue;
+        }
+        let Some(r) = report.as_ref().filter(|_| *ok) else {
+            problems.push(format!("CN `{name}` failed or printed no report"));
+            continue;
+        };
+        if r.committed == 0 {
+            problems.push(format!("CN `{name}` committed nothing"));
+        }
+        for rec in &r.recovered {
+            if killed != Some(rec.cn.as_str()) {
+                problems.push(format!(
+                    "the live CN `{}` was recovered (false suspicion)",
+                    rec.cn
+                ));
+            }
+        }
+    }
+    if let Some(k) = killed {
+        let recovered = cns
+            .iter()
+            .filter_map(|(_, _, r)| r.as_ref())
+            .any(|r| r.recovered.iter().any(|rec| rec.cn == k));
+        if !recovered {
+            problems.push(format!("the killed CN `{k}` was not recovered"));
+        }
+    }
+    let first = &cluster.cns()[0].name;
+    let invariants = cns
+        .iter()
+        .find(|(name, _, _)| name == first)
+        .and_then(|(_, _, r)| r.as_ref())
+        .map_or_else(
+            || format!("unknown (the first CN `{first}` printed no report)"),
+            |r| r.invariants.clone(),
+        );
+    if invariants != "ok" && !invariants.starts_with("skipped") {
+        problems.push(format!("invariants: {invariants}"));
+    }
+    let checker = dmem_harness::verdict(&history);
+    if checker != "ok" {
+        problems.push(format!("history checker: {checker}"));
+    }
+    Ok(TxnVerdict {
+        checker: format!("{checker} ({} transactions)", history.txns.len()),
+        invariants,
+        problems,
+    })
+}
+
+/// Tells every MN of the cluster that the run is over.
+pub(crate) fn quit_mns(cluster: &Cluster, fabric: &TcpFabric, executor: &Executor) {
+    for mn in cluster.mns() {
+        fabric.add_peer(mn.node, mn.control);
+    }
+    let Ok(ctx) = fabric.context(Port(2)) else {
+        return;
+    };
+    for mn in cluster.mns() {
+        if let Err(e) = executor.block_on(ctx.send(endpoint(mn.node, Port(0)), QUIT)) {
+            eprintln!("dmem cluster: cannot tell MN `{}` to quit: {e}", mn.name);
+        }
+    }
+}
+
+/// Prints the CN table of a transaction run.
+pub(crate) fn print_summary(
+    cluster: &Cluster,
+    protocol: &str,
+    cns: &[(String, bool, Option<TxnCnReport>)],
+    verdict: &TxnVerdict,
+) {
+    println!(
+        "dmem cluster  {}  fabric tcp  protocol {protocol}  {} MN  {} CN x {} coordinators  {} ms",
+        cluster.path().display(),
+        cluster.mn_count(),
+        cluster.cns().len(),
+        cluster.clients(),
+        cluster.duration().as_millis()
+    );
+    let mut t = common::table(&[
+        "node",
+        "exit",
+        "committed",
+        "rolled back",
+        "given up",
+        "recovered",
+    ]);
+    for (name, ok, r) in cns {
+        let recovered = r.as_ref().map_or(String::new(), |r| {
+            r.recovered
+                .iter()
+                .map(|rec| {
+                    format!(
+                        "{} at {} ms: {}",
+                        rec.cn,
+                        rec.detected_ms,
+                        rec.decisions.join(",")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        });
+        t.add_row(vec![
+            name.clone(),
+            if *ok {
+                "ok".into()
+            } else {
+                "killed/failed".into()
+            },
+            r.as_ref().map_or("-".into(), |r| r.committed.to_string()),
+            r.as_ref().map_or("-".into(), |r| r.rolled_back.to_string()),
+            r.as_ref().map_or("-".into(), |r| r.failed.to_string()),
+            recovered,
+        ]);
+    }
+    println!("{}", common::render(&t));
+    println!(
+        "checker: {}  invariants: {}",
+        verdict.checker, verdict.invariants
+    );
+}

@@ -1,0 +1,585 @@
+//! Real deployments on the tcp fabric: `dmem cluster` with MN and CN processes on loopback
+//! and across network namespaces, a CN killed with SIGKILL, and cluster-file errors.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn dmem() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_dmem"))
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("dmem-cluster-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Free TCP ports on loopback (bound, read, released).
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<_> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+/// A 1-MN, 2-CN cluster file; `hosts` gives each node's IP and network namespace.
+fn cluster_toml(hosts: [(&str, Option<&str>); 3], ports: &[u16]) -> String {
+    let netns = |ns: Option<&str>| ns.map_or(String::new(), |ns| format!("netns = \"{ns}\"\n"));
+    format!(
+        r#"fabric = "tcp"
+heartbeat_ms = 10
+timeout_ms = 200
+
+[workload]
+kind = "faa"
+duration_ms = 1500
+clients = 2
+batch = 2
+
+[[node]]
+name = "mn0"
+role = "mn"
+data = "{h0}:{p0}"
+control = "{h0}:{p1}"
+memory_mib = 4
+{n0}
+[[node]]
+name = "cn0"
+role = "cn"
+control = "{h1}:{p2}"
+{n1}
+[[node]]
+name = "cn1"
+role = "cn"
+control = "{h2}:{p3}"
+{n2}"#,
+        h0 = hosts[0].0,
+        h1 = hosts[1].0,
+        h2 = hosts[2].0,
+        n0 = netns(hosts[0].1),
+        n1 = netns(hosts[1].1),
+        n2 = netns(hosts[2].1),
+        p0 = ports[0],
+        p1 = ports[1],
+        p2 = ports[2],
+        p3 = ports[3],
+    )
+}
+
+/// The same cluster running SmallBank on `protocol` (4 coordinators per CN).
+fn smallbank_toml(hosts: [(&str, Option<&str>); 3], ports: &[u16], protocol: &str) -> String {
+    cluster_toml(hosts, ports)
+        .replace(
+            "kind = \"faa\"",
+            &format!("kind = \"smallbank\"\nprotocol = \"{protocol}\""),
+        )
+        .replace("batch = 2\n", "")
+        .replace("clients = 2", "clients = 4")
+        .replace("memory_mib = 4\n", "")
+        // Long enough that the victim is still running when every CN is ready and
+        // 400 ms have passed, on a loaded machine too.
+        .replace("duration_ms = 1500", "duration_ms = 3000")
+}
+
+/// SmallBank with a killed CN: the first CN recovered it (Pandora's logs), the MN
+/// terminated its link on request, the merged history (the killed CN's streamed records
+/// included) is clean.
+fn assert_recovered_kill(out: &Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "dmem cluster failed: {stderr}");
+    assert!(stderr.contains("killed CN `cn1` with SIGKILL"), "{stderr}");
+    assert!(stderr.contains("cn1 missed its heartbeats"), "{stderr}");
+    assert!(stderr.contains("link of cn1 terminated"), "{stderr}");
+    let r = reports(out);
+    let cn0 = &r["cn0"];
+    assert!(cn0["committed"].as_u64().unwrap() > 0);
+    let recovered = cn0["recovered"].as_array().unwrap();
+    assert_eq!(recovered.len(), 1, "{cn0}");
+    assert_eq!(recovered[0]["cn"], "cn1");
+    assert_eq!(recovered[0]["coordinators"].as_array().unwrap().len(), 4);
+    assert_eq!(r["mn0"]["revoked"][0], "cn1");
+}
+
+fn run_cluster(file: &Path, extra: &[&str]) -> Output {
+    dmem()
+        .arg("cluster")
+        .arg("--cluster")
+        .arg(file)
+        .args(["--json"])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// The JSON reports `dmem cluster --json` printed, by node name.
+fn reports(out: &Output) -> std::collections::HashMap<String, serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| (v["name"].as_str().unwrap().to_owned(), v))
+        .collect()
+}
+
+/// The killed CN is revoked at the MN, the other CN finishes with exactly its posts counted,
+/// and the shared word is the sum of the CN words.
+fn assert_survived_kill(out: &Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "dmem cluster failed: {stderr}");
+    assert!(stderr.contains("killed CN `cn1` with SIGKILL"), "{stderr}");
+    assert!(
+        stderr.contains("cn1 silent for more than 200 ms: access revoked"),
+        "{stderr}"
+    );
+    let r = reports(out);
+    let (mn, cn0) = (&r["mn0"], &r["cn0"]);
+    assert!(!r.contains_key("cn1"), "the killed CN printed a report");
+    assert!(mn["revoked"].get("cn1").is_some(), "{mn}");
+    assert!(mn["revoked"].get("cn0").is_none(), "{mn}");
+    let words = mn["words"].as_object().unwrap();
+    let sum: u64 = words.values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(mn["shared"].as_u64().unwrap(), sum);
+    let posts = cn0["posts"].as_u64().unwrap();
+    assert!(posts > 0);
+    assert_eq!(words["cn0"].as_u64().unwrap(), posts * 2);
+    assert!(
+        words["cn1"].as_u64().unwrap() > 0,
+        "cn1 ran before it was killed"
+    );
+    assert_eq!(mn["done"]["cn0"].as_u64().unwrap(), posts);
+}
+
+#[test]
+fn local_cluster_survives_a_killed_cn() {
+    let dir = TempDir::new("local");
+    let ports = free_ports(4);
+    let file = dir.write(
+        "cluster.toml",
+        &cluster_toml(
+            [
+                ("127.0.0.1", None),
+                ("127.0.0.1", None),
+                ("127.0.0.1", None),
+            ],
+            &ports,
+        ),
+    );
+    let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
+    assert_survived_kill(&out);
+}
+
+#[test]
+fn local_cluster_without_failures_checks_clean() {
+    let dir = TempDir::new("clean");
+    let ports = free_ports(4);
+    let file = dir.write(
+        "cluster.toml",
+        &cluster_toml(
+            [
+                ("127.0.0.1", None),
+                ("127.0.0.1", None),
+                ("127.0.0.1", None),
+            ],
+            &ports,
+        ),
+    );
+    let out = run_cluster(&file, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = reports(&out);
+    let words = r["mn0"]["words"].as_object().unwrap().clone();
+    for cn in ["cn0", "cn1"] {
+        let posts = r[cn]["posts"].as_u64().unwrap();
+        assert!(posts > 0);
+        assert_eq!(words[cn].as_u64().unwrap(), posts * 2);
+    }
+    assert!(r["mn0"]["revoked"].as_object().unwrap().is_empty());
+}
+
+/// Network namespaces `<prefix>-h0..h2` joined by veth pairs to a bridge in `<prefix>-sw`,
+/// deleted on drop.
+struct Namespaces {
+    prefix: String,
+    made: Vec<String>,
+}
+
+impl Namespaces {
+    fn ip(args: &[&str]) -> Result<(), String> {
+        let out = Command::new("ip")
+            .args(args)
+            .output()
+            .map_err(|e| format!("cannot run `ip`: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "`ip {}` failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// Three hosts 10.77.0.1-3/24 on one bridge.
+    fn three_hosts() -> Result<Self, String> {
+        let prefix = format!("dmemt{}", std::process::id());
+        let mut ns = Self {
+            prefix: prefix.clone(),
+            made: Vec::new(),
+        };
+        for n in ["sw", "h0", "h1", "h2"] {
+            let name = format!("{prefix}-{n}");
+            Self::ip(&["netns", "add", &name])?;
+            ns.made.push(name);
+        }
+        let sw = format!("{prefix}-sw");
+        Self::ip(&["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
+        Self::ip(&["-n", &sw, "link", "set", "br0", "up"])?;
+        for i in 0..3 {
+            let host = format!("{prefix}-h{i}");
+            let (v, p) = (format!("v{i}"), format!("p{i}"));
+            Self::ip(&[
+                "link", "add", &v, "netns", &host, "type", "veth", "peer", "name", &p, "netns", &sw,
+            ])?;
+            Self::ip(&[
+                "-n",
+                &host,
+                "addr",
+                "add",
+                &format!("10.77.0.{}/24", i + 1),
+                "dev",
+                &v,
+            ])?;
+            Self::ip(&["-n", &host, "link", "set", &v, "up"])?;
+            Self::ip(&["-n", &host, "link", "set", "lo", "up"])?;
+            Self::ip(&["-n", &sw, "link", "set", &p, "master", "br0"])?;
+            Self::ip(&["-n", &sw, "link", "set", &p, "up"])?;
+        }
+        Ok(ns)
+    }
+
+    fn host(&self, i: usize) -> String {
+        format!("{}-h{i}", self.prefix)
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for name in self.made.iter().rev() {
+            let _ = Self::ip(&["netns", "del", name]);
+        }
+    }
+}
+
+/// The issue's cross-host test: MN on host 0, CNs on hosts 1 and 2, each in its own network
+/// namespace with a veth link to a bridge, all made here. First the FAA workload (cn1 killed
+/// with SIGKILL, the MN's detector revokes it, memory checks), then SmallBank on Pandora
+/// (cn1 killed, cn0's detector recovers its coordinators from their logs through the MN
+/// process, the checker over both CNs' histories is clean).
+#[test]
+fn three_hosts_in_network_namespaces_survive_a_killed_cn() {
+    let ns = match Namespaces::three_hosts() {
+        Ok(ns) => ns,
+        Err(why) => {
+            println!(
+                "skipped: cannot create network namespaces here ({why}); run as root with iproute2"
+            );
+            return;
+        }
+    };
+    let dir = TempDir::new("netns");
+    let hosts = [ns.host(0), ns.host(1), ns.host(2)];
+    let file = dir.write(
+        "cluster.toml",
+        &cluster_toml(
+            [
+                ("10.77.0.1", Some(&hosts[0])),
+                ("10.77.0.2", Some(&hosts[1])),
+                ("10.77.0.3", Some(&hosts[2])),
+            ],
+            &[7100, 7101, 7200, 7201],
+        ),
+    );
+    let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
+    assert_survived_kill(&out);
+    let hosts_ref = [
+        ("10.77.0.1", Some(hosts[0].as_str())),
+        ("10.77.0.2", Some(hosts[1].as_str())),
+        ("10.77.0.3", Some(hosts[2].as_str())),
+    ];
+    let file = dir.write(
+        "smallbank.toml",
+        &smallbank_toml(hosts_ref, &[7300, 7301, 7400, 7401], "pandora"),
+    );
+    let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
+    assert_recovered_kill(&out);
+}
+
+#[test]
+fn cluster_file_errors_are_one_readable_line() {
+    let dir = TempDir::new("errors");
+    let good = cluster_toml(
+        [
+            ("127.0.0.1", None),
+            ("127.0.0.1", None),
+            ("127.0.0.1", None),
+        ],
+        &[7100, 7101, 7200, 7201],
+    );
+    let cases: Vec<(String, &str)> = vec![
+        (
+            good.replace("fabric = \"tcp\"", "fabric = \"shm\""),
+            "deploy the tcp fabric only",
+        ),
+        (
+            good.replace(
+                "role = \"cn\"\ncontrol = \"127.0.0.1:7201\"",
+                "role = \"cm\"\ncontrol = \"127.0.0.1:7201\"",
+            ),
+            "role `cm` is not `mn` or `cn`",
+        ),
+        (
+            good.replace("data = \"127.0.0.1:7100\"\n", ""),
+            "an MN needs `data`",
+        ),
+        (good.replace("7201", "7200"), "both use 127.0.0.1:7200"),
+        (
+            good.replace("127.0.0.1:7101", "localhost:7101"),
+            "is not an IP:port address",
+        ),
+        (
+            good.replace("kind = \"faa\"", "kind = \"bank\""),
+            "is not `faa` or one of",
+        ),
+        (
+            good.replace("kind = \"faa\"", "kind = \"smallbank\""),
+            "needs `protocol",
+        ),
+        (
+            good.replace(
+                "kind = \"faa\"",
+                "kind = \"smallbank\"\nprotocol = \"motor\"",
+            ),
+            "run `ford` or `pandora`",
+        ),
+        (
+            good.replace("timeout_ms = 200", "timeout_ms = 5"),
+            "timeout_ms (5) must exceed heartbeat_ms",
+        ),
+        (
+            good.replace("name = \"cn1\"", "name = \"cn0\""),
+            "used twice",
+        ),
+        (good.replace("memory_mib = 4", "memory_mb = 4"), "line"),
+    ];
+    for (i, (text, expected)) in cases.into_iter().enumerate() {
+        let file = dir.write(&format!("bad{i}.toml"), &text);
+        let out = dmem()
+            .args(["mn", "--node", "mn0", "--cluster"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "case {i}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "case {i}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "case {i}: expected `{expected}` in: {stderr}"
+        );
+    }
+    // A node name the file does not have.
+    let file = dir.write("good.toml", &good);
+    let out = dmem()
+        .args(["cn", "--node", "cn7", "--cluster"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no CN named `cn7`") && stderr.contains("cn0, cn1"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn smallbank_on_pandora_recovers_a_killed_cn_process() {
+    let dir = TempDir::new("smallbank");
+    let ports = free_ports(4);
+    let local = [
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+    ];
+    let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "pandora"));
+    let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
+    assert_recovered_kill(&out);
+}
+
+#[test]
+fn smallbank_on_ford_without_failures_checks_clean() {
+    let dir = TempDir::new("ford");
+    let ports = free_ports(4);
+    let local = [
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+    ];
+    let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "ford"));
+    let out = dmem()
+        .arg("cluster")
+        .arg("--cluster")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("checker: ok"), "{stdout}");
+    assert!(stdout.contains("invariants: ok"), "{stdout}");
+}
+
+/// The newcomer's path: `dmem bench --fabric tcp` starts, checks and stops a local cluster
+/// per protocol.
+#[test]
+fn bench_on_tcp_runs_ford_and_pandora_in_processes() {
+    let out = dmem()
+        .args([
+            "bench",
+            "--fabric",
+            "tcp",
+            "--workload",
+            "smallbank",
+            "--protocol",
+            "ford,pandora",
+            "--scale",
+            "tiny",
+            "--mns",
+            "2",
+            "--cns",
+            "2",
+            "--threads",
+            "1",
+            "--coroutines",
+            "3",
+            "--duration-ms",
+            "1000",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for protocol in ["ford", "pandora"] {
+        assert!(
+            stdout.contains(&format!("protocol {protocol}  2 MN  2 CN x 3 coordinators")),
+            "{stdout}"
+        );
+    }
+    assert_eq!(stdout.matches("checker: ok").count(), 2, "{stdout}");
+    assert_eq!(stdout.matches("invariants: ok").count(), 2, "{stdout}");
+    let refused = dmem()
+        .args([
+            "bench",
+            "--fabric",
+            "tcp",
+            "--protocol",
+            "motor",
+            "--scale",
+            "tiny",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr.contains("the tcp fabric runs ford and pandora so far"),
+        "{stderr}"
+    );
+}
+
+/// `dmem bench --fabric tcp --cluster FILE` runs on the nodes the file names, with the
+/// workload of the flags; without --fabric tcp the file is refused.
+#[test]
+fn bench_on_tcp_uses_the_nodes_of_a_cluster_file() {
+    let dir = TempDir::new("bench-file");
+    let ports = free_ports(4);
+    let local = [
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+    ];
+    let file = dir.write("cluster.toml", &cluster_toml(local, &ports));
+    let out = dmem()
+        .args([
+            "bench",
+            "--fabric",
+            "tcp",
+            "--workload",
+            "smallbank",
+            "--protocol",
+            "pandora",
+        ])
+        .args([
+            "--scale",
+            "tiny",
+            "--threads",
+            "1",
+            "--coroutines",
+            "2",
+            "--duration-ms",
+            "1000",
+        ])
+        .arg("--cluster")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("protocol pandora  1 MN  2 CN x 2 coordinators"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("checker: ok"), "{stdout}");
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{}", ports[0])),
+        "{stderr}"
+    );
+    let refused = dmem()
+        .args(["bench", "--scale", "tiny", "--cluster"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(stderr.contains("add --fabric tcp"), "{stderr}");
+}
