@@ -511,15 +511,23 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
         rows.push(row);
     }
     if !args.json {
+        let any_symmetric = args
+            .protocol
+            .iter()
+            .any(|p| registry.get(p).is_ok_and(|p| p.symmetric()));
+        let servers = if any_symmetric {
+            format!(" ({} servers if symmetric)", args.servers)
+        } else {
+            String::new()
+        };
         println!(
-            "dmem bench  workload {} ({} scale, {:.1} MB of values)  sim {}  {} MN  {} CN ({} servers if symmetric) x {} threads x {} coroutines  {} ms  seed {}",
+            "dmem bench  workload {} ({} scale, {:.1} MB of values)  sim {}  {} MN  {} CN{servers} x {} threads x {} coroutines  {} ms  seed {}",
             args.workload.name(),
             scale.name(),
             workload.value_bytes() as f64 / 1e6,
             profile.name,
             args.mns,
             args.cns,
-            args.servers,
             args.threads,
             args.coroutines,
             args.duration_ms,
