@@ -176,6 +176,11 @@ fn smallbank_on_tcp(cfg: ProtocolConfig) -> (String, Vec<String>, u64) {
                         }
                     }
                     Executed::RolledBack { .. } => {}
+                    // Still aborting after every retry: in real time on a loaded host a
+                    // lock holder waiting for its network reply can outlast 64 immediate
+                    // retries. Giving up is an outcome, not a fault; the checker and the
+                    // invariants still judge the run.
+                    Executed::Failed { error, .. } if error.is_retryable() => {}
                     Executed::Failed { error, .. } => panic!("a transaction failed: {error}"),
                 }
             }

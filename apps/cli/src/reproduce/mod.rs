@@ -6,6 +6,7 @@
 //! value, dmem's, their ratio, and whether the ordering the paper reports holds here). The
 //! command exits 3 when an ordering does not hold.
 
+mod dandelion;
 mod declock;
 mod lotus;
 mod oocc;
@@ -82,12 +83,20 @@ pub(crate) struct Paper {
 }
 
 /// Every paper `dmem reproduce` knows; adding one is a module and a line here.
-pub(crate) const PAPERS: &[Paper] = &[declock::PAPER, lotus::PAPER, oocc::PAPER, pandora::PAPER];
+pub(crate) const PAPERS: &[Paper] = &[
+    dandelion::PAPER,
+    declock::PAPER,
+    lotus::PAPER,
+    oocc::PAPER,
+    pandora::PAPER,
+];
 
 /// Papers by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum PaperArg {
+    /// Dandelion (§7 against FaSST, Figs. 16–22: ablation, servers 3 → 10, load).
+    Dandelion,
     /// DecLock (lock microbenchmark, Figs. 12–13): CASLock, DSLR+, ShiftLock, DecLock-TF/-PF.
     Declock,
     /// LOTUS (§2.2 Figs. 2–3: Motor and FORD against MN atomics, and without the CAS).
@@ -102,6 +111,7 @@ pub(crate) enum PaperArg {
 impl PaperArg {
     fn name(self) -> &'static str {
         match self {
+            PaperArg::Dandelion => "dandelion",
             PaperArg::Declock => "declock",
             PaperArg::Lotus => "lotus",
             PaperArg::Oocc => "oocc",
