@@ -35,6 +35,7 @@ use dmem_layout::cvt::{CvtCell, INVISIBLE};
 use dmem_locks::LockMode;
 use dmem_locks::lotus::{Acquired, Holder};
 use dmem_motor::Isolation;
+use dmem_motor::logic::StagedOp as Op;
 use dmem_motor::logic::{self, MetaOutcome};
 use dmem_motor::mvcc::{
     self, BlockShape, CELL_LEN, FLOOR_OFFSET, Meta, Shapes, pack_writer, unpack_writer,
@@ -238,12 +239,6 @@ struct ReadEntry {
     table: TableId,
     key: Key,
     value: Option<Vec<u8>>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Op {
-    Put(Vec<u8>, WriteKind),
-    Delete,
 }
 
 #[derive(Debug, Clone)]
@@ -1079,31 +1074,8 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         let w = &mut self.writes[i];
         let present = w.value().is_some();
         let existed = w.current.is_some();
-        w.op = match (kind, present) {
-            (WriteKind::Update, true) => Some(Op::Put(
-                value.to_vec(),
-                match &w.op {
-                    Some(Op::Put(_, k)) => *k,
-                    _ => WriteKind::Update,
-                },
-            )),
-            (WriteKind::Insert, false) => Some(Op::Put(
-                value.to_vec(),
-                if existed {
-                    WriteKind::Update
-                } else {
-                    WriteKind::Insert
-                },
-            )),
-            (WriteKind::Delete, true) => {
-                if existed {
-                    Some(Op::Delete)
-                } else {
-                    None
-                }
-            }
-            _ => return Err(TxnError::KeyState(key.0)),
-        };
+        w.op = logic::stage_op(w.op.as_ref(), kind, value, present, existed)
+            .map_err(|()| TxnError::KeyState(key.0))?;
         Ok(())
     }
 

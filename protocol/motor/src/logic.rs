@@ -5,6 +5,8 @@
 use dmem_layout::cacheline::next_version;
 use dmem_layout::cvt::CvtCell;
 
+use dmem_txn::WriteKind;
+
 use crate::mvcc::{BlockShape, Meta};
 
 /// Isolation level (Motor runs both).
@@ -176,6 +178,54 @@ pub fn free_with_cv(cv: u8) -> CvtCell {
     CvtCell::try_read_from_bytes(&b[..]).unwrap_or(CvtCell::FREE)
 }
 
+/// A write a transaction has staged on a record it holds (Motor and LOTUS).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StagedOp {
+    /// Install this value; the kind the history records (an insert over an absent record,
+    /// else an update).
+    Put(Vec<u8>, WriteKind),
+    /// Install a tombstone.
+    Delete,
+}
+
+/// The op a record holds after a transaction stages `kind` (with `value`) on it, given the
+/// op already staged (`prev`), whether the record is present as the transaction sees it
+/// (`present`: its last staged op, else the version it read) and whether it existed when
+/// read (`existed`). `None` when the writes cancel out (an insert then a delete of a
+/// record that did not exist); `Err(())` when `kind` does not fit (an update or delete of
+/// an absent record, an insert over a present one).
+///
+/// # Errors
+/// `()` when `kind` does not fit the record's state.
+#[allow(clippy::result_unit_err)]
+pub fn stage_op(
+    prev: Option<&StagedOp>,
+    kind: WriteKind,
+    value: &[u8],
+    present: bool,
+    existed: bool,
+) -> Result<Option<StagedOp>, ()> {
+    match (kind, present) {
+        (WriteKind::Update, true) => Ok(Some(StagedOp::Put(
+            value.to_vec(),
+            match prev {
+                Some(StagedOp::Put(_, k)) => *k,
+                _ => WriteKind::Update,
+            },
+        ))),
+        (WriteKind::Insert, false) => Ok(Some(StagedOp::Put(
+            value.to_vec(),
+            if existed {
+                WriteKind::Update
+            } else {
+                WriteKind::Insert
+            },
+        ))),
+        (WriteKind::Delete, true) => Ok(existed.then_some(StagedOp::Delete)),
+        _ => Err(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,5 +299,43 @@ mod tests {
         assert!(!p.cells[1].is_valid());
         assert_eq!(p.cells[1].head_cv(), 9, "a collected cell keeps its CV");
         assert_eq!(p.cells[2].commit_version(), 20);
+    }
+
+    #[test]
+    fn staging_follows_the_record_state() {
+        use super::{StagedOp, stage_op};
+        let v = [7u8; 4];
+        // Update of a present record keeps an earlier insert's kind.
+        assert_eq!(
+            stage_op(None, WriteKind::Update, &v, true, true),
+            Ok(Some(StagedOp::Put(v.to_vec(), WriteKind::Update)))
+        );
+        let ins = StagedOp::Put(v.to_vec(), WriteKind::Insert);
+        assert_eq!(
+            stage_op(Some(&ins), WriteKind::Update, &v, true, false),
+            Ok(Some(ins.clone()))
+        );
+        // Insert over an absent record: an insert, or an update of a record deleted here.
+        assert_eq!(
+            stage_op(None, WriteKind::Insert, &v, false, false),
+            Ok(Some(ins))
+        );
+        assert_eq!(
+            stage_op(Some(&StagedOp::Delete), WriteKind::Insert, &v, false, true),
+            Ok(Some(StagedOp::Put(v.to_vec(), WriteKind::Update)))
+        );
+        // Delete: a tombstone if the record existed, nothing if inserted here.
+        assert_eq!(
+            stage_op(None, WriteKind::Delete, &[], true, true),
+            Ok(Some(StagedOp::Delete))
+        );
+        assert_eq!(
+            stage_op(None, WriteKind::Delete, &[], true, false),
+            Ok(None)
+        );
+        // What does not fit the state.
+        assert_eq!(stage_op(None, WriteKind::Update, &v, false, false), Err(()));
+        assert_eq!(stage_op(None, WriteKind::Insert, &v, true, true), Err(()));
+        assert_eq!(stage_op(None, WriteKind::Delete, &[], false, true), Err(()));
     }
 }

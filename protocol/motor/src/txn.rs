@@ -32,6 +32,7 @@ use dmem_txn::{
 };
 use dmem_verbs::{BatchResult, Clock, Nanos, PostList, RemoteAddr, Verbs, WrId};
 
+use crate::logic::StagedOp as Op;
 use crate::logic::{self, Isolation, MetaOutcome};
 use crate::mvcc::{
     self, BlockShape, CELL_LEN, FLOOR_OFFSET, LOCK_OFFSET, Meta, Shapes, pack_writer, unpack_writer,
@@ -211,12 +212,6 @@ struct ReadEntry {
     key: Key,
     target: Target,
     value: Option<Vec<u8>>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Op {
-    Put(Vec<u8>, WriteKind),
-    Delete,
 }
 
 #[derive(Debug, Clone)]
@@ -695,31 +690,8 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         let w = &mut self.writes[i];
         let present = w.value().is_some();
         let existed = w.current.is_some();
-        w.op = match (kind, present) {
-            (WriteKind::Update, true) => Some(Op::Put(
-                value.to_vec(),
-                match &w.op {
-                    Some(Op::Put(_, k)) => *k,
-                    _ => WriteKind::Update,
-                },
-            )),
-            (WriteKind::Insert, false) => Some(Op::Put(
-                value.to_vec(),
-                if existed {
-                    WriteKind::Update
-                } else {
-                    WriteKind::Insert
-                },
-            )),
-            (WriteKind::Delete, true) => {
-                if existed {
-                    Some(Op::Delete)
-                } else {
-                    None
-                }
-            }
-            _ => return Err(TxnError::KeyState(key.0)),
-        };
+        w.op = logic::stage_op(w.op.as_ref(), kind, value, present, existed)
+            .map_err(|()| TxnError::KeyState(key.0))?;
         Ok(())
     }
 
