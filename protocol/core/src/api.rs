@@ -120,6 +120,59 @@ impl ReadReq {
 /// The values a round returns, one per [`ReadReq`] in order (`None`: absent).
 pub type RoundValues = Vec<Option<Vec<u8>>>;
 
+/// A round's requests split into those a transaction answers from what it already holds
+/// and the distinct records it must fetch — the first step of every batching protocol's
+/// round (Motor, LOTUS).
+///
+/// A record asked for twice is fetched once, for update if either request was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundPlan {
+    /// Per request: its value, or the index of the fetch that answers it.
+    answers: Vec<Result<Option<Vec<u8>>, usize>>,
+    /// The distinct records to fetch, in first-asked order.
+    pub fetches: Vec<ReadReq>,
+}
+
+impl RoundPlan {
+    /// Plans `reqs`: `local` answers a request from the transaction's own read and write
+    /// sets (`Some(value)`), or says it must be fetched (`None`).
+    pub fn new(
+        reqs: &[ReadReq],
+        mut local: impl FnMut(&ReadReq) -> Option<Option<Vec<u8>>>,
+    ) -> Self {
+        let mut answers = Vec::with_capacity(reqs.len());
+        let mut fetches: Vec<ReadReq> = Vec::new();
+        for r in reqs {
+            if let Some(v) = local(r) {
+                answers.push(Ok(v));
+            } else if let Some(n) = fetches
+                .iter()
+                .position(|f| f.table == r.table && f.key == r.key)
+            {
+                if r.access == Access::ForUpdate {
+                    fetches[n].access = Access::ForUpdate;
+                }
+                answers.push(Err(n));
+            } else {
+                fetches.push(*r);
+                answers.push(Err(fetches.len() - 1));
+            }
+        }
+        Self { answers, fetches }
+    }
+
+    /// The round's values in request order, fetch `n`'s value from `fetched(n)`.
+    pub fn values(self, mut fetched: impl FnMut(usize) -> Option<Vec<u8>>) -> RoundValues {
+        self.answers
+            .into_iter()
+            .map(|a| match a {
+                Ok(v) => v,
+                Err(n) => fetched(n),
+            })
+            .collect()
+    }
+}
+
 /// One running transaction.
 ///
 /// Reads return the record's value, or `None` if it is absent. Writes are buffered or

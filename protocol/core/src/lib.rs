@@ -21,7 +21,7 @@ pub mod model;
 
 pub use api::{
     Access, BoxCoordinator, BoxTransaction, Coordinator, DynCoordinator, DynTransaction, ReadReq,
-    RoundValues, Transaction, TxnError,
+    RoundPlan, RoundValues, Transaction, TxnError,
 };
 pub use checker::{
     Anomaly, AnomalyKind, CheckOptions, CycleClass, Isolation, Report, check, check_with,

@@ -125,3 +125,35 @@ fn a_boxed_coordinator_runs_the_same_code() {
     );
     block_on(t.abort());
 }
+
+/// A round plan answers what the transaction holds, fetches each other record once (for
+/// update if any request was), and puts the values back in request order.
+#[test]
+fn round_plan_answers_locally_and_fetches_each_record_once() {
+    use dmem_txn::{Access, Key, ReadReq, RoundPlan, TableId};
+    let t = TableId(1);
+    let reqs = [
+        ReadReq::read(t, Key(1)),
+        ReadReq::read(t, Key(2)),
+        ReadReq::for_update(t, Key(1)),
+        ReadReq::read(t, Key(3)),
+    ];
+    // Key 2 is held already (value [2]).
+    let plan = RoundPlan::new(&reqs, |r| (r.key == Key(2)).then(|| Some(vec![2])));
+    assert_eq!(
+        plan.fetches,
+        [
+            ReadReq {
+                table: t,
+                key: Key(1),
+                access: Access::ForUpdate
+            },
+            ReadReq::read(t, Key(3)),
+        ]
+    );
+    let fetched = [Some(vec![1]), None];
+    assert_eq!(
+        plan.values(|n| fetched[n].clone()),
+        [Some(vec![1]), Some(vec![2]), Some(vec![1]), None]
+    );
+}

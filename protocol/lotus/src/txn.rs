@@ -46,8 +46,9 @@ use dmem_store::{
     parse_bucket, slot_offset,
 };
 use dmem_txn::{
-    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundPlan,
+    RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
+    WriteEvent, WriteKind,
 };
 use dmem_verbs::{Clock, Message, Nanos, PostList, RemoteAddr, Verbs};
 
@@ -686,35 +687,20 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             return Err(TxnError::ReadOnly);
         }
         // -- plan: local answers, distinct fetches --
-        let mut answers: Vec<Result<Option<Vec<u8>>, usize>> = Vec::with_capacity(reqs.len());
-        let mut fetches: Vec<Fetch> = Vec::new();
-        for r in reqs {
-            if let Some(v) = self.local(r) {
-                answers.push(Ok(v));
-                continue;
-            }
-            if let Some(n) = fetches
-                .iter()
-                .position(|f| f.table == r.table && f.key == r.key)
-            {
-                if r.access == Access::ForUpdate {
-                    fetches[n].access = Access::ForUpdate;
-                }
-                answers.push(Err(n));
-                continue;
-            }
-            let loc = self.co.cache.borrow_mut().get(r.table, r.key);
-            fetches.push(Fetch {
+        let plan = RoundPlan::new(reqs, |r| self.local(r));
+        let mut fetches: Vec<Fetch> = plan
+            .fetches
+            .iter()
+            .map(|r| Fetch {
                 table: r.table,
                 key: r.key,
                 access: r.access,
                 locked: false,
                 local: false,
-                loc,
+                loc: self.co.cache.borrow_mut().get(r.table, r.key),
                 done: None,
-            });
-            answers.push(Err(fetches.len() - 1));
-        }
+            })
+            .collect();
 
         // -- 1. lock: every lock of the round at once --
         let mut wanted = Vec::new();
@@ -952,13 +938,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 self.co.ctx.sleep(self.co.cfg.reread_pause).await;
             }
         }
-        Ok(answers
-            .into_iter()
-            .map(|a| match a {
-                Ok(v) => v,
-                Err(n) => fetches[n].done.clone().flatten(),
-            })
-            .collect())
+        Ok(plan.values(|n| fetches[n].done.clone().flatten()))
     }
 
     /// Inserts (§4.1): lock the index buckets of for-update keys absent from the index,

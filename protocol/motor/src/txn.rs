@@ -27,8 +27,9 @@ use dmem_store::{
     parse_bucket, slot_offset,
 };
 use dmem_txn::{
-    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundPlan,
+    RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
+    WriteEvent, WriteKind,
 };
 use dmem_verbs::{BatchResult, Clock, Nanos, PostList, RemoteAddr, Verbs, WrId};
 
@@ -348,33 +349,18 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             return Err(TxnError::ReadOnly);
         }
         // -- plan: local answers, distinct fetches --
-        let mut answers: Vec<Result<Option<Vec<u8>>, usize>> = Vec::with_capacity(reqs.len());
-        let mut fetches: Vec<Fetch> = Vec::new();
-        for r in reqs {
-            if let Some(v) = self.local(r) {
-                answers.push(Ok(v));
-                continue;
-            }
-            if let Some(n) = fetches
-                .iter()
-                .position(|f| f.table == r.table && f.key == r.key)
-            {
-                if r.access == Access::ForUpdate {
-                    fetches[n].access = Access::ForUpdate;
-                }
-                answers.push(Err(n));
-                continue;
-            }
-            let loc = self.co.cache.borrow_mut().get(r.table, r.key);
-            fetches.push(Fetch {
+        let plan = RoundPlan::new(reqs, |r| self.local(r));
+        let mut fetches: Vec<Fetch> = plan
+            .fetches
+            .iter()
+            .map(|r| Fetch {
                 table: r.table,
                 key: r.key,
                 access: r.access,
-                loc,
+                loc: self.co.cache.borrow_mut().get(r.table, r.key),
                 done: None,
-            });
-            answers.push(Err(fetches.len() - 1));
-        }
+            })
+            .collect();
 
         // -- locate: one bucket READ per uncached record, every MN at once --
         let mut list = PostList::new();
@@ -564,13 +550,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 self.co.ctx.sleep(self.co.cfg.reread_pause).await;
             }
         }
-        Ok(answers
-            .into_iter()
-            .map(|a| match a {
-                Ok(v) => v,
-                Err(n) => fetches[n].done.clone().flatten(),
-            })
-            .collect())
+        Ok(plan.values(|n| fetches[n].done.clone().flatten()))
     }
 
     /// A for-update access to a key absent from the index: lock the block of the bucket's
