@@ -129,7 +129,8 @@ pub struct Args {
     /// Size preset of the workload (its memory is estimated and checked before loading).
     #[arg(long, value_enum, default_value = "small")]
     scale: ScaleArg,
-    /// YCSB mix (with `--workload ycsb`): read-only, read-intensive (the default), a, b, c, f,
+    /// YCSB mix (with `--workload ycsb`): read-only, read-intensive (the default),
+    /// unknown-read-set (OOCC §VIII-C: two reads, then two keys derived from them), a, b, c, f,
     /// or oG-P for the O(G,P) micro-benchmark (G Gets and P blind Puts per transaction, 16-byte
     /// values, uniform keys; `o4-2` is O(4,2)).
     #[arg(long)]
@@ -390,13 +391,14 @@ fn ycsb_mix(workload: &str, scale: Scale, mix: &str) -> anyhow::Result<AnyWorklo
     let mix = match mix {
         "read-only" => YcsbMix::ReadOnly,
         "read-intensive" => YcsbMix::ReadIntensive,
+        "unknown-read-set" => YcsbMix::UnknownReadSet,
         "a" => YcsbMix::A,
         "b" => YcsbMix::B,
         "c" => YcsbMix::C,
         "f" => YcsbMix::F,
         other => {
             anyhow::bail!(
-                "unknown --mix `{other}`: use read-only, read-intensive, a, b, c, f or oG-P (O(G,P): G Gets and P blind Puts)"
+                "unknown --mix `{other}`: use read-only, read-intensive, unknown-read-set, a, b, c, f or oG-P (O(G,P): G Gets and P blind Puts)"
             )
         }
     };

@@ -65,6 +65,10 @@ pub enum YcsbMix {
     ReadOnly,
     /// OOCC "Read-intensive": 90 % read-only transactions.
     ReadIntensive,
+    /// OOCC §III-C / §VIII-C, transactions with an unknown read (and write) set: 95 %
+    /// read-only; each transaction reads two keys, then two keys derived from the values it
+    /// read (a second round), and an update writes the derived ones.
+    UnknownReadSet,
 }
 
 impl YcsbMix {
@@ -73,7 +77,7 @@ impl YcsbMix {
     pub const fn update_percent(self) -> u32 {
         match self {
             YcsbMix::A | YcsbMix::F => 50,
-            YcsbMix::B => 5,
+            YcsbMix::B | YcsbMix::UnknownReadSet => 5,
             YcsbMix::C | YcsbMix::ReadOnly => 0,
             YcsbMix::ReadIntensive => 10,
         }
@@ -102,6 +106,10 @@ pub struct KvConfig {
     /// keys distinct from its Gets. A Put writes the key's loaded value again (count 0), so
     /// the counts' invariant still holds while every value's fill is checked.
     pub puts_per_txn: u32,
+    /// Unknown read sets (OOCC §III-C): after reading its `ops_per_txn` keys a transaction
+    /// reads as many keys derived from their values (read-only, or for update in an update
+    /// transaction, which then writes those), so its second round depends on its first.
+    pub dependent: bool,
 }
 
 impl KvConfig {
@@ -118,13 +126,16 @@ impl KvConfig {
             update_percent: 50,
             ops_per_txn: 1,
             puts_per_txn: 0,
+            dependent: false,
         }
     }
 
     /// A YCSB mix at a preset: 8-byte values, scrambled Zipf θ = 0.99, one key per
-    /// transaction. Keys as for [`KvConfig::kvs`].
+    /// transaction ([`YcsbMix::UnknownReadSet`]: two, then two derived). Keys as for
+    /// [`KvConfig::kvs`].
     #[must_use]
     pub fn ycsb(scale: Scale, mix: YcsbMix) -> Self {
+        let unknown = mix == YcsbMix::UnknownReadSet;
         Self {
             flavor: KvFlavor::Ycsb,
             records: records_at(scale),
@@ -132,8 +143,9 @@ impl KvConfig {
             distribution: KeyDistribution::Zipf { theta: 0.99 },
             scramble: true,
             update_percent: mix.update_percent(),
-            ops_per_txn: 1,
+            ops_per_txn: if unknown { 2 } else { 1 },
             puts_per_txn: 0,
+            dependent: unknown,
         }
     }
 
@@ -150,6 +162,7 @@ impl KvConfig {
             update_percent: if puts > 0 { 100 } else { 0 },
             ops_per_txn: gets,
             puts_per_txn: puts,
+            dependent: false,
         }
     }
 }
@@ -268,6 +281,64 @@ impl KvWorkload {
 
 impl KvWorkload {
     /// O(G,P): one round of Gets (each value checked), then blind Puts of the loaded value.
+    /// The keys a transaction with an unknown read set reads second: one per first-round
+    /// key, from that key and the count it read (so they change as records are updated),
+    /// distinct from each other and from the first round's.
+    fn derived_keys(&self, keys: &[u64], counts: &[u64]) -> Vec<u64> {
+        let mut out: Vec<u64> = Vec::with_capacity(keys.len());
+        for (&k, &count) in keys.iter().zip(counts) {
+            let mut salt = 0u64;
+            loop {
+                let d = mix64(k ^ count.rotate_left(17) ^ salt.wrapping_mul(0x9e37_79b9))
+                    % self.config.records;
+                if !keys.contains(&d) && !out.contains(&d) {
+                    out.push(d);
+                    break;
+                }
+                salt += 1;
+            }
+        }
+        out
+    }
+
+    /// The second round of a transaction with an unknown read set (OOCC §III-C): read the
+    /// keys derived from the first round's values, for update in an update transaction,
+    /// which then writes them.
+    async fn run_dependent<T: Transaction>(
+        &self,
+        keys: &[u64],
+        counts: &[u64],
+        update: bool,
+        tx: &mut T,
+    ) -> Result<Outcome, TxnError> {
+        let derived = self.derived_keys(keys, counts);
+        let reqs: Vec<ReadReq> = derived
+            .iter()
+            .map(|&k| if update { upd(TABLE, k) } else { rd(TABLE, k) })
+            .collect();
+        let mut values = round(tx, &reqs).await?;
+        let mut next = Vec::with_capacity(derived.len());
+        for _ in &derived {
+            let (k, value) = values.raw();
+            let value = value.ok_or(TxnError::KeyState(k))?;
+            if value.len() != self.config.value_size {
+                return Err(TxnError::ValueSize {
+                    expected: self.config.value_size,
+                    got: value.len(),
+                });
+            }
+            next.push(u64::from_le_bytes(value[..8].try_into().expect("8 bytes")));
+        }
+        if update {
+            for (&k, count) in derived.iter().zip(next) {
+                tx.write(TABLE, Key(k), &self.value(k, count + 1)).await?;
+            }
+        }
+        Ok(Outcome::Commit {
+            delta: if update { derived.len() as i64 } else { 0 },
+        })
+    }
+
     async fn run_micro<T: Transaction>(
         &self,
         gets: &[u64],
@@ -404,9 +475,17 @@ impl Workload for KvWorkload {
             KvTxn::Micro { gets, puts } => return self.run_micro(gets, puts, tx).await,
         };
         // One round: every key, read-only or for update; then the writes.
+        // With unknown read sets the first round only reads: what is written follows from it.
+        let first_update = update && !self.config.dependent;
         let reqs: Vec<ReadReq> = keys
             .iter()
-            .map(|&k| if update { upd(TABLE, k) } else { rd(TABLE, k) })
+            .map(|&k| {
+                if first_update {
+                    upd(TABLE, k)
+                } else {
+                    rd(TABLE, k)
+                }
+            })
             .collect();
         let mut values = round(tx, &reqs).await?;
         let mut counts = Vec::with_capacity(keys.len());
@@ -420,6 +499,9 @@ impl Workload for KvWorkload {
                 });
             }
             counts.push(u64::from_le_bytes(value[..8].try_into().expect("8 bytes")));
+        }
+        if self.config.dependent {
+            return self.run_dependent(keys, &counts, update, tx).await;
         }
         if update {
             for (&k, count) in keys.iter().zip(counts) {

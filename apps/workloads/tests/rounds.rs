@@ -160,6 +160,30 @@ fn kvs_and_ycsb_read_every_key_in_one_round() {
     }
 }
 
+/// OOCC §III-C's unknown read sets: two keys read, then two keys derived from their values
+/// (for update in an update transaction) in a second round.
+#[test]
+fn unknown_read_sets_take_a_second_round_that_depends_on_the_first() {
+    let table = kv::TABLE;
+    let w = KvWorkload::new(KvConfig::ycsb(Scale::Tiny, YcsbMix::UnknownReadSet));
+    let runs = run_counted(&w, 3, 3000);
+    let mut updates = 0;
+    for (txn, outcome, s) in &runs {
+        let expected: Shape = match txn {
+            KvTxn::Read { .. } => vec![vec![(table, R, 2)], vec![(table, R, 2)]],
+            KvTxn::Update { .. } => vec![vec![(table, R, 2)], vec![(table, U, 2)]],
+            KvTxn::Micro { .. } => unreachable!("no micro workload here"),
+        };
+        assert_eq!(s, &expected, "{txn:?}");
+        if let Outcome::Commit { delta } = outcome {
+            updates += delta;
+        }
+    }
+    assert!(updates > 0, "some update transactions ran");
+    let names: Vec<&str> = w.txn_types().iter().map(|t| t.name).collect();
+    assert_round_counts(&w, &runs, &[(names[0], &[2]), (names[1], &[2])]);
+}
+
 #[test]
 fn smallbank_issues_one_round_per_transaction() {
     let w = SmallBank::new(SmallBankConfig::preset(Scale::Tiny));
