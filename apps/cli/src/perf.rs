@@ -537,28 +537,55 @@ fn run_real_time<V: Verbs + Send + 'static>(
         "no work request completed in the measured window ({} ms of real time): the client threads did not get to run in it (a busy machine?); raise --duration-ms",
         args.duration_ms
     );
-    Ok(Row {
+    Ok(Row::real_time(
+        args,
         fabric,
-        profile: "-".into(),
-        op: kind.name(),
-        size: if kind.is_atomic() { 8 } else { args.size },
+        "-".into(),
+        kind,
         batch,
-        cns: args.cns,
-        threads: args.threads,
-        clients: args.clients,
-        mns: args.mns,
-        seed: args.seed,
-        duration_ms: args.duration_ms,
-        mops: round(ops as f64 / duration as f64 * 1e3, 3),
-        p50_ns: latency.value_at_quantile(0.5),
-        p99_ns: latency.value_at_quantile(0.99),
-        p50_us: round(latency.value_at_quantile(0.5) as f64 / 1e3, 2),
-        p99_us: round(latency.value_at_quantile(0.99) as f64 / 1e3, 2),
-        mn_nic_busy: None,
-        doorbells_per_wr: None,
-        sim_verbs_per_real_s: None,
-        sim_real_s: None,
-    })
+        ops,
+        duration,
+        &latency,
+    ))
+}
+
+impl Row {
+    /// A row measured in real time (shm, tcp, rdma): `ops` work requests completed in the
+    /// `duration_ns` window, their latencies in `latency`; no simulator figures.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn real_time(
+        args: &Args,
+        fabric: &'static str,
+        profile: String,
+        kind: OpKind,
+        batch: u64,
+        ops: u64,
+        duration_ns: u64,
+        latency: &Histogram<u64>,
+    ) -> Self {
+        Row {
+            fabric,
+            profile,
+            op: kind.name(),
+            size: if kind.is_atomic() { 8 } else { args.size },
+            batch,
+            cns: args.cns,
+            threads: args.threads,
+            clients: args.clients,
+            mns: args.mns,
+            seed: args.seed,
+            duration_ms: args.duration_ms,
+            mops: round(ops as f64 / duration_ns as f64 * 1e3, 3),
+            p50_ns: latency.value_at_quantile(0.5),
+            p99_ns: latency.value_at_quantile(0.99),
+            p50_us: round(latency.value_at_quantile(0.5) as f64 / 1e3, 2),
+            p99_us: round(latency.value_at_quantile(0.99) as f64 / 1e3, 2),
+            mn_nic_busy: None,
+            doorbells_per_wr: None,
+            sim_verbs_per_real_s: None,
+            sim_real_s: None,
+        }
+    }
 }
 
 type ThreadResult = (u64, Histogram<u64>);

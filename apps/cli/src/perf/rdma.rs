@@ -17,7 +17,6 @@ use dmem_verbs::{
 };
 
 use super::{Args, PerfOp, Row, Tally, client, merge};
-use dmem_cli::common::round;
 
 /// Several clients of one thread share its context (its queue pairs and completion queue).
 struct Shared(Rc<RdmaContext>);
@@ -116,26 +115,14 @@ pub(super) fn run_rdma(args: &Args, op: PerfOp, batch: u64) -> anyhow::Result<Ro
         "no work request completed in the measured window; raise --duration-ms"
     );
     let kind = op.kind();
-    Ok(Row {
-        fabric: "rdma",
-        profile: device.name().to_owned(),
-        op: kind.name(),
-        size: if kind.is_atomic() { 8 } else { args.size },
+    Ok(Row::real_time(
+        args,
+        "rdma",
+        device.name().to_owned(),
+        kind,
         batch,
-        cns: args.cns,
-        threads: args.threads,
-        clients: args.clients,
-        mns: args.mns,
-        seed: args.seed,
-        duration_ms: args.duration_ms,
-        mops: round(ops as f64 / duration as f64 * 1e3, 3),
-        p50_ns: latency.value_at_quantile(0.5),
-        p99_ns: latency.value_at_quantile(0.99),
-        p50_us: round(latency.value_at_quantile(0.5) as f64 / 1e3, 2),
-        p99_us: round(latency.value_at_quantile(0.99) as f64 / 1e3, 2),
-        mn_nic_busy: None,
-        doorbells_per_wr: None,
-        sim_verbs_per_real_s: None,
-        sim_real_s: None,
-    })
+        ops,
+        duration,
+        &latency,
+    ))
 }
