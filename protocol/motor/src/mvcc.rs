@@ -887,7 +887,7 @@ mod tests {
         let shape = BlockShape::new(cells, value_len).with_layout(layout);
         let block = 4096u64;
         let mut mem = vec![0u8; block as usize + shape.block_len()];
-        let mut write = |mem: &mut Vec<u8>, off: u64, b: &[u8]| {
+        let write = |mem: &mut Vec<u8>, off: u64, b: &[u8]| {
             let off = off as usize;
             mem[off..off + b.len()].copy_from_slice(b);
         };
