@@ -21,11 +21,38 @@
 //! when a writer sees them. Each image carries its cell's CV, so a reader detects an image
 //! overwritten between its two READs.
 //!
+//! # Two version layouts ([`VersionLayout`])
+//!
+//! * [`VersionLayout::FullRecords`] (above, LOTUS §4.4 "RDMA-Friendly Memory Store"): every
+//!   version is a full image; any version is one READ. LOTUS uses it.
+//! * [`VersionLayout::Deltas`] (Motor's own layout, its code's `txn/process/commit.cc` and
+//!   `read_value.cc`): one *full value* holding the newest version, plus per cell a *delta*
+//!   holding the attributes the version it replaced had (LOTUS §4.4: "one full record along
+//!   with delta values"). A commit WRITEs the full value, the delta, the cell — three WRITEs
+//!   per replica where full records need two — and reading an older version READs the full
+//!   value and the deltas of every newer cell in one doorbell, then patches backwards.
+//!
+//! ```text
+//! block (deltas)
+//! +0   lock, floor, CVT header, cells     as above; cell i points at delta i
+//! +M   full value      cacheline-versioned: writer u64, flags u64, commit u64, value
+//! ...  delta[0..N]     cacheline-versioned: commit u64, previous writer u64, flags u64,
+//!                      attribute bitmap u64, the previous version's changed attributes
+//! ```
+//!
+//! Attributes are the value's 8-byte words (wider for values over 512 bytes, so that a
+//! 64-bit bitmap covers them): dmem's workloads hand the store opaque values, where Motor
+//! declares per-table columns. Each delta slot is as large as a value and is written
+//! whole (its unchanged attributes zero), so a delta WRITE carries up to a value's bytes
+//! where Motor's carries only the changed attributes: the same WRITEs, more bytes for wide
+//! values (the store's workloads are IOPS-bound on the MN NIC, not bandwidth-bound).
+//!
 //! Deviations from Motor's header (table id, lock, key, remote offsets, value size,
 //! inserted flag) and cell (anchors, valid, version, attribute offset/bitmap): the image
-//! offsets are implied by the cell index, "inserted" is a committed cell, and values are
-//! written whole (no attribute deltas); each image stores its installer's transaction id
-//! so that histories name who wrote what a reader saw.
+//! and delta offsets are implied by the cell index, "inserted" is a committed cell, the
+//! attribute bitmap sits in the delta instead of the cell, and Motor's per-thread delta
+//! region is a per-record delta slot per cell; each image stores its installer's
+//! transaction id so that histories name who wrote what a reader saw.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -50,8 +77,25 @@ pub const CVT_OFFSET: usize = 16;
 pub const CELL_LEN: usize = 32;
 /// Bytes an image's payload carries before the value: installer id, flags.
 pub const PAYLOAD_PREFIX: usize = 16;
-/// Flag bit of a tombstone (a committed delete).
+/// Bytes a full value's payload carries before the value in the delta layout: installer
+/// id, flags, commit version.
+pub const VALUE_PREFIX: usize = 24;
+/// Bytes a delta's payload carries before the attributes: commit version, previous
+/// installer, flags, attribute bitmap.
+pub const DELTA_PREFIX: usize = 32;
+/// Flag bit of a tombstone (a committed delete); in a delta: the previous version was
+/// absent or a tombstone.
 const DELETED: u64 = 1;
+
+/// How a record's versions sit in its block (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum VersionLayout {
+    /// A full image per version (LOTUS §4.4).
+    #[default]
+    FullRecords,
+    /// One full value (the newest version) plus an attribute delta per version (Motor).
+    Deltas,
+}
 
 /// Versions per record Motor uses for a workload (LOTUS §8 runs Motor with these; TPC-C,
 /// micro-benchmarks and anything else: 4).
@@ -71,16 +115,37 @@ pub struct BlockShape {
     pub cells: usize,
     /// Bytes of a value.
     pub value_len: usize,
+    /// Full records or deltas.
+    pub layout: VersionLayout,
 }
 
 impl BlockShape {
-    /// A shape of `cells` cells (at least 1) for `value_len`-byte values.
+    /// A full-records shape of `cells` cells (at least 1) for `value_len`-byte values.
     #[must_use]
     pub fn new(cells: usize, value_len: usize) -> Self {
         Self {
             cells: cells.max(1),
             value_len,
+            layout: VersionLayout::FullRecords,
         }
+    }
+
+    /// The same shape with `layout`.
+    #[must_use]
+    pub fn with_layout(mut self, layout: VersionLayout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    fn deltas(&self) -> bool {
+        self.layout == VersionLayout::Deltas
+    }
+
+    /// Bytes of one attribute in the delta layout: 8, or wider for values over 512 bytes
+    /// so that 64 attributes cover the value.
+    #[must_use]
+    pub fn attr_width(&self) -> usize {
+        self.value_len.div_ceil(64).next_multiple_of(8).max(8)
     }
 
     /// Bytes of the meta (lock, floor, CVT): what one READ fetches.
@@ -89,10 +154,30 @@ impl BlockShape {
         CVT_OFFSET + 16 + CELL_LEN * self.cells
     }
 
-    /// Bytes of one image.
+    /// Bytes of what a cell points at: a version's image (full records) or a delta.
     #[must_use]
     pub fn image_len(&self) -> usize {
-        cacheline::image_len(PAYLOAD_PREFIX + self.value_len)
+        if self.deltas() {
+            cacheline::image_len(DELTA_PREFIX + self.value_len)
+        } else {
+            cacheline::image_len(PAYLOAD_PREFIX + self.value_len)
+        }
+    }
+
+    /// Bytes of the full value (delta layout; for full records, an image).
+    #[must_use]
+    pub fn value_image_len(&self) -> usize {
+        if self.deltas() {
+            cacheline::image_len(VALUE_PREFIX + self.value_len)
+        } else {
+            self.image_len()
+        }
+    }
+
+    /// Offset of the full value in the block (delta layout).
+    #[must_use]
+    pub fn value_offset(&self) -> usize {
+        self.meta_span()
     }
 
     fn meta_span(&self) -> usize {
@@ -103,10 +188,18 @@ impl BlockShape {
         self.image_len().next_multiple_of(64)
     }
 
+    fn value_stride(&self) -> usize {
+        if self.deltas() {
+            self.value_image_len().next_multiple_of(64)
+        } else {
+            0
+        }
+    }
+
     /// Bytes of a block (a multiple of 64).
     #[must_use]
     pub fn block_len(&self) -> usize {
-        self.meta_span() + self.cells * self.image_stride()
+        self.meta_span() + self.value_stride() + self.cells * self.image_stride()
     }
 
     /// Offset of cell `i` in the block.
@@ -115,10 +208,11 @@ impl BlockShape {
         CVT_OFFSET + 16 + CELL_LEN * i
     }
 
-    /// Offset of image `i` in the block.
+    /// Offset in the block of what cell `i` points at: image `i` (full records) or delta
+    /// `i`.
     #[must_use]
     pub fn image_offset(&self, i: usize) -> usize {
-        self.meta_span() + i * self.image_stride()
+        self.meta_span() + self.value_stride() + i * self.image_stride()
     }
 }
 
@@ -136,6 +230,15 @@ impl Shapes {
                 .map(|t| (t.id, BlockShape::new(cells, t.value_len)))
                 .collect(),
         )
+    }
+
+    /// The same shapes with `layout`.
+    #[must_use]
+    pub fn with_layout(mut self, layout: VersionLayout) -> Self {
+        for s in self.0.values_mut() {
+            s.layout = layout;
+        }
+        self
     }
 
     /// The shape of `table`.
@@ -369,6 +472,202 @@ pub fn decode_image(shape: BlockShape, cell: &CvtCell, image: &[u8]) -> Option<P
     })
 }
 
+/// The full value of the delta layout: `value` (`None`: a tombstone) of version `commit`
+/// written by `writer`, every line stamped `cv` (the CV of the newest cell).
+#[must_use]
+pub fn encode_value(
+    shape: BlockShape,
+    writer: u64,
+    commit: u64,
+    value: Option<&[u8]>,
+    cv: LineVersion,
+) -> Vec<u8> {
+    let mut payload = vec![0u8; VALUE_PREFIX + shape.value_len];
+    payload[..8].copy_from_slice(&writer.to_le_bytes());
+    let flags = if value.is_none() { DELETED } else { 0 };
+    payload[8..16].copy_from_slice(&flags.to_le_bytes());
+    payload[16..24].copy_from_slice(&commit.to_le_bytes());
+    if let Some(v) = value {
+        let n = v.len().min(shape.value_len);
+        payload[VALUE_PREFIX..VALUE_PREFIX + n].copy_from_slice(&v[..n]);
+    }
+    let mut image = vec![0u8; shape.value_image_len()];
+    // The buffer is exactly image_len(payload), so stamping cannot fail.
+    let _ = cacheline::stamp(&payload, cv, &mut image);
+    image
+}
+
+/// The delta installed with version `commit` (stamped with its cell's CV `cv`): what
+/// turns `new` (the value `commit` installs) back into `prev`, the version it replaced,
+/// written by `prev_writer` (`None`: absent or a tombstone). Attributes that differ are
+/// kept (a tombstone counts as zeros).
+#[must_use]
+pub fn encode_delta(
+    shape: BlockShape,
+    commit: u64,
+    prev_writer: u64,
+    prev: Option<&[u8]>,
+    new: Option<&[u8]>,
+    cv: LineVersion,
+) -> Vec<u8> {
+    let mut payload = vec![0u8; DELTA_PREFIX + shape.value_len];
+    payload[..8].copy_from_slice(&commit.to_le_bytes());
+    payload[8..16].copy_from_slice(&prev_writer.to_le_bytes());
+    let mut bitmap = 0u64;
+    match prev {
+        None => payload[16..24].copy_from_slice(&DELETED.to_le_bytes()),
+        Some(prev) => {
+            let w = shape.attr_width();
+            let mut at = DELTA_PREFIX;
+            for (a, old) in prev.chunks(w).enumerate().take(64) {
+                let from = a * w;
+                let cur = new.and_then(|n| n.get(from..from + old.len()));
+                let changed = match cur {
+                    Some(cur) => cur != old,
+                    None => old.iter().any(|&b| b != 0),
+                };
+                if changed && at + old.len() <= payload.len() {
+                    bitmap |= 1 << a;
+                    payload[at..at + old.len()].copy_from_slice(old);
+                    at += old.len();
+                }
+            }
+        }
+    }
+    payload[24..32].copy_from_slice(&bitmap.to_le_bytes());
+    let mut image = vec![0u8; shape.image_len()];
+    // The buffer is exactly image_len(payload), so stamping cannot fail.
+    let _ = cacheline::stamp(&payload, cv, &mut image);
+    image
+}
+
+/// Committed cells of `meta` newer than cell `i`, newest first: the deltas that lead from
+/// the full value back to version `i` (delta layout).
+#[must_use]
+pub fn newer_cells(meta: &Meta, i: usize) -> Vec<usize> {
+    let Some(v) = meta.cells.get(i).map(CvtCell::commit_version) else {
+        return Vec::new();
+    };
+    let mut newer: Vec<usize> = (0..meta.cells.len())
+        .filter(|&k| meta.cells[k].is_committed() && meta.cells[k].commit_version() > v)
+        .collect();
+    newer.sort_by_key(|&k| std::cmp::Reverse(meta.cells[k].commit_version()));
+    newer
+}
+
+/// The READs (absolute offsets on the record's MN, lengths) that fetch the version of cell
+/// `i` of `meta` in the block at `block`, in the order [`decode_version`] takes them: the
+/// image (full records), or the full value and the delta of every newer cell (deltas; all
+/// in one doorbell, as Motor's `ReadValueRO` does).
+#[must_use]
+pub fn version_reads(shape: BlockShape, meta: &Meta, block: u64, i: usize) -> Vec<(u64, usize)> {
+    match shape.layout {
+        VersionLayout::FullRecords => meta
+            .cells
+            .get(i)
+            .map(|c| vec![(c.address(), shape.image_len())])
+            .unwrap_or_default(),
+        VersionLayout::Deltas => {
+            let mut reads = vec![(block + shape.value_offset() as u64, shape.value_image_len())];
+            reads.extend(
+                newer_cells(meta, i)
+                    .into_iter()
+                    .map(|k| (meta.cells[k].address(), shape.image_len())),
+            );
+            reads
+        }
+    }
+}
+
+/// Decodes the READs of [`version_reads`] into the version of cell `i`: `None` if any part
+/// is torn or belongs to another version than its cell (a writer overwrote it between the
+/// reader's READ of the CVT and this one).
+#[must_use]
+pub fn decode_version(
+    shape: BlockShape,
+    meta: &Meta,
+    i: usize,
+    parts: &[&[u8]],
+) -> Option<Payload> {
+    if shape.layout == VersionLayout::FullRecords {
+        return decode_image(shape, meta.cells.get(i)?, parts.first()?);
+    }
+    let newer = newer_cells(meta, i);
+    let newest = meta.cells.get(*newer.first().unwrap_or(&i))?;
+    if parts.len() != newer.len() + 1 || !newest.matches_record(parts[0]) {
+        return None;
+    }
+    let mut payload = vec![0u8; VALUE_PREFIX + shape.value_len];
+    cacheline::extract(parts[0], &mut payload).ok()?;
+    let word = |p: &[u8], o: usize| u64::from_le_bytes(p[o..o + 8].try_into().unwrap_or([0; 8]));
+    if word(&payload, 16) != newest.commit_version() {
+        return None;
+    }
+    let mut writer = word(&payload, 0);
+    let mut value = (word(&payload, 8) & DELETED == 0).then(|| payload[VALUE_PREFIX..].to_vec());
+    let w = shape.attr_width();
+    for (k, part) in newer.iter().zip(&parts[1..]) {
+        let cell = &meta.cells[*k];
+        if !cell.matches_record(part) {
+            return None;
+        }
+        let mut d = vec![0u8; DELTA_PREFIX + shape.value_len];
+        cacheline::extract(part, &mut d).ok()?;
+        if word(&d, 0) != cell.commit_version() {
+            return None;
+        }
+        writer = word(&d, 8);
+        if word(&d, 16) & DELETED != 0 {
+            value = None;
+            continue;
+        }
+        let bitmap = word(&d, 24);
+        let mut v = value.unwrap_or_else(|| vec![0u8; shape.value_len]);
+        let mut at = DELTA_PREFIX;
+        for a in (0..64).filter(|a| bitmap & (1 << a) != 0) {
+            let from = a * w;
+            let len = w.min(shape.value_len.checked_sub(from)?);
+            v[from..from + len].copy_from_slice(d.get(at..at + len)?);
+            at += len;
+        }
+        value = Some(v);
+    }
+    Some(Payload { writer, value })
+}
+
+/// What a commit WRITEs into a record's block (offsets in the block, bytes; the same on
+/// every replica) besides its CVT: the new version's image (full records), or the full
+/// value and the delta back to the version it replaces (deltas).
+#[allow(clippy::too_many_arguments)]
+#[must_use]
+pub fn install_images(
+    shape: BlockShape,
+    cell: usize,
+    cv: LineVersion,
+    commit: u64,
+    writer: u64,
+    value: Option<&[u8]>,
+    prev_writer: u64,
+    prev: Option<&[u8]>,
+) -> Vec<(u64, Vec<u8>)> {
+    match shape.layout {
+        VersionLayout::FullRecords => vec![(
+            shape.image_offset(cell) as u64,
+            encode_image(shape, writer, value, cv),
+        )],
+        VersionLayout::Deltas => vec![
+            (
+                shape.value_offset() as u64,
+                encode_value(shape, writer, commit, value, cv),
+            ),
+            (
+                shape.image_offset(cell) as u64,
+                encode_delta(shape, commit, prev_writer, prev, value, cv),
+            ),
+        ],
+    }
+}
+
 /// Writes initial records (version 0, no installer) into every replica out of band, and
 /// their index slots.
 #[derive(Debug)]
@@ -432,7 +731,17 @@ impl MvccLoader {
         let mut cells = vec![CvtCell::FREE; shape.cells];
         cells[0] = CvtCell::new(0, loc.offset + shape.image_offset(0) as u64, 0);
         let meta = encode_meta_tail(key.0, table, shape, 0, &cells);
-        let image = encode_image(shape, 0, Some(value), 0);
+        // Version 0 replaces nothing: no delta is ever read for it.
+        let (image_at, image) = match shape.layout {
+            VersionLayout::FullRecords => (
+                shape.image_offset(0),
+                encode_image(shape, 0, Some(value), 0),
+            ),
+            VersionLayout::Deltas => (
+                shape.value_offset(),
+                encode_value(shape, 0, 0, Some(value), 0),
+            ),
+        };
         let packed =
             dmem_layout::record::RemoteAddr::new(bucket.partition, loc.offset).map_err(|_| {
                 StoreError::TooLarge {
@@ -445,7 +754,7 @@ impl MvccLoader {
         for mn in self.store.replicas(bucket.partition) {
             let node = self.store.mn_node(mn);
             write(node, loc.offset + FLOOR_OFFSET, &meta);
-            write(node, loc.offset + shape.image_offset(0) as u64, &image);
+            write(node, loc.offset + image_at as u64, &image);
             write(node, bucket.offset + slot_offset(slot), &slot_bytes);
         }
         Ok(loc)
@@ -569,5 +878,167 @@ mod tests {
             let p = decode_image(shape, &cell, &m[a..a + shape.image_len()]).unwrap();
             assert_eq!(p.value, Some(vec![7; 40]));
         }
+    }
+
+    /// Replays `values` (one per commit; `None` a delete) into one block in memory the way
+    /// a Motor commit does, and after every commit decodes every version the CVT still
+    /// holds: each must be the value that version installed, and its installer.
+    fn replay(layout: VersionLayout, cells: usize, value_len: usize, values: &[Option<Vec<u8>>]) {
+        let shape = BlockShape::new(cells, value_len).with_layout(layout);
+        let block = 4096u64;
+        let mut mem = vec![0u8; block as usize + shape.block_len()];
+        let write = |mem: &mut Vec<u8>, off: u64, b: &[u8]| {
+            let off = off as usize;
+            mem[off..off + b.len()].copy_from_slice(b);
+        };
+        // Version 0 as the loader writes it.
+        let first = vec![0xA5; value_len];
+        let mut cells0 = vec![CvtCell::FREE; cells];
+        cells0[0] = CvtCell::new(0, block + shape.image_offset(0) as u64, 0);
+        write(
+            &mut mem,
+            block + FLOOR_OFFSET,
+            &encode_meta_tail(7, TableId(1), shape, 0, &cells0),
+        );
+        let (at, img) = match layout {
+            VersionLayout::FullRecords => (
+                shape.image_offset(0),
+                encode_image(shape, 0, Some(&first), 0),
+            ),
+            VersionLayout::Deltas => (
+                shape.value_offset(),
+                encode_value(shape, 0, 0, Some(&first), 0),
+            ),
+        };
+        write(&mut mem, block + at as u64, &img);
+        let mut installed: Vec<(u64, u64, Option<Vec<u8>>)> = vec![(0, 0, Some(first))];
+        for (n, v) in values.iter().enumerate() {
+            let c = 10 * (n as u64 + 1);
+            let writer = 100 + n as u64;
+            let b = block as usize;
+            let meta = Meta::parse(&mem[b..b + shape.meta_len()], shape).unwrap();
+            let plan = crate::logic::plan_commit(&meta, shape, block, c, 0);
+            let (_, pw, prev) = installed.last().cloned().unwrap();
+            let cv = plan.cells[plan.cell].head_cv();
+            for (o, bytes) in install_images(
+                shape,
+                plan.cell,
+                cv,
+                c,
+                writer,
+                v.as_deref(),
+                pw,
+                prev.as_deref(),
+            ) {
+                write(&mut mem, block + o, &bytes);
+            }
+            write(
+                &mut mem,
+                block + FLOOR_OFFSET,
+                &encode_meta_tail(7, TableId(1), shape, plan.floor, &plan.cells),
+            );
+            installed.push((c, writer, v.clone()));
+            let meta = Meta::parse(&mem[b..b + shape.meta_len()], shape).unwrap();
+            for (i, cell) in meta
+                .cells
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.is_committed())
+            {
+                let parts: Vec<&[u8]> = version_reads(shape, &meta, block, i)
+                    .into_iter()
+                    .map(|(at, len)| &mem[at as usize..at as usize + len])
+                    .collect();
+                if layout == VersionLayout::Deltas {
+                    assert_eq!(parts.len(), 1 + newer_cells(&meta, i).len());
+                }
+                let got = decode_version(shape, &meta, i, &parts).unwrap();
+                let want = installed
+                    .iter()
+                    .find(|x| x.0 == cell.commit_version())
+                    .unwrap();
+                assert_eq!(
+                    (got.writer, got.value),
+                    (want.1, want.2.clone()),
+                    "version {}",
+                    want.0
+                );
+            }
+        }
+    }
+
+    fn word_values(seed: u64, len: usize, n: usize) -> Vec<Option<Vec<u8>>> {
+        let mut x = seed | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut cur = vec![0u8; len];
+        (0..n)
+            .map(|_| {
+                let r = next();
+                if r % 7 == 0 {
+                    return None;
+                }
+                // Change a few words (or bytes inside one), as updates do.
+                for _ in 0..=(r % 3) {
+                    let at = (next() as usize) % len;
+                    cur[at] = cur[at].wrapping_add((next() % 255) as u8 + 1);
+                }
+                Some(cur.clone())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_kept_version_decodes_in_both_layouts() {
+        for layout in [VersionLayout::FullRecords, VersionLayout::Deltas] {
+            for (cells, len) in [(2, 8), (3, 8), (3, 40), (4, 100), (4, 672), (3, 1000)] {
+                for seed in 1..20 {
+                    replay(layout, cells, len, &word_values(seed, len, 12));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_delta_keeps_only_changed_attributes_and_detects_overwrites() {
+        let shape = BlockShape::new(3, 40).with_layout(VersionLayout::Deltas);
+        assert_eq!(shape.attr_width(), 8);
+        assert_eq!(BlockShape::new(3, 672).attr_width(), 16);
+        let prev = [1u8; 40];
+        let mut new = prev;
+        new[17] = 9; // word 2
+        let d = encode_delta(shape, 5, 3, Some(&prev), Some(&new), 1);
+        let mut payload = vec![0u8; DELTA_PREFIX + 40];
+        cacheline::extract(&d, &mut payload).unwrap();
+        assert_eq!(
+            u64::from_le_bytes(payload[24..32].try_into().unwrap()),
+            1 << 2
+        );
+        assert_eq!(&payload[DELTA_PREFIX..DELTA_PREFIX + 8], &[1u8; 8]);
+        // A full value stamped for another cell, or of another commit, is refused.
+        let cells = vec![
+            CvtCell::new(1, 0, 5),
+            CvtCell::new(2, 1000 + shape.image_offset(1) as u64, 9),
+            CvtCell::FREE,
+        ];
+        let meta = Meta {
+            lock: 0,
+            floor: 0,
+            key: 1,
+            cells,
+        };
+        let full = encode_value(shape, 4, 9, Some(&new), 2);
+        let delta = encode_delta(shape, 9, 3, Some(&prev), Some(&new), 2);
+        let ok = decode_version(shape, &meta, 0, &[&full, &delta]).unwrap();
+        assert_eq!((ok.writer, ok.value), (3, Some(prev.to_vec())));
+        let stale = encode_value(shape, 4, 8, Some(&new), 2);
+        assert_eq!(decode_version(shape, &meta, 0, &[&stale, &delta]), None);
+        let torn = encode_value(shape, 4, 9, Some(&new), 3);
+        assert_eq!(decode_version(shape, &meta, 0, &[&torn, &delta]), None);
+        assert_eq!(decode_version(shape, &meta, 0, &[&full]), None);
     }
 }

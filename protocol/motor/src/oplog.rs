@@ -39,8 +39,9 @@ pub struct Install {
     pub record: LockedRecord,
     /// The commit timestamp the new cell carries.
     pub version: u64,
-    /// Offset in the block and bytes of the new image.
-    pub image: (u64, Vec<u8>),
+    /// Offsets in the block and bytes of the new image (full records), or of the full value
+    /// and the delta (Motor's layout): [`crate::mvcc::install_images`].
+    pub images: Vec<(u64, Vec<u8>)>,
     /// Offset in the block and bytes of the new cell.
     pub cell: (u64, Vec<u8>),
     /// Offset and bytes of the floor and whole CVT, when the commit evicted or collected
@@ -161,7 +162,7 @@ mod tests {
         let install = Install {
             record: rec(64),
             version: 99,
-            image: (256, vec![1; 8]),
+            images: vec![(256, vec![1; 8])],
             cell: (48, vec![2; 32]),
             whole: None,
         };

@@ -158,7 +158,9 @@ async fn finish_install<C: Verbs>(
     if held {
         for mn in store.live_replicas(r.partition) {
             let at = |o: u64| store.addr(mn, r.block + o);
-            list.write(at(install.image.0), &install.image.1);
+            for (o, bytes) in &install.images {
+                list.write(at(*o), bytes);
+            }
             match &install.whole {
                 Some((o, bytes)) => list.write(at(*o), bytes),
                 None => list.write(at(install.cell.0), &install.cell.1),
@@ -197,7 +199,9 @@ async fn finish_install<C: Verbs>(
         });
         if newest < install.version {
             let at = |o: u64| store.addr(mn, r.block + o);
-            list.write(at(install.image.0), &install.image.1);
+            for (o, bytes) in &install.images {
+                list.write(at(*o), bytes);
+            }
             list.write(at(install.cell.0), &install.cell.1);
         }
     }

@@ -66,6 +66,10 @@ pub struct MotorConfig {
     pub max_rereads: u32,
     /// Pause between two such reads, ns.
     pub reread_pause: Nanos,
+    /// The version layout a deployment lays Motor's store out with: Motor's own
+    /// ([`VersionLayout::Deltas`], the default) or LOTUS's full records (the "+Full Record
+    /// Store" step of LOTUS §8.3). Coordinators follow the block shapes they are given.
+    pub layout: mvcc::VersionLayout,
 }
 
 impl MotorConfig {
@@ -81,6 +85,7 @@ impl MotorConfig {
             gc_threshold: 500_000_000,
             max_rereads: 32,
             reread_pause: 500,
+            layout: mvcc::VersionLayout::Deltas,
         }
     }
 
@@ -223,6 +228,8 @@ struct WriteEntry {
     meta: Meta,
     held: bool,
     current: Option<Vec<u8>>,
+    /// The installer of `current` (0: loaded, or absent).
+    current_writer: u64,
     op: Option<Op>,
 }
 
@@ -456,6 +463,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                             meta: Meta::empty(shape.cells),
                             held: true,
                             current: None,
+                            current_writer: 0,
                             op: None,
                         });
                     }
@@ -471,12 +479,13 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                         meta: meta.clone(),
                         held: cas.is_some(),
                         current: None,
+                        current_writer: 0,
                         op: None,
                     });
                 }
                 match logic::after_meta(&meta, self.start, for_update, self.co.cfg.skip_newer_abort)
                 {
-                    MetaOutcome::Image(i) => images.push((n, loc, shape, meta.cells[i])),
+                    MetaOutcome::Image(i) => images.push((n, loc, shape, meta, i)),
                     MetaOutcome::Absent => {
                         if !for_update {
                             self.reads.push(ReadEntry {
@@ -501,27 +510,30 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             if !images.is_empty() {
                 let mut list = PostList::new();
                 let mut ids = Vec::new();
-                for &(n, loc, shape, cell) in &images {
+                for (n, loc, shape, meta, i) in images {
                     let p = self
                         .store()
                         .primary(loc.bucket.partition)
                         .map_err(store_err)?;
-                    let wr = list.read(
-                        self.store().addr(p, cell.address()),
-                        shape.image_len() as u32,
-                    );
-                    ids.push((n, shape, cell, wr));
+                    let wrs: Vec<WrId> = mvcc::version_reads(shape, &meta, loc.offset, i)
+                        .into_iter()
+                        .map(|(at, len)| list.read(self.store().addr(p, at), len as u32))
+                        .collect();
+                    ids.push((n, shape, meta, i, wrs));
                 }
                 let res = self.co.ctx.post(list).await?;
-                for (n, shape, cell, wr) in ids {
+                for (n, shape, meta, i, wrs) in ids {
                     let (table, key) = (fetches[n].table, fetches[n].key);
                     let for_update = fetches[n].access == Access::ForUpdate;
-                    match mvcc::decode_image(shape, &cell, res.bytes(wr)) {
+                    let parts: Vec<&[u8]> = wrs.iter().map(|&wr| res.bytes(wr)).collect();
+                    let cell = meta.cells[i];
+                    match mvcc::decode_version(shape, &meta, i, &parts) {
                         Some(p) => {
                             self.note(table, key, cell.commit_version(), p.writer);
                             if for_update {
                                 if let Some(i) = self.write_entry(table, key) {
                                     self.writes[i].current.clone_from(&p.value);
+                                    self.writes[i].current_writer = p.writer;
                                 }
                             } else if let Some(loc) = fetches[n].loc {
                                 self.reads.push(ReadEntry {
@@ -593,6 +605,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             meta: parsed.clone().unwrap_or_else(|| Meta::empty(shape.cells)),
             held: cas.is_some(),
             current: None,
+            current_writer: 0,
             op: None,
         });
         // Pushed before giving up, so that the abort releases the lock.
@@ -627,16 +640,18 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 // The key was inserted meanwhile by another transaction: read its version.
                 let cell = meta.cells[i];
                 let mut list = PostList::new();
-                let wr = list.read(
-                    self.store().addr(p, cell.address()),
-                    shape.image_len() as u32,
-                );
+                let wrs: Vec<WrId> = mvcc::version_reads(shape, &meta, loc.offset, i)
+                    .into_iter()
+                    .map(|(at, len)| list.read(self.store().addr(p, at), len as u32))
+                    .collect();
                 let res = self.co.ctx.post(list).await?;
-                let payload = mvcc::decode_image(shape, &cell, res.bytes(wr))
+                let parts: Vec<&[u8]> = wrs.iter().map(|&wr| res.bytes(wr)).collect();
+                let payload = mvcc::decode_version(shape, &meta, i, &parts)
                     .ok_or(aborted("torn image under the lock"))?;
                 self.note(table, key, cell.commit_version(), payload.writer);
                 if let Some(i) = self.write_entry(table, key) {
                     self.writes[i].current.clone_from(&payload.value);
+                    self.writes[i].current_writer = payload.writer;
                 }
                 Ok(payload.value)
             }
@@ -771,7 +786,16 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                     Op::Put(v, k) => (Some(v.as_slice()), *k),
                     Op::Delete => (None, WriteKind::Delete),
                 };
-                let image = mvcc::encode_image(shape, writer, value, cell.head_cv());
+                let images = mvcc::install_images(
+                    shape,
+                    plan.cell,
+                    cell.head_cv(),
+                    c,
+                    writer,
+                    value,
+                    w.current_writer,
+                    w.current.as_deref(),
+                );
                 let meta_tail =
                     mvcc::encode_meta_tail(w.key.0, w.table, shape, plan.floor, &plan.cells);
                 let cell_at = shape.cell_offset(plan.cell);
@@ -783,13 +807,15 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                         block: w.loc.offset,
                     },
                     version: c,
-                    image: (shape.image_offset(plan.cell) as u64, image.clone()),
+                    images: images.clone(),
                     cell: (cell_at as u64, cell_bytes.to_vec()),
                     whole: plan.whole.then(|| (FLOOR_OFFSET, meta_tail.clone())),
                 });
                 for mn in self.store().live_replicas(w.loc.bucket.partition) {
                     let at = |o: u64| self.store().addr(mn, w.loc.offset + o);
-                    list.write(at(shape.image_offset(plan.cell) as u64), &image);
+                    for (o, bytes) in &images {
+                        list.write(at(*o), bytes);
+                    }
                     if plan.whole {
                         list.write(at(FLOOR_OFFSET), &meta_tail);
                     } else {
@@ -807,7 +833,26 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             }
         }
         // Unlocks last: on the same queue pair as the writes, so they land after them.
+        // Motor's code (`commit.cc`, `WriteReplica`) puts the unlock WRITE into every
+        // replica's doorbell; backups' lock words are never taken, so it only costs a WRITE.
+        // dmem does the same with Motor's delta layout and unlocks the primary alone with
+        // full records (the store LOTUS §4.4 describes).
         for w in self.writes.iter().filter(|w| w.held) {
+            let shape = self.shape(w.table)?;
+            if shape.layout == mvcc::VersionLayout::Deltas && w.op.is_some() {
+                let p = self
+                    .store()
+                    .primary(w.loc.bucket.partition)
+                    .map_err(store_err)?;
+                for mn in self.store().live_replicas(w.loc.bucket.partition) {
+                    if mn != p {
+                        list.write(
+                            self.store().addr(mn, w.loc.offset + LOCK_OFFSET),
+                            &0u64.to_le_bytes(),
+                        );
+                    }
+                }
+            }
             list.write(self.primary(&w.loc, LOCK_OFFSET)?, &0u64.to_le_bytes());
         }
         let id = self.id;
@@ -891,12 +936,16 @@ pub fn read_final(
     let loc = store.item_at(bucket, slot).ok()?;
     let shape = shapes.get(table).ok()?;
     let meta = Meta::parse(&read(node, loc.offset, shape.meta_len()), shape)?;
-    let (_, cell) = meta
+    let (i, _) = meta
         .cells
         .iter()
         .enumerate()
         .filter(|(_, c)| c.is_committed())
         .max_by_key(|(_, c)| c.commit_version())?;
-    let image = read(node, cell.address(), shape.image_len());
-    mvcc::decode_image(shape, cell, &image)?.value
+    let parts: Vec<Vec<u8>> = mvcc::version_reads(shape, &meta, loc.offset, i)
+        .into_iter()
+        .map(|(at, len)| read(node, at, len))
+        .collect();
+    let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+    mvcc::decode_version(shape, &meta, i, &parts)?.value
 }

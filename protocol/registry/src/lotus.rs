@@ -13,6 +13,7 @@ use dmem_deploy::{
 use dmem_lotus::recovery::{Decided, recover_coordinators};
 use dmem_lotus::{CnLocks, LockCluster, LotusConfig, LotusCoordinator, ShardMap, Sharding, serve};
 use dmem_motor::SyncedClock;
+use dmem_motor::mvcc::VersionLayout;
 use dmem_sim::{Sim, SimContext};
 use dmem_txn::{BoxCoordinator, History, Key, TableId, TxnKind, TxnOutcome};
 use dmem_verbs::Clock;
@@ -94,7 +95,7 @@ impl Protocol for LotusProtocol {
     }
 
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
-        MvccDeploy::mn_bytes(spec, mns, spec.log_region_bytes)
+        MvccDeploy::mn_bytes(spec, mns, spec.log_region_bytes, VersionLayout::FullRecords)
     }
 
     fn deploy(
@@ -103,7 +104,14 @@ impl Protocol for LotusProtocol {
         spec: &DeploySpec,
         history: Rc<RefCell<History>>,
     ) -> Result<Box<dyn Deployment>, DeployError> {
-        let base = MvccDeploy::new(sim, spec, history, spec.log_region_bytes)?;
+        // LOTUS §4.4: a full record per version.
+        let base = MvccDeploy::new(
+            sim,
+            spec,
+            history,
+            spec.log_region_bytes,
+            VersionLayout::FullRecords,
+        )?;
         let cns = sim.cn_count();
         let threads = sim.threads_per_cn();
         let mut sharding = Sharding::new(spec.critical_fields.clone());

@@ -13,7 +13,7 @@ use dmem_deploy::{
     Decision, DeployError, DeploySpec, Deployment, OracleState, Protocol, RecoveredCoordinator,
     RecoveryEvent, RecoveryTiming,
 };
-use dmem_motor::mvcc::{self, MvccLoader, Shapes};
+use dmem_motor::mvcc::{self, MvccLoader, Shapes, VersionLayout};
 use dmem_motor::{
     MotorConfig, MotorCoordinator, OpLogs, SyncedClock, cells_for_workload, read_final,
 };
@@ -39,7 +39,8 @@ impl MotorProtocol {
         }
     }
 
-    /// Parses the switches of `motor:FLAG[+FLAG]`: `si`, `no-cas` (unsafe, LOTUS §2.2
+    /// Parses the switches of `motor:FLAG[+FLAG]`: `si`, `full-records` (LOTUS's store
+    /// layout instead of Motor's full value + deltas), `no-cas` (unsafe, LOTUS §2.2
     /// motivation only), `skip-newer-abort`, `recovery-releases-only` (planted bugs).
     ///
     /// # Errors
@@ -49,12 +50,13 @@ impl MotorProtocol {
         for f in params.split(['+', ',']).filter(|f| !f.is_empty()) {
             match f {
                 "si" => cfg.isolation = dmem_motor::Isolation::Snapshot,
+                "full-records" => cfg.layout = VersionLayout::FullRecords,
                 "no-cas" => cfg.unsafe_no_cas = true,
                 "skip-newer-abort" => cfg.skip_newer_abort = true,
                 "recovery-releases-only" => cfg.recovery_releases_only = true,
                 other => {
                     return Err(format!(
-                        "unknown motor switch `{other}` (known: si, no-cas, skip-newer-abort, recovery-releases-only)"
+                        "unknown motor switch `{other}` (known: si, full-records, no-cas, skip-newer-abort, recovery-releases-only)"
                     ));
                 }
             }
@@ -63,10 +65,17 @@ impl MotorProtocol {
     }
 }
 
-/// The shapes and store configuration of `spec` on `mns` MNs, with `log_region_bytes` of
-/// log per coordinator in MN memory (0: none, as Motor's op log lives on the CN).
-fn layout(spec: &DeploySpec, mns: u16, log_region_bytes: u32) -> (Shapes, dmem_store::StoreConfig) {
-    let shapes = Shapes::uniform(&spec.tables, cells_for_workload(spec.workload.as_deref()));
+/// The shapes (versions laid out as `versions`) and store configuration of `spec` on `mns`
+/// MNs, with `log_region_bytes` of log per coordinator in MN memory (0: none, as Motor's op
+/// log lives on the CN).
+fn layout(
+    spec: &DeploySpec,
+    mns: u16,
+    log_region_bytes: u32,
+    versions: VersionLayout,
+) -> (Shapes, dmem_store::StoreConfig) {
+    let shapes = Shapes::uniform(&spec.tables, cells_for_workload(spec.workload.as_deref()))
+        .with_layout(versions);
     let logs = if log_region_bytes == 0 {
         0
     } else {
@@ -104,8 +113,11 @@ impl MvccDeploy {
         spec: &DeploySpec,
         mns: u16,
         log_region_bytes: u32,
+        versions: VersionLayout,
     ) -> Result<u64, DeployError> {
-        Ok(layout(spec, mns, log_region_bytes).1.bytes_per_mn()?)
+        Ok(layout(spec, mns, log_region_bytes, versions)
+            .1
+            .bytes_per_mn()?)
     }
 
     /// Lays the store out on `sim`'s MNs.
@@ -114,9 +126,10 @@ impl MvccDeploy {
         spec: &DeploySpec,
         history: Rc<RefCell<History>>,
         log_region_bytes: u32,
+        versions: VersionLayout,
     ) -> Result<Self, DeployError> {
         let mns = sim.mn_count();
-        let (shapes, cfg) = layout(spec, mns, log_region_bytes);
+        let (shapes, cfg) = layout(spec, mns, log_region_bytes, versions);
         let regions = (0..mns).map(|i| sim.region(sim.mn(i))).collect();
         let store = Rc::new(Store::new(cfg, regions)?);
         let shapes = Rc::new(shapes);
@@ -202,7 +215,7 @@ impl Protocol for MotorProtocol {
     }
 
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
-        MvccDeploy::mn_bytes(spec, mns, 0)
+        MvccDeploy::mn_bytes(spec, mns, 0, self.config.layout)
     }
 
     fn deploy(
@@ -213,7 +226,7 @@ impl Protocol for MotorProtocol {
     ) -> Result<Box<dyn Deployment>, DeployError> {
         Ok(Box::new(MotorDeployment {
             config: self.config,
-            base: MvccDeploy::new(sim, spec, history, 0)?,
+            base: MvccDeploy::new(sim, spec, history, 0, self.config.layout)?,
             paused: Rc::new(Cell::new(false)),
             oplogs: Rc::new(OpLogs::new()),
             coordinators: Rc::new(RefCell::new(Vec::new())),
