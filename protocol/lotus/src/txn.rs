@@ -233,6 +233,9 @@ struct HeldLock {
     mode: LockMode,
     /// The record's lock word, once an idealised RDMA lock FAA'd it (0 → 1).
     word: Option<RemoteAddr>,
+    /// The shard's generation when the lock was asked for: a hand-over that aborts the
+    /// shard's holders bumps it (§4.3), and the lock is no longer valid.
+    generation: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -306,21 +309,28 @@ struct Fetch {
 struct Committing {
     cluster: Rc<LockCluster>,
     owners: Vec<u16>,
+    txn: u64,
 }
 
 impl Committing {
-    fn enter(cluster: Rc<LockCluster>, owners: Vec<u16>) -> Self {
+    fn enter(cluster: Rc<LockCluster>, owners: Vec<u16>, txn: u64) -> Self {
         for &o in &owners {
             if let Some(n) = cluster.committing.borrow_mut().get_mut(usize::from(o)) {
                 *n += 1;
             }
         }
-        Self { cluster, owners }
+        cluster.committing_txns.borrow_mut().insert(txn);
+        Self {
+            cluster,
+            owners,
+            txn,
+        }
     }
 }
 
 impl Drop for Committing {
     fn drop(&mut self) {
+        self.cluster.committing_txns.borrow_mut().remove(&self.txn);
         for &o in &self.owners {
             if let Some(n) = self.cluster.committing.borrow_mut().get_mut(usize::from(o)) {
                 *n = n.saturating_sub(1);
@@ -329,8 +339,13 @@ impl Drop for Committing {
     }
 }
 
+/// The generation recorded for `key` when its lock request was grouped.
+fn generation_of(gens: &[(u64, u32)], key: u64) -> u32 {
+    gens.iter().find(|g| g.0 == key).map_or(0, |g| g.1)
+}
+
 /// Receives the next message, or `None` at `deadline`.
-async fn recv_until<V: Verbs + Clock>(ctx: &V, deadline: Nanos) -> Option<Message> {
+pub(crate) async fn recv_until<V: Verbs + Clock>(ctx: &V, deadline: Nanos) -> Option<Message> {
     let mut recv = pin!(ctx.recv());
     let mut sleep = pin!(ctx.sleep_until(deadline));
     poll_fn(|cx| {
@@ -417,6 +432,21 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         }
     }
 
+    /// Whether every lock held is still valid: no hand-over aborted its shard's holders
+    /// since it was asked for (§4.3).
+    fn locks_valid(&self) -> bool {
+        let map = self.co.cluster.map.borrow();
+        self.held
+            .iter()
+            .all(|h| map.generation(h.shard) == h.generation)
+    }
+
+    /// Notes this attempt's latency for the CN's load monitor (§4.3).
+    fn note_latency(&self) {
+        let ns = self.co.ctx.now().saturating_sub(self.begin);
+        self.co.cluster.cns[usize::from(self.co.cn)].note_latency(ns);
+    }
+
     fn holds(&self, key: u64, mode: LockMode) -> bool {
         self.held
             .iter()
@@ -448,10 +478,12 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             }
             // Group by owner under the current map.
             let mut groups: Vec<(u16, Vec<LockEntry>)> = Vec::new();
+            let mut gens: Vec<(u64, u32)> = Vec::new();
             {
                 let map = cluster.map.borrow();
                 for &(key, shard, mode) in &todo {
                     let owner = map.owner(shard);
+                    gens.push((key, map.generation(shard)));
                     let e = LockEntry { key, shard, mode };
                     match groups.iter_mut().find(|g| g.0 == owner) {
                         Some(g) => g.1.push(e),
@@ -492,17 +524,18 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 for e in entries {
                     self.co.ctx.cpu(cluster.lock_cpu_ns);
                     self.co.stats.local_locks += 1;
-                    if cluster.map.borrow().owner(e.shard) != self.co.cn {
+                    if !cluster.map.borrow().serves(self.co.cn, e.shard) {
                         rerouted.push((e.key, e.shard, e.mode));
                         continue;
                     }
-                    match local.table.acquire(e.key, e.mode, holder) {
+                    match local.acquire(e.key, e.shard, e.mode, holder) {
                         Acquired::Granted | Acquired::AlreadyHeld => self.held.push(HeldLock {
                             key: e.key,
                             shard: e.shard,
                             owner: self.co.cn,
                             mode: e.mode,
                             word: None,
+                            generation: generation_of(&gens, e.key),
                         }),
                         Acquired::Refused(_) => {
                             self.co.stats.refusals += 1;
@@ -534,6 +567,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                                 owner,
                                 mode: e.mode,
                                 word: None,
+                                generation: generation_of(&gens, e.key),
                             });
                         }
                     }
@@ -557,6 +591,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                             owner,
                             mode: e.mode,
                             word: None,
+                            generation: generation_of(&gens, e.key),
                         });
                     }
                 }
@@ -579,12 +614,16 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
     ) -> Result<(), TxnError> {
         let cluster = Rc::clone(&self.co.cluster);
         for &(key, shard, mode) in todo {
-            let owner = cluster.map.borrow().owner(shard);
+            let (owner, serves, generation) = {
+                let map = cluster.map.borrow();
+                let owner = map.owner(shard);
+                (owner, map.serves(owner, shard), map.generation(shard))
+            };
             self.co.ctx.cpu(cluster.lock_cpu_ns);
-            match cluster.cns[usize::from(owner)]
-                .table
-                .acquire(key, mode, holder)
-            {
+            if !serves {
+                return Err(aborted("lock shard being handed over"));
+            }
+            match cluster.cns[usize::from(owner)].acquire(key, shard, mode, holder) {
                 Acquired::Granted | Acquired::AlreadyHeld => {
                     self.held.push(HeldLock {
                         key,
@@ -592,6 +631,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                         owner,
                         mode,
                         word: None,
+                        generation,
                     });
                 }
                 Acquired::Refused(_) => {
@@ -842,6 +882,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 {
                     self.co.cluster.cns[usize::from(self.co.cn)].vt.put(
                         record_lock_key(table, key),
+                        self.sharding().shard_of(table, key),
                         loc,
                         meta.clone(),
                     );
@@ -1094,7 +1135,12 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         if owners.iter().any(|&o| self.co.cluster.is_failed(o)) {
             return Err(aborted("a lock owner failed before commit"));
         }
-        let _committing = Committing::enter(Rc::clone(&self.co.cluster), owners);
+        // §4.3: a hand-over that aborted a shard's holders took their locks away.
+        if !self.locks_valid() {
+            return Err(aborted("a lock's shard was handed over"));
+        }
+        let txn = self.holder().txn;
+        let _committing = Committing::enter(Rc::clone(&self.co.cluster), owners, txn);
         // (1) Write data & log: images and INVISIBLE cells to every replica, the log.
         let horizon = self.co.ts.horizon(self.co.cfg.gc_threshold);
         let writer = pack_writer(self.id);
@@ -1209,6 +1255,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 cells[cell] = cells[cell].with_commit_version(c);
                 vt.put(
                     lock,
+                    self.co.cluster.sharding.shard_of(table, key),
                     loc,
                     Meta {
                         lock: 0,
@@ -1243,7 +1290,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Transaction for Lotu
     }
 
     async fn commit(mut self) -> Result<(), TxnError> {
-        match self.commit_impl().await {
+        let result = self.commit_impl().await;
+        self.note_latency();
+        match result {
             Ok(()) => Ok(()),
             Err(e) => {
                 // Before the INVISIBLE cells landed nothing is visible; a failure after the
@@ -1259,6 +1308,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Transaction for Lotu
     }
 
     async fn abort(mut self) {
+        self.note_latency();
         self.unlock_all().await;
         self.record(TxnOutcome::Aborted, Vec::new());
     }
