@@ -506,3 +506,200 @@ async fn hand_over<V: Verbs + Clock>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dmem_locks::lotus::{Acquired, Holder};
+
+    fn metric(interval: u64, latency_ns: u64, txns: u64) -> CnMetric {
+        CnMetric {
+            interval,
+            latency_ns,
+            txns,
+        }
+    }
+
+    fn cluster(cns: u16) -> LockCluster {
+        LockCluster::new(
+            (0..cns).map(|c| Rc::new(CnLocks::new(c, 4096))).collect(),
+            Vec::new(),
+            Rc::new(std::cell::RefCell::new(ShardMap::new(cns))),
+            crate::shard::Sharding::default(),
+            60,
+        )
+    }
+
+    #[test]
+    fn metric_round_trip_and_bad_length() {
+        let m = metric(7, 12_345, 99);
+        assert_eq!(CnMetric::parse(&m.encode()), Ok(m));
+        assert_eq!(CnMetric::parse(&[0; 23]), Err(WireError::Truncated(23)));
+    }
+
+    #[test]
+    fn overloaded_for_three_intervals_hands_to_the_least_loaded() {
+        let cfg = ReshardConfig::default();
+        let mut m = LoadMonitor::new(0, &cfg);
+        // Mean of (30, 10, 5, 5) = 12.5: CN 0 is 2.4× above; CN 2 and 3 tie, 2 wins.
+        let hot = |i| vec![metric(i, 30, 9), metric(i, 10, 9), metric(i, 5, 9), metric(i, 5, 9)];
+        assert_eq!(m.observe(1, &hot(1), &[]), None);
+        assert_eq!(m.observe(2, &hot(2), &[]), None);
+        assert_eq!(m.streak(), 2);
+        assert_eq!(m.observe(3, &hot(3), &[]), Some(2));
+        assert_eq!(m.streak(), 0, "the count restarts after a hand-over");
+        // A failed CN never receives; a stale record is left out.
+        for i in 4..6 {
+            assert_eq!(m.observe(i, &hot(i), &[2]), None);
+        }
+        assert_eq!(m.observe(6, &hot(6), &[2]), Some(3));
+        let mut stale = hot(9);
+        stale[1].interval = 3;
+        let mut n = LoadMonitor::new(0, &cfg);
+        for i in 9..12 {
+            let mut s = stale.clone();
+            s.iter_mut().skip(2).for_each(|x| x.interval = i);
+            s[0].interval = i;
+            let got = n.observe(i, &s, &[]);
+            assert_ne!(got, Some(1), "CN 1's record is stale");
+        }
+    }
+
+    #[test]
+    fn a_normal_interval_resets_the_streak_and_idle_cns_count_as_zero() {
+        let cfg = ReshardConfig::default();
+        let mut m = LoadMonitor::new(1, &cfg);
+        let even = |i| vec![metric(i, 10, 5), metric(i, 12, 5), metric(i, 10, 5)];
+        let hot = |i| vec![metric(i, 10, 5), metric(i, 40, 5), metric(i, 10, 5)];
+        assert_eq!(m.observe(1, &hot(1), &[]), None);
+        assert_eq!(m.observe(2, &hot(2), &[]), None);
+        assert_eq!(m.observe(3, &even(3), &[]), None);
+        assert_eq!(m.streak(), 0);
+        // Two CNs busy at equal latency and one idle: 10 > 1.5 × 20/3.
+        let skew = |i| vec![metric(i, 0, 0), metric(i, 10, 5), metric(i, 10, 5)];
+        for i in 4..6 {
+            assert_eq!(m.observe(i, &skew(i), &[]), None);
+        }
+        assert_eq!(m.observe(6, &skew(6), &[]), Some(0));
+    }
+
+    #[test]
+    fn hottest_shard_is_the_most_requested_served_one() {
+        let c = cluster(3);
+        let locks = &c.cns[1];
+        let h = Holder { txn: 1, cn: 0 };
+        for (key, shard) in [(1, 4), (2, 4), (3, 7), (4, 5)] {
+            assert!(locks.acquire(key, shard, LockMode::Shared, h).is_held());
+        }
+        // Shard 5 belongs to CN 2: not a candidate.
+        *locks.shard_hits.borrow_mut().get_mut(&5).unwrap() += 10;
+        assert_eq!(hottest_shard(locks, &c.map.borrow()), Some(4));
+        c.map.borrow_mut().begin_move(4);
+        assert_eq!(hottest_shard(locks, &c.map.borrow()), Some(7));
+    }
+
+    /// Drives a hand-over step by step: nobody serves the shard while it moves, holders are
+    /// drained, then the receiver alone serves it with a table free of the old locks.
+    #[test]
+    fn handover_drains_then_the_receiver_alone_serves() {
+        let c = cluster(3);
+        let cfg = ReshardConfig::default();
+        let (from, to, shard) = (1, 2, 4);
+        let h1 = Holder { txn: 11, cn: 0 };
+        assert!(c.cns[1].acquire(40, shard, LockMode::Exclusive, h1).is_held());
+        let mut h = Handover::start(&c, from, shard, to, 1_000, &cfg);
+        let map = |f: &dyn Fn(&ShardMap) -> bool| f(&c.map.borrow());
+        assert!(map(&|m| !m.serves(from, shard) && !m.serves(to, shard)));
+        // A lock request for the shard is refused as not owned.
+        let req = Request {
+            kind: RequestKind::Lock,
+            cn: 0,
+            req: 1,
+            txn: 12,
+            entries: vec![LockEntry {
+                key: 41,
+                shard,
+                mode: LockMode::Exclusive,
+            }],
+        };
+        let (st, _) = crate::locking::apply(&c.cns[1], &c.map.borrow(), &req);
+        assert_eq!(st, Status::NotOwner);
+        assert_eq!(h.step(&c, 2_000), HandoverStep::Wait(cfg.poll));
+        // The holder unlocks: the hand-over goes on without aborting anyone.
+        assert!(c.cns[1].table.release(40, h1));
+        let HandoverStep::Send(msg) = h.step(&c, 3_000) else {
+            panic!("expected the message to the receiver")
+        };
+        assert_eq!(c.map.borrow().generation(shard), 0, "nobody aborted");
+        assert!(map(&|m| !m.serves(to, shard)), "not before the message");
+        let parsed = Request::parse(&msg.encode()).unwrap();
+        receive(&c, &c.cns[2], &parsed, 5_000);
+        receive(&c, &c.cns[2], &parsed, 6_000); // a repeated message changes nothing
+        h.acked(&c);
+        assert!(h.is_done());
+        assert_eq!(h.step(&c, 7_000), HandoverStep::Done);
+        assert!(map(&|m| m.serves(to, shard) && !m.serves(from, shard) && m.owner(shard) == to));
+        let events = c.handovers.borrow().clone();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].interruption(), 4_000);
+        assert_eq!((events[0].from, events[0].to), (from, to));
+        // The receiver grants the shard's locks; the sender holds none.
+        let (st, _) = crate::locking::apply(&c.cns[2], &c.map.borrow(), &req);
+        assert_eq!(st, Status::Granted);
+        assert!(c.cns[1].table.slots_free());
+    }
+
+    /// After the drain timeout the holders lose their locks (the shard's generation moves,
+    /// so they abort at commit), except committing ones, which are waited for.
+    #[test]
+    fn drain_timeout_aborts_holders_but_waits_for_committing_ones() {
+        let c = cluster(2);
+        let cfg = ReshardConfig {
+            drain_timeout: 100,
+            ..ReshardConfig::default()
+        };
+        let shard = 2; // CN 0's
+        let (a, b) = (Holder { txn: 1, cn: 1 }, Holder { txn: 2, cn: 0 });
+        assert!(c.cns[0].acquire(20, shard, LockMode::Shared, a).is_held());
+        assert!(c.cns[0].acquire(20, shard, LockMode::Shared, b).is_held());
+        c.committing_txns.borrow_mut().insert(b.txn);
+        let mut h = Handover::start(&c, 0, shard, 1, 0, &cfg);
+        assert_eq!(h.step(&c, 50), HandoverStep::Wait(cfg.poll));
+        assert_eq!(h.step(&c, 100), HandoverStep::Wait(cfg.poll), "b commits");
+        assert_eq!(c.map.borrow().generation(shard), 1);
+        assert_eq!(c.cns[0].table.holders(20), vec![(b, LockMode::Shared)]);
+        assert_eq!(h.aborted_holders, 1);
+        // b finishes its commit and unlocks.
+        c.committing_txns.borrow_mut().remove(&b.txn);
+        assert!(c.cns[0].table.release(20, b));
+        assert!(matches!(h.step(&c, 200), HandoverStep::Send(_)));
+        assert!(c.cns[0].table.slots_free());
+        assert!(matches!(
+            c.cns[0].table.acquire(20, LockMode::Exclusive, a),
+            Acquired::Granted
+        ));
+    }
+
+    /// The planted bug: no drain, the holder keeps its lock while the receiver grants it
+    /// again — two owners.
+    #[test]
+    fn without_drain_two_cns_grant_the_same_lock() {
+        let c = cluster(2);
+        let cfg = ReshardConfig {
+            drain: false,
+            ..ReshardConfig::default()
+        };
+        let shard = 2;
+        let a = Holder { txn: 1, cn: 0 };
+        assert!(c.cns[0].acquire(20, shard, LockMode::Exclusive, a).is_held());
+        let mut h = Handover::start(&c, 0, shard, 1, 0, &cfg);
+        let HandoverStep::Send(msg) = h.step(&c, 1) else {
+            panic!("no drain")
+        };
+        receive(&c, &c.cns[1], &msg, 2);
+        let b = Holder { txn: 2, cn: 1 };
+        assert!(c.cns[1].acquire(20, shard, LockMode::Exclusive, b).is_held());
+        assert!(!c.cns[0].table.holders(20).is_empty(), "a still holds it too");
+        assert_eq!(c.map.borrow().generation(shard), 0, "and a's lock stays valid");
+    }
+}
