@@ -178,12 +178,15 @@ pub struct BenchResult {
 }
 
 /// Deployment counters a [`BenchResult`] reports when the deployment has them: LOTUS's
-/// resharding (§4.3) hand-overs and their service interruption.
+/// resharding (§4.3) hand-overs, their service interruption, and the lock-state entries
+/// still held once the run is quiescent (a lost lock if not 0).
 pub const REPORTED_COUNTERS: &[&str] = &[
     "reshard_handovers",
     "reshard_interruption_mean_ns",
     "reshard_interruption_max_ns",
     "reshard_aborted_holders",
+    "reshard_holders_left",
+    "lotus_locks_held",
 ];
 
 /// A coordinator that notes its context's post-list count when a transaction begins (see

@@ -44,6 +44,10 @@ fn skewed_load_hands_shards_over_and_checks_out() {
         assert!(r.counters["reshard_handovers"] >= 1, "{w} {p}: {r:?}");
         assert!(r.counters["reshard_interruption_max_ns"] > 0, "{w} {p}: {r:?}");
         assert!(r.committed > 10, "{w} {p}: {r:?}");
+        // No double owner: the sender held none of the shard's locks when the receiver
+        // began to serve it; no lost lock: nothing is held once the run is quiescent.
+        assert_eq!(r.counters["reshard_holders_left"], 0, "{w} {p}: {r:?}");
+        assert_eq!(r.counters["lotus_locks_held"], 0, "{w} {p}: {r:?}");
     }
 }
 
@@ -53,6 +57,7 @@ fn skewed_load_hands_shards_over_and_checks_out() {
 fn handover_without_drain_is_caught() {
     let r = run("lotus:reshard=50+overload=100+reshard-no-drain", "tpcc", 4);
     assert!(r.counters["reshard_handovers"] >= 1, "{r:?}");
+    assert!(r.counters["reshard_holders_left"] > 0, "{r:?}");
     assert!(r.checker != "ok" || r.invariants != "ok", "{r:?}");
 }
 

@@ -228,6 +228,10 @@ pub struct HandoverEvent {
     pub served_at: Nanos,
     /// Lock-state entries the sender took from their holders after the drain timeout.
     pub aborted_holders: u64,
+    /// Locks of the shard still held on the sender's table when the receiver began to
+    /// serve it: each is a lock two CNs may grant at once. Zero unless the drain is
+    /// skipped (the planted bug).
+    pub holders_left: u64,
 }
 
 impl HandoverEvent {
@@ -391,6 +395,10 @@ pub fn receive(cluster: &LockCluster, locks: &CnLocks, req: &Request, now: Nanos
         }
         locks.vt.clear_shard(e.shard);
         map.finish_move(e.shard, locks.cn);
+        let holders_left = cluster
+            .cns
+            .get(usize::from(req.cn))
+            .map_or(0, |from| from.holders_in(e.shard).len() as u64);
         cluster.handovers.borrow_mut().push(HandoverEvent {
             shard: e.shard,
             from: req.cn,
@@ -398,6 +406,7 @@ pub fn receive(cluster: &LockCluster, locks: &CnLocks, req: &Request, now: Nanos
             stopped_at: req.txn,
             served_at: now,
             aborted_holders: 0,
+            holders_left,
         });
     }
 }
@@ -643,6 +652,7 @@ mod tests {
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].interruption(), 4_000);
         assert_eq!((events[0].from, events[0].to), (from, to));
+        assert_eq!(events[0].holders_left, 0);
         // The receiver grants the shard's locks; the sender holds none.
         let (st, _) = crate::locking::apply(&c.cns[2], &c.map.borrow(), &req);
         assert_eq!(st, Status::Granted);
@@ -700,6 +710,7 @@ mod tests {
         let b = Holder { txn: 2, cn: 1 };
         assert!(c.cns[1].acquire(20, shard, LockMode::Exclusive, b).is_held());
         assert!(!c.cns[0].table.holders(20).is_empty(), "a still holds it too");
+        assert_eq!(c.handovers.borrow()[0].holders_left, 1);
         assert_eq!(c.map.borrow().generation(shard), 0, "and a's lock stays valid");
     }
 }

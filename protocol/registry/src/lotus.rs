@@ -502,6 +502,21 @@ impl Deployment for LotusDeployment {
                 let sum: u64 = h.iter().map(dmem_lotus::reshard::HandoverEvent::interruption).sum();
                 sum.checked_div(h.len() as u64)
             }
+            "reshard_holders_left" => Some(
+                self.cluster
+                    .handovers
+                    .borrow()
+                    .iter()
+                    .map(|e| e.holders_left)
+                    .sum(),
+            ),
+            "lotus_locks_held" => Some(
+                self.cluster
+                    .cns
+                    .iter()
+                    .map(|c| c.table.held() as u64)
+                    .sum(),
+            ),
             "reshard_aborted_holders" => Some(
                 self.cluster
                     .handovers
