@@ -64,9 +64,9 @@ fn handover_without_drain_is_caught() {
 /// At the paper's 100 ms interval a short run never reaches a hand-over, and the monitor
 /// changes nothing measured (it only wakes after the run).
 #[test]
-fn default_monitor_leaves_short_runs_unchanged() {
-    let mut on = run("lotus", "smallbank", 3);
-    let off = run("lotus:no-reshard", "smallbank", 3);
+fn paper_interval_leaves_short_runs_unchanged() {
+    let mut on = run("lotus:reshard", "smallbank", 3);
+    let off = run("lotus", "smallbank", 3);
     assert_eq!(on.counters["reshard_handovers"], 0);
     on.counters.clear();
     let mut off_cleared = off.clone();

@@ -65,10 +65,10 @@ impl LotusProtocol {
 
     /// `lotus:FLAG[+FLAG]`: `si`, `no-sharding`, `no-routing`, `no-vt-cache` (the §8.3
     /// ablation), `rdma-lock` (§8.4 Fig. 17's idealised RDMA lock),
-    /// `early-unlock` (a planted recovery bug); resharding (§4.3): `reshard=US` (the load
-    /// monitor's interval in µs of virtual time, default 100 ms), `drain=US` (how long a
+    /// `early-unlock` (a planted recovery bug); resharding (§4.3, off unless asked for):
+    /// `reshard` (the load monitor every 100 ms of virtual time), `reshard=US` (every US µs), `drain=US` (how long a
     /// hand-over waits for the shard's holders, default 10 ms), `overload=PCT` (a CN is
-    /// overloaded above PCT % of the mean latency, default 150), `no-reshard`, and
+    /// overloaded above PCT % of the mean latency, default 150), and
     /// `reshard-no-drain` (a planted bug: hand over without draining or aborting holders).
     ///
     /// # Errors
@@ -83,8 +83,11 @@ impl LotusProtocol {
                 "early-unlock" => p.early_unlock = true,
                 "no-vt-cache" => p.config.vt_cache = false,
                 "rdma-lock" => p.config.rdma_lock = true,
-                "no-reshard" => p.reshard.enabled = false,
-                "reshard-no-drain" => p.reshard.drain = false,
+                "reshard" => p.reshard.enabled = true,
+                "reshard-no-drain" => {
+                    p.reshard.enabled = true;
+                    p.reshard.drain = false;
+                }
                 other => {
                     let us = |v: &str| {
                         v.parse::<u64>()
@@ -94,6 +97,7 @@ impl LotusProtocol {
                             .ok_or_else(|| format!("lotus switch `{other}`: expected a positive number of µs"))
                     };
                     if let Some(v) = other.strip_prefix("reshard=") {
+                        p.reshard.enabled = true;
                         p.reshard.interval = us(v)?;
                     } else if let Some(v) = other.strip_prefix("drain=") {
                         p.reshard.drain_timeout = us(v)?;
@@ -103,7 +107,7 @@ impl LotusProtocol {
                         })?;
                     } else {
                         return Err(format!(
-                            "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, rdma-lock, early-unlock, reshard=US, drain=US, overload=PCT, no-reshard, reshard-no-drain)"
+                            "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, rdma-lock, early-unlock, reshard, reshard=US, drain=US, overload=PCT, reshard-no-drain)"
                         ));
                     }
                 }
