@@ -228,11 +228,7 @@ struct WriteEntry {
 
 impl WriteEntry {
     fn value(&self) -> Option<Vec<u8>> {
-        match &self.op {
-            None => self.current.clone(),
-            Some(Op::Put(v, _)) => Some(v.clone()),
-            Some(Op::Delete) => None,
-        }
+        logic::staged_value(self.op.as_ref(), self.current.as_deref())
     }
 }
 
@@ -651,16 +647,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         value: &[u8],
         kind: WriteKind,
     ) -> Result<(), TxnError> {
-        if self.kind == TxnKind::ReadOnly {
-            return Err(TxnError::ReadOnly);
-        }
-        let expected = self.shape(table)?.value_len;
-        if kind != WriteKind::Delete && value.len() != expected {
-            return Err(TxnError::ValueSize {
-                expected,
-                got: value.len(),
-            });
-        }
+        logic::check_write(self.kind, kind, value, || Ok(self.shape(table)?.value_len))?;
         if self.write_entry(table, key).is_none() {
             self.round_impl(&[ReadReq::for_update(table, key)]).await?;
         }
@@ -668,11 +655,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             .write_entry(table, key)
             .ok_or(aborted("record not locked"))?;
         let w = &mut self.writes[i];
-        let present = w.value().is_some();
-        let existed = w.current.is_some();
-        w.op = logic::stage_op(w.op.as_ref(), kind, value, present, existed)
-            .map_err(|()| TxnError::KeyState(key.0))?;
-        Ok(())
+        logic::restage(&mut w.op, w.current.as_deref(), kind, value, key.0)
     }
 
     /// Unlock WRITEs of every held lock (one post list).

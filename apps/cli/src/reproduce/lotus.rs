@@ -4,11 +4,12 @@
 //! against Motor and FORD, maximum throughput over the concurrency sweep, MN atomics per
 //! transaction). Motor keeps 3 versions per record on SmallBank (LOTUS §8's setting for
 //! Motor); `motor:no-cas` is unsafe on purpose. Then the comparison of §8.2 (Fig. 12 KVS,
-//! Fig. 13 TATP and TPC-C) on TATP, TPC-C and KVS at `--scale tiny` (what fits in memory here; 2 ms per run): maximum
+//! Fig. 13 TATP and TPC-C) on TATP, TPC-C and KVS at `--scale tiny` (what fits in memory here; 1 ms per run): maximum
 //! throughput over the concurrency sweep of LOTUS, Motor and FORD, the concurrency of each
 //! maximum, MN atomics per transaction and the CNs' CPU busy share. Their ratios are shown
 //! next to the paper's but not checked: at tiny scale the workloads do not have the paper's
-//! shape (two TPC-C warehouses; see the `dmem-lotus` README).
+//! shape (two TPC-C warehouses; see the `dmem-lotus` README). 1 ms per run keeps the section
+//! near two minutes.
 
 use anyhow::Context as _;
 
@@ -232,7 +233,7 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
                 "--coroutines",
                 &co_arg,
                 "--duration-ms",
-                "2",
+                "1",
                 "--protocol",
                 "lotus,motor,ford",
             ];
