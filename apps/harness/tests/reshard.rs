@@ -40,9 +40,16 @@ fn skewed_load_hands_shards_over_and_checks_out() {
         ("smallbank", "lotus:reshard=50+overload=100"),
     ] {
         let r = run(p, w, 4);
-        assert_eq!((r.checker.as_str(), r.invariants.as_str()), ("ok", "ok"), "{w} {p}: {r:?}");
+        assert_eq!(
+            (r.checker.as_str(), r.invariants.as_str()),
+            ("ok", "ok"),
+            "{w} {p}: {r:?}"
+        );
         assert!(r.counters["reshard_handovers"] >= 1, "{w} {p}: {r:?}");
-        assert!(r.counters["reshard_interruption_max_ns"] > 0, "{w} {p}: {r:?}");
+        assert!(
+            r.counters["reshard_interruption_max_ns"] > 0,
+            "{w} {p}: {r:?}"
+        );
         assert!(r.committed > 10, "{w} {p}: {r:?}");
         // No double owner: the sender held none of the shard's locks when the receiver
         // began to serve it; no lost lock: nothing is held once the run is quiescent.

@@ -182,7 +182,10 @@ impl LoadMonitor {
             self.streak = 0;
             return None;
         };
-        let mean = live.iter().map(|(_, m)| u128::from(latency(m))).sum::<u128>()
+        let mean = live
+            .iter()
+            .map(|(_, m)| u128::from(latency(m)))
+            .sum::<u128>()
             / live.len() as u128;
         if u128::from(mine.latency_ns) * 100 > mean * u128::from(self.overload_pct) {
             self.streak += 1;
@@ -507,9 +510,9 @@ async fn hand_over<V: Verbs + Clock>(
                 }
                 let deadline = ctx.now() + cfg.ack_timeout;
                 while let Some(m) = crate::txn::recv_until(ctx, deadline).await {
-                    if Reply::parse(&m.payload).is_ok_and(|r| {
-                        r.req == u64::from(shard) && r.status == Status::Granted
-                    }) {
+                    if Reply::parse(&m.payload)
+                        .is_ok_and(|r| r.req == u64::from(shard) && r.status == Status::Granted)
+                    {
                         h.acked(cluster);
                         break;
                     }
@@ -554,7 +557,14 @@ mod tests {
         let cfg = ReshardConfig::default();
         let mut m = LoadMonitor::new(0, &cfg);
         // Mean of (30, 10, 5, 5) = 12.5: CN 0 is 2.4× above; CN 2 and 3 tie, 2 wins.
-        let hot = |i| vec![metric(i, 30, 9), metric(i, 10, 9), metric(i, 5, 9), metric(i, 5, 9)];
+        let hot = |i| {
+            vec![
+                metric(i, 30, 9),
+                metric(i, 10, 9),
+                metric(i, 5, 9),
+                metric(i, 5, 9),
+            ]
+        };
         assert_eq!(m.observe(1, &hot(1), &[]), None);
         assert_eq!(m.observe(2, &hot(2), &[]), None);
         assert_eq!(m.streak(), 2);
@@ -618,7 +628,11 @@ mod tests {
         let cfg = ReshardConfig::default();
         let (from, to, shard) = (1, 2, 4);
         let h1 = Holder { txn: 11, cn: 0 };
-        assert!(c.cns[1].acquire(40, shard, LockMode::Exclusive, h1).is_held());
+        assert!(
+            c.cns[1]
+                .acquire(40, shard, LockMode::Exclusive, h1)
+                .is_held()
+        );
         let mut h = Handover::start(&c, from, shard, to, 1_000, &cfg);
         let map = |f: &dyn Fn(&ShardMap) -> bool| f(&c.map.borrow());
         assert!(map(&|m| !m.serves(from, shard) && !m.serves(to, shard)));
@@ -650,7 +664,9 @@ mod tests {
         h.acked(&c);
         assert!(h.is_done());
         assert_eq!(h.step(&c, 7_000), HandoverStep::Done);
-        assert!(map(&|m| m.serves(to, shard) && !m.serves(from, shard) && m.owner(shard) == to));
+        assert!(map(&|m| m.serves(to, shard)
+            && !m.serves(from, shard)
+            && m.owner(shard) == to));
         let events = c.handovers.borrow().clone();
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].interruption(), 4_000);
@@ -704,16 +720,31 @@ mod tests {
         };
         let shard = 2;
         let a = Holder { txn: 1, cn: 0 };
-        assert!(c.cns[0].acquire(20, shard, LockMode::Exclusive, a).is_held());
+        assert!(
+            c.cns[0]
+                .acquire(20, shard, LockMode::Exclusive, a)
+                .is_held()
+        );
         let mut h = Handover::start(&c, 0, shard, 1, 0, &cfg);
         let HandoverStep::Send(msg) = h.step(&c, 1) else {
             panic!("no drain")
         };
         receive(&c, &c.cns[1], &msg, 2);
         let b = Holder { txn: 2, cn: 1 };
-        assert!(c.cns[1].acquire(20, shard, LockMode::Exclusive, b).is_held());
-        assert!(!c.cns[0].table.holders(20).is_empty(), "a still holds it too");
+        assert!(
+            c.cns[1]
+                .acquire(20, shard, LockMode::Exclusive, b)
+                .is_held()
+        );
+        assert!(
+            !c.cns[0].table.holders(20).is_empty(),
+            "a still holds it too"
+        );
         assert_eq!(c.handovers.borrow()[0].holders_left, 1);
-        assert_eq!(c.map.borrow().generation(shard), 0, "and a's lock stays valid");
+        assert_eq!(
+            c.map.borrow().generation(shard),
+            0,
+            "and a's lock stays valid"
+        );
     }
 }

@@ -94,7 +94,9 @@ impl LotusProtocol {
                             .ok()
                             .filter(|&n| n > 0)
                             .map(|n| n.saturating_mul(1_000))
-                            .ok_or_else(|| format!("lotus switch `{other}`: expected a positive number of µs"))
+                            .ok_or_else(|| {
+                                format!("lotus switch `{other}`: expected a positive number of µs")
+                            })
                     };
                     if let Some(v) = other.strip_prefix("reshard=") {
                         p.reshard.enabled = true;
@@ -186,7 +188,10 @@ impl Protocol for LotusProtocol {
         if self.reshard.enabled && cns > 1 && cns <= METRICS_CNS {
             // §4.3: the metrics region after the store on MN 0; one monitor per CN.
             let region = base.store.addr(0, base.store.bytes_per_mn());
-            debug_assert!(CnMetric::BYTES as u64 * u64::from(cns) <= dmem_lotus::reshard::region_bytes(METRICS_CNS));
+            debug_assert!(
+                CnMetric::BYTES as u64 * u64::from(cns)
+                    <= dmem_lotus::reshard::region_bytes(METRICS_CNS)
+            );
             for c in 0..cns {
                 let ctx = sim.context(sim.cn(c), 0)?;
                 let task = monitor(ctx.clone(), Rc::clone(&cluster), c, 0, region, self.reshard);
@@ -503,7 +508,10 @@ impl Deployment for LotusDeployment {
                 .max(),
             "reshard_interruption_mean_ns" => {
                 let h = self.cluster.handovers.borrow();
-                let sum: u64 = h.iter().map(dmem_lotus::reshard::HandoverEvent::interruption).sum();
+                let sum: u64 = h
+                    .iter()
+                    .map(dmem_lotus::reshard::HandoverEvent::interruption)
+                    .sum();
                 sum.checked_div(h.len() as u64)
             }
             "reshard_holders_left" => Some(
@@ -514,13 +522,9 @@ impl Deployment for LotusDeployment {
                     .map(|e| e.holders_left)
                     .sum(),
             ),
-            "lotus_locks_held" => Some(
-                self.cluster
-                    .cns
-                    .iter()
-                    .map(|c| c.table.held() as u64)
-                    .sum(),
-            ),
+            "lotus_locks_held" => {
+                Some(self.cluster.cns.iter().map(|c| c.table.held() as u64).sum())
+            }
             "reshard_aborted_holders" => Some(
                 self.cluster
                     .handovers

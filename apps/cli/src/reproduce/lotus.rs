@@ -73,7 +73,11 @@ fn comparison_claims(
     for (other, name, paper) in [(motor, "motor", paper.0), (ford, "ford", paper.1)] {
         let ratio = lotus.mtps / other.mtps.max(f64::MIN_POSITIVE);
         out.claims.push(Claim::new(
-            if workload == "kvs" { "Fig. 12" } else { "Fig. 13" },
+            if workload == "kvs" {
+                "Fig. 12"
+            } else {
+                "Fig. 13"
+            },
             format!(
                 "{workload}: lotus / {name} max Mtps (at {} / {} concurrent txns)",
                 at(lotus),
@@ -256,7 +260,9 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
                 "tpcc" => "fig12_tpcc_tiny",
                 _ => "fig12_kvs_tiny",
             },
-            title: format!("{workload} tiny, cx3, 3 MNs, 9 CNs: throughput vs concurrent transactions"),
+            title: format!(
+                "{workload} tiny, cx3, 3 MNs, 9 CNs: throughput vs concurrent transactions"
+            ),
             x_label: "concurrent transactions",
             y_label: "Mtps",
             log_x: true,
