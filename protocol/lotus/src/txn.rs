@@ -41,10 +41,7 @@ use dmem_motor::mvcc::{
     self, BlockShape, CELL_LEN, FLOOR_OFFSET, Meta, Shapes, pack_writer, unpack_writer,
 };
 use dmem_motor::ts::TimestampService;
-use dmem_store::{
-    AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, index_slot_bytes,
-    parse_bucket, slot_offset,
-};
+use dmem_store::{AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, parse_bucket};
 use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundPlan,
     RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
@@ -1022,15 +1019,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                     };
                     taken.push((bucket.offset, slot));
                     let loc = self.co.store.item_at(bucket, slot).map_err(store_err)?;
-                    let packed = dmem_layout::record::RemoteAddr::new(bucket.partition, loc.offset)
-                        .map_err(|_| aborted("offset beyond packed addresses"))?;
-                    let bytes = index_slot_bytes(f.key.0, packed);
-                    for mn in self.co.store.live_replicas(bucket.partition) {
-                        slots.write(
-                            self.co.store.addr(mn, bucket.offset + slot_offset(slot)),
-                            &bytes,
-                        );
-                    }
+                    logic::claim_slot(
+                        &self.co.store,
+                        &mut slots,
+                        bucket,
+                        slot,
+                        loc.offset,
+                        f.key.0,
+                    )?;
                     (slot, true)
                 }
             };

@@ -7,6 +7,9 @@ use dmem_layout::cvt::CvtCell;
 
 use dmem_txn::{TxnError, TxnKind, WriteKind};
 
+use dmem_store::{BucketLoc, Store, index_slot_bytes, slot_offset};
+use dmem_verbs::PostList;
+
 use crate::mvcc::{BlockShape, Meta};
 
 /// Isolation level (Motor runs both).
@@ -275,6 +278,29 @@ pub fn check_write(
             expected,
             got: value.len(),
         });
+    }
+    Ok(())
+}
+
+/// Adds to `list` the WRITEs that claim the free index slot `slot` of `bucket` for `key`,
+/// whose block is at `block` (Motor's and LOTUS's inserts): the slot's key and packed block
+/// address, on every live replica of the bucket.
+///
+/// # Errors
+/// [`TxnError::Aborted`] when `block` is beyond what a packed address holds.
+pub fn claim_slot(
+    store: &Store,
+    list: &mut PostList,
+    bucket: BucketLoc,
+    slot: usize,
+    block: u64,
+    key: u64,
+) -> Result<(), TxnError> {
+    let packed = dmem_layout::record::RemoteAddr::new(bucket.partition, block)
+        .map_err(|_| TxnError::Aborted("offset beyond packed addresses"))?;
+    let bytes = index_slot_bytes(key, packed);
+    for mn in store.live_replicas(bucket.partition) {
+        list.write(store.addr(mn, bucket.offset + slot_offset(slot)), &bytes);
     }
     Ok(())
 }

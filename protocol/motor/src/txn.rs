@@ -23,8 +23,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use dmem_store::{
-    AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, index_slot_bytes,
-    parse_bucket, slot_offset,
+    AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, parse_bucket, slot_offset,
 };
 use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundPlan,
@@ -600,16 +599,8 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             return Err(aborted("index slot taken by a concurrent insert"));
         }
         if !used {
-            let packed = dmem_layout::record::RemoteAddr::new(bucket.partition, loc.offset)
-                .map_err(|_| aborted("offset beyond packed addresses"))?;
-            let bytes = index_slot_bytes(key.0, packed);
             let mut list = PostList::new();
-            for mn in self.store().live_replicas(bucket.partition) {
-                list.write(
-                    self.store().addr(mn, bucket.offset + slot_offset(slot)),
-                    &bytes,
-                );
-            }
+            logic::claim_slot(self.store(), &mut list, bucket, slot, loc.offset, key.0)?;
             self.co.ctx.post(list).await?;
         }
         self.co.cache.borrow_mut().put(table, key, loc);
