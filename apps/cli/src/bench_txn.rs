@@ -291,6 +291,9 @@ pub struct Row {
     pub msgs_per_packet: Option<f64>,
     /// Mean packet payload, bytes, for protocols that batch RPCs.
     pub packet_bytes: Option<f64>,
+    /// Deployment counters (LOTUS's resharding hand-overs and their interruption).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub counters: BTreeMap<String, u64>,
 }
 
 impl Args {
@@ -468,6 +471,7 @@ fn run_protocol(
         msgs_per_txn: round(r.msgs_per_txn, 3),
         msgs_per_packet: r.packets.map(|(m, _)| round(m, 2)),
         packet_bytes: r.packets.map(|(_, b)| round(b, 1)),
+        counters: r.counters,
     })
 }
 
@@ -578,6 +582,10 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             ]);
         }
         println!("{}", common::render(&t));
+        for r in rows.iter().filter(|r| !r.counters.is_empty()) {
+            let c: Vec<String> = r.counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            println!("{}: {}", r.protocol, c.join(", "));
+        }
         if rows.len() > 1 {
             let base = &rows[0];
             for r in &rows[1..] {

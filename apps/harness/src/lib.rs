@@ -172,7 +172,22 @@ pub struct BenchResult {
     /// `messages` and `packet_bytes` counters, over the whole run): messages per packet
     /// and mean packet payload, bytes.
     pub packets: Option<(f64, f64)>,
+    /// The deployment's counters of [`REPORTED_COUNTERS`] that it has (over the whole run,
+    /// after the transactions in flight finished).
+    pub counters: BTreeMap<String, u64>,
 }
+
+/// Deployment counters a [`BenchResult`] reports when the deployment has them: LOTUS's
+/// resharding (§4.3) hand-overs, their service interruption, and the lock-state entries
+/// still held once the run is quiescent (a lost lock if not 0).
+pub const REPORTED_COUNTERS: &[&str] = &[
+    "reshard_handovers",
+    "reshard_interruption_mean_ns",
+    "reshard_interruption_max_ns",
+    "reshard_aborted_holders",
+    "reshard_holders_left",
+    "lotus_locks_held",
+];
 
 /// A coordinator that notes its context's post-list count when a transaction begins (see
 /// the crate docs on round trips).
@@ -519,6 +534,10 @@ pub fn run_bench(
             }
             _ => None,
         },
+        counters: REPORTED_COUNTERS
+            .iter()
+            .filter_map(|&n| deployment.counter(n).map(|v| (n.to_owned(), v)))
+            .collect(),
     })
 }
 

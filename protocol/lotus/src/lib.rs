@@ -8,10 +8,13 @@
 //! * [`txn`]: the lock-first protocol (§5.1) under SR and SI (§5.2).
 //! * [`vtcache`]: the version table cache (§4.4).
 //! * [`recovery`]: the commit log and lock-rebuild-free recovery (§6).
+//! * [`reshard`]: pass-by-range resharding (§4.3): load metrics in MN memory, hand-over of
+//!   a hot shard.
 #![forbid(unsafe_code)]
 
 pub mod locking;
 pub mod recovery;
+pub mod reshard;
 pub mod shard;
 pub mod txn;
 pub mod vtcache;
@@ -19,6 +22,7 @@ pub mod wire;
 
 pub use dmem_motor::Isolation;
 pub use locking::{CnLocks, LockCluster, serve};
+pub use reshard::ReshardConfig;
 pub use shard::{ShardMap, Sharding};
 pub use txn::{LotusConfig, LotusCoordinator, LotusStats, LotusTxn};
 

@@ -13,6 +13,7 @@
 //!   A lock request is all or nothing: a refusal releases what the same message got.
 
 use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use dmem_locks::LockMode;
@@ -35,7 +36,16 @@ pub struct CnLocks {
     /// The CN's version table cache (§4.4).
     pub vt: VtCache,
     /// Per lock key, this CN's holders (the idealised RDMA lock of §8.4 Fig. 17).
-    pub counts: RefCell<std::collections::HashMap<u64, u32>>,
+    pub counts: RefCell<HashMap<u64, u32>>,
+    /// Latency of the transactions this CN's coordinators finished since the load monitor
+    /// last looked: (sum ns, count) (§4.3's metric).
+    pub latency: Cell<(u64, u64)>,
+    /// Lock requests per shard on this table since the load monitor last looked (§4.3:
+    /// the hottest shard is chosen "based on recent request rates").
+    pub shard_hits: RefCell<HashMap<u16, u64>>,
+    /// Per shard, the lock keys granted on this table that may still be held (pruned when
+    /// looked at): what a hand-over drains.
+    pub shard_keys: RefCell<HashMap<u16, HashSet<u64>>>,
 }
 
 impl CnLocks {
@@ -47,8 +57,53 @@ impl CnLocks {
             table: LotusLockTable::with_bytes(table_bytes, 64),
             served: Cell::new((0, 0, 0)),
             vt: VtCache::new(64 * 1024, 16),
-            counts: RefCell::new(std::collections::HashMap::new()),
+            counts: RefCell::new(HashMap::new()),
+            latency: Cell::new((0, 0)),
+            shard_hits: RefCell::new(HashMap::new()),
+            shard_keys: RefCell::new(HashMap::new()),
         }
+    }
+
+    /// Alg. 1 on this CN's table for a record of `shard`, remembering the key under its
+    /// shard and counting the request for the load monitor.
+    pub fn acquire(&self, key: u64, shard: u16, mode: LockMode, holder: Holder) -> Acquired {
+        *self.shard_hits.borrow_mut().entry(shard).or_insert(0) += 1;
+        let got = self.table.acquire(key, mode, holder);
+        if got.is_held() {
+            self.shard_keys
+                .borrow_mut()
+                .entry(shard)
+                .or_default()
+                .insert(key);
+        }
+        got
+    }
+
+    /// The locks of `shard` held on this table: (lock key, holder) pairs. Keys no longer
+    /// held are forgotten.
+    #[must_use]
+    pub fn holders_in(&self, shard: u16) -> Vec<(u64, Holder)> {
+        let mut keys = self.shard_keys.borrow_mut();
+        let Some(set) = keys.get_mut(&shard) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        set.retain(|&k| {
+            let h = self.table.holders(k);
+            out.extend(h.iter().map(|&(holder, _)| (k, holder)));
+            !h.is_empty()
+        });
+        if set.is_empty() {
+            keys.remove(&shard);
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// Notes a finished transaction's latency (§4.3's metric).
+    pub fn note_latency(&self, ns: u64) {
+        let (sum, n) = self.latency.get();
+        self.latency.set((sum.saturating_add(ns), n + 1));
     }
 }
 
@@ -71,6 +126,11 @@ pub struct LockCluster {
     /// Per CN, transactions in their commit phase that hold locks of that CN: recovery waits
     /// for them before the CN's shards are served again.
     pub committing: RefCell<Vec<u32>>,
+    /// Transactions (packed ids) in their commit phase: a hand-over waits for their locks
+    /// instead of taking them away (§4.3).
+    pub committing_txns: RefCell<HashSet<u64>>,
+    /// Hand-overs done (§4.3), in order.
+    pub handovers: RefCell<Vec<crate::reshard::HandoverEvent>>,
 }
 
 impl LockCluster {
@@ -92,6 +152,8 @@ impl LockCluster {
             lock_cpu_ns,
             failed: RefCell::new(Vec::new()),
             committing: RefCell::new(vec![0; n]),
+            committing_txns: RefCell::new(HashSet::new()),
+            handovers: RefCell::new(Vec::new()),
         }
     }
 
@@ -124,15 +186,17 @@ pub fn apply(locks: &CnLocks, map: &ShardMap, req: &Request) -> (Status, u64) {
             }
             (Status::Granted, req.entries.len() as u64)
         }
+        // Hand-overs change the map: `serve` applies them (`reshard::receive`).
+        RequestKind::Handover => (Status::Refused, 0),
         RequestKind::Lock => {
-            if req.entries.iter().any(|e| map.owner(e.shard) != locks.cn) {
+            if req.entries.iter().any(|e| !map.serves(locks.cn, e.shard)) {
                 return (Status::NotOwner, 0);
             }
             let mut granted = Vec::new();
             let mut ops = 0;
             for e in &req.entries {
                 ops += 1;
-                match locks.table.acquire(e.key, e.mode, holder) {
+                match locks.acquire(e.key, e.shard, e.mode, holder) {
                     Acquired::Granted => {
                         if e.mode == LockMode::Exclusive {
                             // Alg. 1 line 15: a remote writer will change the CVT.
@@ -165,6 +229,15 @@ pub async fn serve<V: Verbs + Clock>(ctx: V, cluster: Rc<LockCluster>, locks: Rc
         let Ok(req) = Request::parse(&msg.payload) else {
             continue;
         };
+        if req.kind == RequestKind::Handover {
+            crate::reshard::receive(&cluster, &locks, &req, ctx.now());
+            let reply = Reply {
+                req: req.req,
+                status: Status::Granted,
+            };
+            let _ = ctx.send(msg.from, &reply.encode()).await;
+            continue;
+        }
         let (status, ops) = apply(&locks, &cluster.map.borrow(), &req);
         ctx.cpu(ops * cluster.lock_cpu_ns);
         let (n, g, r) = locks.served.get();

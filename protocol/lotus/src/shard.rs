@@ -86,6 +86,11 @@ impl Sharding {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardMap {
     owner: Vec<u16>,
+    /// Shards being handed over (§4.3): served by no CN until the receiver takes them.
+    moving: Vec<bool>,
+    /// Per shard, bumped when a hand-over aborts the shard's holders: a lock granted under
+    /// an older generation is no longer valid at commit.
+    generation: Vec<u32>,
     cns: u16,
     /// Bumped by every change; requesters holding an older map retry with the new one.
     pub epoch: u64,
@@ -98,6 +103,8 @@ impl ShardMap {
         let cns = cns.max(1);
         Self {
             owner: (0..SHARDS).map(|s| (s % usize::from(cns)) as u16).collect(),
+            moving: vec![false; SHARDS],
+            generation: vec![0; SHARDS],
             cns,
             epoch: 0,
         }
@@ -119,6 +126,45 @@ impl ShardMap {
     pub fn assign(&mut self, shard: u16, cn: u16) {
         self.owner[usize::from(shard) % SHARDS] = cn;
         self.epoch += 1;
+    }
+
+    /// Whether `cn` serves lock requests for `shard` now: it owns it and is not handing it
+    /// over.
+    #[must_use]
+    pub fn serves(&self, cn: u16, shard: u16) -> bool {
+        let s = usize::from(shard) % SHARDS;
+        self.owner[s] == cn && !self.moving[s]
+    }
+
+    /// Whether `shard` is being handed over.
+    #[must_use]
+    pub fn is_moving(&self, shard: u16) -> bool {
+        self.moving[usize::from(shard) % SHARDS]
+    }
+
+    /// The shard's generation (see [`ShardMap::abort_holders`]).
+    #[must_use]
+    pub fn generation(&self, shard: u16) -> u32 {
+        self.generation[usize::from(shard) % SHARDS]
+    }
+
+    /// Resharding (§4.3) step 1: the owner stops serving `shard`.
+    pub fn begin_move(&mut self, shard: u16) {
+        self.moving[usize::from(shard) % SHARDS] = true;
+        self.epoch += 1;
+    }
+
+    /// Resharding: the shard's current lock holders lose their locks (their transactions
+    /// abort when they reach commit).
+    pub fn abort_holders(&mut self, shard: u16) {
+        let g = &mut self.generation[usize::from(shard) % SHARDS];
+        *g = g.wrapping_add(1);
+    }
+
+    /// Resharding's last step: `cn` owns and serves `shard`.
+    pub fn finish_move(&mut self, shard: u16, cn: u16) {
+        self.moving[usize::from(shard) % SHARDS] = false;
+        self.assign(shard, cn);
     }
 
     /// Shards owned by `cn`.

@@ -41,10 +41,7 @@ use dmem_motor::mvcc::{
     self, BlockShape, CELL_LEN, FLOOR_OFFSET, Meta, Shapes, pack_writer, unpack_writer,
 };
 use dmem_motor::ts::TimestampService;
-use dmem_store::{
-    AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, index_slot_bytes,
-    parse_bucket, slot_offset,
-};
+use dmem_store::{AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, parse_bucket};
 use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundPlan,
     RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
@@ -233,6 +230,9 @@ struct HeldLock {
     mode: LockMode,
     /// The record's lock word, once an idealised RDMA lock FAA'd it (0 → 1).
     word: Option<RemoteAddr>,
+    /// The shard's generation when the lock was asked for: a hand-over that aborts the
+    /// shard's holders bumps it (§4.3), and the lock is no longer valid.
+    generation: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -254,11 +254,7 @@ struct WriteEntry {
 
 impl WriteEntry {
     fn value(&self) -> Option<Vec<u8>> {
-        match &self.op {
-            None => self.current.clone(),
-            Some(Op::Put(v, _)) => Some(v.clone()),
-            Some(Op::Delete) => None,
-        }
+        logic::staged_value(self.op.as_ref(), self.current.as_deref())
     }
 }
 
@@ -306,21 +302,28 @@ struct Fetch {
 struct Committing {
     cluster: Rc<LockCluster>,
     owners: Vec<u16>,
+    txn: u64,
 }
 
 impl Committing {
-    fn enter(cluster: Rc<LockCluster>, owners: Vec<u16>) -> Self {
+    fn enter(cluster: Rc<LockCluster>, owners: Vec<u16>, txn: u64) -> Self {
         for &o in &owners {
             if let Some(n) = cluster.committing.borrow_mut().get_mut(usize::from(o)) {
                 *n += 1;
             }
         }
-        Self { cluster, owners }
+        cluster.committing_txns.borrow_mut().insert(txn);
+        Self {
+            cluster,
+            owners,
+            txn,
+        }
     }
 }
 
 impl Drop for Committing {
     fn drop(&mut self) {
+        self.cluster.committing_txns.borrow_mut().remove(&self.txn);
         for &o in &self.owners {
             if let Some(n) = self.cluster.committing.borrow_mut().get_mut(usize::from(o)) {
                 *n = n.saturating_sub(1);
@@ -329,8 +332,13 @@ impl Drop for Committing {
     }
 }
 
+/// The generation recorded for `key` when its lock request was grouped.
+fn generation_of(gens: &[(u64, u32)], key: u64) -> u32 {
+    gens.iter().find(|g| g.0 == key).map_or(0, |g| g.1)
+}
+
 /// Receives the next message, or `None` at `deadline`.
-async fn recv_until<V: Verbs + Clock>(ctx: &V, deadline: Nanos) -> Option<Message> {
+pub(crate) async fn recv_until<V: Verbs + Clock>(ctx: &V, deadline: Nanos) -> Option<Message> {
     let mut recv = pin!(ctx.recv());
     let mut sleep = pin!(ctx.sleep_until(deadline));
     poll_fn(|cx| {
@@ -417,6 +425,21 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         }
     }
 
+    /// Whether every lock held is still valid: no hand-over aborted its shard's holders
+    /// since it was asked for (§4.3).
+    fn locks_valid(&self) -> bool {
+        let map = self.co.cluster.map.borrow();
+        self.held
+            .iter()
+            .all(|h| map.generation(h.shard) == h.generation)
+    }
+
+    /// Notes this attempt's latency for the CN's load monitor (§4.3).
+    fn note_latency(&self) {
+        let ns = self.co.ctx.now().saturating_sub(self.begin);
+        self.co.cluster.cns[usize::from(self.co.cn)].note_latency(ns);
+    }
+
     fn holds(&self, key: u64, mode: LockMode) -> bool {
         self.held
             .iter()
@@ -448,10 +471,12 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             }
             // Group by owner under the current map.
             let mut groups: Vec<(u16, Vec<LockEntry>)> = Vec::new();
+            let mut gens: Vec<(u64, u32)> = Vec::new();
             {
                 let map = cluster.map.borrow();
                 for &(key, shard, mode) in &todo {
                     let owner = map.owner(shard);
+                    gens.push((key, map.generation(shard)));
                     let e = LockEntry { key, shard, mode };
                     match groups.iter_mut().find(|g| g.0 == owner) {
                         Some(g) => g.1.push(e),
@@ -492,17 +517,18 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 for e in entries {
                     self.co.ctx.cpu(cluster.lock_cpu_ns);
                     self.co.stats.local_locks += 1;
-                    if cluster.map.borrow().owner(e.shard) != self.co.cn {
+                    if !cluster.map.borrow().serves(self.co.cn, e.shard) {
                         rerouted.push((e.key, e.shard, e.mode));
                         continue;
                     }
-                    match local.table.acquire(e.key, e.mode, holder) {
+                    match local.acquire(e.key, e.shard, e.mode, holder) {
                         Acquired::Granted | Acquired::AlreadyHeld => self.held.push(HeldLock {
                             key: e.key,
                             shard: e.shard,
                             owner: self.co.cn,
                             mode: e.mode,
                             word: None,
+                            generation: generation_of(&gens, e.key),
                         }),
                         Acquired::Refused(_) => {
                             self.co.stats.refusals += 1;
@@ -534,6 +560,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                                 owner,
                                 mode: e.mode,
                                 word: None,
+                                generation: generation_of(&gens, e.key),
                             });
                         }
                     }
@@ -557,6 +584,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                             owner,
                             mode: e.mode,
                             word: None,
+                            generation: generation_of(&gens, e.key),
                         });
                     }
                 }
@@ -579,12 +607,16 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
     ) -> Result<(), TxnError> {
         let cluster = Rc::clone(&self.co.cluster);
         for &(key, shard, mode) in todo {
-            let owner = cluster.map.borrow().owner(shard);
+            let (owner, serves, generation) = {
+                let map = cluster.map.borrow();
+                let owner = map.owner(shard);
+                (owner, map.serves(owner, shard), map.generation(shard))
+            };
             self.co.ctx.cpu(cluster.lock_cpu_ns);
-            match cluster.cns[usize::from(owner)]
-                .table
-                .acquire(key, mode, holder)
-            {
+            if !serves {
+                return Err(aborted("lock shard being handed over"));
+            }
+            match cluster.cns[usize::from(owner)].acquire(key, shard, mode, holder) {
                 Acquired::Granted | Acquired::AlreadyHeld => {
                     self.held.push(HeldLock {
                         key,
@@ -592,6 +624,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                         owner,
                         mode,
                         word: None,
+                        generation,
                     });
                 }
                 Acquired::Refused(_) => {
@@ -842,6 +875,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 {
                     self.co.cluster.cns[usize::from(self.co.cn)].vt.put(
                         record_lock_key(table, key),
+                        self.sharding().shard_of(table, key),
                         loc,
                         meta.clone(),
                     );
@@ -985,15 +1019,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                     };
                     taken.push((bucket.offset, slot));
                     let loc = self.co.store.item_at(bucket, slot).map_err(store_err)?;
-                    let packed = dmem_layout::record::RemoteAddr::new(bucket.partition, loc.offset)
-                        .map_err(|_| aborted("offset beyond packed addresses"))?;
-                    let bytes = index_slot_bytes(f.key.0, packed);
-                    for mn in self.co.store.live_replicas(bucket.partition) {
-                        slots.write(
-                            self.co.store.addr(mn, bucket.offset + slot_offset(slot)),
-                            &bytes,
-                        );
-                    }
+                    logic::claim_slot(
+                        &self.co.store,
+                        &mut slots,
+                        bucket,
+                        slot,
+                        loc.offset,
+                        f.key.0,
+                    )?;
                     (slot, true)
                 }
             };
@@ -1035,16 +1068,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         value: &[u8],
         kind: WriteKind,
     ) -> Result<(), TxnError> {
-        if self.kind == TxnKind::ReadOnly {
-            return Err(TxnError::ReadOnly);
-        }
-        let expected = self.shape(table)?.value_len;
-        if kind != WriteKind::Delete && value.len() != expected {
-            return Err(TxnError::ValueSize {
-                expected,
-                got: value.len(),
-            });
-        }
+        logic::check_write(self.kind, kind, value, || Ok(self.shape(table)?.value_len))?;
         if self.write_entry(table, key).is_none() {
             self.round_impl(&[ReadReq::for_update(table, key)]).await?;
         }
@@ -1052,11 +1076,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             .write_entry(table, key)
             .ok_or(aborted("record not locked"))?;
         let w = &mut self.writes[i];
-        let present = w.value().is_some();
-        let existed = w.current.is_some();
-        w.op = logic::stage_op(w.op.as_ref(), kind, value, present, existed)
-            .map_err(|()| TxnError::KeyState(key.0))?;
-        Ok(())
+        logic::restage(&mut w.op, w.current.as_deref(), kind, value, key.0)
     }
 
     fn record(&mut self, outcome: TxnOutcome, writes: Vec<WriteEvent>) {
@@ -1094,7 +1114,12 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         if owners.iter().any(|&o| self.co.cluster.is_failed(o)) {
             return Err(aborted("a lock owner failed before commit"));
         }
-        let _committing = Committing::enter(Rc::clone(&self.co.cluster), owners);
+        // §4.3: a hand-over that aborted a shard's holders took their locks away.
+        if !self.locks_valid() {
+            return Err(aborted("a lock's shard was handed over"));
+        }
+        let txn = self.holder().txn;
+        let _committing = Committing::enter(Rc::clone(&self.co.cluster), owners, txn);
         // (1) Write data & log: images and INVISIBLE cells to every replica, the log.
         let horizon = self.co.ts.horizon(self.co.cfg.gc_threshold);
         let writer = pack_writer(self.id);
@@ -1209,6 +1234,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 cells[cell] = cells[cell].with_commit_version(c);
                 vt.put(
                     lock,
+                    self.co.cluster.sharding.shard_of(table, key),
                     loc,
                     Meta {
                         lock: 0,
@@ -1243,7 +1269,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Transaction for Lotu
     }
 
     async fn commit(mut self) -> Result<(), TxnError> {
-        match self.commit_impl().await {
+        let result = self.commit_impl().await;
+        self.note_latency();
+        match result {
             Ok(()) => Ok(()),
             Err(e) => {
                 // Before the INVISIBLE cells landed nothing is visible; a failure after the
@@ -1259,6 +1287,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Transaction for Lotu
     }
 
     async fn abort(mut self) {
+        self.note_latency();
         self.unlock_all().await;
         self.record(TxnOutcome::Aborted, Vec::new());
     }

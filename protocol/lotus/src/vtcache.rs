@@ -21,7 +21,7 @@ use dmem_store::ItemLoc;
 
 #[derive(Debug, Default)]
 struct Sub {
-    entries: HashMap<u64, (ItemLoc, Meta, u64)>,
+    entries: HashMap<u64, (ItemLoc, Meta, u64, u16)>,
     order: BTreeMap<u64, u64>,
     tick: u64,
 }
@@ -66,13 +66,13 @@ impl VtCache {
         Some((loc, meta))
     }
 
-    /// Caches (or replaces) the entry of `key`, evicting the least recently used one of its
-    /// sub-cache when full.
-    pub fn put(&self, key: u64, loc: ItemLoc, meta: Meta) {
+    /// Caches (or replaces) the entry of `key` (in lock shard `shard`), evicting the least
+    /// recently used one of its sub-cache when full.
+    pub fn put(&self, key: u64, shard: u16, loc: ItemLoc, meta: Meta) {
         let mut s = self.sub(key).borrow_mut();
         s.tick += 1;
         let tick = s.tick;
-        if let Some((_, _, old)) = s.entries.insert(key, (loc, meta, tick)) {
+        if let Some((_, _, old, _)) = s.entries.insert(key, (loc, meta, tick, shard)) {
             s.order.remove(&old);
         }
         s.order.insert(tick, key);
@@ -87,9 +87,30 @@ impl VtCache {
     /// Drops the entry of `key` (a remote writer is about to change the CVT).
     pub fn invalidate(&self, key: u64) {
         let mut s = self.sub(key).borrow_mut();
-        if let Some((_, _, old)) = s.entries.remove(&key) {
+        if let Some((_, _, old, _)) = s.entries.remove(&key) {
             s.order.remove(&old);
         }
+    }
+
+    /// Drops every entry of lock shard `shard` (§4.3: a CN handing a shard over, or taking
+    /// one, clears its cached CVTs); returns how many.
+    pub fn clear_shard(&self, shard: u16) -> usize {
+        let mut n = 0;
+        for sub in &self.subs {
+            let mut s = sub.borrow_mut();
+            let gone: Vec<(u64, u64)> = s
+                .entries
+                .iter()
+                .filter(|(_, e)| e.3 == shard)
+                .map(|(&k, e)| (k, e.2))
+                .collect();
+            for (k, tick) in gone {
+                s.entries.remove(&k);
+                s.order.remove(&tick);
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Entries cached.
@@ -127,14 +148,25 @@ mod tests {
     #[test]
     fn lru_evicts_the_least_recent_and_invalidates() {
         let c = VtCache::new(2, 1);
-        c.put(1, loc(1), Meta::empty(2));
-        c.put(2, loc(2), Meta::empty(2));
+        c.put(1, 0, loc(1), Meta::empty(2));
+        c.put(2, 0, loc(2), Meta::empty(2));
         assert!(c.get(1).is_some()); // 1 is now the most recent
-        c.put(3, loc(3), Meta::empty(2));
+        c.put(3, 0, loc(3), Meta::empty(2));
         assert!(c.get(2).is_none(), "2 was the least recent");
         assert_eq!(c.get(1).unwrap().0.offset, 1);
         c.invalidate(1);
         assert!(c.get(1).is_none());
         assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn clear_shard_drops_only_that_shard() {
+        let c = VtCache::new(16, 4);
+        for k in 0..8u64 {
+            c.put(k, (k % 2) as u16, loc(k), Meta::empty(2));
+        }
+        assert_eq!(c.clear_shard(1), 4);
+        assert_eq!(c.len(), 4);
+        assert!((0..8u64).all(|k| c.get(k).is_some() == (k % 2 == 0)));
     }
 }

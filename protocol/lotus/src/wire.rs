@@ -3,7 +3,7 @@
 //! (a message comes from the network).
 //!
 //! ```text
-//! request  kind u8 (1 lock, 2 unlock) | mode-free pad u8 | cn u16 | pad u32 | req u64 | txn u64
+//! request  kind u8 (1 lock, 2 unlock, 4 shard hand-over) | mode-free pad u8 | cn u16 | pad u32 | req u64 | txn u64
 //!          | n u16 | n × (lock key u64, shard u16, mode u8 (0 shared, 1 exclusive))
 //! reply    kind u8 (3) | status u8 | pad 6 | req u64
 //! ```
@@ -35,6 +35,9 @@ pub enum RequestKind {
     Lock,
     /// Release every entry (asynchronous: no reply).
     Unlock,
+    /// Resharding (§4.3): the sender hands the receiver the shards of the entries (their
+    /// keys and modes unused); the receiver serves them from now on and replies.
+    Handover,
 }
 
 /// A lock request.
@@ -113,6 +116,7 @@ impl Request {
         b.push(match self.kind {
             RequestKind::Lock => 1,
             RequestKind::Unlock => 2,
+            RequestKind::Handover => 4,
         });
         b.push(0);
         b.extend_from_slice(&self.cn.to_le_bytes());
@@ -139,6 +143,7 @@ impl Request {
         let kind = match b[0] {
             1 => RequestKind::Lock,
             2 => RequestKind::Unlock,
+            4 => RequestKind::Handover,
             _ => return Err(WireError::Field("kind")),
         };
         let n = usize::from(u16_at(b, 24));
@@ -218,13 +223,13 @@ mod tests {
         req: u64,
         txn: u64,
         keys: Vec<(u64, u16, bool)>,
-        lock: bool,
+        kind: u8,
     ) -> bool {
         let r = Request {
-            kind: if lock {
-                RequestKind::Lock
-            } else {
-                RequestKind::Unlock
+            kind: match kind % 3 {
+                0 => RequestKind::Lock,
+                1 => RequestKind::Unlock,
+                _ => RequestKind::Handover,
             },
             cn,
             req,

@@ -5,7 +5,10 @@
 use dmem_layout::cacheline::next_version;
 use dmem_layout::cvt::CvtCell;
 
-use dmem_txn::WriteKind;
+use dmem_txn::{TxnError, TxnKind, WriteKind};
+
+use dmem_store::{BucketLoc, Store, index_slot_bytes, slot_offset};
+use dmem_verbs::PostList;
 
 use crate::mvcc::{BlockShape, Meta};
 
@@ -224,6 +227,82 @@ pub fn stage_op(
         (WriteKind::Delete, true) => Ok(existed.then_some(StagedOp::Delete)),
         _ => Err(()),
     }
+}
+
+/// The value a write-set entry holds for its transaction: its staged op's, else the one
+/// read under the lock (`current`).
+#[must_use]
+pub fn staged_value(op: Option<&StagedOp>, current: Option<&[u8]>) -> Option<Vec<u8>> {
+    match op {
+        None => current.map(<[u8]>::to_vec),
+        Some(StagedOp::Put(v, _)) => Some(v.clone()),
+        Some(StagedOp::Delete) => None,
+    }
+}
+
+/// Stages `kind` (with `value`) on a write-set entry whose op is `op` and whose value read
+/// under the lock is `current` ([`stage_op`] on the entry's state).
+///
+/// # Errors
+/// [`TxnError::KeyState`] with `key` when `kind` does not fit the record's state.
+pub fn restage(
+    op: &mut Option<StagedOp>,
+    current: Option<&[u8]>,
+    kind: WriteKind,
+    value: &[u8],
+    key: u64,
+) -> Result<(), TxnError> {
+    let present = staged_value(op.as_ref(), current).is_some();
+    *op = stage_op(op.as_ref(), kind, value, present, current.is_some())
+        .map_err(|()| TxnError::KeyState(key))?;
+    Ok(())
+}
+
+/// What a write must pass before it is staged: not in a read-only transaction, and (not a
+/// delete) a value of the table's length (`value_len`, asked only then).
+///
+/// # Errors
+/// [`TxnError::ReadOnly`], [`TxnError::ValueSize`], or `value_len`'s error.
+pub fn check_write(
+    txn: TxnKind,
+    kind: WriteKind,
+    value: &[u8],
+    value_len: impl FnOnce() -> Result<usize, TxnError>,
+) -> Result<(), TxnError> {
+    if txn == TxnKind::ReadOnly {
+        return Err(TxnError::ReadOnly);
+    }
+    let expected = value_len()?;
+    if kind != WriteKind::Delete && value.len() != expected {
+        return Err(TxnError::ValueSize {
+            expected,
+            got: value.len(),
+        });
+    }
+    Ok(())
+}
+
+/// Adds to `list` the WRITEs that claim the free index slot `slot` of `bucket` for `key`,
+/// whose block is at `block` (Motor's and LOTUS's inserts): the slot's key and packed block
+/// address, on every live replica of the bucket.
+///
+/// # Errors
+/// [`TxnError::Aborted`] when `block` is beyond what a packed address holds.
+pub fn claim_slot(
+    store: &Store,
+    list: &mut PostList,
+    bucket: BucketLoc,
+    slot: usize,
+    block: u64,
+    key: u64,
+) -> Result<(), TxnError> {
+    let packed = dmem_layout::record::RemoteAddr::new(bucket.partition, block)
+        .map_err(|_| TxnError::Aborted("offset beyond packed addresses"))?;
+    let bytes = index_slot_bytes(key, packed);
+    for mn in store.live_replicas(bucket.partition) {
+        list.write(store.addr(mn, bucket.offset + slot_offset(slot)), &bytes);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

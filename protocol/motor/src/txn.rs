@@ -23,8 +23,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use dmem_store::{
-    AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, index_slot_bytes,
-    parse_bucket, slot_offset,
+    AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, parse_bucket, slot_offset,
 };
 use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundPlan,
@@ -235,11 +234,7 @@ struct WriteEntry {
 
 impl WriteEntry {
     fn value(&self) -> Option<Vec<u8>> {
-        match &self.op {
-            None => self.current.clone(),
-            Some(Op::Put(v, _)) => Some(v.clone()),
-            Some(Op::Delete) => None,
-        }
+        logic::staged_value(self.op.as_ref(), self.current.as_deref())
     }
 }
 
@@ -617,16 +612,8 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             return Err(aborted("index slot taken by a concurrent insert"));
         }
         if !used {
-            let packed = dmem_layout::record::RemoteAddr::new(bucket.partition, loc.offset)
-                .map_err(|_| aborted("offset beyond packed addresses"))?;
-            let bytes = index_slot_bytes(key.0, packed);
             let mut list = PostList::new();
-            for mn in self.store().live_replicas(bucket.partition) {
-                list.write(
-                    self.store().addr(mn, bucket.offset + slot_offset(slot)),
-                    &bytes,
-                );
-            }
+            logic::claim_slot(self.store(), &mut list, bucket, slot, loc.offset, key.0)?;
             self.co.ctx.post(list).await?;
         }
         self.co.cache.borrow_mut().put(table, key, loc);
@@ -666,16 +653,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         value: &[u8],
         kind: WriteKind,
     ) -> Result<(), TxnError> {
-        if self.kind == TxnKind::ReadOnly {
-            return Err(TxnError::ReadOnly);
-        }
-        let expected = self.shape(table)?.value_len;
-        if kind != WriteKind::Delete && value.len() != expected {
-            return Err(TxnError::ValueSize {
-                expected,
-                got: value.len(),
-            });
-        }
+        logic::check_write(self.kind, kind, value, || Ok(self.shape(table)?.value_len))?;
         if self.write_entry(table, key).is_none() {
             self.round_impl(&[ReadReq::for_update(table, key)]).await?;
         }
@@ -683,11 +661,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             .write_entry(table, key)
             .ok_or(aborted("record not locked"))?;
         let w = &mut self.writes[i];
-        let present = w.value().is_some();
-        let existed = w.current.is_some();
-        w.op = logic::stage_op(w.op.as_ref(), kind, value, present, existed)
-            .map_err(|()| TxnError::KeyState(key.0))?;
-        Ok(())
+        logic::restage(&mut w.op, w.current.as_deref(), kind, value, key.0)
     }
 
     /// Unlock WRITEs of every held lock (one post list).

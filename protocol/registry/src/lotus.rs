@@ -11,7 +11,10 @@ use dmem_deploy::{
     RecoveryTiming, Router, SimLinkTerminator,
 };
 use dmem_lotus::recovery::{Decided, recover_coordinators};
-use dmem_lotus::{CnLocks, LockCluster, LotusConfig, LotusCoordinator, ShardMap, Sharding, serve};
+use dmem_lotus::reshard::{CnMetric, monitor};
+use dmem_lotus::{
+    CnLocks, LockCluster, LotusConfig, LotusCoordinator, ReshardConfig, ShardMap, Sharding, serve,
+};
 use dmem_motor::SyncedClock;
 use dmem_motor::mvcc::VersionLayout;
 use dmem_sim::{Sim, SimContext};
@@ -38,7 +41,12 @@ pub struct LotusProtocol {
     /// decides the CN's transactions from their commit logs (LOTUS §6 orders them the
     /// other way).
     pub early_unlock: bool,
+    /// Pass-by-range resharding (§4.3).
+    pub reshard: ReshardConfig,
 }
+
+/// CNs the metrics region of resharding has room for.
+const METRICS_CNS: u16 = 1024;
 
 impl LotusProtocol {
     /// `config` registered as `name` with the paper's table size.
@@ -52,12 +60,17 @@ impl LotusProtocol {
             random_sharding: false,
             no_routing: false,
             early_unlock: false,
+            reshard: ReshardConfig::default(),
         }
     }
 
     /// `lotus:FLAG[+FLAG]`: `si`, `no-sharding`, `no-routing`, `no-vt-cache` (the §8.3
     /// ablation), `rdma-lock` (§8.4 Fig. 17's idealised RDMA lock),
-    /// `early-unlock` (a planted recovery bug).
+    /// `early-unlock` (a planted recovery bug); resharding (§4.3, off unless asked for):
+    /// `reshard` (the load monitor every 100 ms of virtual time), `reshard=US` (every US µs), `drain=US` (how long a
+    /// hand-over waits for the shard's holders, default 10 ms), `overload=PCT` (a CN is
+    /// overloaded above PCT % of the mean latency, default 150), and
+    /// `reshard-no-drain` (a planted bug: hand over without draining or aborting holders).
     ///
     /// # Errors
     /// The unknown flag.
@@ -71,10 +84,35 @@ impl LotusProtocol {
                 "early-unlock" => p.early_unlock = true,
                 "no-vt-cache" => p.config.vt_cache = false,
                 "rdma-lock" => p.config.rdma_lock = true,
+                "reshard" => p.reshard.enabled = true,
+                "reshard-no-drain" => {
+                    p.reshard.enabled = true;
+                    p.reshard.drain = false;
+                }
                 other => {
-                    return Err(format!(
-                        "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, rdma-lock, early-unlock)"
-                    ));
+                    let us = |v: &str| {
+                        v.parse::<u64>()
+                            .ok()
+                            .filter(|&n| n > 0)
+                            .map(|n| n.saturating_mul(1_000))
+                            .ok_or_else(|| {
+                                format!("lotus switch `{other}`: expected a positive number of µs")
+                            })
+                    };
+                    if let Some(v) = other.strip_prefix("reshard=") {
+                        p.reshard.enabled = true;
+                        p.reshard.interval = us(v)?;
+                    } else if let Some(v) = other.strip_prefix("drain=") {
+                        p.reshard.drain_timeout = us(v)?;
+                    } else if let Some(v) = other.strip_prefix("overload=") {
+                        p.reshard.overload_pct = v.parse().map_err(|_| {
+                            format!("lotus switch `{other}`: expected a percentage")
+                        })?;
+                    } else {
+                        return Err(format!(
+                            "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, rdma-lock, early-unlock, reshard, reshard=US, drain=US, overload=PCT, reshard-no-drain)"
+                        ));
+                    }
                 }
             }
         }
@@ -95,7 +133,11 @@ impl Protocol for LotusProtocol {
     }
 
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
-        MvccDeploy::mn_bytes(spec, mns, spec.log_region_bytes, VersionLayout::FullRecords)
+        // The store, then resharding's metrics region (§4.3).
+        Ok(
+            MvccDeploy::mn_bytes(spec, mns, spec.log_region_bytes, VersionLayout::FullRecords)?
+                + dmem_lotus::reshard::region_bytes(METRICS_CNS),
+        )
     }
 
     fn deploy(
@@ -152,6 +194,19 @@ impl Protocol for LotusProtocol {
                 Rc::clone(&cluster.cns[usize::from(c)]),
             );
             sim.spawn(&ctx, task);
+        }
+        if self.reshard.enabled && cns > 1 && cns <= METRICS_CNS {
+            // §4.3: the metrics region after the store on MN 0; one monitor per CN.
+            let region = base.store.addr(0, base.store.bytes_per_mn());
+            debug_assert!(
+                CnMetric::BYTES as u64 * u64::from(cns)
+                    <= dmem_lotus::reshard::region_bytes(METRICS_CNS)
+            );
+            for c in 0..cns {
+                let ctx = sim.context(sim.cn(c), 0)?;
+                let task = monitor(ctx.clone(), Rc::clone(&cluster), c, 0, region, self.reshard);
+                sim.spawn(&ctx, task);
+            }
         }
         let router: Option<Rc<dyn Router>> = (!self.no_routing).then(|| {
             Rc::new(LotusRouter {
@@ -302,8 +357,9 @@ impl LotusDeployment {
             .collect();
         if !live.is_empty() {
             let mut map = cluster.map.borrow_mut();
+            // `finish_move`: a hand-over the failed CN had begun ends here too.
             for (i, s) in map.shards_of(cn).into_iter().enumerate() {
-                map.assign(s, live[i % live.len()]);
+                map.finish_move(s, live[i % live.len()]);
             }
         }
         Ok(RecoveryEvent {
@@ -452,6 +508,41 @@ impl Deployment for LotusDeployment {
             "lock_messages_served" => Some(sum(|s| s.0)),
             "lock_requests_granted" => Some(sum(|s| s.1)),
             "lock_requests_refused" => Some(sum(|s| s.2)),
+            "reshard_handovers" => Some(self.cluster.handovers.borrow().len() as u64),
+            "reshard_interruption_max_ns" => self
+                .cluster
+                .handovers
+                .borrow()
+                .iter()
+                .map(dmem_lotus::reshard::HandoverEvent::interruption)
+                .max(),
+            "reshard_interruption_mean_ns" => {
+                let h = self.cluster.handovers.borrow();
+                let sum: u64 = h
+                    .iter()
+                    .map(dmem_lotus::reshard::HandoverEvent::interruption)
+                    .sum();
+                sum.checked_div(h.len() as u64)
+            }
+            "reshard_holders_left" => Some(
+                self.cluster
+                    .handovers
+                    .borrow()
+                    .iter()
+                    .map(|e| e.holders_left)
+                    .sum(),
+            ),
+            "lotus_locks_held" => {
+                Some(self.cluster.cns.iter().map(|c| c.table.held() as u64).sum())
+            }
+            "reshard_aborted_holders" => Some(
+                self.cluster
+                    .handovers
+                    .borrow()
+                    .iter()
+                    .map(|e| e.aborted_holders)
+                    .sum(),
+            ),
             _ => None,
         }
     }
