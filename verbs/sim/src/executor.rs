@@ -63,6 +63,9 @@ struct TaskSlot {
     core: usize,
     generation: u32,
     waker: Arc<TaskWaker>,
+    /// The task's `Waker`, made once: a poll clones the `Rc` (no atomic operation) instead
+    /// of making a `Waker` from the `Arc` each time.
+    handle: Rc<Waker>,
 }
 
 /// The runnable tasks of one core, by (time woken, wake order): the core runs them one at a
@@ -385,15 +388,18 @@ fn spawn_on(shared: &Rc<Shared>, core: usize, future: Pin<Box<dyn Future<Output 
         let mut tasks = shared.tasks.borrow_mut();
         let entry = tasks.vacant_entry();
         let key = (entry.key(), generation);
+        let waker = Arc::new(TaskWaker {
+            key,
+            queued: AtomicBool::new(true),
+            wakes: Arc::clone(&shared.wakes),
+        });
+        let handle = Rc::new(Waker::from(Arc::clone(&waker)));
         entry.insert(TaskSlot {
             future: Some(future),
             core,
             generation,
-            waker: Arc::new(TaskWaker {
-                key,
-                queued: AtomicBool::new(true),
-                wakes: Arc::clone(&shared.wakes),
-            }),
+            waker,
+            handle,
         });
         key
     };
@@ -544,16 +550,12 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
                 .min(deadline.unwrap_or(Nanos::MAX));
             let now = {
                 let mut world = shared.world.borrow_mut();
-                loop {
-                    world.step();
-                    if shared.wakes.any.load(Ordering::Relaxed) || !world.newly_crashed.is_empty() {
-                        break;
-                    }
-                    match world.next_event_time() {
-                        Some(e) if e <= limit => {}
-                        _ => break,
-                    }
-                }
+                // The first event is due by `limit` (it comes before the next task start and
+                // the deadline).
+                while world.step_until(limit)
+                    && !shared.wakes.any.load(Ordering::Relaxed)
+                    && world.newly_crashed.is_empty()
+                {}
                 world.now
             };
             drain_wakes(shared, now);
@@ -574,7 +576,7 @@ fn poll_task(shared: &Rc<Shared>, key: TaskKey, start: Nanos) {
         let slot = &mut tasks[key.0];
         slot.waker.queued.store(false, Ordering::Relaxed);
         let future = slot.future.take().expect("runnable task has its future");
-        (future, slot.core, Waker::from(Arc::clone(&slot.waker)))
+        (future, slot.core, Rc::clone(&slot.handle))
     };
     {
         let mut world = shared.world.borrow_mut();

@@ -128,6 +128,8 @@ pub(crate) struct Batch {
     wrs: Vec<WorkRequest>,
     /// How many work requests were actually posted (fewer if the node crashed mid-list).
     posted: usize,
+    /// How many work requests are signaled (completion-queue entries to poll).
+    signaled: usize,
     /// Outcome of each work request (`Written` until it completes).
     outcomes: Vec<WrOutcome>,
     /// The first failed work request (lowest index) and its error.
@@ -152,6 +154,8 @@ pub(crate) struct World {
     batches: Slab<Batch>,
     pub(crate) ports: HashMap<Endpoint, PortQueue>,
     rng: Xoshiro256PlusPlus,
+    /// Jitter of service and wire times (`NicProfile::jitter`) and its own random stream.
+    jitter: Jitter,
     faults: MessageFaults,
     digest: u64,
     pub(crate) events_processed: u64,
@@ -224,6 +228,11 @@ impl World {
             batches: Slab::new(),
             ports: HashMap::new(),
             rng: Xoshiro256PlusPlus::seed_from_u64(config.seed),
+            jitter: Jitter {
+                j: config.profile.jitter,
+                // A stream of its own: turning jitter on moves no message-fault draw.
+                rng: Xoshiro256PlusPlus::seed_from_u64(config.seed ^ 0x6a17_7e55_0f5e_ed00),
+            },
             faults: config.message_faults,
             digest: DIGEST_SEED,
             events_processed: 0,
@@ -369,12 +378,14 @@ impl World {
         let at = self.cores[core].local;
         let mut outcomes = Vec::with_capacity(wrs.len());
         outcomes.resize_with(wrs.len(), || WrOutcome::Written);
+        let signaled = wrs.iter().filter(|w| w.signaled).count();
         let key = self.batches.insert(Batch {
             core,
             node,
             posted_at: at,
             outstanding: posted,
             posted,
+            signaled,
             wrs,
             outcomes,
             error: None,
@@ -398,7 +409,7 @@ impl World {
             return None;
         }
         let b = self.batches.remove(key);
-        let cqes = b.wrs.iter().filter(|w| w.signaled).count();
+        let cqes = b.signaled;
         let outcomes = match b.error {
             Some((_, error)) => Err(error),
             None => Ok(b.outcomes),
@@ -464,9 +475,9 @@ impl World {
 
     // ---------------------------------------------------------------- events
 
-    /// Pops and handles the next event. Returns `false` when there is none.
-    pub(crate) fn step(&mut self) -> bool {
-        let Some((time, event)) = self.events.pop() else {
+    /// Pops and handles the next event if it is due by `limit`. Returns whether it did.
+    pub(crate) fn step_until(&mut self, limit: Nanos) -> bool {
+        let Some((time, event)) = self.events.pop_until(limit) else {
             return false;
         };
         self.now = self.now.max(time);
@@ -504,6 +515,7 @@ impl World {
         let node = usize::from(b.node.0);
         let nic = &mut self.nodes[node].nic;
         let events = &mut self.events;
+        let jitter = &mut self.jitter;
         for (i, wr) in b.wrs[..b.posted].iter().enumerate() {
             let bytes = Self::request_bytes(&wr.op);
             let fetch = match &wr.op {
@@ -517,7 +529,7 @@ impl World {
             nic.egress_free = start + wire;
             nic.stats.egress_busy_ns += wire;
             nic.stats.bytes_out += bytes + u64::from(profile.header_bytes);
-            let arrive = nic.egress_free + profile.one_way_latency_ns as f64;
+            let arrive = nic.egress_free + jitter.scale(profile.one_way_latency_ns as f64);
             let wr = i as u32;
             events.push(arrive.ceil() as Nanos, Event::Arrive { batch: key, wr });
         }
@@ -533,7 +545,7 @@ impl World {
         nic.egress_free = start + wire;
         nic.stats.egress_busy_ns += wire;
         nic.stats.bytes_out += bytes + u64::from(profile.header_bytes);
-        let arrive = nic.egress_free + profile.one_way_latency_ns as f64;
+        let arrive = nic.egress_free + self.jitter.scale(profile.one_way_latency_ns as f64);
         self.schedule(
             arrive.ceil() as Nanos,
             Event::Complete {
@@ -606,6 +618,8 @@ impl World {
         let earliest = ready.max(qp_ready);
         let events = &mut self.events;
         let now_ns = self.now;
+        // One factor per op for all of its service times.
+        let factor = self.jitter.factor();
         let mut inline = None;
         let mut schedule_execute = |start: f64, inline: &mut Option<Inline>| {
             let at = start.ceil() as Nanos;
@@ -624,7 +638,7 @@ impl World {
                     |best, (i, f)| if f < best.1 { (i, f) } else { best },
                 );
                 let start = earliest.max(free);
-                let service = profile.pu_service_ns();
+                let service = profile.pu_service_ns() * factor;
                 node.nic.pu_free[pu] = start + service;
                 if kind == OpKind::Write {
                     // The payload lands one line at a time, spread over the service time.
@@ -659,10 +673,10 @@ impl World {
                     .copied()
                     .unwrap_or(0.0);
                 let start = earliest.max(node.nic.atomic_free).max(address_free);
-                node.nic.atomic_free = start + profile.atomic_service_ns();
+                node.nic.atomic_free = start + profile.atomic_service_ns() * factor;
                 node.nic
                     .atomic_address_free
-                    .insert(addr.offset, start + profile.same_address_gap_ns());
+                    .insert(addr.offset, start + profile.same_address_gap_ns() * factor);
                 node.nic.qp_done[source_core] = start;
                 if node.nic.atomic_address_free.len() > 1 << 16 {
                     // Entries in the past constrain nothing; drop them to bound memory.
@@ -840,7 +854,7 @@ impl World {
         nic.stats.egress_busy_ns += wire;
         nic.stats.bytes_out += bytes + u64::from(profile.header_bytes);
         nic.stats.messages_sent += 1;
-        let mut arrive = nic.egress_free + profile.one_way_latency_ns as f64;
+        let mut arrive = nic.egress_free + self.jitter.scale(profile.one_way_latency_ns as f64);
         let faults = self.faults;
         if faults.loss > 0.0 && self.random_unit() < faults.loss {
             self.nodes[from].nic.stats.messages_dropped += 1;
@@ -897,6 +911,30 @@ impl World {
                 w.wake();
             }
         }
+    }
+}
+
+/// Multiplicative jitter of service and wire times ([`NicProfile::jitter`]).
+struct Jitter {
+    j: f64,
+    rng: Xoshiro256PlusPlus,
+}
+
+impl Jitter {
+    /// A factor uniform in `[1 - j, 1 + j]`; exactly 1 (and no draw) when jitter is off.
+    #[inline]
+    fn factor(&mut self) -> f64 {
+        if self.j == 0.0 {
+            return 1.0;
+        }
+        let unit = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        1.0 - self.j + 2.0 * self.j * unit
+    }
+
+    /// `ns` times a fresh factor.
+    #[inline]
+    fn scale(&mut self, ns: f64) -> f64 {
+        if self.j == 0.0 { ns } else { ns * self.factor() }
     }
 }
 
