@@ -550,12 +550,16 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
                 .min(deadline.unwrap_or(Nanos::MAX));
             let now = {
                 let mut world = shared.world.borrow_mut();
-                // The first event is due by `limit` (it comes before the next task start and
-                // the deadline).
-                while world.step_until(limit)
-                    && !shared.wakes.any.load(Ordering::Relaxed)
-                    && world.newly_crashed.is_empty()
-                {}
+                loop {
+                    world.step();
+                    if shared.wakes.any.load(Ordering::Relaxed) || !world.newly_crashed.is_empty() {
+                        break;
+                    }
+                    match world.next_event_time() {
+                        Some(e) if e <= limit => {}
+                        _ => break,
+                    }
+                }
                 world.now
             };
             drain_wakes(shared, now);

@@ -135,32 +135,13 @@ impl<T> EventQueue<T> {
     }
 
     /// Takes out the next item and its time.
-    #[cfg(test)]
     pub(crate) fn pop(&mut self) -> Option<(Nanos, T)> {
-        self.pop_until(Nanos::MAX)
-    }
-
-    /// Takes out the next item and its time if it is due by `limit`.
-    pub(crate) fn pop_until(&mut self, limit: Nanos) -> Option<(Nanos, T)> {
         let wheel = self.wheel_first();
         let from_wheel = match (wheel, self.far.peek()) {
             (None, None) => return None,
-            (Some(w), None) => {
-                if w > limit {
-                    return None;
-                }
-                true
-            }
-            (None, Some(Reverse(f))) => {
-                if f.time > limit {
-                    return None;
-                }
-                false
-            }
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
             (Some(w), Some(Reverse(f))) => {
-                if w.min(f.time) > limit {
-                    return None;
-                }
                 let b = w as usize & (WHEEL - 1);
                 let seq = self.buckets[b].front().expect("occupied bucket").0;
                 (w, seq) < (f.time, f.seq)

@@ -475,9 +475,9 @@ impl World {
 
     // ---------------------------------------------------------------- events
 
-    /// Pops and handles the next event if it is due by `limit`. Returns whether it did.
-    pub(crate) fn step_until(&mut self, limit: Nanos) -> bool {
-        let Some((time, event)) = self.events.pop_until(limit) else {
+    /// Pops and handles the next event. Returns `false` when there is none.
+    pub(crate) fn step(&mut self) -> bool {
+        let Some((time, event)) = self.events.pop() else {
             return false;
         };
         self.now = self.now.max(time);
