@@ -934,7 +934,11 @@ impl Jitter {
     /// `ns` times a fresh factor.
     #[inline]
     fn scale(&mut self, ns: f64) -> f64 {
-        if self.j == 0.0 { ns } else { ns * self.factor() }
+        if self.j == 0.0 {
+            ns
+        } else {
+            ns * self.factor()
+        }
     }
 }
 

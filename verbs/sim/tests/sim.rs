@@ -605,7 +605,10 @@ fn jitter_breaks_lockstep_and_stays_deterministic() {
     assert_eq!(p50, p99, "no jitter: one latency for all");
     let (j50, j99, jreads, digest) = read_loop(0.05, 1);
     assert!(j99 > j50, "jitter spreads latency: p50 {j50} p99 {j99}");
-    assert!(j99 < p99 + p99 / 5, "jitter of 5 % stays small: p99 {j99} vs {p99}");
+    assert!(
+        j99 < p99 + p99 / 5,
+        "jitter of 5 % stays small: p99 {j99} vs {p99}"
+    );
     let change = (jreads as f64 - reads as f64).abs() / reads as f64;
     assert!(change < 0.02, "READs {reads} -> {jreads}");
     assert_eq!(read_loop(0.05, 1).3, digest, "same seed, same run");
