@@ -698,19 +698,29 @@ impl Future for PostFuture {
         if self.ctx.crashed() {
             return Poll::Ready(Err(VerbsError::LocalCrash));
         }
-        let key = match std::mem::replace(&mut self.state, PostState::Done) {
+        let (key, just_posted) = match std::mem::replace(&mut self.state, PostState::Done) {
             PostState::Unposted(list) => {
                 let wrs = match list.finish() {
                     Ok(wrs) => wrs,
                     Err(e) => return Poll::Ready(Err(e)),
                 };
-                self.ctx.shared.world.borrow_mut().post(self.ctx.core, wrs)
+                (
+                    self.ctx.shared.world.borrow_mut().post(self.ctx.core, wrs),
+                    true,
+                )
             }
-            PostState::Posted(key) => key,
+            PostState::Posted(key) => (key, false),
             PostState::Done => panic!("PostFuture polled after completion"),
         };
         let mut world = self.ctx.shared.world.borrow_mut();
-        match world.take_if_done(key) {
+        // A list just posted is never complete: its work requests are in flight, or (a crash
+        // mid-list) some were never posted.
+        let done = if just_posted {
+            None
+        } else {
+            world.take_if_done(key)
+        };
+        match done {
             Some((cqes, outcomes)) => {
                 let cost = cqes as u64 * world.profile.cqe_cpu_ns;
                 world.charge(self.ctx.core, cost);

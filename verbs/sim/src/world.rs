@@ -154,6 +154,8 @@ pub(crate) struct World {
     batches: Slab<Batch>,
     pub(crate) ports: HashMap<Endpoint, PortQueue>,
     rng: Xoshiro256PlusPlus,
+    /// Precomputed cost-model figures.
+    costs: Costs,
     /// Jitter of service and wire times (`NicProfile::jitter`) and its own random stream.
     jitter: Jitter,
     faults: MessageFaults,
@@ -175,6 +177,21 @@ fn fold(digest: u64, word: u64) -> u64 {
 }
 
 const DIGEST_SEED: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Folds bytes into a digest as little-endian 8-byte words, the last one zero-padded.
+fn digest_bytes(bytes: &[u8]) -> u64 {
+    let words = bytes.chunks_exact(8);
+    let tail = words.remainder();
+    let mut h = words.fold(DIGEST_SEED, |h, word| {
+        fold(h, u64::from_le_bytes(word.try_into().expect("8 bytes")))
+    });
+    if !tail.is_empty() {
+        let mut word = [0u8; 8];
+        word[..tail.len()].copy_from_slice(tail);
+        h = fold(h, u64::from_le_bytes(word));
+    }
+    h
+}
 
 impl World {
     pub(crate) fn new(config: &ClusterConfig) -> Self {
@@ -228,6 +245,7 @@ impl World {
             batches: Slab::new(),
             ports: HashMap::new(),
             rng: Xoshiro256PlusPlus::seed_from_u64(config.seed),
+            costs: Costs::new(&config.profile),
             jitter: Jitter {
                 j: config.profile.jitter,
                 // A stream of its own: turning jitter on moves no message-fault draw.
@@ -511,6 +529,7 @@ impl World {
     fn on_doorbell(&mut self, key: BatchKey) {
         let now = self.now as f64;
         let profile = &self.profile;
+        let costs = &self.costs;
         let b = &self.batches[key];
         let node = usize::from(b.node.0);
         let nic = &mut self.nodes[node].nic;
@@ -524,7 +543,7 @@ impl World {
                 }
                 _ => 0.0,
             };
-            let wire = profile.wire_ns(bytes);
+            let wire = costs.wire_ns(profile, bytes);
             let start = (now + fetch).max(nic.egress_free);
             nic.egress_free = start + wire;
             nic.stats.egress_busy_ns += wire;
@@ -539,7 +558,8 @@ impl World {
     /// scheduling its completion at the requester.
     fn respond(&mut self, responder: usize, key: BatchKey, wr: usize, at: f64, bytes: u64) {
         let profile = &self.profile;
-        let wire = profile.wire_ns(bytes);
+        let costs = &self.costs;
+        let wire = costs.wire_ns(profile, bytes);
         let nic = &mut self.nodes[responder].nic;
         let start = at.max(nic.egress_free);
         nic.egress_free = start + wire;
@@ -584,6 +604,7 @@ impl World {
             Self::request_bytes(op),
         );
         let profile = &self.profile;
+        let costs = &self.costs;
         let dst = usize::from(addr.node.0);
         if dst >= self.nodes.len() || self.nodes[dst].crashed || !self.nodes[dst].is_memory {
             let at = self.now + profile.transport_timeout_ns;
@@ -592,7 +613,7 @@ impl World {
         }
         let now = self.now as f64;
         let node = &mut self.nodes[dst];
-        let wire = profile.wire_ns(in_bytes);
+        let wire = costs.wire_ns(profile, in_bytes);
         let ready = now.max(node.nic.ingress_free + wire);
         node.nic.ingress_free = ready;
         node.nic.stats.ingress_busy_ns += wire;
@@ -698,9 +719,9 @@ impl World {
     /// the end of a run is not counted as work done.
     fn count_served(&mut self, responder: usize, kind: OpKind) {
         let service = if kind.is_atomic() {
-            self.profile.atomic_service_ns()
+            self.costs.atomic_busy
         } else {
-            self.profile.pu_service_ns() / f64::from(self.profile.processing_units)
+            self.costs.rw_busy
         };
         let stats = &mut self.nodes[responder].nic.stats;
         stats.ops_served[kind_index(kind)] += 1;
@@ -802,11 +823,7 @@ impl World {
         let outcome_word = match &b.outcomes[wr] {
             _ if failed => 2,
             WrOutcome::Atomic(v) => *v,
-            WrOutcome::Bytes(bytes) => bytes.chunks(8).fold(DIGEST_SEED, |h, chunk| {
-                let mut word = [0u8; 8];
-                word[..chunk.len()].copy_from_slice(chunk);
-                fold(h, u64::from_le_bytes(word))
-            }),
+            WrOutcome::Bytes(bytes) => digest_bytes(bytes),
             WrOutcome::Written => 1,
         };
         let signaled = b.wrs[wr].signaled || failed;
@@ -841,13 +858,14 @@ impl World {
         let msg = &message.1;
         let from = usize::from(msg.from.node.0);
         let profile = &self.profile;
+        let costs = &self.costs;
         let bytes = msg.payload.len() as u64;
         let fetch = if msg.payload.len() > profile.inline_threshold as usize {
             profile.payload_fetch_ns as f64
         } else {
             0.0
         };
-        let wire = profile.wire_ns(bytes);
+        let wire = costs.wire_ns(profile, bytes);
         let nic = &mut self.nodes[from].nic;
         let start = (self.now as f64 + fetch).max(nic.egress_free);
         nic.egress_free = start + wire;
@@ -880,7 +898,8 @@ impl World {
             return;
         }
         let profile = &self.profile;
-        let wire = profile.wire_ns(msg.payload.len() as u64);
+        let costs = &self.costs;
+        let wire = costs.wire_ns(profile, msg.payload.len() as u64);
         let nic = &mut self.nodes[dst].nic;
         let ready = (self.now as f64).max(nic.ingress_free + wire);
         nic.ingress_free = ready;
@@ -910,6 +929,40 @@ impl World {
             if let Some(w) = q.waker.take() {
                 w.wake();
             }
+        }
+    }
+}
+
+/// Wire times of small payloads, computed once by [`NicProfile::wire_ns`] itself (so the
+/// figures are bit-identical to calling it), and the per-op service constants.
+struct Costs {
+    /// `wire_ns(payload)` for payloads of `0..WIRE_TABLE` bytes.
+    wire: Box<[f64]>,
+    /// What one served READ/WRITE adds to the engine's busy time.
+    rw_busy: f64,
+    /// What one served atomic adds to the atomic unit's busy time.
+    atomic_busy: f64,
+}
+
+/// Payload sizes whose wire time [`Costs`] keeps (every READ request, atomic and small
+/// WRITE or READ response).
+const WIRE_TABLE: usize = 257;
+
+impl Costs {
+    fn new(profile: &NicProfile) -> Self {
+        Self {
+            wire: (0..WIRE_TABLE as u64).map(|b| profile.wire_ns(b)).collect(),
+            rw_busy: profile.pu_service_ns() / f64::from(profile.processing_units),
+            atomic_busy: profile.atomic_service_ns(),
+        }
+    }
+
+    /// `profile.wire_ns(payload)`, from the table when it is small.
+    #[inline]
+    fn wire_ns(&self, profile: &NicProfile, payload: u64) -> f64 {
+        match self.wire.get(payload as usize) {
+            Some(&ns) => ns,
+            None => profile.wire_ns(payload),
         }
     }
 }
@@ -978,6 +1031,31 @@ mod tests {
         assert_eq!(lines_touched(60, 8), 2);
         assert_eq!(lines_touched(0, 256), 4);
         assert_eq!(lines_touched(128, 0), 1);
+    }
+
+    #[test]
+    fn digest_bytes_folds_zero_padded_words() {
+        for len in [0usize, 1, 7, 8, 9, 64, 70] {
+            let bytes: Vec<u8> = (0..len as u8).map(|b| b.wrapping_mul(37)).collect();
+            let by_chunks = bytes.chunks(8).fold(DIGEST_SEED, |h, chunk| {
+                let mut word = [0u8; 8];
+                word[..chunk.len()].copy_from_slice(chunk);
+                fold(h, u64::from_le_bytes(word))
+            });
+            assert_eq!(digest_bytes(&bytes), by_chunks, "{len} bytes");
+        }
+    }
+
+    #[test]
+    fn wire_table_matches_the_profile() {
+        let profile = NicProfile::cx5();
+        let costs = Costs::new(&profile);
+        for payload in [0u64, 8, 16, 64, 256, 257, 5000] {
+            assert_eq!(
+                costs.wire_ns(&profile, payload).to_bits(),
+                profile.wire_ns(payload).to_bits()
+            );
+        }
     }
 
     #[test]
