@@ -111,7 +111,7 @@ fn shm_runs_real_verbs() {
 #[test]
 fn bad_arguments_get_one_readable_line_and_a_failure_exit() {
     for (args, expected) in [
-        (vec!["perf", "--clients", "0"], "0 is not in 1..=4096"),
+        (vec!["perf", "--clients", "0"], "0 is not in 1..=65536"),
         (vec!["perf", "--profile", "cx9"], "unknown --profile `cx9`"),
         (vec!["perf", "--op", "cas", "--size", "16"], "use --size 8"),
         (

@@ -63,6 +63,9 @@ struct TaskSlot {
     core: usize,
     generation: u32,
     waker: Arc<TaskWaker>,
+    /// The task's `Waker`, made once: a poll clones the `Rc` (no atomic operation) instead
+    /// of making a `Waker` from the `Arc` each time.
+    handle: Rc<Waker>,
 }
 
 /// The runnable tasks of one core, by (time woken, wake order): the core runs them one at a
@@ -385,15 +388,18 @@ fn spawn_on(shared: &Rc<Shared>, core: usize, future: Pin<Box<dyn Future<Output 
         let mut tasks = shared.tasks.borrow_mut();
         let entry = tasks.vacant_entry();
         let key = (entry.key(), generation);
+        let waker = Arc::new(TaskWaker {
+            key,
+            queued: AtomicBool::new(true),
+            wakes: Arc::clone(&shared.wakes),
+        });
+        let handle = Rc::new(Waker::from(Arc::clone(&waker)));
         entry.insert(TaskSlot {
             future: Some(future),
             core,
             generation,
-            waker: Arc::new(TaskWaker {
-                key,
-                queued: AtomicBool::new(true),
-                wakes: Arc::clone(&shared.wakes),
-            }),
+            waker,
+            handle,
         });
         key
     };
@@ -574,7 +580,7 @@ fn poll_task(shared: &Rc<Shared>, key: TaskKey, start: Nanos) {
         let slot = &mut tasks[key.0];
         slot.waker.queued.store(false, Ordering::Relaxed);
         let future = slot.future.take().expect("runnable task has its future");
-        (future, slot.core, Waker::from(Arc::clone(&slot.waker)))
+        (future, slot.core, Rc::clone(&slot.handle))
     };
     {
         let mut world = shared.world.borrow_mut();
@@ -692,19 +698,29 @@ impl Future for PostFuture {
         if self.ctx.crashed() {
             return Poll::Ready(Err(VerbsError::LocalCrash));
         }
-        let key = match std::mem::replace(&mut self.state, PostState::Done) {
+        let (key, just_posted) = match std::mem::replace(&mut self.state, PostState::Done) {
             PostState::Unposted(list) => {
                 let wrs = match list.finish() {
                     Ok(wrs) => wrs,
                     Err(e) => return Poll::Ready(Err(e)),
                 };
-                self.ctx.shared.world.borrow_mut().post(self.ctx.core, wrs)
+                (
+                    self.ctx.shared.world.borrow_mut().post(self.ctx.core, wrs),
+                    true,
+                )
             }
-            PostState::Posted(key) => key,
+            PostState::Posted(key) => (key, false),
             PostState::Done => panic!("PostFuture polled after completion"),
         };
         let mut world = self.ctx.shared.world.borrow_mut();
-        match world.take_if_done(key) {
+        // A list just posted is never complete: its work requests are in flight, or (a crash
+        // mid-list) some were never posted.
+        let done = if just_posted {
+            None
+        } else {
+            world.take_if_done(key)
+        };
+        match done {
             Some((cqes, outcomes)) => {
                 let cost = cqes as u64 * world.profile.cqe_cpu_ns;
                 world.charge(self.ctx.core, cost);

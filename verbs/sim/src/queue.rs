@@ -89,7 +89,8 @@ impl<T> EventQueue<T> {
         }
     }
 
-    /// Time of the wheel's first item (scanning the bitmap from `base`).
+    /// Time of the wheel's first item.
+    #[inline]
     fn wheel_first(&mut self) -> Option<Nanos> {
         if self.in_wheel == 0 {
             return None;
@@ -97,6 +98,13 @@ impl<T> EventQueue<T> {
         if let Some(t) = self.wheel_next {
             return Some(t);
         }
+        Some(self.scan_wheel())
+    }
+
+    /// Time of the wheel's first item, scanning the bitmap from `base` (the wheel is not
+    /// empty).
+    #[cold]
+    fn scan_wheel(&mut self) -> Nanos {
         let start = self.base as usize & (WHEEL - 1);
         let (w0, bit0) = (start / 64, start % 64);
         let mut found = None;
@@ -121,10 +129,11 @@ impl<T> EventQueue<T> {
         let b = found.expect("a non-empty wheel has an occupied bucket");
         let t = self.base + ((b.wrapping_sub(start)) & (WHEEL - 1)) as Nanos;
         self.wheel_next = Some(t);
-        Some(t)
+        t
     }
 
     /// Time of the next item.
+    #[inline]
     pub(crate) fn peek_time(&mut self) -> Option<Nanos> {
         let wheel = self.wheel_first();
         let far = self.far.peek().map(|Reverse(f)| f.time);

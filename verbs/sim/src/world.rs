@@ -128,16 +128,24 @@ pub(crate) struct Batch {
     wrs: Vec<WorkRequest>,
     /// How many work requests were actually posted (fewer if the node crashed mid-list).
     posted: usize,
+    /// How many work requests are signaled (completion-queue entries to poll).
+    signaled: usize,
     /// Outcome of each work request (`Written` until it completes).
     outcomes: Vec<WrOutcome>,
-    /// The first failed work request (lowest index) and its error.
-    error: Option<(usize, VerbsError)>,
-    /// Which work requests failed (empty until one does).
-    failed: Vec<bool>,
+    /// Failed work requests, if any (boxed: rare, and a smaller `Batch` moves faster).
+    failure: Option<Box<Failure>>,
     outstanding: usize,
     pub(crate) waker: Option<Waker>,
     /// The future that posted it was dropped: free the slot when the last response lands.
     pub(crate) abandoned: bool,
+}
+
+/// The failed work requests of a list.
+struct Failure {
+    /// The first failed work request (lowest index) and its error.
+    first: (usize, VerbsError),
+    /// Which work requests failed.
+    failed: Vec<bool>,
 }
 
 /// The state of the whole simulated cluster.
@@ -152,6 +160,10 @@ pub(crate) struct World {
     batches: Slab<Batch>,
     pub(crate) ports: HashMap<Endpoint, PortQueue>,
     rng: Xoshiro256PlusPlus,
+    /// Precomputed cost-model figures.
+    costs: Costs,
+    /// Jitter of service and wire times (`NicProfile::jitter`) and its own random stream.
+    jitter: Jitter,
     faults: MessageFaults,
     digest: u64,
     pub(crate) events_processed: u64,
@@ -171,6 +183,21 @@ fn fold(digest: u64, word: u64) -> u64 {
 }
 
 const DIGEST_SEED: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Folds bytes into a digest as little-endian 8-byte words, the last one zero-padded.
+fn digest_bytes(bytes: &[u8]) -> u64 {
+    let words = bytes.chunks_exact(8);
+    let tail = words.remainder();
+    let mut h = words.fold(DIGEST_SEED, |h, word| {
+        fold(h, u64::from_le_bytes(word.try_into().expect("8 bytes")))
+    });
+    if !tail.is_empty() {
+        let mut word = [0u8; 8];
+        word[..tail.len()].copy_from_slice(tail);
+        h = fold(h, u64::from_le_bytes(word));
+    }
+    h
+}
 
 impl World {
     pub(crate) fn new(config: &ClusterConfig) -> Self {
@@ -224,6 +251,12 @@ impl World {
             batches: Slab::new(),
             ports: HashMap::new(),
             rng: Xoshiro256PlusPlus::seed_from_u64(config.seed),
+            costs: Costs::new(&config.profile),
+            jitter: Jitter {
+                j: config.profile.jitter,
+                // A stream of its own: turning jitter on moves no message-fault draw.
+                rng: Xoshiro256PlusPlus::seed_from_u64(config.seed ^ 0x6a17_7e55_0f5e_ed00),
+            },
             faults: config.message_faults,
             digest: DIGEST_SEED,
             events_processed: 0,
@@ -369,16 +402,17 @@ impl World {
         let at = self.cores[core].local;
         let mut outcomes = Vec::with_capacity(wrs.len());
         outcomes.resize_with(wrs.len(), || WrOutcome::Written);
+        let signaled = wrs.iter().filter(|w| w.signaled).count();
         let key = self.batches.insert(Batch {
             core,
             node,
             posted_at: at,
             outstanding: posted,
             posted,
+            signaled,
             wrs,
             outcomes,
-            error: None,
-            failed: Vec::new(),
+            failure: None,
             waker: None,
             abandoned: false,
         });
@@ -398,9 +432,9 @@ impl World {
             return None;
         }
         let b = self.batches.remove(key);
-        let cqes = b.wrs.iter().filter(|w| w.signaled).count();
-        let outcomes = match b.error {
-            Some((_, error)) => Err(error),
+        let cqes = b.signaled;
+        let outcomes = match b.failure {
+            Some(failure) => Err(failure.first.1),
             None => Ok(b.outcomes),
         };
         Some((cqes, outcomes))
@@ -500,10 +534,12 @@ impl World {
     fn on_doorbell(&mut self, key: BatchKey) {
         let now = self.now as f64;
         let profile = &self.profile;
+        let costs = &self.costs;
         let b = &self.batches[key];
         let node = usize::from(b.node.0);
         let nic = &mut self.nodes[node].nic;
         let events = &mut self.events;
+        let jitter = &mut self.jitter;
         for (i, wr) in b.wrs[..b.posted].iter().enumerate() {
             let bytes = Self::request_bytes(&wr.op);
             let fetch = match &wr.op {
@@ -512,12 +548,12 @@ impl World {
                 }
                 _ => 0.0,
             };
-            let wire = profile.wire_ns(bytes);
+            let wire = costs.wire_ns(profile, bytes);
             let start = (now + fetch).max(nic.egress_free);
             nic.egress_free = start + wire;
             nic.stats.egress_busy_ns += wire;
             nic.stats.bytes_out += bytes + u64::from(profile.header_bytes);
-            let arrive = nic.egress_free + profile.one_way_latency_ns as f64;
+            let arrive = nic.egress_free + jitter.scale(profile.one_way_latency_ns as f64);
             let wr = i as u32;
             events.push(arrive.ceil() as Nanos, Event::Arrive { batch: key, wr });
         }
@@ -527,13 +563,14 @@ impl World {
     /// scheduling its completion at the requester.
     fn respond(&mut self, responder: usize, key: BatchKey, wr: usize, at: f64, bytes: u64) {
         let profile = &self.profile;
-        let wire = profile.wire_ns(bytes);
+        let costs = &self.costs;
+        let wire = costs.wire_ns(profile, bytes);
         let nic = &mut self.nodes[responder].nic;
         let start = at.max(nic.egress_free);
         nic.egress_free = start + wire;
         nic.stats.egress_busy_ns += wire;
         nic.stats.bytes_out += bytes + u64::from(profile.header_bytes);
-        let arrive = nic.egress_free + profile.one_way_latency_ns as f64;
+        let arrive = nic.egress_free + self.jitter.scale(profile.one_way_latency_ns as f64);
         self.schedule(
             arrive.ceil() as Nanos,
             Event::Complete {
@@ -545,13 +582,22 @@ impl World {
 
     fn fail(&mut self, key: BatchKey, wr: usize, error: VerbsError, at: Nanos) {
         let b = &mut self.batches[key];
-        if b.error.as_ref().is_none_or(|(first, _)| wr < *first) {
-            b.error = Some((wr, error));
+        match &mut b.failure {
+            None => {
+                let mut failed = vec![false; b.wrs.len()];
+                failed[wr] = true;
+                b.failure = Some(Box::new(Failure {
+                    first: (wr, error),
+                    failed,
+                }));
+            }
+            Some(failure) => {
+                if wr < failure.first.0 {
+                    failure.first = (wr, error);
+                }
+                failure.failed[wr] = true;
+            }
         }
-        if b.failed.is_empty() {
-            b.failed = vec![false; b.wrs.len()];
-        }
-        b.failed[wr] = true;
         self.schedule(
             at,
             Event::Complete {
@@ -572,6 +618,7 @@ impl World {
             Self::request_bytes(op),
         );
         let profile = &self.profile;
+        let costs = &self.costs;
         let dst = usize::from(addr.node.0);
         if dst >= self.nodes.len() || self.nodes[dst].crashed || !self.nodes[dst].is_memory {
             let at = self.now + profile.transport_timeout_ns;
@@ -580,7 +627,7 @@ impl World {
         }
         let now = self.now as f64;
         let node = &mut self.nodes[dst];
-        let wire = profile.wire_ns(in_bytes);
+        let wire = costs.wire_ns(profile, in_bytes);
         let ready = now.max(node.nic.ingress_free + wire);
         node.nic.ingress_free = ready;
         node.nic.stats.ingress_busy_ns += wire;
@@ -606,6 +653,8 @@ impl World {
         let earliest = ready.max(qp_ready);
         let events = &mut self.events;
         let now_ns = self.now;
+        // One factor per op for all of its service times.
+        let factor = self.jitter.factor();
         let mut inline = None;
         let mut schedule_execute = |start: f64, inline: &mut Option<Inline>| {
             let at = start.ceil() as Nanos;
@@ -624,7 +673,7 @@ impl World {
                     |best, (i, f)| if f < best.1 { (i, f) } else { best },
                 );
                 let start = earliest.max(free);
-                let service = profile.pu_service_ns();
+                let service = profile.pu_service_ns() * factor;
                 node.nic.pu_free[pu] = start + service;
                 if kind == OpKind::Write {
                     // The payload lands one line at a time, spread over the service time.
@@ -659,10 +708,10 @@ impl World {
                     .copied()
                     .unwrap_or(0.0);
                 let start = earliest.max(node.nic.atomic_free).max(address_free);
-                node.nic.atomic_free = start + profile.atomic_service_ns();
+                node.nic.atomic_free = start + profile.atomic_service_ns() * factor;
                 node.nic
                     .atomic_address_free
-                    .insert(addr.offset, start + profile.same_address_gap_ns());
+                    .insert(addr.offset, start + profile.same_address_gap_ns() * factor);
                 node.nic.qp_done[source_core] = start;
                 if node.nic.atomic_address_free.len() > 1 << 16 {
                     // Entries in the past constrain nothing; drop them to bound memory.
@@ -684,9 +733,9 @@ impl World {
     /// the end of a run is not counted as work done.
     fn count_served(&mut self, responder: usize, kind: OpKind) {
         let service = if kind.is_atomic() {
-            self.profile.atomic_service_ns()
+            self.costs.atomic_busy
         } else {
-            self.profile.pu_service_ns() / f64::from(self.profile.processing_units)
+            self.costs.rw_busy
         };
         let stats = &mut self.nodes[responder].nic.stats;
         stats.ops_served[kind_index(kind)] += 1;
@@ -784,15 +833,11 @@ impl World {
         let node = usize::from(b.node.0);
         let kind = b.wrs[wr].op.kind();
         let latency = now.saturating_sub(b.posted_at).max(1);
-        let failed = b.failed.get(wr).copied().unwrap_or(false);
+        let failed = b.failure.as_ref().is_some_and(|f| f.failed[wr]);
         let outcome_word = match &b.outcomes[wr] {
             _ if failed => 2,
             WrOutcome::Atomic(v) => *v,
-            WrOutcome::Bytes(bytes) => bytes.chunks(8).fold(DIGEST_SEED, |h, chunk| {
-                let mut word = [0u8; 8];
-                word[..chunk.len()].copy_from_slice(chunk);
-                fold(h, u64::from_le_bytes(word))
-            }),
+            WrOutcome::Bytes(bytes) => digest_bytes(bytes),
             WrOutcome::Written => 1,
         };
         let signaled = b.wrs[wr].signaled || failed;
@@ -827,20 +872,21 @@ impl World {
         let msg = &message.1;
         let from = usize::from(msg.from.node.0);
         let profile = &self.profile;
+        let costs = &self.costs;
         let bytes = msg.payload.len() as u64;
         let fetch = if msg.payload.len() > profile.inline_threshold as usize {
             profile.payload_fetch_ns as f64
         } else {
             0.0
         };
-        let wire = profile.wire_ns(bytes);
+        let wire = costs.wire_ns(profile, bytes);
         let nic = &mut self.nodes[from].nic;
         let start = (self.now as f64 + fetch).max(nic.egress_free);
         nic.egress_free = start + wire;
         nic.stats.egress_busy_ns += wire;
         nic.stats.bytes_out += bytes + u64::from(profile.header_bytes);
         nic.stats.messages_sent += 1;
-        let mut arrive = nic.egress_free + profile.one_way_latency_ns as f64;
+        let mut arrive = nic.egress_free + self.jitter.scale(profile.one_way_latency_ns as f64);
         let faults = self.faults;
         if faults.loss > 0.0 && self.random_unit() < faults.loss {
             self.nodes[from].nic.stats.messages_dropped += 1;
@@ -866,7 +912,8 @@ impl World {
             return;
         }
         let profile = &self.profile;
-        let wire = profile.wire_ns(msg.payload.len() as u64);
+        let costs = &self.costs;
+        let wire = costs.wire_ns(profile, msg.payload.len() as u64);
         let nic = &mut self.nodes[dst].nic;
         let ready = (self.now as f64).max(nic.ingress_free + wire);
         nic.ingress_free = ready;
@@ -896,6 +943,68 @@ impl World {
             if let Some(w) = q.waker.take() {
                 w.wake();
             }
+        }
+    }
+}
+
+/// Wire times of small payloads, computed once by [`NicProfile::wire_ns`] itself (so the
+/// figures are bit-identical to calling it), and the per-op service constants.
+struct Costs {
+    /// `wire_ns(payload)` for payloads of `0..WIRE_TABLE` bytes.
+    wire: Box<[f64]>,
+    /// What one served READ/WRITE adds to the engine's busy time.
+    rw_busy: f64,
+    /// What one served atomic adds to the atomic unit's busy time.
+    atomic_busy: f64,
+}
+
+/// Payload sizes whose wire time [`Costs`] keeps (every READ request, atomic and small
+/// WRITE or READ response).
+const WIRE_TABLE: usize = 257;
+
+impl Costs {
+    fn new(profile: &NicProfile) -> Self {
+        Self {
+            wire: (0..WIRE_TABLE as u64).map(|b| profile.wire_ns(b)).collect(),
+            rw_busy: profile.pu_service_ns() / f64::from(profile.processing_units),
+            atomic_busy: profile.atomic_service_ns(),
+        }
+    }
+
+    /// `profile.wire_ns(payload)`, from the table when it is small.
+    #[inline]
+    fn wire_ns(&self, profile: &NicProfile, payload: u64) -> f64 {
+        match self.wire.get(payload as usize) {
+            Some(&ns) => ns,
+            None => profile.wire_ns(payload),
+        }
+    }
+}
+
+/// Multiplicative jitter of service and wire times ([`NicProfile::jitter`]).
+struct Jitter {
+    j: f64,
+    rng: Xoshiro256PlusPlus,
+}
+
+impl Jitter {
+    /// A factor uniform in `[1 - j, 1 + j]`; exactly 1 (and no draw) when jitter is off.
+    #[inline]
+    fn factor(&mut self) -> f64 {
+        if self.j == 0.0 {
+            return 1.0;
+        }
+        let unit = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        1.0 - self.j + 2.0 * self.j * unit
+    }
+
+    /// `ns` times a fresh factor.
+    #[inline]
+    fn scale(&mut self, ns: f64) -> f64 {
+        if self.j == 0.0 {
+            ns
+        } else {
+            ns * self.factor()
         }
     }
 }
@@ -936,6 +1045,31 @@ mod tests {
         assert_eq!(lines_touched(60, 8), 2);
         assert_eq!(lines_touched(0, 256), 4);
         assert_eq!(lines_touched(128, 0), 1);
+    }
+
+    #[test]
+    fn digest_bytes_folds_zero_padded_words() {
+        for len in [0usize, 1, 7, 8, 9, 64, 70] {
+            let bytes: Vec<u8> = (0..len as u8).map(|b| b.wrapping_mul(37)).collect();
+            let by_chunks = bytes.chunks(8).fold(DIGEST_SEED, |h, chunk| {
+                let mut word = [0u8; 8];
+                word[..chunk.len()].copy_from_slice(chunk);
+                fold(h, u64::from_le_bytes(word))
+            });
+            assert_eq!(digest_bytes(&bytes), by_chunks, "{len} bytes");
+        }
+    }
+
+    #[test]
+    fn wire_table_matches_the_profile() {
+        let profile = NicProfile::cx5();
+        let costs = Costs::new(&profile);
+        for payload in [0u64, 8, 16, 64, 256, 257, 5000] {
+            assert_eq!(
+                costs.wire_ns(&profile, payload).to_bits(),
+                profile.wire_ns(payload).to_bits()
+            );
+        }
     }
 
     #[test]

@@ -558,3 +558,59 @@ fn histories_are_pinned() {
         );
     }
 }
+
+/// 64 closed-loop READ clients on one cx5 MN (8 CNs x 4 threads x 2 clients): p50 and p99 of
+/// READ latency, READs served, and the run's digest.
+fn read_loop(jitter: f64, seed: u64) -> (u64, u64, u64, u64) {
+    let mut profile = dmem_sim::NicProfile::cx5();
+    profile.jitter = jitter;
+    let sim = Sim::new(
+        ClusterConfig::with_profile(profile)
+            .mns(1)
+            .cns(8)
+            .threads_per_cn(4)
+            .seed(seed),
+    )
+    .unwrap();
+    let region = sim.region(sim.mn(0));
+    for cn in 0..8 {
+        for k in 0..8u64 {
+            let ctx = sim.context(sim.cn(cn), (k % 4) as u16).unwrap();
+            let c = ctx.clone();
+            let addr = region.at((u64::from(cn) * 8 + k) * 64).unwrap();
+            sim.spawn(&ctx, async move {
+                while c.now() < 200_000 {
+                    drop(c.read(addr, 64).await.unwrap());
+                }
+            });
+        }
+    }
+    sim.run_until_idle();
+    let stats = sim.stats();
+    let reads = &stats.latency[&OpKind::Read];
+    (
+        reads.value_at_quantile(0.5),
+        reads.value_at_quantile(0.99),
+        reads.len(),
+        sim.digest(),
+    )
+}
+
+/// Without jitter every READ of the closed loop takes the same time (the clients stay
+/// phase-locked); with it latencies spread, the run is still a function of its seed, and
+/// the mean service time, so the number of READs, barely moves.
+#[test]
+fn jitter_breaks_lockstep_and_stays_deterministic() {
+    let (p50, p99, reads, _) = read_loop(0.0, 1);
+    assert_eq!(p50, p99, "no jitter: one latency for all");
+    let (j50, j99, jreads, digest) = read_loop(0.05, 1);
+    assert!(j99 > j50, "jitter spreads latency: p50 {j50} p99 {j99}");
+    assert!(
+        j99 < p99 + p99 / 5,
+        "jitter of 5 % stays small: p99 {j99} vs {p99}"
+    );
+    let change = (jreads as f64 - reads as f64).abs() / reads as f64;
+    assert!(change < 0.02, "READs {reads} -> {jreads}");
+    assert_eq!(read_loop(0.05, 1).3, digest, "same seed, same run");
+    assert_ne!(read_loop(0.05, 2).3, digest, "another seed, another run");
+}
