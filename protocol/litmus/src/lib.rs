@@ -30,10 +30,11 @@ pub mod rng;
 pub mod run;
 
 pub use dmem_deploy::RecoveryTiming;
+pub use dmem_sim::MessageFaults;
 pub use litmus::Litmus;
 pub use run::{
-    CrashPoint, Failure, LitmusSummary, RunConfig, RunOutcome, SuiteConfig, SuiteReport, Violation,
-    first_violation, run_one, run_suite,
+    CrashPoint, Failure, LitmusSummary, RunConfig, RunOutcome, Steer, SuiteConfig, SuiteReport,
+    Violation, first_violation, run_one, run_suite,
 };
 
 /// Why the suite could not run (a violation is a result, not an error).
