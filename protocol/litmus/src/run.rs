@@ -20,15 +20,16 @@ use crate::rng::{SplitMix, mix};
 pub struct RunConfig {
     /// Probability that a run crashes a worker CN.
     pub crash_prob: f64,
-    /// Probability that a crash is aimed at a protocol phase (a work request from the
-    /// first one of a phase the protocol marked with `Verbs::mark_phase` — log, commit,
-    /// release, abort, … — to the first one of the next phase, so at a boundary or inside a
-    /// batch) rather than at a uniformly chosen work request. Most work requests of a run
+    /// Probability that a crash is aimed at a protocol phase (a phase name the protocol
+    /// marked with `Verbs::mark_phase` — log, commit, release, abort, … — or an aborted
+    /// attempt that had logged, then an occurrence of it, then a work request at its
+    /// boundary or inside its batch; see `crash_point`) rather than at a uniformly chosen
+    /// work request. Most work requests of a run
     /// are execution READs where no crash-dependent bug can show; the phases are where
     /// they do (Pandora §5: a crash between logging and committing, inside a commit batch).
     pub targeted: f64,
     /// Probability that an instance's run is steered ([`Steer`]): its two roles either
-    /// commit at a common instant or one of them waits before every commit, so that the
+    /// commit at a common instant or each waits its own delay before every commit, so the
     /// interleavings a bug needs (two commits' batches overlapping, a commit between
     /// another transaction's read and its validation) come up often instead of rarely.
     pub steer: f64,
@@ -122,7 +123,7 @@ impl RunConfig {
         }
         if self.steer > 0.0 && (self.commit_slot == 0 || self.max_slow == 0) {
             return Err(LitmusError::Config(
-                "steering needs a commit slot and a slow-role wait of at least 1 ns",
+                "steering needs a commit slot and a paced wait bound of at least 1 ns",
             ));
         }
         if self.instances == 0 || self.worker_cns == 0 || self.max_attempts == 0 || self.rounds == 0
@@ -183,7 +184,7 @@ pub struct RunOutcome {
 
 /// How one instance's two roles are steered (schedule steering, drawn per instance from
 /// the seed). Pandora §5 runs each litmus many times hoping the racy interleavings occur;
-/// steering makes the two that FORD's rare bugs need likely instead:
+/// steering makes the two that FORD's rare bugs need likely instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Steer {
     /// No steering: the seeded shapes and start instants alone decide the interleaving.
@@ -206,8 +207,8 @@ pub enum Steer {
 }
 
 impl Steer {
-    /// Draws an instance's steering: with probability `cfg.steer` a third aligned, two thirds paced
-    /// with each role's wait uniform in `[0, cfg.max_slow]`.
+    /// Draws an instance's steering: with probability `cfg.steer` a third aligned, two
+    /// thirds paced with each role's wait uniform in `[0, cfg.max_slow]`.
     fn draw(rng: &mut SplitMix, cfg: &RunConfig) -> Self {
         if rng.unit() >= cfg.steer {
             return Steer::Free;
@@ -218,7 +219,10 @@ impl Steer {
             }
         } else {
             Steer::Paced {
-                delays: [rng.below(cfg.max_slow + 1), rng.below(cfg.max_slow + 1)],
+                delays: [
+                    rng.below(cfg.max_slow.saturating_add(1)),
+                    rng.below(cfg.max_slow.saturating_add(1)),
+                ],
             }
         }
     }

@@ -318,6 +318,15 @@ fn bad_settings_are_errors() {
         run_suite(&*t, &suite(1, -0.1)),
         Err(LitmusError::CrashProb(_))
     ));
+    let mut bad = suite(1, 0.5);
+    bad.run.steer = 1.5;
+    assert!(matches!(run_suite(&*t, &bad), Err(LitmusError::Config(_))));
+    let mut bad = suite(1, 0.5);
+    bad.run.message_faults.loss = -0.5;
+    assert!(matches!(run_suite(&*t, &bad), Err(LitmusError::Config(_))));
+    let mut bad = suite(1, 0.5);
+    bad.run.commit_slot = 0;
+    assert!(matches!(run_suite(&*t, &bad), Err(LitmusError::Config(_))));
 }
 
 // The suite's default setting (crash in every run, 0.9 of the crashes aimed at phases,
