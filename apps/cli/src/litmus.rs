@@ -56,7 +56,8 @@ pub struct Args {
     /// Extra delay of a delayed message, ns.
     #[arg(long, default_value_t = RunConfig::new(0.0).message_faults.delay_ns)]
     msg_delay_ns: u64,
-    /// Probability that a message is lost (no protocol here claims to tolerate it).
+    /// Probability that a message is lost (a protocol that claims to tolerate loss,
+    /// LOTUS, loses at least 0.5 % anyway; the others claim nothing).
     #[arg(long, default_value_t = 0.0)]
     msg_loss: f64,
     /// Probability that a message is delivered twice (no protocol here claims to

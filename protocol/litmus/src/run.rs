@@ -43,6 +43,10 @@ pub struct RunConfig {
     /// protocol must tolerate a late message; loss and duplication are off, since no
     /// protocol here claims to tolerate them (README).
     pub message_faults: MessageFaults,
+    /// Probability that a message is lost in a run of a protocol that claims to tolerate
+    /// lost messages (`Protocol::tolerates_message_loss`: LOTUS's RPCs time out), on top
+    /// of [`message_faults`](Self::message_faults).
+    pub loss_if_tolerated: f64,
     /// Litmus instances per run, each on its own keys.
     pub instances: u16,
     /// Worker CNs (the litmus roles are spread over them; one more CN runs recovery).
@@ -79,6 +83,7 @@ impl RunConfig {
                 delay_ns: 4_000,
                 ..MessageFaults::default()
             },
+            loss_if_tolerated: 0.005,
             instances: 2,
             worker_cns: 2,
             max_gap: 3_000,
@@ -113,7 +118,7 @@ impl RunConfig {
             ));
         }
         let f = &self.message_faults;
-        if ![f.loss, f.duplicate, f.delay]
+        if ![f.loss, f.duplicate, f.delay, self.loss_if_tolerated]
             .iter()
             .all(|p| (0.0..=1.0).contains(p))
         {
@@ -420,10 +425,11 @@ fn execute(
         profile: NicProfile::named("cx5").map_err(|_| LitmusError::Config("no cx5 profile"))?,
         min_mn_bytes: 96 << 10,
     };
-    let sim = shape.build_with_faults(
-        target.mn_bytes_per_mn(&spec, shape.mns)?,
-        cfg.message_faults,
-    )?;
+    let mut faults = cfg.message_faults;
+    if target.tolerates_message_loss() {
+        faults.loss = faults.loss.max(cfg.loss_if_tolerated);
+    }
+    let sim = shape.build_with_faults(target.mn_bytes_per_mn(&spec, shape.mns)?, faults)?;
     sim.record_phases(crash.is_none());
     let mut dep = target.deploy(&sim, &spec, Rc::clone(&history))?;
     for (key, value) in &records {
