@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use dmem_sim::{ClusterConfig, NicProfile, Sim};
+use dmem_sim::{ClusterConfig, MessageFaults, NicProfile, Sim};
 use dmem_txn::{History, Key, TableId};
 use dmem_verbs::NodeId;
 
@@ -43,13 +43,27 @@ impl ClusterShape {
     /// # Errors
     /// [`DeployError::Sim`] for an invalid shape.
     pub fn build(&self, mn_bytes: u64) -> Result<Rc<Sim>, DeployError> {
+        self.build_with_faults(mn_bytes, MessageFaults::default())
+    }
+
+    /// [`build`](Self::build) with two-sided messages mistreated as `faults` says (lost,
+    /// duplicated, delayed; the litmus suite delays them).
+    ///
+    /// # Errors
+    /// [`DeployError::Sim`] for an invalid shape.
+    pub fn build_with_faults(
+        &self,
+        mn_bytes: u64,
+        faults: MessageFaults,
+    ) -> Result<Rc<Sim>, DeployError> {
         Ok(Rc::new(Sim::new(
             ClusterConfig::with_profile(self.profile.clone())
                 .mns(self.mns)
                 .cns(self.cns)
                 .threads_per_cn(self.threads)
                 .mn_memory_bytes(mn_bytes.max(self.min_mn_bytes))
-                .seed(self.seed),
+                .seed(self.seed)
+                .message_faults(faults),
         )?))
     }
 }

@@ -208,6 +208,13 @@ pub trait Protocol: Send + Sync {
         false
     }
 
+    /// Whether the protocol claims to tolerate lost two-sided messages (its RPCs time out
+    /// or are re-sent), so that fault injection may lose some (the litmus suite does).
+    /// `false` by default: no claim.
+    fn tolerates_message_loss(&self) -> bool {
+        false
+    }
+
     /// Bytes every MN needs for `spec` on `mns` MNs, before the cluster is built.
     ///
     /// # Errors

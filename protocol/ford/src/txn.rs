@@ -588,13 +588,22 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             }
             self.add_log_writes(&mut list, true)?;
         }
+        let mut logged = self.co.cfg.bug(FordBug::LogWithoutLock) && !deferred.is_empty();
         if relaxed && lost_decision {
             self.add_log_writes(&mut list, false)?;
+            logged = true;
         }
+        // A batch that carries log WRITEs says so in its phase name: crash injection aims
+        // at the log writes of attempts that may still abort (Pandora §5.1, C2).
+        let phase = if logged {
+            "commit-lock+log"
+        } else {
+            "commit-lock"
+        };
         let mut res = if list.is_empty() {
             None
         } else {
-            Some(self.post("commit-lock", list).await?)
+            Some(self.post(phase, list).await?)
         };
         if let Some(res) = res.as_mut() {
             // Every CAS of this batch that found the lock free acquired it: mark it held
@@ -657,8 +666,13 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             if lost_decision {
                 self.add_log_writes(&mut list, false)?;
             }
+            let phase = if lost_decision {
+                "validate+log"
+            } else {
+                "validate"
+            };
             if !list.is_empty() {
-                res = Some(self.post("validate", list).await?);
+                res = Some(self.post(phase, list).await?);
             }
         }
         if !validation.is_empty() {
@@ -695,9 +709,16 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
 
         // -- commit: primaries and backups, then ack, then unlock --
         let (list, installed) = self.st.commit_list(&self.env())?;
+        // A commit that creates a record is its own phase for crash injection: undoing it
+        // removes the record, which only an insert log allows (Pandora §5.1, C2).
+        let phase = if installed.iter().any(|w| w.kind == WriteKind::Insert) {
+            "commit+insert"
+        } else {
+            "commit"
+        };
         self.decided = true;
         self.record_committed(installed, true);
-        self.post("commit", list).await?;
+        self.post(phase, list).await?;
         self.co
             .history
             .resolve(self.id, TxnOutcome::Committed, self.co.ctx.now());

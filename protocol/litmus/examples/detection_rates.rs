@@ -1,7 +1,7 @@
 //! Per FORD bug switch: the share of seeds whose runs show a violation (any litmus), and the
 //! power of an N-seed "fixed protocol passes" test against that bug, 1 − (1 − rate)^N.
 //!
-//! `cargo run --release -p dmem-litmus --example detection_rates -- [seeds] [crash_prob] [targeted] [power_seeds]`
+//! `cargo run --release -p dmem-litmus --example detection_rates -- [seeds] [crash_prob] [targeted] [power_seeds] [steer]`
 
 use dmem_litmus::{Litmus, RunConfig, run_one};
 
@@ -23,9 +23,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cfg.targeted = t.parse()?;
     }
     let n: i32 = args.next().map_or(Ok(50), |s| s.parse())?;
+    if let Some(s) = args.next() {
+        cfg.steer = s.parse()?;
+    }
     println!(
-        "crash_prob {p} targeted {} seeds {seeds}: detecting seeds, power of a {n}-seed test",
-        cfg.targeted
+        "crash_prob {p} targeted {} steer {} seeds {seeds}: detecting seeds, power of a {n}-seed test",
+        cfg.targeted, cfg.steer
     );
     let registry = dmem_protocols::registry();
     for bug in BUGS {

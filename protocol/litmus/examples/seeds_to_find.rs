@@ -3,7 +3,7 @@
 //! for fixed FORD and Pandora: violations over a seed range. Protocols come from the
 //! registry by name.
 //!
-//! `cargo run --release -p dmem-litmus --example seeds_to_find -- [max_seeds] [crash_prob] [targeted]`
+//! `cargo run --release -p dmem-litmus --example seeds_to_find -- [max_seeds] [crash_prob] [targeted] [steer]`
 
 use std::time::Instant;
 
@@ -26,7 +26,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(t) = args.next() {
         cfg.targeted = t.parse()?;
     }
-    println!("crash_prob {p} targeted {}", cfg.targeted);
+    if let Some(s) = args.next() {
+        cfg.steer = s.parse()?;
+    }
+    println!(
+        "crash_prob {p} targeted {} steer {}",
+        cfg.targeted, cfg.steer
+    );
     let registry = dmem_protocols::registry();
     for bug in BUGS {
         let t = registry.get(&format!("ford:{bug}"))?;

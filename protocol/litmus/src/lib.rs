@@ -8,10 +8,11 @@
 //!   `dmem_protocols::registry()`): the suite builds its store and coordinators through
 //!   [`dmem_deploy::Deployment`] and lets it run its own recovery, so it names no
 //!   protocol's types.
-//! * [`run`]: one run ([`run_one`]: cluster, concurrent transactions with seeded delays,
-//!   a crash "after any operation" — at a uniformly chosen work request of a worker CN —
-//!   recovery, the assertion transaction, and [`dmem_txn::check`] on the history) and a
-//!   suite over many seeds ([`run_suite`]).
+//! * [`run`]: one run ([`run_one`]: cluster, concurrent transactions with seeded delays
+//!   and schedule steering ([`Steer`]), delayed messages, a crash "after any operation" —
+//!   at a work request of a worker CN aimed at a phase the protocol marked
+//!   (`Verbs::mark_phase`) or chosen uniformly — recovery, the assertion transaction, and
+//!   [`dmem_txn::check`] on the history) and a suite over many seeds ([`run_suite`]).
 //!
 //! A run is a function of its seed: the same seed replays the same interleaving, crash
 //! and recovery.
@@ -30,10 +31,11 @@ pub mod rng;
 pub mod run;
 
 pub use dmem_deploy::RecoveryTiming;
+pub use dmem_sim::MessageFaults;
 pub use litmus::Litmus;
 pub use run::{
-    CrashPoint, Failure, LitmusSummary, RunConfig, RunOutcome, SuiteConfig, SuiteReport, Violation,
-    first_violation, run_one, run_suite,
+    CrashPoint, Failure, LitmusSummary, RunConfig, RunOutcome, Steer, SuiteConfig, SuiteReport,
+    Violation, first_violation, run_one, run_suite,
 };
 
 /// Why the suite could not run (a violation is a result, not an error).

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use dmem_deploy::{ClusterShape, DeploySpec, Protocol, RecoveryTiming, TableDemand};
-use dmem_sim::{NicProfile, SimContext};
+use dmem_sim::{MessageFaults, NicProfile, SimContext};
 use dmem_txn::{Coordinator, History, Key, Transaction, TxnError, TxnKind};
 use dmem_verbs::{Clock, Nanos};
 use serde::Serialize;
@@ -20,13 +20,33 @@ use crate::rng::{SplitMix, mix};
 pub struct RunConfig {
     /// Probability that a run crashes a worker CN.
     pub crash_prob: f64,
-    /// Probability that a crash is aimed at a protocol phase (a work request from the
-    /// first one of a phase the protocol marked with `Verbs::mark_phase` — log, commit,
-    /// release, abort, … — to the first one of the next phase, so at a boundary or inside a
-    /// batch) rather than at a uniformly chosen work request. Most work requests of a run
+    /// Probability that a crash is aimed at a protocol phase (a phase name the protocol
+    /// marked with `Verbs::mark_phase` — log, commit, release, abort, … — or an aborted
+    /// attempt that had logged, then an occurrence of it, then a work request at its
+    /// boundary or inside its batch; see `crash_point`) rather than at a uniformly chosen
+    /// work request. Most work requests of a run
     /// are execution READs where no crash-dependent bug can show; the phases are where
     /// they do (Pandora §5: a crash between logging and committing, inside a commit batch).
     pub targeted: f64,
+    /// Probability that an instance's run is steered ([`Steer`]): its two roles either
+    /// commit at a common instant or each waits its own delay before every commit, so the
+    /// interleavings a bug needs (two commits' batches overlapping, a commit between
+    /// another transaction's read and its validation) come up often instead of rarely.
+    pub steer: f64,
+    /// Commit slot of [`Steer::Aligned`], ns: a steered role waits before its commit until
+    /// the next multiple of it, so roles reaching commit within one slot commit together.
+    pub commit_slot: Nanos,
+    /// Upper bound of [`Steer::Paced`]'s wait before each commit of a role, ns.
+    pub max_slow: Nanos,
+    /// How the network mistreats two-sided messages (lock RPCs, heartbeats, recovery
+    /// notifications, Dandelion's RPCs). By default a share of them is delayed — every
+    /// protocol must tolerate a late message; loss and duplication are off, since no
+    /// protocol here claims to tolerate them (README).
+    pub message_faults: MessageFaults,
+    /// Probability that a message is lost in a run of a protocol that claims to tolerate
+    /// lost messages (`Protocol::tolerates_message_loss`: LOTUS's RPCs time out), on top
+    /// of [`message_faults`](Self::message_faults).
+    pub loss_if_tolerated: f64,
     /// Litmus instances per run, each on its own keys.
     pub instances: u16,
     /// Worker CNs (the litmus roles are spread over them; one more CN runs recovery).
@@ -46,13 +66,24 @@ pub struct RunConfig {
 
 impl RunConfig {
     /// Two instances on two worker CNs (3 MNs, a third CN for recovery), delays up to
-    /// 3 µs per operation, heartbeats every 10 µs with a 50 µs timeout, 2 ms of virtual
-    /// time.
+    /// 3 µs per operation, 0.9 of the crashes aimed at phases, 0.9 of the instances
+    /// steered (20 µs commit slots, paced waits up to 20 µs), 20 % of messages delayed by
+    /// 4 µs, heartbeats every 10 µs with a 50 µs timeout, 2 ms of virtual time. The
+    /// suite's default setting is `new(1.0)` (a crash in every run).
     #[must_use]
     pub fn new(crash_prob: f64) -> Self {
         Self {
             crash_prob,
-            targeted: 0.5,
+            targeted: 0.9,
+            steer: 0.9,
+            commit_slot: 20_000,
+            max_slow: 20_000,
+            message_faults: MessageFaults {
+                delay: 0.2,
+                delay_ns: 4_000,
+                ..MessageFaults::default()
+            },
+            loss_if_tolerated: 0.005,
             instances: 2,
             worker_cns: 2,
             max_gap: 3_000,
@@ -79,6 +110,25 @@ impl RunConfig {
         if !(0.0..=1.0).contains(&self.targeted) {
             return Err(LitmusError::Config(
                 "the targeted-crash probability must be in [0, 1]",
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.steer) {
+            return Err(LitmusError::Config(
+                "the steering probability must be in [0, 1]",
+            ));
+        }
+        let f = &self.message_faults;
+        if ![f.loss, f.duplicate, f.delay, self.loss_if_tolerated]
+            .iter()
+            .all(|p| (0.0..=1.0).contains(p))
+        {
+            return Err(LitmusError::Config(
+                "message loss, duplication and delay probabilities must be in [0, 1]",
+            ));
+        }
+        if self.steer > 0.0 && (self.commit_slot == 0 || self.max_slow == 0) {
+            return Err(LitmusError::Config(
+                "steering needs a commit slot and a paced wait bound of at least 1 ns",
             ));
         }
         if self.instances == 0 || self.worker_cns == 0 || self.max_attempts == 0 || self.rounds == 0
@@ -137,6 +187,69 @@ pub struct RunOutcome {
     pub violation: Option<Violation>,
 }
 
+/// How one instance's two roles are steered (schedule steering, drawn per instance from
+/// the seed). Pandora §5 runs each litmus many times hoping the racy interleavings occur;
+/// steering makes the two that FORD's rare bugs need likely instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Steer {
+    /// No steering: the seeded shapes and start instants alone decide the interleaving.
+    Free,
+    /// Both roles wait before each commit until the next multiple of `slot` ns, so their
+    /// commit batches are posted at the same instant and overlap at the MNs (relaxed locks:
+    /// each validation READ passes before the other's lock CAS lands).
+    Aligned {
+        /// The slot, ns.
+        slot: Nanos,
+    },
+    /// Each role waits its own delay before each of its commits, between its reads and
+    /// its validation. With unequal delays the faster role's commits fall into the slower
+    /// one's read-to-validate window (its validation fails after it logged: lost decision)
+    /// and into the window after its abort, while the faster one still has rounds left.
+    Paced {
+        /// The wait of T1 and of T2 before each commit, ns.
+        delays: [Nanos; 2],
+    },
+}
+
+impl Steer {
+    /// Draws an instance's steering: with probability `cfg.steer` a third aligned, two
+    /// thirds paced with each role's wait uniform in `[0, cfg.max_slow]`.
+    fn draw(rng: &mut SplitMix, cfg: &RunConfig) -> Self {
+        if rng.unit() >= cfg.steer {
+            return Steer::Free;
+        }
+        if rng.below(3) == 0 {
+            Steer::Aligned {
+                slot: cfg.commit_slot,
+            }
+        } else {
+            Steer::Paced {
+                delays: [
+                    rng.below(cfg.max_slow.saturating_add(1)),
+                    rng.below(cfg.max_slow.saturating_add(1)),
+                ],
+            }
+        }
+    }
+
+    /// The wait of role `role` before a commit.
+    async fn before_commit(self, clock: &SimContext, role: usize) {
+        match self {
+            Steer::Free => {}
+            Steer::Aligned { slot } => {
+                let now = clock.now();
+                clock.sleep_until((now / slot + 1) * slot).await;
+            }
+            Steer::Paced { delays } => {
+                let delay = delays.get(role).copied().unwrap_or(0);
+                if delay > 0 {
+                    clock.sleep(delay).await;
+                }
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum RoleEnd {
     Committed,
@@ -175,6 +288,7 @@ async fn run_role<C: Coordinator>(
     role: usize,
     keys: InstanceKeys,
     start: Nanos,
+    steer: Steer,
     mut rng: SplitMix,
     cfg: &RunConfig,
 ) -> RoleEnd {
@@ -185,7 +299,7 @@ async fn run_role<C: Coordinator>(
     };
     clock.sleep_until(start).await;
     for _ in 0..rounds {
-        match run_once(co, clock, litmus, role, keys, &mut rng, cfg).await {
+        match run_once(co, clock, litmus, role, keys, steer, &mut rng, cfg).await {
             RoleEnd::Committed => {}
             other => return other,
         }
@@ -194,12 +308,14 @@ async fn run_role<C: Coordinator>(
 }
 
 /// One litmus transaction until it commits (or gives up, or its CN fails).
+#[allow(clippy::too_many_arguments)]
 async fn run_once<C: Coordinator>(
     co: &mut C,
     clock: &SimContext,
     litmus: Litmus,
     role: usize,
     keys: InstanceKeys,
+    steer: Steer,
     rng: &mut SplitMix,
     cfg: &RunConfig,
 ) -> RoleEnd {
@@ -215,7 +331,10 @@ async fn run_once<C: Coordinator>(
         let res = match co.begin(TxnKind::ReadWrite).await {
             Err(e) => Err(e),
             Ok(mut t) => match litmus::body(litmus, role, keys, shape, &mut t, clock).await {
-                Ok(()) => t.commit().await,
+                Ok(()) => {
+                    steer.before_commit(clock, role).await;
+                    t.commit().await
+                }
                 Err(e) => {
                     t.abort().await;
                     Err(e)
@@ -306,7 +425,11 @@ fn execute(
         profile: NicProfile::named("cx5").map_err(|_| LitmusError::Config("no cx5 profile"))?,
         min_mn_bytes: 96 << 10,
     };
-    let sim = shape.build(target.mn_bytes_per_mn(&spec, shape.mns)?)?;
+    let mut faults = cfg.message_faults;
+    if target.tolerates_message_loss() {
+        faults.loss = faults.loss.max(cfg.loss_if_tolerated);
+    }
+    let sim = shape.build_with_faults(target.mn_bytes_per_mn(&spec, shape.mns)?, faults)?;
     sim.record_phases(crash.is_none());
     let mut dep = target.deploy(&sim, &spec, Rc::clone(&history))?;
     for (key, value) in &records {
@@ -315,7 +438,10 @@ fn execute(
     let ends = Rc::new(RefCell::new(Vec::new()));
     let last_end = Rc::new(std::cell::Cell::new(0u64));
     let mut rng = SplitMix::new(mix(&[seed, litmus as u64, 2]));
+    // Steering has its own stream: with it off, a seed runs as it did before steering.
+    let mut steer_rng = SplitMix::new(mix(&[seed, litmus as u64, 4]));
     for i in 0..cfg.instances {
+        let steer = Steer::draw(&mut steer_rng, cfg);
         // Half of the instances start both roles at one instant (a barrier), the others
         // at independent instants.
         let common = rng.below(cfg.max_start.max(1));
@@ -344,6 +470,7 @@ fn execute(
                     usize::from(role),
                     keys,
                     start,
+                    steer,
                     role_rng,
                     &cfg,
                 )
@@ -455,10 +582,67 @@ fn judge(
     None
 }
 
-/// Where to crash a CN that posts `of` work requests: with probability `targeted` (and if
-/// the protocol marked phases) inside or at the edges of a uniformly chosen phase — from
-/// its first work request (nothing of it lands) to the first of the next phase (all of it
-/// lands) — else a uniformly chosen work request.
+/// How many phase names the aborted logged attempts weigh as in [`crash_point`].
+const LOGGED_ABORT_WEIGHT: u64 = 4;
+
+/// Whether a phase name is an abort step (`abort-truncate`, `abort-unlock`, …).
+fn is_abort(phase: &str) -> bool {
+    phase.starts_with("abort")
+}
+
+/// Whether a phase's batch carries log WRITEs (`log`, `validate+log`, `lock-log`, …).
+fn is_log(phase: &str) -> bool {
+    phase.contains("log")
+}
+
+/// The aborted logged attempts of a CN's marks: for each abort (the first mark of a run
+/// of abort steps) preceded by a log write since the CN's previous commit or abort,
+/// `(abort's first work request, next log write's first, end of that log write)` (the
+/// run's end if there is none). A crash in between finds what the aborted attempt's log
+/// still says when recovery reads it (Pandora §5.1: a log never truncated — lost
+/// decision — or written for a lock never held — logging without locking).
+fn logged_aborts(marks: &[(u64, &'static str)], of: u64) -> Vec<(u64, u64, u64, &'static str)> {
+    let mut out = Vec::new();
+    for i in 0..marks.len() {
+        let phase = marks[i].1;
+        if !is_abort(phase) || (i > 0 && is_abort(marks[i - 1].1)) {
+            continue;
+        }
+        let logged = marks[..i]
+            .iter()
+            .rev()
+            .take_while(|m| !is_abort(m.1) && !m.1.starts_with("commit+") && m.1 != "commit")
+            .any(|m| is_log(m.1));
+        if !logged {
+            continue;
+        }
+        let start = marks[i].0;
+        let next = marks[i + 1..]
+            .iter()
+            .position(|m| is_log(m.1))
+            .map(|j| i + 1 + j);
+        let next_log = next.map_or(of, |j| marks[j].0).max(start);
+        let end = next
+            .and_then(|j| marks.get(j + 1))
+            .map_or(of, |m| m.0)
+            .max(next_log);
+        out.push((start, next_log, end, phase));
+    }
+    out
+}
+
+/// Where to crash a CN that posts `of` work requests, given the phase marks `marks` the
+/// protocol made in the crash-free run (`(first work request, phase)`).
+///
+/// With probability `targeted` (and if the protocol marked phases) the crash is aimed:
+/// first a *stratum* is chosen uniformly — one per distinct phase name, plus one for "an
+/// aborted attempt that had logged" ([`logged_aborts`]) — then one occurrence of it
+/// uniformly, then a work request from that occurrence's first one (nothing of it lands)
+/// to the first one of the next phase (all of it lands); half of the time strictly inside
+/// the batch when it has two work requests or more (a prefix of it lands). Choosing the
+/// name first gives a rare phase (a commit batch, an abort's log truncation) as much
+/// weight as the execution READs that make up most of a run. Otherwise the work request
+/// is uniform over all `of`.
 fn crash_point(
     marks: &[(u64, &'static str)],
     of: u64,
@@ -466,34 +650,55 @@ fn crash_point(
     rng: &mut SplitMix,
 ) -> (u64, Option<&'static str>) {
     let aimed = rng.unit() < targeted;
-    if aimed && !marks.is_empty() {
-        // A phase right after an abort weighs more: a crash there finds what an aborted
-        // attempt left behind (a log it did not truncate, a lock it did not release —
-        // Pandora §5.1's lost decision and complicit abort).
-        let weight = |i: usize| {
-            if i > 0 && marks[i - 1].1.starts_with("abort") && !marks[i].1.starts_with("abort") {
-                AFTER_ABORT_WEIGHT
-            } else {
-                1
-            }
-        };
-        let total: u64 = (0..marks.len()).map(weight).sum();
-        let mut pick = rng.below(total);
-        let mut i = 0;
-        while pick >= weight(i) {
-            pick -= weight(i);
-            i += 1;
-        }
-        let (start, phase) = marks[i];
-        let end = marks.get(i + 1).map_or(of, |m| m.0).max(start);
-        (start + rng.below(end - start + 1), Some(phase))
-    } else {
-        (rng.below(of.max(1)), None)
+    if !aimed || marks.is_empty() {
+        return (rng.below(of.max(1)), None);
     }
+    let mut names: Vec<&'static str> = Vec::new();
+    for &(_, name) in marks {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    let aborts = logged_aborts(marks, of);
+    // The aborted logged attempts weigh as four phase names: they are what the issue of
+    // an aborted attempt's log needs, and runs have few of them.
+    let extra = if aborts.is_empty() {
+        0
+    } else {
+        LOGGED_ABORT_WEIGHT
+    };
+    let stratum = rng.below(names.len() as u64 + extra) as usize;
+    if stratum >= names.len() {
+        let (start, next_log, end, phase) = aborts[rng.below(aborts.len() as u64) as usize];
+        // Right at the abort (its truncation does not land), right before the next log
+        // write (the stale log is what recovery reads), or anywhere around them.
+        let k = match rng.below(3) {
+            0 => start,
+            1 => next_log,
+            _ => start + rng.below(end - start + 1),
+        };
+        return (k, Some(phase));
+    }
+    let name = names[stratum];
+    let count = marks.iter().filter(|m| m.1 == name).count() as u64;
+    let pick = rng.below(count) as usize;
+    let i = marks
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.1 == name)
+        .nth(pick)
+        .map_or(0, |(i, _)| i);
+    let start = marks[i].0;
+    let end = marks.get(i + 1).map_or(of, |m| m.0).max(start);
+    let phase = name;
+    let inside = end - start >= 2 && rng.next_u64() & 1 == 0;
+    let k = if inside {
+        start + 1 + rng.below(end - start - 1)
+    } else {
+        start + rng.below(end - start + 1)
+    };
+    (k, Some(phase))
 }
-
-/// How much more likely a targeted crash falls in the phase that follows an abort.
-const AFTER_ABORT_WEIGHT: u64 = 8;
 
 /// Runs litmus `litmus` once with seed `seed`: builds the cluster and the target's store,
 /// loads the litmus keys, runs two instances of the litmus transactions concurrently with
@@ -743,4 +948,82 @@ pub fn first_violation(
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Marks of one CN: an attempt that logged and aborted, a retry that logs and commits.
+    const MARKS: [(u64, &str); 8] = [
+        (0, "execute"),
+        (2, "commit-lock"),
+        (4, "validate+log"),
+        (9, "abort-unlock"),
+        (11, "execute"),
+        (13, "validate+log"),
+        (18, "commit"),
+        (24, "release"),
+    ];
+
+    #[test]
+    fn logged_aborts_span_from_the_abort_to_the_next_log_write() {
+        assert_eq!(logged_aborts(&MARKS, 26), vec![(9, 13, 18, "abort-unlock")]);
+        // An abort with no log write since the last commit is not a logged one.
+        let unlogged = [(0, "execute"), (2, "commit-lock"), (4, "abort-unlock")];
+        assert!(logged_aborts(&unlogged, 6).is_empty());
+        // Without a later log write the window runs to the end.
+        assert_eq!(
+            logged_aborts(&MARKS[..5], 12),
+            vec![(9, 12, 12, "abort-unlock")]
+        );
+    }
+
+    #[test]
+    fn aimed_crashes_cover_every_phase_name_and_stay_in_range() {
+        let mut rng = SplitMix::new(7);
+        let mut seen = std::collections::BTreeSet::new();
+        let mut in_window = 0;
+        for _ in 0..4000 {
+            let (k, phase) = crash_point(&MARKS, 26, 1.0, &mut rng);
+            assert!(k <= 26);
+            let phase = phase.expect("aimed");
+            seen.insert(phase);
+            if (9..=18).contains(&k) {
+                in_window += 1;
+            }
+        }
+        let names: std::collections::BTreeSet<_> = MARKS.iter().map(|m| m.1).collect();
+        assert_eq!(seen, names);
+        // The logged abort weighs as four of the six names' strata: far more than the
+        // 10 of 27 work requests of its window under uniform placement.
+        assert!(
+            in_window > 2000,
+            "{in_window} of 4000 in the logged abort's window"
+        );
+        let mut uniform = SplitMix::new(7);
+        for _ in 0..100 {
+            assert_eq!(crash_point(&MARKS, 26, 0.0, &mut uniform).1, None);
+        }
+    }
+
+    #[test]
+    fn steering_is_drawn_as_configured() {
+        let mut cfg = RunConfig::new(1.0);
+        let mut rng = SplitMix::new(3);
+        cfg.steer = 0.0;
+        assert!((0..100).all(|_| Steer::draw(&mut rng, &cfg) == Steer::Free));
+        cfg.steer = 1.0;
+        let draws: Vec<Steer> = (0..300).map(|_| Steer::draw(&mut rng, &cfg)).collect();
+        assert!(draws.iter().all(|s| *s != Steer::Free));
+        assert!(
+            draws
+                .iter()
+                .any(|s| matches!(s, Steer::Aligned { slot: 20_000 }))
+        );
+        assert!(draws.iter().any(|s| match s {
+            Steer::Paced { delays } => delays.iter().all(|&d| d <= cfg.max_slow),
+            _ => false,
+        }));
+    }
 }

@@ -383,6 +383,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 );
                 ids.push((i, cas, read, swap));
             }
+            self.co.ctx.mark_phase("lock");
             let res = self.co.ctx.post(list).await?;
             self.lock_time = self.co.ctx.now();
             let mut failure = None;
@@ -474,6 +475,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         let mut read_idx = 0;
         let locked = if to_lock.is_empty() {
             if !list.is_empty() {
+                self.co.ctx.mark_phase("execute");
                 let res = self.co.ctx.post(list).await?;
                 for p in &mut pending {
                     if let Pending::Read { idx, id, .. } = p {
@@ -576,6 +578,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             );
             ids.push((i, expected, cas, read, swap));
         }
+        self.co.ctx.mark_phase("lock");
         let res = self.co.ctx.post(list).await?;
         self.lock_time = self.co.ctx.now();
         let mut read_idx = 0;
@@ -665,8 +668,9 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         }
     }
 
-    /// Releases every lock this transaction holds (same version), without waiting.
-    async fn release_all(&mut self) {
+    /// Releases every lock this transaction holds (same version), without waiting;
+    /// `phase` names the step for crash injection (`Verbs::mark_phase`).
+    async fn release_all(&mut self, phase: &'static str) {
         let mut list = PostList::new();
         if self.logged {
             let layout = self.co.dir.layout();
@@ -683,6 +687,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             }
         }
         if !list.is_empty() {
+            self.co.ctx.mark_phase(phase);
             let _ = self.co.ctx.post_detached(list).await;
         }
     }
@@ -690,7 +695,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
     async fn fail(&mut self, e: TxnError) -> TxnError {
         if !self.done {
             self.done = true;
-            self.release_all().await;
+            self.release_all("abort-release").await;
             bump(&self.co.stats.aborts, 1);
             self.co.history.record(TxnRecord {
                 id: self.id,
@@ -763,6 +768,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 ids.push(list.read(self.lock_addr(r.table, r.loc)?, 8));
             }
             if !list.is_empty() {
+                self.co.ctx.mark_phase("validate");
                 let res = self.co.ctx.post(list).await?;
                 for (r, id) in self.reads.iter().zip(ids) {
                     let word = u64::from_le_bytes(res.bytes(id).try_into().unwrap_or([0xFF; 8]));
@@ -772,7 +778,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 }
             }
         }
-        self.release_all().await;
+        self.release_all("release").await;
         bump(&stats.ro_committed, 1);
         self.done = true;
         self.co.history.record(TxnRecord {
@@ -851,6 +857,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             }
         }
         self.logged = true;
+        self.co.ctx.mark_phase("log");
         let res = self.co.ctx.post(list).await?;
         let upgraded = self.co.ctx.now();
         let mut ok = true;
@@ -869,6 +876,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             for r in &self.reads {
                 ids.push(list.read(self.lock_addr(r.table, r.loc)?, 8));
             }
+            self.co.ctx.mark_phase("validate");
             let res = self.co.ctx.post(list).await?;
             for (r, id) in self.reads.iter().zip(ids) {
                 let word = u64::from_le_bytes(res.bytes(id).try_into().unwrap_or([0xFF; 8]));
@@ -954,13 +962,16 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 &w.lock.released_same_version().to_raw().to_le_bytes(),
             );
         }
+        self.co.ctx.mark_phase("commit");
         self.co.ctx.post(list).await?;
         if !unlock.is_empty() {
+            self.co.ctx.mark_phase("unlock");
             self.co.ctx.post(unlock).await?;
         }
         // The log is dead once every record is written: truncate without waiting.
         let mut trunc = PostList::new();
         trunc.write(log_addr, &[0u8; 16]);
+        self.co.ctx.mark_phase("truncate");
         let _ = self.co.ctx.post_detached(trunc).await;
         bump(&self.co.stats.rw_committed, 1);
         self.co

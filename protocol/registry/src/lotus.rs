@@ -132,6 +132,13 @@ impl Protocol for LotusProtocol {
         }
     }
 
+    /// LOTUS §3 (Workflow): CNs talk through UD-based RPCs "with a timeout mechanism
+    /// ensuring reliability"; here a lock request that gets no reply within
+    /// `rpc_timeout` aborts its transaction.
+    fn tolerates_message_loss(&self) -> bool {
+        true
+    }
+
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
         // The store, then resharding's metrics region (§4.3).
         Ok(
