@@ -381,9 +381,9 @@ fn cluster_file_errors_are_one_readable_line() {
         (
             good.replace(
                 "kind = \"faa\"",
-                "kind = \"smallbank\"\nprotocol = \"motor\"",
+                "kind = \"smallbank\"\nprotocol = \"no-such-protocol\"",
             ),
-            "run `ford` or `pandora`",
+            "unknown protocol `no-such-protocol`",
         ),
         (
             good.replace("timeout_ms = 200", "timeout_ms = 5"),
@@ -467,7 +467,7 @@ fn smallbank_on_ford_without_failures_checks_clean() {
 /// The newcomer's path: `dmem bench --fabric tcp` starts, checks and stops a local cluster
 /// per protocol.
 #[test]
-fn bench_on_tcp_runs_ford_and_pandora_in_processes() {
+fn bench_on_tcp_runs_ford_pandora_and_motor_in_processes() {
     let out = dmem()
         .args([
             "bench",
@@ -476,7 +476,7 @@ fn bench_on_tcp_runs_ford_and_pandora_in_processes() {
             "--workload",
             "smallbank",
             "--protocol",
-            "ford,pandora",
+            "ford,pandora,motor",
             "--scale",
             "tiny",
             "--mns",
@@ -498,21 +498,21 @@ fn bench_on_tcp_runs_ford_and_pandora_in_processes() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for protocol in ["ford", "pandora"] {
+    for protocol in ["ford", "pandora", "motor"] {
         assert!(
             stdout.contains(&format!("protocol {protocol}  2 MN  2 CN x 3 coordinators")),
             "{stdout}"
         );
     }
-    assert_eq!(stdout.matches("checker: ok").count(), 2, "{stdout}");
-    assert_eq!(stdout.matches("invariants: ok").count(), 2, "{stdout}");
+    assert_eq!(stdout.matches("checker: ok").count(), 3, "{stdout}");
+    assert_eq!(stdout.matches("invariants: ok").count(), 3, "{stdout}");
     let refused = dmem()
         .args([
             "bench",
             "--fabric",
             "tcp",
             "--protocol",
-            "motor",
+            "lotus",
             "--scale",
             "tiny",
         ])
@@ -521,7 +521,7 @@ fn bench_on_tcp_runs_ford_and_pandora_in_processes() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1));
     assert!(
-        stderr.contains("the tcp fabric runs ford and pandora so far"),
+        stderr.contains("protocol `lotus` runs on the simulator only"),
         "{stderr}"
     );
 }

@@ -112,13 +112,17 @@ macro_rules! dispatch {
     };
 }
 
-/// Makes `$call`'s future on the variant's context now; awaits it later.
+/// Makes `$call`'s future on the variant's context now; awaits it later. The real-time
+/// variants' futures are boxed, so that the enum's future (and every protocol future that
+/// holds one) is no larger than the simulator's: the simulator's hot path keeps its size,
+/// and a real fabric pays one allocation per verb call next to a real memory access or a
+/// network round trip.
 macro_rules! dispatch_future {
     ($self:expr, $c:ident => $call:expr) => {
         match $self {
             AnyContext::Sim($c) => Three::Sim($call),
-            AnyContext::Shm($c) => Three::Shm($call),
-            AnyContext::Tcp($c) => Three::Tcp($call),
+            AnyContext::Shm($c) => Three::Shm(Box::pin($call)),
+            AnyContext::Tcp($c) => Three::Tcp(Box::pin($call)),
         }
         .run()
     };
@@ -172,8 +176,8 @@ impl Clock for AnyContext {
     fn sleep_until(&self, deadline: Nanos) -> impl Future<Output = ()> {
         match self {
             AnyContext::Sim(c) => Three::Sim(c.sleep_until(deadline)),
-            AnyContext::Shm(_) => Three::Shm(RealClock.sleep_until(deadline)),
-            AnyContext::Tcp(_) => Three::Tcp(RealClock.sleep_until(deadline)),
+            AnyContext::Shm(_) => Three::Shm(Box::pin(RealClock.sleep_until(deadline))),
+            AnyContext::Tcp(_) => Three::Tcp(Box::pin(RealClock.sleep_until(deadline))),
         }
         .run()
     }
