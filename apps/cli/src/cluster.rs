@@ -1314,7 +1314,10 @@ pub(crate) fn bench_tcp(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<()> 
                 toml::to_string(&table)?
             }
             None => {
-                let mut text = format!("fabric = \"tcp\"\n{workload}");
+                // Each MN process creates and loads its store before it is ready: a
+                // small-scale MVCC store (Motor, 3 × 0.5 GiB) takes longer than the default
+                // 10 s join timeout on a busy host.
+                let mut text = format!("fabric = \"tcp\"\njoin_timeout_ms = 60000\n{workload}");
                 for m in 0..usize::from(tcp.mns) {
                     text += &format!(
                         "\n[[node]]\nname = \"mn{m}\"\nrole = \"mn\"\ndata = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",

@@ -314,9 +314,12 @@ struct HistoryLineWrap {
 
 /// A history sink that writes every record and resolution to stdout as one JSON line at
 /// once, so that the history of a CN killed mid-run survives it up to its last record
-/// (a transaction is recorded before its first commit write, as `Unknown`).
-#[derive(Debug, Clone, Copy)]
-struct StdoutHistory;
+/// (a transaction is recorded before its first commit write, as `Unknown`). Switched off
+/// for the final state's read-only transactions, which are not part of the run.
+#[derive(Debug, Clone, Default)]
+struct StdoutHistory {
+    off: Rc<Cell<bool>>,
+}
 
 impl StdoutHistory {
     fn emit(line: HistoryLine) {
@@ -332,11 +335,15 @@ impl StdoutHistory {
 
 impl HistorySink for StdoutHistory {
     fn record(&self, txn: TxnRecord) {
-        Self::emit(HistoryLine::Record(txn));
+        if !self.off.get() {
+            Self::emit(HistoryLine::Record(txn));
+        }
     }
 
     fn resolve(&self, id: TxnId, outcome: TxnOutcome, end: dmem_verbs::Nanos) {
-        Self::emit(HistoryLine::Resolve(id, outcome, end));
+        if !self.off.get() {
+            Self::emit(HistoryLine::Resolve(id, outcome, end));
+        }
     }
 }
 
@@ -408,9 +415,11 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         None
     };
     // The coordinators record into a local history and stream every record to stdout.
+    let stdout_history = StdoutHistory::default();
+    let streaming_off = Rc::clone(&stdout_history.off);
     let history = Recorder::with_tee(
         Rc::new(RefCell::new(History::new())),
-        Rc::new(StdoutHistory),
+        Rc::new(stdout_history),
     );
     let mut deployment = setup.deploy(MnMemory::remote(setup.regions.clone()), history)?;
     let executor = Executor::new();
@@ -617,6 +626,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         let events = events.borrow();
         // The final state, read by one more coordinator that knows who failed (it reads
         // past the locks they left), then the MNs are told the run is over.
+        streaming_off.set(true);
         let final_ctx = AnyContext::Tcp(Rc::new(connected(&fabric, Port(3), cluster, deadline)?));
         let last = if ford.is_some() {
             // A coordinator of this CN, whose shared state learns every failed coordinator
