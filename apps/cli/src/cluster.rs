@@ -221,7 +221,7 @@ impl Cluster {
             );
             let protocol = w.protocol.clone().with_context(|| {
                 format!(
-                    "workload `{}` needs a protocol (`protocol = \"pandora\"`)",
+                    "workload `{}` needs `protocol = \"pandora\"` (or another registered protocol)",
                     w.kind
                 )
             })?;

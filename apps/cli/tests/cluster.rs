@@ -464,6 +464,26 @@ fn smallbank_on_ford_without_failures_checks_clean() {
     assert!(stdout.contains("invariants: ok"), "{stdout}");
 }
 
+/// A protocol without recovery across processes refuses `--kill` before anything starts.
+#[test]
+fn kill_is_refused_for_a_protocol_without_process_recovery() {
+    let dir = TempDir::new("motor-kill");
+    let ports = free_ports(4);
+    let local = [
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+    ];
+    let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "motor"));
+    let out = run_cluster(&file, &["--kill", "cn1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("protocol `motor` has no recovery across processes yet"),
+        "{stderr}"
+    );
+}
+
 /// The newcomer's path: `dmem bench --fabric tcp` starts, checks and stops a local cluster
 /// per protocol.
 #[test]
