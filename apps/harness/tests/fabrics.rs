@@ -1,5 +1,5 @@
 //! The same lock and protocol code on every fabric: DecLock keeps mutual exclusion (no lost
-//! counter update), and FORD, Pandora and Motor run SmallBank through the one deployment
+//! counter update), and FORD, Pandora, Motor and OOCC run SmallBank through the one deployment
 //! path of `dmem-deploy` (`Protocol::deploy_on` + `Deployment::coordinator` on
 //! `AnyContext`s) with a clean history checker and SmallBank's invariants over the final
 //! state, on the simulator, on shared memory and on tcp over loopback.
@@ -186,6 +186,11 @@ fn pandora_runs_smallbank_on_every_fabric() {
 #[test]
 fn motor_runs_smallbank_on_every_fabric() {
     smallbank_everywhere("motor");
+}
+
+#[test]
+fn oocc_runs_smallbank_on_every_fabric() {
+    smallbank_everywhere("oocc");
 }
 
 #[test]

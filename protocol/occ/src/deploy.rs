@@ -12,7 +12,7 @@ use dmem_deploy::{
 };
 use dmem_layout::record::OoccLockWord;
 use dmem_sim::{Sim, SimContext};
-use dmem_txn::{BoxCoordinator, History, Key, TableId};
+use dmem_txn::{BoxCoordinator, Key, TableId};
 use dmem_verbs::NodeId;
 
 use crate::drift::{DriftModel, DriftingCtx};
@@ -127,7 +127,7 @@ impl Protocol for OoccProtocol {
             protocol: self.clone(),
             memory,
             dir: Rc::new(Directory::new(layout, regions)),
-            history: Rc::clone(history.history()),
+            history,
             hints: HashMap::new(),
             stats: Rc::new(Stats::default()),
             leases: Rc::new(RefCell::new(Vec::new())),
@@ -147,7 +147,7 @@ pub struct OoccDeployment {
     protocol: OoccProtocol,
     memory: MnMemory,
     dir: Rc<Directory>,
-    history: Rc<RefCell<History>>,
+    history: Recorder,
     hints: HashMap<NodeId, Rc<RefCell<HashMap<Loc, u64>>>>,
     stats: Rc<Stats>,
     leases: LeaseTable,
@@ -227,7 +227,7 @@ impl OoccDeployment {
             leases,
             Rc::clone(&self.stats),
             hints,
-            Rc::clone(&self.history),
+            self.history.clone(),
         ))
     }
 }
@@ -265,7 +265,7 @@ impl Deployment for OoccDeployment {
                 id,
                 cfg,
                 Rc::clone(&self.stats),
-                Rc::clone(&self.history),
+                self.history.clone(),
             )));
         }
         if let Some(cfg) = self.protocol.drtm {
@@ -282,7 +282,7 @@ impl Deployment for OoccDeployment {
                 cfg,
                 Rc::clone(&self.stats),
                 hints,
-                Rc::clone(&self.history),
+                self.history.clone(),
             )));
         }
         Ok(Box::new(self.typed_coordinator(ctx, id)?))
@@ -310,7 +310,7 @@ impl Deployment for OoccDeployment {
             sim,
             recovery_cn,
             timing,
-            Rc::clone(&self.history),
+            Rc::clone(self.history.history()),
             &self.oracle,
             move || leases.borrow().iter().map(|(id, n, _)| (*id, *n)).collect(),
             async move |c: &SimContext, id: u16| {
