@@ -1,6 +1,6 @@
 //! Transaction workloads (SmallBank, KVS, ...) on any protocol of the registry that runs on
-//! real fabrics (FORD, Pandora, OCC, Motor; not LOTUS or Dandelion, whose lock tables and
-//! servers are simulated tasks) across MN and CN processes of a cluster file (see
+//! real fabrics (FORD, Pandora, OCC, Motor, OOCC, DrTM, DSLR; not LOTUS or Dandelion, whose
+//! lock tables and servers are simulated tasks) across MN and CN processes of a cluster file (see
 //! `cluster.rs` for the file and the verbs-level workload).
 //!
 //! - Every process derives the same deployment from the cluster file ([`TxnSetup`]): the
@@ -11,7 +11,8 @@
 //!   share of the records out of band, serves it, and answers link-termination requests
 //!   (Pandora §3.2.2 step 2: the paper's RPC to the MN's management core) until
 //!   `dmem cluster` tells it to quit.
-//! - **CN**: deploys on the regions alone; one executor thread with one coordinator per
+//! - **CN**: deploys on the regions alone and runs the loader without writing (so that
+//!   placement decided while loading, such as OOCC's directory, agrees); one executor thread with one coordinator per
 //!   client, each made by the deployment on its own `TcpContext`; heartbeats to the first
 //!   CN, which waits until every other CN finished. For FORD and Pandora (the protocols
 //!   with recovery across processes so far) the first CN also runs Pandora's
@@ -422,6 +423,11 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         Rc::new(stdout_history),
     );
     let mut deployment = setup.deploy(MnMemory::remote(setup.regions.clone()), history)?;
+    // The loader runs here too and writes nothing (no MN is mapped): a protocol that
+    // places records as they load (OOCC's directory) then agrees with the MNs.
+    for (table, key, value) in setup.workload.loader() {
+        deployment.load(table, key, &value)?;
+    }
     let executor = Executor::new();
     let ids = cluster.coordinator_ids(me.node);
     let mut coordinators = Vec::new();
@@ -656,11 +662,26 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
             let violations = setup.workload.check(
                 |table, key| {
                     let mut co = last.take()?;
+                    // Retried like the workload's transactions (a DrTM read lease can run
+                    // out under a slow process).
                     let read = executor.block_on(async {
-                        let mut tx = co.begin(TxnKind::ReadOnly).await?;
-                        let value = tx.read(table, key).await?;
-                        tx.commit().await?;
-                        Ok::<_, dmem_txn::TxnError>(value)
+                        let mut attempt = 0;
+                        loop {
+                            let r = async {
+                                let mut tx = co.begin(TxnKind::ReadOnly).await?;
+                                let value = tx.read(table, key).await?;
+                                tx.commit().await?;
+                                Ok::<_, dmem_txn::TxnError>(value)
+                            }
+                            .await;
+                            attempt += 1;
+                            match r {
+                                Err(e)
+                                    if e.is_retryable() && attempt < dmem_harness::MAX_ATTEMPTS => {
+                                }
+                                r => break r,
+                            }
+                        }
                     });
                     last.set(Some(co));
                     read.unwrap_or_else(|e| {
