@@ -487,7 +487,7 @@ fn kill_is_refused_for_a_protocol_without_process_recovery() {
 /// The newcomer's path: `dmem bench --fabric tcp` starts, checks and stops a local cluster
 /// per protocol.
 #[test]
-fn bench_on_tcp_runs_ford_pandora_and_motor_in_processes() {
+fn bench_on_tcp_runs_ford_pandora_motor_and_oocc_in_processes() {
     let out = dmem()
         .args([
             "bench",
@@ -496,7 +496,7 @@ fn bench_on_tcp_runs_ford_pandora_and_motor_in_processes() {
             "--workload",
             "smallbank",
             "--protocol",
-            "ford,pandora,motor",
+            "ford,pandora,motor,oocc",
             "--scale",
             "tiny",
             "--mns",
@@ -518,14 +518,14 @@ fn bench_on_tcp_runs_ford_pandora_and_motor_in_processes() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for protocol in ["ford", "pandora", "motor"] {
+    for protocol in ["ford", "pandora", "motor", "oocc"] {
         assert!(
             stdout.contains(&format!("protocol {protocol}  2 MN  2 CN x 3 coordinators")),
             "{stdout}"
         );
     }
-    assert_eq!(stdout.matches("checker: ok").count(), 3, "{stdout}");
-    assert_eq!(stdout.matches("invariants: ok").count(), 3, "{stdout}");
+    assert_eq!(stdout.matches("checker: ok").count(), 4, "{stdout}");
+    assert_eq!(stdout.matches("invariants: ok").count(), 4, "{stdout}");
     let refused = dmem()
         .args([
             "bench",
