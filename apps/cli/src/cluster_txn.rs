@@ -27,7 +27,7 @@
 //! Real-time edges of the checker compare `CLOCK_MONOTONIC` instants of different
 //! processes: valid on one host (network namespaces included), not across machines.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -415,13 +415,10 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     } else {
         None
     };
-    // The coordinators record into a local history and stream every record to stdout.
+    // The coordinators stream every record to stdout (and keep none here).
     let stdout_history = StdoutHistory::default();
     let streaming_off = Rc::clone(&stdout_history.off);
-    let history = Recorder::with_tee(
-        Rc::new(RefCell::new(History::new())),
-        Rc::new(stdout_history),
-    );
+    let history = Recorder::streaming(Rc::new(stdout_history));
     let mut deployment = setup.deploy(MnMemory::remote(setup.regions.clone()), history)?;
     // The loader runs here too and writes nothing (no MN is mapped): a protocol that
     // places records as they load (OOCC's directory) then agrees with the MNs.

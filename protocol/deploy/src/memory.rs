@@ -218,6 +218,8 @@ impl MnMemory {
 #[derive(Clone)]
 pub struct Recorder {
     history: Rc<RefCell<History>>,
+    /// Whether records are kept in `history` (not for a process that only streams them).
+    keep: bool,
     tee: Option<Rc<dyn HistorySink>>,
 }
 
@@ -233,7 +235,11 @@ impl Recorder {
     /// Records into `history`.
     #[must_use]
     pub fn new(history: Rc<RefCell<History>>) -> Self {
-        Self { history, tee: None }
+        Self {
+            history,
+            keep: true,
+            tee: None,
+        }
     }
 
     /// Records into `history` and into `tee`.
@@ -241,7 +247,19 @@ impl Recorder {
     pub fn with_tee(history: Rc<RefCell<History>>, tee: Rc<dyn HistorySink>) -> Self {
         Self {
             history,
+            keep: true,
             tee: Some(tee),
+        }
+    }
+
+    /// Records into `sink` only and keeps nothing (a CN process that streams its history
+    /// out, for runs of any length); [`history`](Self::history) stays empty.
+    #[must_use]
+    pub fn streaming(sink: Rc<dyn HistorySink>) -> Self {
+        Self {
+            history: Rc::default(),
+            keep: false,
+            tee: Some(sink),
         }
     }
 
@@ -254,16 +272,22 @@ impl Recorder {
 
 impl HistorySink for Recorder {
     fn record(&self, txn: TxnRecord) {
-        if let Some(tee) = &self.tee {
-            tee.record(txn.clone());
+        match (&self.tee, self.keep) {
+            (Some(tee), true) => {
+                tee.record(txn.clone());
+                self.history.record(txn);
+            }
+            (Some(tee), false) => tee.record(txn),
+            (None, _) => self.history.record(txn),
         }
-        self.history.record(txn);
     }
 
     fn resolve(&self, id: TxnId, outcome: TxnOutcome, end: Nanos) {
         if let Some(tee) = &self.tee {
             tee.resolve(id, outcome, end);
         }
-        self.history.resolve(id, outcome, end);
+        if self.keep {
+            self.history.resolve(id, outcome, end);
+        }
     }
 }

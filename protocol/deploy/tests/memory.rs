@@ -95,4 +95,12 @@ fn a_recorder_tells_its_second_sink_everything_at_once() {
     assert_eq!(history.borrow().txns[0].outcome, TxnOutcome::Committed);
     assert_eq!(history.borrow().txns[0].end, 20);
     assert!(Rc::ptr_eq(recorder.history(), &history));
+    // Streaming only: the sink hears everything, nothing is kept.
+    let streaming = Recorder::streaming(Rc::clone(&seen) as Rc<dyn HistorySink>);
+    streaming.resolve(id, TxnOutcome::Aborted, 30);
+    assert_eq!(
+        seen.0.borrow().last(),
+        Some(&(id, Some(TxnOutcome::Aborted)))
+    );
+    assert!(streaming.history().borrow().txns.is_empty());
 }
