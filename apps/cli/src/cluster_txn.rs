@@ -1,17 +1,25 @@
-//! Transaction workloads (SmallBank, KVS, ...) on FORD or Pandora across MN and CN processes
-//! of a cluster file (see `cluster.rs` for the file and the verbs-level workload).
+//! Transaction workloads (SmallBank, KVS, ...) on any protocol of the registry that runs on
+//! real fabrics (FORD, Pandora, OCC, Motor, OOCC, DrTM, DSLR; not LOTUS or Dandelion, whose
+//! lock tables and servers are simulated tasks) across MN and CN processes of a cluster file (see
+//! `cluster.rs` for the file and the verbs-level workload).
 //!
-//! - Every process derives the same store layout from the cluster file ([`TxnSetup`]): the
+//! - Every process derives the same deployment from the cluster file ([`TxnSetup`]): the
 //!   workload's tables, one coordinator id per client of every CN plus one for the final
-//!   check, and the MNs' regions.
-//! - **MN**: creates a region of the store's size, loads its share of the records out of
-//!   band, serves it, and answers link-termination requests (Pandora §3.2.2 step 2: the
-//!   paper's RPC to the MN's management core) until `dmem cluster` tells it to quit.
-//! - **CN**: one executor thread with one coordinator per client, each on its own
-//!   `TcpContext`; heartbeats to the detector on the first CN; a stray-lock listener. The
-//!   first CN also runs Pandora's `RecoveryManager` (§3.2.2: detection, link termination at
-//!   every MN through the MN processes, log recovery, notification) and waits until every
-//!   other CN finished or was recovered. Each CN prints its history as JSON.
+//!   check, and the MNs' regions, given to the protocol's `Protocol::deploy_on`
+//!   (`dmem-deploy`), the same path the simulator's runs take.
+//! - **MN**: creates a region of the store's size, deploys the protocol on it and loads its
+//!   share of the records out of band, serves it, and answers link-termination requests
+//!   (Pandora §3.2.2 step 2: the paper's RPC to the MN's management core) until
+//!   `dmem cluster` tells it to quit.
+//! - **CN**: deploys on the regions alone and runs the loader without writing (so that
+//!   placement decided while loading, such as OOCC's directory, agrees); one executor thread with one coordinator per
+//!   client, each made by the deployment on its own `TcpContext`; heartbeats to the first
+//!   CN, which waits until every other CN finished. For FORD and Pandora (the protocols
+//!   with recovery across processes so far) the first CN also runs Pandora's
+//!   `RecoveryManager` (§3.2.2: detection, link termination at every MN through the MN
+//!   processes, log recovery, notification) and every CN a stray-lock listener; other
+//!   protocols' CN failures end the run with an error. Each CN streams its history as
+//!   JSON.
 //! - **`dmem cluster`** merges the histories, reads the final state with a coordinator of
 //!   its own (knowing the recovered coordinators), runs the checker and (without a killed
 //!   CN) the workload's invariants.
@@ -22,21 +30,20 @@
 use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
+use dmem_deploy::{AnyContext, DeploySpec, Deployment, MnMemory, Protocol, Recorder};
 use dmem_ford::recovery::{heartbeat_loop, membership_listener};
-use dmem_ford::{
-    CnShared, FordCoordinator, LinkTerminator, Member, ProtocolConfig, RecoveryManager,
-};
+use dmem_ford::{LinkTerminator, Member, RecoveryManager};
 use dmem_runtime::{Clocked, Executor, RealClock};
 use dmem_shm::ShmMemoryNode;
-use dmem_store::{Loader, Store, StoreConfig};
 use dmem_tcp::{TcpContext, TcpFabric, TcpMemoryServer};
 use dmem_txn::{
     Coordinator, History, HistorySink, Transaction, TxnId, TxnKind, TxnOutcome, TxnRecord,
 };
-use dmem_verbs::{Clock, Endpoint, MemoryRegion, NodeId, Port, PostList, RKey, Verbs, VerbsError};
+use dmem_verbs::{Clock, Endpoint, MemoryRegion, NodeId, Port, RKey, Verbs, VerbsError};
 use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator, Workload, execute};
 use serde::{Deserialize, Serialize};
 
@@ -65,11 +72,11 @@ const MAX_SLACK_DOUBLINGS: u32 = 6;
 /// How long a link termination may take before recovery gives up on that MN.
 const TERMINATE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The store of a cluster, as every process derives it.
+/// The deployment of a cluster, as every process derives it.
 pub(crate) struct TxnSetup {
     pub(crate) workload: AnyWorkload,
-    pub(crate) config: ProtocolConfig,
-    store_config: StoreConfig,
+    protocol: Arc<dyn Protocol>,
+    spec: DeploySpec,
     regions: Vec<MemoryRegion>,
 }
 
@@ -81,19 +88,13 @@ impl TxnSetup {
         protocol: &str,
     ) -> anyhow::Result<Self> {
         let workload = AnyWorkload::new(workload, scale)?;
-        let config = match protocol {
-            "ford" => ProtocolConfig::ford_fixed(),
-            "pandora" => ProtocolConfig::pandora(),
-            other => bail!("protocol `{other}`: real deployments run `ford` or `pandora` so far"),
-        };
-        // The layout the simulator's deployment of this protocol uses.
-        let layout = dmem_protocols::FordProtocol::new(protocol, config);
+        let protocol = dmem_protocols::registry().get(protocol)?;
         let mut spec = dmem_harness::deploy_spec(&workload, cluster.coordinators() + 1);
         // As `dmem_deploy::deploy_loaded` does, a full index bucket doubles the slack; here
-        // a dry run of the loader finds the slack, so every process derives the same one.
+        // a dry run of the protocol's loader (a deployment on the regions alone, which
+        // writes nothing) finds the slack, so every process derives the same one.
         for _ in 0..MAX_SLACK_DOUBLINGS {
-            let store_config = layout.store_config(&spec, cluster.mn_count());
-            let len = store_config.bytes_per_mn()?;
+            let len = protocol.mn_bytes_per_mn(&spec, cluster.mn_count())?;
             let regions: Vec<MemoryRegion> = (0..cluster.mn_count())
                 .map(|i| MemoryRegion {
                     node: NodeId(i),
@@ -101,13 +102,16 @@ impl TxnSetup {
                     len,
                 })
                 .collect();
-            let store = Store::new(store_config.clone(), regions.clone())?;
-            let mut loader = Loader::new(&store);
+            let mut dry = protocol.deploy_on(
+                MnMemory::remote(regions.clone()),
+                &spec,
+                Recorder::new(Rc::default()),
+            )?;
             let mut full = false;
             for (table, key, value) in workload.loader() {
-                match loader.load(table, key, &value, |_, _, _| {}) {
-                    Ok(_) => {}
-                    Err(dmem_store::StoreError::BucketFull { .. }) => {
+                match dry.load(table, key, &value) {
+                    Ok(()) => {}
+                    Err(e) if e.is_index_full() => {
                         full = true;
                         break;
                     }
@@ -117,8 +121,8 @@ impl TxnSetup {
             if !full {
                 return Ok(Self {
                     workload,
-                    config,
-                    store_config,
+                    protocol,
+                    spec,
                     regions,
                 });
             }
@@ -130,11 +134,18 @@ impl TxnSetup {
         )
     }
 
-    fn store(&self) -> anyhow::Result<Rc<Store>> {
-        Ok(Rc::new(Store::new(
-            self.store_config.clone(),
-            self.regions.clone(),
-        )?))
+    /// The protocol deployed on `memory`, recording into `history`.
+    fn deploy(&self, memory: MnMemory, history: Recorder) -> anyhow::Result<Box<dyn Deployment>> {
+        Ok(self.protocol.deploy_on(memory, &self.spec, history)?)
+    }
+
+    /// Whether CN failures are recovered across processes (FORD and Pandora so far).
+    pub(crate) fn recovers(&self) -> anyhow::Result<bool> {
+        let d = self.deploy(
+            MnMemory::remote(self.regions.clone()),
+            Recorder::new(Rc::default()),
+        )?;
+        Ok(dmem_protocols::ford::ford_view(&*d).is_some())
     }
 
     /// Bytes of each MN's region.
@@ -185,33 +196,15 @@ pub(crate) fn run_mn(cluster: &Cluster, me: &MnNode, setup: &TxnSetup) -> anyhow
                 setup.bytes_per_mn()
             )
         })?;
-    // Load this MN's share of the records (every replica on it) out of band.
+    // Load this MN's share of the records (every replica on it) out of band: the
+    // protocol's own loader, whose writes to other MNs go nowhere here.
     {
-        let mut local = dmem_shm::ShmFabric::new().context(endpoint(me.node, Port(0)))?;
-        local.add_link(memory.link(me.node)?)?;
-        let store = setup.store()?;
-        let mut loader = Loader::new(&store);
-        let region = memory.region();
-        let mut failed = None;
+        let mapped = MnMemory::mapped(setup.regions.clone(), &[&memory])?;
+        let mut deployment = setup.deploy(mapped, Recorder::new(Rc::default()))?;
         for (table, key, value) in setup.workload.loader() {
-            loader.load(table, key, &value, |node, offset, bytes| {
-                if node != me.node || failed.is_some() {
-                    return;
-                }
-                let mut list = PostList::new();
-                match region.at(offset) {
-                    Some(at) => {
-                        list.write(at, bytes);
-                        if let Err(e) = local.post_now(list) {
-                            failed = Some(e.to_string());
-                        }
-                    }
-                    None => failed = Some(format!("offset {offset} outside the region")),
-                }
-            })?;
-        }
-        if let Some(e) = failed {
-            bail!("{}: loading failed: {e}", me.name);
+            deployment
+                .load(table, key, &value)
+                .with_context(|| format!("{}: loading failed", me.name))?;
         }
     }
     let server = TcpMemoryServer::serve(memory, me.data)
@@ -322,9 +315,12 @@ struct HistoryLineWrap {
 
 /// A history sink that writes every record and resolution to stdout as one JSON line at
 /// once, so that the history of a CN killed mid-run survives it up to its last record
-/// (a transaction is recorded before its first commit write, as `Unknown`).
-#[derive(Debug, Clone, Copy)]
-struct StdoutHistory;
+/// (a transaction is recorded before its first commit write, as `Unknown`). Switched off
+/// for the final state's read-only transactions, which are not part of the run.
+#[derive(Debug, Clone, Default)]
+struct StdoutHistory {
+    off: Rc<Cell<bool>>,
+}
 
 impl StdoutHistory {
     fn emit(line: HistoryLine) {
@@ -340,11 +336,15 @@ impl StdoutHistory {
 
 impl HistorySink for StdoutHistory {
     fn record(&self, txn: TxnRecord) {
-        Self::emit(HistoryLine::Record(txn));
+        if !self.off.get() {
+            Self::emit(HistoryLine::Record(txn));
+        }
     }
 
     fn resolve(&self, id: TxnId, outcome: TxnOutcome, end: dmem_verbs::Nanos) {
-        Self::emit(HistoryLine::Resolve(id, outcome, end));
+        if !self.off.get() {
+            Self::emit(HistoryLine::Resolve(id, outcome, end));
+        }
     }
 }
 
@@ -415,29 +415,36 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     } else {
         None
     };
-    let store = setup.store()?;
-    let shared = CnShared::new();
+    // The coordinators stream every record to stdout (and keep none here).
+    let stdout_history = StdoutHistory::default();
+    let streaming_off = Rc::clone(&stdout_history.off);
+    let history = Recorder::streaming(Rc::new(stdout_history));
+    let mut deployment = setup.deploy(MnMemory::remote(setup.regions.clone()), history)?;
+    // The loader runs here too and writes nothing (no MN is mapped): a protocol that
+    // places records as they load (OOCC's directory) then agrees with the MNs.
+    for (table, key, value) in setup.workload.loader() {
+        deployment.load(table, key, &value)?;
+    }
     let executor = Executor::new();
     let ids = cluster.coordinator_ids(me.node);
     let mut coordinators = Vec::new();
     for (i, &id) in ids.iter().enumerate() {
-        let ctx = connected(
+        let ctx = Rc::new(connected(
             &fabric,
             Port(FIRST_COORDINATOR_PORT + i as u16),
             cluster,
             deadline,
-        )?;
-        coordinators.push(FordCoordinator::new(
-            Clocked::new(ctx),
-            Rc::clone(&store),
-            setup.config,
-            id,
-            shared.clone(),
-            StdoutHistory,
         )?);
+        let co = deployment.coordinator(AnyContext::Tcp(Rc::clone(&ctx)), id)?;
+        coordinators.push((id, co, ctx));
     }
+    // FORD and Pandora: Pandora's recovery across processes (below) and PILL's stray-lock
+    // notifications; other protocols have none across processes yet.
+    let ford = dmem_protocols::ford::ford_view(&*deployment)
+        .map(|f| (Rc::clone(f.store()), f.config(), f.cn_shared(me.node)));
     let period = cluster.heartbeat();
-    // Heartbeats and the stray-lock listener run until this process ends.
+    // Heartbeats (the first CN's join barrier, and its failure detector for FORD/Pandora)
+    // run until this process ends.
     let hb = Rc::new(Clocked::new(fabric.context(HEARTBEAT)?));
     executor.spawn(async move {
         // A send fails while the detector's CN is still starting (nothing listens yet):
@@ -449,11 +456,13 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
             RealClock.sleep(period).await;
         }
     });
-    let listener_ctx = Rc::new(Clocked::new(fabric.context(LISTENER)?));
-    let failed = Rc::clone(&shared.failed);
-    executor.spawn(async move {
-        let _ = membership_listener(&*listener_ctx, failed, period, u64::MAX).await;
-    });
+    if let Some((_, _, Some(shared))) = &ford {
+        let listener_ctx = Rc::new(Clocked::new(fabric.context(LISTENER)?));
+        let failed = Rc::clone(&shared.failed);
+        executor.spawn(async move {
+            let _ = membership_listener(&*listener_ctx, failed, period, u64::MAX).await;
+        });
+    }
     let tally = Rc::new((
         Cell::new(0u64),
         Cell::new(0u64),
@@ -463,10 +472,9 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     let running = Rc::new(Cell::new(coordinators.len()));
     let end = dmem_runtime::monotonic_now() + cluster.duration().as_nanos() as u64;
     let workload = Rc::new(setup.workload.clone());
-    for mut co in coordinators {
+    for (id, mut co, ctx) in coordinators {
         let (tally, running, workload) =
             (Rc::clone(&tally), Rc::clone(&running), Rc::clone(&workload));
-        let id = co.id();
         executor.spawn(async move {
             let mut generator = workload.generator(u32::from(id), 0x5eed ^ u64::from(id));
             while RealClock.now() < end {
@@ -483,7 +491,6 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                         tally.2.set(tally.2.get() + 1);
                         // Revoked (or an MN gone): nothing this coordinator posts lands
                         // any more.
-                        let ctx = co.context().verbs();
                         if ctx.links().any(|(region, _)| ctx.is_lost(region.node)) {
                             break;
                         }
@@ -537,17 +544,30 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
             Ok(())
         })?;
         println!("ready {}", me.name);
-        let mut manager = RecoveryManager::new(
-            Clocked::new(detector_ctx),
-            Rc::clone(&store),
-            setup.config.protocol,
-            RemoteTerminator {
-                ctx: Clocked::new(fabric.context(TERMINATOR)?),
-            },
-            members,
-            cluster.timeout(),
-        );
-        let events = manager.events();
+        // FORD/Pandora: Pandora's recovery manager takes over the detector's context;
+        // other protocols only drain the heartbeats.
+        let (mut manager, drain) = match &ford {
+            Some((store, config, _)) => (
+                Some(RecoveryManager::new(
+                    Clocked::new(detector_ctx),
+                    Rc::clone(store),
+                    config.protocol,
+                    RemoteTerminator {
+                        ctx: Clocked::new(fabric.context(TERMINATOR)?),
+                    },
+                    members,
+                    cluster.timeout(),
+                )),
+                None,
+            ),
+            None => (None, Some(detector_ctx)),
+        };
+        let events = manager
+            .as_ref()
+            .map_or_else(Rc::default, RecoveryManager::events);
+        // Without recovery a CN that never reports ends the run, after this long.
+        let give_up =
+            RealClock.now() + (cluster.duration() + cluster.join_timeout() * 2).as_nanos() as u64;
         let done_ctx = fabric.context(DONE_PORT)?;
         let others: BTreeSet<NodeId> = cluster
             .cns()
@@ -570,49 +590,65 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                         }
                     }
                 }
-                for member in manager.detect()? {
-                    if finished.contains(&member.cn) {
-                        continue;
-                    }
-                    eprintln!(
-                        "dmem cn {}: {} missed its heartbeats for {} ms: recovering it",
-                        me.name,
-                        cluster.cn_name(member.cn),
-                        cluster.timeout() / 1_000_000
-                    );
-                    recovered.insert(member.cn);
-                    manager.recover(member).await?;
+                if let Some(drain) = &drain {
+                    while drain.try_recv()?.is_some() {}
                 }
-                if running.get() == 0
-                    && others
-                        .iter()
-                        .all(|n| finished.contains(n) || recovered.contains(n))
-                {
+                if let Some(manager) = &mut manager {
+                    for member in manager.detect()? {
+                        if finished.contains(&member.cn) {
+                            continue;
+                        }
+                        eprintln!(
+                            "dmem cn {}: {} missed its heartbeats for {} ms: recovering it",
+                            me.name,
+                            cluster.cn_name(member.cn),
+                            cluster.timeout() / 1_000_000
+                        );
+                        recovered.insert(member.cn);
+                        manager.recover(member).await?;
+                    }
+                }
+                let pending: Vec<String> = others
+                    .iter()
+                    .filter(|n| !finished.contains(n) && !recovered.contains(n))
+                    .map(|&n| cluster.cn_name(n))
+                    .collect();
+                if running.get() == 0 && pending.is_empty() {
                     return Ok::<(), anyhow::Error>(());
                 }
+                ensure!(
+                    manager.is_some() || RealClock.now() < give_up,
+                    "{}: {} did not finish, and protocol `{}` has no recovery across processes",
+                    me.name,
+                    pending.join(", "),
+                    setup.protocol.name()
+                );
                 RealClock.sleep(period / 2).await;
             }
         })?;
         let events = events.borrow();
         // The final state, read by one more coordinator that knows who failed (it reads
         // past the locks they left), then the MNs are told the run is over.
-        let final_shared = CnShared::new();
-        for e in events.iter() {
-            for c in &e.coordinators {
-                final_shared
-                    .failed
-                    .borrow_mut()
-                    .insert(dmem_layout::pill::CoordinatorId(c.coordinator));
+        streaming_off.set(true);
+        let final_ctx = AnyContext::Tcp(Rc::new(connected(&fabric, Port(3), cluster, deadline)?));
+        let last = if ford.is_some() {
+            // A coordinator of this CN, whose shared state learns every failed coordinator
+            // (PILL then reads past the locks they left).
+            let last = deployment.coordinator(final_ctx, cluster.coordinators())?;
+            if let Some(shared) =
+                dmem_protocols::ford::ford_view(&*deployment).and_then(|f| f.cn_shared(me.node))
+            {
+                for c in events.iter().flat_map(|e| &e.coordinators) {
+                    shared
+                        .failed
+                        .borrow_mut()
+                        .insert(dmem_layout::pill::CoordinatorId(c.coordinator));
+                }
             }
-        }
-        let last = FordCoordinator::new(
-            Clocked::new(connected(&fabric, Port(3), cluster, deadline)?),
-            Rc::clone(&store),
-            setup.config,
-            cluster.coordinators(),
-            final_shared,
-            dmem_txn::NoHistory,
-        )?;
+            last
+        } else {
+            deployment.final_coordinator(final_ctx, cluster.coordinators())?
+        };
         invariants = if events.is_empty() {
             // Records are read one by one as the workload's check asks for them (TPC-C
             // looks up the orders it inserted), each by a read-only transaction.
@@ -623,11 +659,26 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
             let violations = setup.workload.check(
                 |table, key| {
                     let mut co = last.take()?;
+                    // Retried like the workload's transactions (a DrTM read lease can run
+                    // out under a slow process).
                     let read = executor.block_on(async {
-                        let mut tx = co.begin(TxnKind::ReadOnly).await?;
-                        let value = tx.read(table, key).await?;
-                        tx.commit().await?;
-                        Ok::<_, dmem_txn::TxnError>(value)
+                        let mut attempt = 0;
+                        loop {
+                            let r = async {
+                                let mut tx = co.begin(TxnKind::ReadOnly).await?;
+                                let value = tx.read(table, key).await?;
+                                tx.commit().await?;
+                                Ok::<_, dmem_txn::TxnError>(value)
+                            }
+                            .await;
+                            attempt += 1;
+                            match r {
+                                Err(e)
+                                    if e.is_retryable() && attempt < dmem_harness::MAX_ATTEMPTS => {
+                                }
+                                r => break r,
+                            }
+                        }
                     });
                     last.set(Some(co));
                     read.unwrap_or_else(|e| {

@@ -404,7 +404,7 @@ fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
         for thread in 0..args.threads {
             for _ in 0..args.coroutines {
                 let ctx = sim.context(sim.cn(cn), thread)?;
-                let mut co = deployment.coordinator(ctx.clone(), id)?;
+                let mut co = deployment.coordinator(ctx.clone().into(), id)?;
                 let mut generator = workload.generator(u32::from(id), args.seed ^ u64::from(id));
                 let pending: Pending = Rc::new(Cell::new(None));
                 pendings.push((id, Rc::clone(&pending)));

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 fn dmem() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dmem"))
@@ -381,9 +382,9 @@ fn cluster_file_errors_are_one_readable_line() {
         (
             good.replace(
                 "kind = \"faa\"",
-                "kind = \"smallbank\"\nprotocol = \"motor\"",
+                "kind = \"smallbank\"\nprotocol = \"no-such-protocol\"",
             ),
-            "run `ford` or `pandora`",
+            "unknown protocol `no-such-protocol`",
         ),
         (
             good.replace("timeout_ms = 200", "timeout_ms = 5"),
@@ -464,10 +465,110 @@ fn smallbank_on_ford_without_failures_checks_clean() {
     assert!(stdout.contains("invariants: ok"), "{stdout}");
 }
 
+/// `dmem cluster up|status|down`: a background run that finishes and reports through
+/// `status`, and one stopped by `down` with every node it started.
+#[test]
+fn cluster_up_status_and_down() {
+    let dir = TempDir::new("updown");
+    let ports = free_ports(4);
+    let local = [
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+    ];
+    let file = dir.write(
+        "cluster.toml",
+        &smallbank_toml(local, &ports, "pandora")
+            .replace("duration_ms = 3000", "duration_ms = 800"),
+    );
+    let cli = |action: &str| {
+        let out = dmem()
+            .args(["cluster", action, "--cluster"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{action}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(cli("status").contains("is not up"));
+    assert!(cli("up").contains("is up (process group"));
+    let again = dmem()
+        .args(["cluster", "up", "--cluster"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already up"));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        let status = cli("status");
+        if status.contains("finished") || Instant::now() > deadline {
+            break status;
+        }
+        assert!(status.contains("running"), "{status}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(status.contains("finished, exit status 0"), "{status}");
+    assert!(status.contains("checker: ok"), "{status}");
+    // A longer run, stopped early: its process group (the run and its nodes) is gone.
+    std::fs::write(
+        &file,
+        smallbank_toml(local, &ports, "pandora")
+            .replace("duration_ms = 3000", "duration_ms = 60000"),
+    )
+    .unwrap();
+    let up = cli("up");
+    let group: i32 = up
+        .split("process group ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|g| g.parse().ok())
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(cli("down").contains("is down"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(cli("status").contains("stopped"));
+    let members = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let stat = std::fs::read_to_string(e.ok()?.path().join("stat")).ok()?;
+            let rest = stat.rsplit_once(") ")?.1;
+            let fields: Vec<&str> = rest.split(' ').collect();
+            // state, ppid, pgrp: a live member of the run's group.
+            (fields.get(2)?.parse::<i32>().ok()? == group && fields[0] != "Z").then_some(())
+        })
+        .count();
+    assert_eq!(members, 0, "processes of the stopped run are still alive");
+}
+
+/// A protocol without recovery across processes refuses `--kill` before anything starts.
+#[test]
+fn kill_is_refused_for_a_protocol_without_process_recovery() {
+    let dir = TempDir::new("motor-kill");
+    let ports = free_ports(4);
+    let local = [
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+    ];
+    let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "motor"));
+    let out = run_cluster(&file, &["--kill", "cn1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("protocol `motor` has no recovery across processes yet"),
+        "{stderr}"
+    );
+}
+
 /// The newcomer's path: `dmem bench --fabric tcp` starts, checks and stops a local cluster
 /// per protocol.
 #[test]
-fn bench_on_tcp_runs_ford_and_pandora_in_processes() {
+fn bench_on_tcp_runs_ford_pandora_motor_and_oocc_in_processes() {
     let out = dmem()
         .args([
             "bench",
@@ -476,7 +577,7 @@ fn bench_on_tcp_runs_ford_and_pandora_in_processes() {
             "--workload",
             "smallbank",
             "--protocol",
-            "ford,pandora",
+            "ford,pandora,motor,oocc",
             "--scale",
             "tiny",
             "--mns",
@@ -498,21 +599,21 @@ fn bench_on_tcp_runs_ford_and_pandora_in_processes() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for protocol in ["ford", "pandora"] {
+    for protocol in ["ford", "pandora", "motor", "oocc"] {
         assert!(
             stdout.contains(&format!("protocol {protocol}  2 MN  2 CN x 3 coordinators")),
             "{stdout}"
         );
     }
-    assert_eq!(stdout.matches("checker: ok").count(), 2, "{stdout}");
-    assert_eq!(stdout.matches("invariants: ok").count(), 2, "{stdout}");
+    assert_eq!(stdout.matches("checker: ok").count(), 4, "{stdout}");
+    assert_eq!(stdout.matches("invariants: ok").count(), 4, "{stdout}");
     let refused = dmem()
         .args([
             "bench",
             "--fabric",
             "tcp",
             "--protocol",
-            "motor",
+            "lotus",
             "--scale",
             "tiny",
         ])
@@ -521,7 +622,7 @@ fn bench_on_tcp_runs_ford_and_pandora_in_processes() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1));
     assert!(
-        stderr.contains("the tcp fabric runs ford and pandora so far"),
+        stderr.contains("protocol `lotus` runs on the simulator only"),
         "{stderr}"
     );
 }

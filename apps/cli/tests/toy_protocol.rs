@@ -7,9 +7,10 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use dmem_deploy::{
-    DeployError, DeploySpec, Deployment, Protocol, RecoveryEvent, RecoveryTiming, Registry,
+    AnyContext, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder, RecoveryEvent,
+    RecoveryTiming, Registry,
 };
-use dmem_sim::{Sim, SimContext};
+use dmem_sim::Sim;
 use dmem_txn::{
     BoxCoordinator, Coordinator, CoordinatorId, History, HistorySink, Key, ReadEvent, TableId,
     Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
@@ -38,16 +39,16 @@ impl Protocol for Serial {
     fn mn_bytes_per_mn(&self, _: &DeploySpec, _: u16) -> Result<u64, DeployError> {
         Ok(0)
     }
-    fn deploy(
+    fn deploy_on(
         &self,
-        _: &Rc<Sim>,
+        _: MnMemory,
         _: &DeploySpec,
-        history: Rc<RefCell<History>>,
+        history: Recorder,
     ) -> Result<Box<dyn Deployment>, DeployError> {
         Ok(Box::new(SerialDeployment(Rc::new(State {
             map: RefCell::new(HashMap::new()),
             locked: Cell::new(false),
-            history,
+            history: Rc::clone(history.history()),
         }))))
     }
 }
@@ -62,7 +63,7 @@ impl Deployment for SerialDeployment {
             .insert((table, key), (Some(value.to_vec()), 0));
         Ok(())
     }
-    fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+    fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
         Ok(Box::new(SerialCoordinator {
             ctx,
             state: Rc::clone(&self.0),
@@ -81,7 +82,7 @@ impl Deployment for SerialDeployment {
     }
     fn final_coordinator(
         &mut self,
-        ctx: SimContext,
+        ctx: AnyContext,
         id: u16,
     ) -> Result<BoxCoordinator, DeployError> {
         self.coordinator(ctx, id)
@@ -102,10 +103,13 @@ impl Deployment for SerialDeployment {
             .get(&(table, key))
             .and_then(|(v, _)| v.clone())
     }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 struct SerialCoordinator {
-    ctx: SimContext,
+    ctx: AnyContext,
     state: Rc<State>,
     id: u16,
     seq: u64,

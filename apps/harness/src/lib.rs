@@ -27,6 +27,8 @@
 //! and hand the result back. Latency then includes the wait in the queue.
 #![forbid(unsafe_code)]
 
+pub mod fabric;
+
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
 use std::future::poll_fn;
@@ -371,7 +373,7 @@ pub fn run_bench(
         for thread in 0..cfg.shape.threads {
             for _ in 0..cfg.coroutines {
                 let ctx = sim.context(sim.cn(cn), thread)?;
-                let inner = deployment.coordinator(ctx.clone(), id)?;
+                let inner = deployment.coordinator(ctx.clone().into(), id)?;
                 let mut coordinator = Rounds::new(inner, ctx.clone());
                 let mut generator = workload.generator(u32::from(id), cfg.seed ^ u64::from(id));
                 let (workload, window) = (Rc::clone(&workload), window.clone());

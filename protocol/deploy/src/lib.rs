@@ -1,4 +1,5 @@
-//! How any transaction protocol is deployed on the simulated cluster, once.
+//! How any transaction protocol is deployed, once, on the simulated cluster or on a real
+//! fabric.
 //!
 //! `dmem bench`, `dmem recover`, the litmus suite and the tests all need the same steps:
 //! size the MNs for a data set, build the cluster, lay the protocol's store out, load records
@@ -17,21 +18,35 @@
 //! * [`spawn_oracle_recovery`] and [`settle_history`]: crash recovery under an oracle failure
 //!   detector (OOCC, Motor) and the history bookkeeping every recovery shares.
 //! * [`Registry`]: protocols by name, plus parameterised families (`ford:BUG+BUG`).
+//!
+//! A deployment is fabric-neutral: [`Protocol::deploy_on`] lays the store out on an
+//! [`MnMemory`] (the simulator's MNs, or the regions of real MNs with the bytes of those
+//! this process maps), and [`Deployment::coordinator`] takes an [`AnyContext`] (a CN context
+//! of the simulator, the shm fabric or the tcp fabric, dispatched statically because the
+//! verbs traits are not object-safe). An MN process deploys on its own memory and loads its
+//! share of the records; a CN process deploys on the regions alone and makes coordinators;
+//! both derive the same layout from the same [`DeploySpec`].
 #![forbid(unsafe_code)]
 
 mod cluster;
+mod context;
+mod memory;
 mod oracle;
 mod registry;
+
+use std::any::Any;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 pub use cluster::{ClusterShape, Deployed, SimLinkTerminator, deploy_loaded};
+pub use context::AnyContext;
 pub use dmem_store::TableDemand;
+pub use memory::{MnMemory, Recorder};
 pub use oracle::{OracleState, settle_history, spawn_crash_watch, spawn_oracle_recovery};
 pub use registry::{Family, Registry};
 
-use dmem_sim::{Sim, SimContext, SimError};
+use dmem_sim::{Sim, SimError};
 use dmem_store::StoreError;
 use dmem_txn::{BoxCoordinator, CriticalField, History, Isolation, Key, TableId, TxnKind};
 use dmem_verbs::{Nanos, NodeId};
@@ -46,6 +61,18 @@ pub enum DeployError {
     /// The protocol's store could not be laid out or loaded.
     #[error("store: {0}")]
     Store(#[from] StoreError),
+    /// A real fabric refused an out-of-band access or a link.
+    #[error("fabric: {0}")]
+    Fabric(String),
+    /// The protocol cannot be deployed on this fabric (it runs tasks only the simulator
+    /// hosts, such as LOTUS's lock tables or Dandelion's servers).
+    #[error("protocol `{protocol}` runs on the simulator only: {reason}")]
+    SimOnly {
+        /// The protocol.
+        protocol: String,
+        /// What it needs from the simulator.
+        reason: String,
+    },
     /// A protocol name nobody registered.
     #[error("unknown protocol `{name}`: known protocols are {}", known.join(", "))]
     UnknownProtocol {
@@ -221,8 +248,23 @@ pub trait Protocol: Send + Sync {
     /// [`DeployError`] if `spec` cannot be laid out.
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError>;
 
+    /// Lays the protocol's store out on `memory` (zeroed); transactions record into
+    /// `history`. Every process of a real cluster calls it with the same `spec` and
+    /// regions and so derives the same layout: an MN process then loads its share of the
+    /// records, a CN process makes coordinators on its contexts.
+    ///
+    /// # Errors
+    /// [`DeployError`] if the store does not fit, or [`DeployError::SimOnly`] for a
+    /// protocol that needs the simulator and `memory` is not its.
+    fn deploy_on(
+        &self,
+        memory: MnMemory,
+        spec: &DeploySpec,
+        history: Recorder,
+    ) -> Result<Box<dyn Deployment>, DeployError>;
+
     /// Lays the protocol's store out on `sim`'s MNs (zeroed); transactions record into
-    /// `history`.
+    /// `history` ([`deploy_on`](Self::deploy_on) on the simulator's memory).
     ///
     /// # Errors
     /// [`DeployError`] if the store does not fit.
@@ -231,10 +273,12 @@ pub trait Protocol: Send + Sync {
         sim: &Rc<Sim>,
         spec: &DeploySpec,
         history: Rc<RefCell<History>>,
-    ) -> Result<Box<dyn Deployment>, DeployError>;
+    ) -> Result<Box<dyn Deployment>, DeployError> {
+        self.deploy_on(MnMemory::sim(sim), spec, Recorder::new(history))
+    }
 }
 
-/// One protocol deployed on one simulated cluster.
+/// One protocol deployed on one cluster (simulated, or this process's part of a real one).
 ///
 /// Call order: [`load`](Self::load) every record, [`coordinator`](Self::coordinator) for
 /// every worker, optionally [`start_recovery`](Self::start_recovery) once, run the
@@ -247,11 +291,12 @@ pub trait Deployment {
     /// [`DeployError`] (a full index bucket: [`DeployError::is_index_full`]).
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError>;
 
-    /// A worker coordinator with id `id` on `ctx` (a context of a worker CN).
+    /// A worker coordinator with id `id` on `ctx` (a context of a worker CN, on the fabric
+    /// the deployment was laid out for).
     ///
     /// # Errors
     /// [`DeployError`] if the protocol has no room for `id`.
-    fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError>;
+    fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError>;
 
     /// Starts failure detection and recovery as simulated tasks: every CN that has
     /// coordinators reports to a detector on CN `recovery_cn`, which recovers a CN that stops
@@ -273,7 +318,7 @@ pub trait Deployment {
     /// [`DeployError`] if the protocol has no room for `id`.
     fn final_coordinator(
         &mut self,
-        ctx: SimContext,
+        ctx: AnyContext,
         id: u16,
     ) -> Result<BoxCoordinator, DeployError>;
 
@@ -303,6 +348,10 @@ pub trait Deployment {
         let _ = name;
         None
     }
+
+    /// The deployment as [`Any`], for a command that drives one protocol's own machinery
+    /// across processes (Pandora's recovery in `dmem cn`) through its typed deployment.
+    fn as_any(&self) -> &dyn Any;
 
     /// Where transactions should run, for a protocol that places them (LOTUS §4.3 hybrid
     /// routing); `None` (the default): every coordinator runs what its own client generates.

@@ -101,14 +101,8 @@ impl Registry {
 
 #[cfg(test)]
 mod tests {
-    use std::cell::RefCell;
-    use std::rc::Rc;
-
-    use dmem_sim::Sim;
-    use dmem_txn::History;
-
     use super::*;
-    use crate::{DeploySpec, Deployment};
+    use crate::{DeploySpec, Deployment, MnMemory, Recorder};
 
     /// A protocol that only has a name: enough to test lookups.
     struct Named(String);
@@ -120,11 +114,11 @@ mod tests {
         fn mn_bytes_per_mn(&self, _: &DeploySpec, _: u16) -> Result<u64, DeployError> {
             Ok(0)
         }
-        fn deploy(
+        fn deploy_on(
             &self,
-            _: &Rc<Sim>,
+            _: MnMemory,
             _: &DeploySpec,
-            _: Rc<RefCell<History>>,
+            _: Recorder,
         ) -> Result<Box<dyn Deployment>, DeployError> {
             Err(DeployError::Protocol {
                 protocol: self.0.clone(),

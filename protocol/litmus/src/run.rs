@@ -455,7 +455,7 @@ fn execute(
             let id = i * roles + role;
             let cn = (role + i) % workers;
             let ctx = sim.context(sim.cn(cn), 0)?;
-            let mut co = dep.coordinator(ctx.clone(), id)?;
+            let mut co = dep.coordinator(ctx.clone().into(), id)?;
             let role_rng = SplitMix::new(rng.next_u64());
             let ends = Rc::clone(&ends);
             let cfg = cfg.clone();
@@ -491,7 +491,7 @@ fn execute(
     sim.run_until(cfg.timing.until);
 
     let reader_ctx = sim.context(sim.cn(recovery_cn), 0)?;
-    let mut reader = dep.final_coordinator(reader_ctx.clone(), cfg.instances * roles)?;
+    let mut reader = dep.final_coordinator(reader_ctx.clone().into(), cfg.instances * roles)?;
     let keys = instance_keys(litmus, cfg.instances);
     let state = Rc::new(RefCell::new(None));
     let s = Rc::clone(&state);

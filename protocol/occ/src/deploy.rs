@@ -1,4 +1,4 @@
-//! OOCC as a [`Protocol`] on the simulated cluster: the store of [`crate::store`], one
+//! OOCC as a [`Protocol`] (on the simulated cluster; the lease manager needs it): the store of [`crate::store`], one
 //! [`DriftingCtx`] per coordinator (its node's clock, [`DriftModel`]), shared per-CN version
 //! hints, and the deployment's counters.
 
@@ -7,11 +7,12 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use dmem_deploy::{
-    DeployError, DeploySpec, Deployment, OracleState, Protocol, RecoveryEvent, RecoveryTiming,
+    AnyContext, DeployError, DeploySpec, Deployment, MnMemory, OracleState, Protocol, Recorder,
+    RecoveryEvent, RecoveryTiming,
 };
 use dmem_layout::record::OoccLockWord;
 use dmem_sim::{Sim, SimContext};
-use dmem_txn::{BoxCoordinator, History, Key, TableId};
+use dmem_txn::{BoxCoordinator, Key, TableId};
 use dmem_verbs::NodeId;
 
 use crate::drift::{DriftModel, DriftingCtx};
@@ -114,18 +115,17 @@ impl Protocol for OoccProtocol {
         Ok(self.layout(spec, mns)?.bytes_per_mn)
     }
 
-    fn deploy(
+    fn deploy_on(
         &self,
-        sim: &Rc<Sim>,
+        memory: MnMemory,
         spec: &DeploySpec,
-        history: Rc<RefCell<History>>,
+        history: Recorder,
     ) -> Result<Box<dyn Deployment>, DeployError> {
-        let mns = sim.mn_count();
-        let layout = self.layout(spec, mns)?;
-        let regions = (0..mns).map(|i| sim.region(sim.mn(i))).collect();
+        let layout = self.layout(spec, memory.mn_count())?;
+        let regions = memory.regions();
         Ok(Box::new(OoccDeployment {
             protocol: self.clone(),
-            sim: Rc::clone(sim),
+            memory,
             dir: Rc::new(Directory::new(layout, regions)),
             history,
             hints: HashMap::new(),
@@ -142,12 +142,12 @@ impl Protocol for OoccProtocol {
     }
 }
 
-/// OOCC on one simulated cluster.
+/// OOCC on one cluster.
 pub struct OoccDeployment {
     protocol: OoccProtocol,
-    sim: Rc<Sim>,
+    memory: MnMemory,
     dir: Rc<Directory>,
-    history: Rc<RefCell<History>>,
+    history: Recorder,
     hints: HashMap<NodeId, Rc<RefCell<HashMap<Loc, u64>>>>,
     stats: Rc<Stats>,
     leases: LeaseTable,
@@ -188,9 +188,9 @@ impl OoccDeployment {
     /// Never so far; kept fallible like [`Deployment::coordinator`].
     pub fn typed_coordinator(
         &mut self,
-        ctx: SimContext,
+        ctx: AnyContext,
         id: u16,
-    ) -> Result<OoccCoordinator<SimContext>, DeployError> {
+    ) -> Result<OoccCoordinator<AnyContext>, DeployError> {
         let node = ctx.node();
         let hints = Rc::clone(self.hints.entry(node).or_default());
         let cfg = self.protocol.config;
@@ -200,8 +200,13 @@ impl OoccDeployment {
             .push((id, node, Rc::clone(&leases)));
         if let (Some(policy), false) = (self.protocol.manager, self.manager_started) {
             self.manager_started = true;
-            // The manager runs on the first CN's thread 0, beside its coordinators.
-            let mctx = self.sim.context(self.sim.cn(0), 0)?;
+            // The manager runs on the first CN's thread 0, beside its coordinators, as a
+            // simulated task.
+            let sim = self.memory.as_sim().ok_or_else(|| DeployError::SimOnly {
+                protocol: self.protocol.name.clone(),
+                reason: "its lease manager runs as a simulated task".to_owned(),
+            })?;
+            let mctx = sim.context(sim.cn(0), 0)?;
             let drift = self.protocol.drift.drift_of(mctx.node());
             let task = crate::manager::run(
                 DriftingCtx::new(mctx.clone(), drift),
@@ -211,7 +216,7 @@ impl OoccDeployment {
                 policy,
                 Rc::clone(&self.manager),
             );
-            self.sim.spawn(&mctx, task);
+            sim.spawn(&mctx, task);
         }
         let ctx = DriftingCtx::new(ctx, self.protocol.drift.drift_of(node));
         Ok(OoccCoordinator::new(
@@ -222,7 +227,7 @@ impl OoccDeployment {
             leases,
             Rc::clone(&self.stats),
             hints,
-            Rc::clone(&self.history),
+            self.history.clone(),
         ))
     }
 }
@@ -246,12 +251,10 @@ impl Deployment for OoccDeployment {
         let mut stored = vec![0u8; self.protocol.prefix()];
         stored.extend_from_slice(value);
         let image = emit(table, key, Some(&stored), vlen, OoccLockWord::from_raw(0));
-        self.sim
-            .write_memory(self.dir.node(loc.mn), loc.offset, &image);
-        Ok(())
+        self.memory.write(self.dir.node(loc.mn), loc.offset, &image)
     }
 
-    fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+    fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
         if let Some(cfg) = self.protocol.dslr {
             let node = ctx.node();
             self.leases.borrow_mut().push((id, node, Leases::new(0, 0)));
@@ -262,7 +265,7 @@ impl Deployment for OoccDeployment {
                 id,
                 cfg,
                 Rc::clone(&self.stats),
-                Rc::clone(&self.history),
+                self.history.clone(),
             )));
         }
         if let Some(cfg) = self.protocol.drtm {
@@ -279,7 +282,7 @@ impl Deployment for OoccDeployment {
                 cfg,
                 Rc::clone(&self.stats),
                 hints,
-                Rc::clone(&self.history),
+                self.history.clone(),
             )));
         }
         Ok(Box::new(self.typed_coordinator(ctx, id)?))
@@ -307,7 +310,7 @@ impl Deployment for OoccDeployment {
             sim,
             recovery_cn,
             timing,
-            Rc::clone(&self.history),
+            Rc::clone(self.history.history()),
             &self.oracle,
             move || leases.borrow().iter().map(|(id, n, _)| (*id, *n)).collect(),
             async move |c: &SimContext, id: u16| {
@@ -320,7 +323,7 @@ impl Deployment for OoccDeployment {
 
     fn final_coordinator(
         &mut self,
-        ctx: SimContext,
+        ctx: AnyContext,
         id: u16,
     ) -> Result<BoxCoordinator, DeployError> {
         self.coordinator(ctx, id)
@@ -341,11 +344,11 @@ impl Deployment for OoccDeployment {
     fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
         let loc = self.dir.get(table, key)?;
         let vlen = self.dir.value_len(table).ok()?;
-        let bytes = self.sim.read_memory(
+        let bytes = self.memory.read(
             self.dir.node(loc.mn),
             loc.offset,
             dmem_layout::record::OoccRecordHeader::record_len(vlen),
-        );
+        )?;
         let image = parse(&bytes, vlen);
         image
             .present
@@ -372,5 +375,9 @@ impl Deployment for OoccDeployment {
                 .map_or(0, |a| a.finished - a.started),
             _ => return None,
         })
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

@@ -31,9 +31,8 @@ use std::rc::Rc;
 
 use dmem_layout::record::{OoccLockState, OoccLockWord, OoccRecordHeader};
 use dmem_txn::{
-    Coordinator, CoordinatorId, History, HistorySink, Key, ReadEvent, ReadReq, RoundValues,
-    TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent,
-    WriteKind,
+    Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
+    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
 };
 use dmem_verbs::{Clock, Nanos, PostList, RemoteAddr, Verbs};
 
@@ -79,7 +78,7 @@ pub struct DrtmCoordinator<C> {
     cfg: DrtmConfig,
     stats: Rc<Stats>,
     hints: Rc<RefCell<HashMap<Loc, u64>>>,
-    history: Rc<RefCell<History>>,
+    history: dmem_deploy::Recorder,
 }
 
 impl<C: Verbs + Clock> DrtmCoordinator<C> {
@@ -93,7 +92,7 @@ impl<C: Verbs + Clock> DrtmCoordinator<C> {
         cfg: DrtmConfig,
         stats: Rc<Stats>,
         hints: Rc<RefCell<HashMap<Loc, u64>>>,
-        history: Rc<RefCell<History>>,
+        history: dmem_deploy::Recorder,
     ) -> Self {
         Self {
             ctx,

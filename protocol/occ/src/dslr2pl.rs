@@ -26,9 +26,8 @@ use dmem_layout::record::{OoccLockWord, OoccRecordHeader};
 use dmem_locks::LockMode;
 use dmem_locks::dslr::DslrWord;
 use dmem_txn::{
-    Access, Coordinator, CoordinatorId, History, HistorySink, Key, ReadEvent, ReadReq, RoundValues,
-    TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent,
-    WriteKind,
+    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
+    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
 };
 use dmem_verbs::{Clock, Nanos, PostList, RemoteAddr, Verbs};
 
@@ -62,7 +61,7 @@ pub struct DslrCoordinator<C> {
     seq: u64,
     cfg: DslrConfig,
     stats: Rc<Stats>,
-    history: Rc<std::cell::RefCell<History>>,
+    history: dmem_deploy::Recorder,
 }
 
 impl<C: Verbs + Clock> DslrCoordinator<C> {
@@ -74,7 +73,7 @@ impl<C: Verbs + Clock> DslrCoordinator<C> {
         id: u16,
         cfg: DslrConfig,
         stats: Rc<Stats>,
-        history: Rc<std::cell::RefCell<History>>,
+        history: dmem_deploy::Recorder,
     ) -> Self {
         Self {
             ctx,

@@ -27,9 +27,8 @@ use std::rc::Rc;
 
 use dmem_layout::record::{OoccLockState, OoccLockWord, OoccRecordHeader};
 use dmem_txn::{
-    Access, Coordinator, CoordinatorId, History, HistorySink, Key, ReadEvent, ReadReq, RoundValues,
-    TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent,
-    WriteKind,
+    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
+    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
 };
 use dmem_verbs::{Clock, Nanos, PostList, Verbs, VerbsError, WrId};
 
@@ -193,7 +192,7 @@ pub struct OoccCoordinator<C> {
     leases: Rc<Leases>,
     stats: Rc<Stats>,
     hints: Rc<RefCell<HashMap<Loc, u64>>>,
-    history: Rc<RefCell<History>>,
+    history: dmem_deploy::Recorder,
 }
 
 impl<C: Verbs + Clock> OoccCoordinator<C> {
@@ -208,7 +207,7 @@ impl<C: Verbs + Clock> OoccCoordinator<C> {
         leases: Rc<Leases>,
         stats: Rc<Stats>,
         hints: Rc<RefCell<HashMap<Loc, u64>>>,
-        history: Rc<RefCell<History>>,
+        history: dmem_deploy::Recorder,
     ) -> Self {
         Self {
             ctx,

@@ -30,7 +30,7 @@ fn manager_raises_a_too_small_lease() {
         for th in 0..2 {
             for _ in 0..4 {
                 let ctx = d.sim.context(d.sim.cn(cn), th).unwrap();
-                let mut co = d.deployment.coordinator(ctx.clone(), id).unwrap();
+                let mut co = d.deployment.coordinator(ctx.clone().into(), id).unwrap();
                 let mut rng = u64::from(id) + 99;
                 let clock = ctx.clone();
                 let _ = &late;

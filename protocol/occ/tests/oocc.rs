@@ -68,7 +68,7 @@ fn one_op_write_unlock_race() {
     // Version k holds value bytes all equal to k.
     let (mut d, history) = deploy(&p, &shape, 1, VLEN, |_| vec![0u8; VLEN]);
     let ctx = d.sim.context(d.sim.cn(0), 0).unwrap();
-    let mut co = d.deployment.coordinator(ctx.clone(), 0).unwrap();
+    let mut co = d.deployment.coordinator(ctx.clone().into(), 0).unwrap();
     let done = Rc::new(Cell::new(false));
     let stop = Rc::clone(&done);
     d.sim.spawn(&ctx, async move {
@@ -189,8 +189,8 @@ fn drift_schedule(offset_ns: u64) -> (Result<(), String>, bool) {
     assert_eq!(d.sim.cn(0), NodeId(shape.mns), "CN node ids follow the MNs");
     let rctx = d.sim.context(d.sim.cn(0), 0).unwrap();
     let wctx = d.sim.context(d.sim.cn(1), 0).unwrap();
-    let mut reader = d.deployment.coordinator(rctx.clone(), 0).unwrap();
-    let mut writer = d.deployment.coordinator(wctx.clone(), 1).unwrap();
+    let mut reader = d.deployment.coordinator(rctx.clone().into(), 0).unwrap();
+    let mut writer = d.deployment.coordinator(wctx.clone().into(), 1).unwrap();
     let reader_committed = Rc::new(Cell::new(false));
     let rc = Rc::clone(&reader_committed);
     let rv = cfg.lease_ns - offset_ns;

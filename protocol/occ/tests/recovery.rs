@@ -7,12 +7,13 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use dmem_deploy::{
-    Decision, DeployError, DeploySpec, Deployment, Protocol, RecoveryEvent, RecoveryTiming,
+    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
+    RecoveryEvent, RecoveryTiming,
 };
 use dmem_litmus::{Litmus, RunConfig, run_one};
 use dmem_occ::{OoccConfig, OoccProtocol};
-use dmem_sim::{Sim, SimContext};
-use dmem_txn::{BoxCoordinator, History, Key, TableId};
+use dmem_sim::Sim;
+use dmem_txn::{BoxCoordinator, Key, TableId};
 
 thread_local! {
     static EVENTS: RefCell<Vec<RecoveryEvent>> = const { RefCell::new(Vec::new()) };
@@ -37,14 +38,14 @@ impl Protocol for Recorded {
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
         self.0.mn_bytes_per_mn(spec, mns)
     }
-    fn deploy(
+    fn deploy_on(
         &self,
-        sim: &Rc<Sim>,
+        memory: MnMemory,
         spec: &DeploySpec,
-        history: Rc<RefCell<History>>,
+        history: Recorder,
     ) -> Result<Box<dyn Deployment>, DeployError> {
         Ok(Box::new(RecordedDeployment(
-            self.0.deploy(sim, spec, history)?,
+            self.0.deploy_on(memory, spec, history)?,
         )))
     }
 }
@@ -53,7 +54,7 @@ impl Deployment for RecordedDeployment {
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
         self.0.load(table, key, value)
     }
-    fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+    fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
         self.0.coordinator(ctx, id)
     }
     fn start_recovery(
@@ -66,7 +67,7 @@ impl Deployment for RecordedDeployment {
     }
     fn final_coordinator(
         &mut self,
-        ctx: SimContext,
+        ctx: AnyContext,
         id: u16,
     ) -> Result<BoxCoordinator, DeployError> {
         self.0.final_coordinator(ctx, id)
@@ -82,6 +83,9 @@ impl Deployment for RecordedDeployment {
     }
     fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
         self.0.read_final(table, key)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

@@ -15,8 +15,8 @@ use std::rc::Rc;
 
 use dmem_dandelion::{Cluster, DnlConfig, DnlCoordinator, Worker, recover};
 use dmem_deploy::{
-    Decision, DeployError, DeploySpec, Deployment, Protocol, RecoveredCoordinator, RecoveryEvent,
-    RecoveryTiming,
+    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
+    RecoveredCoordinator, RecoveryEvent, RecoveryTiming,
 };
 use dmem_sim::{NicProfile, Sim, SimContext};
 use dmem_txn::{BoxCoordinator, History, Key, TableId};
@@ -115,12 +115,17 @@ impl Protocol for DandelionProtocol {
         Ok(0)
     }
 
-    fn deploy(
+    fn deploy_on(
         &self,
-        sim: &Rc<Sim>,
+        memory: MnMemory,
         _spec: &DeploySpec,
-        history: Rc<RefCell<History>>,
+        history: Recorder,
     ) -> Result<Box<dyn Deployment>, DeployError> {
+        let sim = memory.as_sim().ok_or_else(|| DeployError::SimOnly {
+            protocol: self.name.clone(),
+            reason: "its servers run as simulated tasks".to_owned(),
+        })?;
+        let history = Rc::clone(history.history());
         let (servers, threads) = (sim.cn_count(), sim.threads_per_cn());
         let mut contexts = Vec::new();
         for s in 0..servers {
@@ -200,8 +205,12 @@ impl Deployment for DandelionDeployment {
         Ok(())
     }
 
-    fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
-        self.make(&ctx, id)
+    fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        let ctx = ctx.as_sim().ok_or_else(|| DeployError::SimOnly {
+            protocol: self.name.clone(),
+            reason: format!("a coordinator on a {} context", ctx.fabric()),
+        })?;
+        self.make(ctx, id)
     }
 
     fn start_recovery(
@@ -263,10 +272,10 @@ impl Deployment for DandelionDeployment {
 
     fn final_coordinator(
         &mut self,
-        ctx: SimContext,
+        ctx: AnyContext,
         id: u16,
     ) -> Result<BoxCoordinator, DeployError> {
-        self.make(&ctx, id)
+        self.coordinator(ctx, id)
     }
 
     fn recovery_events(&self) -> Vec<RecoveryEvent> {
@@ -300,6 +309,10 @@ impl Deployment for DandelionDeployment {
             "local_requests" => Some(sum(|s| s.local_requests)),
             _ => None,
         }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -343,7 +356,7 @@ mod tests {
         let mut dep = p.deploy(&sim, &spec, Rc::clone(&history)).unwrap();
         dep.load(TableId(0), Key(5), &7u64.to_le_bytes()).unwrap();
         let ctx = sim.context(sim.cn(3), 1).unwrap();
-        let mut c = dep.coordinator(ctx.clone(), 0).unwrap();
+        let mut c = dep.coordinator(ctx.clone().into(), 0).unwrap();
         sim.spawn(&ctx, async move {
             let mut t = c.begin(TxnKind::ReadWrite).await.unwrap();
             let v = t.read_for_update(TableId(0), Key(5)).await.unwrap();

@@ -1,4 +1,6 @@
-//! FORD (fixed or with bug switches) and Pandora as a [`Protocol`] on the simulated cluster.
+//! FORD (fixed or with bug switches) and Pandora as a [`Protocol`], on the simulated cluster
+//! or on a real fabric ([`MnMemory`]: an MN process loads its share, a CN process makes
+//! coordinators on [`AnyContext`]s).
 //!
 //! Recovery is the heartbeat failure detector and [`RecoveryManager`] of `dmem-ford`
 //! (Pandora §3.2.2: active-link termination, log recovery with roll forward / back and
@@ -10,8 +12,8 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use dmem_deploy::{
-    Decision, DeployError, DeploySpec, Deployment, Protocol, RecoveredCoordinator, RecoveryEvent,
-    RecoveryTiming, SimLinkTerminator,
+    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
+    RecoveredCoordinator, RecoveryEvent, RecoveryTiming, SimLinkTerminator,
 };
 use dmem_ford::logic::Decision as FordDecision;
 use dmem_ford::recovery::{heartbeat_loop, membership_listener};
@@ -20,9 +22,9 @@ use dmem_ford::{
 };
 use dmem_layout::pill::{CoordinatorId as PillId, FailedCoordinatorSet, LockHolder, PillLockWord};
 use dmem_layout::record::DataItem;
-use dmem_sim::{Sim, SimContext};
+use dmem_sim::Sim;
 use dmem_store::{BUCKET_LEN, BUCKET_SLOTS, ItemLoc, Loader, Store, StoreConfig, parse_bucket};
-use dmem_txn::{BoxCoordinator, Coordinator, History, Key, TableId, TxnError, TxnKind};
+use dmem_txn::{BoxCoordinator, Coordinator, Key, TableId, TxnError, TxnKind};
 use dmem_verbs::{Clock, NodeId, Verbs, VerbsError};
 
 /// FORD or Pandora under a registered name.
@@ -80,19 +82,18 @@ impl Protocol for FordProtocol {
         Ok(store_config(spec, mns).bytes_per_mn()?)
     }
 
-    fn deploy(
+    fn deploy_on(
         &self,
-        sim: &Rc<Sim>,
+        memory: MnMemory,
         spec: &DeploySpec,
-        history: Rc<RefCell<History>>,
+        history: Recorder,
     ) -> Result<Box<dyn Deployment>, DeployError> {
-        let mns = sim.mn_count();
-        let regions = (0..mns).map(|i| sim.region(sim.mn(i))).collect();
-        let store = Rc::new(Store::new(store_config(spec, mns), regions)?);
+        let mns = memory.mn_count();
+        let store = Rc::new(Store::new(store_config(spec, mns), memory.regions())?);
         Ok(Box::new(FordDeployment {
             name: self.name.clone(),
             config: self.config,
-            sim: Rc::clone(sim),
+            memory,
             loader: Loader::shared(Rc::clone(&store)),
             store,
             history,
@@ -106,14 +107,15 @@ impl Protocol for FordProtocol {
     }
 }
 
-/// FORD/Pandora on one simulated cluster.
-struct FordDeployment {
+/// FORD/Pandora on one cluster. [`ford_view`] reaches it through a [`Deployment`], for a
+/// command that runs Pandora's recovery across processes itself.
+pub struct FordDeployment {
     name: String,
     config: ProtocolConfig,
-    sim: Rc<Sim>,
+    memory: MnMemory,
     store: Rc<Store>,
     loader: Loader<'static>,
-    history: Rc<RefCell<History>>,
+    history: Recorder,
     /// Per CN: its shared state and its coordinator ids.
     cns: Vec<(NodeId, CnShared, Vec<u16>)>,
     /// Locations of the loaded records, when CNs start with a warm address cache.
@@ -139,12 +141,12 @@ impl LinkTerminator for Terminator {
 /// dropped (its task ended), so that `dmem recover` can report them through the neutral
 /// [`Deployment::counter`].
 struct Counted {
-    inner: FordCoordinator<SimContext, Rc<RefCell<History>>>,
+    inner: FordCoordinator<AnyContext, Recorder>,
     steals: Rc<Cell<u64>>,
 }
 
 impl Coordinator for Counted {
-    type Txn<'a> = FordTxn<'a, SimContext, Rc<RefCell<History>>>;
+    type Txn<'a> = FordTxn<'a, AnyContext, Recorder>;
 
     async fn begin(&mut self, kind: TxnKind) -> Result<Self::Txn<'_>, TxnError> {
         self.inner.begin(kind).await
@@ -158,7 +160,44 @@ impl Drop for Counted {
     }
 }
 
+/// The FORD/Pandora deployment behind `deployment`, if it is one.
+#[must_use]
+pub fn ford_view(deployment: &dyn Deployment) -> Option<&FordDeployment> {
+    deployment.as_any().downcast_ref()
+}
+
+impl core::fmt::Debug for FordDeployment {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("FordDeployment")
+            .field("name", &self.name)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
 impl FordDeployment {
+    /// The store.
+    #[must_use]
+    pub fn store(&self) -> &Rc<Store> {
+        &self.store
+    }
+
+    /// The protocol configuration.
+    #[must_use]
+    pub fn config(&self) -> ProtocolConfig {
+        self.config
+    }
+
+    /// The state shared by the coordinators made on CN `cn` (its address cache and the
+    /// coordinators it knows failed), if any were made there.
+    #[must_use]
+    pub fn cn_shared(&self, cn: NodeId) -> Option<CnShared> {
+        self.cns
+            .iter()
+            .find(|(n, _, _)| *n == cn)
+            .map(|(_, s, _)| s.clone())
+    }
+
     fn shared_of(&mut self, cn: NodeId) -> usize {
         if let Some(i) = self.cns.iter().position(|(n, _, _)| *n == cn) {
             return i;
@@ -173,7 +212,7 @@ impl FordDeployment {
 
     fn make(
         &self,
-        ctx: SimContext,
+        ctx: AnyContext,
         id: u16,
         shared: CnShared,
     ) -> Result<BoxCoordinator, DeployError> {
@@ -183,7 +222,7 @@ impl FordDeployment {
             self.config,
             id,
             shared,
-            Rc::clone(&self.history),
+            self.history.clone(),
         )?;
         Ok(Box::new(Counted {
             inner,
@@ -211,17 +250,17 @@ impl FordDeployment {
 
 impl Deployment for FordDeployment {
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
-        let sim = &self.sim;
-        let loc = self.loader.load(table, key, value, |node, offset, bytes| {
-            sim.write_memory(node, offset, bytes);
-        })?;
+        let loader = &mut self.loader;
+        let loc = self
+            .memory
+            .loading(|write| loader.load(table, key, value, write))?;
         if let Some(locs) = &mut self.warm {
             locs.push((table, key, loc));
         }
         Ok(())
     }
 
-    fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+    fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
         let i = self.shared_of(ctx.node());
         self.cns[i].2.push(id);
         let shared = self.cns[i].1.clone();
@@ -300,7 +339,7 @@ impl Deployment for FordDeployment {
 
     fn final_coordinator(
         &mut self,
-        ctx: SimContext,
+        ctx: AnyContext,
         id: u16,
     ) -> Result<BoxCoordinator, DeployError> {
         let shared = CnShared::new();
@@ -348,7 +387,11 @@ impl Deployment for FordDeployment {
     }
 
     fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
-        read_record_past_stray(&self.sim, &self.store, table, key, &self.failed())
+        read_record_past_stray(&self.memory, &self.store, table, key, &self.failed())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     fn scan_cost(&self) -> Option<(u64, u64)> {
@@ -376,7 +419,7 @@ impl Deployment for FordDeployment {
 /// readers ignore and writers steal (Pandora §3.1.2), left by a crashed coordinator's
 /// not-logged transaction.
 fn read_record_past_stray(
-    sim: &Sim,
+    memory: &MnMemory,
     store: &Store,
     table: TableId,
     key: Key,
@@ -385,12 +428,12 @@ fn read_record_past_stray(
     let bucket = store.bucket_of(table, key).ok()?;
     let primary = store.primary(bucket.partition).ok()?;
     let node = store.mn_node(primary);
-    let bytes = sim.read_memory(node, bucket.offset, BUCKET_LEN);
+    let bytes = memory.read(node, bucket.offset, BUCKET_LEN)?;
     let (used, _) = parse_bucket(&bytes);
     let slot = used.iter().find(|(_, k)| *k == key.0)?.0;
     let loc = store.item_at(bucket, slot).ok()?;
     let layout = store.table(table).ok()?;
-    let item_bytes = sim.read_memory(node, loc.offset, layout.item_len);
+    let item_bytes = memory.read(node, loc.offset, layout.item_len)?;
     let item = DataItem::new_checked(&item_bytes[..]).ok()?;
     let header = item.header();
     let stray = matches!(

@@ -1,4 +1,5 @@
-//! LOTUS (SR and SI) as a [`Protocol`] on the simulated cluster: Motor's MVCC store
+//! LOTUS (SR and SI) as a [`Protocol`] on the simulated cluster (only: its lock servers are
+//! simulated tasks): Motor's MVCC store
 //! (shared with [`crate::motor`] through `MvccDeploy`) plus a commit-log region per
 //! coordinator, one lock table per CN, one lock server per CN thread, the shard map and
 //! the hybrid router (LOTUS §4.3) the bench harness places transactions with.
@@ -7,8 +8,8 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use dmem_deploy::{
-    Decision, DeployError, DeploySpec, Deployment, Protocol, RecoveredCoordinator, RecoveryEvent,
-    RecoveryTiming, Router, SimLinkTerminator,
+    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
+    RecoveredCoordinator, RecoveryEvent, RecoveryTiming, Router, SimLinkTerminator,
 };
 use dmem_lotus::recovery::{Decided, recover_coordinators};
 use dmem_lotus::reshard::{CnMetric, monitor};
@@ -147,15 +148,22 @@ impl Protocol for LotusProtocol {
         )
     }
 
-    fn deploy(
+    fn deploy_on(
         &self,
-        sim: &Rc<Sim>,
+        memory: MnMemory,
         spec: &DeploySpec,
-        history: Rc<RefCell<History>>,
+        history: Recorder,
     ) -> Result<Box<dyn Deployment>, DeployError> {
+        // The lock servers of every CN run as simulated tasks (a CN process would have to
+        // serve its lock table itself, which `dmem cn` does not do yet).
+        let sim = Rc::clone(memory.as_sim().ok_or_else(|| DeployError::SimOnly {
+            protocol: self.name.clone(),
+            reason: "its CN lock tables are served by simulated tasks".to_owned(),
+        })?);
+        let sim = &sim;
         // LOTUS §4.4: a full record per version.
         let base = MvccDeploy::new(
-            sim,
+            memory,
             spec,
             history,
             spec.log_region_bytes,
@@ -386,11 +394,17 @@ impl Deployment for LotusDeployment {
         self.base.load(table, key, value)
     }
 
-    fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+    fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
         let cache = self.base.cache_of(ctx.node());
         let ts = SyncedClock::new(ctx.clone(), ctx.node(), id, self.config.epsilon);
-        let cn = ctx.node().0 - self.base.sim.mn_count();
-        let thread = ctx.thread();
+        let cn = ctx.node().0 - self.base.memory.mn_count();
+        let thread = ctx
+            .as_sim()
+            .ok_or_else(|| DeployError::SimOnly {
+                protocol: "lotus".to_owned(),
+                reason: format!("a coordinator on a {} context", ctx.fabric()),
+            })?
+            .thread();
         self.placed.push((id, cn));
         Ok(Box::new(LotusCoordinator::new(
             ctx,
@@ -402,7 +416,7 @@ impl Deployment for LotusDeployment {
             self.config,
             id,
             cache,
-            Rc::clone(&self.base.history),
+            self.base.history.clone(),
             ts,
         )))
     }
@@ -420,7 +434,7 @@ impl Deployment for LotusDeployment {
             Rc::clone(&self.cluster),
             Rc::clone(&self.base.store),
             Rc::clone(&self.base.shapes),
-            Rc::clone(&self.base.history),
+            Rc::clone(self.base.history.history()),
         );
         let (events, error) = (Rc::clone(&self.events), Rc::clone(&self.error));
         let placed = Rc::new(self.placed.clone());
@@ -481,7 +495,7 @@ impl Deployment for LotusDeployment {
 
     fn final_coordinator(
         &mut self,
-        ctx: SimContext,
+        ctx: AnyContext,
         id: u16,
     ) -> Result<BoxCoordinator, DeployError> {
         self.coordinator(ctx, id)
@@ -556,5 +570,9 @@ impl Deployment for LotusDeployment {
 
     fn router(&self) -> Option<Rc<dyn Router>> {
         self.router.clone()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

@@ -1,4 +1,4 @@
-//! Motor (SR and SI) as a [`Protocol`] on the simulated cluster.
+//! Motor (SR and SI) as a [`Protocol`], on the simulated cluster or on a real fabric.
 //!
 //! Versions per record follow the workload (LOTUS §8: TATP 2, SmallBank 3, TPC-C and
 //! micro-benchmarks 4; [`DeploySpec::workload`]). Coordinators keep their op logs in an
@@ -10,8 +10,8 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use dmem_deploy::{
-    Decision, DeployError, DeploySpec, Deployment, OracleState, Protocol, RecoveredCoordinator,
-    RecoveryEvent, RecoveryTiming,
+    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, OracleState, Protocol,
+    Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming,
 };
 use dmem_motor::mvcc::{self, MvccLoader, Shapes, VersionLayout};
 use dmem_motor::{
@@ -19,7 +19,7 @@ use dmem_motor::{
 };
 use dmem_sim::{Sim, SimContext};
 use dmem_store::{AddressCache, ItemLoc, Store};
-use dmem_txn::{BoxCoordinator, History, Key, TableId};
+use dmem_txn::{BoxCoordinator, Key, TableId};
 use dmem_verbs::NodeId;
 
 /// Motor under a registered name.
@@ -94,14 +94,14 @@ fn layout(
     (shapes, cfg)
 }
 
-/// Motor's MVCC store deployed on a simulated cluster: what Motor and LOTUS share (the
-/// store, its loader, the per-CN address caches, the out-of-band reads).
+/// Motor's MVCC store deployed on a cluster: what Motor and LOTUS share (the store, its
+/// loader, the per-CN address caches, the out-of-band reads).
 pub(crate) struct MvccDeploy {
-    pub(crate) sim: Rc<Sim>,
+    pub(crate) memory: MnMemory,
     pub(crate) store: Rc<Store>,
     pub(crate) shapes: Rc<Shapes>,
     loader: MvccLoader,
-    pub(crate) history: Rc<RefCell<History>>,
+    pub(crate) history: Recorder,
     /// Per CN: its address cache.
     caches: Vec<(NodeId, Rc<RefCell<AddressCache>>)>,
     warm: Option<Vec<(TableId, Key, ItemLoc)>>,
@@ -120,21 +120,19 @@ impl MvccDeploy {
             .bytes_per_mn()?)
     }
 
-    /// Lays the store out on `sim`'s MNs.
+    /// Lays the store out on `memory`.
     pub(crate) fn new(
-        sim: &Rc<Sim>,
+        memory: MnMemory,
         spec: &DeploySpec,
-        history: Rc<RefCell<History>>,
+        history: Recorder,
         log_region_bytes: u32,
         versions: VersionLayout,
     ) -> Result<Self, DeployError> {
-        let mns = sim.mn_count();
-        let (shapes, cfg) = layout(spec, mns, log_region_bytes, versions);
-        let regions = (0..mns).map(|i| sim.region(sim.mn(i))).collect();
-        let store = Rc::new(Store::new(cfg, regions)?);
+        let (shapes, cfg) = layout(spec, memory.mn_count(), log_region_bytes, versions);
+        let store = Rc::new(Store::new(cfg, memory.regions())?);
         let shapes = Rc::new(shapes);
         Ok(Self {
-            sim: Rc::clone(sim),
+            memory,
             loader: MvccLoader::new(Rc::clone(&store), Rc::clone(&shapes)),
             store,
             shapes,
@@ -163,10 +161,10 @@ impl MvccDeploy {
         key: Key,
         value: &[u8],
     ) -> Result<(), DeployError> {
-        let sim = &self.sim;
-        let loc = self.loader.load(table, key, value, |node, offset, bytes| {
-            sim.write_memory(node, offset, bytes);
-        })?;
+        let loader = &mut self.loader;
+        let loc = self
+            .memory
+            .loading(|write| loader.load(table, key, value, write))?;
         if let Some(locs) = &mut self.warm {
             locs.push((table, key, loc));
         }
@@ -197,7 +195,12 @@ impl MvccDeploy {
             &self.shapes,
             table,
             key,
-            |node, offset, len| self.sim.read_memory(node, offset, len),
+            // An MN this process does not map reads as zeros: an empty bucket, no record.
+            |node, offset, len| {
+                self.memory
+                    .read(node, offset, len)
+                    .unwrap_or_else(|| vec![0; len])
+            },
         )
     }
 }
@@ -218,15 +221,15 @@ impl Protocol for MotorProtocol {
         MvccDeploy::mn_bytes(spec, mns, 0, self.config.layout)
     }
 
-    fn deploy(
+    fn deploy_on(
         &self,
-        sim: &Rc<Sim>,
+        memory: MnMemory,
         spec: &DeploySpec,
-        history: Rc<RefCell<History>>,
+        history: Recorder,
     ) -> Result<Box<dyn Deployment>, DeployError> {
         Ok(Box::new(MotorDeployment {
             config: self.config,
-            base: MvccDeploy::new(sim, spec, history, 0, self.config.layout)?,
+            base: MvccDeploy::new(memory, spec, history, 0, self.config.layout)?,
             paused: Rc::new(Cell::new(false)),
             oplogs: Rc::new(OpLogs::new()),
             coordinators: Rc::new(RefCell::new(Vec::new())),
@@ -235,7 +238,7 @@ impl Protocol for MotorProtocol {
     }
 }
 
-/// Motor on one simulated cluster.
+/// Motor on one cluster.
 struct MotorDeployment {
     config: MotorConfig,
     base: MvccDeploy,
@@ -252,7 +255,7 @@ impl Deployment for MotorDeployment {
         self.base.load(table, key, value)
     }
 
-    fn coordinator(&mut self, ctx: SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+    fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
         let cache = self.base.cache_of(ctx.node());
         let ts = SyncedClock::new(ctx.clone(), ctx.node(), id, self.config.epsilon);
         self.coordinators.borrow_mut().push((id, ctx.node()));
@@ -264,7 +267,7 @@ impl Deployment for MotorDeployment {
                 self.config,
                 id,
                 cache,
-                Rc::clone(&self.base.history),
+                self.base.history.clone(),
                 ts,
             )
             .with_op_log(Rc::clone(&self.oplogs)),
@@ -288,7 +291,7 @@ impl Deployment for MotorDeployment {
             sim,
             recovery_cn,
             timing,
-            Rc::clone(&self.base.history),
+            Rc::clone(self.base.history.history()),
             &self.oracle,
             move || coordinators.borrow().clone(),
             async move |c: &SimContext, id: u16| {
@@ -309,7 +312,7 @@ impl Deployment for MotorDeployment {
 
     fn final_coordinator(
         &mut self,
-        ctx: SimContext,
+        ctx: AnyContext,
         id: u16,
     ) -> Result<BoxCoordinator, DeployError> {
         self.coordinator(ctx, id)
@@ -333,5 +336,9 @@ impl Deployment for MotorDeployment {
 
     fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
         self.base.read_final(table, key)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

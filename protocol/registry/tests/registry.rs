@@ -56,7 +56,7 @@ fn every_protocol_runs_a_transaction_and_reads_it_back() {
         let records = || (0..50u64).map(|k| (T, Key(k), k.to_le_bytes().to_vec()));
         let mut d = deploy_loaded(&*protocol, &shape(), &spec, &history, records).unwrap();
         let ctx = d.sim.context(d.sim.cn(0), 0).unwrap();
-        let mut co = d.deployment.coordinator(ctx.clone(), 0).unwrap();
+        let mut co = d.deployment.coordinator(ctx.clone().into(), 0).unwrap();
         d.sim.spawn(&ctx, async move {
             let mut t = co.begin(TxnKind::ReadWrite).await.unwrap();
             let v = t.read_for_update(T, Key(7)).await.unwrap().unwrap();

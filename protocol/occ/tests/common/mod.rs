@@ -132,7 +132,7 @@ pub fn bank(protocol: &OoccProtocol, seed: u64) -> (Rc<RefCell<dmem_txn::History
         for th in 0..2 {
             for _ in 0..4 {
                 let ctx = d.sim.context(d.sim.cn(cn), th).unwrap();
-                let mut co = d.deployment.coordinator(ctx.clone(), id).unwrap();
+                let mut co = d.deployment.coordinator(ctx.clone().into(), id).unwrap();
                 let (audits_ok, commits) = (Rc::clone(&audits_ok), Rc::clone(&commits));
                 let mut rng = seed * 1000 + u64::from(id) + 1;
                 let clock = ctx.clone();

@@ -1,0 +1,372 @@
+//! A local cluster on any fabric, in one process: the same lock and protocol code driven on
+//! the simulator, on shared memory and on tcp over loopback.
+//!
+//! [`LocalCluster`] makes the MNs of a fabric (simulated; sealed memfd mappings; tcp memory
+//! servers on loopback, each serving a mapping), CN contexts as [`AnyContext`]s, and one
+//! executor (the simulator's virtual time, or the real-time polling executor), so that a
+//! test writes its scenario once and runs it on every fabric:
+//!
+//! ```no_run
+//! # use dmem_harness::fabric::{Fabric, LocalCluster};
+//! for fabric in Fabric::ALL {
+//!     let cluster = LocalCluster::new(fabric, 2, 2, 1 << 20, 1).unwrap();
+//!     let ctx = cluster.context(0, 1).unwrap();
+//!     cluster.spawn(&ctx, async move { /* lock or protocol code on `ctx` */ });
+//!     cluster.run();
+//! }
+//! ```
+//!
+//! Node ids are the simulator's on every fabric: MN `i` is node `i`, CN `c` is node
+//! `mns + c`. Deployments are laid out on [`LocalCluster::memory`] through
+//! [`dmem_deploy::Protocol::deploy_on`], which maps every MN here, so loads and
+//! `read_final` reach them out of band.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::future::Future;
+use std::rc::Rc;
+use std::str::FromStr;
+
+use dmem_deploy::{AnyContext, DeployError, MnMemory};
+use dmem_runtime::Executor;
+use dmem_shm::{ShmFabric, ShmMemoryNode};
+use dmem_sim::{ClusterConfig, NicProfile, Sim};
+use dmem_tcp::{MessageListener, TcpFabric, TcpMemoryServer};
+use dmem_verbs::{Endpoint, NodeId, Port, RKey};
+
+/// A fabric a [`LocalCluster`] runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fabric {
+    /// The deterministic simulator (virtual time).
+    Sim,
+    /// Shared memory: sealed memfd mappings, real loads, stores and atomics.
+    Shm,
+    /// tcp over loopback: memory servers on io_uring, one frame per post list.
+    Tcp,
+}
+
+impl Fabric {
+    /// Every fabric, simulator first.
+    pub const ALL: [Fabric; 3] = [Fabric::Sim, Fabric::Shm, Fabric::Tcp];
+
+    /// Its name on the command line.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Fabric::Sim => "sim",
+            Fabric::Shm => "shm",
+            Fabric::Tcp => "tcp",
+        }
+    }
+}
+
+impl fmt::Display for Fabric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Fabric {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| format!("unknown fabric `{s}` (known: sim, shm, tcp)"))
+    }
+}
+
+/// The MNs of a real fabric.
+enum RealMns {
+    Shm(Vec<ShmMemoryNode>),
+    Tcp(Vec<TcpMemoryServer>),
+}
+
+/// MNs and CNs of one fabric in this process, and the executor that runs their tasks.
+pub struct LocalCluster {
+    fabric: Fabric,
+    mns: u16,
+    cns: u16,
+    sim: Option<Rc<Sim>>,
+    real: Option<RealMns>,
+    shm: ShmFabric,
+    /// One tcp fabric per CN, each listening on loopback for the others' messages.
+    tcp: Vec<TcpFabric>,
+    _listeners: Vec<MessageListener>,
+    executor: Executor,
+    memory: MnMemory,
+}
+
+impl fmt::Debug for LocalCluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalCluster")
+            .field("fabric", &self.fabric)
+            .field("mns", &self.mns)
+            .field("cns", &self.cns)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The rkey of MN `i`'s region on a real fabric.
+fn rkey(i: u16) -> RKey {
+    RKey(0xd3e3_1000 | u32::from(i))
+}
+
+fn fabric_error(e: impl ToString) -> DeployError {
+    DeployError::Fabric(e.to_string())
+}
+
+impl LocalCluster {
+    /// `mns` MNs of `bytes_per_mn` bytes and `cns` CNs with `threads` threads each (the
+    /// simulator's contexts; real fabrics make a context per call) on `fabric`. The
+    /// simulator uses the `cx5` profile and `seed`.
+    ///
+    /// # Errors
+    /// [`DeployError`] if an MN or the simulator cannot be made.
+    pub fn new(
+        fabric: Fabric,
+        mns: u16,
+        cns: u16,
+        bytes_per_mn: u64,
+        seed: u64,
+    ) -> Result<Self, DeployError> {
+        Self::with_threads(fabric, mns, cns, 1, bytes_per_mn, seed)
+    }
+
+    /// As [`new`](Self::new), with `threads` simulated threads per CN.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_threads(
+        fabric: Fabric,
+        mns: u16,
+        cns: u16,
+        threads: u16,
+        bytes_per_mn: u64,
+        seed: u64,
+    ) -> Result<Self, DeployError> {
+        let (sim, real, memory) = match fabric {
+            Fabric::Sim => {
+                let sim = Rc::new(Sim::new(
+                    ClusterConfig::with_profile(NicProfile::cx5())
+                        .mns(mns)
+                        .cns(cns)
+                        .threads_per_cn(threads)
+                        .mn_memory_bytes(bytes_per_mn)
+                        .seed(seed),
+                )?);
+                let memory = MnMemory::sim(&sim);
+                (Some(sim), None, memory)
+            }
+            Fabric::Shm | Fabric::Tcp => {
+                let nodes = (0..mns)
+                    .map(|i| ShmMemoryNode::create(NodeId(i), rkey(i), bytes_per_mn))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(fabric_error)?;
+                let regions = nodes.iter().map(ShmMemoryNode::region).collect();
+                let memory = MnMemory::mapped(regions, &nodes.iter().collect::<Vec<_>>())?;
+                let real = if fabric == Fabric::Shm {
+                    RealMns::Shm(nodes)
+                } else {
+                    RealMns::Tcp(
+                        nodes
+                            .into_iter()
+                            .map(|mn| TcpMemoryServer::serve(mn, "127.0.0.1:0".parse().unwrap()))
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(fabric_error)?,
+                    )
+                };
+                (None, Some(real), memory)
+            }
+        };
+        let (mut tcp, mut listeners) = (Vec::new(), Vec::new());
+        if fabric == Fabric::Tcp {
+            for c in 0..cns {
+                let f = TcpFabric::new(NodeId(mns + c));
+                let l = f
+                    .listen("127.0.0.1:0".parse().unwrap())
+                    .map_err(fabric_error)?;
+                tcp.push((f, l.local_addr()));
+                listeners.push(l);
+            }
+            for (f, _) in &tcp {
+                for (peer, addr) in &tcp {
+                    f.add_peer(peer.node(), *addr);
+                }
+            }
+        }
+        Ok(Self {
+            fabric,
+            mns,
+            cns,
+            sim,
+            real,
+            shm: ShmFabric::new(),
+            tcp: tcp.into_iter().map(|(f, _)| f).collect(),
+            _listeners: listeners,
+            executor: Executor::new(),
+            memory,
+        })
+    }
+
+    /// The fabric.
+    #[must_use]
+    pub fn fabric(&self) -> Fabric {
+        self.fabric
+    }
+
+    /// The node id of CN `cn`.
+    #[must_use]
+    pub fn cn(&self, cn: u16) -> NodeId {
+        NodeId(self.mns + cn)
+    }
+
+    /// The node id of MN `mn`.
+    #[must_use]
+    pub fn mn(&self, mn: u16) -> NodeId {
+        NodeId(mn)
+    }
+
+    /// The MN memory to deploy a protocol on (every MN mapped in this process).
+    #[must_use]
+    pub fn memory(&self) -> MnMemory {
+        self.memory.clone()
+    }
+
+    /// The memory servers' addresses, on [`Fabric::Tcp`] (MN 0 first).
+    #[must_use]
+    pub fn server_addrs(&self) -> Vec<std::net::SocketAddr> {
+        match &self.real {
+            Some(RealMns::Tcp(servers)) => {
+                servers.iter().map(TcpMemoryServer::local_addr).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Where CN `cn` receives messages from other nodes, on [`Fabric::Tcp`].
+    #[must_use]
+    pub fn message_addr(&self, cn: u16) -> Option<std::net::SocketAddr> {
+        self._listeners
+            .get(usize::from(cn))
+            .map(MessageListener::local_addr)
+    }
+
+    /// The simulator, on [`Fabric::Sim`].
+    #[must_use]
+    pub fn sim(&self) -> Option<&Rc<Sim>> {
+        self.sim.as_ref()
+    }
+
+    /// A context of CN `cn` connected to every MN: on the simulator its thread
+    /// `slot % threads`; on a real fabric a new context receiving on port `slot` (each slot
+    /// once per CN).
+    ///
+    /// # Errors
+    /// [`DeployError`] if the context cannot be made or connected.
+    pub fn context(&self, cn: u16, slot: u16) -> Result<AnyContext, DeployError> {
+        let node = self.cn(cn);
+        let endpoint = Endpoint {
+            node,
+            port: Port(slot),
+        };
+        match (&self.sim, &self.real) {
+            (Some(sim), _) => Ok(sim
+                .context(node, slot % sim.threads_per_cn().max(1))?
+                .into()),
+            (None, Some(RealMns::Shm(nodes))) => {
+                let mut ctx = self.shm.context(endpoint).map_err(fabric_error)?;
+                for mn in nodes {
+                    ctx.add_link(mn.link(node).map_err(fabric_error)?)
+                        .map_err(fabric_error)?;
+                }
+                Ok(ctx.into())
+            }
+            (None, Some(RealMns::Tcp(servers))) => {
+                let fabric = self
+                    .tcp
+                    .get(usize::from(cn))
+                    .ok_or_else(|| fabric_error(format!("no CN {cn}")))?;
+                let mut ctx = fabric.context(Port(slot)).map_err(fabric_error)?;
+                for s in servers {
+                    ctx.connect(s.local_addr()).map_err(fabric_error)?;
+                }
+                Ok(ctx.into())
+            }
+            (None, None) => Err(fabric_error("a cluster without MNs")),
+        }
+    }
+
+    /// Revokes CN `cn`'s access at MN `mn` (simulator: at once; shm: the mapping's
+    /// revocation; tcp: the memory server drops and refuses its connections).
+    ///
+    /// # Errors
+    /// [`DeployError::Fabric`] if the revocation fails.
+    pub fn revoke(&self, mn: u16, cn: u16) -> Result<(), DeployError> {
+        let (mn_node, cn_node) = (self.mn(mn), self.cn(cn));
+        match (&self.sim, &self.real) {
+            (Some(sim), _) => sim.revoke(mn_node, cn_node),
+            (None, Some(RealMns::Shm(nodes))) => {
+                nodes[usize::from(mn)]
+                    .revoke(cn_node)
+                    .map_err(fabric_error)?;
+            }
+            (None, Some(RealMns::Tcp(servers))) => {
+                servers[usize::from(mn)]
+                    .revoke(cn_node)
+                    .map_err(fabric_error)?;
+            }
+            (None, None) => {}
+        }
+        Ok(())
+    }
+
+    /// Spawns `task` to run on `ctx`'s CN (the simulator's core of that context, or the
+    /// real-time executor).
+    pub fn spawn(&self, ctx: &AnyContext, task: impl Future<Output = ()> + 'static) {
+        match (ctx, &self.sim) {
+            (AnyContext::Sim(c), Some(sim)) => sim.spawn(c, task),
+            _ => {
+                self.executor.spawn(task);
+            }
+        }
+    }
+
+    /// Runs every spawned task to completion.
+    pub fn run(&self) {
+        match &self.sim {
+            Some(sim) => {
+                sim.run_until_idle();
+            }
+            None => {
+                self.executor.run();
+            }
+        }
+    }
+
+    /// Runs `future` to completion on a context's fabric (spawned on `ctx` on the
+    /// simulator, with every other task) and returns its output.
+    ///
+    /// # Panics
+    /// If the simulation goes idle before `future` finished (it waits on something that
+    /// never happens).
+    pub fn block_on<T: 'static>(
+        &self,
+        ctx: &AnyContext,
+        future: impl Future<Output = T> + 'static,
+    ) -> T {
+        if self.sim.is_none() {
+            return self.executor.block_on(future);
+        }
+        let out = Rc::new(RefCell::new(None));
+        let o = Rc::clone(&out);
+        self.spawn(ctx, async move {
+            *o.borrow_mut() = Some(future.await);
+        });
+        self.run();
+        out.borrow_mut()
+            .take()
+            .expect("the simulation went idle before the task finished")
+    }
+}
