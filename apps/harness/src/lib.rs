@@ -219,10 +219,16 @@ impl Rounds {
         self.asked.get()
     }
 
-    /// Post lists since the last transaction began.
+    /// Round trips so far: the coordinator's own count if it keeps one (two-sided
+    /// protocols), else the post lists its context awaited.
+    fn round_trips(&self) -> u64 {
+        self.inner.round_trips().unwrap_or_else(|| self.ctx.posts())
+    }
+
+    /// Round trips since the last transaction began.
     #[must_use]
     pub fn since_begin(&self) -> u64 {
-        self.ctx.posts() - self.at_begin.get()
+        self.round_trips() - self.at_begin.get()
     }
 }
 
@@ -230,7 +236,7 @@ impl Coordinator for Rounds {
     type Txn<'a> = BoxTransaction<'a>;
 
     async fn begin(&mut self, kind: TxnKind) -> Result<BoxTransaction<'_>, TxnError> {
-        self.at_begin.set(self.ctx.posts());
+        self.at_begin.set(self.round_trips());
         self.asked.set(0);
         let inner = self.inner.begin(kind).await?;
         Ok(Box::new(Asked {

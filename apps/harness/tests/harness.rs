@@ -135,3 +135,30 @@ fn motor_deltas_and_full_records_check_out_and_deltas_write_more() {
         );
     }
 }
+
+/// A two-sided protocol counts its own round trips (`Coordinator::round_trips`): Dandelion
+/// posts no one-sided list, yet every read-write transaction waits for at least its
+/// execution and commit replies from other servers, and FaSST (no local reads) for more.
+#[test]
+fn two_sided_protocols_report_their_round_trips() {
+    let registry = dmem_protocols::registry();
+    let workload = AnyWorkload::new("smallbank", Scale::Tiny).unwrap();
+    let mut all = Vec::new();
+    for p in ["dnl-4", "fasst"] {
+        let protocol = registry.get(p).unwrap();
+        let r = run_bench(&*protocol, &workload, &lotus_cfg(), |_| {}).unwrap();
+        assert_eq!(
+            (r.checker.as_str(), r.invariants.as_str()),
+            ("ok", "ok"),
+            "{p}"
+        );
+        assert_eq!(r.mn_per_txn, [0.0; 4], "{p}: no one-sided verb");
+        let rtts = r.rtts_per_txn["all"];
+        assert!(
+            (1.0..10.0).contains(&rtts),
+            "{p}: {rtts} round trips per txn"
+        );
+        all.push(rtts);
+    }
+    assert!(all[0] < all[1], "dnl-4 {} vs fasst {}", all[0], all[1]);
+}

@@ -267,6 +267,13 @@ pub trait Coordinator {
 
     /// Begins a transaction (MVCC protocols take their start timestamp here).
     fn begin(&mut self, kind: TxnKind) -> impl Future<Output = Result<Self::Txn<'_>, TxnError>>;
+
+    /// Network round trips this coordinator has awaited so far, for a protocol whose round
+    /// trips are not its context's post lists (two-sided RPCs: Dandelion, FaSST). `None`,
+    /// the default: a runner counts the post lists the coordinator's context awaited.
+    fn round_trips(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A boxed, not necessarily `Send`, future (the simulated cluster and the per-core
@@ -442,6 +449,8 @@ pub trait DynCoordinator {
         &mut self,
         kind: TxnKind,
     ) -> LocalBoxFuture<'_, Result<BoxTransaction<'_>, TxnError>>;
+    /// [`Coordinator::round_trips`].
+    fn dyn_round_trips(&self) -> Option<u64>;
 }
 
 impl<C: Coordinator> DynCoordinator for C {
@@ -453,6 +462,10 @@ impl<C: Coordinator> DynCoordinator for C {
             let txn = self.begin(kind).await?;
             Ok(Box::new(txn) as BoxTransaction<'_>)
         })
+    }
+
+    fn dyn_round_trips(&self) -> Option<u64> {
+        self.round_trips()
     }
 }
 
@@ -467,5 +480,9 @@ impl Coordinator for BoxCoordinator {
         kind: TxnKind,
     ) -> impl Future<Output = Result<BoxTransaction<'_>, TxnError>> {
         (**self).dyn_begin(kind)
+    }
+
+    fn round_trips(&self) -> Option<u64> {
+        (**self).dyn_round_trips()
     }
 }

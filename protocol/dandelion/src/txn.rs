@@ -17,6 +17,7 @@
 //! transaction runs Dnl-RO, or commits at once as a GetOne when it read one key that was
 //! unlocked and readable (§4.2.1).
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -50,6 +51,8 @@ pub struct DnlCoordinator<V, H> {
     seq: u64,
     history: H,
     stats: TxnStats,
+    /// Network round trips awaited ([`Coordinator::round_trips`]).
+    round_trips: Cell<u64>,
 }
 
 impl<V, H> core::fmt::Debug for DnlCoordinator<V, H> {
@@ -76,6 +79,7 @@ impl<V: Verbs + Clock, H: HistorySink> DnlCoordinator<V, H> {
             seq: 0,
             history,
             stats: TxnStats::default(),
+            round_trips: Cell::new(0),
         }
     }
 
@@ -91,6 +95,10 @@ impl<V: Verbs + Clock, H: HistorySink> Coordinator for DnlCoordinator<V, H> {
         = DnlTxn<'a, V, H>
     where
         Self: 'a;
+
+    fn round_trips(&self) -> Option<u64> {
+        Some(self.round_trips.get())
+    }
 
     async fn begin(&mut self, kind: TxnKind) -> Result<DnlTxn<'_, V, H>, TxnError> {
         self.seq += 1;
@@ -158,6 +166,14 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
     async fn step(&self, flow: Flow, outs: Vec<Out>) -> Result<Vec<Response>, Interrupted> {
         if outs.is_empty() {
             return Ok(Vec::new());
+        }
+        // A step that reaches another server is one network round trip (its requests
+        // leave together in the packets of one iteration, and it waits for every reply);
+        // a step served entirely by this server is none.
+        let me = self.worker().server();
+        if outs.iter().any(|(to, _)| *to != me) {
+            let n = &self.coord.round_trips;
+            n.set(n.get() + 1);
         }
         let step = Step::new(outs.len());
         for (i, (to, req)) in outs.into_iter().enumerate() {
