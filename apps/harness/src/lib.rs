@@ -85,6 +85,11 @@ pub fn deploy_spec<W: Workload>(workload: &W, coordinators: u16) -> DeploySpec {
         .iter()
         .filter_map(|t| workload.critical_field(t.id).map(|f| (t.id, f)))
         .collect();
+    spec.key_spaces = workload
+        .tables()
+        .iter()
+        .filter_map(|t| workload.key_space(t.id).map(|k| (t.id, k)))
+        .collect();
     spec
 }
 

@@ -18,7 +18,7 @@ use dmem_motor::{
     MotorConfig, MotorCoordinator, OpLogs, SyncedClock, cells_for_workload, read_final,
 };
 use dmem_sim::{Sim, SimContext};
-use dmem_store::{AddressCache, ItemLoc, Store};
+use dmem_store::{AddressCache, Store};
 use dmem_txn::{BoxCoordinator, History, Key, TableId};
 use dmem_verbs::NodeId;
 
@@ -81,7 +81,8 @@ fn layout(spec: &DeploySpec, mns: u16, log_region_bytes: u32) -> (Shapes, dmem_s
         spec.exact_index,
         logs,
         log_region_bytes,
-    );
+    )
+    .with_direct_indexes(spec.direct_tables());
     (shapes, cfg)
 }
 
@@ -95,7 +96,9 @@ pub(crate) struct MvccDeploy {
     pub(crate) history: Rc<RefCell<History>>,
     /// Per CN: its address cache.
     caches: Vec<(NodeId, Rc<RefCell<AddressCache>>)>,
-    warm: Option<Vec<(TableId, Key, ItemLoc)>>,
+    /// Whether CNs start with a warm address cache (answered from the loader's shared
+    /// [`dmem_store::LoadIndex`], not a copy per CN).
+    warm: bool,
 }
 
 impl MvccDeploy {
@@ -127,7 +130,7 @@ impl MvccDeploy {
             shapes,
             history,
             caches: Vec::new(),
-            warm: spec.warm_cache.then(Vec::new),
+            warm: spec.warm_cache,
         })
     }
 
@@ -137,8 +140,10 @@ impl MvccDeploy {
             return Rc::clone(c);
         }
         let cache = Rc::new(RefCell::new(AddressCache::new()));
-        if let Some(locs) = &self.warm {
-            cache.borrow_mut().fill(locs.iter().copied());
+        if self.warm {
+            cache
+                .borrow_mut()
+                .warm_from(Rc::clone(&self.store), self.loader.loaded());
         }
         self.caches.push((cn, Rc::clone(&cache)));
         cache
@@ -151,12 +156,9 @@ impl MvccDeploy {
         value: &[u8],
     ) -> Result<(), DeployError> {
         let sim = &self.sim;
-        let loc = self.loader.load(table, key, value, |node, offset, bytes| {
+        self.loader.load(table, key, value, |node, offset, bytes| {
             sim.write_memory(node, offset, bytes);
         })?;
-        if let Some(locs) = &mut self.warm {
-            locs.push((table, key, loc));
-        }
         Ok(())
     }
 

@@ -329,6 +329,14 @@ impl StoreConfig {
         self
     }
 
+    /// [`with_direct_index`](Self::with_direct_index) for every `(table, key_space)`.
+    #[must_use]
+    pub fn with_direct_indexes(self, tables: &[(TableId, u64)]) -> Self {
+        tables
+            .iter()
+            .fold(self, |cfg, &(t, k)| cfg.with_direct_index(t, k))
+    }
+
     /// Bytes every MN region needs for this layout, computed without any region (so a
     /// cluster can be sized before it is built).
     ///
