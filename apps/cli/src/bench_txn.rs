@@ -172,9 +172,14 @@ pub struct Args {
     /// Seed of the cluster and of every coordinator's transaction generator.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Skip the history checker (it runs on the whole recorded history by default).
+    /// Skip the history checker (and record no history).
     #[arg(long)]
     no_check: bool,
+    /// The checker judges every transaction of the first this-many ms of measured time;
+    /// then the clients pause until none is in flight and recording stops, so memory stays
+    /// flat in run length (0: record and check the whole run).
+    #[arg(long, default_value_t = 50)]
+    check_window_ms: u64,
     /// Start every CN with a cold address cache (the first access to each record then
     /// costs an index-bucket READ first). By default each CN starts warm, as after scanning
     /// the index once at start-up: FORD's own code reads an item with its bucket in one
@@ -350,6 +355,7 @@ impl Args {
             seed: self.seed,
             check: !self.no_check,
             warm_cache: !self.cold_cache,
+            check_window: (self.check_window_ms > 0).then(|| self.check_window_ms * 1_000_000),
         }
     }
 }

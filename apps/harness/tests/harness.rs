@@ -23,6 +23,7 @@ fn smallbank_on_pandora_checks_out_and_counts_round_trips() {
         seed: 1,
         check: true,
         warm_cache: false,
+        check_window: None,
     };
     let protocol = dmem_protocols::registry().get("pandora").unwrap();
     let mut ticks = 0;
@@ -55,6 +56,7 @@ fn lotus_cfg() -> BenchConfig {
         seed: 1,
         check: true,
         warm_cache: false,
+        check_window: None,
     }
 }
 

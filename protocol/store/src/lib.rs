@@ -12,7 +12,36 @@
 //! configuration with index room for `slack` times the records, and
 //! [`StoreConfig::bytes_per_mn`] says how much MN memory it needs *before* any region is
 //! allocated. The index has no overflow buckets, so a caller that meets
-//! [`StoreError::BucketFull`] while loading doubles the slack and lays out again.
+//! [`StoreError::BucketFull`] while loading doubles the slack and lays out again; only hashed
+//! tables grow with the slack, direct-mapped ones never fill.
+//!
+//! # Direct-mapped tables (memory proportional to the data)
+//!
+//! A record lives at the record slot of its index slot, so a hashed table holds `7 × buckets`
+//! record slots whatever it stores: with the slack a hash index without overflow buckets needs
+//! (2, doubled until no bucket overflows, 4–8 in practice) a table takes 4–8 times its data.
+//! A table whose keys are dense integers in `0..k` ([`StoreConfig::with_direct_index`]) is
+//! indexed directly instead, as Motor's own code indexes SmallBank: key `k` is slot
+//! `(k / mns) % 7` of bucket `k / mns / 7` of partition `k % mns`. Every bucket indexes
+//! exactly seven keys of the space, so it never fills, needs no slack and no doubling; the
+//! table takes `k` record slots and `k / 7` buckets (18 bytes of index per key). The record
+//! format, the bucket READ and the address in the slot are the same as for a hashed table,
+//! so the verbs of a transaction are unchanged (one bucket READ on a cold lookup, none with a
+//! warm cache). A run-time insert of a new key claims the first free slot of its bucket by
+//! CAS as in a hashed table; the bucket has room for every key of the space that maps to it.
+//!
+//! The alternative, records allocated apart from index slots from a per-partition pool (the
+//! slot holds the record's address already), would also shrink sparse hashed tables, but
+//! the index itself would still need the slack (a hash index of 7-slot buckets with no
+//! overflow needs buckets for 4–8 times the records, 128 bytes each: 2.3 GB of index per
+//! replica for LOTUS's 20M SmallBank accounts), and every protocol would have to follow the
+//! slot's address instead of computing the record from the slot. The workloads' large tables
+//! are all dense (SmallBank accounts, KVS keys, TATP's tables keyed by subscriber), so direct
+//! mapping alone reaches the goal; TPC-C stays hashed.
+//!
+//! Memory regions are zeroed on allocation and never touched where no record lives (the
+//! areas of partitions an MN does not replicate, the slots of absent keys), so those pages
+//! cost address space, not resident memory.
 //!
 //! # Placement (Pandora §2.1, §3.2.5)
 //!
