@@ -22,7 +22,10 @@
 //! (2, doubled until no bucket overflows, 4–8 in practice) a table takes 4–8 times its data.
 //! A table whose keys are dense integers in `0..k` ([`StoreConfig::with_direct_index`]) is
 //! indexed directly instead, as Motor's own code indexes SmallBank: key `k` is slot
-//! `(k / mns) % 7` of bucket `k / mns / 7` of partition `k % mns`. Every bucket indexes
+//! `(k / mns) % 7` of bucket `k / mns / 7` of partition `(k + r) % mns`, where the rotation
+//! `r` is a hash of the table and the row `k / mns` (so the same key of two tables shares an
+//! MN as often as under hashing, 1 in `mns`, and every MN holds the same number of keys).
+//! Every bucket indexes
 //! exactly seven keys of the space, so it never fills, needs no slack and no doubling; the
 //! table takes `k` record slots and `k / 7` buckets (18 bytes of index per key). The record
 //! format, the bucket READ and the address in the slot are the same as for a hashed table,
@@ -195,8 +198,9 @@ pub struct TableSpec {
     /// 8 (of 64 for cacheline-versioned images, which then stay line-aligned).
     pub item_len: Option<usize>,
     /// `Some(k)`: a direct-mapped index for keys in `0..k` (see the crate docs, "Direct-mapped
-    /// tables"): key `k` is slot `(k / mns) % 7` of bucket `k / mns / 7` of partition
-    /// `k % mns`, so every bucket indexes exactly seven keys of the key space and never fills.
+    /// tables"): key `k` is slot `(k / mns) % 7` of bucket `k / mns / 7` of a partition
+    /// rotated per row, so every bucket indexes exactly seven keys of the key space and never
+    /// fills.
     pub direct_keys: Option<u64>,
 }
 
@@ -682,11 +686,14 @@ impl Store {
         let mns = u64::from(self.config.mns);
         let buckets = u64::from(layout.spec.buckets_per_partition);
         let (partition, bucket) = if layout.spec.direct_keys.is_some() {
-            // Direct-mapped: round-robin over partitions, seven consecutive keys of a
-            // partition per bucket (keys beyond the key space wrap around).
+            // Direct-mapped: the `mns` keys of row `k / mns` go to distinct partitions, in a
+            // rotation hashed from the table and the row (so the same key of two tables
+            // shares an MN as often as under hashing); seven rows per bucket (keys beyond
+            // the key space wrap around).
             let rank = key.0 / mns;
+            let rotation = mix64(mix64(u64::from(table.0)) ^ rank) % mns;
             (
-                (key.0 % mns) as u16,
+                ((key.0 % mns + rotation) % mns) as u16,
                 ((rank / BUCKET_SLOTS as u64) % buckets) as u32,
             )
         } else {
