@@ -105,10 +105,19 @@ pub fn memory_estimate(
         .mn_bytes_per_mn(&deploy_spec(workload, coordinators), mns)
         .with_context(|| format!("sizing {protocol}'s store"))?;
     // The simulator holds each MN's region (x1.5 for the loader's copies) and the CN side
-    // holds per-record state (address caches, load buffers): an upper bound of 8 KiB per
-    // record covers the peak RSS measured at --scale small for every workload (TATP: 8.2 GB
-    // for 975k records and 1.2 GB of regions; TPC-C: 19.8 GB for 4.4M records and 14 GB).
+    // holds per-record state for hashed tables (the loader's slot map, load buffers): an upper
+    // bound of 8 KiB per record covers the peak RSS measured at --scale small before tables
+    // were direct-mapped (TATP: 8.2 GB for 975k records and 1.2 GB of regions; TPC-C:
+    // 19.8 GB for 4.4M records and 14 GB). A direct-mapped table (dense keys, see
+    // `dmem-store`) keeps one bit per key on the CN side; 64 bytes per record and 256 MiB for
+    // the checked history window bound it (SmallBank at --scale lotus: 40M records).
     let records: u64 = workload.tables().iter().map(|t| t.expected_records).sum();
+    let (direct, hashed): (Vec<_>, Vec<_>) = workload
+        .tables()
+        .into_iter()
+        .partition(|t| workload.key_space(t.id).is_some());
+    let direct: u64 = direct.iter().map(|t| t.expected_records).sum();
+    let hashed: u64 = hashed.iter().map(|t| t.expected_records).sum();
     if p.symmetric() {
         // Servers hold every record R times in their own memory: 2 KiB per record bounds
         // the peak RSS measured for dnl-4 on SmallBank at --scale small (90 MB for 200k
@@ -117,7 +126,9 @@ pub fn memory_estimate(
     }
     Ok(common::product(&[per_mn, u64::from(mns)])
         .and_then(|b| b.checked_add(b / 2))
-        .and_then(|b| b.checked_add(records.checked_mul(8 << 10)?)))
+        .and_then(|b| b.checked_add(hashed.checked_mul(8 << 10)?))
+        .and_then(|b| b.checked_add(direct.checked_mul(64)?))
+        .and_then(|b| b.checked_add(256 << 20)))
 }
 
 /// Arguments of the transaction benchmark (`dmem bench` without a subcommand).
