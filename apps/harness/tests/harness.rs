@@ -66,14 +66,20 @@ fn a_check_window_bounds_the_history_and_the_run_goes_on() {
         );
         // The pause at the gate lasts about the longest transaction in flight (60 µs at p99
         // here, of a 400 µs run).
-        assert!(windowed.committed * 4 > whole.committed * 3, "{p}: {windowed:?} {whole:?}");
+        assert!(
+            windowed.committed * 4 > whole.committed * 3,
+            "{p}: {windowed:?} {whole:?}"
+        );
         let unchecked = BenchConfig {
             check: false,
             ..lotus_cfg()
         };
         let r = run_bench(&*protocol, &workload, &unchecked, |_| {}).unwrap();
         assert_eq!((r.checker.as_str(), r.checked_txns), ("skipped", 0));
-        assert_eq!(r.committed, whole.committed, "{p}: recording changes no timing");
+        assert_eq!(
+            r.committed, whole.committed,
+            "{p}: recording changes no timing"
+        );
     }
 }
 

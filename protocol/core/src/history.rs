@@ -242,7 +242,10 @@ mod tests {
         h.resolve(txn(2).id, TxnOutcome::Committed, 9);
         let h = h.borrow();
         assert_eq!(h.txns.len(), 1);
-        assert_eq!((h.txns[0].outcome, h.txns[0].end), (TxnOutcome::Committed, 9));
+        assert_eq!(
+            (h.txns[0].outcome, h.txns[0].end),
+            (TxnOutcome::Committed, 9)
+        );
         let mut d = History::discarding();
         d.push(txn(3));
         assert!(d.txns.is_empty());

@@ -27,16 +27,15 @@
 //! written whole (no attribute deltas); each image stores its installer's transaction id
 //! so that histories name who wrote what a reader saw.
 
-use std::collections::HashMap;
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use dmem_layout::cacheline::{self, LineVersion};
 use dmem_layout::cvt::{CvtCell, CvtHeader};
 use dmem_store::{
     BUCKET_SLOTS, ItemLoc, LoadIndex, Store, StoreConfig, StoreError, TableDemand,
-    index_slot_bytes,
-    slot_offset,
+    index_slot_bytes, slot_offset,
 };
 use dmem_txn::{Key, TableId, TxnId};
 use dmem_verbs::NodeId;

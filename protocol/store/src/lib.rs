@@ -882,7 +882,12 @@ impl LoadIndex {
     /// # Errors
     /// [`StoreError::UnknownTable`], [`StoreError::KeyOutOfRange`],
     /// [`StoreError::DuplicateKey`], [`StoreError::BucketFull`].
-    pub fn place(&mut self, store: &Store, table: TableId, key: Key) -> Result<ItemLoc, StoreError> {
+    pub fn place(
+        &mut self,
+        store: &Store,
+        table: TableId,
+        key: Key,
+    ) -> Result<ItemLoc, StoreError> {
         let bucket = store.bucket_of(table, key)?;
         let duplicate = StoreError::DuplicateKey {
             table: table.0,
@@ -1362,7 +1367,11 @@ mod tests {
                 .load(TableId(1), Key(k), &[1; 16], |_, _, _| {})
                 .unwrap();
             assert_eq!(Some(loc.slot), s.direct_slot(TableId(1), Key(k)).unwrap());
-            assert!(seen.insert(loc.offset), "two keys share record {}", loc.offset);
+            assert!(
+                seen.insert(loc.offset),
+                "two keys share record {}",
+                loc.offset
+            );
         }
         assert_eq!(
             loader.load(TableId(1), Key(5), &[1; 16], |_, _, _| {}),
@@ -1395,10 +1404,17 @@ mod tests {
         let h = store();
         let mut loader = Loader::new(&h);
         let locs: Vec<_> = (0..30)
-            .map(|k| loader.load(TableId(2), Key(k), &[0; 100], |_, _, _| {}).unwrap())
+            .map(|k| {
+                loader
+                    .load(TableId(2), Key(k), &[0; 100], |_, _, _| {})
+                    .unwrap()
+            })
             .collect();
         for (k, loc) in locs.iter().enumerate() {
-            assert_eq!(loader.loaded().borrow().loc(&h, TableId(2), Key(k as u64)), Some(*loc));
+            assert_eq!(
+                loader.loaded().borrow().loc(&h, TableId(2), Key(k as u64)),
+                Some(*loc)
+            );
         }
         assert_eq!(loader.loaded().borrow().loc(&h, TableId(2), Key(30)), None);
     }
