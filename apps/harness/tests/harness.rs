@@ -4,7 +4,7 @@
 use dmem_deploy::ClusterShape;
 use dmem_harness::{BenchConfig, run_bench};
 use dmem_sim::NicProfile;
-use dmem_workloads::{AnyWorkload, Scale};
+use dmem_workloads::{AnyWorkload, Scale, Workload};
 
 #[test]
 fn smallbank_on_pandora_checks_out_and_counts_round_trips() {
@@ -145,6 +145,43 @@ fn lotus_routed_checks_out_with_fewer_messages_than_unrouted() {
                 "{w}: routed {} vs unrouted {}",
                 msgs[0],
                 msgs[1]
+            );
+        }
+    }
+}
+
+/// Dense tables are direct-mapped (`dmem-store`): FORD's and Motor's stores are sized by the
+/// records, not by a hashing slack, and load in one pass (no slack doubling).
+#[test]
+fn dense_tables_are_direct_mapped_and_load_in_one_pass() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    let workload = AnyWorkload::new("smallbank", Scale::Tiny).unwrap();
+    let spec = dmem_harness::deploy_spec(&workload, 8);
+    assert_eq!(spec.key_spaces.len(), 2, "{spec:?}");
+    let mut hashed = spec.clone();
+    hashed.key_spaces.clear();
+    let registry = dmem_protocols::registry();
+    for p in ["ford", "motor"] {
+        let protocol = registry.get(p).unwrap();
+        let direct_bytes = protocol.mn_bytes_per_mn(&spec, 3).unwrap();
+        let hashed_bytes = protocol.mn_bytes_per_mn(&hashed, 3).unwrap();
+        assert!(
+            2 * direct_bytes < hashed_bytes,
+            "{p}: {direct_bytes} vs {hashed_bytes}"
+        );
+        let shape = lotus_cfg().shape;
+        let history = Rc::new(RefCell::new(dmem_txn::History::new()));
+        let deployed =
+            dmem_deploy::deploy_loaded(&*protocol, &shape, &spec, &history, || workload.loader())
+                .unwrap();
+        assert_eq!(deployed.spec.index_slack, spec.index_slack, "{p}");
+        for (table, key, value) in workload.loader() {
+            assert_eq!(
+                deployed.deployment.read_final(table, key),
+                Some(value),
+                "{p}"
             );
         }
     }
