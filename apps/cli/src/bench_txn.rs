@@ -186,9 +186,9 @@ pub struct Args {
     /// Skip the history checker (and record no history).
     #[arg(long)]
     no_check: bool,
-    /// The checker judges every transaction of the first this-many ms of measured time;
-    /// then the clients pause until none is in flight and recording stops, so memory stays
-    /// flat in run length (0: record and check the whole run).
+    /// The checker judges every transaction of the first this-many ms of the run (warm-up
+    /// included); then the clients pause until none is in flight and recording stops, so
+    /// memory stays flat in run length (0: record and check the whole run).
     #[arg(long, default_value_t = 50)]
     check_window_ms: u64,
     /// Start every CN with a cold address cache (the first access to each record then

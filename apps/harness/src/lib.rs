@@ -121,10 +121,10 @@ pub struct BenchConfig {
     pub check: bool,
     /// Whether CNs start with a warm address cache.
     pub warm_cache: bool,
-    /// With [`check`](Self::check): record the history only for this much measured time
-    /// (virtual ns after the warm-up), then pause every client until no transaction is in
-    /// flight and close the history (see the crate docs, "Bounded history"). `None`: the
-    /// whole run.
+    /// With [`check`](Self::check): record the history only for this much virtual time from
+    /// the start of the run (warm-up included), then pause every client until no
+    /// transaction is in flight and close the history (see the crate docs, "Bounded
+    /// history"). `None`: the whole run.
     pub check_window: Option<Nanos>,
 }
 
@@ -364,10 +364,9 @@ pub fn run_bench(
     let warm_up_end = cfg.duration / 10;
     let end = warm_up_end + cfg.duration;
     let workload = Rc::new(workload.clone());
-    let cutoff = cfg
-        .check_window
-        .map(|w| warm_up_end.saturating_add(w))
-        .filter(|&c| cfg.check && c < end);
+    // Counted from the start (warm-up included), so the recorded span does not grow with a
+    // longer run's longer warm-up.
+    let cutoff = cfg.check_window.filter(|&c| cfg.check && c < end);
     let clients = usize::from(cfg.coordinators()?);
     let gate = Rc::new(Gate::new(cutoff, clients, Rc::clone(&history)));
     let window = Window {

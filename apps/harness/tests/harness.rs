@@ -51,7 +51,7 @@ fn a_check_window_bounds_the_history_and_the_run_goes_on() {
         let protocol = dmem_protocols::registry().get(p).unwrap();
         let whole = run_bench(&*protocol, &workload, &lotus_cfg(), |_| {}).unwrap();
         let cfg = BenchConfig {
-            check_window: Some(100_000),
+            check_window: Some(140_000),
             ..lotus_cfg()
         };
         let windowed = run_bench(&*protocol, &workload, &cfg, |_| {}).unwrap();
