@@ -105,10 +105,19 @@ pub fn memory_estimate(
         .mn_bytes_per_mn(&deploy_spec(workload, coordinators), mns)
         .with_context(|| format!("sizing {protocol}'s store"))?;
     // The simulator holds each MN's region (x1.5 for the loader's copies) and the CN side
-    // holds per-record state (address caches, load buffers): an upper bound of 8 KiB per
-    // record covers the peak RSS measured at --scale small for every workload (TATP: 8.2 GB
-    // for 975k records and 1.2 GB of regions; TPC-C: 19.8 GB for 4.4M records and 14 GB).
+    // holds per-record state for hashed tables (the loader's slot map, load buffers): an upper
+    // bound of 8 KiB per record covers the peak RSS measured at --scale small before tables
+    // were direct-mapped (TATP: 8.2 GB for 975k records and 1.2 GB of regions; TPC-C:
+    // 19.8 GB for 4.4M records and 14 GB). A direct-mapped table (dense keys, see
+    // `dmem-store`) keeps one bit per key on the CN side; 64 bytes per record and 256 MiB for
+    // the checked history window bound it (SmallBank at --scale lotus: 40M records).
     let records: u64 = workload.tables().iter().map(|t| t.expected_records).sum();
+    let (direct, hashed): (Vec<_>, Vec<_>) = workload
+        .tables()
+        .into_iter()
+        .partition(|t| workload.key_space(t.id).is_some());
+    let direct: u64 = direct.iter().map(|t| t.expected_records).sum();
+    let hashed: u64 = hashed.iter().map(|t| t.expected_records).sum();
     if p.symmetric() {
         // Servers hold every record R times in their own memory: 2 KiB per record bounds
         // the peak RSS measured for dnl-4 on SmallBank at --scale small (90 MB for 200k
@@ -117,7 +126,9 @@ pub fn memory_estimate(
     }
     Ok(common::product(&[per_mn, u64::from(mns)])
         .and_then(|b| b.checked_add(b / 2))
-        .and_then(|b| b.checked_add(records.checked_mul(8 << 10)?)))
+        .and_then(|b| b.checked_add(hashed.checked_mul(8 << 10)?))
+        .and_then(|b| b.checked_add(direct.checked_mul(64)?))
+        .and_then(|b| b.checked_add(256 << 20)))
 }
 
 /// Arguments of the transaction benchmark (`dmem bench` without a subcommand).
@@ -172,9 +183,14 @@ pub struct Args {
     /// Seed of the cluster and of every coordinator's transaction generator.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Skip the history checker (it runs on the whole recorded history by default).
+    /// Skip the history checker (and record no history).
     #[arg(long)]
     no_check: bool,
+    /// The checker judges every transaction of the first this-many ms of the run (warm-up
+    /// included); then the clients pause until none is in flight and recording stops, so
+    /// memory stays flat in run length (0: record and check the whole run).
+    #[arg(long, default_value_t = 50)]
+    check_window_ms: u64,
     /// Start every CN with a cold address cache (the first access to each record then
     /// costs an index-bucket READ first). By default each CN starts warm, as after scanning
     /// the index once at start-up: FORD's own code reads an item with its bucket in one
@@ -353,6 +369,7 @@ impl Args {
             seed: self.seed,
             check: !self.no_check,
             warm_cache: !self.cold_cache,
+            check_window: (self.check_window_ms > 0).then(|| self.check_window_ms * 1_000_000),
         }
     }
 }

@@ -45,6 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         seed: 1,
         check: false,
         warm_cache: true,
+        check_window: None,
     };
     let p = dmem_protocols::registry().get(&protocol)?;
     let spec = deploy_spec(&workload, bench.coordinators()?);

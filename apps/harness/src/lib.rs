@@ -19,6 +19,16 @@
 //! whatever number of MNs it spans). Messages (RPCs, LOTUS's lock requests) are not round
 //! trips to the MNs; they are counted separately ([`BenchResult::msgs_per_txn`]).
 //!
+//! # Bounded history
+//!
+//! Without [`BenchConfig::check`] nothing is recorded. With a
+//! [`BenchConfig::check_window`], the history is closed at a quiescent point after the
+//! window: the first client to start a transaction past the cutoff waits, the others wait as
+//! they finish their transaction in flight, and when all wait, no transaction is in flight,
+//! the history is closed ([`History::close`]) and all go on. No recorded transaction can have
+//! observed a write of an unrecorded one, so the checker judges every recorded transaction
+//! completely, and memory stays flat in run length.
+//!
 //! # Routing
 //!
 //! A deployment with a [`Router`](dmem_deploy::Router) (LOTUS §4.3) gets its transactions
@@ -87,6 +97,11 @@ pub fn deploy_spec<W: Workload>(workload: &W, coordinators: u16) -> DeploySpec {
         .iter()
         .filter_map(|t| workload.critical_field(t.id).map(|f| (t.id, f)))
         .collect();
+    spec.key_spaces = workload
+        .tables()
+        .iter()
+        .filter_map(|t| workload.key_space(t.id).map(|k| (t.id, k)))
+        .collect();
     spec
 }
 
@@ -108,6 +123,11 @@ pub struct BenchConfig {
     pub check: bool,
     /// Whether CNs start with a warm address cache.
     pub warm_cache: bool,
+    /// With [`check`](Self::check): record the history only for this much virtual time from
+    /// the start of the run (warm-up included), then pause every client until no
+    /// transaction is in flight and close the history (see the crate docs, "Bounded
+    /// history"). `None`: the whole run.
+    pub check_window: Option<Nanos>,
 }
 
 impl BenchConfig {
@@ -344,7 +364,12 @@ pub fn run_bench(
     }
     let mut spec = deploy_spec(workload, cfg.coordinators()?);
     spec.warm_cache = cfg.warm_cache;
-    let history = Rc::new(RefCell::new(History::new()));
+    // Nothing is recorded when nothing is checked, so memory stays flat in run length.
+    let history = Rc::new(RefCell::new(if cfg.check {
+        History::new()
+    } else {
+        History::discarding()
+    }));
     let Deployed {
         sim,
         mut deployment,
@@ -362,6 +387,11 @@ pub fn run_bench(
     let warm_up_end = cfg.duration / 10;
     let end = warm_up_end + cfg.duration;
     let workload = Rc::new(workload.clone());
+    // Counted from the start (warm-up included), so the recorded span does not grow with a
+    // longer run's longer warm-up.
+    let cutoff = cfg.check_window.filter(|&c| cfg.check && c < end);
+    let clients = usize::from(cfg.coordinators()?);
+    let gate = Rc::new(Gate::new(cutoff, clients, Rc::clone(&history)));
     let window = Window {
         warm_up_end,
         end,
@@ -383,15 +413,18 @@ pub fn run_bench(
                 let mut coordinator = Rounds::new(inner, ctx.clone());
                 let mut generator = workload.generator(u32::from(id), cfg.seed ^ u64::from(id));
                 let (workload, window) = (Rc::clone(&workload), window.clone());
+                let gate = Rc::clone(&gate);
                 let clock = ctx.clone();
                 match &router {
                     None => sim.spawn(&ctx, async move {
                         while clock.now() < end {
+                            gate.pass(clock.now()).await;
                             let txn = generator.next_txn();
                             let start = clock.now();
                             let done = run_one(&workload, &mut coordinator, &txn).await;
                             window.note(&txn, start, clock.now(), done);
                         }
+                        gate.leave();
                     }),
                     Some(router) => {
                         let queue = Rc::clone(&queues[usize::from(cn)]);
@@ -409,6 +442,7 @@ pub fn run_bench(
                         let home = usize::from(cn);
                         sim.spawn(&ctx, async move {
                             while clock.now() < end {
+                                gate.pass(clock.now()).await;
                                 let txn = generator.next_txn();
                                 let start = clock.now();
                                 random = next_random(random);
@@ -424,6 +458,7 @@ pub fn run_bench(
                                 let done = reply.wait().await;
                                 window.note(&txn, start, clock.now(), done);
                             }
+                            gate.leave();
                         });
                     }
                 }
@@ -617,6 +652,68 @@ impl Window {
                 tally.rolled_back.set(tally.rolled_back.get() + 1);
             }
             Executed::Failed { .. } => tally.failed.set(tally.failed.get() + 1),
+        }
+    }
+}
+
+/// The end of the checked window: the first client to start a transaction at or after the
+/// cutoff waits, and so does every other one, until all of them are between transactions;
+/// then the history is closed (nothing in flight, so no recorded transaction can have seen a
+/// write of an unrecorded one) and every client goes on.
+struct Gate {
+    cutoff: Option<Nanos>,
+    clients: usize,
+    arrived: Cell<usize>,
+    open: Cell<bool>,
+    waiting: RefCell<Vec<Waker>>,
+    history: Rc<RefCell<History>>,
+}
+
+impl Gate {
+    fn new(cutoff: Option<Nanos>, clients: usize, history: Rc<RefCell<History>>) -> Self {
+        Self {
+            cutoff,
+            clients,
+            arrived: Cell::new(0),
+            open: Cell::new(cutoff.is_none()),
+            waiting: RefCell::new(Vec::new()),
+            history,
+        }
+    }
+
+    /// Counts one more client between transactions; the last one closes the history.
+    fn arrive(&self) {
+        self.arrived.set(self.arrived.get() + 1);
+        if self.arrived.get() >= self.clients && !self.open.get() {
+            self.open.set(true);
+            self.history.borrow_mut().close();
+            for w in self.waiting.borrow_mut().drain(..) {
+                w.wake();
+            }
+        }
+    }
+
+    /// Before a transaction that starts at `now`: waits at the cutoff for every client.
+    async fn pass(&self, now: Nanos) {
+        if self.open.get() || self.cutoff.is_some_and(|c| now < c) {
+            return;
+        }
+        self.arrive();
+        poll_fn(|cx| {
+            if self.open.get() {
+                Poll::Ready(())
+            } else {
+                self.waiting.borrow_mut().push(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+
+    /// A client that stops before reaching the cutoff no longer holds the others back.
+    fn leave(&self) {
+        if !self.open.get() {
+            self.arrive();
         }
     }
 }

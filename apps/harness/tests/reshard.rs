@@ -19,6 +19,7 @@ fn cfg(cns: u16, duration: u64) -> BenchConfig {
         duration,
         seed: 1,
         check: true,
+        check_window: None,
         warm_cache: false,
     }
 }

@@ -151,6 +151,15 @@ impl Workload for AnyWorkload {
         }
     }
 
+    fn key_space(&self, table: TableId) -> Option<u64> {
+        match self {
+            AnyWorkload::Kv(w) => w.key_space(table),
+            AnyWorkload::SmallBank(w) => w.key_space(table),
+            AnyWorkload::Tatp(w) => w.key_space(table),
+            AnyWorkload::Tpcc(w) => w.key_space(table),
+        }
+    }
+
     fn tables(&self) -> Vec<TableSpec> {
         match self {
             AnyWorkload::Kv(w) => w.tables(),

@@ -434,6 +434,11 @@ impl Workload for KvWorkload {
         }
     }
 
+    /// Keys are `0..records`.
+    fn key_space(&self, _table: TableId) -> Option<u64> {
+        Some(self.config.records)
+    }
+
     fn tables(&self) -> Vec<TableSpec> {
         vec![TableSpec {
             id: TABLE,

@@ -185,6 +185,14 @@ pub trait Workload {
         None
     }
 
+    /// `Some(k)` when `table`'s keys all lie in `0..k` and fill a good part of it (dense
+    /// integer keys): a store may then index it directly, one slot per key of the space, with
+    /// no hashing slack (`dmem-store`'s direct-mapped tables). `None`: keys are sparse.
+    fn key_space(&self, table: TableId) -> Option<u64> {
+        let _ = table;
+        None
+    }
+
     /// Bytes of values after loading (records × value size over all tables), the data a
     /// memory node holds without index, replicas or protocol metadata.
     fn value_bytes(&self) -> u64 {

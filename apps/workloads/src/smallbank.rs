@@ -371,6 +371,11 @@ impl Workload for SmallBank {
         Some(CriticalField::WHOLE_KEY)
     }
 
+    /// Accounts are `0..accounts` in both tables.
+    fn key_space(&self, _table: TableId) -> Option<u64> {
+        Some(self.config.accounts)
+    }
+
     type Txn = SmallBankTxn;
     type Generator = SmallBankGenerator;
 

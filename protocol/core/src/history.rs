@@ -120,23 +120,51 @@ pub struct TxnRecord {
 }
 
 /// The transactions of one run, in any order.
+///
+/// A history may be *closed*: it then keeps the transactions it has and ignores new ones, so
+/// that a long run's memory stays bounded. A runner closes it only at a quiescent point (no
+/// transaction in flight), so that no transaction it holds can have observed a write of one
+/// it dropped: the checker judges a closed history's transactions completely.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct History {
     /// Every recorded transaction.
     pub txns: Vec<TxnRecord>,
+    /// Whether new transactions are ignored (see [`History::close`]).
+    #[cfg_attr(feature = "serde", serde(skip))]
+    pub closed: bool,
 }
 
 impl History {
     /// An empty history.
     #[must_use]
     pub const fn new() -> Self {
-        Self { txns: Vec::new() }
+        Self {
+            txns: Vec::new(),
+            closed: false,
+        }
     }
 
-    /// Appends a transaction.
+    /// An empty, closed history: records nothing (a run that does not check).
+    #[must_use]
+    pub const fn discarding() -> Self {
+        Self {
+            txns: Vec::new(),
+            closed: true,
+        }
+    }
+
+    /// Ignores transactions recorded or resolved from now on. Call it only when no
+    /// transaction is in flight (see the type's docs).
+    pub fn close(&mut self) {
+        self.closed = true;
+    }
+
+    /// Appends a transaction, unless the history is closed.
     pub fn push(&mut self, txn: TxnRecord) {
-        self.txns.push(txn);
+        if !self.closed {
+            self.txns.push(txn);
+        }
     }
 
     /// Number of committed transactions.
@@ -169,6 +197,11 @@ impl HistorySink for Rc<RefCell<History>> {
 
     fn resolve(&self, id: TxnId, outcome: TxnOutcome, end: Nanos) {
         let mut h = self.borrow_mut();
+        // Closed with nothing in flight: every recorded transaction is resolved already, and
+        // a search for one that was not recorded would scan the whole history each time.
+        if h.closed {
+            return;
+        }
         if let Some(t) = h.txns.iter_mut().rev().find(|t| t.id == id) {
             t.outcome = outcome;
             t.end = end;
@@ -183,4 +216,44 @@ pub struct NoHistory;
 impl HistorySink for NoHistory {
     fn record(&self, _: TxnRecord) {}
     fn resolve(&self, _: TxnId, _: TxnOutcome, _: Nanos) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::CoordinatorId;
+
+    fn txn(seq: u64) -> TxnRecord {
+        TxnRecord {
+            id: TxnId {
+                coordinator: CoordinatorId(0),
+                seq,
+            },
+            begin: seq,
+            end: seq + 1,
+            outcome: TxnOutcome::Unknown,
+            reads: Vec::new(),
+            writes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_closed_history_keeps_what_it_has_and_ignores_the_rest() {
+        let h = Rc::new(RefCell::new(History::new()));
+        h.record(txn(1));
+        h.resolve(txn(1).id, TxnOutcome::Committed, 9);
+        h.borrow_mut().close();
+        h.record(txn(2));
+        h.resolve(txn(2).id, TxnOutcome::Committed, 9);
+        h.resolve(txn(1).id, TxnOutcome::Aborted, 10);
+        let h = h.borrow();
+        assert_eq!(h.txns.len(), 1);
+        assert_eq!(
+            (h.txns[0].outcome, h.txns[0].end),
+            (TxnOutcome::Committed, 9)
+        );
+        let mut d = History::discarding();
+        d.push(txn(3));
+        assert!(d.txns.is_empty());
+    }
 }

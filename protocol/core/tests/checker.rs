@@ -53,7 +53,10 @@ fn txn(
 }
 
 fn history(txns: Vec<TxnRecord>) -> History {
-    History { txns }
+    History {
+        txns,
+        ..History::new()
+    }
 }
 
 fn assert_ok(h: &History) -> Report {

@@ -90,7 +90,9 @@ impl core::fmt::Debug for Deployed {
 const MAX_SLACK: u64 = 32;
 
 /// Sizes the MNs for `spec`, builds the cluster, deploys `protocol` and loads `records()`;
-/// when a bucket of the index fills, doubles the index slack and starts over (up to 32×).
+/// when a bucket of a hashed index fills, doubles the index slack and starts over (up to
+/// 32×). Tables of [`DeploySpec::key_spaces`] are direct-mapped: they never fill and do not
+/// grow with the slack, so a workload whose tables are all dense loads in one pass.
 ///
 /// `records` is called once per attempt, so it must give the same records each time.
 ///

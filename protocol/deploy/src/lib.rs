@@ -138,6 +138,10 @@ pub struct DeploySpec {
     /// Per table, where its critical field sits in its keys (LOTUS §4.2 shards by it);
     /// tables not listed have none. Empty unless a harness knows the workload.
     pub critical_fields: Vec<(TableId, CriticalField)>,
+    /// Tables whose keys are dense in `0..k`, with their `k`: a store indexes them directly
+    /// (one slot per key, never full; `dmem_store::StoreConfig::with_direct_index`) unless
+    /// [`exact_index`](Self::exact_index) is set. Empty unless a harness knows the workload.
+    pub key_spaces: Vec<(TableId, u64)>,
 }
 
 impl DeploySpec {
@@ -153,6 +157,18 @@ impl DeploySpec {
             warm_cache: false,
             workload: None,
             critical_fields: Vec::new(),
+            key_spaces: Vec::new(),
+        }
+    }
+
+    /// The tables a store lays out direct-mapped: [`key_spaces`](Self::key_spaces), or none
+    /// with [`exact_index`](Self::exact_index) (whose seeded runs keep the hashed layout).
+    #[must_use]
+    pub fn direct_tables(&self) -> &[(TableId, u64)] {
+        if self.exact_index {
+            &[]
+        } else {
+            &self.key_spaces
         }
     }
 }

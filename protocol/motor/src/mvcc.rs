@@ -54,14 +54,15 @@
 //! region is a per-record delta slot per cell; each image stores its installer's
 //! transaction id so that histories name who wrote what a reader saw.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
 use dmem_layout::cacheline::{self, LineVersion};
 use dmem_layout::cvt::{CvtCell, CvtHeader};
 use dmem_store::{
-    BUCKET_SLOTS, ItemLoc, Store, StoreConfig, StoreError, TableDemand, index_slot_bytes,
-    slot_offset,
+    BUCKET_SLOTS, ItemLoc, LoadIndex, Store, StoreConfig, StoreError, TableDemand,
+    index_slot_bytes, slot_offset,
 };
 use dmem_txn::{Key, TableId, TxnId};
 use dmem_verbs::NodeId;
@@ -674,7 +675,7 @@ pub fn install_images(
 pub struct MvccLoader {
     store: Rc<Store>,
     shapes: Rc<Shapes>,
-    used: HashMap<(TableId, u16, u32), Vec<u64>>,
+    loaded: Rc<RefCell<LoadIndex>>,
 }
 
 impl MvccLoader {
@@ -684,8 +685,15 @@ impl MvccLoader {
         Self {
             store,
             shapes,
-            used: HashMap::new(),
+            loaded: Rc::default(),
         }
+    }
+
+    /// The keys loaded so far and where, shared (what a warm
+    /// [`AddressCache`](dmem_store::AddressCache) answers from).
+    #[must_use]
+    pub fn loaded(&self) -> Rc<RefCell<LoadIndex>> {
+        Rc::clone(&self.loaded)
     }
 
     /// Loads one record through `write(node, offset, bytes)`.
@@ -708,26 +716,8 @@ impl MvccLoader {
                 got: value.len(),
             });
         }
-        let bucket = self.store.bucket_of(table, key)?;
-        let used = self
-            .used
-            .entry((table, bucket.partition, bucket.bucket))
-            .or_default();
-        if used.contains(&key.0) {
-            return Err(StoreError::DuplicateKey {
-                table: table.0,
-                key: key.0,
-            });
-        }
-        if used.len() >= BUCKET_SLOTS {
-            return Err(StoreError::BucketFull {
-                table: table.0,
-                key: key.0,
-            });
-        }
-        let slot = used.len();
-        used.push(key.0);
-        let loc = self.store.item_at(bucket, slot)?;
+        let loc = self.loaded.borrow_mut().place(&self.store, table, key)?;
+        let (bucket, slot) = (loc.bucket, loc.slot);
         let mut cells = vec![CvtCell::FREE; shape.cells];
         cells[0] = CvtCell::new(0, loc.offset + shape.image_offset(0) as u64, 0);
         let meta = encode_meta_tail(key.0, table, shape, 0, &cells);

@@ -23,7 +23,7 @@ use dmem_ford::{
 use dmem_layout::pill::{CoordinatorId as PillId, FailedCoordinatorSet, LockHolder, PillLockWord};
 use dmem_layout::record::DataItem;
 use dmem_sim::Sim;
-use dmem_store::{BUCKET_LEN, BUCKET_SLOTS, ItemLoc, Loader, Store, StoreConfig, parse_bucket};
+use dmem_store::{BUCKET_LEN, BUCKET_SLOTS, Loader, Store, StoreConfig, parse_bucket};
 use dmem_txn::{BoxCoordinator, Coordinator, Key, TableId, TxnError, TxnKind};
 use dmem_verbs::{Clock, NodeId, Verbs, VerbsError};
 
@@ -71,6 +71,7 @@ fn store_config(spec: &DeploySpec, mns: u16) -> StoreConfig {
         spec.log_region_bytes,
         spec.index_slack,
     )
+    .with_direct_indexes(spec.direct_tables())
 }
 
 impl Protocol for FordProtocol {
@@ -98,7 +99,7 @@ impl Protocol for FordProtocol {
             store,
             history,
             cns: Vec::new(),
-            warm: spec.warm_cache.then(Vec::new),
+            warm: spec.warm_cache,
             events: Rc::new(RefCell::new(Vec::new())),
             error: Rc::new(RefCell::new(None)),
             paused: Rc::new(Cell::new(false)),
@@ -118,8 +119,9 @@ pub struct FordDeployment {
     history: Recorder,
     /// Per CN: its shared state and its coordinator ids.
     cns: Vec<(NodeId, CnShared, Vec<u16>)>,
-    /// Locations of the loaded records, when CNs start with a warm address cache.
-    warm: Option<Vec<(TableId, Key, ItemLoc)>>,
+    /// Whether CNs start with a warm address cache (answered from the loader's shared
+    /// [`dmem_store::LoadIndex`], not a copy per CN).
+    warm: bool,
     events: Rc<RefCell<Vec<dmem_ford::RecoveryEvent>>>,
     error: Rc<RefCell<Option<String>>>,
     paused: Rc<Cell<bool>>,
@@ -203,8 +205,11 @@ impl FordDeployment {
             return i;
         }
         let shared = CnShared::new();
-        if let Some(locs) = &self.warm {
-            shared.cache.borrow_mut().fill(locs.iter().copied());
+        if self.warm {
+            shared
+                .cache
+                .borrow_mut()
+                .warm_from(Rc::clone(&self.store), self.loader.loaded());
         }
         self.cns.push((cn, shared, Vec::new()));
         self.cns.len() - 1
@@ -251,12 +256,8 @@ impl FordDeployment {
 impl Deployment for FordDeployment {
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
         let loader = &mut self.loader;
-        let loc = self
-            .memory
+        self.memory
             .loading(|write| loader.load(table, key, value, write))?;
-        if let Some(locs) = &mut self.warm {
-            locs.push((table, key, loc));
-        }
         Ok(())
     }
 

@@ -18,7 +18,7 @@ use dmem_motor::{
     MotorConfig, MotorCoordinator, OpLogs, SyncedClock, cells_for_workload, read_final,
 };
 use dmem_sim::{Sim, SimContext};
-use dmem_store::{AddressCache, ItemLoc, Store};
+use dmem_store::{AddressCache, Store};
 use dmem_txn::{BoxCoordinator, Key, TableId};
 use dmem_verbs::NodeId;
 
@@ -90,7 +90,8 @@ fn layout(
         spec.exact_index,
         logs,
         log_region_bytes,
-    );
+    )
+    .with_direct_indexes(spec.direct_tables());
     (shapes, cfg)
 }
 
@@ -104,7 +105,9 @@ pub(crate) struct MvccDeploy {
     pub(crate) history: Recorder,
     /// Per CN: its address cache.
     caches: Vec<(NodeId, Rc<RefCell<AddressCache>>)>,
-    warm: Option<Vec<(TableId, Key, ItemLoc)>>,
+    /// Whether CNs start with a warm address cache (answered from the loader's shared
+    /// [`dmem_store::LoadIndex`], not a copy per CN).
+    warm: bool,
 }
 
 impl MvccDeploy {
@@ -138,7 +141,7 @@ impl MvccDeploy {
             shapes,
             history,
             caches: Vec::new(),
-            warm: spec.warm_cache.then(Vec::new),
+            warm: spec.warm_cache,
         })
     }
 
@@ -148,8 +151,10 @@ impl MvccDeploy {
             return Rc::clone(c);
         }
         let cache = Rc::new(RefCell::new(AddressCache::new()));
-        if let Some(locs) = &self.warm {
-            cache.borrow_mut().fill(locs.iter().copied());
+        if self.warm {
+            cache
+                .borrow_mut()
+                .warm_from(Rc::clone(&self.store), self.loader.loaded());
         }
         self.caches.push((cn, Rc::clone(&cache)));
         cache
@@ -162,12 +167,8 @@ impl MvccDeploy {
         value: &[u8],
     ) -> Result<(), DeployError> {
         let loader = &mut self.loader;
-        let loc = self
-            .memory
+        self.memory
             .loading(|write| loader.load(table, key, value, write))?;
-        if let Some(locs) = &mut self.warm {
-            locs.push((table, key, loc));
-        }
         Ok(())
     }
 

@@ -12,7 +12,39 @@
 //! configuration with index room for `slack` times the records, and
 //! [`StoreConfig::bytes_per_mn`] says how much MN memory it needs *before* any region is
 //! allocated. The index has no overflow buckets, so a caller that meets
-//! [`StoreError::BucketFull`] while loading doubles the slack and lays out again.
+//! [`StoreError::BucketFull`] while loading doubles the slack and lays out again; only hashed
+//! tables grow with the slack, direct-mapped ones never fill.
+//!
+//! # Direct-mapped tables (memory proportional to the data)
+//!
+//! A record lives at the record slot of its index slot, so a hashed table holds `7 × buckets`
+//! record slots whatever it stores: with the slack a hash index without overflow buckets needs
+//! (2, doubled until no bucket overflows, 4–8 in practice) a table takes 4–8 times its data.
+//! A table whose keys are dense integers in `0..k` ([`StoreConfig::with_direct_index`]) is
+//! indexed directly instead, as Motor's own code indexes SmallBank: key `k` is slot
+//! `(k / mns) % 7` of bucket `k / mns / 7` of partition `(k + r) % mns`, where the rotation
+//! `r` is a hash of the table and the row `k / mns` (so the same key of two tables shares an
+//! MN as often as under hashing, 1 in `mns`, and every MN holds the same number of keys).
+//! Every bucket indexes
+//! exactly seven keys of the space, so it never fills, needs no slack and no doubling; the
+//! table takes `k` record slots and `k / 7` buckets (18 bytes of index per key). The record
+//! format, the bucket READ and the address in the slot are the same as for a hashed table,
+//! so the verbs of a transaction are unchanged (one bucket READ on a cold lookup, none with a
+//! warm cache). A run-time insert of a new key claims the first free slot of its bucket by
+//! CAS as in a hashed table; the bucket has room for every key of the space that maps to it.
+//!
+//! The alternative, records allocated apart from index slots from a per-partition pool (the
+//! slot holds the record's address already), would also shrink sparse hashed tables, but
+//! the index itself would still need the slack (a hash index of 7-slot buckets with no
+//! overflow needs buckets for 4–8 times the records, 128 bytes each: 2.3 GB of index per
+//! replica for LOTUS's 20M SmallBank accounts), and every protocol would have to follow the
+//! slot's address instead of computing the record from the slot. The workloads' large tables
+//! are all dense (SmallBank accounts, KVS keys, TATP's tables keyed by subscriber), so direct
+//! mapping alone reaches the goal; TPC-C stays hashed.
+//!
+//! Memory regions are zeroed on allocation and never touched where no record lives (the
+//! areas of partitions an MN does not replicate, the slots of absent keys), so those pages
+//! cost address space, not resident memory.
 //!
 //! # Placement (Pandora §2.1, §3.2.5)
 //!
@@ -125,6 +157,16 @@ pub enum StoreError {
         /// The key.
         key: u64,
     },
+    /// A key outside the key space of a direct-mapped table.
+    #[error("key {key} is outside the key space 0..{key_space} of direct-mapped table {table}")]
+    KeyOutOfRange {
+        /// The table.
+        table: u32,
+        /// The key.
+        key: u64,
+        /// Keys of the table are in `0..key_space`.
+        key_space: u64,
+    },
     /// The key was loaded twice.
     #[error("key {key} loaded twice into table {table}")]
     DuplicateKey {
@@ -155,6 +197,11 @@ pub struct TableSpec {
     /// `None` sizes slots as [`DataItemHeader::item_len`] of the value. Must be a multiple of
     /// 8 (of 64 for cacheline-versioned images, which then stay line-aligned).
     pub item_len: Option<usize>,
+    /// `Some(k)`: a direct-mapped index for keys in `0..k` (see the crate docs, "Direct-mapped
+    /// tables"): key `k` is slot `(k / mns) % 7` of bucket `k / mns / 7` of a partition
+    /// rotated per row, so every bucket indexes exactly seven keys of the key space and never
+    /// fills.
+    pub direct_keys: Option<u64>,
 }
 
 impl TableSpec {
@@ -169,6 +216,7 @@ impl TableSpec {
             value_len,
             buckets_per_partition: u32::try_from(buckets).unwrap_or(u32::MAX),
             item_len: None,
+            direct_keys: None,
         }
     }
 }
@@ -292,6 +340,34 @@ impl StoreConfig {
             }
         }
         self
+    }
+
+    /// Gives `table` a direct-mapped index for keys in `0..key_space` (see
+    /// [`TableSpec::direct_keys`]): one index slot and one record slot per key of the key
+    /// space, whatever the slack, so the table never meets [`StoreError::BucketFull`] and
+    /// needs no index doubling. For dense integer keys (SmallBank accounts, TATP
+    /// subscribers, KVS keys), as Motor's own code indexes SmallBank. Unknown tables are
+    /// ignored.
+    #[must_use]
+    pub fn with_direct_index(mut self, table: TableId, key_space: u64) -> Self {
+        let mns = u64::from(self.mns.max(1));
+        for t in &mut self.tables {
+            if t.id == table {
+                let per_partition = key_space.div_ceil(mns);
+                let buckets = per_partition.div_ceil(BUCKET_SLOTS as u64).max(1);
+                t.buckets_per_partition = u32::try_from(buckets).unwrap_or(u32::MAX);
+                t.direct_keys = Some(key_space);
+            }
+        }
+        self
+    }
+
+    /// [`with_direct_index`](Self::with_direct_index) for every `(table, key_space)`.
+    #[must_use]
+    pub fn with_direct_indexes(self, tables: &[(TableId, u64)]) -> Self {
+        tables
+            .iter()
+            .fold(self, |cfg, &(t, k)| cfg.with_direct_index(t, k))
     }
 
     /// Bytes every MN region needs for this layout, computed without any region (so a
@@ -607,9 +683,23 @@ impl Store {
     /// [`StoreError::UnknownTable`].
     pub fn bucket_of(&self, table: TableId, key: Key) -> Result<BucketLoc, StoreError> {
         let layout = self.table(table)?;
-        let h = mix64(mix64(u64::from(table.0)) ^ key.0);
-        let partition = (h % u64::from(self.config.mns)) as u16;
-        let bucket = ((h >> 20) % u64::from(layout.spec.buckets_per_partition)) as u32;
+        let mns = u64::from(self.config.mns);
+        let buckets = u64::from(layout.spec.buckets_per_partition);
+        let (partition, bucket) = if layout.spec.direct_keys.is_some() {
+            // Direct-mapped: the `mns` keys of row `k / mns` go to distinct partitions, in a
+            // rotation hashed from the table and the row (so the same key of two tables
+            // shares an MN as often as under hashing); seven rows per bucket (keys beyond
+            // the key space wrap around).
+            let rank = key.0 / mns;
+            let rotation = mix64(mix64(u64::from(table.0)) ^ rank) % mns;
+            (
+                ((key.0 % mns + rotation) % mns) as u16,
+                ((rank / BUCKET_SLOTS as u64) % buckets) as u32,
+            )
+        } else {
+            let h = mix64(mix64(u64::from(table.0)) ^ key.0);
+            ((h % mns) as u16, ((h >> 20) % buckets) as u32)
+        };
         Ok(BucketLoc {
             table,
             partition,
@@ -648,6 +738,28 @@ impl Store {
             slot,
             offset: layout.item_offset(bucket.partition, bucket.bucket, slot),
         })
+    }
+
+    /// The slot a loaded key takes: its own slot in a direct-mapped table (`Ok(Some)`),
+    /// none fixed in a hashed one (`Ok(None)`: the next free slot of its bucket).
+    ///
+    /// # Errors
+    /// [`StoreError::UnknownTable`], or [`StoreError::KeyOutOfRange`] for a key outside a
+    /// direct-mapped table's key space.
+    pub fn direct_slot(&self, table: TableId, key: Key) -> Result<Option<usize>, StoreError> {
+        let layout = self.table(table)?;
+        match layout.spec.direct_keys {
+            None => Ok(None),
+            Some(key_space) if key.0 >= key_space => Err(StoreError::KeyOutOfRange {
+                table: table.0,
+                key: key.0,
+                key_space,
+            }),
+            Some(_) => {
+                let rank = key.0 / u64::from(self.config.mns);
+                Ok(Some((rank % BUCKET_SLOTS as u64) as usize))
+            }
+        }
     }
 
     /// Every replica of `partition` (MN indices, primary first, failed MNs included).
@@ -724,7 +836,115 @@ impl Store {
 #[derive(Debug)]
 pub struct Loader<'s> {
     store: StoreRef<'s>,
-    used: HashMap<(TableId, u16, u32), Vec<u64>>,
+    loaded: Rc<RefCell<LoadIndex>>,
+}
+
+/// The keys loaded so far and the slot each took: duplicate detection and slot choice for a
+/// loader, and the locations a warm [`AddressCache`] answers from.
+///
+/// Compact, so that paper-scale data sets fit: one bit per key of a direct-mapped table's key
+/// space (its slot follows from the key), and for a hashed table one byte per bucket (used
+/// slots) plus one map entry (the slot) per loaded key.
+#[derive(Debug, Default)]
+pub struct LoadIndex {
+    /// Direct-mapped tables: bit `k` set when key `k` is loaded.
+    direct: HashMap<TableId, Vec<u64>>,
+    /// Hashed tables: the slot of every loaded key.
+    hashed: HashMap<(TableId, Key), u8>,
+    /// Hashed tables: used slots of every bucket, per `(table, partition)`.
+    fill: HashMap<(TableId, u16), Vec<u8>>,
+    /// Keys loaded.
+    count: u64,
+}
+
+impl LoadIndex {
+    /// Nothing loaded.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Keys loaded so far.
+    #[must_use]
+    pub fn len(&self) -> u64 {
+        self.count
+    }
+
+    /// Whether nothing is loaded.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Claims the slot of `key` (not loaded before) in `store`: its own slot in a
+    /// direct-mapped table, the next free slot of its bucket in a hashed one.
+    ///
+    /// # Errors
+    /// [`StoreError::UnknownTable`], [`StoreError::KeyOutOfRange`],
+    /// [`StoreError::DuplicateKey`], [`StoreError::BucketFull`].
+    pub fn place(
+        &mut self,
+        store: &Store,
+        table: TableId,
+        key: Key,
+    ) -> Result<ItemLoc, StoreError> {
+        let bucket = store.bucket_of(table, key)?;
+        let duplicate = StoreError::DuplicateKey {
+            table: table.0,
+            key: key.0,
+        };
+        let slot = if let Some(slot) = store.direct_slot(table, key)? {
+            let key_space = store.table(table)?.spec.direct_keys.unwrap_or(0);
+            let bits = self
+                .direct
+                .entry(table)
+                .or_insert_with(|| vec![0; usize::try_from(key_space.div_ceil(64)).unwrap_or(0)]);
+            let (word, bit) = ((key.0 / 64) as usize, key.0 % 64);
+            if bits[word] & (1 << bit) != 0 {
+                return Err(duplicate);
+            }
+            bits[word] |= 1 << bit;
+            slot
+        } else {
+            if self.hashed.contains_key(&(table, key)) {
+                return Err(duplicate);
+            }
+            let buckets = store.table(table)?.spec.buckets_per_partition as usize;
+            let fill = self
+                .fill
+                .entry((table, bucket.partition))
+                .or_insert_with(|| vec![0; buckets]);
+            let used = &mut fill[bucket.bucket as usize];
+            if usize::from(*used) >= BUCKET_SLOTS {
+                return Err(StoreError::BucketFull {
+                    table: table.0,
+                    key: key.0,
+                });
+            }
+            let slot = *used;
+            *used += 1;
+            self.hashed.insert((table, key), slot);
+            usize::from(slot)
+        };
+        self.count += 1;
+        store.item_at(bucket, slot)
+    }
+
+    /// Where `key` of `table` was loaded, if it was.
+    #[must_use]
+    pub fn loc(&self, store: &Store, table: TableId, key: Key) -> Option<ItemLoc> {
+        let slot = match store.direct_slot(table, key).ok()? {
+            Some(slot) => {
+                let word = self.direct.get(&table)?.get((key.0 / 64) as usize)?;
+                if word & (1 << (key.0 % 64)) == 0 {
+                    return None;
+                }
+                slot
+            }
+            None => usize::from(*self.hashed.get(&(table, key))?),
+        };
+        store.item_at(store.bucket_of(table, key).ok()?, slot).ok()
+    }
 }
 
 impl<'s> Loader<'s> {
@@ -733,7 +953,7 @@ impl<'s> Loader<'s> {
     pub fn new(store: &'s Store) -> Self {
         Self {
             store: StoreRef::Borrowed(store),
-            used: HashMap::new(),
+            loaded: Rc::default(),
         }
     }
 
@@ -743,8 +963,15 @@ impl<'s> Loader<'s> {
     pub fn shared(store: Rc<Store>) -> Loader<'static> {
         Loader {
             store: StoreRef::Shared(store),
-            used: HashMap::new(),
+            loaded: Rc::default(),
         }
+    }
+
+    /// The keys loaded so far and where, shared (what [`AddressCache::warm_from`] answers
+    /// from).
+    #[must_use]
+    pub fn loaded(&self) -> Rc<RefCell<LoadIndex>> {
+        Rc::clone(&self.loaded)
     }
 
     /// Loads one record.
@@ -759,7 +986,6 @@ impl<'s> Loader<'s> {
         value: &[u8],
         mut write: impl FnMut(NodeId, u64, &[u8]),
     ) -> Result<ItemLoc, StoreError> {
-        // A field borrow (not `self.store()`), so that `self.used` can be borrowed mutably.
         let store: &Store = match &self.store {
             StoreRef::Borrowed(s) => s,
             StoreRef::Shared(s) => s,
@@ -772,26 +998,8 @@ impl<'s> Loader<'s> {
                 got: value.len(),
             });
         }
-        let bucket = store.bucket_of(table, key)?;
-        let used = self
-            .used
-            .entry((table, bucket.partition, bucket.bucket))
-            .or_default();
-        if used.contains(&key.0) {
-            return Err(StoreError::DuplicateKey {
-                table: table.0,
-                key: key.0,
-            });
-        }
-        if used.len() >= BUCKET_SLOTS {
-            return Err(StoreError::BucketFull {
-                table: table.0,
-                key: key.0,
-            });
-        }
-        let slot = used.len();
-        used.push(key.0);
-        let loc = store.item_at(bucket, slot)?;
+        let loc = self.loaded.borrow_mut().place(store, table, key)?;
+        let (bucket, slot) = (loc.bucket, loc.slot);
         let item = encode_item(
             key.0,
             table.0,
@@ -917,6 +1125,9 @@ pub fn parse_bucket(bytes: &[u8]) -> (Vec<(usize, u64)>, Option<usize>) {
 #[derive(Debug, Default, Clone)]
 pub struct AddressCache {
     map: HashMap<(TableId, Key), ItemLoc>,
+    /// The loaded records every CN knows at start-up (a warm cache), shared by all CNs
+    /// instead of copied into each map.
+    warm: Option<(Rc<Store>, Rc<RefCell<LoadIndex>>)>,
     hits: u64,
     misses: u64,
 }
@@ -930,7 +1141,10 @@ impl AddressCache {
 
     /// Looks a key up, counting hits and misses.
     pub fn get(&mut self, table: TableId, key: Key) -> Option<ItemLoc> {
-        let found = self.map.get(&(table, key)).copied();
+        let found = self.map.get(&(table, key)).copied().or_else(|| {
+            let (store, loaded) = self.warm.as_ref()?;
+            loaded.borrow().loc(store, table, key)
+        });
         if found.is_some() {
             self.hits += 1;
         } else {
@@ -950,6 +1164,13 @@ impl AddressCache {
     pub fn fill(&mut self, locs: impl IntoIterator<Item = (TableId, Key, ItemLoc)>) {
         self.map
             .extend(locs.into_iter().map(|(t, k, loc)| ((t, k), loc)));
+    }
+
+    /// Answers for every record `loaded` holds, now and later, as if [`fill`](Self::fill)
+    /// had been given their locations, without a copy per CN: what a paper-scale warm cache
+    /// needs (the locations of a direct-mapped table are computed from the key).
+    pub fn warm_from(&mut self, store: Rc<Store>, loaded: Rc<RefCell<LoadIndex>>) {
+        self.warm = Some((store, loaded));
     }
 
     /// `(hits, misses)` so far.
@@ -1117,6 +1338,85 @@ mod tests {
         assert_eq!(c.stats(), (0, 0));
         assert_eq!(c.get(TableId(1), Key(7)), Some(locs[7].2));
         assert_eq!(c.get(TableId(1), Key(20)), None);
+    }
+
+    fn direct_store(key_space: u64) -> Store {
+        let demand = [TableDemand {
+            id: TableId(1),
+            value_len: 16,
+            expected_records: key_space,
+            grows: false,
+        }];
+        let cfg = StoreConfig::for_tables(3, &demand, 2, 1024, 2)
+            .with_direct_index(TableId(1), key_space);
+        let bytes = cfg.bytes_per_mn().unwrap();
+        Store::new(cfg, regions(3, bytes)).unwrap()
+    }
+
+    #[test]
+    fn direct_index_holds_every_key_of_its_space_in_its_own_slot() {
+        let key_space = 1000;
+        let s = direct_store(key_space);
+        let t = *s.table(TableId(1)).unwrap();
+        // One record slot per key (rounded up to whole buckets), not per slack.
+        assert_eq!(u64::from(t.spec.buckets_per_partition), 334_u64.div_ceil(7));
+        let mut loader = Loader::new(&s);
+        let mut seen = std::collections::HashSet::new();
+        for k in (0..key_space).rev() {
+            let loc = loader
+                .load(TableId(1), Key(k), &[1; 16], |_, _, _| {})
+                .unwrap();
+            assert_eq!(Some(loc.slot), s.direct_slot(TableId(1), Key(k)).unwrap());
+            assert!(
+                seen.insert(loc.offset),
+                "two keys share record {}",
+                loc.offset
+            );
+        }
+        assert_eq!(
+            loader.load(TableId(1), Key(5), &[1; 16], |_, _, _| {}),
+            Err(StoreError::DuplicateKey { table: 1, key: 5 })
+        );
+        assert_eq!(
+            loader.load(TableId(1), Key(key_space), &[1; 16], |_, _, _| {}),
+            Err(StoreError::KeyOutOfRange {
+                table: 1,
+                key: key_space,
+                key_space
+            })
+        );
+        assert_eq!(loader.loaded().borrow().len(), key_space);
+    }
+
+    #[test]
+    fn warm_cache_answers_loaded_keys_only() {
+        let s = Rc::new(direct_store(100));
+        let mut loader = Loader::shared(Rc::clone(&s));
+        let mut cache = AddressCache::new();
+        cache.warm_from(Rc::clone(&s), loader.loaded());
+        let loc = loader
+            .load(TableId(1), Key(42), &[1; 16], |_, _, _| {})
+            .unwrap();
+        assert_eq!(cache.get(TableId(1), Key(42)), Some(loc));
+        assert_eq!(cache.get(TableId(1), Key(43)), None);
+        assert_eq!(cache.stats(), (1, 1));
+        // Hashed tables answer from the slot each key took.
+        let h = store();
+        let mut loader = Loader::new(&h);
+        let locs: Vec<_> = (0..30)
+            .map(|k| {
+                loader
+                    .load(TableId(2), Key(k), &[0; 100], |_, _, _| {})
+                    .unwrap()
+            })
+            .collect();
+        for (k, loc) in locs.iter().enumerate() {
+            assert_eq!(
+                loader.loaded().borrow().loc(&h, TableId(2), Key(k as u64)),
+                Some(*loc)
+            );
+        }
+        assert_eq!(loader.loaded().borrow().loc(&h, TableId(2), Key(30)), None);
     }
 
     #[test]
