@@ -96,6 +96,8 @@ pub struct LocalCluster {
     _listeners: Vec<MessageListener>,
     executor: Executor,
     memory: MnMemory,
+    /// The tcp contexts handed out, for the barrier at the end of [`run`](Self::run).
+    tcp_contexts: RefCell<Vec<AnyContext>>,
 }
 
 impl fmt::Debug for LocalCluster {
@@ -207,6 +209,7 @@ impl LocalCluster {
             _listeners: listeners,
             executor: Executor::new(),
             memory,
+            tcp_contexts: RefCell::new(Vec::new()),
         })
     }
 
@@ -292,7 +295,9 @@ impl LocalCluster {
                 for s in servers {
                     ctx.connect(s.local_addr()).map_err(fabric_error)?;
                 }
-                Ok(ctx.into())
+                let ctx: AnyContext = ctx.into();
+                self.tcp_contexts.borrow_mut().push(ctx.clone());
+                Ok(ctx)
             }
             (None, None) => Err(fabric_error("a cluster without MNs")),
         }
@@ -341,8 +346,35 @@ impl LocalCluster {
             }
             None => {
                 self.executor.run();
+                self.tcp_barrier();
             }
         }
+    }
+
+    /// Waits until every post list a tcp context sent without waiting (`post_detached`:
+    /// FORD's and Pandora's unlock WRITEs) was applied: one READ per context and MN behind
+    /// them on the same connection, which the MN serves in order. Without it, a final read
+    /// of MN memory out of band could run ahead of the last unlocks. (The simulator applies
+    /// everything before it goes idle; shm applies a post as it is made.)
+    fn tcp_barrier(&self) {
+        let contexts = self.tcp_contexts.borrow().clone();
+        if contexts.is_empty() {
+            return;
+        }
+        let regions = self.memory.regions();
+        self.executor.block_on(async move {
+            for ctx in &contexts {
+                for r in &regions {
+                    let at = dmem_verbs::RemoteAddr {
+                        node: r.node,
+                        rkey: r.rkey,
+                        offset: 0,
+                    };
+                    // A revoked or lost connection has nothing left to apply.
+                    let _ = dmem_verbs::VerbsExt::read(ctx, at, 8).await;
+                }
+            }
+        });
     }
 
     /// Runs `future` to completion on a context's fabric (spawned on `ctx` on the

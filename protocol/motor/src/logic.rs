@@ -138,7 +138,7 @@ pub fn plan_commit(meta: &Meta, shape: BlockShape, block: u64, c: u64, horizon: 
         .map(|(i, _)| i);
     for (i, cell) in cells.iter_mut().enumerate() {
         if Some(i) != newest && cell.is_committed() && cell.commit_version() < horizon {
-            floor = floor.max(cell.commit_version());
+            floor = raise_floor(floor, cell.commit_version());
             // Keep the CVs so the next writer of this cell still steps them.
             *cell = free_with_cv(cell.head_cv());
             whole = true;
@@ -153,7 +153,7 @@ pub fn plan_commit(meta: &Meta, shape: BlockShape, block: u64, c: u64, horizon: 
                 .min_by_key(|(_, x)| x.commit_version())
                 .map(|(i, x)| (i, *x))
                 .unwrap_or((0, CvtCell::FREE));
-            floor = floor.max(oldest.commit_version());
+            floor = raise_floor(floor, oldest.commit_version());
             whole = true;
             i
         }
@@ -167,6 +167,15 @@ pub fn plan_commit(meta: &Meta, shape: BlockShape, block: u64, c: u64, horizon: 
         floor,
         whole,
     }
+}
+
+/// The floor after version `v` was evicted or collected. A floor of 0 means "nothing
+/// evicted", and loaded records carry version 0, so collecting a loaded version raises the
+/// floor to 1: a reader whose snapshot needed it then aborts ([`after_meta`]) instead of
+/// taking the record as absent. (Found on the tcp fabric, where timestamps are real clock
+/// readings and the loaded version is older than the GC horizon from the first commit on.)
+fn raise_floor(floor: u64, v: u64) -> u64 {
+    floor.max(v).max(1)
 }
 
 /// A free cell that keeps CV `cv` (layout of `dmem_layout::cvt`: head CV at byte 0, tail CV
@@ -378,6 +387,20 @@ mod tests {
         assert!(!p.cells[1].is_valid());
         assert_eq!(p.cells[1].head_cv(), 9, "a collected cell keeps its CV");
         assert_eq!(p.cells[2].commit_version(), 20);
+        // Collecting or evicting a loaded version (commit 0) still raises the floor, so a
+        // snapshot that needed it aborts rather than reading the record as absent.
+        let loaded = meta(&[(0, 1), (40, 2)], 0);
+        let p = plan_commit(&loaded, BlockShape::new(2, 8), 0, 50, 45);
+        assert_eq!((p.cell, p.floor), (0, 1));
+        let mut after = loaded.clone();
+        after.cells = p.cells;
+        after.floor = p.floor;
+        assert!(matches!(
+            after_meta(&after, 30, false, false),
+            MetaOutcome::Abort(_)
+        ));
+        let p = plan_commit(&loaded, BlockShape::new(2, 8), 0, 50, 0);
+        assert_eq!((p.cell, p.floor), (0, 1), "evicting version 0");
     }
 
     #[test]
