@@ -118,6 +118,20 @@ pub(crate) struct Args {
     /// Also write the rows to this CSV file.
     #[arg(long, value_name = "FILE")]
     csv: Option<std::path::PathBuf>,
+    /// tcp only: measure against memory nodes already serving at these addresses (MN i at
+    /// the i-th; `--mns` must equal their number), e.g. a `dmem perf --serve` in another
+    /// network namespace or on another host, instead of starting them in this process.
+    #[arg(long, value_delimiter = ',', value_name = "IP:PORT")]
+    servers: Vec<std::net::SocketAddr>,
+    /// tcp only: measure nothing; serve `--mns` memory nodes of `--mn-memory-mib` each
+    /// (MN i on the i-th address) for a `dmem perf --servers` until this process is killed.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "IP:PORT",
+        conflicts_with = "servers"
+    )]
+    serve: Vec<std::net::SocketAddr>,
 }
 
 /// One measured row.
@@ -154,6 +168,11 @@ struct Row {
     sim_verbs_per_real_s: Option<f64>,
     /// Real seconds the simulation of this row took; sim only.
     sim_real_s: Option<f64>,
+    /// CPU time the CN side spent per work request completed in the measured window, ns:
+    /// every thread of this process but the tcp memory nodes' serving threads (client
+    /// executors, tcp completion readers); real-time fabrics only, where the kernel
+    /// reports per-thread CPU time.
+    cn_cpu_ns_per_wr: Option<f64>,
 }
 
 impl Args {
@@ -163,6 +182,23 @@ impl Args {
             &self.op.iter().map(|o| o.kind().name()).collect::<Vec<_>>(),
         )?;
         common::no_duplicates("batch", &self.batch)?;
+        for (flag, addrs) in [("servers", &self.servers), ("serve", &self.serve)] {
+            if addrs.is_empty() {
+                continue;
+            }
+            ensure!(
+                self.fabric == Fabric::Tcp,
+                "--{flag} is for the tcp fabric: add --fabric tcp"
+            );
+            ensure!(
+                addrs.len() == usize::from(self.mns),
+                "--{flag} names {} memory nodes but --mns is {}: give --mns {}",
+                addrs.len(),
+                self.mns,
+                addrs.len()
+            );
+            common::no_duplicates(flag, addrs)?;
+        }
         let slot = u64::from(self.size.div_ceil(64) * 64);
         let clients = u64::from(self.cns) * u64::from(self.clients);
         match self.fabric {
@@ -357,6 +393,7 @@ fn run_sim(args: &Args, profile: &NicProfile, op: PerfOp, batch: u64) -> anyhow:
         doorbells_per_wr: Some(round(doorbells as f64 / wrs.max(1) as f64, 3)),
         sim_verbs_per_real_s: Some(round(stats.total_ops() as f64 / real_s.max(1e-9), 0)),
         sim_real_s: Some(round(real_s, 3)),
+        cn_cpu_ns_per_wr: None,
     })
 }
 
@@ -431,21 +468,29 @@ fn run_shm(args: &Args, op: PerfOp, batch: u64) -> anyhow::Result<Row> {
     run_real_time(args, "shm", op, batch, per_thread)
 }
 
-/// Closed-loop clients on the tcp fabric over loopback: every MN is a `TcpMemoryServer` (its
-/// io_uring serving thread) in this process, every client context has its own connection
-/// to each MN; threads as on shm.
+/// Closed-loop clients on the tcp fabric: against the memory nodes at `--servers`, or else
+/// over loopback against `TcpMemoryServer`s (their io_uring serving threads) started in this
+/// process; every client context has its own connection to each MN; threads as on shm.
 fn run_tcp(args: &Args, op: PerfOp, batch: u64) -> anyhow::Result<Row> {
     use dmem_tcp::{TcpFabric, TcpMemoryServer};
     use dmem_verbs::{NodeId, Port};
 
-    let servers = memory_nodes(args)?
-        .into_iter()
-        .map(|mn| {
-            TcpMemoryServer::serve(mn, std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
-                .context("cannot start a tcp memory node on loopback")
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let regions: Vec<_> = servers.iter().map(TcpMemoryServer::region).collect();
+    let servers = if args.servers.is_empty() {
+        memory_nodes(args)?
+            .into_iter()
+            .map(|mn| {
+                TcpMemoryServer::serve(mn, std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+                    .context("cannot start a tcp memory node on loopback")
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?
+    } else {
+        Vec::new()
+    };
+    let addrs: Vec<_> = if args.servers.is_empty() {
+        servers.iter().map(TcpMemoryServer::local_addr).collect()
+    } else {
+        args.servers.clone()
+    };
     let mut next_slot = vec![0u64; usize::from(args.mns)];
     let mut per_thread: ThreadClients<dmem_tcp::TcpContext> = Vec::new();
     for cn in 0..args.cns {
@@ -454,9 +499,13 @@ fn run_tcp(args: &Args, op: PerfOp, batch: u64) -> anyhow::Result<Row> {
         for c in 0..args.clients {
             let port = Port(u16::try_from(c + 1).context("at most 65534 clients per CN")?);
             let mut ctx = fabric.context(port)?;
-            for server in &servers {
-                ctx.connect(server.local_addr())?;
-            }
+            let regions = addrs
+                .iter()
+                .map(|&addr| {
+                    ctx.connect(addr)
+                        .with_context(|| format!("cannot reach the tcp memory node at {addr}"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
             let global = u64::from(cn) * u64::from(args.clients) + u64::from(c);
             let targets = client_targets(args, global, batch, &regions, &mut next_slot)?;
             threads[(c % u32::from(args.threads)) as usize].push((ctx, targets));
@@ -468,6 +517,110 @@ fn run_tcp(args: &Args, op: PerfOp, batch: u64) -> anyhow::Result<Row> {
         server.stop().context("a tcp memory node failed")?;
     }
     row
+}
+
+/// `dmem perf --serve`: the memory nodes of a `--servers` run, each a `TcpMemoryServer` on
+/// its address, serving until the process is killed. Prints one line per MN once it serves.
+fn serve(args: &Args) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let servers = memory_nodes(args)?
+        .into_iter()
+        .zip(&args.serve)
+        .map(|(mn, &addr)| {
+            dmem_tcp::TcpMemoryServer::serve(mn, addr)
+                .with_context(|| format!("cannot serve a tcp memory node on {addr}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut out = std::io::stdout().lock();
+    for (i, server) in servers.iter().enumerate() {
+        writeln!(
+            out,
+            "dmem perf: MN {i} serves {} MiB on {}",
+            args.mn_memory_mib,
+            server.local_addr()
+        )?;
+    }
+    out.flush()?;
+    drop(out);
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Name of the thread that samples CPU time (excluded from what it samples).
+const CPU_SAMPLER: &str = "dmem-perf-cpu";
+
+/// CPU time (ns) the CN-side threads of this process have used so far: every thread but the
+/// tcp memory nodes' serving threads (`dmem-tcp-mn*`) and the sampler, listed from
+/// `/proc/self/task`. `None` without `/proc` or per-thread CPU clocks.
+fn cn_cpu_ns() -> Option<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path();
+        let Some(tid) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // A thread that exited between the listing and the reads used no more CPU here.
+        let Ok(name) = std::fs::read_to_string(path.join("comm")) else {
+            continue;
+        };
+        let name = name.trim_end();
+        if name.starts_with("dmem-tcp-mn") || name == CPU_SAMPLER {
+            continue;
+        }
+        if let Some(ns) = thread_cpu_ns(tid) {
+            total += ns;
+        }
+    }
+    Some(total)
+}
+
+/// CPU time of thread `tid` of this process, ns, from its CPU-time clock: Linux's
+/// `MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`, the id `pthread_getcpuclockid` returns. Exact
+/// even while the thread runs on another core (`/proc/…/schedstat` lags a running thread
+/// until its next tick or switch). `None` once the thread has exited.
+fn thread_cpu_ns(tid: i32) -> Option<u64> {
+    const CPUCLOCK_PERTHREAD: libc::clockid_t = 4;
+    const CPUCLOCK_SCHED: libc::clockid_t = 2;
+    let clock = ((!tid) << 3) | CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call; an invalid
+    // clock id (a thread gone) is reported as an error return, not undefined behaviour.
+    let rc = unsafe { libc::clock_gettime(clock, &raw mut ts) };
+    (rc == 0).then(|| {
+        u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000
+            + u64::try_from(ts.tv_nsec).unwrap_or(0)
+    })
+}
+
+/// Samples [`cn_cpu_ns`] at `from` and at `to` (monotonic instants) on its own thread; the
+/// handle yields the CPU time the CN side used in between.
+pub(crate) fn sample_cn_cpu(
+    from: Nanos,
+    to: Nanos,
+) -> anyhow::Result<std::thread::JoinHandle<Option<u64>>> {
+    fn sleep_until(at: Nanos) {
+        let now = dmem_runtime::monotonic_now();
+        if at > now {
+            std::thread::sleep(std::time::Duration::from_nanos(at - now));
+        }
+    }
+    std::thread::Builder::new()
+        .name(CPU_SAMPLER.into())
+        .spawn(move || {
+            sleep_until(from);
+            let start = cn_cpu_ns()?;
+            sleep_until(to);
+            Some(cn_cpu_ns()?.saturating_sub(start))
+        })
+        .context("cannot spawn the CPU sampler thread")
 }
 
 /// Runs the clients of each thread on its own polling executor for the measured window.
@@ -487,18 +640,23 @@ fn run_real_time<V: Verbs + Send + 'static>(
     // all threads meet at a barrier, the window is fixed, and they meet again to read it.
     let threads = per_thread.len();
     let ready = std::sync::Barrier::new(threads + 1);
+    // Client threads stay until the CPU sampler has read them at the window's end (an exited
+    // thread's CPU time can no longer be read).
+    let sampled = std::sync::Barrier::new(threads + 1);
     let window = std::sync::OnceLock::<(Nanos, Nanos)>::new();
     let results = std::thread::scope(|scope| {
         let handles: Vec<_> = per_thread
             .into_iter()
             .map(|clients| {
-                let (ready, window) = (&ready, &window);
+                let (ready, sampled, window) = (&ready, &sampled, &window);
                 scope.spawn(move || {
                     let executor = Executor::new();
                     let tally = Tally::new();
                     ready.wait();
                     ready.wait();
                     let (warm_up_end, end) = *window.get().expect("set between the barriers");
+                    // Waits for the sampler when this thread ends, panicking or not.
+                    let _stay = WaitOnDrop(sampled);
                     for (ctx, targets) in clients {
                         let tally = Rc::clone(&tally);
                         executor.spawn(client(
@@ -521,15 +679,23 @@ fn run_real_time<V: Verbs + Send + 'static>(
         let start = monotonic_now() + 1_000_000;
         let warm_up_end = start + duration / 10;
         let _ = window.set((warm_up_end, warm_up_end + duration));
+        // Spawned before the barrier releases the clients, but its error only after: a
+        // client thread must never be left waiting at the barrier.
+        let cpu = sample_cn_cpu(warm_up_end, warm_up_end + duration);
         ready.wait();
-        handles
+        let cpu = cpu.map(|sampler| sampler.join());
+        sampled.wait();
+        let cpu = cpu?.map_err(|_| anyhow::anyhow!("the CPU sampler panicked"))?;
+        let results = handles
             .into_iter()
             .map(|h| {
                 h.join()
                     .map_err(|_| anyhow::anyhow!("a client thread panicked"))
             })
-            .collect::<anyhow::Result<Vec<_>>>()
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        anyhow::Ok((results, cpu))
     })?;
+    let (results, cpu_ns) = results;
     let (ops, latency) = merge(results)?;
     ensure!(
         ops > 0,
@@ -545,12 +711,23 @@ fn run_real_time<V: Verbs + Send + 'static>(
         ops,
         duration,
         &latency,
+        cpu_ns,
     ))
+}
+
+/// Waits at a barrier when dropped.
+struct WaitOnDrop<'a>(&'a std::sync::Barrier);
+
+impl Drop for WaitOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.wait();
+    }
 }
 
 impl Row {
     /// A row measured in real time (shm, tcp, rdma): `ops` work requests completed in the
-    /// `duration_ns` window, their latencies in `latency`; no simulator figures.
+    /// `duration_ns` window, their latencies in `latency`, `cn_cpu_ns` the CPU time the CN
+    /// side used in that window (see [`sample_cn_cpu`]); no simulator figures.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn real_time(
         args: &Args,
@@ -561,6 +738,7 @@ impl Row {
         ops: u64,
         duration_ns: u64,
         latency: &Histogram<u64>,
+        cn_cpu_ns: Option<u64>,
     ) -> Self {
         Row {
             fabric,
@@ -583,6 +761,7 @@ impl Row {
             doorbells_per_wr: None,
             sim_verbs_per_real_s: None,
             sim_real_s: None,
+            cn_cpu_ns_per_wr: cn_cpu_ns.map(|cpu| round(cpu as f64 / ops.max(1) as f64, 1)),
         }
     }
 }
@@ -603,6 +782,9 @@ fn merge(results: Vec<ThreadResult>) -> anyhow::Result<ThreadResult> {
 /// Runs `dmem perf`.
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     args.validate()?;
+    if !args.serve.is_empty() {
+        return serve(&args);
+    }
     let profile = common::load_profile(&args.profile)?;
     let mut sink = Sink::new(args.json, args.csv.as_deref())?;
     let rows_total = (args.op.len() * args.batch.len()) as u64;
@@ -633,10 +815,18 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
 
 fn print_table(args: &Args, rows: &[Row]) {
     let fabric = match args.fabric {
-        Fabric::Sim => "sim (virtual time)",
-        Fabric::Shm => "shm (real time)",
-        Fabric::Rdma => "rdma (real time)",
-        Fabric::Tcp => "tcp over loopback (real time)",
+        Fabric::Sim => "sim (virtual time)".to_string(),
+        Fabric::Shm => "shm (real time)".to_string(),
+        Fabric::Rdma => "rdma (real time)".to_string(),
+        Fabric::Tcp if args.servers.is_empty() => "tcp over loopback (real time)".to_string(),
+        Fabric::Tcp => format!(
+            "tcp to {} (real time)",
+            args.servers
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
     };
     let profile = match args.fabric {
         Fabric::Sim => rows.first().map_or("-", |r| r.profile.as_str()),
@@ -655,6 +845,7 @@ fn print_table(args: &Args, rows: &[Row]) {
         "p99 µs",
         "MN busy",
         "vs batch 1",
+        "CN CPU ns/WR",
     ]);
     for row in rows {
         let base = rows
@@ -672,6 +863,8 @@ fn print_table(args: &Args, rows: &[Row]) {
             row.mn_nic_busy
                 .map_or("-".to_string(), |b| format!("{:.0}%", b * 100.0)),
             base.map_or("-".to_string(), |g| format!("{g:.2}x")),
+            row.cn_cpu_ns_per_wr
+                .map_or("-".to_string(), |c| format!("{c:.0}")),
         ]);
     }
     println!("{}", common::render(&t));

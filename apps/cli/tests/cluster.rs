@@ -5,6 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+#[path = "support/netns.rs"]
+mod netns;
+use netns::Namespaces;
+
 fn dmem() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dmem"))
 }
@@ -220,81 +224,6 @@ fn local_cluster_without_failures_checks_clean() {
     assert!(r["mn0"]["revoked"].as_object().unwrap().is_empty());
 }
 
-/// Network namespaces `<prefix>-h0..h2` joined by veth pairs to a bridge in `<prefix>-sw`,
-/// deleted on drop.
-struct Namespaces {
-    prefix: String,
-    made: Vec<String>,
-}
-
-impl Namespaces {
-    fn ip(args: &[&str]) -> Result<(), String> {
-        let out = Command::new("ip")
-            .args(args)
-            .output()
-            .map_err(|e| format!("cannot run `ip`: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "`ip {}` failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
-    }
-
-    /// Three hosts 10.77.0.1-3/24 on one bridge.
-    fn three_hosts() -> Result<Self, String> {
-        let prefix = format!("dmemt{}", std::process::id());
-        let mut ns = Self {
-            prefix: prefix.clone(),
-            made: Vec::new(),
-        };
-        for n in ["sw", "h0", "h1", "h2"] {
-            let name = format!("{prefix}-{n}");
-            Self::ip(&["netns", "add", &name])?;
-            ns.made.push(name);
-        }
-        let sw = format!("{prefix}-sw");
-        Self::ip(&["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
-        Self::ip(&["-n", &sw, "link", "set", "br0", "up"])?;
-        for i in 0..3 {
-            let host = format!("{prefix}-h{i}");
-            let (v, p) = (format!("v{i}"), format!("p{i}"));
-            Self::ip(&[
-                "link", "add", &v, "netns", &host, "type", "veth", "peer", "name", &p, "netns", &sw,
-            ])?;
-            Self::ip(&[
-                "-n",
-                &host,
-                "addr",
-                "add",
-                &format!("10.77.0.{}/24", i + 1),
-                "dev",
-                &v,
-            ])?;
-            Self::ip(&["-n", &host, "link", "set", &v, "up"])?;
-            Self::ip(&["-n", &host, "link", "set", "lo", "up"])?;
-            Self::ip(&["-n", &sw, "link", "set", &p, "master", "br0"])?;
-            Self::ip(&["-n", &sw, "link", "set", &p, "up"])?;
-        }
-        Ok(ns)
-    }
-
-    fn host(&self, i: usize) -> String {
-        format!("{}-h{i}", self.prefix)
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for name in self.made.iter().rev() {
-            let _ = Self::ip(&["netns", "del", name]);
-        }
-    }
-}
-
 /// The cross-host test: MN on host 0, CNs on hosts 1 and 2, each in its own network
 /// namespace with a veth link to a bridge, all made here. First the FAA workload (cn1 killed
 /// with SIGKILL, the MN's detector revokes it, memory checks), then SmallBank on Pandora
@@ -302,7 +231,7 @@ impl Drop for Namespaces {
 /// process, the checker over both CNs' histories is clean).
 #[test]
 fn three_hosts_in_network_namespaces_survive_a_killed_cn() {
-    let ns = match Namespaces::three_hosts() {
+    let ns = match Namespaces::three_hosts("dmemt") {
         Ok(ns) => ns,
         Err(why) => {
             println!(

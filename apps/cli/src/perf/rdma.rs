@@ -108,7 +108,11 @@ pub(super) fn run_rdma(args: &Args, op: PerfOp, batch: u64) -> anyhow::Result<Ro
             Rc::clone(&tally),
         ));
     }
+    let cpu = super::sample_cn_cpu(warm_up_end, end)?;
     executor.run();
+    let cpu_ns = cpu
+        .join()
+        .map_err(|_| anyhow::anyhow!("the CPU sampler panicked"))?;
     let (ops, latency) = merge(vec![(tally.ops.get(), tally.latency.borrow().clone())])?;
     ensure!(
         ops > 0,
@@ -124,5 +128,6 @@ pub(super) fn run_rdma(args: &Args, op: PerfOp, batch: u64) -> anyhow::Result<Ro
         ops,
         duration,
         &latency,
+        cpu_ns,
     ))
 }
