@@ -362,6 +362,27 @@ impl World {
         }
     }
 
+    /// Brings a crashed CN back (see `Sim::restart`): not crashed, no planned crash, and
+    /// the messages its old ports had queued are gone with its memory. False if `node` is
+    /// not a crashed CN or its tasks have not been dropped yet.
+    pub(crate) fn restart(&mut self, node: NodeId) -> bool {
+        let Some(n) = self.nodes.get_mut(usize::from(node.0)) else {
+            return false;
+        };
+        if n.is_memory || !n.crashed || self.newly_crashed.contains(&node) {
+            return false;
+        }
+        n.crashed = false;
+        n.crash_at_wr = None;
+        for (at, q) in &mut self.ports {
+            if at.node == node {
+                q.messages.clear();
+                q.waker = None;
+            }
+        }
+        true
+    }
+
     pub(crate) fn crash(&mut self, node: NodeId) {
         let n = &mut self.nodes[usize::from(node.0)];
         if !n.crashed {
