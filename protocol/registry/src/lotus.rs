@@ -647,6 +647,10 @@ impl Deployment for LotusDeployment {
                             let mut map = cluster.map.borrow_mut();
                             for s in map.shards_of(cn) {
                                 map.abort_holders(s);
+                                // A hand-over it had begun ends: the shard stays its own.
+                                if map.is_moving(s) {
+                                    map.finish_move(s, cn);
+                                }
                             }
                         }
                         restarts.borrow_mut().push(RestartRecord {

@@ -331,6 +331,13 @@ impl Sim {
         self.shared.world.borrow_mut().restart(node)
     }
 
+    /// How many times `node` crashed, restarts or not ([`is_crashed`](Self::is_crashed) is
+    /// false again once a CN restarted).
+    #[must_use]
+    pub fn crashes(&self, node: NodeId) -> u32 {
+        self.shared.world.borrow().crashes(node)
+    }
+
     /// Whether `node` has crashed.
     #[must_use]
     pub fn is_crashed(&self, node: NodeId) -> bool {

@@ -100,6 +100,8 @@ struct Node {
     is_memory: bool,
     nic: Nic,
     crashed: bool,
+    /// Crashes so far (a restarted CN may crash again).
+    crashes: u32,
     /// Crash when this many work requests have been posted (the k-th is not posted).
     crash_at_wr: Option<u64>,
     wrs_posted: u64,
@@ -223,6 +225,7 @@ impl World {
                     ..Nic::default()
                 },
                 crashed: false,
+                crashes: 0,
                 crash_at_wr: None,
                 wrs_posted: 0,
                 phase_marks: Vec::new(),
@@ -300,6 +303,10 @@ impl World {
 
     pub(crate) fn is_crashed(&self, node: NodeId) -> bool {
         self.nodes[usize::from(node.0)].crashed
+    }
+
+    pub(crate) fn crashes(&self, node: NodeId) -> u32 {
+        self.nodes[usize::from(node.0)].crashes
     }
 
     pub(crate) fn nic_stats(&self, node: NodeId) -> &NicStats {
@@ -387,6 +394,7 @@ impl World {
         let n = &mut self.nodes[usize::from(node.0)];
         if !n.crashed {
             n.crashed = true;
+            n.crashes += 1;
             self.newly_crashed.push(node);
         }
     }

@@ -192,6 +192,7 @@ fn restarted_cn_runs_new_tasks_and_nothing_of_the_old_ones() {
     assert!(sim.is_crashed(sim.cn(0)));
     assert!(sim.restart(sim.cn(0)));
     assert!(!sim.is_crashed(sim.cn(0)));
+    assert_eq!(sim.crashes(sim.cn(0)), 1, "it did crash");
     // The old task stays dead: nothing lands until a new task runs.
     sim.run_until(2_000_000);
     let still = u64::from_le_bytes(sim.read_memory(sim.mn(0), 0, 8).try_into().unwrap());
