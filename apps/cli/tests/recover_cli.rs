@@ -102,7 +102,14 @@ fn lotus_restarted_cn_serves_its_shards_again_after_its_broadcast() {
     let r = recover_with(
         "lotus",
         "smallbank",
-        &["--crash-cns", "1", "--cns", "3", "--restart-after-us", "300"],
+        &[
+            "--crash-cns",
+            "1",
+            "--cns",
+            "3",
+            "--restart-after-us",
+            "300",
+        ],
     );
     assert_recovered(&r);
     assert_eq!(r["restarted_cns"], 1, "{r}");

@@ -124,7 +124,11 @@ mod tests {
     fn recovery_then_restart_broadcasts_at_the_restart() {
         let mut r = Restart::new(false);
         assert!(r.serves());
-        assert_eq!(r.step(Event::Restarted), Action::Wait, "not failed: no restart");
+        assert_eq!(
+            r.step(Event::Restarted),
+            Action::Wait,
+            "not failed: no restart"
+        );
         assert!(r.serves());
         assert_eq!(r.step(Event::Failed), Action::Wait);
         assert_eq!(r.phase(), Phase::Down);

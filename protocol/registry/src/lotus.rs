@@ -667,7 +667,13 @@ impl Deployment for LotusDeployment {
                         );
                         sim3.spawn(&rc, async move {
                             if let Err(e) = Self::restart_cn(
-                                rc2, sim4, cluster2, restarts2, cn, delay, timing.poll,
+                                rc2,
+                                sim4,
+                                cluster2,
+                                restarts2,
+                                cn,
+                                delay,
+                                timing.poll,
                             )
                             .await
                             {
@@ -821,9 +827,13 @@ impl Deployment for LotusDeployment {
                     })
                     .sum(),
             ),
-            "lotus_restart_stale_locks" => {
-                Some(self.restarts.borrow().iter().map(|r| r.stale_locks as u64).sum())
-            }
+            "lotus_restart_stale_locks" => Some(
+                self.restarts
+                    .borrow()
+                    .iter()
+                    .map(|r| r.stale_locks as u64)
+                    .sum(),
+            ),
             "reshard_aborted_holders" => Some(
                 self.cluster
                     .handovers
