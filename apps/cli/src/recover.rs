@@ -18,6 +18,10 @@
 //!   starting transactions from detection until the scan is over (the paper's Baseline stops
 //!   the KVS, §6.1); the pause flag reaches them at once (a control-plane broadcast the
 //!   simulation does not charge for), and transactions already running finish first.
+//! * LOTUS (§6): the failed CN's transactions decided from its commit logs, its locks
+//!   released on the survivors; with `--restart-after-us US` the crashed CNs come back US µs
+//!   after detection and serve their shards' locks again after their broadcast (the
+//!   report's `restart` line: when they serve again, locks they granted).
 //!
 //! Recovery latency is measured in virtual time from the first detection to the end of the
 //! last CN's recovery, when every stray transaction is decided (and, for FORD, every stray
