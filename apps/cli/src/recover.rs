@@ -18,6 +18,10 @@
 //!   starting transactions from detection until the scan is over (the paper's Baseline stops
 //!   the KVS, §6.1); the pause flag reaches them at once (a control-plane broadcast the
 //!   simulation does not charge for), and transactions already running finish first.
+//! * LOTUS (§6): the failed CN's transactions decided from its commit logs, its locks
+//!   released on the survivors; with `--restart-after-us US` the crashed CNs come back US µs
+//!   after detection and serve their shards' locks again after their broadcast (the
+//!   report's `restart` line: when they serve again, locks they granted).
 //!
 //! Recovery latency is measured in virtual time from the first detection to the end of the
 //! last CN's recovery, when every stray transaction is decided (and, for FORD, every stray
@@ -102,6 +106,12 @@ pub(crate) struct Args {
     /// Seed of the cluster and of every coordinator's transaction generator.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// LOTUS only (§6 CN restart): each crashed CN comes back this many µs after its failure
+    /// was detected, with an empty lock table, and serves its shards again once it has
+    /// broadcast that its old transactions are finished (without it, its shards move to
+    /// the survivors). The restarted CN runs no coordinators.
+    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=60_000_000))]
+    restart_after_us: Option<u64>,
     /// Skip the history checker.
     #[arg(long)]
     no_check: bool,
@@ -175,6 +185,7 @@ impl Args {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        self.deployed_protocol()?;
         let profile = common::load_profile(&self.profile)?;
         let (workload, _) = parse_workload(self.workload.name(), self.scale.name())?;
         common::ensure_memory(
@@ -194,6 +205,21 @@ impl Args {
             "--scale (tiny, small)",
         )?;
         Ok((workload, profile, crash))
+    }
+
+    /// The registry name deployed: `--protocol`, with LOTUS's `restart=US` switch when
+    /// --restart-after-us is given.
+    fn deployed_protocol(&self) -> anyhow::Result<String> {
+        let Some(us) = self.restart_after_us else {
+            return Ok(self.protocol.clone());
+        };
+        match self.protocol.as_str() {
+            "lotus" => Ok(format!("lotus:restart={us}")),
+            "lotus-si" => Ok(format!("lotus:si+restart={us}")),
+            other => anyhow::bail!(
+                "--restart-after-us: only LOTUS restarts crashed CNs (lotus, lotus-si), not {other}"
+            ),
+        }
     }
 
     /// The CN indices that crash.
@@ -315,6 +341,15 @@ struct Report {
     scan_bytes: u64,
     /// Stray locks the survivors stole afterwards (PILL).
     steals: u64,
+    /// LOTUS CN restart (--restart-after-us): CNs that came back and broadcast, the crash →
+    /// last broadcast span (serving again), broadcasts made before the CN's recovery was
+    /// over and locks granted by a restarted CN before its recovery was over (both 0 unless
+    /// the protocol is wrong), and locks restarted CNs granted after their broadcast.
+    restarted_cns: u64,
+    serving_again_us: Option<f64>,
+    early_broadcasts: u64,
+    restart_grants_before_recovered: u64,
+    restart_grants_after: u64,
     /// Committed transactions per 1 ms of virtual time, from 0 to --duration-ms.
     series: Vec<u64>,
     /// Mean committed per ms before the crash and after recovery finished (0 if none).
@@ -365,7 +400,7 @@ pub(crate) fn measure(argv: &[&str], registry: &Registry) -> anyhow::Result<serd
 
 fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
     let (workload, profile, crash) = args.validate(registry)?;
-    let protocol = registry.get(&args.protocol)?;
+    let protocol = registry.get(&args.deployed_protocol()?)?;
     let per_cn = u32::from(args.threads) * u32::from(args.coroutines);
     let coordinators = args.cns * args.threads * args.coroutines;
     let history = Rc::new(RefCell::new(History::new()));
@@ -579,7 +614,9 @@ fn build_report(
         Some(v) => format!("{} violations, first: {v}", violations.len()),
     };
     Report {
-        protocol: args.protocol.clone(),
+        protocol: args
+            .deployed_protocol()
+            .unwrap_or_else(|_| args.protocol.clone()),
         workload: args.workload.name().to_string(),
         scale: args.scale.name().to_string(),
         crash: match (args.crash_cns, args.crash) {
@@ -611,6 +648,19 @@ fn build_report(
         scan_reads: scan.0,
         scan_bytes: scan.1,
         steals,
+        restarted_cns: deployment.counter("cn_restarts").unwrap_or(0),
+        serving_again_us: deployment
+            .counter("cn_serving_again_at_ns")
+            .map(|t| us(t.saturating_sub(crash_at))),
+        early_broadcasts: deployment
+            .counter("lotus_restart_early_broadcasts")
+            .unwrap_or(0),
+        restart_grants_before_recovered: deployment
+            .counter("lotus_restart_grants_before_recovered")
+            .unwrap_or(0),
+        restart_grants_after: deployment
+            .counter("lotus_restart_grants_after")
+            .unwrap_or(0),
         series: series.to_vec(),
         before_per_ms: before.map_or(0.0, mean),
         after_per_ms: after.map_or(0.0, mean),
@@ -674,6 +724,16 @@ fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
         r.scanned_locks,
         r.steals
     );
+    if let Some(serving) = r.serving_again_us {
+        println!(
+            "restart            {} CNs back; serving again {:.1} µs after the crash; {} locks granted by them since ({} before their recovery ended, {} early broadcasts)",
+            r.restarted_cns,
+            serving,
+            r.restart_grants_after,
+            r.restart_grants_before_recovered,
+            r.early_broadcasts
+        );
+    }
     println!(
         "store              {} records; a full scan is {} READs of {:.1} MiB",
         r.records,

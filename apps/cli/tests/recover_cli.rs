@@ -11,7 +11,11 @@ fn dmem(args: &[&str]) -> std::process::Output {
 }
 
 fn recover(protocol: &str, workload: &str, crash: &str, cns: &str) -> serde_json::Value {
-    let out = dmem(&[
+    recover_with(protocol, workload, &["--crash", crash, "--cns", cns])
+}
+
+fn recover_with(protocol: &str, workload: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
         "recover",
         "--protocol",
         protocol,
@@ -19,10 +23,9 @@ fn recover(protocol: &str, workload: &str, crash: &str, cns: &str) -> serde_json
         workload,
         "--scale",
         "tiny",
-        "--crash",
-        crash,
-        "--cns",
-        cns,
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[
         "--threads",
         "2",
         "--coroutines",
@@ -37,6 +40,7 @@ fn recover(protocol: &str, workload: &str, crash: &str, cns: &str) -> serde_json
         "100",
         "--json",
     ]);
+    let out = dmem(&args);
     assert!(
         out.status.success(),
         "{protocol}: {}",
@@ -89,6 +93,53 @@ fn half_of_the_coordinators_crash_under_lock_logging_on_tatp() {
     let r = recover("pandora-lock-logging", "tatp", "half", "4");
     assert_recovered(&r);
     assert_eq!(r["crashed_cns"], 2);
+}
+
+#[test]
+fn lotus_restarted_cn_serves_its_shards_again_after_its_broadcast() {
+    // LOTUS §6: one of three CNs crashes, survivors recover it, it restarts 300 µs after
+    // detection with an empty lock table and serves again only after its broadcast.
+    let r = recover_with(
+        "lotus",
+        "smallbank",
+        &[
+            "--crash-cns",
+            "1",
+            "--cns",
+            "3",
+            "--restart-after-us",
+            "300",
+        ],
+    );
+    assert_recovered(&r);
+    assert_eq!(r["restarted_cns"], 1, "{r}");
+    let serving = r["serving_again_us"].as_f64().unwrap();
+    assert!(
+        serving >= r["detection_us"].as_f64().unwrap() + 300.0,
+        "serving only after the restart: {r}"
+    );
+    assert_eq!(r["early_broadcasts"], 0, "{r}");
+    assert_eq!(r["restart_grants_before_recovered"], 0, "{r}");
+    assert!(
+        r["restart_grants_after"].as_u64().unwrap() > 0,
+        "the restarted CN grants its shards' locks again: {r}"
+    );
+}
+
+#[test]
+fn restart_after_is_for_lotus_only() {
+    let out = dmem(&[
+        "recover",
+        "--scale",
+        "tiny",
+        "--protocol",
+        "ford",
+        "--restart-after-us",
+        "10",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("only LOTUS restarts"), "{err}");
 }
 
 #[test]

@@ -505,7 +505,8 @@ fn execute(
     let wrs = (0..workers)
         .map(|cn| stats.node(sim.cn(cn)).nic.wrs_posted)
         .collect();
-    let crashed = (0..workers).map(|cn| sim.is_crashed(sim.cn(cn))).collect();
+    // Crashed at some point (a restarted CN, LOTUS §6, is up again at the end).
+    let crashed = (0..workers).map(|cn| sim.crashes(sim.cn(cn)) > 0).collect();
     let final_state = state
         .borrow_mut()
         .take()

@@ -224,6 +224,31 @@ fn lotus_early_unlock_is_found() {
     assert!(again.violation.is_none(), "{:?}", again.violation);
 }
 
+/// LOTUS §6 CN restart: the crashed CN comes back at once with an empty table and serves
+/// only after its broadcast (recovery over).
+#[test]
+fn lotus_with_cn_restart_passes_every_litmus_with_crashes() {
+    passes("lotus:restart=0");
+}
+
+/// The planted restart bug (the restarted CN serves before its recovery is over) is found,
+/// and the failing seed passes with the bug off.
+#[test]
+fn lotus_restart_early_is_found() {
+    let cfg = RunConfig::new(1.0);
+    let found = first_violation(&*protocol("lotus:restart-early"), &Litmus::ALL, 0, 50, &cfg)
+        .unwrap()
+        .expect("restart-early: no violation in 50 seeds");
+    let again = run_one(
+        &*protocol("lotus:restart=0"),
+        found.litmus,
+        found.seed,
+        &cfg,
+    )
+    .unwrap();
+    assert!(again.violation.is_none(), "{:?}", again.violation);
+}
+
 #[test]
 fn motor_passes_every_litmus_with_crashes() {
     passes("motor");

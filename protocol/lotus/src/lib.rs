@@ -8,6 +8,8 @@
 //! * [`txn`]: the lock-first protocol (§5.1) under SR and SI (§5.2).
 //! * [`vtcache`]: the version table cache (§4.4).
 //! * [`recovery`]: the commit log and lock-rebuild-free recovery (§6).
+//! * [`restart`]: CN restart (§6): the restarted CN serves from an empty table after its
+//!   broadcast.
 //! * [`reshard`]: pass-by-range resharding (§4.3): load metrics in MN memory, hand-over of
 //!   a hot shard.
 #![forbid(unsafe_code)]
@@ -15,6 +17,7 @@
 pub mod locking;
 pub mod recovery;
 pub mod reshard;
+pub mod restart;
 pub mod shard;
 pub mod txn;
 pub mod vtcache;

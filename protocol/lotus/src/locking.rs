@@ -20,6 +20,7 @@ use dmem_locks::LockMode;
 use dmem_locks::lotus::{Acquired, Holder, LotusLockTable};
 use dmem_verbs::{Clock, Endpoint, Nanos, Verbs};
 
+use crate::restart::Restart;
 use crate::shard::{ShardMap, Sharding};
 use crate::vtcache::VtCache;
 use crate::wire::{Reply, Request, RequestKind, Status};
@@ -100,6 +101,18 @@ impl CnLocks {
         out
     }
 
+    /// Empties the table as a restarted CN finds it (§6: the lock table is ephemeral and not
+    /// rebuilt): every holder's locks released, the VT cache and the per-shard bookkeeping
+    /// dropped. Returns the locks the old incarnation's table still held.
+    pub fn reset(&self, cns: u16) -> usize {
+        let held = (0..cns).map(|c| self.table.release_cn(c)).sum();
+        self.vt.clear();
+        self.counts.borrow_mut().clear();
+        self.shard_hits.borrow_mut().clear();
+        self.shard_keys.borrow_mut().clear();
+        held
+    }
+
     /// Notes a finished transaction's latency (§4.3's metric).
     pub fn note_latency(&self, ns: u64) {
         let (sum, n) = self.latency.get();
@@ -112,8 +125,8 @@ impl CnLocks {
 pub struct LockCluster {
     /// Per CN.
     pub cns: Vec<Rc<CnLocks>>,
-    /// Lock server endpoints, `[cn][thread]`.
-    pub servers: Vec<Vec<Endpoint>>,
+    /// Lock server endpoints, `[cn][thread]` (a restarted CN's servers are new).
+    pub servers: RefCell<Vec<Vec<Endpoint>>>,
     /// The shard-to-CN map.
     pub map: Rc<RefCell<ShardMap>>,
     /// Key to shard.
@@ -131,6 +144,9 @@ pub struct LockCluster {
     pub committing_txns: RefCell<HashSet<u64>>,
     /// Hand-overs done (§4.3), in order.
     pub handovers: RefCell<Vec<crate::reshard::HandoverEvent>>,
+    /// Per CN, its failure and restart (§6): a CN serves lock requests only in
+    /// [`Phase::Serving`](crate::restart::Phase::Serving).
+    pub restarts: RefCell<Vec<Restart>>,
 }
 
 impl LockCluster {
@@ -146,7 +162,7 @@ impl LockCluster {
         let n = cns.len();
         Self {
             cns,
-            servers,
+            servers: RefCell::new(servers),
             map,
             sharding,
             lock_cpu_ns,
@@ -154,7 +170,18 @@ impl LockCluster {
             committing: RefCell::new(vec![0; n]),
             committing_txns: RefCell::new(HashSet::new()),
             handovers: RefCell::new(Vec::new()),
+            restarts: RefCell::new(vec![Restart::new(false); n]),
         }
+    }
+
+    /// Whether CN `cn` serves lock requests now (§6: not between its failure and the
+    /// broadcast of its restarted incarnation).
+    #[must_use]
+    pub fn serves(&self, cn: u16) -> bool {
+        self.restarts
+            .borrow()
+            .get(usize::from(cn))
+            .is_none_or(Restart::serves)
     }
 
     /// Whether CN `cn` was declared failed.
@@ -166,7 +193,8 @@ impl LockCluster {
     /// The server endpoint a coordinator on thread `thread` uses to reach CN `cn`.
     #[must_use]
     pub fn server(&self, cn: u16, thread: u16) -> Option<Endpoint> {
-        let row = self.servers.get(usize::from(cn))?;
+        let servers = self.servers.borrow();
+        let row = servers.get(usize::from(cn))?;
         row.get(usize::from(thread) % row.len().max(1)).copied()
     }
 }
@@ -238,7 +266,13 @@ pub async fn serve<V: Verbs + Clock>(ctx: V, cluster: Rc<LockCluster>, locks: Rc
             let _ = ctx.send(msg.from, &reply.encode()).await;
             continue;
         }
-        let (status, ops) = apply(&locks, &cluster.map.borrow(), &req);
+        let (status, ops) = if req.kind == RequestKind::Lock && !cluster.serves(locks.cn) {
+            // §6: a restarted CN refuses until it has broadcast that its old transactions
+            // are finished.
+            (Status::Refused, 0)
+        } else {
+            apply(&locks, &cluster.map.borrow(), &req)
+        };
         ctx.cpu(ops * cluster.lock_cpu_ns);
         let (n, g, r) = locks.served.get();
         locks.served.set((
@@ -305,5 +339,43 @@ mod tests {
         assert_eq!(apply(&cn1, &map, &unlock), (Status::Granted, 2));
         assert!(cn1.table.slots_free());
         assert_eq!(apply(&cn1, &map, &b).0, Status::Granted);
+    }
+
+    #[test]
+    fn a_restarted_table_is_empty_and_refuses_until_the_broadcast() {
+        use crate::restart::Event;
+        let map = ShardMap::new(3);
+        let cn1 = Rc::new(CnLocks::new(1, 4096));
+        let x = LockMode::Exclusive;
+        // Locks of CN 0 and CN 2 on CN 1's table, a cached CVT.
+        assert_eq!(
+            apply(&cn1, &map, &req(RequestKind::Lock, 1, 0, &[(10, 1, x)])).0,
+            Status::Granted
+        );
+        assert_eq!(
+            apply(&cn1, &map, &req(RequestKind::Lock, 2, 2, &[(11, 4, x)])).0,
+            Status::Granted
+        );
+        assert_eq!(cn1.reset(3), 2, "the old incarnation's locks are dropped");
+        assert!(cn1.table.slots_free());
+        assert!(cn1.vt.is_empty());
+        let cluster = LockCluster::new(
+            vec![
+                Rc::new(CnLocks::new(0, 4096)),
+                Rc::clone(&cn1),
+                Rc::new(CnLocks::new(2, 4096)),
+            ],
+            vec![Vec::new(); 3],
+            Rc::new(RefCell::new(map)),
+            Sharding::new(Vec::new()),
+            0,
+        );
+        assert!(cluster.serves(1));
+        cluster.restarts.borrow_mut()[1].step(Event::Failed);
+        cluster.restarts.borrow_mut()[1].step(Event::Restarted);
+        assert!(!cluster.serves(1), "up, old transactions unfinished");
+        cluster.restarts.borrow_mut()[1].step(Event::Recovered);
+        assert!(cluster.serves(1), "broadcast: serving");
+        assert!(cluster.serves(0) && cluster.serves(2));
     }
 }

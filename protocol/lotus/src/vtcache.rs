@@ -113,6 +113,20 @@ impl VtCache {
         n
     }
 
+    /// Drops every entry (a restarted CN's cache starts empty, §6); returns how many.
+    pub fn clear(&self) -> usize {
+        self.subs
+            .iter()
+            .map(|sub| {
+                let mut s = sub.borrow_mut();
+                let n = s.entries.len();
+                s.entries.clear();
+                s.order.clear();
+                n
+            })
+            .sum()
+    }
+
     /// Entries cached.
     #[must_use]
     pub fn len(&self) -> usize {

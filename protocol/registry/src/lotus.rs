@@ -13,6 +13,7 @@ use dmem_deploy::{
 };
 use dmem_lotus::recovery::{Decided, recover_coordinators};
 use dmem_lotus::reshard::{CnMetric, monitor};
+use dmem_lotus::restart::{Action, Event, Restart};
 use dmem_lotus::{
     CnLocks, LockCluster, LotusConfig, LotusCoordinator, ReshardConfig, ShardMap, Sharding, serve,
 };
@@ -44,6 +45,14 @@ pub struct LotusProtocol {
     pub early_unlock: bool,
     /// Pass-by-range resharding (§4.3).
     pub reshard: ReshardConfig,
+    /// CN restart (§6): a crashed CN comes back this many ns after its failure was
+    /// detected (the process restart time, which the simulator does not model), with an
+    /// empty lock table, and serves its shards again after its broadcast. `None`: it never
+    /// comes back and its shards move to the survivors.
+    pub restart_after: Option<u64>,
+    /// Planted bug: the restarted CN serves as soon as it is up, before its old
+    /// transactions are finished.
+    pub restart_early: bool,
 }
 
 /// CNs the metrics region of resharding has room for.
@@ -62,6 +71,8 @@ impl LotusProtocol {
             no_routing: false,
             early_unlock: false,
             reshard: ReshardConfig::default(),
+            restart_after: None,
+            restart_early: false,
         }
     }
 
@@ -71,7 +82,10 @@ impl LotusProtocol {
     /// `reshard` (the load monitor every 100 ms of virtual time), `reshard=US` (every US µs), `drain=US` (how long a
     /// hand-over waits for the shard's holders, default 10 ms), `overload=PCT` (a CN is
     /// overloaded above PCT % of the mean latency, default 150), and
-    /// `reshard-no-drain` (a planted bug: hand over without draining or aborting holders).
+    /// `reshard-no-drain` (a planted bug: hand over without draining or aborting holders);
+    /// CN restart (§6): `restart=US` (a crashed CN restarts US µs after its failure is
+    /// detected, 0 allowed), `restart-early` (a planted bug: the restarted CN serves before
+    /// its old transactions are finished; implies `restart=0` unless given).
     ///
     /// # Errors
     /// The unknown flag.
@@ -86,6 +100,10 @@ impl LotusProtocol {
                 "no-vt-cache" => p.config.vt_cache = false,
                 "rdma-lock" => p.config.rdma_lock = true,
                 "reshard" => p.reshard.enabled = true,
+                "restart-early" => {
+                    p.restart_early = true;
+                    p.restart_after.get_or_insert(0);
+                }
                 "reshard-no-drain" => {
                     p.reshard.enabled = true;
                     p.reshard.drain = false;
@@ -100,7 +118,12 @@ impl LotusProtocol {
                                 format!("lotus switch `{other}`: expected a positive number of µs")
                             })
                     };
-                    if let Some(v) = other.strip_prefix("reshard=") {
+                    if let Some(v) = other.strip_prefix("restart=") {
+                        let us: u64 = v.parse().map_err(|_| {
+                            format!("lotus switch `{other}`: expected a number of µs")
+                        })?;
+                        p.restart_after = Some(us.saturating_mul(1_000));
+                    } else if let Some(v) = other.strip_prefix("reshard=") {
                         p.reshard.enabled = true;
                         p.reshard.interval = us(v)?;
                     } else if let Some(v) = other.strip_prefix("drain=") {
@@ -111,7 +134,7 @@ impl LotusProtocol {
                         })?;
                     } else {
                         return Err(format!(
-                            "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, rdma-lock, early-unlock, reshard, reshard=US, drain=US, overload=PCT, reshard-no-drain)"
+                            "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, rdma-lock, early-unlock, reshard, reshard=US, drain=US, overload=PCT, reshard-no-drain, restart=US, restart-early)"
                         ));
                     }
                 }
@@ -202,6 +225,7 @@ impl Protocol for LotusProtocol {
             sharding.clone(),
             self.lock_cpu_ns,
         ));
+        *cluster.restarts.borrow_mut() = vec![Restart::new(self.restart_early); usize::from(cns)];
         for (c, ctx) in contexts {
             let task = serve(
                 ctx.clone(),
@@ -223,15 +247,20 @@ impl Protocol for LotusProtocol {
                 sim.spawn(&ctx, task);
             }
         }
+        let down = Rc::new(RefCell::new(Vec::new()));
         let router: Option<Rc<dyn Router>> = (!self.no_routing).then(|| {
             Rc::new(LotusRouter {
                 map: Rc::clone(&map),
                 sharding,
+                down: Rc::clone(&down),
             }) as Rc<dyn Router>
         });
         Ok(Box::new(LotusDeployment {
             config: self.config,
             early_unlock: self.early_unlock,
+            restart_after: self.restart_after,
+            down,
+            restarts: Rc::new(RefCell::new(Vec::new())),
             base,
             cluster,
             router,
@@ -247,18 +276,49 @@ impl Protocol for LotusProtocol {
 struct LotusRouter {
     map: Rc<RefCell<ShardMap>>,
     sharding: Sharding,
+    /// CNs that crashed: none of their coordinators runs any more (a restarted CN serves
+    /// locks, but the harness does not start coordinators on it), so what would go there
+    /// runs where it was generated.
+    down: Rc<RefCell<Vec<u16>>>,
 }
 
 impl Router for LotusRouter {
     fn route(&self, kind: TxnKind, first: Option<(TableId, Key)>, random: u64) -> Option<u16> {
-        self.map.borrow().route(&self.sharding, kind, first, random)
+        self.map
+            .borrow()
+            .route(&self.sharding, kind, first, random)
+            .filter(|cn| !self.down.borrow().contains(cn))
     }
+}
+
+/// One CN's restart as it happened (LOTUS §6), virtual ns.
+#[derive(Debug, Clone, Copy, Default)]
+struct RestartRecord {
+    cn: u16,
+    detected_at: u64,
+    /// The survivors finished its recovery.
+    recovered_at: Option<u64>,
+    /// It came back with an empty table.
+    restarted_at: Option<u64>,
+    /// It broadcast that its old transactions are finished and serves again.
+    serving_at: Option<u64>,
+    /// Locks its old table still held when it came back (all dropped).
+    stale_locks: usize,
+    /// Its lock grants (the table's counter) when it came back, when its recovery ended
+    /// and when it broadcast.
+    grants_at_restart: u64,
+    grants_at_recovered: Option<u64>,
+    grants_at_serving: u64,
 }
 
 /// LOTUS on one simulated cluster.
 struct LotusDeployment {
     config: LotusConfig,
     early_unlock: bool,
+    restart_after: Option<u64>,
+    /// CNs that crashed (the router sends nothing there).
+    down: Rc<RefCell<Vec<u16>>>,
+    restarts: Rc<RefCell<Vec<RestartRecord>>>,
     base: MvccDeploy,
     cluster: Rc<LockCluster>,
     router: Option<Rc<dyn Router>>,
@@ -309,6 +369,7 @@ impl LotusDeployment {
         cn: u16,
         early_unlock: bool,
         poll: u64,
+        restarts: Option<&RefCell<Vec<RestartRecord>>>,
     ) -> Result<RecoveryEvent, String> {
         let node = sim.cn(cn);
         let detected_at = c.now();
@@ -366,6 +427,29 @@ impl LotusDeployment {
         while cluster.committing.borrow()[usize::from(cn)] > 0 {
             c.sleep(poll).await;
         }
+        if let Some(restarts) = restarts {
+            // §6: its shards wait for its restarted incarnation, which broadcasts once this
+            // recovery is over and it is up again, whichever comes last.
+            if let Some(r) = restarts.borrow_mut().iter_mut().rev().find(|r| r.cn == cn) {
+                r.recovered_at = Some(c.now());
+                r.grants_at_recovered = r
+                    .restarted_at
+                    .map(|_| cluster.cns[usize::from(cn)].served.get().1);
+            }
+            let action = cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Recovered);
+            if action == Action::Broadcast {
+                Self::broadcast(sim, cluster, restarts, cn, c.now());
+            }
+            return Ok(RecoveryEvent {
+                cn: node,
+                detected_at,
+                terminated_at,
+                logs_recovered_at,
+                finished_at: c.now(),
+                coordinators,
+                scanned_locks: 0,
+            });
+        }
         // The failed CN's lock table is not rebuilt: its shards start empty elsewhere.
         let live: Vec<u16> = (0..sim.cn_count())
             .filter(|&x| !cluster.is_failed(x) && !sim.is_crashed(sim.cn(x)))
@@ -386,6 +470,83 @@ impl LotusDeployment {
             coordinators,
             scanned_locks: 0,
         })
+    }
+}
+
+impl LotusDeployment {
+    /// The restarted CN `cn`'s broadcast (§6) "all transactions of my old incarnation have
+    /// finished": survivors ask it for locks again (it leaves the failed list, their tables
+    /// unfence it) and its MN connections are back. Modelled as the write of the state the
+    /// simulated CNs share (as the shard map), not as messages.
+    fn broadcast(
+        sim: &Sim,
+        cluster: &LockCluster,
+        restarts: &RefCell<Vec<RestartRecord>>,
+        cn: u16,
+        now: u64,
+    ) {
+        cluster.failed.borrow_mut().retain(|&x| x != cn);
+        for t in &cluster.cns {
+            t.table.unfence(cn);
+        }
+        let node = sim.cn(cn);
+        for mn in 0..sim.mn_count() {
+            sim.restore(sim.mn(mn), node);
+        }
+        if let Some(r) = restarts.borrow_mut().iter_mut().rev().find(|r| r.cn == cn) {
+            r.serving_at = Some(now);
+            r.grants_at_serving = cluster.cns[usize::from(cn)].served.get().1;
+        }
+    }
+
+    /// Restarts failed CN `cn` `delay` ns from now (§6): the simulator brings it back, its
+    /// table is emptied (the old one is lost with the CN; nothing is rebuilt), new lock
+    /// servers start on its threads and refuse until the broadcast, which happens here if
+    /// its recovery is already over.
+    async fn restart_cn(
+        c: SimContext,
+        sim: Rc<Sim>,
+        cluster: Rc<LockCluster>,
+        restarts: Rc<RefCell<Vec<RestartRecord>>>,
+        cn: u16,
+        delay: u64,
+        poll: u64,
+    ) -> Result<(), String> {
+        if delay > 0 {
+            c.sleep(delay).await;
+        }
+        let node = sim.cn(cn);
+        // The executor drops a crashed CN's tasks before it polls others: at most a poll.
+        while !sim.restart(node) {
+            if !sim.is_crashed(node) {
+                return Err(format!("CN {cn} restarted while it was not crashed"));
+            }
+            c.sleep(poll.max(1)).await;
+        }
+        let locks = Rc::clone(&cluster.cns[usize::from(cn)]);
+        let stale = locks.reset(sim.cn_count());
+        let mut row = Vec::new();
+        for t in 0..sim.threads_per_cn() {
+            let ctx = sim
+                .context(node, t)
+                .map_err(|e| format!("restarting CN {cn}: {e}"))?;
+            row.push(dmem_verbs::Verbs::local_endpoint(&ctx));
+            sim.spawn(
+                &ctx,
+                serve(ctx.clone(), Rc::clone(&cluster), Rc::clone(&locks)),
+            );
+        }
+        cluster.servers.borrow_mut()[usize::from(cn)] = row;
+        if let Some(r) = restarts.borrow_mut().iter_mut().rev().find(|r| r.cn == cn) {
+            r.restarted_at = Some(c.now());
+            r.stale_locks = stale;
+            r.grants_at_restart = locks.served.get().1;
+        }
+        let action = cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Restarted);
+        if action == Action::Broadcast {
+            Self::broadcast(&sim, &cluster, &restarts, cn, c.now());
+        }
+        Ok(())
     }
 }
 
@@ -439,6 +600,11 @@ impl Deployment for LotusDeployment {
         let (events, error) = (Rc::clone(&self.events), Rc::clone(&self.error));
         let placed = Rc::new(self.placed.clone());
         let early_unlock = self.early_unlock;
+        let (restart_after, down, restarts) = (
+            self.restart_after,
+            Rc::clone(&self.down),
+            Rc::clone(&self.restarts),
+        );
         let watched = Rc::clone(sim);
         // One recovery task per failed CN, so that concurrent failures are recovered in
         // parallel (§6 "Remarks").
@@ -458,6 +624,7 @@ impl Deployment for LotusDeployment {
                     Rc::clone(&error),
                     Rc::clone(&placed),
                 );
+                let (down, restarts) = (Rc::clone(&down), Rc::clone(&restarts));
                 async move {
                     let Some(cn) = (0..sim3.cn_count()).find(|&i| sim3.cn(i) == node) else {
                         return;
@@ -471,6 +638,49 @@ impl Deployment for LotusDeployment {
                         .map(|(id, _)| *id)
                         .collect();
                     cluster.failed.borrow_mut().push(cn);
+                    cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Failed);
+                    down.borrow_mut().push(cn);
+                    if let Some(delay) = restart_after {
+                        // Locks granted by its old table die with it: a survivor holding
+                        // one aborts at commit even after the CN serves again.
+                        {
+                            let mut map = cluster.map.borrow_mut();
+                            for s in map.shards_of(cn) {
+                                map.abort_holders(s);
+                                // A hand-over it had begun ends: the shard stays its own.
+                                if map.is_moving(s) {
+                                    map.finish_move(s, cn);
+                                }
+                            }
+                        }
+                        restarts.borrow_mut().push(RestartRecord {
+                            cn,
+                            detected_at: rc.now(),
+                            ..RestartRecord::default()
+                        });
+                        let (rc2, sim4, cluster2, restarts2, error2) = (
+                            rc.clone(),
+                            Rc::clone(&sim3),
+                            Rc::clone(&cluster),
+                            Rc::clone(&restarts),
+                            Rc::clone(&error),
+                        );
+                        sim3.spawn(&rc, async move {
+                            if let Err(e) = Self::restart_cn(
+                                rc2,
+                                sim4,
+                                cluster2,
+                                restarts2,
+                                cn,
+                                delay,
+                                timing.poll,
+                            )
+                            .await
+                            {
+                                *error2.borrow_mut() = Some(e);
+                            }
+                        });
+                    }
                     match Self::recover_cn(
                         &rc,
                         &sim3,
@@ -482,6 +692,7 @@ impl Deployment for LotusDeployment {
                         cn,
                         early_unlock,
                         timing.poll,
+                        restart_after.map(|_| &*restarts),
                     )
                     .await
                     {
@@ -556,6 +767,73 @@ impl Deployment for LotusDeployment {
             "lotus_locks_held" => {
                 Some(self.cluster.cns.iter().map(|c| c.table.held() as u64).sum())
             }
+            "cn_restarts" => Some(
+                self.restarts
+                    .borrow()
+                    .iter()
+                    .filter(|r| r.serving_at.is_some())
+                    .count() as u64,
+            ),
+            // The last restarted CN's broadcast, virtual ns from the start.
+            "cn_serving_again_at_ns" => self
+                .restarts
+                .borrow()
+                .iter()
+                .filter_map(|r| r.serving_at)
+                .max(),
+            // Longest span from a CN's detected failure to its broadcast.
+            "cn_detected_to_serving_max_ns" => self
+                .restarts
+                .borrow()
+                .iter()
+                .filter_map(|r| Some(r.serving_at? - r.detected_at))
+                .max(),
+            // Broadcasts made before the CN's recovery was over (the planted bug).
+            "lotus_restart_early_broadcasts" => Some(
+                self.restarts
+                    .borrow()
+                    .iter()
+                    .filter(|r| match (r.serving_at, r.recovered_at) {
+                        (Some(s), Some(d)) => s < d,
+                        (Some(_), None) => true,
+                        _ => false,
+                    })
+                    .count() as u64,
+            ),
+            // Locks a restarted CN granted while its recovery was still under way.
+            "lotus_restart_grants_before_recovered" => Some(
+                self.restarts
+                    .borrow()
+                    .iter()
+                    .map(|r| {
+                        r.grants_at_recovered
+                            .unwrap_or(r.grants_at_restart)
+                            .saturating_sub(r.grants_at_restart)
+                    })
+                    .sum(),
+            ),
+            // Locks restarted CNs granted after their broadcast (they serve again).
+            "lotus_restart_grants_after" => Some(
+                self.restarts
+                    .borrow()
+                    .iter()
+                    .filter(|r| r.serving_at.is_some())
+                    .map(|r| {
+                        self.cluster.cns[usize::from(r.cn)]
+                            .served
+                            .get()
+                            .1
+                            .saturating_sub(r.grants_at_serving)
+                    })
+                    .sum(),
+            ),
+            "lotus_restart_stale_locks" => Some(
+                self.restarts
+                    .borrow()
+                    .iter()
+                    .map(|r| r.stale_locks as u64)
+                    .sum(),
+            ),
             "reshard_aborted_holders" => Some(
                 self.cluster
                     .handovers

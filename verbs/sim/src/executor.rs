@@ -318,6 +318,26 @@ impl Sim {
         self.shared.world.borrow_mut().restore(mn, cn);
     }
 
+    /// Restarts CN `node` after a crash (LOTUS §6 "the system immediately restarts it"):
+    /// it is up again with nothing of its former state — its tasks were dropped at the
+    /// crash, the messages queued at its old ports are discarded — and new contexts
+    /// ([`context`](Self::context)) and tasks on it run. MN access revoked with
+    /// [`revoke`](Self::revoke) stays revoked until [`restore`](Self::restore)d (the
+    /// restarted CN re-establishes its connections). Process restart time is not modelled:
+    /// the caller chooses when to call this. Returns false (and does nothing) if `node` is
+    /// not a crashed CN, or crashed so recently that its tasks are not dropped yet (the
+    /// executor drops them before it polls any other task).
+    pub fn restart(&self, node: NodeId) -> bool {
+        self.shared.world.borrow_mut().restart(node)
+    }
+
+    /// How many times `node` crashed, restarts or not ([`is_crashed`](Self::is_crashed) is
+    /// false again once a CN restarted).
+    #[must_use]
+    pub fn crashes(&self, node: NodeId) -> u32 {
+        self.shared.world.borrow().crashes(node)
+    }
+
     /// Whether `node` has crashed.
     #[must_use]
     pub fn is_crashed(&self, node: NodeId) -> bool {

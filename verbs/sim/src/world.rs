@@ -100,6 +100,8 @@ struct Node {
     is_memory: bool,
     nic: Nic,
     crashed: bool,
+    /// Crashes so far (a restarted CN may crash again).
+    crashes: u32,
     /// Crash when this many work requests have been posted (the k-th is not posted).
     crash_at_wr: Option<u64>,
     wrs_posted: u64,
@@ -223,6 +225,7 @@ impl World {
                     ..Nic::default()
                 },
                 crashed: false,
+                crashes: 0,
                 crash_at_wr: None,
                 wrs_posted: 0,
                 phase_marks: Vec::new(),
@@ -302,6 +305,10 @@ impl World {
         self.nodes[usize::from(node.0)].crashed
     }
 
+    pub(crate) fn crashes(&self, node: NodeId) -> u32 {
+        self.nodes[usize::from(node.0)].crashes
+    }
+
     pub(crate) fn nic_stats(&self, node: NodeId) -> &NicStats {
         &self.nodes[usize::from(node.0)].nic.stats
     }
@@ -362,10 +369,32 @@ impl World {
         }
     }
 
+    /// Brings a crashed CN back (see `Sim::restart`): not crashed, no planned crash, and
+    /// the messages its old ports had queued are gone with its memory. False if `node` is
+    /// not a crashed CN or its tasks have not been dropped yet.
+    pub(crate) fn restart(&mut self, node: NodeId) -> bool {
+        let Some(n) = self.nodes.get_mut(usize::from(node.0)) else {
+            return false;
+        };
+        if n.is_memory || !n.crashed || self.newly_crashed.contains(&node) {
+            return false;
+        }
+        n.crashed = false;
+        n.crash_at_wr = None;
+        for (at, q) in &mut self.ports {
+            if at.node == node {
+                q.messages.clear();
+                q.waker = None;
+            }
+        }
+        true
+    }
+
     pub(crate) fn crash(&mut self, node: NodeId) {
         let n = &mut self.nodes[usize::from(node.0)];
         if !n.crashed {
             n.crashed = true;
+            n.crashes += 1;
             self.newly_crashed.push(node);
         }
     }

@@ -174,6 +174,40 @@ fn crash_at_a_time_stops_the_cn() {
 }
 
 #[test]
+fn restarted_cn_runs_new_tasks_and_nothing_of_the_old_ones() {
+    let sim = cluster("cx3", 1, 1, 0);
+    let counter = sim.region(sim.mn(0)).at(0).unwrap();
+    let ctx = sim.context(sim.cn(0), 0).unwrap();
+    let c = ctx.clone();
+    sim.spawn(&ctx, async move {
+        loop {
+            c.faa(counter, 1).await.unwrap();
+        }
+    });
+    assert!(!sim.restart(sim.cn(0)), "a CN that is up is not restarted");
+    assert!(!sim.restart(sim.mn(0)), "MNs are not restarted");
+    sim.crash_at(sim.cn(0), 100_000);
+    sim.run_until(1_000_000);
+    let at_crash = u64::from_le_bytes(sim.read_memory(sim.mn(0), 0, 8).try_into().unwrap());
+    assert!(sim.is_crashed(sim.cn(0)));
+    assert!(sim.restart(sim.cn(0)));
+    assert!(!sim.is_crashed(sim.cn(0)));
+    assert_eq!(sim.crashes(sim.cn(0)), 1, "it did crash");
+    // The old task stays dead: nothing lands until a new task runs.
+    sim.run_until(2_000_000);
+    let still = u64::from_le_bytes(sim.read_memory(sim.mn(0), 0, 8).try_into().unwrap());
+    assert_eq!(still, at_crash);
+    let fresh = sim.context(sim.cn(0), 0).unwrap();
+    let f = fresh.clone();
+    sim.spawn(&fresh, async move {
+        f.faa(counter, 1000).await.unwrap();
+    });
+    sim.run_until_idle();
+    let after = u64::from_le_bytes(sim.read_memory(sim.mn(0), 0, 8).try_into().unwrap());
+    assert_eq!(after, at_crash + 1000);
+}
+
+#[test]
 fn revoked_cn_gets_access_errors_others_do_not() {
     let sim = cluster("cx5", 2, 1, 0);
     let word = sim.region(sim.mn(0)).at(8).unwrap();
