@@ -98,12 +98,7 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
         ),
         // §VIII-E: 8 warehouses, Table IV's mix, 32 coordinators (2 CNs x 4 x 4), lease
         // 80 µs; OCC on OOCC's store stands for `occ` (see `TPCC_OCC`).
-        (
-            "Fig. 12",
-            "TPC-C (8 warehouses)",
-            &TPCC,
-            [1.1, 3.1, 0.7],
-        ),
+        ("Fig. 12", "TPC-C (8 warehouses)", &TPCC, [1.1, 3.1, 0.7]),
         // §III-C: two reads, then two keys derived from them; the paper's lease is 12 µs.
         (
             "§VIII-C",
