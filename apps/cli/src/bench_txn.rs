@@ -126,7 +126,10 @@ pub fn memory_estimate(
     }
     Ok(common::product(&[per_mn, u64::from(mns)])
         .and_then(|b| b.checked_add(b / 2))
-        .and_then(|b| b.checked_add(hashed.checked_mul(8 << 10)?))
+        .and_then(|b| {
+            let per_record = p.cn_bytes_per_hashed_record().unwrap_or(8 << 10);
+            b.checked_add(hashed.checked_mul(per_record)?)
+        })
         .and_then(|b| b.checked_add(direct.checked_mul(64)?))
         .and_then(|b| b.checked_add(256 << 20)))
 }
@@ -143,7 +146,8 @@ pub struct Args {
     /// YCSB mix (with `--workload ycsb`): read-only, read-intensive (the default),
     /// unknown-read-set (OOCC §VIII-C: two reads, then two keys derived from them), a, b, c, f,
     /// or oG-P for the O(G,P) micro-benchmark (G Gets and P blind Puts per transaction, 16-byte
-    /// values, uniform keys; `o4-2` is O(4,2)).
+    /// values, uniform keys; `o4-2` is O(4,2)). With `--workload tpcc`: `oocc`, the OOCC
+    /// paper's Table IV mix (New-Order 45, Payment 40, the others 4 each).
     #[arg(long)]
     mix: Option<String>,
     /// Protocols to run side by side, comma-separated: any registered name — ford, occ
@@ -336,7 +340,7 @@ impl Args {
         let profile = common::load_profile(&self.profile)?;
         let (mut workload, scale) = parse_workload(self.workload.name(), self.scale.name())?;
         if let Some(mix) = &self.mix {
-            workload = ycsb_mix(self.workload.name(), scale, mix)?;
+            workload = workload_mix(self.workload.name(), scale, mix)?;
         }
         for p in &self.protocol {
             let bytes = memory_estimate(registry, p, &workload, coordinators as u16, self.mns)?;
@@ -391,10 +395,25 @@ pub fn parse_workload(workload: &str, scale: &str) -> anyhow::Result<(AnyWorkloa
     Ok((workload, scale))
 }
 
-/// YCSB with the mix named by `--mix`.
-fn ycsb_mix(workload: &str, scale: Scale, mix: &str) -> anyhow::Result<AnyWorkload> {
+/// YCSB or TPC-C with the mix named by `--mix`.
+fn workload_mix(workload: &str, scale: Scale, mix: &str) -> anyhow::Result<AnyWorkload> {
     use dmem_workloads::kv::{KvConfig, KvWorkload, YcsbMix};
-    ensure!(workload == "ycsb", "--mix applies to --workload ycsb only");
+    use dmem_workloads::tpcc::{OOCC_MIX, Tpcc, TpccConfig};
+    if workload == "tpcc" {
+        ensure!(
+            mix == "oocc",
+            "unknown --mix `{mix}` for tpcc: use oocc (OOCC's Table IV mix)"
+        );
+        let config = TpccConfig {
+            weights: OOCC_MIX,
+            ..TpccConfig::preset(scale)
+        };
+        return Ok(AnyWorkload::Tpcc(Tpcc::new(config)));
+    }
+    ensure!(
+        workload == "ycsb",
+        "--mix applies to --workload ycsb and tpcc only"
+    );
     if let Some((gets, puts)) = mix
         .strip_prefix('o')
         .and_then(|gp| gp.split_once('-'))

@@ -90,6 +90,42 @@ fn tatp_runs_on_ford() {
 }
 
 #[test]
+fn tpcc_runs_the_oocc_mix_on_the_occ_family() {
+    let out = dmem(&[
+        "bench",
+        "--workload",
+        "tpcc",
+        "--mix",
+        "oocc",
+        "--scale",
+        "tiny",
+        "--protocol",
+        "oocc:lease=80,dslr",
+        "--cns",
+        "1",
+        "--threads",
+        "2",
+        "--coroutines",
+        "2",
+        "--duration-ms",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    for line in stdout.lines().take(2) {
+        let row: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(row["workload"], "tpcc", "{row}");
+        assert_eq!(row["checker"], "ok", "{row}");
+        assert_eq!(row["invariants"], "ok", "{row}");
+    }
+}
+
+#[test]
 fn bad_arguments_are_refused_in_one_line() {
     for (args, expected) in [
         (
@@ -106,6 +142,14 @@ fn bad_arguments_are_refused_in_one_line() {
             "invalid value 'tpch' for '--workload <WORKLOAD>'",
         ),
         (vec!["bench", "--coroutines", "0"], "0 is not in 1..=1024"),
+        (
+            vec!["bench", "--workload", "tpcc", "--mix", "a"],
+            "unknown --mix `a` for tpcc: use oocc",
+        ),
+        (
+            vec!["bench", "--workload", "tatp", "--mix", "a"],
+            "--mix applies to --workload ycsb and tpcc only",
+        ),
         (
             vec!["bench", "--fabric", "shm"],
             "[possible values: sim, tcp]",

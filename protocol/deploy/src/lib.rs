@@ -258,6 +258,13 @@ pub trait Protocol: Send + Sync {
         false
     }
 
+    /// Bytes of CN-side memory per loaded record of a table without dense keys (address
+    /// caches, slot maps, load buffers), for sizing a run before it starts. `None` (the
+    /// default): the command's own conservative bound.
+    fn cn_bytes_per_hashed_record(&self) -> Option<u64> {
+        None
+    }
+
     /// Bytes every MN needs for `spec` on `mns` MNs, before the cluster is built.
     ///
     /// # Errors
