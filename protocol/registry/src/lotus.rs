@@ -440,25 +440,17 @@ impl LotusDeployment {
             if action == Action::Broadcast {
                 Self::broadcast(sim, cluster, restarts, cn, c.now());
             }
-            return Ok(RecoveryEvent {
-                cn: node,
-                detected_at,
-                terminated_at,
-                logs_recovered_at,
-                finished_at: c.now(),
-                coordinators,
-                scanned_locks: 0,
-            });
-        }
-        // The failed CN's lock table is not rebuilt: its shards start empty elsewhere.
-        let live: Vec<u16> = (0..sim.cn_count())
-            .filter(|&x| !cluster.is_failed(x) && !sim.is_crashed(sim.cn(x)))
-            .collect();
-        if !live.is_empty() {
-            let mut map = cluster.map.borrow_mut();
-            // `finish_move`: a hand-over the failed CN had begun ends here too.
-            for (i, s) in map.shards_of(cn).into_iter().enumerate() {
-                map.finish_move(s, live[i % live.len()]);
+        } else {
+            // The failed CN's lock table is not rebuilt: its shards start empty elsewhere.
+            let live: Vec<u16> = (0..sim.cn_count())
+                .filter(|&x| !cluster.is_failed(x) && !sim.is_crashed(sim.cn(x)))
+                .collect();
+            if !live.is_empty() {
+                let mut map = cluster.map.borrow_mut();
+                // `finish_move`: a hand-over the failed CN had begun ends here too.
+                for (i, s) in map.shards_of(cn).into_iter().enumerate() {
+                    map.finish_move(s, live[i % live.len()]);
+                }
             }
         }
         Ok(RecoveryEvent {

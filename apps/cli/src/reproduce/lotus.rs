@@ -122,6 +122,40 @@ fn comparison_claims(
 /// 9 CNs, 9–540 concurrent transactions).
 const COROUTINES: [u32; 5] = [1, 2, 4, 8, 16];
 
+/// One `dmem bench` on LOTUS's testbed (cx3, 3 MNs, 9 CNs × 4 threads): the rows of
+/// `protocols` on `workload` at `scale`, `co` coroutines per thread, `ms` ms each.
+fn measure_on_testbed(
+    registry: &dmem_deploy::Registry,
+    workload: &str,
+    scale: &str,
+    co: &str,
+    ms: &str,
+    protocols: &str,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let argv = [
+        "--workload",
+        workload,
+        "--scale",
+        scale,
+        "--profile",
+        "cx3",
+        "--mns",
+        "3",
+        "--cns",
+        "9",
+        "--threads",
+        "4",
+        "--coroutines",
+        co,
+        "--duration-ms",
+        ms,
+        "--protocol",
+        protocols,
+    ];
+    dmem_cli::bench_txn::measure(&argv, registry)
+        .with_context(|| format!("dmem bench {}", argv.join(" ")))
+}
+
 fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
     let registry = dmem_protocols::registry();
     let protocols = ["ford", "motor", "motor:no-cas", "lotus"];
@@ -131,28 +165,7 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
     for co in COROUTINES {
         let co = co.to_string();
         let list = protocols.join(",");
-        let argv = [
-            "--workload",
-            "smallbank",
-            "--scale",
-            "small",
-            "--profile",
-            "cx3",
-            "--mns",
-            "3",
-            "--cns",
-            "9",
-            "--threads",
-            "4",
-            "--coroutines",
-            &co,
-            "--duration-ms",
-            "3",
-            "--protocol",
-            &list,
-        ];
-        let rows = dmem_cli::bench_txn::measure(&argv, &registry)
-            .with_context(|| format!("dmem bench {}", argv.join(" ")))?;
+        let rows = measure_on_testbed(&registry, "smallbank", "small", &co, "3", &list)?;
         for (i, row) in rows.iter().enumerate() {
             if protocols[i] != "motor:no-cas" {
                 anyhow::ensure!(
@@ -221,28 +234,14 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
         let mut tiny: Vec<Vec<f64>> = vec![Vec::new(); 3];
         for co in TINY_COROUTINES {
             let co_arg = co.to_string();
-            let argv = [
-                "--workload",
+            let rows = measure_on_testbed(
+                &registry,
                 workload,
-                "--scale",
                 "tiny",
-                "--profile",
-                "cx3",
-                "--mns",
-                "3",
-                "--cns",
-                "9",
-                "--threads",
-                "4",
-                "--coroutines",
                 &co_arg,
-                "--duration-ms",
                 "1",
-                "--protocol",
                 "lotus,motor,ford",
-            ];
-            let rows = dmem_cli::bench_txn::measure(&argv, &registry)
-                .with_context(|| format!("dmem bench {}", argv.join(" ")))?;
+            )?;
             for (i, row) in rows.iter().enumerate() {
                 anyhow::ensure!(
                     row["checker"] == "ok" && row["invariants"] == "ok",
