@@ -507,8 +507,9 @@ pub(crate) struct ClusterArgs {
     /// The cluster file.
     #[arg(long, value_name = "FILE")]
     cluster: PathBuf,
-    /// Kill this CN with SIGKILL during the run.
-    #[arg(long, value_name = "CN")]
+    /// Kill this CN with SIGKILL during the run; or this MN, for FORD and Pandora with
+    /// replication (Pandora §3.2.5).
+    #[arg(long, value_name = "NODE")]
     kill: Option<String>,
     /// When to kill it, ms after the CNs started.
     #[arg(long, default_value_t = 500)]
@@ -1139,7 +1140,12 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
         return background(action, args);
     }
     let cluster = Cluster::load(&args.cluster)?;
-    if let Some(kill) = &args.kill {
+    let kill_mn = args
+        .kill
+        .as_deref()
+        .filter(|k| cluster.mns.iter().any(|m| m.name == *k));
+    let kill_cn = args.kill.as_deref().filter(|_| kill_mn.is_none());
+    if let Some(kill) = kill_cn {
         cluster.cn(kill)?;
         if matches!(cluster.kind, Kind::Txn { .. }) {
             ensure!(
@@ -1155,6 +1161,17 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
         ensure!(
             setup.recovers()?,
             "--kill {kill}: protocol `{protocol}` has no recovery across processes yet (ford and pandora do)"
+        );
+    }
+    if let Some(kill) = kill_mn {
+        let Some(setup) = &setup else {
+            bail!("--kill {kill}: an MN can be killed in transaction runs only");
+        };
+        ensure!(
+            setup.recovers()? && setup.replicas()? > 1,
+            "--kill {kill}: an MN failure is survived by FORD and Pandora with replication only (this run keeps {} cop{} of each record)",
+            setup.replicas()?,
+            if setup.replicas()? == 1 { "y" } else { "ies" }
         );
     }
     let mut mns = Vec::new();
@@ -1204,21 +1221,23 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
                 std::thread::sleep(Duration::from_millis(5));
             }
             std::thread::sleep(Duration::from_millis(args.kill_after_ms));
+            let role = if kill_mn.is_some() { "MN" } else { "CN" };
             let victim = cns
                 .iter_mut()
+                .chain(mns.iter_mut())
                 .find(|c| &c.name == kill)
                 .context("checked above")?;
             ensure!(
                 matches!(victim.child.try_wait(), Ok(None)),
-                "CN `{kill}` finished before --kill-after-ms {} ms: raise the workload's duration_ms",
+                "{role} `{kill}` finished before --kill-after-ms {} ms: raise the workload's duration_ms",
                 args.kill_after_ms
             );
             victim
                 .child
                 .kill()
-                .with_context(|| format!("cannot kill CN `{kill}`"))?;
+                .with_context(|| format!("cannot kill {role} `{kill}`"))?;
             eprintln!(
-                "dmem cluster: killed CN `{kill}` with SIGKILL after {} ms",
+                "dmem cluster: killed {role} `{kill}` with SIGKILL after {} ms",
                 args.kill_after_ms
             );
         }
@@ -1242,17 +1261,24 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
             })
             .collect();
         let verdict =
-            crate::cluster_txn::collect(&cluster, args.kill.as_deref(), &cn_results, histories);
+            crate::cluster_txn::collect(&cluster, kill_cn, kill_mn, &cn_results, histories);
         if verdict.is_err() {
             // The MNs wait for a quit that `collect` did not get to send.
             let fabric = TcpFabric::new(NodeId(u16::MAX - 1));
-            crate::cluster_txn::quit_mns(&cluster, &fabric, &Executor::new());
+            let dead: Vec<NodeId> = cluster
+                .mns
+                .iter()
+                .filter(|m| Some(m.name.as_str()) == kill_mn)
+                .map(|m| m.node)
+                .collect();
+            crate::cluster_txn::quit_mns(&cluster, &fabric, &Executor::new(), &dead);
         }
         let mn_results: Vec<(String, bool, Option<crate::cluster_txn::TxnMnReport>)> =
             mns.into_iter().map(finish).collect();
         let mut verdict = verdict?;
         for (name, ok, report) in &mn_results {
-            if !ok || report.is_none() {
+            // The killed MN's report is missing by design.
+            if (!ok || report.is_none()) && kill_mn != Some(name.as_str()) {
                 verdict
                     .problems
                     .push(format!("MN `{name}` failed or printed no report"));

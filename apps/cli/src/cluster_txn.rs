@@ -17,7 +17,9 @@
 //!   CN, which waits until every other CN finished. For FORD and Pandora (the protocols
 //!   with recovery across processes so far) the first CN also runs Pandora's
 //!   `RecoveryManager` (§3.2.2: detection, link termination at every MN through the MN
-//!   processes, log recovery, notification) and every CN a stray-lock listener; other
+//!   processes, log recovery, notification; §3.2.5: MN probes, the failed-MN view
+//!   notification, the acknowledgement barrier and the resume) and every CN Pandora's CN
+//!   listener (stray-lock notifications, MN-failure views, pause and acknowledgement); other
 //!   protocols' CN failures end the run with an error. Each CN streams its history as
 //!   JSON.
 //! - **`dmem cluster`** merges the histories, reads the final state with a coordinator of
@@ -35,7 +37,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use dmem_deploy::{AnyContext, DeploySpec, Deployment, MnMemory, Protocol, Recorder};
-use dmem_ford::recovery::{heartbeat_loop, membership_listener};
+use dmem_ford::mnfail::cn_listener;
+use dmem_ford::recovery::heartbeat_loop;
 use dmem_ford::{LinkTerminator, Member, RecoveryManager};
 use dmem_runtime::{Clocked, Executor, RealClock};
 use dmem_shm::ShmMemoryNode;
@@ -148,6 +151,15 @@ impl TxnSetup {
         Ok(dmem_protocols::ford::ford_view(&*d).is_some())
     }
 
+    /// How many MNs hold each record (FORD and Pandora; 1 for other protocols).
+    pub(crate) fn replicas(&self) -> anyhow::Result<u16> {
+        let d = self.deploy(
+            MnMemory::remote(self.regions.clone()),
+            Recorder::new(Rc::default()),
+        )?;
+        Ok(dmem_protocols::ford::ford_view(&*d).map_or(1, |f| f.store().config().replicas))
+    }
+
     /// Bytes of each MN's region.
     pub(crate) fn bytes_per_mn(&self) -> u64 {
         self.regions.first().map_or(0, |r| r.len)
@@ -170,8 +182,20 @@ fn connected(
     cluster: &Cluster,
     deadline: Instant,
 ) -> anyhow::Result<TcpContext> {
+    connected_to(fabric, port, cluster, deadline, |_| true)
+}
+
+/// Connects a new context of `fabric` on `port` to every MN `alive` accepts (a failed MN
+/// is not waited for).
+fn connected_to(
+    fabric: &TcpFabric,
+    port: Port,
+    cluster: &Cluster,
+    deadline: Instant,
+    alive: impl Fn(NodeId) -> bool,
+) -> anyhow::Result<TcpContext> {
     let mut ctx = fabric.context(port)?;
-    for mn in cluster.mns() {
+    for mn in cluster.mns().iter().filter(|m| alive(m.node)) {
         crate::cluster::connect_retrying(&mut ctx, mn, deadline)?;
     }
     Ok(ctx)
@@ -377,6 +401,17 @@ struct Recovered {
     detected_ms: u64,
 }
 
+/// One MN failure handled by the first CN (Pandora §3.2.5).
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct MnFailed {
+    /// The failed MN.
+    pub(crate) mn: String,
+    /// When the detector confirmed it, ms after the first CN's run started.
+    detected_ms: u64,
+    /// When every live CN had acknowledged and was resumed; `None` if that never happened.
+    resumed_ms: Option<u64>,
+}
+
 /// What a CN reports in a transaction run.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct TxnCnReport {
@@ -388,6 +423,9 @@ pub(crate) struct TxnCnReport {
     delta: i64,
     /// First CN only: the CN failures it recovered.
     recovered: Vec<Recovered>,
+    /// First CN only: the MN failures it handled.
+    #[serde(default)]
+    mn_failures: Vec<MnFailed>,
     /// First CN only: the workload's invariants over the final state, read after every CN
     /// finished or was recovered (`ok`, the violations, or why they were skipped).
     invariants: String,
@@ -456,13 +494,19 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
             RealClock.sleep(period).await;
         }
     });
-    if let Some((_, _, Some(shared))) = &ford {
+    if let Some((store, _, Some(shared))) = &ford {
+        // Pandora's CN side: stray-lock notifications and MN failures (§3.2.5: the view
+        // change into this CN's store, the pause, the acknowledgement, the resume).
         let listener_ctx = Rc::new(Clocked::new(fabric.context(LISTENER)?));
-        let failed = Rc::clone(&shared.failed);
+        let (store, shared) = (Rc::clone(store), shared.clone());
+        let detector = endpoint(detector_cn, DETECTOR);
+        let poll = (period / 4).max(1);
         executor.spawn(async move {
-            let _ = membership_listener(&*listener_ctx, failed, period, u64::MAX).await;
+            let _ = cn_listener(&*listener_ctx, store, shared, detector, poll, u64::MAX).await;
         });
     }
+    // The store whose view says which MNs this CN counts as failed (FORD and Pandora).
+    let view_store = ford.as_ref().map(|(store, _, _)| Rc::clone(store));
     let tally = Rc::new((
         Cell::new(0u64),
         Cell::new(0u64),
@@ -475,6 +519,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     for (id, mut co, ctx) in coordinators {
         let (tally, running, workload) =
             (Rc::clone(&tally), Rc::clone(&running), Rc::clone(&workload));
+        let view_store = view_store.clone();
         executor.spawn(async move {
             let mut generator = workload.generator(u32::from(id), 0x5eed ^ u64::from(id));
             while RealClock.now() < end {
@@ -489,9 +534,19 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                     Executed::RolledBack { .. } => tally.1.set(tally.1.get() + 1),
                     Executed::Failed { .. } => {
                         tally.2.set(tally.2.get() + 1);
-                        // Revoked (or an MN gone): nothing this coordinator posts lands
-                        // any more.
-                        if ctx.links().any(|(region, _)| ctx.is_lost(region.node)) {
+                        // Revoked (or an MN gone that the view does not count as failed):
+                        // nothing this coordinator posts lands any more. An MN the view
+                        // dropped (Pandora §3.2.5) is no longer posted to.
+                        let failed_in_view = |node: NodeId| {
+                            view_store.as_ref().is_some_and(|store| {
+                                store
+                                    .mn_index(node)
+                                    .is_some_and(|mn| !store.view().borrow().is_alive(mn))
+                            })
+                        };
+                        if ctx.links().any(|(region, _)| {
+                            ctx.is_lost(region.node) && !failed_in_view(region.node)
+                        }) {
                             break;
                         }
                     }
@@ -506,6 +561,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         println!("ready {}", me.name);
     }
     let mut invariants = String::new();
+    let mut mn_failures = Vec::new();
     let recovered: Vec<Recovered> = if let Some(detector_ctx) = detector_ctx {
         let members = cluster
             .cns()
@@ -547,17 +603,22 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         // FORD/Pandora: Pandora's recovery manager takes over the detector's context;
         // other protocols only drain the heartbeats.
         let (mut manager, drain) = match &ford {
+            // The detector's own view of the MNs (a fork: this CN's coordinators learn of
+            // an MN failure through their listener, like every other CN's).
             Some((store, config, _)) => (
-                Some(RecoveryManager::new(
-                    Clocked::new(detector_ctx),
-                    Rc::clone(store),
-                    config.protocol,
-                    RemoteTerminator {
-                        ctx: Clocked::new(fabric.context(TERMINATOR)?),
-                    },
-                    members,
-                    cluster.timeout(),
-                )),
+                Some(
+                    RecoveryManager::new(
+                        Clocked::new(detector_ctx),
+                        Rc::new(store.fork_view()),
+                        config.protocol,
+                        RemoteTerminator {
+                            ctx: Clocked::new(fabric.context(TERMINATOR)?),
+                        },
+                        members,
+                        cluster.timeout(),
+                    )
+                    .watch_mns(period),
+                ),
                 None,
             ),
             None => (None, Some(detector_ctx)),
@@ -565,6 +626,9 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         let events = manager
             .as_ref()
             .map_or_else(Rc::default, RecoveryManager::events);
+        let mn_events = manager
+            .as_ref()
+            .map_or_else(Rc::default, RecoveryManager::mn_events);
         // Without recovery a CN that never reports ends the run, after this long.
         let give_up =
             RealClock.now() + (cluster.duration() + cluster.join_timeout() * 2).as_nanos() as u64;
@@ -607,6 +671,10 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                         recovered.insert(member.cn);
                         manager.recover(member).await?;
                     }
+                    // Pandora §3.2.5: probe the MNs, notify the CNs of a failed one,
+                    // resume them once every live CN acknowledged.
+                    manager.check_mns().await?;
+                    manager.maybe_resume().await?;
                 }
                 let pending: Vec<String> = others
                     .iter()
@@ -628,9 +696,23 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         })?;
         let events = events.borrow();
         // The final state, read by one more coordinator that knows who failed (it reads
-        // past the locks they left), then the MNs are told the run is over.
+        // past the locks they left) and which MNs failed (it connects to the live ones and
+        // reads their primaries), then the live MNs are told the run is over.
         streaming_off.set(true);
-        let final_ctx = AnyContext::Tcp(Rc::new(connected(&fabric, Port(3), cluster, deadline)?));
+        let mn_failed = |node: NodeId| {
+            view_store.as_ref().is_some_and(|store| {
+                store
+                    .mn_index(node)
+                    .is_some_and(|mn| !store.view().borrow().is_alive(mn))
+            })
+        };
+        let final_ctx = AnyContext::Tcp(Rc::new(connected_to(
+            &fabric,
+            Port(3),
+            cluster,
+            Instant::now() + cluster.join_timeout(),
+            |node| !mn_failed(node),
+        )?));
         let last = if ford.is_some() {
             // A coordinator of this CN, whose shared state learns every failed coordinator
             // (PILL then reads past the locks they left).
@@ -697,7 +779,25 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
             // A recovered CN's committed changes are not known here.
             "skipped (a CN was recovered)".to_owned()
         };
-        quit_mns(cluster, &fabric, &executor);
+        let dead: Vec<NodeId> = cluster
+            .mns()
+            .iter()
+            .map(|m| m.node)
+            .filter(|&n| mn_failed(n))
+            .collect();
+        quit_mns(cluster, &fabric, &executor, &dead);
+        mn_failures = mn_events
+            .borrow()
+            .iter()
+            .map(|e| MnFailed {
+                mn: cluster
+                    .mns()
+                    .get(usize::from(e.mn))
+                    .map_or_else(|| format!("MN {}", e.mn), |m| m.name.clone()),
+                detected_ms: e.detected_at.saturating_sub(start) / 1_000_000,
+                resumed_ms: e.resumed_at.map(|t| t.saturating_sub(start) / 1_000_000),
+            })
+            .collect();
         events
             .iter()
             .map(|e| Recovered {
@@ -742,6 +842,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         failed: tally.2.get(),
         delta: tally.3.get(),
         recovered,
+        mn_failures,
         invariants,
     };
     println!("{}", serde_json::to_string(&report)?);
@@ -761,6 +862,7 @@ pub(crate) struct TxnVerdict {
 pub(crate) fn collect(
     cluster: &Cluster,
     killed: Option<&str>,
+    killed_mn: Option<&str>,
     cns: &[(String, bool, Option<TxnCnReport>)],
     histories: Vec<History>,
 ) -> anyhow::Result<TxnVerdict> {
@@ -799,6 +901,30 @@ pub(crate) fn collect(
         }
     }
     let first = &cluster.cns()[0].name;
+    let first_report = cns
+        .iter()
+        .find(|(name, _, _)| name == first)
+        .and_then(|(_, _, r)| r.as_ref());
+    let handled: Vec<&MnFailed> =
+        first_report.map_or(Vec::new(), |r| r.mn_failures.iter().collect());
+    for failure in &handled {
+        if killed_mn != Some(failure.mn.as_str()) {
+            problems.push(format!(
+                "the live MN `{}` was counted as failed",
+                failure.mn
+            ));
+        } else if failure.resumed_ms.is_none() {
+            problems.push(format!(
+                "the CNs were never resumed after MN `{}` failed",
+                failure.mn
+            ));
+        }
+    }
+    if let Some(k) = killed_mn
+        && !handled.iter().any(|f| f.mn == k)
+    {
+        problems.push(format!("the killed MN `{k}` was not detected"));
+    }
     let invariants = cns
         .iter()
         .find(|(name, _, _)| name == first)
@@ -821,15 +947,20 @@ pub(crate) fn collect(
     })
 }
 
-/// Tells every MN of the cluster that the run is over.
-pub(crate) fn quit_mns(cluster: &Cluster, fabric: &TcpFabric, executor: &Executor) {
+/// Tells every MN of the cluster but the `dead` ones that the run is over.
+pub(crate) fn quit_mns(
+    cluster: &Cluster,
+    fabric: &TcpFabric,
+    executor: &Executor,
+    dead: &[NodeId],
+) {
     for mn in cluster.mns() {
         fabric.add_peer(mn.node, mn.control);
     }
     let Ok(ctx) = fabric.context(Port(2)) else {
         return;
     };
-    for mn in cluster.mns() {
+    for mn in cluster.mns().iter().filter(|m| !dead.contains(&m.node)) {
         if let Err(e) = executor.block_on(ctx.send(endpoint(mn.node, Port(0)), QUIT)) {
             eprintln!("dmem cluster: cannot tell MN `{}` to quit: {e}", mn.name);
         }
@@ -888,6 +1019,18 @@ pub(crate) fn print_summary(
         ]);
     }
     println!("{}", common::render(&t));
+    for r in cns.iter().filter_map(|(_, _, r)| r.as_ref()) {
+        for f in &r.mn_failures {
+            println!(
+                "MN failure: {} detected by {} at {} ms, CNs resumed {}",
+                f.mn,
+                r.name,
+                f.detected_ms,
+                f.resumed_ms
+                    .map_or_else(|| "never".to_owned(), |t| format!("at {t} ms"))
+            );
+        }
+    }
     println!(
         "checker: {}  invariants: {}",
         verdict.checker, verdict.invariants

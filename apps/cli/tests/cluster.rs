@@ -1,5 +1,5 @@
 //! Real deployments on the tcp fabric: `dmem cluster` with MN and CN processes on loopback
-//! and across network namespaces, a CN killed with SIGKILL, and cluster-file errors.
+//! and across network namespaces, a CN or an MN killed with SIGKILL, and cluster-file errors.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -366,6 +366,76 @@ fn smallbank_on_pandora_recovers_a_killed_cn_process() {
     let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "pandora"));
     let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
     assert_recovered_kill(&out);
+}
+
+/// Pandora §3.2.5 across processes: 3 MNs (3 replicas), 2 CNs, SmallBank on Pandora, one
+/// MN process killed with SIGKILL mid-run. The first CN's detector confirms the failure,
+/// the CNs drop the MN from their views, decide their in-flight transactions, acknowledge
+/// and are resumed; both CNs finish, the merged history is clean and the invariants hold
+/// on the survivors' final state.
+#[test]
+fn smallbank_on_pandora_survives_a_killed_mn_process() {
+    let dir = TempDir::new("mnkill");
+    let ports = free_ports(8);
+    let local = [
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+    ];
+    let extra_mns = format!(
+        r#"
+[[node]]
+name = "mn1"
+role = "mn"
+data = "127.0.0.1:{}"
+control = "127.0.0.1:{}"
+
+[[node]]
+name = "mn2"
+role = "mn"
+data = "127.0.0.1:{}"
+control = "127.0.0.1:{}"
+"#,
+        ports[4], ports[5], ports[6], ports[7]
+    );
+    let text = format!("{}\n{extra_mns}", smallbank_toml(local, &ports, "pandora"));
+    let file = dir.write("cluster.toml", &text);
+    let out = run_cluster(&file, &["--kill", "mn1", "--kill-after-ms", "400"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "dmem cluster failed: {stderr}");
+    assert!(stderr.contains("killed MN `mn1` with SIGKILL"), "{stderr}");
+    let r = reports(&out);
+    assert!(!r.contains_key("mn1"), "the killed MN printed a report");
+    for name in ["mn0", "mn2"] {
+        assert!(r.contains_key(name), "{name} printed no report: {stderr}");
+    }
+    let cn0 = &r["cn0"];
+    for cn in ["cn0", "cn1"] {
+        assert!(r[cn]["committed"].as_u64().unwrap() > 0, "{}", r[cn]);
+    }
+    let failures = cn0["mn_failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{cn0}");
+    assert_eq!(failures[0]["mn"], "mn1");
+    assert!(failures[0]["resumed_ms"].is_u64(), "{cn0}");
+    assert_eq!(cn0["invariants"], "ok", "{cn0}");
+    assert!(cn0["recovered"].as_array().unwrap().is_empty(), "{cn0}");
+}
+
+/// Killing an MN needs replication: with one MN the run is refused before it starts.
+#[test]
+fn kill_of_an_unreplicated_mn_is_refused() {
+    let dir = TempDir::new("mnkill1");
+    let ports = free_ports(4);
+    let local = [
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+        ("127.0.0.1", None),
+    ];
+    let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "pandora"));
+    let out = run_cluster(&file, &["--kill", "mn0"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("with replication only"), "{stderr}");
 }
 
 #[test]

@@ -551,8 +551,13 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
         Ok(())
     }
 
-    /// Resumes every live CN once each has acknowledged the latest MN view (§3.2.5 step 3).
-    async fn maybe_resume(&mut self) -> Result<(), RecoveryError> {
+    /// Resumes every live CN once each has acknowledged the latest MN view (§3.2.5 step 3);
+    /// the step [`run`](Self::run) takes each poll after recovering, for a caller that runs
+    /// its own loop (as [`detect`](Self::detect) and [`check_mns`](Self::check_mns)).
+    ///
+    /// # Errors
+    /// [`RecoveryError`] if a resume message cannot be sent.
+    pub async fn maybe_resume(&mut self) -> Result<(), RecoveryError> {
         let Some((epoch, acked)) = &self.awaiting else {
             return Ok(());
         };

@@ -27,7 +27,9 @@ use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundValues, TableId,
     Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, WriteEvent, WriteKind,
 };
-use dmem_verbs::{BatchResult, Clock, Nanos, NodeId, PostList, Verbs, VerbsError, WrId};
+use dmem_verbs::{
+    BatchResult, Clock, Nanos, NodeId, Op, PostList, RemoteAddr, Verbs, VerbsError, WrId,
+};
 
 use crate::cn::CnShared;
 use crate::config::{FordBug, ProtocolConfig};
@@ -262,10 +264,20 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             }
             self.co.ctx.sleep(poll).await;
         }
+        // The lock CASes (0 to this coordinator's word) of the batch: if an MN fails under
+        // it, the parts sent to the live MNs still run, but which locks they took never
+        // comes back; they are released below by CAS from this coordinator's word.
+        let lock_cas = if self.co.shared.mn.borrow().enabled() {
+            self.lock_cas_of(&list)
+        } else {
+            Vec::new()
+        };
         self.co.ctx.mark_phase(phase);
         match self.co.ctx.post(list).await {
             Ok(res) => {
                 if self.view_changed() {
+                    // The batch's results are dropped with the transaction: so are its locks.
+                    self.release_lost_locks(&lock_cas).await;
                     self.mn_failed = true;
                     return Err(aborted(MN_VIEW_CHANGED));
                 }
@@ -274,12 +286,55 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             Err(VerbsError::ConnectionLost { node }) => match self.mn_failure_handled(node) {
                 Some(mn) => {
                     self.co.await_mn_failure(mn).await;
+                    self.release_lost_locks(&lock_cas).await;
                     self.mn_failed = true;
                     Err(aborted("memory node failed"))
                 }
                 None => Err(VerbsError::ConnectionLost { node }.into()),
             },
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The addresses `list` tries to lock for this coordinator (CAS from 0 to its word).
+    fn lock_cas_of(&self, list: &PostList) -> Vec<RemoteAddr> {
+        let me = logic::my_lock(self.co.id);
+        list.clone().finish().map_or_else(
+            |_| Vec::new(),
+            |wrs| {
+                wrs.iter()
+                    .filter_map(|wr| match wr.op {
+                        Op::Cas {
+                            addr,
+                            expect: 0,
+                            swap,
+                        } if swap == me => Some(addr),
+                        _ => None,
+                    })
+                    .collect()
+            },
+        )
+    }
+
+    /// Releases, on the MNs the CN's view still counts as live, every lock of `addrs` this
+    /// coordinator may hold (CAS from its word to 0; a lock it did not take is untouched).
+    /// Best effort: a further failed MN is met by the abort that follows.
+    async fn release_lost_locks(&self, addrs: &[RemoteAddr]) {
+        let me = logic::my_lock(self.co.id);
+        let view = self.store().view().borrow().clone();
+        let mut list = PostList::new();
+        for &addr in addrs {
+            if self
+                .store()
+                .mn_index(addr.node)
+                .is_some_and(|mn| view.is_alive(mn))
+            {
+                list.cas(addr, me, 0);
+            }
+        }
+        if !list.is_empty() {
+            self.co.ctx.mark_phase("release-lost-locks");
+            let _ = self.co.ctx.post(list).await;
         }
     }
 
