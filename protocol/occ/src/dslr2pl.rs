@@ -71,7 +71,7 @@ impl Default for DslrConfig {
         Self {
             poll_ns: 2_000,
             deadlock_ns: 200_000,
-            reset_lease_ns: 400_000,
+            reset_lease_ns: 1_000_000,
         }
     }
 }
