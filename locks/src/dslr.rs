@@ -109,6 +109,25 @@ impl DslrWord {
         }
     }
 
+    /// The lease-reset barrier (DSLR §4.4): every counter at [`THRESHOLD`], a state the
+    /// exhaustion path never reaches (only one counter can pass the threshold there). A
+    /// word stuck with holders that never release is CASed here: tickets taken on it are
+    /// invalid (undone and retried, as for exhaustion), waiters of the old tickets see it
+    /// and give them up, and once it has stood unchanged for a reset lease it is CASed to
+    /// zero like an exhausted word.
+    pub const BARRIER: Self = Self {
+        max_x: THRESHOLD,
+        max_s: THRESHOLD,
+        n_x: THRESHOLD,
+        n_s: THRESHOLD,
+    };
+
+    /// Whether the word is the barrier, possibly with undone-to-be tickets on it.
+    #[must_use]
+    pub const fn is_barrier(self) -> bool {
+        self.n_x == THRESHOLD && self.n_s == THRESHOLD
+    }
+
     /// Whether the word is drained after the valid tickets up to `max_x`/`max_s`: all of
     /// them released and no invalid increment outstanding, so it may be CASed to zero.
     #[must_use]
@@ -323,5 +342,14 @@ mod tests {
         };
         assert!(drained.drained(THRESHOLD, 4));
         assert_eq!(DslrWord::from_raw(drained.raw()), drained);
+        assert!(
+            !drained.is_barrier(),
+            "exhaustion never looks like the barrier"
+        );
+        let b = DslrWord::BARRIER;
+        assert!(b.is_barrier());
+        let taken = DslrWord::from_raw(b.raw() + DslrWord::acquire_delta(X));
+        assert!(!b.ticket_is_valid() && taken.is_barrier());
+        assert_eq!(DslrWord::from_raw(b.raw()), b);
     }
 }

@@ -20,6 +20,7 @@ use crate::drtm::{DrtmConfig, DrtmCoordinator};
 use crate::dslr2pl::{DslrConfig, DslrCoordinator};
 use crate::manager::{LeaseTable, ManagerLog, Policy};
 use crate::oocc::{Leases, OoccConfig, OoccCoordinator, Stats};
+use crate::recovery::RedoLog;
 use crate::store::{Directory, Layout, Loc, emit, parse};
 
 /// OOCC under a registered name, with its configuration and its clocks.
@@ -34,7 +35,8 @@ pub struct OoccProtocol {
     pub manager: Option<Policy>,
     /// DrTM instead of OOCC (same store, same recovery).
     pub drtm: Option<DrtmConfig>,
-    /// DSLR two-phase locking instead of OOCC (same store; no crash recovery).
+    /// DSLR two-phase locking instead of OOCC (same store; recovery by its redo log and
+    /// lease reset).
     pub dslr: Option<DslrConfig>,
 }
 
@@ -301,12 +303,14 @@ impl Deployment for OoccDeployment {
         recovery_cn: u16,
         timing: RecoveryTiming,
     ) -> Result<(), DeployError> {
-        if self.protocol.dslr.is_some() {
-            // A DSLR word does not name its holders: no recovery (see `dslr2pl`).
-            return Ok(());
-        }
         let (dir, leases) = (Rc::clone(&self.dir), Rc::clone(&self.leases));
-        let log_is_decision = self.protocol.drtm.is_some();
+        let kind = if self.protocol.dslr.is_some() {
+            RedoLog::DecidedVersioned
+        } else if self.protocol.drtm.is_some() {
+            RedoLog::Decided
+        } else {
+            RedoLog::Validated
+        };
         // Past `until` too (as long again): DrTM's transactions wait out 400 µs leases and
         // may still be running, and crash, when the other tasks stop.
         let timing = RecoveryTiming {
@@ -321,7 +325,7 @@ impl Deployment for OoccDeployment {
             &self.oracle,
             move || leases.borrow().iter().map(|(id, n, _)| (*id, *n)).collect(),
             async move |c: &SimContext, id: u16| {
-                crate::recovery::recover_coordinator(c, &dir, id, log_is_decision)
+                crate::recovery::recover_coordinator(c, &dir, id, kind)
                     .await
                     .map_err(|e| e.to_string())
             },

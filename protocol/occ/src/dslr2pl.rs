@@ -17,8 +17,26 @@
 //!   its record's WRITE). Read-only transactions release their shared locks without
 //!   waiting. The value carries an 8-byte version in front (for histories).
 //!
-//! Crash recovery is not built: a DSLR word does not say who holds it (DSLR resets words
-//! by leases, §4.4 of its paper), so `dslr` runs the litmus tests without crashes.
+//!
+//! Crash recovery (DSLR §4.4's lease reset, with the redo log rolled forward by
+//! [`crate::recovery`] as [`crate::recovery::RedoLog::DecidedVersioned`]):
+//!
+//! * *Atomicity*: the log is written after every lock is granted, so a whole log rolls
+//!   forward onto the records that still show the logged old version.
+//! * *Liveness*: a crashed coordinator's tickets, held or queued, are never released. A
+//!   waiter that sees the word's `n_x`/`n_s` stand still for `reset_lease_ns` CASes the
+//!   word to [`DslrWord::BARRIER`]; waiters of the old tickets see the barrier and give
+//!   them up (their transactions abort), new tickets on it are invalid (undone, as for
+//!   exhaustion), and a client that has seen the barrier stand for another reset lease
+//!   CASes it to zero (the exhaustion reset). Waiters poll every `poll_ns`, far below the
+//!   lease, so every live waiter sees the barrier before it goes.
+//! * *No writer under a live holder*: a transaction counts its hold lease from just before
+//!   its first grant (the post of the FAA, or of the last READ that did not grant) and
+//!   aborts before its commit WRITEs once half the reset lease has passed, and gives its
+//!   tickets up instead of releasing them once three quarters have passed. A reset comes a
+//!   whole reset lease after a waiter saw the counters stop, so the holder's WRITEs and
+//!   releases, and recovery's roll-forward of a holder that crashed (detection and a
+//!   few round trips, well below the remaining half lease), land before it.
 
 use std::rc::Rc;
 
@@ -42,6 +60,10 @@ pub struct DslrConfig {
     pub poll_ns: Nanos,
     /// Waiting longer than this counts as a deadlock, ns.
     pub deadlock_ns: Nanos,
+    /// Counters standing still this long mean a holder died: the word is reset (DSLR §4.4),
+    /// ns. Holders commit within half of it; it must exceed the failure detector's timeout
+    /// plus recovery's roll-forward by that half.
+    pub reset_lease_ns: Nanos,
 }
 
 impl Default for DslrConfig {
@@ -49,6 +71,7 @@ impl Default for DslrConfig {
         Self {
             poll_ns: 2_000,
             deadlock_ns: 200_000,
+            reset_lease_ns: 1_000_000,
         }
     }
 }
@@ -108,6 +131,8 @@ impl<C: Verbs + Clock> Coordinator for DslrCoordinator<C> {
             pending: Vec::new(),
             events: Vec::new(),
             done: false,
+            lease_start: None,
+            barriers: Vec::new(),
         })
     }
 }
@@ -136,6 +161,34 @@ pub struct DslrTxn<'a, C> {
     pending: Vec<(RemoteAddr, LockMode, DslrWord)>,
     events: Vec<ReadEvent>,
     done: bool,
+    /// Just before the first grant (the hold lease counts from here).
+    lease_start: Option<Nanos>,
+    /// Words seen at the lease-reset barrier: cleared to zero once it has stood long enough.
+    barriers: Vec<RemoteAddr>,
+}
+
+/// What one look at a waited-for word decided.
+enum Look {
+    Granted,
+    Waiting,
+    /// The ticket's word was reset: the ticket is gone.
+    Reset,
+}
+
+/// A waited-for ticket's view of its word's counters: since when `n_x`/`n_s` stand still.
+#[derive(Clone, Copy)]
+struct Stall {
+    seen: (u64, u64),
+    since: Nanos,
+}
+
+impl Stall {
+    fn new(word: DslrWord, now: Nanos) -> Self {
+        Self {
+            seen: (word.n_x, word.n_s),
+            since: now,
+        }
+    }
 }
 
 fn aborted(why: &'static str) -> TxnError {
@@ -157,6 +210,61 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
 
     fn record_len(&self, table: TableId) -> Result<u32, TxnError> {
         Ok(OoccRecordHeader::record_len(self.co.dir.value_len(table)?) as u32)
+    }
+
+    fn note_grant(&mut self, before: Nanos) {
+        self.lease_start = Some(self.lease_start.map_or(before, |s| s.min(before)));
+    }
+
+    /// Whether the hold lease leaves room for the commit WRITEs.
+    fn may_commit(&self) -> bool {
+        let hold = self.co.cfg.reset_lease_ns / 2;
+        self.lease_start
+            .is_none_or(|s| self.co.ctx.now() < s.saturating_add(hold))
+    }
+
+    /// Whether releasing the held tickets still lands before any reset of their words.
+    fn may_release(&self) -> bool {
+        let hold = self.co.cfg.reset_lease_ns / 4 * 3;
+        self.lease_start
+            .is_none_or(|s| self.co.ctx.now() < s.saturating_add(hold))
+    }
+
+    /// Judges `word`, just READ (at `now`) for `ticket` in `mode` at `addr`: granted,
+    /// still waiting, or reset (the barrier, or counters stalled for the reset lease and
+    /// this client CASed the barrier in).
+    async fn look(
+        &mut self,
+        addr: RemoteAddr,
+        ticket: DslrWord,
+        mode: LockMode,
+        word: DslrWord,
+        stall: &mut Stall,
+        now: Nanos,
+    ) -> Look {
+        if word.is_barrier() {
+            self.barriers.push(addr);
+            return Look::Reset;
+        }
+        if word.grants(ticket, mode) {
+            return Look::Granted;
+        }
+        if (word.n_x, word.n_s) != stall.seen {
+            *stall = Stall::new(word, now);
+            return Look::Waiting;
+        }
+        if now.saturating_sub(stall.since) < self.co.cfg.reset_lease_ns {
+            return Look::Waiting;
+        }
+        let mut l = PostList::new();
+        let c = l.cas(addr, word.raw(), DslrWord::BARRIER.raw());
+        match self.co.ctx.post(l).await {
+            Ok(r) if r.atomic(c) == word.raw() => {
+                self.barriers.push(addr);
+                Look::Reset
+            }
+            _ => Look::Waiting,
+        }
     }
 
     fn hold(
@@ -201,19 +309,25 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
             );
             ids.push((table, key, loc, mode, faa, read));
         }
+        let posted = self.co.ctx.now();
         let res = self.co.ctx.post(list).await?;
+        let landed = self.co.ctx.now();
         let mut waiting = Vec::new();
         let mut invalid = Vec::new();
         for (table, key, loc, mode, faa, read) in ids {
             let ticket = DslrWord::from_raw(res.atomic(faa));
             let addr = self.lock_addr(table, loc)?;
             if !ticket.ticket_is_valid() {
+                if ticket.is_barrier() {
+                    self.barriers.push(addr);
+                }
                 invalid.push((addr, mode));
             } else if ticket.grants(ticket, mode) {
+                self.note_grant(posted);
                 self.hold(table, key, loc, mode, ticket, res.bytes(read))?;
             } else {
                 self.pending.push((addr, mode, ticket));
-                waiting.push((table, key, loc, mode, ticket));
+                waiting.push((table, key, loc, mode, ticket, Stall::new(ticket, landed)));
             }
         }
         if !invalid.is_empty() {
@@ -226,46 +340,80 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         }
         // Queue: READ the waiting records until their words grant the tickets.
         let deadline = self.co.ctx.now() + self.co.cfg.deadlock_ns;
+        let mut before = posted;
+        let mut reset = false;
         while !waiting.is_empty() {
+            if reset {
+                return Err(aborted("DSLR lock reset by lease (a holder died)"));
+            }
             if self.co.ctx.now() > deadline {
                 return Err(aborted("DSLR wait timed out (deadlock)"));
             }
             self.co.ctx.sleep(self.co.cfg.poll_ns).await;
             let mut list = PostList::new();
             let mut ids = Vec::new();
-            for &(table, _, loc, _, _) in &waiting {
+            for &(table, _, loc, _, _, _) in &waiting {
                 ids.push(list.read(
                     self.co.dir.addr(loc.mn, loc.offset),
                     self.record_len(table)?,
                 ));
             }
+            let posted = self.co.ctx.now();
             let res = self.co.ctx.post(list).await?;
+            let landed = self.co.ctx.now();
             let mut still = Vec::new();
-            for ((table, key, loc, mode, ticket), id) in waiting.into_iter().zip(ids) {
+            for ((table, key, loc, mode, ticket, mut stall), id) in waiting.into_iter().zip(ids) {
                 let image = parse(res.bytes(id), self.co.dir.value_len(table)?);
-                if word_of(image.lock).grants(ticket, mode) {
-                    let addr = self.lock_addr(table, loc)?;
-                    self.pending.retain(|p| p.0 != addr || p.2 != ticket);
-                    self.hold(table, key, loc, mode, ticket, res.bytes(id))?;
-                } else {
-                    still.push((table, key, loc, mode, ticket));
+                let addr = self.lock_addr(table, loc)?;
+                match self
+                    .look(addr, ticket, mode, word_of(image.lock), &mut stall, landed)
+                    .await
+                {
+                    Look::Granted => {
+                        self.pending.retain(|p| p.0 != addr || p.2 != ticket);
+                        // The release that granted it landed after the previous READ.
+                        self.note_grant(before);
+                        self.hold(table, key, loc, mode, ticket, res.bytes(id))?;
+                    }
+                    Look::Reset => {
+                        self.pending.retain(|p| p.0 != addr || p.2 != ticket);
+                        reset = true;
+                    }
+                    Look::Waiting => still.push((table, key, loc, mode, ticket, stall)),
                 }
             }
+            before = posted;
             waiting = still;
+        }
+        if reset {
+            return Err(aborted("DSLR lock reset by lease (a holder died)"));
         }
         Ok(())
     }
 
-    /// Releases what is held (after `first`, posted in the same list), then waits for
-    /// the outstanding tickets and releases each once granted; resets exhausted words.
+    async fn read_lock_word(&self, addr: RemoteAddr) -> Option<DslrWord> {
+        let mut l = PostList::new();
+        let id = l.read(addr, 8);
+        let res = self.co.ctx.post(l).await.ok()?;
+        Some(DslrWord::from_raw(u64::from_le_bytes(
+            res.bytes(id).try_into().ok()?,
+        )))
+    }
+
+    /// Releases what is held (after `first`, posted in the same list; held tickets are
+    /// given up instead once the hold lease is too old), then waits for the outstanding
+    /// tickets and releases each once granted (or gives it up if its word is reset);
+    /// resets exhausted words; clears lease-reset barriers that have stood long enough.
     async fn release_all(&mut self, first: PostList) {
         let mut list = first;
         let mut resets = Vec::new();
-        for h in &self.held {
-            if let Ok(addr) = self.lock_addr(h.table, h.loc) {
-                list.faa(addr, DslrWord::release_delta(h.mode));
-                if DslrWord::ticket_resets(h.ticket, h.mode) {
-                    resets.push((addr, h.ticket, h.mode));
+        if self.may_release() {
+            for h in &self.held {
+                if let Ok(addr) = self.lock_addr(h.table, h.loc) {
+                    list.faa(addr, DslrWord::release_delta(h.mode));
+                    if DslrWord::ticket_resets(h.ticket, h.mode) {
+                        resets.push((addr, h.ticket, h.mode));
+                    }
                 }
             }
         }
@@ -275,23 +423,24 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         }
         let pending = std::mem::take(&mut self.pending);
         for (addr, mode, ticket) in pending {
+            let mut stall = Stall::new(ticket, self.co.ctx.now());
             loop {
-                let mut l = PostList::new();
-                let id = l.read(addr, 8);
-                let Ok(res) = self.co.ctx.post(l).await else {
+                let Some(now) = self.read_lock_word(addr).await else {
                     return;
                 };
-                let now = DslrWord::from_raw(u64::from_le_bytes(
-                    res.bytes(id).try_into().unwrap_or([0; 8]),
-                ));
-                if now.grants(ticket, mode) {
-                    let mut l = PostList::new();
-                    l.faa(addr, DslrWord::release_delta(mode));
-                    let _ = self.co.ctx.post(l).await;
-                    if DslrWord::ticket_resets(ticket, mode) {
-                        resets.push((addr, ticket, mode));
+                let at = self.co.ctx.now();
+                match self.look(addr, ticket, mode, now, &mut stall, at).await {
+                    Look::Granted => {
+                        let mut l = PostList::new();
+                        l.faa(addr, DslrWord::release_delta(mode));
+                        let _ = self.co.ctx.post(l).await;
+                        if DslrWord::ticket_resets(ticket, mode) {
+                            resets.push((addr, ticket, mode));
+                        }
+                        break;
                     }
-                    break;
+                    Look::Reset => break,
+                    Look::Waiting => {}
                 }
                 self.co.ctx.sleep(self.co.cfg.poll_ns).await;
             }
@@ -302,15 +451,46 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
                 LockMode::Shared => (ticket.max_x, ticket.max_s + 1),
             };
             loop {
-                let mut l = PostList::new();
-                let id = l.read(addr, 8);
-                let Ok(res) = self.co.ctx.post(l).await else {
+                let Some(now) = self.read_lock_word(addr).await else {
                     return;
                 };
-                let now = DslrWord::from_raw(u64::from_le_bytes(
-                    res.bytes(id).try_into().unwrap_or([0; 8]),
-                ));
+                if now.is_barrier() || now.max_x < x || now.max_s < s {
+                    // Reset by lease meanwhile: this epoch's tickets are gone.
+                    break;
+                }
                 if now.drained(x, s) {
+                    let mut l = PostList::new();
+                    let c = l.cas(addr, now.raw(), 0);
+                    if let Ok(r) = self.co.ctx.post(l).await
+                        && r.atomic(c) == now.raw()
+                    {
+                        break;
+                    }
+                }
+                self.co.ctx.sleep(self.co.cfg.poll_ns).await;
+            }
+        }
+        let mut barriers = std::mem::take(&mut self.barriers);
+        let mut unique = Vec::new();
+        for a in barriers.drain(..) {
+            if !unique.contains(&a) {
+                unique.push(a);
+            }
+        }
+        for addr in unique {
+            // Counted from this client's own first look: every waiter of the old tickets
+            // polls within `poll_ns` and sees the barrier before it goes.
+            let since = self.co.ctx.now();
+            loop {
+                let Some(now) = self.read_lock_word(addr).await else {
+                    return;
+                };
+                if !now.is_barrier() {
+                    break;
+                }
+                if now == DslrWord::BARRIER
+                    && self.co.ctx.now().saturating_sub(since) >= self.co.cfg.reset_lease_ns
+                {
                     let mut l = PostList::new();
                     let c = l.cas(addr, now.raw(), 0);
                     if let Ok(r) = self.co.ctx.post(l).await
@@ -461,6 +641,8 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
                 );
             }
             if self.pending.is_empty()
+                && self.barriers.is_empty()
+                && self.may_release()
                 && !self
                     .held
                     .iter()
@@ -471,10 +653,12 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
                     let _ = self.co.ctx.post_detached(list).await;
                 }
             } else {
-                self.held.clear();
-                self.release_all(list).await;
+                self.release_all(PostList::new()).await;
             }
             return Ok(());
+        }
+        if !self.may_commit() {
+            return Err(aborted("DSLR hold lease passed before commit"));
         }
         let layout = dir.layout();
         let header = (u64::from(self.co.id) << 48) | (self.id.seq & 0xFFFF_FFFF_FFFF);
@@ -537,8 +721,12 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         for (h, image) in written.iter().zip(&images) {
             list.write(dir.addr(h.loc.mn, h.loc.offset), image);
         }
-        list.write(log_addr, &[0u8; 16]);
         self.release_all(list).await;
+        // Truncated once the records landed (a crash before leaves a whole log behind,
+        // which recovery rolls onto no record: every one shows a newer version).
+        let mut trunc = PostList::new();
+        trunc.write(log_addr, &[0u8; 16]);
+        let _ = self.co.ctx.post_detached(trunc).await;
         bump(&self.co.stats.rw_committed, 1);
         self.co
             .history

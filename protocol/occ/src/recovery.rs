@@ -77,11 +77,26 @@ fn image_lock(image: &[u8]) -> OoccLockWord {
     ))
 }
 
-/// Recovers coordinator `id` (steps 2–4 of the module docs) through `ctx`.
-///
-/// `log_is_decision`: the protocol writes its redo log only after deciding to commit
-/// (DrTM), so a whole log rolls forward by itself; OOCC logs in the same round as its
-/// validation and decides by what landed.
+/// What a protocol's redo log means and how its records say who holds them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedoLog {
+    /// OOCC: logged in the same round as validation; the decision is what landed; lock
+    /// words name their owner.
+    Validated,
+    /// DrTM: logged only after deciding to commit, so a whole log rolls forward by itself;
+    /// lock words name their owner.
+    Decided,
+    /// DSLR 2PL: logged after every lock is granted (a whole log rolls forward), but a
+    /// DSLR word names no holder. A logged image is written only while the record's value
+    /// still carries the logged old version (the 8-byte prefix): the coordinator's commit
+    /// WRITE precedes its release on the same queue pair, so the old version proves it
+    /// still holds the exclusive ticket. Its tickets are not released here: DSLR's lease
+    /// reset clears them (`dslr2pl`), after this roll-forward.
+    DecidedVersioned,
+}
+
+/// Recovers coordinator `id` (steps 2–4 of the module docs) through `ctx`, reading its
+/// log as `kind` says.
 ///
 /// # Errors
 /// A verb failed.
@@ -89,8 +104,12 @@ pub async fn recover_coordinator<C: Verbs + Clock>(
     ctx: &C,
     dir: &Rc<Directory>,
     id: u16,
-    log_is_decision: bool,
+    kind: RedoLog,
 ) -> Result<RecoveredCoordinator, VerbsError> {
+    if kind == RedoLog::DecidedVersioned {
+        return recover_versioned(ctx, dir, id).await;
+    }
+    let log_is_decision = kind == RedoLog::Decided;
     let layout = dir.layout();
     let mut list = PostList::new();
     let log_id = list.read(
@@ -187,5 +206,61 @@ pub async fn recover_coordinator<C: Verbs + Clock>(
             ctx.post(release).await?;
         }
     }
+    Ok(out)
+}
+
+fn prefix_version(bytes: &[u8]) -> Option<u64> {
+    let at = OoccRecordHeader::LEN;
+    Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// [`RedoLog::DecidedVersioned`]: rolls a whole log forward onto the records that still
+/// show the logged old version; releases nothing.
+async fn recover_versioned<C: Verbs + Clock>(
+    ctx: &C,
+    dir: &Rc<Directory>,
+    id: u16,
+) -> Result<RecoveredCoordinator, VerbsError> {
+    let layout = dir.layout();
+    let log_addr = dir.addr(layout.log_mn(id), layout.log_offset(id));
+    let mut list = PostList::new();
+    let log_id = list.read(log_addr, LOG_REGION_BYTES as u32);
+    let log = ctx.post(list).await?.take_bytes(log_id);
+    let mut out = RecoveredCoordinator {
+        coordinator: id,
+        txn: None,
+        decision: None,
+        restored: 0,
+        unlocked: 0,
+    };
+    let Some((header, entries)) = parse_log(&log) else {
+        return Ok(out);
+    };
+    out.txn = Some(header & 0xFFFF_FFFF_FFFF);
+    out.decision = Some(Decision::RollForward);
+    let mut list = PostList::new();
+    let at = (OoccRecordHeader::LEN + 8) as u32;
+    let ids: Vec<_> = entries
+        .iter()
+        .map(|e| list.read(dir.addr(e.mn, e.offset), at))
+        .collect();
+    let res = ctx.post(list).await?;
+    let mut write = PostList::new();
+    for (e, rid) in entries.iter().zip(ids) {
+        let logged_new = prefix_version(&e.image);
+        let now = prefix_version(res.bytes(rid));
+        if let (Some(new), Some(now)) = (logged_new, now)
+            && now.wrapping_add(1) == new
+        {
+            write.write(dir.addr(e.mn, e.offset), &e.image);
+            out.restored += 1;
+        }
+    }
+    if !write.is_empty() {
+        ctx.post(write).await?;
+    }
+    let mut trunc = PostList::new();
+    trunc.write(log_addr, &[0u8; 16]);
+    ctx.post(trunc).await?;
     Ok(out)
 }

@@ -133,3 +133,51 @@ fn redo_logs_roll_partly_committed_transactions_forward() {
     );
     assert!(back > 0 && unlocked > 0);
 }
+
+#[test]
+fn dslr_rolls_whole_logs_forward_and_resets_dead_tickets() {
+    let p = Recorded(OoccProtocol::dslr(
+        "dslr",
+        dmem_occ::dslr2pl::DslrConfig::default(),
+    ));
+    let cfg = RunConfig::new(1.0);
+    let mut runs = 0;
+    for litmus in [
+        Litmus::DirectWrite,
+        Litmus::IndirectWrite,
+        Litmus::ReadWrite,
+    ] {
+        for seed in 0..300 {
+            let out = run_one(&p, litmus, seed, &cfg).unwrap();
+            assert!(
+                out.violation.is_none(),
+                "{litmus:?} seed {seed}: {:?}",
+                out.violation
+            );
+            assert_eq!(out.recoveries, 1, "{litmus:?} seed {seed}");
+            runs += 1;
+        }
+    }
+    let events = EVENTS.with(|e| e.borrow().clone());
+    let (mut forward, mut restored) = (0, 0);
+    for c in events.iter().flat_map(|e| e.coordinators.iter()) {
+        assert_ne!(
+            c.decision,
+            Some(Decision::RollBack),
+            "DSLR logs only decided"
+        );
+        assert_eq!(c.unlocked, 0, "a DSLR word names no holder to release");
+        if c.decision == Some(Decision::RollForward) {
+            forward += 1;
+            restored += c.restored;
+        }
+    }
+    eprintln!(
+        "dslr: {runs} runs, {} recoveries: {forward} logs rolled forward ({restored} records completed)",
+        events.len()
+    );
+    assert!(
+        restored > 0,
+        "no crash fell between the redo log and a record WRITE"
+    );
+}
