@@ -80,13 +80,6 @@ impl Deployment for SerialDeployment {
         // Nothing can fail: the map is not on the fabric.
         Ok(())
     }
-    fn final_coordinator(
-        &mut self,
-        ctx: AnyContext,
-        id: u16,
-    ) -> Result<BoxCoordinator, DeployError> {
-        self.coordinator(ctx, id)
-    }
     fn recovery_events(&self) -> Vec<RecoveryEvent> {
         Vec::new()
     }

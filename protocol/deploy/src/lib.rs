@@ -337,13 +337,18 @@ pub trait Deployment {
     /// A coordinator on `ctx` that knows every coordinator recovery declared failed (for a
     /// read-only check transaction after recovery).
     ///
+    /// By default a worker coordinator (for a protocol whose coordinators learn about failed
+    /// coordinators from shared state anyway).
+    ///
     /// # Errors
     /// [`DeployError`] if the protocol has no room for `id`.
     fn final_coordinator(
         &mut self,
         ctx: AnyContext,
         id: u16,
-    ) -> Result<BoxCoordinator, DeployError>;
+    ) -> Result<BoxCoordinator, DeployError> {
+        self.coordinator(ctx, id)
+    }
 
     /// The CN failures recovered so far.
     fn recovery_events(&self) -> Vec<RecoveryEvent>;

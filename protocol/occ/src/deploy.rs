@@ -332,14 +332,6 @@ impl Deployment for OoccDeployment {
         )
     }
 
-    fn final_coordinator(
-        &mut self,
-        ctx: AnyContext,
-        id: u16,
-    ) -> Result<BoxCoordinator, DeployError> {
-        self.coordinator(ctx, id)
-    }
-
     fn recovery_events(&self) -> Vec<RecoveryEvent> {
         self.oracle.events.borrow().clone()
     }

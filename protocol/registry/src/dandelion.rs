@@ -270,14 +270,6 @@ impl Deployment for DandelionDeployment {
         Ok(())
     }
 
-    fn final_coordinator(
-        &mut self,
-        ctx: AnyContext,
-        id: u16,
-    ) -> Result<BoxCoordinator, DeployError> {
-        self.coordinator(ctx, id)
-    }
-
     fn recovery_events(&self) -> Vec<RecoveryEvent> {
         self.events.borrow().clone()
     }

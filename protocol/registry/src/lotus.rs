@@ -696,14 +696,6 @@ impl Deployment for LotusDeployment {
         )
     }
 
-    fn final_coordinator(
-        &mut self,
-        ctx: AnyContext,
-        id: u16,
-    ) -> Result<BoxCoordinator, DeployError> {
-        self.coordinator(ctx, id)
-    }
-
     fn recovery_events(&self) -> Vec<RecoveryEvent> {
         self.events.borrow().clone()
     }
