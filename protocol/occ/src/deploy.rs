@@ -304,6 +304,7 @@ impl Deployment for OoccDeployment {
         timing: RecoveryTiming,
     ) -> Result<(), DeployError> {
         let (dir, leases) = (Rc::clone(&self.dir), Rc::clone(&self.leases));
+        let skip_roll_forward = self.protocol.dslr.is_some_and(|d| d.bug_skip_roll_forward);
         let kind = if self.protocol.dslr.is_some() {
             RedoLog::DecidedVersioned
         } else if self.protocol.drtm.is_some() {
@@ -325,9 +326,12 @@ impl Deployment for OoccDeployment {
             &self.oracle,
             move || leases.borrow().iter().map(|(id, n, _)| (*id, *n)).collect(),
             async move |c: &SimContext, id: u16| {
-                crate::recovery::recover_coordinator(c, &dir, id, kind)
-                    .await
-                    .map_err(|e| e.to_string())
+                if skip_roll_forward {
+                    crate::recovery::discard_versioned_log(c, &dir, id).await
+                } else {
+                    crate::recovery::recover_coordinator(c, &dir, id, kind).await
+                }
+                .map_err(|e| e.to_string())
             },
         )
     }

@@ -64,6 +64,11 @@ pub struct DslrConfig {
     /// ns. Holders commit within half of it; it must exceed the failure detector's timeout
     /// plus recovery's roll-forward by that half.
     pub reset_lease_ns: Nanos,
+    /// Planted bug (`dslr:skip-roll-forward`): recovery truncates a crashed coordinator's
+    /// redo log without rolling it forward, so a transaction whose log was written but
+    /// whose record WRITEs had not all landed loses them. Kept so the litmus suite's
+    /// power against a broken recovery stays tested.
+    pub bug_skip_roll_forward: bool,
 }
 
 impl Default for DslrConfig {
@@ -72,6 +77,7 @@ impl Default for DslrConfig {
             poll_ns: 2_000,
             deadlock_ns: 200_000,
             reset_lease_ns: 1_000_000,
+            bug_skip_roll_forward: false,
         }
     }
 }

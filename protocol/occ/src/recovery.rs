@@ -107,7 +107,7 @@ pub async fn recover_coordinator<C: Verbs + Clock>(
     kind: RedoLog,
 ) -> Result<RecoveredCoordinator, VerbsError> {
     if kind == RedoLog::DecidedVersioned {
-        return recover_versioned(ctx, dir, id).await;
+        return recover_versioned(ctx, dir, id, true).await;
     }
     let log_is_decision = kind == RedoLog::Decided;
     let layout = dir.layout();
@@ -214,12 +214,31 @@ fn prefix_version(bytes: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
 }
 
+/// The planted bug `dslr:skip-roll-forward`: coordinator `id`'s [`RedoLog::DecidedVersioned`]
+/// log is discarded instead of rolled forward (see
+/// [`DslrConfig::bug_skip_roll_forward`](crate::dslr2pl::DslrConfig::bug_skip_roll_forward)).
+///
+/// # Errors
+/// A verb failed.
+pub async fn discard_versioned_log<C: Verbs + Clock>(
+    ctx: &C,
+    dir: &Rc<Directory>,
+    id: u16,
+) -> Result<RecoveredCoordinator, VerbsError> {
+    recover_versioned(ctx, dir, id, false).await
+}
+
 /// [`RedoLog::DecidedVersioned`]: rolls a whole log forward onto the records that still
 /// show the logged old version; releases nothing.
+///
+/// `roll_forward` false is the planted bug of
+/// [`DslrConfig::bug_skip_roll_forward`](crate::dslr2pl::DslrConfig::bug_skip_roll_forward):
+/// the log is read and truncated but no image is written.
 async fn recover_versioned<C: Verbs + Clock>(
     ctx: &C,
     dir: &Rc<Directory>,
     id: u16,
+    roll_forward: bool,
 ) -> Result<RecoveredCoordinator, VerbsError> {
     let layout = dir.layout();
     let log_addr = dir.addr(layout.log_mn(id), layout.log_offset(id));
@@ -251,6 +270,7 @@ async fn recover_versioned<C: Verbs + Clock>(
         let now = prefix_version(res.bytes(rid));
         if let (Some(new), Some(now)) = (logged_new, now)
             && now.wrapping_add(1) == new
+            && roll_forward
         {
             write.write(dir.addr(e.mn, e.offset), &e.image);
             out.restored += 1;

@@ -9,6 +9,7 @@
 //! * `oocc` — OOCC (implicit read leases, delayed write locks, one-op write-unlock; `dmem-occ`);
 //! * `drtm` — DrTM's lease-based shared locks (OOCC §II-A baseline, lease 400 µs; `dmem-occ`);
 //! * `dslr` — two-phase locking on DSLR ticket locks (OOCC §II-A baseline; `dmem-occ`);
+//!   `dslr:skip-roll-forward` plants a recovery bug (redo logs discarded, not rolled forward);
 //! * `oocc:PARAM[+PARAM]` — OOCC varied for the figures (lease, offset, drift, lease manager,
 //!   techniques off, a planted bug; see [`occ_family`]);
 //! * `pandora` — PILL, logging after validation, RDMA recovery (Pandora §3);
@@ -132,6 +133,11 @@ pub fn registry() -> Registry {
         "oocc",
         "oocc:PARAM[+PARAM]",
         Box::new(|params: &str| Ok(Arc::new(occ_family::oocc_with(params)?) as Arc<dyn Protocol>)),
+    );
+    let _ = r.register_family(
+        "dslr",
+        "dslr:skip-roll-forward",
+        Box::new(|params: &str| Ok(Arc::new(occ_family::dslr_with(params)?) as Arc<dyn Protocol>)),
     );
     r
 }

@@ -13,6 +13,9 @@
 //! | `no-delayed-lock` | write lock at execution instead of the intention lock (Fig. 11) |
 //! | `no-one-op-unlock` | value WRITE and unlock WRITE in two round trips (Fig. 11) |
 //! | `skip-lease-wait` | planted bug: the writer does not wait for the lease |
+//!
+//! `dslr:skip-roll-forward` is DSLR two-phase locking with a planted recovery bug: a crashed
+//! coordinator's redo log is discarded instead of rolled forward.
 
 use dmem_occ::manager::Policy;
 use dmem_occ::{DriftModel, OoccConfig, OoccProtocol};
@@ -33,6 +36,23 @@ pub fn drtm() -> OoccProtocol {
 #[must_use]
 pub fn dslr() -> OoccProtocol {
     OoccProtocol::dslr("dslr", dmem_occ::dslr2pl::DslrConfig::default())
+}
+
+/// `dslr:PARAMS`: `skip-roll-forward`, the planted bug of
+/// [`DslrConfig::bug_skip_roll_forward`](dmem_occ::dslr2pl::DslrConfig::bug_skip_roll_forward)
+/// (recovery discards redo logs instead of rolling them forward).
+///
+/// # Errors
+/// An unknown parameter.
+pub fn dslr_with(params: &str) -> Result<OoccProtocol, String> {
+    let mut cfg = dmem_occ::dslr2pl::DslrConfig::default();
+    for p in params.split('+') {
+        match p {
+            "skip-roll-forward" => cfg.bug_skip_roll_forward = true,
+            _ => return Err(format!("unknown parameter `{p}`: use skip-roll-forward")),
+        }
+    }
+    Ok(OoccProtocol::dslr(&format!("dslr:{params}"), cfg))
 }
 
 /// `oocc:PARAMS` (see the module docs).
