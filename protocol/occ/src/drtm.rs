@@ -32,12 +32,13 @@ use std::rc::Rc;
 use dmem_layout::record::{OoccLockState, OoccLockWord, OoccRecordHeader};
 use dmem_txn::{
     Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
 };
 use dmem_verbs::{Clock, Nanos, PostList, RemoteAddr, Verbs};
 
 use crate::drift::DriftingCtx;
-use crate::oocc::{Stats, bump};
+use crate::oocc::{Stats, bump, write_event};
+use crate::recovery::RedoLogWriter;
 use crate::store::{Directory, Loc, emit, parse};
 
 /// DrTM's knobs.
@@ -446,10 +447,7 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
         }
         // Redo log (the OOCC format, so that OOCC's recovery serves DrTM too).
         let layout = dir.layout();
-        let mut log = Vec::new();
-        let header = (u64::from(self.co.id) << 48) | (self.id.seq & 0xFFFF_FFFF_FFFF);
-        log.extend_from_slice(&header.to_le_bytes());
-        log.extend_from_slice(&(written.len() as u64).to_le_bytes());
+        let mut log = RedoLogWriter::new(self.co.id, self.id.seq, written.len());
         let mut images = Vec::new();
         for e in &written {
             let phys = dir.value_len(e.table)?;
@@ -472,29 +470,16 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
             if e.new.as_ref().is_some_and(Option::is_none) {
                 image[14..16].copy_from_slice(&0u16.to_le_bytes());
             }
-            log.extend_from_slice(&u64::from(e.loc.mn).to_le_bytes());
-            log.extend_from_slice(&e.loc.offset.to_le_bytes());
-            log.extend_from_slice(&(image.len() as u64).to_le_bytes());
-            log.extend_from_slice(&image);
+            log.push(e.loc, &image);
             images.push(image);
         }
-        log.extend_from_slice(&header.to_le_bytes());
-        if log.len() as u64 > crate::store::LOG_REGION_BYTES {
-            return Err(aborted("redo log larger than its region"));
-        }
+        let log = log
+            .finish()
+            .ok_or_else(|| aborted("redo log larger than its region"))?;
         let log_addr = dir.addr(layout.log_mn(self.co.id), layout.log_offset(self.co.id));
         let writes = written
             .iter()
-            .map(|e| WriteEvent {
-                table: e.table,
-                key: e.key,
-                version: Version(e.version + 1),
-                kind: match (&e.new, e.present) {
-                    (Some(None), _) => WriteKind::Delete,
-                    (_, false) => WriteKind::Insert,
-                    _ => WriteKind::Update,
-                },
-            })
+            .map(|e| write_event(e.table, e.key, Version(e.version + 1), &e.new, e.present))
             .collect();
         self.done = true;
         self.co.history.record(TxnRecord {

@@ -45,12 +45,13 @@ use dmem_locks::LockMode;
 use dmem_locks::dslr::DslrWord;
 use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
 };
 use dmem_verbs::{Clock, Nanos, PostList, RemoteAddr, Verbs};
 
 use crate::drift::DriftingCtx;
-use crate::oocc::{Stats, bump};
+use crate::oocc::{Stats, bump, write_event};
+use crate::recovery::RedoLogWriter;
 use crate::store::{Directory, Loc, emit, parse};
 
 /// DSLR 2PL's knobs.
@@ -667,10 +668,7 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
             return Err(aborted("DSLR hold lease passed before commit"));
         }
         let layout = dir.layout();
-        let header = (u64::from(self.co.id) << 48) | (self.id.seq & 0xFFFF_FFFF_FFFF);
-        let mut log = Vec::new();
-        log.extend_from_slice(&header.to_le_bytes());
-        log.extend_from_slice(&(written.len() as u64).to_le_bytes());
+        let mut log = RedoLogWriter::new(self.co.id, self.id.seq, written.len());
         let mut images = Vec::new();
         for h in &written {
             let phys = dir.value_len(h.table)?;
@@ -686,28 +684,15 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
             // The lock word is not part of the image: WRITE header + value only.
             let cut = image.len() - 8;
             image.truncate(cut);
-            log.extend_from_slice(&u64::from(h.loc.mn).to_le_bytes());
-            log.extend_from_slice(&h.loc.offset.to_le_bytes());
-            log.extend_from_slice(&(image.len() as u64).to_le_bytes());
-            log.extend_from_slice(&image);
+            log.push(h.loc, &image);
             images.push(image);
         }
-        log.extend_from_slice(&header.to_le_bytes());
-        if log.len() as u64 > crate::store::LOG_REGION_BYTES {
-            return Err(aborted("redo log larger than its region"));
-        }
+        let log = log
+            .finish()
+            .ok_or_else(|| aborted("redo log larger than its region"))?;
         let writes = written
             .iter()
-            .map(|h| WriteEvent {
-                table: h.table,
-                key: h.key,
-                version: Version(h.version + 1),
-                kind: match (&h.new, h.present) {
-                    (Some(None), _) => WriteKind::Delete,
-                    (_, false) => WriteKind::Insert,
-                    _ => WriteKind::Update,
-                },
-            })
+            .map(|h| write_event(h.table, h.key, Version(h.version + 1), &h.new, h.present))
             .collect();
         self.done = true;
         self.co.history.record(TxnRecord {

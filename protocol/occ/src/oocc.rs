@@ -33,6 +33,7 @@ use dmem_txn::{
 use dmem_verbs::{Clock, Nanos, PostList, Verbs, VerbsError, WrId};
 
 use crate::drift::DriftingCtx;
+use crate::recovery::RedoLogWriter;
 use crate::store::{Directory, Image, Loc, emit, parse};
 
 /// OOCC's knobs (defaults: the artifact's lease 100 µs, offset 1 µs, every technique on).
@@ -121,6 +122,28 @@ pub struct Stats {
 /// Adds `by` to a statistics counter.
 pub(crate) fn bump(c: &Cell<u64>, by: u64) {
     c.set(c.get() + by);
+}
+
+/// The history's event for a record a committing transaction writes (OOCC, DrTM and DSLR
+/// alike): `new` is `Some(None)` for a delete, and a write of a record that was absent is
+/// an insert.
+pub(crate) fn write_event(
+    table: TableId,
+    key: Key,
+    version: Version,
+    new: &Option<Option<Vec<u8>>>,
+    present: bool,
+) -> WriteEvent {
+    WriteEvent {
+        table,
+        key,
+        version,
+        kind: match (new, present) {
+            (Some(None), _) => WriteKind::Delete,
+            (_, false) => WriteKind::Insert,
+            _ => WriteKind::Update,
+        },
+    }
 }
 
 /// What a read of a record decides (Alg. 1 line 4, line 13).
@@ -795,31 +818,19 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
     async fn commit_read_write(&mut self) -> Result<(), TxnError> {
         let dir = Rc::clone(&self.co.dir);
         let layout = dir.layout();
-        // Redo log: header (txn id, count), then per record MN, offset, length, image.
-        let mut log = Vec::new();
-        log.extend_from_slice(
-            &(u64::from(self.co.id) << 48 | (self.id.seq & 0xFFFF_FFFF_FFFF)).to_le_bytes(),
-        );
         let written: Vec<&WriteEntry> = self.writes.iter().filter(|w| w.new.is_some()).collect();
-        log.extend_from_slice(&(written.len() as u64).to_le_bytes());
+        let mut log = RedoLogWriter::new(self.co.id, self.id.seq, written.len());
         let mut images = Vec::new();
         for w in &written {
             let vlen = dir.value_len(w.table)?;
             let new = w.new.as_ref().and_then(|n| n.as_deref());
             let image = emit(w.table, w.key, new, vlen, w.lock.released_next_version());
-            log.extend_from_slice(&u64::from(w.loc.mn).to_le_bytes());
-            log.extend_from_slice(&w.loc.offset.to_le_bytes());
-            log.extend_from_slice(&(image.len() as u64).to_le_bytes());
-            log.extend_from_slice(&image);
+            log.push(w.loc, &image);
             images.push(image);
         }
-        // Trailer = header: the log WRITE lands in increasing address order, so a log
-        // whose trailer matches its header landed whole.
-        let header: [u8; 8] = log[0..8].try_into().unwrap_or_default();
-        log.extend_from_slice(&header);
-        if log.len() as u64 > crate::store::LOG_REGION_BYTES {
-            return Err(aborted("redo log larger than its region"));
-        }
+        let log = log
+            .finish()
+            .ok_or_else(|| aborted("redo log larger than its region"))?;
         let ww = self.co.leases.ww.get();
         // Without the implicit lease every read set is validated and nobody relies on a
         // writer's wait: plain OCC commits at once.
@@ -895,15 +906,14 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         // Decided: record before the first commit WRITE.
         let writes: Vec<WriteEvent> = written
             .iter()
-            .map(|w| WriteEvent {
-                table: w.table,
-                key: w.key,
-                version: Version(w.lock.released_next_version().version()),
-                kind: match (&w.new, w.present) {
-                    (Some(None), _) => WriteKind::Delete,
-                    (_, false) => WriteKind::Insert,
-                    _ => WriteKind::Update,
-                },
+            .map(|w| {
+                write_event(
+                    w.table,
+                    w.key,
+                    Version(w.lock.released_next_version().version()),
+                    &w.new,
+                    w.present,
+                )
             })
             .collect();
         self.done = true;
