@@ -582,7 +582,10 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
 
     /// [`recover`](Self::recover), re-run after handling an MN that failed under it (CN
     /// and MN failures together: "we execute both protocols independently", §3.2.5).
-    async fn recover_member(&mut self, member: Member) -> Result<(), RecoveryError> {
+    ///
+    /// # Errors
+    /// [`RecoveryError`]; every step may be re-run.
+    pub async fn recover_member(&mut self, member: Member) -> Result<(), RecoveryError> {
         let mut attempts = usize::from(self.store.config().mns) + 1;
         loop {
             match self.recover(member.clone()).await {
