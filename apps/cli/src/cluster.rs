@@ -395,6 +395,20 @@ impl Cluster {
         &self.path
     }
 
+    /// Where the CN processes of this cluster keep state that must outlive one of them
+    /// (`dmem_deploy::process::DurableSlots`: Motor's op logs): a directory of the host's
+    /// temporary directory named after the cluster file, which every process on this host
+    /// (network namespaces included) derives alike. CNs on different machines would need it
+    /// on storage they share.
+    pub(crate) fn state_dir(&self) -> PathBuf {
+        use std::hash::{Hash as _, Hasher as _};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::fs::canonicalize(&self.path)
+            .unwrap_or_else(|_| self.path.clone())
+            .hash(&mut h);
+        std::env::temp_dir().join(format!("dmem-cn-state-{:016x}", h.finish()))
+    }
+
     pub(crate) fn duration(&self) -> Duration {
         self.duration
     }
@@ -1160,7 +1174,7 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
     {
         ensure!(
             setup.recovers()?,
-            "--kill {kill}: protocol `{protocol}` has no recovery across processes yet (ford and pandora do)"
+            "--kill {kill}: protocol `{protocol}` has no recovery across processes yet (ford, pandora and motor do)"
         );
     }
     if let Some(kill) = kill_mn {
@@ -1260,6 +1274,8 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
                 (name, ok, report)
             })
             .collect();
+        // Every CN exited: the state they kept for one another's recovery is done with.
+        let _ = std::fs::remove_dir_all(cluster.state_dir());
         let verdict =
             crate::cluster_txn::collect(&cluster, kill_cn, kill_mn, &cn_results, histories);
         if verdict.is_err() {

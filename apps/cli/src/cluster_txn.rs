@@ -416,6 +416,7 @@ fn process_plan(cluster: &Cluster) -> ProcessPlan {
         heartbeat: cluster.heartbeat(),
         timeout: cluster.timeout(),
         answer_timeout: ANSWER_TIMEOUT.as_nanos() as u64,
+        state_dir: cluster.state_dir(),
     }
 }
 

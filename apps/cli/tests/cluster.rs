@@ -107,6 +107,27 @@ fn smallbank_toml(hosts: [(&str, Option<&str>); 3], ports: &[u16], protocol: &st
         .replace("duration_ms = 1500", "duration_ms = 3000")
 }
 
+/// Three hosts on loopback (one MN, two CNs).
+const LOCAL: [(&str, Option<&str>); 3] = [("127.0.0.1", None); 3];
+
+/// A temporary directory with a SmallBank cluster file for `protocol` on loopback: `mns`
+/// MNs (every record on each, up to 3 replicas), two CNs of four clients.
+fn local_smallbank(tag: &str, protocol: &str, mns: usize) -> (TempDir, PathBuf) {
+    let dir = TempDir::new(tag);
+    let ports = free_ports(4 + 2 * (mns - 1));
+    let mut text = smallbank_toml(LOCAL, &ports, protocol);
+    for (i, pair) in ports[4..].chunks(2).enumerate() {
+        text.push_str(&format!(
+            "\n[[node]]\nname = \"mn{}\"\nrole = \"mn\"\ndata = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
+            i + 1,
+            pair[0],
+            pair[1]
+        ));
+    }
+    let file = dir.write("cluster.toml", &text);
+    (dir, file)
+}
+
 /// SmallBank with a killed CN: the first CN recovered it (Pandora's logs), the MN
 /// terminated its link on request, the merged history (the killed CN's streamed records
 /// included) is clean.
@@ -547,21 +568,25 @@ fn cluster_up_status_and_down() {
 /// A protocol without recovery across processes refuses `--kill` before anything starts.
 #[test]
 fn kill_is_refused_for_a_protocol_without_process_recovery() {
-    let dir = TempDir::new("motor-kill");
-    let ports = free_ports(4);
-    let local = [
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-    ];
-    let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "motor"));
+    let (_dir, file) = local_smallbank("oocc-kill", "oocc", 1);
     let out = run_cluster(&file, &["--kill", "cn1"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("protocol `motor` has no recovery across processes yet"),
+        stderr.contains("protocol `oocc` has no recovery across processes yet"),
         "{stderr}"
     );
+}
+
+/// Motor across processes: a CN process killed with SIGKILL mid-run. Its coordinators' op
+/// logs, written through to files that outlive the process (Motor's UPS-backed DRAM), are
+/// read by the first CN, which cuts the killed CN off the MN and finishes or releases what
+/// they held; the survivors finish and the merged history is clean.
+#[test]
+fn smallbank_on_motor_recovers_a_killed_cn_process() {
+    let (_dir, file) = local_smallbank("motor-kill", "motor", 1);
+    let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
+    assert_recovered_kill(&out);
 }
 
 /// The newcomer's path: `dmem bench --fabric tcp` starts, checks and stops a local cluster

@@ -21,12 +21,20 @@
 //! The caller (the CLI) only manages processes: it makes the contexts, spawns the tasks on
 //! its executor, and calls the detector's steps between its own bookkeeping.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fs::File;
 use std::future::Future;
+use std::hash::Hasher as _;
+use std::io;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::rc::Rc;
 
 use dmem_verbs::{Clock, Endpoint, Nanos, NodeId, Port, Verbs, VerbsError};
 
-use crate::{AnyContext, DeployError, RecoveryEvent};
+use crate::{AnyContext, DeployError, RecoveredCoordinator, RecoveryEvent};
 
 /// A task a deployment hands to the caller's executor (protocol crates never name one).
 pub type LocalTask = Pin<Box<dyn Future<Output = ()>>>;
@@ -69,6 +77,10 @@ pub struct ProcessPlan {
     /// termination, an MN-failure acknowledgement) before recovery reports it; requests are
     /// re-sent every [`heartbeat`](Self::heartbeat) meanwhile.
     pub answer_timeout: Nanos,
+    /// A directory every CN process of the cluster can read and write, fresh for the run,
+    /// for CN-side state that must outlive a CN process ([`DurableSlots`]: Motor's op logs,
+    /// which model its UPS-backed DRAM).
+    pub state_dir: PathBuf,
 }
 
 impl ProcessPlan {
@@ -216,9 +228,279 @@ impl MessageLinkTerminator {
     }
 }
 
+/// Frame header of a [`DurableSlots`] slot: generation, payload length, checksum.
+const SLOT_HEADER: usize = 8 + 4 + 8;
+
+/// Byte slots, one per coordinator id, in files of a directory, that outlive the process
+/// writing them: a CN process's state that recovery in another process reads after the
+/// writer was killed (Motor's op logs: memory that survives its CN, as Motor's UPS-backed
+/// DRAM does). Writes go to the page cache (no `fsync`): they survive the process, not
+/// the host, like the DRAM they model.
+///
+/// Each slot is two files written in turn; each write is one frame (generation, length,
+/// FNV-1a checksum, payload) at offset 0, so a write torn by a SIGKILL leaves the other
+/// file's frame, the previous value, as the newest valid one.
+#[derive(Debug)]
+pub struct DurableSlots {
+    dir: PathBuf,
+    /// Per slot: its two files and the last generation written.
+    open: RefCell<HashMap<u16, ([File; 2], u64)>>,
+}
+
+impl DurableSlots {
+    /// Slots in `dir` (created if missing).
+    ///
+    /// # Errors
+    /// The directory cannot be created.
+    pub fn new(dir: &Path) -> io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        Ok(Self {
+            dir: dir.to_owned(),
+            open: RefCell::new(HashMap::new()),
+        })
+    }
+
+    fn paths(&self, id: u16) -> [PathBuf; 2] {
+        [0, 1].map(|half| self.dir.join(format!("slot-{id}.{half}")))
+    }
+
+    /// Starts slot `id` afresh (empty; whatever an earlier run left is gone) for this
+    /// process to write.
+    ///
+    /// # Errors
+    /// A file cannot be created.
+    pub fn create(&self, id: u16) -> io::Result<()> {
+        let [a, b] = self.paths(id);
+        let files = [File::create(a)?, File::create(b)?];
+        self.open.borrow_mut().insert(id, (files, 0));
+        Ok(())
+    }
+
+    /// Writes `bytes` as slot `id`'s value ([`create`](Self::create)d first).
+    ///
+    /// # Errors
+    /// The slot was not created here, or the write failed.
+    pub fn write(&self, id: u16, bytes: &[u8]) -> io::Result<()> {
+        let mut open = self.open.borrow_mut();
+        let (files, generation) = open.get_mut(&id).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("slot {id} was not created"),
+            )
+        })?;
+        *generation += 1;
+        let len = u32::try_from(bytes.len())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "slot value over 4 GiB"))?;
+        let mut frame = Vec::with_capacity(SLOT_HEADER + bytes.len());
+        frame.extend_from_slice(&generation.to_le_bytes());
+        frame.extend_from_slice(&len.to_le_bytes());
+        frame.extend_from_slice(&checksum(*generation, bytes).to_le_bytes());
+        frame.extend_from_slice(bytes);
+        files[(*generation % 2) as usize].write_all_at(&frame, 0)
+    }
+
+    /// The newest intact value of slot `id` (written by any process), `None` if it has none.
+    ///
+    /// # Errors
+    /// A file exists but cannot be read.
+    pub fn read(&self, id: u16) -> io::Result<Option<Vec<u8>>> {
+        let mut best: Option<(u64, Vec<u8>)> = None;
+        for path in self.paths(id) {
+            let bytes = match std::fs::read(&path) {
+                Ok(b) => b,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            if let Some((generation, value)) = parse_frame(&bytes)
+                && best.as_ref().is_none_or(|(g, _)| generation > *g)
+            {
+                best = Some((generation, value.to_vec()));
+            }
+        }
+        Ok(best.map(|(_, v)| v))
+    }
+}
+
+fn checksum(generation: u64, bytes: &[u8]) -> u64 {
+    let mut h = fnv::FnvHasher::default();
+    h.write(&generation.to_le_bytes());
+    h.write(bytes);
+    h.finish()
+}
+
+/// A frame's generation and payload, if the frame is intact.
+fn parse_frame(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let header = bytes.get(..SLOT_HEADER)?;
+    let generation = u64::from_le_bytes(header[..8].try_into().ok()?);
+    let len = u32::from_le_bytes(header[8..12].try_into().ok()?) as usize;
+    let sum = u64::from_le_bytes(header[12..20].try_into().ok()?);
+    let payload = bytes.get(SLOT_HEADER..SLOT_HEADER.checked_add(len)?)?;
+    (generation > 0 && checksum(generation, payload) == sum).then_some((generation, payload))
+}
+
+/// Recovery of a CN by its coordinators' logs, for protocols whose papers specify no
+/// detector (Motor; `dmem-ford` has Pandora's): a heartbeat detector (any message from a
+/// CN on the detector's context counts), link termination at every MN, then the protocol's
+/// `recover(ctx, coordinator)` for each coordinator of the CN, in id order.
+pub struct LogRecovery<R> {
+    protocol: String,
+    ctx: AnyContext,
+    terminator: MessageLinkTerminator,
+    mns: Vec<NodeId>,
+    members: Vec<ClusterMember>,
+    timeout: Nanos,
+    last: HashMap<NodeId, Nanos>,
+    suspected: Vec<NodeId>,
+    recover: R,
+    events: Rc<RefCell<Vec<RecoveryEvent>>>,
+}
+
+impl<R> LogRecovery<R>
+where
+    R: AsyncFn(&AnyContext, u16) -> Result<RecoveredCoordinator, String>,
+{
+    /// Watches `plan`'s CNs on `ctx` (the detector's context), cutting a failed one off
+    /// every MN of `mns`; recovered CNs are pushed to `events`.
+    pub fn new(
+        protocol: String,
+        ctx: AnyContext,
+        terminator: MessageLinkTerminator,
+        mns: Vec<NodeId>,
+        plan: &ProcessPlan,
+        events: Rc<RefCell<Vec<RecoveryEvent>>>,
+        recover: R,
+    ) -> Self {
+        let now = ctx.now();
+        Self {
+            protocol,
+            terminator,
+            mns,
+            members: plan.members.clone(),
+            timeout: plan.timeout,
+            last: plan.members.iter().map(|m| (m.cn, now)).collect(),
+            suspected: Vec::new(),
+            recover,
+            events,
+            ctx,
+        }
+    }
+
+    fn error(&self, reason: String) -> DeployError {
+        DeployError::Protocol {
+            protocol: self.protocol.clone(),
+            reason,
+        }
+    }
+}
+
+impl<R> ProcessRecovery for LogRecovery<R>
+where
+    R: AsyncFn(&AnyContext, u16) -> Result<RecoveredCoordinator, String>,
+{
+    fn detect(&mut self) -> Result<Vec<NodeId>, DeployError> {
+        let now = self.ctx.now();
+        while let Some(msg) = self.ctx.try_recv().map_err(|e| self.error(e.to_string()))? {
+            if let Some(t) = self.last.get_mut(&msg.from.node) {
+                *t = (*t).max(now);
+            }
+        }
+        let new: Vec<NodeId> = self
+            .members
+            .iter()
+            .map(|m| m.cn)
+            .filter(|cn| !self.suspected.contains(cn))
+            .filter(|cn| now.saturating_sub(self.last[cn]) > self.timeout)
+            .collect();
+        self.suspected.extend(&new);
+        Ok(new)
+    }
+
+    fn recover(&mut self, cn: NodeId) -> StepFuture<'_, ()> {
+        Box::pin(async move {
+            let detected_at = self.ctx.now();
+            for &mn in &self.mns {
+                self.terminator.terminate(mn, cn).await.map_err(|e| {
+                    self.error(format!(
+                        "MN node {} did not terminate node {}'s link: {e}",
+                        mn.0, cn.0
+                    ))
+                })?;
+            }
+            let terminated_at = self.ctx.now();
+            let mut ids = self
+                .members
+                .iter()
+                .find(|m| m.cn == cn)
+                .map(|m| m.coordinators.clone())
+                .unwrap_or_default();
+            ids.sort_unstable();
+            let mut coordinators = Vec::new();
+            for id in ids {
+                let r = (self.recover)(&self.ctx, id)
+                    .await
+                    .map_err(|e| self.error(format!("recovering coordinator {id}: {e}")))?;
+                coordinators.push(r);
+            }
+            let now = self.ctx.now();
+            self.events.borrow_mut().push(RecoveryEvent {
+                cn,
+                detected_at,
+                terminated_at,
+                logs_recovered_at: now,
+                finished_at: now,
+                coordinators,
+                scanned_locks: 0,
+            });
+            Ok(())
+        })
+    }
+
+    fn watch_mns(&mut self) -> StepFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn events(&self) -> Vec<RecoveryEvent> {
+        self.events.borrow().clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durable_slots_keep_the_newest_intact_value() {
+        let dir = std::env::temp_dir().join(format!("dmem-slots-{}", std::process::id()));
+        let slots = DurableSlots::new(&dir).unwrap();
+        assert_eq!(slots.read(3).unwrap(), None);
+        slots.create(3).unwrap();
+        assert_eq!(slots.read(3).unwrap(), None);
+        slots.write(3, b"first").unwrap();
+        assert_eq!(slots.read(3).unwrap().as_deref(), Some(&b"first"[..]));
+        slots.write(3, b"second, longer").unwrap();
+        slots.write(3, b"third").unwrap();
+        // Another process (here: another handle) reads what this one wrote.
+        let reader = DurableSlots::new(&dir).unwrap();
+        assert_eq!(reader.read(3).unwrap().as_deref(), Some(&b"third"[..]));
+        // A write torn by a kill (the newest frame's tail lost) leaves the previous value.
+        let [a, b] = slots.paths(3);
+        let newest = if std::fs::read(&a).unwrap()[0] == 3 {
+            a
+        } else {
+            b
+        };
+        let bytes = std::fs::read(&newest).unwrap();
+        std::fs::write(&newest, &bytes[..bytes.len() - 2]).unwrap();
+        assert_eq!(
+            reader.read(3).unwrap().as_deref(),
+            Some(&b"second, longer"[..])
+        );
+        // `create` starts afresh.
+        slots.create(3).unwrap();
+        assert_eq!(reader.read(3).unwrap(), None);
+        assert!(slots.write(4, b"x").is_err(), "slot 4 was never created");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn termination_messages_round_trip_and_reject_garbage() {
