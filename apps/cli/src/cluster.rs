@@ -522,9 +522,10 @@ pub(crate) struct ClusterArgs {
     #[arg(long, value_name = "FILE")]
     cluster: PathBuf,
     /// Kill this CN with SIGKILL during the run; or this MN, for FORD and Pandora with
-    /// replication (Pandora §3.2.5).
-    #[arg(long, value_name = "NODE")]
-    kill: Option<String>,
+    /// replication (Pandora §3.2.5). At most one CN and one MN (`--kill cn1,mn1`: both at
+    /// once, in that order).
+    #[arg(long, value_name = "NODE", value_delimiter = ',')]
+    kill: Vec<String>,
     /// When to kill it, ms after the CNs started.
     #[arg(long, default_value_t = 500)]
     kill_after_ms: u64,
@@ -1076,8 +1077,8 @@ fn background(action: Action, args: &ClusterArgs) -> anyhow::Result<()> {
                 "--cluster".into(),
                 args.cluster.to_string_lossy().into_owned(),
             ];
-            if let Some(kill) = &args.kill {
-                run.extend(["--kill".into(), kill.clone()]);
+            if !args.kill.is_empty() {
+                run.extend(["--kill".into(), args.kill.join(",")]);
                 run.extend(["--kill-after-ms".into(), args.kill_after_ms.to_string()]);
             }
             if args.json {
@@ -1154,11 +1155,17 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
         return background(action, args);
     }
     let cluster = Cluster::load(&args.cluster)?;
-    let kill_mn = args
+    let (kill_mns, kill_cns): (Vec<&str>, Vec<&str>) = args
         .kill
-        .as_deref()
-        .filter(|k| cluster.mns.iter().any(|m| m.name == *k));
-    let kill_cn = args.kill.as_deref().filter(|_| kill_mn.is_none());
+        .iter()
+        .map(String::as_str)
+        .partition(|k| cluster.mns.iter().any(|m| m.name == *k));
+    ensure!(
+        kill_mns.len() <= 1 && kill_cns.len() <= 1,
+        "--kill {}: at most one CN and one MN per run",
+        args.kill.join(",")
+    );
+    let (kill_mn, kill_cn) = (kill_mns.first().copied(), kill_cns.first().copied());
     if let Some(kill) = kill_cn {
         cluster.cn(kill)?;
         if matches!(cluster.kind, Kind::Txn { .. }) {
@@ -1170,7 +1177,7 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
     }
     let setup = cluster.txn_setup()?;
     if let (Some(kill), Some(setup), Kind::Txn { protocol, .. }) =
-        (&args.kill, &setup, &cluster.kind)
+        (args.kill.first(), &setup, &cluster.kind)
     {
         ensure!(
             setup.recovers()?,
@@ -1214,7 +1221,7 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
         for cn in &cluster.cns {
             cns.push(start_node(&cluster, "cn", &cn.name, cn.netns.as_deref())?);
         }
-        if let Some(kill) = &args.kill {
+        if !args.kill.is_empty() {
             // The kill timer starts once every CN is connected and heartbeating.
             let deadline = Instant::now() + cluster.join_timeout;
             while !cns.iter().all(|c| c.ready.load(Ordering::SeqCst)) {
@@ -1235,25 +1242,31 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
                 std::thread::sleep(Duration::from_millis(5));
             }
             std::thread::sleep(Duration::from_millis(args.kill_after_ms));
-            let role = if kill_mn.is_some() { "MN" } else { "CN" };
-            let victim = cns
-                .iter_mut()
-                .chain(mns.iter_mut())
-                .find(|c| &c.name == kill)
-                .context("checked above")?;
-            ensure!(
-                matches!(victim.child.try_wait(), Ok(None)),
-                "{role} `{kill}` finished before --kill-after-ms {} ms: raise the workload's duration_ms",
-                args.kill_after_ms
-            );
-            victim
-                .child
-                .kill()
-                .with_context(|| format!("cannot kill {role} `{kill}`"))?;
-            eprintln!(
-                "dmem cluster: killed {role} `{kill}` with SIGKILL after {} ms",
-                args.kill_after_ms
-            );
+            for kill in &args.kill {
+                let role = if kill_mn == Some(kill.as_str()) {
+                    "MN"
+                } else {
+                    "CN"
+                };
+                let victim = cns
+                    .iter_mut()
+                    .chain(mns.iter_mut())
+                    .find(|c| &c.name == kill)
+                    .context("checked above")?;
+                ensure!(
+                    matches!(victim.child.try_wait(), Ok(None)),
+                    "{role} `{kill}` finished before --kill-after-ms {} ms: raise the workload's duration_ms",
+                    args.kill_after_ms
+                );
+                victim
+                    .child
+                    .kill()
+                    .with_context(|| format!("cannot kill {role} `{kill}`"))?;
+                eprintln!(
+                    "dmem cluster: killed {role} `{kill}` with SIGKILL after {} ms",
+                    args.kill_after_ms
+                );
+            }
         }
         Ok(())
     })();
@@ -1322,7 +1335,7 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
     }
     let cn_results: Vec<(String, bool, Option<CnReport>)> = cns.into_iter().map(finish).collect();
     let mn_results: Vec<(String, bool, Option<MnReport>)> = mns.into_iter().map(finish).collect();
-    let problems = check(&cluster, args.kill.as_deref(), &cn_results, &mn_results);
+    let problems = check(&cluster, kill_cn, &cn_results, &mn_results);
     if args.json {
         for (_, _, r) in &cn_results {
             if let Some(r) = r {
@@ -1535,7 +1548,7 @@ pub(crate) fn bench_tcp(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<()> 
         let result = run_cluster(&ClusterArgs {
             action: None,
             cluster: path,
-            kill: None,
+            kill: Vec::new(),
             kill_after_ms: 0,
             json: tcp.json,
         });

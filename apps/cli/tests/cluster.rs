@@ -377,14 +377,7 @@ fn cluster_file_errors_are_one_readable_line() {
 
 #[test]
 fn smallbank_on_pandora_recovers_a_killed_cn_process() {
-    let dir = TempDir::new("smallbank");
-    let ports = free_ports(4);
-    let local = [
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-    ];
-    let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "pandora"));
+    let (_dir, file) = local_smallbank("smallbank", "pandora", 1);
     let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
     assert_recovered_kill(&out);
 }
@@ -396,31 +389,7 @@ fn smallbank_on_pandora_recovers_a_killed_cn_process() {
 /// on the survivors' final state.
 #[test]
 fn smallbank_on_pandora_survives_a_killed_mn_process() {
-    let dir = TempDir::new("mnkill");
-    let ports = free_ports(8);
-    let local = [
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-    ];
-    let extra_mns = format!(
-        r#"
-[[node]]
-name = "mn1"
-role = "mn"
-data = "127.0.0.1:{}"
-control = "127.0.0.1:{}"
-
-[[node]]
-name = "mn2"
-role = "mn"
-data = "127.0.0.1:{}"
-control = "127.0.0.1:{}"
-"#,
-        ports[4], ports[5], ports[6], ports[7]
-    );
-    let text = format!("{}\n{extra_mns}", smallbank_toml(local, &ports, "pandora"));
-    let file = dir.write("cluster.toml", &text);
+    let (_dir, file) = local_smallbank("mnkill", "pandora", 3);
     let out = run_cluster(&file, &["--kill", "mn1", "--kill-after-ms", "400"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "dmem cluster failed: {stderr}");
@@ -442,17 +411,42 @@ control = "127.0.0.1:{}"
     assert!(cn0["recovered"].as_array().unwrap().is_empty(), "{cn0}");
 }
 
+/// Pandora §3.2.2 and §3.2.5 together across processes: 3 MNs (3 replicas), SmallBank, and
+/// a CN process and an MN process killed with SIGKILL at the same moment. The first CN's
+/// detector confirms the MN failure and notifies the CNs (the killed CN cannot be reached
+/// and never acknowledges), suspects the killed CN, recovers its coordinators from their
+/// logs on the live replicas (its links terminated at the live MNs only), and resumes the
+/// survivor; the merged history is clean.
+#[test]
+fn smallbank_on_pandora_survives_a_killed_cn_and_a_killed_mn() {
+    let (_dir, file) = local_smallbank("cnmnkill", "pandora", 3);
+    let out = run_cluster(&file, &["--kill", "cn1,mn1", "--kill-after-ms", "400"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "dmem cluster failed: {stderr}");
+    assert!(stderr.contains("killed CN `cn1` with SIGKILL"), "{stderr}");
+    assert!(stderr.contains("killed MN `mn1` with SIGKILL"), "{stderr}");
+    assert!(stderr.contains("cn1 missed its heartbeats"), "{stderr}");
+    let r = reports(&out);
+    assert!(!r.contains_key("mn1") && !r.contains_key("cn1"), "{r:?}");
+    let cn0 = &r["cn0"];
+    assert!(cn0["committed"].as_u64().unwrap() > 0, "{cn0}");
+    let recovered = cn0["recovered"].as_array().unwrap();
+    assert_eq!(recovered.len(), 1, "{cn0}");
+    assert_eq!(recovered[0]["cn"], "cn1");
+    assert_eq!(recovered[0]["coordinators"].as_array().unwrap().len(), 4);
+    let failures = cn0["mn_failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{cn0}");
+    assert_eq!(failures[0]["mn"], "mn1");
+    assert!(failures[0]["resumed_ms"].is_u64(), "{cn0}");
+    for mn in ["mn0", "mn2"] {
+        assert_eq!(r[mn]["revoked"][0], "cn1", "{}", r[mn]);
+    }
+}
+
 /// Killing an MN needs replication: with one MN the run is refused before it starts.
 #[test]
 fn kill_of_an_unreplicated_mn_is_refused() {
-    let dir = TempDir::new("mnkill1");
-    let ports = free_ports(4);
-    let local = [
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-    ];
-    let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "pandora"));
+    let (_dir, file) = local_smallbank("mnkill1", "pandora", 1);
     let out = run_cluster(&file, &["--kill", "mn0"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -461,14 +455,7 @@ fn kill_of_an_unreplicated_mn_is_refused() {
 
 #[test]
 fn smallbank_on_ford_without_failures_checks_clean() {
-    let dir = TempDir::new("ford");
-    let ports = free_ports(4);
-    let local = [
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-    ];
-    let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "ford"));
+    let (_dir, file) = local_smallbank("ford", "ford", 1);
     let out = dmem()
         .arg("cluster")
         .arg("--cluster")

@@ -212,9 +212,14 @@ impl MessageLinkTerminator {
         let mut next_send = self.ctx.now();
         while self.ctx.now() < deadline {
             if self.ctx.now() >= next_send {
-                // A send to a dead MN fails: wait for the deadline rather than report at
-                // once (the request is re-sent, and the MN may only be slow to accept).
-                let _ = self.ctx.send(mn_control(mn), &request).await;
+                // An MN that cannot be reached at all (its process is gone) is reported at
+                // once; one that is only slow to answer is asked again.
+                match self.ctx.send(mn_control(mn), &request).await {
+                    Err(VerbsError::ConnectionLost { node }) if node == mn => {
+                        return Err(VerbsError::ConnectionLost { node });
+                    }
+                    _ => {}
+                }
                 next_send = self.ctx.now() + self.resend;
             }
             while let Some(msg) = self.ctx.try_recv()? {

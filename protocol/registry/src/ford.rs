@@ -20,7 +20,7 @@ use dmem_deploy::{
     RecoveredCoordinator, RecoveryEvent, RecoveryTiming, SimLinkTerminator,
 };
 use dmem_ford::logic::Decision as FordDecision;
-use dmem_ford::mnfail::cn_listener;
+use dmem_ford::mnfail::cn_listener_resending;
 use dmem_ford::recovery::{MnFailureEvent, heartbeat_loop, membership_listener};
 use dmem_ford::{
     CnShared, FordCoordinator, FordTxn, LinkTerminator, Member, ProtocolConfig, RecoveryManager,
@@ -481,7 +481,17 @@ impl Deployment for FordDeployment {
             let (store, listener) = (Rc::clone(&self.store), ctxs.listener);
             let poll: Nanos = (period / 4).max(1);
             tasks.push(Box::pin(async move {
-                let _ = cn_listener(&listener, store, shared, detector, poll, u64::MAX).await;
+                let r = cn_listener_resending(
+                    &listener,
+                    store,
+                    shared,
+                    detector,
+                    poll,
+                    Some(period),
+                    u64::MAX,
+                )
+                .await;
+                let _ = r;
             }));
         }
         Ok(tasks)
@@ -513,7 +523,8 @@ impl Deployment for FordDeployment {
             members.clone(),
             plan.timeout,
         )
-        .watch_mns(plan.heartbeat);
+        .watch_mns(plan.heartbeat)
+        .resend_control(plan.heartbeat, plan.answer_timeout);
         // The final coordinator learns the failed coordinators from these events.
         self.events = manager.events();
         Ok(Some(Box::new(FordProcessRecovery {
