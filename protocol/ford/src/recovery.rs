@@ -36,17 +36,19 @@ pub enum RecoveryError {
     /// A live CN left an MN-failure notification unanswered although it was re-sent
     /// ([`RecoveryManager::resend_control`]).
     #[error(
-        "CN node {cn} did not acknowledge the view change of epoch {epoch} within {waited_ms} ms (the notification was re-sent every {resend_ms} ms)"
+        "CN node {cn} did not acknowledge the view change of epoch {epoch} within {:?} (the notification was re-sent every {:?})",
+        core::time::Duration::from_nanos(*waited),
+        core::time::Duration::from_nanos(*resend)
     )]
     NoAnswer {
         /// The silent CN.
         cn: u16,
         /// The view epoch it was told about.
         epoch: u64,
-        /// How long the detector waited.
-        waited_ms: u64,
-        /// How often it re-sent.
-        resend_ms: u64,
+        /// How long the detector waited, ns.
+        waited: Nanos,
+        /// How often it re-sent, ns.
+        resend: Nanos,
     },
 }
 
@@ -641,8 +643,8 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
                 return Err(RecoveryError::NoAnswer {
                     cn: first.cn.0,
                     epoch,
-                    waited_ms: now.saturating_sub(since) / 1_000_000,
-                    resend_ms: period / 1_000_000,
+                    waited: now.saturating_sub(since),
+                    resend: period,
                 });
             }
             if now.saturating_sub(last_sent) >= period {
