@@ -1181,7 +1181,7 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
     {
         ensure!(
             setup.recovers()?,
-            "--kill {kill}: protocol `{protocol}` has no recovery across processes yet (ford, pandora and motor do)"
+            "--kill {kill}: protocol `{protocol}` has no recovery across processes yet (ford, pandora, motor, oocc and drtm do)"
         );
     }
     if let Some(kill) = kill_mn {

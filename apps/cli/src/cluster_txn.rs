@@ -12,16 +12,18 @@
 //!   (Pandora §3.2.2 step 2: the paper's RPC to the MN's management core) until
 //!   `dmem cluster` tells it to quit.
 //! - **CN**: deploys on the regions alone and runs the loader without writing (so that
-//!   placement decided while loading, such as OOCC's directory, agrees); one executor thread with one coordinator per
-//!   client, each made by the deployment on its own `TcpContext`; heartbeats to the first
-//!   CN, which waits until every other CN finished. For FORD and Pandora (the protocols
-//!   with recovery across processes so far) the first CN also runs Pandora's
-//!   `RecoveryManager` (§3.2.2: detection, link termination at every MN through the MN
-//!   processes, log recovery, notification; §3.2.5: MN probes, the failed-MN view
-//!   notification, the acknowledgement barrier and the resume) and every CN Pandora's CN
-//!   listener (stray-lock notifications, MN-failure views, pause and acknowledgement); other
-//!   protocols' CN failures end the run with an error. Each CN streams its history as
-//!   JSON.
+//!   placement decided while loading, such as OOCC's directory, agrees); one executor
+//!   thread with one coordinator per client, each made by the deployment on its own
+//!   `TcpContext`. Recovery across processes is the deployment's (`dmem-deploy`'s
+//!   `process` module): every CN runs the tasks `Deployment::process_tasks` returns
+//!   (heartbeats to the first CN, which are also its join barrier; Pandora's CN listener),
+//!   and the first CN drives the `ProcessRecovery` that `Deployment::process_recovery`
+//!   returns (FORD/Pandora: Pandora's `RecoveryManager`, §3.2.2 and §3.2.5, with control
+//!   messages re-sent; Motor: a heartbeat detector and its op logs, kept in files that
+//!   outlive the CN process) until every other CN finished or was recovered. This file
+//!   only makes the contexts, spawns the tasks and calls the detector's steps. Protocols
+//!   without recovery across processes end the run with an error when a CN fails. Each CN
+//!   streams its history as JSON.
 //! - **`dmem cluster`** merges the histories, reads the final state with a coordinator of
 //!   its own (knowing the recovered coordinators), runs the checker and (without a killed
 //!   CN) the workload's invariants.
@@ -40,7 +42,10 @@ use dmem_deploy::process::{
     ClusterMember, CnContexts, MessageLinkTerminator, ProcessPlan, mn_control, parse_terminate,
     terminated_reply,
 };
-use dmem_deploy::{AnyContext, Decision, DeploySpec, Deployment, MnMemory, Protocol, Recorder};
+use dmem_deploy::{
+    AnyContext, Decision, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
+    RecoveredCoordinator, settle_history,
+};
 use dmem_runtime::{Executor, RealClock};
 use dmem_shm::ShmMemoryNode;
 use dmem_tcp::{TcpContext, TcpFabric, TcpMemoryServer};
@@ -367,6 +372,39 @@ struct Recovered {
     /// Per coordinator: its in-flight transaction's fate (`roll-forward`, `roll-back`, `none`).
     decisions: Vec<String>,
     detected_ms: u64,
+    /// Per coordinator: the sequence number of the transaction recovery decided.
+    #[serde(default)]
+    txns: Vec<Option<u64>>,
+    /// When recovery finished (`CLOCK_MONOTONIC` ns), if the decisions settle the recovered
+    /// coordinators' `Unknown` transactions in the merged history
+    /// (`dmem_deploy::process::ProcessRecovery::settles_history`).
+    #[serde(default)]
+    settle_at: Option<u64>,
+}
+
+impl Recovered {
+    /// Writes the decisions into the merged `history` (`dmem_deploy::settle_history`), if
+    /// the protocol's recovery settles it.
+    fn settle(&self, history: &RefCell<History>) {
+        let Some(now) = self.settle_at else {
+            return;
+        };
+        for (i, &coordinator) in self.coordinators.iter().enumerate() {
+            let decision = match self.decisions.get(i).map(String::as_str) {
+                Some("roll-forward") => Some(Decision::RollForward),
+                Some("roll-back") => Some(Decision::RollBack),
+                _ => None,
+            };
+            let r = RecoveredCoordinator {
+                coordinator,
+                txn: self.txns.get(i).copied().flatten(),
+                decision,
+                restored: 0,
+                unlocked: 0,
+            };
+            settle_history(history, &r, now);
+        }
+    }
 }
 
 /// One MN failure handled by the first CN (Pandora §3.2.5).
@@ -606,6 +644,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         let (events, mn_events) = recovery
             .as_ref()
             .map_or_else(Default::default, |r| (r.events(), r.mn_failures()));
+        let settles = recovery.as_ref().is_some_and(|r| r.settles_history());
         // The final state, read by one more coordinator that knows who failed (it reads
         // past the locks they left) and which MNs failed (it connects to the live ones and
         // reads their primaries), then the live MNs are told the run is over.
@@ -657,6 +696,8 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                     })
                     .collect(),
                 detected_ms: since_start(e.detected_at),
+                txns: e.coordinators.iter().map(|c| c.txn).collect(),
+                settle_at: settles.then_some(e.finished_at),
             })
             .collect()
     } else {
@@ -800,6 +841,13 @@ pub(crate) fn collect(
     for h in histories {
         history.txns.extend(h.txns);
     }
+    // Recovery's decisions for the failed CNs' in-flight transactions, as the simulator's
+    // recovery of the same protocol writes them.
+    let history = RefCell::new(history);
+    for r in cns.iter().filter_map(|(_, _, r)| r.as_ref()) {
+        r.recovered.iter().for_each(|rec| rec.settle(&history));
+    }
+    let history = history.into_inner();
     for (name, ok, report) in cns {
         if killed == Some(name.as_str()) {
             continue;

@@ -555,25 +555,28 @@ fn cluster_up_status_and_down() {
 /// A protocol without recovery across processes refuses `--kill` before anything starts.
 #[test]
 fn kill_is_refused_for_a_protocol_without_process_recovery() {
-    let (_dir, file) = local_smallbank("oocc-kill", "oocc", 1);
+    let (_dir, file) = local_smallbank("dslr-kill", "dslr", 1);
     let out = run_cluster(&file, &["--kill", "cn1"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("protocol `oocc` has no recovery across processes yet"),
+        stderr.contains("protocol `dslr` has no recovery across processes yet"),
         "{stderr}"
     );
 }
 
-/// Motor across processes: a CN process killed with SIGKILL mid-run. Its coordinators' op
-/// logs, written through to files that outlive the process (Motor's UPS-backed DRAM), are
-/// read by the first CN, which cuts the killed CN off the MN and finishes or releases what
-/// they held; the survivors finish and the merged history is clean.
+/// Motor, OOCC and DrTM across processes: a CN process killed with SIGKILL mid-run is
+/// recovered by the first CN from its coordinators' logs — Motor's op logs, written through
+/// to files that outlive the process (its UPS-backed DRAM); OOCC's and DrTM's redo logs in
+/// MN memory — after its link is terminated at the MN; the survivor finishes and the merged
+/// history, settled with recovery's decisions, is clean.
 #[test]
-fn smallbank_on_motor_recovers_a_killed_cn_process() {
-    let (_dir, file) = local_smallbank("motor-kill", "motor", 1);
-    let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
-    assert_recovered_kill(&out);
+fn smallbank_on_motor_oocc_and_drtm_recovers_a_killed_cn_process() {
+    for protocol in ["motor", "oocc", "drtm"] {
+        let (_dir, file) = local_smallbank(&format!("{protocol}-kill"), protocol, 1);
+        let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
+        assert_recovered_kill(&out);
+    }
 }
 
 /// The newcomer's path: `dmem bench --fabric tcp` starts, checks and stops a local cluster

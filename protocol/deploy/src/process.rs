@@ -136,6 +136,14 @@ pub trait ProcessRecovery {
     fn mn_failures(&self) -> Vec<MnFailure> {
         Vec::new()
     }
+
+    /// Whether the decisions of [`events`](Self::events) settle the recovered coordinators'
+    /// `Unknown` transactions in the run's history ([`settle_history`](crate::settle_history)),
+    /// as the simulator's recovery of the same protocol does; `false` by default (the
+    /// checker keeps them undetermined).
+    fn settles_history(&self) -> bool {
+        false
+    }
 }
 
 /// Heartbeats of a CN without a protocol detector: a message to `detector` every `period`,
@@ -466,6 +474,11 @@ where
 
     fn events(&self) -> Vec<RecoveryEvent> {
         self.events.borrow().clone()
+    }
+
+    /// As [`spawn_oracle_recovery`](crate::spawn_oracle_recovery) settles the history.
+    fn settles_history(&self) -> bool {
+        true
     }
 }
 
