@@ -442,6 +442,17 @@ impl Cluster {
             .collect()
     }
 
+    /// The CNs not `heard`, as `name (control address)`, comma-separated (for a join that
+    /// timed out).
+    pub(crate) fn cns_not_heard(&self, heard: impl Fn(NodeId) -> bool) -> String {
+        self.cns
+            .iter()
+            .filter(|c| !heard(c.node))
+            .map(|c| format!("{} ({})", c.name, c.control))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The name of CN `node` (or `node N`).
     pub(crate) fn cn_name(&self, node: NodeId) -> String {
         self.cn_index(node)
@@ -637,16 +648,10 @@ pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
     while heard.len() < cluster.cns.len() {
         drain(&mut None, &mut heard, &mut done)?;
         if start.elapsed() > cluster.join_timeout {
-            let missing: Vec<String> = cluster
-                .cns
-                .iter()
-                .filter(|c| !heard.contains(&c.node))
-                .map(|c| format!("{} ({})", c.name, c.control))
-                .collect();
             bail!(
                 "{}: no heartbeat from {} within {} ms: is `dmem cn` running there, and can it reach {} and {}?",
                 me.name,
-                missing.join(", "),
+                cluster.cns_not_heard(|n| heard.contains(&n)),
                 cluster.join_timeout.as_millis(),
                 me.data,
                 me.control

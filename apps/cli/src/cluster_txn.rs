@@ -750,16 +750,10 @@ fn join(
                 heard.insert(msg.from.node);
             }
             if RealClock.now() > join_end {
-                let missing: Vec<String> = cluster
-                    .cns()
-                    .iter()
-                    .filter(|c| !heard.contains(&c.node))
-                    .map(|c| format!("{} ({})", c.name, c.control))
-                    .collect();
                 bail!(
                     "{}: no heartbeat from {} within {} ms",
                     me.name,
-                    missing.join(", "),
+                    cluster.cns_not_heard(|n| heard.contains(&n)),
                     cluster.join_timeout().as_millis()
                 );
             }

@@ -221,6 +221,24 @@ fn ford_with_an_mn_crash_is_safe() {
     }
 }
 
+/// Pandora's coordinator 0 on `ctx`, recording into the bank's history.
+fn pandora_coordinator_0(
+    bank: &Bank,
+    ctx: &SimContext,
+    store: Rc<Store>,
+    shared: CnShared,
+) -> FordCoordinator<SimContext, Rc<RefCell<dmem_txn::History>>> {
+    FordCoordinator::new(
+        ctx.clone(),
+        store,
+        ProtocolConfig::pandora(),
+        0,
+        shared,
+        Rc::clone(&bank.history),
+    )
+    .unwrap()
+}
+
 /// One transfer of 10 from account 0 to account 1 by coordinator 0 on CN 0 (CN 1 runs the
 /// detector); MN `mn` crashes at `mn_at`, CN 0 optionally at its `cn_wr`-th work request.
 /// Returns the transfer's result (None if CN 0 crashed first), its counters, the end time,
@@ -247,15 +265,7 @@ fn single_transfer(seed: u64, mn: u16, mn_at: Option<u64>, cn_wr: Option<u64>) -
     let (_, cn_events, fd_store) =
         start_detector(&bank, fd_ctx, Protocol::Pandora, members, deadline);
     let ctx = bank.sim.context(bank.sim.cn(0), 0).unwrap();
-    let mut co = FordCoordinator::new(
-        ctx.clone(),
-        Rc::clone(&store),
-        ProtocolConfig::pandora(),
-        0,
-        shared,
-        Rc::clone(&bank.history),
-    )
-    .unwrap();
+    let mut co = pandora_coordinator_0(&bank, &ctx, Rc::clone(&store), shared);
     let out = Rc::new(RefCell::new(None));
     let o = Rc::clone(&out);
     bank.sim.spawn(&ctx, async move {
@@ -481,15 +491,7 @@ fn lost_resume(resend: Option<u64>, listener: bool) -> LostResume {
         *e.borrow_mut() = Some(manager.run(deadline, 5_000).await);
     });
     let co_ctx = bank.sim.context(bank.sim.cn(0), 0).unwrap();
-    let mut co = FordCoordinator::new(
-        co_ctx.clone(),
-        store,
-        ProtocolConfig::pandora(),
-        0,
-        shared,
-        Rc::clone(&bank.history),
-    )
-    .unwrap();
+    let mut co = pandora_coordinator_0(&bank, &co_ctx, store, shared);
     let out = Rc::new(RefCell::new(None));
     let o = Rc::clone(&out);
     bank.sim.spawn(&co_ctx, async move {
