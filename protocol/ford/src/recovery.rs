@@ -710,10 +710,8 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
                 }
                 Ok(ControlMsg::MnSuspect { .. }) => self.mn_suspected = true,
                 Ok(ControlMsg::MnAck { epoch: e }) => match self.awaiting.as_mut() {
-                    Some((epoch, acked)) if e == *epoch => {
-                        if !acked.contains(&msg.from.node) {
-                            acked.push(msg.from.node);
-                        }
+                    Some((epoch, acked)) if e == *epoch && !acked.contains(&msg.from.node) => {
+                        acked.push(msg.from.node);
                     }
                     // An acknowledgement of an epoch already resumed: that CN's resume
                     // was lost (it re-sends while paused).
