@@ -7,6 +7,11 @@
 //! truncation, stray-lock notification so PILL can steal); FORD adds its stop-the-world
 //! stray-lock scan, during which [`Deployment::paused`] asks the survivors not to start
 //! transactions (the paper's baseline stops the KVS, §6.1).
+//!
+//! Across the processes of a real cluster the same manager runs on the detector CN behind
+//! `dmem-deploy`'s [`ProcessRecovery`] (link termination through the MN processes, MN
+//! failures watched, control messages re-sent), and every CN runs Pandora's heartbeats and
+//! CN listener ([`Deployment::process_tasks`]).
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -114,7 +119,8 @@ impl Protocol for FordProtocol {
 }
 
 /// FORD/Pandora on one cluster. [`ford_view`] reaches it through a [`Deployment`], for a
-/// command that runs Pandora's recovery across processes itself.
+/// test that drives `dmem-ford`'s recovery pieces itself; commands use the neutral
+/// [`Deployment::process_tasks`] and [`Deployment::process_recovery`].
 pub struct FordDeployment {
     name: String,
     config: ProtocolConfig,
@@ -481,7 +487,7 @@ impl Deployment for FordDeployment {
             let (store, listener) = (Rc::clone(&self.store), ctxs.listener);
             let poll: Nanos = (period / 4).max(1);
             tasks.push(Box::pin(async move {
-                let r = cn_listener_resending(
+                let _ = cn_listener_resending(
                     &listener,
                     store,
                     shared,
@@ -491,7 +497,6 @@ impl Deployment for FordDeployment {
                     u64::MAX,
                 )
                 .await;
-                let _ = r;
             }));
         }
         Ok(tasks)

@@ -5,6 +5,10 @@
 //! [`OpLogs`] owned by the deployment (CN memory that survives a crash, Motor's UPS-backed
 //! DRAM); [`Deployment::start_recovery`] starts the oracle failure detector of `dmem-deploy`,
 //! which finishes a crashed CN's transactions with [`dmem_motor::recover_coordinator`].
+//! Across processes ([`Deployment::process_tasks`], [`Deployment::process_recovery`]) each
+//! CN writes its coordinators' op logs through to [`DurableSlots`] (files that outlive the
+//! process, as Motor's UPS-backed DRAM outlives a crash) and the detector CN's heartbeat
+//! [`LogRecovery`] reads a failed CN's logs from there and runs the same recovery.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
