@@ -395,6 +395,20 @@ impl Cluster {
         &self.path
     }
 
+    /// Where the CN processes of this cluster keep state that must outlive one of them
+    /// (`dmem_deploy::process::DurableSlots`: Motor's op logs): a directory of the host's
+    /// temporary directory named after the cluster file, which every process on this host
+    /// (network namespaces included) derives alike. CNs on different machines would need it
+    /// on storage they share.
+    pub(crate) fn state_dir(&self) -> PathBuf {
+        use std::hash::{Hash as _, Hasher as _};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::fs::canonicalize(&self.path)
+            .unwrap_or_else(|_| self.path.clone())
+            .hash(&mut h);
+        std::env::temp_dir().join(format!("dmem-cn-state-{:016x}", h.finish()))
+    }
+
     pub(crate) fn duration(&self) -> Duration {
         self.duration
     }
@@ -426,6 +440,17 @@ impl Cluster {
         (0..self.clients)
             .map(|c| (index * self.clients + c) as u16)
             .collect()
+    }
+
+    /// The CNs not `heard`, as `name (control address)`, comma-separated (for a join that
+    /// timed out).
+    pub(crate) fn cns_not_heard(&self, heard: impl Fn(NodeId) -> bool) -> String {
+        self.cns
+            .iter()
+            .filter(|c| !heard(c.node))
+            .map(|c| format!("{} ({})", c.name, c.control))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// The name of CN `node` (or `node N`).
@@ -508,9 +533,10 @@ pub(crate) struct ClusterArgs {
     #[arg(long, value_name = "FILE")]
     cluster: PathBuf,
     /// Kill this CN with SIGKILL during the run; or this MN, for FORD and Pandora with
-    /// replication (Pandora §3.2.5).
-    #[arg(long, value_name = "NODE")]
-    kill: Option<String>,
+    /// replication (Pandora §3.2.5). At most one CN and one MN (`--kill cn1,mn1`: both at
+    /// once, in that order).
+    #[arg(long, value_name = "NODE", value_delimiter = ',')]
+    kill: Vec<String>,
     /// When to kill it, ms after the CNs started.
     #[arg(long, default_value_t = 500)]
     kill_after_ms: u64,
@@ -622,16 +648,10 @@ pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
     while heard.len() < cluster.cns.len() {
         drain(&mut None, &mut heard, &mut done)?;
         if start.elapsed() > cluster.join_timeout {
-            let missing: Vec<String> = cluster
-                .cns
-                .iter()
-                .filter(|c| !heard.contains(&c.node))
-                .map(|c| format!("{} ({})", c.name, c.control))
-                .collect();
             bail!(
                 "{}: no heartbeat from {} within {} ms: is `dmem cn` running there, and can it reach {} and {}?",
                 me.name,
-                missing.join(", "),
+                cluster.cns_not_heard(|n| heard.contains(&n)),
                 cluster.join_timeout.as_millis(),
                 me.data,
                 me.control
@@ -1062,8 +1082,8 @@ fn background(action: Action, args: &ClusterArgs) -> anyhow::Result<()> {
                 "--cluster".into(),
                 args.cluster.to_string_lossy().into_owned(),
             ];
-            if let Some(kill) = &args.kill {
-                run.extend(["--kill".into(), kill.clone()]);
+            if !args.kill.is_empty() {
+                run.extend(["--kill".into(), args.kill.join(",")]);
                 run.extend(["--kill-after-ms".into(), args.kill_after_ms.to_string()]);
             }
             if args.json {
@@ -1140,11 +1160,17 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
         return background(action, args);
     }
     let cluster = Cluster::load(&args.cluster)?;
-    let kill_mn = args
+    let (kill_mns, kill_cns): (Vec<&str>, Vec<&str>) = args
         .kill
-        .as_deref()
-        .filter(|k| cluster.mns.iter().any(|m| m.name == *k));
-    let kill_cn = args.kill.as_deref().filter(|_| kill_mn.is_none());
+        .iter()
+        .map(String::as_str)
+        .partition(|k| cluster.mns.iter().any(|m| m.name == *k));
+    ensure!(
+        kill_mns.len() <= 1 && kill_cns.len() <= 1,
+        "--kill {}: at most one CN and one MN per run",
+        args.kill.join(",")
+    );
+    let (kill_mn, kill_cn) = (kill_mns.first().copied(), kill_cns.first().copied());
     if let Some(kill) = kill_cn {
         cluster.cn(kill)?;
         if matches!(cluster.kind, Kind::Txn { .. }) {
@@ -1156,11 +1182,11 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
     }
     let setup = cluster.txn_setup()?;
     if let (Some(kill), Some(setup), Kind::Txn { protocol, .. }) =
-        (&args.kill, &setup, &cluster.kind)
+        (args.kill.first(), &setup, &cluster.kind)
     {
         ensure!(
             setup.recovers()?,
-            "--kill {kill}: protocol `{protocol}` has no recovery across processes yet (ford and pandora do)"
+            "--kill {kill}: protocol `{protocol}` has no recovery across processes yet (ford, pandora, motor, oocc and drtm do)"
         );
     }
     if let Some(kill) = kill_mn {
@@ -1200,7 +1226,7 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
         for cn in &cluster.cns {
             cns.push(start_node(&cluster, "cn", &cn.name, cn.netns.as_deref())?);
         }
-        if let Some(kill) = &args.kill {
+        if !args.kill.is_empty() {
             // The kill timer starts once every CN is connected and heartbeating.
             let deadline = Instant::now() + cluster.join_timeout;
             while !cns.iter().all(|c| c.ready.load(Ordering::SeqCst)) {
@@ -1221,25 +1247,31 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
                 std::thread::sleep(Duration::from_millis(5));
             }
             std::thread::sleep(Duration::from_millis(args.kill_after_ms));
-            let role = if kill_mn.is_some() { "MN" } else { "CN" };
-            let victim = cns
-                .iter_mut()
-                .chain(mns.iter_mut())
-                .find(|c| &c.name == kill)
-                .context("checked above")?;
-            ensure!(
-                matches!(victim.child.try_wait(), Ok(None)),
-                "{role} `{kill}` finished before --kill-after-ms {} ms: raise the workload's duration_ms",
-                args.kill_after_ms
-            );
-            victim
-                .child
-                .kill()
-                .with_context(|| format!("cannot kill {role} `{kill}`"))?;
-            eprintln!(
-                "dmem cluster: killed {role} `{kill}` with SIGKILL after {} ms",
-                args.kill_after_ms
-            );
+            for kill in &args.kill {
+                let role = if kill_mn == Some(kill.as_str()) {
+                    "MN"
+                } else {
+                    "CN"
+                };
+                let victim = cns
+                    .iter_mut()
+                    .chain(mns.iter_mut())
+                    .find(|c| &c.name == kill)
+                    .context("checked above")?;
+                ensure!(
+                    matches!(victim.child.try_wait(), Ok(None)),
+                    "{role} `{kill}` finished before --kill-after-ms {} ms: raise the workload's duration_ms",
+                    args.kill_after_ms
+                );
+                victim
+                    .child
+                    .kill()
+                    .with_context(|| format!("cannot kill {role} `{kill}`"))?;
+                eprintln!(
+                    "dmem cluster: killed {role} `{kill}` with SIGKILL after {} ms",
+                    args.kill_after_ms
+                );
+            }
         }
         Ok(())
     })();
@@ -1260,6 +1292,8 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
                 (name, ok, report)
             })
             .collect();
+        // Every CN exited: the state they kept for one another's recovery is done with.
+        let _ = std::fs::remove_dir_all(cluster.state_dir());
         let verdict =
             crate::cluster_txn::collect(&cluster, kill_cn, kill_mn, &cn_results, histories);
         if verdict.is_err() {
@@ -1306,7 +1340,7 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
     }
     let cn_results: Vec<(String, bool, Option<CnReport>)> = cns.into_iter().map(finish).collect();
     let mn_results: Vec<(String, bool, Option<MnReport>)> = mns.into_iter().map(finish).collect();
-    let problems = check(&cluster, args.kill.as_deref(), &cn_results, &mn_results);
+    let problems = check(&cluster, kill_cn, &cn_results, &mn_results);
     if args.json {
         for (_, _, r) in &cn_results {
             if let Some(r) = r {
@@ -1519,7 +1553,7 @@ pub(crate) fn bench_tcp(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<()> 
         let result = run_cluster(&ClusterArgs {
             action: None,
             cluster: path,
-            kill: None,
+            kill: Vec::new(),
             kill_after_ms: 0,
             json: tcp.json,
         });

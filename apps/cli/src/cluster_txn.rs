@@ -12,16 +12,18 @@
 //!   (Pandora §3.2.2 step 2: the paper's RPC to the MN's management core) until
 //!   `dmem cluster` tells it to quit.
 //! - **CN**: deploys on the regions alone and runs the loader without writing (so that
-//!   placement decided while loading, such as OOCC's directory, agrees); one executor thread with one coordinator per
-//!   client, each made by the deployment on its own `TcpContext`; heartbeats to the first
-//!   CN, which waits until every other CN finished. For FORD and Pandora (the protocols
-//!   with recovery across processes so far) the first CN also runs Pandora's
-//!   `RecoveryManager` (§3.2.2: detection, link termination at every MN through the MN
-//!   processes, log recovery, notification; §3.2.5: MN probes, the failed-MN view
-//!   notification, the acknowledgement barrier and the resume) and every CN Pandora's CN
-//!   listener (stray-lock notifications, MN-failure views, pause and acknowledgement); other
-//!   protocols' CN failures end the run with an error. Each CN streams its history as
-//!   JSON.
+//!   placement decided while loading, such as OOCC's directory, agrees); one executor
+//!   thread with one coordinator per client, each made by the deployment on its own
+//!   `TcpContext`. Recovery across processes is the deployment's (`dmem-deploy`'s
+//!   `process` module): every CN runs the tasks `Deployment::process_tasks` returns
+//!   (heartbeats to the first CN, which are also its join barrier; Pandora's CN listener),
+//!   and the first CN drives the `ProcessRecovery` that `Deployment::process_recovery`
+//!   returns (FORD/Pandora: Pandora's `RecoveryManager`, §3.2.2 and §3.2.5, with control
+//!   messages re-sent; Motor: a heartbeat detector and its op logs, kept in files that
+//!   outlive the CN process) until every other CN finished or was recovered. This file
+//!   only makes the contexts, spawns the tasks and calls the detector's steps. Protocols
+//!   without recovery across processes end the run with an error when a CN fails. Each CN
+//!   streams its history as JSON.
 //! - **`dmem cluster`** merges the histories, reads the final state with a coordinator of
 //!   its own (knowing the recovered coordinators), runs the checker and (without a killed
 //!   CN) the workload's invariants.
@@ -29,34 +31,34 @@
 //! Real-time edges of the checker compare `CLOCK_MONOTONIC` instants of different
 //! processes: valid on one host (network namespaces included), not across machines.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use dmem_deploy::{AnyContext, DeploySpec, Deployment, MnMemory, Protocol, Recorder};
-use dmem_ford::mnfail::cn_listener;
-use dmem_ford::recovery::heartbeat_loop;
-use dmem_ford::{LinkTerminator, Member, RecoveryManager};
-use dmem_runtime::{Clocked, Executor, RealClock};
+use dmem_deploy::process::{
+    ClusterMember, CnContexts, MessageLinkTerminator, ProcessPlan, mn_control, parse_terminate,
+    terminated_reply,
+};
+use dmem_deploy::{
+    AnyContext, Decision, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
+    RecoveredCoordinator, settle_history,
+};
+use dmem_runtime::{Executor, RealClock};
 use dmem_shm::ShmMemoryNode;
 use dmem_tcp::{TcpContext, TcpFabric, TcpMemoryServer};
 use dmem_txn::{
     Coordinator, History, HistorySink, Transaction, TxnId, TxnKind, TxnOutcome, TxnRecord,
 };
-use dmem_verbs::{Clock, Endpoint, MemoryRegion, NodeId, Port, RKey, Verbs, VerbsError};
+use dmem_verbs::{Clock, Endpoint, MemoryRegion, NodeId, Port, RKey, Verbs};
 use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator, Workload, execute};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::{Cluster, CnNode, MnNode};
 use dmem_cli::common;
 
-/// CN → MN: revoke CN `u16 LE`; the MN answers [`TERMINATED`] with the same id.
-const TERMINATE: &[u8] = b"dmem-terminate";
-/// MN → CN: the CN's access is revoked.
-const TERMINATED: &[u8] = b"dmem-terminated";
 /// `dmem cluster` → MN: the run is over.
 const QUIT: &[u8] = b"dmem-quit";
 /// CN → first CN: this CN's workload is over; then its committed delta (i64 LE, the
@@ -72,8 +74,9 @@ const HEARTBEAT: Port = Port(98);
 const FIRST_COORDINATOR_PORT: u16 = 1;
 /// Doublings of the index slack tried before a layout counts as impossible.
 const MAX_SLACK_DOUBLINGS: u32 = 6;
-/// How long a link termination may take before recovery gives up on that MN.
-const TERMINATE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a peer may leave a control request unanswered (a link termination, an
+/// MN-failure acknowledgement) before recovery reports it.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The deployment of a cluster, as every process derives it.
 pub(crate) struct TxnSetup {
@@ -142,22 +145,23 @@ impl TxnSetup {
         Ok(self.protocol.deploy_on(memory, &self.spec, history)?)
     }
 
-    /// Whether CN failures are recovered across processes (FORD and Pandora so far).
+    /// Whether CN failures are recovered across processes
+    /// (`Deployment::recovers_across_processes`).
     pub(crate) fn recovers(&self) -> anyhow::Result<bool> {
-        let d = self.deploy(
-            MnMemory::remote(self.regions.clone()),
-            Recorder::new(Rc::default()),
-        )?;
-        Ok(dmem_protocols::ford::ford_view(&*d).is_some())
+        Ok(self.remote()?.recovers_across_processes())
     }
 
-    /// How many MNs hold each record (FORD and Pandora; 1 for other protocols).
+    /// How many MNs hold each record (`Deployment::replicas`).
     pub(crate) fn replicas(&self) -> anyhow::Result<u16> {
-        let d = self.deploy(
+        Ok(self.remote()?.replicas())
+    }
+
+    /// The protocol deployed on the regions alone, recording nowhere.
+    fn remote(&self) -> anyhow::Result<Box<dyn Deployment>> {
+        self.deploy(
             MnMemory::remote(self.regions.clone()),
             Recorder::new(Rc::default()),
-        )?;
-        Ok(dmem_protocols::ford::ford_view(&*d).map_or(1, |f| f.store().config().replicas))
+        )
     }
 
     /// Bytes of each MN's region.
@@ -270,10 +274,7 @@ pub(crate) fn run_mn(cluster: &Cluster, me: &MnNode, setup: &TxnSetup) -> anyhow
                 server.stop().context("the serving loop failed")?;
                 return Ok(());
             }
-            if let Some(cn) = msg.payload.strip_prefix(TERMINATE)
-                && let Ok(cn) = <[u8; 2]>::try_from(cn)
-            {
-                let cn = NodeId(u16::from_le_bytes(cn));
+            if let Some(cn) = parse_terminate(&msg.payload) {
                 let shut = server.revoke(cn)?;
                 let name = cluster.cn_name(cn);
                 eprintln!(
@@ -281,9 +282,7 @@ pub(crate) fn run_mn(cluster: &Cluster, me: &MnNode, setup: &TxnSetup) -> anyhow
                     me.name, msg.from.node.0
                 );
                 revoked.insert(name);
-                let mut reply = TERMINATED.to_vec();
-                reply.extend_from_slice(&cn.0.to_le_bytes());
-                if let Err(e) = executor.block_on(ctx.send(msg.from, &reply)) {
+                if let Err(e) = executor.block_on(ctx.send(msg.from, &terminated_reply(cn))) {
                     eprintln!("dmem mn {}: cannot confirm the termination: {e}", me.name);
                 }
             }
@@ -294,32 +293,6 @@ pub(crate) fn run_mn(cluster: &Cluster, me: &MnNode, setup: &TxnSetup) -> anyhow
             me.name
         );
         std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// Active-link termination through the MN processes: a request to each MN's control
-/// endpoint, confirmed by its reply.
-struct RemoteTerminator {
-    ctx: Clocked<TcpContext>,
-}
-
-impl LinkTerminator for RemoteTerminator {
-    async fn terminate(&self, mn: NodeId, cn: NodeId) -> Result<(), VerbsError> {
-        let mut request = TERMINATE.to_vec();
-        request.extend_from_slice(&cn.0.to_le_bytes());
-        self.ctx.send(endpoint(mn, Port(0)), &request).await?;
-        let mut expected = TERMINATED.to_vec();
-        expected.extend_from_slice(&cn.0.to_le_bytes());
-        let deadline = self.ctx.now() + TERMINATE_TIMEOUT.as_nanos() as u64;
-        while self.ctx.now() < deadline {
-            while let Some(msg) = self.ctx.try_recv()? {
-                if msg.from.node == mn && msg.payload == expected {
-                    return Ok(());
-                }
-            }
-            self.ctx.sleep(1_000_000).await;
-        }
-        Err(VerbsError::ConnectionLost { node: mn })
     }
 }
 
@@ -399,6 +372,39 @@ struct Recovered {
     /// Per coordinator: its in-flight transaction's fate (`roll-forward`, `roll-back`, `none`).
     decisions: Vec<String>,
     detected_ms: u64,
+    /// Per coordinator: the sequence number of the transaction recovery decided.
+    #[serde(default)]
+    txns: Vec<Option<u64>>,
+    /// When recovery finished (`CLOCK_MONOTONIC` ns), if the decisions settle the recovered
+    /// coordinators' `Unknown` transactions in the merged history
+    /// (`dmem_deploy::process::ProcessRecovery::settles_history`).
+    #[serde(default)]
+    settle_at: Option<u64>,
+}
+
+impl Recovered {
+    /// Writes the decisions into the merged `history` (`dmem_deploy::settle_history`), if
+    /// the protocol's recovery settles it.
+    fn settle(&self, history: &RefCell<History>) {
+        let Some(now) = self.settle_at else {
+            return;
+        };
+        for (i, &coordinator) in self.coordinators.iter().enumerate() {
+            let decision = match self.decisions.get(i).map(String::as_str) {
+                Some("roll-forward") => Some(Decision::RollForward),
+                Some("roll-back") => Some(Decision::RollBack),
+                _ => None,
+            };
+            let r = RecoveredCoordinator {
+                coordinator,
+                txn: self.txns.get(i).copied().flatten(),
+                decision,
+                restored: 0,
+                unlocked: 0,
+            };
+            settle_history(history, &r, now);
+        }
+    }
 }
 
 /// One MN failure handled by the first CN (Pandora §3.2.5).
@@ -431,9 +437,31 @@ pub(crate) struct TxnCnReport {
     invariants: String,
 }
 
+/// The recovery plan every process of `cluster` derives (`dmem-deploy`'s
+/// [`ProcessPlan`]): every CN with its coordinators and listener, the first CN's detector.
+fn process_plan(cluster: &Cluster) -> ProcessPlan {
+    ProcessPlan {
+        members: cluster
+            .cns()
+            .iter()
+            .map(|c| ClusterMember {
+                cn: c.node,
+                coordinators: cluster.coordinator_ids(c.node),
+                listener: endpoint(c.node, LISTENER),
+            })
+            .collect(),
+        detector: endpoint(cluster.cns()[0].node, DETECTOR),
+        heartbeat: cluster.heartbeat(),
+        timeout: cluster.timeout(),
+        answer_timeout: ANSWER_TIMEOUT.as_nanos() as u64,
+        state_dir: cluster.state_dir(),
+    }
+}
+
 /// `dmem cn` for a transaction workload.
 pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow::Result<()> {
-    let detector_cn = cluster.cns()[0].node;
+    let plan = process_plan(cluster);
+    let detector_cn = plan.detector.node;
     let is_detector = me.node == detector_cn;
     let fabric = TcpFabric::new(me.node);
     let _listener = fabric
@@ -476,37 +504,21 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         let co = deployment.coordinator(AnyContext::Tcp(Rc::clone(&ctx)), id)?;
         coordinators.push((id, co, ctx));
     }
-    // FORD and Pandora: Pandora's recovery across processes (below) and PILL's stray-lock
-    // notifications; other protocols have none across processes yet.
-    let ford = dmem_protocols::ford::ford_view(&*deployment)
-        .map(|f| (Rc::clone(f.store()), f.config(), f.cn_shared(me.node)));
-    let period = cluster.heartbeat();
-    // Heartbeats (the first CN's join barrier, and its failure detector for FORD/Pandora)
-    // run until this process ends.
-    let hb = Rc::new(Clocked::new(fabric.context(HEARTBEAT)?));
-    executor.spawn(async move {
-        // A send fails while the detector's CN is still starting (nothing listens yet):
-        // heartbeat again after a period rather than stop for good.
-        while heartbeat_loop(&*hb, endpoint(detector_cn, DETECTOR), period, u64::MAX)
-            .await
-            .is_err()
-        {
-            RealClock.sleep(period).await;
-        }
-    });
-    if let Some((store, _, Some(shared))) = &ford {
-        // Pandora's CN side: stray-lock notifications and MN failures (§3.2.5: the view
-        // change into this CN's store, the pause, the acknowledgement, the resume).
-        let listener_ctx = Rc::new(Clocked::new(fabric.context(LISTENER)?));
-        let (store, shared) = (Rc::clone(store), shared.clone());
-        let detector = endpoint(detector_cn, DETECTOR);
-        let poll = (period / 4).max(1);
-        executor.spawn(async move {
-            let _ = cn_listener(&*listener_ctx, store, shared, detector, poll, u64::MAX).await;
-        });
+    // The protocol's CN side (heartbeats to the detector, which are also its join barrier;
+    // for protocols with recovery across processes their listener) runs until this
+    // process ends.
+    let tasks = deployment.process_tasks(
+        me.node,
+        CnContexts {
+            heartbeat: fabric.context(HEARTBEAT)?.into(),
+            listener: fabric.context(LISTENER)?.into(),
+        },
+        &plan,
+    )?;
+    for task in tasks {
+        executor.spawn(task);
     }
-    // The store whose view says which MNs this CN counts as failed (FORD and Pandora).
-    let view_store = ford.as_ref().map(|(store, _, _)| Rc::clone(store));
+    let deployment = Rc::new(RefCell::new(deployment));
     let tally = Rc::new((
         Cell::new(0u64),
         Cell::new(0u64),
@@ -519,7 +531,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     for (id, mut co, ctx) in coordinators {
         let (tally, running, workload) =
             (Rc::clone(&tally), Rc::clone(&running), Rc::clone(&workload));
-        let view_store = view_store.clone();
+        let deployment = Rc::clone(&deployment);
         executor.spawn(async move {
             let mut generator = workload.generator(u32::from(id), 0x5eed ^ u64::from(id));
             while RealClock.now() < end {
@@ -537,15 +549,9 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                         // Revoked (or an MN gone that the view does not count as failed):
                         // nothing this coordinator posts lands any more. An MN the view
                         // dropped (Pandora §3.2.5) is no longer posted to.
-                        let failed_in_view = |node: NodeId| {
-                            view_store.as_ref().is_some_and(|store| {
-                                store
-                                    .mn_index(node)
-                                    .is_some_and(|mn| !store.view().borrow().is_alive(mn))
-                            })
-                        };
+                        let failed = deployment.borrow().failed_mns();
                         if ctx.links().any(|(region, _)| {
-                            ctx.is_lost(region.node) && !failed_in_view(region.node)
+                            ctx.is_lost(region.node) && !failed.contains(&region.node)
                         }) {
                             break;
                         }
@@ -563,82 +569,24 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     let mut invariants = String::new();
     let mut mn_failures = Vec::new();
     let recovered: Vec<Recovered> = if let Some(detector_ctx) = detector_ctx {
-        let members = cluster
-            .cns()
-            .iter()
-            .map(|c| Member {
-                cn: c.node,
-                coordinators: cluster.coordinator_ids(c.node),
-                listener: endpoint(c.node, LISTENER),
-            })
-            .collect();
-        // Join: suspicion starts once every CN has sent its first heartbeat (a CN still
-        // connecting its coordinators is not a failed one).
-        executor.block_on(async {
-            let mut heard = BTreeSet::new();
-            let join_end = RealClock.now() + cluster.join_timeout().as_nanos() as u64;
-            while heard.len() < cluster.cns().len() {
-                while let Some(msg) = detector_ctx.try_recv()? {
-                    heard.insert(msg.from.node);
-                }
-                if RealClock.now() > join_end {
-                    let missing: Vec<String> = cluster
-                        .cns()
-                        .iter()
-                        .filter(|c| !heard.contains(&c.node))
-                        .map(|c| format!("{} ({})", c.name, c.control))
-                        .collect();
-                    bail!(
-                        "{}: no heartbeat from {} within {} ms",
-                        me.name,
-                        missing.join(", "),
-                        cluster.join_timeout().as_millis()
-                    );
-                }
-                RealClock.sleep(1_000_000).await;
-            }
-            Ok(())
-        })?;
+        join(cluster, me, &executor, &detector_ctx)?;
         println!("ready {}", me.name);
-        // FORD/Pandora: Pandora's recovery manager takes over the detector's context;
-        // other protocols only drain the heartbeats.
-        let (mut manager, drain) = match &ford {
-            // The detector's own view of the MNs (a fork: this CN's coordinators learn of
-            // an MN failure through their listener, like every other CN's).
-            Some((store, config, _)) => (
-                Some(
-                    RecoveryManager::new(
-                        Clocked::new(detector_ctx),
-                        Rc::new(store.fork_view()),
-                        config.protocol,
-                        RemoteTerminator {
-                            ctx: Clocked::new(fabric.context(TERMINATOR)?),
-                        },
-                        members,
-                        cluster.timeout(),
-                    )
-                    .watch_mns(period),
-                ),
-                None,
+        // A protocol with recovery across processes takes over the detector's context;
+        // for others the heartbeats are only drained.
+        let detector_ctx: AnyContext = detector_ctx.into();
+        let mut recovery = deployment.borrow_mut().process_recovery(
+            detector_ctx.clone(),
+            MessageLinkTerminator::new(
+                fabric.context(TERMINATOR)?.into(),
+                plan.heartbeat,
+                plan.answer_timeout,
             ),
-            None => (None, Some(detector_ctx)),
-        };
-        let events = manager
-            .as_ref()
-            .map_or_else(Rc::default, RecoveryManager::events);
-        let mn_events = manager
-            .as_ref()
-            .map_or_else(Rc::default, RecoveryManager::mn_events);
+            &plan,
+        )?;
         // Without recovery a CN that never reports ends the run, after this long.
         let give_up =
             RealClock.now() + (cluster.duration() + cluster.join_timeout() * 2).as_nanos() as u64;
         let done_ctx = fabric.context(DONE_PORT)?;
-        let others: BTreeSet<NodeId> = cluster
-            .cns()
-            .iter()
-            .map(|c| c.node)
-            .filter(|&n| n != me.node)
-            .collect();
         let start = dmem_runtime::monotonic_now();
         let running = Rc::clone(&running);
         let mut deltas: HashMap<NodeId, i64> = HashMap::new();
@@ -654,148 +602,83 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                         }
                     }
                 }
-                if let Some(drain) = &drain {
-                    while drain.try_recv()?.is_some() {}
-                }
-                if let Some(manager) = &mut manager {
-                    for member in manager.detect()? {
-                        if finished.contains(&member.cn) {
-                            continue;
+                match &mut recovery {
+                    Some(recovery) => {
+                        for cn in recovery.detect()? {
+                            if finished.contains(&cn) {
+                                continue;
+                            }
+                            eprintln!(
+                                "dmem cn {}: {} missed its heartbeats for {} ms: recovering it",
+                                me.name,
+                                cluster.cn_name(cn),
+                                cluster.timeout() / 1_000_000
+                            );
+                            recovered.insert(cn);
+                            recovery.recover(cn).await?;
                         }
-                        eprintln!(
-                            "dmem cn {}: {} missed its heartbeats for {} ms: recovering it",
-                            me.name,
-                            cluster.cn_name(member.cn),
-                            cluster.timeout() / 1_000_000
-                        );
-                        recovered.insert(member.cn);
-                        manager.recover(member).await?;
+                        recovery.watch_mns().await?;
                     }
-                    // Pandora §3.2.5: probe the MNs, notify the CNs of a failed one,
-                    // resume them once every live CN acknowledged.
-                    manager.check_mns().await?;
-                    manager.maybe_resume().await?;
+                    None => while detector_ctx.try_recv()?.is_some() {},
                 }
-                let pending: Vec<String> = others
+                let pending: Vec<String> = plan
+                    .members
                     .iter()
-                    .filter(|n| !finished.contains(n) && !recovered.contains(n))
-                    .map(|&n| cluster.cn_name(n))
+                    .map(|m| m.cn)
+                    .filter(|n| *n != me.node && !finished.contains(n) && !recovered.contains(n))
+                    .map(|n| cluster.cn_name(n))
                     .collect();
                 if running.get() == 0 && pending.is_empty() {
                     return Ok::<(), anyhow::Error>(());
                 }
                 ensure!(
-                    manager.is_some() || RealClock.now() < give_up,
+                    recovery.is_some() || RealClock.now() < give_up,
                     "{}: {} did not finish, and protocol `{}` has no recovery across processes",
                     me.name,
                     pending.join(", "),
                     setup.protocol.name()
                 );
-                RealClock.sleep(period / 2).await;
+                RealClock.sleep(plan.heartbeat / 2).await;
             }
         })?;
-        let events = events.borrow();
+        let (events, mn_events) = recovery
+            .as_ref()
+            .map_or_else(Default::default, |r| (r.events(), r.mn_failures()));
+        let settles = recovery.as_ref().is_some_and(|r| r.settles_history());
         // The final state, read by one more coordinator that knows who failed (it reads
         // past the locks they left) and which MNs failed (it connects to the live ones and
         // reads their primaries), then the live MNs are told the run is over.
         streaming_off.set(true);
-        let mn_failed = |node: NodeId| {
-            view_store.as_ref().is_some_and(|store| {
-                store
-                    .mn_index(node)
-                    .is_some_and(|mn| !store.view().borrow().is_alive(mn))
-            })
-        };
+        let dead = deployment.borrow().failed_mns();
         let final_ctx = AnyContext::Tcp(Rc::new(connected_to(
             &fabric,
             Port(3),
             cluster,
             Instant::now() + cluster.join_timeout(),
-            |node| !mn_failed(node),
+            |node| !dead.contains(&node),
         )?));
-        let last = if ford.is_some() {
-            // A coordinator of this CN, whose shared state learns every failed coordinator
-            // (PILL then reads past the locks they left).
-            let last = deployment.coordinator(final_ctx, cluster.coordinators())?;
-            if let Some(shared) =
-                dmem_protocols::ford::ford_view(&*deployment).and_then(|f| f.cn_shared(me.node))
-            {
-                for c in events.iter().flat_map(|e| &e.coordinators) {
-                    shared
-                        .failed
-                        .borrow_mut()
-                        .insert(dmem_layout::pill::CoordinatorId(c.coordinator));
-                }
-            }
-            last
-        } else {
-            deployment.final_coordinator(final_ctx, cluster.coordinators())?
-        };
+        let last = deployment
+            .borrow_mut()
+            .final_coordinator(final_ctx, cluster.coordinators())?;
         invariants = if events.is_empty() {
-            // Records are read one by one as the workload's check asks for them (TPC-C
-            // looks up the orders it inserted), each by a read-only transaction.
-            // (Taken out of its cell for each read: `check` wants a `Fn`.)
-            let last = Cell::new(Some(last));
-            let read_error = std::cell::RefCell::new(None);
             let delta = tally.3.get() + deltas.values().sum::<i64>();
-            let violations = setup.workload.check(
-                |table, key| {
-                    let mut co = last.take()?;
-                    // Retried like the workload's transactions (a DrTM read lease can run
-                    // out under a slow process).
-                    let read = executor.block_on(async {
-                        let mut attempt = 0;
-                        loop {
-                            let r = async {
-                                let mut tx = co.begin(TxnKind::ReadOnly).await?;
-                                let value = tx.read(table, key).await?;
-                                tx.commit().await?;
-                                Ok::<_, dmem_txn::TxnError>(value)
-                            }
-                            .await;
-                            attempt += 1;
-                            match r {
-                                Err(e)
-                                    if e.is_retryable() && attempt < dmem_harness::MAX_ATTEMPTS => {
-                                }
-                                r => break r,
-                            }
-                        }
-                    });
-                    last.set(Some(co));
-                    read.unwrap_or_else(|e| {
-                        *read_error.borrow_mut() = Some(e.to_string());
-                        None
-                    })
-                },
-                delta,
-            );
-            match (read_error.into_inner(), violations.first()) {
-                (Some(e), _) => format!("could not read the final state: {e}"),
-                (None, None) => "ok".to_owned(),
-                (None, Some(v)) => format!("{} violations, first: {v}", violations.len()),
-            }
+            check_invariants(&setup.workload, &executor, last, delta)
         } else {
             // A recovered CN's committed changes are not known here.
             "skipped (a CN was recovered)".to_owned()
         };
-        let dead: Vec<NodeId> = cluster
-            .mns()
-            .iter()
-            .map(|m| m.node)
-            .filter(|&n| mn_failed(n))
-            .collect();
         quit_mns(cluster, &fabric, &executor, &dead);
+        let since_start = |t: dmem_verbs::Nanos| t.saturating_sub(start) / 1_000_000;
         mn_failures = mn_events
-            .borrow()
             .iter()
             .map(|e| MnFailed {
                 mn: cluster
                     .mns()
-                    .get(usize::from(e.mn))
-                    .map_or_else(|| format!("MN {}", e.mn), |m| m.name.clone()),
-                detected_ms: e.detected_at.saturating_sub(start) / 1_000_000,
-                resumed_ms: e.resumed_at.map(|t| t.saturating_sub(start) / 1_000_000),
+                    .iter()
+                    .find(|m| m.node == e.mn)
+                    .map_or_else(|| format!("MN {}", e.mn.0), |m| m.name.clone()),
+                detected_ms: since_start(e.detected_at),
+                resumed_ms: e.resumed_at.map(since_start),
             })
             .collect();
         events
@@ -807,19 +690,21 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                     .coordinators
                     .iter()
                     .map(|c| match c.decision {
-                        Some(dmem_ford::logic::Decision::RollForward) => "roll-forward".into(),
-                        Some(dmem_ford::logic::Decision::RollBack) => "roll-back".into(),
+                        Some(Decision::RollForward) => "roll-forward".into(),
+                        Some(Decision::RollBack) => "roll-back".into(),
                         None => "none".into(),
                     })
                     .collect(),
-                detected_ms: e.detected_at.saturating_sub(start) / 1_000_000,
+                detected_ms: since_start(e.detected_at),
+                txns: e.coordinators.iter().map(|c| c.txn).collect(),
+                settle_at: settles.then_some(e.finished_at),
             })
             .collect()
     } else {
         let running = Rc::clone(&running);
         executor.block_on(async {
             while running.get() > 0 {
-                RealClock.sleep(period).await;
+                RealClock.sleep(plan.heartbeat).await;
             }
         });
         let done_ctx = fabric.context(DONE_PORT)?;
@@ -849,6 +734,85 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     Ok(())
 }
 
+/// The detector's join barrier: suspicion starts once every CN has sent its first
+/// heartbeat (a CN still connecting its coordinators is not a failed one).
+fn join(
+    cluster: &Cluster,
+    me: &CnNode,
+    executor: &Executor,
+    detector_ctx: &TcpContext,
+) -> anyhow::Result<()> {
+    executor.block_on(async {
+        let mut heard = BTreeSet::new();
+        let join_end = RealClock.now() + cluster.join_timeout().as_nanos() as u64;
+        while heard.len() < cluster.cns().len() {
+            while let Some(msg) = detector_ctx.try_recv()? {
+                heard.insert(msg.from.node);
+            }
+            if RealClock.now() > join_end {
+                bail!(
+                    "{}: no heartbeat from {} within {} ms",
+                    me.name,
+                    cluster.cns_not_heard(|n| heard.contains(&n)),
+                    cluster.join_timeout().as_millis()
+                );
+            }
+            RealClock.sleep(1_000_000).await;
+        }
+        Ok(())
+    })
+}
+
+/// The workload's invariants over the final state read by `last` (`delta`: the conserved
+/// quantity every CN's commits added): `ok`, the violations, or why they could not be read.
+fn check_invariants(
+    workload: &AnyWorkload,
+    executor: &Executor,
+    last: dmem_txn::BoxCoordinator,
+    delta: i64,
+) -> String {
+    // Records are read one by one as the workload's check asks for them (TPC-C looks up
+    // the orders it inserted), each by a read-only transaction. (Taken out of its cell for
+    // each read: `check` wants a `Fn`.)
+    let last = Cell::new(Some(last));
+    let read_error = RefCell::new(None);
+    let violations = workload.check(
+        |table, key| {
+            let mut co = last.take()?;
+            // Retried like the workload's transactions (a DrTM read lease can run out
+            // under a slow process).
+            let read = executor.block_on(async {
+                let mut attempt = 0;
+                loop {
+                    let r = async {
+                        let mut tx = co.begin(TxnKind::ReadOnly).await?;
+                        let value = tx.read(table, key).await?;
+                        tx.commit().await?;
+                        Ok::<_, dmem_txn::TxnError>(value)
+                    }
+                    .await;
+                    attempt += 1;
+                    match r {
+                        Err(e) if e.is_retryable() && attempt < dmem_harness::MAX_ATTEMPTS => {}
+                        r => break r,
+                    }
+                }
+            });
+            last.set(Some(co));
+            read.unwrap_or_else(|e| {
+                *read_error.borrow_mut() = Some(e.to_string());
+                None
+            })
+        },
+        delta,
+    );
+    match (read_error.into_inner(), violations.first()) {
+        (Some(e), _) => format!("could not read the final state: {e}"),
+        (None, None) => "ok".to_owned(),
+        (None, Some(v)) => format!("{} violations, first: {v}", violations.len()),
+    }
+}
+
 /// The outcome of a transaction run, as `dmem cluster` checked it.
 pub(crate) struct TxnVerdict {
     pub(crate) checker: String,
@@ -871,6 +835,13 @@ pub(crate) fn collect(
     for h in histories {
         history.txns.extend(h.txns);
     }
+    // Recovery's decisions for the failed CNs' in-flight transactions, as the simulator's
+    // recovery of the same protocol writes them.
+    let history = RefCell::new(history);
+    for r in cns.iter().filter_map(|(_, _, r)| r.as_ref()) {
+        r.recovered.iter().for_each(|rec| rec.settle(&history));
+    }
+    let history = history.into_inner();
     for (name, ok, report) in cns {
         if killed == Some(name.as_str()) {
             continue;
@@ -961,7 +932,7 @@ pub(crate) fn quit_mns(
         return;
     };
     for mn in cluster.mns().iter().filter(|m| !dead.contains(&m.node)) {
-        if let Err(e) = executor.block_on(ctx.send(endpoint(mn.node, Port(0)), QUIT)) {
+        if let Err(e) = executor.block_on(ctx.send(mn_control(mn.node), QUIT)) {
             eprintln!("dmem cluster: cannot tell MN `{}` to quit: {e}", mn.name);
         }
     }

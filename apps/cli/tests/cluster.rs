@@ -107,6 +107,27 @@ fn smallbank_toml(hosts: [(&str, Option<&str>); 3], ports: &[u16], protocol: &st
         .replace("duration_ms = 1500", "duration_ms = 3000")
 }
 
+/// Three hosts on loopback (one MN, two CNs).
+const LOCAL: [(&str, Option<&str>); 3] = [("127.0.0.1", None); 3];
+
+/// A temporary directory with a SmallBank cluster file for `protocol` on loopback: `mns`
+/// MNs (every record on each, up to 3 replicas), two CNs of four clients.
+fn local_smallbank(tag: &str, protocol: &str, mns: usize) -> (TempDir, PathBuf) {
+    let dir = TempDir::new(tag);
+    let ports = free_ports(4 + 2 * (mns - 1));
+    let mut text = smallbank_toml(LOCAL, &ports, protocol);
+    for (i, pair) in ports[4..].chunks(2).enumerate() {
+        text.push_str(&format!(
+            "\n[[node]]\nname = \"mn{}\"\nrole = \"mn\"\ndata = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
+            i + 1,
+            pair[0],
+            pair[1]
+        ));
+    }
+    let file = dir.write("cluster.toml", &text);
+    (dir, file)
+}
+
 /// SmallBank with a killed CN: the first CN recovered it (Pandora's logs), the MN
 /// terminated its link on request, the merged history (the killed CN's streamed records
 /// included) is clean.
@@ -356,14 +377,7 @@ fn cluster_file_errors_are_one_readable_line() {
 
 #[test]
 fn smallbank_on_pandora_recovers_a_killed_cn_process() {
-    let dir = TempDir::new("smallbank");
-    let ports = free_ports(4);
-    let local = [
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-    ];
-    let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "pandora"));
+    let (_dir, file) = local_smallbank("smallbank", "pandora", 1);
     let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
     assert_recovered_kill(&out);
 }
@@ -375,31 +389,7 @@ fn smallbank_on_pandora_recovers_a_killed_cn_process() {
 /// on the survivors' final state.
 #[test]
 fn smallbank_on_pandora_survives_a_killed_mn_process() {
-    let dir = TempDir::new("mnkill");
-    let ports = free_ports(8);
-    let local = [
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-    ];
-    let extra_mns = format!(
-        r#"
-[[node]]
-name = "mn1"
-role = "mn"
-data = "127.0.0.1:{}"
-control = "127.0.0.1:{}"
-
-[[node]]
-name = "mn2"
-role = "mn"
-data = "127.0.0.1:{}"
-control = "127.0.0.1:{}"
-"#,
-        ports[4], ports[5], ports[6], ports[7]
-    );
-    let text = format!("{}\n{extra_mns}", smallbank_toml(local, &ports, "pandora"));
-    let file = dir.write("cluster.toml", &text);
+    let (_dir, file) = local_smallbank("mnkill", "pandora", 3);
     let out = run_cluster(&file, &["--kill", "mn1", "--kill-after-ms", "400"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "dmem cluster failed: {stderr}");
@@ -421,17 +411,42 @@ control = "127.0.0.1:{}"
     assert!(cn0["recovered"].as_array().unwrap().is_empty(), "{cn0}");
 }
 
+/// Pandora §3.2.2 and §3.2.5 together across processes: 3 MNs (3 replicas), SmallBank, and
+/// a CN process and an MN process killed with SIGKILL at the same moment. The first CN's
+/// detector confirms the MN failure and notifies the CNs (the killed CN cannot be reached
+/// and never acknowledges), suspects the killed CN, recovers its coordinators from their
+/// logs on the live replicas (its links terminated at the live MNs only), and resumes the
+/// survivor; the merged history is clean.
+#[test]
+fn smallbank_on_pandora_survives_a_killed_cn_and_a_killed_mn() {
+    let (_dir, file) = local_smallbank("cnmnkill", "pandora", 3);
+    let out = run_cluster(&file, &["--kill", "cn1,mn1", "--kill-after-ms", "400"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "dmem cluster failed: {stderr}");
+    assert!(stderr.contains("killed CN `cn1` with SIGKILL"), "{stderr}");
+    assert!(stderr.contains("killed MN `mn1` with SIGKILL"), "{stderr}");
+    assert!(stderr.contains("cn1 missed its heartbeats"), "{stderr}");
+    let r = reports(&out);
+    assert!(!r.contains_key("mn1") && !r.contains_key("cn1"), "{r:?}");
+    let cn0 = &r["cn0"];
+    assert!(cn0["committed"].as_u64().unwrap() > 0, "{cn0}");
+    let recovered = cn0["recovered"].as_array().unwrap();
+    assert_eq!(recovered.len(), 1, "{cn0}");
+    assert_eq!(recovered[0]["cn"], "cn1");
+    assert_eq!(recovered[0]["coordinators"].as_array().unwrap().len(), 4);
+    let failures = cn0["mn_failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{cn0}");
+    assert_eq!(failures[0]["mn"], "mn1");
+    assert!(failures[0]["resumed_ms"].is_u64(), "{cn0}");
+    for mn in ["mn0", "mn2"] {
+        assert_eq!(r[mn]["revoked"][0], "cn1", "{}", r[mn]);
+    }
+}
+
 /// Killing an MN needs replication: with one MN the run is refused before it starts.
 #[test]
 fn kill_of_an_unreplicated_mn_is_refused() {
-    let dir = TempDir::new("mnkill1");
-    let ports = free_ports(4);
-    let local = [
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-    ];
-    let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "pandora"));
+    let (_dir, file) = local_smallbank("mnkill1", "pandora", 1);
     let out = run_cluster(&file, &["--kill", "mn0"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -440,14 +455,7 @@ fn kill_of_an_unreplicated_mn_is_refused() {
 
 #[test]
 fn smallbank_on_ford_without_failures_checks_clean() {
-    let dir = TempDir::new("ford");
-    let ports = free_ports(4);
-    let local = [
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-    ];
-    let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "ford"));
+    let (_dir, file) = local_smallbank("ford", "ford", 1);
     let out = dmem()
         .arg("cluster")
         .arg("--cluster")
@@ -547,21 +555,28 @@ fn cluster_up_status_and_down() {
 /// A protocol without recovery across processes refuses `--kill` before anything starts.
 #[test]
 fn kill_is_refused_for_a_protocol_without_process_recovery() {
-    let dir = TempDir::new("motor-kill");
-    let ports = free_ports(4);
-    let local = [
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-        ("127.0.0.1", None),
-    ];
-    let file = dir.write("cluster.toml", &smallbank_toml(local, &ports, "motor"));
+    let (_dir, file) = local_smallbank("dslr-kill", "dslr", 1);
     let out = run_cluster(&file, &["--kill", "cn1"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("protocol `motor` has no recovery across processes yet"),
+        stderr.contains("protocol `dslr` has no recovery across processes yet"),
         "{stderr}"
     );
+}
+
+/// Motor, OOCC and DrTM across processes: a CN process killed with SIGKILL mid-run is
+/// recovered by the first CN from its coordinators' logs — Motor's op logs, written through
+/// to files that outlive the process (its UPS-backed DRAM); OOCC's and DrTM's redo logs in
+/// MN memory — after its link is terminated at the MN; the survivor finishes and the merged
+/// history, settled with recovery's decisions, is clean.
+#[test]
+fn smallbank_on_motor_oocc_and_drtm_recovers_a_killed_cn_process() {
+    for protocol in ["motor", "oocc", "drtm"] {
+        let (_dir, file) = local_smallbank(&format!("{protocol}-kill"), protocol, 1);
+        let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
+        assert_recovered_kill(&out);
+    }
 }
 
 /// The newcomer's path: `dmem bench --fabric tcp` starts, checks and stops a local cluster

@@ -18,6 +18,9 @@
 //! * [`spawn_oracle_recovery`] and [`settle_history`]: crash recovery under an oracle failure
 //!   detector (OOCC, Motor) and the history bookkeeping every recovery shares.
 //! * [`Registry`]: protocols by name, plus parameterised families (`ford:BUG+BUG`).
+//! * [`process`]: recovery across the processes of a real cluster — the CN tasks
+//!   ([`Deployment::process_tasks`]), the detector's [`process::ProcessRecovery`]
+//!   ([`Deployment::process_recovery`]) and link termination through MN processes.
 //!
 //! A deployment is fabric-neutral: [`Protocol::deploy_on`] lays the store out on an
 //! [`MnMemory`] (the simulator's MNs, or the regions of real MNs with the bytes of those
@@ -32,6 +35,7 @@ mod cluster;
 mod context;
 mod memory;
 mod oracle;
+pub mod process;
 mod registry;
 
 use std::any::Any;
@@ -333,6 +337,63 @@ pub trait Deployment {
         recovery_cn: u16,
         timing: RecoveryTiming,
     ) -> Result<(), DeployError>;
+
+    /// Whether [`process_recovery`](Self::process_recovery) recovers CNs of a real cluster
+    /// across processes (`false` by default: a CN process killed mid-run ends the run).
+    fn recovers_across_processes(&self) -> bool {
+        false
+    }
+
+    /// How many MNs hold each record (1 by default: no replication), so that a command
+    /// knows whether an MN failure can be survived.
+    fn replicas(&self) -> u16 {
+        1
+    }
+
+    /// The tasks a CN process of a real cluster runs beside its coordinators (on its own
+    /// executor, until the process ends): by default heartbeats to `plan.detector` on
+    /// `ctxs.heartbeat` ([`process::alive_task`]); a protocol with recovery across processes
+    /// adds its detector's heartbeats and its CN-side listener on `ctxs.listener`. Call it
+    /// after this CN's [`coordinator`](Self::coordinator)s are made.
+    ///
+    /// # Errors
+    /// [`DeployError`] if the protocol cannot set its CN side up.
+    fn process_tasks(
+        &mut self,
+        me: NodeId,
+        ctxs: process::CnContexts,
+        plan: &process::ProcessPlan,
+    ) -> Result<Vec<process::LocalTask>, DeployError> {
+        let _ = me;
+        Ok(vec![process::alive_task(
+            ctxs.heartbeat,
+            plan.detector,
+            plan.heartbeat,
+        )])
+    }
+
+    /// The detector's side of recovery across processes, on `ctx` (whose endpoint is
+    /// `plan.detector`; heartbeats arrive there) with `terminator` reaching the MN processes.
+    /// `None` (the default) for a protocol without recovery across processes. Afterwards
+    /// [`final_coordinator`](Self::final_coordinator) knows the coordinators it recovered.
+    ///
+    /// # Errors
+    /// [`DeployError`] if the protocol cannot set its detector up.
+    fn process_recovery(
+        &mut self,
+        ctx: AnyContext,
+        terminator: process::MessageLinkTerminator,
+        plan: &process::ProcessPlan,
+    ) -> Result<Option<Box<dyn process::ProcessRecovery>>, DeployError> {
+        let _ = (ctx, terminator, plan);
+        Ok(None)
+    }
+
+    /// The MNs this process's view counts as failed (Pandora §3.2.5: dropped from the view,
+    /// no longer posted to); empty by default.
+    fn failed_mns(&self) -> Vec<NodeId> {
+        Vec::new()
+    }
 
     /// A coordinator on `ctx` that knows every coordinator recovery declared failed (for a
     /// read-only check transaction after recovery).

@@ -71,8 +71,9 @@ pub fn apply_cn_message(payload: &[u8], store: &Store, shared: &CnShared) -> boo
 /// The detector must run [`watch_mns`](crate::RecoveryManager::watch_mns), and with it every
 /// member CN must run this listener: a coordinator that meets a dead MN waits for the
 /// detector's notification, and the detector resumes the CNs only once every live member
-/// acknowledged. Control messages are not re-sent: a lost acknowledgement or resume leaves
-/// the CNs paused (the simulator loses none unless told to).
+/// acknowledged. Control messages are not re-sent here: a lost acknowledgement or resume
+/// leaves the CNs paused (the simulator loses none unless told to); see
+/// [`cn_listener_resending`].
 ///
 /// # Errors
 /// [`VerbsError`] if receiving or sending fails.
@@ -84,19 +85,50 @@ pub async fn cn_listener<V: Verbs + Clock>(
     poll: Nanos,
     until: Nanos,
 ) -> Result<(), VerbsError> {
+    cn_listener_resending(ctx, store, shared, detector, poll, None, until).await
+}
+
+/// [`cn_listener`] that, with `resend`, re-sends its acknowledgement every `resend` while
+/// it stays paused (its acknowledgement or the detector's resume was lost; a detector with
+/// [`resend_control`](crate::RecoveryManager::resend_control) answers a repeated
+/// acknowledgement with the resume again).
+///
+/// # Errors
+/// [`VerbsError`] if receiving or sending fails.
+pub async fn cn_listener_resending<V: Verbs + Clock>(
+    ctx: &V,
+    store: Rc<Store>,
+    shared: CnShared,
+    detector: Endpoint,
+    poll: Nanos,
+    resend: Option<Nanos>,
+    until: Nanos,
+) -> Result<(), VerbsError> {
     {
         let mut mn = shared.mn.borrow_mut();
         mn.detector = Some(detector);
         mn.poll = poll.max(1);
     }
+    // The epoch last acknowledged and when.
+    let mut acked: Option<(u64, Nanos)> = None;
     while ctx.now() < until {
         while let Some(msg) = ctx.try_recv()? {
             apply_cn_message(&msg.payload, &store, &shared);
         }
         let ack = shared.mn.borrow_mut().ack_ready();
-        if let Some(epoch) = ack {
+        let now = ctx.now();
+        let again = match (resend, acked) {
+            (Some(period), Some((epoch, at)))
+                if shared.mn.borrow().paused() && now.saturating_sub(at) >= period =>
+            {
+                Some(epoch)
+            }
+            _ => None,
+        };
+        if let Some(epoch) = ack.or(again) {
             ctx.send(detector, &ControlMsg::MnAck { epoch }.emit())
                 .await?;
+            acked = Some((epoch, now));
         }
         ctx.sleep(poll).await;
     }

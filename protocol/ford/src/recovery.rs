@@ -33,6 +33,23 @@ pub enum RecoveryError {
     /// The store has no such table, partition or log region.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A live CN left an MN-failure notification unanswered although it was re-sent
+    /// ([`RecoveryManager::resend_control`]).
+    #[error(
+        "CN node {cn} did not acknowledge the view change of epoch {epoch} within {:?} (the notification was re-sent every {:?})",
+        core::time::Duration::from_nanos(*waited),
+        core::time::Duration::from_nanos(*resend)
+    )]
+    NoAnswer {
+        /// The silent CN.
+        cn: u16,
+        /// The view epoch it was told about.
+        epoch: u64,
+        /// How long the detector waited, ns.
+        waited: Nanos,
+        /// How often it re-sent, ns.
+        resend: Nanos,
+    },
 }
 
 /// What log recovery did for one failed coordinator.
@@ -411,6 +428,16 @@ pub struct RecoveryManager<V, T> {
     mn_epoch: u64,
     mn_suspected: bool,
     awaiting: Option<(u64, Vec<NodeId>)>,
+    /// When the current view change was first sent, and when it was last re-sent.
+    awaiting_since: (Nanos, Nanos),
+    /// CNs that acknowledged an epoch already resumed (their resume was lost): each is
+    /// sent the resume again.
+    resume_again: Vec<NodeId>,
+    /// The last epoch resumed.
+    resumed_epoch: u64,
+    /// Re-send period and answer timeout of control messages ([`resend_control`]
+    /// (Self::resend_control)); `None`: sent once.
+    resend: Option<(Nanos, Nanos)>,
     mn_events: Rc<RefCell<Vec<MnFailureEvent>>>,
 }
 
@@ -438,7 +465,35 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
             mn_epoch: 0,
             mn_suspected: false,
             awaiting: None,
+            awaiting_since: (now, now),
+            resume_again: Vec::new(),
+            resumed_epoch: 0,
+            resend: None,
             mn_events: Rc::new(RefCell::new(Vec::new())),
+        }
+    }
+
+    /// Re-sends control messages that want an answer, for fabrics that may lose them or
+    /// peers that may be slow: an MN-failure notification goes again every `period` to each
+    /// live CN that has not acknowledged it, and a CN that acknowledges an epoch already
+    /// resumed (its resume was lost) is sent the resume again. A live CN that has not
+    /// acknowledged after `timeout` fails [`maybe_resume`](Self::maybe_resume) with
+    /// [`RecoveryError::NoAnswer`]. CNs should run their listener with the same period
+    /// ([`cn_listener_resending`](crate::mnfail::cn_listener_resending)). Off by default (the
+    /// simulator loses no message unless told to).
+    #[must_use]
+    pub fn resend_control(mut self, period: Nanos, timeout: Nanos) -> Self {
+        self.resend = Some((period.max(1), timeout));
+        self
+    }
+
+    /// Sends `payload` to a CN's listener; a CN that cannot be reached any more is left to
+    /// the heartbeat detector (its recovery removes it from the live members), so its
+    /// `ConnectionLost` is not an error of the sender's step.
+    async fn notify(&self, to: Endpoint, payload: &[u8]) -> Result<(), RecoveryError> {
+        match self.ctx.send(to, payload).await {
+            Err(VerbsError::ConnectionLost { node }) if node == to.node => Ok(()),
+            r => Ok(r?),
         }
     }
 
@@ -538,9 +593,10 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
         }
         .emit();
         for live in self.detector.live() {
-            self.ctx.send(live.listener, &payload).await?;
+            self.notify(live.listener, &payload).await?;
         }
         self.awaiting = Some((self.mn_epoch, Vec::new()));
+        self.awaiting_since = (detected_at, self.ctx.now());
         self.mn_events.borrow_mut().push(MnFailureEvent {
             mn,
             epoch: self.mn_epoch,
@@ -558,19 +614,55 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
     /// # Errors
     /// [`RecoveryError`] if a resume message cannot be sent.
     pub async fn maybe_resume(&mut self) -> Result<(), RecoveryError> {
+        for cn in std::mem::take(&mut self.resume_again) {
+            if let Some(m) = self.detector.live().into_iter().find(|m| m.cn == cn) {
+                let payload = ControlMsg::MnResume {
+                    epoch: self.resumed_epoch,
+                }
+                .emit();
+                self.notify(m.listener, &payload).await?;
+            }
+        }
         let Some((epoch, acked)) = &self.awaiting else {
             return Ok(());
         };
         let epoch = *epoch;
         let live = self.detector.live();
-        if !live.iter().all(|m| acked.contains(&m.cn)) {
+        let silent: Vec<Member> = live
+            .iter()
+            .filter(|m| !acked.contains(&m.cn))
+            .cloned()
+            .collect();
+        if let Some(first) = silent.first() {
+            let Some((period, timeout)) = self.resend else {
+                return Ok(());
+            };
+            let now = self.ctx.now();
+            let (since, last_sent) = self.awaiting_since;
+            if now.saturating_sub(since) > timeout {
+                return Err(RecoveryError::NoAnswer {
+                    cn: first.cn.0,
+                    epoch,
+                    waited: now.saturating_sub(since),
+                    resend: period,
+                });
+            }
+            if now.saturating_sub(last_sent) >= period {
+                let mask = self.store.view().borrow().failed_mask();
+                let payload = ControlMsg::MnFailed { epoch, mask }.emit();
+                for m in &silent {
+                    self.notify(m.listener, &payload).await?;
+                }
+                self.awaiting_since.1 = now;
+            }
             return Ok(());
         }
         let payload = ControlMsg::MnResume { epoch }.emit();
         for m in &live {
-            self.ctx.send(m.listener, &payload).await?;
+            self.notify(m.listener, &payload).await?;
         }
         self.awaiting = None;
+        self.resumed_epoch = epoch;
         let now = self.ctx.now();
         for ev in self.mn_events.borrow_mut().iter_mut() {
             if ev.resumed_at.is_none() && ev.epoch <= epoch {
@@ -582,7 +674,10 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
 
     /// [`recover`](Self::recover), re-run after handling an MN that failed under it (CN
     /// and MN failures together: "we execute both protocols independently", §3.2.5).
-    async fn recover_member(&mut self, member: Member) -> Result<(), RecoveryError> {
+    ///
+    /// # Errors
+    /// [`RecoveryError`]; every step may be re-run.
+    pub async fn recover_member(&mut self, member: Member) -> Result<(), RecoveryError> {
         let mut attempts = usize::from(self.store.config().mns) + 1;
         loop {
             match self.recover(member.clone()).await {
@@ -614,14 +709,20 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
                     self.detector.heartbeat(msg.from.node, self.ctx.now());
                 }
                 Ok(ControlMsg::MnSuspect { .. }) => self.mn_suspected = true,
-                Ok(ControlMsg::MnAck { epoch: e }) => {
-                    if let Some((epoch, acked)) = self.awaiting.as_mut()
-                        && e == *epoch
-                        && !acked.contains(&msg.from.node)
-                    {
+                Ok(ControlMsg::MnAck { epoch: e }) => match self.awaiting.as_mut() {
+                    Some((epoch, acked)) if e == *epoch && !acked.contains(&msg.from.node) => {
                         acked.push(msg.from.node);
                     }
-                }
+                    // An acknowledgement of an epoch already resumed: that CN's resume
+                    // was lost (it re-sends while paused).
+                    _ if self.resend.is_some()
+                        && e <= self.resumed_epoch
+                        && !self.resume_again.contains(&msg.from.node) =>
+                    {
+                        self.resume_again.push(msg.from.node);
+                    }
+                    _ => {}
+                },
                 // Anything else (or garbage) is not for the detector.
                 _ => {}
             }
@@ -636,7 +737,12 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
     pub async fn recover(&mut self, member: Member) -> Result<(), RecoveryError> {
         let detected_at = self.ctx.now();
         // (2) Active-link termination at every MN before touching its state (Cor1).
+        // (An MN the view dropped has no links to terminate; the simulator's terminator is
+        // instantaneous, a process's would wait for the dead MN's answer.)
         for mn in 0..self.store.config().mns {
+            if !self.store.view().borrow().is_alive(mn) {
+                continue;
+            }
             self.terminator
                 .terminate(self.store.mn_node(mn), member.cn)
                 .await?;
@@ -659,7 +765,7 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
         // (4) Stray-lock notification, strictly after log recovery (Cor4).
         let payload = ControlMsg::FailedCoordinators(member.coordinators.clone()).emit();
         for live in self.detector.live() {
-            self.ctx.send(live.listener, &payload).await?;
+            self.notify(live.listener, &payload).await?;
         }
         self.events.borrow_mut().push(RecoveryEvent {
             cn: member.cn,

@@ -370,6 +370,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 }
                 Err(RecoveryError::Verbs(e)) => return Err(e.into()),
                 Err(RecoveryError::Store(e)) => return Err(store_err(e)),
+                // Only the detector's view changes wait for answers, never this decision.
+                Err(RecoveryError::NoAnswer { .. }) => {
+                    return Err(TxnError::Aborted("MN-failure decision interrupted"));
+                }
             }
         };
         // Truncate the log; release what the decision did not (lock-only entries).

@@ -9,15 +9,16 @@ use std::rc::Rc;
 
 use common::{Bank, SimTerminator, check_serializable, transfer, worker_with_stats};
 use dmem_ford::logic::Decision;
-use dmem_ford::mnfail::cn_listener;
+use dmem_ford::mnfail::cn_listener_resending;
 use dmem_ford::recovery::heartbeat_loop;
+use dmem_ford::wire::ControlMsg;
 use dmem_ford::{
     CnShared, CoordinatorStats, FordCoordinator, Member, MnFailureEvent, Protocol, ProtocolConfig,
-    RecoveryEvent, RecoveryManager, Store,
+    RecoveryError, RecoveryEvent, RecoveryManager, Store,
 };
 use dmem_sim::SimContext;
 use dmem_txn::TxnError;
-use dmem_verbs::{Clock, Endpoint, Verbs};
+use dmem_verbs::{BatchResult, Clock, Endpoint, Message, Nanos, PostList, Verbs, VerbsError};
 
 const DEADLINE: u64 = 12_000_000;
 const HEARTBEAT: u64 = 10_000;
@@ -32,6 +33,17 @@ fn start_cn(
     detector: Endpoint,
     deadline: u64,
 ) -> (Rc<Store>, CnShared, Endpoint) {
+    start_cn_resending(bank, cn, detector, None, deadline)
+}
+
+/// [`start_cn`] whose listener re-sends its acknowledgement every `resend` while paused.
+fn start_cn_resending(
+    bank: &Bank,
+    cn: u16,
+    detector: Endpoint,
+    resend: Option<u64>,
+    deadline: u64,
+) -> (Rc<Store>, CnShared, Endpoint) {
     let store = Rc::new(bank.store.fork_view());
     let shared = CnShared::new();
     shared.mn.borrow_mut().detector = Some(detector);
@@ -40,7 +52,7 @@ fn start_cn(
     let l = listener.clone();
     let (st, sh) = (Rc::clone(&store), shared.clone());
     bank.sim.spawn(&listener, async move {
-        let _ = cn_listener(&l, st, sh, detector, POLL, deadline).await;
+        let _ = cn_listener_resending(&l, st, sh, detector, POLL, resend, deadline).await;
     });
     let hb = bank.sim.context(bank.sim.cn(cn), 1).unwrap();
     let h = hb.clone();
@@ -209,6 +221,24 @@ fn ford_with_an_mn_crash_is_safe() {
     }
 }
 
+/// Pandora's coordinator 0 on `ctx`, recording into the bank's history.
+fn pandora_coordinator_0(
+    bank: &Bank,
+    ctx: &SimContext,
+    store: Rc<Store>,
+    shared: CnShared,
+) -> FordCoordinator<SimContext, Rc<RefCell<dmem_txn::History>>> {
+    FordCoordinator::new(
+        ctx.clone(),
+        store,
+        ProtocolConfig::pandora(),
+        0,
+        shared,
+        Rc::clone(&bank.history),
+    )
+    .unwrap()
+}
+
 /// One transfer of 10 from account 0 to account 1 by coordinator 0 on CN 0 (CN 1 runs the
 /// detector); MN `mn` crashes at `mn_at`, CN 0 optionally at its `cn_wr`-th work request.
 /// Returns the transfer's result (None if CN 0 crashed first), its counters, the end time,
@@ -235,15 +265,7 @@ fn single_transfer(seed: u64, mn: u16, mn_at: Option<u64>, cn_wr: Option<u64>) -
     let (_, cn_events, fd_store) =
         start_detector(&bank, fd_ctx, Protocol::Pandora, members, deadline);
     let ctx = bank.sim.context(bank.sim.cn(0), 0).unwrap();
-    let mut co = FordCoordinator::new(
-        ctx.clone(),
-        Rc::clone(&store),
-        ProtocolConfig::pandora(),
-        0,
-        shared,
-        Rc::clone(&bank.history),
-    )
-    .unwrap();
+    let mut co = pandora_coordinator_0(&bank, &ctx, Rc::clone(&store), shared);
     let out = Rc::new(RefCell::new(None));
     let o = Rc::clone(&out);
     bank.sim.spawn(&ctx, async move {
@@ -361,5 +383,170 @@ fn cn_and_mn_crash_together_are_recovered_on_live_replicas() {
     assert!(
         restored > 0,
         "some roll-back restored live replicas from the log"
+    );
+}
+
+/// A detector context that loses the first resume it sends (a control message lost on the
+/// way, as a real network may).
+#[derive(Clone)]
+struct LosesFirstResume {
+    inner: SimContext,
+    lost: Rc<RefCell<usize>>,
+}
+
+impl Verbs for LosesFirstResume {
+    fn local_endpoint(&self) -> Endpoint {
+        self.inner.local_endpoint()
+    }
+    async fn post(&self, list: PostList) -> Result<BatchResult, VerbsError> {
+        self.inner.post(list).await
+    }
+    async fn send(&self, to: Endpoint, payload: &[u8]) -> Result<(), VerbsError> {
+        if *self.lost.borrow() == 0
+            && matches!(ControlMsg::parse(payload), Ok(ControlMsg::MnResume { .. }))
+        {
+            *self.lost.borrow_mut() += 1;
+            return Ok(());
+        }
+        self.inner.send(to, payload).await
+    }
+    async fn recv(&self) -> Result<Message, VerbsError> {
+        self.inner.recv().await
+    }
+    fn try_recv(&self) -> Result<Option<Message>, VerbsError> {
+        self.inner.try_recv()
+    }
+}
+
+impl Clock for LosesFirstResume {
+    fn now(&self) -> Nanos {
+        self.inner.now()
+    }
+    async fn sleep_until(&self, deadline: Nanos) {
+        self.inner.sleep_until(deadline).await;
+    }
+    fn cpu(&self, ns: Nanos) {
+        self.inner.cpu(ns);
+    }
+}
+
+/// What [`lost_resume`] saw.
+struct LostResume {
+    /// The transfer's result, if it finished.
+    result: Option<Result<(), TxnError>>,
+    /// Resumes the detector's context lost.
+    lost: usize,
+    /// The detector's MN-failure events.
+    mn_events: Vec<MnFailureEvent>,
+    /// How the detector's run ended.
+    detector: Option<Result<(), RecoveryError>>,
+}
+
+/// One transfer on CN 0 while MN 1 crashes; the detector (CN 1) loses its first resume.
+/// With `resend`, the detector and the listener re-send control messages that want an
+/// answer; `listener` says whether CN 0 runs its listener at all.
+fn lost_resume(resend: Option<u64>, listener: bool) -> LostResume {
+    let deadline = 4_000_000;
+    let bank = Bank::new(21, 2, 2, 4);
+    let fd_ctx = bank.sim.context(bank.sim.cn(1), 0).unwrap();
+    let detector = fd_ctx.local_endpoint();
+    let (store, shared, listener_at) = if listener {
+        start_cn_resending(&bank, 0, detector, resend, deadline)
+    } else {
+        // Heartbeats only: the CN is alive but never answers a view change.
+        let (store, shared, at) = start_cn_resending(&bank, 0, detector, resend, 0);
+        let hb = bank.sim.context(bank.sim.cn(0), 1).unwrap();
+        let h = hb.clone();
+        bank.sim.spawn(&hb, async move {
+            let _ = heartbeat_loop(&h, detector, HEARTBEAT, deadline).await;
+        });
+        (store, shared, at)
+    };
+    let members = vec![Member {
+        cn: bank.sim.cn(0),
+        coordinators: vec![0],
+        listener: listener_at,
+    }];
+    let lost = Rc::new(RefCell::new(0));
+    let ctx = LosesFirstResume {
+        inner: fd_ctx.clone(),
+        lost: Rc::clone(&lost),
+    };
+    let mut manager = RecoveryManager::new(
+        ctx,
+        Rc::new(bank.store.fork_view()),
+        Protocol::Pandora,
+        SimTerminator(Rc::clone(&bank.sim)),
+        members,
+        CN_TIMEOUT,
+    )
+    .watch_mns(MN_PROBE);
+    if let Some(period) = resend {
+        manager = manager.resend_control(period, 1_000_000);
+    }
+    let mn_events = manager.mn_events();
+    let ended = Rc::new(RefCell::new(None));
+    let e = Rc::clone(&ended);
+    bank.sim.spawn(&fd_ctx, async move {
+        *e.borrow_mut() = Some(manager.run(deadline, 5_000).await);
+    });
+    let co_ctx = bank.sim.context(bank.sim.cn(0), 0).unwrap();
+    let mut co = pandora_coordinator_0(&bank, &co_ctx, store, shared);
+    let out = Rc::new(RefCell::new(None));
+    let o = Rc::clone(&out);
+    bank.sim.spawn(&co_ctx, async move {
+        co.context().sleep(20_000).await;
+        // The first transfer meets the crash (and the pause); the second starts after it.
+        let first = transfer(&mut co, 0, 1, 10).await;
+        co.context().sleep(200_000).await;
+        let second = transfer(&mut co, 0, 1, 10).await;
+        *o.borrow_mut() = Some(first.and(second));
+    });
+    bank.sim.crash_at(bank.sim.mn(1), 30_000);
+    bank.sim.run_until(deadline + 1_000_000);
+    let lost = *lost.borrow();
+    let result = out.borrow_mut().take();
+    let detector = ended.borrow_mut().take();
+    LostResume {
+        result,
+        lost,
+        mn_events: mn_events.borrow().clone(),
+        detector,
+    }
+}
+
+/// A lost resume leaves a CN paused for good when control messages are sent once; with
+/// re-sends the CN re-sends its acknowledgement, the detector answers it with the resume
+/// again, and the CN's transactions go on.
+#[test]
+fn a_lost_resume_is_sent_again_when_control_messages_are_re_sent() {
+    let once = lost_resume(None, true);
+    assert_eq!(once.lost, 1, "the first resume was lost");
+    assert!(
+        once.result.is_none(),
+        "paused for good, yet the transfers finished"
+    );
+    let again = lost_resume(Some(20_000), true);
+    assert_eq!(again.lost, 1);
+    assert!(again.result.is_some(), "the CN stayed paused");
+    assert_eq!(again.mn_events.len(), 1);
+    assert!(again.mn_events[0].resumed_at.is_some());
+    assert!(matches!(again.detector, Some(Ok(()))));
+}
+
+/// A live CN that never acknowledges a view change (its listener does not run) ends the
+/// detector's run with one clear error once the answer timeout passed.
+#[test]
+fn a_cn_that_never_answers_a_view_change_is_reported() {
+    let silent = lost_resume(Some(20_000), false);
+    let Some(Err(e)) = silent.detector else {
+        panic!("the detector did not report the silent CN");
+    };
+    assert!(matches!(e, RecoveryError::NoAnswer { epoch: 1, .. }), "{e}");
+    let line = e.to_string();
+    assert!(
+        line.contains("did not acknowledge the view change of epoch 1 within")
+            && line.contains("re-sent every 20µs"),
+        "{line}"
     );
 }

@@ -25,7 +25,7 @@ pub mod txn;
 
 pub use logic::Isolation;
 pub use mvcc::{BlockShape, Footprint, Meta, MvccLoader, Shapes, cells_for_workload};
-pub use oplog::{OpLog, OpLogs};
+pub use oplog::{OpLog, OpLogDecodeError, OpLogMirror, OpLogs};
 pub use recovery::{Recovered, RecoveryError, recover_coordinator};
 pub use ts::{SyncedClock, TimestampService};
 pub use txn::{MotorConfig, MotorCoordinator, MotorStats, MotorTxn, read_final};

@@ -74,9 +74,244 @@ pub enum OpLog {
     },
 }
 
+/// Why bytes are not an encoded [`OpLog`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpLogDecodeError {
+    /// The bytes end inside a field.
+    #[error("op log truncated at byte {0}")]
+    Truncated(usize),
+    /// An unknown entry kind or flag.
+    #[error("op log byte {at}: unknown tag {tag}")]
+    BadTag {
+        /// Where.
+        at: usize,
+        /// What.
+        tag: u8,
+    },
+    /// Bytes left after the entry.
+    #[error("op log has {0} bytes after its entry")]
+    Trailing(usize),
+}
+
+/// Little-endian writer of [`OpLog::encode`].
+struct Enc(Vec<u8>);
+
+impl Enc {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        self.u32(b.len() as u32);
+        self.0.extend_from_slice(b);
+    }
+    fn chunk(&mut self, (offset, b): &(u64, Vec<u8>)) {
+        self.u64(*offset);
+        self.bytes(b);
+    }
+    fn record(&mut self, r: &LockedRecord) {
+        self.u32(r.table.0);
+        self.u16(r.partition);
+        self.u64(r.block);
+    }
+}
+
+/// Checked little-endian reader of [`OpLog::decode`]: every length is checked against the
+/// bytes left before anything is allocated.
+struct Dec<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Dec<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], OpLogDecodeError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.bytes.len())
+            .ok_or(OpLogDecodeError::Truncated(self.at))?;
+        let out = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], OpLogDecodeError> {
+        let at = self.at;
+        self.take(N)?
+            .try_into()
+            .map_err(|_| OpLogDecodeError::Truncated(at))
+    }
+    fn u8(&mut self) -> Result<u8, OpLogDecodeError> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, OpLogDecodeError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, OpLogDecodeError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, OpLogDecodeError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    /// A count of items of at least `min_len` bytes each, checked against the bytes left.
+    fn count(&mut self, min_len: usize) -> Result<usize, OpLogDecodeError> {
+        let at = self.at;
+        let n = self.u32()? as usize;
+        if n.saturating_mul(min_len) > self.bytes.len() - self.at {
+            return Err(OpLogDecodeError::Truncated(at));
+        }
+        Ok(n)
+    }
+    fn bytes(&mut self) -> Result<Vec<u8>, OpLogDecodeError> {
+        let n = self.count(1)?;
+        Ok(self.take(n)?.to_vec())
+    }
+    fn chunk(&mut self) -> Result<(u64, Vec<u8>), OpLogDecodeError> {
+        Ok((self.u64()?, self.bytes()?))
+    }
+    fn record(&mut self) -> Result<LockedRecord, OpLogDecodeError> {
+        Ok(LockedRecord {
+            table: TableId(self.u32()?),
+            partition: self.u16()?,
+            block: self.u64()?,
+        })
+    }
+    fn records(&mut self) -> Result<Vec<LockedRecord>, OpLogDecodeError> {
+        let n = self.count(RECORD_LEN)?;
+        (0..n).map(|_| self.record()).collect()
+    }
+}
+
+/// Bytes of an encoded [`LockedRecord`].
+const RECORD_LEN: usize = 4 + 2 + 8;
+
+impl OpLog {
+    /// The entry as bytes (little endian), for logs kept outside this process's memory
+    /// (a real cluster's CN processes: see `dmem-deploy`'s `process` module).
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc(Vec::new());
+        match self {
+            OpLog::Idle => e.u8(0),
+            OpLog::Locking { seq, locked } => {
+                e.u8(1);
+                e.u64(*seq);
+                e.u32(locked.len() as u32);
+                locked.iter().for_each(|r| e.record(r));
+            }
+            OpLog::Committing {
+                seq,
+                locked,
+                installs,
+            } => {
+                e.u8(2);
+                e.u64(*seq);
+                e.u32(locked.len() as u32);
+                locked.iter().for_each(|r| e.record(r));
+                e.u32(installs.len() as u32);
+                for i in installs {
+                    e.record(&i.record);
+                    e.u64(i.version);
+                    e.u32(i.images.len() as u32);
+                    i.images.iter().for_each(|c| e.chunk(c));
+                    e.chunk(&i.cell);
+                    match &i.whole {
+                        None => e.u8(0),
+                        Some(c) => {
+                            e.u8(1);
+                            e.chunk(c);
+                        }
+                    }
+                }
+            }
+        }
+        e.0
+    }
+
+    /// Parses [`encode`](Self::encode)'s bytes.
+    ///
+    /// # Errors
+    /// [`OpLogDecodeError`] for bytes that are not exactly one entry.
+    pub fn decode(bytes: &[u8]) -> Result<Self, OpLogDecodeError> {
+        let mut d = Dec { bytes, at: 0 };
+        let log = match d.u8()? {
+            0 => OpLog::Idle,
+            1 => OpLog::Locking {
+                seq: d.u64()?,
+                locked: d.records()?,
+            },
+            2 => {
+                let seq = d.u64()?;
+                let locked = d.records()?;
+                // An install is at least a record, a version, a count, a cell and a flag.
+                let n = d.count(RECORD_LEN + 8 + 4 + 12 + 1)?;
+                let mut installs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let record = d.record()?;
+                    let version = d.u64()?;
+                    let images = d.count(12)?;
+                    let images = (0..images).map(|_| d.chunk()).collect::<Result<_, _>>()?;
+                    let cell = d.chunk()?;
+                    let at = d.at;
+                    let whole = match d.u8()? {
+                        0 => None,
+                        1 => Some(d.chunk()?),
+                        tag => return Err(OpLogDecodeError::BadTag { at, tag }),
+                    };
+                    installs.push(Install {
+                        record,
+                        version,
+                        images,
+                        cell,
+                        whole,
+                    });
+                }
+                OpLog::Committing {
+                    seq,
+                    locked,
+                    installs,
+                }
+            }
+            tag => return Err(OpLogDecodeError::BadTag { at: 0, tag }),
+        };
+        match bytes.len() - d.at {
+            0 => Ok(log),
+            n => Err(OpLogDecodeError::Trailing(n)),
+        }
+    }
+}
+
+/// Where a coordinator's op log entry is also kept, written through at every change: memory
+/// that outlives the coordinator's process (a real cluster's CN process; the simulator's
+/// deployment keeps the [`OpLogs`] themselves past a crash and needs none).
+pub trait OpLogMirror {
+    /// Coordinator `id`'s entry is now `log`; returns once it is kept.
+    fn store(&self, id: u16, log: &OpLog);
+}
+
 /// The op logs of every coordinator of a deployment, by coordinator id.
-#[derive(Debug, Default)]
-pub struct OpLogs(RefCell<HashMap<u16, OpLog>>);
+#[derive(Default)]
+pub struct OpLogs {
+    logs: RefCell<HashMap<u16, OpLog>>,
+    mirror: RefCell<Option<Box<dyn OpLogMirror>>>,
+}
+
+impl core::fmt::Debug for OpLogs {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("OpLogs")
+            .field("logs", &self.logs)
+            .field("mirrored", &self.mirror.borrow().is_some())
+            .finish()
+    }
+}
 
 impl OpLogs {
     /// Empty logs.
@@ -85,9 +320,26 @@ impl OpLogs {
         Self::default()
     }
 
+    /// Writes every later change of a coordinator's entry through to `mirror` too.
+    pub fn set_mirror(&self, mirror: Box<dyn OpLogMirror>) {
+        *self.mirror.borrow_mut() = Some(mirror);
+    }
+
+    /// Sets coordinator `id`'s entry (one read back from a mirror, for recovery).
+    pub fn restore(&self, id: u16, log: OpLog) {
+        self.logs.borrow_mut().insert(id, log);
+    }
+
+    fn set(&self, id: u16, log: OpLog) {
+        if let Some(m) = &*self.mirror.borrow() {
+            m.store(id, &log);
+        }
+        self.logs.borrow_mut().insert(id, log);
+    }
+
     /// Coordinator `id` begins transaction `seq`, holding nothing.
     pub fn begin(&self, id: u16, seq: u64) {
-        self.0.borrow_mut().insert(
+        self.set(
             id,
             OpLog::Locking {
                 seq,
@@ -98,43 +350,46 @@ impl OpLogs {
 
     /// Coordinator `id` now holds `record`'s lock.
     pub fn locked(&self, id: u16, record: LockedRecord) {
-        if let Some(OpLog::Locking { locked, .. }) = self.0.borrow_mut().get_mut(&id)
-            && !locked.contains(&record)
-        {
-            locked.push(record);
-        }
+        let log = match self.logs.borrow().get(&id) {
+            Some(OpLog::Locking { seq, locked }) if !locked.contains(&record) => {
+                let mut locked = locked.clone();
+                locked.push(record);
+                OpLog::Locking { seq: *seq, locked }
+            }
+            _ => return,
+        };
+        self.set(id, log);
     }
 
     /// Coordinator `id` commits with `installs`.
     pub fn committing(&self, id: u16, installs: Vec<Install>) {
-        let mut logs = self.0.borrow_mut();
-        if let Some(OpLog::Locking { seq, locked }) = logs.get(&id).cloned() {
-            logs.insert(
-                id,
-                OpLog::Committing {
-                    seq,
-                    locked,
-                    installs,
-                },
-            );
-        }
+        let log = match self.logs.borrow().get(&id) {
+            Some(OpLog::Locking { seq, locked }) => OpLog::Committing {
+                seq: *seq,
+                locked: locked.clone(),
+                installs,
+            },
+            _ => return,
+        };
+        self.set(id, log);
     }
 
     /// Coordinator `id` released everything (its transaction finished).
     pub fn finished(&self, id: u16) {
-        self.0.borrow_mut().insert(id, OpLog::Idle);
+        self.set(id, OpLog::Idle);
     }
 
     /// Coordinator `id`'s entry.
     #[must_use]
     pub fn get(&self, id: u16) -> OpLog {
-        self.0.borrow().get(&id).cloned().unwrap_or_default()
+        self.logs.borrow().get(&id).cloned().unwrap_or_default()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::rc::Rc;
 
     fn rec(block: u64) -> LockedRecord {
         LockedRecord {
@@ -180,6 +435,89 @@ mod tests {
         assert_eq!(logs.get(3), OpLog::Idle);
         // Another coordinator's entry is its own.
         assert_eq!(logs.get(4), OpLog::Idle);
+    }
+
+    fn committing_log() -> OpLog {
+        OpLog::Committing {
+            seq: 9,
+            locked: vec![rec(64), rec(128)],
+            installs: vec![
+                Install {
+                    record: rec(64),
+                    version: 99,
+                    images: vec![(256, vec![1; 8]), (300, vec![3; 5])],
+                    cell: (48, vec![2; 32]),
+                    whole: None,
+                },
+                Install {
+                    record: rec(128),
+                    version: 99,
+                    images: Vec::new(),
+                    cell: (0, Vec::new()),
+                    whole: Some((16, vec![4; 40])),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn entries_round_trip_and_every_truncation_is_an_error() {
+        let logs = [
+            OpLog::Idle,
+            OpLog::Locking {
+                seq: 7,
+                locked: vec![rec(64)],
+            },
+            committing_log(),
+        ];
+        for log in logs {
+            let bytes = log.encode();
+            assert_eq!(OpLog::decode(&bytes), Ok(log.clone()));
+            for n in 0..bytes.len() {
+                assert!(
+                    OpLog::decode(&bytes[..n]).is_err(),
+                    "{n} of {}",
+                    bytes.len()
+                );
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert_eq!(OpLog::decode(&longer), Err(OpLogDecodeError::Trailing(1)));
+        }
+        assert!(matches!(
+            OpLog::decode(&[7]),
+            Err(OpLogDecodeError::BadTag { at: 0, tag: 7 })
+        ));
+        // A count far beyond the bytes is refused before anything is allocated.
+        let mut huge = vec![1];
+        huge.extend_from_slice(&5u64.to_le_bytes());
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            OpLog::decode(&huge),
+            Err(OpLogDecodeError::Truncated(_))
+        ));
+    }
+
+    #[test]
+    fn a_mirror_sees_every_change() {
+        #[derive(Default)]
+        struct Seen(Rc<RefCell<Vec<(u16, OpLog)>>>);
+        impl OpLogMirror for Seen {
+            fn store(&self, id: u16, log: &OpLog) {
+                self.0.borrow_mut().push((id, log.clone()));
+            }
+        }
+        let seen = Rc::new(RefCell::new(Vec::new()));
+        let logs = OpLogs::new();
+        logs.set_mirror(Box::new(Seen(Rc::clone(&seen))));
+        logs.begin(2, 1);
+        logs.locked(2, rec(64));
+        logs.locked(2, rec(64));
+        logs.finished(2);
+        let kinds: Vec<OpLog> = seen.borrow().iter().map(|(_, l)| l.clone()).collect();
+        assert_eq!(kinds.len(), 3, "{kinds:?}");
+        assert_eq!(kinds[2], OpLog::Idle);
+        assert!(seen.borrow().iter().all(|(id, _)| *id == 2));
     }
 
     #[test]

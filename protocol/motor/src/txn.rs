@@ -830,8 +830,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             list.write(self.primary(&w.loc, LOCK_OFFSET)?, &0u64.to_le_bytes());
         }
         let id = self.id;
-        // Decided: logged before the first install WRITE is posted (no await in between).
-        self.co.oplog.committing(self.co.id, installs);
+        // Recorded (as `Unknown`) before the decision is logged, and logged before the first
+        // install WRITE is posted (no await in between): a CN process killed between any two
+        // of these steps leaves no install that recovery finishes without a history record.
         self.co.history.record(TxnRecord {
             id,
             begin: self.begin,
@@ -840,6 +841,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             reads: std::mem::take(&mut self.events),
             writes: events,
         });
+        self.co.oplog.committing(self.co.id, installs);
         self.co.ctx.mark_phase("commit");
         self.co.ctx.post(list).await?;
         self.co.oplog.finished(self.co.id);

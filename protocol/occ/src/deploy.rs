@@ -6,6 +6,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use dmem_deploy::process::{LogRecovery, MessageLinkTerminator, ProcessPlan, ProcessRecovery};
 use dmem_deploy::{
     AnyContext, DeployError, DeploySpec, Deployment, MnMemory, OracleState, Protocol, Recorder,
     RecoveryEvent, RecoveryTiming,
@@ -167,6 +168,18 @@ pub struct OoccDeployment {
 }
 
 impl OoccDeployment {
+    /// What its redo log means (DSLR: decided and versioned; DrTM: decided; OOCC: written
+    /// in the validation round).
+    fn redo_log(&self) -> RedoLog {
+        if self.protocol.dslr.is_some() {
+            RedoLog::DecidedVersioned
+        } else if self.protocol.drtm.is_some() {
+            RedoLog::Decided
+        } else {
+            RedoLog::Validated
+        }
+    }
+
     /// The deployment's counters.
     #[must_use]
     pub fn stats(&self) -> Rc<Stats> {
@@ -305,13 +318,7 @@ impl Deployment for OoccDeployment {
     ) -> Result<(), DeployError> {
         let (dir, leases) = (Rc::clone(&self.dir), Rc::clone(&self.leases));
         let skip_roll_forward = self.protocol.dslr.is_some_and(|d| d.bug_skip_roll_forward);
-        let kind = if self.protocol.dslr.is_some() {
-            RedoLog::DecidedVersioned
-        } else if self.protocol.drtm.is_some() {
-            RedoLog::Decided
-        } else {
-            RedoLog::Validated
-        };
+        let kind = self.redo_log();
         // Past `until` too (as long again): DrTM's transactions wait out 400 µs leases and
         // may still be running, and crash, when the other tasks stop.
         let timing = RecoveryTiming {
@@ -334,6 +341,44 @@ impl Deployment for OoccDeployment {
                 .map_err(|e| e.to_string())
             },
         )
+    }
+
+    /// OOCC and DrTM; not DSLR, whose lease reset assumes recovery's roll-forward lands
+    /// well within the 1 ms reset lease of a crash (`crate::dslr2pl`), while a heartbeat
+    /// detector across processes takes its timeout (hundreds of ms): a live transaction
+    /// would take the reset word first and recovery's late roll-forward overwrite it (the
+    /// history checker found such a lost write when it was tried).
+    fn recovers_across_processes(&self) -> bool {
+        self.protocol.dslr.is_none()
+    }
+
+    /// The redo logs live in MN memory, so the detector CN of a real cluster recovers a
+    /// failed CN's coordinators exactly as the simulator's oracle task does, behind a
+    /// heartbeat detector ([`LogRecovery`]).
+    fn process_recovery(
+        &mut self,
+        ctx: AnyContext,
+        terminator: MessageLinkTerminator,
+        plan: &ProcessPlan,
+    ) -> Result<Option<Box<dyn ProcessRecovery>>, DeployError> {
+        if !self.recovers_across_processes() {
+            return Ok(None);
+        }
+        let (dir, kind) = (Rc::clone(&self.dir), self.redo_log());
+        let mns = (0..self.memory.mn_count()).map(|m| dir.node(m)).collect();
+        Ok(Some(Box::new(LogRecovery::new(
+            self.protocol.name(),
+            ctx,
+            terminator,
+            mns,
+            plan,
+            Rc::clone(&self.oracle.events),
+            async move |c: &AnyContext, id: u16| {
+                crate::recovery::recover_coordinator(c, &dir, id, kind)
+                    .await
+                    .map_err(|e| e.to_string())
+            },
+        ))))
     }
 
     fn recovery_events(&self) -> Vec<RecoveryEvent> {

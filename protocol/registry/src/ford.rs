@@ -7,16 +7,26 @@
 //! truncation, stray-lock notification so PILL can steal); FORD adds its stop-the-world
 //! stray-lock scan, during which [`Deployment::paused`] asks the survivors not to start
 //! transactions (the paper's baseline stops the KVS, §6.1).
+//!
+//! Across the processes of a real cluster the same manager runs on the detector CN behind
+//! `dmem-deploy`'s [`ProcessRecovery`] (link termination through the MN processes, MN
+//! failures watched, control messages re-sent), and every CN runs Pandora's heartbeats and
+//! CN listener ([`Deployment::process_tasks`]).
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use dmem_deploy::process::{
+    CnContexts, LocalTask, MessageLinkTerminator, MnFailure, ProcessPlan, ProcessRecovery,
+    StepFuture,
+};
 use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
     RecoveredCoordinator, RecoveryEvent, RecoveryTiming, SimLinkTerminator,
 };
 use dmem_ford::logic::Decision as FordDecision;
-use dmem_ford::recovery::{heartbeat_loop, membership_listener};
+use dmem_ford::mnfail::cn_listener_resending;
+use dmem_ford::recovery::{MnFailureEvent, heartbeat_loop, membership_listener};
 use dmem_ford::{
     CnShared, FordCoordinator, FordTxn, LinkTerminator, Member, ProtocolConfig, RecoveryManager,
 };
@@ -25,7 +35,7 @@ use dmem_layout::record::DataItem;
 use dmem_sim::Sim;
 use dmem_store::{BUCKET_LEN, BUCKET_SLOTS, Loader, Store, StoreConfig, parse_bucket};
 use dmem_txn::{BoxCoordinator, Coordinator, Key, TableId, TxnError, TxnKind};
-use dmem_verbs::{Clock, NodeId, Verbs, VerbsError};
+use dmem_verbs::{Clock, Nanos, NodeId, Verbs, VerbsError};
 
 /// FORD or Pandora under a registered name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,7 +119,8 @@ impl Protocol for FordProtocol {
 }
 
 /// FORD/Pandora on one cluster. [`ford_view`] reaches it through a [`Deployment`], for a
-/// command that runs Pandora's recovery across processes itself.
+/// test that drives `dmem-ford`'s recovery pieces itself; commands use the neutral
+/// [`Deployment::process_tasks`] and [`Deployment::process_recovery`].
 pub struct FordDeployment {
     name: String,
     config: ProtocolConfig,
@@ -137,6 +148,112 @@ impl LinkTerminator for Terminator {
         self.0.terminate(mn, cn);
         Ok(())
     }
+}
+
+/// [`MessageLinkTerminator`] (link termination through MN processes) as `dmem-ford`'s
+/// terminator.
+struct Remote(MessageLinkTerminator);
+
+impl LinkTerminator for Remote {
+    async fn terminate(&self, mn: NodeId, cn: NodeId) -> Result<(), VerbsError> {
+        self.0.terminate(mn, cn).await
+    }
+}
+
+/// Pandora's failure detector and recovery manager (§3.2.2, §3.2.5) on the detector CN of
+/// a real cluster, behind the fabric-neutral [`ProcessRecovery`].
+struct FordProcessRecovery {
+    name: String,
+    manager: RecoveryManager<AnyContext, Remote>,
+    members: Vec<Member>,
+    /// The detector's view (a fork of the store, see [`RecoveryManager::watch_mns`]).
+    store: Rc<Store>,
+    events: Rc<RefCell<Vec<dmem_ford::RecoveryEvent>>>,
+    mn_events: Rc<RefCell<Vec<MnFailureEvent>>>,
+}
+
+impl FordProcessRecovery {
+    fn error(&self, e: impl ToString) -> DeployError {
+        DeployError::Protocol {
+            protocol: self.name.clone(),
+            reason: e.to_string(),
+        }
+    }
+}
+
+impl ProcessRecovery for FordProcessRecovery {
+    fn detect(&mut self) -> Result<Vec<NodeId>, DeployError> {
+        match self.manager.detect() {
+            Ok(suspects) => Ok(suspects.into_iter().map(|m| m.cn).collect()),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    fn recover(&mut self, cn: NodeId) -> StepFuture<'_, ()> {
+        Box::pin(async move {
+            let Some(member) = self.members.iter().find(|m| m.cn == cn).cloned() else {
+                return Err(self.error(format!("node {} is no CN of the cluster", cn.0)));
+            };
+            let r = self.manager.recover_member(member).await;
+            r.map_err(|e| self.error(format!("recovering node {}: {e}", cn.0)))
+        })
+    }
+
+    fn watch_mns(&mut self) -> StepFuture<'_, ()> {
+        Box::pin(async move {
+            let mut r = self.manager.check_mns().await;
+            if r.is_ok() {
+                r = self.manager.maybe_resume().await;
+            }
+            r.map_err(|e| self.error(e))
+        })
+    }
+
+    fn events(&self) -> Vec<RecoveryEvent> {
+        neutral_events(&self.events.borrow())
+    }
+
+    fn mn_failures(&self) -> Vec<MnFailure> {
+        self.mn_events
+            .borrow()
+            .iter()
+            .map(|e| MnFailure {
+                mn: self.store.mn_node(e.mn),
+                detected_at: e.detected_at,
+                resumed_at: e.resumed_at,
+            })
+            .collect()
+    }
+}
+
+/// `dmem-ford`'s recovery events in the protocol-neutral form.
+fn neutral_events(events: &[dmem_ford::RecoveryEvent]) -> Vec<RecoveryEvent> {
+    let decision = |d: FordDecision| match d {
+        FordDecision::RollForward => Decision::RollForward,
+        FordDecision::RollBack => Decision::RollBack,
+    };
+    events
+        .iter()
+        .map(|e| RecoveryEvent {
+            cn: e.cn,
+            detected_at: e.detected_at,
+            terminated_at: e.terminated_at,
+            logs_recovered_at: e.logs_recovered_at,
+            finished_at: e.notified_at,
+            coordinators: e
+                .coordinators
+                .iter()
+                .map(|c| RecoveredCoordinator {
+                    coordinator: c.coordinator,
+                    txn: c.txn,
+                    decision: c.decision.map(decision),
+                    restored: c.restored,
+                    unlocked: c.unlocked,
+                })
+                .collect(),
+            scanned_locks: e.scanned_locks,
+        })
+        .collect()
 }
 
 /// A FORD coordinator that adds its PILL steals to the deployment's count when it is
@@ -338,6 +455,101 @@ impl Deployment for FordDeployment {
         Ok(())
     }
 
+    fn recovers_across_processes(&self) -> bool {
+        true
+    }
+
+    fn replicas(&self) -> u16 {
+        self.store.config().replicas
+    }
+
+    fn process_tasks(
+        &mut self,
+        me: NodeId,
+        ctxs: CnContexts,
+        plan: &ProcessPlan,
+    ) -> Result<Vec<LocalTask>, DeployError> {
+        let (detector, period) = (plan.detector, plan.heartbeat);
+        let hb = ctxs.heartbeat;
+        let mut tasks: Vec<LocalTask> = vec![Box::pin(async move {
+            // A send fails while the detector's CN is still starting (nothing listens
+            // yet): heartbeat again after a period rather than stop for good.
+            while heartbeat_loop(&hb, detector, period, u64::MAX)
+                .await
+                .is_err()
+            {
+                hb.sleep(period).await;
+            }
+        })];
+        if let Some(shared) = self.cn_shared(me) {
+            // Pandora's CN side: stray-lock notifications and MN failures (§3.2.5: the view
+            // change into this CN's store, the pause, the acknowledgement, the resume).
+            let (store, listener) = (Rc::clone(&self.store), ctxs.listener);
+            let poll: Nanos = (period / 4).max(1);
+            tasks.push(Box::pin(async move {
+                let _ = cn_listener_resending(
+                    &listener,
+                    store,
+                    shared,
+                    detector,
+                    poll,
+                    Some(period),
+                    u64::MAX,
+                )
+                .await;
+            }));
+        }
+        Ok(tasks)
+    }
+
+    fn process_recovery(
+        &mut self,
+        ctx: AnyContext,
+        terminator: MessageLinkTerminator,
+        plan: &ProcessPlan,
+    ) -> Result<Option<Box<dyn ProcessRecovery>>, DeployError> {
+        let members: Vec<Member> = plan
+            .members
+            .iter()
+            .map(|m| Member {
+                cn: m.cn,
+                coordinators: m.coordinators.clone(),
+                listener: m.listener,
+            })
+            .collect();
+        // The detector's own view of the MNs (a fork: this CN's coordinators learn of an
+        // MN failure through their listener, like every other CN's).
+        let store = Rc::new(self.store.fork_view());
+        let manager = RecoveryManager::new(
+            ctx,
+            Rc::clone(&store),
+            self.config.protocol,
+            Remote(terminator),
+            members.clone(),
+            plan.timeout,
+        )
+        .watch_mns(plan.heartbeat)
+        .resend_control(plan.heartbeat, plan.answer_timeout);
+        // The final coordinator learns the failed coordinators from these events.
+        self.events = manager.events();
+        Ok(Some(Box::new(FordProcessRecovery {
+            name: self.name.clone(),
+            events: manager.events(),
+            mn_events: manager.mn_events(),
+            manager,
+            members,
+            store,
+        })))
+    }
+
+    fn failed_mns(&self) -> Vec<NodeId> {
+        let view = self.store.view().borrow();
+        (0..self.store.config().mns)
+            .filter(|&mn| !view.is_alive(mn))
+            .map(|mn| self.store.mn_node(mn))
+            .collect()
+    }
+
     fn final_coordinator(
         &mut self,
         ctx: AnyContext,
@@ -350,33 +562,7 @@ impl Deployment for FordDeployment {
     }
 
     fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        let decision = |d: FordDecision| match d {
-            FordDecision::RollForward => Decision::RollForward,
-            FordDecision::RollBack => Decision::RollBack,
-        };
-        self.events
-            .borrow()
-            .iter()
-            .map(|e| RecoveryEvent {
-                cn: e.cn,
-                detected_at: e.detected_at,
-                terminated_at: e.terminated_at,
-                logs_recovered_at: e.logs_recovered_at,
-                finished_at: e.notified_at,
-                coordinators: e
-                    .coordinators
-                    .iter()
-                    .map(|c| RecoveredCoordinator {
-                        coordinator: c.coordinator,
-                        txn: c.txn,
-                        decision: c.decision.map(decision),
-                        restored: c.restored,
-                        unlocked: c.unlocked,
-                    })
-                    .collect(),
-                scanned_locks: e.scanned_locks,
-            })
-            .collect()
+        neutral_events(&self.events.borrow())
     }
 
     fn recovery_error(&self) -> Option<String> {

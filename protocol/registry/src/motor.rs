@@ -5,17 +5,26 @@
 //! [`OpLogs`] owned by the deployment (CN memory that survives a crash, Motor's UPS-backed
 //! DRAM); [`Deployment::start_recovery`] starts the oracle failure detector of `dmem-deploy`,
 //! which finishes a crashed CN's transactions with [`dmem_motor::recover_coordinator`].
+//! Across processes ([`Deployment::process_tasks`], [`Deployment::process_recovery`]) each
+//! CN writes its coordinators' op logs through to [`DurableSlots`] (files that outlive the
+//! process, as Motor's UPS-backed DRAM outlives a crash) and the detector CN's heartbeat
+//! [`LogRecovery`] reads a failed CN's logs from there and runs the same recovery.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use dmem_deploy::process::{
+    CnContexts, DurableSlots, LocalTask, LogRecovery, MessageLinkTerminator, ProcessPlan,
+    ProcessRecovery, alive_task,
+};
 use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, OracleState, Protocol,
     Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming,
 };
 use dmem_motor::mvcc::{self, MvccLoader, Shapes, VersionLayout};
 use dmem_motor::{
-    MotorConfig, MotorCoordinator, OpLogs, SyncedClock, cells_for_workload, read_final,
+    MotorConfig, MotorCoordinator, OpLog, OpLogMirror, OpLogs, Recovered, SyncedClock,
+    cells_for_workload, read_final,
 };
 use dmem_sim::{Sim, SimContext};
 use dmem_store::{AddressCache, Store};
@@ -229,18 +238,21 @@ impl Protocol for MotorProtocol {
         history: Recorder,
     ) -> Result<Box<dyn Deployment>, DeployError> {
         Ok(Box::new(MotorDeployment {
+            name: self.name.clone(),
             config: self.config,
             base: MvccDeploy::new(memory, spec, history, 0, self.config.layout)?,
             paused: Rc::new(Cell::new(false)),
             oplogs: Rc::new(OpLogs::new()),
             coordinators: Rc::new(RefCell::new(Vec::new())),
             oracle: OracleState::default(),
+            mirror_error: Rc::new(RefCell::new(None)),
         }))
     }
 }
 
 /// Motor on one cluster.
 struct MotorDeployment {
+    name: String,
     config: MotorConfig,
     base: MvccDeploy,
     paused: Rc<Cell<bool>>,
@@ -249,6 +261,41 @@ struct MotorDeployment {
     /// `(coordinator id, CN)` of every worker.
     coordinators: Rc<RefCell<Vec<(u16, NodeId)>>>,
     oracle: OracleState,
+    /// The first op-log write to the durable slots that failed (a real cluster's CN).
+    mirror_error: Rc<RefCell<Option<String>>>,
+}
+
+/// A CN process's op logs written through to [`DurableSlots`] (memory that outlives the
+/// process, as Motor's UPS-backed DRAM outlives a crash), for recovery by another CN.
+struct SlotMirror {
+    slots: DurableSlots,
+    error: Rc<RefCell<Option<String>>>,
+}
+
+impl OpLogMirror for SlotMirror {
+    fn store(&self, id: u16, log: &OpLog) {
+        match self.slots.write(id, &log.encode()) {
+            Ok(()) => {}
+            // Recovery finishing another CN's coordinator: its log is that CN's to keep.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                self.error
+                    .borrow_mut()
+                    .get_or_insert_with(|| format!("op log of coordinator {id}: {e}"));
+            }
+        }
+    }
+}
+
+/// What Motor's recovery did for coordinator `id`, in the protocol-neutral form.
+fn recovered(id: u16, r: &Recovered) -> RecoveredCoordinator {
+    RecoveredCoordinator {
+        coordinator: id,
+        txn: r.rolled_forward,
+        decision: r.rolled_forward.map(|_| Decision::RollForward),
+        restored: r.restored,
+        unlocked: r.unlocked,
+    }
 }
 
 impl Deployment for MotorDeployment {
@@ -300,15 +347,74 @@ impl Deployment for MotorDeployment {
                     dmem_motor::recover_coordinator(c, &store, &shapes, &logs, id, releases_only)
                         .await
                         .map_err(|e| e.to_string())?;
-                Ok(RecoveredCoordinator {
-                    coordinator: id,
-                    txn: r.rolled_forward,
-                    decision: r.rolled_forward.map(|_| Decision::RollForward),
-                    restored: r.restored,
-                    unlocked: r.unlocked,
-                })
+                Ok(recovered(id, &r))
             },
         )
+    }
+
+    fn recovers_across_processes(&self) -> bool {
+        true
+    }
+
+    fn process_tasks(
+        &mut self,
+        me: NodeId,
+        ctxs: CnContexts,
+        plan: &ProcessPlan,
+    ) -> Result<Vec<LocalTask>, DeployError> {
+        let io =
+            |e: std::io::Error| DeployError::Fabric(format!("{}: {e}", plan.state_dir.display()));
+        let slots = DurableSlots::new(&plan.state_dir).map_err(io)?;
+        for &id in plan.member(me).map_or(&[][..], |m| &m.coordinators) {
+            slots.create(id).map_err(io)?;
+        }
+        self.oplogs.set_mirror(Box::new(SlotMirror {
+            slots,
+            error: Rc::clone(&self.mirror_error),
+        }));
+        Ok(vec![alive_task(
+            ctxs.heartbeat,
+            plan.detector,
+            plan.heartbeat,
+        )])
+    }
+
+    fn process_recovery(
+        &mut self,
+        ctx: AnyContext,
+        terminator: MessageLinkTerminator,
+        plan: &ProcessPlan,
+    ) -> Result<Option<Box<dyn ProcessRecovery>>, DeployError> {
+        let slots = DurableSlots::new(&plan.state_dir)
+            .map_err(|e| DeployError::Fabric(format!("{}: {e}", plan.state_dir.display())))?;
+        let (store, shapes, logs) = (
+            Rc::clone(&self.base.store),
+            Rc::clone(&self.base.shapes),
+            Rc::clone(&self.oplogs),
+        );
+        let mns = (0..store.config().mns).map(|m| store.mn_node(m)).collect();
+        let releases_only = self.config.recovery_releases_only;
+        Ok(Some(Box::new(LogRecovery::new(
+            self.name.clone(),
+            ctx,
+            terminator,
+            mns,
+            plan,
+            Rc::clone(&self.oracle.events),
+            async move |c: &AnyContext, id: u16| {
+                // The failed CN's op log, as its process last wrote it.
+                let log = match slots.read(id).map_err(|e| e.to_string())? {
+                    Some(bytes) => OpLog::decode(&bytes).map_err(|e| e.to_string())?,
+                    None => OpLog::Idle,
+                };
+                logs.restore(id, log);
+                let r =
+                    dmem_motor::recover_coordinator(c, &store, &shapes, &logs, id, releases_only)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                Ok(recovered(id, &r))
+            },
+        ))))
     }
 
     fn recovery_events(&self) -> Vec<RecoveryEvent> {
@@ -316,7 +422,8 @@ impl Deployment for MotorDeployment {
     }
 
     fn recovery_error(&self) -> Option<String> {
-        self.oracle.error.borrow().clone()
+        let oracle = self.oracle.error.borrow().clone();
+        oracle.or_else(|| self.mirror_error.borrow().clone())
     }
 
     fn paused(&self) -> Rc<Cell<bool>> {
