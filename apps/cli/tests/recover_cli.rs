@@ -124,6 +124,43 @@ fn lotus_restarted_cn_serves_its_shards_again_after_its_broadcast() {
         r["restart_grants_after"].as_u64().unwrap() > 0,
         "the restarted CN grants its shards' locks again: {r}"
     );
+    // It runs its coordinators again (2 threads × 2 coroutines), whose commits count.
+    assert_eq!(r["restarted_coordinators"], 4, "{r}");
+    assert!(
+        r["restarted_committed"].as_u64().unwrap() > 0,
+        "the restarted CN's coordinators commit: {r}"
+    );
+}
+
+#[test]
+fn lotus_restarted_cn_that_crashes_again_is_recovered_again() {
+    // Crash at 2 ms, restart 100 µs after detection, crash of the restarted incarnation at
+    // 3 ms (its coordinators mid-flight, its table holding their locks), restart again:
+    // the second recovery decides the new incarnation's logs, releases its locks, and the
+    // history and invariants stay clean.
+    let r = recover_with(
+        "lotus",
+        "smallbank",
+        &[
+            "--crash-cns",
+            "1",
+            "--cns",
+            "3",
+            "--restart-after-us",
+            "100",
+            "--crash-again-at-ms",
+            "3",
+        ],
+    );
+    assert_eq!(r["checker"], "ok", "{r}");
+    assert_eq!(r["invariants"], "ok", "{r}");
+    assert_eq!(r["second_crash_recovered"], 1, "{r}");
+    assert!(r["second_recovery_latency_us"].as_f64().unwrap() > 0.0, "{r}");
+    assert_eq!(r["restarted_cns"], 2, "restarted twice: {r}");
+    assert_eq!(r["restarted_coordinators"], 8, "{r}");
+    assert!(r["restarted_committed"].as_u64().unwrap() > 0, "{r}");
+    assert_eq!(r["early_broadcasts"], 0, "{r}");
+    assert_eq!(r["restart_grants_before_recovered"], 0, "{r}");
 }
 
 #[test]

@@ -268,6 +268,7 @@ impl Protocol for LotusProtocol {
             paused: Rc::new(Cell::new(false)),
             events: Rc::new(RefCell::new(Vec::new())),
             error: Rc::new(RefCell::new(None)),
+            runner: Rc::new(RefCell::new(None)),
         }))
     }
 }
@@ -276,9 +277,9 @@ impl Protocol for LotusProtocol {
 struct LotusRouter {
     map: Rc<RefCell<ShardMap>>,
     sharding: Sharding,
-    /// CNs that crashed: none of their coordinators runs any more (a restarted CN serves
-    /// locks, but the harness does not start coordinators on it), so what would go there
-    /// runs where it was generated.
+    /// CNs that crashed and run no coordinators (until a restarted CN's coordinators start
+    /// again, if its runner starts them), so what would go there runs where it was
+    /// generated.
     down: Rc<RefCell<Vec<u16>>>,
 }
 
@@ -309,10 +310,13 @@ struct RestartRecord {
     grants_at_restart: u64,
     grants_at_recovered: Option<u64>,
     grants_at_serving: u64,
+    /// Coordinators its new incarnation started (0: it serves locks only).
+    coordinators: usize,
 }
 
-/// LOTUS on one simulated cluster.
-struct LotusDeployment {
+/// LOTUS on one simulated cluster (what [`LotusProtocol`] deploys; public for
+/// [`LotusDeployment::run_restarted_coordinators`]).
+pub struct LotusDeployment {
     config: LotusConfig,
     early_unlock: bool,
     restart_after: Option<u64>,
@@ -322,11 +326,13 @@ struct LotusDeployment {
     base: MvccDeploy,
     cluster: Rc<LockCluster>,
     router: Option<Rc<dyn Router>>,
-    /// Coordinator ids and the CN (index) each runs on.
-    placed: Vec<(u16, u16)>,
+    /// Coordinator ids, the CN (index) and the thread each runs on.
+    placed: Vec<(u16, u16, u16)>,
     paused: Rc<Cell<bool>>,
     events: Rc<RefCell<Vec<RecoveryEvent>>>,
     error: Rc<RefCell<Option<String>>>,
+    /// Runs restarted CNs' coordinators ([`RestartedCoordinators`]).
+    runner: Rc<RefCell<Option<RestartedCoordinators>>>,
 }
 
 /// Writes recovery's decision into the history (the coordinator's transaction recorded
@@ -353,24 +359,103 @@ fn settle(history: &RefCell<History>, coordinator: u16, decided: Decided, now: u
     changed
 }
 
-impl LotusDeployment {
+/// Runs the coordinators of a restarted CN (LOTUS §6): called once per coordinator when
+/// its CN serves again after its broadcast, with a context on the coordinator's thread,
+/// its id (the same id, and so the same commit-log region, as in the CN's earlier
+/// incarnations) and the coordinator of the new incarnation (fresh caches, transaction
+/// ids that cannot equal an earlier incarnation's). Set with
+/// [`LotusDeployment::run_restarted_coordinators`]; without it a restarted CN serves
+/// locks only.
+pub type RestartedCoordinators = Rc<dyn Fn(SimContext, u16, BoxCoordinator)>;
+
+/// The failure detector's and restart's state shared by their simulated tasks (§6).
+struct Shell {
+    sim: Rc<Sim>,
+    cluster: Rc<LockCluster>,
+    store: Rc<dmem_store::Store>,
+    shapes: Rc<dmem_motor::mvcc::Shapes>,
+    recorder: Recorder,
+    config: LotusConfig,
+    early_unlock: bool,
+    restart_after: Option<u64>,
+    poll: u64,
+    /// Coordinator ids, the CN (index) and the thread each runs on.
+    placed: Vec<(u16, u16, u16)>,
+    down: Rc<RefCell<Vec<u16>>>,
+    restarts: Rc<RefCell<Vec<RestartRecord>>>,
+    events: Rc<RefCell<Vec<RecoveryEvent>>>,
+    error: Rc<RefCell<Option<String>>>,
+    runner: Rc<RefCell<Option<RestartedCoordinators>>>,
+}
+
+impl Shell {
+    /// What the detector does for crashed `node` (§6): declare it failed, start its restart
+    /// (with `restart=US`), recover it. A CN that restarted and crashed again is reported
+    /// again and recovered again, its new incarnation's transactions like the old ones'.
+    async fn on_crash(self: Rc<Self>, rc: SimContext, node: dmem_verbs::NodeId) {
+        let sim = &self.sim;
+        let cluster = &self.cluster;
+        let Some(cn) = (0..sim.cn_count()).find(|&i| sim.cn(i) == node) else {
+            return;
+        };
+        if cluster.is_failed(cn) {
+            return;
+        }
+        let ids: Vec<u16> = self
+            .placed
+            .iter()
+            .filter(|(_, x, _)| *x == cn)
+            .map(|(id, _, _)| *id)
+            .collect();
+        cluster.failed.borrow_mut().push(cn);
+        cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Failed);
+        if !self.down.borrow().contains(&cn) {
+            self.down.borrow_mut().push(cn);
+        }
+        if let Some(delay) = self.restart_after {
+            // Locks granted by its old table die with it: a survivor holding
+            // one aborts at commit even after the CN serves again.
+            {
+                let mut map = cluster.map.borrow_mut();
+                for s in map.shards_of(cn) {
+                    map.abort_holders(s);
+                    // A hand-over it had begun ends: the shard stays its own.
+                    if map.is_moving(s) {
+                        map.finish_move(s, cn);
+                    }
+                }
+            }
+            self.restarts.borrow_mut().push(RestartRecord {
+                cn,
+                detected_at: rc.now(),
+                ..RestartRecord::default()
+            });
+            let (shell, rc2) = (Rc::clone(&self), rc.clone());
+            sim.spawn(&rc, async move {
+                if let Err(e) = shell.restart_cn(rc2, cn, delay).await {
+                    shell.error.borrow_mut().get_or_insert(e);
+                }
+            });
+        }
+        match self.recover_cn(&rc, &ids, cn).await {
+            Ok(ev) => self.events.borrow_mut().push(ev),
+            Err(e) => {
+                self.error.borrow_mut().get_or_insert(e);
+            }
+        }
+    }
+
     /// LOTUS §6 for CN `cn` (index), failed: transactions decided from commit logs, then
     /// its locks released on every survivor, then its shards served again from empty
-    /// tables (by survivors: the simulator does not restart CNs).
-    #[allow(clippy::too_many_arguments)]
+    /// tables (by survivors, or by the CN itself once restarted).
     async fn recover_cn(
+        &self,
         c: &SimContext,
-        sim: &Rc<Sim>,
-        cluster: &LockCluster,
-        store: &dmem_store::Store,
-        shapes: &dmem_motor::mvcc::Shapes,
-        history: &RefCell<History>,
         ids: &[u16],
         cn: u16,
-        early_unlock: bool,
-        poll: u64,
-        restarts: Option<&RefCell<Vec<RestartRecord>>>,
     ) -> Result<RecoveryEvent, String> {
+        let (sim, cluster) = (&self.sim, &self.cluster);
+        let history = self.recorder.history();
         let node = sim.cn(cn);
         let detected_at = c.now();
         // Cut the CN off every MN: no late WRITE of it lands after its logs are read.
@@ -388,9 +473,13 @@ impl LotusDeployment {
             }
             n
         };
-        let mut unlocked = if early_unlock { release() } else { 0 };
+        let mut unlocked = if self.early_unlock { release() } else { 0 };
         // Every coordinator of the CN at once: three round trips (`recover_coordinators`).
-        let decisions = recover_coordinators(c, store, shapes, ids)
+        // A restarted CN's coordinators keep their ids and log regions; their transactions'
+        // sequence numbers are above every earlier incarnation's, so the newest whole log
+        // is the latest incarnation's if it logged anything (an older, already decided log
+        // decides nothing again: its cells are visible, free, or another writer's).
+        let decisions = recover_coordinators(c, &self.store, &self.shapes, ids)
             .await
             .map_err(|e| format!("recovering CN {cn}'s coordinators: {e}"))?;
         let mut coordinators = Vec::new();
@@ -416,7 +505,7 @@ impl LotusDeployment {
             });
         }
         let logs_recovered_at = c.now();
-        if !early_unlock {
+        if !self.early_unlock {
             unlocked = release();
         }
         if let Some(first) = coordinators.first_mut() {
@@ -425,12 +514,18 @@ impl LotusDeployment {
         // Survivors' transactions already committing with locks of the failed CN finish
         // first; the others abort when they reach commit.
         while cluster.committing.borrow()[usize::from(cn)] > 0 {
-            c.sleep(poll).await;
+            c.sleep(self.poll).await;
         }
-        if let Some(restarts) = restarts {
+        if self.restart_after.is_some() {
             // §6: its shards wait for its restarted incarnation, which broadcasts once this
             // recovery is over and it is up again, whichever comes last.
-            if let Some(r) = restarts.borrow_mut().iter_mut().rev().find(|r| r.cn == cn) {
+            if let Some(r) = self
+                .restarts
+                .borrow_mut()
+                .iter_mut()
+                .rev()
+                .find(|r| r.cn == cn)
+            {
                 r.recovered_at = Some(c.now());
                 r.grants_at_recovered = r
                     .restarted_at
@@ -438,7 +533,7 @@ impl LotusDeployment {
             }
             let action = cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Recovered);
             if action == Action::Broadcast {
-                Self::broadcast(sim, cluster, restarts, cn, c.now());
+                self.broadcast(cn, c.now())?;
             }
         } else {
             // The failed CN's lock table is not rebuilt: its shards start empty elsewhere.
@@ -463,20 +558,14 @@ impl LotusDeployment {
             scanned_locks: 0,
         })
     }
-}
 
-impl LotusDeployment {
     /// The restarted CN `cn`'s broadcast (§6) "all transactions of my old incarnation have
     /// finished": survivors ask it for locks again (it leaves the failed list, their tables
     /// unfence it) and its MN connections are back. Modelled as the write of the state the
-    /// simulated CNs share (as the shard map), not as messages.
-    fn broadcast(
-        sim: &Sim,
-        cluster: &LockCluster,
-        restarts: &RefCell<Vec<RestartRecord>>,
-        cn: u16,
-        now: u64,
-    ) {
+    /// simulated CNs share (as the shard map), not as messages. Then its coordinators of
+    /// the new incarnation start, if a runner was given.
+    fn broadcast(&self, cn: u16, now: u64) -> Result<(), String> {
+        let (sim, cluster) = (&self.sim, &self.cluster);
         cluster.failed.borrow_mut().retain(|&x| x != cn);
         for t in &cluster.cns {
             t.table.unfence(cn);
@@ -485,25 +574,72 @@ impl LotusDeployment {
         for mn in 0..sim.mn_count() {
             sim.restore(sim.mn(mn), node);
         }
-        if let Some(r) = restarts.borrow_mut().iter_mut().rev().find(|r| r.cn == cn) {
+        if let Some(r) = self
+            .restarts
+            .borrow_mut()
+            .iter_mut()
+            .rev()
+            .find(|r| r.cn == cn)
+        {
             r.serving_at = Some(now);
             r.grants_at_serving = cluster.cns[usize::from(cn)].served.get().1;
         }
+        self.start_coordinators(cn)
+    }
+
+    /// Starts restarted CN `cn`'s coordinators of its current incarnation through the
+    /// runner: the same ids and threads as before the crash, a fresh address cache (the
+    /// old one was in the CN's memory; the VT cache was emptied with its table) and a fresh
+    /// timestamp service.
+    fn start_coordinators(&self, cn: u16) -> Result<(), String> {
+        let Some(run) = self.runner.borrow().clone() else {
+            return Ok(());
+        };
+        let incarnation = self.cluster.restarts.borrow()[usize::from(cn)].incarnation();
+        let node = self.sim.cn(cn);
+        let cache = Rc::new(RefCell::new(dmem_store::AddressCache::new()));
+        for &(id, _, thread) in self.placed.iter().filter(|(_, x, _)| *x == cn) {
+            let ctx = self
+                .sim
+                .context(node, thread)
+                .map_err(|e| format!("a coordinator on restarted CN {cn}: {e}"))?;
+            let ts = SyncedClock::new(ctx.clone(), node, id, self.config.epsilon);
+            let co = LotusCoordinator::new(
+                ctx.clone(),
+                cn,
+                thread,
+                Rc::clone(&self.cluster),
+                Rc::clone(&self.store),
+                Rc::clone(&self.shapes),
+                self.config,
+                id,
+                Rc::clone(&cache),
+                self.recorder.clone(),
+                ts,
+            )
+            .in_incarnation(incarnation);
+            run(ctx, id, Box::new(co));
+        }
+        // Its coordinators run again: the router may send it transactions.
+        self.down.borrow_mut().retain(|&x| x != cn);
+        if let Some(r) = self
+            .restarts
+            .borrow_mut()
+            .iter_mut()
+            .rev()
+            .find(|r| r.cn == cn)
+        {
+            r.coordinators = self.placed.iter().filter(|(_, x, _)| *x == cn).count();
+        }
+        Ok(())
     }
 
     /// Restarts failed CN `cn` `delay` ns from now (§6): the simulator brings it back, its
     /// table is emptied (the old one is lost with the CN; nothing is rebuilt), new lock
     /// servers start on its threads and refuse until the broadcast, which happens here if
     /// its recovery is already over.
-    async fn restart_cn(
-        c: SimContext,
-        sim: Rc<Sim>,
-        cluster: Rc<LockCluster>,
-        restarts: Rc<RefCell<Vec<RestartRecord>>>,
-        cn: u16,
-        delay: u64,
-        poll: u64,
-    ) -> Result<(), String> {
+    async fn restart_cn(&self, c: SimContext, cn: u16, delay: u64) -> Result<(), String> {
+        let (sim, cluster) = (&self.sim, &self.cluster);
         if delay > 0 {
             c.sleep(delay).await;
         }
@@ -513,7 +649,7 @@ impl LotusDeployment {
             if !sim.is_crashed(node) {
                 return Err(format!("CN {cn} restarted while it was not crashed"));
             }
-            c.sleep(poll.max(1)).await;
+            c.sleep(self.poll.max(1)).await;
         }
         let locks = Rc::clone(&cluster.cns[usize::from(cn)]);
         let stale = locks.reset(sim.cn_count());
@@ -525,20 +661,35 @@ impl LotusDeployment {
             row.push(dmem_verbs::Verbs::local_endpoint(&ctx));
             sim.spawn(
                 &ctx,
-                serve(ctx.clone(), Rc::clone(&cluster), Rc::clone(&locks)),
+                serve(ctx.clone(), Rc::clone(cluster), Rc::clone(&locks)),
             );
         }
         cluster.servers.borrow_mut()[usize::from(cn)] = row;
-        if let Some(r) = restarts.borrow_mut().iter_mut().rev().find(|r| r.cn == cn) {
+        if let Some(r) = self
+            .restarts
+            .borrow_mut()
+            .iter_mut()
+            .rev()
+            .find(|r| r.cn == cn)
+        {
             r.restarted_at = Some(c.now());
             r.stale_locks = stale;
             r.grants_at_restart = locks.served.get().1;
         }
         let action = cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Restarted);
         if action == Action::Broadcast {
-            Self::broadcast(&sim, &cluster, &restarts, cn, c.now());
+            self.broadcast(cn, c.now())?;
         }
         Ok(())
+    }
+}
+
+impl LotusDeployment {
+    /// Runs the coordinators of every CN that restarts (`restart=US`) through `run` from its
+    /// broadcast on (LOTUS §6: the restarted CN executes transactions again); the runner
+    /// (`dmem recover`) gives them work and counts their commits. Call before the run.
+    pub fn run_restarted_coordinators(&self, run: RestartedCoordinators) {
+        *self.runner.borrow_mut() = Some(run);
     }
 }
 
@@ -558,7 +709,7 @@ impl Deployment for LotusDeployment {
                 reason: format!("a coordinator on a {} context", ctx.fabric()),
             })?
             .thread();
-        self.placed.push((id, cn));
+        self.placed.push((id, cn, thread));
         Ok(Box::new(LotusCoordinator::new(
             ctx,
             cn,
@@ -575,28 +726,31 @@ impl Deployment for LotusDeployment {
     }
 
     /// The membership service is an oracle (as `dmem-occ`'s detector): every `poll` the
-    /// task on `recovery_cn` asks the simulator which CNs crashed.
+    /// task on `recovery_cn` asks the simulator which CNs crashed; a restarted CN that
+    /// crashes again is reported again.
     fn start_recovery(
         &mut self,
         sim: &Rc<Sim>,
         recovery_cn: u16,
         timing: RecoveryTiming,
     ) -> Result<(), DeployError> {
-        let (sim2, cluster, store, shapes, history) = (
-            Rc::clone(sim),
-            Rc::clone(&self.cluster),
-            Rc::clone(&self.base.store),
-            Rc::clone(&self.base.shapes),
-            Rc::clone(self.base.history.history()),
-        );
-        let (events, error) = (Rc::clone(&self.events), Rc::clone(&self.error));
-        let placed = Rc::new(self.placed.clone());
-        let early_unlock = self.early_unlock;
-        let (restart_after, down, restarts) = (
-            self.restart_after,
-            Rc::clone(&self.down),
-            Rc::clone(&self.restarts),
-        );
+        let shell = Rc::new(Shell {
+            sim: Rc::clone(sim),
+            cluster: Rc::clone(&self.cluster),
+            store: Rc::clone(&self.base.store),
+            shapes: Rc::clone(&self.base.shapes),
+            recorder: self.base.history.clone(),
+            config: self.config,
+            early_unlock: self.early_unlock,
+            restart_after: self.restart_after,
+            poll: timing.poll,
+            placed: self.placed.clone(),
+            down: Rc::clone(&self.down),
+            restarts: Rc::clone(&self.restarts),
+            events: Rc::clone(&self.events),
+            error: Rc::clone(&self.error),
+            runner: Rc::clone(&self.runner),
+        });
         let watched = Rc::clone(sim);
         // One recovery task per failed CN, so that concurrent failures are recovered in
         // parallel (§6 "Remarks").
@@ -605,94 +759,7 @@ impl Deployment for LotusDeployment {
             recovery_cn,
             timing,
             move || (0..watched.cn_count()).map(|i| watched.cn(i)).collect(),
-            move |rc: SimContext, node: dmem_verbs::NodeId| {
-                let (sim3, cluster, store, shapes, history, events, error, placed) = (
-                    Rc::clone(&sim2),
-                    Rc::clone(&cluster),
-                    Rc::clone(&store),
-                    Rc::clone(&shapes),
-                    Rc::clone(&history),
-                    Rc::clone(&events),
-                    Rc::clone(&error),
-                    Rc::clone(&placed),
-                );
-                let (down, restarts) = (Rc::clone(&down), Rc::clone(&restarts));
-                async move {
-                    let Some(cn) = (0..sim3.cn_count()).find(|&i| sim3.cn(i) == node) else {
-                        return;
-                    };
-                    if cluster.is_failed(cn) {
-                        return;
-                    }
-                    let ids: Vec<u16> = placed
-                        .iter()
-                        .filter(|(_, x)| *x == cn)
-                        .map(|(id, _)| *id)
-                        .collect();
-                    cluster.failed.borrow_mut().push(cn);
-                    cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Failed);
-                    down.borrow_mut().push(cn);
-                    if let Some(delay) = restart_after {
-                        // Locks granted by its old table die with it: a survivor holding
-                        // one aborts at commit even after the CN serves again.
-                        {
-                            let mut map = cluster.map.borrow_mut();
-                            for s in map.shards_of(cn) {
-                                map.abort_holders(s);
-                                // A hand-over it had begun ends: the shard stays its own.
-                                if map.is_moving(s) {
-                                    map.finish_move(s, cn);
-                                }
-                            }
-                        }
-                        restarts.borrow_mut().push(RestartRecord {
-                            cn,
-                            detected_at: rc.now(),
-                            ..RestartRecord::default()
-                        });
-                        let (rc2, sim4, cluster2, restarts2, error2) = (
-                            rc.clone(),
-                            Rc::clone(&sim3),
-                            Rc::clone(&cluster),
-                            Rc::clone(&restarts),
-                            Rc::clone(&error),
-                        );
-                        sim3.spawn(&rc, async move {
-                            if let Err(e) = Self::restart_cn(
-                                rc2,
-                                sim4,
-                                cluster2,
-                                restarts2,
-                                cn,
-                                delay,
-                                timing.poll,
-                            )
-                            .await
-                            {
-                                *error2.borrow_mut() = Some(e);
-                            }
-                        });
-                    }
-                    match Self::recover_cn(
-                        &rc,
-                        &sim3,
-                        &cluster,
-                        &store,
-                        &shapes,
-                        &history,
-                        &ids,
-                        cn,
-                        early_unlock,
-                        timing.poll,
-                        restart_after.map(|_| &*restarts),
-                    )
-                    .await
-                    {
-                        Ok(ev) => events.borrow_mut().push(ev),
-                        Err(e) => *error.borrow_mut() = Some(e),
-                    }
-                }
-            },
+            move |rc: SimContext, node: dmem_verbs::NodeId| Rc::clone(&shell).on_crash(rc, node),
         )
     }
 
@@ -809,6 +876,14 @@ impl Deployment for LotusDeployment {
                             .1
                             .saturating_sub(r.grants_at_serving)
                     })
+                    .sum(),
+            ),
+            // Coordinators restarted CNs ran again (a runner was given).
+            "lotus_restarted_coordinators" => Some(
+                self.restarts
+                    .borrow()
+                    .iter()
+                    .map(|r| r.coordinators as u64)
                     .sum(),
             ),
             "lotus_restart_stale_locks" => Some(
