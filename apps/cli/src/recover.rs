@@ -175,7 +175,8 @@ impl Args {
         );
         if let Some(again) = self.crash_again_at_ms {
             ensure!(
-                again > self.crash_at_ms && again * 1_000 + self.detect_timeout_us < self.duration_ms * 1_000,
+                again > self.crash_at_ms
+                    && again * 1_000 + self.detect_timeout_us < self.duration_ms * 1_000,
                 "--crash-again-at-ms {again} must fall after --crash-at-ms {} and, with the detection timeout, before --duration-ms {}",
                 self.crash_at_ms,
                 self.duration_ms
@@ -189,8 +190,8 @@ impl Args {
         );
         registry.get(&self.protocol).context("in --protocol")?;
         ensure!(
-            !self.protocol.contains(':'),
-            "--protocol {}: dmem recover runs registered protocols without parameters ({})",
+            !self.protocol.contains(':') || self.protocol.starts_with("lotus:"),
+            "--protocol {}: dmem recover runs registered protocols without parameters, and LOTUS with its switches ({})",
             self.protocol,
             registry
                 .names()
@@ -230,6 +231,7 @@ impl Args {
         match self.protocol.as_str() {
             "lotus" => Ok(format!("lotus:restart={us}")),
             "lotus-si" => Ok(format!("lotus:si+restart={us}")),
+            p if p.starts_with("lotus:") => Ok(format!("{p}+restart={us}")),
             other => anyhow::bail!(
                 "--restart-after-us: only LOTUS restarts crashed CNs (lotus, lotus-si), not {other}"
             ),

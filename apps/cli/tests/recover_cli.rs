@@ -150,17 +150,65 @@ fn lotus_restarted_cn_that_crashes_again_is_recovered_again() {
             "100",
             "--crash-again-at-ms",
             "3",
+            "--seed",
+            "4",
         ],
     );
     assert_eq!(r["checker"], "ok", "{r}");
+    assert!(
+        r["second_recovered_txns"].as_u64().unwrap() > 0,
+        "the second crash caught the new incarnation's transactions in flight: {r}"
+    );
     assert_eq!(r["invariants"], "ok", "{r}");
     assert_eq!(r["second_crash_recovered"], 1, "{r}");
-    assert!(r["second_recovery_latency_us"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(
+        r["second_recovery_latency_us"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
     assert_eq!(r["restarted_cns"], 2, "restarted twice: {r}");
     assert_eq!(r["restarted_coordinators"], 8, "{r}");
     assert!(r["restarted_committed"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(r["early_broadcasts"], 0, "{r}");
     assert_eq!(r["restart_grants_before_recovered"], 0, "{r}");
+}
+
+#[test]
+fn lotus_restarted_coordinators_reusing_old_ids_are_caught() {
+    // Planted bug: the restarted CN's coordinators number their transactions from 1 again,
+    // so two transactions share an id (and a commit-log writer) across incarnations.
+    let out = dmem(&[
+        "recover",
+        "--protocol",
+        "lotus:restart-same-ids",
+        "--workload",
+        "smallbank",
+        "--scale",
+        "tiny",
+        "--crash-cns",
+        "1",
+        "--cns",
+        "3",
+        "--restart-after-us",
+        "100",
+        "--threads",
+        "2",
+        "--coroutines",
+        "2",
+        "--crash-at-ms",
+        "2",
+        "--duration-ms",
+        "4",
+        "--detect-timeout-us",
+        "500",
+        "--heartbeat-us",
+        "100",
+        "--json",
+    ]);
+    assert!(!out.status.success(), "the checker must fail");
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let r: serde_json::Value =
+        serde_json::from_str(stdout.lines().next().expect("a report line")).expect("JSON");
+    assert_ne!(r["checker"], "ok", "{r}");
 }
 
 #[test]

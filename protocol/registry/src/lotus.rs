@@ -53,6 +53,10 @@ pub struct LotusProtocol {
     /// Planted bug: the restarted CN serves as soon as it is up, before its old
     /// transactions are finished.
     pub restart_early: bool,
+    /// Planted bug: a restarted CN's coordinators number their transactions from 1 again,
+    /// as in its first incarnation (their ids, and their commit logs' writers, equal the
+    /// old incarnation's).
+    pub restart_same_ids: bool,
 }
 
 /// CNs the metrics region of resharding has room for.
@@ -73,6 +77,7 @@ impl LotusProtocol {
             reshard: ReshardConfig::default(),
             restart_after: None,
             restart_early: false,
+            restart_same_ids: false,
         }
     }
 
@@ -85,7 +90,9 @@ impl LotusProtocol {
     /// `reshard-no-drain` (a planted bug: hand over without draining or aborting holders);
     /// CN restart (§6): `restart=US` (a crashed CN restarts US µs after its failure is
     /// detected, 0 allowed), `restart-early` (a planted bug: the restarted CN serves before
-    /// its old transactions are finished; implies `restart=0` unless given).
+    /// its old transactions are finished; implies `restart=0` unless given),
+    /// `restart-same-ids` (a planted bug: the restarted CN's coordinators reuse the old
+    /// incarnation's transaction ids; implies `restart=0` unless given).
     ///
     /// # Errors
     /// The unknown flag.
@@ -100,6 +107,10 @@ impl LotusProtocol {
                 "no-vt-cache" => p.config.vt_cache = false,
                 "rdma-lock" => p.config.rdma_lock = true,
                 "reshard" => p.reshard.enabled = true,
+                "restart-same-ids" => {
+                    p.restart_same_ids = true;
+                    p.restart_after.get_or_insert(0);
+                }
                 "restart-early" => {
                     p.restart_early = true;
                     p.restart_after.get_or_insert(0);
@@ -134,7 +145,7 @@ impl LotusProtocol {
                         })?;
                     } else {
                         return Err(format!(
-                            "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, rdma-lock, early-unlock, reshard, reshard=US, drain=US, overload=PCT, reshard-no-drain, restart=US, restart-early)"
+                            "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, rdma-lock, early-unlock, reshard, reshard=US, drain=US, overload=PCT, reshard-no-drain, restart=US, restart-early, restart-same-ids)"
                         ));
                     }
                 }
@@ -259,6 +270,7 @@ impl Protocol for LotusProtocol {
             config: self.config,
             early_unlock: self.early_unlock,
             restart_after: self.restart_after,
+            restart_same_ids: self.restart_same_ids,
             down,
             restarts: Rc::new(RefCell::new(Vec::new())),
             base,
@@ -320,6 +332,7 @@ pub struct LotusDeployment {
     config: LotusConfig,
     early_unlock: bool,
     restart_after: Option<u64>,
+    restart_same_ids: bool,
     /// CNs that crashed (the router sends nothing there).
     down: Rc<RefCell<Vec<u16>>>,
     restarts: Rc<RefCell<Vec<RestartRecord>>>,
@@ -378,6 +391,7 @@ struct Shell {
     config: LotusConfig,
     early_unlock: bool,
     restart_after: Option<u64>,
+    restart_same_ids: bool,
     poll: u64,
     /// Coordinator ids, the CN (index) and the thread each runs on.
     placed: Vec<(u16, u16, u16)>,
@@ -617,7 +631,11 @@ impl Shell {
                 self.recorder.clone(),
                 ts,
             )
-            .in_incarnation(incarnation);
+            .in_incarnation(if self.restart_same_ids {
+                0
+            } else {
+                incarnation
+            });
             run(ctx, id, Box::new(co));
         }
         // Its coordinators run again: the router may send it transactions.
@@ -743,6 +761,7 @@ impl Deployment for LotusDeployment {
             config: self.config,
             early_unlock: self.early_unlock,
             restart_after: self.restart_after,
+            restart_same_ids: self.restart_same_ids,
             poll: timing.poll,
             placed: self.placed.clone(),
             down: Rc::clone(&self.down),
