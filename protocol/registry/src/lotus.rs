@@ -11,9 +11,11 @@ use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
     RecoveredCoordinator, RecoveryEvent, RecoveryTiming, Router, SimLinkTerminator,
 };
+use dmem_lotus::membership::notify;
 use dmem_lotus::recovery::{Decided, recover_coordinators};
 use dmem_lotus::reshard::{CnMetric, monitor};
-use dmem_lotus::restart::{Action, Event, Restart};
+use dmem_lotus::restart::{Action, Event, Phase, Restart};
+use dmem_lotus::wire::RequestKind;
 use dmem_lotus::{
     CnLocks, LockCluster, LotusConfig, LotusCoordinator, ReshardConfig, ShardMap, Sharding, serve,
 };
@@ -412,7 +414,10 @@ impl Shell {
         let Some(cn) = (0..sim.cn_count()).find(|&i| sim.cn(i) == node) else {
             return;
         };
-        if cluster.is_failed(cn) {
+        // Reported once per crash; a CN whose failure is being handled (not serving) is
+        // not handled twice. A restarted CN that crashes again, even during its rejoin
+        // broadcast (it serves, survivors still count it failed), is.
+        if cluster.restarts.borrow()[usize::from(cn)].phase() != Phase::Serving {
             return;
         }
         let ids: Vec<u16> = self
@@ -421,7 +426,9 @@ impl Shell {
             .filter(|(_, x, _)| *x == cn)
             .map(|(id, _, _)| *id)
             .collect();
-        cluster.failed.borrow_mut().push(cn);
+        if !cluster.is_failed(cn) {
+            cluster.failed.borrow_mut().push(cn);
+        }
         cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Failed);
         if !self.down.borrow().contains(&cn) {
             self.down.borrow_mut().push(cn);
@@ -463,7 +470,7 @@ impl Shell {
     /// its locks released on every survivor, then its shards served again from empty
     /// tables (by survivors, or by the CN itself once restarted).
     async fn recover_cn(
-        &self,
+        self: &Rc<Self>,
         c: &SimContext,
         ids: &[u16],
         cn: u16,
@@ -477,17 +484,34 @@ impl Shell {
             SimLinkTerminator(Rc::clone(sim)).terminate(sim.mn(mn), node);
         }
         let terminated_at = c.now();
-        let release = || {
-            let mut n = 0;
-            for (i, t) in cluster.cns.iter().enumerate() {
-                if i != usize::from(cn) {
-                    t.table.fence(cn);
-                    n += t.table.release_cn(cn);
-                }
-            }
-            n
+        // The membership service's notice to every live CN (`membership`): each fences the
+        // CN and releases its locks, then replies; a message like the lock RPCs.
+        let release = async || -> Result<usize, String> {
+            let to: Vec<u16> = (0..sim.cn_count())
+                .filter(|&x| x != cn && !sim.is_crashed(sim.cn(x)))
+                .collect();
+            let before = cluster.released.borrow()[usize::from(cn)];
+            let ctx = sim
+                .context(c.node(), c.thread())
+                .map_err(|e| format!("recovering CN {cn}: {e}"))?;
+            notify(
+                &ctx,
+                cluster,
+                RequestKind::Release,
+                cn,
+                &to,
+                self.config.rpc_timeout,
+            )
+            .await
+            .map_err(|e| format!("recovering CN {cn}: {e}"))?;
+            let after = cluster.released.borrow()[usize::from(cn)];
+            Ok(usize::try_from(after - before).unwrap_or(usize::MAX))
         };
-        let mut unlocked = if self.early_unlock { release() } else { 0 };
+        let mut unlocked = if self.early_unlock {
+            release().await?
+        } else {
+            0
+        };
         // Every coordinator of the CN at once: three round trips (`recover_coordinators`).
         // A restarted CN's coordinators keep their ids and log regions; their transactions'
         // sequence numbers are above every earlier incarnation's, so the newest whole log
@@ -520,7 +544,7 @@ impl Shell {
         }
         let logs_recovered_at = c.now();
         if !self.early_unlock {
-            unlocked = release();
+            unlocked = release().await?;
         }
         if let Some(first) = coordinators.first_mut() {
             first.unlocked = unlocked;
@@ -547,7 +571,7 @@ impl Shell {
             }
             let action = cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Recovered);
             if action == Action::Broadcast {
-                self.broadcast(cn, c.now())?;
+                self.broadcast(cn)?;
             }
         } else {
             // The failed CN's lock table is not rebuilt: its shards start empty elsewhere.
@@ -574,16 +598,44 @@ impl Shell {
     }
 
     /// The restarted CN `cn`'s broadcast (§6) "all transactions of my old incarnation have
-    /// finished": survivors ask it for locks again (it leaves the failed list, their tables
-    /// unfence it) and its MN connections are back. Modelled as the write of the state the
-    /// simulated CNs share (as the shard map), not as messages. Then its coordinators of
-    /// the new incarnation start, if a runner was given.
-    fn broadcast(&self, cn: u16, now: u64) -> Result<(), String> {
+    /// finished", sent by the CN itself (a task on its thread 0): a [`RequestKind::Rejoin`]
+    /// message to every live CN, which unfences it and replies (`membership`). Once every
+    /// reply is in, survivors ask it for locks again (it leaves the failed list, the state
+    /// the simulated CNs share, as the shard map), its MN connections are back and its
+    /// coordinators of the new incarnation start, if a runner was given.
+    fn broadcast(self: &Rc<Self>, cn: u16) -> Result<(), String> {
+        let node = self.sim.cn(cn);
+        let ctx = self
+            .sim
+            .context(node, 0)
+            .map_err(|e| format!("CN {cn}'s broadcast: {e}"))?;
+        let shell = Rc::clone(self);
+        let task_ctx = ctx.clone();
+        self.sim.spawn(&task_ctx, async move {
+            if let Err(e) = shell.rejoin(&ctx, cn).await {
+                shell.error.borrow_mut().get_or_insert(e);
+            }
+        });
+        Ok(())
+    }
+
+    /// The broadcast's task ([`Shell::broadcast`]).
+    async fn rejoin(&self, ctx: &SimContext, cn: u16) -> Result<(), String> {
         let (sim, cluster) = (&self.sim, &self.cluster);
+        let to: Vec<u16> = (0..sim.cn_count())
+            .filter(|&x| x != cn && !sim.is_crashed(sim.cn(x)))
+            .collect();
+        notify(
+            ctx,
+            cluster,
+            RequestKind::Rejoin,
+            cn,
+            &to,
+            self.config.rpc_timeout,
+        )
+        .await
+        .map_err(|e| format!("CN {cn}'s broadcast: {e}"))?;
         cluster.failed.borrow_mut().retain(|&x| x != cn);
-        for t in &cluster.cns {
-            t.table.unfence(cn);
-        }
         let node = sim.cn(cn);
         for mn in 0..sim.mn_count() {
             sim.restore(sim.mn(mn), node);
@@ -595,7 +647,7 @@ impl Shell {
             .rev()
             .find(|r| r.cn == cn)
         {
-            r.serving_at = Some(now);
+            r.serving_at = Some(ctx.now());
             r.grants_at_serving = cluster.cns[usize::from(cn)].served.get().1;
         }
         self.start_coordinators(cn)
@@ -656,7 +708,7 @@ impl Shell {
     /// table is emptied (the old one is lost with the CN; nothing is rebuilt), new lock
     /// servers start on its threads and refuse until the broadcast, which happens here if
     /// its recovery is already over.
-    async fn restart_cn(&self, c: SimContext, cn: u16, delay: u64) -> Result<(), String> {
+    async fn restart_cn(self: &Rc<Self>, c: SimContext, cn: u16, delay: u64) -> Result<(), String> {
         let (sim, cluster) = (&self.sim, &self.cluster);
         if delay > 0 {
             c.sleep(delay).await;
@@ -671,6 +723,15 @@ impl Shell {
         }
         let locks = Rc::clone(&cluster.cns[usize::from(cn)]);
         let stale = locks.reset(sim.cn_count());
+        // The fresh table fences the CNs failed now (the membership service tells the
+        // restarted CN); their rejoin broadcasts will unfence them.
+        for x in (0..sim.cn_count()).filter(|&x| x != cn) {
+            if cluster.is_failed(x) {
+                locks.table.fence(x);
+            } else {
+                locks.table.unfence(x);
+            }
+        }
         let mut row = Vec::new();
         for t in 0..sim.threads_per_cn() {
             let ctx = sim
@@ -696,7 +757,7 @@ impl Shell {
         }
         let action = cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Restarted);
         if action == Action::Broadcast {
-            self.broadcast(cn, c.now())?;
+            self.broadcast(cn)?;
         }
         Ok(())
     }
