@@ -370,6 +370,9 @@ struct Report {
     /// they committed (counted in `series` and `committed` too).
     restarted_coordinators: u64,
     restarted_committed: u64,
+    /// LOTUS: live CNs' tables still fencing a CN that is not failed, after the run (0
+    /// unless a rejoin broadcast was lost for good).
+    stale_fences: u64,
     /// --crash-again-at-ms: CNs recovered from their second crash, and the latency of that
     /// recovery (its first detection → its last CN recovered); the other recovery figures
     /// are the first crash's.
@@ -772,6 +775,7 @@ fn build_report(
             .counter("lotus_restarted_coordinators")
             .unwrap_or(0),
         restarted_committed: 0,
+        stale_fences: deployment.counter("lotus_stale_fences").unwrap_or(0),
         second_crash_recovered: second.len(),
         second_recovered_txns: second
             .iter()

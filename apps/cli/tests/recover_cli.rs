@@ -135,6 +135,7 @@ fn lotus_restarted_cn_serves_its_shards_again_after_its_broadcast() {
     );
     // It runs its coordinators again (2 threads × 2 coroutines), whose commits count.
     assert_eq!(r["restarted_coordinators"], 4, "{r}");
+    assert_eq!(r["stale_fences"], 0, "{r}");
     assert!(
         r["restarted_committed"].as_u64().unwrap() > 0,
         "the restarted CN's coordinators commit: {r}"
@@ -176,9 +177,27 @@ fn lotus_restarted_cn_that_crashes_again_is_recovered_again() {
     );
     assert_eq!(r["restarted_cns"], 2, "restarted twice: {r}");
     assert_eq!(r["restarted_coordinators"], 32, "{r}");
+    assert_eq!(r["stale_fences"], 0, "{r}");
     assert!(r["restarted_committed"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(r["early_broadcasts"], 0, "{r}");
     assert_eq!(r["restart_grants_before_recovered"], 0, "{r}");
+}
+
+#[test]
+fn lotus_two_restarted_cns_serve_each_other() {
+    // Two of four CNs crash together and restart at once: each one's rejoin broadcast must
+    // reach the other (or the other's fresh table must not fence it), or its coordinators
+    // are refused there for good.
+    let r = recover_with(
+        "lotus",
+        "smallbank",
+        &["--crash-cns", "2", "--cns", "4", "--restart-after-us", "0"],
+    );
+    assert_eq!(r["checker"], "ok", "{r}");
+    assert_eq!(r["invariants"], "ok", "{r}");
+    assert_eq!(r["restarted_cns"], 2, "{r}");
+    assert_eq!(r["restarted_coordinators"], 8, "{r}");
+    assert_eq!(r["stale_fences"], 0, "{r}");
 }
 
 #[test]

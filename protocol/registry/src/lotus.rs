@@ -723,14 +723,12 @@ impl Shell {
         }
         let locks = Rc::clone(&cluster.cns[usize::from(cn)]);
         let stale = locks.reset(sim.cn_count());
-        // The fresh table fences the CNs failed now (the membership service tells the
-        // restarted CN); their rejoin broadcasts will unfence them.
-        for x in (0..sim.cn_count()).filter(|&x| x != cn) {
-            if cluster.is_failed(x) {
-                locks.table.fence(x);
-            } else {
-                locks.table.unfence(x);
-            }
+        // The fresh table fences nobody: only live incarnations can reach its new servers
+        // (messages to the old ones are gone), and a CN that fails from now on is fenced by
+        // its failure notice. (Fences the old table had set are dropped with it: a CN whose
+        // rejoin broadcast missed this one while it was down must not stay fenced here.)
+        for x in 0..sim.cn_count() {
+            locks.table.unfence(x);
         }
         let mut row = Vec::new();
         for t in 0..sim.threads_per_cn() {
@@ -958,6 +956,24 @@ impl Deployment for LotusDeployment {
                     })
                     .sum(),
             ),
+            // Live CNs' tables fencing a CN that is not failed (should be 0 once quiescent:
+            // such a CN's transactions would be refused there for good).
+            "lotus_stale_fences" => {
+                let cns = self.cluster.cns.len() as u16;
+                Some(
+                    (0..cns)
+                        .filter(|&i| !self.cluster.is_failed(i))
+                        .map(|i| {
+                            (0..cns)
+                                .filter(|&x| {
+                                    self.cluster.cns[usize::from(i)].table.is_fenced(x)
+                                        && !self.cluster.is_failed(x)
+                                })
+                                .count() as u64
+                        })
+                        .sum(),
+                )
+            }
             // Coordinators restarted CNs ran again (a runner was given).
             "lotus_restarted_coordinators" => Some(
                 self.restarts
