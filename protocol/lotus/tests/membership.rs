@@ -102,8 +102,7 @@ fn fail_and_rejoin(loss: f64, per_cn: u64) -> (u64, u64, u64, u64) {
         *o.borrow_mut() = Some((release_ns + rejoin_ns, sent + sent2, released, rejoin_ns));
     });
     sim.run_until(10_000_000);
-    let r = out.borrow_mut().take().expect("both notices were answered");
-    r
+    out.borrow_mut().take().expect("both notices were answered")
 }
 
 #[test]
