@@ -19,9 +19,12 @@
 //!   the KVS, §6.1); the pause flag reaches them at once (a control-plane broadcast the
 //!   simulation does not charge for), and transactions already running finish first.
 //! * LOTUS (§6): the failed CN's transactions decided from its commit logs, its locks
-//!   released on the survivors; with `--restart-after-us US` the crashed CNs come back US µs
-//!   after detection and serve their shards' locks again after their broadcast (the
-//!   report's `restart` line: when they serve again, locks they granted).
+//!   released on the survivors (a failure notice to each); with `--restart-after-us US` the
+//!   crashed CNs come back US µs after detection, serve their shards' locks again after
+//!   their broadcast and run their coordinators again (the report's `restart` lines: when
+//!   they serve again, locks they granted, what their new coordinators committed); with
+//!   `--crash-again-at-ms MS` the restarted CNs crash a second time and are recovered and
+//!   restarted again (the `second crash` line).
 //!
 //! Recovery latency is measured in virtual time from the first detection to the end of the
 //! last CN's recovery, when every stray transaction is decided (and, for FORD, every stray
