@@ -324,6 +324,8 @@ struct RestartRecord {
     grants_at_restart: u64,
     grants_at_recovered: Option<u64>,
     grants_at_serving: u64,
+    /// Its grants when it failed again (the end of this incarnation's serving).
+    grants_at_next_failure: Option<u64>,
     /// Coordinators its new incarnation started (0: it serves locks only).
     coordinators: usize,
 }
@@ -445,6 +447,16 @@ impl Shell {
                         map.finish_move(s, cn);
                     }
                 }
+            }
+            let grants = cluster.cns[usize::from(cn)].served.get().1;
+            if let Some(last) = self
+                .restarts
+                .borrow_mut()
+                .iter_mut()
+                .rev()
+                .find(|r| r.cn == cn)
+            {
+                last.grants_at_next_failure.get_or_insert(grants);
             }
             self.restarts.borrow_mut().push(RestartRecord {
                 cn,
@@ -948,10 +960,8 @@ impl Deployment for LotusDeployment {
                     .iter()
                     .filter(|r| r.serving_at.is_some())
                     .map(|r| {
-                        self.cluster.cns[usize::from(r.cn)]
-                            .served
-                            .get()
-                            .1
+                        r.grants_at_next_failure
+                            .unwrap_or_else(|| self.cluster.cns[usize::from(r.cn)].served.get().1)
                             .saturating_sub(r.grants_at_serving)
                     })
                     .sum(),
