@@ -19,9 +19,12 @@
 //!   the KVS, §6.1); the pause flag reaches them at once (a control-plane broadcast the
 //!   simulation does not charge for), and transactions already running finish first.
 //! * LOTUS (§6): the failed CN's transactions decided from its commit logs, its locks
-//!   released on the survivors; with `--restart-after-us US` the crashed CNs come back US µs
-//!   after detection and serve their shards' locks again after their broadcast (the
-//!   report's `restart` line: when they serve again, locks they granted).
+//!   released on the survivors (a failure notice to each); with `--restart-after-us US` the
+//!   crashed CNs come back US µs after detection, serve their shards' locks again after
+//!   their broadcast and run their coordinators again (the report's `restart` lines: when
+//!   they serve again, locks they granted, what their new coordinators committed); with
+//!   `--crash-again-at-ms MS` the restarted CNs crash a second time and are recovered and
+//!   restarted again (the `second crash` line).
 //!
 //! Recovery latency is measured in virtual time from the first detection to the end of the
 //! last CN's recovery, when every stray transaction is decided (and, for FORD, every stray
@@ -109,9 +112,15 @@ pub(crate) struct Args {
     /// LOTUS only (§6 CN restart): each crashed CN comes back this many µs after its failure
     /// was detected, with an empty lock table, and serves its shards again once it has
     /// broadcast that its old transactions are finished (without it, its shards move to
-    /// the survivors). The restarted CN runs no coordinators.
+    /// the survivors). From its broadcast on, the restarted CN runs its coordinators again
+    /// (same ids and log regions, new transaction ids, fresh caches, fresh generators).
     #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=60_000_000))]
     restart_after_us: Option<u64>,
+    /// With --restart-after-us: the crashed CNs crash a second time at this ms of virtual
+    /// time (their restarted incarnation, which must be serving again by then), and are
+    /// recovered and restarted again.
+    #[arg(long, value_name = "MS", requires = "restart_after_us", value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    crash_again_at_ms: Option<u64>,
     /// Skip the history checker.
     #[arg(long)]
     no_check: bool,
@@ -167,6 +176,15 @@ impl Args {
             self.detect_timeout_us,
             self.duration_ms
         );
+        if let Some(again) = self.crash_again_at_ms {
+            ensure!(
+                again > self.crash_at_ms
+                    && again * 1_000 + self.detect_timeout_us < self.duration_ms * 1_000,
+                "--crash-again-at-ms {again} must fall after --crash-at-ms {} and, with the detection timeout, before --duration-ms {}",
+                self.crash_at_ms,
+                self.duration_ms
+            );
+        }
         let coordinators =
             u32::from(self.cns) * u32::from(self.threads) * u32::from(self.coroutines);
         ensure!(
@@ -175,8 +193,8 @@ impl Args {
         );
         registry.get(&self.protocol).context("in --protocol")?;
         ensure!(
-            !self.protocol.contains(':'),
-            "--protocol {}: dmem recover runs registered protocols without parameters ({})",
+            !self.protocol.contains(':') || self.protocol.starts_with("lotus:"),
+            "--protocol {}: dmem recover runs registered protocols without parameters, and LOTUS with its switches ({})",
             self.protocol,
             registry
                 .names()
@@ -216,6 +234,7 @@ impl Args {
         match self.protocol.as_str() {
             "lotus" => Ok(format!("lotus:restart={us}")),
             "lotus-si" => Ok(format!("lotus:si+restart={us}")),
+            p if p.starts_with("lotus:") => Ok(format!("{p}+restart={us}")),
             other => anyhow::bail!(
                 "--restart-after-us: only LOTUS restarts crashed CNs (lotus, lotus-si), not {other}"
             ),
@@ -350,6 +369,20 @@ struct Report {
     early_broadcasts: u64,
     restart_grants_before_recovered: u64,
     restart_grants_after: u64,
+    /// Coordinators restarted CNs ran again (summed over restarts), and the transactions
+    /// they committed (counted in `series` and `committed` too).
+    restarted_coordinators: u64,
+    restarted_committed: u64,
+    /// LOTUS: live CNs' tables still fencing a CN that is not failed, after the run (0
+    /// unless a rejoin broadcast was lost for good).
+    stale_fences: u64,
+    /// --crash-again-at-ms: CNs recovered from their second crash, and the latency of that
+    /// recovery (its first detection → its last CN recovered); the other recovery figures
+    /// are the first crash's.
+    second_crash_recovered: usize,
+    second_recovery_latency_us: Option<f64>,
+    /// In-flight transactions the second recovery decided (the restarted incarnation's).
+    second_recovered_txns: usize,
     /// Committed transactions per 1 ms of virtual time, from 0 to --duration-ms.
     series: Vec<u64>,
     /// Mean committed per ms before the crash and after recovery finished (0 if none).
@@ -433,22 +466,40 @@ fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
     let paused = deployment.paused();
     let workload = Rc::new(workload);
 
-    let mut pendings: Vec<(u16, Pending)> = Vec::new();
-    let mut id: u16 = 0;
-    for cn in 0..args.cns {
-        for thread in 0..args.threads {
-            for _ in 0..args.coroutines {
-                let ctx = sim.context(sim.cn(cn), thread)?;
-                let mut co = deployment.coordinator(ctx.clone().into(), id)?;
-                let mut generator = workload.generator(u32::from(id), args.seed ^ u64::from(id));
+    let pendings: Rc<RefCell<Vec<(u16, Pending)>>> = Rc::new(RefCell::new(Vec::new()));
+    let restarted_committed = Rc::new(Cell::new(0u64));
+    // Runs one coordinator's client loop; `incarnation` > 0 for a coordinator of a
+    // restarted CN (LOTUS §6), whose generator gets a seed of its own.
+    let spawn_client = {
+        let (workload, series, delta, paused, history, pendings, restarted_committed, sim) = (
+            Rc::clone(&workload),
+            Rc::clone(&series),
+            Rc::clone(&delta),
+            Rc::clone(&paused),
+            Rc::clone(&history),
+            Rc::clone(&pendings),
+            Rc::clone(&restarted_committed),
+            Rc::clone(&sim),
+        );
+        let seed = args.seed;
+        Rc::new(
+            move |ctx: dmem_sim::SimContext,
+                  id: u16,
+                  mut co: dmem_txn::BoxCoordinator,
+                  incarnation: u64| {
+                let mut generator = workload.generator(
+                    u32::from(id),
+                    seed ^ u64::from(id) ^ incarnation.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                );
                 let pending: Pending = Rc::new(Cell::new(None));
-                pendings.push((id, Rc::clone(&pending)));
-                let (workload, series, delta, paused, history) = (
+                pendings.borrow_mut().push((id, Rc::clone(&pending)));
+                let (workload, series, delta, paused, history, restarted_committed) = (
                     Rc::clone(&workload),
                     Rc::clone(&series),
                     Rc::clone(&delta),
                     Rc::clone(&paused),
                     Rc::clone(&history),
+                    Rc::clone(&restarted_committed),
                 );
                 let task_ctx = ctx.clone();
                 sim.spawn(&task_ctx, async move {
@@ -470,6 +521,9 @@ fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
                                 if let Some(b) = series.borrow_mut().get_mut(ms) {
                                     *b += 1;
                                 }
+                                if incarnation > 0 {
+                                    restarted_committed.set(restarted_committed.get() + 1);
+                                }
                             }
                             Executed::Failed {
                                 error: TxnError::Verbs(_),
@@ -479,9 +533,42 @@ fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
                         }
                     }
                 });
+            },
+        )
+    };
+    let mut id: u16 = 0;
+    for cn in 0..args.cns {
+        for thread in 0..args.threads {
+            for _ in 0..args.coroutines {
+                let ctx = sim.context(sim.cn(cn), thread)?;
+                let co = deployment.coordinator(ctx.clone().into(), id)?;
+                spawn_client(ctx, id, co, 0);
                 id += 1;
             }
         }
+    }
+    // LOTUS §6: a restarted CN runs its coordinators again from its broadcast on.
+    if let Some(lotus) = deployment
+        .as_any()
+        .downcast_ref::<dmem_protocols::lotus::LotusDeployment>()
+    {
+        let restarts: Rc<RefCell<Vec<(u16, u64)>>> = Rc::default();
+        lotus.run_restarted_coordinators(Rc::new(move |ctx, id, co| {
+            // The incarnation of this coordinator: one more than its last one.
+            let mut r = restarts.borrow_mut();
+            let incarnation = match r.iter_mut().find(|(c, _)| *c == id) {
+                Some((_, n)) => {
+                    *n += 1;
+                    *n
+                }
+                None => {
+                    r.push((id, 1));
+                    1
+                }
+            };
+            drop(r);
+            spawn_client(ctx, id, co, incarnation);
+        }));
     }
     deployment.start_recovery(
         &sim,
@@ -494,8 +581,12 @@ fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
         },
     )?;
     let crashed: Vec<u16> = args.crashed_cns(crash).collect();
+    let crash_again = args.crash_again_at_ms.map(|ms| ms * 1_000_000);
     for &cn in &crashed {
         sim.crash_at(sim.cn(cn), crash_at);
+        if let Some(at) = crash_again {
+            sim.crash_at(sim.cn(cn), at);
+        }
     }
 
     let progress = common::progress(end / 1_000, &args.protocol, "µs virtual", args.json);
@@ -514,18 +605,24 @@ fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
         anyhow::bail!("recovery failed: {e}");
     }
     let events = deployment.recovery_events();
+    let crashes = crashed.len() * if crash_again.is_some() { 2 } else { 1 };
     ensure!(
-        events.len() == crashed.len(),
-        "the failure detector recovered {} of {} crashed CNs before the end of the run: raise --duration-ms",
+        events.len() == crashes,
+        "the failure detector recovered {} of {} CN crashes before the end of the run: raise --duration-ms{}",
         events.len(),
-        crashed.len()
+        crashes,
+        if crash_again.is_some() {
+            " (or the CNs were not serving again by --crash-again-at-ms)"
+        } else {
+            ""
+        }
     );
 
     // Crashed in-flight transactions count toward the conserved quantity iff rolled forward.
     let mut committed_delta = delta.get();
     {
         let history = history.borrow();
-        for (c, pending) in &pendings {
+        for (c, pending) in pendings.borrow().iter() {
             let Some((mark, d)) = pending.get() else {
                 continue;
             };
@@ -545,16 +642,19 @@ fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
         }
     }
     let steals = deployment.counter("steals").unwrap_or(0);
-    Ok(build_report(
+    let mut report = build_report(
         args,
         per_cn,
         crashed.len(),
         crash_at,
+        crash_again,
         &events,
         &series.borrow(),
         steals,
         (&history.borrow(), &*deployment, &workload, committed_delta),
-    ))
+    );
+    report.restarted_committed = restarted_committed.get();
+    Ok(report)
 }
 
 type Final<'a> = (&'a History, &'a dyn Deployment, &'a AnyWorkload, i64);
@@ -565,12 +665,25 @@ fn build_report(
     per_cn: u32,
     crashed: usize,
     crash_at: Nanos,
-    events: &[RecoveryEvent],
+    crash_again: Option<Nanos>,
+    all_events: &[RecoveryEvent],
     series: &[u64],
     steals: u64,
     (history, deployment, workload, committed_delta): Final<'_>,
 ) -> Report {
     let us = |ns: Nanos| ns as f64 / 1e3;
+    // With a second crash, the figures below are the first crash's recovery.
+    let (events, second): (Vec<RecoveryEvent>, Vec<RecoveryEvent>) = all_events
+        .iter()
+        .cloned()
+        .partition(|e| crash_again.is_none_or(|at| e.detected_at < at));
+    let events = &events[..];
+    let second_recovery_latency_us = second
+        .iter()
+        .map(|e| e.finished_at)
+        .max()
+        .zip(second.iter().map(|e| e.detected_at).min())
+        .map(|(end, start)| us(end - start));
     let first_detect = events
         .iter()
         .map(|e| e.detected_at)
@@ -661,6 +774,18 @@ fn build_report(
         restart_grants_after: deployment
             .counter("lotus_restart_grants_after")
             .unwrap_or(0),
+        restarted_coordinators: deployment
+            .counter("lotus_restarted_coordinators")
+            .unwrap_or(0),
+        restarted_committed: 0,
+        stale_fences: deployment.counter("lotus_stale_fences").unwrap_or(0),
+        second_crash_recovered: second.len(),
+        second_recovered_txns: second
+            .iter()
+            .flat_map(|e| &e.coordinators)
+            .filter(|r| r.decision.is_some())
+            .count(),
+        second_recovery_latency_us,
         series: series.to_vec(),
         before_per_ms: before.map_or(0.0, mean),
         after_per_ms: after.map_or(0.0, mean),
@@ -726,12 +851,22 @@ fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
     );
     if let Some(serving) = r.serving_again_us {
         println!(
-            "restart            {} CNs back; serving again {:.1} µs after the crash; {} locks granted by them since ({} before their recovery ended, {} early broadcasts)",
+            "restart            {} restarts; serving again {:.1} µs after the crash; {} locks granted by them since ({} before their recovery ended, {} early broadcasts)",
             r.restarted_cns,
             serving,
             r.restart_grants_after,
             r.restart_grants_before_recovered,
             r.early_broadcasts
+        );
+        println!(
+            "restarted coords   {} coordinators ran again on them, {} transactions committed",
+            r.restarted_coordinators, r.restarted_committed
+        );
+    }
+    if let Some(latency) = r.second_recovery_latency_us {
+        println!(
+            "second crash       {} CNs recovered again, recovery latency {latency:.1} µs, {} in-flight transactions decided",
+            r.second_crash_recovered, r.second_recovered_txns
         );
     }
     println!(

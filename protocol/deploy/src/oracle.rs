@@ -69,7 +69,8 @@ pub struct OracleState {
 /// Spawns the oracle failure detector on CN `recovery_cn` (thread 0): every `timing.poll` of
 /// virtual time until `timing.until` it asks `cns()` for the CNs to watch, and for each one
 /// that crashed since, spawns `on_crash(ctx, cn)` as a task of its own on the recovery CN,
-/// so that concurrent failures are recovered in parallel. Each CN is reported once.
+/// so that concurrent failures are recovered in parallel. Each crash of a CN is reported
+/// once (a CN crashes again only after a restart, which only LOTUS does).
 ///
 /// # Errors
 /// [`DeployError::Sim`] if the recovery CN has no context.
@@ -89,16 +90,19 @@ where
     let sim2 = Rc::clone(sim);
     let c = ctx.clone();
     sim.spawn(&ctx, async move {
-        let mut done: Vec<NodeId> = Vec::new();
+        // Per CN reported, the crashes reported: a CN that restarted (LOTUS §6) and crashed
+        // again is reported again.
+        let mut done: Vec<(NodeId, u32)> = Vec::new();
         while c.now() < timing.until {
             let mut watched = cns();
             watched.sort_unstable();
             watched.dedup();
             for cn in watched {
-                if done.contains(&cn) || !sim2.is_crashed(cn) {
+                let crashes = sim2.crashes(cn);
+                if !sim2.is_crashed(cn) || done.contains(&(cn, crashes)) {
                     continue;
                 }
-                done.push(cn);
+                done.push((cn, crashes));
                 sim2.spawn(&c, on_crash(c.clone(), cn));
             }
             c.sleep(timing.poll).await;

@@ -232,13 +232,23 @@ fn lotus_with_cn_restart_passes_every_litmus_with_crashes() {
 }
 
 /// The planted restart bug (the restarted CN serves before its recovery is over) is found,
-/// and the failing seed passes with the bug off.
+/// and the failing seed passes with the bug off. Since the rejoin broadcast is a message
+/// round trip, the early broadcast's window (the rest of the recovery, minus that round
+/// trip and the survivor's lock request) is narrow on the suite's small cluster: 3 of
+/// 15,000 runs (`dmem litmus --protocol lotus:restart-early --seeds 3000`), the first at
+/// litmus 1 seed 283; this replays seeds 280–289 of litmus 1.
 #[test]
 fn lotus_restart_early_is_found() {
     let cfg = RunConfig::new(1.0);
-    let found = first_violation(&*protocol("lotus:restart-early"), &Litmus::ALL, 0, 50, &cfg)
-        .unwrap()
-        .expect("restart-early: no violation in 50 seeds");
+    let found = first_violation(
+        &*protocol("lotus:restart-early"),
+        &[Litmus::DirectWrite],
+        280,
+        10,
+        &cfg,
+    )
+    .unwrap()
+    .expect("restart-early: no violation in litmus 1 seeds 280-289");
     let again = run_one(
         &*protocol("lotus:restart=0"),
         found.litmus,

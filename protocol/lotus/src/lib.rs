@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod locking;
+pub mod membership;
 pub mod recovery;
 pub mod reshard;
 pub mod restart;

@@ -147,6 +147,8 @@ pub struct LockCluster {
     /// Per CN, its failure and restart (§6): a CN serves lock requests only in
     /// [`Phase::Serving`](crate::restart::Phase::Serving).
     pub restarts: RefCell<Vec<Restart>>,
+    /// Per failed CN, locks of it the survivors released on recovery's notice (§6).
+    pub released: RefCell<Vec<u64>>,
 }
 
 impl LockCluster {
@@ -171,6 +173,7 @@ impl LockCluster {
             committing_txns: RefCell::new(HashSet::new()),
             handovers: RefCell::new(Vec::new()),
             restarts: RefCell::new(vec![Restart::new(false); n]),
+            released: RefCell::new(vec![0; n]),
         }
     }
 
@@ -214,8 +217,9 @@ pub fn apply(locks: &CnLocks, map: &ShardMap, req: &Request) -> (Status, u64) {
             }
             (Status::Granted, req.entries.len() as u64)
         }
-        // Hand-overs change the map: `serve` applies them (`reshard::receive`).
-        RequestKind::Handover => (Status::Refused, 0),
+        // Hand-overs change the map, recovery's notices the cluster's state: `serve`
+        // applies them (`reshard::receive`, `membership`).
+        RequestKind::Handover | RequestKind::Release | RequestKind::Rejoin => (Status::Refused, 0),
         RequestKind::Lock => {
             if req.entries.iter().any(|e| !map.serves(locks.cn, e.shard)) {
                 return (Status::NotOwner, 0);
@@ -257,6 +261,28 @@ pub async fn serve<V: Verbs + Clock>(ctx: V, cluster: Rc<LockCluster>, locks: Rc
         let Ok(req) = Request::parse(&msg.payload) else {
             continue;
         };
+        if matches!(req.kind, RequestKind::Release | RequestKind::Rejoin) {
+            // §6 control messages (`membership`): one lock-table operation per lock
+            // released, at least one for the fence.
+            let ops = if req.kind == RequestKind::Release {
+                locks.table.fence(req.cn);
+                let n = locks.table.release_cn(req.cn);
+                if let Some(r) = cluster.released.borrow_mut().get_mut(usize::from(req.cn)) {
+                    *r += n as u64;
+                }
+                n as u64
+            } else {
+                locks.table.unfence(req.cn);
+                0
+            };
+            ctx.cpu(ops.max(1) * cluster.lock_cpu_ns);
+            let reply = Reply {
+                req: req.req,
+                status: Status::Granted,
+            };
+            let _ = ctx.send(msg.from, &reply.encode()).await;
+            continue;
+        }
         if req.kind == RequestKind::Handover {
             crate::reshard::receive(&cluster, &locks, &req, ctx.now());
             let reply = Reply {

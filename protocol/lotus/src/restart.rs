@@ -161,6 +161,25 @@ mod tests {
     }
 
     #[test]
+    fn incarnations_number_their_transactions_apart() {
+        use crate::txn::incarnation_seq_base;
+        use dmem_motor::mvcc::{pack_writer, unpack_writer};
+        use dmem_txn::{CoordinatorId, TxnId};
+        // The first transaction of each incarnation is above every transaction of the
+        // earlier ones, and survives the writer packing (40 bits of sequence number).
+        for i in 0..255u32 {
+            let last_of_this = incarnation_seq_base(i) + u64::from(u32::MAX);
+            let first_of_next = incarnation_seq_base(i + 1) + 1;
+            assert!(first_of_next > last_of_this, "incarnation {i}");
+            let id = TxnId {
+                coordinator: CoordinatorId(7),
+                seq: first_of_next,
+            };
+            assert_eq!(unpack_writer(pack_writer(id)), Some(id));
+        }
+    }
+
+    #[test]
     fn planted_bug_serves_before_recovery_ends() {
         let mut r = Restart::new(true);
         r.step(Event::Failed);

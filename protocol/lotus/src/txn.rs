@@ -131,6 +131,16 @@ pub struct LotusStats {
     pub rdma_faas: u64,
 }
 
+/// The first transaction sequence number of incarnation `incarnation` of a CN's
+/// coordinators, less one ([`LotusCoordinator::in_incarnation`]): `incarnation` × 2³². The
+/// packed writer id keeps 40 bits of sequence number, so 255 incarnations of 2³² − 1
+/// transactions each fit; later incarnations saturate at the last one.
+#[must_use]
+pub const fn incarnation_seq_base(incarnation: u32) -> u64 {
+    let i = if incarnation > 255 { 255 } else { incarnation };
+    (i as u64) << 32
+}
+
 /// A LOTUS coordinator on one CN context.
 #[derive(Debug)]
 pub struct LotusCoordinator<V, H, T> {
@@ -182,6 +192,18 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusCoordinator<V, 
             ts,
             stats: LotusStats::default(),
         }
+    }
+
+    /// The same coordinator (same id, same log region) in incarnation `incarnation` of its
+    /// CN (LOTUS §6: a restarted CN runs coordinators again): its transaction sequence
+    /// numbers start at `incarnation` × 2³², so that no transaction id of this incarnation
+    /// equals one of an earlier incarnation's (their images' writers, lock states and
+    /// history entries stay distinct), and its commit logs are newer than theirs (recovery
+    /// takes the log with the highest sequence number). Incarnation 0 is the first.
+    #[must_use]
+    pub fn in_incarnation(mut self, incarnation: u32) -> Self {
+        self.seq = incarnation_seq_base(incarnation);
+        self
     }
 
     /// The counters.

@@ -3,7 +3,8 @@
 //! (a message comes from the network).
 //!
 //! ```text
-//! request  kind u8 (1 lock, 2 unlock, 4 shard hand-over) | mode-free pad u8 | cn u16 | pad u32 | req u64 | txn u64
+//! request  kind u8 (1 lock, 2 unlock, 4 shard hand-over, 5 release a failed CN's locks,
+//!          6 a restarted CN rejoins) | mode-free pad u8 | cn u16 | pad u32 | req u64 | txn u64
 //!          | n u16 | n × (lock key u64, shard u16, mode u8 (0 shared, 1 exclusive))
 //! reply    kind u8 (3) | status u8 | pad 6 | req u64
 //! ```
@@ -38,6 +39,11 @@ pub enum RequestKind {
     /// Resharding (§4.3): the sender hands the receiver the shards of the entries (their
     /// keys and modes unused); the receiver serves them from now on and replies.
     Handover,
+    /// Recovery (§6): CN `cn` failed; fence it and release its locks, then reply.
+    Release,
+    /// Restart (§6): CN `cn` restarted and its old transactions are finished; unfence it,
+    /// then reply.
+    Rejoin,
 }
 
 /// A lock request.
@@ -117,6 +123,8 @@ impl Request {
             RequestKind::Lock => 1,
             RequestKind::Unlock => 2,
             RequestKind::Handover => 4,
+            RequestKind::Release => 5,
+            RequestKind::Rejoin => 6,
         });
         b.push(0);
         b.extend_from_slice(&self.cn.to_le_bytes());
@@ -144,6 +152,8 @@ impl Request {
             1 => RequestKind::Lock,
             2 => RequestKind::Unlock,
             4 => RequestKind::Handover,
+            5 => RequestKind::Release,
+            6 => RequestKind::Rejoin,
             _ => return Err(WireError::Field("kind")),
         };
         let n = usize::from(u16_at(b, 24));
@@ -226,9 +236,11 @@ mod tests {
         kind: u8,
     ) -> bool {
         let r = Request {
-            kind: match kind % 3 {
+            kind: match kind % 5 {
                 0 => RequestKind::Lock,
                 1 => RequestKind::Unlock,
+                2 => RequestKind::Release,
+                3 => RequestKind::Rejoin,
                 _ => RequestKind::Handover,
             },
             cn,

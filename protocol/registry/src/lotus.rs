@@ -11,9 +11,11 @@ use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
     RecoveredCoordinator, RecoveryEvent, RecoveryTiming, Router, SimLinkTerminator,
 };
+use dmem_lotus::membership::notify;
 use dmem_lotus::recovery::{Decided, recover_coordinators};
 use dmem_lotus::reshard::{CnMetric, monitor};
-use dmem_lotus::restart::{Action, Event, Restart};
+use dmem_lotus::restart::{Action, Event, Phase, Restart};
+use dmem_lotus::wire::RequestKind;
 use dmem_lotus::{
     CnLocks, LockCluster, LotusConfig, LotusCoordinator, ReshardConfig, ShardMap, Sharding, serve,
 };
@@ -53,6 +55,10 @@ pub struct LotusProtocol {
     /// Planted bug: the restarted CN serves as soon as it is up, before its old
     /// transactions are finished.
     pub restart_early: bool,
+    /// Planted bug: a restarted CN's coordinators number their transactions from 1 again,
+    /// as in its first incarnation (their ids, and their commit logs' writers, equal the
+    /// old incarnation's).
+    pub restart_same_ids: bool,
 }
 
 /// CNs the metrics region of resharding has room for.
@@ -73,6 +79,7 @@ impl LotusProtocol {
             reshard: ReshardConfig::default(),
             restart_after: None,
             restart_early: false,
+            restart_same_ids: false,
         }
     }
 
@@ -85,7 +92,9 @@ impl LotusProtocol {
     /// `reshard-no-drain` (a planted bug: hand over without draining or aborting holders);
     /// CN restart (§6): `restart=US` (a crashed CN restarts US µs after its failure is
     /// detected, 0 allowed), `restart-early` (a planted bug: the restarted CN serves before
-    /// its old transactions are finished; implies `restart=0` unless given).
+    /// its old transactions are finished; implies `restart=0` unless given),
+    /// `restart-same-ids` (a planted bug: the restarted CN's coordinators reuse the old
+    /// incarnation's transaction ids; implies `restart=0` unless given).
     ///
     /// # Errors
     /// The unknown flag.
@@ -100,6 +109,10 @@ impl LotusProtocol {
                 "no-vt-cache" => p.config.vt_cache = false,
                 "rdma-lock" => p.config.rdma_lock = true,
                 "reshard" => p.reshard.enabled = true,
+                "restart-same-ids" => {
+                    p.restart_same_ids = true;
+                    p.restart_after.get_or_insert(0);
+                }
                 "restart-early" => {
                     p.restart_early = true;
                     p.restart_after.get_or_insert(0);
@@ -134,7 +147,7 @@ impl LotusProtocol {
                         })?;
                     } else {
                         return Err(format!(
-                            "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, rdma-lock, early-unlock, reshard, reshard=US, drain=US, overload=PCT, reshard-no-drain, restart=US, restart-early)"
+                            "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, rdma-lock, early-unlock, reshard, reshard=US, drain=US, overload=PCT, reshard-no-drain, restart=US, restart-early, restart-same-ids)"
                         ));
                     }
                 }
@@ -259,6 +272,7 @@ impl Protocol for LotusProtocol {
             config: self.config,
             early_unlock: self.early_unlock,
             restart_after: self.restart_after,
+            restart_same_ids: self.restart_same_ids,
             down,
             restarts: Rc::new(RefCell::new(Vec::new())),
             base,
@@ -268,6 +282,7 @@ impl Protocol for LotusProtocol {
             paused: Rc::new(Cell::new(false)),
             events: Rc::new(RefCell::new(Vec::new())),
             error: Rc::new(RefCell::new(None)),
+            runner: Rc::new(RefCell::new(None)),
         }))
     }
 }
@@ -276,9 +291,9 @@ impl Protocol for LotusProtocol {
 struct LotusRouter {
     map: Rc<RefCell<ShardMap>>,
     sharding: Sharding,
-    /// CNs that crashed: none of their coordinators runs any more (a restarted CN serves
-    /// locks, but the harness does not start coordinators on it), so what would go there
-    /// runs where it was generated.
+    /// CNs that crashed and run no coordinators (until a restarted CN's coordinators start
+    /// again, if its runner starts them), so what would go there runs where it was
+    /// generated.
     down: Rc<RefCell<Vec<u16>>>,
 }
 
@@ -309,24 +324,32 @@ struct RestartRecord {
     grants_at_restart: u64,
     grants_at_recovered: Option<u64>,
     grants_at_serving: u64,
+    /// Its grants when it failed again (the end of this incarnation's serving).
+    grants_at_next_failure: Option<u64>,
+    /// Coordinators its new incarnation started (0: it serves locks only).
+    coordinators: usize,
 }
 
-/// LOTUS on one simulated cluster.
-struct LotusDeployment {
+/// LOTUS on one simulated cluster (what [`LotusProtocol`] deploys; public for
+/// [`LotusDeployment::run_restarted_coordinators`]).
+pub struct LotusDeployment {
     config: LotusConfig,
     early_unlock: bool,
     restart_after: Option<u64>,
+    restart_same_ids: bool,
     /// CNs that crashed (the router sends nothing there).
     down: Rc<RefCell<Vec<u16>>>,
     restarts: Rc<RefCell<Vec<RestartRecord>>>,
     base: MvccDeploy,
     cluster: Rc<LockCluster>,
     router: Option<Rc<dyn Router>>,
-    /// Coordinator ids and the CN (index) each runs on.
-    placed: Vec<(u16, u16)>,
+    /// Coordinator ids, the CN (index) and the thread each runs on.
+    placed: Vec<(u16, u16, u16)>,
     paused: Rc<Cell<bool>>,
     events: Rc<RefCell<Vec<RecoveryEvent>>>,
     error: Rc<RefCell<Option<String>>>,
+    /// Runs restarted CNs' coordinators ([`RestartedCoordinators`]).
+    runner: Rc<RefCell<Option<RestartedCoordinators>>>,
 }
 
 /// Writes recovery's decision into the history (the coordinator's transaction recorded
@@ -353,24 +376,119 @@ fn settle(history: &RefCell<History>, coordinator: u16, decided: Decided, now: u
     changed
 }
 
-impl LotusDeployment {
+/// Runs the coordinators of a restarted CN (LOTUS §6): called once per coordinator when
+/// its CN serves again after its broadcast, with a context on the coordinator's thread,
+/// its id (the same id, and so the same commit-log region, as in the CN's earlier
+/// incarnations) and the coordinator of the new incarnation (fresh caches, transaction
+/// ids that cannot equal an earlier incarnation's). Set with
+/// [`LotusDeployment::run_restarted_coordinators`]; without it a restarted CN serves
+/// locks only.
+pub type RestartedCoordinators = Rc<dyn Fn(SimContext, u16, BoxCoordinator)>;
+
+/// The failure detector's and restart's state shared by their simulated tasks (§6).
+struct Shell {
+    sim: Rc<Sim>,
+    cluster: Rc<LockCluster>,
+    store: Rc<dmem_store::Store>,
+    shapes: Rc<dmem_motor::mvcc::Shapes>,
+    recorder: Recorder,
+    config: LotusConfig,
+    early_unlock: bool,
+    restart_after: Option<u64>,
+    restart_same_ids: bool,
+    poll: u64,
+    /// Coordinator ids, the CN (index) and the thread each runs on.
+    placed: Vec<(u16, u16, u16)>,
+    down: Rc<RefCell<Vec<u16>>>,
+    restarts: Rc<RefCell<Vec<RestartRecord>>>,
+    events: Rc<RefCell<Vec<RecoveryEvent>>>,
+    error: Rc<RefCell<Option<String>>>,
+    runner: Rc<RefCell<Option<RestartedCoordinators>>>,
+}
+
+impl Shell {
+    /// What the detector does for crashed `node` (§6): declare it failed, start its restart
+    /// (with `restart=US`), recover it. A CN that restarted and crashed again is reported
+    /// again and recovered again, its new incarnation's transactions like the old ones'.
+    async fn on_crash(self: Rc<Self>, rc: SimContext, node: dmem_verbs::NodeId) {
+        let sim = &self.sim;
+        let cluster = &self.cluster;
+        let Some(cn) = (0..sim.cn_count()).find(|&i| sim.cn(i) == node) else {
+            return;
+        };
+        // Reported once per crash; a CN whose failure is being handled (not serving) is
+        // not handled twice. A restarted CN that crashes again, even during its rejoin
+        // broadcast (it serves, survivors still count it failed), is.
+        if cluster.restarts.borrow()[usize::from(cn)].phase() != Phase::Serving {
+            return;
+        }
+        let ids: Vec<u16> = self
+            .placed
+            .iter()
+            .filter(|(_, x, _)| *x == cn)
+            .map(|(id, _, _)| *id)
+            .collect();
+        if !cluster.is_failed(cn) {
+            cluster.failed.borrow_mut().push(cn);
+        }
+        cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Failed);
+        if !self.down.borrow().contains(&cn) {
+            self.down.borrow_mut().push(cn);
+        }
+        if let Some(delay) = self.restart_after {
+            // Locks granted by its old table die with it: a survivor holding
+            // one aborts at commit even after the CN serves again.
+            {
+                let mut map = cluster.map.borrow_mut();
+                for s in map.shards_of(cn) {
+                    map.abort_holders(s);
+                    // A hand-over it had begun ends: the shard stays its own.
+                    if map.is_moving(s) {
+                        map.finish_move(s, cn);
+                    }
+                }
+            }
+            let grants = cluster.cns[usize::from(cn)].served.get().1;
+            if let Some(last) = self
+                .restarts
+                .borrow_mut()
+                .iter_mut()
+                .rev()
+                .find(|r| r.cn == cn)
+            {
+                last.grants_at_next_failure.get_or_insert(grants);
+            }
+            self.restarts.borrow_mut().push(RestartRecord {
+                cn,
+                detected_at: rc.now(),
+                ..RestartRecord::default()
+            });
+            let (shell, rc2) = (Rc::clone(&self), rc.clone());
+            sim.spawn(&rc, async move {
+                if let Err(e) = shell.restart_cn(rc2, cn, delay).await {
+                    shell.error.borrow_mut().get_or_insert(e);
+                }
+            });
+        }
+        match self.recover_cn(&rc, &ids, cn).await {
+            Ok(ev) => self.events.borrow_mut().push(ev),
+            Err(e) => {
+                self.error.borrow_mut().get_or_insert(e);
+            }
+        }
+    }
+
     /// LOTUS §6 for CN `cn` (index), failed: transactions decided from commit logs, then
     /// its locks released on every survivor, then its shards served again from empty
-    /// tables (by survivors: the simulator does not restart CNs).
-    #[allow(clippy::too_many_arguments)]
+    /// tables (by survivors, or by the CN itself once restarted).
     async fn recover_cn(
+        self: &Rc<Self>,
         c: &SimContext,
-        sim: &Rc<Sim>,
-        cluster: &LockCluster,
-        store: &dmem_store::Store,
-        shapes: &dmem_motor::mvcc::Shapes,
-        history: &RefCell<History>,
         ids: &[u16],
         cn: u16,
-        early_unlock: bool,
-        poll: u64,
-        restarts: Option<&RefCell<Vec<RestartRecord>>>,
     ) -> Result<RecoveryEvent, String> {
+        let (sim, cluster) = (&self.sim, &self.cluster);
+        let history = self.recorder.history();
         let node = sim.cn(cn);
         let detected_at = c.now();
         // Cut the CN off every MN: no late WRITE of it lands after its logs are read.
@@ -378,19 +496,40 @@ impl LotusDeployment {
             SimLinkTerminator(Rc::clone(sim)).terminate(sim.mn(mn), node);
         }
         let terminated_at = c.now();
-        let release = || {
-            let mut n = 0;
-            for (i, t) in cluster.cns.iter().enumerate() {
-                if i != usize::from(cn) {
-                    t.table.fence(cn);
-                    n += t.table.release_cn(cn);
-                }
-            }
-            n
+        // The membership service's notice to every live CN (`membership`): each fences the
+        // CN and releases its locks, then replies; a message like the lock RPCs.
+        let release = async || -> Result<usize, String> {
+            let to: Vec<u16> = (0..sim.cn_count())
+                .filter(|&x| x != cn && !sim.is_crashed(sim.cn(x)))
+                .collect();
+            let before = cluster.released.borrow()[usize::from(cn)];
+            let ctx = sim
+                .context(c.node(), c.thread())
+                .map_err(|e| format!("recovering CN {cn}: {e}"))?;
+            notify(
+                &ctx,
+                cluster,
+                RequestKind::Release,
+                cn,
+                &to,
+                self.config.rpc_timeout,
+            )
+            .await
+            .map_err(|e| format!("recovering CN {cn}: {e}"))?;
+            let after = cluster.released.borrow()[usize::from(cn)];
+            Ok(usize::try_from(after - before).unwrap_or(usize::MAX))
         };
-        let mut unlocked = if early_unlock { release() } else { 0 };
+        let mut unlocked = if self.early_unlock {
+            release().await?
+        } else {
+            0
+        };
         // Every coordinator of the CN at once: three round trips (`recover_coordinators`).
-        let decisions = recover_coordinators(c, store, shapes, ids)
+        // A restarted CN's coordinators keep their ids and log regions; their transactions'
+        // sequence numbers are above every earlier incarnation's, so the newest whole log
+        // is the latest incarnation's if it logged anything (an older, already decided log
+        // decides nothing again: its cells are visible, free, or another writer's).
+        let decisions = recover_coordinators(c, &self.store, &self.shapes, ids)
             .await
             .map_err(|e| format!("recovering CN {cn}'s coordinators: {e}"))?;
         let mut coordinators = Vec::new();
@@ -416,8 +555,8 @@ impl LotusDeployment {
             });
         }
         let logs_recovered_at = c.now();
-        if !early_unlock {
-            unlocked = release();
+        if !self.early_unlock {
+            unlocked = release().await?;
         }
         if let Some(first) = coordinators.first_mut() {
             first.unlocked = unlocked;
@@ -425,12 +564,18 @@ impl LotusDeployment {
         // Survivors' transactions already committing with locks of the failed CN finish
         // first; the others abort when they reach commit.
         while cluster.committing.borrow()[usize::from(cn)] > 0 {
-            c.sleep(poll).await;
+            c.sleep(self.poll).await;
         }
-        if let Some(restarts) = restarts {
+        if self.restart_after.is_some() {
             // §6: its shards wait for its restarted incarnation, which broadcasts once this
             // recovery is over and it is up again, whichever comes last.
-            if let Some(r) = restarts.borrow_mut().iter_mut().rev().find(|r| r.cn == cn) {
+            if let Some(r) = self
+                .restarts
+                .borrow_mut()
+                .iter_mut()
+                .rev()
+                .find(|r| r.cn == cn)
+            {
                 r.recovered_at = Some(c.now());
                 r.grants_at_recovered = r
                     .restarted_at
@@ -438,7 +583,7 @@ impl LotusDeployment {
             }
             let action = cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Recovered);
             if action == Action::Broadcast {
-                Self::broadcast(sim, cluster, restarts, cn, c.now());
+                self.broadcast(cn)?;
             }
         } else {
             // The failed CN's lock table is not rebuilt: its shards start empty elsewhere.
@@ -463,47 +608,120 @@ impl LotusDeployment {
             scanned_locks: 0,
         })
     }
-}
 
-impl LotusDeployment {
     /// The restarted CN `cn`'s broadcast (§6) "all transactions of my old incarnation have
-    /// finished": survivors ask it for locks again (it leaves the failed list, their tables
-    /// unfence it) and its MN connections are back. Modelled as the write of the state the
-    /// simulated CNs share (as the shard map), not as messages.
-    fn broadcast(
-        sim: &Sim,
-        cluster: &LockCluster,
-        restarts: &RefCell<Vec<RestartRecord>>,
-        cn: u16,
-        now: u64,
-    ) {
+    /// finished", sent by the CN itself (a task on its thread 0): a [`RequestKind::Rejoin`]
+    /// message to every live CN, which unfences it and replies (`membership`). Once every
+    /// reply is in, survivors ask it for locks again (it leaves the failed list, the state
+    /// the simulated CNs share, as the shard map), its MN connections are back and its
+    /// coordinators of the new incarnation start, if a runner was given.
+    fn broadcast(self: &Rc<Self>, cn: u16) -> Result<(), String> {
+        let node = self.sim.cn(cn);
+        let ctx = self
+            .sim
+            .context(node, 0)
+            .map_err(|e| format!("CN {cn}'s broadcast: {e}"))?;
+        let shell = Rc::clone(self);
+        let task_ctx = ctx.clone();
+        self.sim.spawn(&task_ctx, async move {
+            if let Err(e) = shell.rejoin(&ctx, cn).await {
+                shell.error.borrow_mut().get_or_insert(e);
+            }
+        });
+        Ok(())
+    }
+
+    /// The broadcast's task ([`Shell::broadcast`]).
+    async fn rejoin(&self, ctx: &SimContext, cn: u16) -> Result<(), String> {
+        let (sim, cluster) = (&self.sim, &self.cluster);
+        let to: Vec<u16> = (0..sim.cn_count())
+            .filter(|&x| x != cn && !sim.is_crashed(sim.cn(x)))
+            .collect();
+        notify(
+            ctx,
+            cluster,
+            RequestKind::Rejoin,
+            cn,
+            &to,
+            self.config.rpc_timeout,
+        )
+        .await
+        .map_err(|e| format!("CN {cn}'s broadcast: {e}"))?;
         cluster.failed.borrow_mut().retain(|&x| x != cn);
-        for t in &cluster.cns {
-            t.table.unfence(cn);
-        }
         let node = sim.cn(cn);
         for mn in 0..sim.mn_count() {
             sim.restore(sim.mn(mn), node);
         }
-        if let Some(r) = restarts.borrow_mut().iter_mut().rev().find(|r| r.cn == cn) {
-            r.serving_at = Some(now);
+        if let Some(r) = self
+            .restarts
+            .borrow_mut()
+            .iter_mut()
+            .rev()
+            .find(|r| r.cn == cn)
+        {
+            r.serving_at = Some(ctx.now());
             r.grants_at_serving = cluster.cns[usize::from(cn)].served.get().1;
         }
+        self.start_coordinators(cn)
+    }
+
+    /// Starts restarted CN `cn`'s coordinators of its current incarnation through the
+    /// runner: the same ids and threads as before the crash, a fresh address cache (the
+    /// old one was in the CN's memory; the VT cache was emptied with its table) and a fresh
+    /// timestamp service.
+    fn start_coordinators(&self, cn: u16) -> Result<(), String> {
+        let Some(run) = self.runner.borrow().clone() else {
+            return Ok(());
+        };
+        let incarnation = self.cluster.restarts.borrow()[usize::from(cn)].incarnation();
+        let node = self.sim.cn(cn);
+        let cache = Rc::new(RefCell::new(dmem_store::AddressCache::new()));
+        for &(id, _, thread) in self.placed.iter().filter(|(_, x, _)| *x == cn) {
+            let ctx = self
+                .sim
+                .context(node, thread)
+                .map_err(|e| format!("a coordinator on restarted CN {cn}: {e}"))?;
+            let ts = SyncedClock::new(ctx.clone(), node, id, self.config.epsilon);
+            let co = LotusCoordinator::new(
+                ctx.clone(),
+                cn,
+                thread,
+                Rc::clone(&self.cluster),
+                Rc::clone(&self.store),
+                Rc::clone(&self.shapes),
+                self.config,
+                id,
+                Rc::clone(&cache),
+                self.recorder.clone(),
+                ts,
+            )
+            .in_incarnation(if self.restart_same_ids {
+                0
+            } else {
+                incarnation
+            });
+            run(ctx, id, Box::new(co));
+        }
+        // Its coordinators run again: the router may send it transactions.
+        self.down.borrow_mut().retain(|&x| x != cn);
+        if let Some(r) = self
+            .restarts
+            .borrow_mut()
+            .iter_mut()
+            .rev()
+            .find(|r| r.cn == cn)
+        {
+            r.coordinators = self.placed.iter().filter(|(_, x, _)| *x == cn).count();
+        }
+        Ok(())
     }
 
     /// Restarts failed CN `cn` `delay` ns from now (§6): the simulator brings it back, its
     /// table is emptied (the old one is lost with the CN; nothing is rebuilt), new lock
     /// servers start on its threads and refuse until the broadcast, which happens here if
     /// its recovery is already over.
-    async fn restart_cn(
-        c: SimContext,
-        sim: Rc<Sim>,
-        cluster: Rc<LockCluster>,
-        restarts: Rc<RefCell<Vec<RestartRecord>>>,
-        cn: u16,
-        delay: u64,
-        poll: u64,
-    ) -> Result<(), String> {
+    async fn restart_cn(self: &Rc<Self>, c: SimContext, cn: u16, delay: u64) -> Result<(), String> {
+        let (sim, cluster) = (&self.sim, &self.cluster);
         if delay > 0 {
             c.sleep(delay).await;
         }
@@ -513,10 +731,17 @@ impl LotusDeployment {
             if !sim.is_crashed(node) {
                 return Err(format!("CN {cn} restarted while it was not crashed"));
             }
-            c.sleep(poll.max(1)).await;
+            c.sleep(self.poll.max(1)).await;
         }
         let locks = Rc::clone(&cluster.cns[usize::from(cn)]);
         let stale = locks.reset(sim.cn_count());
+        // The fresh table fences nobody: only live incarnations can reach its new servers
+        // (messages to the old ones are gone), and a CN that fails from now on is fenced by
+        // its failure notice. (Fences the old table had set are dropped with it: a CN whose
+        // rejoin broadcast missed this one while it was down must not stay fenced here.)
+        for x in 0..sim.cn_count() {
+            locks.table.unfence(x);
+        }
         let mut row = Vec::new();
         for t in 0..sim.threads_per_cn() {
             let ctx = sim
@@ -525,20 +750,35 @@ impl LotusDeployment {
             row.push(dmem_verbs::Verbs::local_endpoint(&ctx));
             sim.spawn(
                 &ctx,
-                serve(ctx.clone(), Rc::clone(&cluster), Rc::clone(&locks)),
+                serve(ctx.clone(), Rc::clone(cluster), Rc::clone(&locks)),
             );
         }
         cluster.servers.borrow_mut()[usize::from(cn)] = row;
-        if let Some(r) = restarts.borrow_mut().iter_mut().rev().find(|r| r.cn == cn) {
+        if let Some(r) = self
+            .restarts
+            .borrow_mut()
+            .iter_mut()
+            .rev()
+            .find(|r| r.cn == cn)
+        {
             r.restarted_at = Some(c.now());
             r.stale_locks = stale;
             r.grants_at_restart = locks.served.get().1;
         }
         let action = cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Restarted);
         if action == Action::Broadcast {
-            Self::broadcast(&sim, &cluster, &restarts, cn, c.now());
+            self.broadcast(cn)?;
         }
         Ok(())
+    }
+}
+
+impl LotusDeployment {
+    /// Runs the coordinators of every CN that restarts (`restart=US`) through `run` from its
+    /// broadcast on (LOTUS §6: the restarted CN executes transactions again); the runner
+    /// (`dmem recover`) gives them work and counts their commits. Call before the run.
+    pub fn run_restarted_coordinators(&self, run: RestartedCoordinators) {
+        *self.runner.borrow_mut() = Some(run);
     }
 }
 
@@ -558,7 +798,7 @@ impl Deployment for LotusDeployment {
                 reason: format!("a coordinator on a {} context", ctx.fabric()),
             })?
             .thread();
-        self.placed.push((id, cn));
+        self.placed.push((id, cn, thread));
         Ok(Box::new(LotusCoordinator::new(
             ctx,
             cn,
@@ -575,28 +815,32 @@ impl Deployment for LotusDeployment {
     }
 
     /// The membership service is an oracle (as `dmem-occ`'s detector): every `poll` the
-    /// task on `recovery_cn` asks the simulator which CNs crashed.
+    /// task on `recovery_cn` asks the simulator which CNs crashed; a restarted CN that
+    /// crashes again is reported again.
     fn start_recovery(
         &mut self,
         sim: &Rc<Sim>,
         recovery_cn: u16,
         timing: RecoveryTiming,
     ) -> Result<(), DeployError> {
-        let (sim2, cluster, store, shapes, history) = (
-            Rc::clone(sim),
-            Rc::clone(&self.cluster),
-            Rc::clone(&self.base.store),
-            Rc::clone(&self.base.shapes),
-            Rc::clone(self.base.history.history()),
-        );
-        let (events, error) = (Rc::clone(&self.events), Rc::clone(&self.error));
-        let placed = Rc::new(self.placed.clone());
-        let early_unlock = self.early_unlock;
-        let (restart_after, down, restarts) = (
-            self.restart_after,
-            Rc::clone(&self.down),
-            Rc::clone(&self.restarts),
-        );
+        let shell = Rc::new(Shell {
+            sim: Rc::clone(sim),
+            cluster: Rc::clone(&self.cluster),
+            store: Rc::clone(&self.base.store),
+            shapes: Rc::clone(&self.base.shapes),
+            recorder: self.base.history.clone(),
+            config: self.config,
+            early_unlock: self.early_unlock,
+            restart_after: self.restart_after,
+            restart_same_ids: self.restart_same_ids,
+            poll: timing.poll,
+            placed: self.placed.clone(),
+            down: Rc::clone(&self.down),
+            restarts: Rc::clone(&self.restarts),
+            events: Rc::clone(&self.events),
+            error: Rc::clone(&self.error),
+            runner: Rc::clone(&self.runner),
+        });
         let watched = Rc::clone(sim);
         // One recovery task per failed CN, so that concurrent failures are recovered in
         // parallel (§6 "Remarks").
@@ -605,94 +849,7 @@ impl Deployment for LotusDeployment {
             recovery_cn,
             timing,
             move || (0..watched.cn_count()).map(|i| watched.cn(i)).collect(),
-            move |rc: SimContext, node: dmem_verbs::NodeId| {
-                let (sim3, cluster, store, shapes, history, events, error, placed) = (
-                    Rc::clone(&sim2),
-                    Rc::clone(&cluster),
-                    Rc::clone(&store),
-                    Rc::clone(&shapes),
-                    Rc::clone(&history),
-                    Rc::clone(&events),
-                    Rc::clone(&error),
-                    Rc::clone(&placed),
-                );
-                let (down, restarts) = (Rc::clone(&down), Rc::clone(&restarts));
-                async move {
-                    let Some(cn) = (0..sim3.cn_count()).find(|&i| sim3.cn(i) == node) else {
-                        return;
-                    };
-                    if cluster.is_failed(cn) {
-                        return;
-                    }
-                    let ids: Vec<u16> = placed
-                        .iter()
-                        .filter(|(_, x)| *x == cn)
-                        .map(|(id, _)| *id)
-                        .collect();
-                    cluster.failed.borrow_mut().push(cn);
-                    cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Failed);
-                    down.borrow_mut().push(cn);
-                    if let Some(delay) = restart_after {
-                        // Locks granted by its old table die with it: a survivor holding
-                        // one aborts at commit even after the CN serves again.
-                        {
-                            let mut map = cluster.map.borrow_mut();
-                            for s in map.shards_of(cn) {
-                                map.abort_holders(s);
-                                // A hand-over it had begun ends: the shard stays its own.
-                                if map.is_moving(s) {
-                                    map.finish_move(s, cn);
-                                }
-                            }
-                        }
-                        restarts.borrow_mut().push(RestartRecord {
-                            cn,
-                            detected_at: rc.now(),
-                            ..RestartRecord::default()
-                        });
-                        let (rc2, sim4, cluster2, restarts2, error2) = (
-                            rc.clone(),
-                            Rc::clone(&sim3),
-                            Rc::clone(&cluster),
-                            Rc::clone(&restarts),
-                            Rc::clone(&error),
-                        );
-                        sim3.spawn(&rc, async move {
-                            if let Err(e) = Self::restart_cn(
-                                rc2,
-                                sim4,
-                                cluster2,
-                                restarts2,
-                                cn,
-                                delay,
-                                timing.poll,
-                            )
-                            .await
-                            {
-                                *error2.borrow_mut() = Some(e);
-                            }
-                        });
-                    }
-                    match Self::recover_cn(
-                        &rc,
-                        &sim3,
-                        &cluster,
-                        &store,
-                        &shapes,
-                        &history,
-                        &ids,
-                        cn,
-                        early_unlock,
-                        timing.poll,
-                        restart_after.map(|_| &*restarts),
-                    )
-                    .await
-                    {
-                        Ok(ev) => events.borrow_mut().push(ev),
-                        Err(e) => *error.borrow_mut() = Some(e),
-                    }
-                }
-            },
+            move |rc: SimContext, node: dmem_verbs::NodeId| Rc::clone(&shell).on_crash(rc, node),
         )
     }
 
@@ -803,12 +960,36 @@ impl Deployment for LotusDeployment {
                     .iter()
                     .filter(|r| r.serving_at.is_some())
                     .map(|r| {
-                        self.cluster.cns[usize::from(r.cn)]
-                            .served
-                            .get()
-                            .1
+                        r.grants_at_next_failure
+                            .unwrap_or_else(|| self.cluster.cns[usize::from(r.cn)].served.get().1)
                             .saturating_sub(r.grants_at_serving)
                     })
+                    .sum(),
+            ),
+            // Live CNs' tables fencing a CN that is not failed (should be 0 once quiescent:
+            // such a CN's transactions would be refused there for good).
+            "lotus_stale_fences" => {
+                let cns = self.cluster.cns.len() as u16;
+                Some(
+                    (0..cns)
+                        .filter(|&i| !self.cluster.is_failed(i))
+                        .map(|i| {
+                            (0..cns)
+                                .filter(|&x| {
+                                    self.cluster.cns[usize::from(i)].table.is_fenced(x)
+                                        && !self.cluster.is_failed(x)
+                                })
+                                .count() as u64
+                        })
+                        .sum(),
+                )
+            }
+            // Coordinators restarted CNs ran again (a runner was given).
+            "lotus_restarted_coordinators" => Some(
+                self.restarts
+                    .borrow()
+                    .iter()
+                    .map(|r| r.coordinators as u64)
                     .sum(),
             ),
             "lotus_restart_stale_locks" => Some(
