@@ -618,9 +618,10 @@ fn bench_table(
         }
         Table::Limit => {
             // An array as large as the DLHT bins for n keys, one load per random cache line.
+            // (With the same pages: on huge pages DLHT rounds its bins to whole pages.)
             let bins = Dlht::with_options(Options {
                 capacity: n,
-                huge_pages: false,
+                huge_pages: plan.huge,
                 ..Options::default()
             })
             .memory_usage()
