@@ -1121,7 +1121,7 @@ mod half_migrated {
     use crate::{Dlht, Options, mix64};
 
     fn key(i: u64) -> u64 {
-        mix64(i ^ 0x0ddb_a11)
+        mix64(i ^ 0x00dd_ba11)
     }
 
     #[test]
