@@ -2,17 +2,21 @@
 
 use core::hash::{BuildHasher, Hasher};
 
-/// Mixes a 64-bit key into a well-spread 64-bit hash (an xor-shift-multiply finaliser).
+/// Mixes a 64-bit key into a well-spread 64-bit hash: two xor-shift-multiply rounds, a
+/// bijection.
 ///
 /// Keys of the `u64` fast path are often dense (`0..n`) or structured (table id in the top
-/// bits); the bin is taken from the high bits of this mix, so every input bit matters.
+/// bits); the bin is taken from the high bits of this mix, so every input bit matters. Each
+/// high bit of a product depends on every lower bit of its factor, and the xor-shifts fold
+/// the high input bits into the low ones first. A third xor-shift (as in MurmurHash3's
+/// `fmix64`) would change only the low 32 bits, which no bin below 2^32 bins reads, so it is
+/// left out: 3 instructions less on every Get.
 #[inline(always)]
 pub fn mix64(mut x: u64) -> u64 {
     x ^= x >> 32;
     x = x.wrapping_mul(0xd6e8_feb8_6659_fd93);
     x ^= x >> 32;
-    x = x.wrapping_mul(0xd6e8_feb8_6659_fd93);
-    x ^ (x >> 32)
+    x.wrapping_mul(0xd6e8_feb8_6659_fd93)
 }
 
 /// The bin of hash `h` in a table of `nbins` bins: `floor(h * nbins / 2^64)`.

@@ -5,7 +5,7 @@ use alloc::vec::Vec;
 use crate::hash::mix64;
 use crate::mem::PageKind;
 use crate::primitive::prefetch;
-use crate::raw::{AnyValue, Index, MemoryUsage, RawTable, Sizing, WriteOp};
+use crate::raw::{AnyValue, Index, MemoryUsage, Primary, RawTable, Sizing, WriteOp};
 use crate::reclaim::Pin;
 
 /// Requests whose buckets are prefetched before any of them executes. Longer batches are
@@ -311,7 +311,7 @@ impl Guard<'_> {
             let idx = self.index();
             for (r, h) in window.iter().zip(hashes.iter_mut()) {
                 *h = mix64(r.key);
-                prefetch(idx.bin_ptr(*h));
+                prefetch(idx.bin(*h));
             }
             // Gets whose key may sit in a chained line wait in `later` (their line is being
             // prefetched) until the next write or the end of the window: Gets commute with
@@ -323,7 +323,7 @@ impl Guard<'_> {
                 let key = r.key;
                 let op = match r.op {
                     Op::Get => {
-                        match raw.probe_primary(idx, key, h) {
+                        match raw.probe_primary(idx, idx.bin(h), key) {
                             Some(v) => r.result = v,
                             None => {
                                 later[nlater] = i as u8;
@@ -367,20 +367,24 @@ impl Guard<'_> {
             "get_batch: output shorter than keys"
         );
         let raw = &self.table.raw;
-        let mut hashes = [0u64; PREFETCH_WINDOW];
+        // The bins of the window, found once: the second stage reads them without recomputing
+        // the bin (the few Gets finished by `get_in` hash again).
+        let mut bins = [core::ptr::null::<Primary>(); PREFETCH_WINDOW];
         for (ks, os) in keys
             .chunks(PREFETCH_WINDOW)
             .zip(out.chunks_mut(PREFETCH_WINDOW))
         {
             let idx = self.index();
-            for (&k, h) in ks.iter().zip(hashes.iter_mut()) {
-                *h = mix64(k);
-                prefetch(idx.bin_ptr(*h));
+            for (&k, b) in ks.iter().zip(bins.iter_mut()) {
+                *b = idx.bin(mix64(k));
+                prefetch(*b);
             }
             let mut later = [0u8; PREFETCH_WINDOW];
             let mut nlater = 0;
-            for (i, ((&k, &h), o)) in ks.iter().zip(hashes.iter()).zip(os.iter_mut()).enumerate() {
-                match raw.probe_primary(idx, k, h) {
+            for (i, ((&k, &b), o)) in ks.iter().zip(bins.iter()).zip(os.iter_mut()).enumerate() {
+                // SAFETY: `b` points into a bin of `idx`, which the guard's pin keeps alive.
+                let bin = unsafe { &*b };
+                match raw.probe_primary(idx, bin, k) {
                     Some(v) => *o = v,
                     None => {
                         later[nlater] = i as u8;
@@ -390,7 +394,7 @@ impl Guard<'_> {
             }
             for &i in &later[..nlater] {
                 let i = usize::from(i);
-                os[i] = raw.get_in(idx, ks[i], hashes[i], &AnyValue);
+                os[i] = raw.get_in(idx, ks[i], mix64(ks[i]), &AnyValue);
             }
         }
     }

@@ -1,4 +1,5 @@
-//! `dmem bench hashtable`: random-key Gets, Puts and 90/10 mixes on 8-byte keys and values,
+//! `dmem bench hashtable`: random-key Gets, Puts and mixes (10 % Puts unless `--put-pct` says
+//! otherwise) on 8-byte keys and values,
 //! DLHT (batched and unbatched) side by side with hashbrown, std's HashMap, dashmap and
 //! papaya, and the machine's physical limit (random independent loads with prefetch batching
 //! over an array as big as the DLHT bins). `--hasher` runs the comparison tables with their
@@ -39,9 +40,13 @@ pub(crate) struct Args {
     /// batch API).
     #[arg(long, value_delimiter = ',', default_value = "1,4,8,16,24,32", value_parser = clap::value_parser!(u16).range(1..=4096))]
     batch: Vec<u16>,
-    /// Operations, comma-separated: get, put (update of a present key), mixed (90% get).
+    /// Operations, comma-separated: get, put (update of a present key), mixed (Gets with
+    /// `--put-pct` % Puts on every thread, so writers run while Gets do).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "get")]
     op: Vec<Workload>,
+    /// Percentage of Puts in `--op mixed`, 0..=100.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(0..=100))]
+    put_pct: u8,
     /// Seconds measured per row, in (0, 3600].
     #[arg(long, default_value_t = 1.0)]
     secs: f64,
@@ -197,6 +202,7 @@ struct Plan {
     batches: Vec<usize>,
     ops: Vec<Workload>,
     hashers: Vec<HasherChoice>,
+    put_pct: u8,
     secs: f64,
     huge: bool,
 }
@@ -208,8 +214,10 @@ impl Plan {
         common::no_duplicates("keys", &a.keys)?;
         common::no_duplicates("threads", &a.threads)?;
         common::no_duplicates("batch", &a.batch)?;
-        common::no_duplicates("op", &a.op)?;
-        common::no_duplicates("hasher", &a.hasher)?;
+        let ops: Vec<_> = a.op.iter().map(|w| w.name()).collect();
+        common::no_duplicates("op", &ops)?;
+        let hashers: Vec<_> = a.hasher.iter().map(|h| h.name()).collect();
+        common::no_duplicates("hasher", &hashers)?;
         if !(a.secs > 0.0 && a.secs <= 3600.0) {
             bail!("--secs: must be in (0, 3600], got {}", a.secs);
         }
@@ -232,6 +240,7 @@ impl Plan {
             batches: a.batch.iter().map(|&b| usize::from(b)).collect(),
             ops: a.op.clone(),
             hashers: a.hasher.clone(),
+            put_pct: a.put_pct,
             secs: a.secs,
             huge: a.pages == Pages::Huge,
         })
@@ -255,7 +264,7 @@ struct Stream {
     is_put: Vec<bool>,
 }
 
-fn stream(n: usize, thread: usize, workload: Workload) -> Stream {
+fn stream(n: usize, thread: usize, workload: Workload, put_pct: u8) -> Stream {
     let mut s = 0x1234_5678_9abc_def0u64 ^ (thread as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let mut next = || {
         s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -269,7 +278,7 @@ fn stream(n: usize, thread: usize, workload: Workload) -> Stream {
         is_put.push(match workload {
             Workload::Get => false,
             Workload::Put => true,
-            Workload::Mixed => next() % 10 == 0,
+            Workload::Mixed => next() % 100 < u64::from(put_pct),
         });
     }
     Stream { keys, is_put }
@@ -473,9 +482,10 @@ pub(crate) fn run(args: Args) -> Result<()> {
                 .join(" ")
         );
         println!(
-            "# {} s per row; keys and values 8 bytes; uniform random present keys; pages: what the \
-             table asked for; huge%: share of its resident growth on huge pages",
-            plan.secs
+            "# {} s per row; keys and values 8 bytes; uniform random present keys; mixed: {} % \
+             Puts; pages: what the table asked for; huge%: share of its resident growth on huge \
+             pages",
+            plan.secs, plan.put_pct
         );
     }
     for &n in &plan.keys {
@@ -484,7 +494,12 @@ pub(crate) fn run(args: Args) -> Result<()> {
             .iter()
             .map(|&w| {
                 let max_threads = plan.threads.iter().copied().max().unwrap_or(1);
-                (w, (0..max_threads).map(|t| stream(n, t, w)).collect())
+                (
+                    w,
+                    (0..max_threads)
+                        .map(|t| stream(n, t, w, plan.put_pct))
+                        .collect(),
+                )
             })
             .collect();
         for &table in &plan.tables {
@@ -603,9 +618,10 @@ fn bench_table(
         }
         Table::Limit => {
             // An array as large as the DLHT bins for n keys, one load per random cache line.
+            // (With the same pages: on huge pages DLHT rounds its bins to whole pages.)
             let bins = Dlht::with_options(Options {
                 capacity: n,
-                huge_pages: false,
+                huge_pages: plan.huge,
                 ..Options::default()
             })
             .memory_usage()

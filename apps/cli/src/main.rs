@@ -79,7 +79,7 @@ struct BenchArgs {
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
     /// DLHT hashtable (batched and unbatched) vs hashbrown, std, dashmap, papaya, and the
-    /// machine's random-load limit: Gets, Puts, 90/10 mixes on 8-byte keys and values.
+    /// machine's random-load limit: Gets, Puts and mixes (`--put-pct`) on 8-byte keys and values.
     #[command(allow_negative_numbers = true)]
     Hashtable(bench_hashtable::Args),
     /// DecLock's lock microbenchmark (§6.1) on the simulated cluster: CASLock, DSLR+,

@@ -64,6 +64,11 @@ const BAD: &[&[&str]] = &[
     &["bench", "hashtable", "--batch", "0"],
     &["bench", "hashtable", "--secs", "0"],
     &["bench", "hashtable", "--csv", "/nonexistent-dir/rows.csv"],
+    &["bench", "hashtable", "--hasher", "siphash"],
+    &["bench", "hashtable", "--hasher", "mix64,mix64"],
+    &["bench", "hashtable", "--hasher", ""],
+    &["bench", "hashtable", "--put-pct", "101"],
+    &["bench", "hashtable", "--put-pct", "-1"],
     // litmus
     &["litmus", "--protocol", "pandora", "--threads", "100000"],
     &["litmus", "--protocol", "pandora", "--threads", "0"],
