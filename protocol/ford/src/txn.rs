@@ -41,7 +41,7 @@ use crate::state::{
     aborted, parse_item, store_err,
 };
 use crate::store::{
-    BUCKET_LEN, ItemLoc, Store, StoreError, index_slot_bytes, parse_bucket, slot_offset,
+    BUCKET_LEN, InsertPool, ItemLoc, Store, StoreError, index_slot_bytes, parse_bucket, slot_offset,
 };
 use crate::wire::{self, ControlMsg};
 
@@ -78,6 +78,8 @@ pub struct FordCoordinator<V, H> {
     shared: CnShared,
     history: H,
     stats: CoordinatorStats,
+    /// Records of this coordinator's insert shares claimed so far (pooled tables).
+    inserts: InsertPool,
 }
 
 impl<V: Verbs + Clock, H: HistorySink> FordCoordinator<V, H> {
@@ -105,6 +107,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordCoordinator<V, H> {
             shared,
             history,
             stats: CoordinatorStats::default(),
+            inserts: InsertPool::new(),
         })
     }
 
@@ -424,7 +427,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let bytes = self.post("locate", list).await?.take_bytes(id);
         let (used, free) = parse_bucket(&bytes);
         if let Some(&(slot, _)) = used.iter().find(|(_, k)| *k == key.0) {
-            let loc = self.store().item_at(bucket, slot).map_err(store_err)?;
+            let loc = self
+                .store()
+                .item_in_bucket(bucket, slot, &bytes)
+                .map_err(store_err)?;
             self.co.shared.cache.borrow_mut().put(table, key, loc);
             Ok(Located::Found(loc))
         } else {
@@ -1090,7 +1096,16 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 let Some(slot) = free else {
                     return Err(aborted("index bucket full"));
                 };
-                let loc = self.store().item_at(bucket, slot).map_err(store_err)?;
+                // The slot's fixed record, or for a pooled table the next record of this
+                // coordinator's insert share (no verb: the share is its own).
+                let loc = self
+                    .co
+                    .inserts
+                    .next(self.store(), self.co.id, bucket, slot)
+                    .map_err(|e| match e {
+                        StoreError::PoolExhausted { .. } => aborted("record pool share used up"),
+                        e => store_err(e),
+                    })?;
                 let (item, slot_bytes) = self.lock_and_read(table, key, loc, true).await?;
                 let slot_bytes = slot_bytes.unwrap_or_default();
                 let slot_key = slot_bytes
@@ -1099,7 +1114,15 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 let slot_used = slot_bytes
                     .get(8..16)
                     .is_some_and(|b| b.iter().any(|&x| x != 0));
-                if slot_used && slot_key != key.0 {
+                // A concurrent insert of the same key may have claimed the slot for another
+                // record (a pooled table's records are not fixed per slot): the record locked
+                // here is then not the key's.
+                let same_record = || {
+                    self.store()
+                        .item_in_slot(bucket, slot, &slot_bytes)
+                        .is_ok_and(|l| l.offset == loc.offset)
+                };
+                if slot_used && (slot_key != key.0 || !same_record()) {
                     return Err(aborted("index slot taken by a concurrent insert"));
                 }
                 if item.valid {
@@ -1107,7 +1130,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 }
                 if !slot_used {
                     // Claim the slot on every replica; the item stays invalid (absent) until
-                    // commit, so readers that find the slot see the key as absent.
+                    // commit, so readers that find the slot see the key as absent. The record
+                    // counts as claimed before the WRITEs are posted: once posted, the slot
+                    // may name it even if this transaction aborts.
+                    self.co.inserts.claimed(&self.co.store, bucket);
                     let packed = logic::pack_location(bucket.partition, loc.offset);
                     let bytes = index_slot_bytes(key.0, packed);
                     let mut list = PostList::new();
