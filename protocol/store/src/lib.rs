@@ -33,14 +33,40 @@
 //! warm cache). A run-time insert of a new key claims the first free slot of its bucket by
 //! CAS as in a hashed table; the bucket has room for every key of the space that maps to it.
 //!
-//! The alternative, records allocated apart from index slots from a per-partition pool (the
-//! slot holds the record's address already), would also shrink sparse hashed tables, but
-//! the index itself would still need the slack (a hash index of 7-slot buckets with no
-//! overflow needs buckets for 4–8 times the records, 128 bytes each: 2.3 GB of index per
-//! replica for LOTUS's 20M SmallBank accounts), and every protocol would have to follow the
-//! slot's address instead of computing the record from the slot. The workloads' large tables
-//! are all dense (SmallBank accounts, KVS keys, TATP's tables keyed by subscriber), so direct
-//! mapping alone reaches the goal; TPC-C stays hashed.
+//! # Sparse tables (records in a pool apart from the slots)
+//!
+//! A direct-mapped table whose keys fill little of their space (TATP's CALL_FORWARDING,
+//! keyed `s_id << 4 | type << 2 | start / 8`, fills 23 %; ACCESS_INFO and
+//! SPECIAL_FACILITY 62 %) would hold a record slot per key of the space. Such a table keeps
+//! the direct-mapped index (one 18-byte index slot per key of the space, buckets that never
+//! fill) but lays its records out apart from the slots, in a pool per partition
+//! ([`RecordPool`], [`StoreConfig::with_record_pool`]); [`StoreConfig::with_sparse_indexes`]
+//! pools every direct-mapped table whose pool would be smaller than its key space. The
+//! index slot holds the record's packed address, as in every table, and a protocol follows
+//! it ([`Store::item_in_bucket`], checked to name a record of the partition's pool) instead
+//! of computing the record from the slot ([`Store::item_at`] refuses a pooled table). So the
+//! verbs of a transaction are unchanged: one bucket READ on a cold lookup (whose bytes
+//! carry the address), none with a warm cache, the same record format.
+//!
+//! A partition's pool holds the loader's records (the table's expected records plus 1/16
+//! and 64, placed in load order; more is [`StoreError::PoolExhausted`], never an overwrite)
+//! and then an equal insert share per coordinator (for a table that grows: as many inserts
+//! again as records, plus 4096). A run-time insert takes the next record of its
+//! coordinator's share of the bucket's partition ([`InsertPool`]): no verb, no contention,
+//! and safe without any MN-side cursor because a share belongs to one coordinator id and
+//! Pandora never reuses the id of a failed coordinator (its locks stay stray under PILL, so
+//! its unused records are simply left). The record counts as taken once the claiming slot
+//! WRITE is posted; an insert that aborts before that leaves it for the next insert, and one
+//! that aborts after it leaves the slot naming it (as a slot of the slot-fixed layout stays
+//! claimed), which a later insert of the same key reuses. A concurrent insert of the same
+//! key into the same slot names a different record: the slot READ of the lock batch sees
+//! another address and aborts. Records never move, so addresses in logs (which name
+//! partition and offset) and cached locations stay valid; a scan of every record
+//! ([`Store::record_area`]) covers both layouts.
+//!
+//! FORD and Pandora (`dmem-ford`, laid out by `dmem-protocols`) pool sparse tables. Motor
+//! and LOTUS compute the record from the slot and keep the slot-fixed layout
+//! ([`StoreConfig::with_direct_indexes`]); OCC, DrTM and OOCC have their own store.
 //!
 //! Memory regions are zeroed on allocation and never touched where no record lives (the
 //! areas of partitions an MN does not replicate, the slots of absent keys), so those pages
@@ -62,6 +88,7 @@
 //! ```text
 //! offset 0    | reserved (64 B: offset 0 is the null address)                      |
 //!             | table 0, partition 0: buckets[nb] (128 B each) | items[nb * 7]      |
+//!             |   (a pooled table: buckets[nb] | loader's records | insert shares)  |
 //!             | table 0, partition 1: ...                                           |
 //!             | ... every table, every partition ...                                |
 //!             | log region of coordinator 0 | coordinator 1 | ...                   |
@@ -75,7 +102,8 @@
 //! Each partition of a table has `buckets` [`IndexBucket<7>`](IndexBucket) of 128 bytes; a
 //! key hashes to one bucket, read with one READ. Slot `s` of bucket `b` maps its key to item
 //! `b * 7 + s` of the partition, so the item of every slot is fixed and an insert only has to
-//! claim a slot. Slots are claimed in order (first free), never freed (a delete leaves an
+//! claim a slot (a pooled table's slot names a record of its partition's pool instead, see
+//! "Sparse tables"). Slots are claimed in order (first free), never freed (a delete leaves an
 //! invalid item behind that a later insert of the same key reuses), so the used slots of a
 //! bucket are always a prefix. Deviation from FORD: no overflow buckets (a full bucket
 //! refuses the insert with [`StoreError::BucketFull`]); buckets hold addresses, not items.
@@ -1921,6 +1949,50 @@ mod tests {
         for off in loaded.iter().chain(&inserted) {
             assert!(*off >= first && *off < first + records * s.table(TableId(1)).unwrap().item_len as u64);
         }
+    }
+
+    /// TATP at LOTUS's size (3M subscribers, 64 coordinators, 3 MNs; the demands and key
+    /// spaces `dmem-workloads` declares): pooling its three sparse tables shrinks the
+    /// regions by 32 % (the README's figures print with `--nocapture`).
+    #[test]
+    fn tatp_at_lotus_size_is_smaller_pooled() {
+        let p = 3_000_000_u64;
+        let ids = p + 1;
+        let table = |id, value_len, records, grows| TableDemand {
+            id: TableId(id),
+            value_len,
+            expected_records: records,
+            grows,
+        };
+        let demands = [
+            table(0, 48, p, false),
+            table(1, 16, p * 5 / 2, false),
+            table(2, 8, p * 5 / 2, false),
+            table(3, 16, p * 15 / 4, true),
+        ];
+        let spaces = [
+            (TableId(0), ids),
+            (TableId(1), ids << 2),
+            (TableId(2), ids << 2),
+            (TableId(3), ids << 4),
+        ];
+        let base = StoreConfig::for_tables(3, &demands, 64, 4096, 2);
+        let direct = base.clone().with_direct_indexes(&spaces);
+        let pooled = base.with_sparse_indexes(&demands, &spaces);
+        let (d, s) = (direct.bytes_per_mn().unwrap(), pooled.bytes_per_mn().unwrap());
+        println!("bytes per MN: direct {d}, pooled {s}");
+        // Resident: the index and the loaded records, on every replica.
+        let touched: u64 = demands
+            .iter()
+            .zip(&spaces)
+            .map(|(t, &(_, k))| {
+                k.div_ceil(3).div_ceil(7) * 3 * BUCKET_LEN as u64
+                    + t.expected_records * DataItemHeader::item_len(t.value_len) as u64
+            })
+            .sum();
+        println!("index + records per replica: {touched}");
+        assert!(s * 10 < d * 7, "{s} vs {d}");
+        assert!(touched < s);
     }
 
     #[test]
