@@ -280,13 +280,9 @@ fn sparse_tables_are_pooled_and_ford_inserts_into_them() {
         "{ford_bytes} vs {direct:?}"
     );
     let history = Rc::new(RefCell::new(dmem_txn::History::new()));
-    let deployed = dmem_deploy::deploy_loaded(
-        &*ford,
-        &lotus_cfg().shape,
-        &spec,
-        &history,
-        || workload.loader(),
-    )
+    let deployed = dmem_deploy::deploy_loaded(&*ford, &lotus_cfg().shape, &spec, &history, || {
+        workload.loader()
+    })
     .unwrap();
     for (table, key, value) in workload.loader() {
         assert_eq!(deployed.deployment.read_final(table, key), Some(value));

@@ -1827,16 +1827,29 @@ mod tests {
     fn sparse_tables_pool_their_records_and_dense_ones_do_not() {
         let (s, demand) = pooled_store();
         let t = *s.table(TableId(1)).unwrap();
-        let pool = t.spec.pool.expect("a table filling 6 % of its key space is pooled");
+        let pool = t
+            .spec
+            .pool
+            .expect("a table filling 6 % of its key space is pooled");
         // Room for the records (+1/16 + 64 per partition) and as many inserts again.
         assert_eq!(pool.loaded, (1000 + 1000 / 16_u64).div_ceil(3) + 64);
-        assert_eq!(pool.per_coordinator, (1000 + 4096_u64).div_ceil(3).div_ceil(4));
-        assert_eq!(t.records_per_partition, pool.loaded + 4 * pool.per_coordinator);
+        assert_eq!(
+            pool.per_coordinator,
+            (1000 + 4096_u64).div_ceil(3).div_ceil(4)
+        );
+        assert_eq!(
+            t.records_per_partition,
+            pool.loaded + 4 * pool.per_coordinator
+        );
         let direct = StoreConfig::for_tables(3, &[demand], 4, 1024, 2)
             .with_direct_index(TableId(1), 16_000)
             .bytes_per_mn()
             .unwrap();
-        assert!(s.bytes_per_mn() < direct, "{} >= {direct}", s.bytes_per_mn());
+        assert!(
+            s.bytes_per_mn() < direct,
+            "{} >= {direct}",
+            s.bytes_per_mn()
+        );
         // A dense table keeps its records in the slots.
         let dense = StoreConfig::for_tables(3, &[demand], 4, 1024, 2)
             .with_sparse_indexes(&[demand], &[(TableId(1), 1000)]);
@@ -1858,7 +1871,11 @@ mod tests {
                     mem[usize::from(n.0)][off..off + b.len()].copy_from_slice(b);
                 })
                 .unwrap();
-            assert!(seen.insert(loc.offset), "two keys share record {}", loc.offset);
+            assert!(
+                seen.insert(loc.offset),
+                "two keys share record {}",
+                loc.offset
+            );
             assert_eq!(s.item_at(loc.bucket, loc.slot), Err(StoreError::Pooled(1)));
             for mn in s.replicas(loc.bucket.partition) {
                 let m = &mem[usize::from(mn)];
@@ -1882,7 +1899,11 @@ mod tests {
             Err(StoreError::DuplicateKey { table: 1, key: 16 })
         );
         // A slot naming anything but a record of its partition's pool is refused.
-        let loc = loader.loaded().borrow().loc(&s, TableId(1), Key(0)).unwrap();
+        let loc = loader
+            .loaded()
+            .borrow()
+            .loc(&s, TableId(1), Key(0))
+            .unwrap();
         let other = (loc.bucket.partition + 1) % 3;
         for raw in [
             PackedAddr::new(other, loc.offset).unwrap(),
@@ -1921,7 +1942,10 @@ mod tests {
             k += 1;
         };
         assert_eq!(in_p0, pool.loaded);
-        assert!(matches!(refused, StoreError::PoolExhausted { partition: 0, .. }));
+        assert!(matches!(
+            refused,
+            StoreError::PoolExhausted { partition: 0, .. }
+        ));
         let bucket = s.bucket_of(TableId(1), Key(k)).unwrap();
         let mut pools = [InsertPool::new(), InsertPool::new()];
         let mut inserted = std::collections::HashSet::new();
@@ -1933,9 +1957,17 @@ mod tests {
                 assert_eq!(s.insert_item(bucket, 3, c, n), Ok(loc));
                 p.claimed(&s, bucket);
                 assert!(!loaded.contains(&loc.offset));
-                assert!(inserted.insert(loc.offset), "record {} taken twice", loc.offset);
+                assert!(
+                    inserted.insert(loc.offset),
+                    "record {} taken twice",
+                    loc.offset
+                );
                 assert_eq!(
-                    s.item_in_slot(bucket, 3, &index_slot_bytes(k, PackedAddr::new(0, loc.offset).unwrap())),
+                    s.item_in_slot(
+                        bucket,
+                        3,
+                        &index_slot_bytes(k, PackedAddr::new(0, loc.offset).unwrap())
+                    ),
                     Ok(loc)
                 );
             }
@@ -1944,10 +1976,16 @@ mod tests {
             pools[0].next(&s, 0, bucket, 3),
             Err(StoreError::PoolExhausted { .. })
         ));
-        assert_eq!(s.insert_item(bucket, 3, 4, 0), Err(StoreError::NoLogRegion(4)));
+        assert_eq!(
+            s.insert_item(bucket, 3, 4, 0),
+            Err(StoreError::NoLogRegion(4))
+        );
         let (first, records) = s.record_area(TableId(1), 0).unwrap();
         for off in loaded.iter().chain(&inserted) {
-            assert!(*off >= first && *off < first + records * s.table(TableId(1)).unwrap().item_len as u64);
+            assert!(
+                *off >= first
+                    && *off < first + records * s.table(TableId(1)).unwrap().item_len as u64
+            );
         }
     }
 
@@ -1979,7 +2017,10 @@ mod tests {
         let base = StoreConfig::for_tables(3, &demands, 64, 4096, 2);
         let direct = base.clone().with_direct_indexes(&spaces);
         let pooled = base.with_sparse_indexes(&demands, &spaces);
-        let (d, s) = (direct.bytes_per_mn().unwrap(), pooled.bytes_per_mn().unwrap());
+        let (d, s) = (
+            direct.bytes_per_mn().unwrap(),
+            pooled.bytes_per_mn().unwrap(),
+        );
         println!("bytes per MN: direct {d}, pooled {s}");
         // Resident: the index and the loaded records, on every replica.
         let touched: u64 = demands
