@@ -44,9 +44,9 @@
 //! pools every direct-mapped table whose pool would be smaller than its key space. The
 //! index slot holds the record's packed address, as in every table, and a protocol follows
 //! it ([`Store::item_in_bucket`], checked to name a record of the partition's pool) instead
-//! of computing the record from the slot ([`Store::item_at`] refuses a pooled table). So the
-//! verbs of a transaction are unchanged: one bucket READ on a cold lookup (whose bytes
-//! carry the address), none with a warm cache, the same record format.
+//! of computing the record from the slot ([`Store::item_at`] refuses a pooled table). So a
+//! lookup posts what it posted: one bucket READ on a cold lookup (whose bytes carry the
+//! address), none with a warm cache, the same record format.
 //!
 //! A partition's pool holds the loader's records (the table's expected records plus 1/16
 //! and 64, placed in load order; more is [`StoreError::PoolExhausted`], never an overwrite)
@@ -55,18 +55,31 @@
 //! coordinator's share of the bucket's partition ([`InsertPool`]): no verb, no contention,
 //! and safe without any MN-side cursor because a share belongs to one coordinator id and
 //! Pandora never reuses the id of a failed coordinator (its locks stay stray under PILL, so
-//! its unused records are simply left). The record counts as taken once the claiming slot
-//! WRITE is posted; an insert that aborts before that leaves it for the next insert, and one
-//! that aborts after it leaves the slot naming it (as a slot of the slot-fixed layout stays
-//! claimed), which a later insert of the same key reuses. A concurrent insert of the same
-//! key into the same slot names a different record: the slot READ of the lock batch sees
-//! another address and aborts. Records never move, so addresses in logs (which name
-//! partition and offset) and cached locations stay valid; a scan of every record
-//! ([`Store::record_area`]) covers both layouts.
+//! its unused records are simply left).
+//!
+//! Claiming the slot changes by one verb kind. In the slot-fixed layout two inserts into one
+//! free slot lock the same record, so the record's lock CAS arbitrates and the slot is only
+//! READ in the lock batch; with a pool each locks a record of its own, so FORD's lock batch
+//! CASes the slot's address word on the primary from empty to its record instead of READing
+//! the slot (the same number of verbs: one READ becomes a CAS, for an insert of an absent
+//! key into a pooled table only). The winner WRITEs the whole slot (key and address) to every
+//! replica right away, as the claim WRITE did before; the loser aborts and its retry finds
+//! the key. The record counts as taken once that CAS is posted (a lost CAS leaves one unused
+//! record in the share). A coordinator that crashes between the CAS and the WRITE leaves a
+//! slot with an address and no key on the primary only: no key matches it, and it stays
+//! used, so its bucket has one slot fewer (in a direct-mapped bucket of seven keys, the last
+//! of them to be inserted would find the bucket full); nothing repairs such a slot today.
+//! Records never move, so addresses in logs (which name partition and offset) and cached
+//! locations stay valid; a scan of every record ([`Store::record_area`]) covers both
+//! layouts.
 //!
 //! FORD and Pandora (`dmem-ford`, laid out by `dmem-protocols`) pool sparse tables. Motor
 //! and LOTUS compute the record from the slot and keep the slot-fixed layout
-//! ([`StoreConfig::with_direct_indexes`]); OCC, DrTM and OOCC have their own store.
+//! ([`StoreConfig::with_direct_indexes`]); OCC, DrTM and OOCC have their own store. A
+//! protocol that brings a crashed coordinator back under its old id (LOTUS §6 restarts CNs)
+//! could not use the shares as they are: the restarted coordinator's cursor would have to be
+//! recovered first (the first record of its share that no slot names), which is one reason
+//! Motor and LOTUS were left on the slot-fixed layout.
 //!
 //! Memory regions are zeroed on allocation and never touched where no record lives (the
 //! areas of partitions an MN does not replicate, the slots of absent keys), so those pages
@@ -1459,9 +1472,9 @@ pub fn parse_bucket(bytes: &[u8]) -> (Vec<(usize, u64)>, Option<usize>) {
 
 /// A coordinator's cursors into its insert shares of the record pools (see [`RecordPool`]):
 /// how many records it has claimed per `(table, partition)`. CN-side only, no verbs: the
-/// share is the coordinator's alone. A record counts as claimed once an index slot names it
-/// ([`claimed`](Self::claimed), called before the slot is written); a record picked for an
-/// insert that gave up before writing the slot is picked again by the next insert.
+/// share is the coordinator's alone. A record counts as claimed once a verb that may make an
+/// index slot name it is posted ([`claimed`](Self::claimed), called before the slot CAS); a
+/// record picked for an insert that gave up before that is picked again by the next insert.
 #[derive(Debug, Default, Clone)]
 pub struct InsertPool {
     claimed: HashMap<(TableId, u16), u64>,
