@@ -104,12 +104,16 @@ pub fn memory_estimate(
     let per_mn = p
         .mn_bytes_per_mn(&deploy_spec(workload, coordinators), mns)
         .with_context(|| format!("sizing {protocol}'s store"))?;
-    // The simulator holds each MN's region (x1.5 for the loader's copies) and the CN side
+    // The simulator holds each MN's region (x1.25; it was x1.5, which the peaks measured
+    // under FORD never approached: 8.74 GB for SmallBank's 8.9 GB of regions at --scale
+    // lotus, 10.94 GB for TATP's 11.3 GB at --scale motor; a pooled table's insert shares,
+    // `dmem-store`, are address space until inserts fill them) and the CN side
     // holds per-record state for hashed tables (the loader's slot map, load buffers): an upper
     // bound of 8 KiB per record covers the peak RSS measured at --scale small before tables
     // were direct-mapped (TATP: 8.2 GB for 975k records and 1.2 GB of regions; TPC-C:
     // 19.8 GB for 4.4M records and 14 GB). A direct-mapped table (dense keys, see
-    // `dmem-store`) keeps one bit per key on the CN side; 64 bytes per record and 256 MiB for
+    // `dmem-store`) keeps one bit per key on the CN side (a pooled one four bytes per key of
+    // its space, 17 bytes per TATP call forwarding); 64 bytes per record and 256 MiB for
     // the checked history window bound it (SmallBank at --scale lotus: 40M records).
     let records: u64 = workload.tables().iter().map(|t| t.expected_records).sum();
     let (direct, hashed): (Vec<_>, Vec<_>) = workload
@@ -125,7 +129,7 @@ pub fn memory_estimate(
         return Ok(records.checked_mul(2 << 10));
     }
     Ok(common::product(&[per_mn, u64::from(mns)])
-        .and_then(|b| b.checked_add(b / 2))
+        .and_then(|b| b.checked_add(b / 4))
         .and_then(|b| {
             let per_record = p.cn_bytes_per_hashed_record().unwrap_or(8 << 10);
             b.checked_add(hashed.checked_mul(per_record)?)

@@ -274,20 +274,23 @@ pub async fn scan_stray_locks<V: Verbs>(
         let layout = *store.table(spec.id)?;
         for partition in 0..store.config().mns {
             let p = store.primary(partition)?;
-            for bucket in 0..layout.spec.buckets_per_partition {
-                let b = store.bucket_of_index(spec.id, partition, bucket)?;
-                let first = store.item_at(b, 0)?;
-                let len = (layout.item_len * BUCKET_SLOTS) as u32;
-                let bytes = ctx.read(store.addr(p, first.offset), len).await?;
+            // Every record of the partition, in READs of seven (a bucket's worth): the
+            // records follow the buckets in one run, in the slots' layout and a pool's alike.
+            let (first, records) = store.record_area(spec.id, partition)?;
+            for chunk in (0..records).step_by(BUCKET_SLOTS) {
+                let n = (records - chunk).min(BUCKET_SLOTS as u64) as usize;
+                let offset = first + chunk * layout.item_len as u64;
+                let len = (layout.item_len * n) as u32;
+                let bytes = ctx.read(store.addr(p, offset), len).await?;
                 let mut list = PostList::new();
-                for slot in 0..BUCKET_SLOTS {
-                    let at = slot * layout.item_len;
+                for record in 0..n {
+                    let at = record * layout.item_len;
                     let word = bytes
                         .get(at..at + 8)
                         .and_then(|s| s.try_into().ok())
                         .map_or(0, u64::from_le_bytes);
                     if let Ok(Some(op)) = PillLockWord::from_raw(word).recycle_cas(failed) {
-                        list.cas(store.addr(p, first.offset + at as u64), op.compare, op.swap);
+                        list.cas(store.addr(p, offset + at as u64), op.compare, op.swap);
                         released += 1;
                     }
                 }

@@ -138,11 +138,12 @@ impl RoundPlan {
     ) -> Result<Vec<(TableId, Key, ItemLoc)>, StoreError> {
         let mut found = Vec::new();
         for &(n, bucket, wr) in ids {
-            let (used, free) = parse_bucket(res.bytes(wr));
+            let bytes = res.bytes(wr);
+            let (used, free) = parse_bucket(bytes);
             let f = &mut self.fetches[n];
             f.located = Some(match used.iter().find(|(_, k)| *k == f.key.0) {
                 Some(&(slot, _)) => {
-                    let loc = store.item_at(bucket, slot)?;
+                    let loc = store.item_in_bucket(bucket, slot, bytes)?;
                     found.push((f.table, f.key, loc));
                     Located::Found(loc)
                 }

@@ -41,7 +41,8 @@ use crate::state::{
     aborted, parse_item, store_err,
 };
 use crate::store::{
-    BUCKET_LEN, ItemLoc, Store, StoreError, index_slot_bytes, parse_bucket, slot_offset,
+    BUCKET_LEN, BucketLoc, InsertPool, ItemLoc, Store, StoreError, index_slot_bytes, parse_bucket,
+    slot_offset,
 };
 use crate::wire::{self, ControlMsg};
 
@@ -66,6 +67,26 @@ pub struct CoordinatorStats {
     pub mn_aborted: u64,
 }
 
+/// What the lock batch of an insert does with the index slot it claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotAccess {
+    /// Nothing (the record is known).
+    None,
+    /// READ it (a slot-fixed table: the lock on the slot's own record arbitrates).
+    Read,
+    /// CAS its address word from empty to this packed address (a pooled table).
+    Claim(u64),
+}
+
+/// What the lock batch saw of the slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SlotSeen {
+    /// The slot's 16 bytes ([`SlotAccess::Read`]).
+    Bytes(Vec<u8>),
+    /// The address word the CAS found ([`SlotAccess::Claim`]; 0: the CAS won).
+    Address(u64),
+}
+
 /// A FORD or Pandora coordinator on one CN context.
 #[derive(Debug)]
 pub struct FordCoordinator<V, H> {
@@ -78,6 +99,8 @@ pub struct FordCoordinator<V, H> {
     shared: CnShared,
     history: H,
     stats: CoordinatorStats,
+    /// Records of this coordinator's insert shares claimed so far (pooled tables).
+    inserts: InsertPool,
 }
 
 impl<V: Verbs + Clock, H: HistorySink> FordCoordinator<V, H> {
@@ -105,6 +128,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordCoordinator<V, H> {
             shared,
             history,
             stats: CoordinatorStats::default(),
+            inserts: InsertPool::new(),
         })
     }
 
@@ -428,7 +452,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let bytes = self.post("locate", list).await?.take_bytes(id);
         let (used, free) = parse_bucket(&bytes);
         if let Some(&(slot, _)) = used.iter().find(|(_, k)| *k == key.0) {
-            let loc = self.store().item_at(bucket, slot).map_err(store_err)?;
+            let loc = self
+                .store()
+                .item_in_bucket(bucket, slot, &bytes)
+                .map_err(store_err)?;
             self.co.shared.cache.borrow_mut().put(table, key, loc);
             Ok(Located::Found(loc))
         } else {
@@ -443,8 +470,8 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         table: TableId,
         key: Key,
         loc: ItemLoc,
-        extra_index_slot: bool,
-    ) -> Result<(ItemRead, Option<Vec<u8>>), TxnError> {
+        slot_access: SlotAccess,
+    ) -> Result<(ItemRead, Option<SlotSeen>), TxnError> {
         let addr = self.primary_addr(&loc)?;
         let item_len = self.item_len(table)? as u32;
         let me = logic::my_lock(self.co.id);
@@ -452,18 +479,29 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let mut list = PostList::new();
         let cas = list.cas(addr, 0, me);
         let rd = list.read(addr, item_len);
-        let slot_rd = extra_index_slot.then(|| {
-            let bucket_addr = addr.add(0);
-            let slot_addr = dmem_verbs::RemoteAddr {
-                offset: loc.bucket.offset + slot_offset(loc.slot),
-                ..bucket_addr
-            };
-            list.read(slot_addr, 16)
-        });
+        let slot_addr = dmem_verbs::RemoteAddr {
+            offset: loc.bucket.offset + slot_offset(loc.slot),
+            ..addr
+        };
+        let slot_wr = match slot_access {
+            SlotAccess::None => None,
+            SlotAccess::Read => Some(list.read(slot_addr, 16)),
+            // The slot's address word (bytes 8..16) of the primary, empty -> the record.
+            SlotAccess::Claim(packed) => Some(list.cas(slot_addr.add(8), 0, packed)),
+        };
         let mut res = self.post("lock", list).await?;
         let old = res.atomic(cas);
         let bytes = res.take_bytes(rd);
-        let slot_bytes = slot_rd.map(|id| res.take_bytes(id));
+        let slot_seen = slot_wr.map(|id| match slot_access {
+            SlotAccess::Claim(_) => SlotSeen::Address(res.atomic(id)),
+            _ => SlotSeen::Bytes(res.take_bytes(id)),
+        });
+        if matches!(slot_seen, Some(SlotSeen::Address(0))) {
+            // The CAS won the slot: name the key in it on every replica at once (the CAS set
+            // only the primary's address word), whatever this transaction does next.
+            self.write_slot(loc.bucket, loc.slot, key, loc.offset)
+                .await?;
+        }
         let item = parse_item(&bytes, table, key)?;
         let idx = self.st.push_lock_entry(table, key, loc, &item);
         if old == 0 {
@@ -476,7 +514,26 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             self.write_logs(true).await?;
         }
         let item = self.settle_lock(table, key, loc, idx, old, bytes).await?;
-        Ok((item, slot_bytes))
+        Ok((item, slot_seen))
+    }
+
+    /// WRITEs slot `slot` of `bucket` naming `key` at record `offset` to every live replica.
+    async fn write_slot(
+        &mut self,
+        bucket: BucketLoc,
+        slot: usize,
+        key: Key,
+        offset: u64,
+    ) -> Result<(), TxnError> {
+        let packed = logic::pack_location(bucket.partition, offset);
+        let bytes = index_slot_bytes(key.0, packed);
+        let mut list = PostList::new();
+        for mn in self.store().live_replicas(bucket.partition) {
+            let a = self.store().addr(mn, bucket.offset + slot_offset(slot));
+            list.write(a, &bytes);
+        }
+        self.post("claim-slot", list).await?;
+        Ok(())
     }
 
     fn add_log_writes(&mut self, list: &mut PostList, early: bool) -> Result<(), TxnError> {
@@ -1068,7 +1125,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 Ok(())
             }
             (WriteKind::Delete, Located::Found(loc)) => {
-                let (item, _) = self.lock_and_read(table, key, loc, false).await?;
+                let (item, _) = self
+                    .lock_and_read(table, key, loc, SlotAccess::None)
+                    .await?;
                 self.st
                     .note_read(table, key, item.version.counter(), item.writer);
                 if !item.valid {
@@ -1079,7 +1138,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 Ok(())
             }
             (WriteKind::Insert, Located::Found(loc)) => {
-                let (item, _) = self.lock_and_read(table, key, loc, false).await?;
+                let (item, _) = self
+                    .lock_and_read(table, key, loc, SlotAccess::None)
+                    .await?;
                 self.st
                     .note_read(table, key, item.version.counter(), item.writer);
                 if item.valid {
@@ -1094,32 +1155,61 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 let Some(slot) = free else {
                     return Err(aborted("index bucket full"));
                 };
-                let loc = self.store().item_at(bucket, slot).map_err(store_err)?;
-                let (item, slot_bytes) = self.lock_and_read(table, key, loc, true).await?;
-                let slot_bytes = slot_bytes.unwrap_or_default();
-                let slot_key = slot_bytes
-                    .get(0..8)
-                    .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
-                let slot_used = slot_bytes
-                    .get(8..16)
-                    .is_some_and(|b| b.iter().any(|&x| x != 0));
-                if slot_used && slot_key != key.0 {
-                    return Err(aborted("index slot taken by a concurrent insert"));
-                }
-                if item.valid {
-                    return Err(TxnError::KeyState(key.0));
-                }
-                if !slot_used {
-                    // Claim the slot on every replica; the item stays invalid (absent) until
-                    // commit, so readers that find the slot see the key as absent.
-                    let packed = logic::pack_location(bucket.partition, loc.offset);
-                    let bytes = index_slot_bytes(key.0, packed);
-                    let mut list = PostList::new();
-                    for mn in self.store().live_replicas(bucket.partition) {
-                        let a = self.store().addr(mn, bucket.offset + slot_offset(slot));
-                        list.write(a, &bytes);
+                // The slot's fixed record, or for a pooled table the next record of this
+                // coordinator's insert share (no verb: the share is its own).
+                let loc = self
+                    .co
+                    .inserts
+                    .next(self.store(), self.co.id, bucket, slot)
+                    .map_err(|e| match e {
+                        StoreError::PoolExhausted { .. } => aborted("record pool share used up"),
+                        e => store_err(e),
+                    })?;
+                let pooled = self.store().table(table).map_err(store_err)?.is_pooled();
+                let access = if pooled {
+                    // Another insert into this slot would lock a record of its own, so the
+                    // record lock cannot arbitrate: the lock batch CASes the slot instead of
+                    // READing it (same verbs, one READ becomes a CAS). Once that CAS is
+                    // posted the slot may name the record, so the record counts as taken.
+                    self.co.inserts.claimed(&self.co.store, bucket);
+                    SlotAccess::Claim(logic::pack_location(bucket.partition, loc.offset).to_raw())
+                } else {
+                    SlotAccess::Read
+                };
+                let (item, seen) = self.lock_and_read(table, key, loc, access).await?;
+                match seen {
+                    Some(SlotSeen::Address(old)) => {
+                        // 0: won and already named on every replica (`lock_and_read`); the
+                        // record is fresh, so the key is absent. Else another insert holds
+                        // the slot: a retry finds what it holds.
+                        if old != 0 {
+                            return Err(aborted("index slot taken by a concurrent insert"));
+                        }
+                        if item.valid {
+                            return Err(TxnError::KeyState(key.0));
+                        }
                     }
-                    self.post("claim-slot", list).await?;
+                    Some(SlotSeen::Bytes(slot_bytes)) => {
+                        let slot_key = slot_bytes
+                            .get(0..8)
+                            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+                        let slot_used = slot_bytes
+                            .get(8..16)
+                            .is_some_and(|b| b.iter().any(|&x| x != 0));
+                        if slot_used && slot_key != key.0 {
+                            return Err(aborted("index slot taken by a concurrent insert"));
+                        }
+                        if item.valid {
+                            return Err(TxnError::KeyState(key.0));
+                        }
+                        if !slot_used {
+                            // Claim the slot on every replica; the item stays invalid (absent)
+                            // until commit, so readers that find the slot see the key as
+                            // absent.
+                            self.write_slot(bucket, slot, key, loc.offset).await?;
+                        }
+                    }
+                    None => return Err(aborted("index slot not seen")),
                 }
                 self.co.shared.cache.borrow_mut().put(table, key, loc);
                 self.st

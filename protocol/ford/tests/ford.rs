@@ -195,3 +195,114 @@ fn inserts_and_deletes_commit_and_read_back() {
     assert_eq!(versions, vec![1, 2, 3], "insert, delete, re-insert");
     check_serializable(&h);
 }
+
+/// A sparse table pooled apart from its slots (`dmem-store`): two coordinators on two CNs
+/// insert the same absent key at the same time into the same free slot, each with a record
+/// of its own insert share. The slot CAS lets exactly one name its record; the other aborts,
+/// retries, and finds the key present. Every replica's slot then names the winner's record,
+/// which holds the winner's value; a delete and a re-insert by the loser reuse that record.
+#[test]
+fn concurrent_inserts_into_a_pooled_table_leave_one_record_per_key() {
+    use dmem_ford::store::{BUCKET_LEN, TableDemand, parse_bucket};
+    use dmem_ford::{StoreConfig, TableSpec};
+    use dmem_layout::record::{DataItem, DataItemHeader};
+    use dmem_txn::{TableId, TxnError};
+
+    const SPARSE: TableId = TableId(3);
+    let demand = TableDemand {
+        id: SPARSE,
+        value_len: 8,
+        expected_records: 8,
+        grows: true,
+    };
+    let bank = Bank::with_config(11, 2, 1, 4, 4 << 20, |cfg: StoreConfig| {
+        cfg.table(TableSpec::sized_for(SPARSE, 8, 8, 3))
+            .with_direct_index(SPARSE, 4096)
+            .with_record_pool(&demand)
+    });
+    assert!(bank.store.table(SPARSE).unwrap().is_pooled());
+    let key = Key(100);
+    let outcomes = Rc::new(RefCell::new(Vec::new()));
+    let mut stats = Vec::new();
+    for cn in 0..2_u16 {
+        let shared = CnShared::new();
+        let mut co = bank.coordinator(cn, 0, cn, ProtocolConfig::pandora(), &shared);
+        let ctx = co.context().clone();
+        let out = Rc::clone(&outcomes);
+        let st = Rc::new(RefCell::new(None));
+        stats.push(Rc::clone(&st));
+        bank.sim.spawn(&ctx, async move {
+            let value = (u64::from(cn) + 1).to_le_bytes();
+            let outcome = loop {
+                let mut t = co.begin_txn(TxnKind::ReadWrite);
+                match t.insert(SPARSE, key, &value).await {
+                    Ok(()) => match t.commit().await {
+                        Ok(_) => break "inserted",
+                        Err(_) => continue,
+                    },
+                    Err(TxnError::KeyState(_)) => {
+                        t.abort().await;
+                        break "exists";
+                    }
+                    Err(_) => t.abort().await,
+                }
+            };
+            out.borrow_mut().push((cn, outcome));
+            *st.borrow_mut() = Some(co.stats());
+        });
+    }
+    bank.sim.run_until_idle();
+    let outcomes = outcomes.borrow().clone();
+    let winner = outcomes
+        .iter()
+        .find(|(_, o)| *o == "inserted")
+        .map(|&(cn, _)| cn);
+    let inserted = outcomes.iter().filter(|(_, o)| *o == "inserted").count();
+    assert_eq!((inserted, outcomes.len()), (1, 2), "{outcomes:?}");
+    let aborted: u64 = stats
+        .iter()
+        .map(|s| s.borrow().map_or(0, |s| s.aborted))
+        .sum();
+    assert!(aborted >= 1, "the two inserts did not race");
+    let winner = winner.unwrap();
+    let bucket = bank.store.bucket_of(SPARSE, key).unwrap();
+    let item_len = DataItemHeader::item_len(8);
+    let mut record = None;
+    for mn in bank.store.replicas(bucket.partition) {
+        let node = bank.store.mn_node(mn);
+        let bytes = bank.sim.read_memory(node, bucket.offset, BUCKET_LEN);
+        let (used, _) = parse_bucket(&bytes);
+        let slots: Vec<_> = used.iter().filter(|(_, k)| *k == key.0).collect();
+        assert_eq!(slots.len(), 1, "MN {mn}: {used:?}");
+        let loc = bank
+            .store
+            .item_in_bucket(bucket, slots[0].0, &bytes)
+            .unwrap();
+        assert_eq!(*record.get_or_insert(loc.offset), loc.offset, "MN {mn}");
+        let item_bytes = bank.sim.read_memory(node, loc.offset, item_len);
+        let item = DataItem::new_checked(&item_bytes[..]).unwrap();
+        assert!(item.is_readable(), "MN {mn}");
+        assert_eq!(item.value(), &(u64::from(winner) + 1).to_le_bytes()[..]);
+    }
+    // The loser deletes and re-inserts: the slot keeps naming the same record.
+    let shared = CnShared::new();
+    let loser = 1 - winner;
+    let mut co = bank.coordinator(loser, 0, 2, ProtocolConfig::pandora(), &shared);
+    let ctx = co.context().clone();
+    bank.sim.spawn(&ctx, async move {
+        let mut t = co.begin_txn(TxnKind::ReadWrite);
+        t.delete(SPARSE, key).await.unwrap();
+        t.commit().await.unwrap();
+        let mut t = co.begin_txn(TxnKind::ReadWrite);
+        t.insert(SPARSE, key, &9u64.to_le_bytes()).await.unwrap();
+        t.commit().await.unwrap();
+    });
+    bank.sim.run_until_idle();
+    let node = bank
+        .store
+        .mn_node(bank.store.primary(bucket.partition).unwrap());
+    let item_bytes = bank.sim.read_memory(node, record.unwrap(), item_len);
+    let item = DataItem::new_checked(&item_bytes[..]).unwrap();
+    assert_eq!(item.value(), &9u64.to_le_bytes()[..]);
+    check_serializable(&bank.history.borrow());
+}

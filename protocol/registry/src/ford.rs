@@ -81,7 +81,9 @@ fn store_config(spec: &DeploySpec, mns: u16) -> StoreConfig {
         spec.log_region_bytes,
         spec.index_slack,
     )
-    .with_direct_indexes(spec.direct_tables())
+    // FORD and Pandora follow the address in an index slot, so sparse tables keep their
+    // records in a pool apart from the slots.
+    .with_sparse_indexes(&spec.tables, spec.direct_tables())
 }
 
 impl Protocol for FordProtocol {
@@ -590,8 +592,12 @@ impl Deployment for FordDeployment {
                 .iter()
                 .filter_map(|t| self.store.table(t.id).ok())
                 .fold((0, 0), |(reads, bytes), l| {
-                    let n = u64::from(l.spec.buckets_per_partition) * mns;
-                    (reads + n, bytes + n * (l.item_len * BUCKET_SLOTS) as u64)
+                    // `scan_stray_locks` READs every record of a partition, seven at a time.
+                    let records = l.records_per_partition * mns;
+                    (
+                        reads + records.div_ceil(BUCKET_SLOTS as u64),
+                        bytes + records * l.item_len as u64,
+                    )
                 }),
         )
     }
@@ -618,7 +624,7 @@ fn read_record_past_stray(
     let bytes = memory.read(node, bucket.offset, BUCKET_LEN)?;
     let (used, _) = parse_bucket(&bytes);
     let slot = used.iter().find(|(_, k)| *k == key.0)?.0;
-    let loc = store.item_at(bucket, slot).ok()?;
+    let loc = store.item_in_bucket(bucket, slot, &bytes).ok()?;
     let layout = store.table(table).ok()?;
     let item_bytes = memory.read(node, loc.offset, layout.item_len)?;
     let item = DataItem::new_checked(&item_bytes[..]).ok()?;

@@ -31,22 +31,36 @@ pub struct Bank {
 impl Bank {
     /// 3 MNs, `cns` CNs with `threads` threads, `accounts` accounts of 100.
     pub fn new(seed: u64, cns: u16, threads: u16, accounts: u64) -> Self {
+        Self::with_config(seed, cns, threads, accounts, 1 << 20, |cfg| cfg)
+    }
+
+    /// [`new`](Self::new) with `mn_bytes` per MN and `more` applied to the store layout.
+    pub fn with_config(
+        seed: u64,
+        cns: u16,
+        threads: u16,
+        accounts: u64,
+        mn_bytes: u64,
+        more: impl FnOnce(StoreConfig) -> StoreConfig,
+    ) -> Self {
         let sim = Sim::new(
             ClusterConfig::new("cx5")
                 .unwrap()
                 .mns(3)
                 .cns(cns)
                 .threads_per_cn(threads)
-                .mn_memory_bytes(1 << 20)
+                .mn_memory_bytes(mn_bytes)
                 .seed(seed),
         )
         .unwrap();
         let regions = (0..3).map(|i| sim.region(sim.mn(i))).collect();
-        let cfg = StoreConfig::new(3)
-            .table(TableSpec::sized_for(ACCOUNTS, 8, accounts * 2, 3))
-            .table(TableSpec::sized_for(TableId(2), 8, 64, 3))
-            .coordinators(32)
-            .log_region_bytes(2048);
+        let cfg = more(
+            StoreConfig::new(3)
+                .table(TableSpec::sized_for(ACCOUNTS, 8, accounts * 2, 3))
+                .table(TableSpec::sized_for(TableId(2), 8, 64, 3))
+                .coordinators(32)
+                .log_region_bytes(2048),
+        );
         let store = Rc::new(Store::new(cfg, regions).unwrap());
         let mut loader = Loader::new(&store);
         let mut locs = HashMap::new();
