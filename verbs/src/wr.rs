@@ -272,10 +272,13 @@ impl PostList {
     /// # Errors
     /// As [`finish`](PostList::finish).
     pub fn finish_inline(mut self) -> Result<WorkRequests, VerbsError> {
-        if self.wrs.is_empty() {
+        let signal_all = self.signal_all;
+        // One slice for the checks: indexing the inline vector itself branches on every access.
+        let wrs: &mut [WorkRequest] = &mut self.wrs;
+        if wrs.is_empty() {
             return Err(VerbsError::EmptyPostList);
         }
-        for (index, wr) in self.wrs.iter().enumerate() {
+        for (index, wr) in wrs.iter().enumerate() {
             if wr.op.kind().is_atomic() && wr.op.addr().offset % 8 != 0 {
                 return Err(VerbsError::Misaligned {
                     index,
@@ -283,12 +286,12 @@ impl PostList {
                 });
             }
         }
-        let n = self.wrs.len();
-        for i in 0..n {
-            let node = self.wrs[i].op.addr().node;
-            let last_to_node = self.wrs[i + 1..].iter().all(|w| w.op.addr().node != node);
-            if self.signal_all || last_to_node {
-                self.wrs[i].signaled = true;
+        for i in 0..wrs.len() {
+            let (head, later) = wrs.split_at_mut(i + 1);
+            let wr = &mut head[i];
+            let node = wr.op.addr().node;
+            if signal_all || later.iter().all(|w| w.op.addr().node != node) {
+                wr.signaled = true;
             }
         }
         Ok(WorkRequests(self.wrs))
@@ -328,9 +331,9 @@ impl BatchResult {
     #[must_use]
     #[inline]
     pub fn written(n: usize) -> Self {
-        Self {
-            outcomes: SmallVec::from_elem(WrOutcome::Written, n),
-        }
+        let mut outcomes = SmallVec::with_capacity(n);
+        outcomes.resize_with(n, || WrOutcome::Written);
+        Self { outcomes }
     }
 
     /// Sets the outcome of work request `id` (for backends).
