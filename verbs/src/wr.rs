@@ -183,7 +183,12 @@ impl PostList {
     #[inline]
     pub fn with_capacity(n: usize) -> Self {
         Self {
-            wrs: SmallVec::with_capacity(n),
+            // Room for one is inline already (and `SmallVec::with_capacity` costs a call).
+            wrs: if n <= 1 {
+                SmallVec::new_const()
+            } else {
+                SmallVec::with_capacity(n)
+            },
             signal_all: false,
         }
     }
@@ -331,8 +336,13 @@ impl BatchResult {
     #[must_use]
     #[inline]
     pub fn written(n: usize) -> Self {
-        let mut outcomes = SmallVec::with_capacity(n);
-        outcomes.resize_with(n, || WrOutcome::Written);
+        let outcomes = if n == 1 {
+            SmallVec::from_buf([WrOutcome::Written])
+        } else {
+            let mut outcomes = SmallVec::with_capacity(n);
+            outcomes.resize_with(n, || WrOutcome::Written);
+            outcomes
+        };
         Self { outcomes }
     }
 

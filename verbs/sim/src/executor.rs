@@ -743,13 +743,14 @@ enum PostState {
     Done,
 }
 
-/// Resolves when every work request of a post list has completed.
-struct PostFuture {
-    ctx: SimContext,
+/// Resolves when every work request of a post list has completed. Borrows its context
+/// (no `Rc` count moves per post).
+struct PostFuture<'a> {
+    ctx: &'a SimContext,
     state: PostState,
 }
 
-impl Future for PostFuture {
+impl Future for PostFuture<'_> {
     type Output = Result<BatchResult, VerbsError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -815,7 +816,7 @@ impl Drop for Sim {
     }
 }
 
-impl Drop for PostFuture {
+impl Drop for PostFuture<'_> {
     fn drop(&mut self) {
         if let PostState::Posted(key) = self.state
             && let Ok(mut world) = self.ctx.shared.world.try_borrow_mut()
@@ -881,7 +882,7 @@ impl Verbs for SimContext {
     fn post(&self, list: PostList) -> impl Future<Output = Result<BatchResult, VerbsError>> {
         self.posts.set(self.posts.get() + 1);
         PostFuture {
-            ctx: self.clone(),
+            ctx: self,
             state: PostState::Unposted(list),
         }
     }
