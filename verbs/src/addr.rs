@@ -30,6 +30,7 @@ pub struct RemoteAddr {
 impl RemoteAddr {
     /// The address `bytes` further on in the same region.
     #[must_use]
+    #[inline]
     pub const fn add(self, bytes: u64) -> Self {
         Self {
             offset: self.offset + bytes,
@@ -61,6 +62,7 @@ impl MemoryRegion {
     /// Responders check bounds too (an out-of-bounds work request completes with a remote
     /// access error); this lets a caller catch its own mistakes before posting.
     #[must_use]
+    #[inline]
     pub const fn at(&self, offset: u64) -> Option<RemoteAddr> {
         if offset < self.len {
             Some(RemoteAddr {
@@ -75,6 +77,7 @@ impl MemoryRegion {
 
     /// Whether `len` bytes starting at `offset` lie inside the region.
     #[must_use]
+    #[inline]
     pub const fn contains(&self, offset: u64, len: u64) -> bool {
         match offset.checked_add(len) {
             Some(end) => end <= self.len,

@@ -39,7 +39,9 @@ mod wr;
 pub use addr::{Endpoint, MemoryRegion, NodeId, Port, RKey, RemoteAddr};
 pub use clock::{Clock, Nanos};
 pub use error::VerbsError;
-pub use wr::{BatchResult, Message, Op, OpKind, PostList, WorkRequest, WrId, WrOutcome};
+pub use wr::{
+    BatchResult, Message, Op, OpKind, PostList, WorkRequest, WorkRequests, WrId, WrOutcome,
+};
 
 use core::future::Future;
 

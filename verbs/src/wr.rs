@@ -2,6 +2,8 @@
 
 use alloc::vec::Vec;
 
+use smallvec::SmallVec;
+
 use crate::{Endpoint, RemoteAddr, VerbsError};
 
 /// What a one-sided work request does.
@@ -60,6 +62,7 @@ impl OpKind {
 
     /// Whether the responder executes it in its atomic unit.
     #[must_use]
+    #[inline]
     pub const fn is_atomic(self) -> bool {
         matches!(self, OpKind::Cas | OpKind::Faa)
     }
@@ -79,6 +82,7 @@ impl OpKind {
 impl Op {
     /// The kind of this op.
     #[must_use]
+    #[inline]
     pub const fn kind(&self) -> OpKind {
         match self {
             Op::Read { .. } => OpKind::Read,
@@ -90,6 +94,7 @@ impl Op {
 
     /// The remote address it targets.
     #[must_use]
+    #[inline]
     pub const fn addr(&self) -> RemoteAddr {
         match self {
             Op::Read { addr, .. }
@@ -101,6 +106,7 @@ impl Op {
 
     /// Bytes of remote memory it touches.
     #[must_use]
+    #[inline]
     pub fn remote_len(&self) -> u64 {
         match self {
             Op::Read { len, .. } => u64::from(*len),
@@ -129,31 +135,65 @@ pub struct WrId(pub usize);
 /// By default only the last work request to each destination node is signaled (selective
 /// signaling); [`signal`](PostList::signal) and
 /// [`signal_all`](PostList::signal_all) change that.
+///
+/// A list of one work request (most posts: a single READ, WRITE or atomic) is stored inline
+/// and allocates nothing; longer lists live on the heap as a `Vec` would.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PostList {
-    wrs: Vec<WorkRequest>,
+    wrs: SmallVec<[WorkRequest; 1]>,
     signal_all: bool,
+}
+
+/// The checked work requests of a [`PostList`] ([`PostList::finish_inline`]), stored inline
+/// when there is one, so that a backend can post a single work request without allocating.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkRequests(SmallVec<[WorkRequest; 1]>);
+
+impl WorkRequests {
+    /// The work requests as a `Vec` (allocates when there is only one).
+    #[must_use]
+    #[inline]
+    pub fn into_vec(self) -> Vec<WorkRequest> {
+        self.0.into_vec()
+    }
+}
+
+impl core::ops::Deref for WorkRequests {
+    type Target = [WorkRequest];
+
+    #[inline]
+    fn deref(&self) -> &[WorkRequest] {
+        &self.0
+    }
 }
 
 impl PostList {
     /// An empty list.
     #[must_use]
+    #[inline]
     pub const fn new() -> Self {
         Self {
-            wrs: Vec::new(),
+            wrs: SmallVec::new_const(),
             signal_all: false,
         }
     }
 
     /// An empty list with room for `n` work requests.
     #[must_use]
+    #[inline]
     pub fn with_capacity(n: usize) -> Self {
         Self {
-            wrs: Vec::with_capacity(n),
+            // Room for one is inline already (and `SmallVec::with_capacity` costs a call).
+            wrs: if n <= 1 {
+                SmallVec::new_const()
+            } else {
+                SmallVec::with_capacity(n)
+            },
             signal_all: false,
         }
     }
 
+    #[inline]
     fn push(&mut self, op: Op) -> WrId {
         self.wrs.push(WorkRequest {
             op,
@@ -163,11 +203,13 @@ impl PostList {
     }
 
     /// Appends a READ of `len` bytes at `addr`.
+    #[inline]
     pub fn read(&mut self, addr: RemoteAddr, len: u32) -> WrId {
         self.push(Op::Read { addr, len })
     }
 
     /// Appends a WRITE of `data` at `addr`.
+    #[inline]
     pub fn write(&mut self, addr: RemoteAddr, data: &[u8]) -> WrId {
         self.push(Op::Write {
             addr,
@@ -176,16 +218,19 @@ impl PostList {
     }
 
     /// Appends a WRITE that takes ownership of `data` (no copy).
+    #[inline]
     pub fn write_owned(&mut self, addr: RemoteAddr, data: Vec<u8>) -> WrId {
         self.push(Op::Write { addr, data })
     }
 
     /// Appends a compare-and-swap.
+    #[inline]
     pub fn cas(&mut self, addr: RemoteAddr, expect: u64, swap: u64) -> WrId {
         self.push(Op::Cas { addr, expect, swap })
     }
 
     /// Appends a fetch-and-add.
+    #[inline]
     pub fn faa(&mut self, addr: RemoteAddr, add: u64) -> WrId {
         self.push(Op::Faa { addr, add })
     }
@@ -204,12 +249,14 @@ impl PostList {
 
     /// Number of work requests.
     #[must_use]
+    #[inline]
     pub fn len(&self) -> usize {
         self.wrs.len()
     }
 
     /// Whether the list is empty.
     #[must_use]
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.wrs.is_empty()
     }
@@ -220,11 +267,23 @@ impl PostList {
     ///
     /// # Errors
     /// [`VerbsError::EmptyPostList`] or [`VerbsError::Misaligned`]; nothing is posted then.
-    pub fn finish(mut self) -> Result<Vec<WorkRequest>, VerbsError> {
-        if self.wrs.is_empty() {
+    pub fn finish(self) -> Result<Vec<WorkRequest>, VerbsError> {
+        self.finish_inline().map(WorkRequests::into_vec)
+    }
+
+    /// [`finish`](PostList::finish) without moving the work requests to a `Vec`: a list of
+    /// one stays inline (for backends that post from it directly).
+    ///
+    /// # Errors
+    /// As [`finish`](PostList::finish).
+    pub fn finish_inline(mut self) -> Result<WorkRequests, VerbsError> {
+        let signal_all = self.signal_all;
+        // One slice for the checks: indexing the inline vector itself branches on every access.
+        let wrs: &mut [WorkRequest] = &mut self.wrs;
+        if wrs.is_empty() {
             return Err(VerbsError::EmptyPostList);
         }
-        for (index, wr) in self.wrs.iter().enumerate() {
+        for (index, wr) in wrs.iter().enumerate() {
             if wr.op.kind().is_atomic() && wr.op.addr().offset % 8 != 0 {
                 return Err(VerbsError::Misaligned {
                     index,
@@ -232,15 +291,15 @@ impl PostList {
                 });
             }
         }
-        let n = self.wrs.len();
-        for i in 0..n {
-            let node = self.wrs[i].op.addr().node;
-            let last_to_node = self.wrs[i + 1..].iter().all(|w| w.op.addr().node != node);
-            if self.signal_all || last_to_node {
-                self.wrs[i].signaled = true;
+        for i in 0..wrs.len() {
+            let (head, later) = wrs.split_at_mut(i + 1);
+            let wr = &mut head[i];
+            let node = wr.op.addr().node;
+            if signal_all || later.iter().all(|w| w.op.addr().node != node) {
+                wr.signaled = true;
             }
         }
-        Ok(self.wrs)
+        Ok(WorkRequests(self.wrs))
     }
 }
 
@@ -255,17 +314,45 @@ pub enum WrOutcome {
     Written,
 }
 
-/// The outcomes of a posted [`PostList`], indexed by [`WrId`].
+/// The outcomes of a posted [`PostList`], indexed by [`WrId`]. The outcome of a list of one
+/// is stored inline (no allocation).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchResult {
-    outcomes: Vec<WrOutcome>,
+    outcomes: SmallVec<[WrOutcome; 1]>,
 }
 
 impl BatchResult {
     /// Wraps the outcomes, in post-list order (for backends).
     #[must_use]
+    #[inline]
     pub fn new(outcomes: Vec<WrOutcome>) -> Self {
+        Self {
+            outcomes: SmallVec::from_vec(outcomes),
+        }
+    }
+
+    /// `n` outcomes, all [`WrOutcome::Written`], for a backend to [`set`](BatchResult::set)
+    /// as the work requests complete (inline when `n` is 1).
+    #[must_use]
+    #[inline]
+    pub fn written(n: usize) -> Self {
+        let outcomes = if n == 1 {
+            SmallVec::from_buf([WrOutcome::Written])
+        } else {
+            let mut outcomes = SmallVec::with_capacity(n);
+            outcomes.resize_with(n, || WrOutcome::Written);
+            outcomes
+        };
         Self { outcomes }
+    }
+
+    /// Sets the outcome of work request `id` (for backends).
+    ///
+    /// # Panics
+    /// If `id` is out of range.
+    #[inline]
+    pub fn set(&mut self, id: WrId, outcome: WrOutcome) {
+        self.outcomes[id.0] = outcome;
     }
 
     /// The outcome of work request `id`.
@@ -273,6 +360,7 @@ impl BatchResult {
     /// # Panics
     /// If `id` did not come from the list this result belongs to.
     #[must_use]
+    #[inline]
     pub fn outcome(&self, id: WrId) -> &WrOutcome {
         &self.outcomes[id.0]
     }
@@ -282,6 +370,7 @@ impl BatchResult {
     /// # Panics
     /// If `id` is not a READ of this list.
     #[must_use]
+    #[inline]
     pub fn bytes(&self, id: WrId) -> &[u8] {
         match &self.outcomes[id.0] {
             WrOutcome::Bytes(b) => b,
@@ -294,6 +383,7 @@ impl BatchResult {
     /// # Panics
     /// If `id` is not a READ of this list.
     #[must_use]
+    #[inline]
     pub fn take_bytes(&mut self, id: WrId) -> Vec<u8> {
         match &mut self.outcomes[id.0] {
             WrOutcome::Bytes(b) => core::mem::take(b),
@@ -306,6 +396,7 @@ impl BatchResult {
     /// # Panics
     /// If `id` is not a CAS or FAA of this list.
     #[must_use]
+    #[inline]
     pub fn atomic(&self, id: WrId) -> u64 {
         match &self.outcomes[id.0] {
             WrOutcome::Atomic(v) => *v,
@@ -315,12 +406,14 @@ impl BatchResult {
 
     /// Number of outcomes.
     #[must_use]
+    #[inline]
     pub fn len(&self) -> usize {
         self.outcomes.len()
     }
 
     /// Whether there are none.
     #[must_use]
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.outcomes.is_empty()
     }
@@ -372,6 +465,30 @@ mod tests {
         assert_eq!(wrs.iter().filter(|w| w.signaled).count(), 2);
         list.signal_all();
         assert!(list.finish().unwrap().iter().all(|w| w.signaled));
+    }
+
+    #[test]
+    fn inline_and_vec_forms_agree() {
+        let mut one = PostList::new();
+        one.read(at(0, 0), 8);
+        let inline = one.clone().finish_inline().unwrap();
+        assert_eq!(&*inline, &one.clone().finish().unwrap()[..]);
+        assert!(inline[0].signaled);
+        let mut many = PostList::with_capacity(3);
+        for i in 0..3 {
+            many.read(at(0, 8 * i), 8);
+        }
+        assert_eq!(
+            many.clone().finish_inline().unwrap().into_vec(),
+            many.finish().unwrap()
+        );
+        let mut result = BatchResult::written(2);
+        result.set(WrId(1), WrOutcome::Atomic(5));
+        assert_eq!(
+            result,
+            BatchResult::new(vec![WrOutcome::Written, WrOutcome::Atomic(5)])
+        );
+        assert_eq!(result.atomic(WrId(1)), 5);
     }
 
     #[test]

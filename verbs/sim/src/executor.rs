@@ -16,10 +16,8 @@ use dmem_verbs::{
 };
 
 use crate::stats::{NodeStats, Role, SimStats};
-use crate::world::{BatchKey, Event, World};
+use crate::world::{BatchKey, Event, TaskKey, Waiter, World};
 use crate::{ClusterConfig, SimError};
-
-type TaskKey = (usize, u32);
 
 /// A core in the runnable heap: (start time, wake order of its next task, core, version).
 type CoreEntry = (Nanos, u64, usize, u64);
@@ -89,6 +87,9 @@ struct Shared {
     ready_seq: Cell<u64>,
     wakes: Arc<WakeQueue>,
     woken_buffer: Cell<Vec<TaskKey>>,
+    /// The task being polled, if any: a post list it waits for with its own waker records
+    /// the task ([`Waiter::Task`]) instead of a clone of the waker.
+    polling: Cell<Option<TaskKey>>,
     generation: Cell<u32>,
     contexts: Cell<u64>,
     seed: u64,
@@ -124,6 +125,7 @@ impl Sim {
                 ready_seq: Cell::new(0),
                 wakes: Arc::new(WakeQueue::default()),
                 woken_buffer: Cell::new(Vec::new()),
+                polling: Cell::new(None),
                 generation: Cell::new(0),
                 contexts: Cell::new(0),
                 seed: config.seed,
@@ -460,6 +462,11 @@ fn publish(shared: &Shared, core: usize) {
 }
 
 fn drain_wakes(shared: &Shared, at: Nanos) {
+    // Tasks woken by their lists' completions first, then the wakers' queue. Both are never
+    // filled between two drains: completions wake during an event, at most one task per
+    // event, and the event loop drains after every event that woke something; so the
+    // order in which tasks become ready is the order of their wakes either way.
+    drain_task_wakes(shared, at);
     if !shared.wakes.any.swap(false, Ordering::Acquire) {
         return;
     }
@@ -482,6 +489,32 @@ fn drain_wakes(shared: &Shared, at: Nanos) {
     }
     woken.clear();
     shared.woken_buffer.set(woken);
+}
+
+/// Readies the tasks of [`World::task_wakes`], each unless it is queued already (what its
+/// waker would have done).
+fn drain_task_wakes(shared: &Shared, at: Nanos) {
+    let mut woken = {
+        let mut world = shared.world.borrow_mut();
+        if world.task_wakes.is_empty() {
+            return;
+        }
+        std::mem::take(&mut world.task_wakes)
+    };
+    for &key in &woken {
+        let core = match shared.tasks.borrow().get(key.0) {
+            Some(slot)
+                if slot.generation == key.1 && !slot.waker.queued.swap(true, Ordering::Relaxed) =>
+            {
+                slot.core
+            }
+            _ => continue,
+        };
+        push_ready(shared, key, core, at);
+    }
+    woken.clear();
+    // Give the buffer back so that waking allocates nothing.
+    shared.world.borrow_mut().task_wakes = woken;
 }
 
 /// The next runnable task, its core and the time the core can start it, discarding finished
@@ -572,7 +605,10 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
                 let mut world = shared.world.borrow_mut();
                 loop {
                     world.step();
-                    if shared.wakes.any.load(Ordering::Relaxed) || !world.newly_crashed.is_empty() {
+                    if shared.wakes.any.load(Ordering::Relaxed)
+                        || !world.task_wakes.is_empty()
+                        || !world.newly_crashed.is_empty()
+                    {
                         break;
                     }
                     match world.next_event_time() {
@@ -609,7 +645,9 @@ fn poll_task(shared: &Rc<Shared>, key: TaskKey, start: Nanos) {
         world.cores[core].local = start;
     }
     let mut cx = Context::from_waker(&waker);
+    shared.polling.set(Some(key));
     let poll = future.as_mut().poll(&mut cx);
+    shared.polling.set(None);
     let local = {
         let mut world = shared.world.borrow_mut();
         world.polling_core = None;
@@ -705,13 +743,14 @@ enum PostState {
     Done,
 }
 
-/// Resolves when every work request of a post list has completed.
-struct PostFuture {
-    ctx: SimContext,
+/// Resolves when every work request of a post list has completed. Borrows its context
+/// (no `Rc` count moves per post).
+struct PostFuture<'a> {
+    ctx: &'a SimContext,
     state: PostState,
 }
 
-impl Future for PostFuture {
+impl Future for PostFuture<'_> {
     type Output = Result<BatchResult, VerbsError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -720,7 +759,7 @@ impl Future for PostFuture {
         }
         let (key, just_posted) = match std::mem::replace(&mut self.state, PostState::Done) {
             PostState::Unposted(list) => {
-                let wrs = match list.finish() {
+                let wrs = match list.finish_inline() {
                     Ok(wrs) => wrs,
                     Err(e) => return Poll::Ready(Err(e)),
                 };
@@ -744,10 +783,21 @@ impl Future for PostFuture {
             Some((cqes, outcomes)) => {
                 let cost = cqes as u64 * world.profile.cqe_cpu_ns;
                 world.charge(self.ctx.core, cost);
-                Poll::Ready(outcomes.map(BatchResult::new))
+                Poll::Ready(outcomes)
             }
             None => {
-                world.batch_mut(key).waker = Some(cx.waker().clone());
+                let shared = &self.ctx.shared;
+                let own_waker = shared.polling.get().filter(|task| {
+                    shared
+                        .tasks
+                        .borrow()
+                        .get(task.0)
+                        .is_some_and(|slot| cx.waker().will_wake(&slot.handle))
+                });
+                world.batch_mut(key).waiter = match own_waker {
+                    Some(task) => Waiter::Task(task),
+                    None => Waiter::Waker(cx.waker().clone()),
+                };
                 drop(world);
                 self.state = PostState::Posted(key);
                 Poll::Pending
@@ -766,7 +816,7 @@ impl Drop for Sim {
     }
 }
 
-impl Drop for PostFuture {
+impl Drop for PostFuture<'_> {
     fn drop(&mut self) {
         if let PostState::Posted(key) = self.state
             && let Ok(mut world) = self.ctx.shared.world.try_borrow_mut()
@@ -832,7 +882,7 @@ impl Verbs for SimContext {
     fn post(&self, list: PostList) -> impl Future<Output = Result<BatchResult, VerbsError>> {
         self.posts.set(self.posts.get() + 1);
         PostFuture {
-            ctx: self.clone(),
+            ctx: self,
             state: PostState::Unposted(list),
         }
     }
@@ -841,7 +891,7 @@ impl Verbs for SimContext {
         if self.crashed() {
             return Err(VerbsError::LocalCrash);
         }
-        let wrs = list.finish()?;
+        let wrs = list.finish_inline()?;
         let mut world = self.shared.world.borrow_mut();
         // Posted like any list (same doorbells, same per-QP order), then abandoned: the work
         // requests execute, their completions wake nobody and cost no CQE poll.

@@ -30,7 +30,8 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::task::Waker;
 
 use dmem_verbs::{
-    Endpoint, Message, Nanos, NodeId, Op, OpKind, Port, RKey, VerbsError, WorkRequest, WrOutcome,
+    BatchResult, Endpoint, Message, Nanos, NodeId, Op, OpKind, Port, RKey, VerbsError,
+    WorkRequests, WrId, WrOutcome,
 };
 use hdrhistogram::Histogram;
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -45,8 +46,23 @@ use crate::{ClusterConfig, MessageFaults, NicProfile};
 /// Key of an in-flight post list.
 pub(crate) type BatchKey = usize;
 
+/// A task of the executor: slab index and generation.
+pub(crate) type TaskKey = (usize, u32);
+
+/// Who waits for a post list to complete.
+pub(crate) enum Waiter {
+    /// Nobody (not polled yet, or abandoned).
+    None,
+    /// The executor task that posted it, polled directly by its own waker: completion puts
+    /// its key on [`World::task_wakes`], with no `Waker` cloned, woken or dropped.
+    Task(TaskKey),
+    /// Any other waker (the list's future is polled inside a combinator with wakers of its
+    /// own).
+    Waker(Waker),
+}
+
 /// What a finished list returns: every outcome, or the error of the first failed work request.
-pub(crate) type Outcomes = Result<Vec<WrOutcome>, VerbsError>;
+pub(crate) type Outcomes = Result<BatchResult, VerbsError>;
 
 /// Something that happens at an instant of virtual time.
 pub(crate) enum Event {
@@ -127,17 +143,19 @@ pub(crate) struct Batch {
     core: usize,
     node: NodeId,
     posted_at: Nanos,
-    wrs: Vec<WorkRequest>,
+    /// Inline for a list of one: posting a single op allocates nothing here.
+    wrs: WorkRequests,
     /// How many work requests were actually posted (fewer if the node crashed mid-list).
     posted: usize,
     /// How many work requests are signaled (completion-queue entries to poll).
     signaled: usize,
-    /// Outcome of each work request (`Written` until it completes).
-    outcomes: Vec<WrOutcome>,
+    /// Outcome of each work request (`Written` until it completes), handed to the poster
+    /// as it is (inline for a list of one).
+    outcomes: BatchResult,
     /// Failed work requests, if any (boxed: rare, and a smaller `Batch` moves faster).
     failure: Option<Box<Failure>>,
     outstanding: usize,
-    pub(crate) waker: Option<Waker>,
+    pub(crate) waiter: Waiter,
     /// The future that posted it was dropped: free the slot when the last response lands.
     pub(crate) abandoned: bool,
 }
@@ -172,6 +190,9 @@ pub(crate) struct World {
     pub(crate) latency: [Histogram<u64>; 4],
     /// Nodes that crashed since the executor last looked (it drops their tasks).
     pub(crate) newly_crashed: Vec<NodeId>,
+    /// Tasks woken by the completion of a list they wait for ([`Waiter::Task`]), in wake
+    /// order; the executor drains them like the wakes of its wakers.
+    pub(crate) task_wakes: Vec<TaskKey>,
     /// Whether [`mark_phase`](Self::mark_phase) records (off by default: benchmarks would
     /// grow a list per transaction).
     pub(crate) record_phases: bool,
@@ -265,6 +286,7 @@ impl World {
             events_processed: 0,
             latency: crate::stats::new_latency(),
             newly_crashed: Vec::new(),
+            task_wakes: Vec::new(),
             record_phases: false,
         }
     }
@@ -403,7 +425,7 @@ impl World {
 
     /// Posts a checked list from `core`: pays the CPU cost, applies a planned crash, and
     /// schedules the doorbell. Returns the batch key.
-    pub(crate) fn post(&mut self, core: usize, wrs: Vec<WorkRequest>) -> BatchKey {
+    pub(crate) fn post(&mut self, core: usize, wrs: WorkRequests) -> BatchKey {
         let node = self.cores[core].node;
         let n = &mut self.nodes[usize::from(node.0)];
         let mut posted = wrs.len();
@@ -429,8 +451,7 @@ impl World {
             posted as u64 * self.profile.wr_cpu_ns + doorbells * self.profile.doorbell_cpu_ns;
         self.charge(core, cost);
         let at = self.cores[core].local;
-        let mut outcomes = Vec::with_capacity(wrs.len());
-        outcomes.resize_with(wrs.len(), || WrOutcome::Written);
+        let outcomes = BatchResult::written(wrs.len());
         let signaled = wrs.iter().filter(|w| w.signaled).count();
         let key = self.batches.insert(Batch {
             core,
@@ -442,7 +463,7 @@ impl World {
             wrs,
             outcomes,
             failure: None,
-            waker: None,
+            waiter: Waiter::None,
             abandoned: false,
         });
         if posted > 0 {
@@ -480,7 +501,7 @@ impl World {
                 self.batches.remove(key);
             } else {
                 b.abandoned = true;
-                b.waker = None;
+                b.waiter = Waiter::None;
             }
         }
     }
@@ -814,7 +835,7 @@ impl World {
             Action::Cas(..) | Action::Faa(_) => 8,
         };
         self.count_served(dst, kind);
-        self.batches[key].outcomes[wr] = outcome;
+        self.batches[key].outcomes.set(WrId(wr), outcome);
         let now = self.now as f64;
         self.respond(dst, key, wr, now, bytes);
     }
@@ -863,7 +884,7 @@ impl World {
         let kind = b.wrs[wr].op.kind();
         let latency = now.saturating_sub(b.posted_at).max(1);
         let failed = b.failure.as_ref().is_some_and(|f| f.failed[wr]);
-        let outcome_word = match &b.outcomes[wr] {
+        let outcome_word = match b.outcomes.outcome(WrId(wr)) {
             _ if failed => 2,
             WrOutcome::Atomic(v) => *v,
             WrOutcome::Bytes(bytes) => digest_bytes(bytes),
@@ -872,7 +893,11 @@ impl World {
         let signaled = b.wrs[wr].signaled || failed;
         let done = b.outstanding == 0;
         let abandoned = b.abandoned;
-        let waker = if done { b.waker.take() } else { None };
+        let waiter = if done {
+            std::mem::replace(&mut b.waiter, Waiter::None)
+        } else {
+            Waiter::None
+        };
         let core = b.core;
         if signaled {
             self.nodes[node].nic.stats.cqes += 1;
@@ -891,8 +916,12 @@ impl World {
         if done {
             if abandoned {
                 self.batches.remove(key);
-            } else if let Some(w) = waker {
-                w.wake();
+            } else {
+                match waiter {
+                    Waiter::Task(task) => self.task_wakes.push(task),
+                    Waiter::Waker(w) => w.wake(),
+                    Waiter::None => {}
+                }
             }
         }
     }
