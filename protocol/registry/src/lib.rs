@@ -94,8 +94,7 @@ pub fn registry() -> Registry {
         "motor",
         "motor:FLAG[+FLAG]",
         Box::new(|params: &str| {
-            let cfg = MotorProtocol::parse_flags(params)?;
-            Ok(Arc::new(MotorProtocol::new(&format!("motor:{params}"), cfg)) as Arc<dyn Protocol>)
+            Ok(Arc::new(MotorProtocol::from_flags(params)?) as Arc<dyn Protocol>)
         }),
     );
     let _ = r.register(LotusProtocol::new("lotus", dmem_lotus::LotusConfig::sr()));
