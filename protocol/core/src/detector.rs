@@ -81,7 +81,9 @@ impl HeartbeatDetector {
         let new: Vec<NodeId> = self
             .last
             .iter()
-            .filter(|&&(cn, t)| now.saturating_sub(t) > self.timeout && !self.suspected.contains(&cn))
+            .filter(|&&(cn, t)| {
+                now.saturating_sub(t) > self.timeout && !self.suspected.contains(&cn)
+            })
             .map(|&(cn, _)| cn)
             .collect();
         self.suspected.extend(&new);

@@ -53,11 +53,11 @@ use std::rc::Rc;
 pub use cluster::{ClusterShape, Deployed, SimLinkTerminator, deploy_loaded};
 pub use context::AnyContext;
 pub use dmem_store::TableDemand;
-pub use memory::{MnMemory, Recorder};
 pub use dmem_txn::detector::HeartbeatDetector;
+pub use memory::{MnMemory, Recorder};
 pub use oracle::{settle_history, spawn_crash_watch};
-pub use sim_recovery::{Detection, RecoveryState, spawn_heartbeat_watch, spawn_log_recovery};
 pub use registry::{Family, Registry};
+pub use sim_recovery::{Detection, RecoveryState, spawn_heartbeat_watch, spawn_log_recovery};
 
 use dmem_sim::{Sim, SimError};
 use dmem_store::StoreError;

@@ -27,7 +27,10 @@ use dmem_verbs::{Clock, NodeId, Verbs};
 
 use crate::oracle::{settle_history, spawn_crash_watch};
 use crate::process::ALIVE;
-use crate::{DeployError, HeartbeatDetector, RecoveredCoordinator, RecoveryEvent, RecoveryTiming, SimLinkTerminator};
+use crate::{
+    DeployError, HeartbeatDetector, RecoveredCoordinator, RecoveryEvent, RecoveryTiming,
+    SimLinkTerminator,
+};
 
 /// How the simulated recovery of [`spawn_log_recovery`] learns that a CN failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -222,12 +225,22 @@ mod tests {
         crash: bool,
     ) -> (Rc<Sim>, Vec<RecoveryEvent>, Vec<(u16, bool)>) {
         let sim = Rc::new(
-            Sim::new(ClusterConfig::new("cx6").unwrap().mns(1).cns(3).threads_per_cn(2)).unwrap(),
+            Sim::new(
+                ClusterConfig::new("cx6")
+                    .unwrap()
+                    .mns(1)
+                    .cns(3)
+                    .threads_per_cn(2),
+            )
+            .unwrap(),
         );
         let state = RecoveryState::default();
         let reached = Rc::new(RefCell::new(Vec::new()));
         let workers = [sim.cn(0), sim.cn(1)];
-        let probes: Vec<SimContext> = workers.iter().map(|&cn| sim.context(cn, 0).unwrap()).collect();
+        let probes: Vec<SimContext> = workers
+            .iter()
+            .map(|&cn| sim.context(cn, 0).unwrap())
+            .collect();
         let addr = sim.region(sim.mn(0)).at(0).unwrap();
         let r = Rc::clone(&reached);
         spawn_log_recovery(
