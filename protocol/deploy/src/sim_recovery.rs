@@ -52,7 +52,8 @@ pub struct RecoveryState {
 }
 
 /// Spawns a heartbeat failure detector on CN `recovery_cn` (thread 0): every `timing.poll`
-/// of virtual time until `timing.until` it asks `cns()` for the CNs to watch (a CN seen for
+/// of virtual time until `timing.until` it asks `cns()` for the CNs to watch (all but its own
+/// CN; a CN seen for
 /// the first time is counted as heard from then, and gets a heartbeat task on its thread 1,
 /// or 0 if it has one thread, that sends a message to the detector every
 /// `timing.heartbeat` until `timing.until`), receives the heartbeats, and for each CN the
@@ -83,7 +84,9 @@ where
         while c.now() < timing.until {
             let now = c.now();
             for cn in cns() {
-                if fd.watches(cn) {
+                // The detector's own CN (it may run coordinators too, as the final
+                // reader of a run) is not watched: it would cut itself off.
+                if cn == c.node() || fd.watches(cn) {
                     continue;
                 }
                 fd.watch(cn, now);
