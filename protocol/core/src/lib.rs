@@ -9,6 +9,8 @@
 //!   write with the version it installed, begin and end instants, outcome), for the checker.
 //! * [`checker`]: the one history checker every protocol uses (Adya's G0, G1a–c, G-single, G2,
 //!   plus real-time order for strict serializability; Pandora §5).
+//! * [`detector`]: the heartbeat failure detector as a state machine (which CNs fell silent
+//!   for longer than a timeout), for every recovery that needs one.
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![forbid(unsafe_code)]
 
@@ -16,6 +18,7 @@ extern crate alloc;
 
 pub mod api;
 pub mod checker;
+pub mod detector;
 pub mod history;
 pub mod model;
 

@@ -15,8 +15,14 @@
 //! * [`ClusterShape`] and [`deploy_loaded`]: the cluster builder and the size–load–retry loop
 //!   (the index has no overflow buckets, so a full bucket doubles the index slack).
 //! * [`SimLinkTerminator`]: active-link termination in the simulator (Pandora §3.2.2 step 2).
-//! * [`spawn_oracle_recovery`] and [`settle_history`]: crash recovery under an oracle failure
-//!   detector (OOCC, Motor) and the history bookkeeping every recovery shares.
+//! * [`HeartbeatDetector`] (from `dmem-txn`): the heartbeat failure detector as a
+//!   fabric-free state machine, shared by the simulator's and the processes' recovery (and
+//!   Pandora's in `dmem-ford`).
+//! * [`spawn_log_recovery`] and [`settle_history`]: crash recovery from logs in the simulator
+//!   for protocols without a detector of their own (OOCC, DrTM, DSLR, Motor), behind
+//!   heartbeats ([`Detection::Heartbeat`], the default) or, where a caller asks, an oracle
+//!   ([`Detection::Oracle`], [`spawn_crash_watch`]), and the history bookkeeping every
+//!   recovery shares.
 //! * [`Registry`]: protocols by name, plus parameterised families (`ford:BUG+BUG`).
 //! * [`process`]: recovery across the processes of a real cluster — the CN tasks
 //!   ([`Deployment::process_tasks`]), the detector's [`process::ProcessRecovery`]
@@ -37,6 +43,7 @@ mod memory;
 mod oracle;
 pub mod process;
 mod registry;
+mod sim_recovery;
 
 use std::any::Any;
 
@@ -46,9 +53,11 @@ use std::rc::Rc;
 pub use cluster::{ClusterShape, Deployed, SimLinkTerminator, deploy_loaded};
 pub use context::AnyContext;
 pub use dmem_store::TableDemand;
+pub use dmem_txn::detector::HeartbeatDetector;
 pub use memory::{MnMemory, Recorder};
-pub use oracle::{OracleState, settle_history, spawn_crash_watch, spawn_oracle_recovery};
+pub use oracle::{settle_history, spawn_crash_watch};
 pub use registry::{Family, Registry};
+pub use sim_recovery::{Detection, RecoveryState, spawn_heartbeat_watch, spawn_log_recovery};
 
 use dmem_sim::{Sim, SimError};
 use dmem_store::StoreError;

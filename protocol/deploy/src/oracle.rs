@@ -1,12 +1,13 @@
-//! Crash recovery driven by an oracle failure detector, for protocols whose papers do not
-//! specify a detector (OOCC §V, Motor): one simulated task on a recovery CN polls the
-//! simulator for crashed CNs, cuts each crashed CN off every MN, lets the protocol recover
-//! that CN's coordinators one by one, writes each decision into the history and records a
-//! [`RecoveryEvent`]. Pandora's heartbeat detector (Pandora §3.2.1) lives in `dmem-ford`.
+//! The oracle failure detector of the simulator ([`spawn_crash_watch`]: it polls the
+//! simulator's crash state) and the history bookkeeping every recovery shares
+//! ([`settle_history`]).
 //!
-//! The oracle detects a crash at the first poll after it happened; a heartbeat detector
-//! would add its timeout. Recovery latencies reported through it are therefore lower
-//! bounds, which the crate READMEs of the protocols using it say.
+//! The oracle detects a crash at the first poll after it happened, with no timeout and no
+//! false suspicion; latencies measured behind it are lower bounds. Protocols recovering
+//! from logs use a heartbeat detector by default ([`crate::spawn_log_recovery`]); the
+//! oracle stays for callers that ask for it ([`crate::Detection::Oracle`]) and for LOTUS's
+//! membership service (`dmem-protocols`' `lotus.rs`, which calls [`spawn_crash_watch`]
+//! directly; moving it to [`crate::spawn_heartbeat_watch`] is its owners' call).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -15,9 +16,7 @@ use dmem_sim::{Sim, SimContext};
 use dmem_txn::{CoordinatorId, History, TxnId, TxnOutcome};
 use dmem_verbs::{Clock, Nanos, NodeId};
 
-use crate::{
-    Decision, DeployError, RecoveredCoordinator, RecoveryEvent, RecoveryTiming, SimLinkTerminator,
-};
+use crate::{Decision, DeployError, RecoveredCoordinator, RecoveryTiming};
 
 /// Writes recovery's decision into the history: the crashed coordinator's in-flight
 /// transaction (recorded `Unknown` before its first commit WRITE) committed at `now` if it
@@ -55,15 +54,6 @@ pub fn settle_history(history: &RefCell<History>, r: &RecoveredCoordinator, now:
             }
         }
     }
-}
-
-/// What an oracle recovery task shares with its deployment.
-#[derive(Debug, Clone, Default)]
-pub struct OracleState {
-    /// The CN failures recovered so far.
-    pub events: Rc<RefCell<Vec<RecoveryEvent>>>,
-    /// The first recovery step that failed.
-    pub error: Rc<RefCell<Option<String>>>,
 }
 
 /// Spawns the oracle failure detector on CN `recovery_cn` (thread 0): every `timing.poll` of
@@ -109,86 +99,4 @@ where
         }
     });
     Ok(())
-}
-
-/// Oracle recovery for protocols that recover coordinator by coordinator: a
-/// [`spawn_crash_watch`] over the CNs of `coordinators()` (`(coordinator id, CN)` pairs)
-/// whose task per crashed CN revokes the CN's access at every MN, awaits `recover(ctx, id)`
-/// for each of its coordinators (in id order), settles the history with each result
-/// ([`settle_history`]) and pushes a [`RecoveryEvent`] to `state.events`. A failed `recover`
-/// is stored in `state.error` (the first one) and recovery goes on.
-///
-/// # Errors
-/// [`DeployError::Sim`] if the recovery CN has no context.
-pub fn spawn_oracle_recovery<C, R>(
-    sim: &Rc<Sim>,
-    recovery_cn: u16,
-    timing: RecoveryTiming,
-    history: Rc<RefCell<History>>,
-    state: &OracleState,
-    coordinators: C,
-    recover: R,
-) -> Result<(), DeployError>
-where
-    C: Fn() -> Vec<(u16, NodeId)> + 'static,
-    R: AsyncFn(&SimContext, u16) -> Result<RecoveredCoordinator, String> + 'static,
-{
-    let coordinators = Rc::new(coordinators);
-    let recover = Rc::new(recover);
-    let (events, error) = (Rc::clone(&state.events), Rc::clone(&state.error));
-    let sim2 = Rc::clone(sim);
-    let watched = Rc::clone(&coordinators);
-    spawn_crash_watch(
-        sim,
-        recovery_cn,
-        timing,
-        move || watched().into_iter().map(|(_, n)| n).collect(),
-        move |c: SimContext, cn: NodeId| {
-            let (sim2, coordinators, recover, history, events, error) = (
-                Rc::clone(&sim2),
-                Rc::clone(&coordinators),
-                Rc::clone(&recover),
-                Rc::clone(&history),
-                Rc::clone(&events),
-                Rc::clone(&error),
-            );
-            async move {
-                let detected_at = c.now();
-                for mn in 0..sim2.mn_count() {
-                    SimLinkTerminator(Rc::clone(&sim2)).terminate(sim2.mn(mn), cn);
-                }
-                let terminated_at = c.now();
-                let mut ids: Vec<u16> = coordinators()
-                    .into_iter()
-                    .filter(|&(_, n)| n == cn)
-                    .map(|(id, _)| id)
-                    .collect();
-                ids.sort_unstable();
-                let mut recovered = Vec::new();
-                for id in ids {
-                    match recover(&c, id).await {
-                        Ok(r) => {
-                            settle_history(&history, &r, c.now());
-                            recovered.push(r);
-                        }
-                        Err(e) => {
-                            error
-                                .borrow_mut()
-                                .get_or_insert_with(|| format!("recovering coordinator {id}: {e}"));
-                        }
-                    }
-                }
-                let now = c.now();
-                events.borrow_mut().push(RecoveryEvent {
-                    cn,
-                    detected_at,
-                    terminated_at,
-                    logs_recovered_at: now,
-                    finished_at: now,
-                    coordinators: recovered,
-                    scanned_locks: 0,
-                });
-            }
-        },
-    )
 }

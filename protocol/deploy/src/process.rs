@@ -34,7 +34,7 @@ use std::rc::Rc;
 
 use dmem_verbs::{Clock, Endpoint, Nanos, NodeId, Port, Verbs, VerbsError};
 
-use crate::{AnyContext, DeployError, RecoveredCoordinator, RecoveryEvent};
+use crate::{AnyContext, DeployError, HeartbeatDetector, RecoveredCoordinator, RecoveryEvent};
 
 /// A task a deployment hands to the caller's executor (protocol crates never name one).
 pub type LocalTask = Pin<Box<dyn Future<Output = ()>>>;
@@ -47,8 +47,9 @@ const TERMINATE: &[u8] = b"dmem-terminate";
 /// MN → CN: the CN's access is revoked.
 const TERMINATED: &[u8] = b"dmem-terminated";
 /// A CN's heartbeat for protocols without their own detector (any message from a CN
-/// counts as one at the detector's join barrier).
-const ALIVE: &[u8] = b"dmem-alive";
+/// counts as one at the detector's join barrier); the simulator's heartbeats
+/// ([`crate::spawn_heartbeat_watch`]) send the same bytes.
+pub(crate) const ALIVE: &[u8] = b"dmem-alive";
 
 /// A CN of a real cluster, as recovery knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -352,8 +353,8 @@ fn parse_frame(bytes: &[u8]) -> Option<(u64, &[u8])> {
 }
 
 /// Recovery of a CN by its coordinators' logs, for protocols whose papers specify no
-/// detector (Motor; `dmem-ford` has Pandora's): a heartbeat detector (any message from a
-/// CN on the detector's context counts), link termination at every MN, then the protocol's
+/// detector (Motor, OOCC, DrTM; `dmem-ford` has Pandora's): a [`HeartbeatDetector`] (any
+/// message from a CN on the detector's context counts), link termination at every MN, then the protocol's
 /// `recover(ctx, coordinator)` for each coordinator of the CN, in id order.
 pub struct LogRecovery<R> {
     protocol: String,
@@ -361,9 +362,7 @@ pub struct LogRecovery<R> {
     terminator: MessageLinkTerminator,
     mns: Vec<NodeId>,
     members: Vec<ClusterMember>,
-    timeout: Nanos,
-    last: HashMap<NodeId, Nanos>,
-    suspected: Vec<NodeId>,
+    detector: HeartbeatDetector,
     recover: R,
     events: Rc<RefCell<Vec<RecoveryEvent>>>,
 }
@@ -389,9 +388,11 @@ where
             terminator,
             mns,
             members: plan.members.clone(),
-            timeout: plan.timeout,
-            last: plan.members.iter().map(|m| (m.cn, now)).collect(),
-            suspected: Vec::new(),
+            detector: HeartbeatDetector::watching(
+                plan.timeout,
+                plan.members.iter().map(|m| m.cn),
+                now,
+            ),
             recover,
             events,
             ctx,
@@ -413,19 +414,9 @@ where
     fn detect(&mut self) -> Result<Vec<NodeId>, DeployError> {
         let now = self.ctx.now();
         while let Some(msg) = self.ctx.try_recv().map_err(|e| self.error(e.to_string()))? {
-            if let Some(t) = self.last.get_mut(&msg.from.node) {
-                *t = (*t).max(now);
-            }
+            self.detector.heartbeat(msg.from.node, now);
         }
-        let new: Vec<NodeId> = self
-            .members
-            .iter()
-            .map(|m| m.cn)
-            .filter(|cn| !self.suspected.contains(cn))
-            .filter(|cn| now.saturating_sub(self.last[cn]) > self.timeout)
-            .collect();
-        self.suspected.extend(&new);
-        Ok(new)
+        Ok(self.detector.suspects(now))
     }
 
     fn recover(&mut self, cn: NodeId) -> StepFuture<'_, ()> {
@@ -476,7 +467,7 @@ where
         self.events.borrow().clone()
     }
 
-    /// As [`spawn_oracle_recovery`](crate::spawn_oracle_recovery) settles the history.
+    /// As [`spawn_log_recovery`](crate::spawn_log_recovery) settles the history.
     fn settles_history(&self) -> bool {
         true
     }

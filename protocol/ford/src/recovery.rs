@@ -8,7 +8,6 @@
 //! can simply run it again after a failure of its own.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::future::Future;
 use std::rc::Rc;
 
@@ -16,6 +15,7 @@ use dmem_layout::log::LogRegionHeader;
 use dmem_layout::pill::{CoordinatorId as PillId, FailedCoordinatorSet, PillLockWord};
 use dmem_layout::record::{DataItemHeader, DataVersion};
 use dmem_txn::TableId;
+use dmem_txn::detector::HeartbeatDetector;
 use dmem_verbs::{Clock, Endpoint, Nanos, NodeId, PostList, Verbs, VerbsError, VerbsExt};
 
 use crate::config::Protocol;
@@ -322,49 +322,38 @@ pub struct Member {
     pub listener: Endpoint,
 }
 
-/// The heartbeat failure detector as a state machine (Pandora §3.2.2 step 1): a CN is
-/// suspected when no heartbeat arrived for `timeout`.
+/// The heartbeat failure detector (Pandora §3.2.2 step 1): `dmem-txn`'s
+/// [`HeartbeatDetector`] over the members, which suspects a CN when no heartbeat arrived
+/// for `timeout`.
 #[derive(Debug, Clone)]
 pub struct FailureDetector {
-    timeout: Nanos,
-    last: HashMap<NodeId, Nanos>,
+    heartbeats: HeartbeatDetector,
     members: Vec<Member>,
-    failed: Vec<NodeId>,
 }
 
 impl FailureDetector {
     /// Watches `members`, counting every one as heard from at `now`.
     #[must_use]
     pub fn new(timeout: Nanos, members: Vec<Member>, now: Nanos) -> Self {
-        let last = members.iter().map(|m| (m.cn, now)).collect();
         Self {
-            timeout,
-            last,
+            heartbeats: HeartbeatDetector::watching(timeout, members.iter().map(|m| m.cn), now),
             members,
-            failed: Vec::new(),
         }
     }
 
     /// A heartbeat from `cn` arrived at `now`.
     pub fn heartbeat(&mut self, cn: NodeId, now: Nanos) {
-        if let Some(t) = self.last.get_mut(&cn) {
-            *t = (*t).max(now);
-        }
+        self.heartbeats.heartbeat(cn, now);
     }
 
     /// The members newly suspected at `now` (each reported once).
     pub fn suspects(&mut self, now: Nanos) -> Vec<Member> {
-        let mut out = Vec::new();
-        for m in &self.members {
-            if self.failed.contains(&m.cn) {
-                continue;
-            }
-            if now.saturating_sub(self.last[&m.cn]) > self.timeout {
-                out.push(m.clone());
-            }
-        }
-        self.failed.extend(out.iter().map(|m| m.cn));
-        out
+        let new = self.heartbeats.suspects(now);
+        self.members
+            .iter()
+            .filter(|m| new.contains(&m.cn))
+            .cloned()
+            .collect()
     }
 
     /// Members not suspected.
@@ -372,7 +361,7 @@ impl FailureDetector {
     pub fn live(&self) -> Vec<Member> {
         self.members
             .iter()
-            .filter(|m| !self.failed.contains(&m.cn))
+            .filter(|m| !self.heartbeats.is_suspected(m.cn))
             .cloned()
             .collect()
     }

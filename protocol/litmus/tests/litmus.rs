@@ -386,3 +386,36 @@ fn only_lotus_claims_to_tolerate_message_loss() {
     assert!(cfg.loss_if_tolerated > 0.0 && cfg.message_faults.loss == 0.0);
     assert!(cfg.message_faults.delay > 0.0 && cfg.message_faults.duplicate == 0.0);
 }
+
+/// A detector that suspects live CNs: heartbeats rarer than the timeout, no crash. Every
+/// worker CN is falsely suspected; recovery cuts it off every MN before it decides its
+/// coordinators' transactions, so the runs lose availability (cut-off roles stop
+/// committing), never safety: no assertion or checker violation, for every protocol that
+/// recovers behind `dmem-deploy`'s heartbeat detector.
+#[test]
+fn false_suspicions_cost_availability_not_safety() {
+    let mut run = RunConfig::new(0.0);
+    run.live_cut_off_allowed = true;
+    // DSLR refuses detection slower than a quarter of its 1 ms reset lease: 150 + 50 + 5.
+    run.timing.heartbeat = 150_000;
+    run.timing.timeout = 50_000;
+    run.timing.poll = 5_000;
+    for name in ["oocc", "drtm", "dslr", "motor"] {
+        let (mut runs, mut suspected) = (0, 0);
+        for litmus in Litmus::ALL {
+            for seed in 0..40 {
+                let out = run_one(&*protocol(name), litmus, seed, &run).unwrap();
+                assert!(out.crash.is_none());
+                assert!(
+                    out.violation.is_none(),
+                    "{name} {litmus:?} seed {seed}: {:?}",
+                    out.violation
+                );
+                runs += 1;
+                suspected += out.recoveries;
+            }
+        }
+        // Two worker CNs per run, each suspected once.
+        assert_eq!(suspected, 2 * runs, "{name}");
+    }
+}

@@ -200,6 +200,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Coordinator
             reads: Vec::new(),
             writes: Vec::new(),
             events: Vec::new(),
+            recorded_unknown: false,
         })
     }
 }
@@ -249,6 +250,10 @@ pub struct MotorTxn<'a, V, H, T> {
     reads: Vec<ReadEntry>,
     writes: Vec<WriteEntry>,
     events: Vec<ReadEvent>,
+    /// Recorded in the history as `Unknown` before its commit was logged: recovery settles
+    /// it from then on, so a failed commit records nothing more (a CN cut off while alive,
+    /// after a false suspicion, would otherwise record it twice).
+    recorded_unknown: bool,
 }
 
 fn aborted(why: &'static str) -> TxnError {
@@ -841,6 +846,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             reads: std::mem::take(&mut self.events),
             writes: events,
         });
+        self.recorded_unknown = true;
         self.co.oplog.committing(self.co.id, installs);
         self.co.ctx.mark_phase("commit");
         self.co.ctx.post(list).await?;
@@ -881,7 +887,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Transaction for Moto
             Ok(()) => Ok(()),
             Err(e) => {
                 let _ = self.release().await;
-                if !matches!(e, TxnError::Verbs(_)) || self.events.is_empty() {
+                if !self.recorded_unknown
+                    && (!matches!(e, TxnError::Verbs(_)) || self.events.is_empty())
+                {
                     self.record(TxnOutcome::Aborted, Vec::new());
                 }
                 Err(e)

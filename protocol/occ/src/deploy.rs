@@ -8,8 +8,8 @@ use std::rc::Rc;
 
 use dmem_deploy::process::{LogRecovery, MessageLinkTerminator, ProcessPlan, ProcessRecovery};
 use dmem_deploy::{
-    AnyContext, DeployError, DeploySpec, Deployment, MnMemory, OracleState, Protocol, Recorder,
-    RecoveryEvent, RecoveryTiming,
+    AnyContext, DeployError, DeploySpec, Deployment, Detection, MnMemory, Protocol, Recorder,
+    RecoveryEvent, RecoveryState, RecoveryTiming,
 };
 use dmem_layout::record::OoccLockWord;
 use dmem_sim::{Sim, SimContext};
@@ -39,6 +39,9 @@ pub struct OoccProtocol {
     /// DSLR two-phase locking instead of OOCC (same store; recovery by its redo log and
     /// lease reset).
     pub dslr: Option<DslrConfig>,
+    /// How the simulator's recovery detects a failed CN: heartbeats by default, the oracle
+    /// when asked (`oocc:oracle`, `dslr:oracle`: recovery measured without detection).
+    pub detection: Detection,
 }
 
 impl OoccProtocol {
@@ -52,6 +55,7 @@ impl OoccProtocol {
             manager: None,
             drtm: None,
             dslr: None,
+            detection: Detection::Heartbeat,
         }
     }
 
@@ -107,6 +111,13 @@ impl OoccProtocol {
         self.drift = drift;
         self
     }
+
+    /// The same protocol with its simulated recovery behind `detection`.
+    #[must_use]
+    pub fn with_detection(mut self, detection: Detection) -> Self {
+        self.detection = detection;
+        self
+    }
 }
 
 impl Protocol for OoccProtocol {
@@ -147,7 +158,7 @@ impl Protocol for OoccProtocol {
             }),
             manager_started: false,
             paused: Rc::new(Cell::new(false)),
-            oracle: OracleState::default(),
+            recovery: RecoveryState::default(),
         }))
     }
 }
@@ -164,7 +175,7 @@ pub struct OoccDeployment {
     manager: Rc<ManagerLog>,
     manager_started: bool,
     paused: Rc<Cell<bool>>,
-    oracle: OracleState,
+    recovery: RecoveryState,
 }
 
 impl OoccDeployment {
@@ -325,12 +336,31 @@ impl Deployment for OoccDeployment {
             until: timing.until.saturating_mul(2),
             ..timing
         };
-        dmem_deploy::spawn_oracle_recovery(
+        let detection = self.protocol.detection;
+        if let (Some(cfg), Detection::Heartbeat) = (self.protocol.dslr, detection) {
+            // DSLR's lease reset is timed, not fenced: recovery's roll-forward must land
+            // within half the reset lease of the crash (`crate::dslr2pl`). Detection may
+            // take a heartbeat period, the timeout and a poll; a quarter of the reset lease
+            // is left for them, the rest for link termination and the roll-forward.
+            let detection_ns = timing.heartbeat + timing.timeout + timing.poll;
+            if detection_ns > cfg.reset_lease_ns / 4 {
+                return Err(DeployError::Protocol {
+                    protocol: self.protocol.name(),
+                    reason: format!(
+                        "heartbeat period + detection timeout + poll ({} µs) must stay within a quarter of DSLR's {} µs reset lease, or recovery's roll-forward may land after a live transaction took the reset lock",
+                        detection_ns / 1_000,
+                        cfg.reset_lease_ns / 1_000
+                    ),
+                });
+            }
+        }
+        dmem_deploy::spawn_log_recovery(
             sim,
             recovery_cn,
             timing,
+            detection,
             Rc::clone(self.history.history()),
-            &self.oracle,
+            &self.recovery,
             move || leases.borrow().iter().map(|(id, n, _)| (*id, *n)).collect(),
             async move |c: &SimContext, id: u16| {
                 if skip_roll_forward {
@@ -353,7 +383,7 @@ impl Deployment for OoccDeployment {
     }
 
     /// The redo logs live in MN memory, so the detector CN of a real cluster recovers a
-    /// failed CN's coordinators exactly as the simulator's oracle task does, behind a
+    /// failed CN's coordinators exactly as the simulator's recovery task does, behind a
     /// heartbeat detector ([`LogRecovery`]).
     fn process_recovery(
         &mut self,
@@ -372,7 +402,7 @@ impl Deployment for OoccDeployment {
             terminator,
             mns,
             plan,
-            Rc::clone(&self.oracle.events),
+            Rc::clone(&self.recovery.events),
             async move |c: &AnyContext, id: u16| {
                 crate::recovery::recover_coordinator(c, &dir, id, kind)
                     .await
@@ -382,11 +412,11 @@ impl Deployment for OoccDeployment {
     }
 
     fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        self.oracle.events.borrow().clone()
+        self.recovery.events.borrow().clone()
     }
 
     fn recovery_error(&self) -> Option<String> {
-        self.oracle.error.borrow().clone()
+        self.recovery.error.borrow().clone()
     }
 
     fn paused(&self) -> Rc<Cell<bool>> {

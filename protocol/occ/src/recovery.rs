@@ -18,8 +18,9 @@
 //! 4. releases every lock the coordinator still holds (a scan of the records' lock words;
 //!    the owner field names the coordinator), at the version it holds it at.
 //!
-//! The failure detector is an oracle: it polls the simulator for crashed CNs every
-//! `poll`; Pandora's heartbeat detector lives in `dmem-ford` and is not repeated here.
+//! The failure detector is `dmem-deploy`'s (`spawn_log_recovery`): heartbeats and a
+//! timeout by default, the simulator's crash state when a caller asks (`oocc:oracle`); a
+//! suspected CN is cut off every MN before these steps run.
 
 use std::rc::Rc;
 

@@ -9,9 +9,10 @@
 //! * `oocc` — OOCC (implicit read leases, delayed write locks, one-op write-unlock; `dmem-occ`);
 //! * `drtm` — DrTM's lease-based shared locks (OOCC §II-A baseline, lease 400 µs; `dmem-occ`);
 //! * `dslr` — two-phase locking on DSLR ticket locks (OOCC §II-A baseline; `dmem-occ`);
-//!   `dslr:skip-roll-forward` plants a recovery bug (redo logs discarded, not rolled forward);
+//!   `dslr:skip-roll-forward` plants a recovery bug (redo logs discarded, not rolled forward),
+//!   `dslr:oracle` detects crashes with the simulator's oracle instead of heartbeats;
 //! * `oocc:PARAM[+PARAM]` — OOCC varied for the figures (lease, offset, drift, lease manager,
-//!   techniques off, a planted bug; see [`occ_family`]);
+//!   techniques off, a planted bug, the oracle detector; see [`occ_family`]);
 //! * `pandora` — PILL, logging after validation, RDMA recovery (Pandora §3);
 //! * `pandora-lock-logging` — Pandora with traditional "log before lock" (Pandora §6.1);
 //! * `ford:BUG[+BUG]` — FORD with bugs of Table 1 switched on (`ford:covert-locks`);
@@ -27,7 +28,8 @@
 //!   [`DandelionProtocol::parse_flags`]);
 //! * `motor:FLAG[+FLAG]` — Motor with switches: `si`, `no-cas` (unsafe, for the LOTUS §2.2
 //!   motivation only), `skip-newer-abort` and `recovery-releases-only` (planted bugs for the
-//!   litmus suite; the second is what Motor's public code recovers).
+//!   litmus suite; the second is what Motor's public code recovers), `oracle` (the
+//!   simulator's oracle detects crashes instead of heartbeats).
 //!
 //! `dmem bench --protocol X`, `dmem litmus --protocol X` and the tests look protocols up
 //! here; a later protocol (Motor, LOTUS, …) adds one `register` line.
@@ -94,8 +96,7 @@ pub fn registry() -> Registry {
         "motor",
         "motor:FLAG[+FLAG]",
         Box::new(|params: &str| {
-            let cfg = MotorProtocol::parse_flags(params)?;
-            Ok(Arc::new(MotorProtocol::new(&format!("motor:{params}"), cfg)) as Arc<dyn Protocol>)
+            Ok(Arc::new(MotorProtocol::from_flags(params)?) as Arc<dyn Protocol>)
         }),
     );
     let _ = r.register(LotusProtocol::new("lotus", dmem_lotus::LotusConfig::sr()));
@@ -136,7 +137,7 @@ pub fn registry() -> Registry {
     );
     let _ = r.register_family(
         "dslr",
-        "dslr:skip-roll-forward",
+        "dslr:PARAM[+PARAM]",
         Box::new(|params: &str| Ok(Arc::new(occ_family::dslr_with(params)?) as Arc<dyn Protocol>)),
     );
     r

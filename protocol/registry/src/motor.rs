@@ -3,8 +3,9 @@
 //! Versions per record follow the workload (LOTUS §8: TATP 2, SmallBank 3, TPC-C and
 //! micro-benchmarks 4; [`DeploySpec::workload`]). Coordinators keep their op logs in an
 //! [`OpLogs`] owned by the deployment (CN memory that survives a crash, Motor's UPS-backed
-//! DRAM); [`Deployment::start_recovery`] starts the oracle failure detector of `dmem-deploy`,
-//! which finishes a crashed CN's transactions with [`dmem_motor::recover_coordinator`].
+//! DRAM); [`Deployment::start_recovery`] starts `dmem-deploy`'s simulated recovery behind its
+//! heartbeat detector (`motor:oracle`: the oracle), which finishes a crashed CN's
+//! transactions with [`dmem_motor::recover_coordinator`].
 //! Across processes ([`Deployment::process_tasks`], [`Deployment::process_recovery`]) each
 //! CN writes its coordinators' op logs through to [`DurableSlots`] (files that outlive the
 //! process, as Motor's UPS-backed DRAM outlives a crash) and the detector CN's heartbeat
@@ -18,8 +19,8 @@ use dmem_deploy::process::{
     ProcessRecovery, alive_task,
 };
 use dmem_deploy::{
-    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, OracleState, Protocol,
-    Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming,
+    AnyContext, Decision, DeployError, DeploySpec, Deployment, Detection, MnMemory, Protocol,
+    Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryState, RecoveryTiming,
 };
 use dmem_motor::mvcc::{self, MvccLoader, Shapes, VersionLayout};
 use dmem_motor::{
@@ -36,6 +37,8 @@ use dmem_verbs::NodeId;
 pub struct MotorProtocol {
     name: String,
     config: MotorConfig,
+    /// How the simulator's recovery detects a failed CN.
+    detection: Detection,
 }
 
 impl MotorProtocol {
@@ -45,7 +48,27 @@ impl MotorProtocol {
         Self {
             name: name.to_owned(),
             config,
+            detection: Detection::Heartbeat,
         }
+    }
+
+    /// `motor:FLAGS`: the switches of [`parse_flags`](Self::parse_flags) plus `oracle` (the
+    /// simulator's recovery detects a crash with the oracle instead of heartbeats:
+    /// recovery measured without detection, a lower bound).
+    ///
+    /// # Errors
+    /// An unknown flag.
+    pub fn from_flags(params: &str) -> Result<Self, String> {
+        let flags = || params.split(['+', ',']).filter(|f| !f.is_empty());
+        let others: Vec<&str> = flags().filter(|&f| f != "oracle").collect();
+        let mut p = Self::new(
+            &format!("motor:{params}"),
+            Self::parse_flags(&others.join("+"))?,
+        );
+        if flags().any(|f| f == "oracle") {
+            p.detection = Detection::Oracle;
+        }
+        Ok(p)
     }
 
     /// Parses the switches of `motor:FLAG[+FLAG]`: `si`, `full-records` (LOTUS's store
@@ -65,7 +88,7 @@ impl MotorProtocol {
                 "recovery-releases-only" => cfg.recovery_releases_only = true,
                 other => {
                     return Err(format!(
-                        "unknown motor switch `{other}` (known: si, full-records, no-cas, skip-newer-abort, recovery-releases-only)"
+                        "unknown motor switch `{other}` (known: si, full-records, no-cas, skip-newer-abort, recovery-releases-only, oracle)"
                     ));
                 }
             }
@@ -244,7 +267,8 @@ impl Protocol for MotorProtocol {
             paused: Rc::new(Cell::new(false)),
             oplogs: Rc::new(OpLogs::new()),
             coordinators: Rc::new(RefCell::new(Vec::new())),
-            oracle: OracleState::default(),
+            detection: self.detection,
+            recovery: RecoveryState::default(),
             mirror_error: Rc::new(RefCell::new(None)),
         }))
     }
@@ -260,7 +284,8 @@ struct MotorDeployment {
     oplogs: Rc<OpLogs>,
     /// `(coordinator id, CN)` of every worker.
     coordinators: Rc<RefCell<Vec<(u16, NodeId)>>>,
-    oracle: OracleState,
+    detection: Detection,
+    recovery: RecoveryState,
     /// The first op-log write to the durable slots that failed (a real cluster's CN).
     mirror_error: Rc<RefCell<Option<String>>>,
 }
@@ -335,12 +360,13 @@ impl Deployment for MotorDeployment {
         );
         let coordinators = Rc::clone(&self.coordinators);
         let releases_only = self.config.recovery_releases_only;
-        dmem_deploy::spawn_oracle_recovery(
+        dmem_deploy::spawn_log_recovery(
             sim,
             recovery_cn,
             timing,
+            self.detection,
             Rc::clone(self.base.history.history()),
-            &self.oracle,
+            &self.recovery,
             move || coordinators.borrow().clone(),
             async move |c: &SimContext, id: u16| {
                 let r =
@@ -400,7 +426,7 @@ impl Deployment for MotorDeployment {
             terminator,
             mns,
             plan,
-            Rc::clone(&self.oracle.events),
+            Rc::clone(&self.recovery.events),
             async move |c: &AnyContext, id: u16| {
                 // The failed CN's op log, as its process last wrote it.
                 let log = match slots.read(id).map_err(|e| e.to_string())? {
@@ -418,12 +444,12 @@ impl Deployment for MotorDeployment {
     }
 
     fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        self.oracle.events.borrow().clone()
+        self.recovery.events.borrow().clone()
     }
 
     fn recovery_error(&self) -> Option<String> {
-        let oracle = self.oracle.error.borrow().clone();
-        oracle.or_else(|| self.mirror_error.borrow().clone())
+        let recovery = self.recovery.error.borrow().clone();
+        recovery.or_else(|| self.mirror_error.borrow().clone())
     }
 
     fn paused(&self) -> Rc<Cell<bool>> {

@@ -13,10 +13,12 @@
 //! | `no-delayed-lock` | write lock at execution instead of the intention lock (Fig. 11) |
 //! | `no-one-op-unlock` | value WRITE and unlock WRITE in two round trips (Fig. 11) |
 //! | `skip-lease-wait` | planted bug: the writer does not wait for the lease |
+//! | `oracle` | the simulator's recovery detects a crash with the oracle instead of heartbeats (recovery measured without detection, a lower bound) |
 //!
 //! `dslr:skip-roll-forward` is DSLR two-phase locking with a planted recovery bug: a crashed
-//! coordinator's redo log is discarded instead of rolled forward.
+//! coordinator's redo log is discarded instead of rolled forward; `dslr:oracle` as `oocc:oracle`.
 
+use dmem_deploy::Detection;
 use dmem_occ::manager::Policy;
 use dmem_occ::{DriftModel, OoccConfig, OoccProtocol};
 
@@ -40,19 +42,26 @@ pub fn dslr() -> OoccProtocol {
 
 /// `dslr:PARAMS`: `skip-roll-forward`, the planted bug of
 /// [`DslrConfig::bug_skip_roll_forward`](dmem_occ::dslr2pl::DslrConfig::bug_skip_roll_forward)
-/// (recovery discards redo logs instead of rolling them forward).
+/// (recovery discards redo logs instead of rolling them forward); `oracle`, the oracle
+/// detector in the simulator.
 ///
 /// # Errors
 /// An unknown parameter.
 pub fn dslr_with(params: &str) -> Result<OoccProtocol, String> {
     let mut cfg = dmem_occ::dslr2pl::DslrConfig::default();
+    let mut detection = Detection::Heartbeat;
     for p in params.split('+') {
         match p {
             "skip-roll-forward" => cfg.bug_skip_roll_forward = true,
-            _ => return Err(format!("unknown parameter `{p}`: use skip-roll-forward")),
+            "oracle" => detection = Detection::Oracle,
+            _ => {
+                return Err(format!(
+                    "unknown parameter `{p}`: use skip-roll-forward, oracle"
+                ));
+            }
         }
     }
-    Ok(OoccProtocol::dslr(&format!("dslr:{params}"), cfg))
+    Ok(OoccProtocol::dslr(&format!("dslr:{params}"), cfg).with_detection(detection))
 }
 
 /// `oocc:PARAMS` (see the module docs).
@@ -63,6 +72,7 @@ pub fn oocc_with(params: &str) -> Result<OoccProtocol, String> {
     let mut cfg = OoccConfig::default();
     let mut drift = DriftModel::default();
     let mut manager = false;
+    let mut detection = Detection::Heartbeat;
     let num = |v: &str| v.parse::<f64>().map_err(|e| format!("`{v}`: {e}"));
     for p in params.split('+') {
         match p.split_once('=') {
@@ -74,14 +84,17 @@ pub fn oocc_with(params: &str) -> Result<OoccProtocol, String> {
             None if p == "no-delayed-lock" => cfg.delayed_lock = false,
             None if p == "no-one-op-unlock" => cfg.one_op_unlock = false,
             None if p == "skip-lease-wait" => cfg.bug_skip_lease_wait = true,
+            None if p == "oracle" => detection = Detection::Oracle,
             _ => {
                 return Err(format!(
-                    "unknown parameter `{p}`: use lease=µs, offset=µs, ppm=N, manager, no-lease, no-delayed-lock, no-one-op-unlock, skip-lease-wait"
+                    "unknown parameter `{p}`: use lease=µs, offset=µs, ppm=N, manager, no-lease, no-delayed-lock, no-one-op-unlock, skip-lease-wait, oracle"
                 ));
             }
         }
     }
-    let mut p = OoccProtocol::new(&format!("oocc:{params}"), cfg).with_drift(drift);
+    let mut p = OoccProtocol::new(&format!("oocc:{params}"), cfg)
+        .with_drift(drift)
+        .with_detection(detection);
     if manager {
         p = p.with_manager(Policy::default());
     }

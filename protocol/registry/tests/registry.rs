@@ -131,3 +131,46 @@ fn unknown_names_and_bugs_are_errors() {
     assert!(r.get("oocc:lease=50+manager+ppm=10").is_ok());
     assert!(r.get("oocc:no-such-knob").is_err());
 }
+
+#[test]
+fn the_oracle_is_asked_for_by_name_and_dslr_refuses_slow_heartbeats() {
+    let r = dmem_protocols::registry();
+    for name in [
+        "oocc:oracle",
+        "dslr:oracle",
+        "motor:oracle",
+        "motor:si+oracle",
+    ] {
+        assert_eq!(r.get(name).unwrap().name(), name);
+    }
+    assert!(r.get("dslr:no-such-knob").is_err());
+    let timing = |timeout_us: u64, heartbeat_us: u64| dmem_deploy::RecoveryTiming {
+        heartbeat: heartbeat_us * 1_000,
+        timeout: timeout_us * 1_000,
+        poll: 10_000,
+        until: 1_000_000,
+    };
+    let start = |name: &str, timing: dmem_deploy::RecoveryTiming| {
+        let spec = DeploySpec::new(
+            vec![TableDemand {
+                id: T,
+                value_len: 8,
+                expected_records: 10,
+                grows: false,
+            }],
+            2,
+        );
+        let history = Rc::new(RefCell::new(History::new()));
+        let records = || (0..10u64).map(|k| (T, Key(k), k.to_le_bytes().to_vec()));
+        let protocol = r.get(name).unwrap();
+        let mut d = deploy_loaded(&*protocol, &shape(), &spec, &history, records).unwrap();
+        d.deployment.start_recovery(&d.sim, 1, timing)
+    };
+    // DSLR's roll-forward must land within half its 1 ms reset lease: `dmem recover`'s
+    // default detector (5 ms) is refused, a fast one is not, the oracle is not.
+    let e = start("dslr", timing(5_000, 500)).unwrap_err().to_string();
+    assert!(e.contains("reset lease"), "{e}");
+    start("dslr", timing(150, 50)).unwrap();
+    start("dslr:oracle", timing(5_000, 500)).unwrap();
+    start("oocc", timing(5_000, 500)).unwrap();
+}
