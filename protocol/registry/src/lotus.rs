@@ -814,9 +814,10 @@ impl Deployment for LotusDeployment {
         )))
     }
 
-    /// The membership service is an oracle (as `dmem-occ`'s detector): every `poll` the
-    /// task on `recovery_cn` asks the simulator which CNs crashed; a restarted CN that
-    /// crashes again is reported again.
+    /// The membership service is an oracle ([`dmem_deploy::spawn_crash_watch`]; the OCC
+    /// family and Motor use a heartbeat detector instead): every `poll` the task on
+    /// `recovery_cn` asks the simulator which CNs crashed; a restarted CN that crashes
+    /// again is reported again.
     fn start_recovery(
         &mut self,
         sim: &Rc<Sim>,
