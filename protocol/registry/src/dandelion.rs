@@ -180,6 +180,7 @@ impl Protocol for DandelionProtocol {
             history,
             paused: Rc::new(Cell::new(false)),
             events: Rc::new(RefCell::new(Vec::new())),
+            recovery_cost: Rc::new(Cell::new((0, 0))),
         }))
     }
 }
@@ -198,6 +199,8 @@ struct DandelionDeployment {
     history: Rc<RefCell<History>>,
     paused: Rc<Cell<bool>>,
     events: Rc<RefCell<Vec<RecoveryEvent>>>,
+    /// Recovery's messages and survivors' CPU (ns), over every recovery so far.
+    recovery_cost: Rc<Cell<(u64, u64)>>,
 }
 
 impl DandelionDeployment {
@@ -243,6 +246,7 @@ impl Deployment for DandelionDeployment {
         let (sim, cluster) = (Rc::clone(sim), Rc::clone(&self.cluster));
         let workers: Vec<_> = self.workers.iter().flatten().cloned().collect();
         let (events, history) = (Rc::clone(&self.events), Rc::clone(&self.history));
+        let recovery_cost = Rc::clone(&self.recovery_cost);
         let clock = ctx.clone();
         sim.clone().spawn(&ctx, async move {
             while clock.now() < timing.until {
@@ -259,6 +263,11 @@ impl Deployment for DandelionDeployment {
                 clock.sleep(timing.timeout).await;
                 let now = clock.now();
                 let report = recover(&cluster, &workers, &crashed, &history, now);
+                let (n, ns) = recovery_cost.get();
+                recovery_cost.set((
+                    n + report.cost.messages(),
+                    ns + report.cost.cpu_total_ns(),
+                ));
                 let servers = cluster.coordinator_server.borrow().clone();
                 for &s in &crashed {
                     let decided = |txns: &[dmem_txn::TxnId], d: Decision| {
@@ -323,6 +332,8 @@ impl Deployment for DandelionDeployment {
             "stale_responses" => Some(sum(|s| s.stale_responses)),
             "replayed_responses" => Some(sum(|s| s.replayed)),
             "duplicates_dropped" => Some(sum(|s| s.duplicates_dropped)),
+            "recovery_messages" => Some(self.recovery_cost.get().0),
+            "recovery_cpu_ns" => Some(self.recovery_cost.get().1),
             _ => None,
         }
     }
