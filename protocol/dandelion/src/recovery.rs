@@ -15,7 +15,9 @@
 //!   Replication entry. Without one (Dnl-1) commit is reported once every replica of every
 //!   locked key granted its lock, and abort only after the unlocks are acknowledged, so it
 //!   commits iff the survivors hold a lock entry at every live replica of as many distinct
-//!   keys as its `LOCK`s announced.
+//!   keys as its `LOCK`s announced — or if a committing `UNLOCK` already applied one of its
+//!   writes at a live replica while another replica of that key still holds its entry (an
+//!   unlock lost with its coordinator; found by the litmus suite once messages are lost).
 //!
 //! A committed transaction's writes are applied at every live replica that does not hold
 //! them yet (a replica whose message was lost in the crash), its locks released and the
@@ -162,7 +164,7 @@ pub fn recover<V: Verbs + Clock>(
         } else if replicated {
             entries.iter().any(|(_, e)| e.applied.is_some())
         } else {
-            fully_locked(cluster, &entries)
+            fully_locked(cluster, &entries) || unlocked_with_commit(cluster, txn, &entries)
         };
         // The writes a commit installs: per key, the write and its version — the live
         // coordinator's own, or else what the survivors logged.
@@ -291,6 +293,27 @@ pub fn recover<V: Verbs + Clock>(
         }
     }
     report
+}
+
+/// Dnl-1: an `UNLOCK` with the commit decision already applied the transaction's write at
+/// some live replica of a key it still holds a log entry for (the record names it as its
+/// writer), while another replica of that key lost or never got its unlock (the
+/// coordinator crashed before retransmitting it). The key is still locked there, so no
+/// later writer can have overwritten the evidence. Such a transaction committed; without
+/// this rule [`fully_locked`] would see the forgotten entries as missing locks and abort it
+/// at the replicas that lag, leaving them disagreeing with the one that applied it.
+fn unlocked_with_commit(cluster: &Cluster, txn: TxnId, entries: &[(u16, LogEntry)]) -> bool {
+    entries
+        .iter()
+        .filter(|(_, e)| e.write.is_some())
+        .any(|(_, e)| {
+            cluster.replicas(e.table, e.key).iter().any(|r| {
+                cluster.stores[usize::from(*r)]
+                    .borrow()
+                    .get(e.table, e.key)
+                    .is_some_and(|rec| rec.writer == Some(txn))
+            })
+        })
 }
 
 /// Dnl-1's rule: every key the transaction announced is locked at each of its live replicas.

@@ -40,8 +40,8 @@ pub struct RunConfig {
     pub max_slow: Nanos,
     /// How the network mistreats two-sided messages (lock RPCs, heartbeats, recovery
     /// notifications, Dandelion's RPCs). By default a share of them is delayed — every
-    /// protocol must tolerate a late message; loss and duplication are off, since no
-    /// protocol here claims to tolerate them (README).
+    /// protocol must tolerate a late message; loss and duplication are off here and added
+    /// only for a protocol that claims to tolerate them (README).
     pub message_faults: MessageFaults,
     /// Probability that a message is lost in a run of a protocol that claims to tolerate
     /// lost messages (`Protocol::tolerates_message_loss`: LOTUS's RPCs time out), on top
