@@ -443,7 +443,10 @@ mod tests {
         assert_eq!(req.on_response(2, r2.slot), None, "stale");
         assert_eq!(req.on_response(2, r1.slot), None, "duplicated response");
         assert_eq!(req.stats().stale_responses, 2);
-        assert!(req.due(10 * RTO).is_empty(), "answered: never retransmitted");
+        assert!(
+            req.due(10 * RTO).is_empty(),
+            "answered: never retransmitted"
+        );
     }
 
     #[test]
@@ -498,13 +501,21 @@ mod tests {
         assert_eq!(req.reset(), vec!["old"]);
         assert!(req.due(10 * RTO).is_empty(), "never retransmitted");
         assert_eq!(req.next_deadline(), None);
-        assert_eq!(req.on_response(2, answered.slot), None, "the old answer is stale");
+        assert_eq!(
+            req.on_response(2, answered.slot),
+            None,
+            "the old answer is stale"
+        );
         // New requests get new numbers, acknowledging everything before the epoch.
         let new = send(&mut req, 2, "new", 10 * RTO);
         assert_eq!(new.slot, 1);
         assert_eq!(split_request(&new.payload).unwrap().0, 1);
         let _ = srv.receive(&new).unwrap();
-        assert_eq!(srv.receive(&old), None, "an old request is never executed again");
+        assert_eq!(
+            srv.receive(&old),
+            None,
+            "an old request is never executed again"
+        );
         assert_eq!(srv.executions[&0], 1);
     }
 

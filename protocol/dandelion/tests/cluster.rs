@@ -6,8 +6,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use dmem_dandelion::{
-    Cluster, DnlConfig, DnlCoordinator, RecoveryCost, Worker, WorkerStats,
-    retransmission_timeout,
+    Cluster, DnlConfig, DnlCoordinator, RecoveryCost, Worker, WorkerStats, retransmission_timeout,
 };
 use dmem_sim::{ClusterConfig, MessageFaults, Sim, SimContext};
 use dmem_txn::{Coordinator, History, Key, ReadReq, TableId, Transaction, TxnKind, check};
@@ -256,7 +255,12 @@ fn violations(run: &Run) -> Vec<String> {
         let rs = run.cluster.replicas(0, k);
         let recs: Vec<_> = rs
             .iter()
-            .map(|r| run.cluster.stores[usize::from(*r)].borrow().get(0, k).cloned())
+            .map(|r| {
+                run.cluster.stores[usize::from(*r)]
+                    .borrow()
+                    .get(0, k)
+                    .cloned()
+            })
             .collect();
         if recs.iter().flatten().any(|r| r.meta.is_locked()) {
             found.push(format!("key {k} left locked"));
@@ -335,7 +339,11 @@ fn planted_no_dedup_is_found() {
         for seed in 0..3 {
             let run = deploy_with_faults(config, 4, 2, seed, lossy());
             bank(&run, 4, 30);
-            found.extend(violations(&run).into_iter().map(|v| format!("{name}/{seed}: {v}")));
+            found.extend(
+                violations(&run)
+                    .into_iter()
+                    .map(|v| format!("{name}/{seed}: {v}")),
+            );
         }
     }
     assert!(!found.is_empty(), "no_dedup went unnoticed");

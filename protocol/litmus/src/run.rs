@@ -130,8 +130,8 @@ impl RunConfig {
             self.loss_if_tolerated,
             self.dup_if_tolerated,
         ]
-            .iter()
-            .all(|p| (0.0..=1.0).contains(p))
+        .iter()
+        .all(|p| (0.0..=1.0).contains(p))
         {
             return Err(LitmusError::Config(
                 "message loss, duplication and delay probabilities must be in [0, 1]",

@@ -264,10 +264,7 @@ impl Deployment for DandelionDeployment {
                 let now = clock.now();
                 let report = recover(&cluster, &workers, &crashed, &history, now);
                 let (n, ns) = recovery_cost.get();
-                recovery_cost.set((
-                    n + report.cost.messages(),
-                    ns + report.cost.cpu_total_ns(),
-                ));
+                recovery_cost.set((n + report.cost.messages(), ns + report.cost.cpu_total_ns()));
                 let servers = cluster.coordinator_server.borrow().clone();
                 for &s in &crashed {
                     let decided = |txns: &[dmem_txn::TxnId], d: Decision| {
