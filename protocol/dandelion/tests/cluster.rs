@@ -546,3 +546,62 @@ fn every_variant_recovers_from_a_server_crash() {
         );
     }
 }
+
+/// Dnl-1 recovery: a crashed coordinator's transaction locked every replica of a key, its
+/// committing `UNLOCK` reached one replica (applied there, log entry forgotten) and was lost
+/// to the others. Recovery must commit it at the others (the litmus suite found replicas
+/// left disagreeing once messages were lost).
+#[test]
+fn dnl_1_recovery_commits_a_transaction_whose_unlock_reached_one_replica() {
+    use dmem_dandelion::wire::{Request, WriteOp};
+    use dmem_txn::{CoordinatorId, TxnId, WriteKind};
+    let run = deploy(DnlConfig::dnl_1(), 4, 1, 1);
+    let key = 3;
+    let replicas = run.cluster.replicas(0, key);
+    let spare = (0..4u16).find(|s| !replicas.contains(s)).unwrap();
+    // Coordinator 999 is on no live server: recovery decides from the logs.
+    let txn = TxnId {
+        coordinator: CoordinatorId(999),
+        seq: 1,
+    };
+    let write = WriteOp {
+        kind: WriteKind::Update,
+        value: 7u64.to_le_bytes().to_vec(),
+    };
+    for r in &replicas {
+        let granted = run.cluster.stores[usize::from(*r)]
+            .borrow_mut()
+            .handle(&Request::Lock {
+                txn,
+                table: 0,
+                key,
+                read: None,
+                write: Some(write.clone()),
+                lock_set: 1,
+            });
+        assert!(matches!(
+            granted,
+            Some(dmem_dandelion::wire::Response::Lock { granted: true, .. })
+        ));
+    }
+    run.cluster.stores[usize::from(replicas[0])]
+        .borrow_mut()
+        .handle(&Request::Unlock {
+            txn,
+            table: 0,
+            key,
+            commit: true,
+            apply: Some((1, write.clone())),
+        });
+    let report = dmem_dandelion::recover(&run.cluster, &run.workers, &[spare], &run.history, 1);
+    assert_eq!(report.committed, vec![txn]);
+    for r in &replicas {
+        let store = run.cluster.stores[usize::from(*r)].borrow();
+        let rec = store.get(0, key).unwrap();
+        assert_eq!(
+            (rec.value.as_slice(), rec.meta.version()),
+            (&7u64.to_le_bytes()[..], 1)
+        );
+        assert!(!rec.meta.is_locked());
+    }
+}
