@@ -109,6 +109,9 @@ pub struct Bugs {
     /// Recovery aborts every transaction of a crashed coordinator whatever the survivors'
     /// logs say, contradicting commits already reported (§4.4).
     pub abort_crashed: bool,
+    /// Servers execute every arriving request, duplicates and retransmissions included,
+    /// instead of replaying the cached response (no exactly-once execution, `reliable.rs`).
+    pub no_dedup: bool,
 }
 
 /// A Dandelion (or FaSST) configuration.
@@ -148,6 +151,7 @@ impl DnlConfig {
             bugs: Bugs {
                 skip_readable: false,
                 abort_crashed: false,
+                no_dedup: false,
             },
         }
     }
@@ -219,6 +223,26 @@ pub mod cost {
     /// 100 ns receive + a share of a 250 ns doorbell); eRPC (NSDI'19 §6) handles ≈ 10 M
     /// small RPCs/s per core including all of that. 15 ns is inside both bounds.
     pub const MESSAGE_NS: Nanos = 15;
+}
+
+/// Round trips a request may go unanswered before it is retransmitted.
+///
+/// eRPC (Kalia et al., NSDI'19 §5.2.2, and `kRpcRTOUs` in its `rpc_constants.h`) uses a
+/// 5 ms retransmission timeout, about 1000× its fabric's few-µs RTT: a spurious
+/// retransmission there costs a session's credits and a rollback of its congestion state,
+/// so it is kept rare. Here the unloaded RTT on cx5 is 1.8 µs (2 × 900 ns one-way), but a
+/// loaded round trip queues behind iterations of busy server threads: at 64 contexts per
+/// thread a round trip takes tens of µs (SmallBank, 5 servers: about 120 µs per
+/// transaction of ≈ 2.4 round trips). 50 RTTs = 90 µs on cx5 stays above that, so the
+/// fault-free path does not retransmit, while a lost message costs 90 µs instead of
+/// eRPC's 5 ms, short enough for the litmus suite's 2 ms runs to recover from losses.
+pub const RTO_ROUND_TRIPS: Nanos = 50;
+
+/// The retransmission timeout for a fabric whose one-way latency is `one_way_ns`:
+/// [`RTO_ROUND_TRIPS`] unloaded round trips.
+#[must_use]
+pub const fn retransmission_timeout(one_way_ns: Nanos) -> Nanos {
+    RTO_ROUND_TRIPS * 2 * one_way_ns
 }
 
 #[cfg(test)]

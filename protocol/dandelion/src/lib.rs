@@ -12,6 +12,7 @@
 //! | [`wire`] | §4.2 | the protocol's messages, with checked parsing |
 //! | [`store`] | §4.2, Table 3, §6 | a server's records, request handler, undo/redo log |
 //! | [`net`] | §5.1, §5.3 | flows, `TryInsert`, `TryInsertMcast`, packets of up to N messages as `dmem-layout` RPC frames |
+//! | [`reliable`] | §5 (eRPC) | request numbers per session, retransmission after a timeout, exactly-once execution with cached responses |
 //! | [`worker`] | §4.1, §5.1 | a server thread's `RunIteration` loop, placement, cluster state |
 //! | [`txn`] | §3, §4.2 | transaction contexts behind dmem's rounds API; execution and the commit skeleton |
 //!
@@ -22,14 +23,15 @@
 pub mod config;
 pub mod net;
 pub mod recovery;
+pub mod reliable;
 pub mod store;
 pub mod txn;
 pub mod wire;
 pub mod worker;
 
-pub use config::{Bugs, CommitSpec, DnlConfig, Replicas, Visit};
+pub use config::{Bugs, CommitSpec, DnlConfig, Replicas, Visit, retransmission_timeout};
 pub use net::{Flow, Net};
-pub use recovery::{RecoveryReport, recover};
+pub use recovery::{RecoveryCost, RecoveryReport, recover};
 pub use store::ServerStore;
 pub use txn::{DnlCoordinator, DnlTxn, TxnStats};
 pub use worker::{Cluster, Placement, Step, Worker, WorkerStats};

@@ -15,11 +15,26 @@
 //!   Replication entry. Without one (Dnl-1) commit is reported once every replica of every
 //!   locked key granted its lock, and abort only after the unlocks are acknowledged, so it
 //!   commits iff the survivors hold a lock entry at every live replica of as many distinct
-//!   keys as its `LOCK`s announced.
+//!   keys as its `LOCK`s announced — or if a committing `UNLOCK` already applied one of its
+//!   writes at a live replica while another replica of that key still holds its entry (an
+//!   unlock lost with its coordinator; found by the litmus suite once messages are lost).
 //!
 //! A committed transaction's writes are applied at every live replica that does not hold
 //! them yet (a replica whose message was lost in the crash), its locks released and the
 //! readable flags raised; an aborted one's applied writes are undone and its locks released.
+//!
+//! **Cost.** The decisions are computed here at one instant, but what the survivors would
+//! exchange and compute to reach them is counted and charged ([`RecoveryCost`]), by this
+//! message pattern on the recovery flow: each transaction is decided by its coordinator's
+//! server if that survivor lives, else by the lowest-numbered survivor holding an entry of
+//! it; every other survivor holding entries of it sends them in one message (*gather*);
+//! the decider sends the decision in one message to every other survivor that holds an
+//! entry of it or a live replica of a key it writes (*decide*), which acknowledges it
+//! (*ack*); finally every survivor tells every other one it is done, and all resume in
+//! the new epoch (*resume*). CPU per survivor: [`cost::MESSAGE_NS`] per message it sends or
+//! receives, [`cost::HASHTABLE_ALONE_NS`] per log entry it reads and per key it applies,
+//! undoes or unlocks (one hashtable access each). The survivor's first thread is charged
+//! (`Clock::cpu`), so its transactions resume that much later.
 
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
@@ -27,6 +42,7 @@ use std::rc::Rc;
 use dmem_txn::{HistorySink, Key, TableId, TxnId, TxnOutcome, TxnRecord, Version, WriteEvent};
 use dmem_verbs::{Clock, Nanos, Verbs};
 
+use crate::config::cost;
 use crate::store::LogEntry;
 use crate::wire::WriteOp;
 use crate::worker::{Cluster, Worker};
@@ -42,6 +58,39 @@ pub struct RecoveryReport {
     pub committed: Vec<TxnId>,
     /// See [`committed`](Self::committed).
     pub aborted: Vec<TxnId>,
+    /// What deciding and applying cost the survivors.
+    pub cost: RecoveryCost,
+}
+
+/// Recovery's own cost (see the module docs for the message pattern it counts).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryCost {
+    /// Messages survivors sent each other, by kind: gather, decide, ack, resume.
+    pub gather: u64,
+    /// See [`gather`](Self::gather).
+    pub decide: u64,
+    /// See [`gather`](Self::gather).
+    pub ack: u64,
+    /// See [`gather`](Self::gather).
+    pub resume: u64,
+    /// Log entries read and keys applied, undone or unlocked, over all survivors.
+    pub store_accesses: u64,
+    /// Simulated CPU charged to each survivor, ns: `(server, ns)`.
+    pub cpu_ns: Vec<(u16, Nanos)>,
+}
+
+impl RecoveryCost {
+    /// Every message counted.
+    #[must_use]
+    pub fn messages(&self) -> u64 {
+        self.gather + self.decide + self.ack + self.resume
+    }
+
+    /// CPU charged over all survivors, ns.
+    #[must_use]
+    pub fn cpu_total_ns(&self) -> Nanos {
+        self.cpu_ns.iter().map(|(_, ns)| ns).sum()
+    }
 }
 
 /// Declares `crashed` servers crashed and recovers at virtual time `now` (see the module
@@ -95,6 +144,12 @@ pub fn recover<V: Verbs + Clock>(
         }
     }
     let replicated = cluster.config.commit.replicate.is_some();
+    // Per survivor: messages sent or received, store accesses.
+    let mut msgs: BTreeMap<u16, u64> = survivors.iter().map(|s| (*s, 0)).collect();
+    let mut accesses: BTreeMap<u16, u64> = msgs.clone();
+    for (s, _) in logs.values().flatten() {
+        *accesses.entry(*s).or_default() += 1; // read while deciding
+    }
     for (txn, entries) in logs {
         let live = coordinator_live(&txn);
         let decision = if live {
@@ -109,7 +164,7 @@ pub fn recover<V: Verbs + Clock>(
         } else if replicated {
             entries.iter().any(|(_, e)| e.applied.is_some())
         } else {
-            fully_locked(cluster, &entries)
+            fully_locked(cluster, &entries) || unlocked_with_commit(cluster, txn, &entries)
         };
         // The writes a commit installs: per key, the write and its version — the live
         // coordinator's own, or else what the survivors logged.
@@ -151,7 +206,57 @@ pub fn recover<V: Verbs + Clock>(
                     .collect(),
             });
         }
+        // The messages deciding it takes (module docs).
+        let coordinator = cluster
+            .coordinator_server
+            .borrow()
+            .get(&txn.coordinator.0)
+            .copied();
+        let holders: Vec<u16> = {
+            let mut h: Vec<u16> = entries.iter().map(|(s, _)| *s).collect();
+            h.sort_unstable();
+            h.dedup();
+            h
+        };
+        let decider = match coordinator {
+            Some(c) if live => Some(c),
+            _ => holders.first().copied(),
+        };
+        // A live coordinator's transaction that no survivor logged finished long ago (the
+        // coordinator knows; the rare one whose every entry was at the crashed server is
+        // decided too but not counted).
+        let counted = !(entries.is_empty() && live);
         for &s in &survivors {
+            let holds_entry = holders.contains(&s);
+            let applies = holds_entry
+                || (commit
+                    && writes
+                        .iter()
+                        .any(|(t, k, _, _)| cluster.replicas(*t, *k).contains(&s)));
+            if counted
+                && let Some(d) = decider
+                && s != d
+            {
+                if holds_entry {
+                    report.cost.gather += 1;
+                    *msgs.entry(s).or_default() += 1;
+                    *msgs.entry(d).or_default() += 1;
+                }
+                if applies {
+                    report.cost.decide += 1;
+                    report.cost.ack += 1;
+                    *msgs.entry(s).or_default() += 2;
+                    *msgs.entry(d).or_default() += 2;
+                }
+            }
+            if counted && applies {
+                let keys = entries.iter().filter(|(h, _)| *h == s).count()
+                    + writes
+                        .iter()
+                        .filter(|(t, k, _, _)| cluster.replicas(*t, *k).contains(&s))
+                        .count();
+                *accesses.entry(s).or_default() += keys as u64;
+            }
             cluster.stores[usize::from(s)]
                 .borrow_mut()
                 .decide(txn, commit, &writes, |t, k| {
@@ -166,6 +271,20 @@ pub fn recover<V: Verbs + Clock>(
             report.aborted.push(txn);
         }
     }
+    // Resume: every survivor tells every other one it is done.
+    let n = survivors.len() as u64;
+    report.cost.resume = n * n.saturating_sub(1);
+    for m in msgs.values_mut() {
+        *m += 2 * n.saturating_sub(1);
+    }
+    report.cost.store_accesses = accesses.values().sum();
+    for &s in &survivors {
+        let ns = msgs[&s] * cost::MESSAGE_NS + accesses[&s] * cost::HASHTABLE_ALONE_NS;
+        report.cost.cpu_ns.push((s, ns));
+        if let Some(w) = workers.iter().find(|w| w.server() == s) {
+            w.ctx().cpu(ns);
+        }
+    }
     cluster.epoch.set(cluster.epoch.get() + 1);
     report.epoch = cluster.epoch.get();
     for w in workers {
@@ -174,6 +293,27 @@ pub fn recover<V: Verbs + Clock>(
         }
     }
     report
+}
+
+/// Dnl-1: an `UNLOCK` with the commit decision already applied the transaction's write at
+/// some live replica of a key it still holds a log entry for (the record names it as its
+/// writer), while another replica of that key lost or never got its unlock (the
+/// coordinator crashed before retransmitting it). The key is still locked there, so no
+/// later writer can have overwritten the evidence. Such a transaction committed; without
+/// this rule [`fully_locked`] would see the forgotten entries as missing locks and abort it
+/// at the replicas that lag, leaving them disagreeing with the one that applied it.
+fn unlocked_with_commit(cluster: &Cluster, txn: TxnId, entries: &[(u16, LogEntry)]) -> bool {
+    entries
+        .iter()
+        .filter(|(_, e)| e.write.is_some())
+        .any(|(_, e)| {
+            cluster.replicas(e.table, e.key).iter().any(|r| {
+                cluster.stores[usize::from(*r)]
+                    .borrow()
+                    .get(e.table, e.key)
+                    .is_some_and(|rec| rec.writer == Some(txn))
+            })
+        })
 }
 
 /// Dnl-1's rule: every key the transaction announced is locked at each of its live replicas.

@@ -284,7 +284,8 @@ impl ServerStore {
                     }
                 }
                 self.forget(*txn, *table, *key);
-                None
+                // Acknowledged like every request: reliability retransmits it until then.
+                Some(Response::Ack { ok: true })
             }
         }
     }

@@ -176,20 +176,23 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
             n.set(n.get() + 1);
         }
         let step = Step::new(outs.len());
+        // Every request of a step belongs to the epoch the step began in: none is sent
+        // once recovery moved on (it would act for a transaction recovery decided).
+        let epoch = self.worker().cluster().epoch.get();
         for (i, (to, req)) in outs.into_iter().enumerate() {
             self.worker()
-                .issue(to, flow, req, Some((Rc::clone(&step), i)))
+                .issue(to, flow, req, Some((Rc::clone(&step), i)), epoch)
                 .await;
         }
         step.wait().await
     }
 
-    /// Sends requests whose responses nobody waits for.
-    async fn send_detached(&self, flow: Flow, outs: Vec<Out>, respond: bool) {
-        let step = Step::new(outs.len());
-        for (i, (to, req)) in outs.into_iter().enumerate() {
-            let reply = respond.then(|| (Rc::clone(&step), i));
-            self.worker().issue(to, flow, req, reply).await;
+    /// Sends requests whose responses nobody waits for (they are still answered, and
+    /// retransmitted until they are).
+    async fn send_detached(&self, flow: Flow, outs: Vec<Out>) {
+        let epoch = self.worker().cluster().epoch.get();
+        for (to, req) in outs {
+            self.worker().issue(to, flow, req, None, epoch).await;
         }
     }
 
@@ -305,7 +308,7 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
             // Interrupted: recovery aborts it (its coordinator did not decide commit).
             let _ = self.step(Flow::COMMIT, unlocks).await;
         } else {
-            self.send_detached(Flow::COMMIT, unlocks, true).await;
+            self.send_detached(Flow::COMMIT, unlocks).await;
         }
         self.record(TxnOutcome::Aborted, Vec::new());
         self.coord.stats.aborted += 1;
@@ -544,7 +547,7 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
                 return Ok(());
             }
         } else {
-            self.send_detached(Flow::COMMIT, unlocks, true).await;
+            self.send_detached(Flow::COMMIT, unlocks).await;
         }
         // The readable flags come back up with a message that rides in a later packet.
         let raises: Vec<Out> = lowered
@@ -562,7 +565,7 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
                 )
             })
             .collect();
-        self.send_detached(Flow::COMMIT, raises, false).await;
+        self.send_detached(Flow::COMMIT, raises).await;
         self.committed();
         Ok(())
     }

@@ -12,7 +12,10 @@
 //! | `VALIDATE` | table, key, read u32+u8 | ok u8 |
 //! | `REPLICATE` | txn, table, key, version u32, lower u8, write | ok u8 |
 //! | `UNLOCK` | txn, table, key, commit u8, apply u8, version u32, write | ok u8 |
-//! | `RAISE` | txn, table, key, version u32 | — (none) |
+//! | `RAISE` | txn, table, key, version u32 | ok u8 |
+//!
+//! On the network a request payload is preceded by the reliability layer's 4-byte
+//! acknowledged-below mark and its slot is the session's request number (`reliable.rs`).
 //!
 //! `txn` is the coordinator (u32) and sequence number (u64); `write` is a kind byte and the
 //! value. A `LOCK` carries the write so that the replica logs it (Locking step, §4.2.2).
@@ -190,12 +193,6 @@ impl Request {
             Request::Unlock { .. } => msg::UNLOCK,
             Request::Raise { .. } => msg::RAISE,
         }
-    }
-
-    /// Whether the receiver answers it.
-    #[must_use]
-    pub fn expects_response(&self) -> bool {
-        !matches!(self, Request::Raise { .. })
     }
 
     /// Its payload bytes.
@@ -408,7 +405,9 @@ impl Response {
                 let meta = r.u32()?;
                 Response::Lock { granted, meta }
             }
-            msg::VALIDATE | msg::REPLICATE | msg::UNLOCK => Response::Ack { ok: r.flag("ok")? },
+            msg::VALIDATE | msg::REPLICATE | msg::UNLOCK | msg::RAISE => {
+                Response::Ack { ok: r.flag("ok")? }
+            }
             other => return Err(WireError::UnknownType(other)),
         };
         r.end()?;

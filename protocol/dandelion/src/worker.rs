@@ -21,10 +21,11 @@ use std::rc::Rc;
 use std::task::{Poll, Waker};
 
 use dmem_txn::TxnId;
-use dmem_verbs::{Clock, Endpoint, Message, Verbs, VerbsError};
+use dmem_verbs::{Clock, Endpoint, Message, Nanos, Verbs, VerbsError};
 
 use crate::config::{DnlConfig, cost};
 use crate::net::{Flow, Msg, Net, parse};
+use crate::reliable::{Admit, Requester, Responder, split_request};
 use crate::store::ServerStore;
 use crate::wire::{Request, Response, WriteOp};
 
@@ -257,6 +258,14 @@ pub struct WorkerStats {
     pub bytes: u64,
     /// Local hashtable requests.
     pub local_requests: u64,
+    /// Requests sent again after their retransmission timeout.
+    pub retransmissions: u64,
+    /// Responses ignored as stale (duplicates, answers to retransmitted requests).
+    pub stale_responses: u64,
+    /// Requests that arrived again after execution and got the cached response.
+    pub replayed: u64,
+    /// Duplicate requests dropped (already answered and acknowledged, or in the same batch).
+    pub duplicates_dropped: u64,
 }
 
 /// One server thread (see the module docs).
@@ -267,8 +276,10 @@ pub struct Worker<V> {
     cluster: Rc<Cluster>,
     net: RefCell<Net>,
     local: RefCell<Vec<(Request, Option<ReplyTo>)>>,
-    pending: RefCell<Vec<Option<ReplyTo>>>,
-    free: RefCell<Vec<u32>>,
+    /// The requester side of this thread's sessions (one per destination server).
+    requester: RefCell<Requester<Option<ReplyTo>>>,
+    /// Exactly-once execution of the requests that reach this thread.
+    responder: RefCell<Responder>,
     notified: Cell<bool>,
     loop_waker: RefCell<Option<Waker>>,
     iteration_waiters: RefCell<Vec<Waker>>,
@@ -290,7 +301,9 @@ const MAX_BUFFERED_PACKETS: usize = 16;
 
 impl<V: Verbs + Clock> Worker<V> {
     /// The worker of `server`'s thread `thread`, on `ctx` (whose endpoint is
-    /// `cluster.endpoints[server][thread]`); `packet_limit` is the fabric's largest message.
+    /// `cluster.endpoints[server][thread]`); `packet_limit` is the fabric's largest message,
+    /// `rto` the retransmission timeout of its requests (see
+    /// [`config::retransmission_timeout`](crate::config::retransmission_timeout)).
     #[must_use]
     pub fn new(
         ctx: V,
@@ -298,7 +311,9 @@ impl<V: Verbs + Clock> Worker<V> {
         thread: usize,
         cluster: Rc<Cluster>,
         packet_limit: usize,
+        rto: Nanos,
     ) -> Rc<Self> {
+        let no_dedup = cluster.config.bugs.no_dedup;
         let net = Net::new(
             server,
             cluster.epoch.get(),
@@ -313,8 +328,8 @@ impl<V: Verbs + Clock> Worker<V> {
             cluster,
             net: RefCell::new(net),
             local: RefCell::new(Vec::new()),
-            pending: RefCell::new(Vec::new()),
-            free: RefCell::new(Vec::new()),
+            requester: RefCell::new(Requester::new(rto)),
+            responder: RefCell::new(Responder::new(no_dedup)),
             notified: Cell::new(false),
             loop_waker: RefCell::new(None),
             iteration_waiters: RefCell::new(Vec::new()),
@@ -345,17 +360,24 @@ impl<V: Verbs + Clock> Worker<V> {
     #[must_use]
     pub fn stats(&self) -> WorkerStats {
         let (packets, messages, bytes) = self.net.borrow().sent();
+        let requester = self.requester.borrow().stats();
+        let responder = self.responder.borrow().stats();
         WorkerStats {
             iterations: self.iterations.get(),
             packets,
             messages,
             bytes,
             local_requests: self.local_requests.get(),
+            retransmissions: requester.retransmissions,
+            stale_responses: requester.stale_responses,
+            replayed: responder.replayed,
+            duplicates_dropped: responder.dropped,
         }
     }
 
     /// Recovery (§4.4): drops every buffered packet and queued request and fails every step
-    /// waiting for a response (they were sent in the old epoch).
+    /// waiting for a response (they were sent in the old epoch); their requests are
+    /// abandoned, never retransmitted in the new epoch.
     pub fn interrupt(&self) {
         let mut net = self.net.borrow_mut();
         let _ = net.take_packets();
@@ -366,13 +388,9 @@ impl<V: Verbs + Clock> Worker<V> {
                 step.interrupt();
             }
         }
-        let mut pending = self.pending.borrow_mut();
-        let mut free = self.free.borrow_mut();
-        for (slot, reply) in pending.iter_mut().enumerate() {
-            if let Some((step, _)) = reply.take() {
-                step.interrupt();
-                free.push(slot as u32);
-            }
+        let abandoned = self.requester.borrow_mut().reset();
+        for (step, _) in abandoned.into_iter().flatten() {
+            step.interrupt();
         }
     }
 
@@ -383,10 +401,29 @@ impl<V: Verbs + Clock> Worker<V> {
         }
     }
 
-    /// Sends `req` to server `to` in `flow`; its response goes to `reply` (`None`: a request
-    /// without a response). Waits for an iteration and retries while the destination's
-    /// packets are full (`TryInsert` said no).
-    pub async fn issue(&self, to: u16, flow: Flow, req: Request, reply: Option<ReplyTo>) {
+    /// Sends `req`, made in `epoch`, to server `to` in `flow`; its response goes to `reply`
+    /// (`None`: nobody waits for it, but it is still answered, and retransmitted until it
+    /// is). Waits for an iteration and retries while the destination's packets are full
+    /// (`TryInsert` said no). If recovery bumped the epoch meanwhile, the request is not
+    /// sent and its step fails: it would act in the new epoch for a transaction that
+    /// recovery already decided (§4.4).
+    pub async fn issue(
+        &self,
+        to: u16,
+        flow: Flow,
+        req: Request,
+        reply: Option<ReplyTo>,
+        epoch: u64,
+    ) {
+        // A server recovery declared crashed never answers: fail the step instead of
+        // retransmitting forever (a Dnl-1 abort unlocks every replica it locked, the
+        // crashed one included; recovery already released that transaction's locks).
+        if self.cluster.epoch.get() != epoch || self.cluster.is_crashed(to) {
+            if let Some((step, _)) = reply {
+                step.interrupt();
+            }
+            return;
+        }
         if to == self.server {
             self.local.borrow_mut().push((req, reply));
             self.notify();
@@ -396,48 +433,53 @@ impl<V: Verbs + Clock> Worker<V> {
         let msg_type = req.msg_type();
         let dest = self.cluster.endpoints[usize::from(to)][self.thread];
         loop {
-            let slot = match &reply {
-                Some(r) => self.alloc(r.clone()),
-                None => u32::MAX,
-            };
-            let msg = Msg {
+            let msg = self.requester.borrow_mut().request(
+                to,
+                flow,
                 msg_type,
-                slot,
-                payload: payload.clone(),
-            };
+                payload.clone(),
+                reply.clone(),
+                self.ctx.now(),
+            );
+            let reqno = msg.slot;
             if self.net.borrow_mut().try_insert(dest, flow, msg) {
                 self.ctx.cpu(cost::MESSAGE_NS);
                 self.notify();
                 return;
             }
-            if slot != u32::MAX {
-                self.release(slot);
-            }
+            self.requester.borrow_mut().cancel(to, reqno);
             self.notify();
             self.next_iteration().await;
-        }
-    }
-
-    fn alloc(&self, reply: ReplyTo) -> u32 {
-        let mut pending = self.pending.borrow_mut();
-        match self.free.borrow_mut().pop() {
-            Some(slot) => {
-                pending[slot as usize] = Some(reply);
-                slot
-            }
-            None => {
-                pending.push(Some(reply));
-                (pending.len() - 1) as u32
+            if self.cluster.epoch.get() != epoch {
+                if let Some((step, _)) = reply {
+                    step.interrupt();
+                }
+                return;
             }
         }
     }
 
-    fn release(&self, slot: u32) -> Option<ReplyTo> {
-        let taken = self.pending.borrow_mut().get_mut(slot as usize)?.take();
-        if taken.is_some() {
-            self.free.borrow_mut().push(slot);
+    /// Re-inserts every request whose retransmission timeout passed (eRPC-style
+    /// reliability, [`crate::reliable`]); one the packets refuse is due again next time.
+    fn retransmit(&self) -> bool {
+        let now = self.ctx.now();
+        let due = self.requester.borrow_mut().due(now);
+        let did = !due.is_empty();
+        let mut net = self.net.borrow_mut();
+        for (to, flow, msg) in due {
+            let dest = self.cluster.endpoints[usize::from(to)][self.thread];
+            let reqno = msg.slot;
+            if self.cluster.is_crashed(to) {
+                if let Some(Some((step, _))) = self.requester.borrow_mut().abandon(to, reqno) {
+                    step.interrupt();
+                }
+            } else if net.try_insert(dest, flow, msg) {
+                self.ctx.cpu(cost::MESSAGE_NS);
+            } else {
+                self.requester.borrow_mut().retry_at(to, reqno, now);
+            }
         }
-        taken
+        did
     }
 
     /// Resolves after the next iteration of the loop.
@@ -504,6 +546,8 @@ impl<V: Verbs + Clock> Worker<V> {
             did = true;
             self.dispatch(msg);
         }
+        // Requests unanswered past their timeout join this iteration's packets.
+        did |= self.retransmit();
         // 3. Send every buffered packet (requests of the coroutines and the responses just
         // made) with one doorbell. The paper sends before polling; over consecutive
         // iterations the order is the same, and one doorbell per iteration instead of two.
@@ -545,7 +589,12 @@ impl<V: Verbs + Clock> Worker<V> {
             .cpu(cost::MESSAGE_NS * packet.messages.len() as u64);
         if packet.response {
             for m in packet.messages {
-                let Some((step, i)) = self.release(m.slot) else {
+                // A stale response (duplicate, or its request already answered) is ignored.
+                let reply = self
+                    .requester
+                    .borrow_mut()
+                    .on_response(packet.src_node, m.slot);
+                let Some(Some((step, i))) = reply else {
                     continue;
                 };
                 if let Ok(resp) = Response::decode(m.msg_type, &m.payload) {
@@ -554,29 +603,48 @@ impl<V: Verbs + Clock> Worker<V> {
             }
             return;
         }
+        // Requests: each request number of a session runs once; one that ran before gets
+        // its cached response again; the rest run as one batch.
         let mut reqs = Vec::with_capacity(packet.messages.len());
         let mut slots = Vec::with_capacity(packet.messages.len());
-        for m in &packet.messages {
-            if let Ok(r) = Request::decode(m.msg_type, &m.payload) {
-                slots.push((m.msg_type, m.slot));
-                reqs.push(r);
+        let mut replays = Vec::new();
+        {
+            let mut responder = self.responder.borrow_mut();
+            for m in &packet.messages {
+                let Some((acked_below, body)) = split_request(&m.payload) else {
+                    continue;
+                };
+                let Ok(r) = Request::decode(m.msg_type, body) else {
+                    continue;
+                };
+                match responder.admit(msg.from, m.slot, acked_below) {
+                    Admit::Execute => {
+                        slots.push((m.msg_type, m.slot));
+                        reqs.push(r);
+                    }
+                    Admit::Replay(resp) => replays.push(resp),
+                    Admit::Drop => {}
+                }
             }
         }
         let responses = self.execute(&reqs);
         let mut net = self.net.borrow_mut();
+        let mut responder = self.responder.borrow_mut();
         for (resp, (msg_type, slot)) in responses.into_iter().zip(slots) {
-            if let Some(resp) = resp {
-                self.ctx.cpu(cost::MESSAGE_NS);
-                net.insert_response(
-                    msg.from,
-                    packet.flow,
-                    Msg {
-                        msg_type,
-                        slot,
-                        payload: resp.encode(),
-                    },
-                );
-            }
+            // Every request is answered (the answer is the requester's acknowledgement).
+            let resp = resp.unwrap_or(Response::Ack { ok: true });
+            let out = Msg {
+                msg_type,
+                slot,
+                payload: resp.encode(),
+            };
+            responder.executed(msg.from, slot, &out);
+            self.ctx.cpu(cost::MESSAGE_NS);
+            net.insert_response(msg.from, packet.flow, out);
+        }
+        for out in replays {
+            self.ctx.cpu(cost::MESSAGE_NS);
+            net.insert_response(msg.from, packet.flow, out);
         }
     }
 
@@ -589,13 +657,23 @@ impl<V: Verbs + Clock> Worker<V> {
                 Ok(false) => {}
                 Err(_) => return,
             }
-            // Wait for a transaction's request or a packet.
+            // Wait for a transaction's request, a packet or the next retransmission timeout.
+            let deadline = self.requester.borrow().next_deadline();
+            let mut timer = pin!(async {
+                match deadline {
+                    Some(d) => self.ctx.sleep_until(d).await,
+                    None => std::future::pending::<()>().await,
+                }
+            });
             let mut recv = pin!(self.ctx.recv());
             let got = poll_fn(|cx| {
                 if self.notified.replace(false) {
                     return Poll::Ready(Ok(None));
                 }
                 *self.loop_waker.borrow_mut() = Some(cx.waker().clone());
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Ok(None));
+                }
                 match recv.as_mut().poll(cx) {
                     Poll::Ready(Ok(m)) => Poll::Ready(Ok(Some(m))),
                     Poll::Ready(Err(e)) => Poll::Ready(Err(e)),

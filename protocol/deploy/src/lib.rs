@@ -271,6 +271,13 @@ pub trait Protocol: Send + Sync {
         false
     }
 
+    /// Whether the protocol claims to tolerate duplicated two-sided messages (a request
+    /// delivered twice runs once, a duplicated response is ignored), so that fault
+    /// injection may duplicate some (the litmus suite does). `false` by default: no claim.
+    fn tolerates_message_duplication(&self) -> bool {
+        false
+    }
+
     /// Bytes of CN-side memory per loaded record of a table without dense keys (address
     /// caches, slot maps, load buffers), for sizing a run before it starts. `None` (the
     /// default): the command's own conservative bound.

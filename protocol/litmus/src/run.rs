@@ -40,13 +40,17 @@ pub struct RunConfig {
     pub max_slow: Nanos,
     /// How the network mistreats two-sided messages (lock RPCs, heartbeats, recovery
     /// notifications, Dandelion's RPCs). By default a share of them is delayed — every
-    /// protocol must tolerate a late message; loss and duplication are off, since no
-    /// protocol here claims to tolerate them (README).
+    /// protocol must tolerate a late message; loss and duplication are off here and added
+    /// only for a protocol that claims to tolerate them (README).
     pub message_faults: MessageFaults,
     /// Probability that a message is lost in a run of a protocol that claims to tolerate
     /// lost messages (`Protocol::tolerates_message_loss`: LOTUS's RPCs time out), on top
     /// of [`message_faults`](Self::message_faults).
     pub loss_if_tolerated: f64,
+    /// Probability that a message is duplicated in a run of a protocol that claims to
+    /// tolerate duplicated messages (`Protocol::tolerates_message_duplication`), on top of
+    /// [`message_faults`](Self::message_faults).
+    pub dup_if_tolerated: f64,
     /// Litmus instances per run, each on its own keys.
     pub instances: u16,
     /// Worker CNs (the litmus roles are spread over them; one more CN runs recovery).
@@ -89,6 +93,7 @@ impl RunConfig {
                 ..MessageFaults::default()
             },
             loss_if_tolerated: 0.005,
+            dup_if_tolerated: 0.005,
             instances: 2,
             worker_cns: 2,
             max_gap: 3_000,
@@ -124,9 +129,15 @@ impl RunConfig {
             ));
         }
         let f = &self.message_faults;
-        if ![f.loss, f.duplicate, f.delay, self.loss_if_tolerated]
-            .iter()
-            .all(|p| (0.0..=1.0).contains(p))
+        if ![
+            f.loss,
+            f.duplicate,
+            f.delay,
+            self.loss_if_tolerated,
+            self.dup_if_tolerated,
+        ]
+        .iter()
+        .all(|p| (0.0..=1.0).contains(p))
         {
             return Err(LitmusError::Config(
                 "message loss, duplication and delay probabilities must be in [0, 1]",
@@ -434,6 +445,9 @@ fn execute(
     let mut faults = cfg.message_faults;
     if target.tolerates_message_loss() {
         faults.loss = faults.loss.max(cfg.loss_if_tolerated);
+    }
+    if target.tolerates_message_duplication() {
+        faults.duplicate = faults.duplicate.max(cfg.dup_if_tolerated);
     }
     let sim = shape.build_with_faults(target.mn_bytes_per_mn(&spec, shape.mns)?, faults)?;
     sim.record_phases(crash.is_none());

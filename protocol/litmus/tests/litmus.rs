@@ -375,15 +375,25 @@ const LOST_DECISION_BOUND: u64 = 50; // first: seed 11
 const LOG_WITHOUT_LOCK_BOUND: u64 = 50; // first: seed 8
 
 /// Messages are lost only in runs of a protocol that claims to tolerate it (LOTUS's
-/// RPCs time out, §3); the others get delays only.
+/// RPCs time out, §3; Dandelion's are retransmitted), and duplicated only for one that
+/// claims that (Dandelion executes a request number once); the others get delays only.
 #[test]
-fn only_lotus_claims_to_tolerate_message_loss() {
-    assert!(protocol("lotus").tolerates_message_loss());
-    for name in ["ford", "pandora", "motor", "oocc", "dnl-4"] {
+fn only_claimed_message_faults_are_injected() {
+    for name in ["lotus", "dnl-4", "dnl-2", "dnl-1", "fasst"] {
+        assert!(protocol(name).tolerates_message_loss(), "{name}");
+    }
+    for name in ["ford", "pandora", "motor", "oocc"] {
         assert!(!protocol(name).tolerates_message_loss(), "{name}");
+    }
+    for name in ["dnl-4", "dnl-2", "dnl-1", "fasst"] {
+        assert!(protocol(name).tolerates_message_duplication(), "{name}");
+    }
+    for name in ["lotus", "ford", "pandora", "motor", "oocc"] {
+        assert!(!protocol(name).tolerates_message_duplication(), "{name}");
     }
     let cfg = RunConfig::new(1.0);
     assert!(cfg.loss_if_tolerated > 0.0 && cfg.message_faults.loss == 0.0);
+    assert!(cfg.dup_if_tolerated > 0.0);
     assert!(cfg.message_faults.delay > 0.0 && cfg.message_faults.duplicate == 0.0);
 }
 

@@ -13,7 +13,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use dmem_dandelion::{Cluster, DnlConfig, DnlCoordinator, Worker, recover};
+use dmem_dandelion::{Cluster, DnlConfig, DnlCoordinator, Worker, recover, retransmission_timeout};
 use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
     RecoveredCoordinator, RecoveryEvent, RecoveryTiming,
@@ -47,7 +47,7 @@ impl DandelionProtocol {
 
     /// A variant by flags after `dnl:` — `4`, `2` or `1` first (the commit protocol), then
     /// any of `no-net-batch`, `no-ht-batch`, `no-local-reads`, `no-get-one`, `batch=N`,
-    /// `r=N`, and the planted bugs `skip-readable`, `abort-crashed`, joined by `+`.
+    /// `r=N`, and the planted bugs `skip-readable`, `abort-crashed`, `no-dedup`, joined by `+`.
     ///
     /// # Errors
     /// A line naming the unknown flag.
@@ -76,6 +76,7 @@ impl DandelionProtocol {
                 "no-get-one" => config.get_one = false,
                 "skip-readable" => config.bugs.skip_readable = true,
                 "abort-crashed" => config.bugs.abort_crashed = true,
+                "no-dedup" => config.bugs.no_dedup = true,
                 other => {
                     let (key, value) = other.split_once('=').ok_or_else(|| unknown(other))?;
                     let n: u16 = value
@@ -97,7 +98,7 @@ impl DandelionProtocol {
 
 fn unknown(flag: &str) -> String {
     format!(
-        "unknown flag `{flag}`: use no-net-batch, no-ht-batch, no-local-reads, no-get-one, batch=N, r=N, skip-readable or abort-crashed"
+        "unknown flag `{flag}`: use no-net-batch, no-ht-batch, no-local-reads, no-get-one, batch=N, r=N, skip-readable, abort-crashed or no-dedup"
     )
 }
 
@@ -107,6 +108,17 @@ impl Protocol for DandelionProtocol {
     }
 
     fn symmetric(&self) -> bool {
+        true
+    }
+
+    /// Requests are retransmitted after a timeout and executed once per request number
+    /// (`dmem_dandelion::reliable`, eRPC-style).
+    fn tolerates_message_loss(&self) -> bool {
+        true
+    }
+
+    /// Duplicated requests replay their cached response; duplicated responses are stale.
+    fn tolerates_message_duplication(&self) -> bool {
         true
     }
 
@@ -142,11 +154,19 @@ impl Protocol for DandelionProtocol {
         let cluster = Rc::new(Cluster::new(endpoints, self.config));
         // A packet is at most one two-sided message (the profile's MTU-sized limit).
         let packet_limit = max_packet(&sim.profile());
+        let rto = retransmission_timeout(sim.profile().one_way_latency_ns);
         let mut workers = Vec::new();
         for (s, ts) in contexts.into_iter().enumerate() {
             let mut per_thread = Vec::new();
             for (t, ctx) in ts.into_iter().enumerate() {
-                let w = Worker::new(ctx.clone(), s as u16, t, Rc::clone(&cluster), packet_limit);
+                let w = Worker::new(
+                    ctx.clone(),
+                    s as u16,
+                    t,
+                    Rc::clone(&cluster),
+                    packet_limit,
+                    rto,
+                );
                 sim.spawn(&ctx, Rc::clone(&w).run());
                 per_thread.push(w);
             }
@@ -160,6 +180,7 @@ impl Protocol for DandelionProtocol {
             history,
             paused: Rc::new(Cell::new(false)),
             events: Rc::new(RefCell::new(Vec::new())),
+            recovery_cost: Rc::new(Cell::new((0, 0))),
         }))
     }
 }
@@ -178,6 +199,8 @@ struct DandelionDeployment {
     history: Rc<RefCell<History>>,
     paused: Rc<Cell<bool>>,
     events: Rc<RefCell<Vec<RecoveryEvent>>>,
+    /// Recovery's messages and survivors' CPU (ns), over every recovery so far.
+    recovery_cost: Rc<Cell<(u64, u64)>>,
 }
 
 impl DandelionDeployment {
@@ -223,6 +246,7 @@ impl Deployment for DandelionDeployment {
         let (sim, cluster) = (Rc::clone(sim), Rc::clone(&self.cluster));
         let workers: Vec<_> = self.workers.iter().flatten().cloned().collect();
         let (events, history) = (Rc::clone(&self.events), Rc::clone(&self.history));
+        let recovery_cost = Rc::clone(&self.recovery_cost);
         let clock = ctx.clone();
         sim.clone().spawn(&ctx, async move {
             while clock.now() < timing.until {
@@ -239,6 +263,8 @@ impl Deployment for DandelionDeployment {
                 clock.sleep(timing.timeout).await;
                 let now = clock.now();
                 let report = recover(&cluster, &workers, &crashed, &history, now);
+                let (n, ns) = recovery_cost.get();
+                recovery_cost.set((n + report.cost.messages(), ns + report.cost.cpu_total_ns()));
                 let servers = cluster.coordinator_server.borrow().clone();
                 for &s in &crashed {
                     let decided = |txns: &[dmem_txn::TxnId], d: Decision| {
@@ -299,6 +325,12 @@ impl Deployment for DandelionDeployment {
             "messages" => Some(sum(|s| s.messages)),
             "packet_bytes" => Some(sum(|s| s.bytes)),
             "local_requests" => Some(sum(|s| s.local_requests)),
+            "retransmissions" => Some(sum(|s| s.retransmissions)),
+            "stale_responses" => Some(sum(|s| s.stale_responses)),
+            "replayed_responses" => Some(sum(|s| s.replayed)),
+            "duplicates_dropped" => Some(sum(|s| s.duplicates_dropped)),
+            "recovery_messages" => Some(self.recovery_cost.get().0),
+            "recovery_cpu_ns" => Some(self.recovery_cost.get().1),
             _ => None,
         }
     }
