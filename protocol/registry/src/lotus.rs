@@ -306,6 +306,17 @@ impl Router for LotusRouter {
     }
 }
 
+/// Updates `cn`'s latest restart record, if it has one.
+fn update_last_restart(
+    restarts: &RefCell<Vec<RestartRecord>>,
+    cn: u16,
+    update: impl FnOnce(&mut RestartRecord),
+) {
+    if let Some(r) = restarts.borrow_mut().iter_mut().rev().find(|r| r.cn == cn) {
+        update(r);
+    }
+}
+
 /// One CN's restart as it happened (LOTUS §6), virtual ns.
 #[derive(Debug, Clone, Copy, Default)]
 struct RestartRecord {
@@ -449,15 +460,9 @@ impl Shell {
                 }
             }
             let grants = cluster.cns[usize::from(cn)].served.get().1;
-            if let Some(last) = self
-                .restarts
-                .borrow_mut()
-                .iter_mut()
-                .rev()
-                .find(|r| r.cn == cn)
-            {
+            update_last_restart(&self.restarts, cn, |last| {
                 last.grants_at_next_failure.get_or_insert(grants);
-            }
+            });
             self.restarts.borrow_mut().push(RestartRecord {
                 cn,
                 detected_at: rc.now(),
@@ -569,18 +574,12 @@ impl Shell {
         if self.restart_after.is_some() {
             // §6: its shards wait for its restarted incarnation, which broadcasts once this
             // recovery is over and it is up again, whichever comes last.
-            if let Some(r) = self
-                .restarts
-                .borrow_mut()
-                .iter_mut()
-                .rev()
-                .find(|r| r.cn == cn)
-            {
+            update_last_restart(&self.restarts, cn, |r| {
                 r.recovered_at = Some(c.now());
                 r.grants_at_recovered = r
                     .restarted_at
                     .map(|_| cluster.cns[usize::from(cn)].served.get().1);
-            }
+            });
             let action = cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Recovered);
             if action == Action::Broadcast {
                 self.broadcast(cn)?;
@@ -652,16 +651,10 @@ impl Shell {
         for mn in 0..sim.mn_count() {
             sim.restore(sim.mn(mn), node);
         }
-        if let Some(r) = self
-            .restarts
-            .borrow_mut()
-            .iter_mut()
-            .rev()
-            .find(|r| r.cn == cn)
-        {
+        update_last_restart(&self.restarts, cn, |r| {
             r.serving_at = Some(ctx.now());
             r.grants_at_serving = cluster.cns[usize::from(cn)].served.get().1;
-        }
+        });
         self.start_coordinators(cn)
     }
 
@@ -704,15 +697,9 @@ impl Shell {
         }
         // Its coordinators run again: the router may send it transactions.
         self.down.borrow_mut().retain(|&x| x != cn);
-        if let Some(r) = self
-            .restarts
-            .borrow_mut()
-            .iter_mut()
-            .rev()
-            .find(|r| r.cn == cn)
-        {
+        update_last_restart(&self.restarts, cn, |r| {
             r.coordinators = self.placed.iter().filter(|(_, x, _)| *x == cn).count();
-        }
+        });
         Ok(())
     }
 
@@ -754,17 +741,11 @@ impl Shell {
             );
         }
         cluster.servers.borrow_mut()[usize::from(cn)] = row;
-        if let Some(r) = self
-            .restarts
-            .borrow_mut()
-            .iter_mut()
-            .rev()
-            .find(|r| r.cn == cn)
-        {
+        update_last_restart(&self.restarts, cn, |r| {
             r.restarted_at = Some(c.now());
             r.stale_locks = stale;
             r.grants_at_restart = locks.served.get().1;
-        }
+        });
         let action = cluster.restarts.borrow_mut()[usize::from(cn)].step(Event::Restarted);
         if action == Action::Broadcast {
             self.broadcast(cn)?;
