@@ -315,7 +315,8 @@ pub struct Row {
     pub msgs_per_packet: Option<f64>,
     /// Mean packet payload, bytes, for protocols that batch RPCs.
     pub packet_bytes: Option<f64>,
-    /// Deployment counters (LOTUS's resharding hand-overs and their interruption).
+    /// Deployment counters (LOTUS's resharding hand-overs and their interruption,
+    /// Dandelion's RPC re-sends and duplicates).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub counters: BTreeMap<String, u64>,
 }

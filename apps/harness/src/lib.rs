@@ -201,7 +201,9 @@ pub struct BenchResult {
 
 /// Deployment counters a [`BenchResult`] reports when the deployment has them: LOTUS's
 /// resharding (§4.3) hand-overs, their service interruption, and the lock-state entries
-/// still held once the run is quiescent (a lost lock if not 0).
+/// still held once the run is quiescent (a lost lock if not 0); Dandelion's RPC
+/// reliability (requests re-sent, stale responses ignored, replies replayed for
+/// duplicates, duplicates dropped: all 0 on a run without message faults).
 pub const REPORTED_COUNTERS: &[&str] = &[
     "reshard_handovers",
     "reshard_interruption_mean_ns",
@@ -209,6 +211,10 @@ pub const REPORTED_COUNTERS: &[&str] = &[
     "reshard_aborted_holders",
     "reshard_holders_left",
     "lotus_locks_held",
+    "retransmissions",
+    "stale_responses",
+    "replayed_responses",
+    "duplicates_dropped",
 ];
 
 /// A coordinator that notes its context's post-list count when a transaction begins (see
