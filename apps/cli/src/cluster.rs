@@ -1616,16 +1616,6 @@ pub(crate) fn bench_cluster(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut failed = Vec::new();
     for protocol in &tcp.protocols {
-        // Free loopback ports: two per MN, one per CN.
-        let listeners = (0..2 * usize::from(tcp.mns) + usize::from(tcp.cns))
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-            .collect::<Result<Vec<_>, _>>()
-            .context("cannot find free loopback ports")?;
-        let ports: Vec<u16> = listeners
-            .iter()
-            .map(|l| l.local_addr().map(|a| a.port()))
-            .collect::<Result<_, _>>()?;
-        drop(listeners);
         let workload = format!(
             "\n[workload]\nkind = \"{}\"\nprotocol = \"{protocol}\"\nscale = \"{}\"\nduration_ms = {}\nthreads = 1\nclients = {}\n",
             tcp.workload, tcp.scale, tcp.duration_ms, tcp.coordinators_per_cn
@@ -1669,6 +1659,16 @@ pub(crate) fn bench_cluster(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<
                 text
             }
             None => {
+                // Free loopback ports: two per MN, one per CN.
+                let listeners = (0..2 * usize::from(tcp.mns) + usize::from(tcp.cns))
+                    .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+                    .collect::<Result<Vec<_>, _>>()
+                    .context("cannot find free loopback ports")?;
+                let ports: Vec<u16> = listeners
+                    .iter()
+                    .map(|l| l.local_addr().map(|a| a.port()))
+                    .collect::<Result<_, _>>()?;
+                drop(listeners);
                 // Each MN process creates and loads its store before it is ready: a
                 // small-scale MVCC store (Motor, 3 × 0.5 GiB) takes longer than the default
                 // 10 s join timeout on a busy host.
