@@ -1,4 +1,6 @@
-//! Real deployments on the tcp fabric: `dmem mn`, `dmem cn` and `dmem cluster`.
+//! Real deployments on the tcp fabric, or on the shm fabric within one host: `dmem mn`,
+//! `dmem cn` and `dmem cluster`. (On shm only transaction workloads run; see
+//! `cluster_txn.rs`'s `Net` for how the two fabrics differ there.)
 //!
 //! A cluster is one TOML file (see [`ClusterFile`]): its nodes with their roles and
 //! addresses, the heartbeat period and timeout, and the workload. Node ids follow the
