@@ -87,6 +87,9 @@ pub enum TxnFabric {
     /// Separate MN and CN processes on this host over the tcp fabric (ford and pandora;
     /// real time; `dmem cluster` with a generated cluster file).
     Tcp,
+    /// Separate MN and CN processes on this host over the shm fabric: the CNs map each
+    /// MN's memfd (real time; `dmem cluster` with a generated cluster file).
+    Shm,
 }
 
 /// Bytes of memory a run of `protocol` on `workload` takes (MN regions plus loading), `None` past 2^64.
@@ -161,9 +164,10 @@ pub struct Args {
     /// or the symmetric dnl-4, dnl-2, dnl-1, fasst, dnl:P[+FLAG] (sized by --servers).
     #[arg(long, value_delimiter = ',', default_value = "ford,pandora")]
     protocol: Vec<String>,
-    /// Fabric: the simulated cluster, or `tcp`: a local cluster of separate MN and CN
-    /// processes on loopback (ford and pandora; each CN runs threads x coroutines
-    /// coordinators on one executor thread; --duration-ms is real time, at least 1000).
+    /// Fabric: the simulated cluster, or `tcp`/`shm`: a local cluster of separate MN and CN
+    /// processes on this host, over loopback TCP or shared memfd mappings (ford and
+    /// pandora; each CN runs threads x coroutines coordinators on one executor thread;
+    /// --duration-ms is real time, at least 1000).
     #[arg(long, value_enum, default_value = "sim")]
     fabric: TxnFabric,
     /// NIC profile of the simulated cluster: cx3, cx4, cx5, cx6 or a TOML file.
@@ -211,7 +215,7 @@ pub struct Args {
     /// Also write the rows to this CSV file.
     #[arg(long, value_name = "FILE")]
     csv: Option<std::path::PathBuf>,
-    /// With `--fabric tcp`: run on the nodes this cluster file names (addresses, network
+    /// With `--fabric tcp|shm`: run on the nodes this cluster file names (addresses, network
     /// namespaces, heartbeat settings) instead of a local cluster on loopback; the workload,
     /// scale, protocols, duration and coordinators per CN come from these flags, --mns and
     /// --cns from the file.
@@ -219,7 +223,7 @@ pub struct Args {
     cluster: Option<std::path::PathBuf>,
 }
 
-/// What `dmem bench --fabric tcp` needs from the arguments.
+/// What `dmem bench --fabric tcp|shm` needs from the arguments.
 #[derive(Debug, Clone)]
 pub struct TcpShape {
     /// Workload name.
@@ -249,7 +253,7 @@ impl Args {
         self.fabric
     }
 
-    /// The shape of a tcp run (see [`TxnFabric::Tcp`]).
+    /// The shape of a tcp or shm run (see [`TxnFabric::Tcp`], [`TxnFabric::Shm`]).
     #[must_use]
     pub fn tcp_shape(&self) -> TcpShape {
         TcpShape {
@@ -325,7 +329,7 @@ impl Args {
     fn validate(&self, registry: &Registry) -> anyhow::Result<(AnyWorkload, Scale, NicProfile)> {
         ensure!(
             self.cluster.is_none(),
-            "--cluster FILE runs on the nodes of a cluster file: add --fabric tcp"
+            "--cluster FILE runs on the nodes of a cluster file: add --fabric tcp or --fabric shm"
         );
         ensure!(
             !self.protocol.is_empty() && self.protocol.iter().all(|p| !p.is_empty()),

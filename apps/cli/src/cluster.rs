@@ -1,4 +1,6 @@
-//! Real deployments on the tcp fabric: `dmem mn`, `dmem cn` and `dmem cluster`.
+//! Real deployments on the tcp fabric, or on the shm fabric within one host: `dmem mn`,
+//! `dmem cn` and `dmem cluster`. (On shm only transaction workloads run; see
+//! `cluster_txn.rs`'s `Net` for how the two fabrics differ there.)
 //!
 //! A cluster is one TOML file (see [`ClusterFile`]): its nodes with their roles and
 //! addresses, the heartbeat period and timeout, and the workload. Node ids follow the
@@ -59,8 +61,12 @@ const WORD_STRIDE: u64 = 64;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ClusterFile {
-    /// Only `tcp` so far.
+    /// `tcp`, or `shm` (one host: MN memory is a memfd mapping the CNs map, messages go
+    /// over Unix sockets in `socket_dir`).
     fabric: String,
+    /// shm: the directory of the MNs' memory sockets and every node's message socket
+    /// (default: a directory of the host's temporary directory named after the file).
+    socket_dir: Option<PathBuf>,
     /// CN heartbeat period, ms.
     #[serde(default = "default_heartbeat_ms")]
     heartbeat_ms: u64,
@@ -115,12 +121,26 @@ struct NodeFile {
     role: String,
     /// MN: where CNs reach its memory.
     data: Option<String>,
-    /// Where the node receives control messages (heartbeats, done).
-    control: String,
+    /// tcp: where the node receives control messages (heartbeats, done).
+    control: Option<String>,
     /// MN: registered memory, MiB.
     memory_mib: Option<u64>,
     /// Network namespace `dmem cluster` starts the node in (`ip netns exec`).
     netns: Option<String>,
+}
+
+/// The fabric of a validated cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Fabric {
+    /// Memory served over TCP by each MN, messages over TCP between `control` addresses.
+    Tcp,
+    /// One host: each MN hands its memfd to the CNs over `<dir>/mn-<id>.sock`
+    /// (`dmem_shm::MnLink::connect`), messages travel the shm fabric's Unix sockets
+    /// `<dir>/node-<id>.sock` (`ShmFabric::serve_messages`).
+    Shm {
+        /// The sockets' directory.
+        dir: PathBuf,
+    },
 }
 
 /// A memory node of a validated cluster.
@@ -128,8 +148,9 @@ struct NodeFile {
 pub(crate) struct MnNode {
     pub(crate) name: String,
     pub(crate) node: NodeId,
-    pub(crate) data: SocketAddr,
-    pub(crate) control: SocketAddr,
+    /// tcp only (validated: present exactly on tcp).
+    data: Option<SocketAddr>,
+    control: Option<SocketAddr>,
     memory: u64,
     netns: Option<String>,
 }
@@ -139,8 +160,33 @@ pub(crate) struct MnNode {
 pub(crate) struct CnNode {
     pub(crate) name: String,
     pub(crate) node: NodeId,
-    pub(crate) control: SocketAddr,
+    /// tcp only (validated: present exactly on tcp).
+    control: Option<SocketAddr>,
     netns: Option<String>,
+}
+
+/// The message that a tcp address is missing: only reachable if a shm cluster reaches tcp code.
+fn tcp_only(name: &str, what: &str) -> anyhow::Error {
+    anyhow::anyhow!("node `{name}` has no tcp {what} address (the cluster's fabric is shm)")
+}
+
+impl MnNode {
+    /// The tcp address CNs reach this MN's memory on.
+    pub(crate) fn data(&self) -> anyhow::Result<SocketAddr> {
+        self.data.ok_or_else(|| tcp_only(&self.name, "data"))
+    }
+
+    /// The tcp address this MN receives messages on.
+    pub(crate) fn control(&self) -> anyhow::Result<SocketAddr> {
+        self.control.ok_or_else(|| tcp_only(&self.name, "control"))
+    }
+}
+
+impl CnNode {
+    /// The tcp address this CN receives messages on.
+    pub(crate) fn control(&self) -> anyhow::Result<SocketAddr> {
+        self.control.ok_or_else(|| tcp_only(&self.name, "control"))
+    }
 }
 
 /// What the CNs run.
@@ -159,6 +205,7 @@ pub(crate) enum Kind {
 /// A validated cluster file.
 #[derive(Debug, Clone)]
 pub(crate) struct Cluster {
+    fabric: Fabric,
     kind: Kind,
     path: PathBuf,
     heartbeat: Nanos,
@@ -195,11 +242,23 @@ impl Cluster {
     }
 
     fn validate(path: &Path, file: ClusterFile) -> anyhow::Result<Self> {
-        ensure!(
-            file.fabric == "tcp",
-            "fabric `{}`: `dmem mn`/`dmem cn` deploy the tcp fabric only so far (use `fabric = \"tcp\"`)",
-            file.fabric
-        );
+        let fabric = match file.fabric.as_str() {
+            "tcp" => {
+                ensure!(
+                    file.socket_dir.is_none(),
+                    "socket_dir is for fabric = \"shm\" (tcp nodes have `data` and `control` addresses)"
+                );
+                Fabric::Tcp
+            }
+            "shm" => Fabric::Shm {
+                dir: file
+                    .socket_dir
+                    .clone()
+                    .unwrap_or_else(|| Self::host_dir(path, "dmem-shm")),
+            },
+            other => bail!("fabric `{other}` is not `tcp` or `shm`"),
+        };
+        let is_tcp = fabric == Fabric::Tcp;
         ensure!(
             file.heartbeat_ms >= 1 && file.timeout_ms > file.heartbeat_ms,
             "timeout_ms ({}) must exceed heartbeat_ms ({}), which must be at least 1",
@@ -211,6 +270,10 @@ impl Cluster {
             ensure!(
                 w.protocol.is_none() && w.scale.is_none(),
                 "workload kind `faa` takes no `protocol` or `scale` (those are for transaction workloads)"
+            );
+            ensure!(
+                is_tcp,
+                "workload kind `faa` runs on the tcp fabric only; on shm use a transaction workload (e.g. kind = \"smallbank\")"
             );
             Kind::Faa
         } else {
@@ -274,18 +337,39 @@ impl Cluster {
                 "node name `{}` is empty or used twice",
                 n.name
             );
-            let control = parse(&n.name, "control", &n.control)?;
-            claim(control, format!("node `{}` control", n.name))?;
+            let control = if is_tcp {
+                let control = n.control.as_deref().with_context(|| {
+                    format!(
+                        "node `{}`: a tcp node needs `control`, the address it receives messages on",
+                        n.name
+                    )
+                })?;
+                let control = parse(&n.name, "control", control)?;
+                claim(control, format!("node `{}` control", n.name))?;
+                Some(control)
+            } else {
+                ensure!(
+                    n.control.is_none() && n.data.is_none(),
+                    "node `{}`: `data` and `control` are tcp addresses; on shm the nodes meet through Unix sockets in socket_dir",
+                    n.name
+                );
+                None
+            };
             match n.role.as_str() {
                 "mn" => {
-                    let data = n.data.as_deref().with_context(|| {
-                        format!(
-                            "node `{}`: an MN needs `data`, the address CNs reach its memory on",
-                            n.name
-                        )
-                    })?;
-                    let data = parse(&n.name, "data", data)?;
-                    claim(data, format!("node `{}` data", n.name))?;
+                    let data = if is_tcp {
+                        let data = n.data.as_deref().with_context(|| {
+                            format!(
+                                "node `{}`: an MN needs `data`, the address CNs reach its memory on",
+                                n.name
+                            )
+                        })?;
+                        let data = parse(&n.name, "data", data)?;
+                        claim(data, format!("node `{}` data", n.name))?;
+                        Some(data)
+                    } else {
+                        None
+                    };
                     // A transaction workload's store decides the size.
                     let mib = match (&kind, n.memory_mib) {
                         (Kind::Txn { .. }, None) => 1,
@@ -303,7 +387,7 @@ impl Cluster {
                 "cn" => {
                     ensure!(
                         n.data.is_none() && n.memory_mib.is_none(),
-                        "node `{}`: `data` and `memory_mib` are for MNs; a CN has only `control`",
+                        "node `{}`: `data` and `memory_mib` are for MNs; a CN has only `control` (tcp)",
                         n.name
                     );
                     cns.push((n, control));
@@ -365,6 +449,7 @@ impl Cluster {
             "{coordinators} coordinators (CNs x clients) exceed the 16-bit coordinator ids"
         );
         Ok(Self {
+            fabric,
             kind,
             path: path.to_path_buf(),
             heartbeat: file.heartbeat_ms * 1_000_000,
@@ -401,12 +486,31 @@ impl Cluster {
     /// (network namespaces included) derives alike. CNs on different machines would need it
     /// on storage they share.
     pub(crate) fn state_dir(&self) -> PathBuf {
+        Self::host_dir(&self.path, "dmem-cn-state")
+    }
+
+    /// `<temp dir>/<prefix>-<hash of the cluster file's path>`: the same in every process of
+    /// this host.
+    fn host_dir(path: &Path, prefix: &str) -> PathBuf {
         use std::hash::{Hash as _, Hasher as _};
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        std::fs::canonicalize(&self.path)
-            .unwrap_or_else(|_| self.path.clone())
+        std::fs::canonicalize(path)
+            .unwrap_or_else(|_| path.to_path_buf())
             .hash(&mut h);
-        std::env::temp_dir().join(format!("dmem-cn-state-{:016x}", h.finish()))
+        std::env::temp_dir().join(format!("{prefix}-{:016x}", h.finish()))
+    }
+
+    /// The cluster's fabric.
+    pub(crate) fn fabric(&self) -> &Fabric {
+        &self.fabric
+    }
+
+    /// `tcp` or `shm`.
+    pub(crate) fn fabric_name(&self) -> &'static str {
+        match self.fabric {
+            Fabric::Tcp => "tcp",
+            Fabric::Shm { .. } => "shm",
+        }
     }
 
     pub(crate) fn duration(&self) -> Duration {
@@ -448,7 +552,10 @@ impl Cluster {
         self.cns
             .iter()
             .filter(|c| !heard(c.node))
-            .map(|c| format!("{} ({})", c.name, c.control))
+            .map(|c| match c.control {
+                Some(control) => format!("{} ({control})", c.name),
+                None => c.name.clone(),
+            })
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -590,16 +697,17 @@ pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
     if let Some(setup) = cluster.txn_setup()? {
         return crate::cluster_txn::run_mn(&cluster, &me, &setup);
     }
+    let (data, control) = (me.data()?, me.control()?);
     let memory =
         ShmMemoryNode::create(me.node, RKey(0xd3e3_0000 | u32::from(me.node.0)), me.memory)
             .with_context(|| format!("{}: cannot create {} bytes of memory", me.name, me.memory))?;
-    let server = TcpMemoryServer::serve(memory, me.data)
-        .with_context(|| format!("{}: cannot serve memory on {}", me.name, me.data))?;
+    let server = TcpMemoryServer::serve(memory, data)
+        .with_context(|| format!("{}: cannot serve memory on {}", me.name, data))?;
     let fabric = TcpFabric::new(me.node);
-    let _listener = fabric.listen(me.control).with_context(|| {
+    let _listener = fabric.listen(control).with_context(|| {
         format!(
             "{}: cannot listen for control messages on {}",
-            me.name, me.control
+            me.name, control
         )
     })?;
     let ctx = fabric.context(Port(0))?;
@@ -610,8 +718,8 @@ pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
         me.name,
         me.node.0,
         common::human_bytes(me.memory),
-        me.data,
-        me.control
+        data,
+        control
     );
     let name_of = |node: NodeId| {
         cluster
@@ -653,8 +761,8 @@ pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
                 me.name,
                 cluster.cns_not_heard(|n| heard.contains(&n)),
                 cluster.join_timeout.as_millis(),
-                me.data,
-                me.control
+                data,
+                control
             );
         }
         std::thread::sleep(Duration::from_millis(1));
@@ -738,14 +846,15 @@ pub(crate) fn connect_retrying(
     deadline: Instant,
 ) -> anyhow::Result<()> {
     loop {
-        match ctx.connect(mn.data) {
+        let data = mn.data()?;
+        match ctx.connect(data) {
             Ok(_) => return Ok(()),
             Err(TcpError::Io { .. }) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => {
                 return Err(e)
-                    .with_context(|| format!("cannot connect to MN `{}` at {}", mn.name, mn.data));
+                    .with_context(|| format!("cannot connect to MN `{}` at {data}", mn.name));
             }
         }
     }
@@ -787,15 +896,16 @@ pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
         return crate::cluster_txn::run_cn(&cluster, &me, &setup);
     }
     let my_index = cluster.cn_index(me.node).context("a CN of the cluster")?;
+    let control = me.control()?;
     let fabric = TcpFabric::new(me.node);
     let _listener = fabric
-        .listen(me.control)
-        .with_context(|| format!("{}: cannot listen for messages on {}", me.name, me.control))?;
+        .listen(control)
+        .with_context(|| format!("{}: cannot listen for messages on {control}", me.name))?;
     for mn in &cluster.mns {
-        fabric.add_peer(mn.node, mn.control);
+        fabric.add_peer(mn.node, mn.control()?);
     }
     for cn in cluster.cns.iter().filter(|c| c.node != me.node) {
-        fabric.add_peer(cn.node, cn.control);
+        fabric.add_peer(cn.node, cn.control()?);
     }
     // Every client context connects to every MN (retrying while MNs start).
     let deadline = Instant::now() + cluster.join_timeout;
@@ -1189,6 +1299,11 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
             "--kill {kill}: protocol `{protocol}` has no recovery across processes yet (ford, pandora, motor, oocc and drtm do)"
         );
     }
+    if let (Some(kill), Fabric::Shm { .. }) = (kill_mn, &cluster.fabric) {
+        bail!(
+            "--kill {kill}: on shm an MN's memory outlives its process (every CN keeps its mapping), so killing the MN process fails nothing; kill a CN"
+        );
+    }
     if let Some(kill) = kill_mn {
         let Some(setup) = &setup else {
             bail!("--kill {kill}: an MN can be killed in transaction runs only");
@@ -1298,14 +1413,15 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
             crate::cluster_txn::collect(&cluster, kill_cn, kill_mn, &cn_results, histories);
         if verdict.is_err() {
             // The MNs wait for a quit that `collect` did not get to send.
-            let fabric = TcpFabric::new(NodeId(u16::MAX - 1));
             let dead: Vec<NodeId> = cluster
                 .mns
                 .iter()
                 .filter(|m| Some(m.name.as_str()) == kill_mn)
                 .map(|m| m.node)
                 .collect();
-            crate::cluster_txn::quit_mns(&cluster, &fabric, &Executor::new(), &dead);
+            if let Err(e) = crate::cluster_txn::quit_mns_from_outside(&cluster, &dead) {
+                eprintln!("dmem cluster: cannot tell the MNs to quit: {e}");
+            }
         }
         let mn_results: Vec<(String, bool, Option<crate::cluster_txn::TxnMnReport>)> =
             mns.into_iter().map(finish).collect();
@@ -1487,25 +1603,21 @@ fn print_summary(
     println!("{}", common::render(&t));
 }
 
-/// `dmem bench --fabric tcp`: for each protocol, a local cluster of separate MN and CN
-/// processes on loopback (a generated cluster file in a temporary directory), run by
-/// [`run_cluster`]: histories collected and checked, invariants checked, cluster stopped.
-pub(crate) fn bench_tcp(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<()> {
+/// `dmem bench --fabric tcp|shm`: for each protocol, a local cluster of separate MN and CN
+/// processes on this host (a generated cluster file in a temporary directory: loopback
+/// addresses on tcp, Unix sockets on shm), run by [`run_cluster`]: histories collected and
+/// checked, invariants checked, cluster stopped.
+pub(crate) fn bench_cluster(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<()> {
+    let shm = args.fabric() == dmem_cli::bench_txn::TxnFabric::Shm;
     let tcp = args.tcp_shape();
-    let dir = std::env::temp_dir().join(format!("dmem-bench-tcp-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "dmem-bench-{}-{}",
+        if shm { "shm" } else { "tcp" },
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut failed = Vec::new();
     for protocol in &tcp.protocols {
-        // Free loopback ports: two per MN, one per CN.
-        let listeners = (0..2 * usize::from(tcp.mns) + usize::from(tcp.cns))
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-            .collect::<Result<Vec<_>, _>>()
-            .context("cannot find free loopback ports")?;
-        let ports: Vec<u16> = listeners
-            .iter()
-            .map(|l| l.local_addr().map(|a| a.port()))
-            .collect::<Result<_, _>>()?;
-        drop(listeners);
         let workload = format!(
             "\n[workload]\nkind = \"{}\"\nprotocol = \"{protocol}\"\nscale = \"{}\"\nduration_ms = {}\nthreads = 1\nclients = {}\n",
             tcp.workload, tcp.scale, tcp.duration_ms, tcp.coordinators_per_cn
@@ -1522,12 +1634,43 @@ pub(crate) fn bench_tcp(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<()> 
                         e.message().trim_end()
                     )
                 })?;
+                let wanted = if shm { "shm" } else { "tcp" };
+                let written = table.get("fabric").and_then(toml::Value::as_str);
+                ensure!(
+                    written == Some(wanted),
+                    "cluster file {}: fabric = {:?}, but --fabric {wanted} was asked for",
+                    file.display(),
+                    written.unwrap_or("(missing)")
+                );
                 table.remove("workload");
                 let workload: toml::Table = toml::from_str(&workload)?;
                 table.extend(workload);
                 toml::to_string(&table)?
             }
+            None if shm => {
+                let mut text = format!(
+                    "fabric = \"shm\"\nsocket_dir = \"{}\"\njoin_timeout_ms = 60000\n{workload}",
+                    dir.join("sockets").display()
+                );
+                for m in 0..usize::from(tcp.mns) {
+                    text += &format!("\n[[node]]\nname = \"mn{m}\"\nrole = \"mn\"\n");
+                }
+                for c in 0..usize::from(tcp.cns) {
+                    text += &format!("\n[[node]]\nname = \"cn{c}\"\nrole = \"cn\"\n");
+                }
+                text
+            }
             None => {
+                // Free loopback ports: two per MN, one per CN.
+                let listeners = (0..2 * usize::from(tcp.mns) + usize::from(tcp.cns))
+                    .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+                    .collect::<Result<Vec<_>, _>>()
+                    .context("cannot find free loopback ports")?;
+                let ports: Vec<u16> = listeners
+                    .iter()
+                    .map(|l| l.local_addr().map(|a| a.port()))
+                    .collect::<Result<_, _>>()?;
+                drop(listeners);
                 // Each MN process creates and loads its store before it is ready: a
                 // small-scale MVCC store (Motor, 3 × 0.5 GiB) takes longer than the default
                 // 10 s join timeout on a busy host.

@@ -33,6 +33,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,8 +48,8 @@ use dmem_deploy::{
     RecoveredCoordinator, settle_history,
 };
 use dmem_runtime::{Executor, RealClock};
-use dmem_shm::ShmMemoryNode;
-use dmem_tcp::{TcpContext, TcpFabric, TcpMemoryServer};
+use dmem_shm::{MessageServer, MnLink, ShmFabric, ShmMemoryNode, ShmServer};
+use dmem_tcp::{TcpFabric, TcpMemoryServer};
 use dmem_txn::{
     Coordinator, History, HistorySink, Transaction, TxnId, TxnKind, TxnOutcome, TxnRecord,
 };
@@ -56,7 +57,7 @@ use dmem_verbs::{Clock, Endpoint, MemoryRegion, NodeId, Port, RKey, Verbs};
 use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator, Workload, execute};
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::{Cluster, CnNode, MnNode};
+use crate::cluster::{Cluster, CnNode, Fabric, MnNode};
 use dmem_cli::common;
 
 /// `dmem cluster` → MN: the run is over.
@@ -179,30 +180,153 @@ fn endpoint(node: NodeId, port: Port) -> Endpoint {
     Endpoint { node, port }
 }
 
-/// Connects a new context of `fabric` on `port` to every MN.
-fn connected(
-    fabric: &TcpFabric,
-    port: Port,
-    cluster: &Cluster,
-    deadline: Instant,
-) -> anyhow::Result<TcpContext> {
-    connected_to(fabric, port, cluster, deadline, |_| true)
+/// The path MN `node` hands its memory out on, on the shm fabric.
+pub(crate) fn shm_memory_socket(dir: &Path, node: NodeId) -> PathBuf {
+    dir.join(format!("mn-{}.sock", node.0))
 }
 
-/// Connects a new context of `fabric` on `port` to every MN `alive` accepts (a failed MN
-/// is not waited for).
-fn connected_to(
-    fabric: &TcpFabric,
-    port: Port,
-    cluster: &Cluster,
-    deadline: Instant,
-    alive: impl Fn(NodeId) -> bool,
-) -> anyhow::Result<TcpContext> {
-    let mut ctx = fabric.context(port)?;
-    for mn in cluster.mns().iter().filter(|m| alive(m.node)) {
-        crate::cluster::connect_retrying(&mut ctx, mn, deadline)?;
+/// One process's side of the cluster's fabric: contexts for two-sided messages, and
+/// contexts connected to the MNs' memory. On tcp both travel TCP (memory to each MN's
+/// `data` address, messages between `control` addresses); on shm memory is the MNs' memfd
+/// mappings and messages cross processes over the shm fabric's Unix sockets (a context that
+/// both posts to the MNs and receives messages — the first CN's detector — must be one
+/// context of one fabric).
+enum Net {
+    Tcp {
+        fabric: TcpFabric,
+        _listener: dmem_tcp::MessageListener,
+    },
+    Shm {
+        fabric: ShmFabric,
+        dir: PathBuf,
+        _messages: MessageServer,
+    },
+}
+
+impl Net {
+    /// Starts receiving messages for `node` (whose tcp `control` address is `control`), and
+    /// knows how to reach every other node of `cluster`.
+    fn new(
+        cluster: &Cluster,
+        name: &str,
+        node: NodeId,
+        control: impl FnOnce() -> anyhow::Result<std::net::SocketAddr>,
+    ) -> anyhow::Result<Self> {
+        match cluster.fabric() {
+            Fabric::Tcp => {
+                let control = control()?;
+                let fabric = TcpFabric::new(node);
+                let listener = fabric.listen(control).with_context(|| {
+                    format!("{name}: cannot listen for control messages on {control}")
+                })?;
+                for mn in cluster.mns().iter().filter(|m| m.node != node) {
+                    fabric.add_peer(mn.node, mn.control()?);
+                }
+                for cn in cluster.cns().iter().filter(|c| c.node != node) {
+                    fabric.add_peer(cn.node, cn.control()?);
+                }
+                Ok(Net::Tcp {
+                    fabric,
+                    _listener: listener,
+                })
+            }
+            Fabric::Shm { dir } => {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("{name}: cannot create {}", dir.display()))?;
+                let fabric = ShmFabric::new();
+                let socket = dmem_shm::message_socket(dir, node);
+                // A socket left behind by an earlier run of this node (killed) is stale.
+                let _ = std::fs::remove_file(&socket);
+                let messages = fabric.serve_messages(dir, node).with_context(|| {
+                    format!("{name}: cannot receive messages on {}", socket.display())
+                })?;
+                Ok(Net::Shm {
+                    fabric,
+                    dir: dir.clone(),
+                    _messages: messages,
+                })
+            }
+        }
     }
-    Ok(ctx)
+
+    /// A context on `port` of this process's node for messages only.
+    fn context(&self, node: NodeId, port: Port) -> anyhow::Result<AnyContext> {
+        Ok(match self {
+            Net::Tcp { fabric, .. } => fabric.context(port)?.into(),
+            Net::Shm { fabric, .. } => fabric.context(endpoint(node, port))?.into(),
+        })
+    }
+
+    /// A context on `port` connected to every MN `alive` accepts (a failed MN is not
+    /// waited for); a MN not serving yet is retried until `deadline`.
+    fn connected_to(
+        &self,
+        node: NodeId,
+        port: Port,
+        cluster: &Cluster,
+        deadline: Instant,
+        alive: impl Fn(NodeId) -> bool,
+    ) -> anyhow::Result<AnyContext> {
+        Ok(match self {
+            Net::Tcp { fabric, .. } => {
+                let mut ctx = fabric.context(port)?;
+                for mn in cluster.mns().iter().filter(|m| alive(m.node)) {
+                    crate::cluster::connect_retrying(&mut ctx, mn, deadline)?;
+                }
+                ctx.into()
+            }
+            Net::Shm { fabric, dir, .. } => {
+                let mut ctx = fabric.context(endpoint(node, port))?;
+                for mn in cluster.mns().iter().filter(|m| alive(m.node)) {
+                    let path = shm_memory_socket(dir, mn.node);
+                    let link = loop {
+                        match MnLink::connect(&path, node) {
+                            Ok(link) => break link,
+                            Err(dmem_shm::ShmError::Os { .. }) if Instant::now() < deadline => {
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                            Err(e) => {
+                                return Err(e).with_context(|| {
+                                    format!(
+                                        "cannot map the memory of MN `{}` through {}",
+                                        mn.name,
+                                        path.display()
+                                    )
+                                });
+                            }
+                        }
+                    };
+                    ctx.add_link(link)?;
+                }
+                ctx.into()
+            }
+        })
+    }
+
+    /// [`connected_to`](Self::connected_to) every MN.
+    fn connected(
+        &self,
+        node: NodeId,
+        port: Port,
+        cluster: &Cluster,
+        deadline: Instant,
+    ) -> anyhow::Result<AnyContext> {
+        self.connected_to(node, port, cluster, deadline, |_| true)
+    }
+}
+
+/// Whether `ctx` lost an MN that the view does not count as `failed` (revoked, or the MN
+/// went away): nothing it posts there lands any more.
+fn lost_live_mn(ctx: &AnyContext, failed: &[NodeId]) -> bool {
+    match ctx {
+        AnyContext::Tcp(c) => c
+            .links()
+            .any(|(region, _)| c.is_lost(region.node) && !failed.contains(&region.node)),
+        AnyContext::Shm(c) => c
+            .links()
+            .any(|l| l.is_revoked() && !failed.contains(&l.region().node)),
+        AnyContext::Sim(_) => false,
+    }
 }
 
 /// What an MN reports in a transaction run.
@@ -212,6 +336,44 @@ pub(crate) struct TxnMnReport {
     name: String,
     /// CNs whose access was revoked.
     revoked: Vec<String>,
+}
+
+/// An MN's memory as served to the CNs.
+enum Served {
+    /// From the tcp fabric's serving loop.
+    Tcp(TcpMemoryServer),
+    /// As a memfd handed out on a Unix socket; kept here to revoke links.
+    Shm(ShmMemoryNode, ShmServer),
+}
+
+impl Served {
+    /// Revokes every access of `cn` (Pandora §3.2.2's link termination); says what was done.
+    fn revoke(&self, cn: NodeId) -> anyhow::Result<String> {
+        match self {
+            Served::Tcp(server) => Ok(format!("{} connections shut down", server.revoke(cn)?)),
+            Served::Shm(memory, _) => match memory.revoke(cn) {
+                Ok(links) => Ok(format!("{links} mapping links revoked")),
+                // The flag is set: nothing the CN posts from now on lands. Only a post
+                // it was in the middle of when it died stays unfinished (its in-flight
+                // counter stays raised), and a dead process lands nothing more.
+                Err(dmem_shm::ShmError::RevokeTimeout { waited_ms, .. }) => Ok(format!(
+                    "mapping links revoked; a post still in flight after {waited_ms} ms (a process killed mid-post)"
+                )),
+                Err(e) => Err(e.into()),
+            },
+        }
+    }
+
+    /// Stops serving.
+    fn stop(self) -> anyhow::Result<()> {
+        match self {
+            Served::Tcp(server) => server.stop().context("the serving loop failed"),
+            Served::Shm(_, server) => {
+                drop(server);
+                Ok(())
+            }
+        }
+    }
 }
 
 /// `dmem mn` for a transaction workload.
@@ -235,28 +397,33 @@ pub(crate) fn run_mn(cluster: &Cluster, me: &MnNode, setup: &TxnSetup) -> anyhow
                 .with_context(|| format!("{}: loading failed", me.name))?;
         }
     }
-    let server = TcpMemoryServer::serve(memory, me.data)
-        .with_context(|| format!("{}: cannot serve memory on {}", me.name, me.data))?;
-    let fabric = TcpFabric::new(me.node);
-    let _listener = fabric.listen(me.control).with_context(|| {
-        format!(
-            "{}: cannot listen for control messages on {}",
-            me.name, me.control
-        )
-    })?;
-    for cn in cluster.cns() {
-        fabric.add_peer(cn.node, cn.control);
-    }
-    let ctx = fabric.context(Port(0))?;
+    let net = Net::new(cluster, &me.name, me.node, || me.control())?;
+    let (server, serves_on) = match cluster.fabric() {
+        Fabric::Tcp => {
+            let data = me.data()?;
+            let server = TcpMemoryServer::serve(memory, data)
+                .with_context(|| format!("{}: cannot serve memory on {data}", me.name))?;
+            (Served::Tcp(server), data.to_string())
+        }
+        Fabric::Shm { dir } => {
+            let path = shm_memory_socket(dir, me.node);
+            // A socket left behind by an earlier run of this MN (killed) is stale.
+            let _ = std::fs::remove_file(&path);
+            let server = memory.serve(&path).with_context(|| {
+                format!("{}: cannot serve memory on {}", me.name, path.display())
+            })?;
+            (Served::Shm(memory, server), path.display().to_string())
+        }
+    };
+    let ctx = net.context(me.node, mn_control(me.node).port)?;
     println!("ready {}", me.name);
     eprintln!(
-        "dmem mn {}: node {} serves {} of {} on {} (control {})",
+        "dmem mn {}: node {} serves {} of {} on {serves_on} (fabric {})",
         me.name,
         me.node.0,
         common::human_bytes(setup.bytes_per_mn()),
         setup.workload.name(),
-        me.data,
-        me.control
+        ctx.fabric(),
     );
     let executor = Executor::new();
     let mut revoked = BTreeSet::new();
@@ -271,14 +438,14 @@ pub(crate) fn run_mn(cluster: &Cluster, me: &MnNode, setup: &TxnSetup) -> anyhow
                     revoked: revoked.into_iter().collect(),
                 };
                 println!("{}", serde_json::to_string(&report)?);
-                server.stop().context("the serving loop failed")?;
+                server.stop()?;
                 return Ok(());
             }
             if let Some(cn) = parse_terminate(&msg.payload) {
                 let shut = server.revoke(cn)?;
                 let name = cluster.cn_name(cn);
                 eprintln!(
-                    "dmem mn {}: link of {name} terminated on request of node {} ({shut} connections shut down)",
+                    "dmem mn {}: link of {name} terminated on request of node {} ({shut})",
                     me.name, msg.from.node.0
                 );
                 revoked.insert(name);
@@ -463,21 +630,12 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     let plan = process_plan(cluster);
     let detector_cn = plan.detector.node;
     let is_detector = me.node == detector_cn;
-    let fabric = TcpFabric::new(me.node);
-    let _listener = fabric
-        .listen(me.control)
-        .with_context(|| format!("{}: cannot listen for messages on {}", me.name, me.control))?;
-    for mn in cluster.mns() {
-        fabric.add_peer(mn.node, mn.control);
-    }
-    for cn in cluster.cns().iter().filter(|c| c.node != me.node) {
-        fabric.add_peer(cn.node, cn.control);
-    }
+    let net = Net::new(cluster, &me.name, me.node, || me.control())?;
     let deadline = Instant::now() + cluster.join_timeout();
     // The detector's receive queue exists before anything else, so that no heartbeat of a
     // quicker CN is dropped while this one connects.
     let detector_ctx = if is_detector {
-        Some(connected(&fabric, DETECTOR, cluster, deadline)?)
+        Some(net.connected(me.node, DETECTOR, cluster, deadline)?)
     } else {
         None
     };
@@ -495,13 +653,13 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     let ids = cluster.coordinator_ids(me.node);
     let mut coordinators = Vec::new();
     for (i, &id) in ids.iter().enumerate() {
-        let ctx = Rc::new(connected(
-            &fabric,
+        let ctx = net.connected(
+            me.node,
             Port(FIRST_COORDINATOR_PORT + i as u16),
             cluster,
             deadline,
-        )?);
-        let co = deployment.coordinator(AnyContext::Tcp(Rc::clone(&ctx)), id)?;
+        )?;
+        let co = deployment.coordinator(ctx.clone(), id)?;
         coordinators.push((id, co, ctx));
     }
     // The protocol's CN side (heartbeats to the detector, which are also its join barrier;
@@ -510,8 +668,8 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     let tasks = deployment.process_tasks(
         me.node,
         CnContexts {
-            heartbeat: fabric.context(HEARTBEAT)?.into(),
-            listener: fabric.context(LISTENER)?.into(),
+            heartbeat: net.context(me.node, HEARTBEAT)?,
+            listener: net.context(me.node, LISTENER)?,
         },
         &plan,
     )?;
@@ -550,13 +708,15 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                         // nothing this coordinator posts lands any more. An MN the view
                         // dropped (Pandora §3.2.5) is no longer posted to.
                         let failed = deployment.borrow().failed_mns();
-                        if ctx.links().any(|(region, _)| {
-                            ctx.is_lost(region.node) && !failed.contains(&region.node)
-                        }) {
+                        if lost_live_mn(&ctx, &failed) {
                             break;
                         }
                     }
                 }
+                // On shm every post completes on its first poll, so a transaction never
+                // waits: without this the other tasks of the executor (heartbeats, the
+                // detector, the other coordinators) would not run until the workload ends.
+                dmem_runtime::yield_now().await;
             }
             running.set(running.get() - 1);
         });
@@ -573,11 +733,10 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         println!("ready {}", me.name);
         // A protocol with recovery across processes takes over the detector's context;
         // for others the heartbeats are only drained.
-        let detector_ctx: AnyContext = detector_ctx.into();
         let mut recovery = deployment.borrow_mut().process_recovery(
             detector_ctx.clone(),
             MessageLinkTerminator::new(
-                fabric.context(TERMINATOR)?.into(),
+                net.context(me.node, TERMINATOR)?,
                 plan.heartbeat,
                 plan.answer_timeout,
             ),
@@ -586,7 +745,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         // Without recovery a CN that never reports ends the run, after this long.
         let give_up =
             RealClock.now() + (cluster.duration() + cluster.join_timeout() * 2).as_nanos() as u64;
-        let done_ctx = fabric.context(DONE_PORT)?;
+        let done_ctx = net.context(me.node, DONE_PORT)?;
         let start = dmem_runtime::monotonic_now();
         let running = Rc::clone(&running);
         let mut deltas: HashMap<NodeId, i64> = HashMap::new();
@@ -650,13 +809,13 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         // reads their primaries), then the live MNs are told the run is over.
         streaming_off.set(true);
         let dead = deployment.borrow().failed_mns();
-        let final_ctx = AnyContext::Tcp(Rc::new(connected_to(
-            &fabric,
+        let final_ctx = net.connected_to(
+            me.node,
             Port(3),
             cluster,
             Instant::now() + cluster.join_timeout(),
             |node| !dead.contains(&node),
-        )?));
+        )?;
         let last = deployment
             .borrow_mut()
             .final_coordinator(final_ctx, cluster.coordinators())?;
@@ -667,7 +826,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
             // A recovered CN's committed changes are not known here.
             "skipped (a CN was recovered)".to_owned()
         };
-        quit_mns(cluster, &fabric, &executor, &dead);
+        quit_mns(cluster, &net.context(me.node, Port(2))?, &executor, &dead);
         let since_start = |t: dmem_verbs::Nanos| t.saturating_sub(start) / 1_000_000;
         mn_failures = mn_events
             .iter()
@@ -707,7 +866,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                 RealClock.sleep(plan.heartbeat).await;
             }
         });
-        let done_ctx = fabric.context(DONE_PORT)?;
+        let done_ctx = net.context(me.node, DONE_PORT)?;
         let mut done = CN_DONE.to_vec();
         done.extend_from_slice(&tally.3.get().to_le_bytes());
         if let Err(e) = executor.block_on(done_ctx.send(endpoint(detector_cn, DONE_PORT), &done)) {
@@ -740,7 +899,7 @@ fn join(
     cluster: &Cluster,
     me: &CnNode,
     executor: &Executor,
-    detector_ctx: &TcpContext,
+    detector_ctx: &AnyContext,
 ) -> anyhow::Result<()> {
     executor.block_on(async {
         let mut heard = BTreeSet::new();
@@ -918,24 +1077,35 @@ pub(crate) fn collect(
     })
 }
 
-/// Tells every MN of the cluster but the `dead` ones that the run is over.
-pub(crate) fn quit_mns(
-    cluster: &Cluster,
-    fabric: &TcpFabric,
-    executor: &Executor,
-    dead: &[NodeId],
-) {
-    for mn in cluster.mns() {
-        fabric.add_peer(mn.node, mn.control);
-    }
-    let Ok(ctx) = fabric.context(Port(2)) else {
-        return;
-    };
+/// Tells every MN of the cluster but the `dead` ones that the run is over, from `ctx`.
+fn quit_mns(cluster: &Cluster, ctx: &AnyContext, executor: &Executor, dead: &[NodeId]) {
     for mn in cluster.mns().iter().filter(|m| !dead.contains(&m.node)) {
         if let Err(e) = executor.block_on(ctx.send(mn_control(mn.node), QUIT)) {
             eprintln!("dmem cluster: cannot tell MN `{}` to quit: {e}", mn.name);
         }
     }
+}
+
+/// `dmem cluster`'s own [`quit_mns`] (as node `u16::MAX - 1`), for a run whose first CN
+/// did not get to it.
+pub(crate) fn quit_mns_from_outside(cluster: &Cluster, dead: &[NodeId]) -> anyhow::Result<()> {
+    let me = NodeId(u16::MAX - 1);
+    let ctx: AnyContext = match cluster.fabric() {
+        Fabric::Tcp => {
+            let fabric = TcpFabric::new(me);
+            for mn in cluster.mns() {
+                fabric.add_peer(mn.node, mn.control()?);
+            }
+            fabric.context(Port(2))?.into()
+        }
+        Fabric::Shm { dir } => {
+            let fabric = ShmFabric::new();
+            fabric.set_message_dir(dir);
+            fabric.context(endpoint(me, Port(2)))?.into()
+        }
+    };
+    quit_mns(cluster, &ctx, &Executor::new(), dead);
+    Ok(())
 }
 
 /// Prints the CN table of a transaction run.
@@ -946,8 +1116,9 @@ pub(crate) fn print_summary(
     verdict: &TxnVerdict,
 ) {
     println!(
-        "dmem cluster  {}  fabric tcp  protocol {protocol}  {} MN  {} CN x {} coordinators  {} ms",
+        "dmem cluster  {}  fabric {}  protocol {protocol}  {} MN  {} CN x {} coordinators  {} ms",
         cluster.path().display(),
+        cluster.fabric_name(),
         cluster.mn_count(),
         cluster.cns().len(),
         cluster.clients(),

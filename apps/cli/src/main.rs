@@ -148,9 +148,9 @@ fn run() -> i32 {
         Command::Cn(args) => cluster::run_cn(&args),
         Command::Cluster(args) => cluster::run_cluster(&args),
         Command::Bench(BenchArgs { layer: None, txn })
-            if txn.fabric() == bench_txn::TxnFabric::Tcp =>
+            if txn.fabric() != bench_txn::TxnFabric::Sim =>
         {
-            cluster::bench_tcp(&txn)
+            cluster::bench_cluster(&txn)
         }
         Command::Bench(BenchArgs { layer: None, txn }) => {
             bench_txn::run(txn, &dmem_protocols::registry()).map(drop)

@@ -42,7 +42,7 @@ const BAD: &[&[&str]] = &[
     &["bench", "--mns", "0"],
     &["bench", "--cns", "-1"],
     &["bench", "--coroutines", "1024", "--threads", "1024"],
-    &["bench", "--fabric", "shm"],
+    &["bench", "--fabric", "rdma"],
     &["bench", "--profile", "missing.toml"],
     &["bench", "--duration-ms", "abc"],
     // bench locks

@@ -151,8 +151,8 @@ fn bad_arguments_are_refused_in_one_line() {
             "--mix applies to --workload ycsb and tpcc only",
         ),
         (
-            vec!["bench", "--fabric", "shm"],
-            "[possible values: sim, tcp]",
+            vec!["bench", "--fabric", "rdma"],
+            "[possible values: sim, tcp, shm]",
         ),
     ] {
         let out = dmem(&args);
