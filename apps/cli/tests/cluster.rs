@@ -598,44 +598,7 @@ fn smallbank_on_motor_oocc_and_drtm_recovers_a_killed_cn_process() {
 /// per protocol.
 #[test]
 fn bench_on_tcp_runs_ford_pandora_motor_and_oocc_in_processes() {
-    let out = dmem()
-        .args([
-            "bench",
-            "--fabric",
-            "tcp",
-            "--workload",
-            "smallbank",
-            "--protocol",
-            "ford,pandora,motor,oocc",
-            "--scale",
-            "tiny",
-            "--mns",
-            "2",
-            "--cns",
-            "2",
-            "--threads",
-            "1",
-            "--coroutines",
-            "3",
-            "--duration-ms",
-            "1000",
-        ])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for protocol in ["ford", "pandora", "motor", "oocc"] {
-        assert!(
-            stdout.contains(&format!("protocol {protocol}  2 MN  2 CN x 3 coordinators")),
-            "{stdout}"
-        );
-    }
-    assert_eq!(stdout.matches("checker: ok").count(), 4, "{stdout}");
-    assert_eq!(stdout.matches("invariants: ok").count(), 4, "{stdout}");
+    bench_in_processes_checks_clean("tcp", &["ford", "pandora", "motor", "oocc"]);
     let refused = dmem()
         .args([
             "bench",
@@ -804,15 +767,23 @@ fn smallbank_on_pandora_over_shm_recovers_a_killed_cn_process() {
 /// the torn-READ anomaly of [`smallbank_on_ford_over_shm_checks_clean`] in some runs).
 #[test]
 fn bench_on_shm_runs_pandora_and_motor_in_processes() {
+    bench_in_processes_checks_clean("shm", &["pandora", "motor"]);
+}
+
+/// `dmem bench --fabric FABRIC` on SmallBank (tiny) with `protocols`, as separate MN and CN
+/// processes (2 MNs, 2 CNs × 3 coordinators, 1 s): each protocol ran on that fabric with
+/// checker and invariants ok.
+fn bench_in_processes_checks_clean(fabric: &str, protocols: &[&str]) {
+    let list = protocols.join(",");
     let out = dmem()
         .args([
             "bench",
             "--fabric",
-            "shm",
+            fabric,
             "--workload",
             "smallbank",
             "--protocol",
-            "pandora,motor",
+            &list,
             "--scale",
             "tiny",
             "--mns",
@@ -834,14 +805,22 @@ fn bench_on_shm_runs_pandora_and_motor_in_processes() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for protocol in ["pandora", "motor"] {
+    for protocol in protocols {
         assert!(
             stdout.contains(&format!(
-                "fabric shm  protocol {protocol}  2 MN  2 CN x 3 coordinators"
+                "fabric {fabric}  protocol {protocol}  2 MN  2 CN x 3 coordinators"
             )),
             "{stdout}"
         );
     }
-    assert_eq!(stdout.matches("checker: ok").count(), 2, "{stdout}");
-    assert_eq!(stdout.matches("invariants: ok").count(), 2, "{stdout}");
+    assert_eq!(
+        stdout.matches("checker: ok").count(),
+        protocols.len(),
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout.matches("invariants: ok").count(),
+        protocols.len(),
+        "{stdout}"
+    );
 }
