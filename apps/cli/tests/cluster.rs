@@ -580,27 +580,36 @@ fn kill_is_refused_for_a_protocol_without_process_recovery() {
     );
 }
 
-/// Motor, OOCC and DrTM across processes: a CN process killed with SIGKILL mid-run is
-/// recovered by the first CN from its coordinators' logs — Motor's op logs, written through
-/// to files that outlive the process (its UPS-backed DRAM); OOCC's and DrTM's redo logs in
-/// MN memory — after its link is terminated at the MN; the survivor finishes and the merged
-/// history, settled with recovery's decisions, is clean.
-///
-/// Ignored: once in a CI run (debug build, the other tests of this file running beside it
-/// on 2 cores) the merged history had a phantom version ("T0.470 read v9 of (t0, k26),
-/// which no transaction in the history installed"); 48 runs of the same clusters in a row,
-/// with and without CPU hogs, and 19 runs of this test were clean, and which of the three
-/// protocols it was is not known. Run it with `cargo test -p dmem-cli --test cluster --
-/// --ignored motor_oocc`.
+/// Motor and OOCC across processes: a CN process killed with SIGKILL mid-run is recovered
+/// by the first CN from its coordinators' logs — Motor's op logs, written through to files
+/// that outlive the process (its UPS-backed DRAM); OOCC's redo logs in MN memory — after
+/// its link is terminated at the MN; the survivor finishes and the merged history, settled
+/// with recovery's decisions, is clean.
 #[test]
-#[ignore = "a phantom version in one CI run out of many, cause not found yet"]
-fn smallbank_on_motor_oocc_and_drtm_recovers_a_killed_cn_process() {
-    for protocol in ["motor", "oocc", "drtm"] {
-        let (_dir, file) = local_smallbank(&format!("{protocol}-kill"), protocol, 1);
-        let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
-        eprintln!("protocol {protocol}:");
-        assert_recovered_kill(&out);
+fn smallbank_on_motor_and_oocc_recovers_a_killed_cn_process() {
+    for protocol in ["motor", "oocc"] {
+        assert_recovers_killed_cn(protocol);
     }
+}
+
+/// DrTM the same way. Ignored: about one run in ten of this file's tests together (debug
+/// build, 2 cores) merges a history with a phantom version, e.g. "T1.457 read v8 of (t0,
+/// k29), which no transaction in the history installed"; the cause is not found yet (Motor
+/// and OOCC were clean in the same runs). Run it with `cargo test -p dmem-cli --test
+/// cluster -- --ignored drtm`.
+#[test]
+#[ignore = "DrTM across processes: a phantom version in about one run in ten, cause not found"]
+fn smallbank_on_drtm_recovers_a_killed_cn_process() {
+    assert_recovers_killed_cn("drtm");
+}
+
+/// SmallBank on `protocol`, one MN and two CNs on loopback, `cn1` killed after 400 ms:
+/// recovered, and the merged history clean.
+fn assert_recovers_killed_cn(protocol: &str) {
+    let (_dir, file) = local_smallbank(&format!("{protocol}-kill"), protocol, 1);
+    let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
+    eprintln!("protocol {protocol}:");
+    assert_recovered_kill(&out);
 }
 
 /// The newcomer's path: `dmem bench --fabric tcp` starts, checks and stops a local cluster
