@@ -10,7 +10,7 @@ use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
     RecoveryEvent, RecoveryTiming,
 };
-use dmem_litmus::{Litmus, RunConfig, run_one};
+use dmem_litmus::{Litmus, RunConfig, RunOutcome, run_one};
 use dmem_occ::{OoccConfig, OoccProtocol};
 use dmem_sim::Sim;
 use dmem_txn::{BoxCoordinator, Key, TableId};
@@ -89,26 +89,33 @@ impl Deployment for RecordedDeployment {
     }
 }
 
-#[test]
-fn redo_logs_roll_partly_committed_transactions_forward() {
-    let p = Recorded(OoccProtocol::new("oocc", OoccConfig::default()));
+/// Runs litmus 1, 2 and 3 (`DirectWrite`, `IndirectWrite`, `ReadWrite`) for seeds
+/// `0..seeds` with a CN crash in every run, handing each outcome to `check`.
+fn for_each_run(p: &dyn Protocol, seeds: u64, mut check: impl FnMut(Litmus, u64, RunOutcome)) {
     let cfg = RunConfig::new(1.0);
-    let mut runs = 0;
     for litmus in [
         Litmus::DirectWrite,
         Litmus::IndirectWrite,
         Litmus::ReadWrite,
     ] {
-        for seed in 0..300 {
-            let out = run_one(&p, litmus, seed, &cfg).unwrap();
-            assert!(
-                out.violation.is_none(),
-                "{litmus:?} seed {seed}: {:?}",
-                out.violation
-            );
-            runs += 1;
+        for seed in 0..seeds {
+            check(litmus, seed, run_one(p, litmus, seed, &cfg).unwrap());
         }
     }
+}
+
+#[test]
+fn redo_logs_roll_partly_committed_transactions_forward() {
+    let p = Recorded(OoccProtocol::new("oocc", OoccConfig::default()));
+    let mut runs = 0;
+    for_each_run(&p, 300, |litmus, seed, out| {
+        assert!(
+            out.violation.is_none(),
+            "{litmus:?} seed {seed}: {:?}",
+            out.violation
+        );
+        runs += 1;
+    });
     let events = EVENTS.with(|e| e.borrow().clone());
     let coordinators = events.iter().flat_map(|e| e.coordinators.iter());
     let (mut forward, mut restored, mut back, mut unlocked) = (0, 0, 0, 0);
@@ -140,24 +147,16 @@ fn dslr_rolls_whole_logs_forward_and_resets_dead_tickets() {
         "dslr",
         dmem_occ::dslr2pl::DslrConfig::default(),
     ));
-    let cfg = RunConfig::new(1.0);
     let mut runs = 0;
-    for litmus in [
-        Litmus::DirectWrite,
-        Litmus::IndirectWrite,
-        Litmus::ReadWrite,
-    ] {
-        for seed in 0..300 {
-            let out = run_one(&p, litmus, seed, &cfg).unwrap();
-            assert!(
-                out.violation.is_none(),
-                "{litmus:?} seed {seed}: {:?}",
-                out.violation
-            );
-            assert_eq!(out.recoveries, 1, "{litmus:?} seed {seed}");
-            runs += 1;
-        }
-    }
+    for_each_run(&p, 300, |litmus, seed, out| {
+        assert!(
+            out.violation.is_none(),
+            "{litmus:?} seed {seed}: {:?}",
+            out.violation
+        );
+        assert_eq!(out.recoveries, 1, "{litmus:?} seed {seed}");
+        runs += 1;
+    });
     let events = EVENTS.with(|e| e.borrow().clone());
     let (mut forward, mut restored) = (0, 0);
     for c in events.iter().flat_map(|e| e.coordinators.iter()) {
@@ -194,19 +193,12 @@ fn dslr_recovery_without_roll_forward_is_caught() {
         ..dmem_occ::dslr2pl::DslrConfig::default()
     };
     let p = OoccProtocol::dslr("dslr:skip-roll-forward", cfg);
-    let run = RunConfig::new(1.0);
     let mut caught = 0;
-    for litmus in [
-        Litmus::DirectWrite,
-        Litmus::IndirectWrite,
-        Litmus::ReadWrite,
-    ] {
-        for seed in 0..60 {
-            if run_one(&p, litmus, seed, &run).unwrap().violation.is_some() {
-                caught += 1;
-            }
+    for_each_run(&p, 60, |_, _, out| {
+        if out.violation.is_some() {
+            caught += 1;
         }
-    }
+    });
     eprintln!("dslr:skip-roll-forward: {caught} of 180 runs caught");
     assert!(
         caught > 0,
