@@ -548,12 +548,9 @@ fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
         }
     }
     // LOTUS §6: a restarted CN runs its coordinators again from its broadcast on.
-    if let Some(lotus) = deployment
-        .as_any()
-        .downcast_ref::<dmem_protocols::lotus::LotusDeployment>()
     {
         let restarts: Rc<RefCell<Vec<(u16, u64)>>> = Rc::default();
-        lotus.run_restarted_coordinators(Rc::new(move |ctx, id, co| {
+        deployment.run_late_coordinators(Rc::new(move |ctx, id, co| {
             // The incarnation of this coordinator: one more than its last one.
             let mut r = restarts.borrow_mut();
             let incarnation = match r.iter_mut().find(|(c, _)| *c == id) {

@@ -59,6 +59,10 @@ pub use oracle::{settle_history, spawn_crash_watch};
 pub use registry::{Family, Registry};
 pub use sim_recovery::{Detection, RecoveryState, spawn_heartbeat_watch, spawn_log_recovery};
 
+/// Where a deployment sends coordinators it starts during a run
+/// ([`Deployment::run_late_coordinators`]): context, coordinator id, coordinator.
+pub type LateCoordinators = Rc<dyn Fn(dmem_sim::SimContext, u16, BoxCoordinator)>;
+
 use dmem_sim::{Sim, SimError};
 use dmem_store::StoreError;
 use dmem_txn::{BoxCoordinator, CriticalField, History, Isolation, Key, TableId, TxnKind};
@@ -409,6 +413,14 @@ pub trait Deployment {
     /// no longer posted to); empty by default.
     fn failed_mns(&self) -> Vec<NodeId> {
         Vec::new()
+    }
+
+    /// Hands the runner a way to run coordinators the protocol starts by itself during a
+    /// run on the simulator (LOTUS §6: a restarted CN executes transactions again): each
+    /// one goes to `run` with its context and id. Protocols that never start coordinators
+    /// ignore it (the default).
+    fn run_late_coordinators(&self, run: LateCoordinators) {
+        let _ = run;
     }
 
     /// A coordinator on `ctx` that knows every coordinator recovery declared failed (for a

@@ -8,8 +8,9 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use dmem_deploy::{
-    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
-    RecoveredCoordinator, RecoveryEvent, RecoveryTiming, Router, SimLinkTerminator,
+    AnyContext, Decision, DeployError, DeploySpec, Deployment, LateCoordinators, MnMemory,
+    Protocol, Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming, Router,
+    SimLinkTerminator,
 };
 use dmem_lotus::membership::notify;
 use dmem_lotus::recovery::{Decided, recover_coordinators};
@@ -341,8 +342,7 @@ struct RestartRecord {
     coordinators: usize,
 }
 
-/// LOTUS on one simulated cluster (what [`LotusProtocol`] deploys; public for
-/// [`LotusDeployment::run_restarted_coordinators`]).
+/// LOTUS on one simulated cluster (what [`LotusProtocol`] deploys).
 pub struct LotusDeployment {
     config: LotusConfig,
     early_unlock: bool,
@@ -359,8 +359,9 @@ pub struct LotusDeployment {
     paused: Rc<Cell<bool>>,
     events: Rc<RefCell<Vec<RecoveryEvent>>>,
     error: Rc<RefCell<Option<String>>>,
-    /// Runs restarted CNs' coordinators ([`RestartedCoordinators`]).
-    runner: Rc<RefCell<Option<RestartedCoordinators>>>,
+    /// Runs restarted CNs' coordinators (LOTUS §6; set by `Deployment::run_late_coordinators`;
+    /// without it a restarted CN serves locks only).
+    runner: Rc<RefCell<Option<LateCoordinators>>>,
 }
 
 /// Writes recovery's decision into the history (the coordinator's transaction recorded
@@ -387,15 +388,6 @@ fn settle(history: &RefCell<History>, coordinator: u16, decided: Decided, now: u
     changed
 }
 
-/// Runs the coordinators of a restarted CN (LOTUS §6): called once per coordinator when
-/// its CN serves again after its broadcast, with a context on the coordinator's thread,
-/// its id (the same id, and so the same commit-log region, as in the CN's earlier
-/// incarnations) and the coordinator of the new incarnation (fresh caches, transaction
-/// ids that cannot equal an earlier incarnation's). Set with
-/// [`LotusDeployment::run_restarted_coordinators`]; without it a restarted CN serves
-/// locks only.
-pub type RestartedCoordinators = Rc<dyn Fn(SimContext, u16, BoxCoordinator)>;
-
 /// The failure detector's and restart's state shared by their simulated tasks (§6).
 struct Shell {
     sim: Rc<Sim>,
@@ -414,7 +406,7 @@ struct Shell {
     restarts: Rc<RefCell<Vec<RestartRecord>>>,
     events: Rc<RefCell<Vec<RecoveryEvent>>>,
     error: Rc<RefCell<Option<String>>>,
-    runner: Rc<RefCell<Option<RestartedCoordinators>>>,
+    runner: Rc<RefCell<Option<LateCoordinators>>>,
 }
 
 impl Shell {
@@ -754,16 +746,14 @@ impl Shell {
     }
 }
 
-impl LotusDeployment {
-    /// Runs the coordinators of every CN that restarts (`restart=US`) through `run` from its
+impl Deployment for LotusDeployment {
+    /// The coordinators of every CN that restarts (`restart=US`) go to `run` from its
     /// broadcast on (LOTUS §6: the restarted CN executes transactions again); the runner
     /// (`dmem recover`) gives them work and counts their commits. Call before the run.
-    pub fn run_restarted_coordinators(&self, run: RestartedCoordinators) {
+    fn run_late_coordinators(&self, run: LateCoordinators) {
         *self.runner.borrow_mut() = Some(run);
     }
-}
 
-impl Deployment for LotusDeployment {
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
         self.base.load(table, key, value)
     }
