@@ -13,7 +13,7 @@
 //!   down and refused: Pandora §3.2.2's active-link termination), and exits once every CN
 //!   finished or was revoked, printing a JSON report of its memory.
 //! - `dmem cn --cluster FILE --node NAME` connects every client context to every MN,
-//!   heartbeats to every MN's control endpoint (`dmem_ford::recovery::heartbeat_loop`),
+//!   heartbeats to every MN's control endpoint (`dmem_deploy::process::alive_task`),
 //!   runs the workload, tells each MN it is done, and prints a JSON report.
 //! - `dmem cluster --cluster FILE` starts every node as a separate process on this host
 //!   (inside the node's network namespace when it names one), optionally kills one CN with
@@ -39,15 +39,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use clap::Args as ClapArgs;
-use dmem_ford::recovery::heartbeat_loop;
-use dmem_ford::wire::ControlMsg;
-use dmem_ford::{FailureDetector, Member};
-use dmem_runtime::{Clocked, Executor, RealClock, monotonic_now};
+use dmem_deploy::AnyContext;
+use dmem_deploy::process::alive_task;
+use dmem_runtime::{Executor, monotonic_now};
 use dmem_shm::ShmMemoryNode;
 use dmem_tcp::{TcpContext, TcpError, TcpFabric, TcpMemoryServer};
-use dmem_verbs::{
-    Clock, Endpoint, Nanos, NodeId, Port, PostList, RKey, RemoteAddr, Verbs, VerbsError,
-};
+use dmem_txn::detector::HeartbeatDetector;
+use dmem_verbs::{Endpoint, Nanos, NodeId, Port, PostList, RKey, RemoteAddr, Verbs, VerbsError};
 use serde::{Deserialize, Serialize};
 
 use dmem_cli::common::{self, CheckFailed};
@@ -727,9 +725,10 @@ pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
             .map_or(format!("node {}", node.0), |i| cluster.cns[i].name.clone())
     };
     let mut done: BTreeMap<String, u64> = BTreeMap::new();
-    // Takes every control message that arrived: heartbeats (to `heard` and the detector)
-    // and "done" reports.
-    let drain = |detector: &mut Option<&mut FailureDetector>,
+    // Takes every control message that arrived: "done" reports, and heartbeats (any other
+    // message from a CN counts as one, as at every detector of dmem) to `heard` and the
+    // detector.
+    let drain = |detector: &mut Option<&mut HeartbeatDetector>,
                  heard: &mut HashSet<NodeId>,
                  done: &mut BTreeMap<String, u64>|
      -> anyhow::Result<()> {
@@ -741,7 +740,7 @@ pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
             if let Some(count) = msg.payload.strip_prefix(DONE) {
                 let posts = count.try_into().map(u64::from_le_bytes).unwrap_or(0);
                 done.insert(name_of(from), posts);
-            } else if matches!(ControlMsg::parse(&msg.payload), Ok(ControlMsg::Heartbeat)) {
+            } else {
                 heard.insert(from);
                 if let Some(d) = detector.as_mut() {
                     d.heartbeat(from, monotonic_now());
@@ -768,29 +767,24 @@ pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(1));
     }
     // Detection (Pandora §3.2.2 step 1) and link termination (step 2) at this MN.
-    let members = cluster
-        .cns
-        .iter()
-        .map(|c| Member {
-            cn: c.node,
-            coordinators: Vec::new(),
-            listener: control_endpoint(c.node),
-        })
-        .collect();
     let detect_start = monotonic_now();
-    let mut detector = FailureDetector::new(cluster.timeout, members, detect_start);
+    let mut detector = HeartbeatDetector::watching(
+        cluster.timeout,
+        cluster.cns.iter().map(|c| c.node),
+        detect_start,
+    );
     let mut revoked: BTreeMap<String, u64> = BTreeMap::new();
     let poll = Duration::from_nanos((cluster.heartbeat / 2).max(100_000));
     loop {
         drain(&mut Some(&mut detector), &mut heard, &mut done)?;
         let now = monotonic_now();
         for suspect in detector.suspects(now) {
-            let name = name_of(suspect.cn);
+            let name = name_of(suspect);
             if done.contains_key(&name) {
                 continue;
             }
             let shut = server
-                .revoke(suspect.cn)
+                .revoke(suspect)
                 .with_context(|| format!("{}: revoking {name}", me.name))?;
             eprintln!(
                 "dmem mn {}: {name} silent for more than {} ms: access revoked, {shut} connections shut down",
@@ -937,19 +931,11 @@ pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
             *heartbeat_stop
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(executor.stop_handle());
-            let ctx = Rc::new(Clocked::new(heartbeat_ctx));
+            // A send fails while the MN's control listener is not up yet, or once the MN
+            // is gone (the workload reports that): `alive_task` tries again a period later.
+            let ctx = AnyContext::from(heartbeat_ctx);
             for mn in mn_nodes {
-                let ctx = Rc::clone(&ctx);
-                executor.spawn(async move {
-                    // A send fails while the MN's control listener is not up yet, or once
-                    // the MN is gone (the workload reports that): try again a period later.
-                    while heartbeat_loop(&*ctx, control_endpoint(mn), period, Nanos::MAX)
-                        .await
-                        .is_err()
-                    {
-                        RealClock.sleep(period).await;
-                    }
-                });
+                executor.spawn(alive_task(ctx.clone(), control_endpoint(mn), period));
             }
             executor.run();
         })
