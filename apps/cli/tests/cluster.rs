@@ -250,7 +250,8 @@ fn local_cluster_without_failures_checks_clean() {
 /// namespace with a veth link to a bridge, all made here. First the FAA workload (cn1 killed
 /// with SIGKILL, the MN's detector revokes it, memory checks), then SmallBank on Pandora
 /// (cn1 killed, cn0's detector recovers its coordinators from their logs through the MN
-/// process, the checker over both CNs' histories is clean).
+/// process, the checker over both CNs' histories is clean), then SmallBank on Pandora with
+/// an MN on every host and the third host's MN killed (Pandora §3.2.5).
 #[test]
 fn three_hosts_in_network_namespaces_survive_a_killed_cn() {
     let ns = match Namespaces::three_hosts("dmemt") {
@@ -288,6 +289,22 @@ fn three_hosts_in_network_namespaces_survive_a_killed_cn() {
     );
     let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
     assert_recovered_kill(&out);
+    // Pandora §3.2.5 across hosts: two more MNs, one in each CN's namespace (3 replicas),
+    // and the MN on the third host killed; the survivors' detector confirms it over the
+    // veth links.
+    let mut text = smallbank_toml(hosts_ref, &[7500, 7501, 7600, 7601], "pandora");
+    for (i, (ip, ns)) in hosts_ref[1..].iter().enumerate() {
+        text.push_str(&format!(
+            "\n[[node]]\nname = \"mn{}\"\nrole = \"mn\"\ndata = \"{ip}:{}\"\ncontrol = \"{ip}:{}\"\nnetns = \"{}\"\n",
+            i + 1,
+            7700 + 2 * i,
+            7701 + 2 * i,
+            ns.unwrap()
+        ));
+    }
+    let file = dir.write("mnkill.toml", &text);
+    let out = run_cluster(&file, &["--kill", "mn2", "--kill-after-ms", "400"]);
+    assert_survived_mn_kill(&out, "mn2");
 }
 
 #[test]
@@ -406,12 +423,22 @@ fn smallbank_on_pandora_recovers_a_killed_cn_process() {
 fn smallbank_on_pandora_survives_a_killed_mn_process() {
     let (_dir, file) = local_smallbank("mnkill", "pandora", 3);
     let out = run_cluster(&file, &["--kill", "mn1", "--kill-after-ms", "400"]);
+    assert_survived_mn_kill(&out, "mn1");
+}
+
+/// SmallBank on Pandora with 3 MNs and MN `killed` killed: the other MNs report, both CNs
+/// committed, the first CN handled exactly that MN failure and resumed the CNs, the
+/// invariants hold on the survivors' final state, and no CN was recovered.
+fn assert_survived_mn_kill(out: &Output, killed: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "dmem cluster failed: {stderr}");
-    assert!(stderr.contains("killed MN `mn1` with SIGKILL"), "{stderr}");
-    let r = reports(&out);
-    assert!(!r.contains_key("mn1"), "the killed MN printed a report");
-    for name in ["mn0", "mn2"] {
+    assert!(
+        stderr.contains(&format!("killed MN `{killed}` with SIGKILL")),
+        "{stderr}"
+    );
+    let r = reports(out);
+    assert!(!r.contains_key(killed), "the killed MN printed a report");
+    for name in ["mn0", "mn1", "mn2"].into_iter().filter(|&n| n != killed) {
         assert!(r.contains_key(name), "{name} printed no report: {stderr}");
     }
     let cn0 = &r["cn0"];
@@ -420,7 +447,7 @@ fn smallbank_on_pandora_survives_a_killed_mn_process() {
     }
     let failures = cn0["mn_failures"].as_array().unwrap();
     assert_eq!(failures.len(), 1, "{cn0}");
-    assert_eq!(failures[0]["mn"], "mn1");
+    assert_eq!(failures[0]["mn"], killed);
     assert!(failures[0]["resumed_ms"].is_u64(), "{cn0}");
     assert_eq!(cn0["invariants"], "ok", "{cn0}");
     assert!(cn0["recovered"].as_array().unwrap().is_empty(), "{cn0}");
