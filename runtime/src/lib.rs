@@ -21,6 +21,6 @@ mod per_core;
 pub use clock::{RealClock, Sleep, monotonic_now};
 pub use clocked::Clocked;
 pub use executor::{Executor, RunOutcome, StopHandle, TaskId, YieldNow, spawn, yield_now};
-pub use per_core::{CoreClock, ExecutorKind, PerCoreError, run_per_core};
+pub use per_core::{CoreClock, ExecutorChoice, ExecutorKind, PerCoreError, run_per_core};
 #[cfg(feature = "glommio")]
 pub use per_core::{GlommioClock, IO_MEMORY, SPIN_BEFORE_PARK, glommio_probe, glommio_run};

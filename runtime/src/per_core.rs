@@ -59,6 +59,58 @@ impl ExecutorKind {
     }
 }
 
+/// What a configuration asks for (`auto`, `polling`, `glommio`), resolved against this
+/// build and machine by [`resolve`](Self::resolve).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum ExecutorChoice {
+    /// Glommio where [`ExecutorKind::detect`] can start it, else the polling executor.
+    #[default]
+    Auto,
+    /// The polling executor.
+    Polling,
+    /// Glommio, or an error saying why it cannot run here.
+    Glommio,
+}
+
+impl ExecutorChoice {
+    /// Every name [`from_name`](Self::from_name) takes.
+    pub const NAMES: [&'static str; 3] = ["auto", "polling", "glommio"];
+
+    /// Parses `auto`, `polling` or `glommio`.
+    ///
+    /// # Errors
+    /// One line naming the accepted values.
+    pub fn from_name(name: &str) -> Result<Self, String> {
+        match name {
+            "auto" => Ok(Self::Auto),
+            "polling" => Ok(Self::Polling),
+            "glommio" => Ok(Self::Glommio),
+            other => Err(format!(
+                "executor `{other}` is not `auto`, `polling` or `glommio`"
+            )),
+        }
+    }
+
+    /// The executor kind this choice runs on here, and why glommio was not chosen when it
+    /// was not.
+    ///
+    /// # Errors
+    /// [`ExecutorChoice::Glommio`] in a build without the `glommio` feature or on a machine
+    /// where it does not start (io_uring disabled, memlock limit too low): what to change.
+    pub fn resolve(self) -> Result<(ExecutorKind, Option<String>), String> {
+        match self {
+            Self::Auto => Ok(ExecutorKind::detect()),
+            Self::Polling => Ok((ExecutorKind::Polling, Some("asked for".to_owned()))),
+            Self::Glommio => match ExecutorKind::detect() {
+                (ExecutorKind::Polling, Some(why)) => Err(format!(
+                    "executor `glommio` cannot run here ({why}); build dmem with `--features glommio` on a machine with io_uring, or ask for `auto` or `polling`"
+                )),
+                detected => Ok(detected),
+            },
+        }
+    }
+}
+
 /// The clock of the executor a job runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CoreClock {

@@ -97,3 +97,30 @@ fn glommio_executors_are_pinned_to_their_cpu() {
     let expected: Vec<String> = (0..cpus).map(|c| c.to_string()).collect();
     assert_eq!(allowed, expected);
 }
+
+#[test]
+fn executor_choices_parse_and_resolve() {
+    use dmem_runtime::ExecutorChoice;
+    for name in ExecutorChoice::NAMES {
+        assert!(ExecutorChoice::from_name(name).is_ok(), "{name}");
+    }
+    let err = ExecutorChoice::from_name("tokio").unwrap_err();
+    assert_eq!(
+        err,
+        "executor `tokio` is not `auto`, `polling` or `glommio`"
+    );
+    assert_eq!(
+        ExecutorChoice::Polling.resolve().unwrap().0,
+        ExecutorKind::Polling
+    );
+    // Auto always resolves; glommio resolves exactly when auto picks it.
+    let (auto, why) = ExecutorChoice::Auto.resolve().unwrap();
+    assert_eq!(why.is_none(), auto != ExecutorKind::Polling);
+    match ExecutorChoice::Glommio.resolve() {
+        Ok((kind, _)) => assert_eq!(kind, auto),
+        Err(e) => {
+            assert_eq!(auto, ExecutorKind::Polling);
+            assert!(e.contains("--features glommio"), "{e}");
+        }
+    }
+}

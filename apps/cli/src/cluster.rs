@@ -41,7 +41,7 @@ use anyhow::{Context as _, bail, ensure};
 use clap::Args as ClapArgs;
 use dmem_deploy::AnyContext;
 use dmem_deploy::process::alive_task;
-use dmem_runtime::{Executor, monotonic_now};
+use dmem_runtime::{Executor, ExecutorChoice, monotonic_now, run_per_core};
 use dmem_shm::ShmMemoryNode;
 use dmem_tcp::{TcpContext, TcpError, TcpFabric, TcpMemoryServer};
 use dmem_txn::detector::HeartbeatDetector;
@@ -110,6 +110,9 @@ struct WorkloadFile {
     clients: u32,
     #[serde(default = "default_one")]
     batch: u32,
+    /// `faa`: the executor of each client thread: `auto` (default: glommio, pinned, where
+    /// this build has it and it starts; else the polling executor), `polling` or `glommio`.
+    executor: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -213,6 +216,7 @@ pub(crate) struct Cluster {
     threads: u32,
     clients: u32,
     batch: u32,
+    executor: ExecutorChoice,
     mns: Vec<MnNode>,
     cns: Vec<CnNode>,
 }
@@ -275,6 +279,10 @@ impl Cluster {
             );
             Kind::Faa
         } else {
+            ensure!(
+                w.executor.is_none(),
+                "`executor` applies to the faa workload; a transaction workload runs every coordinator of a CN on one polling executor thread"
+            );
             ensure!(
                 dmem_workloads::WORKLOAD_NAMES.contains(&w.kind.as_str()),
                 "workload kind `{}` is not `faa` or one of {}",
@@ -441,6 +449,11 @@ impl Cluster {
                 netns: n.netns.clone(),
             })
             .collect();
+        let executor = w
+            .executor
+            .as_deref()
+            .map_or(Ok(ExecutorChoice::Auto), ExecutorChoice::from_name)
+            .map_err(|e| anyhow::anyhow!("workload {e}"))?;
         let coordinators = cns.len() as u64 * u64::from(w.clients);
         ensure!(
             coordinators < u64::from(u16::MAX),
@@ -457,6 +470,7 @@ impl Cluster {
             threads: w.threads,
             clients: w.clients,
             batch: w.batch,
+            executor,
             mns,
             cns,
         })
@@ -677,6 +691,11 @@ struct CnReport {
     batch: u32,
     /// Post lists per second.
     posts_per_s: f64,
+    /// The executor each client thread ran on (`glommio`, pinned, or `polling`).
+    executor: String,
+    /// Why not glommio, when the polling executor ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    executor_why: Option<String>,
     /// Errors that stopped clients.
     errors: Vec<String>,
 }
@@ -890,6 +909,10 @@ pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
         return crate::cluster_txn::run_cn(&cluster, &me, &setup);
     }
     let my_index = cluster.cn_index(me.node).context("a CN of the cluster")?;
+    let (executor_kind, executor_why) = cluster
+        .executor
+        .resolve()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", me.name))?;
     let control = me.control()?;
     let fabric = TcpFabric::new(me.node);
     let _listener = fabric
@@ -945,40 +968,40 @@ pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
     let start = Instant::now();
     let end = start + cluster.duration;
     let batch = cluster.batch;
-    let results: Vec<(u64, Vec<String>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = per_thread
-            .into_iter()
-            .map(|clients| {
-                scope.spawn(move || {
-                    let executor = Executor::new();
-                    let outcomes = Rc::new(std::cell::RefCell::new(Vec::new()));
-                    for (ctx, targets) in clients {
+    // One executor per client thread: glommio pinned to a core (the thread-per-core
+    // runtime), or the polling executor on a plain thread.
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let jobs: Vec<_> = per_thread
+        .into_iter()
+        .enumerate()
+        .map(|(t, clients)| {
+            let job = move |_clock| async move {
+                let outcomes = Rc::new(std::cell::RefCell::new(Vec::new()));
+                let tasks: Vec<_> = clients
+                    .into_iter()
+                    .map(|(ctx, targets)| {
                         let outcomes = Rc::clone(&outcomes);
-                        executor.spawn(async move {
+                        async move {
                             let outcome = faa_client(ctx, targets, batch, end).await;
                             outcomes.borrow_mut().push(outcome);
-                        });
-                    }
-                    executor.run();
-                    let outcomes = outcomes.borrow();
-                    (
-                        outcomes.iter().map(|(p, _)| p).sum::<u64>(),
-                        outcomes
-                            .iter()
-                            .filter_map(|(_, e)| e.as_ref().map(ToString::to_string))
-                            .collect::<Vec<_>>(),
-                    )
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or((0, vec!["a client thread panicked".into()]))
-            })
-            .collect()
-    });
+                        }
+                    })
+                    .collect();
+                futures_util::future::join_all(tasks).await;
+                let outcomes = outcomes.borrow();
+                (
+                    outcomes.iter().map(|(p, _)| p).sum::<u64>(),
+                    outcomes
+                        .iter()
+                        .filter_map(|(_, e)| e.as_ref().map(ToString::to_string))
+                        .collect::<Vec<_>>(),
+                )
+            };
+            (t % cpus, job)
+        })
+        .collect();
+    let results: Vec<(u64, Vec<String>)> = run_per_core(executor_kind, jobs)
+        .with_context(|| format!("{}: client threads", me.name))?;
     let elapsed = start.elapsed().as_secs_f64();
     let posts: u64 = results.iter().map(|(p, _)| p).sum();
     let errors: Vec<String> = results.into_iter().flat_map(|(_, e)| e).collect();
@@ -1011,6 +1034,8 @@ pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
         batch,
         posts_per_s: common::round(posts as f64 / elapsed.max(1e-9), 1),
         errors,
+        executor: executor_kind.name().to_owned(),
+        executor_why,
     };
     println!("{}", serde_json::to_string(&report)?);
     ensure!(

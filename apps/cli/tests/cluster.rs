@@ -215,6 +215,9 @@ fn local_cluster_survives_a_killed_cn() {
     assert_survived_kill(&out);
 }
 
+/// The FAA workload on two client threads per CN, each on the executor `auto` picks:
+/// glommio pinned to a core where this build has it and it starts, the polling executor
+/// otherwise (the report says which, and why not glommio).
 #[test]
 fn local_cluster_without_failures_checks_clean() {
     let dir = TempDir::new("clean");
@@ -228,6 +231,10 @@ fn local_cluster_without_failures_checks_clean() {
                 ("127.0.0.1", None),
             ],
             &ports,
+        )
+        .replace(
+            "clients = 2",
+            "clients = 4\nthreads = 2\nexecutor = \"auto\"",
         ),
     );
     let out = run_cluster(&file, &[]);
@@ -244,6 +251,49 @@ fn local_cluster_without_failures_checks_clean() {
         assert_eq!(words[cn].as_u64().unwrap(), posts * 2);
     }
     assert!(r["mn0"]["revoked"].as_object().unwrap().is_empty());
+    let (kind, why) = dmem_runtime::ExecutorKind::detect();
+    for cn in ["cn0", "cn1"] {
+        assert_eq!(r[cn]["executor"], kind.name(), "{}", r[cn]);
+        assert_eq!(r[cn]["executor_why"].as_str(), why.as_deref(), "{}", r[cn]);
+    }
+}
+
+/// `executor = "glommio"` asked for explicitly: the CNs' client threads run on glommio
+/// executors pinned to cores where it can (built with `--features glommio`, io_uring on),
+/// and the run stops with one line saying what to change where it cannot.
+#[test]
+fn faa_clients_on_glommio_or_one_line_why_not() {
+    let dir = TempDir::new("glommio");
+    let ports = free_ports(4);
+    let file = dir.write(
+        "cluster.toml",
+        &cluster_toml([("127.0.0.1", None); 3], &ports)
+            .replace(
+                "clients = 2",
+                "clients = 4\nthreads = 2\nexecutor = \"glommio\"",
+            )
+            .replace("duration_ms = 1500", "duration_ms = 500"),
+    );
+    let out = run_cluster(&file, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    match dmem_runtime::ExecutorKind::detect() {
+        (kind, None) => {
+            assert!(out.status.success(), "{stderr}");
+            let r = reports(&out);
+            for cn in ["cn0", "cn1"] {
+                assert_eq!(r[cn]["executor"], kind.name(), "{}", r[cn]);
+                assert!(r[cn]["posts"].as_u64().unwrap() > 0, "{}", r[cn]);
+            }
+        }
+        (_, Some(why)) => {
+            assert!(!out.status.success());
+            assert!(
+                stderr.contains(&format!("executor `glommio` cannot run here ({why})"))
+                    && stderr.contains("--features glommio"),
+                "{stderr}"
+            );
+        }
+    }
 }
 
 /// The cross-host test: MN on host 0, CNs on hosts 1 and 2, each in its own network
@@ -377,6 +427,17 @@ fn cluster_file_errors_are_one_readable_line() {
             "used twice",
         ),
         (good.replace("memory_mib = 4", "memory_mb = 4"), "line"),
+        (
+            good.replace("batch = 2", "batch = 2\nexecutor = \"tokio\""),
+            "workload executor `tokio` is not `auto`, `polling` or `glommio`",
+        ),
+        (
+            good.replace(
+                "kind = \"faa\"",
+                "kind = \"smallbank\"\nprotocol = \"ford\"\nexecutor = \"glommio\"",
+            ),
+            "`executor` applies to the faa workload",
+        ),
     ];
     for (i, (text, expected)) in cases.into_iter().enumerate() {
         let file = dir.write(&format!("bad{i}.toml"), &text);
