@@ -7,17 +7,13 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use dmem_deploy::{
-    AnyContext, ClusterShape, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol,
-    Recorder, RecoveryEvent, RecoveryTiming, TableDemand, settle_history,
+    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
+    RecoveryEvent, RecoveryTiming,
 };
 use dmem_litmus::{Litmus, RunConfig, RunOutcome, run_one};
 use dmem_occ::{OoccConfig, OoccProtocol};
-use dmem_sim::{NicProfile, Sim};
-use dmem_txn::{
-    BoxCoordinator, Coordinator, CoordinatorId, History, HistorySink, Key, ReadReq, TableId,
-    Transaction, TxnId, TxnKind, TxnOutcome, TxnRecord, check,
-};
-use dmem_verbs::{Clock, Nanos, NodeId};
+use dmem_sim::Sim;
+use dmem_txn::{BoxCoordinator, Key, TableId};
 
 thread_local! {
     static EVENTS: RefCell<Vec<RecoveryEvent>> = const { RefCell::new(Vec::new()) };
