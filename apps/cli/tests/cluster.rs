@@ -596,7 +596,7 @@ fn smallbank_on_motor_and_oocc_recovers_a_killed_cn_process() {
 /// ten of this file's tests together (issue #17): DrTM truncated its redo log before it
 /// resolved the committed transaction in the history, so a CN killed between the two left
 /// an `Unknown` transaction and no log, which recovery's settlement called aborted although
-/// its records had landed (`dmem-occ`'s `tests/recovery.rs` pins the order).
+/// its records had landed (`dmem-protocols`' `tests/killed_at_resolve.rs` pins the order).
 #[test]
 fn smallbank_on_drtm_recovers_a_killed_cn_process() {
     assert_recovers_killed_cn("drtm");
