@@ -23,6 +23,11 @@ use crate::{Decision, DeployError, RecoveredCoordinator, RecoveryTiming};
 /// was rolled forward, aborted with nothing installed if it was rolled back. Without a
 /// decision (`txn` or `decision` unset) no commit WRITE of the coordinator was posted, so
 /// any transaction of it still `Unknown` installed nothing and is marked aborted.
+///
+/// That last rule holds only if a protocol resolves a committed transaction in the history
+/// before it clears the log that recovery would decide it from (truncates a redo log,
+/// marks an op log idle): a CN killed between a cleared log and a later resolution would
+/// leave installed versions that the settled history calls aborted.
 pub fn settle_history(history: &RefCell<History>, r: &RecoveredCoordinator, now: Nanos) {
     let mut h = history.borrow_mut();
     let coordinator = CoordinatorId(u32::from(r.coordinator));

@@ -383,6 +383,11 @@ where
         recover: R,
     ) -> Self {
         let now = ctx.now();
+        // Not the detector's own CN: it runs this code, so it is alive, but a loaded host
+        // can starve its heartbeat task past the timeout (while a long recovery step runs),
+        // and a detector that suspected itself cut its own links and then failed to recover
+        // its own coordinators through them.
+        let me = ctx.node();
         Self {
             protocol,
             terminator,
@@ -390,7 +395,7 @@ where
             members: plan.members.clone(),
             detector: HeartbeatDetector::watching(
                 plan.timeout,
-                plan.members.iter().map(|m| m.cn),
+                plan.members.iter().map(|m| m.cn).filter(|&cn| cn != me),
                 now,
             ),
             recover,
@@ -509,6 +514,56 @@ mod tests {
         assert_eq!(reader.read(3).unwrap(), None);
         assert!(slots.write(4, b"x").is_err(), "slot 4 was never created");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_detector_never_suspects_its_own_cn() {
+        let shape = crate::ClusterShape {
+            mns: 1,
+            cns: 2,
+            threads: 1,
+            seed: 1,
+            profile: dmem_sim::NicProfile::named("cx6").unwrap(),
+            min_mn_bytes: 1 << 16,
+        };
+        let sim = shape.build(1 << 16).unwrap();
+        let (me, other) = (sim.cn(0), sim.cn(1));
+        let ctx = AnyContext::Sim(sim.context(me, 0).unwrap());
+        let member = |cn: NodeId, coordinator: u16| ClusterMember {
+            cn,
+            coordinators: vec![coordinator],
+            listener: Endpoint {
+                node: cn,
+                port: Port(1),
+            },
+        };
+        let plan = ProcessPlan {
+            members: vec![member(me, 0), member(other, 1)],
+            detector: ctx.local_endpoint(),
+            heartbeat: 1_000,
+            timeout: 10_000,
+            answer_timeout: 10_000,
+            state_dir: std::env::temp_dir(),
+        };
+        let terminator = MessageLinkTerminator::new(ctx.clone(), 1_000, 10_000);
+        let mut recovery = LogRecovery::new(
+            "test".to_owned(),
+            ctx,
+            terminator,
+            vec![sim.mn(0)],
+            &plan,
+            Rc::default(),
+            async |_: &AnyContext, id: u16| -> Result<RecoveredCoordinator, String> {
+                Err(format!("coordinator {id} is not recovered here"))
+            },
+        );
+        // Nobody sends a heartbeat, the detector's own CN included.
+        let idle = sim.context(me, 0).unwrap();
+        let clock = idle.clone();
+        sim.spawn(&idle, async move { clock.sleep(50_000).await });
+        sim.run_until_idle();
+        assert_eq!(recovery.detect().unwrap(), vec![other]);
+        assert_eq!(recovery.detect().unwrap(), Vec::<NodeId>::new());
     }
 
     #[test]

@@ -850,13 +850,16 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         self.co.oplog.committing(self.co.id, installs);
         self.co.ctx.mark_phase("commit");
         self.co.ctx.post(list).await?;
+        // Resolved before the op log is cleared, never after: recovery settles an `Unknown`
+        // transaction whose coordinator's op log is idle as aborted, so a CN killed between
+        // the two would leave installed versions that no transaction of the history wrote.
+        self.co
+            .history
+            .resolve(id, TxnOutcome::Committed, self.co.ctx.now());
         self.co.oplog.finished(self.co.id);
         for w in &mut self.writes {
             w.held = false;
         }
-        self.co
-            .history
-            .resolve(id, TxnOutcome::Committed, self.co.ctx.now());
         self.co.stats.committed += 1;
         Ok(())
     }

@@ -16,7 +16,7 @@ use dmem_sim::{Sim, SimContext};
 use dmem_txn::{BoxCoordinator, Key, TableId};
 use dmem_verbs::NodeId;
 
-use crate::drift::{DriftModel, DriftingCtx};
+use crate::drift::{Drift, DriftModel, DriftingCtx};
 use crate::drtm::{DrtmConfig, DrtmCoordinator};
 use crate::dslr2pl::{DslrConfig, DslrCoordinator};
 use crate::manager::{LeaseTable, ManagerLog, Policy};
@@ -215,6 +215,22 @@ impl OoccDeployment {
         Rc::clone(&self.manager)
     }
 
+    /// `ctx` read through its node's clock: the drift model's in the simulator, the
+    /// fabric's own clock elsewhere. The model drifts `true × ppm` from true time 0, the
+    /// start of a simulation; a real context's true time is `CLOCK_MONOTONIC`, counted from
+    /// boot and shared by every process of a host, where ±100 ppm of hours put the CNs of
+    /// one cluster seconds apart: DrTM's lease ends, absolute times compared across CNs,
+    /// then meant nothing (a writer on a CN ahead took a record whose 400 µs read lease
+    /// was still running on a CN behind, and the checker found the cycle).
+    fn node_clock(&self, ctx: AnyContext) -> DriftingCtx<AnyContext> {
+        let drift = if ctx.as_sim().is_some() {
+            self.protocol.drift.drift_of(ctx.node())
+        } else {
+            Drift::default()
+        };
+        DriftingCtx::new(ctx, drift)
+    }
+
     /// A coordinator, typed (tests use it to reach its leases).
     ///
     /// # Errors
@@ -251,7 +267,7 @@ impl OoccDeployment {
             );
             sim.spawn(&mctx, task);
         }
-        let ctx = DriftingCtx::new(ctx, self.protocol.drift.drift_of(node));
+        let ctx = self.node_clock(ctx);
         Ok(OoccCoordinator::new(
             ctx,
             Rc::clone(&self.dir),
@@ -291,7 +307,7 @@ impl Deployment for OoccDeployment {
         if let Some(cfg) = self.protocol.dslr {
             let node = ctx.node();
             self.leases.borrow_mut().push((id, node, Leases::new(0, 0)));
-            let ctx = DriftingCtx::new(ctx, self.protocol.drift.drift_of(node));
+            let ctx = self.node_clock(ctx);
             return Ok(Box::new(DslrCoordinator::new(
                 ctx,
                 Rc::clone(&self.dir),
@@ -307,7 +323,7 @@ impl Deployment for OoccDeployment {
             self.leases
                 .borrow_mut()
                 .push((id, node, Leases::new(cfg.lease_ns, 0)));
-            let ctx = DriftingCtx::new(ctx, self.protocol.drift.drift_of(node));
+            let ctx = self.node_clock(ctx);
             return Ok(Box::new(DrtmCoordinator::new(
                 ctx,
                 Rc::clone(&self.dir),

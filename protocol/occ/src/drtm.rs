@@ -509,13 +509,17 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
         }
         self.co.ctx.post(list).await?;
         self.co.ctx.post(unlock).await?;
-        let mut trunc = PostList::new();
-        trunc.write(log_addr, &[0u8; 16]);
-        let _ = self.co.ctx.post_detached(trunc).await;
+        // Resolved before the log is truncated, never after: recovery settles an `Unknown`
+        // transaction whose coordinator left no log as aborted, so a CN killed between a
+        // landed truncation and its resolution would leave versions that no transaction of
+        // the history installed.
         bump(&self.co.stats.rw_committed, 1);
         self.co
             .history
             .resolve(self.id, TxnOutcome::Committed, self.co.ctx.true_now());
+        let mut trunc = PostList::new();
+        trunc.write(log_addr, &[0u8; 16]);
+        let _ = self.co.ctx.post_detached(trunc).await;
         Ok(())
     }
 }

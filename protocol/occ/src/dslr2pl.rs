@@ -713,15 +713,19 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
             list.write(dir.addr(h.loc.mn, h.loc.offset), image);
         }
         self.release_all(list).await;
+        // Resolved before the log is truncated, never after: recovery settles an `Unknown`
+        // transaction whose coordinator left no log as rolled back, so a CN killed between
+        // a landed truncation and its resolution would leave versions that no transaction
+        // of the history installed.
+        bump(&self.co.stats.rw_committed, 1);
+        self.co
+            .history
+            .resolve(self.id, TxnOutcome::Committed, self.co.ctx.true_now());
         // Truncated once the records landed (a crash before leaves a whole log behind,
         // which recovery rolls onto no record: every one shows a newer version).
         let mut trunc = PostList::new();
         trunc.write(log_addr, &[0u8; 16]);
         let _ = self.co.ctx.post_detached(trunc).await;
-        bump(&self.co.stats.rw_committed, 1);
-        self.co
-            .history
-            .resolve(self.id, TxnOutcome::Committed, self.co.ctx.true_now());
         Ok(())
     }
 }

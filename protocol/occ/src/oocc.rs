@@ -977,15 +977,19 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             self.co.ctx.mark_phase("unlock");
             self.co.ctx.post(unlock).await?;
         }
-        // The log is dead once every record is written: truncate without waiting.
-        let mut trunc = PostList::new();
-        trunc.write(log_addr, &[0u8; 16]);
-        self.co.ctx.mark_phase("truncate");
-        let _ = self.co.ctx.post_detached(trunc).await;
+        // Committed once every record is written. Resolved before the log is truncated,
+        // never after: recovery settles an `Unknown` transaction whose coordinator left no
+        // log as rolled back, so a CN killed between a landed truncation and its resolution
+        // would leave versions that no transaction of the history installed.
         bump(&self.co.stats.rw_committed, 1);
         self.co
             .history
             .resolve(self.id, TxnOutcome::Committed, self.co.ctx.true_now());
+        // The log is dead now: truncate without waiting.
+        let mut trunc = PostList::new();
+        trunc.write(log_addr, &[0u8; 16]);
+        self.co.ctx.mark_phase("truncate");
+        let _ = self.co.ctx.post_detached(trunc).await;
         Ok(())
     }
 }
