@@ -341,6 +341,22 @@ impl FailureDetector {
         }
     }
 
+    /// Watches `members` except `me`, the CN the detector runs on: it is alive by
+    /// construction, but a loaded host can starve its own heartbeat task past the timeout,
+    /// and a detector that suspected its own CN would cut its own links. `me` stays a
+    /// member (it is notified like the others).
+    #[must_use]
+    pub fn on_cn(me: NodeId, timeout: Nanos, members: Vec<Member>, now: Nanos) -> Self {
+        Self {
+            heartbeats: HeartbeatDetector::watching(
+                timeout,
+                members.iter().map(|m| m.cn).filter(|&cn| cn != me),
+                now,
+            ),
+            members,
+        }
+    }
+
     /// A heartbeat from `cn` arrived at `now`.
     pub fn heartbeat(&mut self, cn: NodeId, now: Nanos) {
         self.heartbeats.heartbeat(cn, now);
@@ -444,12 +460,13 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
         timeout: Nanos,
     ) -> Self {
         let now = ctx.now();
+        let me = ctx.local_endpoint().node;
         Self {
             ctx,
             store,
             protocol,
             terminator,
-            detector: FailureDetector::new(timeout, members, now),
+            detector: FailureDetector::on_cn(me, timeout, members, now),
             failed: FailedCoordinatorSet::EMPTY,
             events: Rc::new(RefCell::new(Vec::new())),
             mn_probe: None,
@@ -842,6 +859,18 @@ mod tests {
         assert!(fd.suspects(1600).is_empty(), "reported once");
         assert_eq!(fd.live(), vec![member(3, &[1])]);
         assert_eq!(fd.suspects(2000), vec![member(3, &[1])]);
+    }
+
+    #[test]
+    fn detector_never_suspects_its_own_cn() {
+        let members = vec![member(3, &[1]), member(4, &[2])];
+        let mut fd = FailureDetector::on_cn(NodeId(3), 1000, members.clone(), 0);
+        // Nobody heartbeats: only the other CN is suspected; both stay members.
+        assert_eq!(fd.suspects(5000), vec![member(4, &[2])]);
+        assert!(fd.suspects(9000).is_empty());
+        assert_eq!(fd.live(), vec![member(3, &[1])]);
+        let mut all = FailureDetector::new(1000, members, 0);
+        assert_eq!(all.suspects(5000).len(), 2, "new() watches every member");
     }
 
     #[test]
