@@ -216,9 +216,11 @@ impl MnLink {
         }
         let m = &self.mapping;
         Ok(match op {
-            Op::Read { len, .. } => WrOutcome::Bytes(ops::read(m, addr.offset, *len)),
+            Op::Read { len, .. } => {
+                WrOutcome::Bytes(ops::read(m, addr.offset, *len, ops::owner_of(self.slot)))
+            }
             Op::Write { data, .. } => {
-                ops::write(m, addr.offset, data);
+                ops::write(m, addr.offset, data, ops::owner_of(self.slot));
                 WrOutcome::Written
             }
             Op::Cas { expect, swap, .. } => {
