@@ -5,8 +5,8 @@
 //!  offset 0                64            128              CONTROL_LEN        DATA_OFFSET
 //!  +-----------------------+-------------+--   ...   ------+------------------+-------------------+
 //!  | header line           | slot 0      | slot 1 ...      | write stripes    | data (the region) |
-//!  | magic, version,       | revoked,    | slot S-1        | STRIPES words:   | `len` bytes,      |
-//!  | data offset, data len | in flight   | one line each   | seq << 16 | owner| rounded to a page |
+//!  | magic, version,       | revoked, in | slot S-1        | STRIPES words:   | `len` bytes,      |
+//!  | data offset, data len | flight, pid | one line each   | seq << 16 | owner| rounded to a page |
 //!  +-----------------------+-------------+--   ...   ------+------------------+-------------------+
 //! ```
 //!
@@ -50,6 +50,7 @@ const H_DATA_LEN: usize = 24;
 // Slot words (byte offsets from the start of the slot's line).
 const S_REVOKED: usize = 0;
 const S_IN_FLIGHT: usize = 8;
+const S_PID: usize = 16;
 
 /// Which huge-page mechanism backs a mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -300,6 +301,12 @@ impl Mapping {
     /// The in-flight counter of link slot `slot`.
     pub(crate) fn slot_in_flight(&self, slot: u32) -> &AtomicU64 {
         self.word(Self::slot_line(slot) + S_IN_FLIGHT)
+    }
+
+    /// The id of the process that uses link slot `slot` (0 until it records itself), so
+    /// that a stripe held by a killed process can be taken back (see `crate::ops`).
+    pub(crate) fn slot_pid(&self, slot: u32) -> &AtomicU64 {
+        self.word(Self::slot_line(slot) + S_PID)
     }
 
     fn slot_line(slot: u32) -> usize {

@@ -30,13 +30,14 @@
 //!   order, like a responder that serialises its atomics, and costs nothing extra on x86,
 //!   where every locked instruction is already a full barrier.
 //!
-//! **Stripes held by a stalled writer.** A WRITE holds a stripe for a few stores, but the CN
-//! thread executing it can lose the CPU or die there. A READ or WRITE that meets a held stripe
-//! spins, then yields; a stripe held by a link the MN revoked is taken back at once (its
-//! owner is dead or cut off, and revocation's contract is that none of its posts land). After
-//! [`STALL_LIMIT`] of waiting on a live owner, the op goes ahead without that stripe (READ:
-//! loads without the snapshot guarantee; WRITE: stores without the stripe) and counts it in
-//! [`stalls`], so that a CN killed in mid-line cannot stop the others.
+//! **Stripes held by a stalled or dead holder.** A WRITE holds a stripe for a few stores, but
+//! the CN thread executing it can lose the CPU or die there. An op that meets a held stripe
+//! spins, then yields. A stripe held by a link the MN revoked is taken back at once (its
+//! owner is dead or cut off, and revocation's contract is that none of its posts land).
+//! After [`STALL_LIMIT`] it checks whether the holder's process (its id is recorded in the
+//! link slot) still exists, and takes the stripe back if not: a CN killed in mid-line cannot
+//! stop the others. A live holder is waited for up to one second; past that the op goes
+//! ahead without that stripe's guarantee and counts it in [`stalls`].
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
@@ -53,14 +54,14 @@ fn overlap(w: usize, start: usize, end: usize) -> (usize, usize) {
     (w.max(start), (w + 8).min(end))
 }
 
-/// Waiting on a stripe held by a live owner longer than this gives up the snapshot.
+/// Waiting this long on a held stripe makes an op check whether its holder's process is alive.
 pub const STALL_LIMIT: Duration = Duration::from_millis(20);
 
-/// Ops that gave up their snapshot after [`STALL_LIMIT`] (this process, since it started).
+/// Ops that went ahead without a stripe (this process, since it started).
 static STALLS: AtomicU64 = AtomicU64::new(0);
 
-/// How many READs and WRITEs of this process met a stripe held by a live owner for longer
-/// than [`STALL_LIMIT`] and went ahead without the snapshot guarantee.
+/// How many READs and WRITEs of this process met a stripe held by a live holder for a
+/// second and went ahead without its guarantee (snapshot, or a line landing whole).
 pub fn stalls() -> u64 {
     STALLS.load(Ordering::Relaxed)
 }
@@ -78,8 +79,12 @@ fn next_free(word: u64) -> u64 {
     ((word >> OWNER_BITS).wrapping_add(1)) << OWNER_BITS
 }
 
-/// Paces a wait on a held stripe: spins first, then yields; `false` once [`STALL_LIMIT`]
-/// has passed since the first call.
+/// After this long on one holder that is still alive, an op gives up the stripe's guarantee.
+const HARD_STALL_LIMIT: Duration = Duration::from_secs(1);
+
+/// Paces a wait on a held stripe: spins first, then yields. After [`STALL_LIMIT`] it asks
+/// whether the holder's process still exists and takes the stripe back if not; after
+/// [`HARD_STALL_LIMIT`] on a live holder it gives up.
 struct Backoff {
     spins: u32,
     since: Option<Instant>,
@@ -93,31 +98,64 @@ impl Backoff {
         }
     }
 
-    fn wait(&mut self) -> bool {
+    /// One wait on `stripe`, seen held as `word`: `true` to look again, `false` to go ahead
+    /// without the stripe (counted in [`stalls`]).
+    fn wait(&mut self, m: &Mapping, stripe: &AtomicU64, word: u64) -> bool {
         self.spins += 1;
         if self.spins < 64 {
             std::hint::spin_loop();
             return true;
         }
         std::thread::yield_now();
-        let since = *self.since.get_or_insert_with(Instant::now);
-        if since.elapsed() < STALL_LIMIT {
-            true
-        } else {
-            STALLS.fetch_add(1, Ordering::Relaxed);
-            false
+        let waited = self.since.get_or_insert_with(Instant::now).elapsed();
+        if waited < STALL_LIMIT {
+            return true;
         }
+        if !holder_alive(m, word) {
+            let _ =
+                stripe.compare_exchange(word, next_free(word), Ordering::AcqRel, Ordering::Relaxed);
+            self.since = None;
+            return true;
+        }
+        if waited < HARD_STALL_LIMIT {
+            return true;
+        }
+        STALLS.fetch_add(1, Ordering::Relaxed);
+        false
     }
+}
+
+/// The link slot of a held stripe word, if its owner id names one.
+fn holder_slot(word: u64) -> Option<u32> {
+    u32::try_from((word & OWNER_MASK).checked_sub(1)?)
+        .ok()
+        .filter(|&slot| slot < crate::MAX_LINKS)
+}
+
+/// Whether the process that holds `word`'s stripe may still run: its recorded process id
+/// exists (`kill(pid, 0)` does not answer "no such process"). Unknown holders count as alive.
+fn holder_alive(m: &Mapping, word: u64) -> bool {
+    let Some(slot) = holder_slot(word) else {
+        return true;
+    };
+    let pid = m.slot_pid(slot).load(Ordering::Acquire);
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return true;
+    };
+    !matches!(
+        rustix::process::test_kill_process(pid),
+        Err(rustix::io::Errno::SRCH)
+    )
 }
 
 /// Takes back `stripe`, seen as `word` (held), if its owner's link was revoked. Returns
 /// whether it was (the caller looks again either way).
 fn reclaim_if_revoked(m: &Mapping, stripe: &AtomicU64, word: u64) -> bool {
-    let owner = word & OWNER_MASK;
-    let revoked = u32::try_from(owner - 1)
-        .ok()
-        .filter(|&slot| slot < crate::MAX_LINKS)
-        .is_some_and(|slot| m.slot_revoked(slot).load(Ordering::SeqCst) != 0);
+    let revoked =
+        holder_slot(word).is_some_and(|slot| m.slot_revoked(slot).load(Ordering::SeqCst) != 0);
     if revoked {
         let _ = stripe.compare_exchange(word, next_free(word), Ordering::AcqRel, Ordering::Relaxed);
     }
@@ -265,7 +303,7 @@ fn take_stripe(m: &Mapping, stripe: &AtomicU64, owner: u64) -> Option<u64> {
             }
             continue;
         }
-        if reclaim_if_revoked(m, stripe, word) || backoff.wait() {
+        if reclaim_if_revoked(m, stripe, word) || backoff.wait(m, stripe, word) {
             continue;
         }
         return None;
@@ -321,4 +359,48 @@ pub(crate) fn cas(m: &Mapping, offset: u64, expect: u64, swap: u64) -> u64 {
 pub(crate) fn faa(m: &Mapping, offset: u64, add: u64) -> u64 {
     m.word(m.data_offset() + offset as usize)
         .fetch_add(add, Ordering::SeqCst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process id that no longer exists: a child that has exited and been reaped.
+    fn dead_pid() -> u64 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        u64::from(pid)
+    }
+
+    /// A stripe left held by a killed process is taken back after [`STALL_LIMIT`]; one held
+    /// by a revoked link at once. Both ops then complete with their guarantee (no stall).
+    #[test]
+    fn stripes_of_dead_or_revoked_holders_are_taken_back() {
+        let m = Mapping::create("dmem-shm-ops-test", 4096).unwrap();
+        let line0 = m.data_offset();
+        let (dead_slot, revoked_slot, me) = (3, 4, owner_of(1));
+        m.slot_pid(dead_slot).store(dead_pid(), Ordering::Relaxed);
+        m.stripe(line0)
+            .store((5 << OWNER_BITS) | owner_of(dead_slot), Ordering::Relaxed);
+        let started = Instant::now();
+        write(&m, 0, &7u64.to_le_bytes(), me);
+        assert!(started.elapsed() >= STALL_LIMIT);
+        assert_eq!(read(&m, 0, 8, me), 7u64.to_le_bytes());
+        // Taken back (seq 6), then the WRITE's own generation (seq 7).
+        assert_eq!(m.stripe(line0).load(Ordering::Relaxed), 7 << OWNER_BITS);
+
+        m.slot_pid(revoked_slot)
+            .store(u64::from(std::process::id()), Ordering::Relaxed);
+        m.slot_revoked(revoked_slot).store(1, Ordering::Relaxed);
+        m.stripe(line0).store(
+            (9 << OWNER_BITS) | owner_of(revoked_slot),
+            Ordering::Relaxed,
+        );
+        let started = Instant::now();
+        assert_eq!(read(&m, 0, 8, me), 7u64.to_le_bytes());
+        assert!(started.elapsed() < STALL_LIMIT);
+        assert_eq!(m.stripe(line0).load(Ordering::Relaxed), 10 << OWNER_BITS);
+        assert_eq!(stalls(), 0);
+    }
 }
