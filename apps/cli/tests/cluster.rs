@@ -779,11 +779,10 @@ fn smallbank_on_pandora_over_shm_recovers_a_killed_cn_process() {
 }
 
 /// The newcomer's path on shm: `dmem bench --fabric shm` starts, checks and stops a local
-/// cluster of MN and CN processes per protocol (Pandora and Motor here; FORD has its own
-/// cluster test, [`smallbank_on_ford_over_shm_checks_clean`]).
+/// cluster of MN and CN processes per protocol (Pandora, Motor and FORD here).
 #[test]
-fn bench_on_shm_runs_pandora_and_motor_in_processes() {
-    bench_in_processes_checks_clean("shm", &["pandora", "motor"]);
+fn bench_on_shm_runs_pandora_motor_and_ford_in_processes() {
+    bench_in_processes_checks_clean("shm", &["pandora", "motor", "ford"]);
 }
 
 /// `dmem bench --fabric FABRIC` on SmallBank (tiny) with `protocols`, as separate MN and CN
