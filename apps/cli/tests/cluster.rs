@@ -816,12 +816,10 @@ role = "cn"
 /// SmallBank on FORD over shm: the MN process hands its memfd to two CN processes, which
 /// run their coordinators on the mapping; the merged history and the invariants are clean.
 ///
-/// Ignored in CI: it fails in about 3 of 10 runs with a malformed record (a READ that saw
-/// a new version word next to the previous installer's writer word), a torn item READ
-/// across processes that FORD's validation does not catch on shm; see apps/cli/README.md,
-/// "The shm fabric". Run it with `--ignored`.
+/// It failed in about 3 of 10 runs with a malformed record (a READ that saw a new version
+/// word next to the previous installer's writer word) while a shm READ was not a snapshot;
+/// see apps/cli/README.md, "The shm fabric".
 #[test]
-#[ignore = "FORD over shm: torn item READs across processes (apps/cli/README.md, The shm fabric)"]
 fn smallbank_on_ford_over_shm_checks_clean() {
     let dir = TempDir::new("shm-ford");
     let file = dir.write("cluster.toml", &shm_toml(&dir.0.join("sockets"), "ford"));
@@ -868,11 +866,10 @@ fn smallbank_on_pandora_over_shm_recovers_a_killed_cn_process() {
 }
 
 /// The newcomer's path on shm: `dmem bench --fabric shm` starts, checks and stops a local
-/// cluster of MN and CN processes per protocol (Pandora and Motor here: FORD over shm meets
-/// the torn-READ anomaly of [`smallbank_on_ford_over_shm_checks_clean`] in some runs).
+/// cluster of MN and CN processes per protocol (Pandora, Motor and FORD here).
 #[test]
-fn bench_on_shm_runs_pandora_and_motor_in_processes() {
-    bench_in_processes_checks_clean("shm", &["pandora", "motor"]);
+fn bench_on_shm_runs_pandora_motor_and_ford_in_processes() {
+    bench_in_processes_checks_clean("shm", &["pandora", "motor", "ford"]);
 }
 
 /// `dmem bench --fabric FABRIC` on SmallBank (tiny) with `protocols`, as separate MN and CN

@@ -1,5 +1,5 @@
-//! Cost of one post + poll on the shared-memory fabric: READ 64 B, CAS, and 16 READs posted
-//! as one list versus 16 single posts.
+//! Cost of one post + poll on the shared-memory fabric: READ 64 B, WRITE 64 B, WRITE 8 B
+//! (a lock release), CAS, and 16 READs posted as one list versus 16 single posts.
 #![allow(missing_docs)] // criterion_group! generates undocumented public functions
 
 use std::future::Future;
@@ -39,6 +39,21 @@ fn shm_verbs(c: &mut Criterion) {
         b.iter(|| {
             let mut list = PostList::new();
             list.read(addr(4096), 64);
+            black_box(poll_once(ctx.post(list)).unwrap())
+        });
+    });
+    group.bench_function("write_64B", |b| {
+        let data = [7u8; 64];
+        b.iter(|| {
+            let mut list = PostList::new();
+            list.write(addr(4096 + 128), &data);
+            black_box(poll_once(ctx.post(list)).unwrap())
+        });
+    });
+    group.bench_function("write_8B", |b| {
+        b.iter(|| {
+            let mut list = PostList::new();
+            list.write(addr(4096 + 192), &0u64.to_le_bytes());
             black_box(poll_once(ctx.post(list)).unwrap())
         });
     });

@@ -18,8 +18,9 @@
 //! loads or stores, never borrowed as `&[u8]`, and only accessed by aligned 8-byte atomics
 //! (unaligned WRITE edges are merged with a compare-exchange loop rather than with byte
 //! atomics, because racing atomics of different sizes are not allowed by Rust's memory
-//! model). The orderings, and the torn-read guarantee they give ("prefix new, suffix old",
-//! never the reverse), are argued in the `ops` module; the validity of the mapping in the
+//! model). The orderings, and what they give (a WRITE lands line by line, in increasing address
+//! order, each line whole; a READ is a snapshot with respect to WRITEs, through a seqlock word
+//! per write stripe), are argued in the `ops` module; the validity of the mapping in the
 //! `mapping` module (the memfd is sealed against shrinking, so no process can make an access
 //! fault).
 //!
@@ -89,5 +90,6 @@ pub use context::{MAX_MESSAGE, Recv, ShmContext, ShmFabric};
 pub use error::ShmError;
 pub use mapping::{HugePages, MAX_LINKS, shmem_thp_policy};
 pub use node::{MnLink, ShmMemoryNode};
+pub use ops::{STALL_LIMIT, stalls};
 pub use remote::{MessageServer, message_socket};
 pub use socket::ShmServer;

@@ -2,16 +2,18 @@
 //! 8-byte atomics.
 //!
 //! ```text
-//!  offset 0                64            128                         CONTROL_LEN
-//!  +-----------------------+-------------+-----   ...   -------------+---------------------+
-//!  | header line           | slot 0      | slot 1 ...  slot S-1      | data (the region)   |
-//!  | magic, version,       | revoked,    |                           | `len` bytes, rounded |
-//!  | data offset, data len | in flight   |  one 64-byte line each    | up to the page size |
-//!  +-----------------------+-------------+-----   ...   -------------+---------------------+
+//!  offset 0                64            128              CONTROL_LEN        DATA_OFFSET
+//!  +-----------------------+-------------+--   ...   ------+------------------+-------------------+
+//!  | header line           | slot 0      | slot 1 ...      | write stripes    | data (the region) |
+//!  | magic, version,       | revoked, in | slot S-1        | STRIPES words:   | `len` bytes,      |
+//!  | data offset, data len | flight, pid | one line each   | seq << 16 | owner| rounded to a page |
+//!  +-----------------------+-------------+--   ...   ------+------------------+-------------------+
 //! ```
 //!
 //! The header and the per-link slots live in the same file as the data so that a CN in
 //! another process sees revocations without any message (see [`crate::ShmMemoryNode::revoke`]).
+//! The write stripes make a READ a snapshot with respect to WRITEs (see [`crate::ops`]): data
+//! line `l` (64 bytes) belongs to stripe `l % STRIPES`.
 
 use std::fs;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -26,13 +28,17 @@ use crate::ShmError;
 /// `"dmem-shm"` in ASCII, the first word of every mapping.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"dmem-shm");
 /// Layout version; a CN refuses a mapping of another version.
-pub(crate) const LAYOUT_VERSION: u64 = 1;
+pub(crate) const LAYOUT_VERSION: u64 = 2;
 /// One slot (and the header) per 64-byte line, so that CNs do not share lines.
 pub(crate) const LINE: usize = 64;
 /// Bytes before the data: the header line and the link slots.
 pub(crate) const CONTROL_LEN: usize = 64 * 1024;
 /// Link slots per memory node: how many CN contexts can ever be linked to it.
 pub const MAX_LINKS: u32 = (CONTROL_LEN / LINE) as u32 - 1;
+/// Write stripes: one 8-byte word each, shared by the data lines `STRIPES` apart (256 KiB).
+pub(crate) const STRIPES: usize = 4096;
+/// Byte offset of the data: after the control lines and the stripe words.
+pub(crate) const DATA_OFFSET: usize = CONTROL_LEN + STRIPES * 8;
 const PAGE: usize = 4096;
 const HUGE_PAGE: usize = 2 * 1024 * 1024;
 
@@ -44,6 +50,7 @@ const H_DATA_LEN: usize = 24;
 // Slot words (byte offsets from the start of the slot's line).
 const S_REVOKED: usize = 0;
 const S_IN_FLIGHT: usize = 8;
+const S_PID: usize = 16;
 
 /// Which huge-page mechanism backs a mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,9 +128,9 @@ impl Mapping {
     pub(crate) fn create(name: &str, data_len: u64) -> Result<Self, ShmError> {
         let data_len_usize = usize::try_from(data_len)
             .ok()
-            .filter(|l| l.checked_add(CONTROL_LEN + HUGE_PAGE).is_some())
+            .filter(|l| l.checked_add(DATA_OFFSET + HUGE_PAGE).is_some())
             .ok_or(ShmError::TooLarge { len: data_len })?;
-        let total = CONTROL_LEN + round_up(data_len_usize, PAGE);
+        let total = DATA_OFFSET + round_up(data_len_usize, PAGE);
         let mut mapping = match Self::create_with(name, round_up(total, HUGE_PAGE), true) {
             Ok(m) => m,
             Err(_) => Self::create_with(name, total, false)?,
@@ -134,9 +141,9 @@ impl Mapping {
             .store(LAYOUT_VERSION, Ordering::Relaxed);
         mapping
             .word(H_DATA_OFFSET)
-            .store(CONTROL_LEN as u64, Ordering::Relaxed);
+            .store(DATA_OFFSET as u64, Ordering::Relaxed);
         mapping.word(H_DATA_LEN).store(data_len, Ordering::Release);
-        mapping.data_offset = CONTROL_LEN;
+        mapping.data_offset = DATA_OFFSET;
         mapping.data_len = data_len;
         Ok(mapping)
     }
@@ -183,7 +190,7 @@ impl Mapping {
         let stat = rustix::fs::fstat(&fd).map_err(ShmError::os("fstat"))?;
         let size = usize::try_from(stat.st_size)
             .ok()
-            .filter(|&s| s >= CONTROL_LEN && s.is_multiple_of(PAGE))
+            .filter(|&s| s >= DATA_OFFSET && s.is_multiple_of(PAGE))
             .ok_or_else(|| {
                 ShmError::Handshake(format!(
                     "the received memfd has an unusable size of {} bytes",
@@ -207,14 +214,14 @@ impl Mapping {
         let data_len = mapping.word(H_DATA_LEN).load(Ordering::Relaxed);
         if mapping.word(H_MAGIC).load(Ordering::Acquire) != MAGIC
             || mapping.word(H_VERSION).load(Ordering::Relaxed) != LAYOUT_VERSION
-            || data_offset != CONTROL_LEN as u64
-            || data_len > (size - CONTROL_LEN) as u64
+            || data_offset != DATA_OFFSET as u64
+            || data_len > (size - DATA_OFFSET) as u64
         {
             return Err(ShmError::Handshake(
                 "the received memfd does not hold a dmem-shm region of this layout version".into(),
             ));
         }
-        mapping.data_offset = CONTROL_LEN;
+        mapping.data_offset = DATA_OFFSET;
         mapping.data_len = data_len;
         Ok(mapping)
     }
@@ -272,6 +279,20 @@ impl Mapping {
         self.data_len
     }
 
+    /// The write-stripe word of the data line holding mapping offset `offset` (a data
+    /// offset, at or after [`Mapping::data_offset`]).
+    #[inline]
+    pub(crate) fn stripe(&self, offset: usize) -> &AtomicU64 {
+        let line = (offset - self.data_offset) / LINE;
+        self.stripe_word(line % STRIPES)
+    }
+
+    /// Write-stripe word number `stripe` (`< STRIPES`).
+    #[inline]
+    pub(crate) fn stripe_word(&self, stripe: usize) -> &AtomicU64 {
+        self.word(CONTROL_LEN + stripe * 8)
+    }
+
     /// The revoked word of link slot `slot`.
     pub(crate) fn slot_revoked(&self, slot: u32) -> &AtomicU64 {
         self.word(Self::slot_line(slot) + S_REVOKED)
@@ -280,6 +301,12 @@ impl Mapping {
     /// The in-flight counter of link slot `slot`.
     pub(crate) fn slot_in_flight(&self, slot: u32) -> &AtomicU64 {
         self.word(Self::slot_line(slot) + S_IN_FLIGHT)
+    }
+
+    /// The id of the process that uses link slot `slot` (0 until it records itself), so
+    /// that a stripe held by a killed process can be taken back (see `crate::ops`).
+    pub(crate) fn slot_pid(&self, slot: u32) -> &AtomicU64 {
+        self.word(Self::slot_line(slot) + S_PID)
     }
 
     fn slot_line(slot: u32) -> usize {

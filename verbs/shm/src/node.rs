@@ -74,11 +74,11 @@ impl ShmMemoryNode {
     /// [`ShmError::NoFreeSlot`] after [`MAX_LINKS`] links.
     pub fn link(&self, cn: NodeId) -> Result<MnLink, ShmError> {
         let slot = self.alloc_slot(cn)?;
-        Ok(MnLink {
-            mapping: Arc::clone(&self.inner.mapping),
-            region: self.inner.region,
+        Ok(MnLink::new(
+            Arc::clone(&self.inner.mapping),
+            self.inner.region,
             slot,
-        })
+        ))
     }
 
     /// Hands out the next link slot and records that it belongs to `cn`.
@@ -165,6 +165,18 @@ pub struct MnLink {
 }
 
 impl MnLink {
+    /// A link through `slot`, used by this process: records its process id in the slot.
+    pub(crate) fn new(mapping: Arc<Mapping>, region: MemoryRegion, slot: u32) -> Self {
+        mapping
+            .slot_pid(slot)
+            .store(u64::from(std::process::id()), Ordering::Release);
+        Self {
+            mapping,
+            region,
+            slot,
+        }
+    }
+
     /// The region this link reaches.
     #[must_use]
     pub fn region(&self) -> MemoryRegion {
@@ -216,9 +228,11 @@ impl MnLink {
         }
         let m = &self.mapping;
         Ok(match op {
-            Op::Read { len, .. } => WrOutcome::Bytes(ops::read(m, addr.offset, *len)),
+            Op::Read { len, .. } => {
+                WrOutcome::Bytes(ops::read(m, addr.offset, *len, ops::owner_of(self.slot)))
+            }
             Op::Write { data, .. } => {
-                ops::write(m, addr.offset, data);
+                ops::write(m, addr.offset, data, ops::owner_of(self.slot));
                 WrOutcome::Written
             }
             Op::Cas { expect, swap, .. } => {

@@ -275,10 +275,13 @@ impl MnLink {
                 mapping.data_len()
             )));
         }
-        Ok(Self {
-            mapping: Arc::new(mapping),
-            region: reply.region,
-            slot: reply.slot,
-        })
+        if reply.slot >= crate::MAX_LINKS {
+            return Err(ShmError::Handshake(format!(
+                "the reply names link slot {} of {}",
+                reply.slot,
+                crate::MAX_LINKS
+            )));
+        }
+        Ok(Self::new(Arc::new(mapping), reply.region, reply.slot))
     }
 }

@@ -195,10 +195,10 @@ fn cas_lock_gives_mutual_exclusion() {
 }
 
 /// A WRITE of generation `g` stores `g` in every word, lowest address first; a concurrent READ
-/// may be torn, but only as "prefix new, suffix old": word values never increase with the
-/// address.
+/// may be torn, but only as "prefix new, suffix old" at line granularity: word values never
+/// increase with the address, and the eight words of a line are always of one WRITE.
 #[test]
-fn torn_reads_are_only_prefix_new_suffix_old() {
+fn torn_reads_are_only_prefix_new_suffix_old_in_whole_lines() {
     const WORDS: usize = 512; // 4 KiB, 64 cache lines
     let (mn, fabric) = setup(8192);
     let base = at(&mn, 0);
@@ -236,6 +236,12 @@ fn torn_reads_are_only_prefix_new_suffix_old() {
                 pair[1]
             );
         }
+        for (l, line) in words.chunks_exact(8).enumerate() {
+            assert!(
+                line.iter().all(|&w| w == line[0]),
+                "line {l} is torn inside: {line:?}"
+            );
+        }
         if words[0] != words[WORDS - 1] {
             torn += 1;
         }
@@ -245,6 +251,100 @@ fn torn_reads_are_only_prefix_new_suffix_old() {
     let generations = writer.join().unwrap();
     eprintln!("{reads} reads against {generations} writes, {torn} torn (all prefix-new)");
     assert!(generations > 0 && reads > 0);
+}
+
+/// FORD's commit against FORD's item READ, as a one-record litmus test. Item layout as a
+/// FORD data item: lock word, version word, writer word, value words. The writer locks with
+/// CAS, WRITEs version, writer and value from the version word up in one WRITE, then
+/// releases the lock with a later WRITE; the reader READs the whole item and accepts it when
+/// the lock word is free, as FORD's execution READ does. Every accepted image must be one
+/// commit's: writer and value words belong to the version word. Before READs were snapshots
+/// (words loaded one by one, highest first), a reader that lost the CPU between two loads
+/// accepted a new version next to the previous writer and value (issue #17), and so did a
+/// reader slower than the writer's whole commit on a long item.
+#[test]
+fn an_unlocked_item_read_is_one_commit_s_image() {
+    // A long value makes the READ slow enough for whole commits to fit inside one.
+    const VALUE_WORDS: usize = 4096;
+    const ITEM_WORDS: usize = 3 + VALUE_WORDS;
+    const MARK: u64 = 0xA5A5_0000_0000_0000;
+    let (mn, fabric) = setup(65536);
+    let (lock, version) = (at(&mn, 0), at(&mn, 8));
+    // Version 0 (the loaded image) with writer 0 ^ MARK and value words 0.
+    now(cn(&mn, &fabric, 9, 0).write(at(&mn, 16), &MARK.to_ne_bytes())).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (mn, fabric, stop) = (mn.clone(), fabric.clone(), Arc::clone(&stop));
+        thread::spawn(move || {
+            let c = cn(&mn, &fabric, 1, 0);
+            let mut g = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if now(c.cas(lock, 0, 1)).unwrap() != 0 {
+                    continue;
+                }
+                g += 1;
+                let mut image = vec![g, g ^ MARK];
+                image.extend(std::iter::repeat_n(g, VALUE_WORDS));
+                let bytes: Vec<u8> = image.iter().flat_map(|w| w.to_ne_bytes()).collect();
+                now(c.write(version, &bytes)).unwrap();
+                now(c.write(lock, &0u64.to_ne_bytes())).unwrap();
+                // Leave the item unlocked for a while, so that readers accept images.
+                for _ in 0..2_000 {
+                    std::hint::spin_loop();
+                }
+            }
+            g
+        })
+    };
+    let readers: Vec<_> = (0..2u16)
+        .map(|r| {
+            let (mn, fabric, stop) = (mn.clone(), fabric.clone(), Arc::clone(&stop));
+            thread::spawn(move || {
+                let c = cn(&mn, &fabric, 2 + r, 0);
+                let (mut accepted, mut torn) = (0u64, Vec::new());
+                // 600 ms, longer (up to 10 s) until 20 images were accepted: a loaded
+                // machine can starve one thread.
+                let start = Instant::now();
+                while start.elapsed() < Duration::from_millis(600)
+                    || (accepted < 20 && start.elapsed() < Duration::from_secs(10))
+                {
+                    let bytes = now(c.read(lock, (ITEM_WORDS * 8) as u32)).unwrap();
+                    let w: Vec<u64> = bytes
+                        .chunks_exact(8)
+                        .map(|w| u64::from_ne_bytes(w.try_into().unwrap()))
+                        .collect();
+                    if w[0] != 0 {
+                        continue;
+                    }
+                    accepted += 1;
+                    let v = w[1];
+                    if w[2] != v ^ MARK || w[3..].iter().any(|&x| x != v) {
+                        torn.push((v, w[2] ^ MARK, w[3], w[ITEM_WORDS - 1]));
+                    }
+                }
+                stop.store(true, Ordering::Relaxed);
+                (accepted, torn)
+            })
+        })
+        .collect();
+    let results: Vec<_> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    stop.store(true, Ordering::Relaxed);
+    let commits = writer.join().unwrap();
+    let accepted: u64 = results.iter().map(|r| r.0).sum();
+    let torn: Vec<_> = results.iter().flat_map(|r| r.1.iter().copied()).collect();
+    eprintln!(
+        "{accepted} unlocked images accepted against {commits} commits, {} torn ({} stalled ops)",
+        torn.len(),
+        dmem_shm::stalls()
+    );
+    assert!(commits > 0 && accepted > 0);
+    assert!(
+        torn.is_empty(),
+        "{} of {accepted} accepted images were torn; first (version, writer's version, first \
+         value word, last value word): {:?}",
+        torn.len(),
+        torn.first()
+    );
 }
 
 #[test]
