@@ -55,7 +55,9 @@ fn cluster_toml(hosts: [(&str, Option<&str>); 3], ports: &[u16]) -> String {
     format!(
         r#"fabric = "tcp"
 heartbeat_ms = 10
-timeout_ms = 200
+# Long enough that a live CN starved by a loaded machine (parallel tests on two cores)
+# is not suspected: a false suspicion ends the run (availability, not safety).
+timeout_ms = 500
 
 [workload]
 kind = "faa"
@@ -175,7 +177,7 @@ fn assert_survived_kill(out: &Output) {
     assert!(out.status.success(), "dmem cluster failed: {stderr}");
     assert!(stderr.contains("killed CN `cn1` with SIGKILL"), "{stderr}");
     assert!(
-        stderr.contains("cn1 silent for more than 200 ms: access revoked"),
+        stderr.contains("cn1 silent for more than 500 ms: access revoked"),
         "{stderr}"
     );
     let r = reports(out);
@@ -419,7 +421,7 @@ fn cluster_file_errors_are_one_readable_line() {
             "unknown protocol `no-such-protocol`",
         ),
         (
-            good.replace("timeout_ms = 200", "timeout_ms = 5"),
+            good.replace("timeout_ms = 500", "timeout_ms = 5"),
             "timeout_ms (5) must exceed heartbeat_ms",
         ),
         (
@@ -789,7 +791,7 @@ fn shm_toml(sockets: &Path, protocol: &str) -> String {
         r#"fabric = "shm"
 socket_dir = "{}"
 heartbeat_ms = 10
-timeout_ms = 200
+timeout_ms = 500
 
 [workload]
 kind = "smallbank"
