@@ -254,7 +254,12 @@ pub async fn recover<V: Verbs + Clock>(
     let own: usize = plan
         .iter()
         .filter(|p| p.holders.contains(&me))
-        .map(|p| cluster.stores[usize::from(me)].borrow().gathered(p.txn).len())
+        .map(|p| {
+            cluster.stores[usize::from(me)]
+                .borrow()
+                .gathered(p.txn)
+                .len()
+        })
         .sum();
     let mut entries = own as u64;
     if let Ok(replies) = round(leader, gathers, epoch).await {
@@ -441,7 +446,10 @@ pub fn plan(cluster: &Cluster, history: &impl HistorySink, now: Nanos) -> Vec<Pl
 /// distance, as [`crate::ServerStore::decide`] applies).
 fn behind(cluster: &Cluster, s: u16, table: u32, key: u64, version: u32) -> bool {
     use dmem_layout::kv_meta::KvMeta;
-    let current = cluster.stores[usize::from(s)].borrow().meta(table, key).version();
+    let current = cluster.stores[usize::from(s)]
+        .borrow()
+        .meta(table, key)
+        .version();
     let ahead = version.wrapping_sub(current) & KvMeta::MAX_VERSION;
     ahead != 0 && ahead < 1 << (KvMeta::VERSION_BITS - 1)
 }

@@ -536,15 +536,12 @@ fn execute(
         .collect();
     // Crashed at some point (a restarted CN, LOTUS §6, is up again at the end).
     let crashed = (0..workers).map(|cn| sim.crashes(sim.cn(cn)) > 0).collect();
-    let final_state = state
-        .borrow_mut()
-        .take()
-        .unwrap_or_else(|| {
-            Err(format!(
-                "stuck: the assertion transaction had not finished {} µs of virtual time after the run",
-                cfg.settle / 1_000
-            ))
-        });
+    let final_state = state.borrow_mut().take().unwrap_or_else(|| {
+        Err(format!(
+            "stuck: the assertion transaction had not finished {} µs of virtual time after the run",
+            cfg.settle / 1_000
+        ))
+    });
     let ends = ends.borrow().clone();
     let history = history.borrow().clone();
     let marks = (0..workers).map(|cn| sim.phase_marks(sim.cn(cn))).collect();

@@ -441,7 +441,10 @@ fn false_suspicions_cost_availability_not_safety() {
 fn a_late_server_crash_is_recovered_not_waited_for_forever() {
     let dnl = protocol("dnl:4+no-dedup");
     let cfg = RunConfig::new(1.0);
-    for (litmus, seed) in [(Litmus::DirectWriteInsert, 33), (Litmus::DirectWriteDelete, 126)] {
+    for (litmus, seed) in [
+        (Litmus::DirectWriteInsert, 33),
+        (Litmus::DirectWriteDelete, 126),
+    ] {
         let out = run_one(&*dnl, litmus, seed, &cfg).unwrap();
         let crash = out.crash.expect("a crash in every run");
         assert!(
