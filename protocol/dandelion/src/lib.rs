@@ -31,7 +31,7 @@ pub mod worker;
 
 pub use config::{Bugs, CommitSpec, DnlConfig, Replicas, Visit, retransmission_timeout};
 pub use net::{Flow, Net};
-pub use recovery::{RecoveryCost, RecoveryReport, recover};
+pub use recovery::{Phase, Planned, RecoveryCost, RecoveryReport, halt, plan, recover, requests};
 pub use store::ServerStore;
 pub use txn::{DnlCoordinator, DnlTxn, TxnStats};
 pub use worker::{Cluster, Placement, Step, Worker, WorkerStats};

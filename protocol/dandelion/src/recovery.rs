@@ -23,18 +23,38 @@
 //! them yet (a replica whose message was lost in the crash), its locks released and the
 //! readable flags raised; an aborted one's applied writes are undone and its locks released.
 //!
-//! **Cost.** The decisions are computed here at one instant, but what the survivors would
-//! exchange and compute to reach them is counted and charged ([`RecoveryCost`]), by this
-//! message pattern on the recovery flow: each transaction is decided by its coordinator's
-//! server if that survivor lives, else by the lowest-numbered survivor holding an entry of
-//! it; every other survivor holding entries of it sends them in one message (*gather*);
-//! the decider sends the decision in one message to every other survivor that holds an
-//! entry of it or a live replica of a key it writes (*decide*), which acknowledges it
-//! (*ack*); finally every survivor tells every other one it is done, and all resume in
-//! the new epoch (*resume*). CPU per survivor: [`cost::MESSAGE_NS`] per message it sends or
-//! receives, [`cost::HASHTABLE_ALONE_NS`] per log entry it reads and per key it applies,
-//! undoes or unlocks (one hashtable access each). The survivor's first thread is charged
-//! (`Clock::cpu`), so its transactions resume that much later.
+//! **Messages.** Recovery runs over the networking layer like the transactions, on the
+//! recovery flow ([`Flow::RECOVERY`]), as RPCs of the reliability layer (request numbers,
+//! retransmission after a timeout, exactly-once execution), in the new epoch. The *leader*
+//! (the lowest-numbered survivor) drives it from its first thread, in the rounds [`Phase`]
+//! names, each a step that waits for every reply:
+//!
+//! 1. **Halt** ([`halt`]): the crashed servers are declared crashed, the epoch is bumped,
+//!    every survivor is halted (its transactions send nothing until it resumes) and every
+//!    request in flight is abandoned.
+//! 2. **Gather**: a `GATHER` to every other survivor holding log entries of a transaction;
+//!    the reply carries them ([`crate::wire::GatheredEntry`]).
+//! 3. **Decide**: a `DECIDE` (decision and the writes a commit installs) to every survivor
+//!    that holds an entry of the transaction or a live replica of a key it writes; the
+//!    survivor applies it on receipt and acknowledges.
+//! 4. **Resume**: once every decision is acknowledged, a `RESUME` to every survivor, which
+//!    lets its transactions go on in the new epoch.
+//!
+//! The leader's own share goes through its local batch (no message). Every message is
+//! charged by the networking layer (per message and per packet, `cost::MESSAGE_NS`, the
+//! NIC model) and every entry read or key applied as a hashtable access; a lost one is
+//! re-sent. The recovery time reported ([`RecoveryReport::duration`]) runs from the halt to
+//! the last `RESUME` acknowledged.
+//!
+//! **What is still read in place.** The decisions ([`plan`]) are computed from the
+//! survivors' stores and the live coordinators' decisions as they are at the halt — the
+//! same entries the `GATHER`s carry, as a halted server's log changes only when a
+//! `DECIDE` reaches it — and from the records' writers for Dnl-1's lost-unlock rule. A
+//! live coordinator's committed transaction that left no entry at any survivor is sent to
+//! the replicas that are behind its writes only (found by reading their records, standing
+//! for asking the coordinators which of their commits still have unacknowledged
+//! messages). A crash during recovery is not handled (the leader's steps would wait for
+//! the new victim's replies; the litmus runner reports such a run as stuck).
 
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
@@ -43,9 +63,10 @@ use dmem_txn::{HistorySink, Key, TableId, TxnId, TxnOutcome, TxnRecord, Version,
 use dmem_verbs::{Clock, Nanos, Verbs};
 
 use crate::config::cost;
+use crate::net::Flow;
 use crate::store::LogEntry;
-use crate::wire::WriteOp;
-use crate::worker::{Cluster, Worker};
+use crate::wire::{DecidedWrite, Request, Response};
+use crate::worker::{Cluster, Step, Worker};
 
 /// What one recovery did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -58,61 +79,253 @@ pub struct RecoveryReport {
     pub committed: Vec<TxnId>,
     /// See [`committed`](Self::committed).
     pub aborted: Vec<TxnId>,
-    /// What deciding and applying cost the survivors.
+    /// The messages it sent.
     pub cost: RecoveryCost,
+    /// From the halt to the last `RESUME` acknowledged, ns.
+    pub duration: Nanos,
 }
 
-/// Recovery's own cost (see the module docs for the message pattern it counts).
+/// Recovery's messages: requests the leader sent to other survivors, by round, and their
+/// replies (the leader's own share runs locally and is not counted). Retransmissions are
+/// in the workers' counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecoveryCost {
-    /// Messages survivors sent each other, by kind: gather, decide, ack, resume.
+    /// `GATHER` requests.
     pub gather: u64,
-    /// See [`gather`](Self::gather).
+    /// `DECIDE` requests.
     pub decide: u64,
-    /// See [`gather`](Self::gather).
-    pub ack: u64,
-    /// See [`gather`](Self::gather).
+    /// `RESUME` requests.
     pub resume: u64,
-    /// Log entries read and keys applied, undone or unlocked, over all survivors.
+    /// Replies to them (one each: log entries or an acknowledgement).
+    pub replies: u64,
+    /// Log entries the gathers brought back, and keys the decisions applied, undid or
+    /// unlocked, over all survivors (hashtable accesses).
     pub store_accesses: u64,
-    /// Simulated CPU charged to each survivor, ns: `(server, ns)`.
-    pub cpu_ns: Vec<(u16, Nanos)>,
 }
 
 impl RecoveryCost {
-    /// Every message counted.
+    /// Every message sent over the network.
     #[must_use]
     pub fn messages(&self) -> u64 {
-        self.gather + self.decide + self.ack + self.resume
-    }
-
-    /// CPU charged over all survivors, ns.
-    #[must_use]
-    pub fn cpu_total_ns(&self) -> Nanos {
-        self.cpu_ns.iter().map(|(_, ns)| ns).sum()
+        self.gather + self.decide + self.resume + self.replies
     }
 }
 
-/// Declares `crashed` servers crashed and recovers at virtual time `now` (see the module
-/// docs); `workers` are every server thread (those of crashed servers are skipped).
-///
-/// History bookkeeping: a crashed coordinator's transaction that recovery commits but that
-/// its coordinator never recorded (Dnl-1 commits once every lock is granted, at the
-/// replicas, before the coordinator hears of it) is recorded into `history` as
-/// [`TxnOutcome::Unknown`] with the versions recovery installed, its reads unknown, ending
-/// now; the checker then judges its writes by what was observed.
-pub fn recover<V: Verbs + Clock>(
+/// A recovery round (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Declare the crash, bump the epoch, halt the survivors.
+    Halt,
+    /// Collect the survivors' log entries.
+    Gather,
+    /// Send the decisions; survivors apply them.
+    Decide,
+    /// Let the survivors resume in the new epoch.
+    Resume,
+}
+
+/// One transaction's decision ([`plan`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    /// The transaction.
+    pub txn: TxnId,
+    /// Commit (else abort).
+    pub commit: bool,
+    /// The writes a commit installs.
+    pub writes: Vec<DecidedWrite>,
+    /// Survivors holding log entries of it.
+    pub holders: Vec<u16>,
+    /// Survivors it must be decided at (holders, and live replicas of its writes that need
+    /// them).
+    pub appliers: Vec<u16>,
+    /// Whether it is reported: a live coordinator's transaction that left no entry at any
+    /// survivor finished long ago as far as anyone asked.
+    pub reported: bool,
+}
+
+/// The requests of round `phase` for `plan`: `(server, request)`; the leader's own ones are
+/// included (they run in its local batch).
+#[must_use]
+pub fn requests(
+    phase: Phase,
+    plan: &[Planned],
+    survivors: &[u16],
+    leader: u16,
+    epoch: u64,
+) -> Vec<(u16, Request)> {
+    match phase {
+        Phase::Halt => Vec::new(),
+        Phase::Gather => plan
+            .iter()
+            .flat_map(|p| {
+                p.holders
+                    .iter()
+                    .filter(|&&h| h != leader)
+                    .map(move |&h| (h, Request::Gather { txn: p.txn, epoch }))
+            })
+            .collect(),
+        Phase::Decide => plan
+            .iter()
+            .flat_map(|p| {
+                p.appliers.iter().map(move |&s| {
+                    (
+                        s,
+                        Request::Decide {
+                            txn: p.txn,
+                            epoch,
+                            commit: p.commit,
+                            writes: p.writes.clone(),
+                        },
+                    )
+                })
+            })
+            .collect(),
+        Phase::Resume => survivors
+            .iter()
+            .map(|&s| (s, Request::Resume { epoch }))
+            .collect(),
+    }
+}
+
+/// Round 1 ([`Phase::Halt`]): declares `crashed` crashed, bumps the epoch, halts every
+/// survivor and abandons every request in flight (their steps fail). Returns the
+/// survivors and the new epoch.
+pub fn halt<V: Verbs + Clock>(
     cluster: &Cluster,
     workers: &[Rc<Worker<V>>],
     crashed: &[u16],
-    history: &impl HistorySink,
-    now: Nanos,
-) -> RecoveryReport {
+) -> (Vec<u16>, u64) {
     for &s in crashed {
         if let Some(c) = cluster.crashed.borrow_mut().get_mut(usize::from(s)) {
             *c = true;
         }
     }
+    let survivors: Vec<u16> = (0..cluster.stores.len() as u16)
+        .filter(|s| !cluster.is_crashed(*s))
+        .collect();
+    cluster.epoch.set(cluster.epoch.get() + 1);
+    for &s in &survivors {
+        cluster.set_halted(s, true);
+    }
+    for w in workers {
+        if !cluster.is_crashed(w.server()) {
+            w.interrupt();
+        }
+    }
+    (survivors, cluster.epoch.get())
+}
+
+/// Recovers from the crash of `crashed` (module docs): halts, then the leader — the
+/// lowest-numbered survivor, `workers`' first thread of it — gathers, decides and resumes
+/// over the network. `workers` are every server thread (those of crashed servers are
+/// skipped).
+///
+/// History bookkeeping: a crashed coordinator's transaction that recovery commits but that
+/// its coordinator never recorded (Dnl-1 commits once every lock is granted, at the
+/// replicas, before the coordinator hears of it) is recorded into `history` as
+/// [`TxnOutcome::Unknown`] with the versions recovery installed, its reads unknown, ending
+/// at the halt; the checker then judges its writes by what was observed.
+pub async fn recover<V: Verbs + Clock>(
+    cluster: &Cluster,
+    workers: &[Rc<Worker<V>>],
+    crashed: &[u16],
+    history: &impl HistorySink,
+) -> RecoveryReport {
+    let (survivors, epoch) = halt(cluster, workers, crashed);
+    let mut report = RecoveryReport {
+        crashed: crashed.to_vec(),
+        epoch,
+        ..RecoveryReport::default()
+    };
+    let Some(leader) = survivors
+        .first()
+        .and_then(|&s| workers.iter().find(|w| w.server() == s))
+    else {
+        return report; // nobody left
+    };
+    let start = leader.ctx().now();
+    let plan = plan(cluster, history, start);
+    let me = leader.server();
+    let remote = |reqs: &[(u16, Request)]| reqs.iter().filter(|(s, _)| *s != me).count() as u64;
+
+    let gathers = requests(Phase::Gather, &plan, &survivors, me, epoch);
+    report.cost.gather = remote(&gathers);
+    // The leader reads its own entries too.
+    let own: usize = plan
+        .iter()
+        .filter(|p| p.holders.contains(&me))
+        .map(|p| {
+            cluster.stores[usize::from(me)]
+                .borrow()
+                .gathered(p.txn)
+                .len()
+        })
+        .sum();
+    let mut entries = own as u64;
+    if let Ok(replies) = round(leader, gathers, epoch).await {
+        for r in replies {
+            if let Response::Gathered { entries: e } = r {
+                entries += e.len() as u64;
+            }
+        }
+    }
+    // Deciding reads every gathered entry once.
+    leader.ctx().cpu(entries * cost::HASHTABLE_ALONE_NS);
+
+    let decides = requests(Phase::Decide, &plan, &survivors, me, epoch);
+    report.cost.decide = remote(&decides);
+    let applied: u64 = decides
+        .iter()
+        .map(|(s, r)| match r {
+            Request::Decide { txn, writes, .. } => {
+                let logged = cluster.stores[usize::from(*s)]
+                    .borrow()
+                    .log
+                    .get(txn)
+                    .map_or(0, Vec::len);
+                (logged + writes.len()) as u64
+            }
+            _ => 0,
+        })
+        .sum();
+    let _ = round(leader, decides, epoch).await;
+
+    let resumes = requests(Phase::Resume, &plan, &survivors, me, epoch);
+    report.cost.resume = remote(&resumes);
+    let _ = round(leader, resumes, epoch).await;
+
+    report.cost.replies = report.cost.gather + report.cost.decide + report.cost.resume;
+    report.cost.store_accesses = entries + applied;
+    report.duration = leader.ctx().now().saturating_sub(start);
+    for p in plan.into_iter().filter(|p| p.reported) {
+        if p.commit {
+            report.committed.push(p.txn);
+        } else {
+            report.aborted.push(p.txn);
+        }
+    }
+    report
+}
+
+/// Sends one round's requests from `leader` on the recovery flow and waits for every reply.
+async fn round<V: Verbs + Clock>(
+    leader: &Worker<V>,
+    reqs: Vec<(u16, Request)>,
+    epoch: u64,
+) -> Result<Vec<Response>, crate::worker::Interrupted> {
+    let step = Step::new(reqs.len());
+    for (i, (to, req)) in reqs.into_iter().enumerate() {
+        leader
+            .issue(to, Flow::RECOVERY, req, Some((Rc::clone(&step), i)), epoch)
+            .await;
+    }
+    step.wait().await
+}
+
+/// The decisions (module docs), from the survivors' state at the halt; records the
+/// history of crashed coordinators' transactions committed unseen (see [`recover`]).
+#[must_use]
+pub fn plan(cluster: &Cluster, history: &impl HistorySink, now: Nanos) -> Vec<Planned> {
     let survivors: Vec<u16> = (0..cluster.stores.len() as u16)
         .filter(|s| !cluster.is_crashed(*s))
         .collect();
@@ -125,10 +338,6 @@ pub fn recover<V: Verbs + Clock>(
             }
         }
     }
-    let mut report = RecoveryReport {
-        crashed: crashed.to_vec(),
-        ..RecoveryReport::default()
-    };
     let coordinator_live = |txn: &TxnId| {
         cluster
             .coordinator_server
@@ -144,12 +353,7 @@ pub fn recover<V: Verbs + Clock>(
         }
     }
     let replicated = cluster.config.commit.replicate.is_some();
-    // Per survivor: messages sent or received, store accesses.
-    let mut msgs: BTreeMap<u16, u64> = survivors.iter().map(|s| (*s, 0)).collect();
-    let mut accesses: BTreeMap<u16, u64> = msgs.clone();
-    for (s, _) in logs.values().flatten() {
-        *accesses.entry(*s).or_default() += 1; // read while deciding
-    }
+    let mut plan = Vec::new();
     for (txn, entries) in logs {
         let live = coordinator_live(&txn);
         let decision = if live {
@@ -168,7 +372,7 @@ pub fn recover<V: Verbs + Clock>(
         };
         // The writes a commit installs: per key, the write and its version — the live
         // coordinator's own, or else what the survivors logged.
-        let mut writes: HashMap<(u32, u64), (u32, WriteOp)> = decision
+        let mut writes: HashMap<(u32, u64), (u32, crate::wire::WriteOp)> = decision
             .unwrap_or_default()
             .into_iter()
             .map(|(t, k, v, w)| ((t, k), (v, w)))
@@ -184,10 +388,11 @@ pub fn recover<V: Verbs + Clock>(
                 }
             }
         }
-        let writes: Vec<(u32, u64, u32, WriteOp)> = writes
+        let mut writes: Vec<DecidedWrite> = writes
             .into_iter()
             .map(|((t, k), (v, w))| (t, k, v, w))
             .collect();
+        writes.sort_by_key(|(t, k, ..)| (*t, *k)); // deterministic messages
         if commit && !live && !cluster.decided.borrow().contains_key(&txn) {
             history.record(TxnRecord {
                 id: txn,
@@ -206,93 +411,47 @@ pub fn recover<V: Verbs + Clock>(
                     .collect(),
             });
         }
-        // The messages deciding it takes (module docs).
-        let coordinator = cluster
-            .coordinator_server
-            .borrow()
-            .get(&txn.coordinator.0)
-            .copied();
-        let holders: Vec<u16> = {
-            let mut h: Vec<u16> = entries.iter().map(|(s, _)| *s).collect();
-            h.sort_unstable();
-            h.dedup();
-            h
-        };
-        let decider = match coordinator {
-            Some(c) if live => Some(c),
-            _ => holders.first().copied(),
-        };
-        // A live coordinator's transaction that no survivor logged finished long ago (the
-        // coordinator knows; the rare one whose every entry was at the crashed server is
-        // decided too but not counted).
-        let counted = !(entries.is_empty() && live);
-        for &s in &survivors {
-            let holds_entry = holders.contains(&s);
-            let applies = holds_entry
-                || (commit
-                    && writes
-                        .iter()
-                        .any(|(t, k, _, _)| cluster.replicas(*t, *k).contains(&s)));
-            if counted
-                && let Some(d) = decider
-                && s != d
-            {
-                if holds_entry {
-                    report.cost.gather += 1;
-                    *msgs.entry(s).or_default() += 1;
-                    *msgs.entry(d).or_default() += 1;
-                }
-                if applies {
-                    report.cost.decide += 1;
-                    report.cost.ack += 1;
-                    *msgs.entry(s).or_default() += 2;
-                    *msgs.entry(d).or_default() += 2;
-                }
-            }
-            if counted && applies {
-                let keys = entries.iter().filter(|(h, _)| *h == s).count()
-                    + writes
-                        .iter()
-                        .filter(|(t, k, _, _)| cluster.replicas(*t, *k).contains(&s))
-                        .count();
-                *accesses.entry(s).or_default() += keys as u64;
-            }
-            cluster.stores[usize::from(s)]
-                .borrow_mut()
-                .decide(txn, commit, &writes, |t, k| {
-                    cluster.replicas(t, k).contains(&s)
-                });
+        let mut holders: Vec<u16> = entries.iter().map(|(s, _)| *s).collect();
+        holders.sort_unstable();
+        holders.dedup();
+        let reported = !(entries.is_empty() && live);
+        let appliers: Vec<u16> = survivors
+            .iter()
+            .copied()
+            .filter(|&s| {
+                holders.contains(&s)
+                    || (commit
+                        && writes.iter().any(|(t, k, v, _)| {
+                            cluster.replicas(*t, *k).contains(&s)
+                                && (reported || behind(cluster, s, *t, *k, *v))
+                        }))
+            })
+            .collect();
+        if appliers.is_empty() && !reported {
+            continue; // finished long ago: every live replica has its writes
         }
-        if entries.is_empty() && live {
-            // Finished long ago: nothing to report.
-        } else if commit {
-            report.committed.push(txn);
-        } else {
-            report.aborted.push(txn);
-        }
+        plan.push(Planned {
+            txn,
+            commit,
+            writes,
+            holders,
+            appliers,
+            reported,
+        });
     }
-    // Resume: every survivor tells every other one it is done.
-    let n = survivors.len() as u64;
-    report.cost.resume = n * n.saturating_sub(1);
-    for m in msgs.values_mut() {
-        *m += 2 * n.saturating_sub(1);
-    }
-    report.cost.store_accesses = accesses.values().sum();
-    for &s in &survivors {
-        let ns = msgs[&s] * cost::MESSAGE_NS + accesses[&s] * cost::HASHTABLE_ALONE_NS;
-        report.cost.cpu_ns.push((s, ns));
-        if let Some(w) = workers.iter().find(|w| w.server() == s) {
-            w.ctx().cpu(ns);
-        }
-    }
-    cluster.epoch.set(cluster.epoch.get() + 1);
-    report.epoch = cluster.epoch.get();
-    for w in workers {
-        if !cluster.is_crashed(w.server()) {
-            w.interrupt();
-        }
-    }
-    report
+    plan
+}
+
+/// Whether replica `s` of `(table, key)` has not installed `version` yet (wrapping 29-bit
+/// distance, as [`crate::ServerStore::decide`] applies).
+fn behind(cluster: &Cluster, s: u16, table: u32, key: u64, version: u32) -> bool {
+    use dmem_layout::kv_meta::KvMeta;
+    let current = cluster.stores[usize::from(s)]
+        .borrow()
+        .meta(table, key)
+        .version();
+    let ahead = version.wrapping_sub(current) & KvMeta::MAX_VERSION;
+    ahead != 0 && ahead < 1 << (KvMeta::VERSION_BITS - 1)
 }
 
 /// Dnl-1: an `UNLOCK` with the commit decision already applied the transaction's write at

@@ -287,6 +287,9 @@ impl ServerStore {
                 // Acknowledged like every request: reliability retransmits it until then.
                 Some(Response::Ack { ok: true })
             }
+            // Recovery's requests need the cluster (placement, halt): the worker runs them
+            // with [`gathered`](Self::gathered) and [`decide`](Self::decide).
+            Request::Gather { .. } | Request::Decide { .. } | Request::Resume { .. } => None,
         }
     }
 
@@ -315,6 +318,28 @@ impl ServerStore {
         }
         let r = self.get(table, key)?;
         (r.holder == Some(txn)).then(|| r.meta.bumped().version())
+    }
+
+    /// Recovery (§4.4): this server's log entries of `txn` as a `GATHER` response carries
+    /// them, each with the version the write installs here if known ([`version_of`]).
+    ///
+    /// [`version_of`]: Self::version_of
+    #[must_use]
+    pub fn gathered(&self, txn: TxnId) -> Vec<crate::wire::GatheredEntry> {
+        self.log.get(&txn).map_or_else(Vec::new, |entries| {
+            entries
+                .iter()
+                .map(|e| crate::wire::GatheredEntry {
+                    table: e.table,
+                    key: e.key,
+                    locked: e.locked,
+                    applied: e.applied.is_some(),
+                    lock_set: e.lock_set,
+                    version: self.version_of(txn, e.table, e.key).unwrap_or(0),
+                    write: e.write.clone(),
+                })
+                .collect()
+        })
     }
 
     /// Recovery: commits `txn` here — applies `writes` (key → version and write) where this

@@ -13,6 +13,9 @@
 //! | `REPLICATE` | txn, table, key, version u32, lower u8, write | ok u8 |
 //! | `UNLOCK` | txn, table, key, commit u8, apply u8, version u32, write | ok u8 |
 //! | `RAISE` | txn, table, key, version u32 | ok u8 |
+//! | `GATHER` (recovery) | txn, epoch u64 | entries u16, each table, key, flags u8, lock set u16, version u32, write |
+//! | `DECIDE` (recovery) | txn, epoch u64, commit u8, writes u16, each table, key, version u32, write | ok u8 |
+//! | `RESUME` (recovery) | epoch u64 | ok u8 |
 //!
 //! On the network a request payload is preceded by the reliability layer's 4-byte
 //! acknowledged-below mark and its slot is the session's request number (`reliable.rs`).
@@ -36,6 +39,12 @@ pub mod msg {
     pub const UNLOCK: u16 = 5;
     /// Raises the readable flag of a backup once its writer committed (piggybacked, §4.2.2).
     pub const RAISE: u16 = 6;
+    /// Recovery (§4.4): the decider asks a survivor for its log entries of a transaction.
+    pub const GATHER: u16 = 7;
+    /// Recovery: a transaction's decision and the writes a commit installs, to apply.
+    pub const DECIDE: u16 = 8;
+    /// Recovery: every decision is applied; resume in the new epoch.
+    pub const RESUME: u16 = 9;
 }
 
 /// Why a payload could not be parsed.
@@ -76,6 +85,28 @@ pub struct WriteOp {
     /// The new value (empty for a delete).
     pub value: Vec<u8>,
 }
+
+/// A survivor's log entry of one transaction as `GATHER` returns it (recovery, §4.4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatheredEntry {
+    /// Table.
+    pub table: u32,
+    /// Key.
+    pub key: u64,
+    /// The entry holds the key's lock at this survivor.
+    pub locked: bool,
+    /// Replication applied the write here.
+    pub applied: bool,
+    /// Distinct keys the transaction locks (from its `LOCK`).
+    pub lock_set: u16,
+    /// The version the write installs here (0: unknown).
+    pub version: u32,
+    /// The logged write (redo).
+    pub write: Option<WriteOp>,
+}
+
+/// A write of a decided transaction: table, key, the version it installs, the write.
+pub type DecidedWrite = (u32, u64, u32, WriteOp);
 
 /// A request message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,6 +183,30 @@ pub enum Request {
         /// The version it installed.
         version: u32,
     },
+    /// Recovery: send your log entries of `txn` (§4.4).
+    Gather {
+        /// The transaction.
+        txn: TxnId,
+        /// The epoch recovery resumes in.
+        epoch: u64,
+    },
+    /// Recovery: apply the decision of `txn` (commit: install `writes` where this server
+    /// holds a replica and does not have them yet; abort: undo), release its locks.
+    Decide {
+        /// The transaction.
+        txn: TxnId,
+        /// The epoch recovery resumes in.
+        epoch: u64,
+        /// Commit (else abort).
+        commit: bool,
+        /// The writes a commit installs.
+        writes: Vec<DecidedWrite>,
+    },
+    /// Recovery: every decision is applied everywhere; transactions resume.
+    Resume {
+        /// The epoch they resume in.
+        epoch: u64,
+    },
 }
 
 /// A response message.
@@ -179,6 +234,11 @@ pub enum Response {
         /// Passed (validation) or done.
         ok: bool,
     },
+    /// A survivor's log entries of the transaction a `GATHER` named.
+    Gathered {
+        /// The entries.
+        entries: Vec<GatheredEntry>,
+    },
 }
 
 impl Request {
@@ -192,6 +252,9 @@ impl Request {
             Request::Replicate { .. } => msg::REPLICATE,
             Request::Unlock { .. } => msg::UNLOCK,
             Request::Raise { .. } => msg::RAISE,
+            Request::Gather { .. } => msg::GATHER,
+            Request::Decide { .. } => msg::DECIDE,
+            Request::Resume { .. } => msg::RESUME,
         }
     }
 
@@ -262,6 +325,28 @@ impl Request {
                 put_tk(&mut w, *table, *key);
                 w.extend_from_slice(&version.to_le_bytes());
             }
+            Request::Gather { txn, epoch } => {
+                put_txn(&mut w, *txn);
+                w.extend_from_slice(&epoch.to_le_bytes());
+            }
+            Request::Decide {
+                txn,
+                epoch,
+                commit,
+                writes,
+            } => {
+                put_txn(&mut w, *txn);
+                w.extend_from_slice(&epoch.to_le_bytes());
+                w.push(u8::from(*commit));
+                let n = u16::try_from(writes.len()).expect("a transaction writes < 64 Ki keys");
+                w.extend_from_slice(&n.to_le_bytes());
+                for (table, key, version, write) in writes {
+                    put_tk(&mut w, *table, *key);
+                    w.extend_from_slice(&version.to_le_bytes());
+                    put_write(&mut w, Some(write));
+                }
+            }
+            Request::Resume { epoch } => w.extend_from_slice(&epoch.to_le_bytes()),
         }
         w
     }
@@ -342,6 +427,31 @@ impl Request {
                     version,
                 }
             }
+            msg::GATHER => Request::Gather {
+                txn: r.txn()?,
+                epoch: r.u64()?,
+            },
+            msg::DECIDE => {
+                let txn = r.txn()?;
+                let epoch = r.u64()?;
+                let commit = r.flag("commit")?;
+                let n = r.u16()?;
+                // Each write takes at least 19 bytes: no allocation beyond what was sent.
+                let mut writes = Vec::with_capacity(usize::from(n).min(r.0.len() / 19));
+                for _ in 0..n {
+                    let (table, key) = r.tk()?;
+                    let version = r.u32()?;
+                    let write = r.write()?.ok_or(WireError::Invalid("write"))?;
+                    writes.push((table, key, version, write));
+                }
+                Request::Decide {
+                    txn,
+                    epoch,
+                    commit,
+                    writes,
+                }
+            }
+            msg::RESUME => Request::Resume { epoch: r.u64()? },
             other => return Err(WireError::UnknownType(other)),
         };
         r.end()?;
@@ -375,6 +485,17 @@ impl Response {
                 w.extend_from_slice(&meta.to_le_bytes());
             }
             Response::Ack { ok } => w.push(u8::from(*ok)),
+            Response::Gathered { entries } => {
+                let n = u16::try_from(entries.len()).expect("< 64 Ki entries per transaction");
+                w.extend_from_slice(&n.to_le_bytes());
+                for e in entries {
+                    put_tk(&mut w, e.table, e.key);
+                    w.push(u8::from(e.locked) | (u8::from(e.applied) << 1));
+                    w.extend_from_slice(&e.lock_set.to_le_bytes());
+                    w.extend_from_slice(&e.version.to_le_bytes());
+                    put_write(&mut w, e.write.as_ref());
+                }
+            }
         }
         w
     }
@@ -405,8 +526,33 @@ impl Response {
                 let meta = r.u32()?;
                 Response::Lock { granted, meta }
             }
-            msg::VALIDATE | msg::REPLICATE | msg::UNLOCK | msg::RAISE => {
-                Response::Ack { ok: r.flag("ok")? }
+            msg::VALIDATE
+            | msg::REPLICATE
+            | msg::UNLOCK
+            | msg::RAISE
+            | msg::DECIDE
+            | msg::RESUME => Response::Ack { ok: r.flag("ok")? },
+            msg::GATHER => {
+                let n = r.u16()?;
+                // Each entry takes at least 20 bytes.
+                let mut entries = Vec::with_capacity(usize::from(n).min(r.0.len() / 20));
+                for _ in 0..n {
+                    let (table, key) = r.tk()?;
+                    let flags = r.u8()?;
+                    if flags > 3 {
+                        return Err(WireError::Invalid("entry flags"));
+                    }
+                    entries.push(GatheredEntry {
+                        table,
+                        key,
+                        locked: flags & 1 != 0,
+                        applied: flags & 2 != 0,
+                        lock_set: r.u16()?,
+                        version: r.u32()?,
+                        write: r.write()?,
+                    });
+                }
+                Response::Gathered { entries }
             }
             other => return Err(WireError::UnknownType(other)),
         };
@@ -611,6 +757,17 @@ mod tests {
                 key: k,
                 version: v,
             },
+            Request::Gather {
+                txn: txn(c, s),
+                epoch: k,
+            },
+            Request::Decide {
+                txn: txn(c, s),
+                epoch: k,
+                commit: b,
+                writes: vec![(t, k, v, write.clone()), (t ^ 1, !k, v, write.clone())],
+            },
+            Request::Resume { epoch: k },
         ];
         for r in reqs {
             assert_eq!(Request::decode(r.msg_type(), &r.encode()), Ok(r));
@@ -625,11 +782,32 @@ mod tests {
                 Response::Get {
                     meta,
                     writer: b.then(|| txn(meta, u64::from(meta))),
-                    value,
+                    value: value.clone(),
                 },
             ),
             (msg::LOCK, Response::Lock { granted: b, meta }),
             (msg::UNLOCK, Response::Ack { ok: b }),
+            (msg::DECIDE, Response::Ack { ok: b }),
+            (
+                msg::GATHER,
+                Response::Gathered {
+                    entries: vec![
+                        GatheredEntry {
+                            table: meta,
+                            key: u64::from(meta) << 3,
+                            locked: b,
+                            applied: !b,
+                            lock_set: meta as u16,
+                            version: meta >> 3,
+                            write: b.then(|| WriteOp {
+                                kind: WriteKind::Insert,
+                                value: value.clone(),
+                            }),
+                        };
+                        2
+                    ],
+                },
+            ),
         ] {
             assert_eq!(Response::decode(ty, &r.encode()), Ok(r));
         }
@@ -637,8 +815,8 @@ mod tests {
 
     #[quickcheck]
     fn garbage_never_panics(ty: u16, bytes: Vec<u8>) {
-        let _ = Request::decode(ty % 8, &bytes);
-        let _ = Response::decode(ty % 8, &bytes);
+        let _ = Request::decode(ty % 11, &bytes);
+        let _ = Response::decode(ty % 11, &bytes);
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::config::{DnlConfig, cost};
 use crate::net::{Flow, Msg, Net, parse};
 use crate::reliable::{Admit, Requester, Responder, split_request};
 use crate::store::ServerStore;
-use crate::wire::{Request, Response, WriteOp};
+use crate::wire::{Request, Response};
 
 /// Where keys live: a primary by hash and the next R − 1 servers as backups (§2, §4.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,8 +75,7 @@ fn mix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-/// A write of a decided transaction: table, key, the version it installs, the write.
-pub type DecidedWrite = (u32, u64, u32, WriteOp);
+pub use crate::wire::DecidedWrite;
 
 /// The state every server thread shares: the stores, endpoints, placement, configuration,
 /// epoch.
@@ -102,6 +101,15 @@ pub struct Cluster {
     /// coordinators (their memory is gone). Kept for the whole run (a decision may be needed
     /// as long as a message of it can be lost).
     pub decided: RefCell<HashMap<TxnId, Vec<DecidedWrite>>>,
+    /// Per server, halted by recovery (§4.4 "all operation is halted"): its transactions
+    /// send nothing but recovery's messages until a `RESUME` reaches it.
+    halted: RefCell<Vec<bool>>,
+    /// Transactions waiting for their server to resume.
+    resume_waiters: RefCell<Vec<Waker>>,
+    /// Retransmissions so far, and who waits for the next one (a failure detector that
+    /// has nothing else to watch).
+    retransmissions: Cell<u64>,
+    retransmission_waiters: RefCell<Vec<Waker>>,
 }
 
 impl Cluster {
@@ -120,7 +128,70 @@ impl Cluster {
             crashed: RefCell::new(vec![false; usize::from(servers)]),
             coordinator_server: RefCell::new(HashMap::new()),
             decided: RefCell::new(HashMap::new()),
+            halted: RefCell::new(vec![false; usize::from(servers)]),
+            resume_waiters: RefCell::new(Vec::new()),
+            retransmissions: Cell::new(0),
+            retransmission_waiters: RefCell::new(Vec::new()),
         }
+    }
+
+    /// Resolves at the next retransmission of any server thread: a request went
+    /// unanswered past its timeout, which is what a crashed server looks like. A failure
+    /// detector waits on it instead of polling once nothing else is going on, so an idle
+    /// cluster stays idle (no timer) and a late crash is still noticed.
+    pub fn next_retransmission(&self) -> impl Future<Output = ()> + '_ {
+        let seen = self.retransmissions.get();
+        poll_fn(move |cx| {
+            if self.retransmissions.get() != seen {
+                Poll::Ready(())
+            } else {
+                self.retransmission_waiters
+                    .borrow_mut()
+                    .push(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+    }
+
+    fn retransmitted(&self) {
+        self.retransmissions.set(self.retransmissions.get() + 1);
+        for w in self.retransmission_waiters.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+
+    /// Whether recovery halted `server` and it has not resumed yet.
+    #[must_use]
+    pub fn is_halted(&self, server: u16) -> bool {
+        self.halted
+            .borrow()
+            .get(usize::from(server))
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// Halts (`true`) or resumes `server`; resuming wakes its waiting transactions.
+    pub fn set_halted(&self, server: u16, halted: bool) {
+        if let Some(h) = self.halted.borrow_mut().get_mut(usize::from(server)) {
+            *h = halted;
+        }
+        if !halted {
+            for w in self.resume_waiters.borrow_mut().drain(..) {
+                w.wake();
+            }
+        }
+    }
+
+    /// Resolves once `server` is not halted.
+    pub fn resumed(&self, server: u16) -> impl Future<Output = ()> + '_ {
+        poll_fn(move |cx| {
+            if self.is_halted(server) {
+                self.resume_waiters.borrow_mut().push(cx.waker().clone());
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        })
     }
 
     /// Whether recovery declared `server` crashed.
@@ -169,6 +240,11 @@ impl Cluster {
         let r = store.get(table, key)?;
         (!r.meta.is_deleted()).then(|| r.value.clone())
     }
+}
+
+/// CPU of `n` hashtable accesses beyond the one a request is charged anyway.
+fn extra_accesses(n: usize) -> Nanos {
+    n.saturating_sub(1) as Nanos * cost::HASHTABLE_ALONE_NS
 }
 
 /// Responses a transaction step waits for.
@@ -375,6 +451,13 @@ impl<V: Verbs + Clock> Worker<V> {
         }
     }
 
+    /// Requests of this thread sent and not yet answered (retransmitted until they are,
+    /// or until recovery abandons them).
+    #[must_use]
+    pub fn outstanding(&self) -> usize {
+        self.requester.borrow().outstanding()
+    }
+
     /// Recovery (§4.4): drops every buffered packet and queued request and fails every step
     /// waiting for a response (they were sent in the old epoch); their requests are
     /// abandoned, never retransmitted in the new epoch.
@@ -424,6 +507,17 @@ impl<V: Verbs + Clock> Worker<V> {
             }
             return;
         }
+        // A halted server sends only recovery's messages (§4.4); a transaction's request
+        // waits for the resume and is then dropped with its step if the epoch moved on.
+        if flow != Flow::RECOVERY && self.cluster.is_halted(self.server) {
+            self.cluster.resumed(self.server).await;
+            if self.cluster.epoch.get() != epoch || self.cluster.is_crashed(to) {
+                if let Some((step, _)) = reply {
+                    step.interrupt();
+                }
+                return;
+            }
+        }
         if to == self.server {
             self.local.borrow_mut().push((req, reply));
             self.notify();
@@ -465,6 +559,9 @@ impl<V: Verbs + Clock> Worker<V> {
         let now = self.ctx.now();
         let due = self.requester.borrow_mut().due(now);
         let did = !due.is_empty();
+        if did {
+            self.cluster.retransmitted();
+        }
         let mut net = self.net.borrow_mut();
         for (to, flow, msg) in due {
             let dest = self.cluster.endpoints[usize::from(to)][self.thread];
@@ -508,8 +605,37 @@ impl<V: Verbs + Clock> Worker<V> {
     /// the hashtable's CPU.
     fn execute(&self, reqs: &[Request]) -> Vec<Option<Response>> {
         self.ctx.cpu(self.hashtable_cost(reqs.len()));
-        let mut store = self.cluster.stores[usize::from(self.server)].borrow_mut();
-        reqs.iter().map(|r| store.handle(r)).collect()
+        let me = self.server;
+        let mut store = self.cluster.stores[usize::from(me)].borrow_mut();
+        reqs.iter()
+            .map(|r| match r {
+                // Recovery (§4.4): one hashtable access per request is charged above; a
+                // gathered entry or an applied write beyond the first costs one more each.
+                Request::Gather { txn, .. } => {
+                    let entries = store.gathered(*txn);
+                    self.ctx.cpu(extra_accesses(entries.len()));
+                    Some(Response::Gathered { entries })
+                }
+                Request::Decide {
+                    txn,
+                    commit,
+                    writes,
+                    ..
+                } => {
+                    let logged = store.log.get(txn).map_or(0, Vec::len);
+                    self.ctx.cpu(extra_accesses(logged + writes.len()));
+                    store.decide(*txn, *commit, writes, |t, k| {
+                        self.cluster.replicas(t, k).contains(&me)
+                    });
+                    Some(Response::Ack { ok: true })
+                }
+                Request::Resume { .. } => {
+                    self.cluster.set_halted(me, false);
+                    Some(Response::Ack { ok: true })
+                }
+                r => store.handle(r),
+            })
+            .collect()
     }
 
     /// One `RunIteration` (§4.1 steps 1 and 3, §5.1), starting with `first` if the loop

@@ -66,6 +66,11 @@ pub struct RunConfig {
     pub rounds: u32,
     /// Failure detector timing.
     pub timing: RecoveryTiming,
+    /// Virtual time allowed after `timing.until` for the litmus transactions still running
+    /// and the assertion transaction to finish. A run that has not finished by then is
+    /// reported as *stuck* (a violation: a lock held forever, a request waited for
+    /// forever) instead of being simulated without end.
+    pub settle: Nanos,
     /// Whether a live CN cut off the fabric (a false suspicion of a heartbeat detector
     /// whose timing is set to suspect live CNs) is accepted as the availability it costs
     /// rather than reported; the assertion and the checker still judge the run. Off by
@@ -106,6 +111,7 @@ impl RunConfig {
                 poll: 5_000,
                 until: 2_000_000,
             },
+            settle: 20_000_000,
             live_cut_off_allowed: false,
         }
     }
@@ -520,17 +526,22 @@ fn execute(
         let r = read_final(&mut reader, &clock, &keys).await;
         *s.borrow_mut() = Some(r);
     });
-    sim.run_until_idle();
+    // Bounded: a run whose tasks never go idle (a request retransmitted forever to a
+    // server nobody declared crashed, say) ends here and is reported as stuck.
+    let settle_end = cfg.timing.until.saturating_add(cfg.settle);
+    sim.run_until(settle_end);
     let stats = sim.stats();
     let wrs = (0..workers)
         .map(|cn| stats.node(sim.cn(cn)).nic.wrs_posted)
         .collect();
     // Crashed at some point (a restarted CN, LOTUS §6, is up again at the end).
     let crashed = (0..workers).map(|cn| sim.crashes(sim.cn(cn)) > 0).collect();
-    let final_state = state
-        .borrow_mut()
-        .take()
-        .unwrap_or_else(|| Err("the assertion transaction never finished".to_owned()));
+    let final_state = state.borrow_mut().take().unwrap_or_else(|| {
+        Err(format!(
+            "stuck: the assertion transaction had not finished {} µs of virtual time after the run",
+            cfg.settle / 1_000
+        ))
+    });
     let ends = ends.borrow().clone();
     let history = history.borrow().clone();
     let marks = (0..workers).map(|cn| sim.phase_marks(sim.cn(cn))).collect();
@@ -570,6 +581,7 @@ fn judge(
     }
     let state = match &ex.final_state {
         Ok(s) => s,
+        Err(e) if e.starts_with("stuck") => return one(e.clone()),
         Err(e) => {
             return one(format!(
                 "the assertion transaction could not commit (a lock never released?): {e}"

@@ -429,3 +429,46 @@ fn false_suspicions_cost_availability_not_safety() {
         assert_eq!(suspected, 2 * runs, "{name}");
     }
 }
+
+/// Regression (Dandelion with the planted `no-dedup` bug): in these two seeds the bug
+/// leaks locks, the litmus transactions retry past the run's 2 ms, and the crash instant
+/// (drawn up to the crash-free run's last transaction end) falls after 2 ms, when the
+/// failure detector had already stopped. The crashed server was never declared crashed
+/// and its peers re-sent their requests to it forever: the run never went idle and
+/// `dmem litmus` hung. Now the detector keeps watching while a live server waits for an
+/// answer, so the crash is recovered and the run is judged (the bug's violations remain).
+#[test]
+fn a_late_server_crash_is_recovered_not_waited_for_forever() {
+    let dnl = protocol("dnl:4+no-dedup");
+    let cfg = RunConfig::new(1.0);
+    for (litmus, seed) in [
+        (Litmus::DirectWriteInsert, 33),
+        (Litmus::DirectWriteDelete, 126),
+    ] {
+        let out = run_one(&*dnl, litmus, seed, &cfg).unwrap();
+        let crash = out.crash.expect("a crash in every run");
+        assert!(
+            crash.work_request > cfg.timing.until,
+            "{litmus:?} seed {seed}: the crash instant {} is no longer after the run's end",
+            crash.work_request
+        );
+        assert_eq!(out.recoveries, 1, "{litmus:?} seed {seed}");
+        let stuck = out
+            .violation
+            .as_ref()
+            .is_some_and(|v| v.reason.starts_with("stuck"));
+        assert!(!stuck, "{litmus:?} seed {seed}: {:?}", out.violation);
+    }
+}
+
+/// A run that cannot finish within `settle` of virtual time after the run is reported as
+/// stuck, never simulated without end: with no time to settle, the assertion transaction
+/// (started at the run's end) cannot finish.
+#[test]
+fn a_run_that_cannot_finish_is_reported_stuck() {
+    let mut cfg = RunConfig::new(0.0);
+    cfg.settle = 0;
+    let out = run_one(&*protocol("dnl-4"), Litmus::DirectWrite, 1, &cfg).unwrap();
+    let v = out.violation.expect("stuck");
+    assert!(v.reason.starts_with("stuck"), "{}", v.reason);
+}

@@ -7,8 +7,9 @@
 //!
 //! Recovery (Dandelion §4.4, [`dmem_dandelion::recover`]) runs as a simulated task on the
 //! recovery CN: it notices a crashed server (from the simulator's crash state, then waits the
-//! heartbeat timeout), declares it crashed, decides and applies every logged transaction,
-//! bumps the epoch and lets the survivors resume.
+//! heartbeat timeout), declares it crashed and halts the survivors; the lowest-numbered
+//! survivor then gathers the logs, sends every decision and lets the survivors resume,
+//! with RPCs over the same networking layer as the transactions.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -199,7 +200,7 @@ struct DandelionDeployment {
     history: Rc<RefCell<History>>,
     paused: Rc<Cell<bool>>,
     events: Rc<RefCell<Vec<RecoveryEvent>>>,
-    /// Recovery's messages and survivors' CPU (ns), over every recovery so far.
+    /// Recovery's messages and time from halt to resume (ns), over every recovery so far.
     recovery_cost: Rc<Cell<(u64, u64)>>,
 }
 
@@ -249,22 +250,36 @@ impl Deployment for DandelionDeployment {
         let recovery_cost = Rc::clone(&self.recovery_cost);
         let clock = ctx.clone();
         sim.clone().spawn(&ctx, async move {
-            while clock.now() < timing.until {
-                // Failure detection reads the simulator's crash state (an oracle) and then
-                // waits a heartbeat timeout, the time a heartbeat detector would take.
+            // The detector polls until `timing.until` and after that for as long as a
+            // live server thread waits for an answer; then it waits for the next
+            // retransmission (what a crashed server looks like to its peers) without a
+            // timer, so an idle cluster goes idle and a server that crashes late (a run's
+            // last transactions retrying past `until`) is still declared crashed instead
+            // of its peers re-sending to it forever.
+            let waiting = || {
+                workers
+                    .iter()
+                    .any(|w| !cluster.is_crashed(w.server()) && w.outstanding() > 0)
+            };
+            loop {
                 let crashed: Vec<u16> = (0..sim.cn_count())
                     .filter(|&s| sim.is_crashed(sim.cn(s)) && !cluster.is_crashed(s))
                     .collect();
                 if crashed.is_empty() {
-                    clock.sleep(timing.poll).await;
+                    if clock.now() < timing.until || waiting() {
+                        clock.sleep(timing.poll).await;
+                    } else {
+                        cluster.next_retransmission().await;
+                    }
                     continue;
                 }
                 let detected_at = clock.now();
                 clock.sleep(timing.timeout).await;
                 let now = clock.now();
-                let report = recover(&cluster, &workers, &crashed, &history, now);
+                let report = recover(&cluster, &workers, &crashed, &history).await;
+                let finished = now + report.duration;
                 let (n, ns) = recovery_cost.get();
-                recovery_cost.set((n + report.cost.messages(), ns + report.cost.cpu_total_ns()));
+                recovery_cost.set((n + report.cost.messages(), ns + report.duration));
                 let servers = cluster.coordinator_server.borrow().clone();
                 for &s in &crashed {
                     let decided = |txns: &[dmem_txn::TxnId], d: Decision| {
@@ -285,8 +300,8 @@ impl Deployment for DandelionDeployment {
                         cn: sim.cn(s),
                         detected_at,
                         terminated_at: now,
-                        logs_recovered_at: now,
-                        finished_at: now,
+                        logs_recovered_at: finished,
+                        finished_at: finished,
                         coordinators,
                         scanned_locks: 0,
                     });
@@ -330,7 +345,7 @@ impl Deployment for DandelionDeployment {
             "replayed_responses" => Some(sum(|s| s.replayed)),
             "duplicates_dropped" => Some(sum(|s| s.duplicates_dropped)),
             "recovery_messages" => Some(self.recovery_cost.get().0),
-            "recovery_cpu_ns" => Some(self.recovery_cost.get().1),
+            "recovery_ns" => Some(self.recovery_cost.get().1),
             _ => None,
         }
     }
