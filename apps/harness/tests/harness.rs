@@ -299,7 +299,11 @@ fn sparse_tables_are_pooled_and_ford_inserts_into_them() {
             })
             .unwrap();
         for (table, key, value) in workload.loader() {
-            assert_eq!(deployed.deployment.read_final(table, key), Some(value), "{p}");
+            assert_eq!(
+                deployed.deployment.read_final(table, key),
+                Some(value),
+                "{p}"
+            );
         }
         assert!(bytes > 0, "{p}");
     }
@@ -328,8 +332,9 @@ fn sparse_tables_are_pooled_and_ford_inserts_into_them() {
 /// key of TATP at the same time. The table is pooled, so each insert takes a block of its
 /// own coordinator's share: Motor's slot CAS (LOTUS: the index bucket's CN lock) lets
 /// exactly one name its block; the other aborts, retries and finds the key present. With
-/// the slot only READ and then written, as in the slot-fixed layout, both commit and one
-/// insert is lost (the second's WRITE of the slot replaces the first's address).
+/// the slot only READ and then written (the slot-fixed path, where the block's lock CAS
+/// arbitrates) nothing would stop both inserts from committing, each with a block of its
+/// own, the second's slot WRITE hiding the first's.
 #[test]
 fn concurrent_inserts_into_a_pooled_mvcc_table_leave_one_record_per_key() {
     use std::cell::RefCell;
@@ -396,10 +401,17 @@ fn concurrent_inserts_into_a_pooled_mvcc_table_leave_one_record_per_key() {
         deployed.sim.run_for(20_000_000);
         let outcomes = outcomes.borrow().clone();
         let inserted: Vec<_> = outcomes.iter().filter(|(o, _)| *o == "inserted").collect();
-        assert_eq!((inserted.len(), outcomes.len()), (1, 2), "{p}: {outcomes:?}");
+        assert_eq!(
+            (inserted.len(), outcomes.len()),
+            (1, 2),
+            "{p}: {outcomes:?}"
+        );
         assert!(*attempts.borrow() > 2, "{p}: the two inserts did not race");
         assert_eq!(
-            deployed.deployment.read_final(CALL_FORWARDING, key).as_ref(),
+            deployed
+                .deployment
+                .read_final(CALL_FORWARDING, key)
+                .as_ref(),
             Some(&inserted[0].1),
             "{p}"
         );

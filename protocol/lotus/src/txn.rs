@@ -826,7 +826,19 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                         self.co.cache.borrow_mut().put(f.table, f.key, loc);
                         f.loc = Some(loc);
                     }
-                    None if f.access == Access::ForUpdate => inserts.push((n, bucket)),
+                    // In a pooled table with no room in this coordinator's insert share
+                    // (a table that does not grow has none) the key is read as absent
+                    // under its write lock instead: no block to claim, and an update or
+                    // delete of it fails as on any absent key.
+                    None if f.access == Access::ForUpdate
+                        && self
+                            .co
+                            .inserts
+                            .next(&self.co.store, self.co.id, bucket, 0)
+                            .is_ok() =>
+                    {
+                        inserts.push((n, bucket));
+                    }
                     None => {
                         let (table, key) = (f.table, f.key);
                         f.done = Some(None);
@@ -1123,9 +1135,15 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         if self.write_entry(table, key).is_none() {
             self.round_impl(&[ReadReq::for_update(table, key)]).await?;
         }
-        let i = self
-            .write_entry(table, key)
-            .ok_or(aborted("record not locked"))?;
+        let Some(i) = self.write_entry(table, key) else {
+            // Read as absent, no block claimed (a pooled table without insert room): an
+            // update or delete of it fails as on any absent key; an insert finds no room.
+            return Err(if kind == WriteKind::Insert {
+                aborted("record pool share used up")
+            } else {
+                TxnError::KeyState(key.0)
+            });
+        };
         let w = &mut self.writes[i];
         logic::restage(&mut w.op, w.current.as_deref(), kind, value, key.0)
     }

@@ -330,9 +330,7 @@ pub fn footprint(cfg: &StoreConfig, tables: &[TableDemand]) -> Result<Footprint,
         // Blocks per partition: one per slot, or a pooled table's pool (loader's records
         // and every coordinator's insert share).
         let blocks = match t.pool {
-            Some(pool) => {
-                (pool.loaded + pool.per_coordinator * u64::from(cfg.coordinators)) * mns
-            }
+            Some(pool) => (pool.loaded + pool.per_coordinator * u64::from(cfg.coordinators)) * mns,
             None => buckets * BUCKET_SLOTS as u64,
         };
         f.block_bytes += blocks * item;
@@ -900,7 +898,10 @@ mod tests {
             footprint(&cfg, &tables).unwrap(),
             footprint(&in_slots, &tables).unwrap(),
         );
-        assert!(fp.block_bytes * 10 < fp_slots.block_bytes, "{fp:?} vs {fp_slots:?}");
+        assert!(
+            fp.block_bytes * 10 < fp_slots.block_bytes,
+            "{fp:?} vs {fp_slots:?}"
+        );
         assert!(fp.index_bytes + fp.block_bytes <= fp.bytes_per_mn * 3);
         let bytes = fp.bytes_per_mn;
         let regions: Vec<MemoryRegion> = (0..3)

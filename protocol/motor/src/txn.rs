@@ -409,7 +409,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             }
             for (n, bucket, free) in absent {
                 let (table, key) = (fetches[n].table, fetches[n].key);
-                if fetches[n].access == Access::ForUpdate {
+                if fetches[n].access == Access::ForUpdate && self.can_insert(bucket) {
                     let v = self.claim(table, key, bucket, free).await?;
                     fetches[n].done = Some(v);
                 } else {
@@ -576,6 +576,18 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         Ok(plan.values(|n| fetches[n].done.clone().flatten()))
     }
 
+    /// Whether an insert into `bucket` could take a block: always in the slot-fixed layout;
+    /// in a pooled table only with room left in this coordinator's insert share. A table
+    /// that does not grow has no share, so a for-update access to a key absent from it is
+    /// read as absent (validated at commit like any read) instead of claiming a block that
+    /// an update or delete of the absent key could never use.
+    fn can_insert(&self, bucket: BucketLoc) -> bool {
+        self.co
+            .inserts
+            .next(self.store(), self.co.id, bucket, 0)
+            .is_ok()
+    }
+
     /// A for-update access to a key absent from the index: lock the block of the bucket's
     /// first free slot (CAS) reading its CVT and the index slot, then write the slot to
     /// every replica. The record then exists with no version (absent) and is locked.
@@ -708,9 +720,15 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         if self.write_entry(table, key).is_none() {
             self.round_impl(&[ReadReq::for_update(table, key)]).await?;
         }
-        let i = self
-            .write_entry(table, key)
-            .ok_or(aborted("record not locked"))?;
+        let Some(i) = self.write_entry(table, key) else {
+            // Read as absent without a lock (`can_insert`): an update or delete of it
+            // fails as on any absent key; an insert finds no room for its block.
+            return Err(if kind == WriteKind::Insert {
+                aborted("record pool share used up")
+            } else {
+                TxnError::KeyState(key.0)
+            });
+        };
         let w = &mut self.writes[i];
         logic::restage(&mut w.op, w.current.as_deref(), kind, value, key.0)
     }

@@ -190,16 +190,13 @@ impl Protocol for LotusProtocol {
 
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
         // The store, then resharding's metrics region (§4.3).
-        Ok(
-            MvccDeploy::mn_bytes(
-                spec,
-                mns,
-                spec.log_region_bytes,
-                VersionLayout::FullRecords,
-                self.records(),
-            )?
-                + dmem_lotus::reshard::region_bytes(METRICS_CNS),
-        )
+        Ok(MvccDeploy::mn_bytes(
+            spec,
+            mns,
+            spec.log_region_bytes,
+            VersionLayout::FullRecords,
+            self.records(),
+        )? + dmem_lotus::reshard::region_bytes(METRICS_CNS))
     }
 
     fn deploy_on(
