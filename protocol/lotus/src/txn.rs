@@ -7,7 +7,9 @@
 //!       SR a read lock for every read-only record (SI takes none, §5.2); all of the round's
 //!       requests at once: the local ones on this CN's table, the others in one message per
 //!       owning CN; any refusal aborts the transaction. An insert (a for-update key absent
-//!       from the index) also locks its index bucket, then claims a free slot of it.
+//!       from the index) also locks its index bucket, then claims a free slot of it (in a
+//!       pooled table, naming the next block of the coordinator's insert share: the
+//!       bucket's lock orders the inserts into it, so no CAS is needed).
 //!    2. *Read CVT*: the record's meta (one READ; a bucket READ first if the address is not
 //!       cached).
 //!    3. *Read data*: the largest version below `T_start`; a committed version at or after
@@ -41,7 +43,9 @@ use dmem_motor::mvcc::{
     self, BlockShape, CELL_LEN, FLOOR_OFFSET, Meta, Shapes, pack_writer, unpack_writer,
 };
 use dmem_motor::ts::TimestampService;
-use dmem_store::{AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, parse_bucket};
+use dmem_store::{
+    AddressCache, BUCKET_LEN, BucketLoc, InsertPool, ItemLoc, Store, StoreError, parse_bucket,
+};
 use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundPlan,
     RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
@@ -158,6 +162,8 @@ pub struct LotusCoordinator<V, H, T> {
     history: H,
     ts: T,
     stats: LotusStats,
+    /// Cursors into this coordinator's insert shares of pooled tables.
+    inserts: InsertPool,
 }
 
 impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusCoordinator<V, H, T> {
@@ -191,6 +197,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusCoordinator<V, 
             history,
             ts,
             stats: LotusStats::default(),
+            inserts: InsertPool::new(),
         }
     }
 
@@ -811,11 +818,27 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 let f = &mut fetches[n];
                 match used.iter().find(|(_, k)| *k == f.key.0) {
                     Some(&(slot, _)) => {
-                        let loc = self.co.store.item_at(bucket, slot).map_err(store_err)?;
+                        let loc = self
+                            .co
+                            .store
+                            .item_in_bucket(bucket, slot, res.bytes(wr))
+                            .map_err(store_err)?;
                         self.co.cache.borrow_mut().put(f.table, f.key, loc);
                         f.loc = Some(loc);
                     }
-                    None if f.access == Access::ForUpdate => inserts.push((n, bucket)),
+                    // In a pooled table with no room in this coordinator's insert share
+                    // (a table that does not grow has none) the key is read as absent
+                    // under its write lock instead: no block to claim, and an update or
+                    // delete of it fails as on any absent key.
+                    None if f.access == Access::ForUpdate
+                        && self
+                            .co
+                            .inserts
+                            .next(&self.co.store, self.co.id, bucket, 0)
+                            .is_ok() =>
+                    {
+                        inserts.push((n, bucket));
+                    }
                     None => {
                         let (table, key) = (f.table, f.key);
                         f.done = Some(None);
@@ -1030,8 +1053,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         for (n, bucket, wr) in wrs {
             let (used, _) = parse_bucket(res.bytes(wr));
             let f = &mut fetches[n];
-            let (slot, fresh) = match used.iter().find(|(_, k)| *k == f.key.0) {
-                Some(&(slot, _)) => (slot, false),
+            let (loc, fresh) = match used.iter().find(|(_, k)| *k == f.key.0) {
+                Some(&(slot, _)) => (
+                    self.co
+                        .store
+                        .item_in_bucket(bucket, slot, res.bytes(wr))
+                        .map_err(store_err)?,
+                    false,
+                ),
                 None => {
                     let free = (0..dmem_store::BUCKET_SLOTS).find(|s| {
                         !used.iter().any(|(u, _)| u == s) && !taken.contains(&(bucket.offset, *s))
@@ -1040,7 +1069,20 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                         return Err(aborted("index bucket full"));
                     };
                     taken.push((bucket.offset, slot));
-                    let loc = self.co.store.item_at(bucket, slot).map_err(store_err)?;
+                    // The slot's fixed block, or for a pooled table the next block of this
+                    // coordinator's insert share (no verb: the share is its own). The
+                    // bucket's lock orders inserts into the slot, so no CAS is needed.
+                    let loc = self
+                        .co
+                        .inserts
+                        .next(&self.co.store, self.co.id, bucket, slot)
+                        .map_err(|e| match e {
+                            StoreError::PoolExhausted { .. } => {
+                                aborted("record pool share used up")
+                            }
+                            e => store_err(e),
+                        })?;
+                    self.co.inserts.claimed(&self.co.store, bucket);
                     logic::claim_slot(
                         &self.co.store,
                         &mut slots,
@@ -1049,10 +1091,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                         loc.offset,
                         f.key.0,
                     )?;
-                    (slot, true)
+                    (loc, true)
                 }
             };
-            let loc = self.co.store.item_at(bucket, slot).map_err(store_err)?;
             self.co.cache.borrow_mut().put(f.table, f.key, loc);
             f.loc = Some(loc);
             if fresh {
@@ -1094,9 +1135,15 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         if self.write_entry(table, key).is_none() {
             self.round_impl(&[ReadReq::for_update(table, key)]).await?;
         }
-        let i = self
-            .write_entry(table, key)
-            .ok_or(aborted("record not locked"))?;
+        let Some(i) = self.write_entry(table, key) else {
+            // Read as absent, no block claimed (a pooled table without insert room): an
+            // update or delete of it fails as on any absent key; an insert finds no room.
+            return Err(if kind == WriteKind::Insert {
+                aborted("record pool share used up")
+            } else {
+                TxnError::KeyState(key.0)
+            });
+        };
         let w = &mut self.writes[i];
         logic::restage(&mut w.op, w.current.as_deref(), kind, value, key.0)
     }

@@ -305,7 +305,8 @@ pub struct Footprint {
     pub bytes_per_mn: u64,
     /// Bytes of index buckets per MN.
     pub index_bytes: u64,
-    /// Bytes of blocks per MN (slots included whether used or not).
+    /// Bytes of blocks over all partitions (slots included whether used or not; a pooled
+    /// table's whole pool).
     pub block_bytes: u64,
     /// Bytes the loaded records' blocks occupy over all replicas (the data set itself).
     pub loaded_bytes: u64,
@@ -326,7 +327,13 @@ pub fn footprint(cfg: &StoreConfig, tables: &[TableDemand]) -> Result<Footprint,
         let buckets = u64::from(t.buckets_per_partition.max(1)) * mns;
         let item = t.item_len.unwrap_or(0) as u64;
         f.index_bytes += buckets * dmem_store::BUCKET_LEN as u64;
-        f.block_bytes += buckets * BUCKET_SLOTS as u64 * item;
+        // Blocks per partition: one per slot, or a pooled table's pool (loader's records
+        // and every coordinator's insert share).
+        let blocks = match t.pool {
+            Some(pool) => (pool.loaded + pool.per_coordinator * u64::from(cfg.coordinators)) * mns,
+            None => buckets * BUCKET_SLOTS as u64,
+        };
+        f.block_bytes += blocks * item;
         if let Some(d) = tables.iter().find(|d| d.id == t.id) {
             f.loaded_bytes += d.expected_records * item * u64::from(cfg.replicas);
         }
@@ -867,6 +874,69 @@ mod tests {
             let a = cell.address() as usize;
             let p = decode_image(shape, &cell, &m[a..a + shape.image_len()]).unwrap();
             assert_eq!(p.value, Some(vec![7; 40]));
+        }
+    }
+
+    /// A sparse table (200 records in a key space of 100 000) pooled as `dmem-store` pools
+    /// FORD's: its blocks sit in a pool per partition, far fewer than one per key, and a
+    /// loaded record's slot names its pool block, whose CVT and image read back.
+    #[test]
+    fn a_sparse_table_is_pooled_and_its_slots_name_their_blocks() {
+        let tables = [TableDemand {
+            grows: true,
+            ..demand(1, 40, 200)
+        }];
+        let shapes = Shapes::uniform(&tables, 2);
+        let in_slots = store_config(3, &tables, &shapes, 3, 2, false)
+            .coordinators(4)
+            .with_direct_indexes(&[(TableId(1), 100_000)]);
+        let cfg = in_slots
+            .clone()
+            .with_sparse_indexes(&tables, &[(TableId(1), 100_000)]);
+        assert!(cfg.tables[0].pool.is_some());
+        let (fp, fp_slots) = (
+            footprint(&cfg, &tables).unwrap(),
+            footprint(&in_slots, &tables).unwrap(),
+        );
+        assert!(
+            fp.block_bytes * 10 < fp_slots.block_bytes,
+            "{fp:?} vs {fp_slots:?}"
+        );
+        assert!(fp.index_bytes + fp.block_bytes <= fp.bytes_per_mn * 3);
+        let bytes = fp.bytes_per_mn;
+        let regions: Vec<MemoryRegion> = (0..3)
+            .map(|i| MemoryRegion {
+                node: NodeId(i),
+                rkey: RKey(1),
+                len: bytes,
+            })
+            .collect();
+        let store = Rc::new(Store::new(cfg, regions).unwrap());
+        let mut mem = vec![vec![0u8; bytes as usize]; 3];
+        let mut loader = MvccLoader::new(Rc::clone(&store), Rc::new(shapes.clone()));
+        let shape = shapes.get(TableId(1)).unwrap();
+        for key in [99_999, 3, 50_000] {
+            let loc = loader
+                .load(TableId(1), Key(key), &[key as u8; 40], |n, off, b| {
+                    let off = off as usize;
+                    mem[usize::from(n.0)][off..off + b.len()].copy_from_slice(b);
+                })
+                .unwrap();
+            assert_eq!(loc.offset % 64, 0);
+            for mn in store.replicas(loc.bucket.partition) {
+                let m = &mem[usize::from(mn)];
+                let b = loc.bucket.offset as usize;
+                let bucket = &m[b..b + dmem_store::BUCKET_LEN];
+                let found = store.item_in_bucket(loc.bucket, loc.slot, bucket).unwrap();
+                assert_eq!(found, loc);
+                let off = loc.offset as usize;
+                let meta = Meta::parse(&m[off..off + shape.meta_len()], shape).unwrap();
+                assert_eq!(meta.key, key);
+                let cell = meta.cells[0];
+                let a = cell.address() as usize;
+                let p = decode_image(shape, &cell, &m[a..a + shape.image_len()]).unwrap();
+                assert_eq!(p.value, Some(vec![key as u8; 40]));
+            }
         }
     }
 

@@ -8,7 +8,10 @@
 //!    image. A for-update record with a version at or after `S` aborts (SR and SI); a
 //!    read-only record found locked is read again (its writer may hold a commit timestamp
 //!    below `S`). A for-update key absent from the index claims a free slot of its bucket
-//!    (lock it, check the index slot, write it to every replica).
+//!    (lock its block, check the index slot, write it to every replica). In a pooled table
+//!    (`dmem-store`, "Sparse tables") the block is the next of the coordinator's insert
+//!    share and the slot's address word is CASed (empty -> the block) instead of READ, since
+//!    two inserts of one key would each lock a block of their own.
 //! 3. **Commit** (read-write): a commit timestamp `C` (the service's commit-wait included);
 //!    under SR one READ of the CVT of every read-only record (abort if locked or changed at
 //!    or after `S`); then one post list per MN: to the primary and every backup the new
@@ -23,7 +26,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use dmem_store::{
-    AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, parse_bucket, slot_offset,
+    AddressCache, BUCKET_LEN, BucketLoc, InsertPool, ItemLoc, Store, StoreError, parse_bucket,
+    slot_offset,
 };
 use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundPlan,
@@ -123,6 +127,8 @@ pub struct MotorCoordinator<V, H, T> {
     ts: T,
     stats: MotorStats,
     oplog: Rc<OpLogs>,
+    /// Cursors into this coordinator's insert shares of pooled tables.
+    inserts: InsertPool,
 }
 
 impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorCoordinator<V, H, T> {
@@ -150,6 +156,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorCoordinator<V, 
             ts,
             stats: MotorStats::default(),
             oplog: Rc::new(OpLogs::new()),
+            inserts: InsertPool::new(),
         }
     }
 
@@ -389,7 +396,11 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 let f = &mut fetches[n];
                 match used.iter().find(|(_, k)| *k == f.key.0) {
                     Some(&(slot, _)) => {
-                        let loc = self.co.store.item_at(bucket, slot).map_err(store_err)?;
+                        let loc = self
+                            .co
+                            .store
+                            .item_in_bucket(bucket, slot, res.bytes(wr))
+                            .map_err(store_err)?;
                         self.co.cache.borrow_mut().put(f.table, f.key, loc);
                         f.loc = Some(loc);
                     }
@@ -398,7 +409,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             }
             for (n, bucket, free) in absent {
                 let (table, key) = (fetches[n].table, fetches[n].key);
-                if fetches[n].access == Access::ForUpdate {
+                if fetches[n].access == Access::ForUpdate && self.can_insert(bucket) {
                     let v = self.claim(table, key, bucket, free).await?;
                     fetches[n].done = Some(v);
                 } else {
@@ -565,6 +576,18 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         Ok(plan.values(|n| fetches[n].done.clone().flatten()))
     }
 
+    /// Whether an insert into `bucket` could take a block: always in the slot-fixed layout;
+    /// in a pooled table only with room left in this coordinator's insert share. A table
+    /// that does not grow has no share, so a for-update access to a key absent from it is
+    /// read as absent (validated at commit like any read) instead of claiming a block that
+    /// an update or delete of the absent key could never use.
+    fn can_insert(&self, bucket: BucketLoc) -> bool {
+        self.co
+            .inserts
+            .next(self.store(), self.co.id, bucket, 0)
+            .is_ok()
+    }
+
     /// A for-update access to a key absent from the index: lock the block of the bucket's
     /// first free slot (CAS) reading its CVT and the index slot, then write the slot to
     /// every replica. The record then exists with no version (absent) and is locked.
@@ -578,7 +601,17 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         let Some(slot) = free else {
             return Err(aborted("index bucket full"));
         };
-        let loc = self.store().item_at(bucket, slot).map_err(store_err)?;
+        // The slot's fixed block, or for a pooled table the next block of this
+        // coordinator's insert share (no verb: the share is its own).
+        let loc = self
+            .co
+            .inserts
+            .next(self.store(), self.co.id, bucket, slot)
+            .map_err(|e| match e {
+                StoreError::PoolExhausted { .. } => aborted("record pool share used up"),
+                e => store_err(e),
+            })?;
+        let pooled = self.store().table(table).map_err(store_err)?.is_pooled();
         let shape = self.shape(table)?;
         let addr = self.primary(&loc, 0)?;
         let p = self.store().primary(bucket.partition).map_err(store_err)?;
@@ -590,7 +623,19 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             self.log_locked(table, loc);
         }
         let rd = list.read(addr, shape.meta_len() as u32);
-        let srd = list.read(slot_addr, 16);
+        // Slot-fixed: two inserts of one key lock the same block, so the block's lock CAS
+        // arbitrates and the slot is only READ. Pooled: each insert locks a block of its
+        // own, so the slot's address word is CASed (empty -> our block) instead of READ
+        // (same verbs, one READ becomes a CAS); once posted, the block counts as taken.
+        let slot_cas = if pooled && !self.co.cfg.unsafe_no_cas {
+            let packed = dmem_layout::record::RemoteAddr::new(bucket.partition, loc.offset)
+                .map_err(|_| aborted("offset beyond packed addresses"))?;
+            self.co.inserts.claimed(&self.co.store, bucket);
+            Some(list.cas(slot_addr.add(8), 0, packed.to_raw()))
+        } else {
+            None
+        };
+        let srd = slot_cas.is_none().then(|| list.read(slot_addr, 16));
         let res = self.co.ctx.post(list).await?;
         if let Some(cas) = cas
             && res.atomic(cas) != 0
@@ -610,12 +655,25 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         });
         // Pushed before giving up, so that the abort releases the lock.
         let meta = parsed.ok_or(aborted("unreadable version table"))?;
-        let sb = res.bytes(srd);
-        let slot_key = u64::from_le_bytes(sb[..8].try_into().unwrap_or([0; 8]));
-        let used = sb[8..16].iter().any(|&b| b != 0);
-        if used && slot_key != key.0 {
-            return Err(aborted("index slot taken by a concurrent insert"));
-        }
+        let used = match (slot_cas, srd) {
+            (Some(cas), _) => {
+                // Another insert holds the slot: a retry finds what it names.
+                if res.atomic(cas) != 0 {
+                    return Err(aborted("index slot taken by a concurrent insert"));
+                }
+                false
+            }
+            (None, Some(srd)) => {
+                let sb = res.bytes(srd);
+                let slot_key = u64::from_le_bytes(sb[..8].try_into().unwrap_or([0; 8]));
+                let used = sb[8..16].iter().any(|&b| b != 0);
+                if used && slot_key != key.0 {
+                    return Err(aborted("index slot taken by a concurrent insert"));
+                }
+                used
+            }
+            (None, None) => return Err(aborted("index slot not seen")),
+        };
         if !used {
             let mut list = PostList::new();
             logic::claim_slot(self.store(), &mut list, bucket, slot, loc.offset, key.0)?;
@@ -662,9 +720,15 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         if self.write_entry(table, key).is_none() {
             self.round_impl(&[ReadReq::for_update(table, key)]).await?;
         }
-        let i = self
-            .write_entry(table, key)
-            .ok_or(aborted("record not locked"))?;
+        let Some(i) = self.write_entry(table, key) else {
+            // Read as absent without a lock (`can_insert`): an update or delete of it
+            // fails as on any absent key; an insert finds no room for its block.
+            return Err(if kind == WriteKind::Insert {
+                aborted("record pool share used up")
+            } else {
+                TxnError::KeyState(key.0)
+            });
+        };
         let w = &mut self.writes[i];
         logic::restage(&mut w.op, w.current.as_deref(), kind, value, key.0)
     }
@@ -918,9 +982,10 @@ pub fn read_final(
     let bucket = store.bucket_of(table, key).ok()?;
     let p = store.primary(bucket.partition).ok()?;
     let node = store.mn_node(p);
-    let (used, _) = parse_bucket(&read(node, bucket.offset, BUCKET_LEN));
+    let bucket_bytes = read(node, bucket.offset, BUCKET_LEN);
+    let (used, _) = parse_bucket(&bucket_bytes);
     let slot = used.iter().find(|(_, k)| *k == key.0)?.0;
-    let loc = store.item_at(bucket, slot).ok()?;
+    let loc = store.item_in_bucket(bucket, slot, &bucket_bytes).ok()?;
     let shape = shapes.get(table).ok()?;
     let meta = Meta::parse(&read(node, loc.offset, shape.meta_len()), shape)?;
     let (i, _) = meta

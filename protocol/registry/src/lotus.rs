@@ -26,7 +26,7 @@ use dmem_sim::{Sim, SimContext};
 use dmem_txn::{BoxCoordinator, History, Key, TableId, TxnKind, TxnOutcome};
 use dmem_verbs::Clock;
 
-use crate::motor::MvccDeploy;
+use crate::motor::{MvccDeploy, Records};
 
 /// LOTUS under a registered name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +66,17 @@ pub struct LotusProtocol {
 const METRICS_CNS: u16 = 1024;
 
 impl LotusProtocol {
+    /// Sparse tables' blocks pooled, unless CNs restart: a restarted CN's coordinators
+    /// keep their ids (§6) and would need their insert shares' cursors recovered, which is
+    /// not done, so with `restart=` every block stays in its slot.
+    fn records(&self) -> Records {
+        if self.restart_after.is_some() {
+            Records::InSlots
+        } else {
+            Records::Pooled
+        }
+    }
+
     /// `config` registered as `name` with the paper's table size.
     #[must_use]
     pub fn new(name: &str, config: LotusConfig) -> Self {
@@ -179,10 +190,13 @@ impl Protocol for LotusProtocol {
 
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
         // The store, then resharding's metrics region (§4.3).
-        Ok(
-            MvccDeploy::mn_bytes(spec, mns, spec.log_region_bytes, VersionLayout::FullRecords)?
-                + dmem_lotus::reshard::region_bytes(METRICS_CNS),
-        )
+        Ok(MvccDeploy::mn_bytes(
+            spec,
+            mns,
+            spec.log_region_bytes,
+            VersionLayout::FullRecords,
+            self.records(),
+        )? + dmem_lotus::reshard::region_bytes(METRICS_CNS))
     }
 
     fn deploy_on(
@@ -205,6 +219,7 @@ impl Protocol for LotusProtocol {
             history,
             spec.log_region_bytes,
             VersionLayout::FullRecords,
+            self.records(),
         )?;
         let cns = sim.cn_count();
         let threads = sim.threads_per_cn();

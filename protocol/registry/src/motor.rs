@@ -97,6 +97,18 @@ impl MotorProtocol {
     }
 }
 
+/// How the blocks of a direct-mapped table sit (`dmem-store`'s crate docs, "Sparse tables").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Records {
+    /// Sparse tables' blocks in a pool per partition, each coordinator inserting from a
+    /// share of its own; dense tables' blocks in their slots.
+    Pooled,
+    /// Every block in its index slot (one block per key of the key space): for LOTUS with
+    /// CN restarts, whose restarted coordinators reuse their ids and so would need their
+    /// share's cursor recovered (not done).
+    InSlots,
+}
+
 /// The shapes (versions laid out as `versions`) and store configuration of `spec` on `mns`
 /// MNs, with `log_region_bytes` of log per coordinator in MN memory (0: none, as Motor's op
 /// log lives on the CN).
@@ -105,6 +117,7 @@ fn layout(
     mns: u16,
     log_region_bytes: u32,
     versions: VersionLayout,
+    records: Records,
 ) -> (Shapes, dmem_store::StoreConfig) {
     let shapes = Shapes::uniform(&spec.tables, cells_for_workload(spec.workload.as_deref()))
         .with_layout(versions);
@@ -123,7 +136,13 @@ fn layout(
         logs,
         log_region_bytes,
     )
-    .with_direct_indexes(spec.direct_tables());
+    // Every coordinator gets an insert share of each pooled table (with no log region when
+    // `log_region_bytes` is 0: the regions then take no bytes).
+    .coordinators(spec.coordinators);
+    let cfg = match records {
+        Records::Pooled => cfg.with_sparse_indexes(&spec.tables, spec.direct_tables()),
+        Records::InSlots => cfg.with_direct_indexes(spec.direct_tables()),
+    };
     (shapes, cfg)
 }
 
@@ -149,8 +168,9 @@ impl MvccDeploy {
         mns: u16,
         log_region_bytes: u32,
         versions: VersionLayout,
+        records: Records,
     ) -> Result<u64, DeployError> {
-        Ok(layout(spec, mns, log_region_bytes, versions)
+        Ok(layout(spec, mns, log_region_bytes, versions, records)
             .1
             .bytes_per_mn()?)
     }
@@ -162,8 +182,9 @@ impl MvccDeploy {
         history: Recorder,
         log_region_bytes: u32,
         versions: VersionLayout,
+        records: Records,
     ) -> Result<Self, DeployError> {
-        let (shapes, cfg) = layout(spec, memory.mn_count(), log_region_bytes, versions);
+        let (shapes, cfg) = layout(spec, memory.mn_count(), log_region_bytes, versions, records);
         let store = Rc::new(Store::new(cfg, memory.regions())?);
         let shapes = Rc::new(shapes);
         Ok(Self {
@@ -251,7 +272,7 @@ impl Protocol for MotorProtocol {
     }
 
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
-        MvccDeploy::mn_bytes(spec, mns, 0, self.config.layout)
+        MvccDeploy::mn_bytes(spec, mns, 0, self.config.layout, Records::Pooled)
     }
 
     fn deploy_on(
@@ -263,7 +284,14 @@ impl Protocol for MotorProtocol {
         Ok(Box::new(MotorDeployment {
             name: self.name.clone(),
             config: self.config,
-            base: MvccDeploy::new(memory, spec, history, 0, self.config.layout)?,
+            base: MvccDeploy::new(
+                memory,
+                spec,
+                history,
+                0,
+                self.config.layout,
+                Records::Pooled,
+            )?,
             paused: Rc::new(Cell::new(false)),
             oplogs: Rc::new(OpLogs::new()),
             coordinators: Rc::new(RefCell::new(Vec::new())),
