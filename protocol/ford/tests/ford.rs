@@ -382,7 +382,11 @@ fn concurrent_inserts_into_a_hashed_pooled_table_take_distinct_slots() {
             .filter(|&&(r, _, o)| r == round && o == outcome)
             .count()
     };
-    assert_eq!((count(0, "inserted"), count(1, "exists")), (4, 4), "{outcomes:?}");
+    assert_eq!(
+        (count(0, "inserted"), count(1, "exists")),
+        (4, 4),
+        "{outcomes:?}"
+    );
     let aborted: u64 = stats
         .iter()
         .map(|s| s.borrow().map_or(0, |s| s.aborted))
@@ -397,7 +401,10 @@ fn concurrent_inserts_into_a_hashed_pooled_table_take_distinct_slots() {
         for key in &keys {
             let slots: Vec<_> = used.iter().filter(|(_, k)| *k == key.0).collect();
             assert_eq!(slots.len(), 1, "MN {mn}, key {}: {used:?}", key.0);
-            let loc = bank.store.item_in_bucket(first, slots[0].0, &bytes).unwrap();
+            let loc = bank
+                .store
+                .item_in_bucket(first, slots[0].0, &bytes)
+                .unwrap();
             let item_bytes = bank.sim.read_memory(node, loc.offset, item_len);
             let item = DataItem::new_checked(&item_bytes[..]).unwrap();
             assert!(item.is_readable(), "MN {mn}");
@@ -406,7 +413,11 @@ fn concurrent_inserts_into_a_hashed_pooled_table_take_distinct_slots() {
         }
         records.sort_unstable();
         records.dedup();
-        assert_eq!(records.len(), keys.len(), "MN {mn}: two keys share a record");
+        assert_eq!(
+            records.len(),
+            keys.len(),
+            "MN {mn}: two keys share a record"
+        );
     }
     check_serializable(&bank.history.borrow());
 }

@@ -13,9 +13,11 @@
 //! Why: a 7-slot bucket without overflow buckets must be mostly empty so that hashing never
 //! fills one (slack 2, doubled until loading meets no full bucket: 4–8 slots per record),
 //! and in the slot-fixed layout every slot carries a whole record. Pooled, a spare slot
-//! costs its 16 bytes of index (18 bytes with the bucket header) instead of a record: TPC-C
-//! at 8 warehouses goes from 4.8 GB to 0.84 GB of regions per MN (`tpcc_at_eight_warehouses`
-//! below prints the breakdown per table).
+//! costs its 16 bytes of index (18 bytes with the bucket header) instead of a record, and
+//! the index is sized for its table by [`buckets_for`] (a Poisson bound on the fullest
+//! bucket) instead of a slack doubled for every table: TPC-C at 8 warehouses goes from
+//! 18.6 GB to 3.4 GB of regions per MN (`tpcc_at_eight_warehouses` below prints the
+//! breakdown per table).
 //!
 //! A run-time insert of an absent key into a pooled hashed table is the pooled insert of a
 //! sparse table: the record comes from the coordinator's share ([`InsertPool`]), and FORD's
@@ -50,7 +52,9 @@ impl LoadIndex {
         bucket: BucketLoc,
         pool: RecordPool,
     ) -> Result<u32, StoreError> {
-        let next = pool_next.entry((bucket.table, bucket.partition)).or_insert(0);
+        let next = pool_next
+            .entry((bucket.table, bucket.partition))
+            .or_insert(0);
         // `u32::MAX - 1` at most: a direct-mapped pooled table stores `record + 1`.
         let record = u32::try_from(*next)
             .ok()
@@ -267,8 +271,7 @@ impl Footprint {
 #[cfg(test)]
 mod tests {
     use super::super::{
-        AddressCache, DataItem, Key, Loader, MemoryRegion, NodeId, Store, TableSpec,
-        parse_bucket,
+        AddressCache, DataItem, Key, Loader, MemoryRegion, NodeId, Store, TableSpec, parse_bucket,
     };
     use super::*;
     use dmem_verbs::RKey;
@@ -300,7 +303,7 @@ mod tests {
     fn load_and_check(mns: u16, keys: &[u64], value_len: usize) -> Result<(), String> {
         let d = [demand(1, value_len, keys.len() as u64, true)];
         let cfg = StoreConfig::for_tables(mns, &d, 4, 256, 4).with_hashed_pools(&d, 2);
-        if !cfg.tables[0].pool.is_some() {
+        if cfg.tables[0].pool.is_none() {
             return Err("not pooled".into());
         }
         let bytes = cfg.bytes_per_mn().map_err(|e| e.to_string())?;
@@ -346,8 +349,8 @@ mod tests {
                     return Err(format!("slot of key {k} names {found:?}, not {loc:?}"));
                 }
                 let off = loc.offset as usize;
-                let item = DataItem::new_checked(&m[off..off + item_len])
-                    .map_err(|e| format!("{e:?}"))?;
+                let item =
+                    DataItem::new_checked(&m[off..off + item_len]).map_err(|e| format!("{e:?}"))?;
                 if item.key() != *k || item.value() != &value[..] {
                     return Err(format!("record of key {k} on MN {mn} holds another"));
                 }
@@ -475,7 +478,10 @@ mod tests {
             .table(spec)
             .with_direct_index(TableId(2), 10_000)
             .with_hashed_pools(&[demand(2, 8, 10_000, false)], 2);
-        assert!(cfg.tables[0].pool.is_none(), "direct-mapped tables are left");
+        assert!(
+            cfg.tables[0].pool.is_none(),
+            "direct-mapped tables are left"
+        );
     }
 
     /// TPC-C at 8 warehouses (the demands `dmem-workloads` declares, 64 coordinators, 3

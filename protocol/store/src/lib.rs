@@ -73,7 +73,12 @@
 //! locations stay valid; a scan of every record ([`Store::record_area`]) covers both
 //! layouts.
 //!
-//! FORD and Pandora (`dmem-ford`, laid out by `dmem-protocols`) pool sparse tables. Motor
+//! Hashed tables (keys that are not dense) can be pooled the same way
+//! ([`StoreConfig::with_hashed_pools`], module `hashed_pool`): the hash index stays, records
+//! move to a pool, and the index is sized per table by [`buckets_for`].
+//!
+//! FORD and Pandora (`dmem-ford`, laid out by `dmem-protocols`) pool sparse tables and, outside
+//! the litmus tests' exact layout, hashed tables. Motor
 //! and LOTUS compute the record from the slot and keep the slot-fixed layout
 //! ([`StoreConfig::with_direct_indexes`]); OCC, DrTM and OOCC have their own store. A
 //! protocol that brings a crashed coordinator back under its old id (LOTUS §6 restarts CNs)
@@ -136,7 +141,7 @@ use dmem_txn::{Key, TableId};
 use dmem_verbs::{MemoryRegion, NodeId, RemoteAddr};
 
 mod hashed_pool;
-pub use hashed_pool::HashedEntry;
+pub use hashed_pool::{Footprint, HashedEntry, OVERFLOW_BUDGET, TableFootprint, buckets_for};
 
 /// Slots per index bucket (a two-cache-line [`IndexBucket`]).
 pub const BUCKET_SLOTS: usize = 7;
