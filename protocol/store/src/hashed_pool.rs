@@ -69,6 +69,20 @@ impl LoadIndex {
     }
 }
 
+impl StoreError {
+    /// Whether a layout with more slack would load what this error refused: a full index
+    /// bucket, or a loader's share of a record pool used up (a hashed table's share grows
+    /// with the slack, [`StoreConfig::with_hashed_pools`]).
+    #[must_use]
+    pub fn more_slack_may_load(&self) -> bool {
+        match self {
+            StoreError::BucketFull { .. } => true,
+            StoreError::PoolExhausted { what, .. } => what == "loader",
+            _ => false,
+        }
+    }
+}
+
 impl StoreConfig {
     /// Lays the records of every hashed table of `demands` (no direct index) apart from its
     /// index slots, in a pool per partition sized by
@@ -80,8 +94,9 @@ impl StoreConfig {
     ///
     /// The index of a pooled table is sized by [`buckets_for`] instead (its slots cost 18
     /// bytes, not a record): for the loader's share of a partition, plus an eighth for a
-    /// growing table's run-time inserts, times `slack / 2` (so the caller's doubling on a
-    /// full bucket still grows it).
+    /// growing table's run-time inserts, times `slack / 2`, and the loader's share grows by
+    /// the same factor (so the caller's doubling on a full bucket or a used-up loader share,
+    /// [`StoreError::more_slack_may_load`], still makes room).
     #[must_use]
     pub fn with_hashed_pools(mut self, demands: &[TableDemand], slack: u64) -> Self {
         let coordinators = u64::from(self.coordinators.max(1));
@@ -114,8 +129,16 @@ impl StoreConfig {
                     } else {
                         pool.loaded
                     };
-                    let buckets = buckets_for(indexed).saturating_mul((slack / 2).max(1));
+                    let grow = (slack / 2).max(1);
+                    let buckets = buckets_for(indexed).saturating_mul(grow);
                     t.buckets_per_partition = u32::try_from(buckets).unwrap_or(u32::MAX);
+                    // The loader's share grows with the slack too, so that a table loaded
+                    // with more records than declared loads after a doubling, as it did with
+                    // its records in the slots.
+                    t.pool = Some(RecordPool {
+                        loaded: pool.loaded.saturating_mul(grow),
+                        ..pool
+                    });
                 }
             }
         }
