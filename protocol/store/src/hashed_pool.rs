@@ -201,7 +201,7 @@ pub const OVERFLOW_BUDGET: f64 = 0.001;
 /// Buckets of [`BUCKET_SLOTS`] slots (no overflow buckets) for `records` uniformly hashed
 /// keys such that the expected number of buckets that would need an eighth slot, `n ×
 /// P(Poisson(records / n) ≥ 8)`, is at most [`OVERFLOW_BUDGET`]: the load factor a hash
-/// index without overflow buckets can afford (about 4–5 % of the slots used for 10⁵–10⁶
+/// index without overflow buckets can afford (3–5 % of the slots used for 10⁵–10⁶
 /// keys), found by bisection. At least one bucket.
 #[must_use]
 pub fn buckets_for(records: u64) -> u64 {
