@@ -103,8 +103,10 @@ impl Protocol for FordProtocol {
 
     /// The loader's [`dmem_store::LoadIndex`] entry of a hashed key (24 bytes in a map at
     /// most half full after growth, shared by every CN's warm cache) and the cache entries
-    /// of keys a run inserts: TPC-C at 8 warehouses (4.41M records) peaks at 9.9 GB with
-    /// 9.3 GB of MN regions, so under 150 bytes per record (`dmem-store` README).
+    /// of keys a run inserts. TPC-C at 8 warehouses (4.41M records) peaks at 9.37 GB of RSS
+    /// with about 9.5 GB of MN index and loaded records resident at most, so its CN side is
+    /// a few hundred MB at most; 256 bytes per record (1.1 GB) is a margin over it
+    /// (`dmem-store` README, "Hashed tables pooled").
     fn cn_bytes_per_hashed_record(&self) -> Option<u64> {
         Some(256)
     }
