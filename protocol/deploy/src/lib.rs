@@ -120,11 +120,12 @@ pub enum DeployError {
 }
 
 impl DeployError {
-    /// Whether loading failed only because an index bucket filled up, so that a layout with
+    /// Whether loading failed only because an index bucket filled up (or a hashed table's
+    /// loader share of its record pool, which grows with the slack), so that a layout with
     /// more index slack would load (see [`deploy_loaded`]).
     #[must_use]
     pub fn is_index_full(&self) -> bool {
-        matches!(self, DeployError::Store(StoreError::BucketFull { .. }))
+        matches!(self, DeployError::Store(e) if e.more_slack_may_load())
     }
 }
 

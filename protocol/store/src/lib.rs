@@ -73,7 +73,12 @@
 //! locations stay valid; a scan of every record ([`Store::record_area`]) covers both
 //! layouts.
 //!
-//! FORD and Pandora (`dmem-ford`, laid out by `dmem-protocols`) pool sparse tables. Motor
+//! Hashed tables (keys that are not dense) can be pooled the same way
+//! ([`StoreConfig::with_hashed_pools`], module `hashed_pool`): the hash index stays, records
+//! move to a pool, and the index is sized per table by [`buckets_for`].
+//!
+//! FORD and Pandora (`dmem-ford`, laid out by `dmem-protocols`) pool sparse tables and, outside
+//! the litmus tests' exact layout, hashed tables. Motor
 //! and LOTUS compute the record from the slot and keep the slot-fixed layout
 //! ([`StoreConfig::with_direct_indexes`]); OCC, DrTM and OOCC have their own store. A
 //! protocol that brings a crashed coordinator back under its old id (LOTUS §6 restarts CNs)
@@ -134,6 +139,9 @@ use dmem_layout::record::{
 };
 use dmem_txn::{Key, TableId};
 use dmem_verbs::{MemoryRegion, NodeId, RemoteAddr};
+
+mod hashed_pool;
+pub use hashed_pool::{Footprint, HashedEntry, OVERFLOW_BUDGET, TableFootprint, buckets_for};
 
 /// Slots per index bucket (a two-cache-line [`IndexBucket`]).
 pub const BUCKET_SLOTS: usize = 7;
@@ -1169,8 +1177,8 @@ pub struct LoadIndex {
     pooled: HashMap<TableId, Vec<u32>>,
     /// Pooled tables: records the loader placed in each `(table, partition)`.
     pool_next: HashMap<(TableId, u16), u64>,
-    /// Hashed tables: the slot of every loaded key.
-    hashed: HashMap<(TableId, Key), u8>,
+    /// Hashed tables: the slot of every loaded key (and its pool record in a pooled one).
+    hashed: HashMap<(TableId, Key), HashedEntry>,
     /// Hashed tables: used slots of every bucket, per `(table, partition)`.
     fill: HashMap<(TableId, u16), Vec<u8>>,
     /// Keys loaded.
@@ -1224,17 +1232,9 @@ impl LoadIndex {
             if *entry != 0 {
                 return Err(duplicate);
             }
-            let next = self.pool_next.entry((table, bucket.partition)).or_insert(0);
-            if *next >= pool.loaded || *next >= u64::from(u32::MAX) {
-                return Err(StoreError::PoolExhausted {
-                    table: table.0,
-                    partition: bucket.partition,
-                    what: "loader".into(),
-                });
-            }
-            let loc = store.pool_item(bucket, slot, *next)?;
-            *entry = u32::try_from(*next + 1).unwrap_or(u32::MAX);
-            *next += 1;
+            let record = Self::take_loader_record(&mut self.pool_next, bucket, pool)?;
+            let loc = store.pool_item(bucket, slot, u64::from(record))?;
+            *entry = record + 1;
             self.count += 1;
             return Ok(loc);
         }
@@ -1268,7 +1268,16 @@ impl LoadIndex {
             }
             let slot = *used;
             *used += 1;
-            self.hashed.insert((table, key), slot);
+            if let Some(pool) = layout.spec.pool {
+                // A pooled hashed table: the slot names the next record of the loader's share.
+                let record = Self::take_loader_record(&mut self.pool_next, bucket, pool)?;
+                self.hashed
+                    .insert((table, key), HashedEntry { slot, record });
+                self.count += 1;
+                return store.pool_item(bucket, usize::from(slot), u64::from(record));
+            }
+            self.hashed
+                .insert((table, key), HashedEntry { slot, record: 0 });
             usize::from(slot)
         };
         self.count += 1;
@@ -1294,7 +1303,16 @@ impl LoadIndex {
                 }
                 slot
             }
-            None => usize::from(*self.hashed.get(&(table, key))?),
+            None => {
+                let entry = *self.hashed.get(&(table, key))?;
+                if store.table(table).ok()?.is_pooled() {
+                    let bucket = store.bucket_of(table, key).ok()?;
+                    return store
+                        .pool_item(bucket, usize::from(entry.slot), u64::from(entry.record))
+                        .ok();
+                }
+                usize::from(entry.slot)
+            }
         };
         store.item_at(store.bucket_of(table, key).ok()?, slot).ok()
     }
