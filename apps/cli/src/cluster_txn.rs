@@ -65,6 +65,9 @@ const QUIT: &[u8] = b"dmem-quit";
 /// CN → first CN: this CN's workload is over; then its committed delta (i64 LE, the
 /// workload's conserved quantity, e.g. money SmallBank added).
 const CN_DONE: &[u8] = b"dmem-cn-done";
+/// First CN → every CN that reported [`CN_DONE`]: every CN finished (or was recovered), so
+/// nobody needs this CN's services (LOTUS's lock servers) any more: it may exit.
+const RUN_OVER: &[u8] = b"dmem-run-over";
 /// Ports of a CN: the detector (first CN), the terminator's replies, "done" reports, the
 /// stray-lock listener, the heartbeat sender; coordinators from [`FIRST_COORDINATOR_PORT`].
 const DETECTOR: Port = Port(100);
@@ -73,6 +76,9 @@ const DONE_PORT: Port = Port(102);
 const LISTENER: Port = Port(99);
 const HEARTBEAT: Port = Port(98);
 const FIRST_COORDINATOR_PORT: u16 = 1;
+/// A CN's service ports (`ClusterMember::services`, one per client: LOTUS's lock servers),
+/// above every coordinator port (at most 256 clients).
+const FIRST_SERVICE_PORT: u16 = 1000;
 /// Doublings of the index slack tried before a layout counts as impossible.
 const MAX_SLACK_DOUBLINGS: u32 = 6;
 /// How long a peer may leave a control request unanswered (a link termination, an
@@ -615,6 +621,9 @@ fn process_plan(cluster: &Cluster) -> ProcessPlan {
                 cn: c.node,
                 coordinators: cluster.coordinator_ids(c.node),
                 listener: endpoint(c.node, LISTENER),
+                services: (0..cluster.clients())
+                    .map(|i| endpoint(c.node, Port(FIRST_SERVICE_PORT.saturating_add(i as u16))))
+                    .collect(),
             })
             .collect(),
         detector: endpoint(cluster.cns()[0].node, DETECTOR),
@@ -639,6 +648,15 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     } else {
         None
     };
+    // Likewise the service contexts (LOTUS's lock servers): a quicker CN's first lock
+    // requests are queued, not dropped, while this one loads.
+    let services = plan
+        .member(me.node)
+        .map(|m| m.services.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| net.context(me.node, e.port))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     // The coordinators stream every record to stdout (and keep none here).
     let stdout_history = StdoutHistory::default();
     let streaming_off = Rc::clone(&stdout_history.off);
@@ -649,6 +667,9 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     for (table, key, value) in setup.workload.loader() {
         deployment.load(table, key, &value)?;
     }
+    // Which CN this process is, before its coordinators are made (LOTUS: whose lock
+    // table it serves).
+    deployment.join_as_cn(me.node, &plan)?;
     let executor = Executor::new();
     let ids = cluster.coordinator_ids(me.node);
     let mut coordinators = Vec::new();
@@ -670,6 +691,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         CnContexts {
             heartbeat: net.context(me.node, HEARTBEAT)?,
             listener: net.context(me.node, LISTENER)?,
+            services,
         },
         &plan,
     )?;
@@ -749,7 +771,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         let start = dmem_runtime::monotonic_now();
         let running = Rc::clone(&running);
         let mut deltas: HashMap<NodeId, i64> = HashMap::new();
-        executor.block_on(async {
+        let finished = executor.block_on(async {
             let mut finished: BTreeSet<NodeId> = BTreeSet::new();
             let mut recovered: BTreeSet<NodeId> = BTreeSet::new();
             loop {
@@ -788,7 +810,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                     .map(|n| cluster.cn_name(n))
                     .collect();
                 if running.get() == 0 && pending.is_empty() {
-                    return Ok::<(), anyhow::Error>(());
+                    return Ok::<_, anyhow::Error>(finished);
                 }
                 ensure!(
                     recovery.is_some() || RealClock.now() < give_up,
@@ -800,6 +822,15 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                 RealClock.sleep(plan.heartbeat / 2).await;
             }
         })?;
+        for &cn in &finished {
+            if let Err(e) = executor.block_on(done_ctx.send(endpoint(cn, DONE_PORT), RUN_OVER)) {
+                eprintln!(
+                    "dmem cn {}: cannot tell {} the run is over: {e}",
+                    me.name,
+                    cluster.cn_name(cn)
+                );
+            }
+        }
         let (events, mn_events) = recovery
             .as_ref()
             .map_or_else(Default::default, |r| (r.events(), r.mn_failures()));
@@ -873,6 +904,27 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
             eprintln!(
                 "dmem cn {}: cannot tell the detector it is done: {e}",
                 me.name
+            );
+        }
+        // Serve the other CNs (the protocol's tasks keep running) until the detector says
+        // every CN finished, or for at most a join timeout.
+        let linger_end = RealClock.now() + cluster.join_timeout().as_nanos() as u64;
+        let over = executor.block_on(async {
+            while RealClock.now() < linger_end {
+                while let Some(msg) = done_ctx.try_recv()? {
+                    if msg.payload == RUN_OVER {
+                        return Ok::<_, anyhow::Error>(true);
+                    }
+                }
+                RealClock.sleep(plan.heartbeat / 4).await;
+            }
+            Ok(false)
+        })?;
+        if !over {
+            eprintln!(
+                "dmem cn {}: no word from the detector within {} ms that the run is over; exiting",
+                me.name,
+                cluster.join_timeout().as_millis()
             );
         }
         Vec::new()

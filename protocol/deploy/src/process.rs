@@ -60,6 +60,12 @@ pub struct ClusterMember {
     pub coordinators: Vec<u16>,
     /// Where it receives control messages (its listener task's context).
     pub listener: Endpoint,
+    /// Where it serves requests of other CNs' coordinators, one endpoint per coordinator
+    /// slot: `services[i]` answers the `i`-th coordinator of every other CN (LOTUS §4.1:
+    /// the i-th coordinator of one CN talks to the i-th lock server of another). Its
+    /// contexts are [`CnContexts::services`]; a protocol whose CNs serve each other
+    /// nothing ignores both.
+    pub services: Vec<Endpoint>,
 }
 
 /// How the processes of a real cluster run a protocol's recovery: the same plan in every
@@ -90,6 +96,16 @@ impl ProcessPlan {
     pub fn member(&self, cn: NodeId) -> Option<&ClusterMember> {
         self.members.iter().find(|m| m.cn == cn)
     }
+
+    /// `cn`'s index among the members (`0..members.len()`, the same in every process), if
+    /// it is one.
+    #[must_use]
+    pub fn index_of(&self, cn: NodeId) -> Option<u16> {
+        self.members
+            .iter()
+            .position(|m| m.cn == cn)
+            .and_then(|i| u16::try_from(i).ok())
+    }
 }
 
 /// The contexts a CN process gives its deployment's [`process_tasks`]
@@ -100,6 +116,9 @@ pub struct CnContexts {
     pub heartbeat: AnyContext,
     /// For the listener (its endpoint is this CN's [`ClusterMember::listener`]).
     pub listener: AnyContext,
+    /// For the services this CN offers other CNs, one per endpoint of its
+    /// [`ClusterMember::services`], in that order (messages only).
+    pub services: Vec<AnyContext>,
 }
 
 /// One MN failure handled by the detector, protocol-neutral.
