@@ -648,6 +648,9 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     } else {
         None
     };
+    // So does the queue of "done" reports (and, on the other CNs, of the detector's "run
+    // over"): a quick CN may finish before a slow first CN has joined.
+    let done_ctx = net.context(me.node, DONE_PORT)?;
     // Likewise the service contexts (LOTUS's lock servers): a quicker CN's first lock
     // requests are queued, not dropped, while this one loads.
     let services = plan
@@ -767,7 +770,6 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         // Without recovery a CN that never reports ends the run, after this long.
         let give_up =
             RealClock.now() + (cluster.duration() + cluster.join_timeout() * 2).as_nanos() as u64;
-        let done_ctx = net.context(me.node, DONE_PORT)?;
         let start = dmem_runtime::monotonic_now();
         let running = Rc::clone(&running);
         let mut deltas: HashMap<NodeId, i64> = HashMap::new();
@@ -822,8 +824,11 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                 RealClock.sleep(plan.heartbeat / 2).await;
             }
         })?;
-        for &cn in &finished {
-            if let Err(e) = executor.block_on(done_ctx.send(endpoint(cn, DONE_PORT), RUN_OVER)) {
+        // Every other CN may exit now: the finished ones serve nobody any more, and one
+        // recovered while alive (a false suspicion) is told too; a dead one cannot be.
+        for cn in plan.members.iter().map(|m| m.cn).filter(|&n| n != me.node) {
+            let told = executor.block_on(done_ctx.send(endpoint(cn, DONE_PORT), RUN_OVER));
+            if let (Err(e), true) = (told, finished.contains(&cn)) {
                 eprintln!(
                     "dmem cn {}: cannot tell {} the run is over: {e}",
                     me.name,
@@ -897,7 +902,6 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                 RealClock.sleep(plan.heartbeat).await;
             }
         });
-        let done_ctx = net.context(me.node, DONE_PORT)?;
         let mut done = CN_DONE.to_vec();
         done.extend_from_slice(&tally.3.get().to_le_bytes());
         if let Err(e) = executor.block_on(done_ctx.send(endpoint(detector_cn, DONE_PORT), &done)) {
@@ -907,7 +911,8 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
             );
         }
         // Serve the other CNs (the protocol's tasks keep running) until the detector says
-        // every CN finished, or for at most a join timeout.
+        // every CN finished, or for at most a join timeout; the report is re-sent every
+        // heartbeat meanwhile (the detector counts it once).
         let linger_end = RealClock.now() + cluster.join_timeout().as_nanos() as u64;
         let over = executor.block_on(async {
             while RealClock.now() < linger_end {
@@ -916,7 +921,8 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                         return Ok::<_, anyhow::Error>(true);
                     }
                 }
-                RealClock.sleep(plan.heartbeat / 4).await;
+                RealClock.sleep(plan.heartbeat).await;
+                let _ = done_ctx.send(endpoint(detector_cn, DONE_PORT), &done).await;
             }
             Ok(false)
         })?;

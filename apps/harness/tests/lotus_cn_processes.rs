@@ -171,7 +171,10 @@ fn lotus_cns_serve_each_other(fabric: Fabric) {
     assert_eq!(verdict, "ok", "{fabric}");
     assert!(violations.is_empty(), "{fabric}: {violations:?}");
     let all = u64::from(CNS * PER_CN) * TXNS_PER_COORDINATOR as u64;
-    assert!(committed > all / 2, "{fabric}: {committed} of {all} committed");
+    assert!(
+        committed > all / 2,
+        "{fabric}: {committed} of {all} committed"
+    );
     assert!(
         served.iter().all(|&n| n > 0),
         "{fabric}: every CN's lock servers answer the other's requests: {served:?}"

@@ -4,11 +4,14 @@
 //! ([`Deployment::start_recovery`](crate::Deployment::start_recovery)). Across processes
 //! the same protocol machinery runs on real contexts ([`AnyContext`]), split by role:
 //!
-//! * **every CN** runs the tasks [`Deployment::process_tasks`](crate::Deployment::process_tasks)
+//! * **every CN** says which CN it is ([`Deployment::join_as_cn`](crate::Deployment::join_as_cn))
+//!   before it makes its coordinators, then runs the tasks
+//!   [`Deployment::process_tasks`](crate::Deployment::process_tasks)
 //!   returns, beside its coordinators on its own executor: heartbeats to the detector (the
-//!   default, for any protocol: the detector's join barrier counts them) and, for a
-//!   protocol with recovery across processes, its listener (Pandora: stray-lock
-//!   notifications, MN-failure views, pause and acknowledgement);
+//!   default, for any protocol: the detector's join barrier counts them), for a
+//!   protocol with recovery across processes its listener (Pandora: stray-lock
+//!   notifications, MN-failure views, pause and acknowledgement), and for a protocol whose
+//!   CNs serve each other its servers on [`CnContexts::services`] (LOTUS's lock tables);
 //! * **the detector CN** drives the [`ProcessRecovery`] that
 //!   [`Deployment::process_recovery`](crate::Deployment::process_recovery) returns:
 //!   [`detect`](ProcessRecovery::detect) suspects silent CNs,

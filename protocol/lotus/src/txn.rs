@@ -182,11 +182,10 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusCoordinator<V, 
         history: H,
         ts: T,
     ) -> Self {
-        let local = Rc::clone(
-            cluster
-                .table(cn)
-                .unwrap_or_else(|| panic!("a LOTUS coordinator on CN {cn}, whose table is elsewhere")),
-        );
+        let local =
+            Rc::clone(cluster.table(cn).unwrap_or_else(|| {
+                panic!("a LOTUS coordinator on CN {cn}, whose table is elsewhere")
+            }));
         Self {
             ctx,
             cn,
@@ -653,7 +652,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             // The idealised lock reads every CN's table directly: the simulator's only
             // (`dmem-protocols` refuses `rdma-lock` on real fabrics).
             let Some(table) = cluster.table(owner) else {
-                return Err(aborted("idealised RDMA lock: the owner's table is not at hand"));
+                return Err(aborted(
+                    "idealised RDMA lock: the owner's table is not at hand",
+                ));
             };
             match table.acquire(key, shard, mode, holder) {
                 Acquired::Granted | Acquired::AlreadyHeld => {

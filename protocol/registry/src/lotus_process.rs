@@ -149,10 +149,7 @@ impl Deployment for LotusProcessDeployment {
     /// and endpoints).
     fn join_as_cn(&mut self, me: NodeId, plan: &ProcessPlan) -> Result<(), DeployError> {
         if let Some(j) = &self.joined {
-            return Err(self.error(format!(
-                "node {} joined already as node {}",
-                me.0, j.me.0
-            )));
+            return Err(self.error(format!("node {} joined already as node {}", me.0, j.me.0)));
         }
         let (index, slots) = Self::plan_of(me, plan)
             .ok_or_else(|| self.error(format!("node {} is not a CN of the plan", me.0)))?;
