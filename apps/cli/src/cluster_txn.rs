@@ -1,7 +1,8 @@
 //! Transaction workloads (SmallBank, KVS, ...) on any protocol of the registry that runs on
-//! real fabrics (FORD, Pandora, OCC, Motor, OOCC, DrTM, DSLR; not LOTUS or Dandelion, whose
-//! lock tables and servers are simulated tasks) across MN and CN processes of a cluster file (see
-//! `cluster.rs` for the file and the verbs-level workload).
+//! real fabrics (FORD, Pandora, OCC, Motor, OOCC, DrTM, DSLR, LOTUS — each CN process
+//! serving its own lock table; not Dandelion, whose servers are simulated tasks) across MN
+//! and CN processes of a cluster file (see `cluster.rs` for the file and the verbs-level
+//! workload).
 //!
 //! - Every process derives the same deployment from the cluster file ([`TxnSetup`]): the
 //!   workload's tables, one coordinator id per client of every CN plus one for the final
@@ -14,7 +15,11 @@
 //! - **CN**: deploys on the regions alone and runs the loader without writing (so that
 //!   placement decided while loading, such as OOCC's directory, agrees); one executor
 //!   thread with one coordinator per client, each made by the deployment on its own
-//!   `TcpContext`. Recovery across processes is the deployment's (`dmem-deploy`'s
+//!   `TcpContext`, after `Deployment::join_as_cn` told the deployment which CN it is (the
+//!   plan's members carry one service endpoint per client: LOTUS's lock servers, run by
+//!   the deployment's `process_tasks`). A CN whose clients are done keeps running those
+//!   tasks, re-sending its report, until the first CN says the run is over.
+//!   Recovery across processes is the deployment's (`dmem-deploy`'s
 //!   `process` module): every CN runs the tasks `Deployment::process_tasks` returns
 //!   (heartbeats to the first CN, which are also its join barrier; Pandora's CN listener),
 //!   and the first CN drives the `ProcessRecovery` that `Deployment::process_recovery`
@@ -65,8 +70,8 @@ const QUIT: &[u8] = b"dmem-quit";
 /// CN → first CN: this CN's workload is over; then its committed delta (i64 LE, the
 /// workload's conserved quantity, e.g. money SmallBank added).
 const CN_DONE: &[u8] = b"dmem-cn-done";
-/// First CN → every CN that reported [`CN_DONE`]: every CN finished (or was recovered), so
-/// nobody needs this CN's services (LOTUS's lock servers) any more: it may exit.
+/// First CN → every other CN: every CN finished (or was recovered), so nobody needs the
+/// receiver's services (LOTUS's lock servers) any more: it may exit.
 const RUN_OVER: &[u8] = b"dmem-run-over";
 /// Ports of a CN: the detector (first CN), the terminator's replies, "done" reports, the
 /// stray-lock listener, the heartbeat sender; coordinators from [`FIRST_COORDINATOR_PORT`].
