@@ -470,6 +470,14 @@ impl Cluster {
         &self.cns
     }
 
+    /// The protocol of a transaction workload.
+    pub(crate) fn protocol(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::Txn { protocol, .. } => Some(protocol),
+            Kind::Faa => None,
+        }
+    }
+
     pub(crate) fn mn_count(&self) -> u16 {
         self.mns.len() as u16
     }

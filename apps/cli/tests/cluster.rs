@@ -836,12 +836,13 @@ fn smallbank_on_pandora_over_shm_recovers_a_killed_cn_process() {
 }
 
 /// The newcomer's path on shm: `dmem bench --fabric shm` starts, checks and stops a local
-/// cluster of MN and CN processes per protocol (Pandora, Motor and LOTUS here, LOTUS's lock
-/// RPCs between CN processes over the shm fabric's message sockets; FORD over shm meets
+/// cluster of MN and CN processes per protocol (Pandora, Motor, LOTUS and LOTUS-SI here,
+/// LOTUS's lock RPCs between CN processes over the shm fabric's message sockets, LOTUS-SI's
+/// history judged under snapshot isolation as on the simulator; FORD over shm meets
 /// the torn-READ anomaly of [`smallbank_on_ford_over_shm_checks_clean`] in some runs).
 #[test]
-fn bench_on_shm_runs_pandora_motor_and_lotus_in_processes() {
-    bench_in_processes_checks_clean("shm", &["pandora", "motor", "lotus"]);
+fn bench_on_shm_runs_pandora_motor_lotus_and_lotus_si_in_processes() {
+    bench_in_processes_checks_clean("shm", &["pandora", "motor", "lotus", "lotus-si"]);
 }
 
 /// `dmem bench --fabric FABRIC` on SmallBank (tiny) with `protocols`, as separate MN and CN
