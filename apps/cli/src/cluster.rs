@@ -296,7 +296,7 @@ impl Cluster {
                 )
             })?;
             // Known to the registry; whether it deploys on real fabrics is checked when
-            // the deployment is derived (LOTUS and Dandelion say they need the simulator).
+            // the deployment is derived (Dandelion says it needs the simulator).
             dmem_protocols::registry().get(&protocol)?;
             let scale_name = w.scale.as_deref().unwrap_or("tiny");
             let scale = dmem_workloads::Scale::from_name(scale_name).with_context(|| {
@@ -482,6 +482,14 @@ impl Cluster {
 
     pub(crate) fn cns(&self) -> &[CnNode] {
         &self.cns
+    }
+
+    /// The protocol of a transaction workload.
+    pub(crate) fn protocol(&self) -> Option<&str> {
+        match &self.kind {
+            Kind::Txn { protocol, .. } => Some(protocol),
+            Kind::Faa => None,
+        }
     }
 
     pub(crate) fn mn_count(&self) -> u16 {

@@ -1,7 +1,8 @@
 //! Transaction workloads (SmallBank, KVS, ...) on any protocol of the registry that runs on
-//! real fabrics (FORD, Pandora, OCC, Motor, OOCC, DrTM, DSLR; not LOTUS or Dandelion, whose
-//! lock tables and servers are simulated tasks) across MN and CN processes of a cluster file (see
-//! `cluster.rs` for the file and the verbs-level workload).
+//! real fabrics (FORD, Pandora, OCC, Motor, OOCC, DrTM, DSLR, LOTUS — each CN process
+//! serving its own lock table; not Dandelion, whose servers are simulated tasks) across MN
+//! and CN processes of a cluster file (see `cluster.rs` for the file and the verbs-level
+//! workload).
 //!
 //! - Every process derives the same deployment from the cluster file ([`TxnSetup`]): the
 //!   workload's tables, one coordinator id per client of every CN plus one for the final
@@ -14,7 +15,11 @@
 //! - **CN**: deploys on the regions alone and runs the loader without writing (so that
 //!   placement decided while loading, such as OOCC's directory, agrees); one executor
 //!   thread with one coordinator per client, each made by the deployment on its own
-//!   `TcpContext`. Recovery across processes is the deployment's (`dmem-deploy`'s
+//!   `TcpContext`, after `Deployment::join_as_cn` told the deployment which CN it is (the
+//!   plan's members carry one service endpoint per client: LOTUS's lock servers, run by
+//!   the deployment's `process_tasks`). A CN whose clients are done keeps running those
+//!   tasks, re-sending its report, until the first CN says the run is over.
+//!   Recovery across processes is the deployment's (`dmem-deploy`'s
 //!   `process` module): every CN runs the tasks `Deployment::process_tasks` returns
 //!   (heartbeats to the first CN, which are also its join barrier; Pandora's CN listener),
 //!   and the first CN drives the `ProcessRecovery` that `Deployment::process_recovery`
@@ -65,6 +70,9 @@ const QUIT: &[u8] = b"dmem-quit";
 /// CN → first CN: this CN's workload is over; then its committed delta (i64 LE, the
 /// workload's conserved quantity, e.g. money SmallBank added).
 const CN_DONE: &[u8] = b"dmem-cn-done";
+/// First CN → every other CN: every CN finished (or was recovered), so nobody needs the
+/// receiver's services (LOTUS's lock servers) any more: it may exit.
+const RUN_OVER: &[u8] = b"dmem-run-over";
 /// Ports of a CN: the detector (first CN), the terminator's replies, "done" reports, the
 /// stray-lock listener, the heartbeat sender; coordinators from [`FIRST_COORDINATOR_PORT`].
 const DETECTOR: Port = Port(100);
@@ -73,6 +81,9 @@ const DONE_PORT: Port = Port(102);
 const LISTENER: Port = Port(99);
 const HEARTBEAT: Port = Port(98);
 const FIRST_COORDINATOR_PORT: u16 = 1;
+/// A CN's service ports (`ClusterMember::services`, one per client: LOTUS's lock servers),
+/// above every coordinator port (at most 256 clients).
+const FIRST_SERVICE_PORT: u16 = 1000;
 /// Doublings of the index slack tried before a layout counts as impossible.
 const MAX_SLACK_DOUBLINGS: u32 = 6;
 /// How long a peer may leave a control request unanswered (a link termination, an
@@ -615,6 +626,9 @@ fn process_plan(cluster: &Cluster) -> ProcessPlan {
                 cn: c.node,
                 coordinators: cluster.coordinator_ids(c.node),
                 listener: endpoint(c.node, LISTENER),
+                services: (0..cluster.clients())
+                    .map(|i| endpoint(c.node, Port(FIRST_SERVICE_PORT.saturating_add(i as u16))))
+                    .collect(),
             })
             .collect(),
         detector: endpoint(cluster.cns()[0].node, DETECTOR),
@@ -639,6 +653,18 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     } else {
         None
     };
+    // So does the queue of "done" reports (and, on the other CNs, of the detector's "run
+    // over"): a quick CN may finish before a slow first CN has joined.
+    let done_ctx = net.context(me.node, DONE_PORT)?;
+    // Likewise the service contexts (LOTUS's lock servers): a quicker CN's first lock
+    // requests are queued, not dropped, while this one loads.
+    let services = plan
+        .member(me.node)
+        .map(|m| m.services.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| net.context(me.node, e.port))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     // The coordinators stream every record to stdout (and keep none here).
     let stdout_history = StdoutHistory::default();
     let streaming_off = Rc::clone(&stdout_history.off);
@@ -649,6 +675,9 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     for (table, key, value) in setup.workload.loader() {
         deployment.load(table, key, &value)?;
     }
+    // Which CN this process is, before its coordinators are made (LOTUS: whose lock
+    // table it serves).
+    deployment.join_as_cn(me.node, &plan)?;
     let executor = Executor::new();
     let ids = cluster.coordinator_ids(me.node);
     let mut coordinators = Vec::new();
@@ -670,6 +699,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         CnContexts {
             heartbeat: net.context(me.node, HEARTBEAT)?,
             listener: net.context(me.node, LISTENER)?,
+            services,
         },
         &plan,
     )?;
@@ -745,11 +775,10 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         // Without recovery a CN that never reports ends the run, after this long.
         let give_up =
             RealClock.now() + (cluster.duration() + cluster.join_timeout() * 2).as_nanos() as u64;
-        let done_ctx = net.context(me.node, DONE_PORT)?;
         let start = dmem_runtime::monotonic_now();
         let running = Rc::clone(&running);
         let mut deltas: HashMap<NodeId, i64> = HashMap::new();
-        executor.block_on(async {
+        let finished = executor.block_on(async {
             let mut finished: BTreeSet<NodeId> = BTreeSet::new();
             let mut recovered: BTreeSet<NodeId> = BTreeSet::new();
             loop {
@@ -788,7 +817,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                     .map(|n| cluster.cn_name(n))
                     .collect();
                 if running.get() == 0 && pending.is_empty() {
-                    return Ok::<(), anyhow::Error>(());
+                    return Ok::<_, anyhow::Error>(finished);
                 }
                 ensure!(
                     recovery.is_some() || RealClock.now() < give_up,
@@ -800,6 +829,18 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                 RealClock.sleep(plan.heartbeat / 2).await;
             }
         })?;
+        // Every other CN may exit now: the finished ones serve nobody any more, and one
+        // recovered while alive (a false suspicion) is told too; a dead one cannot be.
+        for cn in plan.members.iter().map(|m| m.cn).filter(|&n| n != me.node) {
+            let told = executor.block_on(done_ctx.send(endpoint(cn, DONE_PORT), RUN_OVER));
+            if let (Err(e), true) = (told, finished.contains(&cn)) {
+                eprintln!(
+                    "dmem cn {}: cannot tell {} the run is over: {e}",
+                    me.name,
+                    cluster.cn_name(cn)
+                );
+            }
+        }
         let (events, mn_events) = recovery
             .as_ref()
             .map_or_else(Default::default, |r| (r.events(), r.mn_failures()));
@@ -866,13 +907,35 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                 RealClock.sleep(plan.heartbeat).await;
             }
         });
-        let done_ctx = net.context(me.node, DONE_PORT)?;
         let mut done = CN_DONE.to_vec();
         done.extend_from_slice(&tally.3.get().to_le_bytes());
         if let Err(e) = executor.block_on(done_ctx.send(endpoint(detector_cn, DONE_PORT), &done)) {
             eprintln!(
                 "dmem cn {}: cannot tell the detector it is done: {e}",
                 me.name
+            );
+        }
+        // Serve the other CNs (the protocol's tasks keep running) until the detector says
+        // every CN finished, or for at most a join timeout; the report is re-sent every
+        // heartbeat meanwhile (the detector counts it once).
+        let linger_end = RealClock.now() + cluster.join_timeout().as_nanos() as u64;
+        let over = executor.block_on(async {
+            while RealClock.now() < linger_end {
+                while let Some(msg) = done_ctx.try_recv()? {
+                    if msg.payload == RUN_OVER {
+                        return Ok::<_, anyhow::Error>(true);
+                    }
+                }
+                RealClock.sleep(plan.heartbeat).await;
+                let _ = done_ctx.send(endpoint(detector_cn, DONE_PORT), &done).await;
+            }
+            Ok(false)
+        })?;
+        if !over {
+            eprintln!(
+                "dmem cn {}: no word from the detector within {} ms that the run is over; exiting",
+                me.name,
+                cluster.join_timeout().as_millis()
             );
         }
         Vec::new()
@@ -1066,7 +1129,13 @@ pub(crate) fn collect(
     if invariants != "ok" && !invariants.starts_with("skipped") {
         problems.push(format!("invariants: {invariants}"));
     }
-    let checker = dmem_harness::verdict(&history);
+    // Judged at the isolation the protocol promises (`motor-si`, `lotus-si`: snapshot
+    // isolation, where write skew is allowed), as the simulator's runs are.
+    let isolation = cluster
+        .protocol()
+        .and_then(|name| dmem_protocols::registry().get(name).ok())
+        .map_or(dmem_txn::Isolation::Serializable, |p| p.isolation());
+    let checker = dmem_harness::verdict_under(&history, isolation);
     if checker != "ok" {
         problems.push(format!("history checker: {checker}"));
     }

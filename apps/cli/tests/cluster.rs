@@ -702,17 +702,18 @@ fn assert_recovers_killed_cn(protocol: &str) {
 }
 
 /// The newcomer's path: `dmem bench --fabric tcp` starts, checks and stops a local cluster
-/// per protocol.
+/// per protocol (LOTUS with each CN process serving its own lock table to the other).
 #[test]
-fn bench_on_tcp_runs_ford_pandora_motor_and_oocc_in_processes() {
-    bench_in_processes_checks_clean("tcp", &["ford", "pandora", "motor", "oocc"]);
+fn bench_on_tcp_runs_ford_pandora_motor_oocc_and_lotus_in_processes() {
+    bench_in_processes_checks_clean("tcp", &["ford", "pandora", "motor", "oocc", "lotus"]);
+    // LOTUS's idealised RDMA lock reads every CN's table: the simulator's only.
     let refused = dmem()
         .args([
             "bench",
             "--fabric",
             "tcp",
             "--protocol",
-            "lotus",
+            "lotus:rdma-lock",
             "--scale",
             "tiny",
         ])
@@ -721,7 +722,34 @@ fn bench_on_tcp_runs_ford_pandora_motor_and_oocc_in_processes() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1));
     assert!(
-        stderr.contains("protocol `lotus` runs on the simulator only"),
+        stderr.contains("protocol `lotus:rdma-lock` runs on the simulator only: `rdma-lock`"),
+        "{stderr}"
+    );
+}
+
+/// LOTUS in a cluster file's CN processes (SmallBank, one MN, two CNs on loopback): every
+/// CN serves its own lock table to the other over messages, the merged history is clean;
+/// a CN kill is refused (LOTUS has no recovery across processes, §6 is simulated).
+#[test]
+fn smallbank_on_lotus_runs_in_cn_processes_and_refuses_kill() {
+    let (_dir, file) = local_smallbank("lotus", "lotus", 1);
+    // With --json a run succeeds only with the checker and the invariants ok.
+    let out = run_cluster(&file, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = reports(&out);
+    assert_eq!(r["cn0"]["invariants"], "ok", "{}", r["cn0"]);
+    for cn in ["cn0", "cn1"] {
+        assert!(r[cn]["committed"].as_u64().unwrap() > 0, "{}", r[cn]);
+    }
+    let out = run_cluster(&file, &["--kill", "cn1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("protocol `lotus` has no recovery across processes yet"),
         "{stderr}"
     );
 }
@@ -868,10 +896,12 @@ fn smallbank_on_pandora_over_shm_recovers_a_killed_cn_process() {
 }
 
 /// The newcomer's path on shm: `dmem bench --fabric shm` starts, checks and stops a local
-/// cluster of MN and CN processes per protocol (Pandora, Motor and FORD here).
+/// cluster of MN and CN processes per protocol (Pandora, Motor, FORD, LOTUS and LOTUS-SI
+/// here, LOTUS's lock RPCs between CN processes over the shm fabric's message sockets,
+/// LOTUS-SI's history judged under snapshot isolation as on the simulator).
 #[test]
-fn bench_on_shm_runs_pandora_motor_and_ford_in_processes() {
-    bench_in_processes_checks_clean("shm", &["pandora", "motor", "ford"]);
+fn bench_on_shm_runs_pandora_motor_ford_and_lotus_in_processes() {
+    bench_in_processes_checks_clean("shm", &["pandora", "motor", "ford", "lotus", "lotus-si"]);
 }
 
 /// `dmem bench --fabric FABRIC` on SmallBank (tiny) with `protocols`, as separate MN and CN

@@ -199,7 +199,9 @@ fn simulator_only_protocols_say_so_on_real_fabrics() {
     let spec = deploy_spec(&workload, 2);
     let cluster = LocalCluster::new(Fabric::Shm, 1, 1, 1 << 16, 1).unwrap();
     let history = Recorder::new(Rc::new(RefCell::new(History::new())));
-    for name in ["lotus", "dnl-4"] {
+    // LOTUS itself deploys in CN processes (`tests/lotus_cn_processes.rs`); its idealised
+    // RDMA lock reads every CN's table directly.
+    for name in ["dnl-4", "lotus:rdma-lock"] {
         let protocol = dmem_protocols::registry().get(name).unwrap();
         let err = protocol
             .deploy_on(cluster.memory(), &spec, history.clone())

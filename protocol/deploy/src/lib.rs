@@ -331,7 +331,9 @@ pub trait Protocol: Send + Sync {
 /// Call order: [`load`](Self::load) every record, [`coordinator`](Self::coordinator) for
 /// every worker, optionally [`start_recovery`](Self::start_recovery) once, run the
 /// simulation, then [`final_coordinator`](Self::final_coordinator) /
-/// [`read_final`](Self::read_final).
+/// [`read_final`](Self::read_final). In a CN process of a real cluster:
+/// [`join_as_cn`](Self::join_as_cn), [`coordinator`](Self::coordinator) for each of its
+/// workers, then [`process_tasks`](Self::process_tasks).
 pub trait Deployment {
     /// Writes one initial record out of band (outside virtual time).
     ///
@@ -369,6 +371,20 @@ pub trait Deployment {
     /// knows whether an MN failure can be survived.
     fn replicas(&self) -> u16 {
         1
+    }
+
+    /// Tells the deployment of a CN process which CN it is (`me`, a member of `plan`) and
+    /// where the other CNs are, before its [`coordinator`](Self::coordinator)s are made: a
+    /// protocol whose CNs serve each other (LOTUS's lock tables, §4.1) learns its own
+    /// index and the other CNs' [`process::ClusterMember::services`] here, and serves its
+    /// own from [`process_tasks`](Self::process_tasks). A CN process calls it for every
+    /// protocol; the default does nothing (CNs that share only MN memory).
+    ///
+    /// # Errors
+    /// [`DeployError`] if `me` is not a member of `plan` or the protocol cannot run there.
+    fn join_as_cn(&mut self, me: NodeId, plan: &process::ProcessPlan) -> Result<(), DeployError> {
+        let _ = (me, plan);
+        Ok(())
     }
 
     /// The tasks a CN process of a real cluster runs beside its coordinators (on its own

@@ -4,11 +4,14 @@
 //! ([`Deployment::start_recovery`](crate::Deployment::start_recovery)). Across processes
 //! the same protocol machinery runs on real contexts ([`AnyContext`]), split by role:
 //!
-//! * **every CN** runs the tasks [`Deployment::process_tasks`](crate::Deployment::process_tasks)
+//! * **every CN** says which CN it is ([`Deployment::join_as_cn`](crate::Deployment::join_as_cn))
+//!   before it makes its coordinators, then runs the tasks
+//!   [`Deployment::process_tasks`](crate::Deployment::process_tasks)
 //!   returns, beside its coordinators on its own executor: heartbeats to the detector (the
-//!   default, for any protocol: the detector's join barrier counts them) and, for a
-//!   protocol with recovery across processes, its listener (Pandora: stray-lock
-//!   notifications, MN-failure views, pause and acknowledgement);
+//!   default, for any protocol: the detector's join barrier counts them), for a
+//!   protocol with recovery across processes its listener (Pandora: stray-lock
+//!   notifications, MN-failure views, pause and acknowledgement), and for a protocol whose
+//!   CNs serve each other its servers on [`CnContexts::services`] (LOTUS's lock tables);
 //! * **the detector CN** drives the [`ProcessRecovery`] that
 //!   [`Deployment::process_recovery`](crate::Deployment::process_recovery) returns:
 //!   [`detect`](ProcessRecovery::detect) suspects silent CNs,
@@ -60,6 +63,12 @@ pub struct ClusterMember {
     pub coordinators: Vec<u16>,
     /// Where it receives control messages (its listener task's context).
     pub listener: Endpoint,
+    /// Where it serves requests of other CNs' coordinators, one endpoint per coordinator
+    /// slot: `services[i]` answers the `i`-th coordinator of every other CN (LOTUS §4.1:
+    /// the i-th coordinator of one CN talks to the i-th lock server of another). Its
+    /// contexts are [`CnContexts::services`]; a protocol whose CNs serve each other
+    /// nothing ignores both.
+    pub services: Vec<Endpoint>,
 }
 
 /// How the processes of a real cluster run a protocol's recovery: the same plan in every
@@ -90,6 +99,16 @@ impl ProcessPlan {
     pub fn member(&self, cn: NodeId) -> Option<&ClusterMember> {
         self.members.iter().find(|m| m.cn == cn)
     }
+
+    /// `cn`'s index among the members (`0..members.len()`, the same in every process), if
+    /// it is one.
+    #[must_use]
+    pub fn index_of(&self, cn: NodeId) -> Option<u16> {
+        self.members
+            .iter()
+            .position(|m| m.cn == cn)
+            .and_then(|i| u16::try_from(i).ok())
+    }
 }
 
 /// The contexts a CN process gives its deployment's [`process_tasks`]
@@ -100,6 +119,9 @@ pub struct CnContexts {
     pub heartbeat: AnyContext,
     /// For the listener (its endpoint is this CN's [`ClusterMember::listener`]).
     pub listener: AnyContext,
+    /// For the services this CN offers other CNs, one per endpoint of its
+    /// [`ClusterMember::services`], in that order (messages only).
+    pub services: Vec<AnyContext>,
 }
 
 /// One MN failure handled by the detector, protocol-neutral.

@@ -1,5 +1,7 @@
 //! LOTUS: lock disaggregation for transactions on disaggregated memory, on dmem's simulated
-//! cluster, built on Motor's CVT store and timestamp service (`dmem-motor`).
+//! cluster and in the CN processes of a real one (each serving its own lock table,
+//! [`LockCluster::of_process`]), built on Motor's CVT store and timestamp service
+//! (`dmem-motor`).
 //!
 //! * [`shard`]: application-aware lock sharding (§4.2) and hybrid routing (§4.3).
 //! * [`wire`]: lock RPC messages (§4.1).

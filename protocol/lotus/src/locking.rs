@@ -123,7 +123,8 @@ impl CnLocks {
 /// The lock service of the whole cluster as every coordinator sees it.
 #[derive(Debug)]
 pub struct LockCluster {
-    /// Per CN.
+    /// Per CN, indexed by CN in the simulator; a CN process's holds its own table only
+    /// ([`LockCluster::table`] finds a CN's).
     pub cns: Vec<Rc<CnLocks>>,
     /// Lock server endpoints, `[cn][thread]` (a restarted CN's servers are new).
     pub servers: RefCell<Vec<Vec<Endpoint>>>,
@@ -174,6 +175,42 @@ impl LockCluster {
             handovers: RefCell::new(Vec::new()),
             restarts: RefCell::new(vec![Restart::new(false); n]),
             released: RefCell::new(vec![0; n]),
+        }
+    }
+
+    /// The lock service as one CN process of a real cluster sees it (§4.1 across
+    /// processes): only its own CN's table `own` (the other `cns - 1` tables live in the
+    /// other processes and are reached only through their lock servers, `servers`), the
+    /// static shard map of `cns` CNs (no resharding across processes), nobody failed.
+    #[must_use]
+    pub fn of_process(
+        own: Rc<CnLocks>,
+        cns: u16,
+        servers: Vec<Vec<Endpoint>>,
+        sharding: Sharding,
+        lock_cpu_ns: Nanos,
+    ) -> Self {
+        let mut cluster = Self::new(
+            vec![own],
+            servers,
+            Rc::new(RefCell::new(ShardMap::new(cns))),
+            sharding,
+            lock_cpu_ns,
+        );
+        let n = usize::from(cns);
+        cluster.committing = RefCell::new(vec![0; n]);
+        cluster.restarts = RefCell::new(vec![Restart::new(false); n]);
+        cluster.released = RefCell::new(vec![0; n]);
+        cluster
+    }
+
+    /// CN `cn`'s table, if this cluster holds it: every CN's in the simulator, only its
+    /// own in a CN process ([`of_process`](Self::of_process)).
+    #[must_use]
+    pub fn table(&self, cn: u16) -> Option<&Rc<CnLocks>> {
+        match self.cns.get(usize::from(cn)) {
+            Some(c) if c.cn == cn => Some(c),
+            _ => self.cns.iter().find(|c| c.cn == cn),
         }
     }
 

@@ -53,7 +53,7 @@ use dmem_txn::{
 };
 use dmem_verbs::{Clock, Message, Nanos, PostList, RemoteAddr, Verbs};
 
-use crate::locking::{LockCluster, stronger};
+use crate::locking::{CnLocks, LockCluster, stronger};
 use crate::recovery::{LogEntry, encode_log};
 use crate::shard::{Sharding, bucket_lock_key, record_lock_key};
 use crate::wire::{LockEntry, Reply, Request, RequestKind, Status};
@@ -152,6 +152,8 @@ pub struct LotusCoordinator<V, H, T> {
     cn: u16,
     thread: u16,
     cluster: Rc<LockCluster>,
+    /// This CN's locks (its table, VT cache, latency metric).
+    local: Rc<CnLocks>,
     store: Rc<Store>,
     shapes: Rc<Shapes>,
     cfg: LotusConfig,
@@ -168,6 +170,10 @@ pub struct LotusCoordinator<V, H, T> {
 
 impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusCoordinator<V, H, T> {
     /// Coordinator `id` on thread `thread` of CN `cn`, sharing its CN's address `cache`.
+    ///
+    /// # Panics
+    /// If `cluster` holds no table for `cn` ([`LockCluster::table`]): a coordinator runs
+    /// on a CN whose locks are at hand.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         ctx: V,
@@ -182,11 +188,16 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusCoordinator<V, 
         history: H,
         ts: T,
     ) -> Self {
+        let local =
+            Rc::clone(cluster.table(cn).unwrap_or_else(|| {
+                panic!("a LOTUS coordinator on CN {cn}, whose table is elsewhere")
+            }));
         Self {
             ctx,
             cn,
             thread,
             cluster,
+            local,
             store,
             shapes,
             cfg,
@@ -466,7 +477,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
     /// Notes this attempt's latency for the CN's load monitor (§4.3).
     fn note_latency(&self) {
         let ns = self.co.ctx.now().saturating_sub(self.begin);
-        self.co.cluster.cns[usize::from(self.co.cn)].note_latency(ns);
+        self.co.local.note_latency(ns);
     }
 
     fn holds(&self, key: u64, mode: LockMode) -> bool {
@@ -542,7 +553,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             let mut failed = false;
             let mut rerouted: Vec<(u64, u16, LockMode)> = Vec::new();
             if let Some((_, entries)) = groups.iter().find(|g| g.0 == self.co.cn) {
-                let local = &cluster.cns[usize::from(self.co.cn)];
+                let local = Rc::clone(&self.co.local);
                 for e in entries {
                     self.co.ctx.cpu(cluster.lock_cpu_ns);
                     self.co.stats.local_locks += 1;
@@ -645,7 +656,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             if !serves {
                 return Err(aborted("lock shard being handed over"));
             }
-            match cluster.cns[usize::from(owner)].acquire(key, shard, mode, holder) {
+            // The idealised lock reads every CN's table directly: the simulator's only
+            // (`dmem-protocols` refuses `rdma-lock` on real fabrics).
+            let Some(table) = cluster.table(owner) else {
+                return Err(aborted(
+                    "idealised RDMA lock: the owner's table is not at hand",
+                ));
+            };
+            match table.acquire(key, shard, mode, holder) {
                 Acquired::Granted | Acquired::AlreadyHeld => {
                     self.held.push(HeldLock {
                         key,
@@ -668,9 +686,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
     /// Whether this CN's count of holders of `key` goes 0 → 1 with this holder (an FAA is
     /// due, idealised RDMA lock).
     fn count_up(&self, key: u64) -> bool {
-        let mut counts = self.co.cluster.cns[usize::from(self.co.cn)]
-            .counts
-            .borrow_mut();
+        let mut counts = self.co.local.counts.borrow_mut();
         let n = counts.entry(key).or_insert(0);
         *n += 1;
         *n == 1
@@ -688,12 +704,12 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             let mut faas = PostList::new();
             for h in std::mem::take(&mut self.held) {
                 self.co.ctx.cpu(cluster.lock_cpu_ns);
-                cluster.cns[usize::from(h.owner)]
-                    .table
-                    .release(h.key, holder);
+                if let Some(owner) = cluster.table(h.owner) {
+                    owner.table.release(h.key, holder);
+                }
                 let Some(word) = h.word else { continue };
                 let last = {
-                    let mut counts = cluster.cns[usize::from(self.co.cn)].counts.borrow_mut();
+                    let mut counts = self.co.local.counts.borrow_mut();
                     let n = counts.entry(h.key).or_insert(1);
                     *n = n.saturating_sub(1);
                     *n == 0
@@ -712,9 +728,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         for h in std::mem::take(&mut self.held) {
             if h.owner == self.co.cn {
                 self.co.ctx.cpu(cluster.lock_cpu_ns);
-                cluster.cns[usize::from(h.owner)]
-                    .table
-                    .release(h.key, holder);
+                self.co.local.table.release(h.key, holder);
                 continue;
             }
             let e = LockEntry {
@@ -789,7 +803,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 .iter()
                 .any(|h| h.key == key && h.owner == self.co.cn);
             if f.local && self.co.cfg.vt_cache && !self.co.cfg.rdma_lock {
-                let vt = &self.co.cluster.cns[usize::from(self.co.cn)].vt;
+                let vt = &self.co.local.vt;
                 if let Some((loc, meta)) = vt.get(key) {
                     f.loc = Some(loc);
                     cached[n] = Some(meta);
@@ -918,7 +932,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                     && rd.is_some()
                     && meta.is_consistent()
                 {
-                    self.co.cluster.cns[usize::from(self.co.cn)].vt.put(
+                    self.co.local.vt.put(
                         record_lock_key(table, key),
                         self.sharding().shard_of(table, key),
                         loc,
@@ -1289,7 +1303,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         self.co.stats.committed += 1;
         if self.co.cfg.vt_cache && !self.co.cfg.rdma_lock {
             // §4.4: a local writer keeps the cached CVTs of its locally locked records.
-            let vt = &self.co.cluster.cns[usize::from(self.co.cn)].vt;
+            let vt = &self.co.local.vt;
             for (&(table, key, loc, _, cell, _), plan) in installed.iter().zip(plans) {
                 let lock = record_lock_key(table, key);
                 if !self

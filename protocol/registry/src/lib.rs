@@ -19,6 +19,7 @@
 //! * `motor`, `motor-si` — Motor under SR and SI (LOTUS §2.2, §8; `dmem-motor`);
 //! * `lotus`, `lotus-si` — LOTUS under SR and SI (lock disaggregation, lock-first MVCC;
 //!   `dmem-lotus`); `lotus:FLAG[+FLAG]` with `si`, `no-sharding`, `no-routing` (§8.3);
+//!   on real fabrics each CN process serves its own lock table ([`lotus_process`]);
 //! * `dnl-4`, `dnl-2`, `dnl-1` — Dandelion's three commit protocols (Dandelion §4.2.3,
 //!   Table 4) on symmetric servers with network batching, hashtable batching and local
 //!   reads (`dmem-dandelion`);
@@ -42,6 +43,7 @@
 pub mod dandelion;
 pub mod ford;
 pub mod lotus;
+pub mod lotus_process;
 pub mod motor;
 pub mod occ_family;
 

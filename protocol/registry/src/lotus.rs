@@ -1,5 +1,5 @@
-//! LOTUS (SR and SI) as a [`Protocol`] on the simulated cluster (only: its lock servers are
-//! simulated tasks): Motor's MVCC store
+//! LOTUS (SR and SI) as a [`Protocol`] on the simulated cluster (here; in CN processes of
+//! a real cluster: [`crate::lotus_process`]): Motor's MVCC store
 //! (shared with [`crate::motor`] through `MvccDeploy`) plus a commit-log region per
 //! coordinator, one lock table per CN, one lock server per CN thread, the shard map and
 //! the hybrid router (LOTUS §4.3) the bench harness places transactions with.
@@ -169,6 +169,44 @@ impl LotusProtocol {
     }
 }
 
+impl LotusProtocol {
+    /// Motor's MVCC store on `memory` with a commit-log region per coordinator (LOTUS
+    /// §4.4: a full record per version), its records laid out as [`Self::records`] says.
+    pub(crate) fn store(
+        &self,
+        memory: MnMemory,
+        spec: &DeploySpec,
+        history: Recorder,
+    ) -> Result<MvccDeploy, DeployError> {
+        MvccDeploy::new(
+            memory,
+            spec,
+            history,
+            spec.log_region_bytes,
+            VersionLayout::FullRecords,
+            self.records(),
+        )
+    }
+
+    /// Key to shard for `spec`'s tables (§4.2; by hash for the `no-sharding` ablation).
+    pub(crate) fn sharding(&self, spec: &DeploySpec) -> Sharding {
+        let mut sharding = Sharding::new(spec.critical_fields.clone());
+        sharding.random = self.random_sharding;
+        sharding
+    }
+
+    /// Bytes of lock slots per CN for `spec`. Slots are occupied by held locks (a few per
+    /// running transaction), not records: the paper's 32 MB, or 16 B per record for data
+    /// sets small enough that 32 MB per CN would only cost memory and time (at least
+    /// 64 KiB).
+    pub(crate) fn lock_table_bytes(&self, spec: &DeploySpec) -> usize {
+        let records: u64 = spec.tables.iter().map(|t| t.expected_records).sum();
+        usize::try_from(records.saturating_mul(16))
+            .unwrap_or(usize::MAX)
+            .clamp(64 << 10, self.lock_table_bytes.max(64 << 10))
+    }
+}
+
 impl Protocol for LotusProtocol {
     fn name(&self) -> String {
         self.name.clone()
@@ -205,34 +243,18 @@ impl Protocol for LotusProtocol {
         spec: &DeploySpec,
         history: Recorder,
     ) -> Result<Box<dyn Deployment>, DeployError> {
-        // The lock servers of every CN run as simulated tasks (a CN process would have to
-        // serve its lock table itself, which `dmem cn` does not do yet).
-        let sim = Rc::clone(memory.as_sim().ok_or_else(|| DeployError::SimOnly {
-            protocol: self.name.clone(),
-            reason: "its CN lock tables are served by simulated tasks".to_owned(),
-        })?);
+        // On the simulator every CN's lock servers are simulated tasks of this deployment;
+        // on a real fabric each CN process serves its own table (`crate::lotus_process`).
+        let Some(sim) = memory.as_sim().map(Rc::clone) else {
+            return crate::lotus_process::deploy(self, memory, spec, history);
+        };
         let sim = &sim;
-        // LOTUS §4.4: a full record per version.
-        let base = MvccDeploy::new(
-            memory,
-            spec,
-            history,
-            spec.log_region_bytes,
-            VersionLayout::FullRecords,
-            self.records(),
-        )?;
+        let base = self.store(memory, spec, history)?;
         let cns = sim.cn_count();
         let threads = sim.threads_per_cn();
-        let mut sharding = Sharding::new(spec.critical_fields.clone());
-        sharding.random = self.random_sharding;
+        let sharding = self.sharding(spec);
         let map = Rc::new(RefCell::new(ShardMap::new(cns)));
-        // Slots are occupied by held locks (a few per running transaction), not records:
-        // the paper's 32 MB, or 16 B per record for data sets small enough that 32 MB per
-        // CN would only cost the simulator memory and time (at least 64 KiB).
-        let records: u64 = spec.tables.iter().map(|t| t.expected_records).sum();
-        let table_bytes = usize::try_from(records.saturating_mul(16))
-            .unwrap_or(usize::MAX)
-            .clamp(64 << 10, self.lock_table_bytes.max(64 << 10));
+        let table_bytes = self.lock_table_bytes(spec);
         let locks: Vec<Rc<CnLocks>> = (0..cns)
             .map(|c| Rc::new(CnLocks::new(c, table_bytes)))
             .collect();

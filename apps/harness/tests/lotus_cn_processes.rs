@@ -1,0 +1,216 @@
+//! LOTUS as a CN process deploys it (`dmem cn`), two CNs in one test process: each CN has a
+//! deployment of its own, laid out on the MNs of a shm or tcp [`LocalCluster`] (the first
+//! loads the records, the second only addresses them, as a CN process does), learns which
+//! CN it is from a [`ProcessPlan`] (`Deployment::join_as_cn`) and serves its own lock table
+//! from the lock servers `Deployment::process_tasks` gives it, on the endpoints the plan
+//! names. Remote locks travel as messages between the two deployments, which share no
+//! lock state. SmallBank on both: the checker and the invariants are clean, and each CN's
+//! servers granted the other's requests.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use dmem_deploy::process::{ClusterMember, CnContexts, ProcessPlan};
+use dmem_deploy::{DeployError, Deployment, MnMemory, Recorder};
+use dmem_harness::fabric::{Fabric, LocalCluster};
+use dmem_harness::{MAX_ATTEMPTS, deploy_spec, verdict};
+use dmem_txn::History;
+use dmem_verbs::{Endpoint, Port};
+use dmem_workloads::{AnyWorkload, Executed, Outcome, Scale, TxnGenerator, Workload, execute};
+
+const MNS: u16 = 2;
+const CNS: u16 = 2;
+/// Coordinators per CN (and lock servers per CN: one per slot, LOTUS §4.1).
+const PER_CN: u16 = 3;
+const TXNS_PER_COORDINATOR: usize = 60;
+const FIRST_SERVICE_PORT: u16 = 1000;
+
+/// The plan a cluster file gives every process: CN `c`'s coordinators are
+/// `c * PER_CN ..`, its lock servers on ports `FIRST_SERVICE_PORT ..`.
+fn plan(cluster: &LocalCluster) -> ProcessPlan {
+    let at = |c: u16, port: u16| Endpoint {
+        node: cluster.cn(c),
+        port: Port(port),
+    };
+    ProcessPlan {
+        members: (0..CNS)
+            .map(|c| ClusterMember {
+                cn: cluster.cn(c),
+                coordinators: (c * PER_CN..(c + 1) * PER_CN).collect(),
+                listener: at(c, 99),
+                services: (0..PER_CN).map(|i| at(c, FIRST_SERVICE_PORT + i)).collect(),
+            })
+            .collect(),
+        detector: at(0, 100),
+        heartbeat: 10_000_000,
+        timeout: 1_000_000_000,
+        answer_timeout: 1_000_000_000,
+        state_dir: std::env::temp_dir(),
+    }
+}
+
+/// Returns (checker verdict, invariant violations, committed, lock messages each CN's
+/// servers handled).
+fn smallbank_in_two_cn_deployments(fabric: Fabric) -> (String, Vec<String>, u64, Vec<u64>) {
+    let workload = AnyWorkload::new("smallbank", Scale::Tiny).unwrap();
+    let protocol = dmem_protocols::registry().get("lotus").unwrap();
+    // One id more than the workers: the final check's, as `dmem cluster` does.
+    let mut spec = deploy_spec(&workload, CNS * PER_CN + 1);
+    spec.index_slack *= 2;
+    let bytes = protocol.mn_bytes_per_mn(&spec, MNS).unwrap();
+    let cluster = LocalCluster::new(fabric, MNS, CNS, bytes, 5).unwrap();
+    let plan = plan(&cluster);
+    let history = Rc::new(RefCell::new(History::new()));
+    // CN 0 maps the MNs and loads (as an MN process would); CN 1 addresses them only.
+    let mut deployments: Vec<Box<dyn Deployment>> = Vec::new();
+    for c in 0..CNS {
+        let memory = if c == 0 {
+            cluster.memory()
+        } else {
+            MnMemory::remote(cluster.memory().regions())
+        };
+        let mut d = protocol
+            .deploy_on(memory, &spec, Recorder::new(Rc::clone(&history)))
+            .unwrap();
+        for (table, key, value) in workload.loader() {
+            d.load(table, key, &value).unwrap();
+        }
+        deployments.push(d);
+    }
+    // Before it knows which CN it is, a deployment makes no coordinator.
+    let early = deployments[1].coordinator(cluster.context(1, 50).unwrap(), 3);
+    assert!(
+        matches!(&early, Err(DeployError::Protocol { reason, .. }) if reason.contains("join_as_cn")),
+        "{:?}",
+        early.err()
+    );
+    let workload = Rc::new(workload);
+    let (delta, committed, running) = (
+        Rc::new(Cell::new(0i64)),
+        Rc::new(Cell::new(0u64)),
+        Rc::new(Cell::new(0usize)),
+    );
+    let failures: Rc<RefCell<BTreeMap<String, u64>>> = Rc::default();
+    for (c, d) in (0..CNS).zip(deployments.iter_mut()) {
+        let node = cluster.cn(c);
+        d.join_as_cn(node, &plan).unwrap();
+        for (slot, &id) in plan.members[usize::from(c)].coordinators.iter().enumerate() {
+            let ctx = cluster.context(c, 1 + slot as u16).unwrap();
+            let mut co = d.coordinator(ctx.clone(), id).unwrap();
+            let (workload, delta, committed, running, failures) = (
+                Rc::clone(&workload),
+                Rc::clone(&delta),
+                Rc::clone(&committed),
+                Rc::clone(&running),
+                Rc::clone(&failures),
+            );
+            running.set(running.get() + 1);
+            cluster.spawn(&ctx, async move {
+                let mut generator = workload.generator(u32::from(id), 11 ^ u64::from(id));
+                for _ in 0..TXNS_PER_COORDINATOR {
+                    let txn = generator.next_txn();
+                    match execute(&*workload, &mut co, &txn, MAX_ATTEMPTS).await {
+                        Executed::Committed { outcome, .. } => {
+                            committed.set(committed.get() + 1);
+                            if let Outcome::Commit { delta: d } = outcome {
+                                delta.set(delta.get() + d);
+                            }
+                        }
+                        Executed::RolledBack { .. } => {}
+                        // Still aborting after every retry (a loaded host in real time).
+                        Executed::Failed { error, .. } if error.is_retryable() => {
+                            *failures.borrow_mut().entry(error.to_string()).or_insert(0) += 1;
+                        }
+                        Executed::Failed { error, .. } => panic!("a transaction failed: {error}"),
+                    }
+                }
+                running.set(running.get() - 1);
+            });
+        }
+        let services = plan.members[usize::from(c)]
+            .services
+            .iter()
+            .map(|e| cluster.context(c, e.port.0).unwrap())
+            .collect();
+        let ctxs = CnContexts {
+            heartbeat: cluster.context(c, 98).unwrap(),
+            listener: cluster.context(c, 99).unwrap(),
+            services,
+        };
+        let anchor = ctxs.heartbeat.clone();
+        for task in d.process_tasks(node, ctxs, &plan).unwrap() {
+            cluster.spawn(&anchor, task);
+        }
+    }
+    // The lock servers and heartbeats run for ever: run until the workers are done.
+    let ctx0 = cluster.context(0, 60).unwrap();
+    let done = Rc::clone(&running);
+    cluster.block_on(&ctx0, async move {
+        while done.get() > 0 {
+            dmem_verbs::Clock::sleep(&dmem_runtime::RealClock, 1_000_000).await;
+        }
+    });
+    eprintln!("lotus on {fabric}: given up {:?}", failures.borrow());
+    let loader = &*deployments[0];
+    let violations = workload
+        .check(|t, k| loader.read_final(t, k), delta.get())
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let served = deployments
+        .iter()
+        .map(|d| d.counter("lock_messages_served").unwrap())
+        .collect();
+    let verdict = verdict(&history.borrow());
+    (verdict, violations, committed.get(), served)
+}
+
+fn lotus_cns_serve_each_other(fabric: Fabric) {
+    let (verdict, violations, committed, served) = smallbank_in_two_cn_deployments(fabric);
+    assert_eq!(verdict, "ok", "{fabric}");
+    assert!(violations.is_empty(), "{fabric}: {violations:?}");
+    let all = u64::from(CNS * PER_CN) * TXNS_PER_COORDINATOR as u64;
+    assert!(
+        committed > all / 2,
+        "{fabric}: {committed} of {all} committed"
+    );
+    assert!(
+        served.iter().all(|&n| n > 0),
+        "{fabric}: every CN's lock servers answer the other's requests: {served:?}"
+    );
+    eprintln!("lotus on {fabric}: {committed} of {all} committed, lock messages served {served:?}");
+}
+
+#[test]
+fn lotus_cn_deployments_serve_their_lock_tables_over_tcp() {
+    lotus_cns_serve_each_other(Fabric::Tcp);
+}
+
+#[test]
+fn lotus_cn_deployments_serve_their_lock_tables_over_shm() {
+    lotus_cns_serve_each_other(Fabric::Shm);
+}
+
+#[test]
+fn lotus_variants_that_need_the_simulator_say_why() {
+    let workload = AnyWorkload::new("smallbank", Scale::Tiny).unwrap();
+    let spec = deploy_spec(&workload, 2);
+    let cluster = LocalCluster::new(Fabric::Shm, 1, 1, 1 << 16, 1).unwrap();
+    let history = Recorder::new(Rc::new(RefCell::new(History::new())));
+    for (name, why) in [
+        ("lotus:rdma-lock", "reads every CN's lock table"),
+        ("lotus:reshard", "shard map is static"),
+        ("lotus:restart=0", "no recovery across processes"),
+    ] {
+        let protocol = dmem_protocols::registry().get(name).unwrap();
+        let err = protocol
+            .deploy_on(cluster.memory(), &spec, history.clone())
+            .err()
+            .unwrap();
+        assert!(
+            matches!(&err, DeployError::SimOnly { reason, .. } if reason.contains(why)),
+            "{name}: {err}"
+        );
+    }
+}

@@ -1,0 +1,295 @@
+//! LOTUS in the CN processes of a real cluster (`dmem cn`, `dmem bench --fabric tcp|shm`):
+//! each CN process serves its own lock table to the other CNs over two-sided messages
+//! (LOTUS §4.1), with the same coordinators, lock servers and wire format as on the
+//! simulator.
+//!
+//! * Every process lays the same store out ([`LotusProtocol::store`]); an MN process loads
+//!   its share, a CN process only addresses it.
+//! * A CN process learns which CN it is from the cluster's
+//!   [`ProcessPlan`](dmem_deploy::process::ProcessPlan)
+//!   ([`Deployment::join_as_cn`]): its index among the plan's members is its LOTUS CN
+//!   number (lock holders, shard owners), the members' `services` endpoints are the lock
+//!   servers (slot `i` of every CN answers the `i`-th coordinator of the others, §4.1).
+//!   Its [`LockCluster`] holds only its own table ([`LockCluster::of_process`]); the
+//!   others are reached only by messages.
+//! * [`Deployment::process_tasks`] runs one lock server ([`serve`]) per service context,
+//!   beside the heartbeats every CN sends.
+//!
+//! What stays on the simulator, and why (each refused at deployment with one line):
+//! pass-by-range resharding (§4.3) and CN recovery and restart (§6) change state every CN
+//! shares there (the shard map, the failed list); across processes the shard map is static
+//! and LOTUS has no recovery ([`Deployment::recovers_across_processes`] stays `false`, so
+//! `dmem cluster --kill` refuses it). The idealised RDMA lock of §8.4 reads every CN's
+//! table directly. Hybrid routing (§4.3) needs a router in front of the CN processes,
+//! which `dmem cluster` does not have: each CN runs what its own clients generate, and the
+//! lock RPCs keep that correct.
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use dmem_deploy::process::{self, CnContexts, LocalTask, ProcessPlan};
+use dmem_deploy::{
+    AnyContext, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder, RecoveryEvent,
+    RecoveryTiming,
+};
+use dmem_lotus::{CnLocks, LockCluster, LotusConfig, LotusCoordinator, Sharding, serve};
+use dmem_motor::SyncedClock;
+use dmem_sim::Sim;
+use dmem_txn::{BoxCoordinator, Key, TableId};
+use dmem_verbs::{Nanos, NodeId, Verbs};
+
+use crate::lotus::LotusProtocol;
+use crate::motor::MvccDeploy;
+
+/// How long a coordinator waits for lock replies in real time before it aborts. The
+/// simulator's 1 ms (`LotusConfig::rpc_timeout`) is a round trip plus queueing on an idle
+/// simulated CN; a CN process shares its executor thread with its coordinators and its
+/// host's cores with the other processes, and a descheduled peer answers tens of ms late
+/// (an abort, then a retry, for nothing). A late reply is harmless: the unlocks sent on
+/// abort follow the request on the same ordered connection.
+pub const PROCESS_RPC_TIMEOUT: Nanos = 50_000_000;
+
+/// `protocol` on real MN memory (`memory` is not the simulator's), or why not.
+pub(crate) fn deploy(
+    protocol: &LotusProtocol,
+    memory: MnMemory,
+    spec: &DeploySpec,
+    history: Recorder,
+) -> Result<Box<dyn Deployment>, DeployError> {
+    let sim_only = |reason: &str| DeployError::SimOnly {
+        protocol: protocol.name(),
+        reason: reason.to_owned(),
+    };
+    if protocol.config.rdma_lock {
+        return Err(sim_only(
+            "`rdma-lock` (§8.4's idealised CN-counted RDMA lock) reads every CN's lock table directly; across processes a CN reaches another's table only by messages",
+        ));
+    }
+    if protocol.reshard.enabled {
+        return Err(sim_only(
+            "resharding (§4.3) moves shards through the shard map every CN shares; across processes the shard map is static",
+        ));
+    }
+    if protocol.restart_after.is_some() || protocol.early_unlock {
+        return Err(sim_only(
+            "CN recovery and restart (§6) run on the simulator; LOTUS has no recovery across processes",
+        ));
+    }
+    let mut config = protocol.config;
+    config.rpc_timeout = config.rpc_timeout.max(PROCESS_RPC_TIMEOUT);
+    Ok(Box::new(LotusProcessDeployment {
+        name: protocol.name(),
+        config,
+        base: protocol.store(memory, spec, history)?,
+        sharding: protocol.sharding(spec),
+        table_bytes: protocol.lock_table_bytes(spec),
+        lock_cpu_ns: protocol.lock_cpu_ns,
+        joined: None,
+        paused: Rc::new(Cell::new(false)),
+    }))
+}
+
+/// This process's CN, once [`Deployment::join_as_cn`] said which it is.
+struct Joined {
+    me: NodeId,
+    /// Its LOTUS CN number (index among the plan's members).
+    index: u16,
+    /// Its coordinator ids in slot order: the `i`-th talks to server `i` of the others.
+    slots: Vec<u16>,
+    cluster: Rc<LockCluster>,
+    /// Its own table (the only one in `cluster`).
+    locks: Rc<CnLocks>,
+}
+
+/// LOTUS deployed in one process of a real cluster: an MN process's loader, or a CN
+/// process's coordinators and lock servers.
+pub struct LotusProcessDeployment {
+    name: String,
+    config: LotusConfig,
+    base: MvccDeploy,
+    sharding: Sharding,
+    table_bytes: usize,
+    lock_cpu_ns: Nanos,
+    joined: Option<Joined>,
+    paused: Rc<Cell<bool>>,
+}
+
+impl LotusProcessDeployment {
+    fn error(&self, reason: String) -> DeployError {
+        DeployError::Protocol {
+            protocol: self.name.clone(),
+            reason,
+        }
+    }
+
+    fn joined(&self, what: &str) -> Result<&Joined, DeployError> {
+        self.joined.as_ref().ok_or_else(|| {
+            self.error(format!(
+                "{what} before `join_as_cn`: a LOTUS CN process must know which CN it is (it serves that CN's lock table)"
+            ))
+        })
+    }
+
+    /// The coordinator ids in slot order (the `i`-th talks to lock server `i` of another
+    /// CN), the lock servers of every member, and this CN's number.
+    fn plan_of(me: NodeId, plan: &ProcessPlan) -> Option<(u16, Vec<u16>)> {
+        let index = plan.index_of(me)?;
+        let slots = plan.member(me)?.coordinators.clone();
+        Some((index, slots))
+    }
+}
+
+impl Deployment for LotusProcessDeployment {
+    fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
+        self.base.load(table, key, value)
+    }
+
+    /// This CN's number is its index in `plan`, its lock servers and the others' are the
+    /// members' `services` (the same plan in every process, so every CN agrees on owners
+    /// and endpoints).
+    fn join_as_cn(&mut self, me: NodeId, plan: &ProcessPlan) -> Result<(), DeployError> {
+        if let Some(j) = &self.joined {
+            return Err(self.error(format!("node {} joined already as node {}", me.0, j.me.0)));
+        }
+        let (index, slots) = Self::plan_of(me, plan)
+            .ok_or_else(|| self.error(format!("node {} is not a CN of the plan", me.0)))?;
+        let cns = u16::try_from(plan.members.len())
+            .map_err(|_| self.error("more CNs than LOTUS numbers".to_owned()))?;
+        if let Some(m) = plan.members.iter().find(|m| m.services.is_empty()) {
+            return Err(self.error(format!(
+                "CN node {} offers no lock-server endpoints (`ClusterMember::services`)",
+                m.cn.0
+            )));
+        }
+        let servers = plan.members.iter().map(|m| m.services.clone()).collect();
+        let locks = Rc::new(CnLocks::new(index, self.table_bytes));
+        let cluster = Rc::new(LockCluster::of_process(
+            Rc::clone(&locks),
+            cns,
+            servers,
+            self.sharding.clone(),
+            self.lock_cpu_ns,
+        ));
+        self.joined = Some(Joined {
+            me,
+            index,
+            slots,
+            cluster,
+            locks,
+        });
+        Ok(())
+    }
+
+    /// A coordinator of this CN; a worker id of the plan talks to the lock servers of its
+    /// slot, any other id (the final check's) to slot 0.
+    fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        let j = self.joined(&format!("a coordinator on a {} context", ctx.fabric()))?;
+        if ctx.node() != j.me {
+            return Err(self.error(format!(
+                "a coordinator of node {} in the process of CN node {}",
+                ctx.node().0,
+                j.me.0
+            )));
+        }
+        let thread = j.slots.iter().position(|&s| s == id).unwrap_or(0);
+        let thread = u16::try_from(thread).unwrap_or(0);
+        let (index, cluster) = (j.index, Rc::clone(&j.cluster));
+        let cache = self.base.cache_of(ctx.node());
+        let ts = SyncedClock::new(ctx.clone(), ctx.node(), id, self.config.epsilon);
+        Ok(Box::new(LotusCoordinator::new(
+            ctx,
+            index,
+            thread,
+            cluster,
+            Rc::clone(&self.base.store),
+            Rc::clone(&self.base.shapes),
+            self.config,
+            id,
+            cache,
+            self.base.history.clone(),
+            ts,
+        )))
+    }
+
+    /// Heartbeats to the detector, and one lock server per service context of this CN
+    /// (LOTUS §4.1), each serving this CN's table until the process ends.
+    fn process_tasks(
+        &mut self,
+        me: NodeId,
+        ctxs: CnContexts,
+        plan: &ProcessPlan,
+    ) -> Result<Vec<LocalTask>, DeployError> {
+        let j = self.joined("the lock servers")?;
+        let wanted = plan.member(me).map(|m| m.services.clone());
+        let given: Vec<_> = ctxs.services.iter().map(Verbs::local_endpoint).collect();
+        if me != j.me || wanted.as_ref() != Some(&given) {
+            return Err(self.error(format!(
+                "the lock servers of node {} need contexts on its service endpoints {:?}, got {given:?}",
+                me.0,
+                wanted.unwrap_or_default()
+            )));
+        }
+        let mut tasks = vec![process::alive_task(
+            ctxs.heartbeat,
+            plan.detector,
+            plan.heartbeat,
+        )];
+        for ctx in ctxs.services {
+            tasks.push(Box::pin(serve(
+                ctx,
+                Rc::clone(&j.cluster),
+                Rc::clone(&j.locks),
+            )));
+        }
+        Ok(tasks)
+    }
+
+    fn start_recovery(
+        &mut self,
+        _sim: &Rc<Sim>,
+        _recovery_cn: u16,
+        _timing: RecoveryTiming,
+    ) -> Result<(), DeployError> {
+        Err(DeployError::SimOnly {
+            protocol: self.name.clone(),
+            reason: "recovery (§6) runs on the simulator's deployment".to_owned(),
+        })
+    }
+
+    fn recovery_events(&self) -> Vec<RecoveryEvent> {
+        Vec::new()
+    }
+
+    fn recovery_error(&self) -> Option<String> {
+        None
+    }
+
+    fn paused(&self) -> Rc<Cell<bool>> {
+        Rc::clone(&self.paused)
+    }
+
+    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
+        self.base.read_final(table, key)
+    }
+
+    fn scan_cost(&self) -> Option<(u64, u64)> {
+        self.base.scan_cost()
+    }
+
+    /// This CN's lock server counters (the others' are in their processes).
+    fn counter(&self, name: &str) -> Option<u64> {
+        let locks = &self.joined.as_ref()?.locks;
+        let (served, granted, refused) = locks.served.get();
+        match name {
+            "lock_messages_served" => Some(served),
+            "lock_requests_granted" => Some(granted),
+            "lock_requests_refused" => Some(refused),
+            "lotus_locks_held" => Some(locks.table.held() as u64),
+            _ => None,
+        }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
