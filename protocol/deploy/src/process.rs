@@ -558,6 +558,7 @@ mod tests {
                 node: cn,
                 port: Port(1),
             },
+            services: Vec::new(),
         };
         let plan = ProcessPlan {
             members: vec![member(me, 0), member(other, 1)],
