@@ -73,14 +73,17 @@ const CN_DONE: &[u8] = b"dmem-cn-done";
 /// First CN → every other CN: every CN finished (or was recovered), so nobody needs the
 /// receiver's services (LOTUS's lock servers) any more: it may exit.
 const RUN_OVER: &[u8] = b"dmem-run-over";
-/// Ports of a CN: the detector (first CN), the terminator's replies, "done" reports, the
-/// stray-lock listener, the heartbeat sender; coordinators from [`FIRST_COORDINATOR_PORT`].
-const DETECTOR: Port = Port(100);
-const TERMINATOR: Port = Port(101);
-const DONE_PORT: Port = Port(102);
-const LISTENER: Port = Port(99);
-const HEARTBEAT: Port = Port(98);
+/// Ports of a CN: coordinators from [`FIRST_COORDINATOR_PORT`] (at most 256 clients), then
+/// above them the detector (first CN), the terminator's replies, "done" reports, the
+/// stray-lock listener, the heartbeat sender, the final reader and the MNs' quit sender.
 const FIRST_COORDINATOR_PORT: u16 = 1;
+const DETECTOR: Port = Port(300);
+const TERMINATOR: Port = Port(301);
+const DONE_PORT: Port = Port(302);
+const LISTENER: Port = Port(303);
+const HEARTBEAT: Port = Port(304);
+const FINAL_READER: Port = Port(305);
+const QUIT_SENDER: Port = Port(306);
 /// A CN's service ports (`ClusterMember::services`, one per client: LOTUS's lock servers),
 /// above every coordinator port (at most 256 clients).
 const FIRST_SERVICE_PORT: u16 = 1000;
@@ -852,7 +855,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         let dead = deployment.borrow().failed_mns();
         let final_ctx = net.connected_to(
             me.node,
-            Port(3),
+            FINAL_READER,
             cluster,
             Instant::now() + cluster.join_timeout(),
             |node| !dead.contains(&node),
@@ -867,7 +870,12 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
             // A recovered CN's committed changes are not known here.
             "skipped (a CN was recovered)".to_owned()
         };
-        quit_mns(cluster, &net.context(me.node, Port(2))?, &executor, &dead);
+        quit_mns(
+            cluster,
+            &net.context(me.node, QUIT_SENDER)?,
+            &executor,
+            &dead,
+        );
         let since_start = |t: dmem_verbs::Nanos| t.saturating_sub(start) / 1_000_000;
         mn_failures = mn_events
             .iter()
@@ -1165,12 +1173,12 @@ pub(crate) fn quit_mns_from_outside(cluster: &Cluster, dead: &[NodeId]) -> anyho
             for mn in cluster.mns() {
                 fabric.add_peer(mn.node, mn.control()?);
             }
-            fabric.context(Port(2))?.into()
+            fabric.context(QUIT_SENDER)?.into()
         }
         Fabric::Shm { dir } => {
             let fabric = ShmFabric::new();
             fabric.set_message_dir(dir);
-            fabric.context(endpoint(me, Port(2)))?.into()
+            fabric.context(endpoint(me, QUIT_SENDER))?.into()
         }
     };
     quit_mns(cluster, &ctx, &Executor::new(), dead);
