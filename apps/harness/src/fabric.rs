@@ -402,3 +402,65 @@ impl LocalCluster {
             .expect("the simulation went idle before the task finished")
     }
 }
+
+/// What the fixed-length clients of a real-time test ([`ClientTally::client`]) counted.
+#[derive(Debug, Default)]
+pub struct ClientTally {
+    /// Transactions committed.
+    pub committed: std::cell::Cell<u64>,
+    /// The workload's conserved quantity the commits added (SmallBank: money), for its
+    /// invariant check.
+    pub delta: std::cell::Cell<i64>,
+    /// Transactions still aborting after every retry, by error: on a loaded host in real
+    /// time an outcome, not a fault (the checker and the invariants still judge the run).
+    pub given_up: RefCell<std::collections::BTreeMap<String, u64>>,
+    /// Clients started and not finished.
+    pub running: std::cell::Cell<usize>,
+}
+
+impl ClientTally {
+    /// A client running `txns` transactions of `workload`'s generator (`id`, `seed`) on
+    /// `co`, counted here; it counts as running from this call on, so a waiter that polls
+    /// [`running`](Self::running) never sees a client not yet started as finished.
+    ///
+    /// # Panics
+    /// The returned future panics on a transaction failing with an error that a retry
+    /// cannot cure (a protocol fault).
+    pub fn client(
+        self: &Rc<Self>,
+        workload: Rc<dmem_workloads::AnyWorkload>,
+        mut co: dmem_txn::BoxCoordinator,
+        id: u16,
+        seed: u64,
+        txns: usize,
+    ) -> impl Future<Output = ()> + 'static {
+        use dmem_workloads::{Executed, Outcome, TxnGenerator as _, Workload as _};
+        self.running.set(self.running.get() + 1);
+        let tally = Rc::clone(self);
+        async move {
+            let mut generator = workload.generator(u32::from(id), seed);
+            for _ in 0..txns {
+                let txn = generator.next_txn();
+                match dmem_workloads::execute(&*workload, &mut co, &txn, crate::MAX_ATTEMPTS).await
+                {
+                    Executed::Committed { outcome, .. } => {
+                        tally.committed.set(tally.committed.get() + 1);
+                        if let Outcome::Commit { delta } = outcome {
+                            tally.delta.set(tally.delta.get() + delta);
+                        }
+                    }
+                    Executed::RolledBack { .. } => {}
+                    Executed::Failed { error, .. } if error.is_retryable() => {
+                        *tally
+                            .given_up
+                            .borrow_mut()
+                            .entry(error.to_string())
+                            .or_insert(0) += 1;
+                    }
+                    Executed::Failed { error, .. } => panic!("a transaction failed: {error}"),
+                }
+            }
+            tally.running.set(tally.running.get() - 1);
+        }
+    }
+}

@@ -8,13 +8,13 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use dmem_deploy::{Deployment, Recorder};
-use dmem_harness::fabric::{Fabric, LocalCluster};
-use dmem_harness::{MAX_ATTEMPTS, deploy_spec, verdict};
+use dmem_harness::fabric::{ClientTally, Fabric, LocalCluster};
+use dmem_harness::{deploy_spec, verdict};
 use dmem_locks::declock::{self, DecLockClient, DecLockConfig};
 use dmem_locks::{Directory, LockMode, NoFailures, RwLockClient};
 use dmem_txn::History;
 use dmem_verbs::{Clock, NodeId, Verbs, VerbsExt};
-use dmem_workloads::{AnyWorkload, Executed, Outcome, Scale, TxnGenerator, Workload, execute};
+use dmem_workloads::{AnyWorkload, Scale, Workload};
 
 /// Queue capacity of the CQL locks (at least the clients of one lock).
 const CAP: usize = 8;
@@ -116,44 +116,28 @@ fn smallbank(fabric: Fabric, protocol: &str) -> (String, Vec<String>, u64) {
         deployment.load(table, key, &value).unwrap();
     }
     let workload = Rc::new(workload);
-    let (delta, committed) = (Rc::new(Cell::new(0i64)), Rc::new(Cell::new(0u64)));
+    let tally = Rc::new(ClientTally::default());
     for id in 0..COORDINATORS - 1 {
         let ctx = cluster.context(id % 2, id / 2).unwrap();
-        let mut co = deployment.coordinator(ctx.clone(), id).unwrap();
-        let (workload, delta, committed) = (
+        let co = deployment.coordinator(ctx.clone(), id).unwrap();
+        let client = tally.client(
             Rc::clone(&workload),
-            Rc::clone(&delta),
-            Rc::clone(&committed),
+            co,
+            id,
+            7 ^ u64::from(id),
+            TXNS_PER_COORDINATOR,
         );
-        cluster.spawn(&ctx, async move {
-            let mut generator = workload.generator(u32::from(id), 7 ^ u64::from(id));
-            for _ in 0..TXNS_PER_COORDINATOR {
-                let txn = generator.next_txn();
-                match execute(&*workload, &mut co, &txn, MAX_ATTEMPTS).await {
-                    Executed::Committed { outcome, .. } => {
-                        committed.set(committed.get() + 1);
-                        if let Outcome::Commit { delta: d } = outcome {
-                            delta.set(delta.get() + d);
-                        }
-                    }
-                    Executed::RolledBack { .. } => {}
-                    // Still aborting after every retry (a loaded host in real time): an
-                    // outcome, not a fault; the checker and the invariants still judge.
-                    Executed::Failed { error, .. } if error.is_retryable() => {}
-                    Executed::Failed { error, .. } => panic!("a transaction failed: {error}"),
-                }
-            }
-        });
+        cluster.spawn(&ctx, client);
     }
     cluster.run();
     let d: &dyn Deployment = &*deployment;
     let violations = workload
-        .check(|t, k| d.read_final(t, k), delta.get())
+        .check(|t, k| d.read_final(t, k), tally.delta.get())
         .iter()
         .map(ToString::to_string)
         .collect();
     let verdict = verdict(&history.borrow());
-    (verdict, violations, committed.get())
+    (verdict, violations, tally.committed.get())
 }
 
 fn smallbank_everywhere(protocol: &str) {

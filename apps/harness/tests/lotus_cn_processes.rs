@@ -7,17 +7,16 @@
 //! lock state. SmallBank on both: the checker and the invariants are clean, and each CN's
 //! servers granted the other's requests.
 
-use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use dmem_deploy::process::{ClusterMember, CnContexts, ProcessPlan};
 use dmem_deploy::{DeployError, Deployment, MnMemory, Recorder};
-use dmem_harness::fabric::{Fabric, LocalCluster};
-use dmem_harness::{MAX_ATTEMPTS, deploy_spec, verdict};
+use dmem_harness::fabric::{ClientTally, Fabric, LocalCluster};
+use dmem_harness::{deploy_spec, verdict};
 use dmem_txn::History;
 use dmem_verbs::{Endpoint, Port};
-use dmem_workloads::{AnyWorkload, Executed, Outcome, Scale, TxnGenerator, Workload, execute};
+use dmem_workloads::{AnyWorkload, Scale, Workload};
 
 const MNS: u16 = 2;
 const CNS: u16 = 2;
@@ -86,47 +85,21 @@ fn smallbank_in_two_cn_deployments(fabric: Fabric) -> (String, Vec<String>, u64,
         early.err()
     );
     let workload = Rc::new(workload);
-    let (delta, committed, running) = (
-        Rc::new(Cell::new(0i64)),
-        Rc::new(Cell::new(0u64)),
-        Rc::new(Cell::new(0usize)),
-    );
-    let failures: Rc<RefCell<BTreeMap<String, u64>>> = Rc::default();
+    let tally = Rc::new(ClientTally::default());
     for (c, d) in (0..CNS).zip(deployments.iter_mut()) {
         let node = cluster.cn(c);
         d.join_as_cn(node, &plan).unwrap();
         for (slot, &id) in plan.members[usize::from(c)].coordinators.iter().enumerate() {
             let ctx = cluster.context(c, 1 + slot as u16).unwrap();
-            let mut co = d.coordinator(ctx.clone(), id).unwrap();
-            let (workload, delta, committed, running, failures) = (
+            let co = d.coordinator(ctx.clone(), id).unwrap();
+            let client = tally.client(
                 Rc::clone(&workload),
-                Rc::clone(&delta),
-                Rc::clone(&committed),
-                Rc::clone(&running),
-                Rc::clone(&failures),
+                co,
+                id,
+                11 ^ u64::from(id),
+                TXNS_PER_COORDINATOR,
             );
-            running.set(running.get() + 1);
-            cluster.spawn(&ctx, async move {
-                let mut generator = workload.generator(u32::from(id), 11 ^ u64::from(id));
-                for _ in 0..TXNS_PER_COORDINATOR {
-                    let txn = generator.next_txn();
-                    match execute(&*workload, &mut co, &txn, MAX_ATTEMPTS).await {
-                        Executed::Committed { outcome, .. } => {
-                            committed.set(committed.get() + 1);
-                            if let Outcome::Commit { delta: d } = outcome {
-                                delta.set(delta.get() + d);
-                            }
-                        }
-                        Executed::RolledBack { .. } => {}
-                        // Still aborting after every retry (a loaded host in real time).
-                        Executed::Failed { error, .. } if error.is_retryable() => {
-                            *failures.borrow_mut().entry(error.to_string()).or_insert(0) += 1;
-                        }
-                        Executed::Failed { error, .. } => panic!("a transaction failed: {error}"),
-                    }
-                }
-                running.set(running.get() - 1);
-            });
+            cluster.spawn(&ctx, client);
         }
         let services = plan.members[usize::from(c)]
             .services
@@ -145,16 +118,16 @@ fn smallbank_in_two_cn_deployments(fabric: Fabric) -> (String, Vec<String>, u64,
     }
     // The lock servers and heartbeats run for ever: run until the workers are done.
     let ctx0 = cluster.context(0, 60).unwrap();
-    let done = Rc::clone(&running);
+    let done = Rc::clone(&tally);
     cluster.block_on(&ctx0, async move {
-        while done.get() > 0 {
+        while done.running.get() > 0 {
             dmem_verbs::Clock::sleep(&dmem_runtime::RealClock, 1_000_000).await;
         }
     });
-    eprintln!("lotus on {fabric}: given up {:?}", failures.borrow());
+    eprintln!("lotus on {fabric}: given up {:?}", tally.given_up.borrow());
     let loader = &*deployments[0];
     let violations = workload
-        .check(|t, k| loader.read_final(t, k), delta.get())
+        .check(|t, k| loader.read_final(t, k), tally.delta.get())
         .iter()
         .map(ToString::to_string)
         .collect();
@@ -163,7 +136,7 @@ fn smallbank_in_two_cn_deployments(fabric: Fabric) -> (String, Vec<String>, u64,
         .map(|d| d.counter("lock_messages_served").unwrap())
         .collect();
     let verdict = verdict(&history.borrow());
-    (verdict, violations, committed.get(), served)
+    (verdict, violations, tally.committed.get(), served)
 }
 
 fn lotus_cns_serve_each_other(fabric: Fabric) {
