@@ -71,18 +71,23 @@ fn comparison_claims(
     let [lotus, motor, ford] = best;
     let at = |b: &Best| b.concurrent;
     for (other, name, paper) in [(motor, "motor", paper.0), (ford, "ford", paper.1)] {
-        let ratio = lotus.mtps / other.mtps.max(f64::MIN_POSITIVE);
+        // A protocol that committed nothing at any point of the sweep has no ratio (shown
+        // as `-`, and said in the row), not a quotient of a denormal.
+        let (ratio, of) = if other.mtps > 0.0 {
+            (
+                lotus.mtps / other.mtps,
+                format!("at {} / {} concurrent txns", at(lotus), at(other)),
+            )
+        } else {
+            (f64::INFINITY, format!("{name} committed nothing"))
+        };
         out.claims.push(Claim::new(
             if workload == "kvs" {
                 "Fig. 12"
             } else {
                 "Fig. 13"
             },
-            format!(
-                "{workload}: lotus / {name} max Mtps (at {} / {} concurrent txns)",
-                at(lotus),
-                at(other)
-            ),
+            format!("{workload}: lotus / {name} max Mtps ({of})"),
             paper,
             ratio,
             if checked {
