@@ -17,9 +17,7 @@ use dmem_verbs::{PostList, RemoteAddr, WrId};
 
 use crate::config::{FordBug, Protocol, ProtocolConfig};
 use crate::logic::{self, LoggedTxn, LoggedWrite};
-use crate::store::{
-    BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, encode_item_by, parse_bucket,
-};
+use crate::store::{BUCKET_LEN, BucketLoc, ItemLoc, Store, encode_item_by, parse_bucket};
 use crate::wire;
 
 /// What the state's decisions need to know about the coordinator running the transaction.
@@ -34,15 +32,6 @@ pub(crate) struct Env<'a> {
 
 pub(crate) fn aborted(why: &'static str) -> TxnError {
     TxnError::Aborted(why)
-}
-
-pub(crate) fn store_err(e: StoreError) -> TxnError {
-    match e {
-        StoreError::UnknownTable(t) => TxnError::UnknownTable(t),
-        StoreError::ValueSize { expected, got, .. } => TxnError::ValueSize { expected, got },
-        StoreError::BucketFull { .. } => aborted("index bucket full"),
-        _ => aborted("store unavailable"),
-    }
 }
 
 pub(crate) struct ItemRead {
@@ -75,7 +64,9 @@ pub(crate) fn parse_item(bytes: &[u8], table: TableId, key: Key) -> Result<ItemR
 
 /// The current primary's address of `loc`.
 pub(crate) fn primary_addr(store: &Store, loc: &ItemLoc) -> Result<RemoteAddr, TxnError> {
-    let p = store.primary(loc.bucket.partition).map_err(store_err)?;
+    let p = store
+        .primary(loc.bucket.partition)
+        .map_err(TxnError::from)?;
     Ok(store.addr(p, loc.offset))
 }
 
@@ -385,7 +376,7 @@ impl TxnState {
                     ids.push((i, list.read(addr, DataItemHeader::VALIDATION_LEN as u32)));
                 }
                 ReadTarget::Absent { bucket } => {
-                    let p = store.primary(bucket.partition).map_err(store_err)?;
+                    let p = store.primary(bucket.partition).map_err(TxnError::from)?;
                     let addr = store.addr(p, bucket.offset);
                     ids.push((i, list.read(addr, BUCKET_LEN as u32)));
                 }
@@ -449,7 +440,7 @@ impl TxnState {
                 WriteKind::Insert => (ItemFlags::LOADED.with_user_insert(true), &w.new_value),
                 WriteKind::Delete => (ItemFlags::EMPTY, &old.value),
             };
-            let item_len = store.table(w.table).map_err(store_err)?.item_len;
+            let item_len = store.table(w.table).map_err(TxnError::from)?.item_len;
             let image = encode_item_by(w.key.0, w.table.0, version, flags, value, item_len, writer);
             for mn in store.live_replicas(w.loc.bucket.partition) {
                 let addr = store.addr(mn, w.loc.offset + DataItemHeader::VERSION_OFFSET as u64);

@@ -38,7 +38,7 @@ use crate::recovery::{CoordinatorRecovery, RecoveryError, apply_recovery};
 use crate::round::{Answer, Located, RoundPlan, access_list};
 use crate::state::{
     Env, Intent, ItemRead, LockState, OldImage, ReadEntry, ReadTarget, TxnState, WriteEntry,
-    aborted, parse_item, store_err,
+    aborted, parse_item,
 };
 use crate::store::{
     BUCKET_LEN, BucketLoc, InsertPool, ItemLoc, Store, StoreError, index_slot_bytes, parse_bucket,
@@ -393,7 +393,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     attempts -= 1;
                 }
                 Err(RecoveryError::Verbs(e)) => return Err(e.into()),
-                Err(RecoveryError::Store(e)) => return Err(store_err(e)),
+                Err(RecoveryError::Store(e)) => return Err(TxnError::from(e)),
                 // Only the detector's view changes wait for answers, never this decision.
                 Err(RecoveryError::NoAnswer { .. }) => {
                     return Err(TxnError::Aborted("MN-failure decision interrupted"));
@@ -420,18 +420,23 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     }
 
     fn value_len(&self, table: TableId) -> Result<usize, TxnError> {
-        Ok(self.store().table(table).map_err(store_err)?.spec.value_len)
+        Ok(self
+            .store()
+            .table(table)
+            .map_err(TxnError::from)?
+            .spec
+            .value_len)
     }
 
     fn item_len(&self, table: TableId) -> Result<usize, TxnError> {
-        Ok(self.store().table(table).map_err(store_err)?.item_len)
+        Ok(self.store().table(table).map_err(TxnError::from)?.item_len)
     }
 
     fn primary_addr(&self, loc: &ItemLoc) -> Result<dmem_verbs::RemoteAddr, TxnError> {
         let p = self
             .store()
             .primary(loc.bucket.partition)
-            .map_err(store_err)?;
+            .map_err(TxnError::from)?;
         Ok(self.store().addr(p, loc.offset))
     }
 
@@ -445,8 +450,11 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             // taken meanwhile, the slot READ of the lock batch sees it and aborts).
             return Ok(Located::Absent { bucket, free });
         }
-        let bucket = self.store().bucket_of(table, key).map_err(store_err)?;
-        let p = self.store().primary(bucket.partition).map_err(store_err)?;
+        let bucket = self.store().bucket_of(table, key).map_err(TxnError::from)?;
+        let p = self
+            .store()
+            .primary(bucket.partition)
+            .map_err(TxnError::from)?;
         let mut list = PostList::new();
         let id = list.read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32);
         let bytes = self.post("locate", list).await?.take_bytes(id);
@@ -455,7 +463,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             let loc = self
                 .store()
                 .item_in_bucket(bucket, slot, &bytes)
-                .map_err(store_err)?;
+                .map_err(TxnError::from)?;
             self.co.shared.cache.borrow_mut().put(table, key, loc);
             Ok(Located::Found(loc))
         } else {
@@ -537,7 +545,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     }
 
     fn add_log_writes(&mut self, list: &mut PostList, early: bool) -> Result<(), TxnError> {
-        let base = self.store().log_offset(self.co.id).map_err(store_err)?;
+        let base = self
+            .store()
+            .log_offset(self.co.id)
+            .map_err(TxnError::from)?;
         for (mn, image) in self.st.log_images(&self.env(), early)? {
             list.write_owned(self.store().addr(mn, base), image);
             if !self.st.logged.contains(&mn) {
@@ -574,7 +585,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 .map(|l| logic::pack_location(l.bucket.partition, l.offset)),
         );
         let image = wire::encode_lock_log(self.co.id, &self.st.lock_log);
-        let base = self.store().log_offset(self.co.id).map_err(store_err)?;
+        let base = self
+            .store()
+            .log_offset(self.co.id)
+            .map_err(TxnError::from)?;
         let mut list = PostList::new();
         for mn in self.store().pandora_log_mns(self.co.id) {
             list.write(self.store().addr(mn, base + at as u64), &image);
@@ -894,11 +908,11 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         );
 
         // -- locate: one bucket READ per uncached address, every MN at once --
-        if let Some((list, ids)) = plan.locate_list(self.store()).map_err(store_err)? {
+        if let Some((list, ids)) = plan.locate_list(self.store()).map_err(TxnError::from)? {
             let res = self.post("locate", list).await?;
             let found = plan
                 .absorb_locate(self.store(), &ids, &res)
-                .map_err(store_err)?;
+                .map_err(TxnError::from)?;
             let mut cache = self.co.shared.cache.borrow_mut();
             for (t, k, loc) in found {
                 cache.put(t, k, loc);
@@ -1161,11 +1175,12 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     .co
                     .inserts
                     .next(self.store(), self.co.id, bucket, slot)
-                    .map_err(|e| match e {
-                        StoreError::PoolExhausted { .. } => aborted("record pool share used up"),
-                        e => store_err(e),
-                    })?;
-                let pooled = self.store().table(table).map_err(store_err)?.is_pooled();
+                    .map_err(TxnError::from)?;
+                let pooled = self
+                    .store()
+                    .table(table)
+                    .map_err(TxnError::from)?
+                    .is_pooled();
                 let access = if pooled {
                     // Another insert into this slot would lock a record of its own, so the
                     // record lock cannot arbitrate: the lock batch CASes the slot instead of

@@ -43,9 +43,7 @@ use dmem_motor::mvcc::{
     self, BlockShape, CELL_LEN, FLOOR_OFFSET, Meta, Shapes, pack_writer, unpack_writer,
 };
 use dmem_motor::ts::TimestampService;
-use dmem_store::{
-    AddressCache, BUCKET_LEN, BucketLoc, InsertPool, ItemLoc, Store, StoreError, parse_bucket,
-};
+use dmem_store::{AddressCache, BUCKET_LEN, BucketLoc, InsertPool, ItemLoc, Store, parse_bucket};
 use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundPlan,
     RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
@@ -316,14 +314,6 @@ fn aborted(why: &'static str) -> TxnError {
     TxnError::Aborted(why)
 }
 
-fn store_err(e: StoreError) -> TxnError {
-    match e {
-        StoreError::UnknownTable(t) => TxnError::UnknownTable(t),
-        StoreError::BucketFull { .. } => aborted("index bucket full"),
-        _ => aborted("store unavailable"),
-    }
-}
-
 /// One record a round fetches.
 #[derive(Debug, Clone)]
 struct Fetch {
@@ -405,14 +395,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
     }
 
     fn shape(&self, table: TableId) -> Result<BlockShape, TxnError> {
-        self.co.shapes.get(table).map_err(store_err)
+        self.co.shapes.get(table).map_err(TxnError::from)
     }
 
     fn primary(&self, loc: &ItemLoc, offset: u64) -> Result<RemoteAddr, TxnError> {
         let p = self
             .store()
             .primary(loc.bucket.partition)
-            .map_err(store_err)?;
+            .map_err(TxnError::from)?;
         Ok(self.store().addr(p, loc.offset + offset))
     }
 
@@ -819,8 +809,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             if f.loc.is_some() {
                 continue;
             }
-            let bucket = self.store().bucket_of(f.table, f.key).map_err(store_err)?;
-            let p = self.store().primary(bucket.partition).map_err(store_err)?;
+            let bucket = self
+                .store()
+                .bucket_of(f.table, f.key)
+                .map_err(TxnError::from)?;
+            let p = self
+                .store()
+                .primary(bucket.partition)
+                .map_err(TxnError::from)?;
             let wr = list.read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32);
             lookups.push((n, bucket, wr));
         }
@@ -836,7 +832,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                             .co
                             .store
                             .item_in_bucket(bucket, slot, res.bytes(wr))
-                            .map_err(store_err)?;
+                            .map_err(TxnError::from)?;
                         self.co.cache.borrow_mut().put(f.table, f.key, loc);
                         f.loc = Some(loc);
                     }
@@ -987,7 +983,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                     let p = self
                         .store()
                         .primary(loc.bucket.partition)
-                        .map_err(store_err)?;
+                        .map_err(TxnError::from)?;
                     let wr = list.read(
                         self.store().addr(p, cell.address()),
                         shape.image_len() as u32,
@@ -1053,7 +1049,10 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         let mut list = PostList::new();
         let mut wrs = Vec::new();
         for &(n, bucket) in inserts {
-            let p = self.store().primary(bucket.partition).map_err(store_err)?;
+            let p = self
+                .store()
+                .primary(bucket.partition)
+                .map_err(TxnError::from)?;
             wrs.push((
                 n,
                 bucket,
@@ -1072,7 +1071,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                     self.co
                         .store
                         .item_in_bucket(bucket, slot, res.bytes(wr))
-                        .map_err(store_err)?,
+                        .map_err(TxnError::from)?,
                     false,
                 ),
                 None => {
@@ -1090,12 +1089,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                         .co
                         .inserts
                         .next(&self.co.store, self.co.id, bucket, slot)
-                        .map_err(|e| match e {
-                            StoreError::PoolExhausted { .. } => {
-                                aborted("record pool share used up")
-                            }
-                            e => store_err(e),
-                        })?;
+                        .map_err(TxnError::from)?;
                     self.co.inserts.claimed(&self.co.store, bucket);
                     logic::claim_slot(
                         &self.co.store,

@@ -26,8 +26,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use dmem_store::{
-    AddressCache, BUCKET_LEN, BucketLoc, InsertPool, ItemLoc, Store, StoreError, parse_bucket,
-    slot_offset,
+    AddressCache, BUCKET_LEN, BucketLoc, InsertPool, ItemLoc, Store, parse_bucket, slot_offset,
 };
 use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundPlan,
@@ -267,14 +266,6 @@ fn aborted(why: &'static str) -> TxnError {
     TxnError::Aborted(why)
 }
 
-fn store_err(e: StoreError) -> TxnError {
-    match e {
-        StoreError::UnknownTable(t) => TxnError::UnknownTable(t),
-        StoreError::BucketFull { .. } => aborted("index bucket full"),
-        _ => aborted("store unavailable"),
-    }
-}
-
 /// One record a round fetches.
 #[derive(Debug, Clone)]
 struct Fetch {
@@ -303,14 +294,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
     }
 
     fn shape(&self, table: TableId) -> Result<BlockShape, TxnError> {
-        self.co.shapes.get(table).map_err(store_err)
+        self.co.shapes.get(table).map_err(TxnError::from)
     }
 
     fn primary(&self, loc: &ItemLoc, offset: u64) -> Result<RemoteAddr, TxnError> {
         let p = self
             .store()
             .primary(loc.bucket.partition)
-            .map_err(store_err)?;
+            .map_err(TxnError::from)?;
         Ok(self.store().addr(p, loc.offset + offset))
     }
 
@@ -383,8 +374,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             if f.loc.is_some() {
                 continue;
             }
-            let bucket = self.store().bucket_of(f.table, f.key).map_err(store_err)?;
-            let p = self.store().primary(bucket.partition).map_err(store_err)?;
+            let bucket = self
+                .store()
+                .bucket_of(f.table, f.key)
+                .map_err(TxnError::from)?;
+            let p = self
+                .store()
+                .primary(bucket.partition)
+                .map_err(TxnError::from)?;
             let wr = list.read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32);
             lookups.push((n, bucket, wr));
         }
@@ -400,7 +397,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                             .co
                             .store
                             .item_in_bucket(bucket, slot, res.bytes(wr))
-                            .map_err(store_err)?;
+                            .map_err(TxnError::from)?;
                         self.co.cache.borrow_mut().put(f.table, f.key, loc);
                         f.loc = Some(loc);
                     }
@@ -525,7 +522,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                     let p = self
                         .store()
                         .primary(loc.bucket.partition)
-                        .map_err(store_err)?;
+                        .map_err(TxnError::from)?;
                     let wrs: Vec<WrId> = mvcc::version_reads(shape, &meta, loc.offset, i)
                         .into_iter()
                         .map(|(at, len)| list.read(self.store().addr(p, at), len as u32))
@@ -607,14 +604,18 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             .co
             .inserts
             .next(self.store(), self.co.id, bucket, slot)
-            .map_err(|e| match e {
-                StoreError::PoolExhausted { .. } => aborted("record pool share used up"),
-                e => store_err(e),
-            })?;
-        let pooled = self.store().table(table).map_err(store_err)?.is_pooled();
+            .map_err(TxnError::from)?;
+        let pooled = self
+            .store()
+            .table(table)
+            .map_err(TxnError::from)?
+            .is_pooled();
         let shape = self.shape(table)?;
         let addr = self.primary(&loc, 0)?;
-        let p = self.store().primary(bucket.partition).map_err(store_err)?;
+        let p = self
+            .store()
+            .primary(bucket.partition)
+            .map_err(TxnError::from)?;
         let slot_addr = self.store().addr(p, bucket.offset + slot_offset(slot));
         let mut list = PostList::new();
         let cas = (!self.co.cfg.unsafe_no_cas).then(|| list.cas(addr, 0, self.my_lock()));
@@ -782,7 +783,10 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                     checks.push((r.key, Some(shape), wr));
                 }
                 Target::Absent(bucket) => {
-                    let p = self.store().primary(bucket.partition).map_err(store_err)?;
+                    let p = self
+                        .store()
+                        .primary(bucket.partition)
+                        .map_err(TxnError::from)?;
                     let wr = list.read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32);
                     checks.push((r.key, None, wr));
                 }
@@ -886,7 +890,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 let p = self
                     .store()
                     .primary(w.loc.bucket.partition)
-                    .map_err(store_err)?;
+                    .map_err(TxnError::from)?;
                 for mn in self.store().live_replicas(w.loc.bucket.partition) {
                     if mn != p {
                         list.write(

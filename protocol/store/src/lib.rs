@@ -258,6 +258,24 @@ pub enum StoreError {
     PartitionLost(u16),
 }
 
+/// How a transaction sees a store error, the same for every protocol on this store (FORD,
+/// Pandora, Motor, LOTUS): a full index bucket and a used-up insert share abort the
+/// transaction (a retry may find room: another slot, or the key inserted by someone else);
+/// an unknown table and a wrong value size are the caller's mistakes; anything else (a lost
+/// partition, a missing log region) aborts as "store unavailable".
+impl From<StoreError> for dmem_txn::TxnError {
+    fn from(e: StoreError) -> Self {
+        use dmem_txn::TxnError;
+        match e {
+            StoreError::UnknownTable(t) => TxnError::UnknownTable(t),
+            StoreError::ValueSize { expected, got, .. } => TxnError::ValueSize { expected, got },
+            StoreError::BucketFull { .. } => TxnError::Aborted("index bucket full"),
+            StoreError::PoolExhausted { .. } => TxnError::Aborted("record pool share used up"),
+            _ => TxnError::Aborted("store unavailable"),
+        }
+    }
+}
+
 /// One table of the schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TableSpec {
