@@ -293,11 +293,9 @@ impl Footprint {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{
-        AddressCache, DataItem, Key, Loader, MemoryRegion, NodeId, Store, TableSpec, parse_bucket,
-    };
+    use super::super::{AddressCache, DataItem, Key, Loader, Store, TableSpec, parse_bucket};
     use super::*;
-    use dmem_verbs::RKey;
+    use crate::tests::regions;
     use quickcheck::{QuickCheck, TestResult};
     use std::rc::Rc;
 
@@ -308,16 +306,6 @@ mod tests {
             expected_records: records,
             grows,
         }
-    }
-
-    fn regions(n: u16, len: u64) -> Vec<MemoryRegion> {
-        (0..n)
-            .map(|i| MemoryRegion {
-                node: NodeId(i),
-                rkey: RKey(u32::from(i) + 1),
-                len,
-            })
-            .collect()
     }
 
     /// Loads `keys` into a pooled hashed table on `mns` MNs (3 replicas at most) and checks

@@ -1631,11 +1631,12 @@ impl AddressCache {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use dmem_verbs::RKey;
 
-    fn regions(n: u16, len: u64) -> Vec<MemoryRegion> {
+    /// One region of `len` bytes on each of MNs `0..n` (also `hashed_pool`'s tests).
+    pub(crate) fn regions(n: u16, len: u64) -> Vec<MemoryRegion> {
         (0..n)
             .map(|i| MemoryRegion {
                 node: NodeId(i),
