@@ -318,8 +318,10 @@ impl Cluster {
             w.duration_ms
         );
         ensure!(
-            (1..=64).contains(&w.threads) && (1..=256).contains(&w.clients),
-            "workload threads must be 1..=64 and clients 1..=256 (got {} and {})",
+            (1..=64).contains(&w.threads)
+                && (1..=u32::from(dmem_deploy::process::ports::MAX_CLIENTS)).contains(&w.clients),
+            "workload threads must be 1..=64 and clients 1..={} (got {} and {})",
+            dmem_deploy::process::ports::MAX_CLIENTS,
             w.threads,
             w.clients
         );

@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use dmem_deploy::process::{
-    ClusterMember, CnContexts, MessageLinkTerminator, ProcessPlan, mn_control, parse_terminate,
+    CnContexts, MessageLinkTerminator, ProcessPlan, mn_control, parse_terminate, ports,
     terminated_reply,
 };
 use dmem_deploy::{
@@ -73,20 +73,6 @@ const CN_DONE: &[u8] = b"dmem-cn-done";
 /// First CN → every other CN: every CN finished (or was recovered), so nobody needs the
 /// receiver's services (LOTUS's lock servers) any more: it may exit.
 const RUN_OVER: &[u8] = b"dmem-run-over";
-/// Ports of a CN: coordinators from [`FIRST_COORDINATOR_PORT`] (at most 256 clients), then
-/// above them the detector (first CN), the terminator's replies, "done" reports, the
-/// stray-lock listener, the heartbeat sender, the final reader and the MNs' quit sender.
-const FIRST_COORDINATOR_PORT: u16 = 1;
-const DETECTOR: Port = Port(300);
-const TERMINATOR: Port = Port(301);
-const DONE_PORT: Port = Port(302);
-const LISTENER: Port = Port(303);
-const HEARTBEAT: Port = Port(304);
-const FINAL_READER: Port = Port(305);
-const QUIT_SENDER: Port = Port(306);
-/// A CN's service ports (`ClusterMember::services`, one per client: LOTUS's lock servers),
-/// above every coordinator port (at most 256 clients).
-const FIRST_SERVICE_PORT: u16 = 1000;
 /// Doublings of the index slack tried before a layout counts as impossible.
 const MAX_SLACK_DOUBLINGS: u32 = 6;
 /// How long a peer may leave a control request unanswered (a link termination, an
@@ -621,25 +607,17 @@ pub(crate) struct TxnCnReport {
 /// The recovery plan every process of `cluster` derives (`dmem-deploy`'s
 /// [`ProcessPlan`]): every CN with its coordinators and listener, the first CN's detector.
 fn process_plan(cluster: &Cluster) -> ProcessPlan {
-    ProcessPlan {
-        members: cluster
+    ProcessPlan::on_ports(
+        cluster
             .cns()
             .iter()
-            .map(|c| ClusterMember {
-                cn: c.node,
-                coordinators: cluster.coordinator_ids(c.node),
-                listener: endpoint(c.node, LISTENER),
-                services: (0..cluster.clients())
-                    .map(|i| endpoint(c.node, Port(FIRST_SERVICE_PORT.saturating_add(i as u16))))
-                    .collect(),
-            })
-            .collect(),
-        detector: endpoint(cluster.cns()[0].node, DETECTOR),
-        heartbeat: cluster.heartbeat(),
-        timeout: cluster.timeout(),
-        answer_timeout: ANSWER_TIMEOUT.as_nanos() as u64,
-        state_dir: cluster.state_dir(),
-    }
+            .map(|c| (c.node, cluster.coordinator_ids(c.node))),
+        u16::try_from(cluster.clients()).expect("clients checked against ports::MAX_CLIENTS"),
+        cluster.heartbeat(),
+        cluster.timeout(),
+        ANSWER_TIMEOUT.as_nanos() as u64,
+        cluster.state_dir(),
+    )
 }
 
 /// `dmem cn` for a transaction workload.
@@ -652,13 +630,13 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     // The detector's receive queue exists before anything else, so that no heartbeat of a
     // quicker CN is dropped while this one connects.
     let detector_ctx = if is_detector {
-        Some(net.connected(me.node, DETECTOR, cluster, deadline)?)
+        Some(net.connected(me.node, ports::DETECTOR, cluster, deadline)?)
     } else {
         None
     };
     // So does the queue of "done" reports (and, on the other CNs, of the detector's "run
     // over"): a quick CN may finish before a slow first CN has joined.
-    let done_ctx = net.context(me.node, DONE_PORT)?;
+    let done_ctx = net.context(me.node, ports::DONE)?;
     // Likewise the service contexts (LOTUS's lock servers): a quicker CN's first lock
     // requests are queued, not dropped, while this one loads.
     let services = plan
@@ -687,7 +665,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     for (i, &id) in ids.iter().enumerate() {
         let ctx = net.connected(
             me.node,
-            Port(FIRST_COORDINATOR_PORT + i as u16),
+            Port(ports::FIRST_COORDINATOR + i as u16),
             cluster,
             deadline,
         )?;
@@ -700,8 +678,8 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     let tasks = deployment.process_tasks(
         me.node,
         CnContexts {
-            heartbeat: net.context(me.node, HEARTBEAT)?,
-            listener: net.context(me.node, LISTENER)?,
+            heartbeat: net.context(me.node, ports::HEARTBEAT)?,
+            listener: net.context(me.node, ports::LISTENER)?,
             services,
         },
         &plan,
@@ -769,7 +747,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         let mut recovery = deployment.borrow_mut().process_recovery(
             detector_ctx.clone(),
             MessageLinkTerminator::new(
-                net.context(me.node, TERMINATOR)?,
+                net.context(me.node, ports::TERMINATOR)?,
                 plan.heartbeat,
                 plan.answer_timeout,
             ),
@@ -835,7 +813,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         // Every other CN may exit now: the finished ones serve nobody any more, and one
         // recovered while alive (a false suspicion) is told too; a dead one cannot be.
         for cn in plan.members.iter().map(|m| m.cn).filter(|&n| n != me.node) {
-            let told = executor.block_on(done_ctx.send(endpoint(cn, DONE_PORT), RUN_OVER));
+            let told = executor.block_on(done_ctx.send(endpoint(cn, ports::DONE), RUN_OVER));
             if let (Err(e), true) = (told, finished.contains(&cn)) {
                 eprintln!(
                     "dmem cn {}: cannot tell {} the run is over: {e}",
@@ -855,7 +833,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         let dead = deployment.borrow().failed_mns();
         let final_ctx = net.connected_to(
             me.node,
-            FINAL_READER,
+            ports::FINAL_READER,
             cluster,
             Instant::now() + cluster.join_timeout(),
             |node| !dead.contains(&node),
@@ -872,7 +850,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         };
         quit_mns(
             cluster,
-            &net.context(me.node, QUIT_SENDER)?,
+            &net.context(me.node, ports::QUIT_SENDER)?,
             &executor,
             &dead,
         );
@@ -917,7 +895,8 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         });
         let mut done = CN_DONE.to_vec();
         done.extend_from_slice(&tally.3.get().to_le_bytes());
-        if let Err(e) = executor.block_on(done_ctx.send(endpoint(detector_cn, DONE_PORT), &done)) {
+        if let Err(e) = executor.block_on(done_ctx.send(endpoint(detector_cn, ports::DONE), &done))
+        {
             eprintln!(
                 "dmem cn {}: cannot tell the detector it is done: {e}",
                 me.name
@@ -935,7 +914,9 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
                     }
                 }
                 RealClock.sleep(plan.heartbeat).await;
-                let _ = done_ctx.send(endpoint(detector_cn, DONE_PORT), &done).await;
+                let _ = done_ctx
+                    .send(endpoint(detector_cn, ports::DONE), &done)
+                    .await;
             }
             Ok(false)
         })?;
@@ -1173,12 +1154,12 @@ pub(crate) fn quit_mns_from_outside(cluster: &Cluster, dead: &[NodeId]) -> anyho
             for mn in cluster.mns() {
                 fabric.add_peer(mn.node, mn.control()?);
             }
-            fabric.context(QUIT_SENDER)?.into()
+            fabric.context(ports::QUIT_SENDER)?.into()
         }
         Fabric::Shm { dir } => {
             let fabric = ShmFabric::new();
             fabric.set_message_dir(dir);
-            fabric.context(endpoint(me, QUIT_SENDER))?.into()
+            fabric.context(endpoint(me, ports::QUIT_SENDER))?.into()
         }
     };
     quit_mns(cluster, &ctx, &Executor::new(), dead);

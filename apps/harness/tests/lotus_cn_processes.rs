@@ -10,12 +10,11 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use dmem_deploy::process::{ClusterMember, CnContexts, ProcessPlan};
+use dmem_deploy::process::{CnContexts, ProcessPlan, ports};
 use dmem_deploy::{DeployError, Deployment, MnMemory, Recorder};
 use dmem_harness::fabric::{ClientTally, Fabric, LocalCluster};
 use dmem_harness::{deploy_spec, verdict};
 use dmem_txn::History;
-use dmem_verbs::{Endpoint, Port};
 use dmem_workloads::{AnyWorkload, Scale, Workload};
 
 const MNS: u16 = 2;
@@ -23,30 +22,17 @@ const CNS: u16 = 2;
 /// Coordinators per CN (and lock servers per CN: one per slot, LOTUS §4.1).
 const PER_CN: u16 = 3;
 const TXNS_PER_COORDINATOR: usize = 60;
-const FIRST_SERVICE_PORT: u16 = 1000;
-
-/// The plan a cluster file gives every process: CN `c`'s coordinators are
-/// `c * PER_CN ..`, its lock servers on ports `FIRST_SERVICE_PORT ..`.
+/// The plan a cluster file gives every process (`ProcessPlan::on_ports`, as `dmem cn`
+/// builds it): CN `c`'s coordinators are `c * PER_CN ..`, one lock server per slot.
 fn plan(cluster: &LocalCluster) -> ProcessPlan {
-    let at = |c: u16, port: u16| Endpoint {
-        node: cluster.cn(c),
-        port: Port(port),
-    };
-    ProcessPlan {
-        members: (0..CNS)
-            .map(|c| ClusterMember {
-                cn: cluster.cn(c),
-                coordinators: (c * PER_CN..(c + 1) * PER_CN).collect(),
-                listener: at(c, 99),
-                services: (0..PER_CN).map(|i| at(c, FIRST_SERVICE_PORT + i)).collect(),
-            })
-            .collect(),
-        detector: at(0, 100),
-        heartbeat: 10_000_000,
-        timeout: 1_000_000_000,
-        answer_timeout: 1_000_000_000,
-        state_dir: std::env::temp_dir(),
-    }
+    ProcessPlan::on_ports(
+        (0..CNS).map(|c| (cluster.cn(c), (c * PER_CN..(c + 1) * PER_CN).collect())),
+        PER_CN,
+        10_000_000,
+        1_000_000_000,
+        1_000_000_000,
+        std::env::temp_dir(),
+    )
 }
 
 /// Returns (checker verdict, invariant violations, committed, lock messages each CN's
@@ -90,7 +76,9 @@ fn smallbank_in_two_cn_deployments(fabric: Fabric) -> (String, Vec<String>, u64,
         let node = cluster.cn(c);
         d.join_as_cn(node, &plan).unwrap();
         for (slot, &id) in plan.members[usize::from(c)].coordinators.iter().enumerate() {
-            let ctx = cluster.context(c, 1 + slot as u16).unwrap();
+            let ctx = cluster
+                .context(c, ports::FIRST_COORDINATOR + slot as u16)
+                .unwrap();
             let co = d.coordinator(ctx.clone(), id).unwrap();
             let client = tally.client(
                 Rc::clone(&workload),
@@ -107,8 +95,8 @@ fn smallbank_in_two_cn_deployments(fabric: Fabric) -> (String, Vec<String>, u64,
             .map(|e| cluster.context(c, e.port.0).unwrap())
             .collect();
         let ctxs = CnContexts {
-            heartbeat: cluster.context(c, 98).unwrap(),
-            listener: cluster.context(c, 99).unwrap(),
+            heartbeat: cluster.context(c, ports::HEARTBEAT.0).unwrap(),
+            listener: cluster.context(c, ports::LISTENER.0).unwrap(),
             services,
         };
         let anchor = ctxs.heartbeat.clone();

@@ -71,6 +71,39 @@ pub struct ClusterMember {
     pub services: Vec<Endpoint>,
 }
 
+/// The ports of a CN process of a real cluster, the same in every process (`dmem cn`, and
+/// tests that deploy several CNs in one process): coordinators on
+/// `FIRST_COORDINATOR..FIRST_COORDINATOR + MAX_CLIENTS`, the fixed ports above them, and the
+/// CN's services (LOTUS's lock servers, [`ClusterMember::services`]) from `FIRST_SERVICE`.
+pub mod ports {
+    use dmem_verbs::Port;
+
+    /// The first coordinator's port; coordinator slot `i` of a CN is on `FIRST_COORDINATOR + i`.
+    pub const FIRST_COORDINATOR: u16 = 1;
+    /// Most coordinators (clients) one CN process runs.
+    pub const MAX_CLIENTS: u16 = 256;
+    /// The detector (on the first CN).
+    pub const DETECTOR: Port = Port(300);
+    /// The link terminator's replies.
+    pub const TERMINATOR: Port = Port(301);
+    /// "Done" reports.
+    pub const DONE: Port = Port(302);
+    /// The CN's listener ([`super::ClusterMember::listener`]).
+    pub const LISTENER: Port = Port(303);
+    /// The heartbeat sender.
+    pub const HEARTBEAT: Port = Port(304);
+    /// The coordinator that reads the final state.
+    pub const FINAL_READER: Port = Port(305);
+    /// Tells the MN processes the run is over.
+    pub const QUIT_SENDER: Port = Port(306);
+    /// The first service port; service `i` of a CN is on `FIRST_SERVICE + i`.
+    pub const FIRST_SERVICE: u16 = 1000;
+
+    const _: () = assert!(FIRST_COORDINATOR + MAX_CLIENTS <= DETECTOR.0);
+    const _: () = assert!(QUIT_SENDER.0 < FIRST_SERVICE);
+    const _: () = assert!(FIRST_SERVICE.checked_add(MAX_CLIENTS).is_some());
+}
+
 /// How the processes of a real cluster run a protocol's recovery: the same plan in every
 /// process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +127,48 @@ pub struct ProcessPlan {
 }
 
 impl ProcessPlan {
+    /// The plan of CNs `cns` (each with its coordinator ids, in order) on the [`ports`]
+    /// layout: each CN's listener on [`ports::LISTENER`], `services` service endpoints from
+    /// [`ports::FIRST_SERVICE`], the detector on the first CN's [`ports::DETECTOR`].
+    ///
+    /// # Panics
+    /// If `cns` is empty or `services` exceeds [`ports::MAX_CLIENTS`].
+    #[must_use]
+    pub fn on_ports(
+        cns: impl IntoIterator<Item = (NodeId, Vec<u16>)>,
+        services: u16,
+        heartbeat: Nanos,
+        timeout: Nanos,
+        answer_timeout: Nanos,
+        state_dir: PathBuf,
+    ) -> Self {
+        assert!(services <= ports::MAX_CLIENTS, "{services} services per CN");
+        let at = |node, port| Endpoint { node, port };
+        let members: Vec<ClusterMember> = cns
+            .into_iter()
+            .map(|(cn, coordinators)| ClusterMember {
+                cn,
+                coordinators,
+                listener: at(cn, ports::LISTENER),
+                services: (0..services)
+                    .map(|i| at(cn, Port(ports::FIRST_SERVICE + i)))
+                    .collect(),
+            })
+            .collect();
+        let detector = at(
+            members.first().expect("a cluster has a CN").cn,
+            ports::DETECTOR,
+        );
+        Self {
+            members,
+            detector,
+            heartbeat,
+            timeout,
+            answer_timeout,
+            state_dir,
+        }
+    }
+
     /// The member for `cn`, if it is one.
     #[must_use]
     pub fn member(&self, cn: NodeId) -> Option<&ClusterMember> {
