@@ -4,14 +4,16 @@
 //! instant (a wire latency, a NIC service time, a response), so the queue is a timing wheel
 //! of [`WHEEL`] one-nanosecond buckets covering `[base, base + WHEEL)`, where `base` is the
 //! time of the last event taken out: every event in a bucket is due at the same instant, and
-//! a bucket is a FIFO, so scheduling order within an instant is kept for free. A bitmap finds
-//! the next non-empty bucket. Events due later than the wheel covers (transport timeouts,
+//! a bucket is a FIFO, so scheduling order within an instant is kept for free. A bucket is a
+//! linked list of nodes in one slab with a free list (no allocation per bucket, and the few
+//! nodes in use stay close together in memory); a bitmap with a one-word summary finds the
+//! next non-empty bucket in a few instructions. Events due later than the wheel covers (transport timeouts,
 //! long timers) or before `base` go to a binary heap; taking out compares the wheel's first
 //! event with the heap's by `(time, sequence number)`, so the order is exactly that of one
 //! heap ordered by `(time, sequence number)`.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 
 use dmem_verbs::Nanos;
 
@@ -42,26 +44,62 @@ impl<T> Ord for Far<T> {
     }
 }
 
+/// No node (end of a bucket's list, or of the free list).
+const NIL: u32 = u32::MAX;
+
+/// An item in the wheel: a node of its bucket's singly linked list, in a slab of nodes that
+/// is reused (a freed node goes on the free list), so that scheduling allocates nothing once
+/// the queue has grown to its working size, and the nodes in use stay few and close together.
+struct Node<T> {
+    seq: u64,
+    /// The next node of the same bucket (or of the free list), or [`NIL`].
+    next: u32,
+    item: Option<T>,
+}
+
+/// First and last node of a bucket's list (both [`NIL`] when the bucket is empty).
+#[derive(Clone, Copy)]
+struct Bucket {
+    head: u32,
+    tail: u32,
+}
+
+const EMPTY: Bucket = Bucket {
+    head: NIL,
+    tail: NIL,
+};
+
 /// A priority queue of items by `(time, order of insertion)`.
 pub(crate) struct EventQueue<T> {
     /// Every item in the wheel is due in `[base, base + WHEEL)`.
     base: Nanos,
     seq: u64,
-    buckets: Vec<VecDeque<(u64, T)>>,
+    buckets: Box<[Bucket]>,
+    nodes: Vec<Node<T>>,
+    /// Head of the list of free nodes.
+    free: u32,
     occupied: [u64; WORDS],
+    /// Bit `w` is set when word `w` of `occupied` is not zero.
+    summary: u64,
     in_wheel: usize,
     /// Time of the wheel's first item, when known.
     wheel_next: Option<Nanos>,
     far: BinaryHeap<Reverse<Far<T>>>,
 }
 
+// The summary bitmap has one bit per word of the bucket bitmap.
+const _: () = assert!(WORDS == 64);
+
 impl<T> EventQueue<T> {
     pub(crate) fn new() -> Self {
         Self {
             base: 0,
             seq: 0,
-            buckets: (0..WHEEL).map(|_| VecDeque::new()).collect(),
+            buckets: vec![EMPTY; WHEEL].into_boxed_slice(),
+            nodes: Vec::new(),
+            free: NIL,
             occupied: [0; WORDS],
+            summary: 0,
             in_wheel: 0,
             wheel_next: None,
             far: BinaryHeap::new(),
@@ -69,13 +107,42 @@ impl<T> EventQueue<T> {
     }
 
     /// Schedules `item` at `time`, after every item already scheduled at that time.
+    #[inline]
     pub(crate) fn push(&mut self, time: Nanos, item: T) {
         self.seq += 1;
         let seq = self.seq;
         if time >= self.base && time - self.base < WHEEL as Nanos {
+            let index = if self.free == NIL {
+                let index = self.nodes.len();
+                assert!(index < NIL as usize, "event queue node index overflow");
+                self.nodes.push(Node {
+                    seq,
+                    next: NIL,
+                    item: Some(item),
+                });
+                index as u32
+            } else {
+                let index = self.free;
+                let slot = &mut self.nodes[index as usize];
+                self.free = slot.next;
+                slot.seq = seq;
+                slot.next = NIL;
+                // A free node holds no item: nothing to drop (and no drop call to make).
+                let old = slot.item.replace(item);
+                debug_assert!(old.is_none(), "a free node holds no item");
+                std::mem::forget(old);
+                index
+            };
             let b = time as usize & (WHEEL - 1);
-            self.buckets[b].push_back((seq, item));
-            self.occupied[b / 64] |= 1 << (b % 64);
+            let bucket = &mut self.buckets[b];
+            if bucket.tail == NIL {
+                bucket.head = index;
+                self.occupied[b / 64] |= 1 << (b % 64);
+                self.summary |= 1 << (b / 64);
+            } else {
+                self.nodes[bucket.tail as usize].next = index;
+            }
+            bucket.tail = index;
             self.in_wheel += 1;
             if self.in_wheel == 1 {
                 self.wheel_next = Some(time);
@@ -101,32 +168,28 @@ impl<T> EventQueue<T> {
         Some(self.scan_wheel())
     }
 
-    /// Time of the wheel's first item, scanning the bitmap from `base` (the wheel is not
-    /// empty).
-    #[cold]
+    /// Time of the wheel's first item, from the bitmaps, starting at `base` (the wheel is
+    /// not empty).
     fn scan_wheel(&mut self) -> Nanos {
         let start = self.base as usize & (WHEEL - 1);
         let (w0, bit0) = (start / 64, start % 64);
-        let mut found = None;
-        // The start word from `bit0` up, the other words in turn, then the start word's
-        // bits below `bit0` (times that wrapped around the wheel).
+        // In time order: the start word from `bit0` up, the other words in turn (found with
+        // the summary), then the start word's bits below `bit0` (times that wrapped around
+        // the wheel).
         let first = self.occupied[w0] & (!0u64 << bit0);
-        if first != 0 {
-            found = Some(w0 * 64 + first.trailing_zeros() as usize);
+        let b = if first != 0 {
+            w0 * 64 + first.trailing_zeros() as usize
         } else {
-            for i in 1..=WORDS {
-                let w = (w0 + i) % WORDS;
-                let mut word = self.occupied[w];
-                if i == WORDS {
-                    word &= (1u64 << bit0).wrapping_sub(1);
-                }
-                if word != 0 {
-                    found = Some(w * 64 + word.trailing_zeros() as usize);
-                    break;
-                }
+            let others = (self.summary & !(1u64 << w0)).rotate_right(((w0 + 1) % WORDS) as u32);
+            if others != 0 {
+                let w = (w0 + 1 + others.trailing_zeros() as usize) % WORDS;
+                w * 64 + self.occupied[w].trailing_zeros() as usize
+            } else {
+                let wrapped = self.occupied[w0] & ((1u64 << bit0).wrapping_sub(1));
+                debug_assert!(wrapped != 0, "a non-empty wheel has an occupied bucket");
+                w0 * 64 + wrapped.trailing_zeros() as usize
             }
-        }
-        let b = found.expect("a non-empty wheel has an occupied bucket");
+        };
         let t = self.base + ((b.wrapping_sub(start)) & (WHEEL - 1)) as Nanos;
         self.wheel_next = Some(t);
         t
@@ -152,17 +215,28 @@ impl<T> EventQueue<T> {
             (None, Some(_)) => false,
             (Some(w), Some(Reverse(f))) => {
                 let b = w as usize & (WHEEL - 1);
-                let seq = self.buckets[b].front().expect("occupied bucket").0;
+                let seq = self.nodes[self.buckets[b].head as usize].seq;
                 (w, seq) < (f.time, f.seq)
             }
         };
         let (time, item) = if from_wheel {
             let time = wheel.expect("wheel item");
             let b = time as usize & (WHEEL - 1);
-            let (_, item) = self.buckets[b].pop_front().expect("occupied bucket");
+            let bucket = &mut self.buckets[b];
+            let index = bucket.head;
+            let node = &mut self.nodes[index as usize];
+            let item = node.item.take().expect("occupied bucket");
+            bucket.head = node.next;
+            node.next = self.free;
+            self.free = index;
             self.in_wheel -= 1;
-            if self.buckets[b].is_empty() {
-                self.occupied[b / 64] &= !(1 << (b % 64));
+            if bucket.head == NIL {
+                bucket.tail = NIL;
+                let word = &mut self.occupied[b / 64];
+                *word &= !(1 << (b % 64));
+                if *word == 0 {
+                    self.summary &= !(1 << (b / 64));
+                }
                 self.wheel_next = None;
             }
             (time, item)
