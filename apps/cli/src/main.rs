@@ -13,6 +13,14 @@ mod perf;
 mod recover;
 mod reproduce;
 
+/// mimalloc instead of the system allocator: the simulator allocates and frees per READ
+/// (its bytes) and per list of more than one work request, protocols per transaction, and
+/// glibc's `malloc`/`free` cost ≈3x mimalloc's fast path there (dmem-sim README, "Real
+/// time"). It changes no simulated figure: allocation order and addresses are no input to
+/// the model.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "dmem",
