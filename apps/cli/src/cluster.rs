@@ -1332,6 +1332,11 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
     if let Some(setup) = &setup {
         setup.check_threads(cluster.threads)?;
     }
+    // Every CN resolves the executor the same way: one line here rather than one per CN.
+    cluster
+        .executor
+        .resolve()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", cluster.path.display()))?;
     if let (Some(kill), Fabric::Shm { .. }) = (kill_mn, &cluster.fabric) {
         bail!(
             "--kill {kill}: on shm an MN's memory outlives its process (every CN keeps its mapping), so killing the MN process fails nothing; kill a CN"
