@@ -114,8 +114,9 @@ impl Future for Sleep {
             // clock, so it fires at the deadline (re-checked above on the next poll).
             return Pin::new(timer).poll(cx).map(|_| ());
         }
-        let key =
-            key.expect("dmem_runtime::Sleep polled on a thread with no running Executor or glommio executor");
+        let key = key.expect(
+            "dmem_runtime::Sleep polled on a thread with no running Executor or glommio executor",
+        );
         self.timer = Some(key);
         Poll::Pending
     }

@@ -132,21 +132,27 @@ fn real_clock_sleeps_on(kind: ExecutorKind) {
     use dmem_verbs::Clock as _;
     let jobs = (0..2)
         .map(|cpu| {
-            (cpu % std::thread::available_parallelism().map_or(1, |n| n.get()), {
-                move |clock: dmem_runtime::CoreClock| async move {
-                    let start = dmem_runtime::monotonic_now();
-                    dmem_runtime::RealClock.sleep(5_000_000).await;
-                    clock.sleep(1_000_000).await;
-                    dmem_runtime::RealClock
-                        .sleep_until(dmem_runtime::monotonic_now() + 5_000_000)
-                        .await;
-                    dmem_runtime::monotonic_now() - start
-                }
-            })
+            (
+                cpu % std::thread::available_parallelism().map_or(1, |n| n.get()),
+                {
+                    move |clock: dmem_runtime::CoreClock| async move {
+                        let start = dmem_runtime::monotonic_now();
+                        dmem_runtime::RealClock.sleep(5_000_000).await;
+                        clock.sleep(1_000_000).await;
+                        dmem_runtime::RealClock
+                            .sleep_until(dmem_runtime::monotonic_now() + 5_000_000)
+                            .await;
+                        dmem_runtime::monotonic_now() - start
+                    }
+                },
+            )
         })
         .collect();
     for took in dmem_runtime::run_per_core(kind, jobs).expect("executors start") {
-        assert!(took >= 11_000_000, "{kind:?}: slept {took} ns, less than asked");
+        assert!(
+            took >= 11_000_000,
+            "{kind:?}: slept {took} ns, less than asked"
+        );
     }
 }
 

@@ -12,12 +12,16 @@
 //!   share of the records out of band, serves it, and answers link-termination requests
 //!   (Pandora §3.2.2 step 2: the paper's RPC to the MN's management core) until
 //!   `dmem cluster` tells it to quit.
-//! - **CN**: deploys on the regions alone and runs the loader without writing (so that
-//!   placement decided while loading, such as OOCC's directory, agrees); one executor
-//!   thread with one coordinator per client, each made by the deployment on its own
-//!   `TcpContext`, after `Deployment::join_as_cn` told the deployment which CN it is (the
-//!   plan's members carry one service endpoint per client: LOTUS's lock servers, run by
-//!   the deployment's `process_tasks`). A CN whose clients are done keeps running those
+//! - **CN**: one executor per core (`threads` of the file; glommio pinned to the core or
+//!   the polling executor, as `executor` resolves: `dmem_runtime::run_per_core`), each
+//!   core with a deployment of its own on the regions alone, after the loader ran without
+//!   writing (so that placement decided while loading, such as OOCC's directory, agrees)
+//!   and `Deployment::join_as_cn` told it which CN it is (the plan's members carry one
+//!   service endpoint per client: LOTUS's lock servers, run by the deployment's
+//!   `process_tasks`); one coordinator per client, on core `client mod threads`, each on
+//!   its own context. More than one core needs `Deployment::splits_across_cores`. The
+//!   first core also runs the CN's process tasks and everything below; the cores share
+//!   only atomic counters. A CN whose clients are done keeps running those
 //!   tasks, re-sending its report, until the first CN says the run is over.
 //!   Recovery across processes is the deployment's (`dmem-deploy`'s
 //!   `process` module): every CN runs the tasks `Deployment::process_tasks` returns
@@ -722,38 +726,40 @@ impl CnSetup {
     ) {
         let workload = &self.setup.workload;
         let shared = &self.shared;
-        let clients = coordinators.into_iter().map(|(id, mut co, ctx)| async move {
-            let mut generator = workload.generator(u32::from(id), 0x5eed ^ u64::from(id));
-            while RealClock.now() < end && !shared.stop.load(Ordering::Relaxed) {
-                let txn = generator.next_txn();
-                match execute(workload, &mut co, &txn, dmem_harness::MAX_ATTEMPTS).await {
-                    Executed::Committed { outcome, .. } => {
-                        shared.committed.fetch_add(1, Ordering::Relaxed);
-                        if let Outcome::Commit { delta } = outcome {
-                            shared.delta.fetch_add(delta, Ordering::Relaxed);
+        let clients = coordinators
+            .into_iter()
+            .map(|(id, mut co, ctx)| async move {
+                let mut generator = workload.generator(u32::from(id), 0x5eed ^ u64::from(id));
+                while RealClock.now() < end && !shared.stop.load(Ordering::Relaxed) {
+                    let txn = generator.next_txn();
+                    match execute(workload, &mut co, &txn, dmem_harness::MAX_ATTEMPTS).await {
+                        Executed::Committed { outcome, .. } => {
+                            shared.committed.fetch_add(1, Ordering::Relaxed);
+                            if let Outcome::Commit { delta } = outcome {
+                                shared.delta.fetch_add(delta, Ordering::Relaxed);
+                            }
+                        }
+                        Executed::RolledBack { .. } => {
+                            shared.rolled_back.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Executed::Failed { .. } => {
+                            shared.failed.fetch_add(1, Ordering::Relaxed);
+                            // Revoked (or an MN gone that the view does not count as failed):
+                            // nothing this coordinator posts lands any more. An MN the view
+                            // dropped (Pandora §3.2.5) is no longer posted to.
+                            let failed = deployment.borrow().failed_mns();
+                            if lost_live_mn(&ctx, &failed) {
+                                break;
+                            }
                         }
                     }
-                    Executed::RolledBack { .. } => {
-                        shared.rolled_back.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Executed::Failed { .. } => {
-                        shared.failed.fetch_add(1, Ordering::Relaxed);
-                        // Revoked (or an MN gone that the view does not count as failed):
-                        // nothing this coordinator posts lands any more. An MN the view
-                        // dropped (Pandora §3.2.5) is no longer posted to.
-                        let failed = deployment.borrow().failed_mns();
-                        if lost_live_mn(&ctx, &failed) {
-                            break;
-                        }
-                    }
+                    // On shm every post completes on its first poll, so a transaction never
+                    // waits: without this the core's other futures (heartbeats, the detector,
+                    // the other coordinators) would not run until the workload ends.
+                    dmem_runtime::yield_now().await;
                 }
-                // On shm every post completes on its first poll, so a transaction never
-                // waits: without this the core's other futures (heartbeats, the detector,
-                // the other coordinators) would not run until the workload ends.
-                dmem_runtime::yield_now().await;
-            }
-            shared.running.fetch_sub(1, Ordering::Relaxed);
-        });
+                shared.running.fetch_sub(1, Ordering::Relaxed);
+            });
         futures_util::future::join_all(clients).await;
     }
 
@@ -932,17 +938,23 @@ async fn first_core(
         if let Some(detector_ctx) = detector_ctx {
             join(cluster, me, clock, &detector_ctx).await?;
             println!("ready {}", me.name);
-            detector(cn, clock, &deployment, &streaming_off, detector_ctx, &done_ctx).await
+            detector(
+                cn,
+                clock,
+                &deployment,
+                &streaming_off,
+                detector_ctx,
+                &done_ctx,
+            )
+            .await
         } else {
             println!("ready {}", me.name);
             report_done(cn, clock, &done_ctx).await?;
             Ok(FirstCore::default())
         }
     };
-    let work = futures_util::future::join(
-        cn.run_coordinators(coordinators, &deployment, end),
-        body,
-    );
+    let work =
+        futures_util::future::join(cn.run_coordinators(coordinators, &deployment, end), body);
     // The process tasks never end by themselves: they stop with the work.
     let tasks = futures_util::future::join_all(tasks);
     match futures_util::future::select(std::pin::pin!(work), std::pin::pin!(tasks)).await {
@@ -1012,8 +1024,7 @@ async fn detector(
         plan,
     )?;
     // Without recovery a CN that never reports ends the run, after this long.
-    let give_up =
-        clock.now() + (cluster.duration() + cluster.join_timeout() * 2).as_nanos() as u64;
+    let give_up = clock.now() + (cluster.duration() + cluster.join_timeout() * 2).as_nanos() as u64;
     let start = dmem_runtime::monotonic_now();
     let mut deltas: HashMap<NodeId, i64> = HashMap::new();
     let mut finished: BTreeSet<NodeId> = BTreeSet::new();

@@ -439,7 +439,10 @@ pub trait Deployment {
     /// # Errors
     /// Why this protocol's coordinators must share one deployment per CN.
     fn splits_across_cores(&self) -> Result<(), String> {
-        Err("its coordinators may share CN-side state (the protocol does not say they keep none)".to_owned())
+        Err(
+            "its coordinators may share CN-side state (the protocol does not say they keep none)"
+                .to_owned(),
+        )
     }
 
     /// The MNs this process's view counts as failed (Pandora §3.2.5: dropped from the view,
