@@ -716,14 +716,15 @@ impl CnSetup {
         Ok(coordinators)
     }
 
-    /// Runs `coordinators` until the workload's duration is over (or every core is told to
-    /// stop), counting into the CN's tallies.
+    /// Runs `coordinators` for the workload's duration from now (or until every core is
+    /// told to stop), counting into the CN's tallies.
     async fn run_coordinators(
         &self,
         coordinators: Vec<(u16, dmem_txn::BoxCoordinator, AnyContext)>,
         deployment: &RefCell<Box<dyn Deployment>>,
-        end: dmem_verbs::Nanos,
     ) {
+        // From when this core's coordinators exist: each core loads on its own first.
+        let end = dmem_runtime::monotonic_now() + self.cluster.duration().as_nanos() as u64;
         let workload = &self.setup.workload;
         let shared = &self.shared;
         let clients = coordinators
@@ -764,7 +765,7 @@ impl CnSetup {
     }
 
     /// A core after the first: its own deployment and coordinators.
-    async fn worker_core(&self, core: usize, end: dmem_verbs::Nanos) -> anyhow::Result<()> {
+    async fn worker_core(&self, core: usize) -> anyhow::Result<()> {
         let made = self
             .deployment(Recorder::streaming(Rc::new(StdoutHistory::default())))
             .and_then(|mut d| {
@@ -780,7 +781,7 @@ impl CnSetup {
         };
         self.shared.built.fetch_add(1, Ordering::Relaxed);
         let deployment = RefCell::new(deployment);
-        self.run_coordinators(coordinators, &deployment, end).await;
+        self.run_coordinators(coordinators, &deployment).await;
         Ok(())
     }
 }
@@ -827,7 +828,6 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         },
         cores,
     });
-    let end = dmem_runtime::monotonic_now() + cluster.duration().as_nanos() as u64;
     let jobs = cn
         .cores
         .iter()
@@ -836,13 +836,13 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
             let cn = Arc::clone(&cn);
             let job = move |clock: CoreClock| async move {
                 if core == 0 {
-                    let r = first_core(&cn, clock, end).await;
+                    let r = first_core(&cn, clock).await;
                     if r.is_err() {
                         cn.shared.stop.store(true, Ordering::Relaxed);
                     }
                     r.map(Some)
                 } else {
-                    cn.worker_core(core, end).await.map(|()| None)
+                    cn.worker_core(core).await.map(|()| None)
                 }
             };
             (cpu, job)
@@ -878,11 +878,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
 /// The first core of a CN: its share of the coordinators, the CN's process tasks
 /// (heartbeats, Pandora's listener, LOTUS's lock servers) and, on the first CN, the
 /// detector's side and the final check; on the others, the "done" report.
-async fn first_core(
-    cn: &CnSetup,
-    clock: CoreClock,
-    end: dmem_verbs::Nanos,
-) -> anyhow::Result<FirstCore> {
+async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore> {
     let (cluster, me, plan, net) = (&cn.cluster, &cn.me, &cn.plan, &cn.net);
     let detector_cn = plan.detector.node;
     let is_detector = me.node == detector_cn;
@@ -953,8 +949,7 @@ async fn first_core(
             Ok(FirstCore::default())
         }
     };
-    let work =
-        futures_util::future::join(cn.run_coordinators(coordinators, &deployment, end), body);
+    let work = futures_util::future::join(cn.run_coordinators(coordinators, &deployment), body);
     // The process tasks never end by themselves: they stop with the work.
     let tasks = futures_util::future::join_all(tasks);
     match futures_util::future::select(std::pin::pin!(work), std::pin::pin!(tasks)).await {
