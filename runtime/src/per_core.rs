@@ -206,6 +206,19 @@ where
 }
 
 #[cfg(feature = "glommio")]
+std::thread_local! {
+    /// Set on the threads of [`glommio_run`]'s executors, so that [`RealClock`]'s sleeps
+    /// use glommio's timers there.
+    static ON_GLOMMIO: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread runs a glommio executor of [`glommio_run`].
+#[cfg(feature = "glommio")]
+pub(crate) fn on_glommio() -> bool {
+    ON_GLOMMIO.with(std::cell::Cell::get)
+}
+
+#[cfg(feature = "glommio")]
 pub use glommio_impl::{GlommioClock, IO_MEMORY, SPIN_BEFORE_PARK, glommio_probe, glommio_run};
 
 #[cfg(feature = "glommio")]
@@ -283,7 +296,10 @@ mod glommio_impl {
         let mut handles = Vec::with_capacity(jobs.len());
         for (cpu, job) in jobs {
             let h = builder(Placement::Fixed(cpu), &format!("dmem-core-{cpu}"))
-                .spawn(move || job(CoreClock::Glommio(GlommioClock)))
+                .spawn(move || {
+                    super::ON_GLOMMIO.with(|on| on.set(true));
+                    job(CoreClock::Glommio(GlommioClock))
+                })
                 .map_err(|e| PerCoreError::Start {
                     cpu,
                     why: e.to_string(),

@@ -124,3 +124,49 @@ fn executor_choices_parse_and_resolve() {
         }
     }
 }
+
+/// `RealClock` (which the fabrics' contexts sleep on) sleeps on whichever executor a
+/// `run_per_core` job runs on: the polling executor's timers, or glommio's. Each job sleeps
+/// 5 ms twice, with a `CoreClock` sleep between them, and measures the time it took.
+fn real_clock_sleeps_on(kind: ExecutorKind) {
+    use dmem_verbs::Clock as _;
+    let jobs = (0..2)
+        .map(|cpu| {
+            (
+                cpu % std::thread::available_parallelism().map_or(1, |n| n.get()),
+                {
+                    move |clock: dmem_runtime::CoreClock| async move {
+                        let start = dmem_runtime::monotonic_now();
+                        dmem_runtime::RealClock.sleep(5_000_000).await;
+                        clock.sleep(1_000_000).await;
+                        dmem_runtime::RealClock
+                            .sleep_until(dmem_runtime::monotonic_now() + 5_000_000)
+                            .await;
+                        dmem_runtime::monotonic_now() - start
+                    }
+                },
+            )
+        })
+        .collect();
+    for took in dmem_runtime::run_per_core(kind, jobs).expect("executors start") {
+        assert!(
+            took >= 11_000_000,
+            "{kind:?}: slept {took} ns, less than asked"
+        );
+    }
+}
+
+#[test]
+fn real_clock_sleeps_under_the_polling_executor_per_core() {
+    real_clock_sleeps_on(ExecutorKind::Polling);
+}
+
+#[cfg(feature = "glommio")]
+#[test]
+fn real_clock_sleeps_under_glommio_per_core() {
+    if let Err(why) = dmem_runtime::glommio_probe() {
+        eprintln!("skipped: glommio does not start here: {why}");
+        return;
+    }
+    real_clock_sleeps_on(ExecutorKind::Glommio);
+}

@@ -110,8 +110,9 @@ struct WorkloadFile {
     clients: u32,
     #[serde(default = "default_one")]
     batch: u32,
-    /// `faa`: the executor of each client thread: `auto` (default: glommio, pinned, where
-    /// this build has it and it starts; else the polling executor), `polling` or `glommio`.
+    /// The executor of each CN thread (`faa`: client thread; transaction workloads: core
+    /// running its share of the coordinators): `auto` (default: glommio, pinned, where this
+    /// build has it and it starts; else the polling executor), `polling` or `glommio`.
     executor: Option<String>,
 }
 
@@ -280,10 +281,6 @@ impl Cluster {
             Kind::Faa
         } else {
             ensure!(
-                w.executor.is_none(),
-                "`executor` applies to the faa workload; a transaction workload runs every coordinator of a CN on one polling executor thread"
-            );
-            ensure!(
                 dmem_workloads::WORKLOAD_NAMES.contains(&w.kind.as_str()),
                 "workload kind `{}` is not `faa` or one of {}",
                 w.kind,
@@ -303,8 +300,10 @@ impl Cluster {
                 format!("scale `{scale_name}` is not tiny, small, ford, motor or lotus")
             })?;
             ensure!(
-                w.threads == 1,
-                "a transaction workload runs every coordinator of a CN on one executor thread: use threads = 1 and clients = coordinators per CN"
+                w.threads <= w.clients,
+                "a transaction workload runs each CN's coordinators (clients) on `threads` cores: threads ({}) must not exceed clients ({})",
+                w.threads,
+                w.clients
             );
             Kind::Txn {
                 workload: w.kind.clone(),
@@ -553,6 +552,16 @@ impl Cluster {
 
     pub(crate) fn clients(&self) -> u32 {
         self.clients
+    }
+
+    /// Threads (cores, one executor each) of every CN.
+    pub(crate) fn threads(&self) -> u32 {
+        self.threads
+    }
+
+    /// The executor every CN thread asked for.
+    pub(crate) fn executor(&self) -> dmem_runtime::ExecutorChoice {
+        self.executor
     }
 
     /// Coordinators of the workers: every client of every CN.
@@ -1320,6 +1329,14 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
             "--kill {kill}: protocol `{protocol}` has no recovery across processes yet (ford, pandora, motor, oocc and drtm do)"
         );
     }
+    if let Some(setup) = &setup {
+        setup.check_threads(cluster.threads)?;
+    }
+    // Every CN resolves the executor the same way: one line here rather than one per CN.
+    cluster
+        .executor
+        .resolve()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", cluster.path.display()))?;
     if let (Some(kill), Fabric::Shm { .. }) = (kill_mn, &cluster.fabric) {
         bail!(
             "--kill {kill}: on shm an MN's memory outlives its process (every CN keeps its mapping), so killing the MN process fails nothing; kill a CN"

@@ -12,12 +12,16 @@
 //!   share of the records out of band, serves it, and answers link-termination requests
 //!   (Pandora §3.2.2 step 2: the paper's RPC to the MN's management core) until
 //!   `dmem cluster` tells it to quit.
-//! - **CN**: deploys on the regions alone and runs the loader without writing (so that
-//!   placement decided while loading, such as OOCC's directory, agrees); one executor
-//!   thread with one coordinator per client, each made by the deployment on its own
-//!   `TcpContext`, after `Deployment::join_as_cn` told the deployment which CN it is (the
-//!   plan's members carry one service endpoint per client: LOTUS's lock servers, run by
-//!   the deployment's `process_tasks`). A CN whose clients are done keeps running those
+//! - **CN**: one executor per core (`threads` of the file; glommio pinned to the core or
+//!   the polling executor, as `executor` resolves: `dmem_runtime::run_per_core`), each
+//!   core with a deployment of its own on the regions alone, after the loader ran without
+//!   writing (so that placement decided while loading, such as OOCC's directory, agrees)
+//!   and `Deployment::join_as_cn` told it which CN it is (the plan's members carry one
+//!   service endpoint per client: LOTUS's lock servers, run by the deployment's
+//!   `process_tasks`); one coordinator per client, on core `client mod threads`, each on
+//!   its own context. More than one core needs `Deployment::splits_across_cores`. The
+//!   first core also runs the CN's process tasks and everything below; the cores share
+//!   only atomic counters. A CN whose clients are done keeps running those
 //!   tasks, re-sending its report, until the first CN says the run is over.
 //!   Recovery across processes is the deployment's (`dmem-deploy`'s
 //!   `process` module): every CN runs the tasks `Deployment::process_tasks` returns
@@ -41,6 +45,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
@@ -52,7 +57,7 @@ use dmem_deploy::{
     AnyContext, Decision, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
     RecoveredCoordinator, settle_history,
 };
-use dmem_runtime::{Executor, RealClock};
+use dmem_runtime::{CoreClock, Executor, RealClock, run_per_core};
 use dmem_shm::{MessageServer, MnLink, ShmFabric, ShmMemoryNode, ShmServer};
 use dmem_tcp::{TcpFabric, TcpMemoryServer};
 use dmem_txn::{
@@ -80,6 +85,7 @@ const MAX_SLACK_DOUBLINGS: u32 = 6;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The deployment of a cluster, as every process derives it.
+#[derive(Clone)]
 pub(crate) struct TxnSetup {
     pub(crate) workload: AnyWorkload,
     protocol: Arc<dyn Protocol>,
@@ -150,6 +156,20 @@ impl TxnSetup {
     /// (`Deployment::recovers_across_processes`).
     pub(crate) fn recovers(&self) -> anyhow::Result<bool> {
         Ok(self.remote()?.recovers_across_processes())
+    }
+
+    /// Whether a CN may run its coordinators on `threads` cores: one always, more when the
+    /// protocol lets a CN split them (`Deployment::splits_across_cores`); else one line why.
+    pub(crate) fn check_threads(&self, threads: u32) -> anyhow::Result<()> {
+        if threads > 1
+            && let Err(why) = self.remote()?.splits_across_cores()
+        {
+            bail!(
+                "threads = {threads}: protocol `{}` cannot split a CN's coordinators across cores: {why}; use threads = 1",
+                self.protocol.name()
+            );
+        }
+        Ok(())
     }
 
     /// How many MNs hold each record (`Deployment::replicas`).
@@ -602,6 +622,15 @@ pub(crate) struct TxnCnReport {
     /// First CN only: the workload's invariants over the final state, read after every CN
     /// finished or was recovered (`ok`, the violations, or why they were skipped).
     invariants: String,
+    /// The executor each of its cores ran on (`glommio`, pinned, or `polling`).
+    #[serde(default)]
+    pub(crate) executor: String,
+    /// Why not glommio, when the polling executor ran.
+    #[serde(default)]
+    executor_why: Option<String>,
+    /// Its cores (executors), each running its share of the coordinators.
+    #[serde(default)]
+    threads: u32,
 }
 
 /// The recovery plan every process of `cluster` derives (`dmem-deploy`'s
@@ -620,15 +649,242 @@ fn process_plan(cluster: &Cluster) -> ProcessPlan {
     )
 }
 
-/// `dmem cn` for a transaction workload.
+/// What the cores of one CN process share: the tallies over all its coordinators, how
+/// many still run, and whether every core has made its coordinators.
+#[derive(Debug, Default)]
+struct CnShared {
+    committed: AtomicU64,
+    rolled_back: AtomicU64,
+    failed: AtomicU64,
+    /// The workload's conserved quantity the CN's commits added.
+    delta: AtomicI64,
+    /// Coordinators still running, on every core.
+    running: AtomicUsize,
+    /// Cores (other than the first) whose coordinators are made.
+    built: AtomicUsize,
+    /// A core could not make its coordinators, or the first core gave up: every core stops.
+    stop: AtomicBool,
+}
+
+/// Everything a CN's cores need, shared by their threads.
+struct CnSetup {
+    cluster: Cluster,
+    me: CnNode,
+    setup: TxnSetup,
+    plan: ProcessPlan,
+    net: Net,
+    /// Per core, the CPU its executor is pinned to (glommio) and its clients: `(client
+    /// index, coordinator id)` (the client index numbers its port).
+    cores: Vec<(usize, Vec<(u16, u16)>)>,
+    shared: CnShared,
+}
+
+impl CnSetup {
+    /// This core's deployment (the protocol on the regions alone, streaming its records to
+    /// stdout), after the loader ran without writing (so that placement decided while
+    /// loading, such as OOCC's directory, agrees with the MNs) and
+    /// `Deployment::join_as_cn` told it which CN it is (LOTUS: whose lock table it serves).
+    fn deployment(&self, history: Recorder) -> anyhow::Result<Box<dyn Deployment>> {
+        let mut deployment = self
+            .setup
+            .deploy(MnMemory::remote(self.setup.regions.clone()), history)?;
+        for (table, key, value) in self.setup.workload.loader() {
+            deployment.load(table, key, &value)?;
+        }
+        deployment.join_as_cn(self.me.node, &self.plan)?;
+        Ok(deployment)
+    }
+
+    /// Core `core`'s coordinators, each on a context of its own connected to every MN.
+    fn coordinators(
+        &self,
+        core: usize,
+        deployment: &mut dyn Deployment,
+    ) -> anyhow::Result<Vec<(u16, dmem_txn::BoxCoordinator, AnyContext)>> {
+        let deadline = Instant::now() + self.cluster.join_timeout();
+        let mut coordinators = Vec::new();
+        for &(client, id) in &self.cores[core].1 {
+            let ctx = self.net.connected(
+                self.me.node,
+                Port(ports::FIRST_COORDINATOR + client),
+                &self.cluster,
+                deadline,
+            )?;
+            let co = deployment.coordinator(ctx.clone(), id)?;
+            coordinators.push((id, co, ctx));
+        }
+        Ok(coordinators)
+    }
+
+    /// Runs `coordinators` for the workload's duration from now (or until every core is
+    /// told to stop), counting into the CN's tallies.
+    async fn run_coordinators(
+        &self,
+        coordinators: Vec<(u16, dmem_txn::BoxCoordinator, AnyContext)>,
+        deployment: &RefCell<Box<dyn Deployment>>,
+    ) {
+        // From when this core's coordinators exist: each core loads on its own first.
+        let end = dmem_runtime::monotonic_now() + self.cluster.duration().as_nanos() as u64;
+        let workload = &self.setup.workload;
+        let shared = &self.shared;
+        let clients = coordinators
+            .into_iter()
+            .map(|(id, mut co, ctx)| async move {
+                let mut generator = workload.generator(u32::from(id), 0x5eed ^ u64::from(id));
+                while RealClock.now() < end && !shared.stop.load(Ordering::Relaxed) {
+                    let txn = generator.next_txn();
+                    match execute(workload, &mut co, &txn, dmem_harness::MAX_ATTEMPTS).await {
+                        Executed::Committed { outcome, .. } => {
+                            shared.committed.fetch_add(1, Ordering::Relaxed);
+                            if let Outcome::Commit { delta } = outcome {
+                                shared.delta.fetch_add(delta, Ordering::Relaxed);
+                            }
+                        }
+                        Executed::RolledBack { .. } => {
+                            shared.rolled_back.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Executed::Failed { .. } => {
+                            shared.failed.fetch_add(1, Ordering::Relaxed);
+                            // Revoked (or an MN gone that the view does not count as failed):
+                            // nothing this coordinator posts lands any more. An MN the view
+                            // dropped (Pandora §3.2.5) is no longer posted to.
+                            let failed = deployment.borrow().failed_mns();
+                            if lost_live_mn(&ctx, &failed) {
+                                break;
+                            }
+                        }
+                    }
+                    // On shm every post completes on its first poll, so a transaction never
+                    // waits: without this the core's other futures (heartbeats, the detector,
+                    // the other coordinators) would not run until the workload ends.
+                    dmem_runtime::yield_now().await;
+                }
+                shared.running.fetch_sub(1, Ordering::Relaxed);
+            });
+        futures_util::future::join_all(clients).await;
+    }
+
+    /// A core after the first: its own deployment and coordinators.
+    async fn worker_core(&self, core: usize) -> anyhow::Result<()> {
+        let made = self
+            .deployment(Recorder::streaming(Rc::new(StdoutHistory::default())))
+            .and_then(|mut d| {
+                let coordinators = self.coordinators(core, &mut *d)?;
+                Ok((d, coordinators))
+            });
+        let (deployment, coordinators) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                self.shared.stop.store(true, Ordering::Relaxed);
+                return Err(e.context(format!("{}: core {core}", self.me.name)));
+            }
+        };
+        self.shared.built.fetch_add(1, Ordering::Relaxed);
+        let deployment = RefCell::new(deployment);
+        self.run_coordinators(coordinators, &deployment).await;
+        Ok(())
+    }
+}
+
+/// What the first core of a CN reports besides the tallies.
+#[derive(Default)]
+struct FirstCore {
+    recovered: Vec<Recovered>,
+    mn_failures: Vec<MnFailed>,
+    invariants: String,
+}
+
+/// `dmem cn` for a transaction workload: one executor per core (`threads` of the cluster
+/// file, each on the executor `executor` picks: glommio pinned to the core, or the polling
+/// executor), each core's coordinators made by a deployment of its own
+/// (`Deployment::splits_across_cores`); the first core also runs the CN's process tasks,
+/// the detector's side (first CN) and the final check.
 pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow::Result<()> {
-    let plan = process_plan(cluster);
+    let (kind, executor_why) = cluster
+        .executor()
+        .resolve()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", me.name))?;
+    let threads = cluster.threads() as usize;
+    setup
+        .check_threads(cluster.threads())
+        .with_context(|| me.name.clone())?;
+    let net = Net::new(cluster, &me.name, me.node, || me.control())?;
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let mut cores: Vec<(usize, Vec<(u16, u16)>)> =
+        (0..threads).map(|t| (t % cpus, Vec::new())).collect();
+    for (client, id) in cluster.coordinator_ids(me.node).into_iter().enumerate() {
+        let client = u16::try_from(client).context("clients checked against ports")?;
+        cores[usize::from(client) % threads].1.push((client, id));
+    }
+    let cn = Arc::new(CnSetup {
+        cluster: cluster.clone(),
+        me: me.clone(),
+        setup: setup.clone(),
+        plan: process_plan(cluster),
+        net,
+        shared: CnShared {
+            running: AtomicUsize::new(cores.iter().map(|c| c.1.len()).sum()),
+            ..CnShared::default()
+        },
+        cores,
+    });
+    let jobs = cn
+        .cores
+        .iter()
+        .enumerate()
+        .map(|(core, &(cpu, _))| {
+            let cn = Arc::clone(&cn);
+            let job = move |clock: CoreClock| async move {
+                if core == 0 {
+                    let r = first_core(&cn, clock).await;
+                    if r.is_err() {
+                        cn.shared.stop.store(true, Ordering::Relaxed);
+                    }
+                    r.map(Some)
+                } else {
+                    cn.worker_core(core).await.map(|()| None)
+                }
+            };
+            (cpu, job)
+        })
+        .collect();
+    let results = run_per_core(kind, jobs).with_context(|| format!("{}: cores", me.name))?;
+    let mut first = None;
+    for r in results {
+        if let Some(f) = r? {
+            first = Some(f);
+        }
+    }
+    let first = first.unwrap_or_default();
+    let shared = &cn.shared;
+    let report = TxnCnReport {
+        role: "cn".into(),
+        name: me.name.clone(),
+        committed: shared.committed.load(Ordering::Relaxed),
+        rolled_back: shared.rolled_back.load(Ordering::Relaxed),
+        failed: shared.failed.load(Ordering::Relaxed),
+        delta: shared.delta.load(Ordering::Relaxed),
+        recovered: first.recovered,
+        mn_failures: first.mn_failures,
+        invariants: first.invariants,
+        executor: kind.name().to_owned(),
+        executor_why,
+        threads: cluster.threads(),
+    };
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+/// The first core of a CN: its share of the coordinators, the CN's process tasks
+/// (heartbeats, Pandora's listener, LOTUS's lock servers) and, on the first CN, the
+/// detector's side and the final check; on the others, the "done" report.
+async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore> {
+    let (cluster, me, plan, net) = (&cn.cluster, &cn.me, &cn.plan, &cn.net);
     let detector_cn = plan.detector.node;
     let is_detector = me.node == detector_cn;
-    let net = Net::new(cluster, &me.name, me.node, || me.control())?;
     let deadline = Instant::now() + cluster.join_timeout();
-    // The detector's receive queue exists before anything else, so that no heartbeat of a
-    // quicker CN is dropped while this one connects.
+    // The detector's receive queue exists before anything else of this CN, so that no
+    // heartbeat of a quicker CN is dropped while this one connects.
     let detector_ctx = if is_detector {
         Some(net.connected(me.node, ports::DETECTOR, cluster, deadline)?)
     } else {
@@ -649,29 +905,8 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     // The coordinators stream every record to stdout (and keep none here).
     let stdout_history = StdoutHistory::default();
     let streaming_off = Rc::clone(&stdout_history.off);
-    let history = Recorder::streaming(Rc::new(stdout_history));
-    let mut deployment = setup.deploy(MnMemory::remote(setup.regions.clone()), history)?;
-    // The loader runs here too and writes nothing (no MN is mapped): a protocol that
-    // places records as they load (OOCC's directory) then agrees with the MNs.
-    for (table, key, value) in setup.workload.loader() {
-        deployment.load(table, key, &value)?;
-    }
-    // Which CN this process is, before its coordinators are made (LOTUS: whose lock
-    // table it serves).
-    deployment.join_as_cn(me.node, &plan)?;
-    let executor = Executor::new();
-    let ids = cluster.coordinator_ids(me.node);
-    let mut coordinators = Vec::new();
-    for (i, &id) in ids.iter().enumerate() {
-        let ctx = net.connected(
-            me.node,
-            Port(ports::FIRST_COORDINATOR + i as u16),
-            cluster,
-            deadline,
-        )?;
-        let co = deployment.coordinator(ctx.clone(), id)?;
-        coordinators.push((id, co, ctx));
-    }
+    let mut deployment = cn.deployment(Recorder::streaming(Rc::new(stdout_history)))?;
+    let coordinators = cn.coordinators(0, &mut *deployment)?;
     // The protocol's CN side (heartbeats to the detector, which are also its join barrier;
     // for protocols with recovery across processes their listener) runs until this
     // process ends.
@@ -682,345 +917,324 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
             listener: net.context(me.node, ports::LISTENER)?,
             services,
         },
-        &plan,
+        plan,
     )?;
-    for task in tasks {
-        executor.spawn(task);
-    }
-    let deployment = Rc::new(RefCell::new(deployment));
-    let tally = Rc::new((
-        Cell::new(0u64),
-        Cell::new(0u64),
-        Cell::new(0u64),
-        Cell::new(0i64),
-    ));
-    let running = Rc::new(Cell::new(coordinators.len()));
-    let end = dmem_runtime::monotonic_now() + cluster.duration().as_nanos() as u64;
-    let workload = Rc::new(setup.workload.clone());
-    for (id, mut co, ctx) in coordinators {
-        let (tally, running, workload) =
-            (Rc::clone(&tally), Rc::clone(&running), Rc::clone(&workload));
-        let deployment = Rc::clone(&deployment);
-        executor.spawn(async move {
-            let mut generator = workload.generator(u32::from(id), 0x5eed ^ u64::from(id));
-            while RealClock.now() < end {
-                let txn = generator.next_txn();
-                match execute(&*workload, &mut co, &txn, dmem_harness::MAX_ATTEMPTS).await {
-                    Executed::Committed { outcome, .. } => {
-                        tally.0.set(tally.0.get() + 1);
-                        if let Outcome::Commit { delta } = outcome {
-                            tally.3.set(tally.3.get() + delta);
-                        }
-                    }
-                    Executed::RolledBack { .. } => tally.1.set(tally.1.get() + 1),
-                    Executed::Failed { .. } => {
-                        tally.2.set(tally.2.get() + 1);
-                        // Revoked (or an MN gone that the view does not count as failed):
-                        // nothing this coordinator posts lands any more. An MN the view
-                        // dropped (Pandora §3.2.5) is no longer posted to.
-                        let failed = deployment.borrow().failed_mns();
-                        if lost_live_mn(&ctx, &failed) {
-                            break;
-                        }
-                    }
-                }
-                // On shm every post completes on its first poll, so a transaction never
-                // waits: without this the other tasks of the executor (heartbeats, the
-                // detector, the other coordinators) would not run until the workload ends.
-                dmem_runtime::yield_now().await;
-            }
-            running.set(running.get() - 1);
-        });
-    }
-    // `dmem cluster` starts its kill timer once every CN is this far (the first CN: once
-    // it heard every CN's first heartbeat).
-    if !is_detector {
-        println!("ready {}", me.name);
-    }
-    let mut invariants = String::new();
-    let mut mn_failures = Vec::new();
-    let recovered: Vec<Recovered> = if let Some(detector_ctx) = detector_ctx {
-        join(cluster, me, &executor, &detector_ctx)?;
-        println!("ready {}", me.name);
-        // A protocol with recovery across processes takes over the detector's context;
-        // for others the heartbeats are only drained.
-        let mut recovery = deployment.borrow_mut().process_recovery(
-            detector_ctx.clone(),
-            MessageLinkTerminator::new(
-                net.context(me.node, ports::TERMINATOR)?,
-                plan.heartbeat,
-                plan.answer_timeout,
-            ),
-            &plan,
-        )?;
-        // Without recovery a CN that never reports ends the run, after this long.
-        let give_up =
-            RealClock.now() + (cluster.duration() + cluster.join_timeout() * 2).as_nanos() as u64;
-        let start = dmem_runtime::monotonic_now();
-        let running = Rc::clone(&running);
-        let mut deltas: HashMap<NodeId, i64> = HashMap::new();
-        let finished = executor.block_on(async {
-            let mut finished: BTreeSet<NodeId> = BTreeSet::new();
-            let mut recovered: BTreeSet<NodeId> = BTreeSet::new();
-            loop {
-                while let Some(msg) = done_ctx.try_recv()? {
-                    if let Some(delta) = msg.payload.strip_prefix(CN_DONE) {
-                        finished.insert(msg.from.node);
-                        if let Ok(delta) = <[u8; 8]>::try_from(delta) {
-                            deltas.insert(msg.from.node, i64::from_le_bytes(delta));
-                        }
-                    }
-                }
-                match &mut recovery {
-                    Some(recovery) => {
-                        for cn in recovery.detect()? {
-                            if finished.contains(&cn) {
-                                continue;
-                            }
-                            eprintln!(
-                                "dmem cn {}: {} missed its heartbeats for {} ms: recovering it",
-                                me.name,
-                                cluster.cn_name(cn),
-                                cluster.timeout() / 1_000_000
-                            );
-                            recovered.insert(cn);
-                            recovery.recover(cn).await?;
-                        }
-                        recovery.watch_mns().await?;
-                    }
-                    None => while detector_ctx.try_recv()?.is_some() {},
-                }
-                let pending: Vec<String> = plan
-                    .members
-                    .iter()
-                    .map(|m| m.cn)
-                    .filter(|n| *n != me.node && !finished.contains(n) && !recovered.contains(n))
-                    .map(|n| cluster.cn_name(n))
-                    .collect();
-                if running.get() == 0 && pending.is_empty() {
-                    return Ok::<_, anyhow::Error>(finished);
-                }
-                ensure!(
-                    recovery.is_some() || RealClock.now() < give_up,
-                    "{}: {} did not finish, and protocol `{}` has no recovery across processes",
-                    me.name,
-                    pending.join(", "),
-                    setup.protocol.name()
-                );
-                RealClock.sleep(plan.heartbeat / 2).await;
-            }
-        })?;
-        // Every other CN may exit now: the finished ones serve nobody any more, and one
-        // recovered while alive (a false suspicion) is told too; a dead one cannot be.
-        for cn in plan.members.iter().map(|m| m.cn).filter(|&n| n != me.node) {
-            let told = executor.block_on(done_ctx.send(endpoint(cn, ports::DONE), RUN_OVER));
-            if let (Err(e), true) = (told, finished.contains(&cn)) {
-                eprintln!(
-                    "dmem cn {}: cannot tell {} the run is over: {e}",
-                    me.name,
-                    cluster.cn_name(cn)
-                );
-            }
-        }
-        let (events, mn_events) = recovery
-            .as_ref()
-            .map_or_else(Default::default, |r| (r.events(), r.mn_failures()));
-        let settles = recovery.as_ref().is_some_and(|r| r.settles_history());
-        // The final state, read by one more coordinator that knows who failed (it reads
-        // past the locks they left) and which MNs failed (it connects to the live ones and
-        // reads their primaries), then the live MNs are told the run is over.
-        streaming_off.set(true);
-        let dead = deployment.borrow().failed_mns();
-        let final_ctx = net.connected_to(
-            me.node,
-            ports::FINAL_READER,
-            cluster,
-            Instant::now() + cluster.join_timeout(),
-            |node| !dead.contains(&node),
-        )?;
-        let last = deployment
-            .borrow_mut()
-            .final_coordinator(final_ctx, cluster.coordinators())?;
-        invariants = if events.is_empty() {
-            let delta = tally.3.get() + deltas.values().sum::<i64>();
-            check_invariants(&setup.workload, &executor, last, delta)
-        } else {
-            // A recovered CN's committed changes are not known here.
-            "skipped (a CN was recovered)".to_owned()
-        };
-        quit_mns(
-            cluster,
-            &net.context(me.node, ports::QUIT_SENDER)?,
-            &executor,
-            &dead,
-        );
-        let since_start = |t: dmem_verbs::Nanos| t.saturating_sub(start) / 1_000_000;
-        mn_failures = mn_events
-            .iter()
-            .map(|e| MnFailed {
-                mn: cluster
-                    .mns()
-                    .iter()
-                    .find(|m| m.node == e.mn)
-                    .map_or_else(|| format!("MN {}", e.mn.0), |m| m.name.clone()),
-                detected_ms: since_start(e.detected_at),
-                resumed_ms: e.resumed_at.map(since_start),
-            })
-            .collect();
-        events
-            .iter()
-            .map(|e| Recovered {
-                cn: cluster.cn_name(e.cn),
-                coordinators: e.coordinators.iter().map(|c| c.coordinator).collect(),
-                decisions: e
-                    .coordinators
-                    .iter()
-                    .map(|c| match c.decision {
-                        Some(Decision::RollForward) => "roll-forward".into(),
-                        Some(Decision::RollBack) => "roll-back".into(),
-                        None => "none".into(),
-                    })
-                    .collect(),
-                detected_ms: since_start(e.detected_at),
-                txns: e.coordinators.iter().map(|c| c.txn).collect(),
-                settle_at: settles.then_some(e.finished_at),
-            })
-            .collect()
-    } else {
-        let running = Rc::clone(&running);
-        executor.block_on(async {
-            while running.get() > 0 {
-                RealClock.sleep(plan.heartbeat).await;
-            }
-        });
-        let mut done = CN_DONE.to_vec();
-        done.extend_from_slice(&tally.3.get().to_le_bytes());
-        if let Err(e) = executor.block_on(done_ctx.send(endpoint(detector_cn, ports::DONE), &done))
-        {
-            eprintln!(
-                "dmem cn {}: cannot tell the detector it is done: {e}",
+    let deployment = RefCell::new(deployment);
+    let body = async {
+        // `dmem cluster` starts its kill timer once every CN is this far (every core made
+        // its coordinators; the first CN: once it heard every CN's first heartbeat).
+        while cn.shared.built.load(Ordering::Relaxed) + 1 < cn.cores.len() {
+            ensure!(
+                !cn.shared.stop.load(Ordering::Relaxed),
+                "{}: a core could not make its coordinators",
                 me.name
             );
+            clock.sleep(1_000_000).await;
         }
-        // Serve the other CNs (the protocol's tasks keep running) until the detector says
-        // every CN finished, or for at most a join timeout; the report is re-sent every
-        // heartbeat meanwhile (the detector counts it once).
-        let linger_end = RealClock.now() + cluster.join_timeout().as_nanos() as u64;
-        let over = executor.block_on(async {
-            while RealClock.now() < linger_end {
-                while let Some(msg) = done_ctx.try_recv()? {
-                    if msg.payload == RUN_OVER {
-                        return Ok::<_, anyhow::Error>(true);
-                    }
-                }
-                RealClock.sleep(plan.heartbeat).await;
-                let _ = done_ctx
-                    .send(endpoint(detector_cn, ports::DONE), &done)
-                    .await;
+        if let Some(detector_ctx) = detector_ctx {
+            join(cluster, me, clock, &detector_ctx).await?;
+            println!("ready {}", me.name);
+            detector(
+                cn,
+                clock,
+                &deployment,
+                &streaming_off,
+                detector_ctx,
+                &done_ctx,
+            )
+            .await
+        } else {
+            println!("ready {}", me.name);
+            report_done(cn, clock, &done_ctx).await?;
+            Ok(FirstCore::default())
+        }
+    };
+    let work = futures_util::future::join(cn.run_coordinators(coordinators, &deployment), body);
+    // The process tasks never end by themselves: they stop with the work.
+    let tasks = futures_util::future::join_all(tasks);
+    match futures_util::future::select(std::pin::pin!(work), std::pin::pin!(tasks)).await {
+        futures_util::future::Either::Left((((), first), _)) => first,
+        futures_util::future::Either::Right(_) => bail!("{}: the process tasks ended", me.name),
+    }
+}
+
+/// A CN other than the first, once its coordinators are done: report to the detector, then
+/// serve the other CNs (the protocol's tasks keep running) until the detector says every CN
+/// finished, or for at most a join timeout; the report is re-sent every heartbeat meanwhile
+/// (the detector counts it once).
+async fn report_done(cn: &CnSetup, clock: CoreClock, done_ctx: &AnyContext) -> anyhow::Result<()> {
+    let (cluster, me, plan) = (&cn.cluster, &cn.me, &cn.plan);
+    let detector = endpoint(plan.detector.node, ports::DONE);
+    while cn.shared.running.load(Ordering::Relaxed) > 0 {
+        clock.sleep(plan.heartbeat).await;
+    }
+    let mut done = CN_DONE.to_vec();
+    done.extend_from_slice(&cn.shared.delta.load(Ordering::Relaxed).to_le_bytes());
+    if let Err(e) = done_ctx.send(detector, &done).await {
+        eprintln!(
+            "dmem cn {}: cannot tell the detector it is done: {e}",
+            me.name
+        );
+    }
+    let linger_end = clock.now() + cluster.join_timeout().as_nanos() as u64;
+    while clock.now() < linger_end {
+        while let Some(msg) = done_ctx.try_recv()? {
+            if msg.payload == RUN_OVER {
+                return Ok(());
             }
-            Ok(false)
-        })?;
-        if !over {
+        }
+        clock.sleep(plan.heartbeat).await;
+        let _ = done_ctx.send(detector, &done).await;
+    }
+    eprintln!(
+        "dmem cn {}: no word from the detector within {} ms that the run is over; exiting",
+        me.name,
+        cluster.join_timeout().as_millis()
+    );
+    Ok(())
+}
+
+/// The first CN's detector side, once every CN joined: collect the other CNs' "done"
+/// reports, recover the CNs that fail (protocols with recovery across processes), tell the
+/// others the run is over, read the final state and check the workload's invariants, and
+/// tell the MNs to quit.
+async fn detector(
+    cn: &CnSetup,
+    clock: CoreClock,
+    deployment: &RefCell<Box<dyn Deployment>>,
+    streaming_off: &Cell<bool>,
+    detector_ctx: AnyContext,
+    done_ctx: &AnyContext,
+) -> anyhow::Result<FirstCore> {
+    let (cluster, me, plan, net, setup) = (&cn.cluster, &cn.me, &cn.plan, &cn.net, &cn.setup);
+    // A protocol with recovery across processes takes over the detector's context;
+    // for others the heartbeats are only drained.
+    let mut recovery = deployment.borrow_mut().process_recovery(
+        detector_ctx.clone(),
+        MessageLinkTerminator::new(
+            net.context(me.node, ports::TERMINATOR)?,
+            plan.heartbeat,
+            plan.answer_timeout,
+        ),
+        plan,
+    )?;
+    // Without recovery a CN that never reports ends the run, after this long.
+    let give_up = clock.now() + (cluster.duration() + cluster.join_timeout() * 2).as_nanos() as u64;
+    let start = dmem_runtime::monotonic_now();
+    let mut deltas: HashMap<NodeId, i64> = HashMap::new();
+    let mut finished: BTreeSet<NodeId> = BTreeSet::new();
+    let mut recovered: BTreeSet<NodeId> = BTreeSet::new();
+    loop {
+        while let Some(msg) = done_ctx.try_recv()? {
+            if let Some(delta) = msg.payload.strip_prefix(CN_DONE) {
+                finished.insert(msg.from.node);
+                if let Ok(delta) = <[u8; 8]>::try_from(delta) {
+                    deltas.insert(msg.from.node, i64::from_le_bytes(delta));
+                }
+            }
+        }
+        match &mut recovery {
+            Some(recovery) => {
+                for failed in recovery.detect()? {
+                    if finished.contains(&failed) {
+                        continue;
+                    }
+                    eprintln!(
+                        "dmem cn {}: {} missed its heartbeats for {} ms: recovering it",
+                        me.name,
+                        cluster.cn_name(failed),
+                        cluster.timeout() / 1_000_000
+                    );
+                    recovered.insert(failed);
+                    recovery.recover(failed).await?;
+                }
+                recovery.watch_mns().await?;
+            }
+            None => while detector_ctx.try_recv()?.is_some() {},
+        }
+        let pending: Vec<String> = plan
+            .members
+            .iter()
+            .map(|m| m.cn)
+            .filter(|n| *n != me.node && !finished.contains(n) && !recovered.contains(n))
+            .map(|n| cluster.cn_name(n))
+            .collect();
+        if cn.shared.running.load(Ordering::Relaxed) == 0 && pending.is_empty() {
+            break;
+        }
+        ensure!(
+            recovery.is_some() || clock.now() < give_up,
+            "{}: {} did not finish, and protocol `{}` has no recovery across processes",
+            me.name,
+            pending.join(", "),
+            setup.protocol.name()
+        );
+        clock.sleep(plan.heartbeat / 2).await;
+    }
+    // Every other CN may exit now: the finished ones serve nobody any more, and one
+    // recovered while alive (a false suspicion) is told too; a dead one cannot be.
+    for other in plan.members.iter().map(|m| m.cn).filter(|&n| n != me.node) {
+        let told = done_ctx.send(endpoint(other, ports::DONE), RUN_OVER).await;
+        if let (Err(e), true) = (told, finished.contains(&other)) {
             eprintln!(
-                "dmem cn {}: no word from the detector within {} ms that the run is over; exiting",
+                "dmem cn {}: cannot tell {} the run is over: {e}",
                 me.name,
-                cluster.join_timeout().as_millis()
+                cluster.cn_name(other)
             );
         }
-        Vec::new()
+    }
+    let (events, mn_events) = recovery
+        .as_ref()
+        .map_or_else(Default::default, |r| (r.events(), r.mn_failures()));
+    let settles = recovery.as_ref().is_some_and(|r| r.settles_history());
+    // The final state, read by one more coordinator that knows who failed (it reads
+    // past the locks they left) and which MNs failed (it connects to the live ones and
+    // reads their primaries), then the live MNs are told the run is over.
+    streaming_off.set(true);
+    let dead = deployment.borrow().failed_mns();
+    let final_ctx = net.connected_to(
+        me.node,
+        ports::FINAL_READER,
+        cluster,
+        Instant::now() + cluster.join_timeout(),
+        |node| !dead.contains(&node),
+    )?;
+    let last = deployment
+        .borrow_mut()
+        .final_coordinator(final_ctx, cluster.coordinators())?;
+    let invariants = if events.is_empty() {
+        let delta = cn.shared.delta.load(Ordering::Relaxed) + deltas.values().sum::<i64>();
+        check_invariants(&setup.workload, last, delta).await
+    } else {
+        // A recovered CN's committed changes are not known here.
+        "skipped (a CN was recovered)".to_owned()
     };
-    drop(executor);
-    let report = TxnCnReport {
-        role: "cn".into(),
-        name: me.name.clone(),
-        committed: tally.0.get(),
-        rolled_back: tally.1.get(),
-        failed: tally.2.get(),
-        delta: tally.3.get(),
+    quit_mns(cluster, &net.context(me.node, ports::QUIT_SENDER)?, &dead).await;
+    let since_start = |t: dmem_verbs::Nanos| t.saturating_sub(start) / 1_000_000;
+    let mn_failures = mn_events
+        .iter()
+        .map(|e| MnFailed {
+            mn: cluster
+                .mns()
+                .iter()
+                .find(|m| m.node == e.mn)
+                .map_or_else(|| format!("MN {}", e.mn.0), |m| m.name.clone()),
+            detected_ms: since_start(e.detected_at),
+            resumed_ms: e.resumed_at.map(since_start),
+        })
+        .collect();
+    let recovered = events
+        .iter()
+        .map(|e| Recovered {
+            cn: cluster.cn_name(e.cn),
+            coordinators: e.coordinators.iter().map(|c| c.coordinator).collect(),
+            decisions: e
+                .coordinators
+                .iter()
+                .map(|c| match c.decision {
+                    Some(Decision::RollForward) => "roll-forward".into(),
+                    Some(Decision::RollBack) => "roll-back".into(),
+                    None => "none".into(),
+                })
+                .collect(),
+            detected_ms: since_start(e.detected_at),
+            txns: e.coordinators.iter().map(|c| c.txn).collect(),
+            settle_at: settles.then_some(e.finished_at),
+        })
+        .collect();
+    Ok(FirstCore {
         recovered,
         mn_failures,
         invariants,
-    };
-    println!("{}", serde_json::to_string(&report)?);
-    Ok(())
+    })
 }
 
 /// The detector's join barrier: suspicion starts once every CN has sent its first
 /// heartbeat (a CN still connecting its coordinators is not a failed one).
-fn join(
+async fn join(
     cluster: &Cluster,
     me: &CnNode,
-    executor: &Executor,
+    clock: CoreClock,
     detector_ctx: &AnyContext,
 ) -> anyhow::Result<()> {
-    executor.block_on(async {
-        let mut heard = BTreeSet::new();
-        let join_end = RealClock.now() + cluster.join_timeout().as_nanos() as u64;
-        while heard.len() < cluster.cns().len() {
-            while let Some(msg) = detector_ctx.try_recv()? {
-                heard.insert(msg.from.node);
-            }
-            if RealClock.now() > join_end {
-                bail!(
-                    "{}: no heartbeat from {} within {} ms",
-                    me.name,
-                    cluster.cns_not_heard(|n| heard.contains(&n)),
-                    cluster.join_timeout().as_millis()
-                );
-            }
-            RealClock.sleep(1_000_000).await;
+    let mut heard = BTreeSet::new();
+    let join_end = clock.now() + cluster.join_timeout().as_nanos() as u64;
+    while heard.len() < cluster.cns().len() {
+        while let Some(msg) = detector_ctx.try_recv()? {
+            heard.insert(msg.from.node);
         }
-        Ok(())
-    })
+        if clock.now() > join_end {
+            bail!(
+                "{}: no heartbeat from {} within {} ms",
+                me.name,
+                cluster.cns_not_heard(|n| heard.contains(&n)),
+                cluster.join_timeout().as_millis()
+            );
+        }
+        clock.sleep(1_000_000).await;
+    }
+    Ok(())
 }
 
 /// The workload's invariants over the final state read by `last` (`delta`: the conserved
 /// quantity every CN's commits added): `ok`, the violations, or why they could not be read.
-fn check_invariants(
+///
+/// The workload's check asks for records one by one and may ask for more depending on what
+/// it read (TPC-C looks up the orders it inserted), through a synchronous callback; the
+/// reads are transactions that must run on this core's executor beside its other futures
+/// (LOTUS's lock servers). So the check runs over the records read so far, the records it
+/// asked for and did not have are read (each by a read-only transaction, retried like the
+/// workload's), and it runs again until it asks for nothing new; its last verdict stands.
+async fn check_invariants(
     workload: &AnyWorkload,
-    executor: &Executor,
-    last: dmem_txn::BoxCoordinator,
+    mut last: dmem_txn::BoxCoordinator,
     delta: i64,
 ) -> String {
-    // Records are read one by one as the workload's check asks for them (TPC-C looks up
-    // the orders it inserted), each by a read-only transaction. (Taken out of its cell for
-    // each read: `check` wants a `Fn`.)
-    let last = Cell::new(Some(last));
-    let read_error = RefCell::new(None);
-    let violations = workload.check(
-        |table, key| {
-            let mut co = last.take()?;
+    let mut read: HashMap<(dmem_txn::TableId, dmem_txn::Key), Option<Vec<u8>>> = HashMap::new();
+    loop {
+        let missing = RefCell::new(Vec::new());
+        let violations = workload.check(
+            |table, key| match read.get(&(table, key)) {
+                Some(value) => value.clone(),
+                None => {
+                    missing.borrow_mut().push((table, key));
+                    None
+                }
+            },
+            delta,
+        );
+        let missing = missing.into_inner();
+        if missing.is_empty() {
+            return match violations.first() {
+                None => "ok".to_owned(),
+                Some(v) => format!("{} violations, first: {v}", violations.len()),
+            };
+        }
+        for (table, key) in missing {
             // Retried like the workload's transactions (a DrTM read lease can run out
             // under a slow process).
-            let read = executor.block_on(async {
-                let mut attempt = 0;
-                loop {
-                    let r = async {
-                        let mut tx = co.begin(TxnKind::ReadOnly).await?;
-                        let value = tx.read(table, key).await?;
-                        tx.commit().await?;
-                        Ok::<_, dmem_txn::TxnError>(value)
-                    }
-                    .await;
-                    attempt += 1;
-                    match r {
-                        Err(e) if e.is_retryable() && attempt < dmem_harness::MAX_ATTEMPTS => {}
-                        r => break r,
-                    }
+            let mut attempt = 0;
+            let value = loop {
+                let r = async {
+                    let mut tx = last.begin(TxnKind::ReadOnly).await?;
+                    let value = tx.read(table, key).await?;
+                    tx.commit().await?;
+                    Ok::<_, dmem_txn::TxnError>(value)
                 }
-            });
-            last.set(Some(co));
-            read.unwrap_or_else(|e| {
-                *read_error.borrow_mut() = Some(e.to_string());
-                None
-            })
-        },
-        delta,
-    );
-    match (read_error.into_inner(), violations.first()) {
-        (Some(e), _) => format!("could not read the final state: {e}"),
-        (None, None) => "ok".to_owned(),
-        (None, Some(v)) => format!("{} violations, first: {v}", violations.len()),
+                .await;
+                attempt += 1;
+                match r {
+                    Err(e) if e.is_retryable() && attempt < dmem_harness::MAX_ATTEMPTS => {}
+                    r => break r,
+                }
+            };
+            match value {
+                Ok(value) => {
+                    read.insert((table, key), value);
+                }
+                Err(e) => return format!("could not read the final state: {e}"),
+            }
+        }
     }
 }
 
@@ -1136,9 +1350,9 @@ pub(crate) fn collect(
 }
 
 /// Tells every MN of the cluster but the `dead` ones that the run is over, from `ctx`.
-fn quit_mns(cluster: &Cluster, ctx: &AnyContext, executor: &Executor, dead: &[NodeId]) {
+async fn quit_mns(cluster: &Cluster, ctx: &AnyContext, dead: &[NodeId]) {
     for mn in cluster.mns().iter().filter(|m| !dead.contains(&m.node)) {
-        if let Err(e) = executor.block_on(ctx.send(mn_control(mn.node), QUIT)) {
+        if let Err(e) = ctx.send(mn_control(mn.node), QUIT).await {
             eprintln!("dmem cluster: cannot tell MN `{}` to quit: {e}", mn.name);
         }
     }
@@ -1162,7 +1376,7 @@ pub(crate) fn quit_mns_from_outside(cluster: &Cluster, dead: &[NodeId]) -> anyho
             fabric.context(endpoint(me, ports::QUIT_SENDER))?.into()
         }
     };
-    quit_mns(cluster, &ctx, &Executor::new(), dead);
+    Executor::new().block_on(quit_mns(cluster, &ctx, dead));
     Ok(())
 }
 
@@ -1188,6 +1402,7 @@ pub(crate) fn print_summary(
         "committed",
         "rolled back",
         "given up",
+        "executor",
         "recovered",
     ]);
     for (name, ok, r) in cns {
@@ -1215,6 +1430,8 @@ pub(crate) fn print_summary(
             r.as_ref().map_or("-".into(), |r| r.committed.to_string()),
             r.as_ref().map_or("-".into(), |r| r.rolled_back.to_string()),
             r.as_ref().map_or("-".into(), |r| r.failed.to_string()),
+            r.as_ref()
+                .map_or("-".into(), |r| format!("{} x {}", r.threads, r.executor)),
             recovered,
         ]);
     }

@@ -298,6 +298,81 @@ fn faa_clients_on_glommio_or_one_line_why_not() {
     }
 }
 
+/// A transaction CN on one executor per core: SmallBank on DrTM, two CN processes of two
+/// cores each (two coordinators per core, each core's made by a deployment of its own), every
+/// core on the executor `auto` picks — glommio pinned to its core where this build has it
+/// and it starts (`.ci/run` runs this with `--features glommio`), the polling executor
+/// otherwise. The CNs report the executor, the merged history and the invariants are clean.
+#[test]
+fn smallbank_on_drtm_runs_each_cn_on_two_cores() {
+    let (_dir, file) = local_smallbank_on_cores("drtm-cores", "drtm", "auto");
+    let out = run_cluster(&file, &[]);
+    // `dmem cluster` fails the run on any problem the history checker or the invariants
+    // found.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let r = reports(&out);
+    assert_eq!(r["cn0"]["invariants"], "ok", "{}", r["cn0"]);
+    let (kind, why) = dmem_runtime::ExecutorKind::detect();
+    for cn in ["cn0", "cn1"] {
+        assert_eq!(r[cn]["executor"], kind.name(), "{}", r[cn]);
+        assert_eq!(r[cn]["executor_why"].as_str(), why.as_deref(), "{}", r[cn]);
+        assert_eq!(r[cn]["threads"], 2, "{}", r[cn]);
+        assert!(r[cn]["committed"].as_u64().unwrap() > 0, "{}", r[cn]);
+    }
+}
+
+/// `executor = "glommio"` for a transaction workload with a CN killed: the CNs' cores run
+/// glommio where it starts, and the first CN's detector (on its first core, beside that
+/// core's coordinators) recovers the killed CN's four coordinators — two per core —
+/// from their redo logs; where glommio cannot run, the run stops with one line saying why.
+#[test]
+fn smallbank_on_oocc_two_cores_on_glommio_recovers_a_killed_cn() {
+    let (_dir, file) = local_smallbank_on_cores("oocc-cores", "oocc", "glommio");
+    let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
+    match dmem_runtime::ExecutorKind::detect() {
+        (kind, None) => {
+            assert_recovered_kill(&out);
+            assert_eq!(reports(&out)["cn0"]["executor"], kind.name());
+        }
+        (_, Some(why)) => {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success());
+            assert!(
+                stderr.contains(&format!("executor `glommio` cannot run here ({why})")),
+                "{stderr}"
+            );
+        }
+    }
+}
+
+/// A protocol whose coordinators share CN-side state (Pandora's listener updates the failed
+/// coordinators and the MN view every coordinator reads) refuses `threads = 2` in one line.
+#[test]
+fn pandora_refuses_two_cores_per_cn() {
+    let (_dir, file) = local_smallbank_on_cores("pandora-cores", "pandora", "polling");
+    let out = run_cluster(&file, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("cannot split a CN's coordinators across cores")
+            && stderr.contains("use threads = 1"),
+        "{stderr}"
+    );
+}
+
+/// [`local_smallbank`] with one MN and each CN's four coordinators on two cores, on
+/// `executor`.
+fn local_smallbank_on_cores(tag: &str, protocol: &str, executor: &str) -> (TempDir, PathBuf) {
+    let (dir, file) = local_smallbank(tag, protocol, 1);
+    let text = std::fs::read_to_string(&file).unwrap().replace(
+        "clients = 4",
+        &format!("clients = 4\nthreads = 2\nexecutor = \"{executor}\""),
+    );
+    std::fs::write(&file, text).unwrap();
+    (dir, file)
+}
+
 /// The cross-host test: MN on host 0, CNs on hosts 1 and 2, each in its own network
 /// namespace with a veth link to a bridge, all made here. First the FAA workload (cn1 killed
 /// with SIGKILL, the MN's detector revokes it, memory checks), then SmallBank on Pandora
@@ -436,9 +511,9 @@ fn cluster_file_errors_are_one_readable_line() {
         (
             good.replace(
                 "kind = \"faa\"",
-                "kind = \"smallbank\"\nprotocol = \"ford\"\nexecutor = \"glommio\"",
+                "kind = \"smallbank\"\nprotocol = \"ford\"\nthreads = 3",
             ),
-            "`executor` applies to the faa workload",
+            "threads (3) must not exceed clients (2)",
         ),
     ];
     for (i, (text, expected)) in cases.into_iter().enumerate() {

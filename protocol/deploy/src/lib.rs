@@ -426,6 +426,25 @@ pub trait Deployment {
         Ok(None)
     }
 
+    /// Whether a CN process may split its coordinators across cores (one executor per
+    /// core, `dmem cn` with `threads > 1`), each core's coordinators made by a deployment of
+    /// its own — the same spec and regions, loaded and [`join_as_cn`](Self::join_as_cn)ed as
+    /// the same CN — while one of them runs the CN's [`process_tasks`](Self::process_tasks),
+    /// [`process_recovery`](Self::process_recovery) and
+    /// [`final_coordinator`](Self::final_coordinator). That is sound when a coordinator
+    /// keeps no CN-side state that another core's coordinators or those tasks must see
+    /// (caches and hints may differ per core); `Err(why)` names the state otherwise. The
+    /// default refuses, because a protocol that did not say cannot be assumed to keep none.
+    ///
+    /// # Errors
+    /// Why this protocol's coordinators must share one deployment per CN.
+    fn splits_across_cores(&self) -> Result<(), String> {
+        Err(
+            "its coordinators may share CN-side state (the protocol does not say they keep none)"
+                .to_owned(),
+        )
+    }
+
     /// The MNs this process's view counts as failed (Pandora §3.2.5: dropped from the view,
     /// no longer posted to); empty by default.
     fn failed_mns(&self) -> Vec<NodeId> {

@@ -560,6 +560,10 @@ impl Deployment for FordDeployment {
         })))
     }
 
+    fn splits_across_cores(&self) -> Result<(), String> {
+        Err("its CN listener (Pandora §3.2.2, §3.2.5) updates the failed coordinators and the MN view that every coordinator of the CN reads".to_owned())
+    }
+
     fn failed_mns(&self) -> Vec<NodeId> {
         let view = self.store.view().borrow();
         (0..self.store.config().mns)

@@ -211,6 +211,10 @@ impl Deployment for LotusProcessDeployment {
         )))
     }
 
+    fn splits_across_cores(&self) -> Result<(), String> {
+        Err("its coordinators and lock servers share the CN's lock table (§4.1)".to_owned())
+    }
+
     /// Heartbeats to the detector, and one lock server per service context of this CN
     /// (LOTUS §4.1), each serving this CN's table until the process ends.
     fn process_tasks(

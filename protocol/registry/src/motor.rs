@@ -433,6 +433,10 @@ impl Deployment for MotorDeployment {
         )])
     }
 
+    fn splits_across_cores(&self) -> Result<(), String> {
+        Err("its op logs are mirrored to the CN's durable slots by the deployment that ran `process_tasks`".to_owned())
+    }
+
     fn process_recovery(
         &mut self,
         ctx: AnyContext,
