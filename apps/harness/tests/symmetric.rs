@@ -1,0 +1,97 @@
+//! Dandelion and FaSST on the shared-memory fabric in real time: the servers' message loops,
+//! coordinators and clients of `dmem_harness::servers::run_servers` on this thread's
+//! executor, the servers' RPCs as shm two-sided messages. Fixed numbers of transactions,
+//! no timing assertions: the checker, SmallBank's invariants and the packets' contents.
+
+use dmem_harness::fabric::Fabric;
+use dmem_harness::servers::{RunLength, ServersConfig, ServersResult, run_servers};
+use dmem_workloads::{AnyWorkload, Scale};
+
+/// Tiny SmallBank on `protocol` over shm: 3 servers × 2 threads × 4 coordinators, 40
+/// transactions each.
+fn smallbank_on_shm(protocol: &str) -> ServersResult {
+    let workload = AnyWorkload::new("smallbank", Scale::Tiny).unwrap();
+    let protocol = dmem_protocols::registry().get(protocol).unwrap();
+    let cfg = ServersConfig {
+        fabric: Fabric::Shm,
+        servers: 3,
+        threads: 2,
+        coroutines: 4,
+        seed: 3,
+        length: RunLength::Txns(40),
+        check: true,
+    };
+    run_servers(&*protocol, &workload, &cfg).unwrap()
+}
+
+fn runs_clean(protocol: &str) -> ServersResult {
+    let r = smallbank_on_shm(protocol);
+    eprintln!("{protocol} on shm: {r:?}");
+    assert_eq!(r.checker, "ok", "{protocol}");
+    assert_eq!(r.invariants, "ok", "{protocol}");
+    let all = 3 * 2 * 4 * 40;
+    assert_eq!(
+        r.committed + r.rolled_back + r.given_up.values().sum::<u64>(),
+        all,
+        "{protocol}: every transaction finished"
+    );
+    assert!(r.committed > all * 3 / 4, "{protocol}: {r:?}");
+    assert!(r.checked_txns as u64 >= r.committed);
+    // Nothing is lost in one process, but a loaded host can hold a response past the 5 ms
+    // retransmission timeout: re-sent requests then replay their cached responses.
+    assert!(r.counters.contains_key("retransmissions"), "{protocol}");
+    r
+}
+
+#[test]
+fn dnl_4_runs_smallbank_on_shm() {
+    runs_clean("dnl-4");
+}
+
+#[test]
+fn fasst_runs_smallbank_on_shm() {
+    runs_clean("fasst");
+}
+
+#[test]
+fn batching_puts_several_messages_in_a_packet_on_shm_and_the_switch_turns_it_off() {
+    let batched = runs_clean("dnl-4");
+    let per_packet = batched.msgs_per_packet.unwrap();
+    assert!(
+        per_packet > 1.0,
+        "dnl-4 on shm: {per_packet} messages per packet"
+    );
+    let unbatched = runs_clean("dnl:4+no-net-batch");
+    assert_eq!(unbatched.msgs_per_packet, Some(1.0));
+}
+
+#[test]
+fn recovery_and_the_simulator_are_refused_with_a_reason() {
+    let workload = AnyWorkload::new("smallbank", Scale::Tiny).unwrap();
+    let protocol = dmem_protocols::registry().get("dnl-4").unwrap();
+    let cfg = ServersConfig {
+        fabric: Fabric::Sim,
+        servers: 3,
+        threads: 1,
+        coroutines: 1,
+        seed: 1,
+        length: RunLength::Txns(1),
+        check: false,
+    };
+    assert!(run_servers(&*protocol, &workload, &cfg).is_err());
+    // A protocol that is not symmetric has no servers to deploy.
+    let ford = dmem_protocols::registry().get("ford").unwrap();
+    let err = run_servers(
+        &*ford,
+        &workload,
+        &ServersConfig {
+            fabric: Fabric::Shm,
+            ..cfg
+        },
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("not a symmetric protocol"),
+        "{err}"
+    );
+}
