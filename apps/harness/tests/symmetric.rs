@@ -66,7 +66,7 @@ fn batching_puts_several_messages_in_a_packet_on_shm_and_the_switch_turns_it_off
 }
 
 #[test]
-fn recovery_and_the_simulator_are_refused_with_a_reason() {
+fn the_simulator_and_non_symmetric_protocols_are_refused() {
     let workload = AnyWorkload::new("smallbank", Scale::Tiny).unwrap();
     let protocol = dmem_protocols::registry().get("dnl-4").unwrap();
     let cfg = ServersConfig {
@@ -93,5 +93,57 @@ fn recovery_and_the_simulator_are_refused_with_a_reason() {
     assert!(
         err.to_string().contains("not a symmetric protocol"),
         "{err}"
+    );
+}
+
+#[test]
+fn recovery_of_servers_on_shm_is_refused_with_a_typed_error() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use dmem_deploy::{ClusterShape, DeployError, Recorder, RecoveryTiming};
+    use dmem_harness::fabric::LocalCluster;
+    use dmem_txn::History;
+
+    let cluster = LocalCluster::with_threads(Fabric::Shm, 0, 2, 1, 0, 1).unwrap();
+    let servers = (0..2)
+        .map(|s| vec![cluster.context(s, 0).unwrap()])
+        .collect();
+    let protocol = dmem_protocols::registry().get("dnl-4").unwrap();
+    let history = Recorder::new(Rc::new(RefCell::new(History::new())));
+    let mut deployment = protocol
+        .deploy_servers(servers, &|ctx, task| cluster.spawn(ctx, task), history)
+        .unwrap();
+    let sim = ClusterShape {
+        mns: 1,
+        cns: 2,
+        threads: 1,
+        seed: 1,
+        profile: dmem_sim::NicProfile::cx5(),
+        min_mn_bytes: 1 << 16,
+    }
+    .build(0)
+    .unwrap();
+    let timing = RecoveryTiming {
+        heartbeat: 1_000,
+        timeout: 5_000,
+        poll: 1_000,
+        until: 1_000_000,
+    };
+    let err = deployment.start_recovery(&sim, 0, timing).unwrap_err();
+    assert!(matches!(err, DeployError::SimOnly { .. }), "{err}");
+    // A ragged shape (servers with different thread counts) is refused too.
+    let ragged = vec![
+        vec![cluster.context(0, 1).unwrap()],
+        vec![
+            cluster.context(1, 1).unwrap(),
+            cluster.context(1, 2).unwrap(),
+        ],
+    ];
+    let history = Recorder::new(Rc::new(RefCell::new(History::new())));
+    assert!(
+        protocol
+            .deploy_servers(ragged, &|ctx, task| cluster.spawn(ctx, task), history)
+            .is_err()
     );
 }

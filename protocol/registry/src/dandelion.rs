@@ -1,15 +1,21 @@
-//! Dandelion (Dnl-4, Dnl-2, Dnl-1) and FaSST as symmetric [`Protocol`]s on the simulated
-//! cluster: every CN is a server (coordinator and storage), the MNs stay idle.
+//! Dandelion (Dnl-4, Dnl-2, Dnl-1) and FaSST as symmetric [`Protocol`]s: every server is
+//! both coordinator and storage.
 //!
-//! At deployment every server thread gets a context, an endpoint and a `RunIteration` loop
-//! task ([`dmem_dandelion::Worker::run`]); records are loaded into the stores of their R
-//! replicas; a coordinator made on a CN context runs on that server thread's worker.
+//! On the simulated cluster ([`Protocol::deploy_on`] the simulator's memory) every CN is a
+//! server and the MNs stay idle; on a real fabric in one process
+//! ([`Protocol::deploy_servers`], e.g. `dmem_harness::servers` over shm) the caller hands
+//! over every server thread's context and a way to spawn on its executor. Either way every
+//! server thread gets a `RunIteration` loop task ([`dmem_dandelion::Worker::run`], the same
+//! async code, generic over the context); records are loaded into the stores of their R
+//! replicas; a coordinator made on a server thread's context runs on that thread's worker.
 //!
 //! Recovery (Dandelion §4.4, [`dmem_dandelion::recover`]) runs as a simulated task on the
 //! recovery CN: it notices a crashed server (from the simulator's crash state, then waits the
 //! heartbeat timeout), declares it crashed and halts the survivors; the lowest-numbered
 //! survivor then gathers the logs, sends every decision and lets the survivors resume,
-//! with RPCs over the same networking layer as the transactions.
+//! with RPCs over the same networking layer as the transactions. On a real fabric
+//! [`Deployment::start_recovery`] is refused ([`DeployError::SimOnly`]): there is no crash
+//! injection or failure detector for real servers yet.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
