@@ -37,7 +37,7 @@ fn runs_clean(protocol: &str) -> ServersResult {
     );
     assert!(r.committed > all * 3 / 4, "{protocol}: {r:?}");
     assert!(r.checked_txns as u64 >= r.committed);
-    // Nothing is lost in one process, but a loaded host can hold a response past the 5 ms
+    // Nothing is lost in one process, but a loaded host can hold a response past the 100 ms
     // retransmission timeout: re-sent requests then replay their cached responses.
     assert!(r.counters.contains_key("retransmissions"), "{protocol}");
     r

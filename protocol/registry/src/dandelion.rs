@@ -201,11 +201,14 @@ impl Protocol for DandelionProtocol {
 /// as many messages as on the simulator (the shm fabric itself carries up to 1 MiB).
 pub const REAL_PACKET_BYTES: usize = 4096;
 
-/// Retransmission timeout on a real fabric: eRPC's own, 5 ms (`kRpcRTOUs`, eRPC NSDI'19
-/// §5.2.2). A real-time run shares its cores with everything else on the host, so a round
-/// trip can take a scheduler quantum; the simulator's 50 unloaded round trips (90 µs) would
-/// re-send most requests of a loaded host.
-pub const REAL_RTO_NS: Nanos = 5_000_000;
+/// Retransmission timeout on a real fabric: 100 ms. Nothing is lost between servers in one
+/// process (shm queues, tcp), so the timer only has to outlast a round trip, and on a shared
+/// host a round trip can include the executor thread losing its core: at load average 10–16
+/// on the 2-core development VM the thread waited 8–32 ms at a time, and with eRPC's own 5 ms
+/// (`kRpcRTOUs`, eRPC NSDI'19 §5.2.2) 1,000–2,800 requests per 2 s run were re-sent (their
+/// copies then dropped as duplicates), which costs CPU that the figures are about. The
+/// simulator's 50 unloaded round trips (90 µs) would re-send nearly everything.
+pub const REAL_RTO_NS: Nanos = 100_000_000;
 
 impl DandelionProtocol {
     /// The servers on `contexts[server][thread]`: one worker and its `RunIteration` loop
