@@ -166,7 +166,7 @@ impl Protocol for DandelionProtocol {
             packet_limit,
             rto,
             history,
-            Some(sim.mn_count()),
+            true,
         )))
     }
 
@@ -192,7 +192,7 @@ impl Protocol for DandelionProtocol {
             REAL_PACKET_BYTES,
             REAL_RTO_NS,
             history,
-            None,
+            false,
         )))
     }
 }
@@ -205,15 +205,15 @@ pub const REAL_PACKET_BYTES: usize = 4096;
 /// process (shm queues, tcp), so the timer only has to outlast a round trip, and on a shared
 /// host a round trip can include the executor thread losing its core: at load average 10–16
 /// on the 2-core development VM the thread waited 8–32 ms at a time, and with eRPC's own 5 ms
-/// (`kRpcRTOUs`, eRPC NSDI'19 §5.2.2) 1,000–2,800 requests per 2 s run were re-sent (their
+/// (`kRpcRTOUs`, eRPC NSDI'19 §5.2.2) 400–2,800 requests per 2 s run were re-sent (their
 /// copies then dropped as duplicates), which costs CPU that the figures are about. The
 /// simulator's 50 unloaded round trips (90 µs) would re-send nearly everything.
 pub const REAL_RTO_NS: Nanos = 100_000_000;
 
 impl DandelionProtocol {
     /// The servers on `contexts[server][thread]`: one worker and its `RunIteration` loop
-    /// task per thread. `mns`: the simulator's MN count (servers are its CNs), `None` on a
-    /// real fabric (server `s` is whichever node its contexts are on).
+    /// task per thread; `on_sim`: the contexts are the simulator's (servers are its CNs,
+    /// recovery can run).
     fn servers<V: Verbs + Clock + Clone + 'static>(
         &self,
         contexts: Vec<Vec<V>>,
@@ -221,7 +221,7 @@ impl DandelionProtocol {
         packet_limit: usize,
         rto: Nanos,
         history: Recorder,
-        mns: Option<u16>,
+        on_sim: bool,
     ) -> DandelionDeployment<V> {
         let history = Rc::clone(history.history());
         let endpoints = contexts
@@ -248,7 +248,7 @@ impl DandelionProtocol {
         }
         DandelionDeployment {
             name: self.name.clone(),
-            mns,
+            on_sim,
             cluster,
             workers,
             history,
@@ -268,8 +268,8 @@ fn max_packet(profile: &NicProfile) -> usize {
 /// fabric in this process (`V` = [`AnyContext`]).
 struct DandelionDeployment<V> {
     name: String,
-    /// The simulator's MNs (servers are the CNs after them); `None` on a real fabric.
-    mns: Option<u16>,
+    /// Whether the servers are the simulator's CNs (else servers of a real fabric).
+    on_sim: bool,
     cluster: Rc<Cluster>,
     workers: Vec<Vec<Rc<Worker<V>>>>,
     history: Rc<RefCell<History>>,
@@ -321,7 +321,7 @@ impl<V: Verbs + Clock + Clone + 'static> Deployment for DandelionDeployment<V> {
     }
 
     fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
-        if ctx.as_sim().is_some() != self.mns.is_some() {
+        if ctx.as_sim().is_some() != self.on_sim {
             return Err(DeployError::Protocol {
                 protocol: self.name.clone(),
                 reason: format!(
@@ -339,7 +339,7 @@ impl<V: Verbs + Clock + Clone + 'static> Deployment for DandelionDeployment<V> {
         recovery_cn: u16,
         timing: RecoveryTiming,
     ) -> Result<(), DeployError> {
-        if self.mns.is_none() {
+        if !self.on_sim {
             // The detector reads the simulator's crash state and the survivors share one
             // epoch counter in this process; a real fabric has neither crash injection
             // nor a failure detector for Dandelion's servers yet.
