@@ -12,7 +12,8 @@
 //!
 //! One executor thread runs everything: the figures are real CPU cost of the protocol
 //! code, the networking layer and the fabric's queues on one core, not a multi-core
-//! throughput.
+//! throughput. On tcp the fabric's socket reader threads do part of the work outside that
+//! thread, so its CPU time ([`ServersResult::cpu_s`]) covers all of it on shm only.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
