@@ -658,3 +658,257 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
     }
     Ok(rows)
 }
+
+/// One protocol's results on a real fabric in one process (`dmem bench --fabric shm` of a
+/// symmetric protocol).
+#[derive(Debug, Clone, Serialize)]
+pub struct ServersRow {
+    /// Protocol.
+    pub protocol: String,
+    workload: String,
+    scale: String,
+    fabric: String,
+    servers: u16,
+    threads: u16,
+    coroutines: u16,
+    seed: u64,
+    /// Measured real time, ms.
+    elapsed_ms: f64,
+    /// The host's load average (1, 5, 15 min) when the row finished.
+    load_average: String,
+    /// Committed transactions per second of real time, thousands.
+    pub ktps: f64,
+    /// CPU time of the executor thread in the measured time, ms (its share of a core on
+    /// a loaded host is the rest of the real time).
+    cpu_ms: f64,
+    /// Committed transactions per CPU second of the executor thread, thousands: the
+    /// figure that does not move with the host's load.
+    pub ktps_per_cpu_s: f64,
+    abort_rate: f64,
+    p50_us: f64,
+    p99_us: f64,
+    /// Committed in the measured time.
+    pub committed: u64,
+    rolled_back: u64,
+    given_up: u64,
+    /// RPC messages (requests and responses) sent per second, thousands.
+    pub kmsgs_per_s: f64,
+    /// RPC messages sent per CPU second of the executor thread, thousands.
+    pub kmsgs_per_cpu_s: f64,
+    /// Packets sent per second, thousands.
+    pub kpackets_per_s: f64,
+    /// Messages per packet.
+    pub msgs_per_packet: Option<f64>,
+    packet_bytes: Option<f64>,
+    /// Verdict of the history checker.
+    pub checker: String,
+    /// Verdict of the workload's consistency checks.
+    pub invariants: String,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    counters: BTreeMap<String, u64>,
+}
+
+/// The host's load average (1, 5 and 15 minutes), as `/proc/loadavg` says.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+impl Args {
+    /// Whether every protocol asked for is symmetric (`dmem bench --fabric shm|tcp` runs
+    /// those in this process, [`run_servers`]); an error if symmetric and other protocols
+    /// are mixed (the others run as separate MN and CN processes).
+    ///
+    /// # Errors
+    /// An unknown protocol, or a mix.
+    pub fn symmetric_only(&self, registry: &Registry) -> anyhow::Result<bool> {
+        let mut symmetric = Vec::new();
+        for p in &self.protocol {
+            symmetric.push(registry.get(p).context("in --protocol")?.symmetric());
+        }
+        let all = symmetric.iter().all(|&s| s);
+        ensure!(
+            all || !symmetric.iter().any(|&s| s),
+            "--fabric {}: symmetric protocols (dnl-*, fasst) run their servers in this process, the others as MN and CN processes: bench them separately",
+            if self.fabric == TxnFabric::Shm {
+                "shm"
+            } else {
+                "tcp"
+            }
+        );
+        Ok(all)
+    }
+}
+
+/// `dmem bench --fabric shm|tcp` of symmetric protocols: `--servers` servers × `--threads`
+/// message loops × `--coroutines` coordinators each, on one real-time executor thread in
+/// this process (`dmem_harness::servers`), for `--duration-ms` of real time (at least 1000)
+/// after a tenth of it as warm-up; the whole history checked.
+///
+/// # Errors
+/// As [`run`].
+pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<ServersRow>> {
+    use dmem_harness::fabric::Fabric;
+    use dmem_harness::servers::{RunLength, ServersConfig};
+    ensure!(
+        args.cluster.is_none(),
+        "--cluster FILE: symmetric protocols run in this process, without a cluster file"
+    );
+    ensure!(
+        !args.protocol.is_empty(),
+        "--protocol needs at least one protocol name"
+    );
+    common::no_duplicates("protocol", &args.protocol)?;
+    let (mut workload, scale) = parse_workload(args.workload.name(), args.scale.name())?;
+    if let Some(mix) = &args.mix {
+        workload = workload_mix(args.workload.name(), scale, mix)?;
+    }
+    for p in &args.protocol {
+        let bytes = memory_estimate(registry, p, &workload, 1, 1)?;
+        common::ensure_memory(
+            bytes,
+            &format!(
+                "{} at --scale {} under {p}",
+                args.workload.name(),
+                scale.name()
+            ),
+            "--scale (tiny, small)",
+        )?;
+    }
+    let fabric = if args.fabric == TxnFabric::Tcp {
+        Fabric::Tcp
+    } else {
+        Fabric::Shm
+    };
+    let duration_ms = args.duration_ms.max(1000);
+    let cfg = ServersConfig {
+        fabric,
+        servers: args.servers,
+        threads: args.threads,
+        coroutines: args.coroutines,
+        seed: args.seed,
+        length: RunLength::Duration(std::time::Duration::from_millis(duration_ms)),
+        check: !args.no_check,
+    };
+    let mut sink = Sink::new(args.json, args.csv.as_deref())?;
+    if !args.json {
+        println!(
+            "dmem bench  workload {} ({} scale)  {fabric} in one process, one executor thread  {} servers x {} threads x {} coroutines  {duration_ms} ms real time  seed {}  load average {} at start, {} cores",
+            args.workload.name(),
+            scale.name(),
+            args.servers,
+            args.threads,
+            args.coroutines,
+            args.seed,
+            load_average(),
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+        );
+    }
+    let mut rows = Vec::new();
+    for protocol in &args.protocol {
+        let p = registry.get(protocol)?;
+        let r = dmem_harness::servers::run_servers(&*p, &workload, &cfg)
+            .with_context(|| format!("running {protocol} on {fabric}"))?;
+        let row = ServersRow {
+            protocol: protocol.clone(),
+            workload: args.workload.name().to_owned(),
+            scale: scale.name().to_owned(),
+            fabric: fabric.to_string(),
+            servers: args.servers,
+            threads: args.threads,
+            coroutines: args.coroutines,
+            seed: args.seed,
+            elapsed_ms: round(r.elapsed_s * 1e3, 1),
+            load_average: load_average(),
+            ktps: round(r.tps / 1e3, 3),
+            cpu_ms: round(r.cpu_s * 1e3, 1),
+            ktps_per_cpu_s: round(r.tps_per_cpu_s / 1e3, 3),
+            abort_rate: round(r.abort_rate, 4),
+            p50_us: round(r.p50_us, 1),
+            p99_us: round(r.p99_us, 1),
+            committed: r.committed,
+            rolled_back: r.rolled_back,
+            given_up: r.given_up.values().sum(),
+            kmsgs_per_s: round(r.messages_per_s / 1e3, 2),
+            kmsgs_per_cpu_s: round(r.messages_per_cpu_s / 1e3, 2),
+            kpackets_per_s: round(r.packets_per_s / 1e3, 2),
+            msgs_per_packet: r.msgs_per_packet.map(|m| round(m, 3)),
+            packet_bytes: r.packet_bytes.map(|b| round(b, 1)),
+            checker: r.checker,
+            invariants: r.invariants,
+            counters: r.counters,
+        };
+        sink.row(&row)?;
+        rows.push(row);
+    }
+    if !args.json {
+        let mut t = common::table(&[
+            "protocol",
+            "ktps",
+            "cpu ms",
+            "ktps/cpu-s",
+            "aborts",
+            "p50 µs",
+            "p99 µs",
+            "kmsgs/s",
+            "kmsgs/cpu-s",
+            "kpkts/s",
+            "msg/pkt",
+            "load avg",
+            "checker / invariants",
+        ]);
+        for r in &rows {
+            t.add_row(vec![
+                r.protocol.clone(),
+                format!("{:.2}", r.ktps),
+                format!("{:.0}", r.cpu_ms),
+                format!("{:.2}", r.ktps_per_cpu_s),
+                format!("{:.1}%", r.abort_rate * 100.0),
+                format!("{:.1}", r.p50_us),
+                format!("{:.1}", r.p99_us),
+                format!("{:.1}", r.kmsgs_per_s),
+                format!("{:.1}", r.kmsgs_per_cpu_s),
+                format!("{:.1}", r.kpackets_per_s),
+                r.msgs_per_packet.map_or_else(
+                    || "-".to_owned(),
+                    |m| format!("{m:.2} ({:.0} B)", r.packet_bytes.unwrap_or(0.0)),
+                ),
+                r.load_average.clone(),
+                format!("{} / {}", r.checker, r.invariants),
+            ]);
+        }
+        println!("{}", common::render(&t));
+        for r in rows.iter().filter(|r| !r.counters.is_empty()) {
+            let c: Vec<String> = r.counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            println!("{}: {}", r.protocol, c.join(", "));
+        }
+        for r in rows.iter().skip(1) {
+            println!(
+                "{} / {}: {:.3}x throughput, {:.3}x throughput per CPU second, {:.3}x messages per CPU second",
+                r.protocol,
+                rows[0].protocol,
+                r.ktps / rows[0].ktps.max(f64::MIN_POSITIVE),
+                r.ktps_per_cpu_s / rows[0].ktps_per_cpu_s.max(f64::MIN_POSITIVE),
+                r.kmsgs_per_cpu_s / rows[0].kmsgs_per_cpu_s.max(f64::MIN_POSITIVE)
+            );
+        }
+    }
+    let bad: Vec<_> = rows
+        .iter()
+        .filter(|r| !(r.checker == "ok" || r.checker == "skipped") || r.invariants != "ok")
+        .map(|r| r.protocol.clone())
+        .collect();
+    sink.finish("bench", &args, serde_json::json!({ "check_failed": bad }))?;
+    if !bad.is_empty() {
+        return Err(CheckFailed(format!(
+            "correctness check failed for {}: see the checker / invariants column",
+            bad.join(", ")
+        ))
+        .into());
+    }
+    Ok(rows)
+}

@@ -158,7 +158,11 @@ fn run() -> i32 {
         Command::Bench(BenchArgs { layer: None, txn })
             if txn.fabric() != bench_txn::TxnFabric::Sim =>
         {
-            cluster::bench_cluster(&txn)
+            match txn.symmetric_only(&dmem_protocols::registry()) {
+                Ok(true) => bench_txn::run_servers(txn, &dmem_protocols::registry()).map(drop),
+                Ok(false) => cluster::bench_cluster(&txn),
+                Err(e) => Err(e),
+            }
         }
         Command::Bench(BenchArgs { layer: None, txn }) => {
             bench_txn::run(txn, &dmem_protocols::registry()).map(drop)

@@ -162,3 +162,64 @@ fn bad_arguments_are_refused_in_one_line() {
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn dandelion_and_fasst_run_on_shm_in_one_process() {
+    let out = dmem(&[
+        "bench",
+        "--fabric",
+        "shm",
+        "--workload",
+        "smallbank",
+        "--scale",
+        "tiny",
+        "--protocol",
+        "dnl-4,fasst",
+        "--servers",
+        "2",
+        "--threads",
+        "1",
+        "--coroutines",
+        "2",
+        "--duration-ms",
+        "1000",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("summary").is_none())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    for (row, protocol) in rows.iter().zip(["dnl-4", "fasst"]) {
+        assert_eq!(row["protocol"], protocol);
+        assert_eq!(row["fabric"], "shm");
+        assert_eq!(row["checker"], "ok", "{row}");
+        assert_eq!(row["invariants"], "ok", "{row}");
+        assert!(row["committed"].as_u64().unwrap() > 0, "{row}");
+        assert!(row["load_average"].is_string(), "{row}");
+    }
+    assert_eq!(rows[1]["msgs_per_packet"].as_f64(), Some(1.0));
+    // Symmetric servers run in this process, the others as MN and CN processes: not mixed.
+    let out = dmem(&[
+        "bench",
+        "--fabric",
+        "shm",
+        "--protocol",
+        "dnl-4,ford",
+        "--scale",
+        "tiny",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("bench them separately"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

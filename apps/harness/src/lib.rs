@@ -38,6 +38,7 @@
 #![forbid(unsafe_code)]
 
 pub mod fabric;
+pub mod servers;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};

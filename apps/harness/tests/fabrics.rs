@@ -184,7 +184,8 @@ fn simulator_only_protocols_say_so_on_real_fabrics() {
     let cluster = LocalCluster::new(Fabric::Shm, 1, 1, 1 << 16, 1).unwrap();
     let history = Recorder::new(Rc::new(RefCell::new(History::new())));
     // LOTUS itself deploys in CN processes (`tests/lotus_cn_processes.rs`); its idealised
-    // RDMA lock reads every CN's table directly.
+    // RDMA lock reads every CN's table directly. Dandelion has no MN memory to be laid out
+    // on: its servers deploy on their own contexts (`deploy_servers`, `tests/symmetric.rs`).
     for name in ["dnl-4", "lotus:rdma-lock"] {
         let protocol = dmem_protocols::registry().get(name).unwrap();
         let err = protocol

@@ -311,6 +311,29 @@ pub trait Protocol: Send + Sync {
         history: Recorder,
     ) -> Result<Box<dyn Deployment>, DeployError>;
 
+    /// Deploys a symmetric protocol ([`symmetric`](Self::symmetric)) on servers of a real
+    /// fabric in this process: `servers[s][t]` is the context of server `s`'s thread `t`
+    /// (every server has the same threads), and `spawn` runs a server thread's background
+    /// task (its message loop) on the executor of that context. The servers hold their
+    /// records in this process's memory; coordinators are then made with
+    /// [`Deployment::coordinator`] on those contexts. Recovery needs the simulator.
+    ///
+    /// # Errors
+    /// [`DeployError::Protocol`] for a protocol that is not symmetric (the default): it is
+    /// laid out on MN memory with [`deploy_on`](Self::deploy_on).
+    fn deploy_servers(
+        &self,
+        servers: Vec<Vec<AnyContext>>,
+        spawn: &dyn Fn(&AnyContext, process::LocalTask),
+        history: Recorder,
+    ) -> Result<Box<dyn Deployment>, DeployError> {
+        let _ = (servers, spawn, history);
+        Err(DeployError::Protocol {
+            protocol: self.name(),
+            reason: "not a symmetric protocol: it is laid out on MN memory (deploy_on)".to_owned(),
+        })
+    }
+
     /// Lays the protocol's store out on `sim`'s MNs (zeroed); transactions record into
     /// `history` ([`deploy_on`](Self::deploy_on) on the simulator's memory).
     ///

@@ -1,27 +1,34 @@
-//! Dandelion (Dnl-4, Dnl-2, Dnl-1) and FaSST as symmetric [`Protocol`]s on the simulated
-//! cluster: every CN is a server (coordinator and storage), the MNs stay idle.
+//! Dandelion (Dnl-4, Dnl-2, Dnl-1) and FaSST as symmetric [`Protocol`]s: every server is
+//! both coordinator and storage.
 //!
-//! At deployment every server thread gets a context, an endpoint and a `RunIteration` loop
-//! task ([`dmem_dandelion::Worker::run`]); records are loaded into the stores of their R
-//! replicas; a coordinator made on a CN context runs on that server thread's worker.
+//! On the simulated cluster ([`Protocol::deploy_on`] the simulator's memory) every CN is a
+//! server and the MNs stay idle; on a real fabric in one process
+//! ([`Protocol::deploy_servers`], e.g. `dmem_harness::servers` over shm) the caller hands
+//! over every server thread's context and a way to spawn on its executor. Either way every
+//! server thread gets a `RunIteration` loop task ([`dmem_dandelion::Worker::run`], the same
+//! async code, generic over the context); records are loaded into the stores of their R
+//! replicas; a coordinator made on a server thread's context runs on that thread's worker.
 //!
 //! Recovery (Dandelion §4.4, [`dmem_dandelion::recover`]) runs as a simulated task on the
 //! recovery CN: it notices a crashed server (from the simulator's crash state, then waits the
 //! heartbeat timeout), declares it crashed and halts the survivors; the lowest-numbered
 //! survivor then gathers the logs, sends every decision and lets the survivors resume,
-//! with RPCs over the same networking layer as the transactions.
+//! with RPCs over the same networking layer as the transactions. On a real fabric
+//! [`Deployment::start_recovery`] is refused ([`DeployError::SimOnly`]): there is no crash
+//! injection or failure detector for real servers yet.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use dmem_dandelion::{Cluster, DnlConfig, DnlCoordinator, Worker, recover, retransmission_timeout};
+use dmem_deploy::process::LocalTask;
 use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
     RecoveredCoordinator, RecoveryEvent, RecoveryTiming,
 };
 use dmem_sim::{NicProfile, Sim, SimContext};
 use dmem_txn::{BoxCoordinator, History, Key, TableId};
-use dmem_verbs::{Clock, Verbs};
+use dmem_verbs::{Clock, Nanos, Verbs};
 
 /// A Dandelion configuration under a registered name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,9 +143,10 @@ impl Protocol for DandelionProtocol {
     ) -> Result<Box<dyn Deployment>, DeployError> {
         let sim = memory.as_sim().ok_or_else(|| DeployError::SimOnly {
             protocol: self.name.clone(),
-            reason: "its servers run as simulated tasks".to_owned(),
+            reason: "on MN memory of a real fabric; its servers hold their own records: \
+                     deploy them with `deploy_servers` on the servers' contexts"
+                .to_owned(),
         })?;
-        let history = Rc::clone(history.history());
         let (servers, threads) = (sim.cn_count(), sim.threads_per_cn());
         let mut contexts = Vec::new();
         for s in 0..servers {
@@ -148,14 +156,79 @@ impl Protocol for DandelionProtocol {
             }
             contexts.push(per_thread);
         }
+        // A packet is at most one two-sided message (the profile's MTU-sized limit).
+        let packet_limit = max_packet(&sim.profile());
+        let rto = retransmission_timeout(sim.profile().one_way_latency_ns);
+        let spawn = |ctx: &SimContext, task: LocalTask| sim.spawn(ctx, task);
+        Ok(Box::new(self.servers(
+            contexts,
+            &spawn,
+            packet_limit,
+            rto,
+            history,
+            true,
+        )))
+    }
+
+    /// On a real fabric in this process (see [`Protocol::deploy_servers`]): packets of at
+    /// most [`REAL_PACKET_BYTES`], requests retransmitted after [`REAL_RTO_NS`]; no recovery.
+    fn deploy_servers(
+        &self,
+        servers: Vec<Vec<AnyContext>>,
+        spawn: &dyn Fn(&AnyContext, LocalTask),
+        history: Recorder,
+    ) -> Result<Box<dyn Deployment>, DeployError> {
+        let threads = servers.first().map_or(0, Vec::len);
+        if threads == 0 || servers.iter().any(|t| t.len() != threads) {
+            return Err(DeployError::Protocol {
+                protocol: self.name.clone(),
+                reason: "every server needs the same number (at least one) of thread contexts"
+                    .to_owned(),
+            });
+        }
+        Ok(Box::new(self.servers(
+            servers,
+            spawn,
+            REAL_PACKET_BYTES,
+            REAL_RTO_NS,
+            history,
+            false,
+        )))
+    }
+}
+
+/// Largest packet on a real fabric: 4 KiB, the cx5 profile's MTU, so that a packet batches
+/// as many messages as on the simulator (the shm fabric itself carries up to 1 MiB).
+pub const REAL_PACKET_BYTES: usize = 4096;
+
+/// Retransmission timeout on a real fabric: 100 ms. Nothing is lost between servers in one
+/// process (shm queues, tcp), so the timer only has to outlast a round trip, and on a shared
+/// host a round trip can include the executor thread losing its core: at load average 10–16
+/// on the 2-core development VM the thread waited 8–32 ms at a time, and with eRPC's own 5 ms
+/// (`kRpcRTOUs`, eRPC NSDI'19 §5.2.2) 400–2,800 requests per 2 s run were re-sent (their
+/// copies then dropped as duplicates), which costs CPU that the figures are about. The
+/// simulator's 50 unloaded round trips (90 µs) would re-send nearly everything.
+pub const REAL_RTO_NS: Nanos = 100_000_000;
+
+impl DandelionProtocol {
+    /// The servers on `contexts[server][thread]`: one worker and its `RunIteration` loop
+    /// task per thread; `on_sim`: the contexts are the simulator's (servers are its CNs,
+    /// recovery can run).
+    fn servers<V: Verbs + Clock + Clone + 'static>(
+        &self,
+        contexts: Vec<Vec<V>>,
+        spawn: &dyn Fn(&V, LocalTask),
+        packet_limit: usize,
+        rto: Nanos,
+        history: Recorder,
+        on_sim: bool,
+    ) -> DandelionDeployment<V> {
+        let history = Rc::clone(history.history());
         let endpoints = contexts
             .iter()
             .map(|ts| ts.iter().map(Verbs::local_endpoint).collect())
             .collect();
         let cluster = Rc::new(Cluster::new(endpoints, self.config));
-        // A packet is at most one two-sided message (the profile's MTU-sized limit).
-        let packet_limit = max_packet(&sim.profile());
-        let rto = retransmission_timeout(sim.profile().one_way_latency_ns);
         let mut workers = Vec::new();
         for (s, ts) in contexts.into_iter().enumerate() {
             let mut per_thread = Vec::new();
@@ -168,21 +241,21 @@ impl Protocol for DandelionProtocol {
                     packet_limit,
                     rto,
                 );
-                sim.spawn(&ctx, Rc::clone(&w).run());
+                spawn(&ctx, Box::pin(Rc::clone(&w).run()));
                 per_thread.push(w);
             }
             workers.push(per_thread);
         }
-        Ok(Box::new(DandelionDeployment {
+        DandelionDeployment {
             name: self.name.clone(),
-            mns: sim.mn_count(),
+            on_sim,
             cluster,
             workers,
             history,
             paused: Rc::new(Cell::new(false)),
             events: Rc::new(RefCell::new(Vec::new())),
             recovery_cost: Rc::new(Cell::new((0, 0))),
-        }))
+        }
     }
 }
 
@@ -191,12 +264,14 @@ fn max_packet(profile: &NicProfile) -> usize {
     profile.mtu.min(profile.max_message_bytes) as usize
 }
 
-/// Dandelion on one simulated cluster.
-struct DandelionDeployment {
+/// Dandelion on one cluster: the simulated one (`V` = [`SimContext`]) or servers of a real
+/// fabric in this process (`V` = [`AnyContext`]).
+struct DandelionDeployment<V> {
     name: String,
-    mns: u16,
+    /// Whether the servers are the simulator's CNs (else servers of a real fabric).
+    on_sim: bool,
     cluster: Rc<Cluster>,
-    workers: Vec<Vec<Rc<Worker<SimContext>>>>,
+    workers: Vec<Vec<Rc<Worker<V>>>>,
     history: Rc<RefCell<History>>,
     paused: Rc<Cell<bool>>,
     events: Rc<RefCell<Vec<RecoveryEvent>>>,
@@ -204,17 +279,33 @@ struct DandelionDeployment {
     recovery_cost: Rc<Cell<(u64, u64)>>,
 }
 
-impl DandelionDeployment {
-    fn make(&self, ctx: &SimContext, id: u16) -> Result<BoxCoordinator, DeployError> {
-        let server = usize::from(ctx.node().0 - self.mns);
-        let worker = self
-            .workers
-            .get(server)
-            .and_then(|ts| ts.get(usize::from(ctx.thread())))
-            .ok_or_else(|| DeployError::Protocol {
-                protocol: self.name.clone(),
-                reason: format!("no server thread for {ctx:?}"),
-            })?;
+impl<V: Verbs + Clock + Clone + 'static> DandelionDeployment<V> {
+    /// The server thread a coordinator on `ctx` runs on: the server on `ctx`'s node, and
+    /// the thread whose context `ctx` is (the simulator's thread of `ctx`; on a real fabric
+    /// the worker with `ctx`'s endpoint, else port modulo threads).
+    fn worker_of(&self, ctx: &AnyContext) -> Option<&Rc<Worker<V>>> {
+        let me = ctx.local_endpoint();
+        let server = self
+            .cluster
+            .endpoints
+            .iter()
+            .position(|ts| ts.first().is_some_and(|e| e.node == me.node))?;
+        let threads = &self.workers[server];
+        let thread = match ctx.as_sim() {
+            Some(sim) => usize::from(sim.thread()),
+            None => self.cluster.endpoints[server]
+                .iter()
+                .position(|e| *e == me)
+                .unwrap_or(usize::from(me.port.0) % threads.len()),
+        };
+        threads.get(thread)
+    }
+
+    fn make(&self, ctx: &AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        let worker = self.worker_of(ctx).ok_or_else(|| DeployError::Protocol {
+            protocol: self.name.clone(),
+            reason: format!("no server thread for {ctx:?}"),
+        })?;
         Ok(Box::new(DnlCoordinator::new(
             Rc::clone(worker),
             id,
@@ -223,18 +314,23 @@ impl DandelionDeployment {
     }
 }
 
-impl Deployment for DandelionDeployment {
+impl<V: Verbs + Clock + Clone + 'static> Deployment for DandelionDeployment<V> {
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
         self.cluster.load(table.0, key.0, value);
         Ok(())
     }
 
     fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
-        let ctx = ctx.as_sim().ok_or_else(|| DeployError::SimOnly {
-            protocol: self.name.clone(),
-            reason: format!("a coordinator on a {} context", ctx.fabric()),
-        })?;
-        self.make(ctx, id)
+        if ctx.as_sim().is_some() != self.on_sim {
+            return Err(DeployError::Protocol {
+                protocol: self.name.clone(),
+                reason: format!(
+                    "a coordinator on a {} context for servers on another fabric",
+                    ctx.fabric()
+                ),
+            });
+        }
+        self.make(&ctx, id)
     }
 
     fn start_recovery(
@@ -243,6 +339,16 @@ impl Deployment for DandelionDeployment {
         recovery_cn: u16,
         timing: RecoveryTiming,
     ) -> Result<(), DeployError> {
+        if !self.on_sim {
+            // The detector reads the simulator's crash state and the survivors share one
+            // epoch counter in this process; a real fabric has neither crash injection
+            // nor a failure detector for Dandelion's servers yet.
+            return Err(DeployError::SimOnly {
+                protocol: self.name.clone(),
+                reason: "recovery detects crashed servers from the simulator's crash state"
+                    .to_owned(),
+            });
+        }
         let ctx = sim.context(sim.cn(recovery_cn), 0)?;
         let (sim, cluster) = (Rc::clone(sim), Rc::clone(&self.cluster));
         let workers: Vec<_> = self.workers.iter().flatten().cloned().collect();

@@ -1,0 +1,149 @@
+//! Dandelion and FaSST on the shared-memory fabric in real time: the servers' message loops,
+//! coordinators and clients of `dmem_harness::servers::run_servers` on this thread's
+//! executor, the servers' RPCs as shm two-sided messages. Fixed numbers of transactions,
+//! no timing assertions: the checker, SmallBank's invariants and the packets' contents.
+
+use dmem_harness::fabric::Fabric;
+use dmem_harness::servers::{RunLength, ServersConfig, ServersResult, run_servers};
+use dmem_workloads::{AnyWorkload, Scale};
+
+/// Tiny SmallBank on `protocol` over shm: 3 servers × 2 threads × 4 coordinators, 40
+/// transactions each.
+fn smallbank_on_shm(protocol: &str) -> ServersResult {
+    let workload = AnyWorkload::new("smallbank", Scale::Tiny).unwrap();
+    let protocol = dmem_protocols::registry().get(protocol).unwrap();
+    let cfg = ServersConfig {
+        fabric: Fabric::Shm,
+        servers: 3,
+        threads: 2,
+        coroutines: 4,
+        seed: 3,
+        length: RunLength::Txns(40),
+        check: true,
+    };
+    run_servers(&*protocol, &workload, &cfg).unwrap()
+}
+
+fn runs_clean(protocol: &str) -> ServersResult {
+    let r = smallbank_on_shm(protocol);
+    eprintln!("{protocol} on shm: {r:?}");
+    assert_eq!(r.checker, "ok", "{protocol}");
+    assert_eq!(r.invariants, "ok", "{protocol}");
+    let all = 3 * 2 * 4 * 40;
+    assert_eq!(
+        r.committed + r.rolled_back + r.given_up.values().sum::<u64>(),
+        all,
+        "{protocol}: every transaction finished"
+    );
+    assert!(r.committed > all * 3 / 4, "{protocol}: {r:?}");
+    assert!(r.checked_txns as u64 >= r.committed);
+    // Nothing is lost in one process, but a loaded host can hold a response past the 100 ms
+    // retransmission timeout: re-sent requests then replay their cached responses.
+    assert!(r.counters.contains_key("retransmissions"), "{protocol}");
+    r
+}
+
+#[test]
+fn dnl_4_runs_smallbank_on_shm() {
+    runs_clean("dnl-4");
+}
+
+#[test]
+fn fasst_runs_smallbank_on_shm() {
+    runs_clean("fasst");
+}
+
+#[test]
+fn batching_puts_several_messages_in_a_packet_on_shm_and_the_switch_turns_it_off() {
+    let batched = runs_clean("dnl-4");
+    let per_packet = batched.msgs_per_packet.unwrap();
+    assert!(
+        per_packet > 1.0,
+        "dnl-4 on shm: {per_packet} messages per packet"
+    );
+    let unbatched = runs_clean("dnl:4+no-net-batch");
+    assert_eq!(unbatched.msgs_per_packet, Some(1.0));
+}
+
+#[test]
+fn the_simulator_and_non_symmetric_protocols_are_refused() {
+    let workload = AnyWorkload::new("smallbank", Scale::Tiny).unwrap();
+    let protocol = dmem_protocols::registry().get("dnl-4").unwrap();
+    let cfg = ServersConfig {
+        fabric: Fabric::Sim,
+        servers: 3,
+        threads: 1,
+        coroutines: 1,
+        seed: 1,
+        length: RunLength::Txns(1),
+        check: false,
+    };
+    assert!(run_servers(&*protocol, &workload, &cfg).is_err());
+    // A protocol that is not symmetric has no servers to deploy.
+    let ford = dmem_protocols::registry().get("ford").unwrap();
+    let err = run_servers(
+        &*ford,
+        &workload,
+        &ServersConfig {
+            fabric: Fabric::Shm,
+            ..cfg
+        },
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("not a symmetric protocol"),
+        "{err}"
+    );
+}
+
+#[test]
+fn recovery_of_servers_on_shm_is_refused_with_a_typed_error() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use dmem_deploy::{ClusterShape, DeployError, Recorder, RecoveryTiming};
+    use dmem_harness::fabric::LocalCluster;
+    use dmem_txn::History;
+
+    let cluster = LocalCluster::with_threads(Fabric::Shm, 0, 2, 1, 0, 1).unwrap();
+    let servers = (0..2)
+        .map(|s| vec![cluster.context(s, 0).unwrap()])
+        .collect();
+    let protocol = dmem_protocols::registry().get("dnl-4").unwrap();
+    let history = Recorder::new(Rc::new(RefCell::new(History::new())));
+    let mut deployment = protocol
+        .deploy_servers(servers, &|ctx, task| cluster.spawn(ctx, task), history)
+        .unwrap();
+    let sim = ClusterShape {
+        mns: 1,
+        cns: 2,
+        threads: 1,
+        seed: 1,
+        profile: dmem_sim::NicProfile::cx5(),
+        min_mn_bytes: 1 << 16,
+    }
+    .build(0)
+    .unwrap();
+    let timing = RecoveryTiming {
+        heartbeat: 1_000,
+        timeout: 5_000,
+        poll: 1_000,
+        until: 1_000_000,
+    };
+    let err = deployment.start_recovery(&sim, 0, timing).unwrap_err();
+    assert!(matches!(err, DeployError::SimOnly { .. }), "{err}");
+    // A ragged shape (servers with different thread counts) is refused too.
+    let ragged = vec![
+        vec![cluster.context(0, 1).unwrap()],
+        vec![
+            cluster.context(1, 1).unwrap(),
+            cluster.context(1, 2).unwrap(),
+        ],
+    ];
+    let history = Recorder::new(Rc::new(RefCell::new(History::new())));
+    assert!(
+        protocol
+            .deploy_servers(ragged, &|ctx, task| cluster.spawn(ctx, task), history)
+            .is_err()
+    );
+}
