@@ -11,6 +11,8 @@ use crate::reclaim::Pin;
 /// Requests whose buckets are prefetched before any of them executes. Longer batches are
 /// executed in windows of this many (DLHT and Dandelion see the benefit level off near 24).
 pub const PREFETCH_WINDOW: usize = 32;
+// `get_batch` keeps the deferred Gets of a window as bits of a `u32`.
+const _: () = assert!(PREFETCH_WINDOW <= 32);
 
 /// Construction options for [`Dlht`] and [`crate::BoxedMap`].
 #[derive(Clone, Copy, Debug)]
@@ -306,17 +308,18 @@ impl Guard<'_> {
     pub fn batch(&self, requests: &mut [Request]) {
         let raw = &self.table.raw;
         let mut hashes = [0u64; PREFETCH_WINDOW];
-        let mut later = [0u8; PREFETCH_WINDOW];
+        // For a deferred Get, the header its probe read.
+        let mut headers = [0u64; PREFETCH_WINDOW];
         for window in requests.chunks_mut(PREFETCH_WINDOW) {
             let idx = self.index();
             for (r, h) in window.iter().zip(hashes.iter_mut()) {
                 *h = mix64(r.key);
                 prefetch(idx.bin(*h));
             }
-            // Gets whose key may sit in a chained line wait in `later` (their line is being
-            // prefetched) until the next write or the end of the window: Gets commute with
-            // Gets, so the batch still executes as if in order.
-            let mut nlater = 0;
+            // Gets whose key may sit in a chained line wait in `deferred` (one bit each; their
+            // line is being prefetched) until the next write or the end of the window: Gets
+            // commute with Gets, so the batch still executes as if in order.
+            let mut deferred = 0u32;
             for i in 0..window.len() {
                 let h = hashes[i];
                 let r = &mut window[i];
@@ -324,10 +327,10 @@ impl Guard<'_> {
                 let op = match r.op {
                     Op::Get => {
                         match raw.probe_primary(idx, idx.bin(h), key) {
-                            Some(v) => r.result = v,
-                            None => {
-                                later[nlater] = i as u8;
-                                nlater += 1;
+                            Ok(v) => r.result = v,
+                            Err(h1) => {
+                                headers[i] = h1;
+                                deferred |= 1 << i;
                             }
                         }
                         continue;
@@ -337,23 +340,35 @@ impl Guard<'_> {
                     Op::Upsert(v) => WriteOp::Upsert(v),
                     Op::Delete => WriteOp::Delete,
                 };
-                self.finish_gets(idx, window, &hashes, &later[..nlater]);
-                nlater = 0;
+                self.finish_gets(idx, window, &hashes, &headers, deferred);
+                deferred = 0;
                 window[i].result = raw.write(&self.pin, idx, key, h, op, &AnyValue);
             }
-            self.finish_gets(idx, window, &hashes, &later[..nlater]);
+            self.finish_gets(idx, window, &hashes, &headers, deferred);
         }
     }
 
-    /// Completes deferred Gets of a window.
+    /// Completes the deferred Gets of a window: bit `i` of `deferred` set means request `i`
+    /// waits, and `headers[i]` is the header its probe read.
     #[inline(always)]
-    fn finish_gets(&self, idx: &Index, window: &mut [Request], hashes: &[u64], later: &[u8]) {
-        for &i in later {
-            let r = &mut window[usize::from(i)];
-            r.result = self
-                .table
-                .raw
-                .get_in(idx, r.key, hashes[usize::from(i)], &AnyValue);
+    fn finish_gets(
+        &self,
+        idx: &Index,
+        window: &mut [Request],
+        hashes: &[u64],
+        headers: &[u64],
+        mut deferred: u32,
+    ) {
+        let raw = &self.table.raw;
+        while deferred != 0 {
+            let i = deferred.trailing_zeros() as usize;
+            deferred &= deferred - 1;
+            let r = &mut window[i];
+            let h = hashes[i];
+            r.result = match raw.finish_chained(idx, idx.bin(h), headers[i], r.key) {
+                Some(v) => v,
+                None => raw.get_in(idx, r.key, h, &AnyValue),
+            };
         }
     }
 
@@ -370,31 +385,44 @@ impl Guard<'_> {
         // The bins of the window, found once: the second stage reads them without recomputing
         // the bin (the few Gets finished by `get_in` hash again).
         let mut bins = [core::ptr::null::<Primary>(); PREFETCH_WINDOW];
+        // For a deferred Get, the header its probe read.
+        let mut headers = [0u64; PREFETCH_WINDOW];
         for (ks, os) in keys
             .chunks(PREFETCH_WINDOW)
             .zip(out.chunks_mut(PREFETCH_WINDOW))
         {
             let idx = self.index();
-            for (&k, b) in ks.iter().zip(bins.iter_mut()) {
-                *b = idx.bin(mix64(k));
-                prefetch(*b);
+            let n = ks.len();
+            // Slices of one length `n`, so the indexed loops below need no bounds checks
+            // (plain index loops compile to fewer instructions than a zip of four iterators).
+            let (bins, headers, os) = (&mut bins[..n], &mut headers[..n], &mut os[..n]);
+            for i in 0..n {
+                bins[i] = idx.bin(mix64(ks[i]));
+                prefetch(bins[i]);
             }
-            let mut later = [0u8; PREFETCH_WINDOW];
-            let mut nlater = 0;
-            for (i, ((&k, &b), o)) in ks.iter().zip(bins.iter()).zip(os.iter_mut()).enumerate() {
-                // SAFETY: `b` points into a bin of `idx`, which the guard's pin keeps alive.
-                let bin = unsafe { &*b };
-                match raw.probe_primary(idx, bin, k) {
-                    Some(v) => *o = v,
-                    None => {
-                        later[nlater] = i as u8;
-                        nlater += 1;
+            // The deferred Gets of the window, one bit each (the window has at most 32).
+            let mut deferred = 0u32;
+            for i in 0..n {
+                // SAFETY: `bins[i]` points into a bin of `idx`, which the guard's pin keeps
+                // alive.
+                let bin = unsafe { &*bins[i] };
+                match raw.probe_primary(idx, bin, ks[i]) {
+                    Ok(v) => os[i] = v,
+                    Err(h1) => {
+                        headers[i] = h1;
+                        deferred |= 1 << i;
                     }
                 }
             }
-            for &i in &later[..nlater] {
-                let i = usize::from(i);
-                os[i] = raw.get_in(idx, ks[i], mix64(ks[i]), &AnyValue);
+            while deferred != 0 {
+                let i = deferred.trailing_zeros() as usize;
+                deferred &= deferred - 1;
+                // SAFETY: as above.
+                let bin = unsafe { &*bins[i] };
+                os[i] = match raw.finish_chained(idx, bin, headers[i], ks[i]) {
+                    Some(v) => v,
+                    None => raw.get_in(idx, ks[i], mix64(ks[i]), &AnyValue),
+                };
             }
         }
     }

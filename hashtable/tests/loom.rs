@@ -99,3 +99,31 @@ fn get_and_insert_racing_a_resize() {
         assert_eq!(t.iter().count(), 3);
     });
 }
+
+/// A batched Get of key 4, which sits in the single-link line (so the batch finishes it in
+/// its second stage, from the header its first stage read), racing "delete 4, insert 5"
+/// (which reuses 4's slot) never returns 5's value; key 1 in the same batch is found.
+#[test]
+fn batched_get_of_a_chained_key_vs_slot_reuse() {
+    model(3, || {
+        let t = Arc::new(one_bin());
+        for k in 1..=4 {
+            assert_eq!(t.insert(k, k * 10), None);
+        }
+        let w = {
+            let t = Arc::clone(&t);
+            thread::spawn(move || {
+                assert_eq!(t.delete(4), Some(40));
+                assert_eq!(t.insert(5, 50), None);
+            })
+        };
+        let mut out = [None; 2];
+        t.pin().get_batch(&[4, 1], &mut out);
+        assert!(matches!(out[0], Some(40) | None), "{:?}", out[0]);
+        assert_eq!(out[1], Some(10));
+        w.join().unwrap();
+        assert_eq!(t.get(4), None);
+        assert_eq!(t.get(5), Some(50));
+        assert_eq!(t.len(), 4);
+    });
+}
