@@ -706,6 +706,14 @@ impl TableLayout {
             && self.spec.direct_keys.is_none()
             && used.iter().any(|&(_, key)| key == 0)
     }
+
+    /// The slot an insert of an absent key may claim in a bucket whose READ gave `(used,
+    /// free)` ([`parse_bucket`]): `free`, or none while a slot is half claimed
+    /// ([`slot_being_claimed`](Self::slot_being_claimed)).
+    #[must_use]
+    pub fn insert_slot(&self, used: &[(usize, u64)], free: Option<usize>) -> Option<usize> {
+        free.filter(|_| !self.slot_being_claimed(used))
+    }
 }
 
 /// Where a key's index bucket is: partition and bucket.
