@@ -222,25 +222,44 @@ fn tpcc_runs_on_pooled_hashed_mvcc_tables() {
                 table.0
             );
         }
-        for warm_cache in [false, true] {
-            // Two warehouses: most writers conflict, so run long enough for New-Orders.
+        // Two warehouses: most writers conflict, so run long enough for New-Orders.
+        let cfg = BenchConfig {
+            duration: 3_000_000,
+            ..lotus_cfg()
+        };
+        runs_clean_with_cold_and_warm_caches(&*protocol, &workload, &cfg, "NewOrder");
+    }
+}
+
+/// `protocol` runs `workload` with a cold and a warm address cache: checker and invariants
+/// ok, `inserting` (a transaction type that inserts) committed. The results, cold first.
+fn runs_clean_with_cold_and_warm_caches(
+    protocol: &dyn dmem_deploy::Protocol,
+    workload: &AnyWorkload,
+    cfg: &BenchConfig,
+    inserting: &str,
+) -> Vec<dmem_harness::BenchResult> {
+    let p = protocol.name();
+    [false, true]
+        .into_iter()
+        .map(|warm_cache| {
             let cfg = BenchConfig {
                 warm_cache,
-                duration: 3_000_000,
-                ..lotus_cfg()
+                ..cfg.clone()
             };
-            let r = run_bench(&*protocol, &workload, &cfg, |_| {}).unwrap();
+            let r = run_bench(protocol, workload, &cfg, |_| {}).unwrap();
             assert_eq!(
                 (r.checker.as_str(), r.invariants.as_str()),
                 ("ok", "ok"),
                 "{p} warm {warm_cache}: {r:?}"
             );
             assert!(
-                r.rtts_per_txn.contains_key("NewOrder"),
-                "{p} warm {warm_cache}: no New-Order committed: {r:?}"
+                r.rtts_per_txn.contains_key(inserting),
+                "{p} warm {warm_cache}: no {inserting} committed: {r:?}"
             );
-        }
-    }
+            r
+        })
+        .collect()
 }
 
 /// A two-sided protocol counts its own round trips (`Coordinator::round_trips`): Dandelion
@@ -271,7 +290,9 @@ fn two_sided_protocols_report_their_round_trips() {
 }
 
 /// Dense tables are direct-mapped (`dmem-store`): FORD's and Motor's stores are sized by the
-/// records, not by a hashing slack, and load in one pass (no slack doubling).
+/// records, not by a hashing slack, and load in one pass (no slack doubling). Hashed, the
+/// same tables are pooled (records apart from a mostly empty index), still 1.5× the bytes
+/// at least (FORD 2×: its records are small next to the index).
 #[test]
 fn dense_tables_are_direct_mapped_and_load_in_one_pass() {
     use std::cell::RefCell;
@@ -288,7 +309,7 @@ fn dense_tables_are_direct_mapped_and_load_in_one_pass() {
         let direct_bytes = protocol.mn_bytes_per_mn(&spec, 3).unwrap();
         let hashed_bytes = protocol.mn_bytes_per_mn(&hashed, 3).unwrap();
         assert!(
-            2 * direct_bytes < hashed_bytes,
+            3 * direct_bytes < 2 * hashed_bytes,
             "{p}: {direct_bytes} vs {hashed_bytes}"
         );
         let shape = lotus_cfg().shape;
@@ -372,25 +393,17 @@ fn sparse_tables_are_pooled_and_ford_inserts_into_them() {
     }
     for p in ["ford", "pandora", "motor", "lotus"] {
         let protocol = registry.get(p).unwrap();
-        for warm_cache in [false, true] {
-            let cfg = BenchConfig {
-                warm_cache,
-                ..lotus_cfg()
-            };
-            let r = run_bench(&*protocol, &workload, &cfg, |_| {}).unwrap();
-            assert_eq!(
-                (r.checker.as_str(), r.invariants.as_str()),
-                ("ok", "ok"),
-                "{p} warm {warm_cache}: {r:?}"
-            );
-            assert!(
-                r.rtts_per_txn.contains_key("InsertCallForwarding"),
-                "{p} warm {warm_cache}: no insert committed: {r:?}"
-            );
+        let runs = runs_clean_with_cold_and_warm_caches(
+            &*protocol,
+            &workload,
+            &lotus_cfg(),
+            "InsertCallForwarding",
+        );
+        for r in runs {
             // An update of an absent SPECIAL_FACILITY row (a pooled table that does not
             // grow, so no insert share) rolls back; it once aborted until the retries ran
             // out under Motor and LOTUS.
-            assert_eq!(r.failed, 0, "{p} warm {warm_cache}: {r:?}");
+            assert_eq!(r.failed, 0, "{p}: {r:?}");
         }
     }
 }
