@@ -28,7 +28,8 @@ pub(crate) enum Located {
     Absent {
         /// The bucket that would index it.
         bucket: BucketLoc,
-        /// The first free slot, if any.
+        /// The first free slot an insert may claim, if any (none while a slot of a hashed
+        /// pooled table is half claimed: `TableLayout::insert_slot`).
         free: Option<usize>,
     },
 }
@@ -147,7 +148,10 @@ impl RoundPlan {
                     found.push((f.table, f.key, loc));
                     Located::Found(loc)
                 }
-                None => Located::Absent { bucket, free },
+                None => Located::Absent {
+                    bucket,
+                    free: store.table(f.table)?.insert_slot(&used, free),
+                },
             });
         }
         Ok(found)

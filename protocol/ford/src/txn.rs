@@ -467,6 +467,11 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             self.co.shared.cache.borrow_mut().put(table, key, loc);
             Ok(Located::Found(loc))
         } else {
+            let free = self
+                .store()
+                .table(table)
+                .map_err(TxnError::from)?
+                .insert_slot(&used, free);
             Ok(Located::Absent { bucket, free })
         }
     }
@@ -1167,7 +1172,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             }
             (WriteKind::Insert, Located::Absent { bucket, free }) => {
                 let Some(slot) = free else {
-                    return Err(aborted("index bucket full"));
+                    // Full, or a slot half claimed by a concurrent insert of a hashed pooled
+                    // table (`TableLayout::insert_slot`), possibly of this very key.
+                    return Err(aborted("no free index slot"));
                 };
                 // The slot's fixed record, or for a pooled table the next record of this
                 // coordinator's insert share (no verb: the share is its own).

@@ -206,7 +206,7 @@ fn concurrent_inserts_into_a_pooled_table_leave_one_record_per_key() {
     use dmem_ford::store::{BUCKET_LEN, TableDemand, parse_bucket};
     use dmem_ford::{StoreConfig, TableSpec};
     use dmem_layout::record::{DataItem, DataItemHeader};
-    use dmem_txn::{TableId, TxnError};
+    use dmem_txn::TableId;
 
     const SPARSE: TableId = TableId(3);
     let demand = TableDemand {
@@ -233,20 +233,7 @@ fn concurrent_inserts_into_a_pooled_table_leave_one_record_per_key() {
         stats.push(Rc::clone(&st));
         bank.sim.spawn(&ctx, async move {
             let value = (u64::from(cn) + 1).to_le_bytes();
-            let outcome = loop {
-                let mut t = co.begin_txn(TxnKind::ReadWrite);
-                match t.insert(SPARSE, key, &value).await {
-                    Ok(()) => match t.commit().await {
-                        Ok(_) => break "inserted",
-                        Err(_) => continue,
-                    },
-                    Err(TxnError::KeyState(_)) => {
-                        t.abort().await;
-                        break "exists";
-                    }
-                    Err(_) => t.abort().await,
-                }
-            };
+            let outcome = insert_until_settled(&mut co, SPARSE, key, &value).await;
             out.borrow_mut().push((cn, outcome));
             *st.borrow_mut() = Some(co.stats());
         });
@@ -316,22 +303,12 @@ fn concurrent_inserts_into_a_pooled_table_leave_one_record_per_key() {
 /// them all present.
 #[test]
 fn concurrent_inserts_into_a_hashed_pooled_table_take_distinct_slots() {
-    use dmem_ford::store::{BUCKET_LEN, BUCKET_SLOTS, TableDemand, parse_bucket};
-    use dmem_ford::{StoreConfig, TableSpec};
+    use dmem_ford::store::{BUCKET_LEN, BUCKET_SLOTS, parse_bucket};
     use dmem_layout::record::{DataItem, DataItemHeader};
-    use dmem_txn::{TableId, TxnError};
+    use dmem_txn::TableId;
 
     const HASHED: TableId = TableId(3);
-    let demand = TableDemand {
-        id: HASHED,
-        value_len: 8,
-        expected_records: 64,
-        grows: true,
-    };
-    let bank = Bank::with_config(12, 2, 2, 4, 4 << 20, |cfg: StoreConfig| {
-        cfg.table(TableSpec::sized_for(HASHED, 8, 20_000, 3))
-            .with_hashed_pools(&[demand], 2)
-    });
+    let bank = hashed_pooled_bank(12, HASHED);
     let layout = *bank.store.table(HASHED).unwrap();
     assert!(layout.is_pooled() && layout.spec.direct_keys.is_none());
     // Four keys that hash to one bucket.
@@ -355,20 +332,7 @@ fn concurrent_inserts_into_a_hashed_pooled_table_take_distinct_slots() {
         bank.sim.spawn(&ctx, async move {
             let value = (key.0 * 3).to_le_bytes();
             for round in 0..2 {
-                let outcome = loop {
-                    let mut t = co.begin_txn(TxnKind::ReadWrite);
-                    match t.insert(HASHED, key, &value).await {
-                        Ok(()) => match t.commit().await {
-                            Ok(_) => break "inserted",
-                            Err(_) => continue,
-                        },
-                        Err(TxnError::KeyState(_)) => {
-                            t.abort().await;
-                            break "exists";
-                        }
-                        Err(_) => t.abort().await,
-                    }
-                };
+                let outcome = insert_until_settled(&mut co, HASHED, key, &value).await;
                 out.borrow_mut().push((round, key, outcome));
             }
             *st.borrow_mut() = Some(co.stats());
@@ -420,4 +384,93 @@ fn concurrent_inserts_into_a_hashed_pooled_table_take_distinct_slots() {
         );
     }
     check_serializable(&bank.history.borrow());
+}
+
+/// Two coordinators on two CNs insert the *same* absent key of a hashed pooled table, the
+/// second starting 0–12 µs after the first. An insert takes the bucket's first free slot by
+/// a CAS of its address word and WRITEs the key one round trip later; a second insert whose
+/// bucket READ falls between the two sees a slot with an address and no key. It must not
+/// take the next free slot (both would commit, the key indexed twice): it aborts and its
+/// retry finds the key. At every offset one insert commits, the other finds the key, and
+/// the key has one slot on every replica.
+#[test]
+fn concurrent_inserts_of_one_key_into_a_hashed_pooled_table_index_it_once() {
+    use dmem_ford::store::{BUCKET_LEN, parse_bucket};
+    use dmem_txn::TableId;
+    use dmem_verbs::Clock;
+
+    const HASHED: TableId = TableId(3);
+    for offset_us in 0..=12_u64 {
+        let bank = hashed_pooled_bank(12, HASHED);
+        let key = Key(1_000 + offset_us);
+        let bucket = bank.store.bucket_of(HASHED, key).unwrap();
+        let outcomes = Rc::new(RefCell::new(Vec::new()));
+        for cn in 0..2_u16 {
+            let shared = CnShared::new();
+            let mut co = bank.coordinator(cn, 0, cn, ProtocolConfig::pandora(), &shared);
+            let ctx = co.context().clone();
+            let out = Rc::clone(&outcomes);
+            let delay = if cn == 1 { offset_us * 1_000 } else { 0 };
+            bank.sim.spawn(&ctx.clone(), async move {
+                if delay > 0 {
+                    ctx.sleep(delay).await;
+                }
+                let value = u64::from(cn + 1).to_le_bytes();
+                let outcome = insert_until_settled(&mut co, HASHED, key, &value).await;
+                out.borrow_mut().push(outcome);
+            });
+        }
+        bank.sim.run_until_idle();
+        let mut outcomes = outcomes.borrow().clone();
+        outcomes.sort_unstable();
+        assert_eq!(outcomes, ["exists", "inserted"], "offset {offset_us} µs");
+        for mn in bank.store.replicas(bucket.partition) {
+            let node = bank.store.mn_node(mn);
+            let bytes = bank.sim.read_memory(node, bucket.offset, BUCKET_LEN);
+            let (used, _) = parse_bucket(&bytes);
+            let slots = used.iter().filter(|(_, k)| *k == key.0).count();
+            assert_eq!(slots, 1, "offset {offset_us} µs, MN {mn}: {used:?}");
+        }
+        check_serializable(&bank.history.borrow());
+    }
+}
+
+/// Inserts `key` with `value` until the insert commits (`"inserted"`) or finds the key
+/// present (`"exists"`), aborting and retrying on any other error.
+async fn insert_until_settled(
+    co: &mut dmem_ford::FordCoordinator<dmem_sim::SimContext, Rc<RefCell<dmem_txn::History>>>,
+    table: dmem_txn::TableId,
+    key: Key,
+    value: &[u8],
+) -> &'static str {
+    loop {
+        let mut t = co.begin_txn(TxnKind::ReadWrite);
+        match t.insert(table, key, value).await {
+            Ok(()) => match t.commit().await {
+                Ok(_) => return "inserted",
+                Err(_) => continue,
+            },
+            Err(dmem_txn::TxnError::KeyState(_)) => {
+                t.abort().await;
+                return "exists";
+            }
+            Err(_) => t.abort().await,
+        }
+    }
+}
+
+/// A bank with a hashed table `table` whose records are pooled (TPC-C's layout).
+fn hashed_pooled_bank(seed: u64, table: dmem_txn::TableId) -> Bank {
+    use dmem_ford::store::TableDemand;
+    use dmem_ford::{StoreConfig, TableSpec};
+    let demand = TableDemand {
+        id: table,
+        value_len: 8,
+        expected_records: 64,
+        grows: true,
+    };
+    Bank::with_config(seed, 2, 2, 4, 4 << 20, |cfg: StoreConfig| {
+        cfg.table(TableSpec::sized_for(table, 8, 20_000, 3))
+            .with_hashed_pools(&[demand], 2)
+    })
 }

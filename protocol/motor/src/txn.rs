@@ -401,12 +401,22 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                         self.co.cache.borrow_mut().put(f.table, f.key, loc);
                         f.loc = Some(loc);
                     }
-                    None => absent.push((n, bucket, free)),
+                    None => absent.push((n, bucket, free, used)),
                 }
             }
-            for (n, bucket, free) in absent {
+            for (n, bucket, free, used) in absent {
                 let (table, key) = (fetches[n].table, fetches[n].key);
                 if fetches[n].access == Access::ForUpdate && self.can_insert(bucket) {
+                    if self
+                        .store()
+                        .table(table)
+                        .map_err(TxnError::from)?
+                        .slot_being_claimed(&used)
+                    {
+                        // Possibly an insert of this key between its slot CAS and its
+                        // slot WRITE: a retry finds the key or a settled bucket.
+                        return Err(aborted("index slot half claimed"));
+                    }
                     let v = self.claim(table, key, bucket, free).await?;
                     fetches[n].done = Some(v);
                 } else {

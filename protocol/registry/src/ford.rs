@@ -74,22 +74,22 @@ fn store_config(spec: &DeploySpec, mns: u16) -> StoreConfig {
     } else {
         StoreConfig::for_tables
     };
-    let cfg = layout(
+    // FORD and Pandora follow the address in an index slot, so sparse tables keep their
+    // records in a pool apart from the slots, and so do hashed tables (TPC-C's), except in
+    // the litmus tests' exact layout, whose seeded runs keep the slot-fixed records.
+    layout(
         mns,
         &spec.tables,
         spec.coordinators,
         spec.log_region_bytes,
         spec.index_slack,
     )
-    // FORD and Pandora follow the address in an index slot, so sparse tables keep their
-    // records in a pool apart from the slots, and so do hashed tables (TPC-C's), except in
-    // the litmus tests' exact layout, whose seeded runs keep the slot-fixed records.
-    .with_sparse_indexes(&spec.tables, spec.direct_tables());
-    if spec.exact_index {
-        cfg
-    } else {
-        cfg.with_hashed_pools(&spec.tables, spec.index_slack)
-    }
+    .with_pools(
+        &spec.tables,
+        spec.direct_tables(),
+        spec.index_slack,
+        !spec.exact_index,
+    )
 }
 
 impl Protocol for FordProtocol {

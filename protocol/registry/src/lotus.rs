@@ -226,6 +226,12 @@ impl Protocol for LotusProtocol {
         true
     }
 
+    /// As Motor's (the same store and loader; its lock tables and VT caches are bounded
+    /// per CN).
+    fn cn_bytes_per_hashed_record(&self) -> Option<u64> {
+        Some(crate::motor::MVCC_CN_BYTES_PER_HASHED_RECORD)
+    }
+
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
         // The store, then resharding's metrics region (§4.3).
         Ok(MvccDeploy::mn_bytes(

@@ -97,11 +97,17 @@ impl MotorProtocol {
     }
 }
 
-/// How the blocks of a direct-mapped table sit (`dmem-store`'s crate docs, "Sparse tables").
+/// CN-side bytes per loaded record of a hashed table under Motor and LOTUS (the loader's
+/// shared index entry, cache entries of inserted keys; LOTUS's lock tables and VT caches
+/// are bounded per CN, not per record).
+pub(crate) const MVCC_CN_BYTES_PER_HASHED_RECORD: u64 = 256;
+
+/// How the blocks of sparse and hashed tables sit (`dmem-store`'s crate docs, "Sparse
+/// tables", "Hashed tables pooled").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Records {
-    /// Sparse tables' blocks in a pool per partition, each coordinator inserting from a
-    /// share of its own; dense tables' blocks in their slots.
+    /// Sparse and hashed tables' blocks in a pool per partition, each coordinator
+    /// inserting from a share of its own; dense tables' blocks in their slots.
     Pooled,
     /// Every block in its index slot (one block per key of the key space): for LOTUS with
     /// CN restarts, whose restarted coordinators reuse their ids and so would need their
@@ -140,7 +146,14 @@ fn layout(
     // `log_region_bytes` is 0: the regions then take no bytes).
     .coordinators(spec.coordinators);
     let cfg = match records {
-        Records::Pooled => cfg.with_sparse_indexes(&spec.tables, spec.direct_tables()),
+        // Sparse and hashed tables pooled as FORD's are (`dmem-store`), except hashed
+        // tables in the litmus tests' exact layout.
+        Records::Pooled => cfg.with_pools(
+            &spec.tables,
+            spec.direct_tables(),
+            spec.index_slack,
+            !spec.exact_index,
+        ),
         Records::InSlots => cfg.with_direct_indexes(spec.direct_tables()),
     };
     (shapes, cfg)
@@ -273,6 +286,13 @@ impl Protocol for MotorProtocol {
 
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
         MvccDeploy::mn_bytes(spec, mns, 0, self.config.layout, Records::Pooled)
+    }
+
+    /// As FORD's (`dmem-protocols`' `ford.rs`): the loader's [`dmem_store::LoadIndex`] entry
+    /// of a hashed key, shared by every CN's warm cache, and the cache entries of keys a run
+    /// inserts (TPC-C small measured in `dmem-motor`'s README, "Hashed tables pooled").
+    fn cn_bytes_per_hashed_record(&self) -> Option<u64> {
+        Some(MVCC_CN_BYTES_PER_HASHED_RECORD)
     }
 
     fn deploy_on(
@@ -498,5 +518,43 @@ impl Deployment for MotorDeployment {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dmem_store::TableDemand;
+
+    /// Hashed tables (no key space) keep their blocks in pools under `Records::Pooled`
+    /// (`dmem-store`'s `with_hashed_pools`, as FORD's records), in their slots in the
+    /// litmus tests' exact layout and for LOTUS with restarts (`Records::InSlots`); the
+    /// pooled layout needs fewer bytes.
+    #[test]
+    fn hashed_tables_are_pooled_outside_the_exact_layout() {
+        let demand = |id, records, grows| TableDemand {
+            id: TableId(id),
+            value_len: 56,
+            expected_records: records,
+            grows,
+        };
+        let mut spec = DeploySpec::new(vec![demand(1, 20_000, true), demand(2, 5_000, false)], 18);
+        spec.workload = Some("tpcc".into());
+        let pooled = |spec: &DeploySpec, records| {
+            let (shapes, cfg) = layout(spec, 3, 0, VersionLayout::Deltas, records);
+            assert_eq!(shapes.get(TableId(1)).unwrap().cells, 4);
+            let flags: Vec<bool> = cfg.tables.iter().map(|t| t.pool.is_some()).collect();
+            (flags, cfg.bytes_per_mn().unwrap())
+        };
+        let (flags, pooled_bytes) = pooled(&spec, Records::Pooled);
+        assert_eq!(flags, [true, true]);
+        let (flags, in_slots_bytes) = pooled(&spec, Records::InSlots);
+        assert_eq!(flags, [false, false]);
+        assert!(
+            pooled_bytes < in_slots_bytes,
+            "{pooled_bytes} vs {in_slots_bytes}"
+        );
+        spec.exact_index = true;
+        assert_eq!(pooled(&spec, Records::Pooled).0, [false, false]);
     }
 }

@@ -145,6 +145,29 @@ impl StoreConfig {
         self
     }
 
+    /// Records pooled wherever a pool is smaller than the slots: sparse direct-mapped tables
+    /// ([`with_sparse_indexes`](Self::with_sparse_indexes), `key_spaces`) and, with
+    /// `hashed`, hashed tables ([`with_hashed_pools`](Self::with_hashed_pools) at `slack`).
+    /// The layout of every protocol that follows the address in an index slot (FORD,
+    /// Pandora, Motor, LOTUS); they pass `hashed = false` for the litmus tests' exact
+    /// layout, whose seeded runs keep hashed tables' records in the slots. Call after
+    /// [`coordinators`](Self::coordinators) (the insert shares are per coordinator).
+    #[must_use]
+    pub fn with_pools(
+        self,
+        demands: &[TableDemand],
+        key_spaces: &[(TableId, u64)],
+        slack: u64,
+        hashed: bool,
+    ) -> Self {
+        let cfg = self.with_sparse_indexes(demands, key_spaces);
+        if hashed {
+            cfg.with_hashed_pools(demands, slack)
+        } else {
+            cfg
+        }
+    }
+
     /// Where the bytes of every MN region go, per table, computed without any region:
     /// what a run's memory estimate and the README's breakdowns are made of.
     ///

@@ -692,6 +692,28 @@ impl TableLayout {
     pub fn is_pooled(&self) -> bool {
         self.spec.pool.is_some()
     }
+
+    /// Whether an insert of an absent key into a bucket whose used slots are `used` (as
+    /// [`parse_bucket`] gives them) must give up because another insert is half done: in a
+    /// hashed pooled table an insert takes the bucket's first free slot by a CAS of its
+    /// address word and WRITEs the key after, so a used slot without a key may be an insert
+    /// of the very key looked up, which a second insert would index again in another free
+    /// slot. (Direct-mapped tables fix each key's slot, so the slot CAS alone arbitrates;
+    /// in the slot-fixed layout the record's lock does.)
+    #[must_use]
+    pub fn slot_being_claimed(&self, used: &[(usize, u64)]) -> bool {
+        self.spec.pool.is_some()
+            && self.spec.direct_keys.is_none()
+            && used.iter().any(|&(_, key)| key == 0)
+    }
+
+    /// The slot an insert of an absent key may claim in a bucket whose READ gave `(used,
+    /// free)` ([`parse_bucket`]): `free`, or none while a slot is half claimed
+    /// ([`slot_being_claimed`](Self::slot_being_claimed)).
+    #[must_use]
+    pub fn insert_slot(&self, used: &[(usize, u64)], free: Option<usize>) -> Option<usize> {
+        free.filter(|_| !self.slot_being_claimed(used))
+    }
 }
 
 /// Where a key's index bucket is: partition and bucket.
