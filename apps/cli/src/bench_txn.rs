@@ -643,19 +643,14 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             }
         }
     }
-    let bad: Vec<_> = rows
-        .iter()
-        .filter(|r| !(r.checker == "ok" || r.checker == "skipped") || r.invariants != "ok")
-        .map(|r| r.protocol.clone())
-        .collect();
-    sink.finish("bench", &args, serde_json::json!({ "check_failed": bad }))?;
-    if !bad.is_empty() {
-        return Err(CheckFailed(format!(
-            "correctness check failed for {}: see the checker / invariants column",
-            bad.join(", ")
-        ))
-        .into());
-    }
+    let verdicts = rows.iter().map(|r| {
+        (
+            r.protocol.as_str(),
+            r.checker.as_str(),
+            r.invariants.as_str(),
+        )
+    });
+    finish_checked(sink, &args, verdicts)?;
     Ok(rows)
 }
 
@@ -897,12 +892,31 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
             );
         }
     }
-    let bad: Vec<_> = rows
-        .iter()
-        .filter(|r| !(r.checker == "ok" || r.checker == "skipped") || r.invariants != "ok")
-        .map(|r| r.protocol.clone())
+    let verdicts = rows.iter().map(|r| {
+        (
+            r.protocol.as_str(),
+            r.checker.as_str(),
+            r.invariants.as_str(),
+        )
+    });
+    finish_checked(sink, &args, verdicts)?;
+    Ok(rows)
+}
+
+/// Ends a `bench` run: the summary names the protocols whose checker or invariants
+/// failed (`(protocol, checker, invariants)` per row), and so does the error if any did.
+fn finish_checked<'a>(
+    sink: Sink,
+    args: &Args,
+    verdicts: impl Iterator<Item = (&'a str, &'a str, &'a str)>,
+) -> anyhow::Result<()> {
+    let bad: Vec<&str> = verdicts
+        .filter(|(_, checker, invariants)| {
+            !(*checker == "ok" || *checker == "skipped") || *invariants != "ok"
+        })
+        .map(|(protocol, _, _)| protocol)
         .collect();
-    sink.finish("bench", &args, serde_json::json!({ "check_failed": bad }))?;
+    sink.finish("bench", args, serde_json::json!({ "check_failed": bad }))?;
     if !bad.is_empty() {
         return Err(CheckFailed(format!(
             "correctness check failed for {}: see the checker / invariants column",
@@ -910,5 +924,5 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
         ))
         .into());
     }
-    Ok(rows)
+    Ok(())
 }

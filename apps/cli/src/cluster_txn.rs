@@ -1205,10 +1205,7 @@ async fn check_invariants(
         );
         let missing = missing.into_inner();
         if missing.is_empty() {
-            return match violations.first() {
-                None => "ok".to_owned(),
-                Some(v) => format!("{} violations, first: {v}", violations.len()),
-            };
+            return dmem_harness::invariants_verdict(&violations);
         }
         for (table, key) in missing {
             // Retried like the workload's transactions (a DrTM read lease can run out

@@ -719,10 +719,7 @@ fn build_report(
         |table, key| deployment.read_final(table, key),
         committed_delta,
     );
-    let invariants = match violations.first() {
-        None => "ok".to_string(),
-        Some(v) => format!("{} violations, first: {v}", violations.len()),
-    };
+    let invariants = dmem_harness::invariants_verdict(&violations);
     Report {
         protocol: args
             .deployed_protocol()

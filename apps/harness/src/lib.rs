@@ -515,22 +515,12 @@ pub fn run_bench(
         stats.mn_served_since(&at_warm_up, Some(kind)) as f64 / committed.max(1) as f64
     };
     let history = history.borrow();
-    let (checker, checked_txns) = if cfg.check {
-        (
-            verdict_under(&history, protocol.isolation()),
-            history.txns.len(),
-        )
-    } else {
-        ("skipped".to_owned(), 0)
-    };
+    let (checker, checked_txns) = checked_verdict(&history, protocol.isolation(), cfg.check);
     let violations = workload.check(
         |table, key| deployment.read_final(table, key),
         tally.delta.get(),
     );
-    let invariants = match violations.first() {
-        None => "ok".to_owned(),
-        Some(v) => format!("{} violations, first: {v}", violations.len()),
-    };
+    let invariants = invariants_verdict(&violations);
     let latency = latency.borrow();
     let attempts = tally.attempts.get();
     let finished = committed + tally.rolled_back.get() + tally.failed.get();
@@ -817,6 +807,27 @@ pub fn verdict_under(history: &History, isolation: Isolation) -> String {
         None if report.is_ok() => "ok".to_owned(),
         None => format!("{} anomalies", report.total()),
         Some(first) => format!("{} anomalies, first: {first}", report.total()),
+    }
+}
+
+/// The checker's verdict on `history` under `isolation` when `check` is on ("skipped"
+/// otherwise), with the number of transactions it judged.
+#[must_use]
+pub fn checked_verdict(history: &History, isolation: Isolation, check: bool) -> (String, usize) {
+    if check {
+        (verdict_under(history, isolation), history.txns.len())
+    } else {
+        ("skipped".to_owned(), 0)
+    }
+}
+
+/// The invariants' one-line verdict on a workload's violations: "ok" or how many and the
+/// first.
+#[must_use]
+pub fn invariants_verdict<V: core::fmt::Display>(violations: &[V]) -> String {
+    match violations.first() {
+        None => "ok".to_owned(),
+        Some(v) => format!("{} violations, first: {v}", violations.len()),
     }
 }
 

@@ -28,7 +28,7 @@ use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator as _, Workload
 use hdrhistogram::Histogram;
 
 use crate::fabric::{Fabric, LocalCluster};
-use crate::{HarnessError, MAX_ATTEMPTS, REPORTED_COUNTERS, verdict_under};
+use crate::{HarnessError, MAX_ATTEMPTS, REPORTED_COUNTERS, checked_verdict, invariants_verdict};
 
 /// How long a [`run_servers`] run lasts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -275,19 +275,9 @@ pub fn run_servers(
         _ => None,
     };
     let history = history.borrow();
-    let (checker, checked_txns) = if cfg.check {
-        (
-            verdict_under(&history, protocol.isolation()),
-            history.txns.len(),
-        )
-    } else {
-        ("skipped".to_owned(), 0)
-    };
+    let (checker, checked_txns) = checked_verdict(&history, protocol.isolation(), cfg.check);
     let violations = workload.check(|t, k| deployment.read_final(t, k), tally.delta.get());
-    let invariants = match violations.first() {
-        None => "ok".to_owned(),
-        Some(v) => format!("{} violations, first: {v}", violations.len()),
-    };
+    let invariants = invariants_verdict(&violations);
     let latency = latency.borrow();
     let committed = tally.committed.get();
     let attempts = tally.attempts.get();
