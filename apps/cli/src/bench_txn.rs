@@ -354,6 +354,8 @@ pub struct Row {
     /// Failed attempts of the measured transactions by reason (the protocol's abort reason).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub aborts_by_reason: BTreeMap<String, u64>,
+    /// Committed transactions per type (the committed mix).
+    pub committed_per_type: BTreeMap<String, u64>,
 }
 
 impl Args {
@@ -555,6 +557,7 @@ fn run_protocol(
         packet_bytes: r.packets.map(|(_, b)| round(b, 1)),
         counters: r.counters,
         aborts_by_reason: r.errors,
+        committed_per_type: r.committed_per_type,
     })
 }
 

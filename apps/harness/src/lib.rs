@@ -255,6 +255,10 @@ pub struct BenchResult {
     /// Failed attempts of the measured transactions by reason (a protocol's abort reason,
     /// else the error), aborts of committed transactions' earlier tries included.
     pub errors: BTreeMap<String, u64>,
+    /// Committed transactions (measured) per transaction type name: with
+    /// [`BenchConfig::max_attempts`] 1 the committed mix drifts from the generated one
+    /// towards the types that abort least.
+    pub committed_per_type: BTreeMap<String, u64>,
 }
 
 /// Deployment counters a [`BenchResult`] reports when the deployment has them: LOTUS's
@@ -621,6 +625,12 @@ pub fn run_bench(
         .iter()
         .fold((0, 0), |(n, r), (tn, tr)| (n + tn, r + tr));
     rtts_per_txn.insert("all".to_owned(), r as f64 / n.max(1) as f64);
+    let committed_per_type = workload
+        .txn_types()
+        .iter()
+        .zip(rounds.iter())
+        .map(|(t, (n, _))| (t.name.to_owned(), *n))
+        .collect();
     Ok(BenchResult {
         mtps: committed as f64 / cfg.duration as f64 * 1e3,
         abort_rate: attempts.saturating_sub(finished) as f64 / attempts.max(1) as f64,
@@ -664,6 +674,7 @@ pub fn run_bench(
             .filter_map(|&n| deployment.counter(n).map(|v| (n.to_owned(), v)))
             .collect(),
         errors: tally.errors.borrow().clone(),
+        committed_per_type,
     })
 }
 
