@@ -538,7 +538,15 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                     match decide_read(image.lock, as_reader) {
                         ReadDecision::Leased => {}
                         ReadDecision::Validate => self.intention_seen = true,
-                        ReadDecision::Abort => return Err(aborted("record locked")),
+                        ReadDecision::Abort => {
+                            // The CASes of this round's post list took their locks too:
+                            // keep them so that the abort releases them (they leaked
+                            // before, and a TPC-C New-Order that met a Payment's intention
+                            // lock on WAREHOUSE left DISTRICT locked for the run).
+                            let all: Vec<_> = locked.iter().cloned().map(Some).collect();
+                            self.adopt_locks(&to_lock, &all);
+                            return Err(aborted("record locked"));
+                        }
                     }
                     self.events
                         .push(ReadEvent::new(r.table, r.key, Version(version)));
