@@ -48,8 +48,17 @@ const BAD: &[&[&str]] = &[
     &["bench", "--attempts", "0"],
     // a run whose insert room (sized by its length) cannot fit in memory
     &[
-        "bench", "--workload", "tpcc", "--scale", "ford", "--mix", "oocc", "--protocol", "oocc",
-        "--duration-ms", "60000",
+        "bench",
+        "--workload",
+        "tpcc",
+        "--scale",
+        "ford",
+        "--mix",
+        "oocc",
+        "--protocol",
+        "oocc",
+        "--duration-ms",
+        "60000",
     ],
     // bench locks
     &["bench", "locks", "--locks", "18446744073709551615"],

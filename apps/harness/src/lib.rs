@@ -499,8 +499,7 @@ pub fn run_bench(
                             gate.pass(clock.now()).await;
                             let txn = generator.next_txn();
                             let start = clock.now();
-                            let done =
-                                run_one(&workload, &mut coordinator, &txn, attempts).await;
+                            let done = run_one(&workload, &mut coordinator, &txn, attempts).await;
                             window.note(&txn, start, clock.now(), done);
                         }
                         gate.leave();
@@ -511,13 +510,9 @@ pub fn run_bench(
                         sim.spawn(&ctx, async move {
                             loop {
                                 let job = queue.pop().await;
-                                let done = run_one(
-                                    &worker_workload,
-                                    &mut coordinator,
-                                    &job.txn,
-                                    attempts,
-                                )
-                                .await;
+                                let done =
+                                    run_one(&worker_workload, &mut coordinator, &job.txn, attempts)
+                                        .await;
                                 job.reply.fill(done);
                             }
                         });

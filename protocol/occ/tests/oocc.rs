@@ -325,7 +325,15 @@ fn a_round_aborted_on_a_read_releases_the_locks_it_took() {
     });
     d.sim.run_until_idle();
     let (b_aborted, c_committed) = *outcome.borrow();
-    assert_eq!(b_aborted, Some(true), "the read of an intention-locked record aborts");
-    assert_eq!(c_committed, Some(true), "key 1 was left locked by the aborted round");
+    assert_eq!(
+        b_aborted,
+        Some(true),
+        "the read of an intention-locked record aborts"
+    );
+    assert_eq!(
+        c_committed,
+        Some(true),
+        "key 1 was left locked by the aborted round"
+    );
     verdict(&history.borrow()).unwrap();
 }
