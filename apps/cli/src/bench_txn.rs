@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context as _, ensure};
 use clap::{Args as ClapArgs, ValueEnum};
-use dmem_deploy::{ClusterShape, Registry};
-use dmem_harness::{BenchConfig, deploy_spec, run_bench};
+use dmem_deploy::{ClusterShape, DeploySpec, Registry};
+use dmem_harness::{BenchConfig, MAX_ATTEMPTS, deploy_spec, run_bench, run_spec};
 use dmem_sim::NicProfile;
 use dmem_workloads::{AnyWorkload, Scale, Workload};
 use serde::Serialize;
@@ -103,9 +103,31 @@ pub fn memory_estimate(
     coordinators: u16,
     mns: u16,
 ) -> anyhow::Result<Option<u64>> {
+    memory_estimate_for(
+        registry,
+        protocol,
+        workload,
+        &deploy_spec(workload, coordinators),
+        mns,
+    )
+}
+
+/// [`memory_estimate`] for the store `spec` asks for (a run's, with its insert room:
+/// `dmem_harness::run_spec`).
+///
+/// # Errors
+/// An unknown protocol or a store that cannot be laid out (a run whose insert room
+/// overflows).
+pub fn memory_estimate_for(
+    registry: &Registry,
+    protocol: &str,
+    workload: &AnyWorkload,
+    spec: &DeploySpec,
+    mns: u16,
+) -> anyhow::Result<Option<u64>> {
     let p = registry.get(protocol)?;
     let per_mn = p
-        .mn_bytes_per_mn(&deploy_spec(workload, coordinators), mns)
+        .mn_bytes_per_mn(spec, mns)
         .with_context(|| format!("sizing {protocol}'s store"))?;
     // The simulator holds each MN's region (x1.25; it was x1.5, which the peaks measured
     // under FORD never approached: 8.74 GB for SmallBank's 8.9 GB of regions at --scale
@@ -203,6 +225,12 @@ pub struct Args {
     /// memory stays flat in run length (0: record and check the whole run).
     #[arg(long, default_value_t = 50)]
     check_window_ms: u64,
+    /// Tries per transaction: an aborted transaction is retried at once with the same
+    /// parameters until it commits or this many tries are made. 1: an aborted transaction
+    /// is dropped and the coordinator draws a new one, as OOCC's artifact runs its
+    /// benchmarks.
+    #[arg(long, default_value_t = MAX_ATTEMPTS, value_parser = clap::value_parser!(u32).range(1..))]
+    attempts: u32,
     /// Start every CN with a cold address cache (the first access to each record then
     /// costs an index-bucket READ first). By default each CN starts warm, as after scanning
     /// the index once at start-up: FORD's own code reads an item with its bucket in one
@@ -323,6 +351,11 @@ pub struct Row {
     /// Dandelion's RPC re-sends and duplicates).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub counters: BTreeMap<String, u64>,
+    /// Failed attempts of the measured transactions by reason (the protocol's abort reason).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub aborts_by_reason: BTreeMap<String, u64>,
+    /// Committed transactions per type (the committed mix).
+    pub committed_per_type: BTreeMap<String, u64>,
 }
 
 impl Args {
@@ -351,17 +384,22 @@ impl Args {
         if let Some(mix) = &self.mix {
             workload = workload_mix(self.workload.name(), scale, mix)?;
         }
+        // The store is sized for this run: a growing table's insert room follows the run's
+        // length (`dmem_harness::run_spec`), so a long run may be refused where a short one
+        // fits.
+        let spec = run_spec(&workload, &self.config(&profile))?;
         for p in &self.protocol {
-            let bytes = memory_estimate(registry, p, &workload, coordinators as u16, self.mns)?;
+            let bytes = memory_estimate_for(registry, p, &workload, &spec, self.mns)?;
             common::ensure_memory(
                 bytes,
                 &format!(
-                    "{} at --scale {} on {} MNs under {p}",
+                    "{} at --scale {} on {} MNs under {p} for {} ms",
                     self.workload.name(),
                     self.scale.name(),
-                    self.mns
+                    self.mns,
+                    self.duration_ms
                 ),
-                "--scale (tiny, small) or --mns",
+                "--scale (tiny, small), --duration-ms or --mns",
             )?;
         }
         Ok((workload, scale, profile))
@@ -383,6 +421,7 @@ impl Args {
             check: !self.no_check,
             warm_cache: !self.cold_cache,
             check_window: (self.check_window_ms > 0).then(|| self.check_window_ms * 1_000_000),
+            max_attempts: self.attempts,
         }
     }
 }
@@ -517,6 +556,8 @@ fn run_protocol(
         msgs_per_packet: r.packets.map(|(m, _)| round(m, 2)),
         packet_bytes: r.packets.map(|(_, b)| round(b, 1)),
         counters: r.counters,
+        aborts_by_reason: r.errors,
+        committed_per_type: r.committed_per_type,
     })
 }
 
@@ -630,6 +671,12 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
         for r in rows.iter().filter(|r| !r.counters.is_empty()) {
             let c: Vec<String> = r.counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
             println!("{}: {}", r.protocol, c.join(", "));
+        }
+        for r in rows.iter().filter(|r| !r.aborts_by_reason.is_empty()) {
+            let mut c: Vec<(&String, &u64)> = r.aborts_by_reason.iter().collect();
+            c.sort_by(|a, b| b.1.cmp(a.1));
+            let c: Vec<String> = c.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+            println!("{} aborts by reason: {}", r.protocol, c.join(", "));
         }
         if rows.len() > 1 {
             let base = &rows[0];

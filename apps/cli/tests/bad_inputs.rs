@@ -45,6 +45,21 @@ const BAD: &[&[&str]] = &[
     &["bench", "--fabric", "rdma"],
     &["bench", "--profile", "missing.toml"],
     &["bench", "--duration-ms", "abc"],
+    &["bench", "--attempts", "0"],
+    // a run whose insert room (sized by its length) cannot fit in memory
+    &[
+        "bench",
+        "--workload",
+        "tpcc",
+        "--scale",
+        "ford",
+        "--mix",
+        "oocc",
+        "--protocol",
+        "oocc",
+        "--duration-ms",
+        "60000",
+    ],
     // bench locks
     &["bench", "locks", "--locks", "18446744073709551615"],
     &["bench", "locks", "--locks", "0"],
@@ -154,6 +169,36 @@ fn bad_inputs_exit_1_with_one_error_line() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_run_too_long_for_its_insert_room_names_the_duration() {
+    // 64 coordinators x 66 s of attempts at one per 1.4 µs round trip, 6.75 ORDER_LINE
+    // inserts each: far beyond any machine's memory, refused before loading.
+    let out = Command::new(env!("CARGO_BIN_EXE_dmem"))
+        .args([
+            "bench",
+            "--workload",
+            "tpcc",
+            "--scale",
+            "ford",
+            "--mix",
+            "oocc",
+            "--profile",
+            "cx6",
+            "--protocol",
+            "oocc:lease=80",
+            "--duration-ms",
+            "60000",
+        ])
+        .output()
+        .expect("the dmem binary runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("for 60000 ms") && stderr.contains("--duration-ms"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -46,6 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         check: false,
         warm_cache: true,
         check_window: None,
+        max_attempts: dmem_harness::MAX_ATTEMPTS,
     };
     let p = dmem_protocols::registry().get(&protocol)?;
     let spec = deploy_spec(&workload, bench.coordinators()?);

@@ -56,7 +56,7 @@ use dmem_txn::{
 };
 use dmem_verbs::{Clock, Nanos, OpKind};
 use dmem_workloads::{
-    AnyWorkload, Executed, Outcome, TxnGenerator, TxnInfo, TxnSpec, Workload, execute,
+    AnyWorkload, Executed, Outcome, TxnGenerator, TxnInfo, TxnSpec, Workload, execute_noting,
 };
 use hdrhistogram::Histogram;
 
@@ -106,8 +106,41 @@ pub fn deploy_spec<W: Workload>(workload: &W, coordinators: u16) -> DeploySpec {
     spec
 }
 
-/// Tries before a transaction is given up (retries reuse its parameters).
+/// Tries before a transaction is given up (retries reuse its parameters): the default of
+/// [`BenchConfig::max_attempts`].
 pub const MAX_ATTEMPTS: u32 = 64;
+
+/// [`deploy_spec`] for the run `cfg`, with each growing table's insert room
+/// ([`DeploySpec::insert_room`]) sized from the run: at most
+/// [`attempts_bound`](BenchConfig::attempts_bound) attempts, each inserting at most the
+/// workload's [`inserts_per_txn`](Workload::inserts_per_txn) on average. Tables whose rate
+/// the workload does not give keep the default room.
+///
+/// # Errors
+/// [`HarnessError::Config`] for too many coordinators.
+pub fn run_spec<W: Workload>(workload: &W, cfg: &BenchConfig) -> Result<DeploySpec, HarnessError> {
+    let mut spec = deploy_spec(workload, cfg.coordinators()?);
+    spec.warm_cache = cfg.warm_cache;
+    let attempts = cfg.attempts_bound()?;
+    spec.insert_room = workload
+        .tables()
+        .iter()
+        .filter(|t| t.grows)
+        .filter_map(|t| {
+            let rate = workload.inserts_per_txn(t.id)?;
+            // Rounded up, saturating: a room past 2^64 records is refused when laid out.
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                clippy::cast_precision_loss,
+                reason = "a non-negative bound, saturating at u64::MAX"
+            )]
+            let inserts = (attempts as f64 * rate).ceil() as u64;
+            Some((t.id, inserts))
+        })
+        .collect();
+    Ok(spec)
+}
 
 /// One closed-loop run.
 #[derive(Debug, Clone)]
@@ -129,6 +162,11 @@ pub struct BenchConfig {
     /// transaction is in flight and close the history (see the crate docs, "Bounded
     /// history"). `None`: the whole run.
     pub check_window: Option<Nanos>,
+    /// Tries per transaction before it is given up (at least 1). [`MAX_ATTEMPTS`] retries
+    /// an aborted transaction at once with its parameters, as the harness always did; 1
+    /// drops it and the coordinator draws a new transaction, as OOCC's artifact runs its
+    /// benchmarks (throughput counts commits either way).
+    pub max_attempts: u32,
 }
 
 impl BenchConfig {
@@ -146,6 +184,23 @@ impl BenchConfig {
                 "coordinators exceed the 16-bit coordinator ids",
             ))
     }
+
+    /// Attempts the whole run can start at most: every coordinator starts one attempt per
+    /// round trip (`2 × one_way_latency_ns` of the profile; no attempt ends sooner, it
+    /// posts before it can commit) until the end of the run (warm-up included), then
+    /// finishes its last transaction in at most [`max_attempts`](Self::max_attempts)
+    /// tries.
+    ///
+    /// # Errors
+    /// [`HarnessError::Config`] for too many coordinators.
+    pub fn attempts_bound(&self) -> Result<u64, HarnessError> {
+        let round_trip = (2 * self.shape.profile.one_way_latency_ns).max(1);
+        let run = self.duration / 10 + self.duration;
+        let per_coordinator = run
+            .div_ceil(round_trip)
+            .saturating_add(u64::from(self.max_attempts.max(1)));
+        Ok(u64::from(self.coordinators()?).saturating_mul(per_coordinator))
+    }
 }
 
 /// What a run measured.
@@ -153,7 +208,7 @@ impl BenchConfig {
 pub struct BenchResult {
     /// Committed transactions per second of virtual time, millions.
     pub mtps: f64,
-    /// Aborted attempts / all attempts.
+    /// Aborted attempts / all attempts (a given-up transaction's last try is aborted too).
     pub abort_rate: f64,
     /// Median latency of a committed transaction (first begin to commit), µs.
     pub p50_us: f64,
@@ -198,13 +253,22 @@ pub struct BenchResult {
     /// The deployment's counters of [`REPORTED_COUNTERS`] that it has (over the whole run,
     /// after the transactions in flight finished).
     pub counters: BTreeMap<String, u64>,
+    /// Failed attempts of the measured transactions by reason (a protocol's abort reason,
+    /// else the error), aborts of committed transactions' earlier tries included.
+    pub errors: BTreeMap<String, u64>,
+    /// Committed transactions (measured) per transaction type name: with
+    /// [`BenchConfig::max_attempts`] 1 the committed mix drifts from the generated one
+    /// towards the types that abort least.
+    pub committed_per_type: BTreeMap<String, u64>,
 }
 
 /// Deployment counters a [`BenchResult`] reports when the deployment has them: LOTUS's
 /// resharding (§4.3) hand-overs, their service interruption, and the lock-state entries
 /// still held once the run is quiescent (a lost lock if not 0); Dandelion's RPC
 /// reliability (requests re-sent, stale responses ignored, replies replayed for
-/// duplicates, duplicates dropped: all 0 on a run without message faults).
+/// duplicates, duplicates dropped: all 0 on a run without message faults); the OCC family's
+/// writers' total write-wait lease sleep and read-only transactions validated because the
+/// lease ran out or an intention lock was met (OOCC §IV).
 pub const REPORTED_COUNTERS: &[&str] = &[
     "reshard_handovers",
     "reshard_interruption_mean_ns",
@@ -216,6 +280,9 @@ pub const REPORTED_COUNTERS: &[&str] = &[
     "stale_responses",
     "replayed_responses",
     "duplicates_dropped",
+    "lease_wait_ns",
+    "ro_lease_expired",
+    "ro_intention",
 ];
 
 /// A coordinator that notes its context's post-list count when a transaction begins (see
@@ -351,6 +418,8 @@ struct Tally {
     rounds: RefCell<Vec<(u64, u64)>>,
     /// Committed read-only transactions, and those without a validation round.
     ro: Cell<(u64, u64)>,
+    /// Failed attempts by reason (the protocol's abort reason, else the error).
+    errors: RefCell<BTreeMap<String, u64>>,
 }
 
 /// Runs `workload` on `protocol` (see the crate docs); `progress` is called with the
@@ -369,8 +438,10 @@ pub fn run_bench(
             "duration and coroutines must be positive",
         ));
     }
-    let mut spec = deploy_spec(workload, cfg.coordinators()?);
-    spec.warm_cache = cfg.warm_cache;
+    if cfg.max_attempts == 0 {
+        return Err(HarnessError::Config("max_attempts must be at least 1"));
+    }
+    let spec = run_spec(workload, cfg)?;
     // Nothing is recorded when nothing is checked, so memory stays flat in run length.
     let history = Rc::new(RefCell::new(if cfg.check {
         History::new()
@@ -411,6 +482,7 @@ pub fn run_bench(
     let queues: Vec<Rc<JobQueue>> = (0..cfg.shape.cns)
         .map(|_| Rc::new(JobQueue::default()))
         .collect();
+    let attempts = cfg.max_attempts;
     let mut id: u16 = 0;
     for cn in 0..cfg.shape.cns {
         for thread in 0..cfg.shape.threads {
@@ -428,7 +500,7 @@ pub fn run_bench(
                             gate.pass(clock.now()).await;
                             let txn = generator.next_txn();
                             let start = clock.now();
-                            let done = run_one(&workload, &mut coordinator, &txn).await;
+                            let done = run_one(&workload, &mut coordinator, &txn, attempts).await;
                             window.note(&txn, start, clock.now(), done);
                         }
                         gate.leave();
@@ -440,7 +512,8 @@ pub fn run_bench(
                             loop {
                                 let job = queue.pop().await;
                                 let done =
-                                    run_one(&worker_workload, &mut coordinator, &job.txn).await;
+                                    run_one(&worker_workload, &mut coordinator, &job.txn, attempts)
+                                        .await;
                                 job.reply.fill(done);
                             }
                         });
@@ -523,7 +596,9 @@ pub fn run_bench(
     let invariants = invariants_verdict(&violations);
     let latency = latency.borrow();
     let attempts = tally.attempts.get();
-    let finished = committed + tally.rolled_back.get() + tally.failed.get();
+    // Every attempt that neither committed nor rolled back aborted, the last try of a
+    // transaction given up included (with `max_attempts` 1 that is every abort).
+    let finished = committed + tally.rolled_back.get();
     let rounds = tally.rounds.borrow();
     let mut rtts_per_txn: BTreeMap<String, f64> = workload
         .txn_types()
@@ -536,6 +611,12 @@ pub fn run_bench(
         .iter()
         .fold((0, 0), |(n, r), (tn, tr)| (n + tn, r + tr));
     rtts_per_txn.insert("all".to_owned(), r as f64 / n.max(1) as f64);
+    let committed_per_type = workload
+        .txn_types()
+        .iter()
+        .zip(rounds.iter())
+        .map(|(t, (n, _))| (t.name.to_owned(), *n))
+        .collect();
     Ok(BenchResult {
         mtps: committed as f64 / cfg.duration as f64 * 1e3,
         abort_rate: attempts.saturating_sub(finished) as f64 / attempts.max(1) as f64,
@@ -578,6 +659,8 @@ pub fn run_bench(
             .iter()
             .filter_map(|&n| deployment.counter(n).map(|v| (n.to_owned(), v)))
             .collect(),
+        errors: tally.errors.borrow().clone(),
+        committed_per_type,
     })
 }
 
@@ -588,15 +671,30 @@ struct Done {
     rounds: u64,
     /// Rounds the workload asked for.
     asked: u64,
+    /// Why each failed attempt failed.
+    errors: Vec<String>,
 }
 
-/// Runs `txn` on `coordinator` with retries ([`execute`]).
-async fn run_one(workload: &AnyWorkload, coordinator: &mut Rounds, txn: &TxnSpec) -> Done {
-    let executed = execute(workload, coordinator, txn, MAX_ATTEMPTS).await;
+/// Runs `txn` on `coordinator` with up to `attempts` tries ([`execute`]).
+async fn run_one(
+    workload: &AnyWorkload,
+    coordinator: &mut Rounds,
+    txn: &TxnSpec,
+    attempts: u32,
+) -> Done {
+    let mut errors = Vec::new();
+    let executed = execute_noting(workload, coordinator, txn, attempts, |e| {
+        errors.push(match e {
+            TxnError::Aborted(why) => (*why).to_owned(),
+            other => other.to_string(),
+        });
+    })
+    .await;
     Done {
         executed,
         rounds: coordinator.since_begin(),
         asked: coordinator.asked_since_begin(),
+        errors,
     }
 }
 
@@ -631,6 +729,9 @@ impl Window {
         tally
             .attempts
             .set(tally.attempts.get() + u64::from(attempts));
+        for e in done.errors {
+            *tally.errors.borrow_mut().entry(e).or_default() += 1;
+        }
         match done.executed {
             Executed::Committed { .. } => {
                 tally.committed.set(tally.committed.get() + 1);

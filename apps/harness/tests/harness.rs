@@ -24,6 +24,7 @@ fn smallbank_on_pandora_checks_out_and_counts_round_trips() {
         check: true,
         warm_cache: false,
         check_window: None,
+        max_attempts: dmem_harness::MAX_ATTEMPTS,
     };
     let protocol = dmem_protocols::registry().get("pandora").unwrap();
     let mut ticks = 0;
@@ -52,6 +53,7 @@ fn a_check_window_bounds_the_history_and_the_run_goes_on() {
         let whole = run_bench(&*protocol, &workload, &lotus_cfg(), |_| {}).unwrap();
         let cfg = BenchConfig {
             check_window: Some(140_000),
+            max_attempts: dmem_harness::MAX_ATTEMPTS,
             ..lotus_cfg()
         };
         let windowed = run_bench(&*protocol, &workload, &cfg, |_| {}).unwrap();
@@ -99,6 +101,7 @@ fn lotus_cfg() -> BenchConfig {
         check: true,
         warm_cache: false,
         check_window: None,
+        max_attempts: dmem_harness::MAX_ATTEMPTS,
     }
 }
 

@@ -20,6 +20,7 @@ fn cfg(cns: u16, duration: u64) -> BenchConfig {
         seed: 1,
         check: true,
         check_window: None,
+        max_attempts: dmem_harness::MAX_ATTEMPTS,
         warm_cache: false,
     }
 }

@@ -160,6 +160,15 @@ impl Workload for AnyWorkload {
         }
     }
 
+    fn inserts_per_txn(&self, table: TableId) -> Option<f64> {
+        match self {
+            AnyWorkload::Kv(w) => w.inserts_per_txn(table),
+            AnyWorkload::SmallBank(w) => w.inserts_per_txn(table),
+            AnyWorkload::Tatp(w) => w.inserts_per_txn(table),
+            AnyWorkload::Tpcc(w) => w.inserts_per_txn(table),
+        }
+    }
+
     fn tables(&self) -> Vec<TableSpec> {
         match self {
             AnyWorkload::Kv(w) => w.tables(),

@@ -193,6 +193,16 @@ pub trait Workload {
         None
     }
 
+    /// Records a transaction inserts into `table` at most, on average over the mix: each
+    /// type's largest insert count into it weighted by the type's share (0 for a table no
+    /// transaction inserts into). A run's insert room is sized from it and the run's
+    /// transaction bound (`dmem_harness::run_spec`). `None`: not known, the store's default
+    /// room applies (as many inserts again as loaded records).
+    fn inserts_per_txn(&self, table: TableId) -> Option<f64> {
+        let _ = table;
+        None
+    }
+
     /// Bytes of values after loading (records × value size over all tables), the data a
     /// memory node holds without index, replicas or protocol metadata.
     fn value_bytes(&self) -> u64 {
@@ -288,13 +298,30 @@ pub async fn execute<W: Workload, C: Coordinator>(
     txn: &W::Txn,
     max_attempts: u32,
 ) -> Executed {
+    execute_noting(workload, coordinator, txn, max_attempts, |_| {}).await
+}
+
+/// [`execute`], calling `on_error` with the error of every attempt that failed (aborts by
+/// reason, for the benchmarks' statistics).
+pub async fn execute_noting<W: Workload, C: Coordinator>(
+    workload: &W,
+    coordinator: &mut C,
+    txn: &W::Txn,
+    max_attempts: u32,
+    mut on_error: impl FnMut(&TxnError),
+) -> Executed {
     let mut attempts = 0;
     loop {
         attempts += 1;
         let mut tx = match coordinator.begin(txn.kind()).await {
             Ok(tx) => tx,
-            Err(error) if error.is_retryable() && attempts < max_attempts => continue,
-            Err(error) => return Executed::Failed { error, attempts },
+            Err(error) => {
+                on_error(&error);
+                if error.is_retryable() && attempts < max_attempts {
+                    continue;
+                }
+                return Executed::Failed { error, attempts };
+            }
         };
         let error = match workload.run(txn, &mut tx).await {
             Ok(Outcome::Rollback(reason)) => {
@@ -310,6 +337,7 @@ pub async fn execute<W: Workload, C: Coordinator>(
                 e
             }
         };
+        on_error(&error);
         if !error.is_retryable() || attempts >= max_attempts {
             return Executed::Failed { error, attempts };
         }

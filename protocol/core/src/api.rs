@@ -61,6 +61,10 @@ pub enum TxnError {
     /// An insert of a key that exists, or an update/delete of a key that does not.
     #[error("key {0} exists / does not exist as the operation requires")]
     KeyState(u64),
+    /// The store has no room left for a record the transaction inserts: the run outgrew
+    /// the insert room it was sized for. Not retryable.
+    #[error("out of room: {0}")]
+    OutOfRoom(&'static str),
     /// The fabric failed (a node does not answer, access revoked, this CN crashed).
     #[error(transparent)]
     Verbs(#[from] VerbsError),

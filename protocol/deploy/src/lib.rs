@@ -160,6 +160,11 @@ pub struct DeploySpec {
     /// (one slot per key, never full; `dmem_store::StoreConfig::with_direct_index`) unless
     /// [`exact_index`](Self::exact_index) is set. Empty unless a harness knows the workload.
     pub key_spaces: Vec<(TableId, u64)>,
+    /// Per growing table, the records the run may insert into it at most, sized from the
+    /// run (its transaction bound times the workload's inserts per transaction; see
+    /// `dmem_harness::run_spec`). A growing table not listed gets the default room
+    /// ([`TableDemand::index_records`]: as many inserts again as loaded records, plus 4096).
+    pub insert_room: Vec<(TableId, u64)>,
 }
 
 impl DeploySpec {
@@ -176,6 +181,20 @@ impl DeploySpec {
             workload: None,
             critical_fields: Vec::new(),
             key_spaces: Vec::new(),
+            insert_room: Vec::new(),
+        }
+    }
+
+    /// Records `table` must have room for: the loaded ones plus the run's
+    /// [`insert_room`](Self::insert_room) and a margin of 64 when the run sized it, else
+    /// [`TableDemand::index_records`]. `None` past 2^64.
+    #[must_use]
+    pub fn records_with_room(&self, table: &TableDemand) -> Option<u64> {
+        match self.insert_room.iter().find(|(t, _)| *t == table.id) {
+            Some(&(_, inserts)) if table.grows => {
+                table.expected_records.checked_add(inserts)?.checked_add(64)
+            }
+            _ => Some(table.index_records()),
         }
     }
 

@@ -71,19 +71,36 @@ impl Layout {
         // few ids past it.
         let coordinators = spec.coordinators.saturating_add(8);
         let records_base = u64::from(coordinators) * (LEASE_LINE + LOG_REGION_BYTES);
-        let record_bytes: u64 = spec
-            .tables
-            .iter()
-            .map(|t| t.index_records() * OoccRecordHeader::record_len(t.value_len) as u64)
-            .sum();
+        // Growing tables have room for the inserts the run may make (`DeploySpec::insert_room`,
+        // sized from the run's length by the harness), or the default room.
+        let mut record_bytes = 0u64;
+        for t in &spec.tables {
+            let bytes = spec
+                .records_with_room(t)
+                .and_then(|r| r.checked_mul(OoccRecordHeader::record_len(t.value_len) as u64))
+                .and_then(|b| record_bytes.checked_add(b));
+            record_bytes = bytes.ok_or_else(|| DeployError::Protocol {
+                protocol: "oocc".into(),
+                reason: format!(
+                    "the records of table {} with room for the run's inserts exceed 2^64 bytes: shorten the run",
+                    t.id.0
+                ),
+            })?;
+        }
         // Placement by hash: a quarter more than an even share, plus a margin.
-        let per_mn = record_bytes / u64::from(mns) * 5 / 4 + (1 << 16);
+        let bytes_per_mn = (record_bytes / u64::from(mns))
+            .checked_mul(5)
+            .and_then(|b| (b / 4 + (1 << 16)).checked_add(records_base))
+            .ok_or_else(|| DeployError::Protocol {
+                protocol: "oocc".into(),
+                reason: "the records exceed 2^64 bytes per memory node: shorten the run".into(),
+            })?;
         Ok(Self {
             tables: spec.tables.iter().map(|t| (t.id, t.value_len)).collect(),
             coordinators,
             mns,
             records_base,
-            bytes_per_mn: records_base + per_mn,
+            bytes_per_mn,
         })
     }
 
@@ -159,8 +176,9 @@ impl Directory {
         let mut next = self.next.borrow_mut();
         let at = next[usize::from(mn)];
         if at + len > self.layout.bytes_per_mn {
-            return Err(dmem_txn::TxnError::Aborted(
-                "memory node out of record space",
+            // Not retryable: the run outgrew the insert room it was sized for.
+            return Err(dmem_txn::TxnError::OutOfRoom(
+                "memory node out of record space (insert room sized for a shorter run)",
             ));
         }
         next[usize::from(mn)] = at + len;
@@ -249,4 +267,82 @@ pub fn emit(
     let at = OoccRecordHeader::lock_offset(value_len);
     buf[at..at + 8].copy_from_slice(&lock.to_raw().to_le_bytes());
     buf
+}
+
+#[cfg(test)]
+mod tests {
+    use dmem_deploy::TableDemand;
+    use dmem_verbs::{NodeId, RKey};
+
+    use super::*;
+
+    /// One loaded table and one growing table of 100-byte values.
+    fn spec(insert_room: Option<u64>) -> DeploySpec {
+        let table = |id, grows| TableDemand {
+            id: TableId(id),
+            value_len: 100,
+            expected_records: 1_000,
+            grows,
+        };
+        let mut spec = DeploySpec::new(vec![table(0, false), table(1, true)], 4);
+        if let Some(n) = insert_room {
+            spec.insert_room = vec![(TableId(1), n), (TableId(0), 1 << 40)];
+        }
+        spec
+    }
+
+    fn directory(layout: Layout) -> Directory {
+        let regions = (0..layout.mns)
+            .map(|m| MemoryRegion {
+                node: NodeId(m),
+                rkey: RKey(1),
+                len: layout.bytes_per_mn,
+            })
+            .collect();
+        Directory::new(layout, regions)
+    }
+
+    #[test]
+    fn a_growing_table_has_room_for_the_runs_inserts_only() {
+        let record = OoccRecordHeader::record_len(100) as u64;
+        let default = Layout::new(&spec(None), 1).unwrap().bytes_per_mn;
+        let short = Layout::new(&spec(Some(10)), 1).unwrap().bytes_per_mn;
+        let long = Layout::new(&spec(Some(100_000)), 1).unwrap().bytes_per_mn;
+        // The default room is as many inserts again plus 4096; a short run needs far less,
+        // a long one more. A table that does not grow ignores a room given for it.
+        assert!(short < default, "{short} < {default}");
+        assert!(long > default, "{long} > {default}");
+        let grown = (100_000 - 10) * record;
+        assert!(
+            (grown..=grown * 5 / 4 + 1).contains(&(long - short)),
+            "{}",
+            long - short
+        );
+    }
+
+    #[test]
+    fn a_run_past_its_room_is_refused_not_retried() {
+        let dir = directory(Layout::new(&spec(Some(10)), 1).unwrap());
+        let mut inserted = 0u64;
+        let error = loop {
+            match dir.slot(TableId(1), Key(1_000 + inserted)) {
+                Ok(_) => inserted += 1,
+                Err(e) => break e,
+            }
+            assert!(inserted < 100_000, "the room never ran out");
+        };
+        // Loaded keys are not placed here: the whole region is the growing table's.
+        assert!(inserted >= 10, "{inserted}");
+        assert!(matches!(error, dmem_txn::TxnError::OutOfRoom(_)), "{error}");
+        assert!(!error.is_retryable());
+    }
+
+    #[test]
+    fn a_room_past_2_pow_64_bytes_is_a_typed_refusal() {
+        let error = Layout::new(&spec(Some(u64::MAX / 2)), 1).unwrap_err();
+        assert!(
+            matches!(&error, DeployError::Protocol { reason, .. } if reason.contains("shorten the run")),
+            "{error}"
+        );
+    }
 }

@@ -84,10 +84,11 @@ pub fn oocc_with(params: &str) -> Result<OoccProtocol, String> {
             None if p == "no-delayed-lock" => cfg.delayed_lock = false,
             None if p == "no-one-op-unlock" => cfg.one_op_unlock = false,
             None if p == "skip-lease-wait" => cfg.bug_skip_lease_wait = true,
+            None if p == "artifact-rw" => cfg.artifact_rw_rules = true,
             None if p == "oracle" => detection = Detection::Oracle,
             _ => {
                 return Err(format!(
-                    "unknown parameter `{p}`: use lease=µs, offset=µs, ppm=N, manager, no-lease, no-delayed-lock, no-one-op-unlock, skip-lease-wait, oracle"
+                    "unknown parameter `{p}`: use lease=µs, offset=µs, ppm=N, manager, no-lease, no-delayed-lock, no-one-op-unlock, skip-lease-wait, artifact-rw, oracle"
                 ));
             }
         }

@@ -741,6 +741,21 @@ impl Workload for Tpcc {
             .collect()
     }
 
+    /// New-Order inserts one NEW_ORDER and one ORDER row and up to
+    /// [`MAX_ORDER_LINES`](super::MAX_ORDER_LINES) ORDER_LINE rows; Payment one HISTORY row;
+    /// nothing else inserts (Delivery deletes NEW_ORDER rows, whose slots stay taken).
+    fn inserts_per_txn(&self, table: TableId) -> Option<f64> {
+        let weights = self.config.weights;
+        let total: u32 = weights.iter().sum();
+        let share = |i: usize| f64::from(weights[i]) / f64::from(total.max(1));
+        Some(match table {
+            super::NEW_ORDER | super::ORDER => share(0),
+            super::ORDER_LINE => share(0) * f64::from(super::MAX_ORDER_LINES),
+            super::HISTORY => share(1),
+            _ => 0.0,
+        })
+    }
+
     fn txn_types(&self) -> &[crate::TxnType] {
         &self.types
     }
