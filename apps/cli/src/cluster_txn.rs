@@ -75,6 +75,9 @@ const QUIT: &[u8] = b"dmem-quit";
 /// CN → first CN: this CN's workload is over; then its committed delta (i64 LE, the
 /// workload's conserved quantity, e.g. money SmallBank added).
 const CN_DONE: &[u8] = b"dmem-cn-done";
+/// First CN → every other CN: every CN has joined (its message endpoints, LOTUS's lock
+/// servers among them, are up): the coordinators may start.
+const GO: &[u8] = b"dmem-go";
 /// First CN → every other CN: every CN finished (or was recovered), so nobody needs the
 /// receiver's services (LOTUS's lock servers) any more: it may exit.
 const RUN_OVER: &[u8] = b"dmem-run-over";
@@ -677,6 +680,9 @@ struct CnShared {
     running: AtomicUsize,
     /// Cores (other than the first) whose coordinators are made.
     built: AtomicUsize,
+    /// Every CN has joined: the coordinators run from now on (a coordinator started earlier
+    /// would ask a CN still starting for its services — LOTUS's locks — and fail).
+    started: AtomicBool,
     /// A core could not make its coordinators, or the first core gave up: every core stops.
     stop: AtomicBool,
 }
@@ -745,7 +751,16 @@ impl CnSetup {
         coordinators: Vec<(u16, dmem_txn::BoxCoordinator, AnyContext)>,
         deployment: &RefCell<Box<dyn Deployment>>,
     ) {
-        // From when this core's coordinators exist: each core loads on its own first.
+        // Once every CN has joined (the first core says so), for the workload's duration.
+        while !self.shared.started.load(Ordering::Relaxed) {
+            if self.shared.stop.load(Ordering::Relaxed) {
+                self.shared
+                    .running
+                    .fetch_sub(coordinators.len(), Ordering::Relaxed);
+                return;
+            }
+            RealClock.sleep(1_000_000).await;
+        }
         let end = dmem_runtime::monotonic_now() + self.cluster.duration().as_nanos() as u64;
         let workload = &self.setup.workload;
         let shared = &self.shared;
@@ -969,6 +984,19 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
         }
         if let Some(detector_ctx) = detector_ctx {
             join(cluster, me, clock, &detector_ctx).await?;
+            for other in plan.members.iter().map(|m| m.cn).filter(|&n| n != me.node) {
+                done_ctx
+                    .send(endpoint(other, ports::DONE), GO)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "{}: cannot tell {} to start",
+                            me.name,
+                            cluster.cn_name(other)
+                        )
+                    })?;
+            }
+            cn.shared.started.store(true, Ordering::Relaxed);
             println!("ready {}", me.name);
             detector(
                 cn,
@@ -980,10 +1008,19 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
             )
             .await
         } else {
+            wait_for_go(cn, clock, &done_ctx).await?;
             println!("ready {}", me.name);
             report_done(cn, clock, &done_ctx).await?;
             Ok(FirstCore::default())
         }
+    };
+    let body = async {
+        let r = body.await;
+        if r.is_err() {
+            // The coordinators may still wait for the start (or run): stop them.
+            cn.shared.stop.store(true, Ordering::Relaxed);
+        }
+        r
     };
     let work = futures_util::future::join(cn.run_coordinators(coordinators, &deployment), body);
     // The process tasks never end by themselves: they stop with the work.
@@ -991,6 +1028,30 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
     match futures_util::future::select(std::pin::pin!(work), std::pin::pin!(tasks)).await {
         futures_util::future::Either::Left((((), first), _)) => first,
         futures_util::future::Either::Right(_) => bail!("{}: the process tasks ended", me.name),
+    }
+}
+
+/// A CN other than the first: waits until the first CN says every CN joined, then lets its
+/// coordinators start.
+async fn wait_for_go(cn: &CnSetup, clock: CoreClock, done_ctx: &AnyContext) -> anyhow::Result<()> {
+    let (cluster, me) = (&cn.cluster, &cn.me);
+    // The first CN waits up to a join timeout for the last CN's first heartbeat.
+    let give_up = clock.now() + (cluster.join_timeout() * 2).as_nanos() as u64;
+    loop {
+        while let Some(msg) = done_ctx.try_recv()? {
+            if msg.payload == GO {
+                cn.shared.started.store(true, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
+        ensure!(
+            clock.now() < give_up,
+            "{}: the first CN `{}` did not say every CN joined within {} ms",
+            me.name,
+            cluster.cns()[0].name,
+            (cluster.join_timeout() * 2).as_millis()
+        );
+        clock.sleep(1_000_000).await;
     }
 }
 
