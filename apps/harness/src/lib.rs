@@ -711,9 +711,9 @@ pub async fn execute_with_reasons<W: Workload, C: Coordinator>(
 /// transaction whose locks are all in its own CN's table, refused because another
 /// coordinator of the same executor holds them) is retried at once, again and again,
 /// while the holder is never polled: every try is refused and the transaction is given up
-/// by the executor's scheduling, not by contention (`dmem cn`: about two thirds of LOTUS's
-/// given-up SmallBank transactions, `protocol/lotus/README.md`). The simulator's runs do
-/// not use it: there every attempt's posts take virtual time.
+/// by the executor's scheduling, not by contention (measured with `dmem cn`:
+/// `protocol/lotus/README.md`, "In CN processes"). The simulator's runs do not use it:
+/// there every attempt's posts take virtual time.
 pub struct YieldingBegin(pub BoxCoordinator);
 
 impl Coordinator for YieldingBegin {
