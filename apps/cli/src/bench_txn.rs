@@ -268,6 +268,8 @@ pub struct TcpShape {
     pub coordinators_per_cn: u32,
     /// Real-time duration, ms.
     pub duration_ms: u64,
+    /// Tries per transaction (`--attempts`).
+    pub attempts: u32,
     /// JSON output.
     pub json: bool,
     /// A cluster file whose nodes to use.
@@ -292,6 +294,7 @@ impl Args {
             cns: self.cns,
             coordinators_per_cn: u32::from(self.threads) * u32::from(self.coroutines),
             duration_ms: self.duration_ms.max(1000),
+            attempts: self.attempts,
             json: self.json,
             cluster: self.cluster.clone(),
         }
@@ -673,10 +676,11 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             println!("{}: {}", r.protocol, c.join(", "));
         }
         for r in rows.iter().filter(|r| !r.aborts_by_reason.is_empty()) {
-            let mut c: Vec<(&String, &u64)> = r.aborts_by_reason.iter().collect();
-            c.sort_by(|a, b| b.1.cmp(a.1));
-            let c: Vec<String> = c.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-            println!("{} aborts by reason: {}", r.protocol, c.join(", "));
+            println!(
+                "{} aborts by reason: {}",
+                r.protocol,
+                common::by_count(&r.aborts_by_reason)
+            );
         }
         if rows.len() > 1 {
             let base = &rows[0];

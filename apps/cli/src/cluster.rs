@@ -114,6 +114,9 @@ struct WorkloadFile {
     /// running its share of the coordinators): `auto` (default: glommio, pinned, where this
     /// build has it and it starts; else the polling executor), `polling` or `glommio`.
     executor: Option<String>,
+    /// Transaction workloads: tries per transaction before a CN gives it up (at least 1;
+    /// default `dmem_harness::MAX_ATTEMPTS`), as `dmem bench --attempts`.
+    attempts: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -218,6 +221,8 @@ pub(crate) struct Cluster {
     clients: u32,
     batch: u32,
     executor: ExecutorChoice,
+    /// Tries per transaction (transaction workloads).
+    attempts: u32,
     mns: Vec<MnNode>,
     cns: Vec<CnNode>,
 }
@@ -271,8 +276,8 @@ impl Cluster {
         let w = &file.workload;
         let kind = if w.kind == "faa" {
             ensure!(
-                w.protocol.is_none() && w.scale.is_none(),
-                "workload kind `faa` takes no `protocol` or `scale` (those are for transaction workloads)"
+                w.protocol.is_none() && w.scale.is_none() && w.attempts.is_none(),
+                "workload kind `faa` takes no `protocol`, `scale` or `attempts` (those are for transaction workloads)"
             );
             ensure!(
                 is_tcp,
@@ -311,6 +316,11 @@ impl Cluster {
                 protocol,
             }
         };
+        let attempts = w.attempts.unwrap_or(dmem_harness::MAX_ATTEMPTS);
+        ensure!(
+            attempts >= 1,
+            "workload attempts must be at least 1 (tries per transaction; 1: never retried)"
+        );
         ensure!(
             (1..=3_600_000).contains(&w.duration_ms),
             "workload duration_ms {} is outside 1..=3600000",
@@ -472,6 +482,7 @@ impl Cluster {
             clients: w.clients,
             batch: w.batch,
             executor,
+            attempts,
             mns,
             cns,
         })
@@ -557,6 +568,11 @@ impl Cluster {
     /// Threads (cores, one executor each) of every CN.
     pub(crate) fn threads(&self) -> u32 {
         self.threads
+    }
+
+    /// Tries per transaction before a CN gives it up (transaction workloads).
+    pub(crate) fn attempts(&self) -> u32 {
+        self.attempts
     }
 
     /// The executor every CN thread asked for.
@@ -1657,8 +1673,8 @@ pub(crate) fn bench_cluster(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<
     let mut failed = Vec::new();
     for protocol in &tcp.protocols {
         let workload = format!(
-            "\n[workload]\nkind = \"{}\"\nprotocol = \"{protocol}\"\nscale = \"{}\"\nduration_ms = {}\nthreads = 1\nclients = {}\n",
-            tcp.workload, tcp.scale, tcp.duration_ms, tcp.coordinators_per_cn
+            "\n[workload]\nkind = \"{}\"\nprotocol = \"{protocol}\"\nscale = \"{}\"\nduration_ms = {}\nthreads = 1\nclients = {}\nattempts = {}\n",
+            tcp.workload, tcp.scale, tcp.duration_ms, tcp.coordinators_per_cn, tcp.attempts
         );
         let text = match &tcp.cluster {
             // The file's nodes and settings, with this run's workload.

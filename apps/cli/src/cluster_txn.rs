@@ -41,11 +41,11 @@
 //! processes: valid on one host (network namespaces included), not across machines.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
@@ -64,7 +64,7 @@ use dmem_txn::{
     Coordinator, History, HistorySink, Transaction, TxnId, TxnKind, TxnOutcome, TxnRecord,
 };
 use dmem_verbs::{Clock, Endpoint, MemoryRegion, NodeId, Port, RKey, Verbs};
-use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator, Workload, execute};
+use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator, Workload};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::{Cluster, CnNode, Fabric, MnNode};
@@ -75,6 +75,9 @@ const QUIT: &[u8] = b"dmem-quit";
 /// CN → first CN: this CN's workload is over; then its committed delta (i64 LE, the
 /// workload's conserved quantity, e.g. money SmallBank added).
 const CN_DONE: &[u8] = b"dmem-cn-done";
+/// First CN → every other CN: every CN has joined (its message endpoints, LOTUS's lock
+/// servers among them, are up): the coordinators may start.
+const GO: &[u8] = b"dmem-go";
 /// First CN → every other CN: every CN finished (or was recovered), so nobody needs the
 /// receiver's services (LOTUS's lock servers) any more: it may exit.
 const RUN_OVER: &[u8] = b"dmem-run-over";
@@ -612,8 +615,19 @@ pub(crate) struct TxnCnReport {
     name: String,
     committed: u64,
     rolled_back: u64,
+    /// Transactions given up (the sum of [`given_up`](Self::given_up)).
     failed: u64,
     delta: i64,
+    /// Tries per transaction (the cluster file's `attempts`).
+    #[serde(default)]
+    attempts: u32,
+    /// Failed attempts by reason (`dmem_harness::failure_reason`: the protocol's abort
+    /// reason, else the error), the last try of a transaction given up included.
+    #[serde(default)]
+    aborts: BTreeMap<String, u64>,
+    /// Transactions given up, by their last error.
+    #[serde(default)]
+    given_up: BTreeMap<String, u64>,
     /// First CN only: the CN failures it recovered.
     recovered: Vec<Recovered>,
     /// First CN only: the MN failures it handled.
@@ -656,14 +670,28 @@ struct CnShared {
     committed: AtomicU64,
     rolled_back: AtomicU64,
     failed: AtomicU64,
+    /// Failed attempts by reason, over every core.
+    aborts: Mutex<BTreeMap<String, u64>>,
+    /// Transactions given up, by their last error.
+    given_up: Mutex<BTreeMap<String, u64>>,
     /// The workload's conserved quantity the CN's commits added.
     delta: AtomicI64,
     /// Coordinators still running, on every core.
     running: AtomicUsize,
     /// Cores (other than the first) whose coordinators are made.
     built: AtomicUsize,
+    /// Every CN has joined: the coordinators run from now on (a coordinator started earlier
+    /// would ask a CN still starting for its services — LOTUS's locks — and fail).
+    started: AtomicBool,
     /// A core could not make its coordinators, or the first core gave up: every core stops.
     stop: AtomicBool,
+}
+
+/// `mutex`'s tally; one poisoned by a panicking core is still counted.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Everything a CN's cores need, shared by their threads.
@@ -723,44 +751,64 @@ impl CnSetup {
         coordinators: Vec<(u16, dmem_txn::BoxCoordinator, AnyContext)>,
         deployment: &RefCell<Box<dyn Deployment>>,
     ) {
-        // From when this core's coordinators exist: each core loads on its own first.
+        // Once every CN has joined (the first core says so), for the workload's duration.
+        while !self.shared.started.load(Ordering::Relaxed) {
+            if self.shared.stop.load(Ordering::Relaxed) {
+                self.shared
+                    .running
+                    .fetch_sub(coordinators.len(), Ordering::Relaxed);
+                return;
+            }
+            RealClock.sleep(1_000_000).await;
+        }
         let end = dmem_runtime::monotonic_now() + self.cluster.duration().as_nanos() as u64;
         let workload = &self.setup.workload;
         let shared = &self.shared;
-        let clients = coordinators
-            .into_iter()
-            .map(|(id, mut co, ctx)| async move {
-                let mut generator = workload.generator(u32::from(id), 0x5eed ^ u64::from(id));
-                while RealClock.now() < end && !shared.stop.load(Ordering::Relaxed) {
-                    let txn = generator.next_txn();
-                    match execute(workload, &mut co, &txn, dmem_harness::MAX_ATTEMPTS).await {
-                        Executed::Committed { outcome, .. } => {
-                            shared.committed.fetch_add(1, Ordering::Relaxed);
-                            if let Outcome::Commit { delta } = outcome {
-                                shared.delta.fetch_add(delta, Ordering::Relaxed);
-                            }
-                        }
-                        Executed::RolledBack { .. } => {
-                            shared.rolled_back.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Executed::Failed { .. } => {
-                            shared.failed.fetch_add(1, Ordering::Relaxed);
-                            // Revoked (or an MN gone that the view does not count as failed):
-                            // nothing this coordinator posts lands any more. An MN the view
-                            // dropped (Pandora §3.2.5) is no longer posted to.
-                            let failed = deployment.borrow().failed_mns();
-                            if lost_live_mn(&ctx, &failed) {
-                                break;
-                            }
+        let attempts = self.cluster.attempts();
+        let clients = coordinators.into_iter().map(|(id, co, ctx)| async move {
+            // A core is one cooperative executor: the holder of what an attempt was
+            // refused runs before the next try.
+            let mut co = dmem_harness::YieldingBegin(co);
+            let mut generator = workload.generator(u32::from(id), 0x5eed ^ u64::from(id));
+            while RealClock.now() < end && !shared.stop.load(Ordering::Relaxed) {
+                let txn = generator.next_txn();
+                let (executed, reasons) =
+                    dmem_harness::execute_with_reasons(workload, &mut co, &txn, attempts).await;
+                if !reasons.is_empty() {
+                    let mut aborts = lock(&shared.aborts);
+                    for reason in reasons {
+                        *aborts.entry(reason).or_default() += 1;
+                    }
+                }
+                match executed {
+                    Executed::Committed { outcome, .. } => {
+                        shared.committed.fetch_add(1, Ordering::Relaxed);
+                        if let Outcome::Commit { delta } = outcome {
+                            shared.delta.fetch_add(delta, Ordering::Relaxed);
                         }
                     }
-                    // On shm every post completes on its first poll, so a transaction never
-                    // waits: without this the core's other futures (heartbeats, the detector,
-                    // the other coordinators) would not run until the workload ends.
-                    dmem_runtime::yield_now().await;
+                    Executed::RolledBack { .. } => {
+                        shared.rolled_back.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Executed::Failed { error, .. } => {
+                        shared.failed.fetch_add(1, Ordering::Relaxed);
+                        *lock(&shared.given_up).entry(error.to_string()).or_default() += 1;
+                        // Revoked (or an MN gone that the view does not count as failed):
+                        // nothing this coordinator posts lands any more. An MN the view
+                        // dropped (Pandora §3.2.5) is no longer posted to.
+                        let failed = deployment.borrow().failed_mns();
+                        if lost_live_mn(&ctx, &failed) {
+                            break;
+                        }
+                    }
                 }
-                shared.running.fetch_sub(1, Ordering::Relaxed);
-            });
+                // On shm every post completes on its first poll, so a transaction never
+                // waits: without this the core's other futures (heartbeats, the detector,
+                // the other coordinators) would not run until the workload ends.
+                dmem_runtime::yield_now().await;
+            }
+            shared.running.fetch_sub(1, Ordering::Relaxed);
+        });
         futures_util::future::join_all(clients).await;
     }
 
@@ -864,6 +912,9 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         rolled_back: shared.rolled_back.load(Ordering::Relaxed),
         failed: shared.failed.load(Ordering::Relaxed),
         delta: shared.delta.load(Ordering::Relaxed),
+        attempts: cluster.attempts(),
+        aborts: lock(&shared.aborts).clone(),
+        given_up: lock(&shared.given_up).clone(),
         recovered: first.recovered,
         mn_failures: first.mn_failures,
         invariants: first.invariants,
@@ -933,6 +984,19 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
         }
         if let Some(detector_ctx) = detector_ctx {
             join(cluster, me, clock, &detector_ctx).await?;
+            for other in plan.members.iter().map(|m| m.cn).filter(|&n| n != me.node) {
+                done_ctx
+                    .send(endpoint(other, ports::DONE), GO)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "{}: cannot tell {} to start",
+                            me.name,
+                            cluster.cn_name(other)
+                        )
+                    })?;
+            }
+            cn.shared.started.store(true, Ordering::Relaxed);
             println!("ready {}", me.name);
             detector(
                 cn,
@@ -944,10 +1008,19 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
             )
             .await
         } else {
+            wait_for_go(cn, clock, &done_ctx).await?;
             println!("ready {}", me.name);
             report_done(cn, clock, &done_ctx).await?;
             Ok(FirstCore::default())
         }
+    };
+    let body = async {
+        let r = body.await;
+        if r.is_err() {
+            // The coordinators may still wait for the start (or run): stop them.
+            cn.shared.stop.store(true, Ordering::Relaxed);
+        }
+        r
     };
     let work = futures_util::future::join(cn.run_coordinators(coordinators, &deployment), body);
     // The process tasks never end by themselves: they stop with the work.
@@ -955,6 +1028,30 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
     match futures_util::future::select(std::pin::pin!(work), std::pin::pin!(tasks)).await {
         futures_util::future::Either::Left((((), first), _)) => first,
         futures_util::future::Either::Right(_) => bail!("{}: the process tasks ended", me.name),
+    }
+}
+
+/// A CN other than the first: waits until the first CN says every CN joined, then lets its
+/// coordinators start.
+async fn wait_for_go(cn: &CnSetup, clock: CoreClock, done_ctx: &AnyContext) -> anyhow::Result<()> {
+    let (cluster, me) = (&cn.cluster, &cn.me);
+    // The first CN waits up to a join timeout for the last CN's first heartbeat.
+    let give_up = clock.now() + (cluster.join_timeout() * 2).as_nanos() as u64;
+    loop {
+        while let Some(msg) = done_ctx.try_recv()? {
+            if msg.payload == GO {
+                cn.shared.started.store(true, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
+        ensure!(
+            clock.now() < give_up,
+            "{}: the first CN `{}` did not say every CN joined within {} ms",
+            me.name,
+            cluster.cns()[0].name,
+            (cluster.join_timeout() * 2).as_millis()
+        );
+        clock.sleep(1_000_000).await;
     }
 }
 
@@ -1385,13 +1482,14 @@ pub(crate) fn print_summary(
     verdict: &TxnVerdict,
 ) {
     println!(
-        "dmem cluster  {}  fabric {}  protocol {protocol}  {} MN  {} CN x {} coordinators  {} ms",
+        "dmem cluster  {}  fabric {}  protocol {protocol}  {} MN  {} CN x {} coordinators  {} ms  {} attempts",
         cluster.path().display(),
         cluster.fabric_name(),
         cluster.mn_count(),
         cluster.cns().len(),
         cluster.clients(),
-        cluster.duration().as_millis()
+        cluster.duration().as_millis(),
+        cluster.attempts()
     );
     let mut t = common::table(&[
         "node",
@@ -1399,6 +1497,7 @@ pub(crate) fn print_summary(
         "committed",
         "rolled back",
         "given up",
+        "aborts",
         "executor",
         "recovered",
     ]);
@@ -1428,11 +1527,30 @@ pub(crate) fn print_summary(
             r.as_ref().map_or("-".into(), |r| r.rolled_back.to_string()),
             r.as_ref().map_or("-".into(), |r| r.failed.to_string()),
             r.as_ref()
+                .map_or("-".into(), |r| r.aborts.values().sum::<u64>().to_string()),
+            r.as_ref()
                 .map_or("-".into(), |r| format!("{} x {}", r.threads, r.executor)),
             recovered,
         ]);
     }
     println!("{}", common::render(&t));
+    // Over every CN that reported.
+    let mut aborts = BTreeMap::new();
+    let mut given_up = BTreeMap::new();
+    for r in cns.iter().filter_map(|(_, _, r)| r.as_ref()) {
+        for (reason, n) in &r.aborts {
+            *aborts.entry(reason.clone()).or_insert(0) += n;
+        }
+        for (error, n) in &r.given_up {
+            *given_up.entry(error.clone()).or_insert(0) += n;
+        }
+    }
+    if !aborts.is_empty() {
+        println!("aborts by reason: {}", common::by_count(&aborts));
+    }
+    if !given_up.is_empty() {
+        println!("given up by error: {}", common::by_count(&given_up));
+    }
     for r in cns.iter().filter_map(|(_, _, r)| r.as_ref()) {
         for f in &r.mn_failures {
             println!(

@@ -184,6 +184,18 @@ pub fn no_duplicates<T: PartialEq + fmt::Debug>(flag: &str, items: &[T]) -> anyh
     Ok(())
 }
 
+/// `key: count` pairs, most frequent first (ties by key), comma-separated: aborts by
+/// reason, transactions given up by error.
+#[must_use]
+pub fn by_count(counts: &std::collections::BTreeMap<String, u64>) -> String {
+    let mut c: Vec<(&String, &u64)> = counts.iter().collect();
+    c.sort_by(|a, b| b.1.cmp(a.1));
+    c.iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Rounds `x` to `digits` decimals (what a row's measurement supports).
 #[must_use]
 pub fn round(x: f64, digits: i32) -> f64 {

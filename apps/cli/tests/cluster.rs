@@ -515,6 +515,17 @@ fn cluster_file_errors_are_one_readable_line() {
             ),
             "threads (3) must not exceed clients (2)",
         ),
+        (
+            good.replace(
+                "kind = \"faa\"",
+                "kind = \"smallbank\"\nprotocol = \"ford\"\nattempts = 0",
+            ),
+            "workload attempts must be at least 1",
+        ),
+        (
+            good.replace("batch = 2", "batch = 2\nattempts = 3"),
+            "workload kind `faa` takes no `protocol`, `scale` or `attempts`",
+        ),
     ];
     for (i, (text, expected)) in cases.into_iter().enumerate() {
         let file = dir.write(&format!("bad{i}.toml"), &text);
@@ -805,9 +816,18 @@ fn bench_on_tcp_runs_ford_pandora_motor_oocc_and_lotus_in_processes() {
 /// LOTUS in a cluster file's CN processes (SmallBank, one MN, two CNs on loopback): every
 /// CN serves its own lock table to the other over messages, the merged history is clean;
 /// a CN kill is refused (LOTUS has no recovery across processes, §6 is simulated).
+///
+/// With `attempts = 1` every failed attempt is a transaction given up: each CN's report
+/// says so, counts its aborts by LOTUS's reasons (tiny SmallBank on 8 coordinators always
+/// refuses some locks) and its given-up transactions by the same errors, one for one.
 #[test]
 fn smallbank_on_lotus_runs_in_cn_processes_and_refuses_kill() {
-    let (_dir, file) = local_smallbank("lotus", "lotus", 1);
+    let (dir, file) = local_smallbank("lotus", "lotus", 1);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let file = dir.write(
+        "cluster.toml",
+        &text.replace("clients = 4", "clients = 4\nattempts = 1"),
+    );
     // With --json a run succeeds only with the checker and the invariants ok.
     let out = run_cluster(&file, &[]);
     assert!(
@@ -817,9 +837,40 @@ fn smallbank_on_lotus_runs_in_cn_processes_and_refuses_kill() {
     );
     let r = reports(&out);
     assert_eq!(r["cn0"]["invariants"], "ok", "{}", r["cn0"]);
+    let count = |v: &serde_json::Value| -> std::collections::BTreeMap<String, u64> {
+        v.as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, n)| (k.clone(), n.as_u64().unwrap()))
+            .collect()
+    };
+    let mut aborted = 0;
     for cn in ["cn0", "cn1"] {
-        assert!(r[cn]["committed"].as_u64().unwrap() > 0, "{}", r[cn]);
+        let report = &r[cn];
+        assert!(report["committed"].as_u64().unwrap() > 0, "{report}");
+        assert_eq!(report["attempts"], 1, "{report}");
+        let (aborts, given_up) = (count(&report["aborts"]), count(&report["given_up"]));
+        assert_eq!(
+            given_up.values().sum::<u64>(),
+            report["failed"].as_u64().unwrap(),
+            "{report}"
+        );
+        // One try each: a failed attempt is a transaction given up, with that error.
+        assert_eq!(
+            aborts.values().sum::<u64>(),
+            given_up.values().sum::<u64>(),
+            "{report}"
+        );
+        for (reason, n) in &aborts {
+            assert_eq!(
+                given_up.get(&format!("transaction aborted: {reason}")),
+                Some(n),
+                "{report}"
+            );
+        }
+        aborted += aborts.values().sum::<u64>();
     }
+    assert!(aborted > 0, "no LOTUS lock was ever refused: {r:?}");
     let out = run_cluster(&file, &["--kill", "cn1"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -860,6 +911,8 @@ fn bench_on_tcp_uses_the_nodes_of_a_cluster_file() {
             "2",
             "--duration-ms",
             "1000",
+            "--attempts",
+            "3",
         ])
         .arg("--cluster")
         .arg(&file)
@@ -869,7 +922,7 @@ fn bench_on_tcp_uses_the_nodes_of_a_cluster_file() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
-        stdout.contains("protocol pandora  1 MN  2 CN x 2 coordinators"),
+        stdout.contains("protocol pandora  1 MN  2 CN x 2 coordinators  1000 ms  3 attempts"),
         "{stdout}"
     );
     assert!(stdout.contains("checker: ok"), "{stdout}");

@@ -675,21 +675,68 @@ struct Done {
     errors: Vec<String>,
 }
 
-/// Runs `txn` on `coordinator` with up to `attempts` tries ([`execute`]).
+/// Why an attempt failed, as the benchmarks' reports count it: the protocol's abort reason
+/// ([`TxnError::Aborted`]), else the error.
+#[must_use]
+pub fn failure_reason(error: &TxnError) -> String {
+    match error {
+        TxnError::Aborted(why) => (*why).to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// Runs `txn` on `coordinator` with up to `attempts` tries ([`execute_noting`]): its outcome,
+/// and why each failed attempt failed ([`failure_reason`]), the last try of a transaction
+/// given up included. The one retry loop of every benchmark that counts aborts by reason
+/// (the simulator's [`run_bench`], `dmem cn`'s coordinators).
+pub async fn execute_with_reasons<W: Workload, C: Coordinator>(
+    workload: &W,
+    coordinator: &mut C,
+    txn: &W::Txn,
+    attempts: u32,
+) -> (Executed, Vec<String>) {
+    let mut reasons = Vec::new();
+    let executed = execute_noting(workload, coordinator, txn, attempts, |e| {
+        reasons.push(failure_reason(e));
+    })
+    .await;
+    (executed, reasons)
+}
+
+/// A coordinator that lets its executor's other futures run before every attempt begins:
+/// for real-time runs, where coordinators share a cooperative executor with one another
+/// and with their process's services (LOTUS's lock servers).
+///
+/// Without it an attempt that aborts without awaiting anything that is not ready (a LOTUS
+/// transaction whose locks are all in its own CN's table, refused because another
+/// coordinator of the same executor holds them) is retried at once, again and again,
+/// while the holder is never polled: every try is refused and the transaction is given up
+/// by the executor's scheduling, not by contention (measured with `dmem cn`:
+/// `protocol/lotus/README.md`, "In CN processes"). The simulator's runs do not use it:
+/// there every attempt's posts take virtual time.
+pub struct YieldingBegin(pub BoxCoordinator);
+
+impl Coordinator for YieldingBegin {
+    type Txn<'a> = BoxTransaction<'a>;
+
+    async fn begin(&mut self, kind: TxnKind) -> Result<BoxTransaction<'_>, TxnError> {
+        dmem_runtime::yield_now().await;
+        self.0.begin(kind).await
+    }
+
+    fn round_trips(&self) -> Option<u64> {
+        self.0.round_trips()
+    }
+}
+
+/// Runs `txn` on `coordinator` with up to `attempts` tries ([`execute_with_reasons`]).
 async fn run_one(
     workload: &AnyWorkload,
     coordinator: &mut Rounds,
     txn: &TxnSpec,
     attempts: u32,
 ) -> Done {
-    let mut errors = Vec::new();
-    let executed = execute_noting(workload, coordinator, txn, attempts, |e| {
-        errors.push(match e {
-            TxnError::Aborted(why) => (*why).to_owned(),
-            other => other.to_string(),
-        });
-    })
-    .await;
+    let (executed, errors) = execute_with_reasons(workload, coordinator, txn, attempts).await;
     Done {
         executed,
         rounds: coordinator.since_begin(),
