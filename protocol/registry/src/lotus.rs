@@ -60,6 +60,9 @@ pub struct LotusProtocol {
     /// as in its first incarnation (their ids, and their commit logs' writers, equal the
     /// old incarnation's).
     pub restart_same_ids: bool,
+    /// Versions (CVT cells) per record; `None`: the workload's default
+    /// (`dmem_motor::cells_for_workload`).
+    pub versions: Option<usize>,
 }
 
 /// CNs the metrics region of resharding has room for.
@@ -92,6 +95,7 @@ impl LotusProtocol {
             restart_after: None,
             restart_early: false,
             restart_same_ids: false,
+            versions: None,
         }
     }
 
@@ -106,10 +110,12 @@ impl LotusProtocol {
     /// detected, 0 allowed), `restart-early` (a planted bug: the restarted CN serves before
     /// its old transactions are finished; implies `restart=0` unless given),
     /// `restart-same-ids` (a planted bug: the restarted CN's coordinators reuse the old
-    /// incarnation's transaction ids; implies `restart=0` unless given).
+    /// incarnation's transaction ids; implies `restart=0` unless given); `versions=N` (N
+    /// versions per record instead of the workload's default; §8 runs LOTUS and Motor
+    /// with 2).
     ///
     /// # Errors
-    /// The unknown flag.
+    /// The unknown flag, or a version count outside 1 ..= 8.
     pub fn with_flags(params: &str) -> Result<Self, String> {
         let mut p = Self::new(&format!("lotus:{params}"), LotusConfig::sr());
         for f in params.split(['+', ',']).filter(|f| !f.is_empty()) {
@@ -151,6 +157,8 @@ impl LotusProtocol {
                     } else if let Some(v) = other.strip_prefix("reshard=") {
                         p.reshard.enabled = true;
                         p.reshard.interval = us(v)?;
+                    } else if let Some(v) = other.strip_prefix("versions=") {
+                        p.versions = Some(crate::motor::parse_versions("lotus", other, v)?);
                     } else if let Some(v) = other.strip_prefix("drain=") {
                         p.reshard.drain_timeout = us(v)?;
                     } else if let Some(v) = other.strip_prefix("overload=") {
@@ -159,7 +167,7 @@ impl LotusProtocol {
                         })?;
                     } else {
                         return Err(format!(
-                            "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, rdma-lock, early-unlock, reshard, reshard=US, drain=US, overload=PCT, reshard-no-drain, restart=US, restart-early, restart-same-ids)"
+                            "unknown lotus switch `{other}` (known: si, no-sharding, no-routing, no-vt-cache, rdma-lock, early-unlock, reshard, reshard=US, drain=US, overload=PCT, reshard-no-drain, restart=US, restart-early, restart-same-ids, versions=N)"
                         ));
                     }
                 }
@@ -185,6 +193,7 @@ impl LotusProtocol {
             spec.log_region_bytes,
             VersionLayout::FullRecords,
             self.records(),
+            self.versions,
         )
     }
 
@@ -240,6 +249,7 @@ impl Protocol for LotusProtocol {
             spec.log_region_bytes,
             VersionLayout::FullRecords,
             self.records(),
+            self.versions,
         )? + dmem_lotus::reshard::region_bytes(METRICS_CNS))
     }
 

@@ -39,6 +39,23 @@ pub struct MotorProtocol {
     config: MotorConfig,
     /// How the simulator's recovery detects a failed CN.
     detection: Detection,
+    /// Versions (CVT cells) per record; `None`: [`cells_for_workload`].
+    versions: Option<usize>,
+}
+
+/// The most versions per record `versions=N` accepts (LOTUS §8.5 explores 2–8).
+pub(crate) const MAX_VERSIONS: usize = 8;
+
+/// Parses the `N` of a `versions=N` switch (1 ..= [`MAX_VERSIONS`]).
+pub(crate) fn parse_versions(protocol: &str, switch: &str, n: &str) -> Result<usize, String> {
+    n.parse::<usize>()
+        .ok()
+        .filter(|n| (1..=MAX_VERSIONS).contains(n))
+        .ok_or_else(|| {
+            format!(
+                "{protocol} switch `{switch}`: expected 1 to {MAX_VERSIONS} versions per record"
+            )
+        })
 }
 
 impl MotorProtocol {
@@ -49,24 +66,33 @@ impl MotorProtocol {
             name: name.to_owned(),
             config,
             detection: Detection::Heartbeat,
+            versions: None,
         }
     }
 
     /// `motor:FLAGS`: the switches of [`parse_flags`](Self::parse_flags) plus `oracle` (the
     /// simulator's recovery detects a crash with the oracle instead of heartbeats:
-    /// recovery measured without detection, a lower bound).
+    /// recovery measured without detection, a lower bound) and `versions=N` (N versions
+    /// per record instead of the workload's default: LOTUS §8 runs Motor and LOTUS with 2).
     ///
     /// # Errors
-    /// An unknown flag.
+    /// An unknown flag, or a version count outside 1 ..= 8.
     pub fn from_flags(params: &str) -> Result<Self, String> {
         let flags = || params.split(['+', ',']).filter(|f| !f.is_empty());
-        let others: Vec<&str> = flags().filter(|&f| f != "oracle").collect();
+        let others: Vec<&str> = flags()
+            .filter(|&f| f != "oracle" && !f.starts_with("versions="))
+            .collect();
         let mut p = Self::new(
             &format!("motor:{params}"),
             Self::parse_flags(&others.join("+"))?,
         );
         if flags().any(|f| f == "oracle") {
             p.detection = Detection::Oracle;
+        }
+        for f in flags() {
+            if let Some(n) = f.strip_prefix("versions=") {
+                p.versions = Some(parse_versions("motor", f, n)?);
+            }
         }
         Ok(p)
     }
@@ -88,7 +114,7 @@ impl MotorProtocol {
                 "recovery-releases-only" => cfg.recovery_releases_only = true,
                 other => {
                     return Err(format!(
-                        "unknown motor switch `{other}` (known: si, full-records, no-cas, skip-newer-abort, recovery-releases-only, oracle)"
+                        "unknown motor switch `{other}` (known: si, full-records, no-cas, skip-newer-abort, recovery-releases-only, oracle, versions=N)"
                     ));
                 }
             }
@@ -115,18 +141,19 @@ pub(crate) enum Records {
     InSlots,
 }
 
-/// The shapes (versions laid out as `versions`) and store configuration of `spec` on `mns`
-/// MNs, with `log_region_bytes` of log per coordinator in MN memory (0: none, as Motor's op
-/// log lives on the CN).
+/// The shapes (versions laid out as `versions`, `cells` per record or the workload's
+/// default) and store configuration of `spec` on `mns` MNs, with `log_region_bytes` of log
+/// per coordinator in MN memory (0: none, as Motor's op log lives on the CN).
 fn layout(
     spec: &DeploySpec,
     mns: u16,
     log_region_bytes: u32,
     versions: VersionLayout,
     records: Records,
+    cells: Option<usize>,
 ) -> (Shapes, dmem_store::StoreConfig) {
-    let shapes = Shapes::uniform(&spec.tables, cells_for_workload(spec.workload.as_deref()))
-        .with_layout(versions);
+    let cells = cells.unwrap_or_else(|| cells_for_workload(spec.workload.as_deref()));
+    let shapes = Shapes::uniform(&spec.tables, cells).with_layout(versions);
     let logs = if log_region_bytes == 0 {
         0
     } else {
@@ -182,10 +209,13 @@ impl MvccDeploy {
         log_region_bytes: u32,
         versions: VersionLayout,
         records: Records,
+        cells: Option<usize>,
     ) -> Result<u64, DeployError> {
-        Ok(layout(spec, mns, log_region_bytes, versions, records)
-            .1
-            .bytes_per_mn()?)
+        Ok(
+            layout(spec, mns, log_region_bytes, versions, records, cells)
+                .1
+                .bytes_per_mn()?,
+        )
     }
 
     /// Lays the store out on `memory`.
@@ -196,8 +226,16 @@ impl MvccDeploy {
         log_region_bytes: u32,
         versions: VersionLayout,
         records: Records,
+        cells: Option<usize>,
     ) -> Result<Self, DeployError> {
-        let (shapes, cfg) = layout(spec, memory.mn_count(), log_region_bytes, versions, records);
+        let (shapes, cfg) = layout(
+            spec,
+            memory.mn_count(),
+            log_region_bytes,
+            versions,
+            records,
+            cells,
+        );
         let store = Rc::new(Store::new(cfg, memory.regions())?);
         let shapes = Rc::new(shapes);
         Ok(Self {
@@ -285,7 +323,14 @@ impl Protocol for MotorProtocol {
     }
 
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
-        MvccDeploy::mn_bytes(spec, mns, 0, self.config.layout, Records::Pooled)
+        MvccDeploy::mn_bytes(
+            spec,
+            mns,
+            0,
+            self.config.layout,
+            Records::Pooled,
+            self.versions,
+        )
     }
 
     /// As FORD's (`dmem-protocols`' `ford.rs`): the loader's [`dmem_store::LoadIndex`] entry
@@ -311,6 +356,7 @@ impl Protocol for MotorProtocol {
                 0,
                 self.config.layout,
                 Records::Pooled,
+                self.versions,
             )?,
             paused: Rc::new(Cell::new(false)),
             oplogs: Rc::new(OpLogs::new()),
@@ -541,7 +587,7 @@ mod tests {
         let mut spec = DeploySpec::new(vec![demand(1, 20_000, true), demand(2, 5_000, false)], 18);
         spec.workload = Some("tpcc".into());
         let pooled = |spec: &DeploySpec, records| {
-            let (shapes, cfg) = layout(spec, 3, 0, VersionLayout::Deltas, records);
+            let (shapes, cfg) = layout(spec, 3, 0, VersionLayout::Deltas, records, None);
             assert_eq!(shapes.get(TableId(1)).unwrap().cells, 4);
             let flags: Vec<bool> = cfg.tables.iter().map(|t| t.pool.is_some()).collect();
             (flags, cfg.bytes_per_mn().unwrap())
@@ -556,5 +602,38 @@ mod tests {
         );
         spec.exact_index = true;
         assert_eq!(pooled(&spec, Records::Pooled).0, [false, false]);
+    }
+
+    /// `versions=N` overrides the workload's cells per record for Motor and LOTUS (LOTUS
+    /// §8: 2 for both), shrinks the store, and refuses counts outside 1 ..= 8.
+    #[test]
+    fn versions_switch_sets_cells_per_record() {
+        use dmem_deploy::Protocol as _;
+        let demand = TableDemand {
+            id: TableId(1),
+            value_len: 56,
+            expected_records: 20_000,
+            grows: true,
+        };
+        let mut spec = DeploySpec::new(vec![demand], 18);
+        spec.workload = Some("tpcc".into());
+        let (shapes, _) = layout(&spec, 3, 0, VersionLayout::Deltas, Records::Pooled, Some(2));
+        assert_eq!(shapes.get(TableId(1)).unwrap().cells, 2);
+        let bytes = |p: &dyn dmem_deploy::Protocol| p.mn_bytes_per_mn(&spec, 3).unwrap();
+        let motor = MotorProtocol::from_flags("").unwrap();
+        let motor2 = MotorProtocol::from_flags("versions=2").unwrap();
+        assert!(
+            bytes(&motor2) < bytes(&motor),
+            "2 versions take less than 4"
+        );
+        let lotus = crate::lotus::LotusProtocol::with_flags("").unwrap();
+        let lotus2 = crate::lotus::LotusProtocol::with_flags("versions=2").unwrap();
+        assert_eq!(lotus2.versions, Some(2));
+        assert!(bytes(&lotus2) < bytes(&lotus));
+        for bad in ["versions=0", "versions=9", "versions=two"] {
+            let e = MotorProtocol::from_flags(bad).unwrap_err();
+            assert!(e.contains("1 to 8 versions"), "{e}");
+            assert!(crate::lotus::LotusProtocol::with_flags(bad).is_err());
+        }
     }
 }
