@@ -608,7 +608,6 @@ mod tests {
     /// §8: 2 for both), shrinks the store, and refuses counts outside 1 ..= 8.
     #[test]
     fn versions_switch_sets_cells_per_record() {
-        use dmem_deploy::Protocol as _;
         let demand = TableDemand {
             id: TableId(1),
             value_len: 56,
