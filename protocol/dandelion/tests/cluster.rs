@@ -529,7 +529,7 @@ fn every_variant_recovers_from_a_server_crash() {
             assert_eq!(cost.resume, 2, "{cost:?}");
             assert_eq!(
                 cost.replies,
-                cost.gather + cost.decide + cost.resume,
+                cost.gather + cost.query + cost.decide + cost.resume,
                 "{cost:?}"
             );
             // Messages take time: at least the resume round trip (2 × 900 ns one way).
