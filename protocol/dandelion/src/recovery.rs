@@ -400,8 +400,10 @@ pub fn query_requests(
     epoch: u64,
     budget: usize,
 ) -> Vec<(u16, Request)> {
-    // Half the budget for transactions (12 bytes each), half for keys (24 bytes each).
-    let (per_txns, per_keys) = ((budget / 2 / 12).max(1), (budget / 2 / 24).max(1));
+    // The epoch, two counts and the reliability layer's mark take 16 bytes; half the rest
+    // for transactions (12 bytes each), half for keys (24 bytes each).
+    let room = budget.saturating_sub(16) / 2;
+    let (per_txns, per_keys) = ((room / 12).max(1), (room / 24).max(1));
     let mut out = Vec::new();
     for (&s, (txns, keys)) in queries.iter().filter(|(s, _)| **s != leader) {
         let mut txns = txns.chunks(per_txns);
@@ -1076,7 +1078,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let reqs = query_requests(&queries, 0, 7, 240); // 10 transactions per request
+        let reqs = query_requests(&queries, 0, 7, 256); // 10 transactions per request
         assert_eq!(reqs.len(), 5);
         assert!(reqs.iter().all(|(s, r)| *s == 2
             && matches!(r, Request::Query { epoch: 7, txns, .. } if txns.len() == 10)));
