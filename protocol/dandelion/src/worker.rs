@@ -96,9 +96,10 @@ pub struct Cluster {
     /// The server of every coordinator.
     pub coordinator_server: RefCell<HashMap<u32, u16>>,
     /// Transactions whose coordinator decided to commit, with their writes (table, key,
-    /// version, write). Recovery asks a survivor's coordinators for their decisions (§4.4);
-    /// this map is that answer, and recovery never reads the entries of a crashed server's
-    /// coordinators (their memory is gone). Kept for the whole run (a decision may be needed
+    /// version, write): the coordinators' memory. Recovery asks a survivor's coordinators
+    /// for their decisions (§4.4) and that survivor answers from this map, for its own
+    /// coordinators only (`recovery::survivor_state`, `recovery::answer`); the leader reads
+    /// it only as history instrumentation (`recover`), never for a decision. Kept for the whole run (a decision may be needed
     /// as long as a message of it can be lost).
     pub decided: RefCell<HashMap<TxnId, Vec<DecidedWrite>>>,
     /// Per server, the transactions its coordinators are committing, with the epoch their
