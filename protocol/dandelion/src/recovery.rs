@@ -73,10 +73,15 @@
 //! deployment share one epoch counter, `Cluster::epoch`). The history instrumentation —
 //! recording a crashed coordinator's transaction that recovery commits but that its
 //! coordinator never recorded — reads the cluster's `decided` map to know what the
-//! checker's history already holds; no decision depends on it. A crash during recovery is
-//! not handled: a round that fails (its epoch moved on) stops the recovery with the
-//! survivors halted ([`RecoveryReport::abandoned`]), and no newer recovery is started (the
-//! failure detector awaits this one; see the crate README).
+//! checker's history already holds; no decision depends on it. Where keys and coordinators
+//! live ([`Rules`]) is deployment configuration every server knows. A crash during
+//! recovery is not handled: the leader's round retransmits to the new victim until its
+//! epoch moves on, which nothing does (the failure detector awaits this recovery); a round
+//! that does fail stops the recovery with the survivors halted
+//! ([`RecoveryReport::abandoned`]). Restarting from the gather would not be safe as it
+//! stands — a `DECIDE` applied at one survivor drops the entries the decision rested on —
+//! so survivors would have to keep their applied decisions until a recovery completes and
+//! report them (crate README, "Not built").
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::rc::Rc;
