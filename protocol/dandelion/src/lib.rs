@@ -31,7 +31,10 @@ pub mod worker;
 
 pub use config::{Bugs, CommitSpec, DnlConfig, Replicas, Visit, retransmission_timeout};
 pub use net::{Flow, Net};
-pub use recovery::{Phase, Planned, RecoveryCost, RecoveryReport, halt, plan, recover, requests};
+pub use recovery::{
+    Answers, Gathered, Phase, Planned, Query, RecoveryCost, RecoveryReport, Rules, answer, halt,
+    page, page_budget, plan, queries, query_requests, recover, requests, survivor_state,
+};
 pub use store::ServerStore;
 pub use txn::{DnlCoordinator, DnlTxn, TxnStats};
 pub use worker::{Cluster, Placement, Step, Worker, WorkerStats};

@@ -289,7 +289,10 @@ impl ServerStore {
             }
             // Recovery's requests need the cluster (placement, halt): the worker runs them
             // with [`gathered`](Self::gathered) and [`decide`](Self::decide).
-            Request::Gather { .. } | Request::Decide { .. } | Request::Resume { .. } => None,
+            Request::Gather { .. }
+            | Request::Decide { .. }
+            | Request::Resume { .. }
+            | Request::Query { .. } => None,
         }
     }
 
@@ -340,6 +343,13 @@ impl ServerStore {
                 })
                 .collect()
         })
+    }
+
+    /// Recovery (Dnl-1's lost unlock, §4.4): whether the current version of `(table, key)`
+    /// here was installed by `txn`.
+    #[must_use]
+    pub fn written_by(&self, txn: TxnId, table: u32, key: u64) -> bool {
+        self.get(table, key).is_some_and(|r| r.writer == Some(txn))
     }
 
     /// Recovery: commits `txn` here — applies `writes` (key → version and write) where this

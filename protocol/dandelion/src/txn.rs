@@ -662,7 +662,13 @@ impl<V: Verbs + Clock, H: HistorySink> Transaction for DnlTxn<'_, V, H> {
             return self.commit_read_only().await;
         }
         let spec = self.worker().cluster().config.commit;
-        self.commit_with(spec).await
+        // Recovery asks this server which commits are in flight (§4.4, `Cluster::in_commit`).
+        let cluster = Rc::clone(self.worker().cluster());
+        let (server, id, epoch) = (self.worker().server(), self.id, cluster.epoch.get());
+        cluster.begin_commit(server, id);
+        let result = self.commit_with(spec).await;
+        cluster.end_commit(server, id, epoch);
+        result
     }
 
     async fn abort(self) {

@@ -13,9 +13,10 @@
 //! | `REPLICATE` | txn, table, key, version u32, lower u8, write | ok u8 |
 //! | `UNLOCK` | txn, table, key, commit u8, apply u8, version u32, write | ok u8 |
 //! | `RAISE` | txn, table, key, version u32 | ok u8 |
-//! | `GATHER` (recovery) | txn, epoch u64 | entries u16, each table, key, flags u8, lock set u16, version u32, write |
+//! | `GATHER` (recovery) | epoch u64, after u8 + txn | more u8, txns u16, each txn, coordinator u8 (+ writes u16, each table, key, version u32, write), entries u16, each table, key, flags u8, lock set u16, version u32, write |
 //! | `DECIDE` (recovery) | txn, epoch u64, commit u8, writes u16, each table, key, version u32, write | ok u8 |
 //! | `RESUME` (recovery) | epoch u64 | ok u8 |
+//! | `QUERY` (recovery) | epoch u64, txns u16, each txn, keys u16, each txn, table, key | decisions u16, each coordinator u8 (+ writes), written u16, each u8 |
 //!
 //! On the network a request payload is preceded by the reliability layer's 4-byte
 //! acknowledged-below mark and its slot is the session's request number (`reliable.rs`).
@@ -39,12 +40,16 @@ pub mod msg {
     pub const UNLOCK: u16 = 5;
     /// Raises the readable flag of a backup once its writer committed (piggybacked, §4.2.2).
     pub const RAISE: u16 = 6;
-    /// Recovery (§4.4): the decider asks a survivor for its log entries of a transaction.
+    /// Recovery (§4.4): the decider asks a survivor for its log entries and its
+    /// coordinators' commits in flight, a page at a time.
     pub const GATHER: u16 = 7;
     /// Recovery: a transaction's decision and the writes a commit installs, to apply.
     pub const DECIDE: u16 = 8;
     /// Recovery: every decision is applied; resume in the new epoch.
     pub const RESUME: u16 = 9;
+    /// Recovery: what this server's coordinators decided for some transactions, and
+    /// (Dnl-1) whether a transaction's write is the current version of some keys here.
+    pub const QUERY: u16 = 10;
 }
 
 /// Why a payload could not be parsed.
@@ -107,6 +112,40 @@ pub struct GatheredEntry {
 
 /// A write of a decided transaction: table, key, the version it installs, the write.
 pub type DecidedWrite = (u32, u64, u32, WriteOp);
+
+/// What a survivor's own coordinator says of a transaction it reports (recovery, §4.4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CoordinatorState {
+    /// The transaction is not in its commit phase at a coordinator of this survivor: it
+    /// finished, or its coordinator is elsewhere. Recovery decides it from the logs.
+    Unknown,
+    /// Its coordinator here is in the commit phase and has not decided commit.
+    Undecided,
+    /// Its coordinator here decided commit, with the writes (and versions) it installs.
+    Committed(Vec<DecidedWrite>),
+}
+
+/// One transaction as a survivor's `GATHER` reply carries it: its log entries there and
+/// what its coordinator says, if that coordinator is on this survivor and still committing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatheredTxn {
+    /// The transaction.
+    pub txn: TxnId,
+    /// Its coordinator's state, if the coordinator is here and in its commit phase.
+    pub coordinator: CoordinatorState,
+    /// This survivor's log entries of it (none: a commit in flight that left nothing here).
+    pub entries: Vec<GatheredEntry>,
+}
+
+impl GatheredTxn {
+    /// Its size inside a `GATHER` reply, bytes.
+    #[must_use]
+    pub fn encoded_len(&self) -> usize {
+        let mut w = Vec::new();
+        put_gathered_txn(&mut w, self);
+        w.len()
+    }
+}
 
 /// A request message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,12 +222,13 @@ pub enum Request {
         /// The version it installed.
         version: u32,
     },
-    /// Recovery: send your log entries of `txn` (§4.4).
+    /// Recovery: send your log entries and your coordinators' commits in flight, one
+    /// page of transactions (in [`TxnId`] order) after `after` (§4.4).
     Gather {
-        /// The transaction.
-        txn: TxnId,
         /// The epoch recovery resumes in.
         epoch: u64,
+        /// The last transaction of the previous page (`None`: the first page).
+        after: Option<TxnId>,
     },
     /// Recovery: apply the decision of `txn` (commit: install `writes` where this server
     /// holds a replica and does not have them yet; abort: undo), release its locks.
@@ -206,6 +246,17 @@ pub enum Request {
     Resume {
         /// The epoch they resume in.
         epoch: u64,
+    },
+    /// Recovery: for each of `txns` (whose coordinators run here), what its coordinator
+    /// decided; and (Dnl-1's lost unlock) for each `(txn, table, key)`, whether this
+    /// replica's current version of the key was installed by `txn`.
+    Query {
+        /// The epoch recovery resumes in.
+        epoch: u64,
+        /// Transactions asked about.
+        txns: Vec<TxnId>,
+        /// The writes asked about.
+        keys: Vec<(TxnId, u32, u64)>,
     },
 }
 
@@ -234,10 +285,21 @@ pub enum Response {
         /// Passed (validation) or done.
         ok: bool,
     },
-    /// A survivor's log entries of the transaction a `GATHER` named.
+    /// A page of a survivor's recovery state (`GATHER`).
     Gathered {
-        /// The entries.
-        entries: Vec<GatheredEntry>,
+        /// More transactions follow this page (ask again after its last one).
+        more: bool,
+        /// The transactions, in [`TxnId`] order.
+        txns: Vec<GatheredTxn>,
+    },
+    /// The answers to a `QUERY`, in order.
+    Answered {
+        /// Per transaction asked, its coordinator's decision ([`CoordinatorState::Undecided`]:
+        /// not committed; [`CoordinatorState::Unknown`]: its coordinator is not here). May
+        /// be fewer than asked (a reply fits one packet): ask again for the rest.
+        decisions: Vec<CoordinatorState>,
+        /// Per key asked: its current version was written by that transaction.
+        written: Vec<bool>,
     },
 }
 
@@ -255,6 +317,7 @@ impl Request {
             Request::Gather { .. } => msg::GATHER,
             Request::Decide { .. } => msg::DECIDE,
             Request::Resume { .. } => msg::RESUME,
+            Request::Query { .. } => msg::QUERY,
         }
     }
 
@@ -325,9 +388,15 @@ impl Request {
                 put_tk(&mut w, *table, *key);
                 w.extend_from_slice(&version.to_le_bytes());
             }
-            Request::Gather { txn, epoch } => {
-                put_txn(&mut w, *txn);
+            Request::Gather { epoch, after } => {
                 w.extend_from_slice(&epoch.to_le_bytes());
+                match after {
+                    Some(t) => {
+                        w.push(1);
+                        put_txn(&mut w, *t);
+                    }
+                    None => w.push(0),
+                }
             }
             Request::Decide {
                 txn,
@@ -338,15 +407,21 @@ impl Request {
                 put_txn(&mut w, *txn);
                 w.extend_from_slice(&epoch.to_le_bytes());
                 w.push(u8::from(*commit));
-                let n = u16::try_from(writes.len()).expect("a transaction writes < 64 Ki keys");
-                w.extend_from_slice(&n.to_le_bytes());
-                for (table, key, version, write) in writes {
-                    put_tk(&mut w, *table, *key);
-                    w.extend_from_slice(&version.to_le_bytes());
-                    put_write(&mut w, Some(write));
-                }
+                put_writes(&mut w, writes);
             }
             Request::Resume { epoch } => w.extend_from_slice(&epoch.to_le_bytes()),
+            Request::Query { epoch, txns, keys } => {
+                w.extend_from_slice(&epoch.to_le_bytes());
+                put_len(&mut w, txns.len());
+                for t in txns {
+                    put_txn(&mut w, *t);
+                }
+                put_len(&mut w, keys.len());
+                for (txn, table, key) in keys {
+                    put_txn(&mut w, *txn);
+                    put_tk(&mut w, *table, *key);
+                }
+            }
         }
         w
     }
@@ -427,23 +502,20 @@ impl Request {
                     version,
                 }
             }
-            msg::GATHER => Request::Gather {
-                txn: r.txn()?,
-                epoch: r.u64()?,
-            },
+            msg::GATHER => {
+                let epoch = r.u64()?;
+                let after = if r.flag("after")? {
+                    Some(r.txn()?)
+                } else {
+                    None
+                };
+                Request::Gather { epoch, after }
+            }
             msg::DECIDE => {
                 let txn = r.txn()?;
                 let epoch = r.u64()?;
                 let commit = r.flag("commit")?;
-                let n = r.u16()?;
-                // Each write takes at least 19 bytes: no allocation beyond what was sent.
-                let mut writes = Vec::with_capacity(usize::from(n).min(r.0.len() / 19));
-                for _ in 0..n {
-                    let (table, key) = r.tk()?;
-                    let version = r.u32()?;
-                    let write = r.write()?.ok_or(WireError::Invalid("write"))?;
-                    writes.push((table, key, version, write));
-                }
+                let writes = r.writes()?;
                 Request::Decide {
                     txn,
                     epoch,
@@ -452,6 +524,23 @@ impl Request {
                 }
             }
             msg::RESUME => Request::Resume { epoch: r.u64()? },
+            msg::QUERY => {
+                let epoch = r.u64()?;
+                let n = r.u16()?;
+                let mut txns = Vec::with_capacity(usize::from(n).min(r.0.len() / 12));
+                for _ in 0..n {
+                    txns.push(r.txn()?);
+                }
+                let n = r.u16()?;
+                // Each key takes 24 bytes: no allocation beyond what was sent.
+                let mut keys = Vec::with_capacity(usize::from(n).min(r.0.len() / 24));
+                for _ in 0..n {
+                    let txn = r.txn()?;
+                    let (table, key) = r.tk()?;
+                    keys.push((txn, table, key));
+                }
+                Request::Query { epoch, txns, keys }
+            }
             other => return Err(WireError::UnknownType(other)),
         };
         r.end()?;
@@ -485,16 +574,20 @@ impl Response {
                 w.extend_from_slice(&meta.to_le_bytes());
             }
             Response::Ack { ok } => w.push(u8::from(*ok)),
-            Response::Gathered { entries } => {
-                let n = u16::try_from(entries.len()).expect("< 64 Ki entries per transaction");
-                w.extend_from_slice(&n.to_le_bytes());
-                for e in entries {
-                    put_tk(&mut w, e.table, e.key);
-                    w.push(u8::from(e.locked) | (u8::from(e.applied) << 1));
-                    w.extend_from_slice(&e.lock_set.to_le_bytes());
-                    w.extend_from_slice(&e.version.to_le_bytes());
-                    put_write(&mut w, e.write.as_ref());
+            Response::Gathered { more, txns } => {
+                w.push(u8::from(*more));
+                put_len(&mut w, txns.len());
+                for t in txns {
+                    put_gathered_txn(&mut w, t);
                 }
+            }
+            Response::Answered { decisions, written } => {
+                put_len(&mut w, decisions.len());
+                for d in decisions {
+                    put_coordinator(&mut w, d);
+                }
+                put_len(&mut w, written.len());
+                w.extend(written.iter().map(|b| u8::from(*b)));
             }
         }
         w
@@ -533,31 +626,78 @@ impl Response {
             | msg::DECIDE
             | msg::RESUME => Response::Ack { ok: r.flag("ok")? },
             msg::GATHER => {
+                let more = r.flag("more")?;
                 let n = r.u16()?;
-                // Each entry takes at least 20 bytes.
-                let mut entries = Vec::with_capacity(usize::from(n).min(r.0.len() / 20));
+                // Each transaction takes at least 15 bytes.
+                let mut txns = Vec::with_capacity(usize::from(n).min(r.0.len() / 15));
                 for _ in 0..n {
-                    let (table, key) = r.tk()?;
-                    let flags = r.u8()?;
-                    if flags > 3 {
-                        return Err(WireError::Invalid("entry flags"));
-                    }
-                    entries.push(GatheredEntry {
-                        table,
-                        key,
-                        locked: flags & 1 != 0,
-                        applied: flags & 2 != 0,
-                        lock_set: r.u16()?,
-                        version: r.u32()?,
-                        write: r.write()?,
-                    });
+                    txns.push(r.gathered_txn()?);
                 }
-                Response::Gathered { entries }
+                Response::Gathered { more, txns }
+            }
+            msg::QUERY => {
+                let n = r.u16()?;
+                let mut decisions = Vec::with_capacity(usize::from(n).min(r.0.len()));
+                for _ in 0..n {
+                    decisions.push(r.coordinator()?);
+                }
+                let n = r.u16()?;
+                let mut written = Vec::with_capacity(usize::from(n).min(r.0.len()));
+                for _ in 0..n {
+                    written.push(r.flag("written")?);
+                }
+                Response::Answered { decisions, written }
             }
             other => return Err(WireError::UnknownType(other)),
         };
         r.end()?;
         Ok(resp)
+    }
+}
+
+fn put_len(w: &mut Vec<u8>, n: usize) {
+    let n = u16::try_from(n).expect("a recovery message lists < 64 Ki items");
+    w.extend_from_slice(&n.to_le_bytes());
+}
+
+fn put_writes(w: &mut Vec<u8>, writes: &[DecidedWrite]) {
+    put_len(w, writes.len());
+    for (table, key, version, write) in writes {
+        put_tk(w, *table, *key);
+        w.extend_from_slice(&version.to_le_bytes());
+        put_write(w, Some(write));
+    }
+}
+
+fn put_coordinator(w: &mut Vec<u8>, c: &CoordinatorState) {
+    match c {
+        CoordinatorState::Unknown => w.push(0),
+        CoordinatorState::Undecided => w.push(1),
+        CoordinatorState::Committed(writes) => {
+            w.push(2);
+            put_writes(w, writes);
+        }
+    }
+}
+
+/// Its size in a `QUERY` reply, bytes.
+#[must_use]
+pub fn coordinator_len(c: &CoordinatorState) -> usize {
+    let mut w = Vec::new();
+    put_coordinator(&mut w, c);
+    w.len()
+}
+
+fn put_gathered_txn(w: &mut Vec<u8>, t: &GatheredTxn) {
+    put_txn(w, t.txn);
+    put_coordinator(w, &t.coordinator);
+    put_len(w, t.entries.len());
+    for e in &t.entries {
+        put_tk(w, e.table, e.key);
+        w.push(u8::from(e.locked) | (u8::from(e.applied) << 1));
+        w.extend_from_slice(&e.lock_set.to_le_bytes());
+        w.extend_from_slice(&e.version.to_le_bytes());
+        put_write(w, e.write.as_ref());
     }
 }
 
@@ -669,6 +809,54 @@ impl<'a> Reader<'a> {
         let value = self.take(len)?.to_vec();
         Ok(Some(WriteOp { kind, value }))
     }
+    fn writes(&mut self) -> Result<Vec<DecidedWrite>, WireError> {
+        let n = self.u16()?;
+        // Each write takes at least 19 bytes: no allocation beyond what was sent.
+        let mut writes = Vec::with_capacity(usize::from(n).min(self.0.len() / 19));
+        for _ in 0..n {
+            let (table, key) = self.tk()?;
+            let version = self.u32()?;
+            let write = self.write()?.ok_or(WireError::Invalid("write"))?;
+            writes.push((table, key, version, write));
+        }
+        Ok(writes)
+    }
+    fn coordinator(&mut self) -> Result<CoordinatorState, WireError> {
+        Ok(match self.u8()? {
+            0 => CoordinatorState::Unknown,
+            1 => CoordinatorState::Undecided,
+            2 => CoordinatorState::Committed(self.writes()?),
+            _ => return Err(WireError::Invalid("coordinator state")),
+        })
+    }
+    fn gathered_txn(&mut self) -> Result<GatheredTxn, WireError> {
+        let txn = self.txn()?;
+        let coordinator = self.coordinator()?;
+        let n = self.u16()?;
+        // Each entry takes at least 20 bytes.
+        let mut entries = Vec::with_capacity(usize::from(n).min(self.0.len() / 20));
+        for _ in 0..n {
+            let (table, key) = self.tk()?;
+            let flags = self.u8()?;
+            if flags > 3 {
+                return Err(WireError::Invalid("entry flags"));
+            }
+            entries.push(GatheredEntry {
+                table,
+                key,
+                locked: flags & 1 != 0,
+                applied: flags & 2 != 0,
+                lock_set: self.u16()?,
+                version: self.u32()?,
+                write: self.write()?,
+            });
+        }
+        Ok(GatheredTxn {
+            txn,
+            coordinator,
+            entries,
+        })
+    }
     fn rest(&mut self) -> &'a [u8] {
         core::mem::take(&mut self.0)
     }
@@ -758,8 +946,13 @@ mod tests {
                 version: v,
             },
             Request::Gather {
-                txn: txn(c, s),
                 epoch: k,
+                after: b.then(|| txn(c, s)),
+            },
+            Request::Query {
+                epoch: k,
+                txns: vec![txn(c, s), txn(!c, s)],
+                keys: vec![(txn(c, s), t, k), (txn(c ^ 1, !s), t, !k)],
             },
             Request::Decide {
                 txn: txn(c, s),
@@ -776,6 +969,21 @@ mod tests {
 
     #[quickcheck]
     fn responses_round_trip(meta: u32, b: bool, value: Vec<u8>) {
+        let gathered = vec![
+            GatheredEntry {
+                table: meta,
+                key: u64::from(meta) << 3,
+                locked: b,
+                applied: !b,
+                lock_set: meta as u16,
+                version: meta >> 3,
+                write: b.then(|| WriteOp {
+                    kind: WriteKind::Insert,
+                    value: value.clone(),
+                }),
+            };
+            2
+        ];
         for (ty, r) in [
             (
                 msg::GET,
@@ -789,22 +997,52 @@ mod tests {
             (msg::UNLOCK, Response::Ack { ok: b }),
             (msg::DECIDE, Response::Ack { ok: b }),
             (
+                msg::QUERY,
+                Response::Answered {
+                    decisions: vec![
+                        CoordinatorState::Unknown,
+                        CoordinatorState::Committed(vec![(
+                            meta,
+                            1,
+                            2,
+                            WriteOp {
+                                kind: WriteKind::Delete,
+                                value: Vec::new(),
+                            },
+                        )]),
+                        CoordinatorState::Undecided,
+                    ],
+                    written: vec![b, !b, b],
+                },
+            ),
+            (
                 msg::GATHER,
                 Response::Gathered {
-                    entries: vec![
-                        GatheredEntry {
-                            table: meta,
-                            key: u64::from(meta) << 3,
-                            locked: b,
-                            applied: !b,
-                            lock_set: meta as u16,
-                            version: meta >> 3,
-                            write: b.then(|| WriteOp {
-                                kind: WriteKind::Insert,
-                                value: value.clone(),
-                            }),
-                        };
-                        2
+                    more: b,
+                    txns: vec![
+                        GatheredTxn {
+                            txn: txn(meta, 1),
+                            coordinator: CoordinatorState::Unknown,
+                            entries: Vec::new(),
+                        },
+                        GatheredTxn {
+                            txn: txn(meta, 2),
+                            coordinator: CoordinatorState::Undecided,
+                            entries: gathered.clone(),
+                        },
+                        GatheredTxn {
+                            txn: txn(!meta, 3),
+                            coordinator: CoordinatorState::Committed(vec![(
+                                meta,
+                                u64::from(meta),
+                                meta >> 3,
+                                WriteOp {
+                                    kind: WriteKind::Update,
+                                    value: value.clone(),
+                                },
+                            )]),
+                            entries: gathered.clone(),
+                        },
                     ],
                 },
             ),
@@ -815,8 +1053,8 @@ mod tests {
 
     #[quickcheck]
     fn garbage_never_panics(ty: u16, bytes: Vec<u8>) {
-        let _ = Request::decode(ty % 11, &bytes);
-        let _ = Response::decode(ty % 11, &bytes);
+        let _ = Request::decode(ty % 12, &bytes);
+        let _ = Response::decode(ty % 12, &bytes);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! fill a quota (opportunistic batching, §2).
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::rc::Rc;
@@ -96,11 +96,18 @@ pub struct Cluster {
     /// The server of every coordinator.
     pub coordinator_server: RefCell<HashMap<u32, u16>>,
     /// Transactions whose coordinator decided to commit, with their writes (table, key,
-    /// version, write). Recovery asks a survivor's coordinators for their decisions (§4.4);
-    /// this map is that answer, and recovery never reads the entries of a crashed server's
-    /// coordinators (their memory is gone). Kept for the whole run (a decision may be needed
+    /// version, write): the coordinators' memory. Recovery asks a survivor's coordinators
+    /// for their decisions (§4.4) and that survivor answers from this map, for its own
+    /// coordinators only (`recovery::survivor_state`, `recovery::answer`); the leader reads
+    /// it only as history instrumentation (`recover`), never for a decision. Kept for the whole run (a decision may be needed
     /// as long as a message of it can be lost).
     pub decided: RefCell<HashMap<TxnId, Vec<DecidedWrite>>>,
+    /// Per server, the transactions its coordinators are committing, with the epoch their
+    /// commit phase began in: what a `GATHER` reports of them (§4.4). One leaves when it
+    /// finishes in that epoch; one a recovery interrupted stays until that recovery's
+    /// `RESUME` reaches its server (recovery decided it, and the gather may come after
+    /// the coordinator gave up).
+    pub in_commit: Vec<RefCell<BTreeMap<TxnId, u64>>>,
     /// Per server, halted by recovery (§4.4 "all operation is halted"): its transactions
     /// send nothing but recovery's messages until a `RESUME` reaches it.
     halted: RefCell<Vec<bool>>,
@@ -128,6 +135,9 @@ impl Cluster {
             crashed: RefCell::new(vec![false; usize::from(servers)]),
             coordinator_server: RefCell::new(HashMap::new()),
             decided: RefCell::new(HashMap::new()),
+            in_commit: (0..servers)
+                .map(|_| RefCell::new(BTreeMap::new()))
+                .collect(),
             halted: RefCell::new(vec![false; usize::from(servers)]),
             resume_waiters: RefCell::new(Vec::new()),
             retransmissions: Cell::new(0),
@@ -192,6 +202,23 @@ impl Cluster {
                 Poll::Ready(())
             }
         })
+    }
+
+    /// A coordinator of `server` begins committing `txn` in the current epoch.
+    pub fn begin_commit(&self, server: u16, txn: TxnId) {
+        if let Some(m) = self.in_commit.get(usize::from(server)) {
+            m.borrow_mut().insert(txn, self.epoch.get());
+        }
+    }
+
+    /// `txn`, whose commit began in `epoch`, finished: forgotten unless a recovery
+    /// interrupted it (then its `RESUME` forgets it).
+    pub fn end_commit(&self, server: u16, txn: TxnId, epoch: u64) {
+        if self.epoch.get() == epoch
+            && let Some(m) = self.in_commit.get(usize::from(server))
+        {
+            m.borrow_mut().remove(&txn);
+        }
     }
 
     /// Whether recovery declared `server` crashed.
@@ -426,6 +453,12 @@ impl<V: Verbs + Clock> Worker<V> {
         &self.cluster
     }
 
+    /// The largest packet its networking layer builds, bytes.
+    #[must_use]
+    pub fn packet_limit(&self) -> usize {
+        self.net.borrow().packet_limit()
+    }
+
     /// Its fabric context (for the clock).
     #[must_use]
     pub fn ctx(&self) -> &V {
@@ -611,10 +644,23 @@ impl<V: Verbs + Clock> Worker<V> {
             .map(|r| match r {
                 // Recovery (§4.4): one hashtable access per request is charged above; a
                 // gathered entry or an applied write beyond the first costs one more each.
-                Request::Gather { txn, .. } => {
-                    let entries = store.gathered(*txn);
-                    self.ctx.cpu(extra_accesses(entries.len()));
-                    Some(Response::Gathered { entries })
+                Request::Gather { after, .. } => {
+                    let all = crate::recovery::survivor_state(&self.cluster, me, &store);
+                    let (txns, more) = crate::recovery::page(
+                        all,
+                        *after,
+                        crate::recovery::page_budget(self.net.borrow().packet_limit()),
+                    );
+                    let entries: usize = txns.iter().map(|t| t.entries.len().max(1)).sum();
+                    self.ctx.cpu(extra_accesses(entries));
+                    Some(Response::Gathered { more, txns })
+                }
+                Request::Query { txns, keys, .. } => {
+                    let budget = crate::recovery::page_budget(self.net.borrow().packet_limit());
+                    let query = (txns.clone(), keys.clone());
+                    let reply = crate::recovery::answer(&self.cluster, me, &store, &query, budget);
+                    self.ctx.cpu(extra_accesses(txns.len() + keys.len()));
+                    Some(reply)
                 }
                 Request::Decide {
                     txn,
@@ -629,7 +675,12 @@ impl<V: Verbs + Clock> Worker<V> {
                     });
                     Some(Response::Ack { ok: true })
                 }
-                Request::Resume { .. } => {
+                Request::Resume { epoch } => {
+                    // Commits a recovery interrupted are decided now (module docs of
+                    // `recovery`).
+                    self.cluster.in_commit[usize::from(me)]
+                        .borrow_mut()
+                        .retain(|_, began| *began >= *epoch);
                     self.cluster.set_halted(me, false);
                     Some(Response::Ack { ok: true })
                 }

@@ -520,16 +520,21 @@ fn every_variant_recovers_from_a_server_crash() {
         ("fasst", DnlConfig::fasst()),
     ] {
         let (mut decided, mut messages, mut duration, mut accesses) = (0, 0, 0, 0);
+        let (mut bytes, mut queries) = (0, 0);
         for seed in 0..12 {
             let (committed, n, cost, took) = crash_run(config, seed);
             messages += cost.messages();
             duration += took;
             accesses += cost.store_accesses;
+            bytes += cost.gathered_bytes;
+            queries += cost.query;
+            // Every other survivor's state is gathered: at least a page each.
+            assert!(cost.gather >= 2 && cost.gathered_bytes > 0, "{cost:?}");
             // Resume alone is the leader telling the 2 other survivors, each replying.
             assert_eq!(cost.resume, 2, "{cost:?}");
             assert_eq!(
                 cost.replies,
-                cost.gather + cost.decide + cost.resume,
+                cost.gather + cost.query + cost.decide + cost.resume,
                 "{cost:?}"
             );
             // Messages take time: at least the resume round trip (2 × 900 ns one way).
@@ -549,9 +554,11 @@ fn every_variant_recovers_from_a_server_crash() {
         // each, mean over the 12 seeds: `cargo test -p dmem-dandelion --test cluster
         // every_variant_recovers -- --nocapture` (README, "Recovery's cost").
         println!(
-            "recovery cost {name}: {:.1} transactions decided, {:.1} messages, {:.1} store accesses, {:.2} µs from halt to resume",
+            "recovery cost {name}: {:.1} transactions decided, {:.1} messages ({:.1} queries), {:.0} B gathered, {:.1} store accesses, {:.2} µs from halt to resume",
             decided as f64 / 12.0,
             messages as f64 / 12.0,
+            queries as f64 / 12.0,
+            bytes as f64 / 12.0,
             accesses as f64 / 12.0,
             duration as f64 / 12.0 / 1e3
         );
@@ -621,6 +628,12 @@ fn dnl_1_recovery_commits_a_transaction_whose_unlock_reached_one_replica() {
     assert_eq!(report.committed, vec![txn]);
     // The decision travelled to the replicas other than the leader, and came back acked.
     assert!(report.cost.decide >= 1 && report.cost.replies >= report.cost.decide);
+    // The leader learnt that the unlock had applied from a QUERY's answer, unless it is that
+    // replica itself.
+    let leader = (0..4u16).find(|s| *s != spare).unwrap();
+    if replicas[0] != leader {
+        assert!(report.cost.query >= 1, "{:?}", report.cost);
+    }
     for r in &replicas {
         let store = run.cluster.stores[usize::from(*r)].borrow();
         let rec = store.get(0, key).unwrap();
