@@ -1,0 +1,262 @@
+//! The execution pieces Motor's transaction and LOTUS's share (LOTUS §4: its transaction
+//! is Motor's MVCC execution with CN-side locks in front): the read and write sets, the
+//! events a round notes, the bucket READs that locate records, and the replica WRITEs of a
+//! commit's new version.
+//!
+//! The sets are generic over what each protocol keeps beside a record: Motor notes where a
+//! read-only record was found (for its SR validation) and whether it holds the block's
+//! lock word; LOTUS keeps its locks on the CNs and needs neither.
+
+use std::cell::RefCell;
+
+use dmem_store::{AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, parse_bucket};
+use dmem_txn::{Access, Key, ReadEvent, ReadReq, TableId, TxnError, Version};
+use dmem_verbs::{PostList, RemoteAddr, Verbs};
+
+use crate::logic::{self, CommitPlan, StagedOp};
+use crate::mvcc::{BlockShape, CELL_LEN, FLOOR_OFFSET, Meta, unpack_writer};
+
+/// A record read without update: its value as read and what the protocol keeps with it.
+#[derive(Debug, Clone)]
+pub struct ReadEntry<X> {
+    /// Its table.
+    pub table: TableId,
+    /// Its key.
+    pub key: Key,
+    /// The value read (`None`: absent).
+    pub value: Option<Vec<u8>>,
+    /// The protocol's own (Motor: where it was found, for validation).
+    pub at: X,
+}
+
+/// A record read for update: where it is, its meta as read, its current value and the op
+/// the transaction staged on it.
+#[derive(Debug, Clone)]
+pub struct WriteEntry<X> {
+    /// Its table.
+    pub table: TableId,
+    /// Its key.
+    pub key: Key,
+    /// Its block.
+    pub loc: ItemLoc,
+    /// Its meta (CVT) as read.
+    pub meta: Meta,
+    /// The value read (`None`: absent, or not read yet).
+    pub current: Option<Vec<u8>>,
+    /// The installer of `current` (0: loaded, or absent).
+    pub current_writer: u64,
+    /// The op staged on it.
+    pub op: Option<StagedOp>,
+    /// The protocol's own (Motor: whether it holds the block's lock word).
+    pub lock: X,
+}
+
+impl<X> WriteEntry<X> {
+    /// A record just read for update, nothing read of its value or staged yet.
+    #[must_use]
+    pub fn new(table: TableId, key: Key, loc: ItemLoc, meta: Meta, lock: X) -> Self {
+        Self {
+            table,
+            key,
+            loc,
+            meta,
+            current: None,
+            current_writer: 0,
+            op: None,
+            lock,
+        }
+    }
+
+    /// The value the transaction sees: its staged op's, else the one read.
+    #[must_use]
+    pub fn value(&self) -> Option<Vec<u8>> {
+        logic::staged_value(self.op.as_ref(), self.current.as_deref())
+    }
+}
+
+/// A transaction's read set, write set and the reads it notes for the history.
+#[derive(Debug, Clone)]
+pub struct ExecSets<R, W> {
+    /// Records read without update.
+    pub reads: Vec<ReadEntry<R>>,
+    /// Records read for update.
+    pub writes: Vec<WriteEntry<W>>,
+    /// The reads the history records.
+    pub events: Vec<ReadEvent>,
+}
+
+impl<R, W> Default for ExecSets<R, W> {
+    fn default() -> Self {
+        Self {
+            reads: Vec::new(),
+            writes: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+}
+
+impl<R: Clone, W> ExecSets<R, W> {
+    /// The write entry of `(table, key)`.
+    #[must_use]
+    pub fn write_entry(&self, table: TableId, key: Key) -> Option<usize> {
+        self.writes
+            .iter()
+            .position(|w| w.table == table && w.key == key)
+    }
+
+    /// The answer to `r` without a verb: a record read for update answers any access, a
+    /// record read without update answers a read.
+    #[must_use]
+    pub fn local(&self, r: &ReadReq) -> Option<Option<Vec<u8>>> {
+        if let Some(i) = self.write_entry(r.table, r.key) {
+            return Some(self.writes[i].value());
+        }
+        if r.access == Access::Read {
+            return self
+                .reads
+                .iter()
+                .find(|e| e.table == r.table && e.key == r.key)
+                .map(|e| e.value.clone());
+        }
+        None
+    }
+
+    /// Notes a read of `version` of `(table, key)`, installed by the packed `writer` (0:
+    /// loaded, or absent).
+    pub fn note(&mut self, table: TableId, key: Key, version: u64, writer: u64) {
+        let mut ev = ReadEvent::new(table, key, Version(version));
+        if let Some(w) = unpack_writer(writer) {
+            ev = ev.written_by(w);
+        }
+        self.events.push(ev);
+    }
+
+    /// `(table, key)` was found absent (no version visible, or not in the index): noted,
+    /// and kept in the read set with `at` if given (not for a record read for update, whose
+    /// write entry keeps it).
+    pub fn read_absent(&mut self, table: TableId, key: Key, at: Option<R>) {
+        if let Some(at) = at {
+            self.reads.push(ReadEntry {
+                table,
+                key,
+                value: None,
+                at,
+            });
+        }
+        self.note(table, key, 0, 0);
+    }
+
+    /// Version `version` of `(table, key)` was read (`value`, installed by `writer`):
+    /// noted, and kept as the current value of its write entry if it was read for update,
+    /// else in the read set (with `at`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_version(
+        &mut self,
+        table: TableId,
+        key: Key,
+        access: Access,
+        at: R,
+        version: u64,
+        writer: u64,
+        value: Option<&[u8]>,
+    ) {
+        self.note(table, key, version, writer);
+        if access == Access::ForUpdate {
+            if let Some(i) = self.write_entry(table, key) {
+                self.writes[i].current = value.map(<[u8]>::to_vec);
+                self.writes[i].current_writer = writer;
+            }
+        } else {
+            self.reads.push(ReadEntry {
+                table,
+                key,
+                value: value.map(<[u8]>::to_vec),
+                at,
+            });
+        }
+    }
+}
+
+/// What a bucket READ says of a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// In the index: its block (now in the address cache).
+    Found(ItemLoc),
+    /// Not in the index: the bucket's first free slot and its used `(slot, key)`s.
+    Absent {
+        /// The first free slot.
+        free: Option<usize>,
+        /// The used slots and their keys.
+        used: Vec<(usize, u64)>,
+    },
+}
+
+/// Locates the records `wanted` (`(n, table, key)`, `n` the caller's own index): one
+/// bucket READ each at its primary, every MN at once in one post list (none when `wanted`
+/// is empty). A key found is put into `cache`. The answers keep `wanted`'s order.
+///
+/// # Errors
+/// A table or partition the store does not know; the verbs' failure.
+pub async fn locate<V: Verbs>(
+    ctx: &V,
+    store: &Store,
+    cache: &RefCell<AddressCache>,
+    wanted: &[(usize, TableId, Key)],
+) -> Result<Vec<(usize, BucketLoc, Lookup)>, TxnError> {
+    let mut list = PostList::new();
+    let mut reads = Vec::new();
+    for &(n, table, key) in wanted {
+        let bucket = store.bucket_of(table, key).map_err(TxnError::from)?;
+        let p = store.primary(bucket.partition).map_err(TxnError::from)?;
+        let wr = list.read(store.addr(p, bucket.offset), BUCKET_LEN as u32);
+        reads.push((n, table, key, bucket, wr));
+    }
+    if reads.is_empty() {
+        return Ok(Vec::new());
+    }
+    let res = ctx.post(list).await?;
+    let mut out = Vec::with_capacity(reads.len());
+    for (n, table, key, bucket, wr) in reads {
+        let (used, free) = parse_bucket(res.bytes(wr));
+        let lookup = match used.iter().find(|(_, k)| *k == key.0) {
+            Some(&(slot, _)) => {
+                let loc = store
+                    .item_in_bucket(bucket, slot, res.bytes(wr))
+                    .map_err(TxnError::from)?;
+                cache.borrow_mut().put(table, key, loc);
+                Lookup::Found(loc)
+            }
+            None => Lookup::Absent { free, used },
+        };
+        out.push((n, bucket, lookup));
+    }
+    Ok(out)
+}
+
+/// The WRITEs that install a commit's new version of the record at `loc` on every live
+/// replica, in order: per replica, the `images` (`(block offset, bytes)`), then the new
+/// cell of `plan` (or, when `plan.whole`, the floor and the whole CVT), cut from
+/// `meta_tail` (the encoded meta from [`FLOOR_OFFSET`] on).
+pub fn install_writes(
+    store: &Store,
+    loc: ItemLoc,
+    shape: BlockShape,
+    plan: &CommitPlan,
+    images: &[(u64, Vec<u8>)],
+    meta_tail: &[u8],
+    mut write: impl FnMut(RemoteAddr, &[u8]),
+) {
+    for mn in store.live_replicas(loc.bucket.partition) {
+        let at = |o: u64| store.addr(mn, loc.offset + o);
+        for (o, bytes) in images {
+            write(at(*o), bytes);
+        }
+        if plan.whole {
+            write(at(FLOOR_OFFSET), meta_tail);
+        } else {
+            let o = shape.cell_offset(plan.cell);
+            let from = o - FLOOR_OFFSET as usize;
+            write(at(o as u64), &meta_tail[from..from + CELL_LEN]);
+        }
+    }
+}
