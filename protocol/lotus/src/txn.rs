@@ -373,11 +373,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
     }
 
     fn primary(&self, loc: &ItemLoc, offset: u64) -> Result<RemoteAddr, TxnError> {
-        let p = self
-            .store()
-            .primary(loc.bucket.partition)
-            .map_err(TxnError::from)?;
-        Ok(self.store().addr(p, loc.offset + offset))
+        exec::primary_addr(self.store(), loc, offset)
     }
 
     fn holder(&self) -> Holder {
@@ -1050,17 +1046,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         if self.sets.write_entry(table, key).is_none() {
             self.round_impl(&[ReadReq::for_update(table, key)]).await?;
         }
-        let Some(i) = self.sets.write_entry(table, key) else {
-            // Read as absent, no block claimed (a pooled table without insert room): an
-            // update or delete of it fails as on any absent key; an insert finds no room.
-            return Err(if kind == WriteKind::Insert {
-                aborted("record pool share used up")
-            } else {
-                TxnError::KeyState(key.0)
-            });
-        };
-        let w = &mut self.sets.writes[i];
-        logic::restage(&mut w.op, w.current.as_deref(), kind, value, key.0)
+        self.sets.stage(table, key, value, kind)
     }
 
     fn record(&mut self, outcome: TxnOutcome, writes: Vec<WriteEvent>) {

@@ -10,7 +10,7 @@
 use std::cell::RefCell;
 
 use dmem_store::{AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, parse_bucket};
-use dmem_txn::{Access, Key, ReadEvent, ReadReq, TableId, TxnError, Version};
+use dmem_txn::{Access, Key, ReadEvent, ReadReq, TableId, TxnError, Version, WriteKind};
 use dmem_verbs::{PostList, RemoteAddr, Verbs};
 
 use crate::logic::{self, CommitPlan, StagedOp};
@@ -131,6 +131,32 @@ impl<R: Clone, W> ExecSets<R, W> {
         self.events.push(ev);
     }
 
+    /// Stages `kind` (with `value`) on `(table, key)`, which the transaction read for
+    /// update before.
+    ///
+    /// # Errors
+    /// No write entry (the key was read as absent with no block to claim: a pooled table
+    /// without insert room): [`TxnError::KeyState`] for an update or delete, as on any
+    /// absent key, an abort for an insert; `kind` does not fit the record's state
+    /// ([`logic::restage`]).
+    pub fn stage(
+        &mut self,
+        table: TableId,
+        key: Key,
+        value: &[u8],
+        kind: WriteKind,
+    ) -> Result<(), TxnError> {
+        let Some(i) = self.write_entry(table, key) else {
+            return Err(if kind == WriteKind::Insert {
+                TxnError::Aborted("record pool share used up")
+            } else {
+                TxnError::KeyState(key.0)
+            });
+        };
+        let w = &mut self.writes[i];
+        logic::restage(&mut w.op, w.current.as_deref(), kind, value, key.0)
+    }
+
     /// `(table, key)` was found absent (no version visible, or not in the index): noted,
     /// and kept in the read set with `at` if given (not for a record read for update, whose
     /// write entry keeps it).
@@ -175,6 +201,17 @@ impl<R: Clone, W> ExecSets<R, W> {
             });
         }
     }
+}
+
+/// The address of `offset` in the block at `loc` on its partition's primary.
+///
+/// # Errors
+/// A partition the store does not know.
+pub fn primary_addr(store: &Store, loc: &ItemLoc, offset: u64) -> Result<RemoteAddr, TxnError> {
+    let p = store
+        .primary(loc.bucket.partition)
+        .map_err(TxnError::from)?;
+    Ok(store.addr(p, loc.offset + offset))
 }
 
 /// What a bucket READ says of a key.
@@ -258,5 +295,74 @@ pub fn install_writes(
             let from = o - FLOOR_OFFSET as usize;
             write(at(o as u64), &meta_tail[from..from + CELL_LEN]);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dmem_txn::{CoordinatorId, TxnId};
+
+    use crate::mvcc::pack_writer;
+
+    fn loc() -> ItemLoc {
+        ItemLoc {
+            bucket: BucketLoc {
+                table: TableId(0),
+                partition: 0,
+                bucket: 0,
+                offset: 0,
+            },
+            slot: 0,
+            offset: 4096,
+        }
+    }
+
+    #[test]
+    fn reads_and_writes_answer_locally() {
+        let (t, a, b) = (TableId(1), Key(1), Key(2));
+        let mut sets: ExecSets<u8, ()> = ExecSets::default();
+        sets.writes
+            .push(WriteEntry::new(t, a, loc(), Meta::empty(2), ()));
+        let writer = pack_writer(TxnId {
+            coordinator: CoordinatorId(3),
+            seq: 7,
+        });
+        sets.read_version(t, a, Access::ForUpdate, 9, 5, writer, Some(b"old"));
+        sets.read_version(t, b, Access::Read, 9, 4, 0, Some(b"ro"));
+        assert_eq!(sets.writes[0].current.as_deref(), Some(&b"old"[..]));
+        assert_eq!(sets.writes[0].current_writer, writer);
+        assert_eq!(sets.reads.len(), 1);
+        assert_eq!(sets.reads[0].at, 9);
+        assert_eq!(sets.events.len(), 2);
+        assert_eq!(sets.local(&ReadReq::read(t, b)), Some(Some(b"ro".to_vec())));
+        // A record read without update does not answer a for-update access.
+        assert_eq!(sets.local(&ReadReq::for_update(t, b)), None);
+        sets.stage(t, a, b"new", WriteKind::Update).unwrap();
+        assert_eq!(
+            sets.local(&ReadReq::read(t, a)),
+            Some(Some(b"new".to_vec()))
+        );
+        sets.stage(t, a, &[], WriteKind::Delete).unwrap();
+        assert_eq!(sets.local(&ReadReq::read(t, a)), Some(None));
+    }
+
+    #[test]
+    fn absent_reads_and_missing_write_entries() {
+        let (t, k) = (TableId(1), Key(5));
+        let mut sets: ExecSets<(), ()> = ExecSets::default();
+        sets.read_absent(t, k, None);
+        assert!(sets.reads.is_empty());
+        sets.read_absent(t, k, Some(()));
+        assert_eq!(sets.local(&ReadReq::read(t, k)), Some(None));
+        assert_eq!(sets.events.len(), 2);
+        assert!(matches!(
+            sets.stage(t, k, b"v", WriteKind::Update),
+            Err(TxnError::KeyState(5))
+        ));
+        assert!(matches!(
+            sets.stage(t, k, b"v", WriteKind::Insert),
+            Err(TxnError::Aborted(_))
+        ));
     }
 }

@@ -270,11 +270,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
     }
 
     fn primary(&self, loc: &ItemLoc, offset: u64) -> Result<RemoteAddr, TxnError> {
-        let p = self
-            .store()
-            .primary(loc.bucket.partition)
-            .map_err(TxnError::from)?;
-        Ok(self.store().addr(p, loc.offset + offset))
+        exec::primary_addr(self.store(), loc, offset)
     }
 
     fn my_lock(&self) -> u64 {
@@ -633,17 +629,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         if self.sets.write_entry(table, key).is_none() {
             self.round_impl(&[ReadReq::for_update(table, key)]).await?;
         }
-        let Some(i) = self.sets.write_entry(table, key) else {
-            // Read as absent without a lock (`can_insert`): an update or delete of it
-            // fails as on any absent key; an insert finds no room for its block.
-            return Err(if kind == WriteKind::Insert {
-                aborted("record pool share used up")
-            } else {
-                TxnError::KeyState(key.0)
-            });
-        };
-        let w = &mut self.sets.writes[i];
-        logic::restage(&mut w.op, w.current.as_deref(), kind, value, key.0)
+        self.sets.stage(table, key, value, kind)
     }
 
     /// Unlock WRITEs of every held lock (one post list).
