@@ -873,7 +873,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                     logic::after_meta(&meta, self.start, locked, false)
                 };
                 match outcome {
-                    MetaOutcome::Image(i) => images.push((n, loc, shape, meta.cells[i])),
+                    MetaOutcome::Image(i) => images.push((n, loc, shape, meta, i)),
                     MetaOutcome::Absent => {
                         self.sets
                             .read_absent(table, key, (!for_update).then_some(()));
@@ -884,32 +884,20 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 }
             }
             if !images.is_empty() {
-                let mut list = PostList::new();
-                let mut ids = Vec::new();
-                for &(n, loc, shape, cell) in &images {
-                    let p = self
-                        .store()
-                        .primary(loc.bucket.partition)
-                        .map_err(TxnError::from)?;
-                    let wr = list.read(
-                        self.store().addr(p, cell.address()),
-                        shape.image_len() as u32,
-                    );
-                    ids.push((n, shape, cell, wr));
-                }
-                let res = self.co.ctx.post(list).await?;
-                for (n, shape, cell, wr) in ids {
+                // Full records (§4.4): one image READ per version.
+                let read = exec::read_versions(&self.co.ctx, &self.co.store, images).await?;
+                for (n, _, version, payload) in read {
                     let (table, key, locked) =
                         (fetches[n].table, fetches[n].key, fetches[n].locked);
                     let access = fetches[n].access;
-                    match mvcc::decode_image(shape, &cell, res.bytes(wr)) {
+                    match payload {
                         Some(p) => {
                             self.sets.read_version(
                                 table,
                                 key,
                                 access,
                                 (),
-                                cell.commit_version(),
+                                version,
                                 p.writer,
                                 p.value.as_deref(),
                             );

@@ -11,10 +11,10 @@ use std::cell::RefCell;
 
 use dmem_store::{AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, parse_bucket};
 use dmem_txn::{Access, Key, ReadEvent, ReadReq, TableId, TxnError, Version, WriteKind};
-use dmem_verbs::{PostList, RemoteAddr, Verbs};
+use dmem_verbs::{PostList, RemoteAddr, Verbs, WrId};
 
 use crate::logic::{self, CommitPlan, StagedOp};
-use crate::mvcc::{BlockShape, CELL_LEN, FLOOR_OFFSET, Meta, unpack_writer};
+use crate::mvcc::{self, BlockShape, CELL_LEN, FLOOR_OFFSET, Meta, Payload, unpack_writer};
 
 /// A record read without update: its value as read and what the protocol keeps with it.
 #[derive(Debug, Clone)]
@@ -268,6 +268,50 @@ pub async fn locate<V: Verbs>(
         out.push((n, bucket, lookup));
     }
     Ok(out)
+}
+
+/// A version a round reads: the caller's index, the record's block, its shape, its meta as
+/// read and the cell of the version chosen ([`logic::after_meta`]).
+pub type VersionPick = (usize, ItemLoc, BlockShape, Meta, usize);
+
+/// Reads the versions `picks` from their primaries in one post list (its READs from
+/// [`mvcc::version_reads`]: the image with full records; the value and the newer deltas
+/// with Motor's deltas) and decodes them: per pick, in order, its index, block, commit
+/// version and content (`None`: torn, or overwritten since its meta was read).
+///
+/// # Errors
+/// A partition the store does not know; the verbs' failure.
+pub async fn read_versions<V: Verbs>(
+    ctx: &V,
+    store: &Store,
+    picks: Vec<VersionPick>,
+) -> Result<Vec<(usize, ItemLoc, u64, Option<Payload>)>, TxnError> {
+    let mut list = PostList::new();
+    let mut ids = Vec::with_capacity(picks.len());
+    for (n, loc, shape, meta, i) in picks {
+        let p = store
+            .primary(loc.bucket.partition)
+            .map_err(TxnError::from)?;
+        let wrs: Vec<WrId> = mvcc::version_reads(shape, &meta, loc.offset, i)
+            .into_iter()
+            .map(|(at, len)| list.read(store.addr(p, at), len as u32))
+            .collect();
+        ids.push((n, loc, shape, meta, i, wrs));
+    }
+    let res = ctx.post(list).await?;
+    Ok(ids
+        .into_iter()
+        .map(|(n, loc, shape, meta, i, wrs)| {
+            let parts: Vec<&[u8]> = wrs.iter().map(|&wr| res.bytes(wr)).collect();
+            let version = meta.cells[i].commit_version();
+            (
+                n,
+                loc,
+                version,
+                mvcc::decode_version(shape, &meta, i, &parts),
+            )
+        })
+        .collect())
 }
 
 /// The WRITEs that install a commit's new version of the record at `loc` on every live

@@ -32,7 +32,7 @@ use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundPlan, RoundValues, TableId,
     Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
 };
-use dmem_verbs::{BatchResult, Clock, Nanos, PostList, RemoteAddr, Verbs, WrId};
+use dmem_verbs::{BatchResult, Clock, Nanos, PostList, RemoteAddr, Verbs};
 
 use crate::exec::{self, ExecSets, Lookup, WriteEntry};
 use crate::logic::{self, Isolation, MetaOutcome};
@@ -427,34 +427,19 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 return Err(e);
             }
             if !images.is_empty() {
-                let mut list = PostList::new();
-                let mut ids = Vec::new();
-                for (n, loc, shape, meta, i) in images {
-                    let p = self
-                        .store()
-                        .primary(loc.bucket.partition)
-                        .map_err(TxnError::from)?;
-                    let wrs: Vec<WrId> = mvcc::version_reads(shape, &meta, loc.offset, i)
-                        .into_iter()
-                        .map(|(at, len)| list.read(self.store().addr(p, at), len as u32))
-                        .collect();
-                    ids.push((n, loc, shape, meta, i, wrs));
-                }
-                let res = self.co.ctx.post(list).await?;
-                for (n, loc, shape, meta, i, wrs) in ids {
+                let read = exec::read_versions(&self.co.ctx, &self.co.store, images).await?;
+                for (n, loc, version, payload) in read {
                     let (table, key, access) =
                         (fetches[n].table, fetches[n].key, fetches[n].access);
                     let for_update = access == Access::ForUpdate;
-                    let parts: Vec<&[u8]> = wrs.iter().map(|&wr| res.bytes(wr)).collect();
-                    let cell = meta.cells[i];
-                    match mvcc::decode_version(shape, &meta, i, &parts) {
+                    match payload {
                         Some(p) => {
                             self.sets.read_version(
                                 table,
                                 key,
                                 access,
                                 Target::Block(loc),
-                                cell.commit_version(),
+                                version,
                                 p.writer,
                                 p.value.as_deref(),
                             );
@@ -593,22 +578,21 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             MetaOutcome::Abort(why) => Err(aborted(why)),
             MetaOutcome::Image(i) => {
                 // The key was inserted meanwhile by another transaction: read its version.
-                let cell = meta.cells[i];
-                let mut list = PostList::new();
-                let wrs: Vec<WrId> = mvcc::version_reads(shape, &meta, loc.offset, i)
-                    .into_iter()
-                    .map(|(at, len)| list.read(self.store().addr(p, at), len as u32))
-                    .collect();
-                let res = self.co.ctx.post(list).await?;
-                let parts: Vec<&[u8]> = wrs.iter().map(|&wr| res.bytes(wr)).collect();
-                let payload = mvcc::decode_version(shape, &meta, i, &parts)
-                    .ok_or(aborted("torn image under the lock"))?;
+                let read = exec::read_versions(
+                    &self.co.ctx,
+                    &self.co.store,
+                    vec![(0, loc, shape, meta, i)],
+                )
+                .await?;
+                let Some((_, _, version, Some(payload))) = read.into_iter().next() else {
+                    return Err(aborted("torn image under the lock"));
+                };
                 self.sets.read_version(
                     table,
                     key,
                     Access::ForUpdate,
                     Target::Block(loc),
-                    cell.commit_version(),
+                    version,
                     payload.writer,
                     payload.value.as_deref(),
                 );
