@@ -39,7 +39,7 @@ use dmem_locks::lotus::{Acquired, Holder};
 use dmem_motor::Isolation;
 use dmem_motor::exec::{self, ExecSets, Lookup, WriteEntry};
 use dmem_motor::logic::{self, MetaOutcome};
-use dmem_motor::mvcc::{self, BlockShape, Meta, Shapes, pack_writer};
+use dmem_motor::mvcc::{BlockShape, Meta, Shapes, pack_writer};
 use dmem_motor::ts::TimestampService;
 use dmem_store::{AddressCache, BUCKET_LEN, BucketLoc, InsertPool, ItemLoc, Store, parse_bucket};
 use dmem_txn::{
@@ -1086,24 +1086,18 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         let mut logged = Vec::new();
         let mut plans = Vec::new();
         for w in &self.sets.writes {
-            let Some(op) = &w.op else { continue };
+            if w.op.is_none() {
+                continue;
+            }
             let shape = self.shape(w.table)?;
-            let mut plan = logic::plan_commit(&w.meta, shape, w.loc.offset, INVISIBLE, horizon);
-            plan.whole |= w.meta.key != w.key.0;
-            let cell = plan.cells[plan.cell];
-            let (value, kind) = op.as_write();
-            let image = mvcc::encode_image(shape, writer, value, cell.head_cv());
-            let meta_tail =
-                mvcc::encode_meta_tail(w.key.0, w.table, shape, plan.floor, &plan.cells);
-            exec::install_writes(
-                self.store(),
-                w.loc,
-                shape,
-                &plan,
-                &[(shape.image_offset(plan.cell) as u64, image)],
-                &meta_tail,
-                |addr, bytes| data.push((addr, bytes.to_vec())),
-            );
+            // Full records (§4.4): the image, then the cell with version INVISIBLE.
+            let Some(new) = w.new_version(shape, INVISIBLE, horizon, writer) else {
+                continue;
+            };
+            exec::install_writes(self.store(), w.loc, shape, &new, |addr, bytes| {
+                data.push((addr, bytes.to_vec()));
+            });
+            let (plan, kind) = (new.plan, new.kind);
             logged.push(LogEntry {
                 table: w.table,
                 partition: w.loc.bucket.partition,

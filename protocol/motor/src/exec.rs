@@ -67,11 +67,61 @@ impl<X> WriteEntry<X> {
         }
     }
 
+    /// What installing the staged op as version `version` (by the packed `writer`) takes,
+    /// cells committed before `horizon` collected ([`logic::plan_commit`]); `None` without
+    /// a staged op. A block whose meta names another key (left by an inserter that
+    /// crashed, or never used) gets its floor and whole CVT written.
+    #[must_use]
+    pub fn new_version(
+        &self,
+        shape: BlockShape,
+        version: u64,
+        horizon: u64,
+        writer: u64,
+    ) -> Option<NewVersion> {
+        let op = self.op.as_ref()?;
+        let mut plan = logic::plan_commit(&self.meta, shape, self.loc.offset, version, horizon);
+        plan.whole |= self.meta.key != self.key.0;
+        let cell = plan.cells[plan.cell];
+        let (value, kind) = op.as_write();
+        let images = mvcc::install_images(
+            shape,
+            plan.cell,
+            cell.head_cv(),
+            version,
+            writer,
+            value,
+            self.current_writer,
+            self.current.as_deref(),
+        );
+        let meta_tail =
+            mvcc::encode_meta_tail(self.key.0, self.table, shape, plan.floor, &plan.cells);
+        Some(NewVersion {
+            plan,
+            images,
+            meta_tail,
+            kind,
+        })
+    }
+
     /// The value the transaction sees: its staged op's, else the one read.
     #[must_use]
     pub fn value(&self) -> Option<Vec<u8>> {
         logic::staged_value(self.op.as_ref(), self.current.as_deref())
     }
+}
+
+/// A new version of a record a commit installs ([`WriteEntry::new_version`]).
+#[derive(Debug, Clone)]
+pub struct NewVersion {
+    /// Where it goes and the CVT after it.
+    pub plan: CommitPlan,
+    /// What it WRITEs into the block besides the CVT ([`mvcc::install_images`]).
+    pub images: Vec<(u64, Vec<u8>)>,
+    /// The encoded meta from [`FLOOR_OFFSET`] on.
+    pub meta_tail: Vec<u8>,
+    /// The kind the history records.
+    pub kind: WriteKind,
 }
 
 /// A transaction's read set, write set and the reads it notes for the history.
@@ -314,22 +364,20 @@ pub async fn read_versions<V: Verbs>(
         .collect())
 }
 
-/// The WRITEs that install a commit's new version of the record at `loc` on every live
-/// replica, in order: per replica, the `images` (`(block offset, bytes)`), then the new
-/// cell of `plan` (or, when `plan.whole`, the floor and the whole CVT), cut from
-/// `meta_tail` (the encoded meta from [`FLOOR_OFFSET`] on).
+/// The WRITEs that install the new version `new` of the record at `loc` on every live
+/// replica, in order: per replica, its images, then its new cell (or, when the plan says
+/// `whole`, the floor and the whole CVT).
 pub fn install_writes(
     store: &Store,
     loc: ItemLoc,
     shape: BlockShape,
-    plan: &CommitPlan,
-    images: &[(u64, Vec<u8>)],
-    meta_tail: &[u8],
+    new: &NewVersion,
     mut write: impl FnMut(RemoteAddr, &[u8]),
 ) {
+    let (plan, meta_tail) = (&new.plan, &new.meta_tail);
     for mn in store.live_replicas(loc.bucket.partition) {
         let at = |o: u64| store.addr(mn, loc.offset + o);
-        for (o, bytes) in images {
+        for (o, bytes) in &new.images {
             write(at(*o), bytes);
         }
         if plan.whole {

@@ -706,55 +706,38 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         let mut installs = Vec::new();
         let mut list = PostList::new();
         for w in &self.sets.writes {
-            if let Some(op) = &w.op {
-                let shape = self.shape(w.table)?;
-                let mut plan = logic::plan_commit(&w.meta, shape, w.loc.offset, c, horizon);
-                plan.whole |= w.meta.key != w.key.0;
-                let cell = plan.cells[plan.cell];
-                let (value, kind) = op.as_write();
-                let images = mvcc::install_images(
-                    shape,
-                    plan.cell,
-                    cell.head_cv(),
-                    c,
-                    writer,
-                    value,
-                    w.current_writer,
-                    w.current.as_deref(),
-                );
-                let meta_tail =
-                    mvcc::encode_meta_tail(w.key.0, w.table, shape, plan.floor, &plan.cells);
-                let cell_at = shape.cell_offset(plan.cell);
-                let cell_bytes = &meta_tail[cell_at - FLOOR_OFFSET as usize..][..CELL_LEN];
-                installs.push(Install {
-                    record: LockedRecord {
-                        table: w.table,
-                        partition: w.loc.bucket.partition,
-                        block: w.loc.offset,
-                    },
-                    version: c,
-                    images: images.clone(),
-                    cell: (cell_at as u64, cell_bytes.to_vec()),
-                    whole: plan.whole.then(|| (FLOOR_OFFSET, meta_tail.clone())),
-                });
-                exec::install_writes(
-                    self.store(),
-                    w.loc,
-                    shape,
-                    &plan,
-                    &images,
-                    &meta_tail,
-                    |addr, bytes| {
-                        list.write(addr, bytes);
-                    },
-                );
-                events.push(WriteEvent {
-                    table: w.table,
-                    key: w.key,
-                    version: Version(c),
-                    kind,
-                });
+            if w.op.is_none() {
+                continue;
             }
+            let shape = self.shape(w.table)?;
+            let Some(new) = w.new_version(shape, c, horizon, writer) else {
+                continue;
+            };
+            let cell_at = shape.cell_offset(new.plan.cell);
+            let cell_bytes = &new.meta_tail[cell_at - FLOOR_OFFSET as usize..][..CELL_LEN];
+            installs.push(Install {
+                record: LockedRecord {
+                    table: w.table,
+                    partition: w.loc.bucket.partition,
+                    block: w.loc.offset,
+                },
+                version: c,
+                images: new.images.clone(),
+                cell: (cell_at as u64, cell_bytes.to_vec()),
+                whole: new
+                    .plan
+                    .whole
+                    .then(|| (FLOOR_OFFSET, new.meta_tail.clone())),
+            });
+            exec::install_writes(self.store(), w.loc, shape, &new, |addr, bytes| {
+                list.write(addr, bytes);
+            });
+            events.push(WriteEvent {
+                table: w.table,
+                key: w.key,
+                version: Version(c),
+                kind: new.kind,
+            });
         }
         // Unlocks last: on the same queue pair as the writes, so they land after them.
         // Motor's code (`commit.cc`, `WriteReplica`) puts the unlock WRITE into every
