@@ -44,7 +44,7 @@ use dmem_motor::ts::TimestampService;
 use dmem_store::{AddressCache, BUCKET_LEN, BucketLoc, InsertPool, ItemLoc, Store, parse_bucket};
 use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundPlan, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent, WriteKind,
 };
 use dmem_verbs::{Clock, Message, Nanos, PostList, RemoteAddr, Verbs};
 
@@ -1039,14 +1039,10 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
 
     fn record(&mut self, outcome: TxnOutcome, writes: Vec<WriteEvent>) {
         let end = self.co.ctx.now();
-        self.co.history.record(TxnRecord {
-            id: self.id,
-            begin: self.begin,
-            end,
-            outcome,
-            reads: std::mem::take(&mut self.sets.events),
-            writes,
-        });
+        let record = self
+            .sets
+            .take_record(self.id, self.begin, end, outcome, writes);
+        self.co.history.record(record);
         match outcome {
             TxnOutcome::Committed => self.co.stats.committed += 1,
             _ => self.co.stats.aborted += 1,
@@ -1140,14 +1136,11 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             })
             .collect();
         let id = self.id;
-        self.co.history.record(TxnRecord {
-            id,
-            begin: self.begin,
-            end: self.co.ctx.now(),
-            outcome: TxnOutcome::Unknown,
-            reads: std::mem::take(&mut self.sets.events),
-            writes: events,
-        });
+        let end = self.co.ctx.now();
+        let record = self
+            .sets
+            .take_record(id, self.begin, end, TxnOutcome::Unknown, events);
+        self.co.history.record(record);
         // (3) Write visible: the commit version into every new cell.
         let mut list = PostList::new();
         for &(_, _, loc, shape, cell, _) in &installed {

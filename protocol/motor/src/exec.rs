@@ -10,8 +10,11 @@
 use std::cell::RefCell;
 
 use dmem_store::{AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, parse_bucket};
-use dmem_txn::{Access, Key, ReadEvent, ReadReq, TableId, TxnError, Version, WriteKind};
-use dmem_verbs::{PostList, RemoteAddr, Verbs, WrId};
+use dmem_txn::{
+    Access, Key, ReadEvent, ReadReq, TableId, TxnError, TxnId, TxnOutcome, TxnRecord, Version,
+    WriteEvent, WriteKind,
+};
+use dmem_verbs::{Nanos, PostList, RemoteAddr, Verbs, WrId};
 
 use crate::logic::{self, CommitPlan, StagedOp};
 use crate::mvcc::{self, BlockShape, CELL_LEN, FLOOR_OFFSET, Meta, Payload, unpack_writer};
@@ -179,6 +182,27 @@ impl<R: Clone, W> ExecSets<R, W> {
             ev = ev.written_by(w);
         }
         self.events.push(ev);
+    }
+
+    /// The history's record of the transaction `id` (`begin` to `end`, `outcome`,
+    /// installing `writes`), with the reads noted so far (taken: noted once).
+    #[must_use]
+    pub fn take_record(
+        &mut self,
+        id: TxnId,
+        begin: Nanos,
+        end: Nanos,
+        outcome: TxnOutcome,
+        writes: Vec<WriteEvent>,
+    ) -> TxnRecord {
+        TxnRecord {
+            id,
+            begin,
+            end,
+            outcome,
+            reads: std::mem::take(&mut self.events),
+            writes,
+        }
     }
 
     /// Stages `kind` (with `value`) on `(table, key)`, which the transaction read for

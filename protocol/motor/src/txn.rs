@@ -30,7 +30,7 @@ use dmem_store::{
 };
 use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundPlan, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent, WriteKind,
 };
 use dmem_verbs::{BatchResult, Clock, Nanos, PostList, RemoteAddr, Verbs};
 
@@ -635,14 +635,10 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
 
     fn record(&mut self, outcome: TxnOutcome, writes: Vec<WriteEvent>) {
         let end = self.co.ctx.now();
-        self.co.history.record(TxnRecord {
-            id: self.id,
-            begin: self.begin,
-            end,
-            outcome,
-            reads: std::mem::take(&mut self.sets.events),
-            writes,
-        });
+        let record = self
+            .sets
+            .take_record(self.id, self.begin, end, outcome, writes);
+        self.co.history.record(record);
         match outcome {
             TxnOutcome::Committed => self.co.stats.committed += 1,
             _ => self.co.stats.aborted += 1,
@@ -766,14 +762,11 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         // Recorded (as `Unknown`) before the decision is logged, and logged before the first
         // install WRITE is posted (no await in between): a CN process killed between any two
         // of these steps leaves no install that recovery finishes without a history record.
-        self.co.history.record(TxnRecord {
-            id,
-            begin: self.begin,
-            end: self.co.ctx.now(),
-            outcome: TxnOutcome::Unknown,
-            reads: std::mem::take(&mut self.sets.events),
-            writes: events,
-        });
+        let end = self.co.ctx.now();
+        let record = self
+            .sets
+            .take_record(id, self.begin, end, TxnOutcome::Unknown, events);
+        self.co.history.record(record);
         self.recorded_unknown = true;
         self.co.oplog.committing(self.co.id, installs);
         self.co.ctx.mark_phase("commit");
