@@ -1,7 +1,10 @@
 //! The execution pieces Motor's transaction and LOTUS's share (LOTUS §4: its transaction
-//! is Motor's MVCC execution with CN-side locks in front): the read and write sets, the
-//! events a round notes, the bucket READs that locate records, and the replica WRITEs of a
-//! commit's new version.
+//! is Motor's MVCC execution with CN-side locks in front): the read and write sets (local
+//! answers, staging, the reads noted for the history and the history record), the bucket
+//! READs that locate records, the READs and decoding of the versions chosen, and a commit's
+//! new version of a record with its WRITEs to every replica. What differs stays in each
+//! protocol's `txn`: Motor's lock CAS and validation, LOTUS's CN-side locks, its `INVISIBLE`
+//! commit and version table cache.
 //!
 //! The sets are generic over what each protocol keeps beside a record: Motor notes where a
 //! read-only record was found (for its SR validation) and whether it holds the block's
