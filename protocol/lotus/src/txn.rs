@@ -37,17 +37,14 @@ use dmem_layout::cvt::{CvtCell, INVISIBLE};
 use dmem_locks::LockMode;
 use dmem_locks::lotus::{Acquired, Holder};
 use dmem_motor::Isolation;
-use dmem_motor::logic::StagedOp as Op;
+use dmem_motor::exec::{self, ExecSets, Lookup, WriteEntry};
 use dmem_motor::logic::{self, MetaOutcome};
-use dmem_motor::mvcc::{
-    self, BlockShape, CELL_LEN, FLOOR_OFFSET, Meta, Shapes, pack_writer, unpack_writer,
-};
+use dmem_motor::mvcc::{BlockShape, Meta, Shapes, pack_writer};
 use dmem_motor::ts::TimestampService;
 use dmem_store::{AddressCache, BUCKET_LEN, BucketLoc, InsertPool, ItemLoc, Store, parse_bucket};
 use dmem_txn::{
-    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundPlan,
-    RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
-    WriteEvent, WriteKind,
+    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundPlan, RoundValues, TableId,
+    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent, WriteKind,
 };
 use dmem_verbs::{Clock, Message, Nanos, PostList, RemoteAddr, Verbs};
 
@@ -252,9 +249,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Coordinator
             begin,
             start,
             held: Vec::new(),
-            reads: Vec::new(),
-            writes: Vec::new(),
-            events: Vec::new(),
+            sets: Sets::default(),
         })
     }
 }
@@ -273,28 +268,9 @@ struct HeldLock {
     generation: u32,
 }
 
-#[derive(Debug, Clone)]
-struct ReadEntry {
-    table: TableId,
-    key: Key,
-    value: Option<Vec<u8>>,
-}
-
-#[derive(Debug, Clone)]
-struct WriteEntry {
-    table: TableId,
-    key: Key,
-    loc: ItemLoc,
-    meta: Meta,
-    current: Option<Vec<u8>>,
-    op: Option<Op>,
-}
-
-impl WriteEntry {
-    fn value(&self) -> Option<Vec<u8>> {
-        logic::staged_value(self.op.as_ref(), self.current.as_deref())
-    }
-}
+/// LOTUS's read and write sets: its locks are on the CNs ([`HeldLock`]), so the records
+/// keep nothing of their own.
+type Sets = ExecSets<(), ()>;
 
 /// A running LOTUS transaction. Finish it with `commit` or `abort`.
 #[derive(Debug)]
@@ -305,9 +281,7 @@ pub struct LotusTxn<'a, V, H, T> {
     begin: Nanos,
     start: u64,
     held: Vec<HeldLock>,
-    reads: Vec<ReadEntry>,
-    writes: Vec<WriteEntry>,
-    events: Vec<ReadEvent>,
+    sets: Sets,
 }
 
 fn aborted(why: &'static str) -> TxnError {
@@ -399,11 +373,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
     }
 
     fn primary(&self, loc: &ItemLoc, offset: u64) -> Result<RemoteAddr, TxnError> {
-        let p = self
-            .store()
-            .primary(loc.bucket.partition)
-            .map_err(TxnError::from)?;
-        Ok(self.store().addr(p, loc.offset + offset))
+        exec::primary_addr(self.store(), loc, offset)
     }
 
     fn holder(&self) -> Holder {
@@ -411,34 +381,6 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             txn: pack_writer(self.id),
             cn: self.co.cn,
         }
-    }
-
-    fn write_entry(&self, table: TableId, key: Key) -> Option<usize> {
-        self.writes
-            .iter()
-            .position(|w| w.table == table && w.key == key)
-    }
-
-    fn local(&self, r: &ReadReq) -> Option<Option<Vec<u8>>> {
-        if let Some(i) = self.write_entry(r.table, r.key) {
-            return Some(self.writes[i].value());
-        }
-        if r.access == Access::Read {
-            return self
-                .reads
-                .iter()
-                .find(|e| e.table == r.table && e.key == r.key)
-                .map(|e| e.value.clone());
-        }
-        None
-    }
-
-    fn note(&mut self, table: TableId, key: Key, version: u64, writer: u64) {
-        let mut ev = ReadEvent::new(table, key, Version(version));
-        if let Some(w) = unpack_writer(writer) {
-            ev = ev.written_by(w);
-        }
-        self.events.push(ev);
     }
 
     fn sharding(&self) -> &Sharding {
@@ -753,7 +695,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             return Err(TxnError::ReadOnly);
         }
         // -- plan: local answers, distinct fetches --
-        let plan = RoundPlan::new(reqs, |r| self.local(r));
+        let plan = RoundPlan::new(reqs, |r| self.sets.local(r));
         let mut fetches: Vec<Fetch> = plan
             .fetches
             .iter()
@@ -803,61 +745,37 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         }
 
         // -- 2a. locate: one bucket READ per uncached record --
-        let mut list = PostList::new();
-        let mut lookups = Vec::new();
-        for (n, f) in fetches.iter().enumerate() {
-            if f.loc.is_some() {
-                continue;
-            }
-            let bucket = self
-                .store()
-                .bucket_of(f.table, f.key)
-                .map_err(TxnError::from)?;
-            let p = self
-                .store()
-                .primary(bucket.partition)
-                .map_err(TxnError::from)?;
-            let wr = list.read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32);
-            lookups.push((n, bucket, wr));
-        }
-        if !lookups.is_empty() {
-            let res = self.co.ctx.post(list).await?;
+        let uncached: Vec<_> = fetches
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.loc.is_none())
+            .map(|(n, f)| (n, f.table, f.key))
+            .collect();
+        let found = exec::locate(&self.co.ctx, &self.co.store, &self.co.cache, &uncached).await?;
+        {
             let mut inserts = Vec::new();
-            for &(n, bucket, wr) in &lookups {
-                let (used, _) = parse_bucket(res.bytes(wr));
+            for (n, bucket, lookup) in found {
                 let f = &mut fetches[n];
-                match used.iter().find(|(_, k)| *k == f.key.0) {
-                    Some(&(slot, _)) => {
-                        let loc = self
-                            .co
-                            .store
-                            .item_in_bucket(bucket, slot, res.bytes(wr))
-                            .map_err(TxnError::from)?;
-                        self.co.cache.borrow_mut().put(f.table, f.key, loc);
-                        f.loc = Some(loc);
-                    }
+                match lookup {
+                    Lookup::Found(loc) => f.loc = Some(loc),
                     // In a pooled table with no room in this coordinator's insert share
                     // (a table that does not grow has none) the key is read as absent
                     // under its write lock instead: no block to claim, and an update or
                     // delete of it fails as on any absent key.
-                    None if f.access == Access::ForUpdate
-                        && self
-                            .co
-                            .inserts
-                            .next(&self.co.store, self.co.id, bucket, 0)
-                            .is_ok() =>
+                    Lookup::Absent { .. }
+                        if f.access == Access::ForUpdate
+                            && self
+                                .co
+                                .inserts
+                                .next(&self.co.store, self.co.id, bucket, 0)
+                                .is_ok() =>
                     {
                         inserts.push((n, bucket));
                     }
-                    None => {
+                    Lookup::Absent { .. } => {
                         let (table, key) = (f.table, f.key);
                         f.done = Some(None);
-                        self.reads.push(ReadEntry {
-                            table,
-                            key,
-                            value: None,
-                        });
-                        self.note(table, key, 0, 0);
+                        self.sets.read_absent(table, key, Some(()));
                     }
                 }
             }
@@ -936,14 +854,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                     );
                 }
                 if for_update {
-                    self.writes.push(WriteEntry {
-                        table,
-                        key,
-                        loc,
-                        meta: meta.clone(),
-                        current: None,
-                        op: None,
-                    });
+                    self.sets
+                        .writes
+                        .push(WriteEntry::new(table, key, loc, meta.clone(), ()));
                 }
                 let committing = meta
                     .cells
@@ -960,16 +873,10 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                     logic::after_meta(&meta, self.start, locked, false)
                 };
                 match outcome {
-                    MetaOutcome::Image(i) => images.push((n, loc, shape, meta.cells[i])),
+                    MetaOutcome::Image(i) => images.push((n, loc, shape, meta, i)),
                     MetaOutcome::Absent => {
-                        if !for_update {
-                            self.reads.push(ReadEntry {
-                                table,
-                                key,
-                                value: None,
-                            });
-                        }
-                        self.note(table, key, 0, 0);
+                        self.sets
+                            .read_absent(table, key, (!for_update).then_some(()));
                         fetches[n].done = Some(None);
                     }
                     MetaOutcome::Retry => {}
@@ -977,38 +884,23 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 }
             }
             if !images.is_empty() {
-                let mut list = PostList::new();
-                let mut ids = Vec::new();
-                for &(n, loc, shape, cell) in &images {
-                    let p = self
-                        .store()
-                        .primary(loc.bucket.partition)
-                        .map_err(TxnError::from)?;
-                    let wr = list.read(
-                        self.store().addr(p, cell.address()),
-                        shape.image_len() as u32,
-                    );
-                    ids.push((n, shape, cell, wr));
-                }
-                let res = self.co.ctx.post(list).await?;
-                for (n, shape, cell, wr) in ids {
+                // Full records (§4.4): one image READ per version.
+                let read = exec::read_versions(&self.co.ctx, &self.co.store, images).await?;
+                for (n, _, version, payload) in read {
                     let (table, key, locked) =
                         (fetches[n].table, fetches[n].key, fetches[n].locked);
-                    let for_update = fetches[n].access == Access::ForUpdate;
-                    match mvcc::decode_image(shape, &cell, res.bytes(wr)) {
+                    let access = fetches[n].access;
+                    match payload {
                         Some(p) => {
-                            self.note(table, key, cell.commit_version(), p.writer);
-                            if for_update {
-                                if let Some(i) = self.write_entry(table, key) {
-                                    self.writes[i].current.clone_from(&p.value);
-                                }
-                            } else {
-                                self.reads.push(ReadEntry {
-                                    table,
-                                    key,
-                                    value: p.value.clone(),
-                                });
-                            }
+                            self.sets.read_version(
+                                table,
+                                key,
+                                access,
+                                (),
+                                version,
+                                p.writer,
+                                p.value.as_deref(),
+                            );
                             fetches[n].done = Some(p.value);
                         }
                         None if locked => return Err(aborted("torn image under the lock")),
@@ -1112,15 +1004,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 let shape = self.shape(f.table)?;
                 let (table, key) = (f.table, f.key);
                 f.done = Some(None);
-                self.writes.push(WriteEntry {
+                self.sets.writes.push(WriteEntry::new(
                     table,
                     key,
                     loc,
-                    meta: Meta::empty(shape.cells),
-                    current: None,
-                    op: None,
-                });
-                self.note(table, key, 0, 0);
+                    Meta::empty(shape.cells),
+                    (),
+                ));
+                self.sets.note(table, key, 0, 0);
             }
         }
         if !slots.is_empty() {
@@ -1140,32 +1031,18 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         kind: WriteKind,
     ) -> Result<(), TxnError> {
         logic::check_write(self.kind, kind, value, || Ok(self.shape(table)?.value_len))?;
-        if self.write_entry(table, key).is_none() {
+        if self.sets.write_entry(table, key).is_none() {
             self.round_impl(&[ReadReq::for_update(table, key)]).await?;
         }
-        let Some(i) = self.write_entry(table, key) else {
-            // Read as absent, no block claimed (a pooled table without insert room): an
-            // update or delete of it fails as on any absent key; an insert finds no room.
-            return Err(if kind == WriteKind::Insert {
-                aborted("record pool share used up")
-            } else {
-                TxnError::KeyState(key.0)
-            });
-        };
-        let w = &mut self.writes[i];
-        logic::restage(&mut w.op, w.current.as_deref(), kind, value, key.0)
+        self.sets.stage(table, key, value, kind)
     }
 
     fn record(&mut self, outcome: TxnOutcome, writes: Vec<WriteEvent>) {
         let end = self.co.ctx.now();
-        self.co.history.record(TxnRecord {
-            id: self.id,
-            begin: self.begin,
-            end,
-            outcome,
-            reads: std::mem::take(&mut self.events),
-            writes,
-        });
+        let record = self
+            .sets
+            .take_record(self.id, self.begin, end, outcome, writes);
+        self.co.history.record(record);
         match outcome {
             TxnOutcome::Committed => self.co.stats.committed += 1,
             _ => self.co.stats.aborted += 1,
@@ -1173,7 +1050,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
     }
 
     async fn commit_impl(&mut self) -> Result<(), TxnError> {
-        if self.writes.iter().all(|w| w.op.is_none()) {
+        if self.sets.writes.iter().all(|w| w.op.is_none()) {
             // Nothing to install: the locks kept every read unchanged since T_start.
             self.unlock_all().await;
             self.record(TxnOutcome::Committed, Vec::new());
@@ -1204,30 +1081,19 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         let mut installed = Vec::new();
         let mut logged = Vec::new();
         let mut plans = Vec::new();
-        for w in &self.writes {
-            let Some(op) = &w.op else { continue };
-            let shape = self.shape(w.table)?;
-            let mut plan = logic::plan_commit(&w.meta, shape, w.loc.offset, INVISIBLE, horizon);
-            plan.whole |= w.meta.key != w.key.0;
-            let cell = plan.cells[plan.cell];
-            let (value, kind) = match op {
-                Op::Put(v, k) => (Some(v.as_slice()), *k),
-                Op::Delete => (None, WriteKind::Delete),
-            };
-            let image = mvcc::encode_image(shape, writer, value, cell.head_cv());
-            let meta_tail =
-                mvcc::encode_meta_tail(w.key.0, w.table, shape, plan.floor, &plan.cells);
-            for mn in self.store().live_replicas(w.loc.bucket.partition) {
-                let at = |o: u64| self.store().addr(mn, w.loc.offset + o);
-                data.push((at(shape.image_offset(plan.cell) as u64), image.clone()));
-                if plan.whole {
-                    data.push((at(FLOOR_OFFSET), meta_tail.clone()));
-                } else {
-                    let o = shape.cell_offset(plan.cell);
-                    let from = o - FLOOR_OFFSET as usize;
-                    data.push((at(o as u64), meta_tail[from..from + CELL_LEN].to_vec()));
-                }
+        for w in &self.sets.writes {
+            if w.op.is_none() {
+                continue;
             }
+            let shape = self.shape(w.table)?;
+            // Full records (§4.4): the image, then the cell with version INVISIBLE.
+            let Some(new) = w.new_version(shape, INVISIBLE, horizon, writer) else {
+                continue;
+            };
+            exec::install_writes(self.store(), w.loc, shape, &new, |addr, bytes| {
+                data.push((addr, bytes.to_vec()));
+            });
+            let (plan, kind) = (new.plan, new.kind);
             logged.push(LogEntry {
                 table: w.table,
                 partition: w.loc.bucket.partition,
@@ -1270,14 +1136,11 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             })
             .collect();
         let id = self.id;
-        self.co.history.record(TxnRecord {
-            id,
-            begin: self.begin,
-            end: self.co.ctx.now(),
-            outcome: TxnOutcome::Unknown,
-            reads: std::mem::take(&mut self.events),
-            writes: events,
-        });
+        let end = self.co.ctx.now();
+        let record = self
+            .sets
+            .take_record(id, self.begin, end, TxnOutcome::Unknown, events);
+        self.co.history.record(record);
         // (3) Write visible: the commit version into every new cell.
         let mut list = PostList::new();
         for &(_, _, loc, shape, cell, _) in &installed {
@@ -1353,7 +1216,8 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Transaction for Lotu
             Err(e) => {
                 // Before the INVISIBLE cells landed nothing is visible; a failure after the
                 // history record leaves the outcome to recovery.
-                let recorded = self.events.is_empty() && self.writes.iter().any(|w| w.op.is_some());
+                let recorded =
+                    self.sets.events.is_empty() && self.sets.writes.iter().any(|w| w.op.is_some());
                 self.unlock_all().await;
                 if !matches!(e, TxnError::Verbs(_)) || !recorded {
                     self.record(TxnOutcome::Aborted, Vec::new());

@@ -12,10 +12,13 @@
 //! * [`ts`]: the timestamp service trait and its implementation (synchronised clocks with
 //!   bounded uncertainty and waits).
 //! * [`logic`]: Motor's decisions as plain functions (version choice, aborts, commit plan).
+//! * [`exec`]: the execution pieces Motor's and LOTUS's transactions share (read and write
+//!   sets, bucket lookups, a commit's replica WRITEs).
 //! * [`txn`]: the coordinator and transaction, a thin async shell that posts and decides
 //!   through [`logic`].
 #![forbid(unsafe_code)]
 
+pub mod exec;
 pub mod logic;
 pub mod mvcc;
 pub mod oplog;

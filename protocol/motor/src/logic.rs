@@ -200,6 +200,17 @@ pub enum StagedOp {
     Delete,
 }
 
+impl StagedOp {
+    /// What the op installs (`None`: a tombstone) and the kind the history records.
+    #[must_use]
+    pub fn as_write(&self) -> (Option<&[u8]>, WriteKind) {
+        match self {
+            Self::Put(v, k) => (Some(v.as_slice()), *k),
+            Self::Delete => (None, WriteKind::Delete),
+        }
+    }
+}
+
 /// The op a record holds after a transaction stages `kind` (with `value`) on it, given the
 /// op already staged (`prev`), whether the record is present as the transaction sees it
 /// (`present`: its last staged op, else the version it read) and whether it existed when

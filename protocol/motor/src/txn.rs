@@ -29,16 +29,15 @@ use dmem_store::{
     AddressCache, BUCKET_LEN, BucketLoc, InsertPool, ItemLoc, Store, parse_bucket, slot_offset,
 };
 use dmem_txn::{
-    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundPlan,
-    RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
-    WriteEvent, WriteKind,
+    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundPlan, RoundValues, TableId,
+    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent, WriteKind,
 };
-use dmem_verbs::{BatchResult, Clock, Nanos, PostList, RemoteAddr, Verbs, WrId};
+use dmem_verbs::{BatchResult, Clock, Nanos, PostList, RemoteAddr, Verbs};
 
-use crate::logic::StagedOp as Op;
+use crate::exec::{self, ExecSets, Lookup, WriteEntry};
 use crate::logic::{self, Isolation, MetaOutcome};
 use crate::mvcc::{
-    self, BlockShape, CELL_LEN, FLOOR_OFFSET, LOCK_OFFSET, Meta, Shapes, pack_writer, unpack_writer,
+    self, BlockShape, CELL_LEN, FLOOR_OFFSET, LOCK_OFFSET, Meta, Shapes, pack_writer,
 };
 use crate::oplog::{Install, LockedRecord, OpLogs};
 use crate::ts::TimestampService;
@@ -203,9 +202,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Coordinator
             kind,
             begin,
             start,
-            reads: Vec::new(),
-            writes: Vec::new(),
-            events: Vec::new(),
+            sets: Sets::default(),
             recorded_unknown: false,
         })
     }
@@ -218,32 +215,9 @@ enum Target {
     Absent(BucketLoc),
 }
 
-#[derive(Debug, Clone)]
-struct ReadEntry {
-    table: TableId,
-    key: Key,
-    target: Target,
-    value: Option<Vec<u8>>,
-}
-
-#[derive(Debug, Clone)]
-struct WriteEntry {
-    table: TableId,
-    key: Key,
-    loc: ItemLoc,
-    meta: Meta,
-    held: bool,
-    current: Option<Vec<u8>>,
-    /// The installer of `current` (0: loaded, or absent).
-    current_writer: u64,
-    op: Option<Op>,
-}
-
-impl WriteEntry {
-    fn value(&self) -> Option<Vec<u8>> {
-        logic::staged_value(self.op.as_ref(), self.current.as_deref())
-    }
-}
+/// Motor's read and write sets: a read-only record keeps where it was found (for the SR
+/// validation), a for-update record whether this transaction holds its block's lock word.
+type Sets = ExecSets<Target, bool>;
 
 /// A running Motor transaction. Finish it with `commit` or `abort`.
 #[derive(Debug)]
@@ -253,9 +227,7 @@ pub struct MotorTxn<'a, V, H, T> {
     kind: TxnKind,
     begin: Nanos,
     start: u64,
-    reads: Vec<ReadEntry>,
-    writes: Vec<WriteEntry>,
-    events: Vec<ReadEvent>,
+    sets: Sets,
     /// Recorded in the history as `Unknown` before its commit was logged: recovery settles
     /// it from then on, so a failed commit records nothing more (a CN cut off while alive,
     /// after a false suspicion, would otherwise record it twice).
@@ -298,11 +270,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
     }
 
     fn primary(&self, loc: &ItemLoc, offset: u64) -> Result<RemoteAddr, TxnError> {
-        let p = self
-            .store()
-            .primary(loc.bucket.partition)
-            .map_err(TxnError::from)?;
-        Ok(self.store().addr(p, loc.offset + offset))
+        exec::primary_addr(self.store(), loc, offset)
     }
 
     fn my_lock(&self) -> u64 {
@@ -321,40 +289,12 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         );
     }
 
-    fn write_entry(&self, table: TableId, key: Key) -> Option<usize> {
-        self.writes
-            .iter()
-            .position(|w| w.table == table && w.key == key)
-    }
-
-    fn local(&self, r: &ReadReq) -> Option<Option<Vec<u8>>> {
-        if let Some(i) = self.write_entry(r.table, r.key) {
-            return Some(self.writes[i].value());
-        }
-        if r.access == Access::Read {
-            return self
-                .reads
-                .iter()
-                .find(|e| e.table == r.table && e.key == r.key)
-                .map(|e| e.value.clone());
-        }
-        None
-    }
-
-    fn note(&mut self, table: TableId, key: Key, version: u64, writer: u64) {
-        let mut ev = ReadEvent::new(table, key, Version(version));
-        if let Some(w) = unpack_writer(writer) {
-            ev = ev.written_by(w);
-        }
-        self.events.push(ev);
-    }
-
     async fn round_impl(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
         if self.kind == TxnKind::ReadOnly && reqs.iter().any(|r| r.access == Access::ForUpdate) {
             return Err(TxnError::ReadOnly);
         }
         // -- plan: local answers, distinct fetches --
-        let plan = RoundPlan::new(reqs, |r| self.local(r));
+        let plan = RoundPlan::new(reqs, |r| self.sets.local(r));
         let mut fetches: Vec<Fetch> = plan
             .fetches
             .iter()
@@ -368,40 +308,19 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             .collect();
 
         // -- locate: one bucket READ per uncached record, every MN at once --
-        let mut list = PostList::new();
-        let mut lookups: Vec<(usize, BucketLoc, WrId)> = Vec::new();
-        for (n, f) in fetches.iter().enumerate() {
-            if f.loc.is_some() {
-                continue;
-            }
-            let bucket = self
-                .store()
-                .bucket_of(f.table, f.key)
-                .map_err(TxnError::from)?;
-            let p = self
-                .store()
-                .primary(bucket.partition)
-                .map_err(TxnError::from)?;
-            let wr = list.read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32);
-            lookups.push((n, bucket, wr));
-        }
-        if !lookups.is_empty() {
-            let res = self.co.ctx.post(list).await?;
+        let uncached: Vec<_> = fetches
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.loc.is_none())
+            .map(|(n, f)| (n, f.table, f.key))
+            .collect();
+        let found = exec::locate(&self.co.ctx, &self.co.store, &self.co.cache, &uncached).await?;
+        {
             let mut absent = Vec::new();
-            for &(n, bucket, wr) in &lookups {
-                let (used, free) = parse_bucket(res.bytes(wr));
-                let f = &mut fetches[n];
-                match used.iter().find(|(_, k)| *k == f.key.0) {
-                    Some(&(slot, _)) => {
-                        let loc = self
-                            .co
-                            .store
-                            .item_in_bucket(bucket, slot, res.bytes(wr))
-                            .map_err(TxnError::from)?;
-                        self.co.cache.borrow_mut().put(f.table, f.key, loc);
-                        f.loc = Some(loc);
-                    }
-                    None => absent.push((n, bucket, free, used)),
+            for (n, bucket, lookup) in found {
+                match lookup {
+                    Lookup::Found(loc) => fetches[n].loc = Some(loc),
+                    Lookup::Absent { free, used } => absent.push((n, bucket, free, used)),
                 }
             }
             for (n, bucket, free, used) in absent {
@@ -420,13 +339,8 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                     let v = self.claim(table, key, bucket, free).await?;
                     fetches[n].done = Some(v);
                 } else {
-                    self.reads.push(ReadEntry {
-                        table,
-                        key,
-                        target: Target::Absent(bucket),
-                        value: None,
-                    });
-                    self.note(table, key, 0, 0);
+                    self.sets
+                        .read_absent(table, key, Some(Target::Absent(bucket)));
                     fetches[n].done = Some(None);
                 }
             }
@@ -474,46 +388,33 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 let Some(meta) = Meta::parse(res.bytes(rd), shape) else {
                     if cas.is_some() {
                         // Held though unreadable: keep it so that the abort releases it.
-                        self.writes.push(WriteEntry {
-                            table: f.table,
-                            key: f.key,
+                        self.sets.writes.push(WriteEntry::new(
+                            f.table,
+                            f.key,
                             loc,
-                            meta: Meta::empty(shape.cells),
-                            held: true,
-                            current: None,
-                            current_writer: 0,
-                            op: None,
-                        });
+                            Meta::empty(shape.cells),
+                            true,
+                        ));
                     }
                     conflict.get_or_insert(aborted("unreadable version table"));
                     continue;
                 };
                 if for_update {
                     // Held from here on (or, without the CAS, tracked): abort releases it.
-                    self.writes.push(WriteEntry {
-                        table: f.table,
-                        key: f.key,
+                    self.sets.writes.push(WriteEntry::new(
+                        f.table,
+                        f.key,
                         loc,
-                        meta: meta.clone(),
-                        held: cas.is_some(),
-                        current: None,
-                        current_writer: 0,
-                        op: None,
-                    });
+                        meta.clone(),
+                        cas.is_some(),
+                    ));
                 }
                 match logic::after_meta(&meta, self.start, for_update, self.co.cfg.skip_newer_abort)
                 {
                     MetaOutcome::Image(i) => images.push((n, loc, shape, meta, i)),
                     MetaOutcome::Absent => {
-                        if !for_update {
-                            self.reads.push(ReadEntry {
-                                table: f.table,
-                                key: f.key,
-                                target: Target::Block(loc),
-                                value: None,
-                            });
-                        }
-                        self.note(f.table, f.key, 0, 0);
+                        let at = (!for_update).then_some(Target::Block(loc));
+                        self.sets.read_absent(f.table, f.key, at);
                         fetches[n].done = Some(None);
                     }
                     MetaOutcome::Retry => {}
@@ -526,41 +427,22 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 return Err(e);
             }
             if !images.is_empty() {
-                let mut list = PostList::new();
-                let mut ids = Vec::new();
-                for (n, loc, shape, meta, i) in images {
-                    let p = self
-                        .store()
-                        .primary(loc.bucket.partition)
-                        .map_err(TxnError::from)?;
-                    let wrs: Vec<WrId> = mvcc::version_reads(shape, &meta, loc.offset, i)
-                        .into_iter()
-                        .map(|(at, len)| list.read(self.store().addr(p, at), len as u32))
-                        .collect();
-                    ids.push((n, shape, meta, i, wrs));
-                }
-                let res = self.co.ctx.post(list).await?;
-                for (n, shape, meta, i, wrs) in ids {
-                    let (table, key) = (fetches[n].table, fetches[n].key);
-                    let for_update = fetches[n].access == Access::ForUpdate;
-                    let parts: Vec<&[u8]> = wrs.iter().map(|&wr| res.bytes(wr)).collect();
-                    let cell = meta.cells[i];
-                    match mvcc::decode_version(shape, &meta, i, &parts) {
+                let read = exec::read_versions(&self.co.ctx, &self.co.store, images).await?;
+                for (n, loc, version, payload) in read {
+                    let (table, key, access) =
+                        (fetches[n].table, fetches[n].key, fetches[n].access);
+                    let for_update = access == Access::ForUpdate;
+                    match payload {
                         Some(p) => {
-                            self.note(table, key, cell.commit_version(), p.writer);
-                            if for_update {
-                                if let Some(i) = self.write_entry(table, key) {
-                                    self.writes[i].current.clone_from(&p.value);
-                                    self.writes[i].current_writer = p.writer;
-                                }
-                            } else if let Some(loc) = fetches[n].loc {
-                                self.reads.push(ReadEntry {
-                                    table,
-                                    key,
-                                    target: Target::Block(loc),
-                                    value: p.value.clone(),
-                                });
-                            }
+                            self.sets.read_version(
+                                table,
+                                key,
+                                access,
+                                Target::Block(loc),
+                                version,
+                                p.writer,
+                                p.value.as_deref(),
+                            );
                             fetches[n].done = Some(p.value);
                         }
                         None if for_update && !self.co.cfg.unsafe_no_cas => {
@@ -654,16 +536,13 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             return Err(aborted("index slot being claimed"));
         }
         let parsed = Meta::parse(res.bytes(rd), shape);
-        self.writes.push(WriteEntry {
+        self.sets.writes.push(WriteEntry::new(
             table,
             key,
             loc,
-            meta: parsed.clone().unwrap_or_else(|| Meta::empty(shape.cells)),
-            held: cas.is_some(),
-            current: None,
-            current_writer: 0,
-            op: None,
-        });
+            parsed.clone().unwrap_or_else(|| Meta::empty(shape.cells)),
+            cas.is_some(),
+        ));
         // Pushed before giving up, so that the abort releases the lock.
         let meta = parsed.ok_or(aborted("unreadable version table"))?;
         let used = match (slot_cas, srd) {
@@ -693,27 +572,30 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         self.co.cache.borrow_mut().put(table, key, loc);
         match logic::after_meta(&meta, self.start, true, self.co.cfg.skip_newer_abort) {
             MetaOutcome::Absent => {
-                self.note(table, key, 0, 0);
+                self.sets.note(table, key, 0, 0);
                 Ok(None)
             }
             MetaOutcome::Abort(why) => Err(aborted(why)),
             MetaOutcome::Image(i) => {
                 // The key was inserted meanwhile by another transaction: read its version.
-                let cell = meta.cells[i];
-                let mut list = PostList::new();
-                let wrs: Vec<WrId> = mvcc::version_reads(shape, &meta, loc.offset, i)
-                    .into_iter()
-                    .map(|(at, len)| list.read(self.store().addr(p, at), len as u32))
-                    .collect();
-                let res = self.co.ctx.post(list).await?;
-                let parts: Vec<&[u8]> = wrs.iter().map(|&wr| res.bytes(wr)).collect();
-                let payload = mvcc::decode_version(shape, &meta, i, &parts)
-                    .ok_or(aborted("torn image under the lock"))?;
-                self.note(table, key, cell.commit_version(), payload.writer);
-                if let Some(i) = self.write_entry(table, key) {
-                    self.writes[i].current.clone_from(&payload.value);
-                    self.writes[i].current_writer = payload.writer;
-                }
+                let read = exec::read_versions(
+                    &self.co.ctx,
+                    &self.co.store,
+                    vec![(0, loc, shape, meta, i)],
+                )
+                .await?;
+                let Some((_, _, version, Some(payload))) = read.into_iter().next() else {
+                    return Err(aborted("torn image under the lock"));
+                };
+                self.sets.read_version(
+                    table,
+                    key,
+                    Access::ForUpdate,
+                    Target::Block(loc),
+                    version,
+                    payload.writer,
+                    payload.value.as_deref(),
+                );
                 Ok(payload.value)
             }
             MetaOutcome::Retry => Err(aborted("torn version table under the lock")),
@@ -728,30 +610,20 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         kind: WriteKind,
     ) -> Result<(), TxnError> {
         logic::check_write(self.kind, kind, value, || Ok(self.shape(table)?.value_len))?;
-        if self.write_entry(table, key).is_none() {
+        if self.sets.write_entry(table, key).is_none() {
             self.round_impl(&[ReadReq::for_update(table, key)]).await?;
         }
-        let Some(i) = self.write_entry(table, key) else {
-            // Read as absent without a lock (`can_insert`): an update or delete of it
-            // fails as on any absent key; an insert finds no room for its block.
-            return Err(if kind == WriteKind::Insert {
-                aborted("record pool share used up")
-            } else {
-                TxnError::KeyState(key.0)
-            });
-        };
-        let w = &mut self.writes[i];
-        logic::restage(&mut w.op, w.current.as_deref(), kind, value, key.0)
+        self.sets.stage(table, key, value, kind)
     }
 
     /// Unlock WRITEs of every held lock (one post list).
     async fn release(&mut self) -> Result<(), TxnError> {
         let mut list = PostList::new();
-        for w in self.writes.iter().filter(|w| w.held) {
+        for w in self.sets.writes.iter().filter(|w| w.lock) {
             list.write(self.primary(&w.loc, LOCK_OFFSET)?, &0u64.to_le_bytes());
         }
-        for w in &mut self.writes {
-            w.held = false;
+        for w in &mut self.sets.writes {
+            w.lock = false;
         }
         if !list.is_empty() {
             self.co.ctx.mark_phase("release");
@@ -763,14 +635,10 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
 
     fn record(&mut self, outcome: TxnOutcome, writes: Vec<WriteEvent>) {
         let end = self.co.ctx.now();
-        self.co.history.record(TxnRecord {
-            id: self.id,
-            begin: self.begin,
-            end,
-            outcome,
-            reads: std::mem::take(&mut self.events),
-            writes,
-        });
+        let record = self
+            .sets
+            .take_record(self.id, self.begin, end, outcome, writes);
+        self.co.history.record(record);
         match outcome {
             TxnOutcome::Committed => self.co.stats.committed += 1,
             _ => self.co.stats.aborted += 1,
@@ -782,11 +650,11 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
     async fn validate(&mut self) -> Result<bool, TxnError> {
         let mut list = PostList::new();
         let mut checks = Vec::new();
-        for r in &self.reads {
-            if self.write_entry(r.table, r.key).is_some() {
+        for r in &self.sets.reads {
+            if self.sets.write_entry(r.table, r.key).is_some() {
                 continue; // locked by us: the lock validates it
             }
-            match r.target {
+            match r.at {
                 Target::Block(loc) => {
                     let shape = self.shape(r.table)?;
                     let wr = list.read(self.primary(&loc, 0)?, shape.meta_len() as u32);
@@ -817,7 +685,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
     }
 
     async fn commit_impl(&mut self) -> Result<(), TxnError> {
-        if self.writes.iter().all(|w| w.op.is_none()) {
+        if self.sets.writes.iter().all(|w| w.op.is_none()) {
             // Nothing to install: every read was at the snapshot S.
             self.release().await?;
             self.record(TxnOutcome::Committed, Vec::new());
@@ -833,68 +701,46 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         let mut events = Vec::new();
         let mut installs = Vec::new();
         let mut list = PostList::new();
-        for w in &self.writes {
-            if let Some(op) = &w.op {
-                let shape = self.shape(w.table)?;
-                let mut plan = logic::plan_commit(&w.meta, shape, w.loc.offset, c, horizon);
-                plan.whole |= w.meta.key != w.key.0;
-                let cell = plan.cells[plan.cell];
-                let (value, kind) = match op {
-                    Op::Put(v, k) => (Some(v.as_slice()), *k),
-                    Op::Delete => (None, WriteKind::Delete),
-                };
-                let images = mvcc::install_images(
-                    shape,
-                    plan.cell,
-                    cell.head_cv(),
-                    c,
-                    writer,
-                    value,
-                    w.current_writer,
-                    w.current.as_deref(),
-                );
-                let meta_tail =
-                    mvcc::encode_meta_tail(w.key.0, w.table, shape, plan.floor, &plan.cells);
-                let cell_at = shape.cell_offset(plan.cell);
-                let cell_bytes = &meta_tail[cell_at - FLOOR_OFFSET as usize..][..CELL_LEN];
-                installs.push(Install {
-                    record: LockedRecord {
-                        table: w.table,
-                        partition: w.loc.bucket.partition,
-                        block: w.loc.offset,
-                    },
-                    version: c,
-                    images: images.clone(),
-                    cell: (cell_at as u64, cell_bytes.to_vec()),
-                    whole: plan.whole.then(|| (FLOOR_OFFSET, meta_tail.clone())),
-                });
-                for mn in self.store().live_replicas(w.loc.bucket.partition) {
-                    let at = |o: u64| self.store().addr(mn, w.loc.offset + o);
-                    for (o, bytes) in &images {
-                        list.write(at(*o), bytes);
-                    }
-                    if plan.whole {
-                        list.write(at(FLOOR_OFFSET), &meta_tail);
-                    } else {
-                        let o = shape.cell_offset(plan.cell);
-                        let from = o - FLOOR_OFFSET as usize;
-                        list.write(at(o as u64), &meta_tail[from..from + CELL_LEN]);
-                    }
-                }
-                events.push(WriteEvent {
-                    table: w.table,
-                    key: w.key,
-                    version: Version(c),
-                    kind,
-                });
+        for w in &self.sets.writes {
+            if w.op.is_none() {
+                continue;
             }
+            let shape = self.shape(w.table)?;
+            let Some(new) = w.new_version(shape, c, horizon, writer) else {
+                continue;
+            };
+            let cell_at = shape.cell_offset(new.plan.cell);
+            let cell_bytes = &new.meta_tail[cell_at - FLOOR_OFFSET as usize..][..CELL_LEN];
+            installs.push(Install {
+                record: LockedRecord {
+                    table: w.table,
+                    partition: w.loc.bucket.partition,
+                    block: w.loc.offset,
+                },
+                version: c,
+                images: new.images.clone(),
+                cell: (cell_at as u64, cell_bytes.to_vec()),
+                whole: new
+                    .plan
+                    .whole
+                    .then(|| (FLOOR_OFFSET, new.meta_tail.clone())),
+            });
+            exec::install_writes(self.store(), w.loc, shape, &new, |addr, bytes| {
+                list.write(addr, bytes);
+            });
+            events.push(WriteEvent {
+                table: w.table,
+                key: w.key,
+                version: Version(c),
+                kind: new.kind,
+            });
         }
         // Unlocks last: on the same queue pair as the writes, so they land after them.
         // Motor's code (`commit.cc`, `WriteReplica`) puts the unlock WRITE into every
         // replica's doorbell; backups' lock words are never taken, so it only costs a WRITE.
         // dmem does the same with Motor's delta layout and unlocks the primary alone with
         // full records (the store LOTUS §4.4 describes).
-        for w in self.writes.iter().filter(|w| w.held) {
+        for w in self.sets.writes.iter().filter(|w| w.lock) {
             let shape = self.shape(w.table)?;
             if shape.layout == mvcc::VersionLayout::Deltas && w.op.is_some() {
                 let p = self
@@ -916,14 +762,11 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         // Recorded (as `Unknown`) before the decision is logged, and logged before the first
         // install WRITE is posted (no await in between): a CN process killed between any two
         // of these steps leaves no install that recovery finishes without a history record.
-        self.co.history.record(TxnRecord {
-            id,
-            begin: self.begin,
-            end: self.co.ctx.now(),
-            outcome: TxnOutcome::Unknown,
-            reads: std::mem::take(&mut self.events),
-            writes: events,
-        });
+        let end = self.co.ctx.now();
+        let record = self
+            .sets
+            .take_record(id, self.begin, end, TxnOutcome::Unknown, events);
+        self.co.history.record(record);
         self.recorded_unknown = true;
         self.co.oplog.committing(self.co.id, installs);
         self.co.ctx.mark_phase("commit");
@@ -935,8 +778,8 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             .history
             .resolve(id, TxnOutcome::Committed, self.co.ctx.now());
         self.co.oplog.finished(self.co.id);
-        for w in &mut self.writes {
-            w.held = false;
+        for w in &mut self.sets.writes {
+            w.lock = false;
         }
         self.co.stats.committed += 1;
         Ok(())
@@ -969,7 +812,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Transaction for Moto
             Err(e) => {
                 let _ = self.release().await;
                 if !self.recorded_unknown
-                    && (!matches!(e, TxnError::Verbs(_)) || self.events.is_empty())
+                    && (!matches!(e, TxnError::Verbs(_)) || self.sets.events.is_empty())
                 {
                     self.record(TxnOutcome::Aborted, Vec::new());
                 }
