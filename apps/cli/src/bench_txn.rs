@@ -718,6 +718,8 @@ pub struct ServersRow {
     threads: u16,
     coroutines: u16,
     seed: u64,
+    /// Tries per transaction (`--attempts`).
+    attempts: u32,
     /// Measured real time, ms.
     elapsed_ms: f64,
     /// The host's load average (1, 5, 15 min) when the row finished.
@@ -737,6 +739,13 @@ pub struct ServersRow {
     pub committed: u64,
     rolled_back: u64,
     given_up: u64,
+    /// Failed attempts of the measured transactions by reason (the protocol's abort reason,
+    /// else the error), a given-up transaction's last try included.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub aborts_by_reason: BTreeMap<String, u64>,
+    /// Transactions given up after every try (measured), by error.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub given_up_by_error: BTreeMap<String, u64>,
     /// RPC messages (requests and responses) sent per second, thousands.
     pub kmsgs_per_s: f64,
     /// RPC messages sent per CPU second of the executor thread, thousands.
@@ -839,16 +848,18 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
         seed: args.seed,
         length: RunLength::Duration(std::time::Duration::from_millis(duration_ms)),
         check: !args.no_check,
+        max_attempts: args.attempts,
     };
     let mut sink = Sink::new(args.json, args.csv.as_deref())?;
     if !args.json {
         println!(
-            "dmem bench  workload {} ({} scale)  {fabric} in one process, one executor thread  {} servers x {} threads x {} coroutines  {duration_ms} ms real time  seed {}  load average {} at start, {} cores",
+            "dmem bench  workload {} ({} scale)  {fabric} in one process, one executor thread  {} servers x {} threads x {} coroutines  {duration_ms} ms real time  {} attempts  seed {}  load average {} at start, {} cores",
             args.workload.name(),
             scale.name(),
             args.servers,
             args.threads,
             args.coroutines,
+            args.attempts,
             args.seed,
             load_average(),
             std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -868,6 +879,7 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
             threads: args.threads,
             coroutines: args.coroutines,
             seed: args.seed,
+            attempts: args.attempts,
             elapsed_ms: round(r.elapsed_s * 1e3, 1),
             load_average: load_average(),
             ktps: round(r.tps / 1e3, 3),
@@ -879,6 +891,8 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
             committed: r.committed,
             rolled_back: r.rolled_back,
             given_up: r.given_up.values().sum(),
+            aborts_by_reason: r.aborts,
+            given_up_by_error: r.given_up,
             kmsgs_per_s: round(r.messages_per_s / 1e3, 2),
             kmsgs_per_cpu_s: round(r.messages_per_cpu_s / 1e3, 2),
             kpackets_per_s: round(r.packets_per_s / 1e3, 2),
@@ -931,6 +945,20 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
         for r in rows.iter().filter(|r| !r.counters.is_empty()) {
             let c: Vec<String> = r.counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
             println!("{}: {}", r.protocol, c.join(", "));
+        }
+        for r in rows.iter().filter(|r| !r.aborts_by_reason.is_empty()) {
+            println!(
+                "{} aborts by reason: {}",
+                r.protocol,
+                common::by_count(&r.aborts_by_reason)
+            );
+        }
+        for r in rows.iter().filter(|r| !r.given_up_by_error.is_empty()) {
+            println!(
+                "{} given up by error: {}",
+                r.protocol,
+                common::by_count(&r.given_up_by_error)
+            );
         }
         for r in rows.iter().skip(1) {
             println!(

@@ -411,6 +411,9 @@ pub struct ClientTally {
     /// The workload's conserved quantity the commits added (SmallBank: money), for its
     /// invariant check.
     pub delta: std::cell::Cell<i64>,
+    /// Failed attempts by reason ([`crate::failure_reason`]), the last try of a
+    /// transaction given up included.
+    pub aborts: RefCell<std::collections::BTreeMap<String, u64>>,
     /// Transactions still aborting after every retry, by error: on a loaded host in real
     /// time an outcome, not a fault (the checker and the invariants still judge the run).
     pub given_up: RefCell<std::collections::BTreeMap<String, u64>>,
@@ -420,8 +423,11 @@ pub struct ClientTally {
 
 impl ClientTally {
     /// A client running `txns` transactions of `workload`'s generator (`id`, `seed`) on
-    /// `co`, counted here; it counts as running from this call on, so a waiter that polls
-    /// [`running`](Self::running) never sees a client not yet started as finished.
+    /// `co`, each tried up to `attempts` times by the benchmarks' retry loop
+    /// ([`crate::execute_with_reasons`]; every attempt begins after the executor's other
+    /// futures ran, [`crate::YieldingBegin`]), counted here; it counts as running from this
+    /// call on, so a waiter that polls [`running`](Self::running) never sees a client not
+    /// yet started as finished.
     ///
     /// # Panics
     /// The returned future panics on a transaction failing with an error that a retry
@@ -429,20 +435,26 @@ impl ClientTally {
     pub fn client(
         self: &Rc<Self>,
         workload: Rc<dmem_workloads::AnyWorkload>,
-        mut co: dmem_txn::BoxCoordinator,
+        co: dmem_txn::BoxCoordinator,
         id: u16,
         seed: u64,
         txns: usize,
+        attempts: u32,
     ) -> impl Future<Output = ()> + 'static {
         use dmem_workloads::{Executed, Outcome, TxnGenerator as _, Workload as _};
         self.running.set(self.running.get() + 1);
         let tally = Rc::clone(self);
         async move {
+            let mut co = crate::YieldingBegin(co);
             let mut generator = workload.generator(u32::from(id), seed);
             for _ in 0..txns {
                 let txn = generator.next_txn();
-                match dmem_workloads::execute(&*workload, &mut co, &txn, crate::MAX_ATTEMPTS).await
-                {
+                let (executed, reasons) =
+                    crate::execute_with_reasons(&*workload, &mut co, &txn, attempts).await;
+                for reason in reasons {
+                    *tally.aborts.borrow_mut().entry(reason).or_default() += 1;
+                }
+                match executed {
                     Executed::Committed { outcome, .. } => {
                         tally.committed.set(tally.committed.get() + 1);
                         if let Outcome::Commit { delta } = outcome {

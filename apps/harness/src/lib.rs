@@ -688,7 +688,8 @@ pub fn failure_reason(error: &TxnError) -> String {
 /// Runs `txn` on `coordinator` with up to `attempts` tries ([`execute_noting`]): its outcome,
 /// and why each failed attempt failed ([`failure_reason`]), the last try of a transaction
 /// given up included. The one retry loop of every benchmark that counts aborts by reason
-/// (the simulator's [`run_bench`], `dmem cn`'s coordinators).
+/// (the simulator's [`run_bench`], the real-time [`servers::run_servers`] and
+/// [`fabric::ClientTally`], `dmem cn`'s coordinators).
 pub async fn execute_with_reasons<W: Workload, C: Coordinator>(
     workload: &W,
     coordinator: &mut C,

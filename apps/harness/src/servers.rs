@@ -7,8 +7,12 @@
 //! [`Protocol::deploy_servers`] (each server keeps its records in this process's memory and
 //! reaches the others only through the fabric's two-sided messages), loads the workload,
 //! runs `coroutines` coordinators per server thread — each a closed loop of the workload's
-//! transactions retried as [`dmem_workloads::execute`] does — and then checks the history
-//! and the workload's invariants, as [`crate::run_bench`] does on the simulator.
+//! transactions, each tried up to [`ServersConfig::max_attempts`] times by the benchmarks'
+//! one retry loop ([`crate::execute_with_reasons`], every attempt beginning after the
+//! executor's other futures ran: [`crate::YieldingBegin`]) — and then checks the history
+//! and the workload's invariants, as [`crate::run_bench`] does on the simulator. Aborts are
+//! counted by reason and transactions given up by error, as [`crate::run_bench`] counts
+//! them.
 //!
 //! One executor thread runs everything: the figures are real CPU cost of the protocol
 //! code, the networking layer and the fabric's queues on one core, not a multi-core
@@ -24,11 +28,14 @@ use dmem_deploy::{AnyContext, Deployment, Protocol, Recorder};
 use dmem_runtime::RealClock;
 use dmem_txn::History;
 use dmem_verbs::{Clock, Nanos};
-use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator as _, Workload as _, execute};
+use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator as _, Workload as _};
 use hdrhistogram::Histogram;
 
 use crate::fabric::{Fabric, LocalCluster};
-use crate::{HarnessError, MAX_ATTEMPTS, REPORTED_COUNTERS, checked_verdict, invariants_verdict};
+use crate::{
+    HarnessError, REPORTED_COUNTERS, YieldingBegin, checked_verdict, execute_with_reasons,
+    invariants_verdict,
+};
 
 /// How long a [`run_servers`] run lasts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +64,12 @@ pub struct ServersConfig {
     pub length: RunLength,
     /// Whether to record and check the history.
     pub check: bool,
+    /// Tries per transaction before it is given up (at least 1), as
+    /// [`BenchConfig::max_attempts`](crate::BenchConfig::max_attempts): [`MAX_ATTEMPTS`]
+    /// retries an aborted transaction with its parameters, 1 drops it.
+    ///
+    /// [`MAX_ATTEMPTS`]: crate::MAX_ATTEMPTS
+    pub max_attempts: u32,
 }
 
 /// What a [`run_servers`] run measured.
@@ -74,8 +87,13 @@ pub struct ServersResult {
     pub cpu_s: f64,
     /// Committed transactions per CPU second of the executor thread.
     pub tps_per_cpu_s: f64,
-    /// Aborted attempts / all attempts (measured).
+    /// Aborted attempts / all attempts (measured; a given-up transaction's last try is
+    /// aborted too).
     pub abort_rate: f64,
+    /// Failed attempts of the measured transactions by reason ([`crate::failure_reason`]:
+    /// the protocol's abort reason, else the error), the last try of a transaction given
+    /// up included: as [`BenchResult::errors`](crate::BenchResult::errors).
+    pub aborts: BTreeMap<String, u64>,
     /// Median latency of a committed transaction (retries included), µs.
     pub p50_us: f64,
     /// 99th-percentile latency, µs.
@@ -109,8 +127,8 @@ pub struct ServersResult {
 struct Tally {
     committed: Cell<u64>,
     attempts: Cell<u64>,
-    finished: Cell<u64>,
     rolled_back: Cell<u64>,
+    aborts: RefCell<BTreeMap<String, u64>>,
     given_up: RefCell<BTreeMap<String, u64>>,
     delta: Cell<i64>,
     running: Cell<usize>,
@@ -134,7 +152,8 @@ fn packet_counters(d: &dyn Deployment) -> Option<(u64, u64, u64)> {
 /// Runs `workload` on the symmetric `protocol` in real time (see the module docs).
 ///
 /// # Errors
-/// [`HarnessError::Config`] for the simulator or an empty shape; [`HarnessError::Deploy`]
+/// [`HarnessError::Config`] for the simulator, an empty shape or `max_attempts` 0;
+/// [`HarnessError::Deploy`]
 /// if a context cannot be made or the protocol is not symmetric.
 ///
 /// # Panics
@@ -148,6 +167,9 @@ pub fn run_servers(
         return Err(HarnessError::Config(
             "run_servers runs on a real fabric; run_bench runs on the simulator",
         ));
+    }
+    if cfg.max_attempts == 0 {
+        return Err(HarnessError::Config("max_attempts must be at least 1"));
     }
     let coordinators = u32::from(cfg.servers) * u32::from(cfg.threads) * u32::from(cfg.coroutines);
     if coordinators == 0 || coordinators >= u32::from(u16::MAX) {
@@ -191,10 +213,11 @@ pub fn run_servers(
     for per_thread in &contexts {
         for ctx in per_thread {
             for _ in 0..cfg.coroutines {
-                let mut co = deployment.coordinator(ctx.clone(), id)?;
+                let mut co = YieldingBegin(deployment.coordinator(ctx.clone(), id)?);
                 let mut generator = workload.generator(u32::from(id), cfg.seed ^ u64::from(id));
                 let (workload, tally, latency) =
                     (Rc::clone(&workload), Rc::clone(&tally), Rc::clone(&latency));
+                let attempts = cfg.max_attempts;
                 tally.running.set(tally.running.get() + 1);
                 cluster.spawn(ctx, async move {
                     let mut done = 0;
@@ -202,7 +225,8 @@ pub fn run_servers(
                         done += 1;
                         let txn = generator.next_txn();
                         let began = clock.now();
-                        let executed = execute(&*workload, &mut co, &txn, MAX_ATTEMPTS).await;
+                        let (executed, reasons) =
+                            execute_with_reasons(&*workload, &mut co, &txn, attempts).await;
                         let finished = clock.now();
                         if let Executed::Committed {
                             outcome: Outcome::Commit { delta },
@@ -222,7 +246,9 @@ pub fn run_servers(
                         tally
                             .attempts
                             .set(tally.attempts.get() + u64::from(attempts));
-                        tally.finished.set(tally.finished.get() + 1);
+                        for reason in reasons {
+                            *tally.aborts.borrow_mut().entry(reason).or_default() += 1;
+                        }
                         match executed {
                             Executed::Committed { .. } => {
                                 tally.committed.set(tally.committed.get() + 1);
@@ -287,7 +313,9 @@ pub fn run_servers(
         tps: committed as f64 / elapsed,
         cpu_s: cpu,
         tps_per_cpu_s: committed as f64 / cpu,
-        abort_rate: attempts.saturating_sub(tally.finished.get()) as f64 / attempts.max(1) as f64,
+        abort_rate: attempts.saturating_sub(committed + tally.rolled_back.get()) as f64
+            / attempts.max(1) as f64,
+        aborts: tally.aborts.borrow().clone(),
         p50_us: latency.value_at_quantile(0.5) as f64 / 1e3,
         p99_us: latency.value_at_quantile(0.99) as f64 / 1e3,
         rolled_back: tally.rolled_back.get(),

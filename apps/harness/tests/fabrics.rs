@@ -126,6 +126,7 @@ fn smallbank(fabric: Fabric, protocol: &str) -> (String, Vec<String>, u64) {
             id,
             7 ^ u64::from(id),
             TXNS_PER_COORDINATOR,
+            dmem_harness::MAX_ATTEMPTS,
         );
         cluster.spawn(&ctx, client);
     }

@@ -86,6 +86,7 @@ fn smallbank_in_two_cn_deployments(fabric: Fabric) -> (String, Vec<String>, u64,
                 id,
                 11 ^ u64::from(id),
                 TXNS_PER_COORDINATOR,
+                dmem_harness::MAX_ATTEMPTS,
             );
             cluster.spawn(&ctx, client);
         }
@@ -112,7 +113,11 @@ fn smallbank_in_two_cn_deployments(fabric: Fabric) -> (String, Vec<String>, u64,
             dmem_verbs::Clock::sleep(&dmem_runtime::RealClock, 1_000_000).await;
         }
     });
-    eprintln!("lotus on {fabric}: given up {:?}", tally.given_up.borrow());
+    eprintln!(
+        "lotus on {fabric}: aborts {:?}, given up {:?}",
+        tally.aborts.borrow(),
+        tally.given_up.borrow()
+    );
     let loader = &*deployments[0];
     let violations = workload
         .check(|t, k| loader.read_final(t, k), tally.delta.get())

@@ -8,8 +8,8 @@ use dmem_harness::servers::{RunLength, ServersConfig, ServersResult, run_servers
 use dmem_workloads::{AnyWorkload, Scale};
 
 /// Tiny SmallBank on `protocol` over shm: 3 servers × 2 threads × 4 coordinators, 40
-/// transactions each.
-fn smallbank_on_shm(protocol: &str) -> ServersResult {
+/// transactions each, each tried up to `max_attempts` times.
+fn smallbank_on_shm(protocol: &str, max_attempts: u32) -> ServersResult {
     let workload = AnyWorkload::new("smallbank", Scale::Tiny).unwrap();
     let protocol = dmem_protocols::registry().get(protocol).unwrap();
     let cfg = ServersConfig {
@@ -20,12 +20,13 @@ fn smallbank_on_shm(protocol: &str) -> ServersResult {
         seed: 3,
         length: RunLength::Txns(40),
         check: true,
+        max_attempts,
     };
     run_servers(&*protocol, &workload, &cfg).unwrap()
 }
 
 fn runs_clean(protocol: &str) -> ServersResult {
-    let r = smallbank_on_shm(protocol);
+    let r = smallbank_on_shm(protocol, dmem_harness::MAX_ATTEMPTS);
     eprintln!("{protocol} on shm: {r:?}");
     assert_eq!(r.checker, "ok", "{protocol}");
     assert_eq!(r.invariants, "ok", "{protocol}");
@@ -45,7 +46,32 @@ fn runs_clean(protocol: &str) -> ServersResult {
 
 #[test]
 fn dnl_4_runs_smallbank_on_shm() {
-    runs_clean("dnl-4");
+    let r = runs_clean("dnl-4");
+    // Every failed attempt has a reason; a given-up transaction's last try is one of them.
+    let aborts: u64 = r.aborts.values().sum();
+    assert!(aborts >= r.given_up.values().sum::<u64>(), "{r:?}");
+    assert_eq!(r.abort_rate > 0.0, aborts > 0, "{r:?}");
+}
+
+/// One try per transaction: every abort gives its transaction up, so the aborts by reason
+/// and the transactions given up by error count the same attempts.
+#[test]
+fn one_attempt_gives_up_every_aborted_transaction() {
+    for protocol in ["dnl-4", "fasst"] {
+        let r = smallbank_on_shm(protocol, 1);
+        eprintln!("{protocol} on shm, 1 attempt: {r:?}");
+        assert_eq!(r.checker, "ok", "{protocol}");
+        assert_eq!(r.invariants, "ok", "{protocol}");
+        let aborts: u64 = r.aborts.values().sum();
+        let given_up: u64 = r.given_up.values().sum();
+        assert_eq!(aborts, given_up, "{protocol}: {r:?}");
+        assert!(given_up > 0, "{protocol}: nothing aborted, the test shows nothing: {r:?}");
+        assert_eq!(
+            r.committed + r.rolled_back + given_up,
+            3 * 2 * 4 * 40,
+            "{protocol}"
+        );
+    }
 }
 
 #[test]
@@ -77,8 +103,16 @@ fn the_simulator_and_non_symmetric_protocols_are_refused() {
         seed: 1,
         length: RunLength::Txns(1),
         check: false,
+        max_attempts: 1,
     };
     assert!(run_servers(&*protocol, &workload, &cfg).is_err());
+    // No tries at all is refused too.
+    let none = ServersConfig {
+        fabric: Fabric::Shm,
+        max_attempts: 0,
+        ..cfg.clone()
+    };
+    assert!(run_servers(&*protocol, &workload, &none).is_err());
     // A protocol that is not symmetric has no servers to deploy.
     let ford = dmem_protocols::registry().get("ford").unwrap();
     let err = run_servers(
