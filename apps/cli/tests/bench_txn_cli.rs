@@ -183,6 +183,8 @@ fn dandelion_and_fasst_run_on_shm_in_one_process() {
         "2",
         "--duration-ms",
         "1000",
+        "--attempts",
+        "1",
         "--json",
     ]);
     assert!(
@@ -204,6 +206,23 @@ fn dandelion_and_fasst_run_on_shm_in_one_process() {
         assert_eq!(row["invariants"], "ok", "{row}");
         assert!(row["committed"].as_u64().unwrap() > 0, "{row}");
         assert!(row["load_average"].is_string(), "{row}");
+        // One try each: every abort (by reason) gave its transaction up (by error).
+        assert_eq!(row["attempts"], 1, "{row}");
+        let sum = |field: &str| {
+            row.get(field)
+                .and_then(|m| m.as_object())
+                .map_or(0, |m| m.values().map(|n| n.as_u64().unwrap()).sum::<u64>())
+        };
+        assert_eq!(
+            sum("aborts_by_reason"),
+            row["given_up"].as_u64().unwrap(),
+            "{row}"
+        );
+        assert_eq!(
+            sum("given_up_by_error"),
+            row["given_up"].as_u64().unwrap(),
+            "{row}"
+        );
     }
     assert_eq!(rows[1]["msgs_per_packet"].as_f64(), Some(1.0));
     // Symmetric servers run in this process, the others as MN and CN processes: not mixed.

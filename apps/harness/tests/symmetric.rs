@@ -65,7 +65,10 @@ fn one_attempt_gives_up_every_aborted_transaction() {
         let aborts: u64 = r.aborts.values().sum();
         let given_up: u64 = r.given_up.values().sum();
         assert_eq!(aborts, given_up, "{protocol}: {r:?}");
-        assert!(given_up > 0, "{protocol}: nothing aborted, the test shows nothing: {r:?}");
+        assert!(
+            given_up > 0,
+            "{protocol}: nothing aborted, the test shows nothing: {r:?}"
+        );
         assert_eq!(
             r.committed + r.rolled_back + given_up,
             3 * 2 * 4 * 40,
