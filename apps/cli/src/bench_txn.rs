@@ -671,17 +671,14 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             ]);
         }
         println!("{}", common::render(&t));
-        for r in rows.iter().filter(|r| !r.counters.is_empty()) {
-            let c: Vec<String> = r.counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            println!("{}: {}", r.protocol, c.join(", "));
-        }
-        for r in rows.iter().filter(|r| !r.aborts_by_reason.is_empty()) {
-            println!(
-                "{} aborts by reason: {}",
-                r.protocol,
-                common::by_count(&r.aborts_by_reason)
-            );
-        }
+        print_breakdowns(rows.iter().map(|r| {
+            (
+                r.protocol.as_str(),
+                &r.counters,
+                &r.aborts_by_reason,
+                None::<&BTreeMap<String, u64>>,
+            )
+        }));
         if rows.len() > 1 {
             let base = &rows[0];
             for r in &rows[1..] {
@@ -942,24 +939,14 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
             ]);
         }
         println!("{}", common::render(&t));
-        for r in rows.iter().filter(|r| !r.counters.is_empty()) {
-            let c: Vec<String> = r.counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            println!("{}: {}", r.protocol, c.join(", "));
-        }
-        for r in rows.iter().filter(|r| !r.aborts_by_reason.is_empty()) {
-            println!(
-                "{} aborts by reason: {}",
-                r.protocol,
-                common::by_count(&r.aborts_by_reason)
-            );
-        }
-        for r in rows.iter().filter(|r| !r.given_up_by_error.is_empty()) {
-            println!(
-                "{} given up by error: {}",
-                r.protocol,
-                common::by_count(&r.given_up_by_error)
-            );
-        }
+        print_breakdowns(rows.iter().map(|r| {
+            (
+                r.protocol.as_str(),
+                &r.counters,
+                &r.aborts_by_reason,
+                Some(&r.given_up_by_error),
+            )
+        }));
         for r in rows.iter().skip(1) {
             println!(
                 "{} / {}: {:.3}x throughput, {:.3}x throughput per CPU second, {:.3}x messages per CPU second",
@@ -1004,4 +991,30 @@ fn finish_checked<'a>(
         .into());
     }
     Ok(())
+}
+
+/// The lines under a `bench` table, per row: the deployment's counters, aborts by reason
+/// and (real-fabric rows) transactions given up by error, each only where not empty.
+fn print_breakdowns<'a>(
+    rows: impl Iterator<
+        Item = (
+            &'a str,
+            &'a BTreeMap<String, u64>,
+            &'a BTreeMap<String, u64>,
+            Option<&'a BTreeMap<String, u64>>,
+        ),
+    >,
+) {
+    for (protocol, counters, aborts, given_up) in rows {
+        if !counters.is_empty() {
+            let c: Vec<String> = counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            println!("{protocol}: {}", c.join(", "));
+        }
+        if !aborts.is_empty() {
+            println!("{protocol} aborts by reason: {}", common::by_count(aborts));
+        }
+        if let Some(g) = given_up.filter(|g| !g.is_empty()) {
+            println!("{protocol} given up by error: {}", common::by_count(g));
+        }
+    }
 }
