@@ -81,8 +81,6 @@ const GO: &[u8] = b"dmem-go";
 /// First CN → every other CN: every CN finished (or was recovered), so nobody needs the
 /// receiver's services (LOTUS's lock servers) any more: it may exit.
 const RUN_OVER: &[u8] = b"dmem-run-over";
-/// Doublings of the index slack tried before a layout counts as impossible.
-const MAX_SLACK_DOUBLINGS: u32 = 6;
 /// How long a peer may leave a control request unanswered (a link termination, an
 /// MN-failure acknowledgement) before recovery reports it.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -105,49 +103,36 @@ impl TxnSetup {
     ) -> anyhow::Result<Self> {
         let workload = AnyWorkload::new(workload, scale)?;
         let protocol = dmem_protocols::registry().get(protocol)?;
-        let mut spec = dmem_harness::deploy_spec(&workload, cluster.coordinators() + 1);
-        // As `dmem_deploy::deploy_loaded` does, a full index bucket doubles the slack; here
-        // a dry run of the protocol's loader (a deployment on the regions alone, which
-        // writes nothing) finds the slack, so every process derives the same one.
-        for _ in 0..MAX_SLACK_DOUBLINGS {
-            let len = protocol.mn_bytes_per_mn(&spec, cluster.mn_count())?;
-            let regions: Vec<MemoryRegion> = (0..cluster.mn_count())
-                .map(|i| MemoryRegion {
-                    node: NodeId(i),
-                    rkey: mn_rkey(NodeId(i)),
-                    len,
-                })
-                .collect();
-            let mut dry = protocol.deploy_on(
-                MnMemory::remote(regions.clone()),
-                &spec,
-                Recorder::new(Rc::default()),
-            )?;
-            let mut full = false;
-            for (table, key, value) in workload.loader() {
-                match dry.load(table, key, &value) {
-                    Ok(()) => {}
-                    Err(e) if e.is_index_full() => {
-                        full = true;
-                        break;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            if !full {
-                return Ok(Self {
-                    workload,
-                    protocol,
+        let spec = dmem_harness::deploy_spec(&workload, cluster.coordinators() + 1);
+        // A full index bucket doubles the slack (`dmem_deploy::load_growing_slack`, as the
+        // simulator's runs); here a dry run of the protocol's loader (a deployment on the
+        // regions alone, which writes nothing) finds it, so every process derives the same.
+        let (regions, _dry, spec) = dmem_deploy::load_growing_slack(
+            &spec,
+            |spec| {
+                let len = protocol.mn_bytes_per_mn(spec, cluster.mn_count())?;
+                let regions: Vec<MemoryRegion> = (0..cluster.mn_count())
+                    .map(|i| MemoryRegion {
+                        node: NodeId(i),
+                        rkey: mn_rkey(NodeId(i)),
+                        len,
+                    })
+                    .collect();
+                let dry = protocol.deploy_on(
+                    MnMemory::remote(regions.clone()),
                     spec,
-                    regions,
-                });
-            }
-            spec.index_slack = (spec.index_slack * 2).max(1);
-        }
-        bail!(
-            "the workload's records do not fit the index even with a {}x index slack",
-            spec.index_slack
-        )
+                    Recorder::new(Rc::default()),
+                )?;
+                Ok((regions, dry))
+            },
+            || workload.loader(),
+        )?;
+        Ok(Self {
+            workload,
+            protocol,
+            spec,
+            regions,
+        })
     }
 
     /// The protocol deployed on `memory`, recording into `history`.

@@ -86,13 +86,14 @@ impl core::fmt::Debug for Deployed {
     }
 }
 
-/// Largest index slack [`deploy_loaded`] tries before it gives up on a full bucket.
+/// Largest index slack [`load_growing_slack`] tries before it gives up on a full bucket.
 const MAX_SLACK: u64 = 32;
 
 /// Sizes the MNs for `spec`, builds the cluster, deploys `protocol` and loads `records()`;
 /// when a bucket of a hashed index fills, doubles the index slack and starts over (up to
-/// 32×). Tables of [`DeploySpec::key_spaces`] are direct-mapped: they never fill and do not
-/// grow with the slack, so a workload whose tables are all dense loads in one pass.
+/// 32×, [`load_growing_slack`]). Tables of [`DeploySpec::key_spaces`] are direct-mapped:
+/// they never fill and do not grow with the slack, so a workload whose tables are all dense
+/// loads in one pass.
 ///
 /// `records` is called once per attempt, so it must give the same records each time.
 ///
@@ -103,16 +104,50 @@ pub fn deploy_loaded<I>(
     shape: &ClusterShape,
     spec: &DeploySpec,
     history: &Rc<RefCell<History>>,
-    mut records: impl FnMut() -> I,
+    records: impl FnMut() -> I,
 ) -> Result<Deployed, DeployError>
+where
+    I: IntoIterator<Item = (TableId, Key, Vec<u8>)>,
+{
+    let (sim, deployment, spec) = load_growing_slack(
+        spec,
+        |spec| {
+            let sim = shape.build(protocol.mn_bytes_per_mn(spec, shape.mns)?)?;
+            let deployment = protocol.deploy(&sim, spec, Rc::clone(history))?;
+            Ok((sim, deployment))
+        },
+        records,
+    )?;
+    Ok(Deployed {
+        sim,
+        deployment,
+        spec,
+    })
+}
+
+/// Loads `records()` into the deployment `deploy` makes for a spec; when a bucket of a
+/// hashed index fills, doubles the spec's index slack and starts over with a new
+/// deployment (up to 32×). Returns what `deploy` made alongside the deployment (the
+/// simulator, or the regions of a process cluster's dry run), the loaded deployment and
+/// the spec that fit: the one slack search that the simulator's runs and a process
+/// cluster's start-up (every process derives the same slack) share.
+///
+/// `records` is called once per attempt, so it must give the same records each time.
+///
+/// # Errors
+/// What `deploy` returns, or the load's [`DeployError`] (a full bucket at the largest
+/// slack included).
+pub fn load_growing_slack<T, I>(
+    spec: &DeploySpec,
+    mut deploy: impl FnMut(&DeploySpec) -> Result<(T, Box<dyn Deployment>), DeployError>,
+    mut records: impl FnMut() -> I,
+) -> Result<(T, Box<dyn Deployment>, DeploySpec), DeployError>
 where
     I: IntoIterator<Item = (TableId, Key, Vec<u8>)>,
 {
     let mut spec = spec.clone();
     loop {
-        let bytes = protocol.mn_bytes_per_mn(&spec, shape.mns)?;
-        let sim = shape.build(bytes)?;
-        let mut deployment = protocol.deploy(&sim, &spec, Rc::clone(history))?;
+        let (made, mut deployment) = deploy(&spec)?;
         let mut full = false;
         for (table, key, value) in records() {
             match deployment.load(table, key, &value) {
@@ -125,11 +160,7 @@ where
             }
         }
         if !full {
-            return Ok(Deployed {
-                sim,
-                deployment,
-                spec,
-            });
+            return Ok((made, deployment, spec));
         }
         spec.index_slack = (spec.index_slack * 2).max(1);
     }

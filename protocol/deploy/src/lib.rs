@@ -50,7 +50,7 @@ use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-pub use cluster::{ClusterShape, Deployed, SimLinkTerminator, deploy_loaded};
+pub use cluster::{ClusterShape, Deployed, SimLinkTerminator, deploy_loaded, load_growing_slack};
 pub use context::AnyContext;
 pub use dmem_store::TableDemand;
 pub use dmem_txn::detector::HeartbeatDetector;
