@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context as _, ensure};
 use clap::{Args as ClapArgs, ValueEnum};
 use dmem_deploy::{ClusterShape, DeploySpec, Registry};
-use dmem_harness::{BenchConfig, MAX_ATTEMPTS, deploy_spec, run_bench, run_spec};
+use dmem_harness::{Backoff, BenchConfig, MAX_ATTEMPTS, deploy_spec, run_bench, run_spec};
 use dmem_sim::NicProfile;
 use dmem_workloads::{AnyWorkload, Scale, Workload};
 use serde::Serialize;
@@ -231,6 +231,13 @@ pub struct Args {
     /// benchmarks.
     #[arg(long, default_value_t = MAX_ATTEMPTS, value_parser = clap::value_parser!(u32).range(1..))]
     attempts: u32,
+    /// The wait before each retry of an aborted transaction: `none` (at once) or
+    /// `exp:BASE_US:CAP_US`, randomized exponential backoff — after the n-th failed try a
+    /// uniform draw from [0, min(CAP, BASE × 2^(n−1))] µs, seeded per coordinator (a
+    /// simulator run stays deterministic), slept on the coordinator's clock.
+    #[arg(long, default_value_t = Backoff::None)]
+    #[serde(serialize_with = "as_text")]
+    backoff: Backoff,
     /// Start every CN with a cold address cache (the first access to each record then
     /// costs an index-bucket READ first). By default each CN starts warm, as after scanning
     /// the index once at start-up: FORD's own code reads an item with its bucket in one
@@ -249,6 +256,11 @@ pub struct Args {
     /// --cns from the file.
     #[arg(long, value_name = "FILE")]
     cluster: Option<std::path::PathBuf>,
+}
+
+/// Serializes `value` as its text (`--backoff`'s syntax).
+fn as_text<S: serde::Serializer>(value: &Backoff, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(value)
 }
 
 /// What `dmem bench --fabric tcp|shm` needs from the arguments.
@@ -270,6 +282,8 @@ pub struct TcpShape {
     pub duration_ms: u64,
     /// Tries per transaction (`--attempts`).
     pub attempts: u32,
+    /// The wait before each retry (`--backoff`).
+    pub backoff: Backoff,
     /// JSON output.
     pub json: bool,
     /// A cluster file whose nodes to use.
@@ -295,6 +309,7 @@ impl Args {
             coordinators_per_cn: u32::from(self.threads) * u32::from(self.coroutines),
             duration_ms: self.duration_ms.max(1000),
             attempts: self.attempts,
+            backoff: self.backoff,
             json: self.json,
             cluster: self.cluster.clone(),
         }
@@ -310,6 +325,8 @@ pub struct Row {
     profile: String,
     seed: u64,
     duration_ms: u64,
+    /// The wait before each retry (`--backoff`).
+    backoff: String,
     /// Committed transactions per second of virtual time, millions.
     pub mtps: f64,
     /// Aborted attempts / all attempts.
@@ -425,6 +442,7 @@ impl Args {
             warm_cache: !self.cold_cache,
             check_window: (self.check_window_ms > 0).then(|| self.check_window_ms * 1_000_000),
             max_attempts: self.attempts,
+            backoff: self.backoff,
         }
     }
 }
@@ -532,6 +550,7 @@ fn run_protocol(
         profile: profile.name.clone(),
         seed: args.seed,
         duration_ms: args.duration_ms,
+        backoff: args.backoff.to_string(),
         mtps: round(r.mtps, 4),
         abort_rate: round(r.abort_rate, 4),
         p50_us: round(r.p50_us, 2),
@@ -616,7 +635,7 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             String::new()
         };
         println!(
-            "dmem bench  workload {} ({} scale, {:.1} MB of values)  sim {}  {} MN  {} CN{servers} x {} threads x {} coroutines  {} ms  seed {}",
+            "dmem bench  workload {} ({} scale, {:.1} MB of values)  sim {}  {} MN  {} CN{servers} x {} threads x {} coroutines  {} ms  seed {}{}",
             args.workload.name(),
             scale.name(),
             workload.value_bytes() as f64 / 1e6,
@@ -626,7 +645,12 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             args.threads,
             args.coroutines,
             args.duration_ms,
-            args.seed
+            args.seed,
+            if args.backoff == Backoff::None {
+                String::new()
+            } else {
+                format!("  backoff {}", args.backoff)
+            }
         );
         let mut t = common::table(&[
             "protocol",
@@ -846,17 +870,19 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
         length: RunLength::Duration(std::time::Duration::from_millis(duration_ms)),
         check: !args.no_check,
         max_attempts: args.attempts,
+        backoff: args.backoff,
     };
     let mut sink = Sink::new(args.json, args.csv.as_deref())?;
     if !args.json {
         println!(
-            "dmem bench  workload {} ({} scale)  {fabric} in one process, one executor thread  {} servers x {} threads x {} coroutines  {duration_ms} ms real time  {} attempts  seed {}  load average {} at start, {} cores",
+            "dmem bench  workload {} ({} scale)  {fabric} in one process, one executor thread  {} servers x {} threads x {} coroutines  {duration_ms} ms real time  {} attempts  backoff {}  seed {}  load average {} at start, {} cores",
             args.workload.name(),
             scale.name(),
             args.servers,
             args.threads,
             args.coroutines,
             args.attempts,
+            args.backoff,
             args.seed,
             load_average(),
             std::thread::available_parallelism().map_or(0, |n| n.get()),

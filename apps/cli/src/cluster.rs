@@ -117,6 +117,9 @@ struct WorkloadFile {
     /// Transaction workloads: tries per transaction before a CN gives it up (at least 1;
     /// default `dmem_harness::MAX_ATTEMPTS`), as `dmem bench --attempts`.
     attempts: Option<u32>,
+    /// Transaction workloads: the wait before each retry, `none` (default) or
+    /// `exp:BASE_US:CAP_US`, as `dmem bench --backoff`.
+    backoff: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -223,6 +226,8 @@ pub(crate) struct Cluster {
     executor: ExecutorChoice,
     /// Tries per transaction (transaction workloads).
     attempts: u32,
+    /// The wait before each retry (transaction workloads).
+    backoff: dmem_harness::Backoff,
     mns: Vec<MnNode>,
     cns: Vec<CnNode>,
 }
@@ -276,8 +281,11 @@ impl Cluster {
         let w = &file.workload;
         let kind = if w.kind == "faa" {
             ensure!(
-                w.protocol.is_none() && w.scale.is_none() && w.attempts.is_none(),
-                "workload kind `faa` takes no `protocol`, `scale` or `attempts` (those are for transaction workloads)"
+                w.protocol.is_none()
+                    && w.scale.is_none()
+                    && w.attempts.is_none()
+                    && w.backoff.is_none(),
+                "workload kind `faa` takes no `protocol`, `scale`, `attempts` or `backoff` (those are for transaction workloads)"
             );
             ensure!(
                 is_tcp,
@@ -321,6 +329,10 @@ impl Cluster {
             attempts >= 1,
             "workload attempts must be at least 1 (tries per transaction; 1: never retried)"
         );
+        let backoff: dmem_harness::Backoff = match &w.backoff {
+            None => dmem_harness::Backoff::None,
+            Some(b) => b.parse().map_err(|e| anyhow::anyhow!("workload {e}"))?,
+        };
         ensure!(
             (1..=3_600_000).contains(&w.duration_ms),
             "workload duration_ms {} is outside 1..=3600000",
@@ -483,6 +495,7 @@ impl Cluster {
             batch: w.batch,
             executor,
             attempts,
+            backoff,
             mns,
             cns,
         })
@@ -573,6 +586,11 @@ impl Cluster {
     /// Tries per transaction before a CN gives it up (transaction workloads).
     pub(crate) fn attempts(&self) -> u32 {
         self.attempts
+    }
+
+    /// The wait before each retry of a transaction (transaction workloads).
+    pub(crate) fn backoff(&self) -> dmem_harness::Backoff {
+        self.backoff
     }
 
     /// The executor every CN thread asked for.
@@ -1673,8 +1691,13 @@ pub(crate) fn bench_cluster(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<
     let mut failed = Vec::new();
     for protocol in &tcp.protocols {
         let workload = format!(
-            "\n[workload]\nkind = \"{}\"\nprotocol = \"{protocol}\"\nscale = \"{}\"\nduration_ms = {}\nthreads = 1\nclients = {}\nattempts = {}\n",
-            tcp.workload, tcp.scale, tcp.duration_ms, tcp.coordinators_per_cn, tcp.attempts
+            "\n[workload]\nkind = \"{}\"\nprotocol = \"{protocol}\"\nscale = \"{}\"\nduration_ms = {}\nthreads = 1\nclients = {}\nattempts = {}\nbackoff = \"{}\"\n",
+            tcp.workload,
+            tcp.scale,
+            tcp.duration_ms,
+            tcp.coordinators_per_cn,
+            tcp.attempts,
+            tcp.backoff
         );
         let text = match &tcp.cluster {
             // The file's nodes and settings, with this run's workload.

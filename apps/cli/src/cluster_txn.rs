@@ -755,10 +755,18 @@ impl CnSetup {
             // refused runs before the next try.
             let mut co = dmem_harness::YieldingBegin(co);
             let mut generator = workload.generator(u32::from(id), 0x5eed ^ u64::from(id));
+            let mut pause = dmem_harness::BackoffPause::new(
+                self.cluster.backoff(),
+                RealClock,
+                0xbac0_ff00 ^ u64::from(id),
+                std::rc::Rc::default(),
+            );
             while RealClock.now() < end && !shared.stop.load(Ordering::Relaxed) {
                 let txn = generator.next_txn();
-                let (executed, reasons) =
-                    dmem_harness::execute_with_reasons(workload, &mut co, &txn, attempts).await;
+                let (executed, reasons) = dmem_harness::execute_with_reasons(
+                    workload, &mut co, &txn, attempts, &mut pause,
+                )
+                .await;
                 if !reasons.is_empty() {
                     let mut aborts = lock(&shared.aborts);
                     for reason in reasons {

@@ -46,6 +46,9 @@ const BAD: &[&[&str]] = &[
     &["bench", "--profile", "missing.toml"],
     &["bench", "--duration-ms", "abc"],
     &["bench", "--attempts", "0"],
+    &["bench", "--backoff", "exp:10"],
+    &["bench", "--backoff", "exp:200:10"],
+    &["bench", "--backoff", "linear"],
     // a run whose insert room (sized by its length) cannot fit in memory
     &[
         "bench",

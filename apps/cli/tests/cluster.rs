@@ -524,7 +524,14 @@ fn cluster_file_errors_are_one_readable_line() {
         ),
         (
             good.replace("batch = 2", "batch = 2\nattempts = 3"),
-            "workload kind `faa` takes no `protocol`, `scale` or `attempts`",
+            "workload kind `faa` takes no `protocol`, `scale`, `attempts` or `backoff`",
+        ),
+        (
+            good.replace(
+                "kind = \"faa\"",
+                "kind = \"smallbank\"\nprotocol = \"ford\"\nbackoff = \"exp:10\"",
+            ),
+            "workload backoff `exp:10`: `exp` takes a base and a cap in µs",
         ),
     ];
     for (i, (text, expected)) in cases.into_iter().enumerate() {

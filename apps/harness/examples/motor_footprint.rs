@@ -47,6 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         warm_cache: true,
         check_window: None,
         max_attempts: dmem_harness::MAX_ATTEMPTS,
+        backoff: dmem_harness::Backoff::None,
     };
     let p = dmem_protocols::registry().get(&protocol)?;
     let spec = deploy_spec(&workload, bench.coordinators()?);

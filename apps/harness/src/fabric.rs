@@ -424,7 +424,7 @@ pub struct ClientTally {
 impl ClientTally {
     /// A client running `txns` transactions of `workload`'s generator (`id`, `seed`) on
     /// `co`, each tried up to `attempts` times by the benchmarks' retry loop
-    /// ([`crate::execute_with_reasons`]; every attempt begins after the executor's other
+    /// ([`crate::execute_with_reasons`], retried at once; every attempt begins after the executor's other
     /// futures ran, [`crate::YieldingBegin`]), counted here; it counts as running from this
     /// call on, so a waiter that polls [`running`](Self::running) never sees a client not
     /// yet started as finished.
@@ -449,8 +449,14 @@ impl ClientTally {
             let mut generator = workload.generator(u32::from(id), seed);
             for _ in 0..txns {
                 let txn = generator.next_txn();
-                let (executed, reasons) =
-                    crate::execute_with_reasons(&*workload, &mut co, &txn, attempts).await;
+                let (executed, reasons) = crate::execute_with_reasons(
+                    &*workload,
+                    &mut co,
+                    &txn,
+                    attempts,
+                    &mut dmem_workloads::RetryAtOnce,
+                )
+                .await;
                 for reason in reasons {
                     *tally.aborts.borrow_mut().entry(reason).or_default() += 1;
                 }

@@ -3,7 +3,7 @@
 //! [`run_bench`] deploys any [`Protocol`] (see `dmem-deploy`) for a workload on the
 //! simulated cluster, loads the workload's data set out of band, runs one closed loop per
 //! coordinator (each with its own generator; protocol aborts retried with the same
-//! parameters by [`dmem_workloads::execute`]), warms up for 10 % of the measured time, and
+//! parameters by [`execute_with_reasons`], after the run's [`Backoff`]), warms up for 10 % of the measured time, and
 //! reports throughput, abort rate, latency percentiles (hdrhistogram), MN work requests per
 //! committed transaction by verb, MN NIC busy fraction, round trips per committed transaction
 //! by type, the history checker's verdict over the whole history and the workload's
@@ -37,8 +37,11 @@
 //! and hand the result back. Latency then includes the wait in the queue.
 #![forbid(unsafe_code)]
 
+pub mod backoff;
 pub mod fabric;
 pub mod servers;
+
+pub use backoff::{Backoff, BackoffPause, BadBackoff};
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
@@ -56,7 +59,7 @@ use dmem_txn::{
 };
 use dmem_verbs::{Clock, Nanos, OpKind};
 use dmem_workloads::{
-    AnyWorkload, Executed, Outcome, TxnGenerator, TxnInfo, TxnSpec, Workload, execute_noting,
+    AnyWorkload, Executed, Outcome, Pause, TxnGenerator, TxnInfo, TxnSpec, Workload, execute_noting,
 };
 use hdrhistogram::Histogram;
 
@@ -167,6 +170,9 @@ pub struct BenchConfig {
     /// drops it and the coordinator draws a new transaction, as OOCC's artifact runs its
     /// benchmarks (throughput counts commits either way).
     pub max_attempts: u32,
+    /// The wait before each retry ([`Backoff::None`]: at once, the default), drawn per
+    /// coordinator from the run's seed and slept on the coordinator's clock.
+    pub backoff: Backoff,
 }
 
 impl BenchConfig {
@@ -251,7 +257,9 @@ pub struct BenchResult {
     /// and mean packet payload, bytes.
     pub packets: Option<(f64, f64)>,
     /// The deployment's counters of [`REPORTED_COUNTERS`] that it has (over the whole run,
-    /// after the transactions in flight finished).
+    /// after the transactions in flight finished), and with a [`BenchConfig::backoff`]
+    /// other than none the harness's own `backoff_wait_ns`: the coordinators' backoff
+    /// sleeps summed over the whole run.
     pub counters: BTreeMap<String, u64>,
     /// Failed attempts of the measured transactions by reason (a protocol's abort reason,
     /// else the error), aborts of committed transactions' earlier tries included.
@@ -483,6 +491,7 @@ pub fn run_bench(
         .map(|_| Rc::new(JobQueue::default()))
         .collect();
     let attempts = cfg.max_attempts;
+    let backoff_waited = Rc::new(Cell::new(0));
     let mut id: u16 = 0;
     for cn in 0..cfg.shape.cns {
         for thread in 0..cfg.shape.threads {
@@ -491,6 +500,12 @@ pub fn run_bench(
                 let inner = deployment.coordinator(ctx.clone().into(), id)?;
                 let mut coordinator = Rounds::new(inner, ctx.clone());
                 let mut generator = workload.generator(u32::from(id), cfg.seed ^ u64::from(id));
+                let mut pause = BackoffPause::new(
+                    cfg.backoff,
+                    ctx.clone(),
+                    next_random(cfg.seed ^ 0xbac0_ff00 ^ (u64::from(id) << 24)),
+                    Rc::clone(&backoff_waited),
+                );
                 let (workload, window) = (Rc::clone(&workload), window.clone());
                 let gate = Rc::clone(&gate);
                 let clock = ctx.clone();
@@ -500,7 +515,9 @@ pub fn run_bench(
                             gate.pass(clock.now()).await;
                             let txn = generator.next_txn();
                             let start = clock.now();
-                            let done = run_one(&workload, &mut coordinator, &txn, attempts).await;
+                            let done =
+                                run_one(&workload, &mut coordinator, &txn, attempts, &mut pause)
+                                    .await;
                             window.note(&txn, start, clock.now(), done);
                         }
                         gate.leave();
@@ -511,9 +528,14 @@ pub fn run_bench(
                         sim.spawn(&ctx, async move {
                             loop {
                                 let job = queue.pop().await;
-                                let done =
-                                    run_one(&worker_workload, &mut coordinator, &job.txn, attempts)
-                                        .await;
+                                let done = run_one(
+                                    &worker_workload,
+                                    &mut coordinator,
+                                    &job.txn,
+                                    attempts,
+                                    &mut pause,
+                                )
+                                .await;
                                 job.reply.fill(done);
                             }
                         });
@@ -658,6 +680,10 @@ pub fn run_bench(
         counters: REPORTED_COUNTERS
             .iter()
             .filter_map(|&n| deployment.counter(n).map(|v| (n.to_owned(), v)))
+            .chain(
+                (cfg.backoff != Backoff::None)
+                    .then(|| ("backoff_wait_ns".to_owned(), backoff_waited.get())),
+            )
             .collect(),
         errors: tally.errors.borrow().clone(),
         committed_per_type,
@@ -685,19 +711,21 @@ pub fn failure_reason(error: &TxnError) -> String {
     }
 }
 
-/// Runs `txn` on `coordinator` with up to `attempts` tries ([`execute_noting`]): its outcome,
-/// and why each failed attempt failed ([`failure_reason`]), the last try of a transaction
-/// given up included. The one retry loop of every benchmark that counts aborts by reason
-/// (the simulator's [`run_bench`], the real-time [`servers::run_servers`] and
+/// Runs `txn` on `coordinator` with up to `attempts` tries ([`execute_noting`]), waiting
+/// `pause` out before each retry (a [`BackoffPause`], or [`dmem_workloads::RetryAtOnce`]):
+/// its outcome, and why each failed attempt failed ([`failure_reason`]), the last try of a
+/// transaction given up included. The one retry loop of every benchmark that counts aborts
+/// by reason (the simulator's [`run_bench`], the real-time [`servers::run_servers`] and
 /// [`fabric::ClientTally`], `dmem cn`'s coordinators).
 pub async fn execute_with_reasons<W: Workload, C: Coordinator>(
     workload: &W,
     coordinator: &mut C,
     txn: &W::Txn,
     attempts: u32,
+    pause: &mut impl Pause,
 ) -> (Executed, Vec<String>) {
     let mut reasons = Vec::new();
-    let executed = execute_noting(workload, coordinator, txn, attempts, |e| {
+    let executed = execute_noting(workload, coordinator, txn, attempts, pause, |e| {
         reasons.push(failure_reason(e));
     })
     .await;
@@ -736,8 +764,10 @@ async fn run_one(
     coordinator: &mut Rounds,
     txn: &TxnSpec,
     attempts: u32,
+    pause: &mut impl Pause,
 ) -> Done {
-    let (executed, errors) = execute_with_reasons(workload, coordinator, txn, attempts).await;
+    let (executed, errors) =
+        execute_with_reasons(workload, coordinator, txn, attempts, pause).await;
     Done {
         executed,
         rounds: coordinator.since_begin(),

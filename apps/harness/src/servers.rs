@@ -70,6 +70,9 @@ pub struct ServersConfig {
     ///
     /// [`MAX_ATTEMPTS`]: crate::MAX_ATTEMPTS
     pub max_attempts: u32,
+    /// The wait before each retry, as [`BenchConfig::backoff`](crate::BenchConfig::backoff)
+    /// (slept in real time).
+    pub backoff: crate::Backoff,
 }
 
 /// What a [`run_servers`] run measured.
@@ -218,6 +221,12 @@ pub fn run_servers(
                 let (workload, tally, latency) =
                     (Rc::clone(&workload), Rc::clone(&tally), Rc::clone(&latency));
                 let attempts = cfg.max_attempts;
+                let mut pause = crate::BackoffPause::new(
+                    cfg.backoff,
+                    clock,
+                    crate::next_random(cfg.seed ^ 0xbac0_ff00 ^ (u64::from(id) << 24)),
+                    Rc::default(),
+                );
                 tally.running.set(tally.running.get() + 1);
                 cluster.spawn(ctx, async move {
                     let mut done = 0;
@@ -226,7 +235,8 @@ pub fn run_servers(
                         let txn = generator.next_txn();
                         let began = clock.now();
                         let (executed, reasons) =
-                            execute_with_reasons(&*workload, &mut co, &txn, attempts).await;
+                            execute_with_reasons(&*workload, &mut co, &txn, attempts, &mut pause)
+                                .await;
                         let finished = clock.now();
                         if let Executed::Committed {
                             outcome: Outcome::Commit { delta },

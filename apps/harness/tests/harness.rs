@@ -25,6 +25,7 @@ fn smallbank_on_pandora_checks_out_and_counts_round_trips() {
         warm_cache: false,
         check_window: None,
         max_attempts: dmem_harness::MAX_ATTEMPTS,
+        backoff: dmem_harness::Backoff::None,
     };
     let protocol = dmem_protocols::registry().get("pandora").unwrap();
     let mut ticks = 0;
@@ -54,6 +55,7 @@ fn a_check_window_bounds_the_history_and_the_run_goes_on() {
         let cfg = BenchConfig {
             check_window: Some(140_000),
             max_attempts: dmem_harness::MAX_ATTEMPTS,
+            backoff: dmem_harness::Backoff::None,
             ..lotus_cfg()
         };
         let windowed = run_bench(&*protocol, &workload, &cfg, |_| {}).unwrap();
@@ -102,6 +104,7 @@ fn lotus_cfg() -> BenchConfig {
         warm_cache: false,
         check_window: None,
         max_attempts: dmem_harness::MAX_ATTEMPTS,
+        backoff: dmem_harness::Backoff::None,
     }
 }
 

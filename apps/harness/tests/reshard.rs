@@ -21,6 +21,7 @@ fn cfg(cns: u16, duration: u64) -> BenchConfig {
         check: true,
         check_window: None,
         max_attempts: dmem_harness::MAX_ATTEMPTS,
+        backoff: dmem_harness::Backoff::None,
         warm_cache: false,
     }
 }

@@ -32,6 +32,7 @@ fn cfg(duration: u64, max_attempts: u32) -> BenchConfig {
         warm_cache: true,
         check_window: None,
         max_attempts,
+        backoff: dmem_harness::Backoff::None,
     }
 }
 

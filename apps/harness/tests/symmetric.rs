@@ -21,6 +21,7 @@ fn smallbank_on_shm(protocol: &str, max_attempts: u32) -> ServersResult {
         length: RunLength::Txns(40),
         check: true,
         max_attempts,
+        backoff: dmem_harness::Backoff::None,
     };
     run_servers(&*protocol, &workload, &cfg).unwrap()
 }
@@ -107,12 +108,14 @@ fn the_simulator_and_non_symmetric_protocols_are_refused() {
         length: RunLength::Txns(1),
         check: false,
         max_attempts: 1,
+        backoff: dmem_harness::Backoff::None,
     };
     assert!(run_servers(&*protocol, &workload, &cfg).is_err());
     // No tries at all is refused too.
     let none = ServersConfig {
         fabric: Fabric::Shm,
         max_attempts: 0,
+        backoff: dmem_harness::Backoff::None,
         ..cfg.clone()
     };
     assert!(run_servers(&*protocol, &workload, &none).is_err());

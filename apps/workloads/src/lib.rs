@@ -289,29 +289,59 @@ pub enum Executed {
     },
 }
 
+/// What the retry loop does between a failed attempt and the next try of the same
+/// transaction (a backoff policy: `dmem-harness`'s `Backoff`).
+pub trait Pause {
+    /// Resolves when the next try may begin; `failed` tries of this transaction have
+    /// failed so far (at least 1).
+    fn before_retry(&mut self, failed: u32) -> impl core::future::Future<Output = ()>;
+}
+
+/// Retry at once: the next try begins as soon as the failed one has aborted.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RetryAtOnce;
+
+impl Pause for RetryAtOnce {
+    async fn before_retry(&mut self, _failed: u32) {}
+}
+
 /// Runs one transaction to its end: begin, [`Workload::run`], commit or abort, and retry
 /// protocol aborts ([`TxnError::is_retryable`]) as new transactions up to `max_attempts`
-/// tries in all (the benchmarks retry aborted transactions with the same parameters).
+/// tries in all (the benchmarks retry aborted transactions with the same parameters), at
+/// once ([`RetryAtOnce`]).
 pub async fn execute<W: Workload, C: Coordinator>(
     workload: &W,
     coordinator: &mut C,
     txn: &W::Txn,
     max_attempts: u32,
 ) -> Executed {
-    execute_noting(workload, coordinator, txn, max_attempts, |_| {}).await
+    execute_noting(
+        workload,
+        coordinator,
+        txn,
+        max_attempts,
+        &mut RetryAtOnce,
+        |_| {},
+    )
+    .await
 }
 
-/// [`execute`], calling `on_error` with the error of every attempt that failed (aborts by
-/// reason, for the benchmarks' statistics).
+/// [`execute`], waiting `pause` out before every retry and calling `on_error` with the
+/// error of every attempt that failed (aborts by reason, for the benchmarks' statistics).
+/// The one retry loop of the benchmarks.
 pub async fn execute_noting<W: Workload, C: Coordinator>(
     workload: &W,
     coordinator: &mut C,
     txn: &W::Txn,
     max_attempts: u32,
+    pause: &mut impl Pause,
     mut on_error: impl FnMut(&TxnError),
 ) -> Executed {
     let mut attempts = 0;
     loop {
+        if attempts > 0 {
+            pause.before_retry(attempts).await;
+        }
         attempts += 1;
         let mut tx = match coordinator.begin(txn.kind()).await {
             Ok(tx) => tx,
@@ -341,5 +371,56 @@ pub async fn execute_noting<W: Workload, C: Coordinator>(
         if !error.is_retryable() || attempts >= max_attempts {
             return Executed::Failed { error, attempts };
         }
+    }
+}
+
+#[cfg(test)]
+mod retry_tests {
+    use super::*;
+    use crate::reference::block_on;
+
+    /// A coordinator whose every transaction aborts as it begins.
+    struct AlwaysAborts {
+        begun: u32,
+    }
+
+    impl Coordinator for AlwaysAborts {
+        type Txn<'a> = dmem_txn::BoxTransaction<'a>;
+
+        async fn begin(&mut self, _kind: TxnKind) -> Result<Self::Txn<'_>, TxnError> {
+            self.begun += 1;
+            Err(TxnError::Aborted("always"))
+        }
+    }
+
+    /// Notes the failed-try counts it is asked to wait after.
+    #[derive(Default)]
+    struct Noting(Vec<u32>);
+
+    impl Pause for Noting {
+        async fn before_retry(&mut self, failed: u32) {
+            self.0.push(failed);
+        }
+    }
+
+    #[test]
+    fn the_pause_comes_between_tries_with_the_failed_count() {
+        let workload = AnyWorkload::new("smallbank", Scale::Tiny).expect("known");
+        let txn = workload.generator(0, 1).next_txn();
+        let mut co = AlwaysAborts { begun: 0 };
+        let mut pause = Noting::default();
+        let mut errors = 0;
+        let executed = block_on(execute_noting(
+            &workload,
+            &mut co,
+            &txn,
+            4,
+            &mut pause,
+            |_| errors += 1,
+        ));
+        assert!(matches!(executed, Executed::Failed { attempts: 4, .. }));
+        assert_eq!((co.begun, errors), (4, 4));
+        // No wait before the first try nor after the last.
+        assert_eq!(pause.0, [1, 2, 3]);
     }
 }
