@@ -758,7 +758,8 @@ impl CnSetup {
             let mut pause = dmem_harness::BackoffPause::new(
                 self.cluster.backoff(),
                 RealClock,
-                0xbac0_ff00 ^ u64::from(id),
+                0x5eed,
+                id,
                 std::rc::Rc::default(),
             );
             while RealClock.now() < end && !shared.stop.load(Ordering::Relaxed) {

@@ -132,14 +132,21 @@ pub struct BackoffPause<K> {
 }
 
 impl<K: Clock> BackoffPause<K> {
-    /// `backoff` for one coordinator sleeping on `clock`, its draws seeded by `seed` (give
-    /// each coordinator its own), its waits summed into `waited`.
+    /// `backoff` for coordinator `coordinator` of a run seeded `seed`, sleeping on `clock`:
+    /// its draws are seeded from both (each coordinator its own sequence), its waits summed
+    /// into `waited`.
     #[must_use]
-    pub fn new(backoff: Backoff, clock: K, seed: u64, waited: Rc<Cell<Nanos>>) -> Self {
+    pub fn new(
+        backoff: Backoff,
+        clock: K,
+        seed: u64,
+        coordinator: u16,
+        waited: Rc<Cell<Nanos>>,
+    ) -> Self {
         Self {
             backoff,
             clock,
-            random: seed,
+            random: crate::next_random(seed ^ 0xbac0_ff00 ^ (u64::from(coordinator) << 24)),
             waited,
         }
     }
@@ -182,7 +189,13 @@ mod tests {
     }
 
     fn pause(backoff: &str, seed: u64) -> BackoffPause<Still> {
-        BackoffPause::new(backoff.parse().expect("valid"), Still, seed, Rc::default())
+        BackoffPause::new(
+            backoff.parse().expect("valid"),
+            Still,
+            seed,
+            0,
+            Rc::default(),
+        )
     }
 
     #[test]

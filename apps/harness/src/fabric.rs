@@ -424,8 +424,8 @@ pub struct ClientTally {
 impl ClientTally {
     /// A client running `txns` transactions of `workload`'s generator (`id`, `seed`) on
     /// `co`, each tried up to `attempts` times by the benchmarks' retry loop
-    /// ([`crate::execute_with_reasons`], retried at once; every attempt begins after the executor's other
-    /// futures ran, [`crate::YieldingBegin`]), counted here; it counts as running from this
+    /// ([`crate::execute_with_reasons`], retried at once; every attempt begins after the
+    /// executor's other futures ran, [`crate::YieldingBegin`]), counted here; it counts as running from this
     /// call on, so a waiter that polls [`running`](Self::running) never sees a client not
     /// yet started as finished.
     ///

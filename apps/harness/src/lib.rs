@@ -503,7 +503,8 @@ pub fn run_bench(
                 let mut pause = BackoffPause::new(
                     cfg.backoff,
                     ctx.clone(),
-                    next_random(cfg.seed ^ 0xbac0_ff00 ^ (u64::from(id) << 24)),
+                    cfg.seed,
+                    id,
                     Rc::clone(&backoff_waited),
                 );
                 let (workload, window) = (Rc::clone(&workload), window.clone());

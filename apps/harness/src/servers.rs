@@ -221,12 +221,8 @@ pub fn run_servers(
                 let (workload, tally, latency) =
                     (Rc::clone(&workload), Rc::clone(&tally), Rc::clone(&latency));
                 let attempts = cfg.max_attempts;
-                let mut pause = crate::BackoffPause::new(
-                    cfg.backoff,
-                    clock,
-                    crate::next_random(cfg.seed ^ 0xbac0_ff00 ^ (u64::from(id) << 24)),
-                    Rc::default(),
-                );
+                let mut pause =
+                    crate::BackoffPause::new(cfg.backoff, clock, cfg.seed, id, Rc::default());
                 tally.running.set(tally.running.get() + 1);
                 cluster.spawn(ctx, async move {
                     let mut done = 0;
