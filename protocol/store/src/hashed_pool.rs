@@ -110,8 +110,9 @@ impl StoreConfig {
     /// after [`coordinators`](Self::coordinators)). What a protocol that follows the
     /// address in an index slot lays out (see the module docs).
     ///
-    /// The index of a pooled table is sized by [`buckets_for`] instead (its slots cost 18
-    /// bytes, not a record): for the loader's share of a partition, plus an eighth for a
+    /// The index of a pooled table is made of 15-slot wide buckets (module docs, "Wide
+    /// buckets") and sized by [`buckets_for`] instead (a slot costs 17 bytes, not a
+    /// record): for the loader's share of a partition, plus an eighth for a
     /// growing table's run-time inserts, times `slack / 2`, and the loader's share grows by
     /// the same factor (so the caller's doubling on a full bucket or a used-up loader share,
     /// [`StoreError::more_slack_may_load`], still makes room).
@@ -633,6 +634,92 @@ mod tests {
         );
     }
 
+    /// A wide bucket end to end, on the last bucket of a partition (no wrap, nothing
+    /// after it but the records): the loader fills all 15 slots (across the 128-byte line
+    /// where a 7-slot bucket would end) and refuses a 16th key; one 256-byte READ parses to
+    /// 15 keys, each found through its slot; a READ of another length is refused; a slot
+    /// half claimed past that line refuses an insert of an absent key.
+    #[test]
+    fn wide_bucket_fills_across_the_old_boundary_on_the_last_bucket() {
+        let d = [demand(1, 8, 2_000, true)];
+        let cfg = StoreConfig::for_tables(3, &d, 4, 256, 2).with_hashed_pools(&d, 2);
+        let bytes = cfg.bytes_per_mn().unwrap();
+        let store = Store::new(cfg, regions(3, bytes)).unwrap();
+        let layout = *store.table(TableId(1)).unwrap();
+        assert_eq!(layout.spec.bucket_slots(), WIDE_BUCKET_SLOTS);
+        let last = layout.spec.buckets_per_partition - 1;
+        let target = store.bucket_of_index(TableId(1), 2, last).unwrap();
+        assert_eq!(target.read_len() as usize, super::super::WIDE_BUCKET_LEN);
+        assert_eq!(
+            target.offset + u64::from(target.read_len()),
+            layout.records_offset(2),
+            "the last bucket ends where the partition's records begin"
+        );
+        let keys: Vec<u64> = (1..)
+            .filter(|&k| store.bucket_of(TableId(1), Key(k)).unwrap() == target)
+            .take(WIDE_BUCKET_SLOTS + 1)
+            .collect();
+        let mut mem = vec![vec![0u8; bytes as usize]; 3];
+        let mut loader = Loader::new(&store);
+        let mut locs = Vec::new();
+        for &k in &keys[..WIDE_BUCKET_SLOTS] {
+            let loc = loader
+                .load(TableId(1), Key(k), &k.to_le_bytes(), |n, off, b| {
+                    let off = off as usize;
+                    mem[usize::from(n.0)][off..off + b.len()].copy_from_slice(b);
+                })
+                .unwrap();
+            locs.push(loc);
+        }
+        assert_eq!(
+            locs.iter().map(|l| l.slot).collect::<Vec<_>>(),
+            (0..WIDE_BUCKET_SLOTS).collect::<Vec<_>>()
+        );
+        assert!(matches!(
+            loader.load(
+                TableId(1),
+                Key(keys[WIDE_BUCKET_SLOTS]),
+                &[0; 8],
+                |_, _, _| {}
+            ),
+            Err(StoreError::BucketFull { .. })
+        ));
+        let at = target.offset as usize;
+        let read = &mem[2][at..at + target.read_len() as usize];
+        let (used, free) = parse_bucket(read);
+        assert_eq!(free, None);
+        assert_eq!(used.len(), WIDE_BUCKET_SLOTS);
+        for (loc, &(slot, key)) in locs.iter().zip(&used) {
+            assert_eq!(key, keys[slot]);
+            assert_eq!(store.item_in_bucket(target, slot, read).unwrap(), *loc);
+        }
+        // Slot 7 is the first past the 128-byte line.
+        assert_eq!(super::super::slot_offset(7), 128);
+        assert!(matches!(
+            store.item_in_bucket(target, 7, &read[..128]),
+            Err(StoreError::BadBucketRead { .. })
+        ));
+        assert!(matches!(
+            store.item_in_bucket(target, WIDE_BUCKET_SLOTS, read),
+            Err(StoreError::BadBucketRead { .. })
+        ));
+        // A bucket with slots 0..12 settled and slot 12 half claimed (address, no key): an
+        // insert of an absent key gets no slot; settled, it gets slot 13.
+        let mut half = read.to_vec();
+        for s in 13..WIDE_BUCKET_SLOTS {
+            let o = super::super::slot_offset(s) as usize;
+            half[o..o + 16].fill(0);
+        }
+        let o = super::super::slot_offset(12) as usize;
+        half[o..o + 8].fill(0);
+        let (used, free) = parse_bucket(&half);
+        assert_eq!(free, Some(13));
+        assert_eq!(layout.insert_slot(&used, free), None);
+        half[o..o + 8].copy_from_slice(&keys[12].to_le_bytes());
+        let (used, free) = parse_bucket(&half);
+        assert_eq!(layout.insert_slot(&used, free), Some(13));
+    }
+
     #[test]
     fn small_pools_stay_in_the_slots() {
         // A table whose pool (loaded + 64 per partition + insert shares) would not be
@@ -650,6 +737,15 @@ mod tests {
             cfg.tables[0].pool.is_none(),
             "direct-mapped tables are left"
         );
+        // Only hashed pooled tables get wide buckets: slot-fixed, direct-mapped and sparse
+        // tables keep 7-slot, 128-byte ones.
+        assert_eq!(cfg.tables[0].bucket_slots(), BUCKET_SLOTS);
+        let sparse = StoreConfig::new(3)
+            .coordinators(4)
+            .table(TableSpec::sized_for(TableId(3), 8, 100, 3))
+            .with_sparse_indexes(&[demand(3, 8, 100, false)], &[(TableId(3), 1_000_000)]);
+        assert!(sparse.tables[0].pool.is_some());
+        assert_eq!(sparse.tables[0].bucket_len(), super::super::BUCKET_LEN);
     }
 
     /// TPC-C at 8 warehouses (the demands `dmem-workloads` declares, 64 coordinators, 3
