@@ -17,7 +17,7 @@
 use dmem_txn::{Access, Key, ReadReq, TableId};
 use dmem_verbs::{BatchResult, PostList, WrId};
 
-use crate::store::{BUCKET_LEN, BucketLoc, ItemLoc, Store, StoreError, parse_bucket};
+use crate::store::{BucketLoc, ItemLoc, Store, StoreError, parse_bucket};
 
 /// Where a fetched record is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +118,7 @@ impl RoundPlan {
                 Some(&(_, _, wr)) => wr,
                 None => {
                     let p = store.primary(bucket.partition)?;
-                    list.read(store.addr(p, bucket.offset), BUCKET_LEN as u32)
+                    list.read(store.addr(p, bucket.offset), bucket.read_len())
                 }
             };
             ids.push((n, bucket, wr));
@@ -267,16 +267,15 @@ mod tests {
         let (list, ids) = plan.locate_list(&s).unwrap().unwrap();
         assert_eq!(ids.len(), 2, "key 7 is cached");
         let wrs = list.finish().unwrap();
-        assert!(
-            wrs.iter()
-                .all(|w| matches!(w.op, Op::Read { len, .. } if len == BUCKET_LEN as u32))
-        );
+        assert!(wrs.iter().all(
+            |w| matches!(w.op, Op::Read { len, .. } if len == crate::store::BUCKET_LEN as u32)
+        ));
         // Key 5 is in slot 0 of its bucket, key 6 is absent with slot 0 free.
-        let mut bucket5 = vec![0u8; BUCKET_LEN];
+        let mut bucket5 = vec![0u8; crate::store::BUCKET_LEN];
         let slot = crate::store::index_slot_bytes(5, crate::logic::pack_location(0, 64));
         let at = crate::store::slot_offset(0) as usize;
         bucket5[at..at + 16].copy_from_slice(&slot);
-        let empty = vec![0u8; BUCKET_LEN];
+        let empty = vec![0u8; crate::store::BUCKET_LEN];
         // One outcome per distinct bucket READ, in list order.
         let mut seen = Vec::new();
         let mut outcomes = Vec::new();

@@ -17,7 +17,7 @@ use dmem_verbs::{PostList, RemoteAddr, WrId};
 
 use crate::config::{FordBug, Protocol, ProtocolConfig};
 use crate::logic::{self, LoggedTxn, LoggedWrite};
-use crate::store::{BUCKET_LEN, BucketLoc, ItemLoc, Store, encode_item_by, parse_bucket};
+use crate::store::{BucketLoc, ItemLoc, Store, encode_item_by, parse_bucket};
 use crate::wire;
 
 /// What the state's decisions need to know about the coordinator running the transaction.
@@ -378,7 +378,7 @@ impl TxnState {
                 ReadTarget::Absent { bucket } => {
                     let p = store.primary(bucket.partition).map_err(TxnError::from)?;
                     let addr = store.addr(p, bucket.offset);
-                    ids.push((i, list.read(addr, BUCKET_LEN as u32)));
+                    ids.push((i, list.read(addr, bucket.read_len())));
                 }
             }
         }

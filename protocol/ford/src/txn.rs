@@ -41,8 +41,7 @@ use crate::state::{
     aborted, parse_item,
 };
 use crate::store::{
-    BUCKET_LEN, BucketLoc, InsertPool, ItemLoc, Store, StoreError, index_slot_bytes, parse_bucket,
-    slot_offset,
+    BucketLoc, InsertPool, ItemLoc, Store, StoreError, index_slot_bytes, parse_bucket, slot_offset,
 };
 use crate::wire::{self, ControlMsg};
 
@@ -456,7 +455,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             .primary(bucket.partition)
             .map_err(TxnError::from)?;
         let mut list = PostList::new();
-        let id = list.read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32);
+        let id = list.read(self.store().addr(p, bucket.offset), bucket.read_len());
         let bytes = self.post("locate", list).await?.take_bytes(id);
         let (used, free) = parse_bucket(&bytes);
         if let Some(&(slot, _)) = used.iter().find(|(_, k)| *k == key.0) {

@@ -203,7 +203,7 @@ fn inserts_and_deletes_commit_and_read_back() {
 /// which holds the winner's value; a delete and a re-insert by the loser reuse that record.
 #[test]
 fn concurrent_inserts_into_a_pooled_table_leave_one_record_per_key() {
-    use dmem_ford::store::{BUCKET_LEN, TableDemand, parse_bucket};
+    use dmem_ford::store::{TableDemand, parse_bucket};
     use dmem_ford::{StoreConfig, TableSpec};
     use dmem_layout::record::{DataItem, DataItemHeader};
     use dmem_txn::TableId;
@@ -257,7 +257,9 @@ fn concurrent_inserts_into_a_pooled_table_leave_one_record_per_key() {
     let mut record = None;
     for mn in bank.store.replicas(bucket.partition) {
         let node = bank.store.mn_node(mn);
-        let bytes = bank.sim.read_memory(node, bucket.offset, BUCKET_LEN);
+        let bytes = bank
+            .sim
+            .read_memory(node, bucket.offset, bucket.read_len() as usize);
         let (used, _) = parse_bucket(&bytes);
         let slots: Vec<_> = used.iter().filter(|(_, k)| *k == key.0).collect();
         assert_eq!(slots.len(), 1, "MN {mn}: {used:?}");
@@ -303,7 +305,7 @@ fn concurrent_inserts_into_a_pooled_table_leave_one_record_per_key() {
 /// them all present.
 #[test]
 fn concurrent_inserts_into_a_hashed_pooled_table_take_distinct_slots() {
-    use dmem_ford::store::{BUCKET_LEN, BUCKET_SLOTS, parse_bucket};
+    use dmem_ford::store::parse_bucket;
     use dmem_layout::record::{DataItem, DataItemHeader};
     use dmem_txn::TableId;
 
@@ -318,7 +320,7 @@ fn concurrent_inserts_into_a_hashed_pooled_table_take_distinct_slots() {
         .filter(|&k| bank.store.bucket_of(HASHED, k).unwrap() == first)
         .take(4)
         .collect();
-    assert!(keys.len() < BUCKET_SLOTS);
+    assert!(keys.len() < first.slot_count());
     let outcomes = Rc::new(RefCell::new(Vec::new()));
     let mut stats = Vec::new();
     for (i, &key) in keys.iter().enumerate() {
@@ -359,7 +361,9 @@ fn concurrent_inserts_into_a_hashed_pooled_table_take_distinct_slots() {
     let item_len = DataItemHeader::item_len(8);
     for mn in bank.store.replicas(first.partition) {
         let node = bank.store.mn_node(mn);
-        let bytes = bank.sim.read_memory(node, first.offset, BUCKET_LEN);
+        let bytes = bank
+            .sim
+            .read_memory(node, first.offset, first.read_len() as usize);
         let (used, _) = parse_bucket(&bytes);
         let mut records = Vec::new();
         for key in &keys {
@@ -395,7 +399,7 @@ fn concurrent_inserts_into_a_hashed_pooled_table_take_distinct_slots() {
 /// the key has one slot on every replica.
 #[test]
 fn concurrent_inserts_of_one_key_into_a_hashed_pooled_table_index_it_once() {
-    use dmem_ford::store::{BUCKET_LEN, parse_bucket};
+    use dmem_ford::store::parse_bucket;
     use dmem_txn::TableId;
     use dmem_verbs::Clock;
 
@@ -426,7 +430,9 @@ fn concurrent_inserts_of_one_key_into_a_hashed_pooled_table_index_it_once() {
         assert_eq!(outcomes, ["exists", "inserted"], "offset {offset_us} µs");
         for mn in bank.store.replicas(bucket.partition) {
             let node = bank.store.mn_node(mn);
-            let bytes = bank.sim.read_memory(node, bucket.offset, BUCKET_LEN);
+            let bytes = bank
+                .sim
+                .read_memory(node, bucket.offset, bucket.read_len() as usize);
             let (used, _) = parse_bucket(&bytes);
             let slots = used.iter().filter(|(_, k)| *k == key.0).count();
             assert_eq!(slots, 1, "offset {offset_us} µs, MN {mn}: {used:?}");

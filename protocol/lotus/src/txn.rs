@@ -41,7 +41,7 @@ use dmem_motor::exec::{self, ExecSets, Lookup, WriteEntry};
 use dmem_motor::logic::{self, MetaOutcome};
 use dmem_motor::mvcc::{BlockShape, Meta, Shapes, pack_writer};
 use dmem_motor::ts::TimestampService;
-use dmem_store::{AddressCache, BUCKET_LEN, BucketLoc, InsertPool, ItemLoc, Store, parse_bucket};
+use dmem_store::{AddressCache, BucketLoc, InsertPool, ItemLoc, Store, parse_bucket};
 use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundPlan, RoundValues, TableId,
     Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent, WriteKind,
@@ -948,7 +948,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             wrs.push((
                 n,
                 bucket,
-                list.read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32),
+                list.read(self.store().addr(p, bucket.offset), bucket.read_len()),
             ));
         }
         let res = self.co.ctx.post(list).await?;
@@ -967,7 +967,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                     false,
                 ),
                 None => {
-                    let free = (0..dmem_store::BUCKET_SLOTS).find(|s| {
+                    let free = (0..bucket.slot_count()).find(|s| {
                         !used.iter().any(|(u, _)| u == s) && !taken.contains(&(bucket.offset, *s))
                     });
                     let Some(slot) = free else {

@@ -153,6 +153,7 @@ mod tests {
                 partition: 0,
                 bucket: 0,
                 offset: 0,
+                slots: 7,
             },
             slot: 0,
             offset: o,

@@ -12,7 +12,7 @@
 
 use std::cell::RefCell;
 
-use dmem_store::{AddressCache, BUCKET_LEN, BucketLoc, ItemLoc, Store, parse_bucket};
+use dmem_store::{AddressCache, BucketLoc, ItemLoc, Store, parse_bucket};
 use dmem_txn::{
     Access, Key, ReadEvent, ReadReq, TableId, TxnError, TxnId, TxnOutcome, TxnRecord, Version,
     WriteEvent, WriteKind,
@@ -322,7 +322,7 @@ pub async fn locate<V: Verbs>(
     for &(n, table, key) in wanted {
         let bucket = store.bucket_of(table, key).map_err(TxnError::from)?;
         let p = store.primary(bucket.partition).map_err(TxnError::from)?;
-        let wr = list.read(store.addr(p, bucket.offset), BUCKET_LEN as u32);
+        let wr = list.read(store.addr(p, bucket.offset), bucket.read_len());
         reads.push((n, table, key, bucket, wr));
     }
     if reads.is_empty() {
@@ -431,6 +431,7 @@ mod tests {
                 partition: 0,
                 bucket: 0,
                 offset: 0,
+                slots: 7,
             },
             slot: 0,
             offset: 4096,

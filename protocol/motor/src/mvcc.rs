@@ -326,7 +326,7 @@ pub fn footprint(cfg: &StoreConfig, tables: &[TableDemand]) -> Result<Footprint,
     for t in &cfg.tables {
         let buckets = u64::from(t.buckets_per_partition.max(1)) * mns;
         let item = t.item_len.unwrap_or(0) as u64;
-        f.index_bytes += buckets * dmem_store::BUCKET_LEN as u64;
+        f.index_bytes += buckets * t.bucket_len() as u64;
         // Blocks per partition: one per slot, or a pooled table's pool (loader's records
         // and every coordinator's insert share).
         let blocks = match t.pool {
@@ -926,7 +926,7 @@ mod tests {
             for mn in store.replicas(loc.bucket.partition) {
                 let m = &mem[usize::from(mn)];
                 let b = loc.bucket.offset as usize;
-                let bucket = &m[b..b + dmem_store::BUCKET_LEN];
+                let bucket = &m[b..b + loc.bucket.read_len() as usize];
                 let found = store.item_in_bucket(loc.bucket, loc.slot, bucket).unwrap();
                 assert_eq!(found, loc);
                 let off = loc.offset as usize;

@@ -25,9 +25,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use dmem_store::{
-    AddressCache, BUCKET_LEN, BucketLoc, InsertPool, ItemLoc, Store, parse_bucket, slot_offset,
-};
+use dmem_store::{AddressCache, BucketLoc, InsertPool, ItemLoc, Store, parse_bucket, slot_offset};
 use dmem_txn::{
     Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundPlan, RoundValues, TableId,
     Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent, WriteKind,
@@ -665,7 +663,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                         .store()
                         .primary(bucket.partition)
                         .map_err(TxnError::from)?;
-                    let wr = list.read(self.store().addr(p, bucket.offset), BUCKET_LEN as u32);
+                    let wr = list.read(self.store().addr(p, bucket.offset), bucket.read_len());
                     checks.push((r.key, None, wr));
                 }
             }
@@ -839,7 +837,7 @@ pub fn read_final(
     let bucket = store.bucket_of(table, key).ok()?;
     let p = store.primary(bucket.partition).ok()?;
     let node = store.mn_node(p);
-    let bucket_bytes = read(node, bucket.offset, BUCKET_LEN);
+    let bucket_bytes = read(node, bucket.offset, bucket.read_len() as usize);
     let (used, _) = parse_bucket(&bucket_bytes);
     let slot = used.iter().find(|(_, k)| *k == key.0)?.0;
     let loc = store.item_in_bucket(bucket, slot, &bucket_bytes).ok()?;

@@ -33,7 +33,7 @@ use dmem_ford::{
 use dmem_layout::pill::{CoordinatorId as PillId, FailedCoordinatorSet, LockHolder, PillLockWord};
 use dmem_layout::record::DataItem;
 use dmem_sim::Sim;
-use dmem_store::{BUCKET_LEN, BUCKET_SLOTS, Loader, Store, StoreConfig, parse_bucket};
+use dmem_store::{BUCKET_SLOTS, Loader, Store, StoreConfig, parse_bucket};
 use dmem_txn::{BoxCoordinator, Coordinator, Key, TableId, TxnError, TxnKind};
 use dmem_verbs::{Clock, Nanos, NodeId, Verbs, VerbsError};
 
@@ -641,7 +641,7 @@ fn read_record_past_stray(
     let bucket = store.bucket_of(table, key).ok()?;
     let primary = store.primary(bucket.partition).ok()?;
     let node = store.mn_node(primary);
-    let bytes = memory.read(node, bucket.offset, BUCKET_LEN)?;
+    let bytes = memory.read(node, bucket.offset, bucket.read_len() as usize)?;
     let (used, _) = parse_bucket(&bytes);
     let slot = used.iter().find(|(_, k)| *k == key.0)?.0;
     let loc = store.item_in_bucket(bucket, slot, &bytes).ok()?;

@@ -13,11 +13,29 @@
 //! Why: a 7-slot bucket without overflow buckets must be mostly empty so that hashing never
 //! fills one (slack 2, doubled until loading meets no full bucket: 4–8 slots per record),
 //! and in the slot-fixed layout every slot carries a whole record. Pooled, a spare slot
-//! costs its 16 bytes of index (18 bytes with the bucket header) instead of a record, and
+//! costs its 16 bytes of index (17 bytes with the bucket header) instead of a record, and
 //! the index is sized for its table by [`buckets_for`] (a Poisson bound on the fullest
 //! bucket) instead of a slack doubled for every table: TPC-C at 8 warehouses goes from
-//! 18.6 GB to 3.4 GB of regions per MN (`tpcc_at_eight_warehouses` below prints the
+//! 18.6 GB to 1.6 GB of regions per MN (`tpcc_at_eight_warehouses` below prints the
 //! breakdown per table).
+//!
+//! # Wide buckets
+//!
+//! A hashed pooled table's buckets are [`WideBucket`](super::WideBucket)s
+//! (`IndexBucket<15>`, 256 bytes: the bytes of two 7-slot buckets under one header), each
+//! read whole with one READ ([`BucketLoc::read_len`]). A key may take any of its bucket's 15
+//! slots, so the index is sized by [`buckets_for`]`(n, 15)`: 15–20 % of the slots used
+//! instead of 3–5 %, 3.9–4.6 times fewer index bytes per key (10⁵–10⁶ keys). Buckets do not overlap, so
+//! the unit an insert claims into is the bucket it READ, exactly as with 7-slot buckets:
+//! the first free slot is claimed by CAS (FORD, Pandora, Motor), a half-claimed slot of the
+//! bucket refuses an insert of an absent key ([`TableLayout::slot_being_claimed`] looks at
+//! all 15 slots), LOTUS's insert lock on the bucket covers every slot the insert may take,
+//! and the last bucket of a partition is a bucket like any other (no wrap, no trailing
+//! bucket). A window of two adjacent 7-slot buckets (a key in its home bucket or the next,
+//! windows overlapping) was measured against it and overflows more keys at every index
+//! size (`window_designs_compared` below): one header less and no overlap give the wide
+//! bucket the better load factor and an exact Poisson bound. Direct-mapped and sparse tables
+//! (whose keys have fixed slots) and the slot-fixed layout keep their 7-slot buckets.
 //!
 //! A run-time insert of an absent key into a pooled hashed table is the pooled insert of a
 //! sparse table: the record comes from the coordinator's share ([`InsertPool`]), and FORD's
@@ -28,11 +46,11 @@
 //! shared because the record was the slot's).
 
 use super::{
-    BUCKET_LEN, BUCKET_SLOTS, BucketLoc, DataItemHeader, HashMap, LoadIndex, RecordPool,
-    StoreConfig, StoreError, TableDemand, TableId,
+    BUCKET_SLOTS, BucketLoc, DataItemHeader, HashMap, LoadIndex, RecordPool, StoreConfig,
+    StoreError, TableDemand, TableId, WIDE_BUCKET_SLOTS,
 };
 #[cfg(doc)]
-use super::{IndexBucket, InsertPool, Store};
+use super::{IndexBucket, InsertPool, Store, TableLayout};
 
 /// What the loader remembers of a key of a hashed table: its slot, and in a pooled table
 /// the record of the partition's pool the slot names (8 bytes: the map entry stays 24
@@ -92,8 +110,9 @@ impl StoreConfig {
     /// after [`coordinators`](Self::coordinators)). What a protocol that follows the
     /// address in an index slot lays out (see the module docs).
     ///
-    /// The index of a pooled table is sized by [`buckets_for`] instead (its slots cost 18
-    /// bytes, not a record): for the loader's share of a partition, plus an eighth for a
+    /// The index of a pooled table is made of 15-slot wide buckets (module docs, "Wide
+    /// buckets") and sized by [`buckets_for`] instead (a slot costs 17 bytes, not a
+    /// record): for the loader's share of a partition, plus an eighth for a
     /// growing table's run-time inserts, times `slack / 2`, and the loader's share grows by
     /// the same factor (so the caller's doubling on a full bucket or a used-up loader share,
     /// [`StoreError::more_slack_may_load`], still makes room).
@@ -130,7 +149,7 @@ impl StoreConfig {
                         pool.loaded
                     };
                     let grow = (slack / 2).max(1);
-                    let buckets = buckets_for(indexed).saturating_mul(grow);
+                    let buckets = buckets_for(indexed, WIDE_BUCKET_SLOTS).saturating_mul(grow);
                     t.buckets_per_partition = u32::try_from(buckets).unwrap_or(u32::MAX);
                     // The loader's share grows with the slack too, so that a table loaded
                     // with more records than declared loads after a doubling, as it did with
@@ -199,7 +218,7 @@ impl StoreConfig {
                 id: spec.id,
                 item_len,
                 pooled: spec.pool.is_some(),
-                index_bytes: buckets * BUCKET_LEN as u64 * mns,
+                index_bytes: buckets * spec.bucket_len() as u64 * mns,
                 record_bytes: loaded * item_len * mns,
                 insert_bytes: inserts * item_len * mns,
                 data_bytes: records * item_len,
@@ -221,38 +240,44 @@ impl StoreConfig {
 /// test load of TPC-C's counts met one and doubled the index).
 pub const OVERFLOW_BUDGET: f64 = 0.001;
 
-/// Buckets of [`BUCKET_SLOTS`] slots (no overflow buckets) for `records` uniformly hashed
-/// keys such that the expected number of buckets that would need an eighth slot, `n ×
-/// P(Poisson(records / n) ≥ 8)`, is at most [`OVERFLOW_BUDGET`]: the load factor a hash
-/// index without overflow buckets can afford (3–5 % of the slots used for 10⁵–10⁶
-/// keys), found by bisection. At least one bucket.
+/// Buckets of `slots` slots (no overflow buckets) for `records` uniformly hashed keys such
+/// that the expected number of buckets that would need one slot more, `n × P(Poisson(records
+/// / n) > slots)`, is at most [`OVERFLOW_BUDGET`]: the load factor a hash index without
+/// overflow buckets can afford, found by bisection. At least one bucket. For 10⁵–10⁶ keys
+/// that is 3–5 % of the slots used with 7-slot buckets (about 440 index bytes per key) and
+/// 15–18 % with the 15-slot wide buckets hashed pooled tables use (about 105 bytes per key).
 #[must_use]
-pub fn buckets_for(records: u64) -> u64 {
+pub fn buckets_for(records: u64, slots: usize) -> u64 {
+    buckets_within(records, slots, OVERFLOW_BUDGET)
+}
+
+/// [`buckets_for`] with another budget of expected overflowing buckets.
+fn buckets_within(records: u64, slots: usize, budget: f64) -> u64 {
     let expected_overflows = |buckets: u64| {
         let lambda = records as f64 / buckets as f64;
-        // P(X >= 8) = 1 - sum_{k<8} e^-λ λ^k / k!
+        // P(X > slots) = 1 - sum_{k<=slots} e^-λ λ^k / k!
         let mut term = (-lambda).exp();
         let mut below = 0.0;
-        for k in 0..BUCKET_SLOTS as u32 + 1 {
+        for k in 0..=slots {
             below += term;
-            term *= lambda / f64::from(k + 1);
+            term *= lambda / (k + 1) as f64;
         }
         buckets as f64 * (1.0 - below).max(0.0)
     };
     if records == 0 {
         return 1;
     }
-    let mut hi = records.div_ceil(BUCKET_SLOTS as u64);
-    if expected_overflows(hi) <= OVERFLOW_BUDGET {
+    let mut hi = records.div_ceil(slots.max(1) as u64);
+    if expected_overflows(hi) <= budget {
         return hi;
     }
     let mut lo = hi;
-    while expected_overflows(hi) > OVERFLOW_BUDGET {
+    while expected_overflows(hi) > budget {
         (lo, hi) = (hi, hi.saturating_mul(2));
     }
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if expected_overflows(mid) <= OVERFLOW_BUDGET {
+        if expected_overflows(mid) <= budget {
             hi = mid;
         } else {
             lo = mid;
@@ -370,7 +395,7 @@ mod tests {
             for mn in store.replicas(loc.bucket.partition) {
                 let m = &mem[usize::from(mn)];
                 let b = loc.bucket.offset as usize;
-                let bucket = &m[b..b + BUCKET_LEN];
+                let bucket = &m[b..b + loc.bucket.read_len() as usize];
                 let (used, _) = parse_bucket(bucket);
                 let &(slot, _) = used
                     .iter()
@@ -477,26 +502,222 @@ mod tests {
 
     #[test]
     fn bucket_counts_keep_overflows_within_budget() {
-        assert_eq!(buckets_for(0), 1);
-        assert_eq!(buckets_for(1), 1);
-        for records in [7_u64, 1_000, 100_000, 2_000_000] {
-            let n = buckets_for(records);
-            let slots = n * BUCKET_SLOTS as u64;
-            // Between a full index and 1 % of the slots used.
-            assert!(slots >= records && slots < records * 100, "{records}: {n}");
+        for slots in [BUCKET_SLOTS, WIDE_BUCKET_SLOTS] {
+            assert_eq!(buckets_for(0, slots), 1);
+            assert_eq!(buckets_for(1, slots), 1);
+            for records in [7_u64, 1_000, 100_000, 2_000_000] {
+                let n = buckets_for(records, slots);
+                let capacity = n * slots as u64;
+                // Between a full index and 1 % of the slots used.
+                assert!(
+                    capacity >= records && capacity < records * 100,
+                    "{records}: {n}"
+                );
+            }
+            // More keys need a lower load factor (the largest bucket grows with the count).
+            let load = |r: u64| r as f64 / (buckets_for(r, slots) * slots as u64) as f64;
+            assert!(load(1_000) > load(100_000) && load(100_000) > load(2_000_000));
         }
-        // More keys need a lower load factor (the largest bucket grows with the count).
-        let load = |r: u64| r as f64 / (buckets_for(r) * BUCKET_SLOTS as u64) as f64;
-        assert!(load(1_000) > load(100_000) && load(100_000) > load(2_000_000));
-        // Keys hashed into that many buckets (the store's hash) fill none.
-        let records = 200_000_u64;
-        let n = buckets_for(records);
-        let mut fill = vec![0u8; n as usize];
+        // The wide bucket: 15-20 % of its slots used for 10^5-10^6 keys, against 3.5-5 %, and
+        // 3.9-4.6 times fewer index bytes per key.
+        for records in [100_000_u64, 1_000_000] {
+            let narrow = buckets_for(records, BUCKET_SLOTS) * super::super::BUCKET_LEN as u64;
+            let wide =
+                buckets_for(records, WIDE_BUCKET_SLOTS) * super::super::WIDE_BUCKET_LEN as u64;
+            let load = records as f64
+                / (buckets_for(records, WIDE_BUCKET_SLOTS) * WIDE_BUCKET_SLOTS as u64) as f64;
+            assert!((0.14..0.2).contains(&load), "{records}: {load}");
+            assert!(
+                narrow * 10 > wide * 38 && narrow < wide * 5,
+                "{records}: {narrow} / {wide}"
+            );
+        }
+    }
+
+    /// Keys hashed by the store's hash into `buckets` buckets: how many buckets would need
+    /// more than `slots` slots.
+    fn overflowing_buckets(records: u64, buckets: u64, slots: usize, seed: u64) -> u64 {
+        let mut fill = vec![0u32; buckets as usize];
         for k in 0..records {
-            let b = (super::super::mix64(k) % n) as usize;
-            fill[b] += 1;
+            let h = super::super::mix64(super::super::mix64(seed) ^ k) >> 20;
+            fill[(h % buckets) as usize] += 1;
         }
-        assert!(fill.iter().all(|&f| usize::from(f) <= BUCKET_SLOTS));
+        fill.iter().filter(|&&f| f as usize > slots).count() as u64
+    }
+
+    /// A Monte-Carlo check of the Poisson bound: at a budget of 2 expected overflowing
+    /// buckets per load, loads of keys hashed by the store's hash overflow about that many
+    /// buckets on average; at the real budget (0.001) none of the loads overflows one.
+    #[test]
+    fn monte_carlo_overflows_match_the_bound() {
+        let records = 100_000;
+        let trials = 24;
+        for slots in [BUCKET_SLOTS, WIDE_BUCKET_SLOTS] {
+            let n = buckets_within(records, slots, 2.0);
+            let total: u64 = (0..trials)
+                .map(|t| overflowing_buckets(records, n, slots, t))
+                .sum();
+            let mean = total as f64 / trials as f64;
+            // Poisson mean 2 over 24 loads: the mean's standard deviation is about 0.3.
+            assert!((1.0..3.2).contains(&mean), "{slots} slots: {mean} per load");
+            let n = buckets_for(records, slots);
+            let total: u64 = (0..trials)
+                .map(|t| overflowing_buckets(records, n, slots, 100 + t))
+                .sum();
+            assert_eq!(
+                total, 0,
+                "{slots} slots: {total} overflows at the real budget"
+            );
+        }
+    }
+
+    /// Why a wide bucket and not a window of two adjacent 7-slot buckets (the README's
+    /// comparison; `cargo test --release -p dmem-store window_designs -- --ignored
+    /// --nocapture`): 300,000 keys per partition hashed by the store's hash into 256-byte
+    /// units of index at a given number of index bytes per key, 200 loads each; overflowing
+    /// keys per load when a key may use (a) its 15-slot wide bucket, (b) an aligned pair of
+    /// 7-slot buckets (14 slots), (c) its 7-slot home bucket or the next one, first free
+    /// slot (windows overlap).
+    #[test]
+    #[ignore = "a measurement for the README, not a check"]
+    fn window_designs_compared() {
+        let records = 300_000_u64;
+        let loads = 200;
+        println!(
+            "index B/key | wide 15 | aligned pair 14 | sliding window 2x7 (overflowing keys per load)"
+        );
+        for bytes_per_key in [60_u64, 70, 80, 90, 100, 105] {
+            let narrow = (records * bytes_per_key / 128) & !1;
+            let mut over = [0_u64; 3];
+            for seed in 0..loads {
+                let mut wide = vec![0u8; (narrow / 2) as usize];
+                let mut pair = vec![0u8; (narrow / 2) as usize];
+                let mut sliding = vec![0u8; narrow as usize];
+                for k in 0..records {
+                    let h = super::super::mix64(super::super::mix64(seed) ^ k) >> 20;
+                    let w = (h % (narrow / 2)) as usize;
+                    if wide[w] < 15 {
+                        wide[w] += 1
+                    } else {
+                        over[0] += 1
+                    }
+                    if pair[w] < 14 {
+                        pair[w] += 1
+                    } else {
+                        over[1] += 1
+                    }
+                    let b = (h % narrow) as usize;
+                    let next = (b + 1) % narrow as usize;
+                    if sliding[b] < 7 {
+                        sliding[b] += 1;
+                    } else if sliding[next] < 7 {
+                        sliding[next] += 1;
+                    } else {
+                        over[2] += 1;
+                    }
+                }
+            }
+            let per = |o: u64| o as f64 / loads as f64;
+            println!(
+                "{bytes_per_key} | {:.3} | {:.3} | {:.3}",
+                per(over[0]),
+                per(over[1]),
+                per(over[2])
+            );
+        }
+        let wide = buckets_for(records, WIDE_BUCKET_SLOTS) * super::super::WIDE_BUCKET_LEN as u64;
+        let narrow = buckets_for(records, BUCKET_SLOTS) * super::super::BUCKET_LEN as u64;
+        println!(
+            "buckets_for at 0.001: wide {:.1} B/key, 7-slot {:.1} B/key",
+            wide as f64 / records as f64,
+            narrow as f64 / records as f64
+        );
+    }
+
+    /// A wide bucket end to end, on the last bucket of a partition (no wrap, nothing
+    /// after it but the records): the loader fills all 15 slots (across the 128-byte line
+    /// where a 7-slot bucket would end) and refuses a 16th key; one 256-byte READ parses to
+    /// 15 keys, each found through its slot; a READ of another length is refused; a slot
+    /// half claimed past that line refuses an insert of an absent key.
+    #[test]
+    fn wide_bucket_fills_across_the_old_boundary_on_the_last_bucket() {
+        let d = [demand(1, 8, 2_000, true)];
+        let cfg = StoreConfig::for_tables(3, &d, 4, 256, 2).with_hashed_pools(&d, 2);
+        let bytes = cfg.bytes_per_mn().unwrap();
+        let store = Store::new(cfg, regions(3, bytes)).unwrap();
+        let layout = *store.table(TableId(1)).unwrap();
+        assert_eq!(layout.spec.bucket_slots(), WIDE_BUCKET_SLOTS);
+        let last = layout.spec.buckets_per_partition - 1;
+        let target = store.bucket_of_index(TableId(1), 2, last).unwrap();
+        assert_eq!(target.read_len() as usize, super::super::WIDE_BUCKET_LEN);
+        assert_eq!(
+            target.offset + u64::from(target.read_len()),
+            layout.records_offset(2),
+            "the last bucket ends where the partition's records begin"
+        );
+        let keys: Vec<u64> = (1..)
+            .filter(|&k| store.bucket_of(TableId(1), Key(k)).unwrap() == target)
+            .take(WIDE_BUCKET_SLOTS + 1)
+            .collect();
+        let mut mem = vec![vec![0u8; bytes as usize]; 3];
+        let mut loader = Loader::new(&store);
+        let mut locs = Vec::new();
+        for &k in &keys[..WIDE_BUCKET_SLOTS] {
+            let loc = loader
+                .load(TableId(1), Key(k), &k.to_le_bytes(), |n, off, b| {
+                    let off = off as usize;
+                    mem[usize::from(n.0)][off..off + b.len()].copy_from_slice(b);
+                })
+                .unwrap();
+            locs.push(loc);
+        }
+        assert_eq!(
+            locs.iter().map(|l| l.slot).collect::<Vec<_>>(),
+            (0..WIDE_BUCKET_SLOTS).collect::<Vec<_>>()
+        );
+        assert!(matches!(
+            loader.load(
+                TableId(1),
+                Key(keys[WIDE_BUCKET_SLOTS]),
+                &[0; 8],
+                |_, _, _| {}
+            ),
+            Err(StoreError::BucketFull { .. })
+        ));
+        let at = target.offset as usize;
+        let read = &mem[2][at..at + target.read_len() as usize];
+        let (used, free) = parse_bucket(read);
+        assert_eq!(free, None);
+        assert_eq!(used.len(), WIDE_BUCKET_SLOTS);
+        for (loc, &(slot, key)) in locs.iter().zip(&used) {
+            assert_eq!(key, keys[slot]);
+            assert_eq!(store.item_in_bucket(target, slot, read).unwrap(), *loc);
+        }
+        // Slot 7 is the first past the 128-byte line.
+        assert_eq!(super::super::slot_offset(7), 128);
+        assert!(matches!(
+            store.item_in_bucket(target, 7, &read[..128]),
+            Err(StoreError::BadBucketRead { .. })
+        ));
+        assert!(matches!(
+            store.item_in_bucket(target, WIDE_BUCKET_SLOTS, read),
+            Err(StoreError::BadBucketRead { .. })
+        ));
+        // A bucket with slots 0..12 settled and slot 12 half claimed (address, no key): an
+        // insert of an absent key gets no slot; settled, it gets slot 13.
+        let mut half = read.to_vec();
+        for s in 13..WIDE_BUCKET_SLOTS {
+            let o = super::super::slot_offset(s) as usize;
+            half[o..o + 16].fill(0);
+        }
+        let o = super::super::slot_offset(12) as usize;
+        half[o..o + 8].fill(0);
+        let (used, free) = parse_bucket(&half);
+        assert_eq!(free, Some(13));
+        assert_eq!(layout.insert_slot(&used, free), None);
+        half[o..o + 8].copy_from_slice(&keys[12].to_le_bytes());
+        let (used, free) = parse_bucket(&half);
+        assert_eq!(layout.insert_slot(&used, free), Some(13));
     }
 
     #[test]
@@ -516,6 +737,15 @@ mod tests {
             cfg.tables[0].pool.is_none(),
             "direct-mapped tables are left"
         );
+        // Only hashed pooled tables get wide buckets: slot-fixed, direct-mapped and sparse
+        // tables keep 7-slot, 128-byte ones.
+        assert_eq!(cfg.tables[0].bucket_slots(), BUCKET_SLOTS);
+        let sparse = StoreConfig::new(3)
+            .coordinators(4)
+            .table(TableSpec::sized_for(TableId(3), 8, 100, 3))
+            .with_sparse_indexes(&[demand(3, 8, 100, false)], &[(TableId(3), 1_000_000)]);
+        assert!(sparse.tables[0].pool.is_some());
+        assert_eq!(sparse.tables[0].bucket_len(), super::super::BUCKET_LEN);
     }
 
     /// TPC-C at 8 warehouses (the demands `dmem-workloads` declares, 64 coordinators, 3
@@ -551,7 +781,7 @@ mod tests {
                     let b = store.bucket_of(d.id, key).unwrap();
                     let f = fill.entry((b.partition, b.bucket)).or_insert(0);
                     *f += 1;
-                    usize::from(*f) <= BUCKET_SLOTS
+                    usize::from(*f) <= b.slot_count()
                 })
             })
         };

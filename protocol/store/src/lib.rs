@@ -75,7 +75,9 @@
 //!
 //! Hashed tables (keys that are not dense) can be pooled the same way
 //! ([`StoreConfig::with_hashed_pools`], module `hashed_pool`): the hash index stays, records
-//! move to a pool, and the index is sized per table by [`buckets_for`].
+//! move to a pool, and the index is sized per table by [`buckets_for`], in 15-slot
+//! [`WideBucket`]s of 256 bytes (one READ each) instead of 7-slot ones (module `hashed_pool`,
+//! "Wide buckets").
 //!
 //! FORD and Pandora (`dmem-ford`, laid out by `dmem-protocols`) pool sparse tables and, outside
 //! the litmus tests' exact layout, hashed tables. Motor
@@ -117,8 +119,9 @@
 //!
 //! # Index (FORD's hash buckets, one READ)
 //!
-//! Each partition of a table has `buckets` [`IndexBucket<7>`](IndexBucket) of 128 bytes; a
-//! key hashes to one bucket, read with one READ. Slot `s` of bucket `b` maps its key to item
+//! Each partition of a table has `buckets` [`IndexBucket<7>`](IndexBucket) of 128 bytes
+//! (a hashed pooled table: [`WideBucket`]s of 15 slots, 256 bytes); a key hashes to one
+//! bucket, read with one READ of [`BucketLoc::read_len`] bytes. Slot `s` of bucket `b` maps its key to item
 //! `b * 7 + s` of the partition, so the item of every slot is fixed and an insert only has to
 //! claim a slot (a pooled table's slot names a record of its partition's pool instead, see
 //! "Sparse tables"). Slots are claimed in order (first free), never freed (a delete leaves an
@@ -149,6 +152,13 @@ pub const BUCKET_SLOTS: usize = 7;
 pub type Bucket = IndexBucket<BUCKET_SLOTS>;
 /// Bytes of one index bucket.
 pub const BUCKET_LEN: usize = Bucket::LEN;
+/// Slots of the wide bucket of a hashed pooled table (module `hashed_pool`, "Wide buckets"):
+/// the bytes of two 7-slot buckets, one READ, one header.
+pub const WIDE_BUCKET_SLOTS: usize = 15;
+/// The wide index bucket type of hashed pooled tables.
+pub type WideBucket = IndexBucket<WIDE_BUCKET_SLOTS>;
+/// Bytes of one wide index bucket.
+pub const WIDE_BUCKET_LEN: usize = WideBucket::LEN;
 /// Bytes reserved at offset 0 of every MN (so that offset 0 is never a record).
 const RESERVED: u64 = 64;
 
@@ -250,6 +260,19 @@ pub enum StoreError {
         /// The raw packed address found.
         raw: u64,
     },
+    /// The bytes given as a bucket's READ are not that bucket's (another length), or a slot
+    /// beyond the bucket's.
+    #[error("{got} bytes / slot {slot} given for a {expected}-byte bucket of table {table}")]
+    BadBucketRead {
+        /// The table.
+        table: u32,
+        /// The slot asked for.
+        slot: usize,
+        /// Bytes given.
+        got: usize,
+        /// Bytes of the bucket.
+        expected: usize,
+    },
     /// A coordinator id beyond the configured log regions.
     #[error("coordinator {0} has no log region (configure more coordinators)")]
     NoLogRegion(u16),
@@ -314,6 +337,28 @@ pub struct RecordPool {
 }
 
 impl TableSpec {
+    /// Slots of each of the table's index buckets: [`WIDE_BUCKET_SLOTS`] for a hashed
+    /// pooled table (hashed keys, records in a pool), [`BUCKET_SLOTS`] for every other
+    /// table (direct-mapped, sparse, or records in the slots).
+    #[must_use]
+    pub const fn bucket_slots(&self) -> usize {
+        if self.pool.is_some() && self.direct_keys.is_none() {
+            WIDE_BUCKET_SLOTS
+        } else {
+            BUCKET_SLOTS
+        }
+    }
+
+    /// Bytes of each of the table's index buckets (what one bucket READ fetches).
+    #[must_use]
+    pub const fn bucket_len(&self) -> usize {
+        if self.bucket_slots() == WIDE_BUCKET_SLOTS {
+            WIDE_BUCKET_LEN
+        } else {
+            BUCKET_LEN
+        }
+    }
+
     /// A table of `value_len`-byte values sized for about `records` records (buckets at
     /// most half full on average, so hashing rarely fills one).
     #[must_use]
@@ -611,7 +656,7 @@ impl Layout {
             };
             let partition_bytes = records
                 .saturating_mul(item_len as u64)
-                .saturating_add(buckets * BUCKET_LEN as u64);
+                .saturating_add(buckets * spec.bucket_len() as u64);
             let layout = TableLayout {
                 spec: TableSpec {
                     buckets_per_partition: spec.buckets_per_partition.max(1),
@@ -665,7 +710,18 @@ impl TableLayout {
     fn bucket_offset(&self, partition: u16, bucket: u32) -> u64 {
         self.base
             + u64::from(partition) * self.partition_bytes
-            + u64::from(bucket) * BUCKET_LEN as u64
+            + u64::from(bucket) * self.spec.bucket_len() as u64
+    }
+
+    /// The bucket `bucket` of `partition` (its offset and width).
+    fn bucket_loc(&self, partition: u16, bucket: u32) -> BucketLoc {
+        BucketLoc {
+            table: self.spec.id,
+            partition,
+            bucket,
+            offset: self.bucket_offset(partition, bucket),
+            slots: self.spec.bucket_slots() as u8,
+        }
     }
 
     /// Offset of record 0 of `partition` (records follow the buckets).
@@ -673,7 +729,7 @@ impl TableLayout {
     pub fn records_offset(&self, partition: u16) -> u64 {
         self.base
             + u64::from(partition) * self.partition_bytes
-            + u64::from(self.spec.buckets_per_partition) * BUCKET_LEN as u64
+            + u64::from(self.spec.buckets_per_partition) * self.spec.bucket_len() as u64
     }
 
     fn record_offset(&self, partition: u16, record: u64) -> u64 {
@@ -727,6 +783,23 @@ pub struct BucketLoc {
     pub bucket: u32,
     /// Offset of the bucket on every replica.
     pub offset: u64,
+    /// Slots of the bucket: [`BUCKET_SLOTS`], or [`WIDE_BUCKET_SLOTS`] in a hashed pooled
+    /// table ([`TableSpec::bucket_slots`]).
+    pub slots: u8,
+}
+
+impl BucketLoc {
+    /// Bytes of the bucket: what its one READ fetches and [`parse_bucket`] parses.
+    #[must_use]
+    pub const fn read_len(&self) -> u32 {
+        (self.slots as u32 + 1) * 16
+    }
+
+    /// Slots of the bucket, as a count.
+    #[must_use]
+    pub const fn slot_count(&self) -> usize {
+        self.slots as usize
+    }
 }
 
 /// Where a record is: its bucket slot and the item's offset on every replica.
@@ -928,12 +1001,7 @@ impl Store {
             let h = mix64(mix64(u64::from(table.0)) ^ key.0);
             ((h % mns) as u16, ((h >> 20) % buckets) as u32)
         };
-        Ok(BucketLoc {
-            table,
-            partition,
-            bucket,
-            offset: layout.bucket_offset(partition, bucket),
-        })
+        Ok(layout.bucket_loc(partition, bucket))
     }
 
     /// Bucket `bucket` of `partition` of `table` (for scans).
@@ -946,13 +1014,7 @@ impl Store {
         partition: u16,
         bucket: u32,
     ) -> Result<BucketLoc, StoreError> {
-        let layout = self.table(table)?;
-        Ok(BucketLoc {
-            table,
-            partition,
-            bucket,
-            offset: layout.bucket_offset(partition, bucket),
-        })
+        Ok(self.table(table)?.bucket_loc(partition, bucket))
     }
 
     /// The item that slot `slot` of `bucket` indexes when records live in the slots.
@@ -973,19 +1035,31 @@ impl Store {
     }
 
     /// The item used slot `slot` of `bucket` indexes, given the bucket's bytes as READ
-    /// (`BUCKET_LEN` bytes): the slot's fixed record, or for a pooled table the record whose
-    /// address the slot holds, checked to be a record of the partition's pool.
+    /// ([`BucketLoc::read_len`] bytes, checked): the slot's fixed record, or for a pooled
+    /// table the record whose address the slot holds, checked to be a record of the
+    /// partition's pool.
     ///
     /// # Errors
-    /// [`StoreError::UnknownTable`], [`StoreError::BadSlotAddress`].
+    /// [`StoreError::UnknownTable`], [`StoreError::BadBucketRead`] for bytes of another
+    /// length or a slot beyond the bucket's, [`StoreError::BadSlotAddress`].
     pub fn item_in_bucket(
         &self,
         bucket: BucketLoc,
         slot: usize,
         bucket_bytes: &[u8],
     ) -> Result<ItemLoc, StoreError> {
+        let expected = bucket.read_len() as usize;
         let at = slot_offset(slot) as usize;
-        self.item_in_slot(bucket, slot, bucket_bytes.get(at..at + 16).unwrap_or(&[]))
+        let slot_bytes = bucket_bytes
+            .get(at..at + 16)
+            .filter(|_| bucket_bytes.len() == expected && slot < bucket.slot_count())
+            .ok_or(StoreError::BadBucketRead {
+                table: bucket.table.0,
+                slot,
+                got: bucket_bytes.len(),
+                expected,
+            })?;
+        self.item_in_slot(bucket, slot, slot_bytes)
     }
 
     /// [`item_in_bucket`](Self::item_in_bucket) from the 16 bytes of the slot alone (key,
@@ -1300,7 +1374,7 @@ impl LoadIndex {
                 .entry((table, bucket.partition))
                 .or_insert_with(|| vec![0; buckets]);
             let used = &mut fill[bucket.bucket as usize];
-            if usize::from(*used) >= BUCKET_SLOTS {
+            if usize::from(*used) >= bucket.slot_count() {
                 return Err(StoreError::BucketFull {
                     table: table.0,
                     key: key.0,
@@ -1443,10 +1517,11 @@ enum StoreRef<'s> {
     Shared(Rc<Store>),
 }
 
-/// Byte offset of slot `slot` inside a bucket.
+/// Byte offset of slot `slot` inside a bucket (the same in a 7-slot and a wide bucket:
+/// a 16-byte header, then 16-byte slots).
 #[must_use]
 pub fn slot_offset(slot: usize) -> u64 {
-    Bucket::slot_offset(slot).map_or(0, |o| o as u64)
+    WideBucket::slot_offset(slot).map_or(0, |o| o as u64)
 }
 
 /// The 16 bytes of an index slot mapping `key` to `addr`.
@@ -1509,23 +1584,32 @@ pub fn encode_item_by(
     buf
 }
 
-/// The slots of one bucket READ: `(slot, key)` of every used slot, in order, and the first
-/// free slot.
+/// The slots of one bucket READ ([`BucketLoc::read_len`] bytes: a 7-slot bucket, or a
+/// wide one of a hashed pooled table): `(slot, key)` of every used slot, in order, and the
+/// first free slot. Bytes of any other length hold no slot and no free slot (a lookup finds
+/// nothing, an insert finds no room).
 #[must_use]
 pub fn parse_bucket(bytes: &[u8]) -> (Vec<(usize, u64)>, Option<usize>) {
-    match Bucket::parse(bytes) {
-        Ok(bucket) => {
-            let used = bucket
-                .slots()
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| !s.is_empty())
-                .map(|(i, s)| (i, s.key()))
-                .collect();
-            (used, bucket.free_slot())
-        }
-        Err(_) => (Vec::new(), None),
+    fn used_and_free(
+        slots: &[IndexSlot],
+        free: Option<usize>,
+    ) -> (Vec<(usize, u64)>, Option<usize>) {
+        let used = slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.is_empty())
+            .map(|(i, s)| (i, s.key()))
+            .collect();
+        (used, free)
     }
+    match bytes.len() {
+        BUCKET_LEN => Bucket::parse(bytes).map(|b| used_and_free(b.slots(), b.free_slot())),
+        WIDE_BUCKET_LEN => {
+            WideBucket::parse(bytes).map(|b| used_and_free(b.slots(), b.free_slot()))
+        }
+        _ => return (Vec::new(), None),
+    }
+    .unwrap_or((Vec::new(), None))
 }
 
 /// A coordinator's cursors into its insert shares of the record pools (see [`RecordPool`]):
