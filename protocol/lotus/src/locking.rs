@@ -494,6 +494,73 @@ mod tests {
         assert_eq!(apply(&cn1, &map, &b).0, Status::Granted);
     }
 
+    /// A CN process's cores share one `CnLocks`: two threads (cores 0 and 1) lock and
+    /// unlock the same keys on it; each key is held by one of them at a time, the grants
+    /// are counted per core, the slots end free, and a remote write-lock grant served on
+    /// core 0 drops the VT-cache entry core 1 cached.
+    #[test]
+    fn the_cores_of_a_cn_share_one_table_and_cache() {
+        fn shared<T: Send + Sync>(_: &T) {}
+        let locks = Arc::new(CnLocks::new(0, 4096));
+        shared(&locks);
+        let x = LockMode::Exclusive;
+        let inside: Arc<[std::sync::atomic::AtomicU32]> = (0..8)
+            .map(|_| std::sync::atomic::AtomicU32::new(0))
+            .collect();
+        let cores: Vec<_> = (0..2u16)
+            .map(|core| {
+                let (locks, inside) = (Arc::clone(&locks), Arc::clone(&inside));
+                std::thread::spawn(move || {
+                    let mut granted = 0;
+                    for round in 0..2_000u64 {
+                        let key = round % 8;
+                        let holder = Holder {
+                            txn: round << 1 | u64::from(core),
+                            cn: 0,
+                        };
+                        if locks.acquire(key, 1, x, holder) == Acquired::Granted {
+                            locks.note_grant(core);
+                            granted += 1;
+                            let k = usize::try_from(key).unwrap();
+                            assert_eq!(inside[k].fetch_add(1, Ordering::SeqCst), 0);
+                            inside[k].fetch_sub(1, Ordering::SeqCst);
+                            assert!(locks.table.release(key, holder));
+                        }
+                    }
+                    granted
+                })
+            })
+            .collect();
+        let granted: Vec<u64> = cores.into_iter().map(|c| c.join().unwrap()).collect();
+        assert_eq!(locks.grants_on_core(0), granted[0]);
+        assert_eq!(locks.grants_off_core(0), granted[1]);
+        assert!(granted.iter().all(|&g| g > 0), "{granted:?}");
+        assert!(locks.table.slots_free() && locks.table.held() == 0);
+        // Core 1 caches a CVT; CN 1's write-lock request, served on core 0, invalidates it.
+        let loc = dmem_store::ItemLoc {
+            bucket: dmem_store::BucketLoc {
+                table: dmem_txn::TableId(0),
+                partition: 0,
+                bucket: 0,
+                offset: 0,
+            },
+            slot: 0,
+            offset: 0,
+        };
+        let (l1, map) = (Arc::clone(&locks), ShardMap::new(1));
+        std::thread::spawn(move || l1.vt.put(42, 1, loc, dmem_motor::mvcc::Meta::empty(2)))
+            .join()
+            .unwrap();
+        assert!(locks.vt.get(42).is_some());
+        let remote = req(RequestKind::Lock, 9, 1, &[(42, 1, x)]);
+        let l0 = Arc::clone(&locks);
+        let status = std::thread::spawn(move || apply_on(&l0, &map, &remote, 0).0)
+            .join()
+            .unwrap();
+        assert_eq!(status, Status::Granted);
+        assert!(locks.vt.get(42).is_none());
+    }
+
     #[test]
     fn a_restarted_table_is_empty_and_refuses_until_the_broadcast() {
         use crate::restart::Event;
