@@ -20,8 +20,9 @@
 //!   service endpoint per client: LOTUS's lock servers, run by the deployment's
 //!   `process_tasks`); one coordinator per client, on core `client mod threads`, each on
 //!   its own context. More than one core needs `Deployment::splits_across_cores`. The
-//!   first core also runs the CN's process tasks and everything below; the cores share
-//!   only atomic counters. A CN whose clients are done keeps running those
+//!   first core also runs the CN's process tasks and everything below; this file shares
+//!   only atomic counters between the cores (LOTUS's deployments share their CN's lock
+//!   table themselves). A CN whose clients are done keeps running those
 //!   tasks, re-sending its report, until the first CN says the run is over.
 //!   Recovery across processes is the deployment's (`dmem-deploy`'s
 //!   `process` module): every CN runs the tasks `Deployment::process_tasks` returns
