@@ -48,7 +48,11 @@ fn cluster(loss: f64) -> (Rc<Sim>, Rc<LockCluster>) {
         60,
     ));
     for (c, ctx) in contexts.into_iter().enumerate() {
-        let task = serve(ctx.clone(), Rc::clone(&cluster), Arc::clone(&cluster.cns[c]));
+        let task = serve(
+            ctx.clone(),
+            Rc::clone(&cluster),
+            Arc::clone(&cluster.cns[c]),
+        );
         sim.spawn(&ctx, task);
     }
     (sim, cluster)

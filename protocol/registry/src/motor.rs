@@ -649,6 +649,70 @@ mod tests {
         assert_eq!(pooled(&spec, Records::Pooled).0, [false, false]);
     }
 
+    /// A CN process on two cores: each core's deployment, joined as the same CN, mirrors
+    /// the op logs of the coordinators it made into their own durable slots (and only
+    /// those), so recovery reading the CN's slots finds every coordinator's log.
+    #[test]
+    fn each_cores_deployment_mirrors_its_own_coordinators_op_logs() {
+        let demand = TableDemand {
+            id: TableId(1),
+            value_len: 16,
+            expected_records: 64,
+            grows: false,
+        };
+        let spec = DeploySpec::new(vec![demand], 3);
+        let protocol = MotorProtocol::from_flags("").unwrap();
+        let mut config = dmem_sim::ClusterConfig::new("cx6")
+            .unwrap()
+            .threads_per_cn(2);
+        config.mn_memory_bytes = protocol.mn_bytes_per_mn(&spec, 1).unwrap().max(1 << 20);
+        let sim = Rc::new(Sim::new(config).unwrap());
+        let cn = sim.cn(0);
+        let dir = std::env::temp_dir().join(format!("dmem-motor-cores-{}", std::process::id()));
+        let plan = ProcessPlan::on_ports(
+            [(cn, vec![0, 1])],
+            2,
+            10_000_000,
+            1_000_000_000,
+            1_000_000_000,
+            dir.clone(),
+        );
+        let history = Rc::new(RefCell::new(dmem_txn::History::default()));
+        let cores: Vec<Box<dyn Deployment>> = (0..2u16)
+            .map(|core| {
+                let mut d = protocol
+                    .deploy_on(
+                        MnMemory::sim(&sim),
+                        &spec,
+                        Recorder::new(Rc::clone(&history)),
+                    )
+                    .unwrap();
+                d.join_as_cn(cn, &plan).unwrap();
+                let ctx = sim.context(cn, core).unwrap();
+                d.coordinator(AnyContext::from(ctx), core).unwrap();
+                d
+            })
+            .collect();
+        let oplogs = |core: usize| {
+            let d = cores[core].as_any().downcast_ref::<MotorDeployment>();
+            Rc::clone(&d.unwrap().oplogs)
+        };
+        oplogs(0).begin(0, 7);
+        oplogs(1).begin(1, 8);
+        // Core 0 never made coordinator 1: its mirror leaves core 1's slot alone.
+        oplogs(0).begin(1, 99);
+        let reader = DurableSlots::new(&dir).unwrap();
+        let seq = |id| match OpLog::decode(&reader.read(id).unwrap().unwrap()).unwrap() {
+            OpLog::Locking { seq, .. } => seq,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((seq(0), seq(1)), (7, 8));
+        for d in &cores {
+            assert_eq!(d.recovery_error(), None);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// `versions=N` overrides the workload's cells per record for Motor and LOTUS (LOTUS
     /// §8: 2 for both), shrinks the store, and refuses counts outside 1 ..= 8.
     #[test]
