@@ -260,6 +260,32 @@ impl LotusLockTable {
         }
     }
 
+    /// The slot step of Alg. 1 alone (lines 7–19 for a lock, the counter decrement for an
+    /// unlock): the bucket of `key` read, the slot planned, one CPU CAS — without the lock
+    /// state and without the bucket's mutex. This is what [`acquire`](Self::acquire) and
+    /// [`release`](Self::release) run on the slot words under that mutex, exposed so that
+    /// the loom model can check that the CAS alone keeps a slot's counter exact when the
+    /// CN's cores lock and unlock one slot at once (`tests/loom.rs`). On its own it is
+    /// sound only while no other key can claim a free slot of the bucket meanwhile (the
+    /// race the module docs describe), so the protocol never calls it.
+    ///
+    /// # Errors
+    /// The refusal: full bucket, conflicting mode (or the slot changed under the CAS),
+    /// reader overflow.
+    #[doc(hidden)]
+    pub fn slot_lock(&self, key: u64, mode: LockMode) -> Result<(), Refusal> {
+        let (bucket, fp, _) = self.place(key);
+        self.cas_lock(bucket, fp, mode, false)
+    }
+
+    /// Counterpart of [`slot_lock`](Self::slot_lock): the slot of `key` decremented as held
+    /// in `mode` (a CAS loop), no lock state.
+    #[doc(hidden)]
+    pub fn slot_unlock(&self, key: u64, mode: LockMode) {
+        let (bucket, fp, _) = self.place(key);
+        self.cas_unlock(bucket, fp, mode);
+    }
+
     /// Alg. 1 `ACQUIRE(key, is_write, cn_id, txn_id)`: locks `key` in `mode` for `holder`.
     /// A read lock followed by a write lock of the same transaction upgrades (sole reader
     /// only); a write lock covers a later read request.

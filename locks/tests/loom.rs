@@ -267,6 +267,81 @@ mod lotus_table {
         });
     }
 
+    /// Two cores of one CN on one slot, through the slot's CPU CAS alone (the step of
+    /// Alg. 1 every lock and unlock ends in; `slot_lock`/`slot_unlock`, no bucket mutex):
+    /// the slot holds 125 readers; core A adds a reader, then a second one, which
+    /// overflows unless core B released in between; core B takes a reader and releases
+    /// it, then tries a write lock, which must be refused while any reader is in. Every
+    /// interleaving ends with the counter exact (`2r` for `r` readers): a CAS replaced by a
+    /// load and a store loses an update and fails here.
+    #[test]
+    fn one_slot_counts_readers_exactly_under_cas() {
+        // 125 readers filled in first: about 1,100 atomic steps on one thread, above
+        // loom's default branch limit.
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(3);
+        b.max_branches = 20_000;
+        b.check(|| {
+            let t = Arc::new(LotusLockTable::new(1, 1));
+            const KEY: u64 = 11;
+            for _ in 0..125 {
+                t.slot_lock(KEY, S).unwrap();
+            }
+            // A refusal is an overflow or a CAS that lost to the other core (`Conflict`:
+            // the slot changed under it; LOTUS aborts rather than retries).
+            let refused = |r: Result<(), Refusal>| {
+                assert!(
+                    matches!(r, Ok(()) | Err(Refusal::TooManyReaders | Refusal::Conflict)),
+                    "{r:?}"
+                );
+                r.is_err()
+            };
+            let t2 = Arc::clone(&t);
+            let b = thread::spawn(move || {
+                if !refused(t2.slot_lock(KEY, S)) {
+                    t2.slot_unlock(KEY, S);
+                }
+                // Readers are in (the 125 at least): a writer is refused, never granted.
+                assert!(t2.slot_lock(KEY, X).is_err());
+            });
+            let first = t.slot_lock(KEY, S);
+            let second = t.slot_lock(KEY, S);
+            b.join().unwrap();
+            let mine = u64::from(!refused(first)) + u64::from(!refused(second));
+            // B's reader came and went: the counter is exactly A's readers and the 125.
+            assert_eq!(t.slot_of(KEY) >> 56, 2 * (125 + mine));
+            for _ in 0..125 + mine {
+                t.slot_unlock(KEY, S);
+            }
+            assert!(t.slots_free());
+        });
+    }
+
+    /// A writer and a reader on one slot through the CAS alone: never both in, and the
+    /// slot ends free.
+    #[test]
+    fn one_slot_writer_and_reader_exclude_under_cas() {
+        model(3, || {
+            let t = Arc::new(LotusLockTable::new(1, 1));
+            let inside = Arc::new(AtomicUsize::new(0));
+            let (t2, inside2) = (Arc::clone(&t), Arc::clone(&inside));
+            let w = thread::spawn(move || {
+                if t2.slot_lock(3, X).is_ok() {
+                    assert_eq!(inside2.fetch_add(2, Ordering::SeqCst), 0);
+                    inside2.fetch_sub(2, Ordering::SeqCst);
+                    t2.slot_unlock(3, X);
+                }
+            });
+            if t.slot_lock(3, S).is_ok() {
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst) & 2, 0);
+                inside.fetch_sub(1, Ordering::SeqCst);
+                t.slot_unlock(3, S);
+            }
+            w.join().unwrap();
+            assert!(t.slots_free());
+        });
+    }
+
     /// A retransmitted read-lock request served by two cores at once counts the reader
     /// once; one unlock (and its duplicate) frees the slot.
     #[test]

@@ -20,8 +20,9 @@
 //!   service endpoint per client: LOTUS's lock servers, run by the deployment's
 //!   `process_tasks`); one coordinator per client, on core `client mod threads`, each on
 //!   its own context. More than one core needs `Deployment::splits_across_cores`. The
-//!   first core also runs the CN's process tasks and everything below; the cores share
-//!   only atomic counters. A CN whose clients are done keeps running those
+//!   first core also runs the CN's process tasks and everything below; this file shares
+//!   only atomic counters between the cores (LOTUS's deployments share their CN's lock
+//!   table themselves). A CN whose clients are done keeps running those
 //!   tasks, re-sending its report, until the first CN says the run is over.
 //!   Recovery across processes is the deployment's (`dmem-deploy`'s
 //!   `process` module): every CN runs the tasks `Deployment::process_tasks` returns
@@ -630,6 +631,10 @@ pub(crate) struct TxnCnReport {
     /// Its cores (executors), each running its share of the coordinators.
     #[serde(default)]
     threads: u32,
+    /// Its first core's deployment's counters at the end (`Deployment::counters`; LOTUS:
+    /// the CN's lock table, shared by its cores).
+    #[serde(default)]
+    counters: BTreeMap<String, u64>,
 }
 
 /// The recovery plan every process of `cluster` derives (`dmem-deploy`'s
@@ -834,6 +839,7 @@ struct FirstCore {
     recovered: Vec<Recovered>,
     mn_failures: Vec<MnFailed>,
     invariants: String,
+    counters: BTreeMap<String, u64>,
 }
 
 /// `dmem cn` for a transaction workload: one executor per core (`threads` of the cluster
@@ -915,6 +921,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         executor: kind.name().to_owned(),
         executor_why,
         threads: cluster.threads(),
+        counters: first.counters,
     };
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
@@ -1019,10 +1026,13 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
     let work = futures_util::future::join(cn.run_coordinators(coordinators, &deployment), body);
     // The process tasks never end by themselves: they stop with the work.
     let tasks = futures_util::future::join_all(tasks);
-    match futures_util::future::select(std::pin::pin!(work), std::pin::pin!(tasks)).await {
-        futures_util::future::Either::Left((((), first), _)) => first,
-        futures_util::future::Either::Right(_) => bail!("{}: the process tasks ended", me.name),
-    }
+    let mut first =
+        match futures_util::future::select(std::pin::pin!(work), std::pin::pin!(tasks)).await {
+            futures_util::future::Either::Left((((), first), _)) => first?,
+            futures_util::future::Either::Right(_) => bail!("{}: the process tasks ended", me.name),
+        };
+    first.counters = deployment.borrow().counters().into_iter().collect();
+    Ok(first)
 }
 
 /// A CN other than the first: waits until the first CN says every CN joined, then lets its
@@ -1237,6 +1247,7 @@ async fn detector(
         recovered,
         mn_failures,
         invariants,
+        counters: BTreeMap::new(),
     })
 }
 

@@ -346,6 +346,41 @@ fn smallbank_on_oocc_two_cores_on_glommio_recovers_a_killed_cn() {
     }
 }
 
+/// LOTUS with each CN process on two cores (issues #11, #17): one lock table per CN
+/// process, shared by both cores' coordinators and by the lock servers (on the first
+/// core), the checker and SmallBank's invariants clean. The counters of each CN's first
+/// core show its table shared: locks its other core's coordinators took on it, beside the
+/// grants of this core and of its lock servers for the other CN.
+#[test]
+fn smallbank_on_lotus_runs_each_cn_on_two_cores() {
+    let (_dir, file) = local_smallbank_on_cores("lotus-cores", "lotus", "auto");
+    let out = run_cluster(&file, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let r = reports(&out);
+    assert_eq!(r["cn0"]["invariants"], "ok", "{}", r["cn0"]);
+    for cn in ["cn0", "cn1"] {
+        let report = &r[cn];
+        assert_eq!(report["threads"], 2, "{report}");
+        assert!(report["committed"].as_u64().unwrap() > 0, "{report}");
+        let counter = |name: &str| report["counters"][name].as_u64().unwrap();
+        assert!(counter("lotus_grants_by_other_cores") > 0, "{report}");
+        assert!(counter("lotus_grants_on_this_core") > 0, "{report}");
+        assert!(counter("lock_requests_granted") > 0, "{report}");
+    }
+}
+
+/// Motor with each CN process on two cores: every core mirrors its own coordinators' op
+/// logs into their durable slots, so the first CN recovers all four coordinators of the
+/// killed CN (two per core) and the merged history is clean.
+#[test]
+fn smallbank_on_motor_two_cores_recovers_a_killed_cn() {
+    let (_dir, file) = local_smallbank_on_cores("motor-cores", "motor", "auto");
+    let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
+    assert_recovered_kill(&out);
+    assert_eq!(reports(&out)["cn0"]["threads"], 2);
+}
+
 /// A protocol whose coordinators share CN-side state (Pandora's listener updates the failed
 /// coordinators and the MN view every coordinator reads) refuses `threads = 2` in one line.
 #[test]

@@ -544,6 +544,13 @@ pub trait Deployment {
         None
     }
 
+    /// The counters this deployment reports at the end of a run of a real cluster (a CN
+    /// process's report lists them), by name: a subset of what
+    /// [`counter`](Self::counter) answers. Empty by default.
+    fn counters(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+
     /// The deployment as [`Any`], for a command that drives one protocol's own machinery
     /// across processes (Pandora's recovery in `dmem cn`) through its typed deployment.
     fn as_any(&self) -> &dyn Any;

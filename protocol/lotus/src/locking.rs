@@ -1,8 +1,10 @@
 //! The CN side of lock disaggregation (LOTUS §4.1): each CN's lock table and the lock
 //! service that serves other CNs' requests over two-sided messages.
 //!
-//! * [`CnLocks`]: one CN's [`LotusLockTable`] and whether it serves (a CN whose old
-//!   incarnation failed serves only after recovery finished, LOTUS §6).
+//! * [`CnLocks`]: one CN's [`LotusLockTable`], VT cache and statistics. `Sync`: a CN
+//!   process on several cores holds **one** `Arc<CnLocks>` that every core's coordinators
+//!   and lock servers use (§4.1: the table is shared by the CN's cores, locked with CPU
+//!   CAS); its bookkeeping is atomics and per-shard mutexes, never held across an `.await`.
 //! * [`LockCluster`]: what every coordinator knows about the others: each CN's table
 //!   (a coordinator touches only its own CN's directly), the shard map (the routing layer's
 //!   cached copy is the same map in the simulator), and the endpoints of the lock servers:
@@ -12,20 +14,62 @@
 //!   take (or release) every lock on the table, charge the CN core the lock work, reply.
 //!   A lock request is all or nothing: a refusal releases what the same message got.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use dmem_locks::LockMode;
 use dmem_locks::lotus::{Acquired, Holder, LotusLockTable};
 use dmem_verbs::{Clock, Endpoint, Nanos, Verbs};
 
 use crate::restart::Restart;
-use crate::shard::{ShardMap, Sharding};
+use crate::shard::{SHARDS, ShardMap, Sharding};
 use crate::vtcache::VtCache;
 use crate::wire::{Reply, Request, RequestKind, Status};
 
-/// One CN's locks.
+/// `mutex`'s value; one poisoned by a panicking thread is still used (its critical
+/// sections leave the value consistent: single inserts, removals and additions).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The most cores of one CN whose lock grants are counted apart (a core numbered higher
+/// counts as the last).
+pub const MAX_CORES: usize = 64;
+
+/// A lock server's counters: messages served, lock requests granted, refused.
+#[derive(Debug, Default)]
+pub struct Served {
+    messages: AtomicU64,
+    granted: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl Served {
+    /// `(messages, granted, refused)` so far.
+    #[must_use]
+    pub fn get(&self) -> (u64, u64, u64) {
+        (
+            self.messages.load(Ordering::Relaxed),
+            self.granted.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+        )
+    }
+
+    fn note(&self, granted: bool, refused: bool) {
+        self.messages.fetch_add(1, Ordering::Relaxed);
+        self.granted
+            .fetch_add(u64::from(granted), Ordering::Relaxed);
+        self.refused
+            .fetch_add(u64::from(refused), Ordering::Relaxed);
+    }
+}
+
+/// One CN's locks: what its cores share (module docs).
 #[derive(Debug)]
 pub struct CnLocks {
     /// The CN's index (0..cns).
@@ -33,20 +77,24 @@ pub struct CnLocks {
     /// Its lock table.
     pub table: LotusLockTable,
     /// Requests served, locks granted and refused (statistics).
-    pub served: Cell<(u64, u64, u64)>,
-    /// The CN's version table cache (§4.4).
+    pub served: Served,
+    /// The CN's version table cache (§4.4), one for all its cores.
     pub vt: VtCache,
     /// Per lock key, this CN's holders (the idealised RDMA lock of §8.4 Fig. 17).
-    pub counts: RefCell<HashMap<u64, u32>>,
+    pub counts: Mutex<HashMap<u64, u32>>,
     /// Latency of the transactions this CN's coordinators finished since the load monitor
     /// last looked: (sum ns, count) (§4.3's metric).
-    pub latency: Cell<(u64, u64)>,
+    pub latency: Mutex<(u64, u64)>,
     /// Lock requests per shard on this table since the load monitor last looked (§4.3:
-    /// the hottest shard is chosen "based on recent request rates").
-    pub shard_hits: RefCell<HashMap<u16, u64>>,
+    /// the hottest shard is chosen "based on recent request rates"), indexed by shard.
+    pub shard_hits: Box<[AtomicU64]>,
     /// Per shard, the lock keys granted on this table that may still be held (pruned when
-    /// looked at): what a hand-over drains.
-    pub shard_keys: RefCell<HashMap<u16, HashSet<u64>>>,
+    /// looked at): what a hand-over drains. One mutex per shard, so that cores locking
+    /// different shards do not meet.
+    shard_keys: Box<[Mutex<HashSet<u64>>]>,
+    /// Lock requests granted on this table, by the core of the CN that took them (its
+    /// coordinators' local locks, its lock servers' grants): [`MAX_CORES`] counters.
+    grants_by_core: Box<[AtomicU64]>,
 }
 
 impl CnLocks {
@@ -56,47 +104,61 @@ impl CnLocks {
         Self {
             cn,
             table: LotusLockTable::with_bytes(table_bytes, 64),
-            served: Cell::new((0, 0, 0)),
+            served: Served::default(),
             vt: VtCache::new(64 * 1024, 16),
-            counts: RefCell::new(HashMap::new()),
-            latency: Cell::new((0, 0)),
-            shard_hits: RefCell::new(HashMap::new()),
-            shard_keys: RefCell::new(HashMap::new()),
+            counts: Mutex::new(HashMap::new()),
+            latency: Mutex::new((0, 0)),
+            shard_hits: (0..SHARDS).map(|_| AtomicU64::new(0)).collect(),
+            shard_keys: (0..SHARDS).map(|_| Mutex::new(HashSet::new())).collect(),
+            grants_by_core: (0..MAX_CORES).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
     /// Alg. 1 on this CN's table for a record of `shard`, remembering the key under its
     /// shard and counting the request for the load monitor.
     pub fn acquire(&self, key: u64, shard: u16, mode: LockMode, holder: Holder) -> Acquired {
-        *self.shard_hits.borrow_mut().entry(shard).or_insert(0) += 1;
+        let index = usize::from(shard) % SHARDS;
+        self.shard_hits[index].fetch_add(1, Ordering::Relaxed);
         let got = self.table.acquire(key, mode, holder);
         if got.is_held() {
-            self.shard_keys
-                .borrow_mut()
-                .entry(shard)
-                .or_default()
-                .insert(key);
+            lock(&self.shard_keys[index]).insert(key);
         }
         got
+    }
+
+    /// Counts a grant on this table taken on `core` of the CN.
+    pub fn note_grant(&self, core: u16) {
+        self.grants_by_core[usize::from(core).min(MAX_CORES - 1)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Grants taken on `core` of the CN ([`note_grant`](Self::note_grant)).
+    #[must_use]
+    pub fn grants_on_core(&self, core: u16) -> u64 {
+        self.grants_by_core[usize::from(core).min(MAX_CORES - 1)].load(Ordering::Relaxed)
+    }
+
+    /// Grants taken on every core of the CN but `core`.
+    #[must_use]
+    pub fn grants_off_core(&self, core: u16) -> u64 {
+        let all: u64 = self
+            .grants_by_core
+            .iter()
+            .map(|g| g.load(Ordering::Relaxed))
+            .sum();
+        all - self.grants_on_core(core)
     }
 
     /// The locks of `shard` held on this table: (lock key, holder) pairs. Keys no longer
     /// held are forgotten.
     #[must_use]
     pub fn holders_in(&self, shard: u16) -> Vec<(u64, Holder)> {
-        let mut keys = self.shard_keys.borrow_mut();
-        let Some(set) = keys.get_mut(&shard) else {
-            return Vec::new();
-        };
+        let mut set = lock(&self.shard_keys[usize::from(shard) % SHARDS]);
         let mut out = Vec::new();
         set.retain(|&k| {
             let h = self.table.holders(k);
             out.extend(h.iter().map(|&(holder, _)| (k, holder)));
             !h.is_empty()
         });
-        if set.is_empty() {
-            keys.remove(&shard);
-        }
         out.sort_unstable();
         out
     }
@@ -107,16 +169,30 @@ impl CnLocks {
     pub fn reset(&self, cns: u16) -> usize {
         let held = (0..cns).map(|c| self.table.release_cn(c)).sum();
         self.vt.clear();
-        self.counts.borrow_mut().clear();
-        self.shard_hits.borrow_mut().clear();
-        self.shard_keys.borrow_mut().clear();
+        lock(&self.counts).clear();
+        self.clear_shard_hits();
+        for keys in &self.shard_keys {
+            lock(keys).clear();
+        }
         held
+    }
+
+    /// Forgets the lock requests counted per shard (the load monitor looked at them).
+    pub fn clear_shard_hits(&self) {
+        for hits in &self.shard_hits {
+            hits.store(0, Ordering::Relaxed);
+        }
     }
 
     /// Notes a finished transaction's latency (§4.3's metric).
     pub fn note_latency(&self, ns: u64) {
-        let (sum, n) = self.latency.get();
-        self.latency.set((sum.saturating_add(ns), n + 1));
+        let mut l = lock(&self.latency);
+        *l = (l.0.saturating_add(ns), l.1 + 1);
+    }
+
+    /// The latency noted since the last call: (sum ns, count), then zero.
+    pub fn take_latency(&self) -> (u64, u64) {
+        std::mem::take(&mut *lock(&self.latency))
     }
 }
 
@@ -124,8 +200,12 @@ impl CnLocks {
 #[derive(Debug)]
 pub struct LockCluster {
     /// Per CN, indexed by CN in the simulator; a CN process's holds its own table only
-    /// ([`LockCluster::table`] finds a CN's).
-    pub cns: Vec<Rc<CnLocks>>,
+    /// ([`LockCluster::table`] finds a CN's), shared with its other cores' clusters.
+    pub cns: Vec<Arc<CnLocks>>,
+    /// The core of its CN this view of the cluster is used on (0 in the simulator, whose
+    /// CN is one thread; a CN process on several cores makes one view per core, sharing
+    /// its table): which [`CnLocks::note_grant`] counter its grants go to.
+    pub core: u16,
     /// Lock server endpoints, `[cn][thread]` (a restarted CN's servers are new).
     pub servers: RefCell<Vec<Vec<Endpoint>>>,
     /// The shard-to-CN map.
@@ -156,7 +236,7 @@ impl LockCluster {
     /// A cluster of `cns` (their locks and servers) over `map`.
     #[must_use]
     pub fn new(
-        cns: Vec<Rc<CnLocks>>,
+        cns: Vec<Arc<CnLocks>>,
         servers: Vec<Vec<Endpoint>>,
         map: Rc<RefCell<ShardMap>>,
         sharding: Sharding,
@@ -165,6 +245,7 @@ impl LockCluster {
         let n = cns.len();
         Self {
             cns,
+            core: 0,
             servers: RefCell::new(servers),
             map,
             sharding,
@@ -181,10 +262,13 @@ impl LockCluster {
     /// The lock service as one CN process of a real cluster sees it (§4.1 across
     /// processes): only its own CN's table `own` (the other `cns - 1` tables live in the
     /// other processes and are reached only through their lock servers, `servers`), the
-    /// static shard map of `cns` CNs (no resharding across processes), nobody failed.
+    /// static shard map of `cns` CNs (no resharding across processes), nobody failed. A CN
+    /// process on several cores makes one per core, each with the same `own` and its
+    /// `core`.
     #[must_use]
     pub fn of_process(
-        own: Rc<CnLocks>,
+        own: Arc<CnLocks>,
+        core: u16,
         cns: u16,
         servers: Vec<Vec<Endpoint>>,
         sharding: Sharding,
@@ -201,13 +285,14 @@ impl LockCluster {
         cluster.committing = RefCell::new(vec![0; n]);
         cluster.restarts = RefCell::new(vec![Restart::new(false); n]);
         cluster.released = RefCell::new(vec![0; n]);
+        cluster.core = core;
         cluster
     }
 
     /// CN `cn`'s table, if this cluster holds it: every CN's in the simulator, only its
     /// own in a CN process ([`of_process`](Self::of_process)).
     #[must_use]
-    pub fn table(&self, cn: u16) -> Option<&Rc<CnLocks>> {
+    pub fn table(&self, cn: u16) -> Option<&Arc<CnLocks>> {
         match self.cns.get(usize::from(cn)) {
             Some(c) if c.cn == cn => Some(c),
             _ => self.cns.iter().find(|c| c.cn == cn),
@@ -243,6 +328,12 @@ impl LockCluster {
 /// all or nothing. Returns the status and how many lock operations it performed.
 #[must_use]
 pub fn apply(locks: &CnLocks, map: &ShardMap, req: &Request) -> (Status, u64) {
+    apply_on(locks, map, req, 0)
+}
+
+/// [`apply`] by a server on `core` of its CN (its grants counted there).
+#[must_use]
+pub fn apply_on(locks: &CnLocks, map: &ShardMap, req: &Request, core: u16) -> (Status, u64) {
     let holder = Holder {
         txn: req.txn,
         cn: req.cn,
@@ -267,6 +358,7 @@ pub fn apply(locks: &CnLocks, map: &ShardMap, req: &Request) -> (Status, u64) {
                 ops += 1;
                 match locks.acquire(e.key, e.shard, e.mode, holder) {
                     Acquired::Granted => {
+                        locks.note_grant(core);
                         if e.mode == LockMode::Exclusive {
                             // Alg. 1 line 15: a remote writer will change the CVT.
                             locks.vt.invalidate(e.key);
@@ -288,9 +380,9 @@ pub fn apply(locks: &CnLocks, map: &ShardMap, req: &Request) -> (Status, u64) {
     }
 }
 
-/// A lock server on `ctx` (a context on thread `t` of the CN `locks` belongs to): serves
-/// requests until its context fails (the CN crashed).
-pub async fn serve<V: Verbs + Clock>(ctx: V, cluster: Rc<LockCluster>, locks: Rc<CnLocks>) {
+/// A lock server on `ctx` (a context on thread `t` of the CN `locks` belongs to, on core
+/// `cluster.core` of it): serves requests until its context fails (the CN crashed).
+pub async fn serve<V: Verbs + Clock>(ctx: V, cluster: Rc<LockCluster>, locks: Arc<CnLocks>) {
     loop {
         let Ok(msg) = ctx.recv().await else {
             return;
@@ -334,15 +426,13 @@ pub async fn serve<V: Verbs + Clock>(ctx: V, cluster: Rc<LockCluster>, locks: Rc
             // are finished.
             (Status::Refused, 0)
         } else {
-            apply(&locks, &cluster.map.borrow(), &req)
+            apply_on(&locks, &cluster.map.borrow(), &req, cluster.core)
         };
         ctx.cpu(ops * cluster.lock_cpu_ns);
-        let (n, g, r) = locks.served.get();
-        locks.served.set((
-            n + 1,
-            g + u64::from(status == Status::Granted && req.kind == RequestKind::Lock),
-            r + u64::from(status == Status::Refused),
-        ));
+        locks.served.note(
+            status == Status::Granted && req.kind == RequestKind::Lock,
+            status == Status::Refused,
+        );
         if req.kind == RequestKind::Lock {
             let reply = Reply {
                 req: req.req,
@@ -404,11 +494,78 @@ mod tests {
         assert_eq!(apply(&cn1, &map, &b).0, Status::Granted);
     }
 
+    /// A CN process's cores share one `CnLocks`: two threads (cores 0 and 1) lock and
+    /// unlock the same keys on it; each key is held by one of them at a time, the grants
+    /// are counted per core, the slots end free, and a remote write-lock grant served on
+    /// core 0 drops the VT-cache entry core 1 cached.
+    #[test]
+    fn the_cores_of_a_cn_share_one_table_and_cache() {
+        fn shared<T: Send + Sync>(_: &T) {}
+        let locks = Arc::new(CnLocks::new(0, 4096));
+        shared(&locks);
+        let x = LockMode::Exclusive;
+        let inside: Arc<[std::sync::atomic::AtomicU32]> = (0..8)
+            .map(|_| std::sync::atomic::AtomicU32::new(0))
+            .collect();
+        let cores: Vec<_> = (0..2u16)
+            .map(|core| {
+                let (locks, inside) = (Arc::clone(&locks), Arc::clone(&inside));
+                std::thread::spawn(move || {
+                    let mut granted = 0;
+                    for round in 0..2_000u64 {
+                        let key = round % 8;
+                        let holder = Holder {
+                            txn: round << 1 | u64::from(core),
+                            cn: 0,
+                        };
+                        if locks.acquire(key, 1, x, holder) == Acquired::Granted {
+                            locks.note_grant(core);
+                            granted += 1;
+                            let k = usize::try_from(key).unwrap();
+                            assert_eq!(inside[k].fetch_add(1, Ordering::SeqCst), 0);
+                            inside[k].fetch_sub(1, Ordering::SeqCst);
+                            assert!(locks.table.release(key, holder));
+                        }
+                    }
+                    granted
+                })
+            })
+            .collect();
+        let granted: Vec<u64> = cores.into_iter().map(|c| c.join().unwrap()).collect();
+        assert_eq!(locks.grants_on_core(0), granted[0]);
+        assert_eq!(locks.grants_off_core(0), granted[1]);
+        assert!(granted.iter().all(|&g| g > 0), "{granted:?}");
+        assert!(locks.table.slots_free() && locks.table.held() == 0);
+        // Core 1 caches a CVT; CN 1's write-lock request, served on core 0, invalidates it.
+        let loc = dmem_store::ItemLoc {
+            bucket: dmem_store::BucketLoc {
+                table: dmem_txn::TableId(0),
+                partition: 0,
+                bucket: 0,
+                offset: 0,
+            },
+            slot: 0,
+            offset: 0,
+        };
+        let (l1, map) = (Arc::clone(&locks), ShardMap::new(1));
+        std::thread::spawn(move || l1.vt.put(42, 1, loc, dmem_motor::mvcc::Meta::empty(2)))
+            .join()
+            .unwrap();
+        assert!(locks.vt.get(42).is_some());
+        let remote = req(RequestKind::Lock, 9, 1, &[(42, 1, x)]);
+        let l0 = Arc::clone(&locks);
+        let status = std::thread::spawn(move || apply_on(&l0, &map, &remote, 0).0)
+            .join()
+            .unwrap();
+        assert_eq!(status, Status::Granted);
+        assert!(locks.vt.get(42).is_none());
+    }
+
     #[test]
     fn a_restarted_table_is_empty_and_refuses_until_the_broadcast() {
         use crate::restart::Event;
         let map = ShardMap::new(3);
-        let cn1 = Rc::new(CnLocks::new(1, 4096));
+        let cn1 = Arc::new(CnLocks::new(1, 4096));
         let x = LockMode::Exclusive;
         // Locks of CN 0 and CN 2 on CN 1's table, a cached CVT.
         assert_eq!(
@@ -424,9 +581,9 @@ mod tests {
         assert!(cn1.vt.is_empty());
         let cluster = LockCluster::new(
             vec![
-                Rc::new(CnLocks::new(0, 4096)),
-                Rc::clone(&cn1),
-                Rc::new(CnLocks::new(2, 4096)),
+                Arc::new(CnLocks::new(0, 4096)),
+                Arc::clone(&cn1),
+                Arc::new(CnLocks::new(2, 4096)),
             ],
             vec![Vec::new(); 3],
             Rc::new(RefCell::new(map)),

@@ -35,6 +35,8 @@
 //! step); [`monitor`] is the thin async shell one task per CN runs.
 
 use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use dmem_locks::LockMode;
 use dmem_verbs::{Clock, Nanos, RemoteAddr, Verbs, VerbsExt};
@@ -212,11 +214,12 @@ impl LoadMonitor {
 pub fn hottest_shard(locks: &CnLocks, map: &ShardMap) -> Option<u16> {
     locks
         .shard_hits
-        .borrow()
         .iter()
-        .filter(|&(&s, &n)| n > 0 && map.serves(locks.cn, s))
-        .max_by_key(|&(&s, &n)| (n, std::cmp::Reverse(s)))
-        .map(|(&s, _)| s)
+        .enumerate()
+        .filter_map(|(s, n)| Some((u16::try_from(s).ok()?, n.load(Ordering::Relaxed))))
+        .filter(|&(s, n)| n > 0 && map.serves(locks.cn, s))
+        .max_by_key(|&(s, n)| (n, std::cmp::Reverse(s)))
+        .map(|(s, _)| s)
 }
 
 /// One hand-over as the receiver saw it complete.
@@ -431,7 +434,7 @@ pub async fn monitor<V: Verbs + Clock>(
 ) {
     let cns = u16::try_from(cluster.cns.len()).unwrap_or(u16::MAX);
     let mut detector = LoadMonitor::new(cn, &cfg);
-    let Some(locks) = cluster.cns.get(usize::from(cn)).map(Rc::clone) else {
+    let Some(locks) = cluster.cns.get(usize::from(cn)).map(Arc::clone) else {
         return;
     };
     let period = cfg.interval.max(1);
@@ -442,7 +445,7 @@ pub async fn monitor<V: Verbs + Clock>(
             return;
         }
         let interval = ctx.now() / period;
-        let (sum, n) = locks.latency.replace((0, 0));
+        let (sum, n) = locks.take_latency();
         let mine = CnMetric {
             interval,
             latency_ns: sum.checked_div(n).unwrap_or(0),
@@ -472,7 +475,7 @@ pub async fn monitor<V: Verbs + Clock>(
         let failed = cluster.failed.borrow().clone();
         let decision = detector.observe(interval, &metrics, &failed);
         let shard = hottest_shard(&locks, &cluster.map.borrow());
-        locks.shard_hits.borrow_mut().clear();
+        locks.clear_shard_hits();
         if let (Some(to), Some(shard)) = (decision, shard) {
             hand_over(&ctx, &cluster, cn, thread, shard, to, &cfg).await;
         }
@@ -537,7 +540,7 @@ mod tests {
 
     fn cluster(cns: u16) -> LockCluster {
         LockCluster::new(
-            (0..cns).map(|c| Rc::new(CnLocks::new(c, 4096))).collect(),
+            (0..cns).map(|c| Arc::new(CnLocks::new(c, 4096))).collect(),
             Vec::new(),
             Rc::new(std::cell::RefCell::new(ShardMap::new(cns))),
             crate::shard::Sharding::default(),
@@ -614,7 +617,7 @@ mod tests {
             assert!(locks.acquire(key, shard, LockMode::Shared, h).is_held());
         }
         // Shard 5 belongs to CN 2: not a candidate.
-        *locks.shard_hits.borrow_mut().get_mut(&5).unwrap() += 10;
+        locks.shard_hits[5].fetch_add(10, Ordering::Relaxed);
         assert_eq!(hottest_shard(locks, &c.map.borrow()), Some(4));
         c.map.borrow_mut().begin_move(4);
         assert_eq!(hottest_shard(locks, &c.map.borrow()), Some(7));

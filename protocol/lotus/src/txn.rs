@@ -31,6 +31,7 @@ use std::cell::RefCell;
 use std::future::poll_fn;
 use std::pin::pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::Poll;
 
 use dmem_layout::cvt::{CvtCell, INVISIBLE};
@@ -148,7 +149,7 @@ pub struct LotusCoordinator<V, H, T> {
     thread: u16,
     cluster: Rc<LockCluster>,
     /// This CN's locks (its table, VT cache, latency metric).
-    local: Rc<CnLocks>,
+    local: Arc<CnLocks>,
     store: Rc<Store>,
     shapes: Rc<Shapes>,
     cfg: LotusConfig,
@@ -184,7 +185,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusCoordinator<V, 
         ts: T,
     ) -> Self {
         let local =
-            Rc::clone(cluster.table(cn).unwrap_or_else(|| {
+            Arc::clone(cluster.table(cn).unwrap_or_else(|| {
                 panic!("a LOTUS coordinator on CN {cn}, whose table is elsewhere")
             }));
         Self {
@@ -485,7 +486,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             let mut failed = false;
             let mut rerouted: Vec<(u64, u16, LockMode)> = Vec::new();
             if let Some((_, entries)) = groups.iter().find(|g| g.0 == self.co.cn) {
-                let local = Rc::clone(&self.co.local);
+                let local = Arc::clone(&self.co.local);
                 for e in entries {
                     self.co.ctx.cpu(cluster.lock_cpu_ns);
                     self.co.stats.local_locks += 1;
@@ -493,7 +494,11 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                         rerouted.push((e.key, e.shard, e.mode));
                         continue;
                     }
-                    match local.acquire(e.key, e.shard, e.mode, holder) {
+                    let got = local.acquire(e.key, e.shard, e.mode, holder);
+                    if got == Acquired::Granted {
+                        local.note_grant(cluster.core);
+                    }
+                    match got {
                         Acquired::Granted | Acquired::AlreadyHeld => self.held.push(HeldLock {
                             key: e.key,
                             shard: e.shard,
@@ -618,7 +623,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
     /// Whether this CN's count of holders of `key` goes 0 → 1 with this holder (an FAA is
     /// due, idealised RDMA lock).
     fn count_up(&self, key: u64) -> bool {
-        let mut counts = self.co.local.counts.borrow_mut();
+        let mut counts = crate::locking::lock(&self.co.local.counts);
         let n = counts.entry(key).or_insert(0);
         *n += 1;
         *n == 1
@@ -641,7 +646,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 }
                 let Some(word) = h.word else { continue };
                 let last = {
-                    let mut counts = self.co.local.counts.borrow_mut();
+                    let mut counts = crate::locking::lock(&self.co.local.counts);
                     let n = counts.entry(h.key).or_insert(1);
                     *n = n.saturating_sub(1);
                     *n == 0

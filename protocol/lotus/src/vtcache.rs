@@ -8,12 +8,15 @@
 //! invalidates it when the lock is granted (Alg. 1 line 15, [`crate::locking::apply`]).
 //! Only records locked through this CN's table are cached or read from the cache.
 //!
-//! LRU, hash-partitioned into sub-caches (Fig. 9) so that on a real CN the cores contend
-//! on different sub-caches; the simulator's CN is single-threaded, so each sub-cache is a
-//! `RefCell`. Default capacity 64K entries per CN (the default; the paper sizes it
+//! LRU, hash-partitioned into sub-caches (Fig. 9), each behind its own mutex, so that a
+//! CN process's cores, which share one cache as they share one lock table, contend on
+//! different sub-caches (one cache per CN, not per core: a remote write-lock grant, served
+//! on whichever core runs the lock server, must invalidate the entry every core reads). Default capacity 64K entries per CN (the default; the paper sizes it
 //! at 4.5 MB).
 
-use std::cell::RefCell;
+use std::sync::Mutex;
+
+use crate::locking::lock;
 use std::collections::{BTreeMap, HashMap};
 
 use dmem_motor::mvcc::Meta;
@@ -29,7 +32,7 @@ struct Sub {
 /// A CN's version table cache.
 #[derive(Debug)]
 pub struct VtCache {
-    subs: Vec<RefCell<Sub>>,
+    subs: Vec<Mutex<Sub>>,
     per_sub: usize,
 }
 
@@ -39,12 +42,12 @@ impl VtCache {
     pub fn new(capacity: usize, subs: usize) -> Self {
         let subs = subs.max(1);
         Self {
-            subs: (0..subs).map(|_| RefCell::new(Sub::default())).collect(),
+            subs: (0..subs).map(|_| Mutex::new(Sub::default())).collect(),
             per_sub: capacity.div_ceil(subs).max(1),
         }
     }
 
-    fn sub(&self, key: u64) -> &RefCell<Sub> {
+    fn sub(&self, key: u64) -> &Mutex<Sub> {
         &self.subs[(crate::shard::mix64(key) % self.subs.len() as u64) as usize]
     }
 
@@ -52,7 +55,7 @@ impl VtCache {
     /// position).
     #[must_use]
     pub fn get(&self, key: u64) -> Option<(ItemLoc, Meta)> {
-        let mut s = self.sub(key).borrow_mut();
+        let mut s = lock(self.sub(key));
         s.tick += 1;
         let tick = s.tick;
         let (loc, meta, old) = {
@@ -69,7 +72,7 @@ impl VtCache {
     /// Caches (or replaces) the entry of `key` (in lock shard `shard`), evicting the least
     /// recently used one of its sub-cache when full.
     pub fn put(&self, key: u64, shard: u16, loc: ItemLoc, meta: Meta) {
-        let mut s = self.sub(key).borrow_mut();
+        let mut s = lock(self.sub(key));
         s.tick += 1;
         let tick = s.tick;
         if let Some((_, _, old, _)) = s.entries.insert(key, (loc, meta, tick, shard)) {
@@ -86,7 +89,7 @@ impl VtCache {
 
     /// Drops the entry of `key` (a remote writer is about to change the CVT).
     pub fn invalidate(&self, key: u64) {
-        let mut s = self.sub(key).borrow_mut();
+        let mut s = lock(self.sub(key));
         if let Some((_, _, old, _)) = s.entries.remove(&key) {
             s.order.remove(&old);
         }
@@ -97,7 +100,7 @@ impl VtCache {
     pub fn clear_shard(&self, shard: u16) -> usize {
         let mut n = 0;
         for sub in &self.subs {
-            let mut s = sub.borrow_mut();
+            let mut s = lock(sub);
             let gone: Vec<(u64, u64)> = s
                 .entries
                 .iter()
@@ -118,7 +121,7 @@ impl VtCache {
         self.subs
             .iter()
             .map(|sub| {
-                let mut s = sub.borrow_mut();
+                let mut s = lock(sub);
                 let n = s.entries.len();
                 s.entries.clear();
                 s.order.clear();
@@ -130,7 +133,7 @@ impl VtCache {
     /// Entries cached.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.subs.iter().map(|s| s.borrow().entries.len()).sum()
+        self.subs.iter().map(|s| lock(s).entries.len()).sum()
     }
 
     /// Whether nothing is cached.

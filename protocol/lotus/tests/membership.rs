@@ -5,6 +5,7 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use dmem_locks::LockMode;
 use dmem_locks::lotus::Holder;
@@ -31,7 +32,7 @@ fn cluster(loss: f64) -> (Rc<Sim>, Rc<LockCluster>) {
         )
         .unwrap(),
     );
-    let locks: Vec<Rc<CnLocks>> = (0..4).map(|c| Rc::new(CnLocks::new(c, 1 << 16))).collect();
+    let locks: Vec<Arc<CnLocks>> = (0..4).map(|c| Arc::new(CnLocks::new(c, 1 << 16))).collect();
     let mut servers = Vec::new();
     let mut contexts = Vec::new();
     for c in 0..4 {
@@ -47,7 +48,11 @@ fn cluster(loss: f64) -> (Rc<Sim>, Rc<LockCluster>) {
         60,
     ));
     for (c, ctx) in contexts.into_iter().enumerate() {
-        let task = serve(ctx.clone(), Rc::clone(&cluster), Rc::clone(&cluster.cns[c]));
+        let task = serve(
+            ctx.clone(),
+            Rc::clone(&cluster),
+            Arc::clone(&cluster.cns[c]),
+        );
         sim.spawn(&ctx, task);
     }
     (sim, cluster)

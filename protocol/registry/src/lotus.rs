@@ -6,6 +6,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, LateCoordinators, MnMemory,
@@ -63,6 +64,9 @@ pub struct LotusProtocol {
     /// Versions (CVT cells) per record; `None`: the workload's default
     /// (`dmem_motor::cells_for_workload`).
     pub versions: Option<usize>,
+    /// The lock tables of the CN processes this value deployed in this process, shared by
+    /// their cores' deployments (not part of the protocol's identity).
+    pub(crate) tables: crate::lotus_process::ProcessTables,
 }
 
 /// CNs the metrics region of resharding has room for.
@@ -96,6 +100,7 @@ impl LotusProtocol {
             restart_early: false,
             restart_same_ids: false,
             versions: None,
+            tables: crate::lotus_process::ProcessTables::default(),
         }
     }
 
@@ -271,8 +276,8 @@ impl Protocol for LotusProtocol {
         let sharding = self.sharding(spec);
         let map = Rc::new(RefCell::new(ShardMap::new(cns)));
         let table_bytes = self.lock_table_bytes(spec);
-        let locks: Vec<Rc<CnLocks>> = (0..cns)
-            .map(|c| Rc::new(CnLocks::new(c, table_bytes)))
+        let locks: Vec<Arc<CnLocks>> = (0..cns)
+            .map(|c| Arc::new(CnLocks::new(c, table_bytes)))
             .collect();
         let mut servers = Vec::new();
         let mut contexts = Vec::new();
@@ -297,7 +302,7 @@ impl Protocol for LotusProtocol {
             let task = serve(
                 ctx.clone(),
                 Rc::clone(&cluster),
-                Rc::clone(&cluster.cns[usize::from(c)]),
+                Arc::clone(&cluster.cns[usize::from(c)]),
             );
             sim.spawn(&ctx, task);
         }
@@ -765,7 +770,7 @@ impl Shell {
             }
             c.sleep(self.poll.max(1)).await;
         }
-        let locks = Rc::clone(&cluster.cns[usize::from(cn)]);
+        let locks = Arc::clone(&cluster.cns[usize::from(cn)]);
         let stale = locks.reset(sim.cn_count());
         // The fresh table fences nobody: only live incarnations can reach its new servers
         // (messages to the old ones are gone), and a CN that fails from now on is fenced by
@@ -782,7 +787,7 @@ impl Shell {
             row.push(dmem_verbs::Verbs::local_endpoint(&ctx));
             sim.spawn(
                 &ctx,
-                serve(ctx.clone(), Rc::clone(cluster), Rc::clone(&locks)),
+                serve(ctx.clone(), Rc::clone(cluster), Arc::clone(&locks)),
             );
         }
         cluster.servers.borrow_mut()[usize::from(cn)] = row;

@@ -14,6 +14,17 @@
 //!   others are reached only by messages.
 //! * [`Deployment::process_tasks`] runs one lock server ([`serve`]) per service context,
 //!   beside the heartbeats every CN sends.
+//! * **Several cores** (`threads > 1`: one executor and one deployment per core): the
+//!   deployments of one CN in one process share **one** [`CnLocks`] — the lock table
+//!   (atomic slot words, CPU CAS, lock state in per-bucket mutexes), the VT cache (§4.4)
+//!   and the counters — found through the protocol value every core deploys from
+//!   ([`ProcessTables`], keyed by the CN's node and the run's state directory). Each core
+//!   has its own [`LockCluster`] view (static in a process) over that table, so its
+//!   coordinators take local locks on the table every core uses, and the lock servers —
+//!   all on the core that runs `process_tasks` — grant remote requests on the same table
+//!   and invalidate the one VT cache. The `i`-th coordinator still talks to server `i` of
+//!   the other CNs whatever core either runs on: service endpoints are numbered by
+//!   coordinator slot, not by core.
 //!
 //! What stays on the simulator, and why (each refused at deployment with one line):
 //! pass-by-range resharding (§4.3) and CN recovery and restart (§6) change state every CN
@@ -25,7 +36,9 @@
 //! lock RPCs keep that correct.
 
 use std::cell::Cell;
+use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex, Weak};
 
 use dmem_deploy::process::{self, CnContexts, LocalTask, ProcessPlan};
 use dmem_deploy::{
@@ -48,6 +61,16 @@ use crate::motor::MvccDeploy;
 /// (an abort, then a retry, for nothing). A late reply is harmless: the unlocks sent on
 /// abort follow the request on the same ordered connection.
 pub const PROCESS_RPC_TIMEOUT: Nanos = 50_000_000;
+
+/// The counters a LOTUS CN process reports ([`Deployment::counters`]).
+const PROCESS_COUNTERS: [&str; 6] = [
+    "lock_messages_served",
+    "lock_requests_granted",
+    "lock_requests_refused",
+    "lotus_locks_held",
+    "lotus_grants_on_this_core",
+    "lotus_grants_by_other_cores",
+];
 
 /// `protocol` on real MN memory (`memory` is not the simulator's), or why not.
 pub(crate) fn deploy(
@@ -86,7 +109,69 @@ pub(crate) fn deploy(
         lock_cpu_ns: protocol.lock_cpu_ns,
         joined: None,
         paused: Rc::new(Cell::new(false)),
+        tables: protocol.tables.clone(),
     }))
+}
+
+/// The lock tables of the CNs one protocol value deployed in this process, so that the
+/// deployments of one CN's cores (each core deploys on its own, `Rc`-based) find one
+/// shared [`CnLocks`]. An entry lives as long as a deployment holds its table; it is
+/// keyed by the CN's node and the run's state directory (fresh for each run), so that two
+/// runs in one process never share a table.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ProcessTables(Arc<Mutex<Vec<SharedCn>>>);
+
+#[derive(Debug)]
+struct SharedCn {
+    me: NodeId,
+    state_dir: PathBuf,
+    locks: Weak<CnLocks>,
+    /// Deployments that joined as this CN so far: the next one's core number.
+    cores: u16,
+}
+
+impl PartialEq for ProcessTables {
+    /// Tables are state, not configuration: two protocol values are equal whatever they
+    /// deployed.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ProcessTables {}
+
+impl ProcessTables {
+    /// CN `me`'s table in the run of `plan` (made with `make` by the first deployment to
+    /// join as `me`) and the joining deployment's core number (0, 1, ... in joining order).
+    fn join(
+        &self,
+        me: NodeId,
+        plan: &ProcessPlan,
+        make: impl FnOnce() -> CnLocks,
+    ) -> (Arc<CnLocks>, u16) {
+        let mut cns = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        cns.retain(|c| c.locks.strong_count() > 0);
+        if let Some(c) = cns
+            .iter_mut()
+            .find(|c| c.me == me && c.state_dir == plan.state_dir)
+            && let Some(locks) = c.locks.upgrade()
+        {
+            let core = c.cores;
+            c.cores = c.cores.saturating_add(1);
+            return (locks, core);
+        }
+        let locks = Arc::new(make());
+        cns.push(SharedCn {
+            me,
+            state_dir: plan.state_dir.clone(),
+            locks: Arc::downgrade(&locks),
+            cores: 1,
+        });
+        (locks, 0)
+    }
 }
 
 /// This process's CN, once [`Deployment::join_as_cn`] said which it is.
@@ -97,8 +182,10 @@ struct Joined {
     /// Its coordinator ids in slot order: the `i`-th talks to server `i` of the others.
     slots: Vec<u16>,
     cluster: Rc<LockCluster>,
-    /// Its own table (the only one in `cluster`).
-    locks: Rc<CnLocks>,
+    /// Its own table (the only one in `cluster`), shared with its other cores.
+    locks: Arc<CnLocks>,
+    /// Which of the CN's cores this deployment serves (joining order).
+    core: u16,
 }
 
 /// LOTUS deployed in one process of a real cluster: an MN process's loader, or a CN
@@ -112,6 +199,7 @@ pub struct LotusProcessDeployment {
     lock_cpu_ns: Nanos,
     joined: Option<Joined>,
     paused: Rc<Cell<bool>>,
+    tables: ProcessTables,
 }
 
 impl LotusProcessDeployment {
@@ -162,9 +250,13 @@ impl Deployment for LotusProcessDeployment {
             )));
         }
         let servers = plan.members.iter().map(|m| m.services.clone()).collect();
-        let locks = Rc::new(CnLocks::new(index, self.table_bytes));
+        let table_bytes = self.table_bytes;
+        let (locks, core) = self
+            .tables
+            .join(me, plan, || CnLocks::new(index, table_bytes));
         let cluster = Rc::new(LockCluster::of_process(
-            Rc::clone(&locks),
+            Arc::clone(&locks),
+            core,
             cns,
             servers,
             self.sharding.clone(),
@@ -176,6 +268,7 @@ impl Deployment for LotusProcessDeployment {
             slots,
             cluster,
             locks,
+            core,
         });
         Ok(())
     }
@@ -211,8 +304,10 @@ impl Deployment for LotusProcessDeployment {
         )))
     }
 
+    /// Every core's deployment of this CN shares its lock table and VT cache
+    /// ([`ProcessTables`]); the lock servers run on the core that runs `process_tasks`.
     fn splits_across_cores(&self) -> Result<(), String> {
-        Err("its coordinators and lock servers share the CN's lock table (§4.1)".to_owned())
+        Ok(())
     }
 
     /// Heartbeats to the detector, and one lock server per service context of this CN
@@ -242,7 +337,7 @@ impl Deployment for LotusProcessDeployment {
             tasks.push(Box::pin(serve(
                 ctx,
                 Rc::clone(&j.cluster),
-                Rc::clone(&j.locks),
+                Arc::clone(&j.locks),
             )));
         }
         Ok(tasks)
@@ -280,17 +375,29 @@ impl Deployment for LotusProcessDeployment {
         self.base.scan_cost()
     }
 
-    /// This CN's lock server counters (the others' are in their processes).
+    /// This CN's lock server counters (the others' are in their processes), over every
+    /// core of it; `lotus_grants_by_other_cores`: locks granted on this CN's table to the
+    /// coordinators (or servers) of its cores other than this deployment's.
     fn counter(&self, name: &str) -> Option<u64> {
-        let locks = &self.joined.as_ref()?.locks;
+        let j = self.joined.as_ref()?;
+        let locks = &j.locks;
         let (served, granted, refused) = locks.served.get();
         match name {
             "lock_messages_served" => Some(served),
             "lock_requests_granted" => Some(granted),
             "lock_requests_refused" => Some(refused),
             "lotus_locks_held" => Some(locks.table.held() as u64),
+            "lotus_grants_on_this_core" => Some(locks.grants_on_core(j.core)),
+            "lotus_grants_by_other_cores" => Some(locks.grants_off_core(j.core)),
             _ => None,
         }
+    }
+
+    fn counters(&self) -> Vec<(String, u64)> {
+        PROCESS_COUNTERS
+            .iter()
+            .filter_map(|&name| Some((name.to_owned(), self.counter(name)?)))
+            .collect()
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

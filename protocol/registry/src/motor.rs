@@ -6,10 +6,14 @@
 //! DRAM); [`Deployment::start_recovery`] starts `dmem-deploy`'s simulated recovery behind its
 //! heartbeat detector (`motor:oracle`: the oracle), which finishes a crashed CN's
 //! transactions with [`dmem_motor::recover_coordinator`].
-//! Across processes ([`Deployment::process_tasks`], [`Deployment::process_recovery`]) each
+//! Across processes ([`Deployment::join_as_cn`], [`Deployment::process_recovery`]) each
 //! CN writes its coordinators' op logs through to [`DurableSlots`] (files that outlive the
 //! process, as Motor's UPS-backed DRAM outlives a crash) and the detector CN's heartbeat
-//! [`LogRecovery`] reads a failed CN's logs from there and runs the same recovery.
+//! [`LogRecovery`] reads a failed CN's logs from there and runs the same recovery. A CN
+//! process on several cores has one deployment per core, each mirroring the op logs of
+//! the coordinators it made into their own slots (one slot per coordinator id, so the
+//! cores' mirrors write disjoint files); recovery reads every coordinator of the plan's
+//! member, whichever core ran it.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -364,6 +368,7 @@ impl Protocol for MotorProtocol {
             detection: self.detection,
             recovery: RecoveryState::default(),
             mirror_error: Rc::new(RefCell::new(None)),
+            slots: None,
         }))
     }
 }
@@ -382,12 +387,15 @@ struct MotorDeployment {
     recovery: RecoveryState,
     /// The first op-log write to the durable slots that failed (a real cluster's CN).
     mirror_error: Rc<RefCell<Option<String>>>,
+    /// A CN process's mirror: its slots and the coordinator ids of its member of the plan
+    /// (their slots are created as this deployment makes them).
+    slots: Option<(Rc<DurableSlots>, Vec<u16>)>,
 }
 
 /// A CN process's op logs written through to [`DurableSlots`] (memory that outlives the
 /// process, as Motor's UPS-backed DRAM outlives a crash), for recovery by another CN.
 struct SlotMirror {
-    slots: DurableSlots,
+    slots: Rc<DurableSlots>,
     error: Rc<RefCell<Option<String>>>,
 }
 
@@ -417,12 +425,44 @@ fn recovered(id: u16, r: &Recovered) -> RecoveredCoordinator {
     }
 }
 
+impl MotorDeployment {
+    /// Mirrors this deployment's op logs to the durable slots of `plan` (CN `me`'s process):
+    /// from now on each coordinator of `me` it makes gets a fresh slot first.
+    fn mirror_to_slots(&mut self, me: NodeId, plan: &ProcessPlan) -> Result<(), DeployError> {
+        if self.slots.is_some() {
+            return Ok(());
+        }
+        let slots = Rc::new(
+            DurableSlots::new(&plan.state_dir)
+                .map_err(|e| DeployError::Fabric(format!("{}: {e}", plan.state_dir.display())))?,
+        );
+        self.oplogs.set_mirror(Box::new(SlotMirror {
+            slots: Rc::clone(&slots),
+            error: Rc::clone(&self.mirror_error),
+        }));
+        let mine = plan.member(me).map(|m| m.coordinators.clone());
+        self.slots = Some((slots, mine.unwrap_or_default()));
+        Ok(())
+    }
+
+    /// Starts coordinator `id`'s slot afresh if it is one of this CN's (before it logs).
+    fn create_slot(&self, id: u16) -> Result<(), DeployError> {
+        match &self.slots {
+            Some((slots, mine)) if mine.contains(&id) => slots
+                .create(id)
+                .map_err(|e| DeployError::Fabric(format!("op-log slot {id}: {e}"))),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl Deployment for MotorDeployment {
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
         self.base.load(table, key, value)
     }
 
     fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        self.create_slot(id)?;
         let cache = self.base.cache_of(ctx.node());
         let ts = SyncedClock::new(ctx.clone(), ctx.node(), id, self.config.epsilon);
         self.coordinators.borrow_mut().push((id, ctx.node()));
@@ -482,16 +522,14 @@ impl Deployment for MotorDeployment {
         ctxs: CnContexts,
         plan: &ProcessPlan,
     ) -> Result<Vec<LocalTask>, DeployError> {
-        let io =
-            |e: std::io::Error| DeployError::Fabric(format!("{}: {e}", plan.state_dir.display()));
-        let slots = DurableSlots::new(&plan.state_dir).map_err(io)?;
-        for &id in plan.member(me).map_or(&[][..], |m| &m.coordinators) {
-            slots.create(id).map_err(io)?;
+        if self.slots.is_none() {
+            // Not joined (a caller that made its coordinators first): their slots now.
+            self.mirror_to_slots(me, plan)?;
+            let made: Vec<u16> = self.coordinators.borrow().iter().map(|c| c.0).collect();
+            for id in made {
+                self.create_slot(id)?;
+            }
         }
-        self.oplogs.set_mirror(Box::new(SlotMirror {
-            slots,
-            error: Rc::clone(&self.mirror_error),
-        }));
         Ok(vec![alive_task(
             ctxs.heartbeat,
             plan.detector,
@@ -499,8 +537,15 @@ impl Deployment for MotorDeployment {
         )])
     }
 
+    /// The op logs go to the CN's durable slots from here, on every core's deployment.
+    fn join_as_cn(&mut self, me: NodeId, plan: &ProcessPlan) -> Result<(), DeployError> {
+        self.mirror_to_slots(me, plan)
+    }
+
+    /// Each core's deployment mirrors the op logs of its own coordinators into their
+    /// slots ([`join_as_cn`](Self::join_as_cn)): recovery finds every one.
     fn splits_across_cores(&self) -> Result<(), String> {
-        Err("its op logs are mirrored to the CN's durable slots by the deployment that ran `process_tasks`".to_owned())
+        Ok(())
     }
 
     fn process_recovery(
@@ -602,6 +647,70 @@ mod tests {
         );
         spec.exact_index = true;
         assert_eq!(pooled(&spec, Records::Pooled).0, [false, false]);
+    }
+
+    /// A CN process on two cores: each core's deployment, joined as the same CN, mirrors
+    /// the op logs of the coordinators it made into their own durable slots (and only
+    /// those), so recovery reading the CN's slots finds every coordinator's log.
+    #[test]
+    fn each_cores_deployment_mirrors_its_own_coordinators_op_logs() {
+        let demand = TableDemand {
+            id: TableId(1),
+            value_len: 16,
+            expected_records: 64,
+            grows: false,
+        };
+        let spec = DeploySpec::new(vec![demand], 3);
+        let protocol = MotorProtocol::from_flags("").unwrap();
+        let mut config = dmem_sim::ClusterConfig::new("cx6")
+            .unwrap()
+            .threads_per_cn(2);
+        config.mn_memory_bytes = protocol.mn_bytes_per_mn(&spec, 1).unwrap().max(1 << 20);
+        let sim = Rc::new(Sim::new(config).unwrap());
+        let cn = sim.cn(0);
+        let dir = std::env::temp_dir().join(format!("dmem-motor-cores-{}", std::process::id()));
+        let plan = ProcessPlan::on_ports(
+            [(cn, vec![0, 1])],
+            2,
+            10_000_000,
+            1_000_000_000,
+            1_000_000_000,
+            dir.clone(),
+        );
+        let history = Rc::new(RefCell::new(dmem_txn::History::default()));
+        let cores: Vec<Box<dyn Deployment>> = (0..2u16)
+            .map(|core| {
+                let mut d = protocol
+                    .deploy_on(
+                        MnMemory::sim(&sim),
+                        &spec,
+                        Recorder::new(Rc::clone(&history)),
+                    )
+                    .unwrap();
+                d.join_as_cn(cn, &plan).unwrap();
+                let ctx = sim.context(cn, core).unwrap();
+                d.coordinator(AnyContext::from(ctx), core).unwrap();
+                d
+            })
+            .collect();
+        let oplogs = |core: usize| {
+            let d = cores[core].as_any().downcast_ref::<MotorDeployment>();
+            Rc::clone(&d.unwrap().oplogs)
+        };
+        oplogs(0).begin(0, 7);
+        oplogs(1).begin(1, 8);
+        // Core 0 never made coordinator 1: its mirror leaves core 1's slot alone.
+        oplogs(0).begin(1, 99);
+        let reader = DurableSlots::new(&dir).unwrap();
+        let seq = |id| match OpLog::decode(&reader.read(id).unwrap().unwrap()).unwrap() {
+            OpLog::Locking { seq, .. } => seq,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((seq(0), seq(1)), (7, 8));
+        for d in &cores {
+            assert_eq!(d.recovery_error(), None);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// `versions=N` overrides the workload's cells per record for Motor and LOTUS (LOTUS
