@@ -543,6 +543,7 @@ mod tests {
                 partition: 0,
                 bucket: 0,
                 offset: 0,
+                slots: dmem_store::BUCKET_SLOTS as u8,
             },
             slot: 0,
             offset: 0,
