@@ -389,7 +389,7 @@ impl Sim {
             nodes,
             latency: OpKind::ALL
                 .into_iter()
-                .zip(world.latency.iter().cloned())
+                .zip(world.latency.snapshot())
                 .collect(),
             events: world.events_processed,
         }
