@@ -322,6 +322,7 @@ impl World {
         &mut self.nodes[usize::from(node.0)].memory
     }
 
+    #[inline]
     pub(crate) fn is_crashed(&self, node: NodeId) -> bool {
         self.nodes[usize::from(node.0)].crashed
     }
@@ -382,6 +383,7 @@ impl World {
     }
 
     /// The time as seen by code running on `core`.
+    #[inline]
     pub(crate) fn time_on(&self, core: usize) -> Nanos {
         if self.polling_core == Some(core) {
             self.cores[core].local
