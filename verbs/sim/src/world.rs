@@ -745,17 +745,15 @@ impl World {
                 }
             }
             OpKind::Cas | OpKind::Faa => {
+                // One hash lookup for reading and updating the word's free time.
                 let address_free = node
                     .nic
                     .atomic_address_free
-                    .get(&addr.offset)
-                    .copied()
-                    .unwrap_or(0.0);
-                let start = earliest.max(node.nic.atomic_free).max(address_free);
+                    .entry(addr.offset)
+                    .or_insert(0.0);
+                let start = earliest.max(node.nic.atomic_free).max(*address_free);
                 node.nic.atomic_free = start + profile.atomic_service_ns() * factor;
-                node.nic
-                    .atomic_address_free
-                    .insert(addr.offset, start + profile.same_address_gap_ns() * factor);
+                *address_free = start + profile.same_address_gap_ns() * factor;
                 node.nic.qp_done[source_core] = start;
                 if node.nic.atomic_address_free.len() > 1 << 16 {
                     // Entries in the past constrain nothing; drop them to bound memory.
