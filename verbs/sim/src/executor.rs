@@ -2,7 +2,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -71,9 +71,41 @@ struct TaskSlot {
 /// core with many waiting tasks costs O(log n) per task run, not a pass over all of them.
 #[derive(Default)]
 struct CoreQueue {
-    tasks: BinaryHeap<Reverse<(Nanos, u64, TaskKey)>>,
+    tasks: SortedQueue,
     /// Version of this core's live entry in `Shared::runnable`.
     version: u64,
+}
+
+/// A queue of `(time, wake order, task)` kept sorted, smallest first: the order a binary
+/// heap of them would pop (keys are unique: the wake order is). Tasks are readied at the
+/// current time or a core's local time, so almost every insertion goes at the back (one
+/// compare) and every removal is at the front, cheaper than a heap's sifting; one that
+/// does not belongs where a binary search puts it.
+#[derive(Default)]
+struct SortedQueue(VecDeque<(Nanos, u64, TaskKey)>);
+
+impl SortedQueue {
+    #[inline]
+    fn push(&mut self, entry: (Nanos, u64, TaskKey)) {
+        let key = (entry.0, entry.1);
+        match self.0.back() {
+            Some(&(at, seq, _)) if (at, seq) > key => {
+                let i = self.0.partition_point(|&(at, seq, _)| (at, seq) < key);
+                self.0.insert(i, entry);
+            }
+            _ => self.0.push_back(entry),
+        }
+    }
+
+    #[inline]
+    fn peek(&self) -> Option<&(Nanos, u64, TaskKey)> {
+        self.0.front()
+    }
+
+    #[inline]
+    fn pop(&mut self) -> Option<(Nanos, u64, TaskKey)> {
+        self.0.pop_front()
+    }
 }
 
 struct Shared {
@@ -389,7 +421,7 @@ impl Sim {
             nodes,
             latency: OpKind::ALL
                 .into_iter()
-                .zip(world.latency.iter().cloned())
+                .zip(world.latency.snapshot())
                 .collect(),
             events: world.events_processed,
         }
@@ -435,10 +467,8 @@ fn push_ready(shared: &Shared, key: TaskKey, core: usize, at: Nanos) {
     let new_head = {
         let mut queues = shared.queues.borrow_mut();
         let tasks = &mut queues[core].tasks;
-        let new_head = tasks
-            .peek()
-            .is_none_or(|Reverse(head)| (at, seq) < (head.0, head.1));
-        tasks.push(Reverse((at, seq, key)));
+        let new_head = tasks.peek().is_none_or(|head| (at, seq) < (head.0, head.1));
+        tasks.push((at, seq, key));
         new_head
     };
     if new_head {
@@ -452,7 +482,7 @@ fn publish(shared: &Shared, core: usize) {
     let mut queues = shared.queues.borrow_mut();
     let q = &mut queues[core];
     q.version += 1;
-    if let Some(&Reverse((at, seq, _))) = q.tasks.peek() {
+    if let Some(&(at, seq, _)) = q.tasks.peek() {
         let start = at.max(shared.world.borrow().cores[core].busy_until);
         shared
             .runnable
@@ -461,7 +491,17 @@ fn publish(shared: &Shared, core: usize) {
     }
 }
 
+/// Readies the tasks woken since the last drain, at `at`. The check for "nothing woken"
+/// (most calls) is inlined at the call sites.
+#[inline]
 fn drain_wakes(shared: &Shared, at: Nanos) {
+    if shared.world.borrow().task_wakes.is_empty() && !shared.wakes.any.load(Ordering::Relaxed) {
+        return;
+    }
+    drain_wakes_slow(shared, at);
+}
+
+fn drain_wakes_slow(shared: &Shared, at: Nanos) {
     // Tasks woken by their lists' completions first, then the wakers' queue. Both are never
     // filled between two drains: completions wake during an event, at most one task per
     // event, and the event loop drains after every event that woke something; so the
@@ -528,7 +568,7 @@ fn next_task(shared: &Shared) -> Option<(Nanos, usize, TaskKey)> {
             if q.version != version {
                 None
             } else {
-                q.tasks.peek().map(|&Reverse((_, _, key))| key)
+                q.tasks.peek().map(|&(_, _, key)| key)
             }
         };
         let Some(key) = head else {
@@ -724,6 +764,7 @@ impl SimContext {
         spawn_on(&self.shared, self.core, Box::pin(future));
     }
 
+    #[inline]
     fn crashed(&self) -> bool {
         self.shared.world.borrow().is_crashed(self.endpoint.node)
     }
@@ -955,6 +996,7 @@ impl Verbs for SimContext {
 }
 
 impl Clock for SimContext {
+    #[inline]
     fn now(&self) -> Nanos {
         self.shared.world.borrow().time_on(self.core)
     }
@@ -969,5 +1011,50 @@ impl Clock for SimContext {
 
     fn cpu(&self, ns: Nanos) {
         self.shared.world.borrow_mut().charge(self.core, ns);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sorted queue pops in the order of a binary heap of the same entries, including
+    /// entries readied out of time order (spawned at a core's local time, then woken at an
+    /// earlier current time).
+    #[test]
+    fn sorted_queue_pops_like_a_heap() {
+        let mut queue = SortedQueue::default();
+        let mut heap = BinaryHeap::new();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut seq = 0u64;
+        let mut now: Nanos = 0;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            for _ in 0..x % 3 {
+                seq += 1;
+                let at = if x & 0x300 == 0 {
+                    now + (x >> 20) % 500
+                } else {
+                    now
+                };
+                let entry = (at, seq, ((x >> 32) as usize % 64, (x >> 40) as u32));
+                queue.push(entry);
+                heap.push(Reverse(entry));
+            }
+            for _ in 0..(x >> 50) % 3 {
+                let got = queue.pop();
+                assert_eq!(got, heap.pop().map(|Reverse(e)| e));
+                assert_eq!(queue.peek(), heap.peek().map(|Reverse(e)| e));
+                if let Some((at, ..)) = got {
+                    now = now.max(at);
+                }
+            }
+        }
+        while let Some(Reverse(e)) = heap.pop() {
+            assert_eq!(queue.pop(), Some(e));
+        }
+        assert_eq!(queue.pop(), None);
     }
 }

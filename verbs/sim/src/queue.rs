@@ -6,7 +6,7 @@
 //! time of the last event taken out: every event in a bucket is due at the same instant, and
 //! a bucket is a FIFO, so scheduling order within an instant is kept for free. A bucket is a
 //! linked list of nodes in one slab with a free list (no allocation per bucket, and the few
-//! nodes in use stay close together in memory); a bitmap with a one-word summary finds the
+//! nodes in use stay close together in memory); a bitmap with a small summary finds the
 //! next non-empty bucket in a few instructions. Events due later than the wheel covers (transport timeouts,
 //! long timers) or before `base` go to a binary heap; taking out compares the wheel's first
 //! event with the heap's by `(time, sequence number)`, so the order is exactly that of one
@@ -17,9 +17,14 @@ use std::collections::BinaryHeap;
 
 use dmem_verbs::Nanos;
 
-/// Buckets of the wheel (one per nanosecond of the horizon).
-const WHEEL: usize = 1 << 12;
+/// Buckets of the wheel (one per nanosecond of the horizon): 16 µs, longer than a READ
+/// waits at a saturated MN engine in a closed loop of lists of 16 (≈10 µs), so those
+/// executions stay out of the heap.
+const WHEEL: usize = 1 << 14;
+/// Words of the bucket bitmap.
 const WORDS: usize = WHEEL / 64;
+/// Words of the summary bitmap (one bit per word of the bucket bitmap).
+const SUMMARY_WORDS: usize = WORDS / 64;
 
 struct Far<T> {
     time: Nanos,
@@ -79,8 +84,8 @@ pub(crate) struct EventQueue<T> {
     /// Head of the list of free nodes.
     free: u32,
     occupied: [u64; WORDS],
-    /// Bit `w` is set when word `w` of `occupied` is not zero.
-    summary: u64,
+    /// Bit `w` (of the concatenated words) is set when word `w` of `occupied` is not zero.
+    summary: [u64; SUMMARY_WORDS],
     in_wheel: usize,
     /// Time of the wheel's first item, when known.
     wheel_next: Option<Nanos>,
@@ -88,7 +93,7 @@ pub(crate) struct EventQueue<T> {
 }
 
 // The summary bitmap has one bit per word of the bucket bitmap.
-const _: () = assert!(WORDS == 64);
+const _: () = assert!(WORDS == SUMMARY_WORDS * 64 && SUMMARY_WORDS >= 1);
 
 impl<T> EventQueue<T> {
     pub(crate) fn new() -> Self {
@@ -99,7 +104,7 @@ impl<T> EventQueue<T> {
             nodes: Vec::new(),
             free: NIL,
             occupied: [0; WORDS],
-            summary: 0,
+            summary: [0; SUMMARY_WORDS],
             in_wheel: 0,
             wheel_next: None,
             far: BinaryHeap::new(),
@@ -138,7 +143,7 @@ impl<T> EventQueue<T> {
             if bucket.tail == NIL {
                 bucket.head = index;
                 self.occupied[b / 64] |= 1 << (b % 64);
-                self.summary |= 1 << (b / 64);
+                self.summary[b / 4096] |= 1 << (b / 64 % 64);
             } else {
                 self.nodes[bucket.tail as usize].next = index;
             }
@@ -180,19 +185,32 @@ impl<T> EventQueue<T> {
         let b = if first != 0 {
             w0 * 64 + first.trailing_zeros() as usize
         } else {
-            let others = (self.summary & !(1u64 << w0)).rotate_right(((w0 + 1) % WORDS) as u32);
-            if others != 0 {
-                let w = (w0 + 1 + others.trailing_zeros() as usize) % WORDS;
-                w * 64 + self.occupied[w].trailing_zeros() as usize
-            } else {
-                let wrapped = self.occupied[w0] & ((1u64 << bit0).wrapping_sub(1));
-                debug_assert!(wrapped != 0, "a non-empty wheel has an occupied bucket");
-                w0 * 64 + wrapped.trailing_zeros() as usize
-            }
+            // The first occupied word after `w0`, else the first from the wheel's start
+            // (which may be `w0` itself: then only its bits below `bit0` are set).
+            let w = self
+                .first_occupied_word(w0 + 1)
+                .or_else(|| self.first_occupied_word(0))
+                .expect("a non-empty wheel has an occupied bucket");
+            debug_assert!(w != w0 || self.occupied[w0] & ((1u64 << bit0).wrapping_sub(1)) != 0);
+            w * 64 + self.occupied[w].trailing_zeros() as usize
         };
         let t = self.base + ((b.wrapping_sub(start)) & (WHEEL - 1)) as Nanos;
         self.wheel_next = Some(t);
         t
+    }
+
+    /// The first non-zero word of the bucket bitmap at index `from` or later, if any.
+    #[inline]
+    fn first_occupied_word(&self, from: usize) -> Option<usize> {
+        let mut s = from / 64;
+        let mut bits = self.summary.get(s)? & (!0u64 << (from % 64));
+        loop {
+            if bits != 0 {
+                return Some(s * 64 + bits.trailing_zeros() as usize);
+            }
+            s += 1;
+            bits = *self.summary.get(s)?;
+        }
     }
 
     /// Time of the next item.
@@ -235,7 +253,7 @@ impl<T> EventQueue<T> {
                 let word = &mut self.occupied[b / 64];
                 *word &= !(1 << (b % 64));
                 if *word == 0 {
-                    self.summary &= !(1 << (b / 64));
+                    self.summary[b / 4096] &= !(1 << (b / 64 % 64));
                 }
                 self.wheel_next = None;
             }
@@ -272,8 +290,9 @@ mod tests {
             for k in 0..pushes {
                 let delay = match (x >> (8 * k)) % 8 {
                     0 => 0,
-                    1..=5 => (x >> 20) % 3000,
-                    6 => 4096 + (x >> 24) % 10_000,
+                    1..=4 => (x >> 20) % 3000,
+                    5 => (x >> 20) % WHEEL as u64,
+                    6 => WHEEL as u64 - 100 + (x >> 24) % 10_000,
                     _ => 1_000_000,
                 };
                 // Now and then an item in the past, which the heap must take.

@@ -33,14 +33,13 @@ use dmem_verbs::{
     BatchResult, Endpoint, Message, Nanos, NodeId, Op, OpKind, Port, RKey, VerbsError,
     WorkRequests, WrId, WrOutcome,
 };
-use hdrhistogram::Histogram;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
 use rustc_hash::FxHashMap;
 use slab::Slab;
 
 use crate::queue::EventQueue;
-use crate::stats::{NicStats, kind_index};
+use crate::stats::{LatencyRecorder, NicStats, kind_index};
 use crate::{ClusterConfig, MessageFaults, NicProfile};
 
 /// Key of an in-flight post list.
@@ -187,7 +186,7 @@ pub(crate) struct World {
     faults: MessageFaults,
     digest: u64,
     pub(crate) events_processed: u64,
-    pub(crate) latency: [Histogram<u64>; 4],
+    pub(crate) latency: LatencyRecorder,
     /// Nodes that crashed since the executor last looked (it drops their tasks).
     pub(crate) newly_crashed: Vec<NodeId>,
     /// Tasks woken by the completion of a list they wait for ([`Waiter::Task`]), in wake
@@ -284,7 +283,7 @@ impl World {
             faults: config.message_faults,
             digest: DIGEST_SEED,
             events_processed: 0,
-            latency: crate::stats::new_latency(),
+            latency: LatencyRecorder::new(),
             newly_crashed: Vec::new(),
             task_wakes: Vec::new(),
             record_phases: false,
@@ -323,6 +322,7 @@ impl World {
         &mut self.nodes[usize::from(node.0)].memory
     }
 
+    #[inline]
     pub(crate) fn is_crashed(&self, node: NodeId) -> bool {
         self.nodes[usize::from(node.0)].crashed
     }
@@ -383,6 +383,7 @@ impl World {
     }
 
     /// The time as seen by code running on `core`.
+    #[inline]
     pub(crate) fn time_on(&self, core: usize) -> Nanos {
         if self.polling_core == Some(core) {
             self.cores[core].local
@@ -605,7 +606,7 @@ impl World {
             nic.stats.bytes_out += bytes + u64::from(profile.header_bytes);
             let arrive = nic.egress_free + jitter.scale(profile.one_way_latency_ns as f64);
             let wr = i as u32;
-            events.push(arrive.ceil() as Nanos, Event::Arrive { batch: key, wr });
+            events.push(ceil_ns(arrive), Event::Arrive { batch: key, wr });
         }
     }
 
@@ -622,7 +623,7 @@ impl World {
         nic.stats.bytes_out += bytes + u64::from(profile.header_bytes);
         let arrive = nic.egress_free + self.jitter.scale(profile.one_way_latency_ns as f64);
         self.schedule(
-            arrive.ceil() as Nanos,
+            ceil_ns(arrive),
             Event::Complete {
                 batch: key,
                 wr: wr as u32,
@@ -694,7 +695,7 @@ impl World {
                 key,
                 wr,
                 VerbsError::RemoteAccess { index: wr, addr },
-                at.ceil() as Nanos,
+                ceil_ns(at),
             );
             return;
         }
@@ -706,15 +707,8 @@ impl World {
         // One factor per op for all of its service times.
         let factor = self.jitter.factor();
         let mut inline = None;
-        let mut schedule_execute = |start: f64, inline: &mut Option<Inline>| {
-            let at = start.ceil() as Nanos;
-            if at == now_ns {
-                *inline = Some(Inline::Execute);
-            } else {
-                let wr = wr as u32;
-                events.push(at, Event::Execute { batch: key, wr });
-            }
-        };
+        // When a READ or an atomic executes (a WRITE schedules its lines itself).
+        let mut execute_at = None;
         match kind {
             OpKind::Read | OpKind::Write => {
                 // The processing unit that frees first (lowest index on ties: deterministic).
@@ -731,7 +725,7 @@ impl World {
                     let line_ns = service / lines as f64;
                     node.nic.qp_done[source_core] = start + (lines - 1) as f64 * line_ns;
                     for line in 0..lines {
-                        let at = (start + line as f64 * line_ns).ceil() as Nanos;
+                        let at = ceil_ns(start + line as f64 * line_ns);
                         if line == 0 && at == now_ns {
                             inline = Some(Inline::FirstLine);
                             continue;
@@ -747,27 +741,34 @@ impl World {
                     }
                 } else {
                     node.nic.qp_done[source_core] = start;
-                    schedule_execute(start, &mut inline);
+                    execute_at = Some(start);
                 }
             }
             OpKind::Cas | OpKind::Faa => {
+                // One hash lookup for reading and updating the word's free time.
                 let address_free = node
                     .nic
                     .atomic_address_free
-                    .get(&addr.offset)
-                    .copied()
-                    .unwrap_or(0.0);
-                let start = earliest.max(node.nic.atomic_free).max(address_free);
+                    .entry(addr.offset)
+                    .or_insert(0.0);
+                let start = earliest.max(node.nic.atomic_free).max(*address_free);
                 node.nic.atomic_free = start + profile.atomic_service_ns() * factor;
-                node.nic
-                    .atomic_address_free
-                    .insert(addr.offset, start + profile.same_address_gap_ns() * factor);
+                *address_free = start + profile.same_address_gap_ns() * factor;
                 node.nic.qp_done[source_core] = start;
                 if node.nic.atomic_address_free.len() > 1 << 16 {
                     // Entries in the past constrain nothing; drop them to bound memory.
                     node.nic.atomic_address_free.retain(|_, free| *free > now);
                 }
-                schedule_execute(start, &mut inline);
+                execute_at = Some(start);
+            }
+        }
+        if let Some(start) = execute_at {
+            let at = ceil_ns(start);
+            if at == now_ns {
+                inline = Some(Inline::Execute);
+            } else {
+                let wr = wr as u32;
+                events.push(at, Event::Execute { batch: key, wr });
             }
         }
         // An op whose service starts now runs at once instead of through the event queue:
@@ -903,7 +904,7 @@ impl World {
             self.nodes[node].nic.stats.cqes += 1;
         }
         // Out-of-range values saturate at the histogram's bound (100 s); nothing is lost.
-        self.latency[kind_index(kind)].saturating_record(latency);
+        self.latency.record(kind_index(kind), latency);
         for word in [
             now,
             core as u64,
@@ -955,9 +956,9 @@ impl World {
         }
         let duplicate = faults.duplicate > 0.0 && self.random_unit() < faults.duplicate;
         if duplicate {
-            self.schedule(arrive.ceil() as Nanos, Event::Deliver(message.clone()));
+            self.schedule(ceil_ns(arrive), Event::Deliver(message.clone()));
         }
-        self.schedule(arrive.ceil() as Nanos, Event::Deliver(message));
+        self.schedule(ceil_ns(arrive), Event::Deliver(message));
     }
 
     fn on_deliver(&mut self, message: Box<(Endpoint, Message)>) {
@@ -977,7 +978,7 @@ impl World {
         nic.ingress_free = ready;
         nic.stats.ingress_busy_ns += wire;
         nic.stats.bytes_in += msg.payload.len() as u64 + u64::from(profile.header_bytes);
-        let ready = ready.ceil() as Nanos;
+        let ready = ceil_ns(ready);
         if ready > self.now {
             self.schedule(ready, Event::Enqueue(message));
         } else {
@@ -1082,6 +1083,20 @@ enum Action {
     Faa(u64),
 }
 
+/// `x.ceil() as Nanos`, bit for bit, without `f64::ceil`: the x86-64 baseline has no
+/// rounding instruction, so `ceil` is a call into a software routine (≈20 instructions,
+/// three to five times per work request). Truncate, then add one if something was cut off;
+/// NaN, negative and too-large inputs give what the saturating `as` cast of `ceil` gives.
+#[inline]
+fn ceil_ns(x: f64) -> Nanos {
+    let t = x as Nanos;
+    if (t as f64) < x {
+        t.saturating_add(1)
+    } else {
+        t
+    }
+}
+
 /// Number of 64-byte lines that `len` bytes at `offset` touch.
 pub(crate) fn lines_touched(offset: u64, len: u64) -> usize {
     if len == 0 {
@@ -1127,6 +1142,38 @@ mod tests {
                 costs.wire_ns(&profile, payload).to_bits(),
                 profile.wire_ns(payload).to_bits()
             );
+        }
+    }
+
+    #[test]
+    fn ceil_ns_is_ceil_then_cast() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut values = vec![
+            0.0,
+            -0.0,
+            0.5,
+            1.0,
+            -0.5,
+            -3.7,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            9_007_199_254_740_993.0,
+            18_446_744_073_709_551_615.0,
+            1e30,
+        ];
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Times as the simulator makes them: nanoseconds with a fraction, up to ~10^12.
+            values.push((x % 1_000_000_000_000) as f64 / 7.0);
+            values.push(f64::from_bits(x));
+        }
+        for v in values {
+            assert_eq!(ceil_ns(v), v.ceil() as Nanos, "{v:e}");
         }
     }
 
