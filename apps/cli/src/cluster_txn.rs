@@ -1117,9 +1117,9 @@ async fn detector(
         }
         match &mut recovery {
             Some(recovery) => {
-                for failed in recovery.detect()? {
+                let mut admit = |failed| {
                     if finished.contains(&failed) {
-                        continue;
+                        return false;
                     }
                     eprintln!(
                         "dmem cn {}: {} missed its heartbeats for {} ms: recovering it",
@@ -1128,9 +1128,9 @@ async fn detector(
                         cluster.timeout() / 1_000_000
                     );
                     recovered.insert(failed);
-                    recovery.recover(failed).await?;
-                }
-                recovery.watch_mns().await?;
+                    true
+                };
+                recovery.step(&mut admit).await?;
             }
             None => while detector_ctx.try_recv()?.is_some() {},
         }
