@@ -1373,7 +1373,7 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{}: {e}", cluster.path.display()))?;
     if let (Some(kill), Fabric::Shm { .. }) = (kill_mn, &cluster.fabric) {
         bail!(
-            "--kill {kill}: on shm an MN's memory outlives its process (every CN keeps its mapping), so killing the MN process fails nothing; kill a CN"
+            "--kill {kill}: on shm an MN's memory outlives its process (every CN keeps its mapping), so killing it fails nothing; to kill an MN run the cluster on tcp (fabric = \"tcp\", a protocol with replicas: examples/clusters/smallbank-3mn-2cn.toml), or kill a CN"
         );
     }
     if let Some(kill) = kill_mn {

@@ -15,7 +15,9 @@
 //! - **CN**: one executor per core (`threads` of the file; glommio pinned to the core or
 //!   the polling executor, as `executor` resolves: `dmem_runtime::run_per_core`), each
 //!   core with a deployment of its own on the regions alone, after the loader ran without
-//!   writing (so that placement decided while loading, such as OOCC's directory, agrees)
+//!   writing (so that placement decided while loading, such as OOCC's directory, agrees;
+//!   run once per process, by `TxnSetup::new`, for a protocol whose deployments take that
+//!   placement: `Deployment::placement`, `Protocol::deploy_placed`)
 //!   and `Deployment::join_as_cn` told it which CN it is (the plan's members carry one
 //!   service endpoint per client: LOTUS's lock servers, run by the deployment's
 //!   `process_tasks`); one coordinator per client, on core `client mod threads`, each on
@@ -55,7 +57,7 @@ use dmem_deploy::process::{
     terminated_reply,
 };
 use dmem_deploy::{
-    AnyContext, Decision, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
+    AnyContext, Decision, DeploySpec, Deployment, MnMemory, Placement, Protocol, Recorder,
     RecoveredCoordinator, settle_history,
 };
 use dmem_runtime::{CoreClock, Executor, RealClock, run_per_core};
@@ -93,6 +95,9 @@ pub(crate) struct TxnSetup {
     protocol: Arc<dyn Protocol>,
     spec: DeploySpec,
     regions: Vec<MemoryRegion>,
+    /// Where the dry run's loader placed the records (`Deployment::placement`), for
+    /// deployments that take it instead of loading again (`Protocol::deploy_placed`).
+    placement: Option<Placement>,
 }
 
 impl TxnSetup {
@@ -108,7 +113,7 @@ impl TxnSetup {
         // A full index bucket doubles the slack (`dmem_deploy::load_growing_slack`, as the
         // simulator's runs); here a dry run of the protocol's loader (a deployment on the
         // regions alone, which writes nothing) finds it, so every process derives the same.
-        let (regions, _dry, spec) = dmem_deploy::load_growing_slack(
+        let (regions, dry, spec) = dmem_deploy::load_growing_slack(
             &spec,
             |spec| {
                 let len = protocol.mn_bytes_per_mn(spec, cluster.mn_count())?;
@@ -133,6 +138,7 @@ impl TxnSetup {
             protocol,
             spec,
             regions,
+            placement: dry.placement(),
         })
     }
 
@@ -702,13 +708,27 @@ impl CnSetup {
     /// stdout), after the loader ran without writing (so that placement decided while
     /// loading, such as OOCC's directory, agrees with the MNs) and
     /// `Deployment::join_as_cn` told it which CN it is (LOTUS: whose lock table it serves).
+    ///
+    /// A protocol that takes a placement (`Protocol::deploy_placed`) gets the one the dry run
+    /// of `TxnSetup::new` found, shared by every core, and the loader runs once per process.
     fn deployment(&self, history: Recorder) -> anyhow::Result<Box<dyn Deployment>> {
-        let mut deployment = self
-            .setup
-            .deploy(MnMemory::remote(self.setup.regions.clone()), history)?;
-        for (table, key, value) in self.setup.workload.loader() {
-            deployment.load(table, key, &value)?;
-        }
+        let setup = &self.setup;
+        let memory = MnMemory::remote(setup.regions.clone());
+        let placed = setup.placement.as_ref().and_then(|placement| {
+            setup
+                .protocol
+                .deploy_placed(memory.clone(), &setup.spec, history.clone(), placement)
+        });
+        let mut deployment = match placed {
+            Some(deployment) => deployment?,
+            None => {
+                let mut deployment = setup.deploy(memory, history)?;
+                for (table, key, value) in setup.workload.loader() {
+                    deployment.load(table, key, &value)?;
+                }
+                deployment
+            }
+        };
         deployment.join_as_cn(self.me.node, &self.plan)?;
         Ok(deployment)
     }
@@ -1136,9 +1156,9 @@ async fn detector(
         }
         match &mut recovery {
             Some(recovery) => {
-                for failed in recovery.detect()? {
+                let mut admit = |failed| {
                     if finished.contains(&failed) {
-                        continue;
+                        return false;
                     }
                     eprintln!(
                         "dmem cn {}: {} missed its heartbeats for {} ms: recovering it",
@@ -1147,9 +1167,9 @@ async fn detector(
                         cluster.timeout() / 1_000_000
                     );
                     recovered.insert(failed);
-                    recovery.recover(failed).await?;
-                }
-                recovery.watch_mns().await?;
+                    true
+                };
+                recovery.step(&mut admit).await?;
             }
             None => while detector_ctx.try_recv()?.is_some() {},
         }

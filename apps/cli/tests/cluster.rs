@@ -1063,6 +1063,11 @@ fn smallbank_on_pandora_over_shm_recovers_a_killed_cn_process() {
         stderr.contains("on shm an MN's memory outlives its process"),
         "{stderr}"
     );
+    // It says what to do instead.
+    assert!(
+        stderr.contains("run the cluster on tcp (fabric = \"tcp\""),
+        "{stderr}"
+    );
 }
 
 /// The newcomer's path on shm: `dmem bench --fabric shm` starts, checks and stops a local

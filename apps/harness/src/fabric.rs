@@ -32,7 +32,7 @@ use dmem_runtime::Executor;
 use dmem_shm::{ShmFabric, ShmMemoryNode};
 use dmem_sim::{ClusterConfig, NicProfile, Sim};
 use dmem_tcp::{MessageListener, TcpFabric, TcpMemoryServer};
-use dmem_verbs::{Endpoint, NodeId, Port, RKey};
+use dmem_verbs::{Clock as _, Endpoint, NodeId, Port, RKey, Verbs as _};
 
 /// A fabric a [`LocalCluster`] runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -94,6 +94,10 @@ pub struct LocalCluster {
     /// One tcp fabric per CN, each listening on loopback for the others' messages.
     tcp: Vec<TcpFabric>,
     _listeners: Vec<MessageListener>,
+    /// One tcp fabric per MN for its control messages (link termination), listening on
+    /// loopback; every CN knows its address.
+    mn_tcp: Vec<TcpFabric>,
+    _mn_listeners: Vec<MessageListener>,
     executor: Executor,
     memory: MnMemory,
     /// The tcp contexts handed out, for the barrier at the end of [`run`](Self::run).
@@ -183,16 +187,32 @@ impl LocalCluster {
             }
         };
         let (mut tcp, mut listeners) = (Vec::new(), Vec::new());
+        let (mut mn_tcp, mut mn_listeners) = (Vec::new(), Vec::new());
         if fabric == Fabric::Tcp {
-            for c in 0..cns {
-                let f = TcpFabric::new(NodeId(mns + c));
+            let listening = |node| {
+                let f = TcpFabric::new(node);
                 let l = f
                     .listen("127.0.0.1:0".parse().unwrap())
                     .map_err(fabric_error)?;
-                tcp.push((f, l.local_addr()));
+                Ok::<_, DeployError>(((f, l.local_addr()), l))
+            };
+            for c in 0..cns {
+                let (f, l) = listening(NodeId(mns + c))?;
+                tcp.push(f);
                 listeners.push(l);
             }
+            for m in 0..mns {
+                let (f, l) = listening(NodeId(m))?;
+                mn_tcp.push(f);
+                mn_listeners.push(l);
+            }
+            // CNs message each other and the MNs' control endpoints; MNs answer CNs.
             for (f, _) in &tcp {
+                for (peer, addr) in tcp.iter().chain(&mn_tcp) {
+                    f.add_peer(peer.node(), *addr);
+                }
+            }
+            for (f, _) in &mn_tcp {
                 for (peer, addr) in &tcp {
                     f.add_peer(peer.node(), *addr);
                 }
@@ -207,6 +227,8 @@ impl LocalCluster {
             shm: ShmFabric::new(),
             tcp: tcp.into_iter().map(|(f, _)| f).collect(),
             _listeners: listeners,
+            mn_tcp: mn_tcp.into_iter().map(|(f, _)| f).collect(),
+            _mn_listeners: mn_listeners,
             executor: Executor::new(),
             memory,
             tcp_contexts: RefCell::new(Vec::new()),
@@ -325,6 +347,60 @@ impl LocalCluster {
             (None, None) => {}
         }
         Ok(())
+    }
+
+    /// An MN's side of link termination across processes, as `dmem mn` answers it: until
+    /// `until` (`CLOCK_MONOTONIC` ns), every MN's control endpoint
+    /// ([`dmem_deploy::process::mn_control`]) answers each request of a
+    /// [`MessageLinkTerminator`](dmem_deploy::process::MessageLinkTerminator) (Pandora §3.2.2
+    /// step 2) by [`revoke`](Self::revoke)ing the CN there and confirming. Run the future
+    /// on the executor of the terminating CN's contexts. On real fabrics (the simulator's
+    /// deployments terminate links directly).
+    ///
+    /// # Errors
+    /// [`DeployError::Fabric`] on the simulator, or if a control context cannot be made.
+    pub fn answer_link_terminations(
+        self: &Rc<Self>,
+        until: dmem_verbs::Nanos,
+    ) -> Result<impl Future<Output = ()> + 'static, DeployError> {
+        use dmem_deploy::process::{mn_control, parse_terminate, terminated_reply};
+        let controls = (0..self.mns)
+            .map(|mn| {
+                let at = mn_control(self.mn(mn));
+                match (&self.real, self.mn_tcp.get(usize::from(mn))) {
+                    (Some(RealMns::Tcp(_)), Some(f)) => {
+                        Ok(AnyContext::from(f.context(at.port).map_err(fabric_error)?))
+                    }
+                    (Some(RealMns::Shm(_)), _) => Ok(AnyContext::from(
+                        self.shm.context(at).map_err(fabric_error)?,
+                    )),
+                    _ => Err(fabric_error(
+                        "the simulator terminates links directly (no MN control endpoints)",
+                    )),
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let cluster = Rc::clone(self);
+        Ok(async move {
+            let clock = dmem_runtime::RealClock;
+            while clock.now() < until {
+                for (mn, ctx) in (0..).zip(&controls) {
+                    while let Ok(Some(msg)) = ctx.try_recv() {
+                        let Some(cn) = parse_terminate(&msg.payload) else {
+                            continue;
+                        };
+                        // Confirmed only once revoked: the terminator asks again otherwise.
+                        let revoked =
+                            cn.0.checked_sub(cluster.mns)
+                                .is_some_and(|c| cluster.revoke(mn, c).is_ok());
+                        if revoked {
+                            let _ = ctx.send(msg.from, &terminated_reply(cn)).await;
+                        }
+                    }
+                }
+                clock.sleep(1_000_000).await;
+            }
+        })
     }
 
     /// Spawns `task` to run on `ctx`'s CN (the simulator's core of that context, or the

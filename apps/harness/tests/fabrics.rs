@@ -199,3 +199,50 @@ fn simulator_only_protocols_say_so_on_real_fabrics() {
         );
     }
 }
+
+/// The MNs' side of link termination across processes
+/// (`LocalCluster::answer_link_terminations`, as `dmem mn` answers): a CN's
+/// `MessageLinkTerminator` cuts another CN off every MN, after which nothing that CN posts
+/// lands, while the terminating CN keeps its access; the simulator, which terminates links
+/// directly, has no MN control endpoints and says so.
+#[test]
+fn mns_answer_link_terminations_on_real_fabrics() {
+    use dmem_deploy::process::MessageLinkTerminator;
+
+    for fabric in [Fabric::Shm, Fabric::Tcp] {
+        let cluster = Rc::new(LocalCluster::new(fabric, 2, 2, 1 << 16, 1).unwrap());
+        let (survivor, victim) = (
+            cluster.context(0, 1).unwrap(),
+            cluster.context(1, 1).unwrap(),
+        );
+        let regions = cluster.memory().regions();
+        let at = move |mn: usize| regions[mn].at(64).unwrap();
+        let until = dmem_runtime::monotonic_now() + 5_000_000_000;
+        cluster.spawn(&survivor, cluster.answer_link_terminations(until).unwrap());
+        let terminator =
+            MessageLinkTerminator::new(cluster.context(0, 2).unwrap(), 1_000_000, 2_000_000_000);
+        let (mns, victim_node) = ([cluster.mn(0), cluster.mn(1)], cluster.cn(1));
+        let anchor = survivor.clone();
+        let outcome = cluster.block_on(&anchor, async move {
+            victim.write(at(0), &[1; 8]).await.unwrap();
+            for mn in mns {
+                terminator.terminate(mn, victim_node).await.unwrap();
+            }
+            let cut = [
+                victim.write(at(0), &[2; 8]).await.is_err(),
+                victim.write(at(1), &[2; 8]).await.is_err(),
+            ];
+            let kept = survivor.write(at(1), &[3; 8]).await.is_ok();
+            (cut, kept)
+        });
+        assert_eq!(outcome, ([true, true], true), "{fabric}");
+        assert_eq!(
+            cluster.memory().read(NodeId(0), 64, 1),
+            Some(vec![1]),
+            "{fabric}: the cut CN's write after termination landed"
+        );
+    }
+    let sim = Rc::new(LocalCluster::new(Fabric::Sim, 1, 1, 1 << 16, 1).unwrap());
+    let err = sim.answer_link_terminations(1).err().unwrap();
+    assert!(err.to_string().contains("directly"), "{err}");
+}

@@ -266,6 +266,12 @@ pub struct RecoveryEvent {
     pub scanned_locks: usize,
 }
 
+/// A loader's placement of the records (which slot or address each took, what is free),
+/// as one protocol's [`Deployment::placement`] hands it out: read-only once loading is
+/// done, so one CN process's cores share one ([`Protocol::deploy_placed`]) instead of each
+/// running the loader. The protocol downcasts it to its own type.
+pub type Placement = std::sync::Arc<dyn Any + Send + Sync>;
+
 /// A protocol: a factory of [`Deployment`]s, registered by name in a [`Registry`].
 ///
 /// `Send + Sync` so that one protocol value serves runs on several OS threads (each run has
@@ -330,6 +336,26 @@ pub trait Protocol: Send + Sync {
         history: Recorder,
     ) -> Result<Box<dyn Deployment>, DeployError>;
 
+    /// [`deploy_on`](Self::deploy_on) with the records already placed: `placement` is what
+    /// the loader of another deployment of this protocol, with the same `spec` and regions,
+    /// decided ([`Deployment::placement`]), taken as loaded instead of running the loader
+    /// again (a CN process's cores share its one dry load). `None` (the default) for a
+    /// protocol that cannot take a placement: the caller loads as usual.
+    ///
+    /// # Errors
+    /// As [`deploy_on`](Self::deploy_on), or [`DeployError::Protocol`] if `placement` is
+    /// not this protocol's.
+    fn deploy_placed(
+        &self,
+        memory: MnMemory,
+        spec: &DeploySpec,
+        history: Recorder,
+        placement: &Placement,
+    ) -> Option<Result<Box<dyn Deployment>, DeployError>> {
+        let _ = (memory, spec, history, placement);
+        None
+    }
+
     /// Deploys a symmetric protocol ([`symmetric`](Self::symmetric)) on servers of a real
     /// fabric in this process: `servers[s][t]` is the context of server `s`'s thread `t`
     /// (every server has the same threads), and `spawn` runs a server thread's background
@@ -377,6 +403,13 @@ pub trait Protocol: Send + Sync {
 /// [`join_as_cn`](Self::join_as_cn), [`coordinator`](Self::coordinator) for each of its
 /// workers, then [`process_tasks`](Self::process_tasks).
 pub trait Deployment {
+    /// Where its loader placed the records loaded so far, read-only and shareable across
+    /// threads, for [`Protocol::deploy_placed`]; `None` (the default) for a protocol that
+    /// does not hand it out.
+    fn placement(&self) -> Option<Placement> {
+        None
+    }
+
     /// Writes one initial record out of band (outside virtual time).
     ///
     /// # Errors

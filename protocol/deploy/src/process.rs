@@ -230,6 +230,27 @@ pub trait ProcessRecovery {
     /// The CN failures recovered so far.
     fn events(&self) -> Vec<RecoveryEvent>;
 
+    /// One round of the detector, the loop every caller runs between its own bookkeeping:
+    /// [`detect`](Self::detect), [`recover`](Self::recover) each suspect that `admit`
+    /// accepts (a caller skips CNs it knows finished, and notes the others), then
+    /// [`watch_mns`](Self::watch_mns). Returns the CNs it recovered.
+    fn step<'a>(
+        &'a mut self,
+        admit: &'a mut dyn FnMut(NodeId) -> bool,
+    ) -> StepFuture<'a, Vec<NodeId>> {
+        Box::pin(async move {
+            let mut recovered = Vec::new();
+            for cn in self.detect()? {
+                if admit(cn) {
+                    self.recover(cn).await?;
+                    recovered.push(cn);
+                }
+            }
+            self.watch_mns().await?;
+            Ok(recovered)
+        })
+    }
+
     /// The MN failures handled so far.
     fn mn_failures(&self) -> Vec<MnFailure> {
         Vec::new()

@@ -5,11 +5,12 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use dmem_deploy::process::{LogRecovery, MessageLinkTerminator, ProcessPlan, ProcessRecovery};
 use dmem_deploy::{
-    AnyContext, DeployError, DeploySpec, Deployment, Detection, MnMemory, Protocol, Recorder,
-    RecoveryEvent, RecoveryState, RecoveryTiming,
+    AnyContext, DeployError, DeploySpec, Deployment, Detection, MnMemory, Placement, Protocol,
+    Recorder, RecoveryEvent, RecoveryState, RecoveryTiming,
 };
 use dmem_layout::record::OoccLockWord;
 use dmem_sim::{Sim, SimContext};
@@ -22,7 +23,7 @@ use crate::dslr2pl::{DslrConfig, DslrCoordinator};
 use crate::manager::{LeaseTable, ManagerLog, Policy};
 use crate::oocc::{Leases, OoccConfig, OoccCoordinator, Stats};
 use crate::recovery::RedoLog;
-use crate::store::{Directory, Layout, Loc, emit, parse};
+use crate::store::{Directory, Layout, Loc, Placed, emit, parse};
 
 /// OOCC under a registered name, with its configuration and its clocks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,11 +144,42 @@ impl Protocol for OoccProtocol {
         history: Recorder,
     ) -> Result<Box<dyn Deployment>, DeployError> {
         let layout = self.layout(spec, memory.mn_count())?;
-        let regions = memory.regions();
-        Ok(Box::new(OoccDeployment {
+        let dir = Directory::new(layout, memory.regions());
+        Ok(Box::new(self.deployment(memory, dir, history)))
+    }
+
+    /// Takes the records as placed in `placement` (an [`OoccDeployment`]'s
+    /// [`Deployment::placement`]): its directory gives the same slots, and the loader does
+    /// not run again.
+    fn deploy_placed(
+        &self,
+        memory: MnMemory,
+        spec: &DeploySpec,
+        history: Recorder,
+        placement: &Placement,
+    ) -> Option<Result<Box<dyn Deployment>, DeployError>> {
+        let error = |reason: String| DeployError::Protocol {
+            protocol: self.name.clone(),
+            reason,
+        };
+        Some((|| {
+            let layout = self.layout(spec, memory.mn_count())?;
+            let placed = Arc::clone(placement)
+                .downcast::<Placed>()
+                .map_err(|_| error("a placement of another protocol".to_owned()))?;
+            let dir = Directory::placed(layout, memory.regions(), placed).map_err(error)?;
+            Ok(Box::new(self.deployment(memory, dir, history)) as Box<dyn Deployment>)
+        })())
+    }
+}
+
+impl OoccProtocol {
+    /// A deployment on `memory` with directory `dir`.
+    fn deployment(&self, memory: MnMemory, dir: Directory, history: Recorder) -> OoccDeployment {
+        OoccDeployment {
             protocol: self.clone(),
             memory,
-            dir: Rc::new(Directory::new(layout, regions)),
+            dir: Rc::new(dir),
             history,
             hints: HashMap::new(),
             stats: Rc::new(Stats::default()),
@@ -159,7 +191,7 @@ impl Protocol for OoccProtocol {
             manager_started: false,
             paused: Rc::new(Cell::new(false)),
             recovery: RecoveryState::default(),
-        }))
+        }
     }
 }
 
@@ -282,6 +314,11 @@ impl OoccDeployment {
 }
 
 impl Deployment for OoccDeployment {
+    /// The directory's slots: every loaded record's (and free space after them).
+    fn placement(&self) -> Option<Placement> {
+        Some(Arc::new(self.dir.placement()))
+    }
+
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
         let vlen = self
             .dir

@@ -19,6 +19,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use dmem_deploy::{DeployError, DeploySpec};
 use dmem_layout::record::{ItemFlags, OoccLockWord, OoccRecordHeader};
@@ -123,11 +124,23 @@ impl Layout {
     }
 }
 
+/// The slots a directory gave (a loader's placement) and where each MN's free record space
+/// began then: read-only, so the directories of one CN process's cores share one
+/// ([`Directory::placed`]) instead of each loading the records again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    slots: HashMap<(TableId, Key), Loc>,
+    next: Vec<u64>,
+}
+
 /// The shared record directory (see the module docs).
 #[derive(Debug)]
 pub struct Directory {
     layout: Layout,
     regions: Vec<MemoryRegion>,
+    /// Slots placed by another directory's loader, taken as given.
+    base: Option<Arc<Placed>>,
+    /// Slots this directory gave.
     slots: RefCell<HashMap<(TableId, Key), Loc>>,
     next: RefCell<Vec<u64>>,
 }
@@ -140,8 +153,51 @@ impl Directory {
         Self {
             layout,
             regions,
+            base: None,
             slots: RefCell::new(HashMap::new()),
             next: RefCell::new(next),
+        }
+    }
+
+    /// A directory over `regions` whose records are where `placed` says (another
+    /// directory's [`placement`](Self::placement) with the same layout and regions); later
+    /// slots come after them.
+    ///
+    /// # Errors
+    /// `placed` has another number of MNs than `regions`.
+    pub fn placed(
+        layout: Layout,
+        regions: Vec<MemoryRegion>,
+        placed: Arc<Placed>,
+    ) -> Result<Self, String> {
+        if placed.next.len() != regions.len() {
+            return Err(format!(
+                "a placement over {} MNs for a directory over {}",
+                placed.next.len(),
+                regions.len()
+            ));
+        }
+        let next = placed.next.clone();
+        Ok(Self {
+            layout,
+            regions,
+            base: Some(placed),
+            slots: RefCell::new(HashMap::new()),
+            next: RefCell::new(next),
+        })
+    }
+
+    /// The slots given so far (those it was placed with included) and the free space.
+    #[must_use]
+    pub fn placement(&self) -> Placed {
+        let mut slots = self
+            .base
+            .as_ref()
+            .map_or_else(HashMap::new, |b| b.slots.clone());
+        slots.extend(self.slots.borrow().iter().map(|(k, v)| (*k, *v)));
+        Placed {
+            slots,
+            next: self.next.borrow().clone(),
         }
     }
 
@@ -168,8 +224,8 @@ impl Directory {
     /// # Errors
     /// An unknown table, or an MN out of record space.
     pub fn slot(&self, table: TableId, key: Key) -> Result<Loc, dmem_txn::TxnError> {
-        if let Some(l) = self.slots.borrow().get(&(table, key)) {
-            return Ok(*l);
+        if let Some(l) = self.get(table, key) {
+            return Ok(l);
         }
         let len = OoccRecordHeader::record_len(self.value_len(table)?) as u64;
         let mn = (mix64(u64::from(table.0) << 48 ^ key.0) % u64::from(self.layout.mns)) as u16;
@@ -190,7 +246,8 @@ impl Directory {
     /// The slot of `(table, key)` if it has one.
     #[must_use]
     pub fn get(&self, table: TableId, key: Key) -> Option<Loc> {
-        self.slots.borrow().get(&(table, key)).copied()
+        let own = self.slots.borrow().get(&(table, key)).copied();
+        own.or_else(|| self.base.as_ref()?.slots.get(&(table, key)).copied())
     }
 
     /// The remote address of `offset` in MN `mn`.
@@ -213,7 +270,7 @@ impl Directory {
     /// Every slot, for recovery and checks.
     #[must_use]
     pub fn all(&self) -> Vec<((TableId, Key), Loc)> {
-        self.slots.borrow().iter().map(|(k, v)| (*k, *v)).collect()
+        self.placement().slots.into_iter().collect()
     }
 }
 

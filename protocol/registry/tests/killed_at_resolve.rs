@@ -8,9 +8,10 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use dmem_deploy::process::{CnContexts, DurableSlots, ProcessPlan};
 use dmem_deploy::{
-    ClusterShape, Decision, DeploySpec, MnMemory, Protocol, Recorder, RecoveryEvent,
-    RecoveryTiming, TableDemand, settle_history,
+    AnyContext, ClusterShape, Decision, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
+    RecoveryEvent, RecoveryTiming, TableDemand, settle_history,
 };
 use dmem_sim::{NicProfile, Sim};
 use dmem_txn::{
@@ -31,6 +32,8 @@ struct KilledAtResolve {
     cn: NodeId,
     victim: CoordinatorId,
     killed: Cell<Option<TxnId>>,
+    /// Runs at the kill: keeps what the process leaves behind (Motor's durable op logs).
+    at_kill: RefCell<Option<Box<dyn FnOnce()>>>,
 }
 
 impl HistorySink for KilledAtResolve {
@@ -45,6 +48,9 @@ impl HistorySink for KilledAtResolve {
             self.history.resolve(id, outcome, end);
         } else if self.killed.get().is_none() && outcome == TxnOutcome::Committed {
             self.killed.set(Some(id));
+            if let Some(keep) = self.at_kill.borrow_mut().take() {
+                keep();
+            }
             let posted = self.sim.stats().nodes[usize::from(self.cn.0)]
                 .nic
                 .wrs_posted;
@@ -56,11 +62,15 @@ impl HistorySink for KilledAtResolve {
 }
 
 /// Two accounts; coordinator 1 on CN 1 transfers between them and is killed as it resolves
-/// its first commit (see [`KilledAtResolve`]); coordinator 0 on CN 0 reads both accounts
-/// every 20 µs from 100 µs on, after recovery. Returns the merged history settled by
-/// recovery's decisions (as `dmem cluster` settles it), the killed transaction and the
-/// recovery events.
-fn killed_at_resolve(protocol: &dyn Protocol) -> (History, TxnId, Vec<RecoveryEvent>) {
+/// its first commit (see [`KilledAtResolve`], which runs `at_kill` then); coordinator 0 on
+/// CN 0 reads both accounts every 20 µs from 100 µs on. `prepare` sees the deployment
+/// before its coordinators are made. Returns the deployment, the simulator (nothing run
+/// yet) and the sink.
+fn transfers(
+    protocol: &dyn Protocol,
+    at_kill: Option<Box<dyn FnOnce()>>,
+    prepare: impl FnOnce(&mut dyn Deployment, &Rc<Sim>),
+) -> (Box<dyn Deployment>, Rc<Sim>, Rc<KilledAtResolve>) {
     const T: TableId = TableId(1);
     let shape = ClusterShape {
         mns: 2,
@@ -88,6 +98,7 @@ fn killed_at_resolve(protocol: &dyn Protocol) -> (History, TxnId, Vec<RecoveryEv
         cn: sim.cn(1),
         victim: CoordinatorId(1),
         killed: Cell::new(None),
+        at_kill: RefCell::new(at_kill),
     });
     let mut d = protocol
         .deploy_on(
@@ -99,6 +110,7 @@ fn killed_at_resolve(protocol: &dyn Protocol) -> (History, TxnId, Vec<RecoveryEv
     for k in 0..2 {
         d.load(T, Key(k), &100u64.to_le_bytes()).unwrap();
     }
+    prepare(&mut *d, &sim);
     let balance =
         |v: &Option<Vec<u8>>| u64::from_le_bytes(v.as_ref().unwrap()[..8].try_into().unwrap());
     let reader_ctx = sim.context(sim.cn(0), 0).unwrap();
@@ -144,6 +156,14 @@ fn killed_at_resolve(protocol: &dyn Protocol) -> (History, TxnId, Vec<RecoveryEv
             victim_ctx.sleep(5_000).await;
         }
     });
+    (d, sim, sink)
+}
+
+/// [`transfers`] with the simulator's recovery of the killed CN. Returns the merged history
+/// settled by recovery's decisions (as `dmem cluster` settles it), the killed transaction
+/// and the recovery events.
+fn killed_at_resolve(protocol: &dyn Protocol) -> (History, TxnId, Vec<RecoveryEvent>) {
+    let (mut d, sim, sink) = transfers(protocol, None, |_, _| {});
     let timing = RecoveryTiming {
         heartbeat: 10_000,
         timeout: 50_000,
@@ -174,7 +194,9 @@ fn killed_at_resolve(protocol: &dyn Protocol) -> (History, TxnId, Vec<RecoveryEv
 ///
 /// Motor (the same order fixed: resolved before its op log is marked idle) cannot be
 /// killed this way here: its op log is CN memory, written by the coordinator whether or not
-/// the simulator has crashed the CN, so the entry is cleared after the modelled kill anyway.
+/// the simulator has crashed the CN, so the entry is cleared after the modelled kill anyway;
+/// [`motor_killed_as_it_resolves_a_commit_leaves_its_op_log_committing`] checks what a
+/// killed CN process leaves instead.
 #[test]
 fn a_cn_killed_as_it_resolves_a_commit_leaves_its_log_to_recovery() {
     let registry = dmem_protocols::registry();
@@ -212,4 +234,79 @@ fn a_cn_killed_as_it_resolves_a_commit_leaves_its_log_to_recovery() {
             "{name}: nobody read the killed transaction's writes"
         );
     }
+}
+
+/// Motor's op log of a CN process killed as it resolves a commit (issue #17). Across
+/// processes a CN writes its coordinators' op logs through to durable slots
+/// (`Deployment::process_tasks`: files that outlive the process, as Motor's UPS-backed DRAM
+/// outlives a crash), and the detector's recovery decides the killed CN's transactions from
+/// what those slots held when it died. Here the victim CN's deployment mirrors its op logs
+/// as a CN process does, and the slots are copied at the instant its first commit is
+/// resolved — what a process killed there leaves behind. They must still hold that
+/// transaction committing, so that recovery rolls it forward and settles it as committed;
+/// with the op log marked idle before the resolution (the order before the fix), they hold
+/// `Idle`, recovery decides nothing, and the settlement calls aborted a transaction whose
+/// versions had landed — the issue's phantom version.
+#[test]
+fn motor_killed_as_it_resolves_a_commit_leaves_its_op_log_committing() {
+    use dmem_motor::OpLog;
+
+    let dir = std::env::temp_dir().join(format!("dmem-motor-killed-{}", std::process::id()));
+    let (state, kept) = (dir.join("state"), dir.join("kept"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&kept).unwrap();
+    // The process dies here: its durable slots, as they are at this instant.
+    let keep = {
+        let (state, kept) = (state.clone(), kept.clone());
+        Box::new(move || {
+            for f in std::fs::read_dir(&state).unwrap() {
+                let f = f.unwrap();
+                std::fs::copy(f.path(), kept.join(f.file_name())).unwrap();
+            }
+        }) as Box<dyn FnOnce()>
+    };
+    let protocol = dmem_protocols::registry().get("motor").unwrap();
+    let plan_state = state.clone();
+    let (_d, sim, sink) = transfers(&*protocol, Some(keep), move |d, sim| {
+        // CN 1 (coordinator 1) as a CN process: its op logs written through to the slots.
+        let plan = ProcessPlan::on_ports(
+            [(sim.cn(0), vec![0]), (sim.cn(1), vec![1])],
+            0,
+            10_000,
+            50_000,
+            50_000,
+            plan_state,
+        );
+        let ctx = || AnyContext::Sim(sim.context(sim.cn(1), 0).unwrap());
+        let ctxs = CnContexts {
+            heartbeat: ctx(),
+            listener: ctx(),
+            services: Vec::new(),
+        };
+        // Its heartbeat task is not run: nobody detects here.
+        drop(d.process_tasks(sim.cn(1), ctxs, &plan).unwrap());
+    });
+    sim.run_until_idle();
+    let killed = sink.killed.get().expect("the victim committed a transfer");
+    let read = |dir: &std::path::Path| {
+        let bytes = DurableSlots::new(dir).unwrap().read(1).unwrap();
+        OpLog::decode(&bytes.expect("coordinator 1's op log was written")).unwrap()
+    };
+    match read(&kept) {
+        OpLog::Committing { seq, installs, .. } => {
+            assert_eq!(seq, killed.seq, "the killed transaction's op log");
+            assert_eq!(installs.len(), 2, "both accounts are installed");
+        }
+        other => panic!(
+            "a CN killed as it resolved T{}.{} left op log {other:?}: recovery would call it aborted",
+            killed.coordinator.0, killed.seq
+        ),
+    }
+    // The slots the process left did change afterwards: the kill point matters.
+    assert_ne!(
+        read(&state),
+        read(&kept),
+        "the victim's op log never moved on after the kill point"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
