@@ -1483,8 +1483,13 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_dir_all(cluster.state_dir());
         let verdict =
             crate::cluster_txn::collect(&cluster, kill_cn, kill_mn, &cn_results, histories);
-        if verdict.is_err() {
-            // The MNs wait for a quit that `collect` did not get to send.
+        // The first CN tells the MNs to quit once its report is out; without that report
+        // (it failed, e.g. refused the workload) the MNs would wait out their time limit.
+        let first_cn_reported = cn_results
+            .first()
+            .is_some_and(|(_, ok, report)| *ok && report.is_some());
+        if verdict.is_err() || !first_cn_reported {
+            // The MNs wait for a quit that no CN got to send.
             let dead: Vec<NodeId> = cluster
                 .mns
                 .iter()

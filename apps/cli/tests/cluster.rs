@@ -786,6 +786,32 @@ fn cluster_up_status_and_down() {
 }
 
 /// A protocol without recovery across processes refuses `--kill` before anything starts.
+/// OOCC's record directory places an inserted key in one process only, so a workload that
+/// inserts (TATP's call forwarding) is refused in CN processes with one line, not run with
+/// CNs that disagree about where the new records are.
+#[test]
+fn oocc_refuses_a_workload_that_inserts_in_cn_processes() {
+    let (dir, file) = local_smallbank("oocc-tatp", "oocc", 1);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let file = dir.write(
+        "cluster.toml",
+        &text.replace("kind = \"smallbank\"", "kind = \"tatp\""),
+    );
+    let out = run_cluster(&file, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("gives an inserted key its slot in one process only"),
+        "{stderr}"
+    );
+    // No CN got to tell the MN to quit; `dmem cluster` did, so it did not wait out its limit.
+    assert!(
+        !stderr.contains("no quit from `dmem cluster` in time"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("MN `mn0` failed"), "{stderr}");
+}
+
 #[test]
 fn kill_is_refused_for_a_protocol_without_process_recovery() {
     let (_dir, file) = local_smallbank("dslr-kill", "dslr", 1);

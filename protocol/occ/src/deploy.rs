@@ -145,7 +145,12 @@ impl Protocol for OoccProtocol {
     ) -> Result<Box<dyn Deployment>, DeployError> {
         let layout = self.layout(spec, memory.mn_count())?;
         let dir = Directory::new(layout, memory.regions());
-        Ok(Box::new(self.deployment(memory, dir, history)))
+        Ok(Box::new(self.deployment(
+            memory,
+            dir,
+            history,
+            growing(spec),
+        )))
     }
 
     /// Takes the records as placed in `placement` (an [`OoccDeployment`]'s
@@ -168,16 +173,35 @@ impl Protocol for OoccProtocol {
                 .downcast::<Placed>()
                 .map_err(|_| error("a placement of another protocol".to_owned()))?;
             let dir = Directory::placed(layout, memory.regions(), placed).map_err(error)?;
-            Ok(Box::new(self.deployment(memory, dir, history)) as Box<dyn Deployment>)
+            Ok(
+                Box::new(self.deployment(memory, dir, history, growing(spec)))
+                    as Box<dyn Deployment>,
+            )
         })())
     }
 }
 
+/// The tables of `spec` that transactions insert into.
+fn growing(spec: &DeploySpec) -> Vec<TableId> {
+    spec.tables
+        .iter()
+        .filter(|t| t.grows)
+        .map(|t| t.id)
+        .collect()
+}
+
 impl OoccProtocol {
-    /// A deployment on `memory` with directory `dir`.
-    fn deployment(&self, memory: MnMemory, dir: Directory, history: Recorder) -> OoccDeployment {
+    /// A deployment on `memory` with directory `dir`; transactions insert into `growing`.
+    fn deployment(
+        &self,
+        memory: MnMemory,
+        dir: Directory,
+        history: Recorder,
+        growing: Vec<TableId>,
+    ) -> OoccDeployment {
         OoccDeployment {
             protocol: self.clone(),
+            growing,
             memory,
             dir: Rc::new(dir),
             history,
@@ -198,6 +222,8 @@ impl OoccProtocol {
 /// OOCC on one cluster.
 pub struct OoccDeployment {
     protocol: OoccProtocol,
+    /// Tables transactions insert into (their keys get slots from this process's directory).
+    growing: Vec<TableId>,
     memory: MnMemory,
     dir: Rc<Directory>,
     history: Recorder,
@@ -433,6 +459,23 @@ impl Deployment for OoccDeployment {
     /// history checker found such a lost write when it was tried).
     fn recovers_across_processes(&self) -> bool {
         self.protocol.dslr.is_none()
+    }
+
+    /// Refuses a workload that inserts: the [`Directory`] that stands in for an index gives
+    /// an inserted key its slot in one process's memory (and one core's), so another CN
+    /// process, another core or a recovering CN would neither find the record nor know the
+    /// slot is taken, and two inserts of different keys could take one slot.
+    fn join_as_cn(&mut self, _me: NodeId, _plan: &ProcessPlan) -> Result<(), DeployError> {
+        match self.growing.first() {
+            None => Ok(()),
+            Some(table) => Err(DeployError::Protocol {
+                protocol: self.protocol.name(),
+                reason: format!(
+                    "the workload inserts into table {} and this protocol's record directory gives an inserted key its slot in one process only: run it on the simulator (or pick a workload without inserts, e.g. smallbank or ycsb)",
+                    table.0
+                ),
+            }),
+        }
     }
 
     /// The redo logs live in MN memory, so the detector CN of a real cluster recovers a
