@@ -24,6 +24,7 @@
 //! The caller (the CLI) only manages processes: it makes the contexts, spawns the tasks on
 //! its executor, and calls the detector's steps between its own bookkeeping.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::File;
@@ -34,6 +35,7 @@ use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::{Arc, OnceLock};
 
 use dmem_verbs::{Clock, Endpoint, Nanos, NodeId, Port, Verbs, VerbsError};
 
@@ -197,6 +199,73 @@ pub struct CnContexts {
     /// For the services this CN offers other CNs, one per endpoint of its
     /// [`ClusterMember::services`], in that order (messages only).
     pub services: Vec<AnyContext>,
+}
+
+/// One core of a CN process that runs its coordinators on several cores, one executor each
+/// ([`Deployment::splits_across_cores`](crate::Deployment::splits_across_cores)): which
+/// core, how many, and one value that the deployments of all of them share — the only state
+/// that crosses their executors, so `Send + Sync`. A protocol whose CN-side tasks (run by
+/// the first core's [`process_tasks`](crate::Deployment::process_tasks)) update what every
+/// core's coordinators read keeps here what carries those updates to the other cores
+/// (Pandora: its listener's control messages, `dmem-ford`'s `cores` module).
+#[derive(Clone)]
+pub struct CoreGroup {
+    core: usize,
+    cores: usize,
+    cell: Arc<OnceLock<Arc<dyn Any + Send + Sync>>>,
+}
+
+impl CoreGroup {
+    /// The first of `cores` cores (at least one) of a new process-wide group.
+    #[must_use]
+    pub fn new(cores: usize) -> Self {
+        Self {
+            core: 0,
+            cores: cores.max(1),
+            cell: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Core `core` of the same group.
+    ///
+    /// # Panics
+    /// If `core` is not below [`cores`](Self::cores).
+    #[must_use]
+    pub fn on_core(&self, core: usize) -> Self {
+        assert!(core < self.cores, "core {core} of {}", self.cores);
+        Self {
+            core,
+            ..self.clone()
+        }
+    }
+
+    /// This core (0: the one that runs the CN's process tasks).
+    #[must_use]
+    pub fn core(&self) -> usize {
+        self.core
+    }
+
+    /// How many cores the process runs coordinators on.
+    #[must_use]
+    pub fn cores(&self) -> usize {
+        self.cores
+    }
+
+    /// The value every core of the group shares, made by `make` on the first core that
+    /// asks; `None` if the group already holds a value of another type.
+    pub fn shared<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<Arc<T>> {
+        let any = self.cell.get_or_init(|| Arc::new(make()));
+        Arc::clone(any).downcast().ok()
+    }
+}
+
+impl std::fmt::Debug for CoreGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoreGroup")
+            .field("core", &self.core)
+            .field("cores", &self.cores)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One MN failure handled by the detector, protocol-neutral.
