@@ -33,16 +33,12 @@
 //!   ready for every epoch: it runs no transaction that could be of an older view.
 //!
 //! [`cn_listener_with_cores`]: crate::mnfail::cn_listener_with_cores
+//! [`core_follower`]: crate::mnfail::core_follower
+//! [`CnShared`]: crate::CnShared
+//! [`Store`]: crate::Store
 
-use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-
-use dmem_verbs::{Clock, Endpoint, Nanos};
-
-use crate::cn::CnShared;
-use crate::mnfail::{apply_cn_message, enable_mn_failures};
-use crate::store::Store;
 
 /// What a retired core's [`Slot::ready`] holds: ready for every epoch.
 const RETIRED: u64 = u64::MAX;
@@ -148,34 +144,6 @@ impl CoreFollower {
 impl Drop for CoreFollower {
     fn drop(&mut self) {
         self.slot().ready.store(RETIRED, Ordering::Release);
-    }
-}
-
-/// A core's side of its CN's control messages ([module docs](self)): turns MN-failure
-/// handling on for `shared`'s coordinators at once (reports go to `detector`; waiting
-/// coordinators look again every `poll`), then, every `poll` until `until` on `clock`,
-/// applies what `follower` received to `store`'s view and `shared`, and reports the epoch
-/// its core can acknowledge.
-pub fn core_follower<C: Clock>(
-    clock: C,
-    store: Rc<Store>,
-    shared: CnShared,
-    follower: CoreFollower,
-    detector: Endpoint,
-    poll: Nanos,
-    until: Nanos,
-) -> impl Future<Output = ()> {
-    enable_mn_failures(&shared, detector, poll);
-    async move {
-        while clock.now() < until {
-            for payload in follower.take() {
-                apply_cn_message(&payload, &store, &shared);
-            }
-            if let Some(epoch) = shared.mn.borrow_mut().ack_ready() {
-                follower.ready(epoch);
-            }
-            clock.sleep(poll.max(1)).await;
-        }
     }
 }
 

@@ -38,7 +38,7 @@ use std::rc::Rc;
 use dmem_verbs::{Clock, Endpoint, Nanos, Verbs, VerbsError};
 
 use crate::cn::CnShared;
-use crate::cores::CoreRelay;
+use crate::cores::{CoreFollower, CoreRelay};
 use crate::store::Store;
 use crate::wire::ControlMsg;
 
@@ -190,4 +190,33 @@ pub async fn cn_listener_with_cores<V: Verbs + Clock>(
         ctx.sleep(poll).await;
     }
     Ok(())
+}
+
+/// A core's side of its CN's control messages on a CN process of several cores
+/// ([`crate::cores`]): turns MN-failure
+/// handling on for `shared`'s coordinators at once (reports go to `detector`; waiting
+/// coordinators look again every `poll`), then, every `poll` until `until` on `clock`,
+/// applies what `follower` received to `store`'s view and `shared`, and reports the epoch
+/// its core can acknowledge.
+pub fn core_follower<C: Clock>(
+    clock: C,
+    store: Rc<Store>,
+    shared: CnShared,
+    follower: CoreFollower,
+    detector: Endpoint,
+    poll: Nanos,
+    until: Nanos,
+) -> impl Future<Output = ()> {
+    enable_mn_failures(&shared, detector, poll);
+    async move {
+        while clock.now() < until {
+            for payload in follower.take() {
+                apply_cn_message(&payload, &store, &shared);
+            }
+            if let Some(epoch) = shared.mn.borrow_mut().ack_ready() {
+                follower.ready(epoch);
+            }
+            clock.sleep(poll.max(1)).await;
+        }
+    }
 }

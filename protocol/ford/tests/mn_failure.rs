@@ -8,9 +8,11 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use common::{Bank, SimTerminator, check_serializable, transfer, worker_with_stats};
-use dmem_ford::cores::{CoreRelay, core_follower};
+use dmem_ford::cores::CoreRelay;
 use dmem_ford::logic::Decision;
-use dmem_ford::mnfail::{ListenerTiming, cn_listener_resending, cn_listener_with_cores};
+use dmem_ford::mnfail::{
+    ListenerTiming, cn_listener_resending, cn_listener_with_cores, core_follower,
+};
 use dmem_ford::recovery::heartbeat_loop;
 use dmem_ford::wire::ControlMsg;
 use dmem_ford::{
@@ -184,7 +186,7 @@ fn bank_with_mn_crash(
                 let ctx = bank.sim.context(bank.sim.cn(cn), thread).unwrap();
                 let co = FordCoordinator::new(
                     ctx.clone(),
-                    Rc::clone(&store),
+                    Rc::clone(store),
                     cfg,
                     id,
                     shared.clone(),

@@ -11,7 +11,11 @@
 //! Across the processes of a real cluster the same manager runs on the detector CN behind
 //! `dmem-deploy`'s [`ProcessRecovery`] (link termination through the MN processes, MN
 //! failures watched, control messages re-sent), and every CN runs Pandora's heartbeats and
-//! CN listener ([`Deployment::process_tasks`]).
+//! CN listener ([`Deployment::process_tasks`]). A CN process on several cores (one
+//! deployment per core, [`Deployment::join_core`]) runs the listener on its first core,
+//! which forwards every control message to the other cores' followers
+//! ([`Deployment::core_tasks`]) and acknowledges an MN view only once every core can
+//! (`dmem-ford`'s `cores` module: why that keeps §3.2.2/§3.2.5's guarantees).
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -25,9 +29,9 @@ use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
     RecoveredCoordinator, RecoveryEvent, RecoveryTiming, SimLinkTerminator,
 };
-use dmem_ford::cores::{CoreFollower, CoreRelay, core_follower};
+use dmem_ford::cores::{CoreFollower, CoreRelay};
 use dmem_ford::logic::Decision as FordDecision;
-use dmem_ford::mnfail::{ListenerTiming, cn_listener_with_cores};
+use dmem_ford::mnfail::{ListenerTiming, cn_listener_with_cores, core_follower};
 use dmem_ford::recovery::{MnFailureEvent, heartbeat_loop, membership_listener};
 use dmem_ford::{
     CnShared, FordCoordinator, FordTxn, LinkTerminator, Member, ProtocolConfig, RecoveryManager,
