@@ -832,9 +832,13 @@ impl CnSetup {
         };
         self.shared.built.fetch_add(1, Ordering::Relaxed);
         let deployment = RefCell::new(deployment);
-        // The core's tasks (Pandora: its end of the CN listener) stop with its coordinators.
+        // The core's tasks (Pandora: its end of the CN listener; often none) stop with its
+        // coordinators, and never end the core by themselves.
+        let tasks = async {
+            futures_util::future::join_all(tasks).await;
+            std::future::pending::<()>().await;
+        };
         let work = self.run_coordinators(core, coordinators, &deployment);
-        let tasks = futures_util::future::join_all(tasks);
         futures_util::future::select(std::pin::pin!(work), std::pin::pin!(tasks)).await;
         Ok(())
     }
