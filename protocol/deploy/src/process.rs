@@ -649,6 +649,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_cores_of_a_group_share_one_value_made_once() {
+        let first = CoreGroup::new(2);
+        let second = first.on_core(1);
+        assert_eq!((first.core(), second.core(), second.cores()), (0, 1, 2));
+        let made = std::sync::atomic::AtomicUsize::new(0);
+        let make = || {
+            made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::sync::atomic::AtomicU64::new(7)
+        };
+        let a = second.shared(make).unwrap();
+        let b = first.shared(make).unwrap();
+        assert!(Arc::ptr_eq(&a, &b), "one value for every core");
+        assert_eq!(made.into_inner(), 1);
+        // Across threads, as the cores of a CN process are.
+        let on_thread = std::thread::spawn(move || {
+            second
+                .shared(|| unreachable!())
+                .map(|v: Arc<std::sync::atomic::AtomicU64>| {
+                    v.load(std::sync::atomic::Ordering::Relaxed)
+                })
+        });
+        assert_eq!(on_thread.join().unwrap(), Some(7));
+        assert!(first.shared(|| 0_u8).is_none(), "a value of another type");
+        assert_eq!(CoreGroup::new(0).cores(), 1);
+    }
+
+    #[test]
     fn durable_slots_keep_the_newest_intact_value() {
         let dir = std::env::temp_dir().join(format!("dmem-slots-{}", std::process::id()));
         let slots = DurableSlots::new(&dir).unwrap();
