@@ -12,6 +12,12 @@
 //!   protocol with recovery across processes its listener (Pandora: stray-lock
 //!   notifications, MN-failure views, pause and acknowledgement), and for a protocol whose
 //!   CNs serve each other its servers on [`CnContexts::services`] (LOTUS's lock tables);
+//! * **a CN process on several cores** (one executor and one deployment per core) gives
+//!   every core's deployment the same [`CoreGroup`]
+//!   ([`Deployment::join_core`](crate::Deployment::join_core)); the first core runs the
+//!   process tasks, the others the tasks
+//!   [`Deployment::core_tasks`](crate::Deployment::core_tasks) returns (Pandora: each core's
+//!   end of the CN listener, fed through a relay in the group);
 //! * **the detector CN** drives the [`ProcessRecovery`] that
 //!   [`Deployment::process_recovery`](crate::Deployment::process_recovery) returns:
 //!   [`detect`](ProcessRecovery::detect) suspects silent CNs,
