@@ -631,6 +631,14 @@ impl Cluster {
             .map_or(format!("node {}", node.0), |i| self.cns[i].name.clone())
     }
 
+    /// The name of MN `node` (or `MN N`).
+    pub(crate) fn mn_name(&self, node: NodeId) -> String {
+        self.mns()
+            .iter()
+            .find(|m| m.node == node)
+            .map_or_else(|| format!("MN {}", node.0), |m| m.name.clone())
+    }
+
     fn txn_setup(&self) -> anyhow::Result<Option<crate::cluster_txn::TxnSetup>> {
         match &self.kind {
             Kind::Faa => Ok(None),

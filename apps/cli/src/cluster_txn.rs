@@ -22,8 +22,10 @@
 //!   service endpoint per client: LOTUS's lock servers, run by the deployment's
 //!   `process_tasks`); one coordinator per client, on core `client mod threads`, each on
 //!   its own context. More than one core needs `Deployment::splits_across_cores`. The
-//!   first core also runs the CN's process tasks and everything below; this file shares
-//!   only atomic counters between the cores (LOTUS's deployments share their CN's lock
+//!   first core also runs the CN's process tasks and everything below, the others the
+//!   tasks `Deployment::core_tasks` returns (Pandora: each core's end of the CN listener);
+//!   this file shares only atomic counters and the `CoreGroup` their deployments joined
+//!   (`Deployment::join_core`) between the cores (LOTUS's deployments share their CN's lock
 //!   table themselves). A CN whose clients are done keeps running those
 //!   tasks, re-sending its report, until the first CN says the run is over.
 //!   Recovery across processes is the deployment's (`dmem-deploy`'s
@@ -53,7 +55,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use dmem_deploy::process::{
-    CnContexts, MessageLinkTerminator, ProcessPlan, mn_control, parse_terminate, ports,
+    CnContexts, CoreGroup, MessageLinkTerminator, ProcessPlan, mn_control, parse_terminate, ports,
     terminated_reply,
 };
 use dmem_deploy::{
@@ -641,6 +643,10 @@ pub(crate) struct TxnCnReport {
     /// the CN's lock table, shared by its cores).
     #[serde(default)]
     counters: BTreeMap<String, u64>,
+    /// Per core, the MNs its view counted as failed when its coordinators were done
+    /// (`Deployment::failed_mns`; Pandora §3.2.5: an MN failure reaches every core's view).
+    #[serde(default)]
+    failed_mns_by_core: Vec<Vec<String>>,
 }
 
 /// The recovery plan every process of `cluster` derives (`dmem-deploy`'s
@@ -681,6 +687,9 @@ struct CnShared {
     started: AtomicBool,
     /// A core could not make its coordinators, or the first core gave up: every core stops.
     stop: AtomicBool,
+    /// Per core, the MNs its deployment's view counted as failed when its coordinators
+    /// were done.
+    failed_mns_by_core: Mutex<Vec<Vec<String>>>,
 }
 
 /// `mutex`'s tally; one poisoned by a panicking core is still counted.
@@ -700,6 +709,8 @@ struct CnSetup {
     /// Per core, the CPU its executor is pinned to (glommio) and its clients: `(client
     /// index, coordinator id)` (the client index numbers its port).
     cores: Vec<(usize, Vec<(u16, u16)>)>,
+    /// What the cores' deployments share (`Deployment::join_core`).
+    group: CoreGroup,
     shared: CnShared,
 }
 
@@ -707,11 +718,12 @@ impl CnSetup {
     /// This core's deployment (the protocol on the regions alone, streaming its records to
     /// stdout), after the loader ran without writing (so that placement decided while
     /// loading, such as OOCC's directory, agrees with the MNs) and
-    /// `Deployment::join_as_cn` told it which CN it is (LOTUS: whose lock table it serves).
+    /// `Deployment::join_as_cn` told it which CN it is (LOTUS: whose lock table it serves)
+    /// and `Deployment::join_core` which core (Pandora: its listener's messages reach it).
     ///
     /// A protocol that takes a placement (`Protocol::deploy_placed`) gets the one the dry run
     /// of `TxnSetup::new` found, shared by every core, and the loader runs once per process.
-    fn deployment(&self, history: Recorder) -> anyhow::Result<Box<dyn Deployment>> {
+    fn deployment(&self, core: usize, history: Recorder) -> anyhow::Result<Box<dyn Deployment>> {
         let setup = &self.setup;
         let memory = MnMemory::remote(setup.regions.clone());
         let placed = setup.placement.as_ref().and_then(|placement| {
@@ -730,6 +742,7 @@ impl CnSetup {
             }
         };
         deployment.join_as_cn(self.me.node, &self.plan)?;
+        deployment.join_core(self.group.on_core(core))?;
         Ok(deployment)
     }
 
@@ -758,6 +771,7 @@ impl CnSetup {
     /// told to stop), counting into the CN's tallies.
     async fn run_coordinators(
         &self,
+        core: usize,
         coordinators: Vec<(u16, dmem_txn::BoxCoordinator, AnyContext)>,
         deployment: &RefCell<Box<dyn Deployment>>,
     ) {
@@ -829,17 +843,21 @@ impl CnSetup {
             shared.running.fetch_sub(1, Ordering::Relaxed);
         });
         futures_util::future::join_all(clients).await;
+        let failed = deployment.borrow().failed_mns();
+        lock(&shared.failed_mns_by_core)[core] =
+            failed.iter().map(|&mn| self.cluster.mn_name(mn)).collect();
     }
 
     /// A core after the first: its own deployment and coordinators.
     async fn worker_core(&self, core: usize) -> anyhow::Result<()> {
         let made = self
-            .deployment(Recorder::streaming(Rc::new(StdoutHistory::default())))
+            .deployment(core, Recorder::streaming(Rc::new(StdoutHistory::default())))
             .and_then(|mut d| {
                 let coordinators = self.coordinators(core, &mut *d)?;
-                Ok((d, coordinators))
+                let tasks = d.core_tasks(self.me.node, &self.plan)?;
+                Ok((d, coordinators, tasks))
             });
-        let (deployment, coordinators) = match made {
+        let (deployment, coordinators, tasks) = match made {
             Ok(made) => made,
             Err(e) => {
                 self.shared.stop.store(true, Ordering::Relaxed);
@@ -848,7 +866,14 @@ impl CnSetup {
         };
         self.shared.built.fetch_add(1, Ordering::Relaxed);
         let deployment = RefCell::new(deployment);
-        self.run_coordinators(coordinators, &deployment).await;
+        // The core's tasks (Pandora: its end of the CN listener; often none) stop with its
+        // coordinators, and never end the core by themselves.
+        let tasks = async {
+            futures_util::future::join_all(tasks).await;
+            std::future::pending::<()>().await;
+        };
+        let work = self.run_coordinators(core, coordinators, &deployment);
+        futures_util::future::select(std::pin::pin!(work), std::pin::pin!(tasks)).await;
         Ok(())
     }
 }
@@ -892,8 +917,10 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         net,
         shared: CnShared {
             running: AtomicUsize::new(cores.iter().map(|c| c.1.len()).sum()),
+            failed_mns_by_core: Mutex::new(vec![Vec::new(); threads]),
             ..CnShared::default()
         },
+        group: CoreGroup::new(threads),
         cores,
     });
     let jobs = cn
@@ -942,6 +969,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         executor_why,
         threads: cluster.threads(),
         counters: first.counters,
+        failed_mns_by_core: lock(&shared.failed_mns_by_core).clone(),
     };
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
@@ -977,7 +1005,7 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
     // The coordinators stream every record to stdout (and keep none here).
     let stdout_history = StdoutHistory::default();
     let streaming_off = Rc::clone(&stdout_history.off);
-    let mut deployment = cn.deployment(Recorder::streaming(Rc::new(stdout_history)))?;
+    let mut deployment = cn.deployment(0, Recorder::streaming(Rc::new(stdout_history)))?;
     let coordinators = cn.coordinators(0, &mut *deployment)?;
     // The protocol's CN side (heartbeats to the detector, which are also its join barrier;
     // for protocols with recovery across processes their listener) runs until this
@@ -1043,7 +1071,7 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
         }
         r
     };
-    let work = futures_util::future::join(cn.run_coordinators(coordinators, &deployment), body);
+    let work = futures_util::future::join(cn.run_coordinators(0, coordinators, &deployment), body);
     // The process tasks never end by themselves: they stop with the work.
     let tasks = futures_util::future::join_all(tasks);
     let mut first =
@@ -1235,11 +1263,7 @@ async fn detector(
     let mn_failures = mn_events
         .iter()
         .map(|e| MnFailed {
-            mn: cluster
-                .mns()
-                .iter()
-                .find(|m| m.node == e.mn)
-                .map_or_else(|| format!("MN {}", e.mn.0), |m| m.name.clone()),
+            mn: cluster.mn_name(e.mn),
             detected_ms: since_start(e.detected_at),
             resumed_ms: e.resumed_at.map(since_start),
         })

@@ -305,7 +305,7 @@ fn faa_clients_on_glommio_or_one_line_why_not() {
 /// otherwise. The CNs report the executor, the merged history and the invariants are clean.
 #[test]
 fn smallbank_on_drtm_runs_each_cn_on_two_cores() {
-    let (_dir, file) = local_smallbank_on_cores("drtm-cores", "drtm", "auto");
+    let (_dir, file) = local_smallbank_on_cores("drtm-cores", "drtm", "auto", 1);
     let out = run_cluster(&file, &[]);
     // `dmem cluster` fails the run on any problem the history checker or the invariants
     // found.
@@ -328,7 +328,7 @@ fn smallbank_on_drtm_runs_each_cn_on_two_cores() {
 /// from their redo logs; where glommio cannot run, the run stops with one line saying why.
 #[test]
 fn smallbank_on_oocc_two_cores_on_glommio_recovers_a_killed_cn() {
-    let (_dir, file) = local_smallbank_on_cores("oocc-cores", "oocc", "glommio");
+    let (_dir, file) = local_smallbank_on_cores("oocc-cores", "oocc", "glommio", 1);
     let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
     match dmem_runtime::ExecutorKind::detect() {
         (kind, None) => {
@@ -353,7 +353,7 @@ fn smallbank_on_oocc_two_cores_on_glommio_recovers_a_killed_cn() {
 /// grants of this core and of its lock servers for the other CN.
 #[test]
 fn smallbank_on_lotus_runs_each_cn_on_two_cores() {
-    let (_dir, file) = local_smallbank_on_cores("lotus-cores", "lotus", "auto");
+    let (_dir, file) = local_smallbank_on_cores("lotus-cores", "lotus", "auto", 1);
     let out = run_cluster(&file, &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -375,31 +375,82 @@ fn smallbank_on_lotus_runs_each_cn_on_two_cores() {
 /// killed CN (two per core) and the merged history is clean.
 #[test]
 fn smallbank_on_motor_two_cores_recovers_a_killed_cn() {
-    let (_dir, file) = local_smallbank_on_cores("motor-cores", "motor", "auto");
+    let (_dir, file) = local_smallbank_on_cores("motor-cores", "motor", "auto", 1);
     let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
     assert_recovered_kill(&out);
     assert_eq!(reports(&out)["cn0"]["threads"], 2);
 }
 
-/// A protocol whose coordinators share CN-side state (Pandora's listener updates the failed
-/// coordinators and the MN view every coordinator reads) refuses `threads = 2` in one line.
+/// Pandora with each CN's four coordinators on two cores (two per core, each core's made by
+/// a deployment of its own) and a CN killed: the first CN's detector recovers all four
+/// coordinators of the killed CN — both cores' — from their logs, its link terminated at
+/// the MN; the merged history is clean. On whatever executor `auto` picks (glommio under
+/// `.ci/run`'s glommio step).
 #[test]
-fn pandora_refuses_two_cores_per_cn() {
-    let (_dir, file) = local_smallbank_on_cores("pandora-cores", "pandora", "polling");
-    let out = run_cluster(&file, &[]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        stderr.contains("cannot split a CN's coordinators across cores")
-            && stderr.contains("use threads = 1"),
-        "{stderr}"
-    );
+fn smallbank_on_pandora_two_cores_recovers_a_killed_cn() {
+    let (_dir, file) = local_smallbank_on_cores("pandora-cores", "pandora", "auto", 1);
+    let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
+    assert_recovered_kill(&out);
+    let r = reports(&out);
+    assert_eq!(r["cn0"]["threads"], 2, "{}", r["cn0"]);
 }
 
-/// [`local_smallbank`] with one MN and each CN's four coordinators on two cores, on
+/// Pandora §3.2.5 with each CN on two cores: 3 MNs (3 replicas), an MN process killed
+/// mid-run. Only the first core of a CN listens; the view change must reach the second
+/// core's coordinators too, and the CN acknowledges only once both cores decided their
+/// older-view transactions. Every core of both CNs ends with the killed MN out of its view
+/// (a second core left on the old view would keep it, and would give its transactions up
+/// on the lost connection instead of waiting for the view); no transaction was given up,
+/// the detector resumed the CNs, the history and the invariants are clean.
+#[test]
+fn smallbank_on_pandora_two_cores_survive_a_killed_mn() {
+    let (_dir, file) = local_smallbank_on_cores("pandora-cores-mn", "pandora", "auto", 3);
+    let out = run_cluster(&file, &["--kill", "mn1", "--kill-after-ms", "400"]);
+    assert_survived_mn_kill(&out, "mn1");
+    let r = reports(&out);
+    for cn in ["cn0", "cn1"] {
+        assert_eq!(r[cn]["threads"], 2, "{}", r[cn]);
+        assert_eq!(
+            r[cn]["failed_mns_by_core"],
+            serde_json::json!([["mn1"], ["mn1"]]),
+            "{}",
+            r[cn]
+        );
+        assert_eq!(r[cn]["failed"], 0, "{}", r[cn]);
+    }
+}
+
+/// FORD (no recovery) with each CN on two cores: the merged history and the invariants
+/// are clean, and no core saw an MN fail.
+#[test]
+fn smallbank_on_ford_two_cores_checks_clean() {
+    let (_dir, file) = local_smallbank_on_cores("ford-cores", "ford", "auto", 1);
+    let out = run_cluster(&file, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let r = reports(&out);
+    assert_eq!(r["cn0"]["invariants"], "ok", "{}", r["cn0"]);
+    for cn in ["cn0", "cn1"] {
+        assert_eq!(r[cn]["threads"], 2, "{}", r[cn]);
+        assert!(r[cn]["committed"].as_u64().unwrap() > 0, "{}", r[cn]);
+        assert_eq!(
+            r[cn]["failed_mns_by_core"],
+            serde_json::json!([[], []]),
+            "{}",
+            r[cn]
+        );
+    }
+}
+
+/// [`local_smallbank`] with `mns` MNs and each CN's four coordinators on two cores, on
 /// `executor`.
-fn local_smallbank_on_cores(tag: &str, protocol: &str, executor: &str) -> (TempDir, PathBuf) {
-    let (dir, file) = local_smallbank(tag, protocol, 1);
+fn local_smallbank_on_cores(
+    tag: &str,
+    protocol: &str,
+    executor: &str,
+    mns: usize,
+) -> (TempDir, PathBuf) {
+    let (dir, file) = local_smallbank(tag, protocol, mns);
     let text = std::fs::read_to_string(&file).unwrap().replace(
         "clients = 4",
         &format!("clients = 4\nthreads = 2\nexecutor = \"{executor}\""),

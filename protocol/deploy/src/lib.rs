@@ -508,8 +508,10 @@ pub trait Deployment {
     /// [`process_recovery`](Self::process_recovery) and
     /// [`final_coordinator`](Self::final_coordinator). That is sound when a coordinator
     /// keeps no CN-side state that another core's coordinators or those tasks must see
-    /// (caches and hints may differ per core); `Err(why)` names the state otherwise. The
-    /// default refuses, because a protocol that did not say cannot be assumed to keep none.
+    /// (caches and hints may differ per core), or when the protocol carries that state to
+    /// every core itself ([`join_core`](Self::join_core), [`core_tasks`](Self::core_tasks));
+    /// `Err(why)` names the state otherwise. The default refuses, because a protocol that
+    /// did not say cannot be assumed to keep none.
     ///
     /// # Errors
     /// Why this protocol's coordinators must share one deployment per CN.
@@ -518,6 +520,35 @@ pub trait Deployment {
             "its coordinators may share CN-side state (the protocol does not say they keep none)"
                 .to_owned(),
         )
+    }
+
+    /// Tells the deployment of one core of a CN process which core it serves (`group`,
+    /// shared by every core's deployment), before its [`coordinator`](Self::coordinator)s
+    /// are made. A CN process calls it for every protocol, after
+    /// [`join_as_cn`](Self::join_as_cn), with a group of one core when it runs one; the
+    /// default ignores it (coordinators that keep no CN-side state the cores must share).
+    ///
+    /// # Errors
+    /// [`DeployError`] if the protocol cannot join the group.
+    fn join_core(&mut self, group: process::CoreGroup) -> Result<(), DeployError> {
+        let _ = group;
+        Ok(())
+    }
+
+    /// The tasks a core other than the first of a CN process runs beside its coordinators,
+    /// until they are done (the first core runs [`process_tasks`](Self::process_tasks)):
+    /// none by default; for Pandora, the core's end of its CN listener (§3.2.2, §3.2.5, see
+    /// `dmem-ford`'s `cores`). Call it after this core's coordinators are made.
+    ///
+    /// # Errors
+    /// [`DeployError`] if the protocol cannot set the core's side up.
+    fn core_tasks(
+        &mut self,
+        me: NodeId,
+        plan: &process::ProcessPlan,
+    ) -> Result<Vec<process::LocalTask>, DeployError> {
+        let _ = (me, plan);
+        Ok(Vec::new())
     }
 
     /// The MNs this process's view counts as failed (Pandora §3.2.5: dropped from the view,

@@ -12,6 +12,12 @@
 //!   protocol with recovery across processes its listener (Pandora: stray-lock
 //!   notifications, MN-failure views, pause and acknowledgement), and for a protocol whose
 //!   CNs serve each other its servers on [`CnContexts::services`] (LOTUS's lock tables);
+//! * **a CN process on several cores** (one executor and one deployment per core) gives
+//!   every core's deployment the same [`CoreGroup`]
+//!   ([`Deployment::join_core`](crate::Deployment::join_core)); the first core runs the
+//!   process tasks, the others the tasks
+//!   [`Deployment::core_tasks`](crate::Deployment::core_tasks) returns (Pandora: each core's
+//!   end of the CN listener, fed through a relay in the group);
 //! * **the detector CN** drives the [`ProcessRecovery`] that
 //!   [`Deployment::process_recovery`](crate::Deployment::process_recovery) returns:
 //!   [`detect`](ProcessRecovery::detect) suspects silent CNs,
@@ -24,6 +30,7 @@
 //! The caller (the CLI) only manages processes: it makes the contexts, spawns the tasks on
 //! its executor, and calls the detector's steps between its own bookkeeping.
 
+use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::File;
@@ -34,6 +41,7 @@ use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::{Arc, OnceLock};
 
 use dmem_verbs::{Clock, Endpoint, Nanos, NodeId, Port, Verbs, VerbsError};
 
@@ -197,6 +205,73 @@ pub struct CnContexts {
     /// For the services this CN offers other CNs, one per endpoint of its
     /// [`ClusterMember::services`], in that order (messages only).
     pub services: Vec<AnyContext>,
+}
+
+/// One core of a CN process that runs its coordinators on several cores, one executor each
+/// ([`Deployment::splits_across_cores`](crate::Deployment::splits_across_cores)): which
+/// core, how many, and one value that the deployments of all of them share — the only state
+/// that crosses their executors, so `Send + Sync`. A protocol whose CN-side tasks (run by
+/// the first core's [`process_tasks`](crate::Deployment::process_tasks)) update what every
+/// core's coordinators read keeps here what carries those updates to the other cores
+/// (Pandora: its listener's control messages, `dmem-ford`'s `cores` module).
+#[derive(Clone)]
+pub struct CoreGroup {
+    core: usize,
+    cores: usize,
+    cell: Arc<OnceLock<Arc<dyn Any + Send + Sync>>>,
+}
+
+impl CoreGroup {
+    /// The first of `cores` cores (at least one) of a new process-wide group.
+    #[must_use]
+    pub fn new(cores: usize) -> Self {
+        Self {
+            core: 0,
+            cores: cores.max(1),
+            cell: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Core `core` of the same group.
+    ///
+    /// # Panics
+    /// If `core` is not below [`cores`](Self::cores).
+    #[must_use]
+    pub fn on_core(&self, core: usize) -> Self {
+        assert!(core < self.cores, "core {core} of {}", self.cores);
+        Self {
+            core,
+            ..self.clone()
+        }
+    }
+
+    /// This core (0: the one that runs the CN's process tasks).
+    #[must_use]
+    pub fn core(&self) -> usize {
+        self.core
+    }
+
+    /// How many cores the process runs coordinators on.
+    #[must_use]
+    pub fn cores(&self) -> usize {
+        self.cores
+    }
+
+    /// The value every core of the group shares, made by `make` on the first core that
+    /// asks; `None` if the group already holds a value of another type.
+    pub fn shared<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<Arc<T>> {
+        let any = self.cell.get_or_init(|| Arc::new(make()));
+        Arc::clone(any).downcast().ok()
+    }
+}
+
+impl std::fmt::Debug for CoreGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoreGroup")
+            .field("core", &self.core)
+            .field("cores", &self.cores)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One MN failure handled by the detector, protocol-neutral.
@@ -599,6 +674,33 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cores_of_a_group_share_one_value_made_once() {
+        let first = CoreGroup::new(2);
+        let second = first.on_core(1);
+        assert_eq!((first.core(), second.core(), second.cores()), (0, 1, 2));
+        let made = std::sync::atomic::AtomicUsize::new(0);
+        let make = || {
+            made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::sync::atomic::AtomicU64::new(7)
+        };
+        let a = second.shared(make).unwrap();
+        let b = first.shared(make).unwrap();
+        assert!(Arc::ptr_eq(&a, &b), "one value for every core");
+        assert_eq!(made.into_inner(), 1);
+        // Across threads, as the cores of a CN process are.
+        let on_thread = std::thread::spawn(move || {
+            second
+                .shared(|| unreachable!())
+                .map(|v: Arc<std::sync::atomic::AtomicU64>| {
+                    v.load(std::sync::atomic::Ordering::Relaxed)
+                })
+        });
+        assert_eq!(on_thread.join().unwrap(), Some(7));
+        assert!(first.shared(|| 0_u8).is_none(), "a value of another type");
+        assert_eq!(CoreGroup::new(0).cores(), 1);
+    }
 
     #[test]
     fn durable_slots_keep_the_newest_intact_value() {

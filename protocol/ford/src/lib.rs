@@ -17,12 +17,16 @@
 //!   the detector's side of MN failures (§3.2.5).
 //! * [`mnfail`]: MN failures on the CNs (§3.2.5): view epochs, pause, stop-and-decide of
 //!   in-flight transactions, acknowledgement and resume.
+//! * [`cores`]: a CN process on several cores (thread per core): its listener's control
+//!   messages forwarded to every core's coordinators, the acknowledgement of an MN view
+//!   sent once every core can give it.
 //!
 //! Protocol code is generic over `V: Verbs + Clock` and never names an executor.
 #![forbid(unsafe_code)]
 
 pub mod cn;
 pub mod config;
+pub mod cores;
 pub mod logic;
 pub mod mnfail;
 pub mod recovery;

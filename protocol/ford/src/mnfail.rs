@@ -38,6 +38,7 @@ use std::rc::Rc;
 use dmem_verbs::{Clock, Endpoint, Nanos, Verbs, VerbsError};
 
 use crate::cn::CnShared;
+use crate::cores::{CoreFollower, CoreRelay};
 use crate::store::Store;
 use crate::wire::ControlMsg;
 
@@ -104,18 +105,74 @@ pub async fn cn_listener_resending<V: Verbs + Clock>(
     resend: Option<Nanos>,
     until: Nanos,
 ) -> Result<(), VerbsError> {
-    {
-        let mut mn = shared.mn.borrow_mut();
-        mn.detector = Some(detector);
-        mn.poll = poll.max(1);
-    }
+    let timing = ListenerTiming {
+        poll,
+        resend,
+        until,
+    };
+    let one_core = CoreRelay::new(1);
+    cn_listener_with_cores(ctx, store, shared, &one_core, detector, timing).await
+}
+
+/// How a CN listener polls: every `poll` until `until`, re-sending an acknowledgement every
+/// `resend` while paused (see [`cn_listener_resending`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenerTiming {
+    /// Between looks at the receive queue, ns.
+    pub poll: Nanos,
+    /// Between re-sent acknowledgements while paused; `None`: never re-sent.
+    pub resend: Option<Nanos>,
+    /// When the listener stops.
+    pub until: Nanos,
+}
+
+/// Turns MN-failure handling on for `shared`'s coordinators: they report an MN that stops
+/// answering to `detector` and, waiting for the view change, look again every `poll`.
+pub fn enable_mn_failures(shared: &CnShared, detector: Endpoint, poll: Nanos) {
+    let mut mn = shared.mn.borrow_mut();
+    mn.detector = Some(detector);
+    mn.poll = poll.max(1);
+}
+
+/// [`cn_listener_resending`] on the first core of a CN process whose other cores have
+/// coordinators of their own ([`crate::cores`]): every control message is also forwarded
+/// through `relay` to the other cores, and an MN view is acknowledged to `detector` only once
+/// this core and every other core can acknowledge it (each applied it and runs no
+/// transaction of an older view). With a relay of one core it is
+/// [`cn_listener_resending`].
+///
+/// # Errors
+/// [`VerbsError`] if receiving or sending fails.
+pub async fn cn_listener_with_cores<V: Verbs + Clock>(
+    ctx: &V,
+    store: Rc<Store>,
+    shared: CnShared,
+    relay: &CoreRelay,
+    detector: Endpoint,
+    timing: ListenerTiming,
+) -> Result<(), VerbsError> {
+    let ListenerTiming {
+        poll,
+        resend,
+        until,
+    } = timing;
+    enable_mn_failures(&shared, detector, poll);
+    // The epoch this core can acknowledge, waiting for the other cores.
+    let mut due: Option<u64> = None;
     // The epoch last acknowledged and when.
     let mut acked: Option<(u64, Nanos)> = None;
     while ctx.now() < until {
         while let Some(msg) = ctx.try_recv()? {
             apply_cn_message(&msg.payload, &store, &shared);
+            relay.forward(&msg.payload);
         }
-        let ack = shared.mn.borrow_mut().ack_ready();
+        if let Some(epoch) = shared.mn.borrow_mut().ack_ready() {
+            due = due.max(Some(epoch));
+        }
+        let ack = due.filter(|&epoch| relay.ready(epoch));
+        if ack.is_some() {
+            due = None;
+        }
         let now = ctx.now();
         let again = match (resend, acked) {
             (Some(period), Some((epoch, at)))
@@ -133,4 +190,33 @@ pub async fn cn_listener_resending<V: Verbs + Clock>(
         ctx.sleep(poll).await;
     }
     Ok(())
+}
+
+/// A core's side of its CN's control messages on a CN process of several cores
+/// ([`crate::cores`]): turns MN-failure
+/// handling on for `shared`'s coordinators at once (reports go to `detector`; waiting
+/// coordinators look again every `poll`), then, every `poll` until `until` on `clock`,
+/// applies what `follower` received to `store`'s view and `shared`, and reports the epoch
+/// its core can acknowledge.
+pub fn core_follower<C: Clock>(
+    clock: C,
+    store: Rc<Store>,
+    shared: CnShared,
+    follower: CoreFollower,
+    detector: Endpoint,
+    poll: Nanos,
+    until: Nanos,
+) -> impl Future<Output = ()> {
+    enable_mn_failures(&shared, detector, poll);
+    async move {
+        while clock.now() < until {
+            for payload in follower.take() {
+                apply_cn_message(&payload, &store, &shared);
+            }
+            if let Some(epoch) = shared.mn.borrow_mut().ack_ready() {
+                follower.ready(epoch);
+            }
+            clock.sleep(poll.max(1)).await;
+        }
+    }
 }

@@ -8,8 +8,11 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use common::{Bank, SimTerminator, check_serializable, transfer, worker_with_stats};
+use dmem_ford::cores::CoreRelay;
 use dmem_ford::logic::Decision;
-use dmem_ford::mnfail::cn_listener_resending;
+use dmem_ford::mnfail::{
+    ListenerTiming, cn_listener_resending, cn_listener_with_cores, core_follower,
+};
 use dmem_ford::recovery::heartbeat_loop;
 use dmem_ford::wire::ControlMsg;
 use dmem_ford::{
@@ -62,6 +65,57 @@ fn start_cn_resending(
     (store, shared, listener.local_endpoint())
 }
 
+/// One CN split like a CN process on `cores` cores: each core (sim thread `core`) with its
+/// own view of the MNs and its own [`CnShared`]; the listener on core 0 forwards to the
+/// others' [`core_follower`]s (`dmem_ford::cores`), and heartbeats on the last core.
+fn start_cn_on_cores(
+    bank: &Bank,
+    cn: u16,
+    detector: Endpoint,
+    cores: usize,
+    deadline: u64,
+) -> (Vec<(Rc<Store>, CnShared)>, Endpoint) {
+    let relay = std::sync::Arc::new(CoreRelay::new(cores));
+    let state: Vec<_> = (0..cores)
+        .map(|_| (Rc::new(bank.store.fork_view()), CnShared::new()))
+        .collect();
+    let on = |core: usize| {
+        let thread = u16::try_from(core).unwrap();
+        bank.sim.context(bank.sim.cn(cn), thread).unwrap()
+    };
+    let listener = on(0);
+    let (l, r) = (listener.clone(), std::sync::Arc::clone(&relay));
+    let (st, sh) = (Rc::clone(&state[0].0), state[0].1.clone());
+    let timing = ListenerTiming {
+        poll: POLL,
+        resend: None,
+        until: deadline,
+    };
+    bank.sim.spawn(&listener, async move {
+        let _ = cn_listener_with_cores(&l, st, sh, &r, detector, timing).await;
+    });
+    for (core, (store, shared)) in state.iter().enumerate().skip(1) {
+        let ctx = on(core);
+        let follower = relay.follower(core).unwrap();
+        let task = core_follower(
+            ctx.clone(),
+            Rc::clone(store),
+            shared.clone(),
+            follower,
+            detector,
+            POLL,
+            deadline,
+        );
+        bank.sim.spawn(&ctx, task);
+    }
+    let hb = on(cores - 1);
+    let h = hb.clone();
+    bank.sim.spawn(&hb, async move {
+        let _ = heartbeat_loop(&h, detector, HEARTBEAT, deadline).await;
+    });
+    (state, listener.local_endpoint())
+}
+
 type Events = (
     Rc<RefCell<Vec<MnFailureEvent>>>,
     Rc<RefCell<Vec<RecoveryEvent>>>,
@@ -97,14 +151,17 @@ struct Run {
     mn_events: Vec<MnFailureEvent>,
 }
 
-/// CN 0 and CN 1 run 4 coordinators each (25 transfers/audits apiece); CN 2 runs the
-/// detector; MN `mn` crashes at `crash_at` (never if `None`).
+/// CN 0 and CN 1 run 4 coordinators each (25 transfers/audits apiece), two per sim thread;
+/// CN 2 runs the detector; MN `mn` crashes at `crash_at` (never if `None`). With `cores`
+/// 2, each thread of a CN is a core of its own ([`start_cn_on_cores`]), and every core's
+/// view must have dropped the MN at the end.
 fn bank_with_mn_crash(
     seed: u64,
     cfg: ProtocolConfig,
     protocol: Protocol,
     mn: u16,
     crash_at: Option<u64>,
+    cores: usize,
 ) -> Run {
     let bank = Bank::new(seed, 3, 2, 10);
     let fd_ctx = bank.sim.context(bank.sim.cn(2), 0).unwrap();
@@ -113,15 +170,23 @@ fn bank_with_mn_crash(
     let stats = Rc::new(RefCell::new(Vec::new()));
     let mut members = Vec::new();
     let mut id = 0;
+    let mut views = Vec::new();
     for cn in 0..2 {
-        let (store, shared, listener) = start_cn(&bank, cn, detector, DEADLINE);
+        let (state, listener) = if cores == 1 {
+            let (store, shared, listener) = start_cn(&bank, cn, detector, DEADLINE);
+            (vec![(store, shared)], listener)
+        } else {
+            start_cn_on_cores(&bank, cn, detector, cores, DEADLINE)
+        };
+        views.extend(state.iter().map(|(store, _)| Rc::clone(store)));
         let mut ids = Vec::new();
         for thread in 0..2 {
+            let (store, shared) = &state[usize::from(thread) % state.len()];
             for _ in 0..2 {
                 let ctx = bank.sim.context(bank.sim.cn(cn), thread).unwrap();
                 let co = FordCoordinator::new(
                     ctx.clone(),
-                    Rc::clone(&store),
+                    Rc::clone(store),
                     cfg,
                     id,
                     shared.clone(),
@@ -163,6 +228,12 @@ fn bank_with_mn_crash(
         assert_eq!(ev.mn, mn);
         assert!(ev.resumed_at.is_some(), "{what}: the CNs were resumed");
         assert!(!fd_store.view().borrow().is_alive(mn));
+        for (core, view) in views.iter().enumerate() {
+            assert!(
+                !view.view().borrow().is_alive(mn),
+                "{what}: core {core}'s view still has the MN"
+            );
+        }
     }
     // Live replicas agree, money is conserved, no lock of a live coordinator is left.
     bank.check_invariant_on(&fd_store, &[]);
@@ -178,7 +249,7 @@ fn total(stats: &[CoordinatorStats], f: impl Fn(&CoordinatorStats) -> u64) -> u6
 #[test]
 fn pandora_survives_an_mn_crash_mid_run() {
     let end = {
-        let quiet = bank_with_mn_crash(1, ProtocolConfig::pandora(), Protocol::Pandora, 0, None);
+        let quiet = bank_with_mn_crash(1, ProtocolConfig::pandora(), Protocol::Pandora, 0, None, 1);
         assert!(quiet.mn_events.is_empty());
         total(&quiet.stats, |s| s.committed)
     };
@@ -198,6 +269,7 @@ fn pandora_survives_an_mn_crash_mid_run() {
             Protocol::Pandora,
             mn,
             Some(at),
+            1,
         );
         stopped += total(&run.stats, |s| {
             s.mn_aborted + s.mn_rolled_forward + s.mn_rolled_back
@@ -217,8 +289,37 @@ fn ford_with_an_mn_crash_is_safe() {
             Protocol::Ford,
             mn,
             Some(at),
+            1,
         );
     }
+}
+
+/// Each CN split across two cores (a CN process with `threads = 2`): only core 0 listens,
+/// and forwards to core 1. Every coordinator finishes, the failure is handled once and the
+/// CNs are resumed (so both cores of each CN acknowledged), every core's view dropped the
+/// MN, money is conserved and the history is serializable, for crashes early and late.
+#[test]
+fn pandora_with_two_cores_per_cn_survives_an_mn_crash() {
+    let mut stopped = 0;
+    for (seed, mn, at) in [
+        (21, 0, 150_000),
+        (22, 1, 300_000),
+        (23, 2, 90_000),
+        (24, 0, 450_000),
+    ] {
+        let run = bank_with_mn_crash(
+            seed,
+            ProtocolConfig::pandora(),
+            Protocol::Pandora,
+            mn,
+            Some(at),
+            2,
+        );
+        stopped += total(&run.stats, |s| {
+            s.mn_aborted + s.mn_rolled_forward + s.mn_rolled_back
+        });
+    }
+    assert!(stopped > 0, "some crash stopped an in-flight transaction");
 }
 
 /// Pandora's coordinator 0 on `ctx`, recording into the bank's history.
@@ -549,4 +650,61 @@ fn a_cn_that_never_answers_a_view_change_is_reported() {
             && line.contains("re-sent every 20µs"),
         "{line}"
     );
+}
+
+/// A CN on two cores acknowledges an MN view only once both cores can: core 1 keeps a
+/// transaction of the old view open until `release`, so the acknowledgement that core 0's
+/// listener sends comes after it (core 0 alone could have acknowledged at once), and both
+/// cores' views dropped the MN.
+#[test]
+fn a_cn_on_two_cores_acknowledges_a_view_once_every_core_can() {
+    let (deadline, notify, release) = (2_000_000, 50_000, 500_000);
+    let bank = Bank::new(31, 2, 2, 4);
+    let fd = bank.sim.context(bank.sim.cn(1), 0).unwrap();
+    let detector = fd.local_endpoint();
+    let (state, listener) = start_cn_on_cores(&bank, 0, detector, 2, deadline);
+    let ctx = bank.sim.context(bank.sim.cn(0), 1).unwrap();
+    let mut co = FordCoordinator::new(
+        ctx.clone(),
+        Rc::clone(&state[1].0),
+        ProtocolConfig::pandora(),
+        0,
+        state[1].1.clone(),
+        Rc::clone(&bank.history),
+    )
+    .unwrap();
+    bank.sim.spawn(&ctx.clone(), async move {
+        let old_view = co.begin_txn(dmem_txn::TxnKind::ReadWrite);
+        ctx.sleep(release).await;
+        drop(old_view);
+    });
+    let acked = Rc::new(RefCell::new(None));
+    let (a, f) = (Rc::clone(&acked), fd.clone());
+    bank.sim.spawn(&fd, async move {
+        f.sleep(notify).await;
+        let failed = ControlMsg::MnFailed {
+            epoch: 1,
+            mask: 1 << 1,
+        };
+        f.send(listener, &failed.emit()).await.unwrap();
+        while f.now() < deadline {
+            while let Some(msg) = f.try_recv().unwrap() {
+                let ack = ControlMsg::parse(&msg.payload) == Ok(ControlMsg::MnAck { epoch: 1 });
+                if ack && a.borrow().is_none() {
+                    *a.borrow_mut() = Some(f.now());
+                }
+            }
+            f.sleep(POLL).await;
+        }
+    });
+    bank.sim.run_until(deadline + 1_000_000);
+    let at = acked.borrow().expect("the CN acknowledged the view");
+    assert!(
+        at >= release,
+        "acknowledged at {at} ns, while core 1 ran an old-view transaction until {release} ns"
+    );
+    for (core, (store, shared)) in state.iter().enumerate() {
+        assert!(!store.view().borrow().is_alive(1), "core {core} kept MN 1");
+        assert_eq!(shared.mn.borrow().epoch(), 1, "core {core}");
+    }
 }

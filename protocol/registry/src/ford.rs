@@ -11,21 +11,27 @@
 //! Across the processes of a real cluster the same manager runs on the detector CN behind
 //! `dmem-deploy`'s [`ProcessRecovery`] (link termination through the MN processes, MN
 //! failures watched, control messages re-sent), and every CN runs Pandora's heartbeats and
-//! CN listener ([`Deployment::process_tasks`]).
+//! CN listener ([`Deployment::process_tasks`]). A CN process on several cores (one
+//! deployment per core, [`Deployment::join_core`]) runs the listener on its first core,
+//! which forwards every control message to the other cores' followers
+//! ([`Deployment::core_tasks`]) and acknowledges an MN view only once every core can
+//! (`dmem-ford`'s `cores` module: why that keeps §3.2.2/§3.2.5's guarantees).
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use dmem_deploy::process::{
-    CnContexts, LocalTask, MessageLinkTerminator, MnFailure, ProcessPlan, ProcessRecovery,
-    StepFuture,
+    CnContexts, CoreGroup, LocalTask, MessageLinkTerminator, MnFailure, ProcessPlan,
+    ProcessRecovery, StepFuture,
 };
 use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
     RecoveredCoordinator, RecoveryEvent, RecoveryTiming, SimLinkTerminator,
 };
+use dmem_ford::cores::{CoreFollower, CoreRelay};
 use dmem_ford::logic::Decision as FordDecision;
-use dmem_ford::mnfail::cn_listener_resending;
+use dmem_ford::mnfail::{ListenerTiming, cn_listener_with_cores, core_follower};
 use dmem_ford::recovery::{MnFailureEvent, heartbeat_loop, membership_listener};
 use dmem_ford::{
     CnShared, FordCoordinator, FordTxn, LinkTerminator, Member, ProtocolConfig, RecoveryManager,
@@ -132,6 +138,8 @@ impl Protocol for FordProtocol {
             error: Rc::new(RefCell::new(None)),
             paused: Rc::new(Cell::new(false)),
             steals: Rc::new(Cell::new(0)),
+            core: CoreSide::Alone,
+            clock: None,
         }))
     }
 }
@@ -155,6 +163,22 @@ pub struct FordDeployment {
     error: Rc<RefCell<Option<String>>>,
     paused: Rc<Cell<bool>>,
     steals: Rc<Cell<u64>>,
+    /// Its place among the cores of a CN process ([`Deployment::join_core`]).
+    core: CoreSide,
+    /// The context of the first coordinator made here: the clock of a [`core_follower`].
+    clock: Option<AnyContext>,
+}
+
+/// A deployment's place among the cores of a CN process: the CN listener's control messages
+/// (stray-lock notifications, MN views, resumes) reach every core's coordinators through a
+/// [`CoreRelay`] (`dmem-ford`'s `cores` module says why that keeps Pandora's guarantees).
+enum CoreSide {
+    /// The only core (the simulator, or a process of one core).
+    Alone,
+    /// The first core: its listener forwards to the others.
+    First(Arc<CoreRelay>),
+    /// Another core: its end of the relay, until [`Deployment::core_tasks`] takes it.
+    Other(Option<CoreFollower>),
 }
 
 /// [`SimLinkTerminator`] as `dmem-ford`'s terminator (a local newtype: both the trait and
@@ -242,6 +266,12 @@ impl ProcessRecovery for FordProcessRecovery {
             })
             .collect()
     }
+}
+
+/// How often a CN's listener (and every other core's follower) looks for control messages:
+/// four times a heartbeat period.
+fn listener_poll(heartbeat: Nanos) -> Nanos {
+    (heartbeat / 4).max(1)
 }
 
 /// `dmem-ford`'s recovery events in the protocol-neutral form.
@@ -400,6 +430,9 @@ impl Deployment for FordDeployment {
         let i = self.shared_of(ctx.node());
         self.cns[i].2.push(id);
         let shared = self.cns[i].1.clone();
+        if self.clock.is_none() {
+            self.clock = Some(ctx.clone());
+        }
         self.make(ctx, id, shared)
     }
 
@@ -502,19 +535,20 @@ impl Deployment for FordDeployment {
         if let Some(shared) = self.cn_shared(me) {
             // Pandora's CN side: stray-lock notifications and MN failures (§3.2.5: the view
             // change into this CN's store, the pause, the acknowledgement, the resume).
+            // On a CN process of several cores, forwarded to the others too.
+            let relay = match &self.core {
+                CoreSide::First(relay) => Arc::clone(relay),
+                CoreSide::Alone | CoreSide::Other(_) => Arc::new(CoreRelay::new(1)),
+            };
             let (store, listener) = (Rc::clone(&self.store), ctxs.listener);
-            let poll: Nanos = (period / 4).max(1);
+            let timing = ListenerTiming {
+                poll: listener_poll(period),
+                resend: Some(period),
+                until: u64::MAX,
+            };
             tasks.push(Box::pin(async move {
-                let _ = cn_listener_resending(
-                    &listener,
-                    store,
-                    shared,
-                    detector,
-                    poll,
-                    Some(period),
-                    u64::MAX,
-                )
-                .await;
+                let _ = cn_listener_with_cores(&listener, store, shared, &relay, detector, timing)
+                    .await;
             }));
         }
         Ok(tasks)
@@ -560,8 +594,55 @@ impl Deployment for FordDeployment {
         })))
     }
 
+    /// Split: the first core's CN listener (Pandora §3.2.2, §3.2.5) forwards every control
+    /// message to the other cores' [`core_tasks`](Deployment::core_tasks), and acknowledges
+    /// an MN view only once every core can (`dmem-ford`'s `cores`).
     fn splits_across_cores(&self) -> Result<(), String> {
-        Err("its CN listener (Pandora §3.2.2, §3.2.5) updates the failed coordinators and the MN view that every coordinator of the CN reads".to_owned())
+        Ok(())
+    }
+
+    fn join_core(&mut self, group: CoreGroup) -> Result<(), DeployError> {
+        let cores = group.cores();
+        let Some(relay) = group.shared(|| CoreRelay::new(cores)) else {
+            return Err(self.protocol_error("the cores of this CN share another protocol's state"));
+        };
+        self.core = match group.core() {
+            0 => CoreSide::First(relay),
+            core => match relay.follower(core) {
+                Some(follower) => CoreSide::Other(Some(follower)),
+                None => {
+                    return Err(self.protocol_error(format!("core {core} joined its CN twice")));
+                }
+            },
+        };
+        Ok(())
+    }
+
+    fn core_tasks(
+        &mut self,
+        me: NodeId,
+        plan: &ProcessPlan,
+    ) -> Result<Vec<LocalTask>, DeployError> {
+        let CoreSide::Other(follower) = &mut self.core else {
+            return Ok(Vec::new());
+        };
+        let follower = follower.take();
+        // A core without coordinators drops its follower here: it retires at once.
+        let (Some(follower), Some(shared), Some(clock)) =
+            (follower, self.cn_shared(me), self.clock.clone())
+        else {
+            return Ok(Vec::new());
+        };
+        let task = core_follower(
+            clock,
+            Rc::clone(&self.store),
+            shared,
+            follower,
+            plan.detector,
+            listener_poll(plan.heartbeat),
+            u64::MAX,
+        );
+        Ok(vec![Box::pin(task)])
     }
 
     fn failed_mns(&self) -> Vec<NodeId> {
