@@ -129,9 +129,10 @@ pub fn ensure_memory(bytes: Option<u64>, what: &str, lower: &str) -> anyhow::Res
     match bytes {
         Some(b) if b <= budget => Ok(()),
         Some(b) => bail!(
-            "{what} would take about {} of memory but this machine has {} available: lower {lower}",
+            "{what} would take about {} of memory but this machine has {} available, of which dmem uses at most three quarters ({}): lower {lower}",
             human_bytes(b),
-            available.map_or_else(|| "less".to_string(), human_bytes)
+            available.map_or_else(|| "less".to_string(), human_bytes),
+            human_bytes(budget)
         ),
         None => bail!("{what} would take more than 2^64 bytes of memory: lower {lower}"),
     }
