@@ -136,9 +136,17 @@ pub struct DeploySpec {
     pub tables: Vec<TableDemand>,
     /// Coordinator ids the run uses (`0..coordinators`, each may need a log region).
     pub coordinators: u16,
-    /// Bytes of each coordinator's log region (Pandora §3.2.2 uses 32 KB; 4 KiB is plenty
-    /// for the workloads' write sets).
+    /// Bytes of each coordinator's log region at least (Pandora §3.2.2 uses 32 KB; 4 KiB
+    /// holds the write sets of every workload but TPC-C). A protocol that logs sizes its
+    /// regions with [`log_region_for`](Self::log_region_for), which grows this floor to
+    /// what the largest of [`write_sets`](Self::write_sets) needs in its log format.
     pub log_region_bytes: u32,
+    /// Per transaction type that writes, the records one transaction of it writes at most
+    /// (locks for update, updates, inserts or deletes), as `(table, records)` pairs: the
+    /// protocol-neutral description of the workload's largest write sets. Empty unless a
+    /// harness knows the workload; then the floor
+    /// [`log_region_bytes`](Self::log_region_bytes) applies alone.
+    pub write_sets: Vec<Vec<(TableId, u32)>>,
     /// Index room as a multiple of each table's records (doubled by [`deploy_loaded`] when
     /// a bucket fills).
     pub index_slack: u64,
@@ -175,6 +183,7 @@ impl DeploySpec {
             tables,
             coordinators,
             log_region_bytes: 4096,
+            write_sets: Vec::new(),
             index_slack: 2,
             exact_index: false,
             warm_cache: false,
@@ -196,6 +205,35 @@ impl DeploySpec {
             }
             _ => Some(table.index_records()),
         }
+    }
+
+    /// Bytes of each coordinator's log region for a protocol whose log of a write set takes
+    /// `fixed` bytes plus `per_record(value_len)` per record written (`value_len` the bytes
+    /// of the record's table's values; 0 for a table not in [`tables`](Self::tables)):
+    /// the floor [`log_region_bytes`](Self::log_region_bytes), or the log of the largest of
+    /// [`write_sets`](Self::write_sets) rounded up to 8 bytes if larger. Saturates at
+    /// `u32::MAX`, which the store's size check then refuses. A run whose workload fits
+    /// the floor keeps exactly the floor, so its layout does not move.
+    #[must_use]
+    pub fn log_region_for(&self, fixed: u64, per_record: impl Fn(usize) -> u64) -> u32 {
+        let value_len = |table: TableId| {
+            self.tables
+                .iter()
+                .find(|t| t.id == table)
+                .map_or(0, |t| t.value_len)
+        };
+        let need = self
+            .write_sets
+            .iter()
+            .map(|set| {
+                set.iter().fold(fixed, |sum, &(table, records)| {
+                    sum.saturating_add(u64::from(records).saturating_mul(per_record(value_len(table))))
+                })
+            })
+            .max()
+            .unwrap_or(0);
+        let need = u32::try_from(need.saturating_add(7) & !7).unwrap_or(u32::MAX);
+        self.log_region_bytes.max(need)
     }
 
     /// The tables a store lays out direct-mapped: [`key_spaces`](Self::key_spaces), or none
