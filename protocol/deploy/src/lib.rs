@@ -602,3 +602,38 @@ pub trait Router {
     /// placement). `None`: run it where it was generated.
     fn route(&self, kind: TxnKind, first: Option<(TableId, Key)>, random: u64) -> Option<u16>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> DeploySpec {
+        let table = |id, value_len| TableDemand {
+            id: TableId(id),
+            value_len,
+            expected_records: 10,
+            grows: false,
+        };
+        DeploySpec::new(vec![table(0, 100), table(1, 8)], 4)
+    }
+
+    #[test]
+    fn log_region_is_the_floor_or_the_largest_write_set_rounded_to_8() {
+        let mut s = spec();
+        // No write sets: the floor.
+        assert_eq!(s.log_region_for(32, |len| len as u64 + 32), 4096);
+        // Fits the floor: the floor, exactly.
+        s.write_sets = vec![vec![(TableId(0), 2)], vec![(TableId(1), 3)]];
+        assert_eq!(s.log_region_for(32, |len| len as u64 + 32), 4096);
+        // 40 records of table 0: 32 + 40 × 132 = 5312; with a fixed 33, rounded up to 5320.
+        s.write_sets.push(vec![(TableId(0), 40), (TableId(1), 0)]);
+        assert_eq!(s.log_region_for(32, |len| len as u64 + 32), 5312);
+        assert_eq!(s.log_region_for(33, |len| len as u64 + 32), 5320);
+        // A table not in the spec counts as empty values.
+        s.write_sets = vec![vec![(TableId(9), 200)]];
+        assert_eq!(s.log_region_for(0, |len| len as u64 + 32), 6400);
+        // Past u32: saturates, for the store's size check to refuse.
+        s.write_sets = vec![vec![(TableId(0), u32::MAX)]];
+        assert_eq!(s.log_region_for(0, |_| u64::MAX), u32::MAX);
+    }
+}
