@@ -44,7 +44,11 @@ fn tpcc_on_ford_and_pandora_never_fills_the_log_region() {
         assert_eq!(r.checker, "ok", "{protocol}: {r:?}");
         assert_eq!(r.invariants, "ok", "{protocol}: {r:?}");
         assert!(r.committed > 20, "{protocol}: {r:?}");
-        let log_aborts: Vec<_> = r.errors.keys().filter(|k| k.contains("log region")).collect();
+        let log_aborts: Vec<_> = r
+            .errors
+            .keys()
+            .filter(|k| k.contains("log region"))
+            .collect();
         assert!(log_aborts.is_empty(), "{protocol}: {:?}", r.errors);
     }
 }

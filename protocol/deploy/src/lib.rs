@@ -227,7 +227,9 @@ impl DeploySpec {
             .iter()
             .map(|set| {
                 set.iter().fold(fixed, |sum, &(table, records)| {
-                    sum.saturating_add(u64::from(records).saturating_mul(per_record(value_len(table))))
+                    sum.saturating_add(
+                        u64::from(records).saturating_mul(per_record(value_len(table))),
+                    )
                 })
             })
             .max()

@@ -181,10 +181,9 @@ impl LotusProtocol {
 /// workload's largest write set (one entry per record written, §5.1) if larger.
 #[must_use]
 pub fn commit_log_region_bytes(spec: &DeploySpec) -> u32 {
-    spec.log_region_for(
-        dmem_lotus::recovery::LOG_FIXED_BYTES as u64,
-        |_| dmem_lotus::recovery::LOG_ENTRY_BYTES as u64,
-    )
+    spec.log_region_for(dmem_lotus::recovery::LOG_FIXED_BYTES as u64, |_| {
+        dmem_lotus::recovery::LOG_ENTRY_BYTES as u64
+    })
 }
 
 impl LotusProtocol {

@@ -32,7 +32,11 @@ fn spec_of<W: Workload>(workload: &W) -> DeploySpec {
 }
 
 fn value_len(spec: &DeploySpec, table: TableId) -> usize {
-    spec.tables.iter().find(|t| t.id == table).unwrap().value_len
+    spec.tables
+        .iter()
+        .find(|t| t.id == table)
+        .unwrap()
+        .value_len
 }
 
 /// Whether FORD's undo log of `set` (every record with its table's value as old image) fits
@@ -65,14 +69,20 @@ fn tpcc() -> Tpcc {
 
 fn new_order(spec: &DeploySpec) -> &[(TableId, u32)] {
     let set = &spec.write_sets[0];
-    assert!(set.contains(&(tpcc::STOCK, tpcc::MAX_ORDER_LINES)), "{set:?}");
+    assert!(
+        set.contains(&(tpcc::STOCK, tpcc::MAX_ORDER_LINES)),
+        "{set:?}"
+    );
     set
 }
 
 #[test]
 fn ford_region_holds_tpcc_new_order_and_every_write_set() {
     let spec = spec_of(&tpcc());
-    let ford = FordProtocol::new("pandora-lock-logging", ProtocolConfig::pandora_lock_logging());
+    let ford = FordProtocol::new(
+        "pandora-lock-logging",
+        ProtocolConfig::pandora_lock_logging(),
+    );
     let region = ford.store_config(&spec, 2).log_region_bytes;
     assert!(
         !ford_undo_log_fits(&spec, new_order(&spec), 4096),
@@ -80,7 +90,10 @@ fn ford_region_holds_tpcc_new_order_and_every_write_set() {
     );
     assert!(ford_undo_log_fits(&spec, new_order(&spec), region));
     for set in &spec.write_sets {
-        assert!(ford_undo_log_fits(&spec, set, region), "{set:?} in {region} B");
+        assert!(
+            ford_undo_log_fits(&spec, set, region),
+            "{set:?} in {region} B"
+        );
     }
     // Sized, not padded: 8 bytes less would not hold the largest write set.
     assert!(
