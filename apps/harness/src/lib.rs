@@ -106,6 +106,7 @@ pub fn deploy_spec<W: Workload>(workload: &W, coordinators: u16) -> DeploySpec {
         .iter()
         .filter_map(|t| workload.key_space(t.id).map(|k| (t.id, k)))
         .collect();
+    spec.write_sets = workload.write_sets();
     spec
 }
 

@@ -169,6 +169,15 @@ impl Workload for AnyWorkload {
         }
     }
 
+    fn write_sets(&self) -> Vec<Vec<(TableId, u32)>> {
+        match self {
+            AnyWorkload::Kv(w) => w.write_sets(),
+            AnyWorkload::SmallBank(w) => w.write_sets(),
+            AnyWorkload::Tatp(w) => w.write_sets(),
+            AnyWorkload::Tpcc(w) => w.write_sets(),
+        }
+    }
+
     fn tables(&self) -> Vec<TableSpec> {
         match self {
             AnyWorkload::Kv(w) => w.tables(),

@@ -203,6 +203,16 @@ pub trait Workload {
         None
     }
 
+    /// Per transaction type that writes, the records one transaction of it writes at most
+    /// (locks for update, updates, inserts or deletes), as `(table, records)` pairs. A
+    /// protocol that logs a transaction's write set sizes its per-coordinator log region
+    /// from the largest of these in its own log format (`dmem_deploy::DeploySpec::
+    /// write_sets`). Empty (the default): every write set fits the protocols' default
+    /// region of 4 KiB, which SmallBank's, TATP's and KVS/YCSB's do.
+    fn write_sets(&self) -> Vec<Vec<(TableId, u32)>> {
+        Vec::new()
+    }
+
     /// Bytes of values after loading (records × value size over all tables), the data a
     /// memory node holds without index, replicas or protocol metadata.
     fn value_bytes(&self) -> u64 {

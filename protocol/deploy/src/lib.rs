@@ -136,9 +136,17 @@ pub struct DeploySpec {
     pub tables: Vec<TableDemand>,
     /// Coordinator ids the run uses (`0..coordinators`, each may need a log region).
     pub coordinators: u16,
-    /// Bytes of each coordinator's log region (Pandora §3.2.2 uses 32 KB; 4 KiB is plenty
-    /// for the workloads' write sets).
+    /// Bytes of each coordinator's log region at least (Pandora §3.2.2 uses 32 KB; 4 KiB
+    /// holds the write sets of every workload but TPC-C). A protocol that logs sizes its
+    /// regions with [`log_region_for`](Self::log_region_for), which grows this floor to
+    /// what the largest of [`write_sets`](Self::write_sets) needs in its log format.
     pub log_region_bytes: u32,
+    /// Per transaction type that writes, the records one transaction of it writes at most
+    /// (locks for update, updates, inserts or deletes), as `(table, records)` pairs: the
+    /// protocol-neutral description of the workload's largest write sets. Empty unless a
+    /// harness knows the workload; then the floor
+    /// [`log_region_bytes`](Self::log_region_bytes) applies alone.
+    pub write_sets: Vec<Vec<(TableId, u32)>>,
     /// Index room as a multiple of each table's records (doubled by [`deploy_loaded`] when
     /// a bucket fills).
     pub index_slack: u64,
@@ -175,6 +183,7 @@ impl DeploySpec {
             tables,
             coordinators,
             log_region_bytes: 4096,
+            write_sets: Vec::new(),
             index_slack: 2,
             exact_index: false,
             warm_cache: false,
@@ -196,6 +205,37 @@ impl DeploySpec {
             }
             _ => Some(table.index_records()),
         }
+    }
+
+    /// Bytes of each coordinator's log region for a protocol whose log of a write set takes
+    /// `fixed` bytes plus `per_record(value_len)` per record written (`value_len` the bytes
+    /// of the record's table's values; 0 for a table not in [`tables`](Self::tables)):
+    /// the floor [`log_region_bytes`](Self::log_region_bytes), or the log of the largest of
+    /// [`write_sets`](Self::write_sets) rounded up to 8 bytes if larger. Saturates at
+    /// `u32::MAX`, which the store's size check then refuses. A run whose workload fits
+    /// the floor keeps exactly the floor, so its layout does not move.
+    #[must_use]
+    pub fn log_region_for(&self, fixed: u64, per_record: impl Fn(usize) -> u64) -> u32 {
+        let value_len = |table: TableId| {
+            self.tables
+                .iter()
+                .find(|t| t.id == table)
+                .map_or(0, |t| t.value_len)
+        };
+        let need = self
+            .write_sets
+            .iter()
+            .map(|set| {
+                set.iter().fold(fixed, |sum, &(table, records)| {
+                    sum.saturating_add(
+                        u64::from(records).saturating_mul(per_record(value_len(table))),
+                    )
+                })
+            })
+            .max()
+            .unwrap_or(0);
+        let need = u32::try_from(need.saturating_add(7) & !7).unwrap_or(u32::MAX);
+        self.log_region_bytes.max(need)
     }
 
     /// The tables a store lays out direct-mapped: [`key_spaces`](Self::key_spaces), or none
@@ -634,4 +674,39 @@ pub trait Router {
     /// `first`; `random` is a uniformly random number the caller drew (for random
     /// placement). `None`: run it where it was generated.
     fn route(&self, kind: TxnKind, first: Option<(TableId, Key)>, random: u64) -> Option<u16>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> DeploySpec {
+        let table = |id, value_len| TableDemand {
+            id: TableId(id),
+            value_len,
+            expected_records: 10,
+            grows: false,
+        };
+        DeploySpec::new(vec![table(0, 100), table(1, 8)], 4)
+    }
+
+    #[test]
+    fn log_region_is_the_floor_or_the_largest_write_set_rounded_to_8() {
+        let mut s = spec();
+        // No write sets: the floor.
+        assert_eq!(s.log_region_for(32, |len| len as u64 + 32), 4096);
+        // Fits the floor: the floor, exactly.
+        s.write_sets = vec![vec![(TableId(0), 2)], vec![(TableId(1), 3)]];
+        assert_eq!(s.log_region_for(32, |len| len as u64 + 32), 4096);
+        // 40 records of table 0: 32 + 40 × 132 = 5312; with a fixed 33, rounded up to 5320.
+        s.write_sets.push(vec![(TableId(0), 40), (TableId(1), 0)]);
+        assert_eq!(s.log_region_for(32, |len| len as u64 + 32), 5312);
+        assert_eq!(s.log_region_for(33, |len| len as u64 + 32), 5320);
+        // A table not in the spec counts as empty values.
+        s.write_sets = vec![vec![(TableId(9), 200)]];
+        assert_eq!(s.log_region_for(0, |len| len as u64 + 32), 6400);
+        // Past u32: saturates, for the store's size check to refuse.
+        s.write_sets = vec![vec![(TableId(0), u32::MAX)]];
+        assert_eq!(s.log_region_for(0, |_| u64::MAX), u32::MAX);
+    }
 }

@@ -228,6 +228,27 @@ pub fn lock_log_offset(region_bytes: usize) -> Option<usize> {
     (region_bytes >= LOCK_LOG_BYTES + header).then(|| region_bytes - LOCK_LOG_BYTES)
 }
 
+/// Bytes of a log region's undo log and lock log apart from its records: the region
+/// header, and with `lock_logging` the lock log at the tail ([`LOCK_LOG_BYTES`]). With
+/// [`undo_record_bytes`] per record written, the region a write set needs (for
+/// `dmem_deploy::DeploySpec::log_region_for`).
+#[must_use]
+pub const fn log_fixed_bytes(lock_logging: bool) -> u64 {
+    let header = dmem_layout::log::LogRegionHeader::LEN as u64;
+    if lock_logging {
+        header + LOCK_LOG_BYTES as u64
+    } else {
+        header
+    }
+}
+
+/// Bytes one undo record of a `value_len`-byte value takes in a log region: its header and
+/// old value, padded to 8 (`dmem_layout::log::UndoRecordHeader`).
+#[must_use]
+pub const fn undo_record_bytes(value_len: usize) -> u64 {
+    ((dmem_layout::log::UndoRecordHeader::LEN + value_len + 7) & !7) as u64
+}
+
 /// The lock-log image of `coordinator` naming `addrs` (at most [`LOCK_LOG_SLOTS`]; more are
 /// cut off).
 #[must_use]

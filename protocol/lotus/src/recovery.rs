@@ -46,10 +46,17 @@ pub struct LogEntry {
     pub offset: u64,
 }
 
+/// Bytes of a log apart from its entries: writer and count before them, writer after.
+pub const LOG_FIXED_BYTES: usize = 16 + 8;
+
+/// Bytes of one log entry, whatever the record's value length (the log names new records,
+/// it does not copy them).
+pub const LOG_ENTRY_BYTES: usize = 16;
+
 /// Bytes of a log with `n` entries.
 #[must_use]
 pub const fn log_len(n: usize) -> usize {
-    16 + 16 * n + 8
+    LOG_FIXED_BYTES + LOG_ENTRY_BYTES * n
 }
 
 /// The encoding of a commit log.

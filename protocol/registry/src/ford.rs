@@ -70,11 +70,14 @@ impl FordProtocol {
     /// deployments outside the simulator, which must agree on it in every process).
     #[must_use]
     pub fn store_config(&self, spec: &DeploySpec, mns: u16) -> StoreConfig {
-        store_config(spec, mns)
+        store_config(spec, mns, self.config.lock_logging)
     }
 }
 
-fn store_config(spec: &DeploySpec, mns: u16) -> StoreConfig {
+/// The layout of `spec` on `mns` MNs, each coordinator's log region sized for the
+/// workload's largest write set in FORD's undo-log format (plus the lock log's tail with
+/// `lock_logging`), never below the spec's floor.
+fn store_config(spec: &DeploySpec, mns: u16, lock_logging: bool) -> StoreConfig {
     let layout = if spec.exact_index {
         StoreConfig::for_exact_tables
     } else {
@@ -87,7 +90,10 @@ fn store_config(spec: &DeploySpec, mns: u16) -> StoreConfig {
         mns,
         &spec.tables,
         spec.coordinators,
-        spec.log_region_bytes,
+        spec.log_region_for(
+            dmem_ford::wire::log_fixed_bytes(lock_logging),
+            dmem_ford::wire::undo_record_bytes,
+        ),
         spec.index_slack,
     )
     .with_pools(
@@ -104,7 +110,7 @@ impl Protocol for FordProtocol {
     }
 
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
-        Ok(store_config(spec, mns).bytes_per_mn()?)
+        Ok(self.store_config(spec, mns).bytes_per_mn()?)
     }
 
     /// The loader's [`dmem_store::LoadIndex`] entry of a hashed key (24 bytes in a map at
@@ -124,7 +130,7 @@ impl Protocol for FordProtocol {
         history: Recorder,
     ) -> Result<Box<dyn Deployment>, DeployError> {
         let mns = memory.mn_count();
-        let store = Rc::new(Store::new(store_config(spec, mns), memory.regions())?);
+        let store = Rc::new(Store::new(self.store_config(spec, mns), memory.regions())?);
         Ok(Box::new(FordDeployment {
             name: self.name.clone(),
             config: self.config,

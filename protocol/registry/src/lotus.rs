@@ -182,6 +182,15 @@ impl LotusProtocol {
     }
 }
 
+/// Each coordinator's commit-log region for `spec`: the floor, or the log of the
+/// workload's largest write set (one entry per record written, §5.1) if larger.
+#[must_use]
+pub fn commit_log_region_bytes(spec: &DeploySpec) -> u32 {
+    spec.log_region_for(dmem_lotus::recovery::LOG_FIXED_BYTES as u64, |_| {
+        dmem_lotus::recovery::LOG_ENTRY_BYTES as u64
+    })
+}
+
 impl LotusProtocol {
     /// Motor's MVCC store on `memory` with a commit-log region per coordinator (LOTUS
     /// §4.4: a full record per version), its records laid out as [`Self::records`] says.
@@ -195,7 +204,7 @@ impl LotusProtocol {
             memory,
             spec,
             history,
-            spec.log_region_bytes,
+            commit_log_region_bytes(spec),
             VersionLayout::FullRecords,
             self.records(),
             self.versions,
@@ -251,7 +260,7 @@ impl Protocol for LotusProtocol {
         Ok(MvccDeploy::mn_bytes(
             spec,
             mns,
-            spec.log_region_bytes,
+            commit_log_region_bytes(spec),
             VersionLayout::FullRecords,
             self.records(),
             self.versions,

@@ -756,6 +756,48 @@ impl Workload for Tpcc {
         })
     }
 
+    /// New-Order: DISTRICT, CUSTOMER_LAST_ORDER, one STOCK row per line, ORDER, NEW_ORDER
+    /// and one ORDER_LINE row per line, with [`MAX_ORDER_LINES`](super::MAX_ORDER_LINES)
+    /// lines. Payment: WAREHOUSE, DISTRICT, CUSTOMER (or its name-index entry) and a HISTORY
+    /// row. Delivery, per district: NEW_ORDER_HEAD, the NEW_ORDER row it deletes, ORDER, its
+    /// ORDER_LINE rows (at most as many) and CUSTOMER. Types with no weight in the mix are
+    /// left out; Order-Status and Stock-Level write nothing.
+    fn write_sets(&self) -> Vec<Vec<(TableId, u32)>> {
+        let lines = super::MAX_ORDER_LINES;
+        let districts = self.config.districts;
+        let sets = [
+            vec![
+                (super::DISTRICT, 1),
+                (super::CUSTOMER_LAST_ORDER, 1),
+                (super::STOCK, lines),
+                (super::ORDER, 1),
+                (super::NEW_ORDER, 1),
+                (super::ORDER_LINE, lines),
+            ],
+            vec![
+                (super::WAREHOUSE, 1),
+                (super::DISTRICT, 1),
+                (super::CUSTOMER, 1),
+                (super::CUSTOMER_NAME_INDEX, 1),
+                (super::HISTORY, 1),
+            ],
+            Vec::new(),
+            vec![
+                (super::NEW_ORDER_HEAD, districts),
+                (super::NEW_ORDER, districts),
+                (super::ORDER, districts),
+                (super::ORDER_LINE, districts * lines),
+                (super::CUSTOMER, districts),
+            ],
+            Vec::new(),
+        ];
+        sets.into_iter()
+            .zip(self.config.weights)
+            .filter(|(set, weight)| *weight > 0 && !set.is_empty())
+            .map(|(set, _)| set)
+            .collect()
+    }
+
     fn txn_types(&self) -> &[crate::TxnType] {
         &self.types
     }
