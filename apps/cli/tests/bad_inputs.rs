@@ -204,7 +204,10 @@ fn a_run_too_long_for_its_insert_room_names_the_duration() {
     );
     // The budget is spelled out: a refusal that only named the available memory read as
     // if the run fitted whenever the estimate was between three quarters and all of it.
-    assert!(stderr.contains("dmem uses at most three quarters"), "{stderr}");
+    assert!(
+        stderr.contains("dmem uses at most three quarters"),
+        "{stderr}"
+    );
 }
 
 #[test]
