@@ -1253,7 +1253,7 @@ async fn detector(
         .final_coordinator(final_ctx, cluster.coordinators())?;
     let invariants = if events.is_empty() {
         let delta = cn.shared.delta.load(Ordering::Relaxed) + deltas.values().sum::<i64>();
-        check_invariants(&setup.workload, last, delta, clock).await
+        check_invariants(&setup.workload, last, delta).await
     } else {
         // A recovered CN's committed changes are not known here.
         "skipped (a CN was recovered)".to_owned()
@@ -1331,25 +1331,11 @@ async fn join(
 /// (LOTUS's lock servers). So the check runs over the records read so far, the records it
 /// asked for and did not have are read (each by a read-only transaction, retried like the
 /// workload's), and it runs again until it asks for nothing new; its last verdict stands.
-///
-/// A retry waits first ([`FINAL_READ_BACKOFF`] on `clock`): on an oversubscribed host a
-/// process descheduled between a DrTM read and its commit finds its 400 µs read lease run
-/// out, and retrying at once kept meeting the same stall (64 tries failed in a row while
-/// parallel cluster tests shared two CPUs); a wait lets the other processes run first.
 async fn check_invariants(
     workload: &AnyWorkload,
     mut last: dmem_txn::BoxCoordinator,
     delta: i64,
-    clock: CoreClock,
 ) -> String {
-    use dmem_workloads::Pause as _;
-    let mut pause = dmem_harness::backoff::BackoffPause::new(
-        FINAL_READ_BACKOFF,
-        clock,
-        0,
-        u16::MAX,
-        Rc::new(Cell::new(0)),
-    );
     let mut read: HashMap<(dmem_txn::TableId, dmem_txn::Key), Option<Vec<u8>>> = HashMap::new();
     loop {
         let missing = RefCell::new(Vec::new());
@@ -1381,9 +1367,7 @@ async fn check_invariants(
                 .await;
                 attempt += 1;
                 match r {
-                    Err(e) if e.is_retryable() && attempt < dmem_harness::MAX_ATTEMPTS => {
-                        pause.before_retry(attempt).await;
-                    }
+                    Err(e) if e.is_retryable() && attempt < dmem_harness::MAX_ATTEMPTS => {}
                     r => break r,
                 }
             };
@@ -1396,14 +1380,6 @@ async fn check_invariants(
         }
     }
 }
-
-/// The wait before retrying a read of the final state: 50 µs doubling to 10 ms (at most
-/// ≈ 0.6 s over [`dmem_harness::MAX_ATTEMPTS`] tries), so that a stalled process gets past it.
-const FINAL_READ_BACKOFF: dmem_harness::backoff::Backoff =
-    dmem_harness::backoff::Backoff::Exponential {
-        base_ns: 50_000,
-        cap_ns: 10_000_000,
-    };
 
 /// The outcome of a transaction run, as `dmem cluster` checked it.
 pub(crate) struct TxnVerdict {
