@@ -647,6 +647,10 @@ pub(crate) struct TxnCnReport {
     /// (`Deployment::failed_mns`; Pandora §3.2.5: an MN failure reaches every core's view).
     #[serde(default)]
     failed_mns_by_core: Vec<Vec<String>>,
+    /// Cores whose deployment ran the workload's loader again after the process's dry run
+    /// (0 where every core took the dry run's placement: `Protocol::deploy_placed`).
+    #[serde(default)]
+    core_loads: u64,
 }
 
 /// The recovery plan every process of `cluster` derives (`dmem-deploy`'s
@@ -690,6 +694,8 @@ struct CnShared {
     /// Per core, the MNs its deployment's view counted as failed when its coordinators
     /// were done.
     failed_mns_by_core: Mutex<Vec<Vec<String>>>,
+    /// Cores whose deployment ran the loader itself (no shared placement).
+    core_loads: AtomicU64,
 }
 
 /// `mutex`'s tally; one poisoned by a panicking core is still counted.
@@ -734,6 +740,7 @@ impl CnSetup {
         let mut deployment = match placed {
             Some(deployment) => deployment?,
             None => {
+                self.shared.core_loads.fetch_add(1, Ordering::Relaxed);
                 let mut deployment = setup.deploy(memory, history)?;
                 for (table, key, value) in setup.workload.loader() {
                     deployment.load(table, key, &value)?;
@@ -970,6 +977,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
         threads: cluster.threads(),
         counters: first.counters,
         failed_mns_by_core: lock(&shared.failed_mns_by_core).clone(),
+        core_loads: shared.core_loads.load(Ordering::Relaxed),
     };
     println!("{}", serde_json::to_string(&report)?);
     Ok(())

@@ -319,7 +319,14 @@ fn smallbank_on_drtm_runs_each_cn_on_two_cores() {
         assert_eq!(r[cn]["executor_why"].as_str(), why.as_deref(), "{}", r[cn]);
         assert_eq!(r[cn]["threads"], 2, "{}", r[cn]);
         assert!(r[cn]["committed"].as_u64().unwrap() > 0, "{}", r[cn]);
+        assert_one_dry_load(&r[cn]);
     }
+}
+
+/// A CN on two cores ran the workload's loader once, in its dry run: both cores' deployments
+/// took that placement (`Protocol::deploy_placed`) instead of loading again.
+fn assert_one_dry_load(report: &serde_json::Value) {
+    assert_eq!(report["core_loads"], 0, "{report}");
 }
 
 /// `executor = "glommio"` for a transaction workload with a CN killed: the CNs' cores run
@@ -379,6 +386,7 @@ fn smallbank_on_motor_two_cores_recovers_a_killed_cn() {
     let out = run_cluster(&file, &["--kill", "cn1", "--kill-after-ms", "400"]);
     assert_recovered_kill(&out);
     assert_eq!(reports(&out)["cn0"]["threads"], 2);
+    assert_one_dry_load(&reports(&out)["cn0"]);
 }
 
 /// Pandora with each CN's four coordinators on two cores (two per core, each core's made by
@@ -393,6 +401,7 @@ fn smallbank_on_pandora_two_cores_recovers_a_killed_cn() {
     assert_recovered_kill(&out);
     let r = reports(&out);
     assert_eq!(r["cn0"]["threads"], 2, "{}", r["cn0"]);
+    assert_one_dry_load(&r["cn0"]);
 }
 
 /// Pandora §3.2.5 with each CN on two cores: 3 MNs (3 replicas), an MN process killed
@@ -439,6 +448,7 @@ fn smallbank_on_ford_two_cores_checks_clean() {
             "{}",
             r[cn]
         );
+        assert_one_dry_load(&r[cn]);
     }
 }
 

@@ -26,8 +26,8 @@ use dmem_deploy::process::{
     ProcessRecovery, StepFuture,
 };
 use dmem_deploy::{
-    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
-    RecoveredCoordinator, RecoveryEvent, RecoveryTiming, SimLinkTerminator,
+    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Placement, Protocol,
+    Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming, SimLinkTerminator,
 };
 use dmem_ford::cores::{CoreFollower, CoreRelay};
 use dmem_ford::logic::Decision as FordDecision;
@@ -39,7 +39,7 @@ use dmem_ford::{
 use dmem_layout::pill::{CoordinatorId as PillId, FailedCoordinatorSet, LockHolder, PillLockWord};
 use dmem_layout::record::DataItem;
 use dmem_sim::Sim;
-use dmem_store::{BUCKET_SLOTS, Loader, Store, StoreConfig, parse_bucket};
+use dmem_store::{BUCKET_SLOTS, LoadIndex, Loader, Store, StoreConfig, parse_bucket};
 use dmem_txn::{BoxCoordinator, Coordinator, Key, TableId, TxnError, TxnKind};
 use dmem_verbs::{Clock, Nanos, NodeId, Verbs, VerbsError};
 
@@ -129,13 +129,67 @@ impl Protocol for FordProtocol {
         spec: &DeploySpec,
         history: Recorder,
     ) -> Result<Box<dyn Deployment>, DeployError> {
+        Ok(Box::new(self.deployment(memory, spec, history, None)?))
+    }
+
+    /// Takes the records as the loader of another deployment placed them (its
+    /// [`Deployment::placement`]: the loader's [`LoadIndex`]), shared read-only: a warm
+    /// address cache answers from it, and this deployment loads nothing itself.
+    fn deploy_placed(
+        &self,
+        memory: MnMemory,
+        spec: &DeploySpec,
+        history: Recorder,
+        placement: &Placement,
+    ) -> Option<Result<Box<dyn Deployment>, DeployError>> {
+        Some(placed_index(&self.name, placement).and_then(|placed| {
+            Ok(Box::new(self.deployment(memory, spec, history, Some(placed))?) as _)
+        }))
+    }
+}
+
+/// `placement` as a loader's [`LoadIndex`] (FORD's, Pandora's and Motor's placement), or
+/// one line saying it is another protocol's.
+pub(crate) fn placed_index(
+    protocol: &str,
+    placement: &Placement,
+) -> Result<Arc<LoadIndex>, DeployError> {
+    Arc::clone(placement)
+        .downcast::<LoadIndex>()
+        .map_err(|_| DeployError::Protocol {
+            protocol: protocol.to_owned(),
+            reason: "a placement of another protocol (not a record loader's index)".to_owned(),
+        })
+}
+
+/// The error of [`Deployment::load`] on a deployment made by [`Protocol::deploy_placed`].
+pub(crate) fn load_on_placed(protocol: &str) -> DeployError {
+    DeployError::Protocol {
+        protocol: protocol.to_owned(),
+        reason:
+            "its records were placed by another deployment's loader (deploy_placed); load there"
+                .to_owned(),
+    }
+}
+
+impl FordProtocol {
+    /// A deployment on `memory`, its records placed by the loader of another one if
+    /// `placed` (else by its own, record by record).
+    fn deployment(
+        &self,
+        memory: MnMemory,
+        spec: &DeploySpec,
+        history: Recorder,
+        placed: Option<Arc<LoadIndex>>,
+    ) -> Result<FordDeployment, DeployError> {
         let mns = memory.mn_count();
         let store = Rc::new(Store::new(self.store_config(spec, mns), memory.regions())?);
-        Ok(Box::new(FordDeployment {
+        Ok(FordDeployment {
             name: self.name.clone(),
             config: self.config,
             memory,
             loader: Loader::shared(Rc::clone(&store)),
+            placed,
             store,
             history,
             cns: Vec::new(),
@@ -146,7 +200,7 @@ impl Protocol for FordProtocol {
             steals: Rc::new(Cell::new(0)),
             core: CoreSide::Alone,
             clock: None,
-        }))
+        })
     }
 }
 
@@ -159,6 +213,9 @@ pub struct FordDeployment {
     memory: MnMemory,
     store: Rc<Store>,
     loader: Loader<'static>,
+    /// The records as another deployment's loader placed them ([`Protocol::deploy_placed`]:
+    /// the cores of a CN process share one dry load); `loader` then loads nothing.
+    placed: Option<Arc<LoadIndex>>,
     history: Recorder,
     /// Per CN: its shared state and its coordinator ids.
     cns: Vec<(NodeId, CnShared, Vec<u16>)>,
@@ -377,10 +434,11 @@ impl FordDeployment {
         }
         let shared = CnShared::new();
         if self.warm {
-            shared
-                .cache
-                .borrow_mut()
-                .warm_from(Rc::clone(&self.store), self.loader.loaded());
+            let mut cache = shared.cache.borrow_mut();
+            match &self.placed {
+                Some(placed) => cache.warm_from_placed(Rc::clone(&self.store), Arc::clone(placed)),
+                None => cache.warm_from(Rc::clone(&self.store), self.loader.loaded()),
+            }
         }
         self.cns.push((cn, shared, Vec::new()));
         self.cns.len() - 1
@@ -425,7 +483,18 @@ impl FordDeployment {
 }
 
 impl Deployment for FordDeployment {
+    /// The loader's index of the records loaded so far (or the placement it was given).
+    fn placement(&self) -> Option<Placement> {
+        Some(match &self.placed {
+            Some(placed) => Arc::clone(placed) as Placement,
+            None => Arc::new(self.loader.loaded().borrow().clone()),
+        })
+    }
+
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
+        if self.placed.is_some() {
+            return Err(load_on_placed(&self.name));
+        }
         let loader = &mut self.loader;
         self.memory
             .loading(|write| loader.load(table, key, value, write))?;

@@ -17,14 +17,15 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use dmem_deploy::process::{
     CnContexts, DurableSlots, LocalTask, LogRecovery, MessageLinkTerminator, ProcessPlan,
     ProcessRecovery, alive_task,
 };
 use dmem_deploy::{
-    AnyContext, Decision, DeployError, DeploySpec, Deployment, Detection, MnMemory, Protocol,
-    Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryState, RecoveryTiming,
+    AnyContext, Decision, DeployError, DeploySpec, Deployment, Detection, MnMemory, Placement,
+    Protocol, Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryState, RecoveryTiming,
 };
 use dmem_motor::mvcc::{self, MvccLoader, Shapes, VersionLayout};
 use dmem_motor::{
@@ -32,7 +33,7 @@ use dmem_motor::{
     cells_for_workload, read_final,
 };
 use dmem_sim::{Sim, SimContext};
-use dmem_store::{AddressCache, Store};
+use dmem_store::{AddressCache, LoadIndex, Store};
 use dmem_txn::{BoxCoordinator, Key, TableId};
 use dmem_verbs::NodeId;
 
@@ -197,6 +198,9 @@ pub(crate) struct MvccDeploy {
     pub(crate) store: Rc<Store>,
     pub(crate) shapes: Rc<Shapes>,
     loader: MvccLoader,
+    /// The records as another deployment's loader placed them
+    /// ([`Protocol::deploy_placed`]: the cores of a CN process share one dry load).
+    placed: Option<Arc<LoadIndex>>,
     pub(crate) history: Recorder,
     /// Per CN: its address cache.
     caches: Vec<(NodeId, Rc<RefCell<AddressCache>>)>,
@@ -245,12 +249,33 @@ impl MvccDeploy {
         Ok(Self {
             memory,
             loader: MvccLoader::new(Rc::clone(&store), Rc::clone(&shapes)),
+            placed: None,
             store,
             shapes,
             history,
             caches: Vec::new(),
             warm: spec.warm_cache,
         })
+    }
+
+    /// The same, its records placed by another deployment's loader (`placed`, that
+    /// deployment's [`placement`](Self::placement)): it loads nothing itself.
+    pub(crate) fn with_placement(mut self, placed: Arc<LoadIndex>) -> Self {
+        self.placed = Some(placed);
+        self
+    }
+
+    /// Whether its records were placed by another deployment's loader.
+    pub(crate) fn is_placed(&self) -> bool {
+        self.placed.is_some()
+    }
+
+    /// The loader's index of the records loaded so far (or the placement it was given).
+    pub(crate) fn placement(&self) -> Placement {
+        match &self.placed {
+            Some(placed) => Arc::clone(placed) as Placement,
+            None => Arc::new(self.loader.loaded().borrow().clone()),
+        }
     }
 
     /// The address cache of CN `cn` (made on first use, warm if the spec asked).
@@ -260,9 +285,11 @@ impl MvccDeploy {
         }
         let cache = Rc::new(RefCell::new(AddressCache::new()));
         if self.warm {
-            cache
-                .borrow_mut()
-                .warm_from(Rc::clone(&self.store), self.loader.loaded());
+            let mut warm = cache.borrow_mut();
+            match &self.placed {
+                Some(placed) => warm.warm_from_placed(Rc::clone(&self.store), Arc::clone(placed)),
+                None => warm.warm_from(Rc::clone(&self.store), self.loader.loaded()),
+            }
         }
         self.caches.push((cn, Rc::clone(&cache)));
         cache
@@ -350,18 +377,51 @@ impl Protocol for MotorProtocol {
         spec: &DeploySpec,
         history: Recorder,
     ) -> Result<Box<dyn Deployment>, DeployError> {
-        Ok(Box::new(MotorDeployment {
+        Ok(Box::new(self.deployment(memory, spec, history, None)?))
+    }
+
+    /// As FORD's: the loader's [`LoadIndex`] of another deployment, shared read-only.
+    fn deploy_placed(
+        &self,
+        memory: MnMemory,
+        spec: &DeploySpec,
+        history: Recorder,
+        placement: &Placement,
+    ) -> Option<Result<Box<dyn Deployment>, DeployError>> {
+        Some(
+            crate::ford::placed_index(&self.name, placement).and_then(|placed| {
+                Ok(Box::new(self.deployment(memory, spec, history, Some(placed))?) as _)
+            }),
+        )
+    }
+}
+
+impl MotorProtocol {
+    /// A deployment on `memory`, its records placed by the loader of another one if
+    /// `placed` (else by its own, record by record).
+    fn deployment(
+        &self,
+        memory: MnMemory,
+        spec: &DeploySpec,
+        history: Recorder,
+        placed: Option<Arc<LoadIndex>>,
+    ) -> Result<MotorDeployment, DeployError> {
+        let base = MvccDeploy::new(
+            memory,
+            spec,
+            history,
+            0,
+            self.config.layout,
+            Records::Pooled,
+            self.versions,
+        )?;
+        Ok(MotorDeployment {
             name: self.name.clone(),
             config: self.config,
-            base: MvccDeploy::new(
-                memory,
-                spec,
-                history,
-                0,
-                self.config.layout,
-                Records::Pooled,
-                self.versions,
-            )?,
+            base: match placed {
+                Some(placed) => base.with_placement(placed),
+                None => base,
+            },
             paused: Rc::new(Cell::new(false)),
             oplogs: Rc::new(OpLogs::new()),
             coordinators: Rc::new(RefCell::new(Vec::new())),
@@ -369,7 +429,7 @@ impl Protocol for MotorProtocol {
             recovery: RecoveryState::default(),
             mirror_error: Rc::new(RefCell::new(None)),
             slots: None,
-        }))
+        })
     }
 }
 
@@ -457,7 +517,14 @@ impl MotorDeployment {
 }
 
 impl Deployment for MotorDeployment {
+    fn placement(&self) -> Option<Placement> {
+        Some(self.base.placement())
+    }
+
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
+        if self.base.is_placed() {
+            return Err(crate::ford::load_on_placed(&self.name));
+        }
         self.base.load(table, key, value)
     }
 

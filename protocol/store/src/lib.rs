@@ -134,6 +134,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use dmem_layout::log::LogRegionHeader;
 use dmem_layout::record::{
@@ -1283,7 +1284,10 @@ pub struct Loader<'s> {
 /// space (its slot follows from the key), four bytes per key of a pooled table's key space
 /// (its pool record), and for a hashed table one byte per bucket (used slots) plus one map
 /// entry (the slot) per loaded key.
-#[derive(Debug, Default)]
+///
+/// `Clone + Send + Sync`: once loading is done, one copy is the placement every core of a
+/// CN process shares ([`AddressCache::warm_from_placed`]) instead of loading again.
+#[derive(Debug, Default, Clone)]
 pub struct LoadIndex {
     /// Direct-mapped tables: bit `k` set when key `k` is loaded.
     direct: HashMap<TableId, Vec<u64>>,
@@ -1661,6 +1665,15 @@ impl InsertPool {
     }
 }
 
+/// Where a warm [`AddressCache`] finds the loaded records.
+#[derive(Debug, Clone)]
+enum WarmIndex {
+    /// A loader of this thread's, which may still load more.
+    Loading(Rc<RefCell<LoadIndex>>),
+    /// A finished load, shared read-only by the cores of a CN process.
+    Placed(Arc<LoadIndex>),
+}
+
 /// The CN-side address cache: `(table, key) → item location`, filled by index lookups so
 /// that a repeated access skips the bucket READ (FORD's address cache).
 ///
@@ -1671,7 +1684,7 @@ pub struct AddressCache {
     map: HashMap<(TableId, Key), ItemLoc>,
     /// The loaded records every CN knows at start-up (a warm cache), shared by all CNs
     /// instead of copied into each map.
-    warm: Option<(Rc<Store>, Rc<RefCell<LoadIndex>>)>,
+    warm: Option<(Rc<Store>, WarmIndex)>,
     hits: u64,
     misses: u64,
 }
@@ -1687,7 +1700,10 @@ impl AddressCache {
     pub fn get(&mut self, table: TableId, key: Key) -> Option<ItemLoc> {
         let found = self.map.get(&(table, key)).copied().or_else(|| {
             let (store, loaded) = self.warm.as_ref()?;
-            loaded.borrow().loc(store, table, key)
+            match loaded {
+                WarmIndex::Loading(loaded) => loaded.borrow().loc(store, table, key),
+                WarmIndex::Placed(placed) => placed.loc(store, table, key),
+            }
         });
         if found.is_some() {
             self.hits += 1;
@@ -1714,7 +1730,14 @@ impl AddressCache {
     /// had been given their locations, without a copy per CN: what a paper-scale warm cache
     /// needs (the locations of a direct-mapped table are computed from the key).
     pub fn warm_from(&mut self, store: Rc<Store>, loaded: Rc<RefCell<LoadIndex>>) {
-        self.warm = Some((store, loaded));
+        self.warm = Some((store, WarmIndex::Loading(loaded)));
+    }
+
+    /// [`warm_from`](Self::warm_from) a loader's finished index shared across threads (the
+    /// one dry load of a CN process, which every core's deployment takes as its placement)
+    /// instead of one that is still loading.
+    pub fn warm_from_placed(&mut self, store: Rc<Store>, placed: Arc<LoadIndex>) {
+        self.warm = Some((store, WarmIndex::Placed(placed)));
     }
 
     /// `(hits, misses)` so far.
@@ -1962,6 +1985,23 @@ pub(crate) mod tests {
             );
         }
         assert_eq!(loader.loaded().borrow().loc(&h, TableId(2), Key(30)), None);
+        // A finished load shared across threads answers the same, on another thread's store.
+        let placed = Arc::new(loader.loaded().borrow().clone());
+        let answers = std::thread::spawn(move || {
+            let h = Rc::new(store());
+            let mut cache = AddressCache::new();
+            cache.warm_from_placed(Rc::clone(&h), placed);
+            (0..31)
+                .map(|k| cache.get(TableId(2), Key(k)))
+                .collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            answers[..30],
+            locs.iter().copied().map(Some).collect::<Vec<_>>()
+        );
+        assert_eq!(answers[30], None);
     }
 
     /// A sparse table: 1,000 records in a key space of 16,000, growing, on 3 MNs with 4
