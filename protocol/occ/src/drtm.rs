@@ -66,6 +66,33 @@ impl Default for DrtmConfig {
 const LOCKED: u64 = (1 << 46) | (1 << 47);
 const END: u64 = (1 << 46) - 1;
 
+/// How far ahead of a reader's clock a lease can end: a lease is set at most `lease_ns`
+/// ahead by a clock at most `delta_ns` off (the drift model's offsets included), so a second
+/// is far beyond any real one and far below the 2^46 ns (19.5 hours) a lease word holds.
+const LEASE_HORIZON_NS: Nanos = 1_000_000_000;
+
+/// The clock time a lease word's `END` bits stand for, read at `now`.
+///
+/// A lease word keeps the low 46 bits of a time. A clock that has run longer than 2^46 ns
+/// (a real CN's monotonic clock on a host up for more than 19.5 hours) wraps them, and
+/// comparing the raw bits against `now` then took every fresh lease for expired: DrTM
+/// aborted almost every transaction with "read lease expired". The bits are taken in the
+/// period that puts them at most [`LEASE_HORIZON_NS`] ahead of `now`; anything further is
+/// from the previous period (an old lease, or a fresh word's 0). Below 2^46 ns (every
+/// simulated run) this is the raw bits unless they lie more than a second ahead.
+fn lease_time(word: u64, now: Nanos) -> Nanos {
+    let period = END + 1;
+    let limit = now.saturating_add(LEASE_HORIZON_NS);
+    let t = (now & !END) | (word & END);
+    if t > limit {
+        t.saturating_sub(period)
+    } else if t.saturating_add(period) <= limit {
+        t + period
+    } else {
+        t
+    }
+}
+
 fn locked(w: u64) -> bool {
     w & LOCKED != 0
 }
@@ -189,13 +216,13 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
                 return Ok(());
             }
             // A write lock may only replace an expired lease: wait out the ones expected.
+            let now = self.co.ctx.now();
             let expires = todo
                 .iter()
                 .filter(|t| t.2)
-                .map(|t| (t.4 & END) + cfg.delta_ns)
+                .map(|t| lease_time(t.4, now) + cfg.delta_ns)
                 .max()
                 .unwrap_or(0);
-            let now = self.co.ctx.now();
             if expires > now {
                 // Waiting while holding write locks would let readers that keep renewing
                 // the lease starve this writer with its locks held (and every reader of
@@ -254,16 +281,16 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
                         Some(settle(0, Some(swap)))
                     } else {
                         self.co.hints.borrow_mut().insert(loc, swap);
-                        Some(settle(swap & END, None))
+                        Some(settle(lease_time(swap, now), None))
                     }
                 } else if exclusive {
                     // Free at another word: CAS again once its lease ran out (the next
                     // round waits for it, or aborts if this round locked something).
                     next.push((table, key, exclusive, loc, r));
                     None
-                } else if (r & END) > now + cfg.delta_ns + cfg.min_left_ns {
+                } else if lease_time(r, now) > now + cfg.delta_ns + cfg.min_left_ns {
                     // A valid lease: share it.
-                    Some(settle(r & END, None))
+                    Some(settle(lease_time(r, now), None))
                 } else {
                     next.push((table, key, exclusive, loc, r));
                     None
@@ -530,4 +557,56 @@ crate::shell::lock_based_transaction!(DrtmTxn);
 #[must_use]
 pub fn is_write_locked(word: u64) -> bool {
     OoccLockWord::from_raw(word).state() == Ok(OoccLockState::Write)
+}
+
+#[cfg(test)]
+mod lease_time_tests {
+    use super::{END, LEASE_HORIZON_NS, lease_time};
+
+    const PERIOD: u64 = END + 1;
+    const LEASE: u64 = 400_000;
+
+    #[test]
+    fn below_one_period_the_bits_are_the_time() {
+        for now in [0, 1, 5_000, 123_456_789, END - 2 * LEASE_HORIZON_NS] {
+            assert_eq!(lease_time(0, now), 0);
+            assert_eq!(lease_time(now + LEASE, now), now + LEASE);
+            assert_eq!(
+                lease_time(now.saturating_sub(LEASE), now),
+                now.saturating_sub(LEASE)
+            );
+        }
+    }
+
+    #[test]
+    fn a_clock_past_2_pow_46_reads_fresh_leases_as_fresh() {
+        // A host up for 20 hours (the bug: every fresh lease compared as expired).
+        for now in [
+            PERIOD + 5,
+            3 * PERIOD + 1_000,
+            2 * PERIOD - 100,
+            2 * PERIOD - LEASE / 2,
+        ] {
+            let stored = (now + LEASE) & END;
+            assert_eq!(lease_time(stored, now), now + LEASE, "now {now}");
+            let shared = (now + LEASE / 2) & END;
+            assert_eq!(lease_time(shared, now), now + LEASE / 2, "now {now}");
+            let old = (now - LEASE) & END;
+            assert_eq!(lease_time(old, now), now - LEASE, "now {now}");
+        }
+    }
+
+    #[test]
+    fn a_fresh_or_ancient_word_is_expired() {
+        for now in [
+            PERIOD + 5,
+            PERIOD + PERIOD / 2,
+            2 * PERIOD - 2 * LEASE_HORIZON_NS,
+        ] {
+            assert!(lease_time(0, now) <= now, "now {now}");
+            // A lease of 15 hours ago.
+            let ancient = now - 15 * 3_600_000_000_000;
+            assert!(lease_time(ancient & END, now) <= now, "now {now}");
+        }
+    }
 }
