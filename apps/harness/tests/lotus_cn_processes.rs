@@ -167,7 +167,7 @@ fn lotus_variants_that_need_the_simulator_say_why() {
     for (name, why) in [
         ("lotus:rdma-lock", "reads every CN's lock table"),
         ("lotus:reshard", "shard map is static"),
-        ("lotus:restart=0", "no recovery across processes"),
+        ("lotus:restart=0", "does not restart a killed CN"),
     ] {
         let protocol = dmem_protocols::registry().get(name).unwrap();
         let err = protocol

@@ -597,6 +597,14 @@ where
         }
     }
 
+    /// Counts a message from `node` that a protocol's own recovery step received on the
+    /// detector's context (LOTUS waits there for the survivors' replies to its failure
+    /// notice) as a heartbeat now: any message from a CN is one, and one taken off the
+    /// context by that step must not turn into a false suspicion.
+    pub fn heard_from(&mut self, node: NodeId) {
+        self.detector.heartbeat(node, self.ctx.now());
+    }
+
     fn error(&self, reason: String) -> DeployError {
         DeployError::Protocol {
             protocol: self.protocol.clone(),

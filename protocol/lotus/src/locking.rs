@@ -230,6 +230,11 @@ pub struct LockCluster {
     pub restarts: RefCell<Vec<Restart>>,
     /// Per failed CN, locks of it the survivors released on recovery's notice (§6).
     pub released: RefCell<Vec<u64>>,
+    /// Whether a CN this cluster's own table fences counts as failed
+    /// ([`is_failed`](Self::is_failed)): in a CN process, where the failure notice reaches
+    /// only the lock server and the fence in the table every core shares is the process's
+    /// view of the failure (§6 across processes).
+    pub fence_is_failure: bool,
 }
 
 impl LockCluster {
@@ -256,6 +261,7 @@ impl LockCluster {
             handovers: RefCell::new(Vec::new()),
             restarts: RefCell::new(vec![Restart::new(false); n]),
             released: RefCell::new(vec![0; n]),
+            fence_is_failure: false,
         }
     }
 
@@ -286,6 +292,7 @@ impl LockCluster {
         cluster.restarts = RefCell::new(vec![Restart::new(false); n]);
         cluster.released = RefCell::new(vec![0; n]);
         cluster.core = core;
+        cluster.fence_is_failure = true;
         cluster
     }
 
@@ -309,10 +316,13 @@ impl LockCluster {
             .is_none_or(Restart::serves)
     }
 
-    /// Whether CN `cn` was declared failed.
+    /// Whether CN `cn` was declared failed: on the failed list, or, in a CN process
+    /// ([`fence_is_failure`](Self::fence_is_failure)), fenced by this CN's own table (its
+    /// lock server got the failure notice).
     #[must_use]
     pub fn is_failed(&self, cn: u16) -> bool {
         self.failed.borrow().contains(&cn)
+            || (self.fence_is_failure && self.cns.iter().any(|c| c.table.is_fenced(cn)))
     }
 
     /// The server endpoint a coordinator on thread `thread` uses to reach CN `cn`.
@@ -598,5 +608,71 @@ mod tests {
         cluster.restarts.borrow_mut()[1].step(Event::Recovered);
         assert!(cluster.serves(1), "broadcast: serving");
         assert!(cluster.serves(0) && cluster.serves(2));
+    }
+
+    /// §6 across processes: the failure notice (`Release`) fences the failed CN in the
+    /// table every core of the process shares and releases the locks its lock states name
+    /// it as holder of; every core's view then counts the CN as failed (its lock requests
+    /// and commits abort), while the simulator's cluster keeps its failed list only.
+    #[test]
+    fn a_fence_in_a_process_table_is_the_failure_for_every_core() {
+        let map = ShardMap::new(3);
+        let own = Arc::new(CnLocks::new(0, 4096));
+        let x = LockMode::Exclusive;
+        for (txn, holder, key) in [(1, 1, 10), (2, 1, 11), (3, 2, 12)] {
+            assert_eq!(
+                apply(
+                    &own,
+                    &map,
+                    &req(RequestKind::Lock, txn, holder, &[(key, 0, x)])
+                )
+                .0,
+                Status::Granted
+            );
+        }
+        let view = |core| {
+            LockCluster::of_process(
+                Arc::clone(&own),
+                core,
+                3,
+                vec![Vec::new(); 3],
+                Sharding::new(Vec::new()),
+                0,
+            )
+        };
+        let (core0, core1) = (view(0), view(1));
+        assert!(!core0.is_failed(1) && !core1.is_failed(1));
+        // What the lock server does on the notice.
+        own.table.fence(1);
+        assert_eq!(own.table.release_cn(1), 2, "CN 1's two locks, not CN 2's");
+        assert!(
+            core0.is_failed(1) && core1.is_failed(1),
+            "every core sees it"
+        );
+        assert!(!core0.is_failed(2) && !core1.is_failed(0));
+        assert_eq!(
+            apply(&own, &map, &req(RequestKind::Lock, 4, 1, &[(13, 0, x)])).0,
+            Status::Refused,
+            "the fenced CN gets no lock"
+        );
+        assert_eq!(
+            apply(&own, &map, &req(RequestKind::Lock, 5, 2, &[(10, 0, x)])).0,
+            Status::Granted,
+            "a released lock is free for a survivor"
+        );
+        assert_eq!(
+            apply(&own, &map, &req(RequestKind::Lock, 6, 2, &[(12, 0, x)])).0,
+            Status::Refused,
+            "CN 2's lock (transaction 3) survives the release"
+        );
+        // The simulator's cluster: the failed list decides, not a fence.
+        let sim = LockCluster::new(
+            vec![Arc::clone(&own)],
+            vec![Vec::new(); 3],
+            Rc::new(RefCell::new(ShardMap::new(3))),
+            Sharding::new(Vec::new()),
+            0,
+        );
+        assert!(!sim.is_failed(1));
     }
 }

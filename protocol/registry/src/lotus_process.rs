@@ -35,21 +35,27 @@
 //! which `dmem cluster` does not have: each CN runs what its own clients generate, and the
 //! lock RPCs keep that correct.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex, Weak};
 
-use dmem_deploy::process::{self, CnContexts, LocalTask, ProcessPlan};
-use dmem_deploy::{
-    AnyContext, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder, RecoveryEvent,
-    RecoveryTiming,
+use dmem_deploy::process::{
+    self, CnContexts, LocalTask, LogRecovery, MessageLinkTerminator, ProcessPlan, ProcessRecovery,
+    StepFuture,
 };
+use dmem_deploy::{
+    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
+    RecoveredCoordinator, RecoveryEvent, RecoveryTiming,
+};
+use dmem_lotus::membership::notify_passing;
+use dmem_lotus::recovery::{Decided, recover_coordinator};
+use dmem_lotus::wire::RequestKind;
 use dmem_lotus::{CnLocks, LockCluster, LotusConfig, LotusCoordinator, Sharding, serve};
 use dmem_motor::SyncedClock;
 use dmem_sim::Sim;
 use dmem_txn::{BoxCoordinator, Key, TableId};
-use dmem_verbs::{Nanos, NodeId, Verbs};
+use dmem_verbs::{Clock, Nanos, NodeId, Verbs};
 
 use crate::lotus::LotusProtocol;
 use crate::motor::MvccDeploy;
@@ -95,7 +101,7 @@ pub(crate) fn deploy(
     }
     if protocol.restart_after.is_some() || protocol.early_unlock {
         return Err(sim_only(
-            "CN recovery and restart (§6) run on the simulator; LOTUS has no recovery across processes",
+            "a CN restart (§6) and the `early-unlock` planted bug run on the simulator: `dmem cluster` does not restart a killed CN, and its recovery always releases locks after the logs are decided",
         ));
     }
     let mut config = protocol.config;
@@ -110,6 +116,7 @@ pub(crate) fn deploy(
         joined: None,
         paused: Rc::new(Cell::new(false)),
         tables: protocol.tables.clone(),
+        events: Rc::default(),
     }))
 }
 
@@ -200,6 +207,8 @@ pub struct LotusProcessDeployment {
     joined: Option<Joined>,
     paused: Rc<Cell<bool>>,
     tables: ProcessTables,
+    /// CN failures recovered by this process's detector (§6 across processes).
+    events: Rc<RefCell<Vec<RecoveryEvent>>>,
 }
 
 impl LotusProcessDeployment {
@@ -351,12 +360,59 @@ impl Deployment for LotusProcessDeployment {
     ) -> Result<(), DeployError> {
         Err(DeployError::SimOnly {
             protocol: self.name.clone(),
-            reason: "recovery (§6) runs on the simulator's deployment".to_owned(),
+            reason: "this is the deployment of a CN process; the simulator's recovery (§6) runs on the simulator's deployment".to_owned(),
         })
     }
 
     fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        Vec::new()
+        self.events.borrow().clone()
+    }
+
+    /// §6 across processes (crate docs of this module): a failed CN cut off the MNs, its
+    /// coordinators' transactions decided from their commit logs in MN memory, then the
+    /// failure notice to every surviving CN's lock server (fence, release its locks).
+    fn recovers_across_processes(&self) -> bool {
+        true
+    }
+
+    fn process_recovery(
+        &mut self,
+        ctx: AnyContext,
+        terminator: MessageLinkTerminator,
+        plan: &ProcessPlan,
+    ) -> Result<Option<Box<dyn ProcessRecovery>>, DeployError> {
+        let j = self.joined("the detector")?;
+        let cluster = Rc::clone(&j.cluster);
+        let (store, shapes) = (Rc::clone(&self.base.store), Rc::clone(&self.base.shapes));
+        let mns = (0..store.config().mns).map(|m| store.mn_node(m)).collect();
+        let logs = LogRecovery::new(
+            self.name.clone(),
+            ctx.clone(),
+            terminator,
+            mns,
+            plan,
+            Rc::clone(&self.events),
+            async move |c: &AnyContext, id: u16| -> Result<RecoveredCoordinator, String> {
+                let decided = recover_coordinator(c, &store, &shapes, id)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(recovered(id, decided))
+            },
+        );
+        let numbers = plan
+            .members
+            .iter()
+            .filter_map(|m| Some((m.cn, plan.index_of(m.cn)?)))
+            .collect();
+        Ok(Some(Box::new(NoticeAfterLogs {
+            name: self.name.clone(),
+            logs,
+            ctx,
+            cluster,
+            numbers,
+            resend: plan.answer_timeout,
+            events: Rc::clone(&self.events),
+        })))
     }
 
     fn recovery_error(&self) -> Option<String> {
@@ -402,5 +458,102 @@ impl Deployment for LotusProcessDeployment {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+/// A recovered coordinator as the run reports it and settles its history
+/// ([`dmem_deploy::settle_history`]): the transaction of its newest whole commit log, rolled
+/// forward or back; nothing logged aborts its undetermined transactions.
+fn recovered(id: u16, decided: Decided) -> RecoveredCoordinator {
+    let (txn, decision, restored) = match decided {
+        Decided::Nothing => (None, None, 0),
+        Decided::RolledForward { txn, cells, .. } => {
+            (Some(txn.seq), Some(Decision::RollForward), cells)
+        }
+        Decided::RolledBack { txn, cells } => (Some(txn.seq), Some(Decision::RollBack), cells),
+    };
+    RecoveredCoordinator {
+        coordinator: id,
+        txn,
+        decision,
+        restored,
+        unlocked: 0,
+    }
+}
+
+/// LOTUS §6 across processes: `dmem-deploy`'s [`LogRecovery`] (heartbeat detector, link
+/// termination at every MN, each coordinator's commit log decided), **then** the failure
+/// notice ([`notify`], [`RequestKind::Release`]) to the lock server of every surviving CN,
+/// which fences the failed CN in its table and releases the locks its lock states name
+/// the failed CN as holder of. Only afterwards is the CN's recovery over: a lock released
+/// before the logs are decided would let a survivor read around an INVISIBLE version that
+/// recovery then makes visible.
+struct NoticeAfterLogs<R> {
+    name: String,
+    logs: LogRecovery<R>,
+    /// The detector's context: the survivors' replies to the notice come back here.
+    ctx: AnyContext,
+    /// The detector's CN's view of the lock service (every CN's lock-server endpoints).
+    cluster: Rc<LockCluster>,
+    /// Each member CN's LOTUS number.
+    numbers: Vec<(NodeId, u16)>,
+    /// How long the notice waits for a survivor's reply before sending it again.
+    resend: Nanos,
+    events: Rc<RefCell<Vec<RecoveryEvent>>>,
+}
+
+impl<R> ProcessRecovery for NoticeAfterLogs<R>
+where
+    R: AsyncFn(&AnyContext, u16) -> Result<RecoveredCoordinator, String>,
+{
+    fn detect(&mut self) -> Result<Vec<NodeId>, DeployError> {
+        self.logs.detect()
+    }
+
+    fn recover(&mut self, cn: NodeId) -> StepFuture<'_, ()> {
+        Box::pin(async move {
+            self.logs.recover(cn).await?;
+            let Some(&(_, failed)) = self.numbers.iter().find(|(node, _)| *node == cn) else {
+                return Ok(());
+            };
+            let survivors: Vec<u16> = self
+                .numbers
+                .iter()
+                .map(|&(_, n)| n)
+                .filter(|&n| n != failed)
+                .collect();
+            // The survivors' heartbeats arrive on this context too: they stay heartbeats.
+            let logs = &mut self.logs;
+            notify_passing(
+                &self.ctx,
+                &self.cluster,
+                RequestKind::Release,
+                failed,
+                &survivors,
+                self.resend,
+                |msg| logs.heard_from(msg.from.node),
+            )
+            .await
+            .map_err(|e| DeployError::Protocol {
+                protocol: self.name.clone(),
+                reason: format!("the failure notice of node {}: {e}", cn.0),
+            })?;
+            if let Some(event) = self.events.borrow_mut().iter_mut().rfind(|e| e.cn == cn) {
+                event.finished_at = self.ctx.now();
+            }
+            Ok(())
+        })
+    }
+
+    fn watch_mns(&mut self) -> StepFuture<'_, ()> {
+        self.logs.watch_mns()
+    }
+
+    fn events(&self) -> Vec<RecoveryEvent> {
+        self.logs.events()
+    }
+
+    fn settles_history(&self) -> bool {
+        self.logs.settles_history()
     }
 }
