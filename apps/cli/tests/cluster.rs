@@ -341,6 +341,7 @@ fn smallbank_on_oocc_two_cores_on_glommio_recovers_a_killed_cn() {
         (kind, None) => {
             assert_recovered_kill(&out);
             assert_eq!(reports(&out)["cn0"]["executor"], kind.name());
+            assert_one_dry_load(&reports(&out)["cn0"]);
         }
         (_, Some(why)) => {
             let stderr = String::from_utf8_lossy(&out.stderr);
@@ -374,6 +375,7 @@ fn smallbank_on_lotus_runs_each_cn_on_two_cores() {
         assert!(counter("lotus_grants_by_other_cores") > 0, "{report}");
         assert!(counter("lotus_grants_on_this_core") > 0, "{report}");
         assert!(counter("lock_requests_granted") > 0, "{report}");
+        assert_one_dry_load(report);
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, LateCoordinators, MnMemory,
-    Protocol, Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming, Router,
+    Placement, Protocol, Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming, Router,
     SimLinkTerminator,
 };
 use dmem_lotus::membership::notify;
@@ -267,6 +267,26 @@ impl Protocol for LotusProtocol {
         )? + dmem_lotus::reshard::region_bytes(METRICS_CNS))
     }
 
+    /// A CN process's cores (`crate::lotus_process`) take its one dry load as Motor's do:
+    /// the loader's [`dmem_store::LoadIndex`], shared read-only. The simulator's deployment
+    /// is one for every CN and never split across cores: `None` there.
+    fn deploy_placed(
+        &self,
+        memory: MnMemory,
+        spec: &DeploySpec,
+        history: Recorder,
+        placement: &Placement,
+    ) -> Option<Result<Box<dyn Deployment>, DeployError>> {
+        if memory.as_sim().is_some() {
+            return None;
+        }
+        Some(
+            crate::ford::placed_index(&self.name, placement).and_then(|placed| {
+                crate::lotus_process::deploy(self, memory, spec, history, Some(placed))
+            }),
+        )
+    }
+
     fn deploy_on(
         &self,
         memory: MnMemory,
@@ -276,7 +296,7 @@ impl Protocol for LotusProtocol {
         // On the simulator every CN's lock servers are simulated tasks of this deployment;
         // on a real fabric each CN process serves its own table (`crate::lotus_process`).
         let Some(sim) = memory.as_sim().map(Rc::clone) else {
-            return crate::lotus_process::deploy(self, memory, spec, history);
+            return crate::lotus_process::deploy(self, memory, spec, history, None);
         };
         let sim = &sim;
         let base = self.store(memory, spec, history)?;

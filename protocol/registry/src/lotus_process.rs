@@ -45,8 +45,8 @@ use dmem_deploy::process::{
     StepFuture,
 };
 use dmem_deploy::{
-    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
-    RecoveredCoordinator, RecoveryEvent, RecoveryTiming,
+    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Placement, Protocol,
+    Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming,
 };
 use dmem_lotus::membership::notify_passing;
 use dmem_lotus::recovery::{Decided, recover_coordinator};
@@ -54,6 +54,7 @@ use dmem_lotus::wire::RequestKind;
 use dmem_lotus::{CnLocks, LockCluster, LotusConfig, LotusCoordinator, Sharding, serve};
 use dmem_motor::SyncedClock;
 use dmem_sim::Sim;
+use dmem_store::LoadIndex;
 use dmem_txn::{BoxCoordinator, Key, TableId};
 use dmem_verbs::{Clock, Nanos, NodeId, Verbs};
 
@@ -84,6 +85,7 @@ pub(crate) fn deploy(
     memory: MnMemory,
     spec: &DeploySpec,
     history: Recorder,
+    placed: Option<Arc<LoadIndex>>,
 ) -> Result<Box<dyn Deployment>, DeployError> {
     let sim_only = |reason: &str| DeployError::SimOnly {
         protocol: protocol.name(),
@@ -109,7 +111,12 @@ pub(crate) fn deploy(
     Ok(Box::new(LotusProcessDeployment {
         name: protocol.name(),
         config,
-        base: protocol.store(memory, spec, history)?,
+        base: match placed {
+            Some(placed) => protocol
+                .store(memory, spec, history)?
+                .with_placement(placed),
+            None => protocol.store(memory, spec, history)?,
+        },
         sharding: protocol.sharding(spec),
         table_bytes: protocol.lock_table_bytes(spec),
         lock_cpu_ns: protocol.lock_cpu_ns,
@@ -237,7 +244,16 @@ impl LotusProcessDeployment {
 }
 
 impl Deployment for LotusProcessDeployment {
+    /// The loader's index (or the placement this core's deployment was given): the other
+    /// cores of the CN process take it instead of loading again.
+    fn placement(&self) -> Option<Placement> {
+        Some(self.base.placement())
+    }
+
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
+        if self.base.is_placed() {
+            return Err(crate::ford::load_on_placed(&self.name));
+        }
         self.base.load(table, key, value)
     }
 
