@@ -1368,7 +1368,7 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
     {
         ensure!(
             setup.recovers()?,
-            "--kill {kill}: protocol `{protocol}` has no recovery across processes yet (ford, pandora, motor, oocc, drtm and lotus do)"
+            "--kill {kill}: protocol `{protocol}` has no recovery across processes yet (ford, pandora, motor, oocc, drtm, dslr and lotus do)"
         );
     }
     if let Some(setup) = &setup {

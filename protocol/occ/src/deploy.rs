@@ -422,7 +422,7 @@ impl Deployment for OoccDeployment {
             // take a heartbeat period, the timeout and a poll; a quarter of the reset lease
             // is left for them, the rest for link termination and the roll-forward.
             let detection_ns = timing.heartbeat + timing.timeout + timing.poll;
-            if detection_ns > cfg.reset_lease_ns / 4 {
+            if DslrConfig::min_reset_lease(detection_ns) > cfg.reset_lease_ns {
                 return Err(DeployError::Protocol {
                     protocol: self.protocol.name(),
                     reason: format!(
@@ -452,20 +452,31 @@ impl Deployment for OoccDeployment {
         )
     }
 
-    /// OOCC and DrTM; not DSLR, whose lease reset assumes recovery's roll-forward lands
-    /// well within the 1 ms reset lease of a crash (`crate::dslr2pl`), while a heartbeat
-    /// detector across processes takes its timeout (hundreds of ms): a live transaction
-    /// would take the reset word first and recovery's late roll-forward overwrite it (the
-    /// history checker found such a lost write when it was tried).
+    /// OOCC, DrTM and DSLR. DSLR's lease reset assumes recovery's roll-forward lands well
+    /// within the reset lease of a crash (`crate::dslr2pl`), while a heartbeat detector
+    /// across processes takes its timeout (hundreds of ms): with the paper's 1 ms lease a
+    /// live transaction took the reset word first and recovery's late roll-forward
+    /// overwrote it (the history checker found the lost write). So a CN process raises the
+    /// lease to the detector's ([`join_as_cn`](Self::join_as_cn)).
     fn recovers_across_processes(&self) -> bool {
-        self.protocol.dslr.is_none()
+        true
     }
 
     /// Refuses a workload that inserts: the [`Directory`] that stands in for an index gives
     /// an inserted key its slot in one process's memory (and one core's), so another CN
     /// process, another core or a recovering CN would neither find the record nor know the
     /// slot is taken, and two inserts of different keys could take one slot.
-    fn join_as_cn(&mut self, _me: NodeId, _plan: &ProcessPlan) -> Result<(), DeployError> {
+    ///
+    /// DSLR's reset lease is raised to four times the plan's detection time (heartbeat
+    /// period + timeout + DSLR's poll; [`DslrConfig::for_detection`]): every CN derives the
+    /// same lease from the same plan. It also keeps a live holder whose process is
+    /// descheduled for a few ms from having its word reset under it, which a 1 ms lease
+    /// does not between processes.
+    fn join_as_cn(&mut self, _me: NodeId, plan: &ProcessPlan) -> Result<(), DeployError> {
+        if let Some(cfg) = self.protocol.dslr {
+            let detection = plan.heartbeat + plan.timeout + cfg.poll_ns;
+            self.protocol.dslr = Some(cfg.for_detection(detection));
+        }
         match self.growing.first() {
             None => Ok(()),
             Some(table) => Err(DeployError::Protocol {
@@ -551,6 +562,7 @@ impl Deployment for OoccDeployment {
             "aborts" => s.aborts.get(),
             "lease_wait_ns" => s.lease_wait_ns.get(),
             "lease_ns" => self.manager.lease.get(),
+            "dslr_reset_lease_ns" => self.protocol.dslr?.reset_lease_ns,
             "lease_adjustments" => self.manager.adjustments.borrow().len() as u64,
             "lease_adjust_ns" => self
                 .manager
@@ -560,6 +572,15 @@ impl Deployment for OoccDeployment {
                 .map_or(0, |a| a.finished - a.started),
             _ => return None,
         })
+    }
+
+    /// DSLR's reset lease as this CN process runs it ([`join_as_cn`](Self::join_as_cn)
+    /// raises it to the detector's).
+    fn counters(&self) -> Vec<(String, u64)> {
+        ["dslr_reset_lease_ns"]
+            .iter()
+            .filter_map(|&name| Some((name.to_owned(), self.counter(name)?)))
+            .collect()
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

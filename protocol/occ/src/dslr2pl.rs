@@ -72,6 +72,28 @@ pub struct DslrConfig {
     pub bug_skip_roll_forward: bool,
 }
 
+impl DslrConfig {
+    /// The shortest reset lease under which recovery's roll-forward still lands before a
+    /// live waiter resets a crashed holder's word, for a failure detector that takes up to
+    /// `detection` ns (heartbeat period + timeout + poll) to suspect a crash: a quarter of
+    /// the lease for detection, the rest for link termination and the roll-forward (module
+    /// docs, *No writer under a live holder*).
+    #[must_use]
+    pub fn min_reset_lease(detection: Nanos) -> Nanos {
+        detection.saturating_mul(4)
+    }
+
+    /// This configuration with its reset lease raised to
+    /// [`min_reset_lease`](Self::min_reset_lease)`(detection)` where it is shorter.
+    #[must_use]
+    pub fn for_detection(self, detection: Nanos) -> Self {
+        Self {
+            reset_lease_ns: self.reset_lease_ns.max(Self::min_reset_lease(detection)),
+            ..self
+        }
+    }
+}
+
 impl Default for DslrConfig {
     fn default() -> Self {
         Self {
@@ -731,3 +753,24 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
 }
 
 crate::shell::lock_based_transaction!(DslrTxn);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_raised_to_four_detection_times_and_never_lowered() {
+        let paper = DslrConfig::default();
+        // Between processes: 10 ms heartbeat + 250 ms timeout + the 2 µs poll.
+        let slow = paper.for_detection(260_002_000);
+        assert_eq!(slow.reset_lease_ns, 1_040_008_000);
+        assert_eq!(
+            (slow.poll_ns, slow.deadlock_ns),
+            (paper.poll_ns, paper.deadlock_ns)
+        );
+        // The litmus detector (50 µs) fits the paper's 1 ms lease: unchanged.
+        assert_eq!(paper.for_detection(50_000), paper);
+        assert_eq!(paper.for_detection(250_000), paper);
+        assert_eq!(paper.for_detection(250_001).reset_lease_ns, 1_000_004);
+    }
+}
