@@ -55,8 +55,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use dmem_deploy::process::{
-    CnContexts, CoreGroup, MessageLinkTerminator, ProcessPlan, mn_control, parse_terminate, ports,
-    terminated_reply,
+    CnContexts, CoreGroup, MessageLinkTerminator, ProcessPlan, ServiceContext, mn_control,
+    parse_terminate, ports, services_of_core, terminated_reply,
 };
 use dmem_deploy::{
     AnyContext, Decision, DeploySpec, Deployment, MnMemory, Placement, Protocol, Recorder,
@@ -753,6 +753,26 @@ impl CnSetup {
         Ok(deployment)
     }
 
+    /// Contexts for core `core`'s share of the services this CN offers (LOTUS's lock
+    /// servers: the `i`-th on the core of the `i`-th coordinator,
+    /// `dmem_deploy::process::service_core`).
+    fn services(&self, core: usize) -> anyhow::Result<Vec<ServiceContext>> {
+        let services = self
+            .plan
+            .member(self.me.node)
+            .map(|m| m.services.clone())
+            .unwrap_or_default();
+        services_of_core(&services, core, self.cores.len())
+            .into_iter()
+            .map(|(slot, e)| {
+                Ok(ServiceContext {
+                    slot,
+                    ctx: self.net.context(self.me.node, e.port)?,
+                })
+            })
+            .collect()
+    }
+
     /// Core `core`'s coordinators, each on a context of its own connected to every MN.
     fn coordinators(
         &self,
@@ -857,13 +877,15 @@ impl CnSetup {
 
     /// A core after the first: its own deployment and coordinators.
     async fn worker_core(&self, core: usize) -> anyhow::Result<()> {
-        let made = self
-            .deployment(core, Recorder::streaming(Rc::new(StdoutHistory::default())))
-            .and_then(|mut d| {
-                let coordinators = self.coordinators(core, &mut *d)?;
-                let tasks = d.core_tasks(self.me.node, &self.plan)?;
-                Ok((d, coordinators, tasks))
-            });
+        // The service contexts first (as on the first core): a request that arrives while
+        // this core loads is queued, not dropped.
+        let made = self.services(core).and_then(|services| {
+            let mut d =
+                self.deployment(core, Recorder::streaming(Rc::new(StdoutHistory::default())))?;
+            let coordinators = self.coordinators(core, &mut *d)?;
+            let tasks = d.core_tasks(self.me.node, &self.plan, services)?;
+            Ok((d, coordinators, tasks))
+        });
         let (deployment, coordinators, tasks) = match made {
             Ok(made) => made,
             Err(e) => {
@@ -1001,15 +1023,9 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
     // So does the queue of "done" reports (and, on the other CNs, of the detector's "run
     // over"): a quick CN may finish before a slow first CN has joined.
     let done_ctx = net.context(me.node, ports::DONE)?;
-    // Likewise the service contexts (LOTUS's lock servers): a quicker CN's first lock
-    // requests are queued, not dropped, while this one loads.
-    let services = plan
-        .member(me.node)
-        .map(|m| m.services.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .map(|e| net.context(me.node, e.port))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    // Likewise the service contexts of this core (LOTUS's lock servers): a quicker CN's
+    // first lock requests are queued, not dropped, while this one loads.
+    let services = cn.services(0)?;
     // The coordinators stream every record to stdout (and keep none here).
     let stdout_history = StdoutHistory::default();
     let streaming_off = Rc::clone(&stdout_history.off);
@@ -1080,8 +1096,18 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
         r
     };
     let work = futures_util::future::join(cn.run_coordinators(0, coordinators, &deployment), body);
-    // The process tasks never end by themselves: they stop with the work.
-    let tasks = futures_util::future::join_all(tasks);
+    // The process tasks never end by themselves: they stop with the work. They start once
+    // every core made its coordinators and its service contexts: the first heartbeat is
+    // this CN's join, after which other CNs may send to any core's services, and a message
+    // to a port no context receives on yet is dropped.
+    let tasks = async {
+        while cn.shared.built.load(Ordering::Relaxed) + 1 < cn.cores.len()
+            && !cn.shared.stop.load(Ordering::Relaxed)
+        {
+            clock.sleep(1_000_000).await;
+        }
+        futures_util::future::join_all(tasks).await
+    };
     let mut first =
         match futures_util::future::select(std::pin::pin!(work), std::pin::pin!(tasks)).await {
             futures_util::future::Either::Left((((), first), _)) => first?,
