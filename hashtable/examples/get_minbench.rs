@@ -3,12 +3,14 @@
 //!
 //! `target/release/examples/get_minbench [keys] [compact|fast] [rounds]`
 //!
-//! One thread. Each round times every variant (DLHT batch 1, DLHT batch 24, `limit` batch 1,
-//! `limit` batch 24) over 96 000 random present keys each (a different chunk of the key
-//! stream each time), one after another, so the variants see the same load. A slice that lost the core to another process is slower,
-//! never faster, than the machine allows, so the fastest round of each variant estimates
-//! the unloaded time and its ratio to the fastest `limit` round the unloaded ratio. Medians
-//! are printed too; when the two disagree much, the machine was too busy for either.
+//! One thread. Each round times every variant over 96 000 random present keys each (a
+//! different chunk of the key stream each time), one after another, so the variants see
+//! the same load: DLHT batch 1 and 24, `limit` batch 1 and 24, and a bare bucket read (see
+//! `Bare`) at batch 1 and 24, which bounds what any Get that compares the keys of one
+//! DLHT-like line could reach here. A round that lost the core to another process is
+//! slower, never faster, than the machine allows, so the fastest round of each variant
+//! estimates the unloaded time, and its ratio to the fastest `limit` round the unloaded
+//! ratio. Medians are printed too; when the two disagree much, the machine was too busy.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -76,46 +78,59 @@ fn limit_b24(words: &[u64], keys: &[u64]) -> u64 {
     sink
 }
 
+/// How much of DLHT's Get protocol a bare bucket read does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bare {
+    /// Hash, line, compare the three keys without branches, load the matching value.
+    Plain,
+    /// And load the header before and compare it after (the seqlock re-check).
+    Seqlock,
+    /// And mask the key matches with the header's valid bits (bits 35..38, as DLHT's).
+    SeqlockValid,
+}
+
 /// A bare bucket lookup over an array laid out like DLHT's primary lines (word 0 a header,
-/// words 2, 4, 6 keys, words 3, 5, 7 values): hash, line, compare the three keys without
-/// branches, load the matching value. With `SEQLOCK` it also loads the header before and
-/// compares it after, as DLHT's Get does. No valid bits, no index indirection, no chained
-/// lines: not a table (keys that found no slot are simply absent), the cost of the bucket
-/// read alone, for comparison with `limit` and DLHT.
+/// words 2, 4, 6 keys, words 3, 5, 7 values), doing `B` of DLHT's Get protocol. No index
+/// indirection and no chained lines: not a table (keys that found no slot are simply
+/// absent), the cost of the bucket read alone, for comparison with `limit` and DLHT.
 #[inline(always)]
-fn bucket_get<const SEQLOCK: bool>(words: &[u64], line: usize, k: u64) -> u64 {
+fn bucket_get<const B: u8>(words: &[u64], line: usize, k: u64) -> u64 {
+    let seqlock = B != Bare::Plain as u8;
     let w: &[u64; 8] = words[line * 8..line * 8 + 8].try_into().unwrap();
-    let h1 = if SEQLOCK {
+    let h1 = if seqlock {
         // SAFETY: `w[0]` is a valid, aligned `u64`; volatile keeps the two header loads.
         unsafe { std::ptr::read_volatile(&w[0]) }
     } else {
         0
     };
-    let m = u64::from(w[2] == k) | u64::from(w[4] == k) << 1 | u64::from(w[6] == k) << 2;
+    let mut m = u64::from(w[2] == k) | u64::from(w[4] == k) << 1 | u64::from(w[6] == k) << 2;
+    if B == Bare::SeqlockValid as u8 {
+        m &= h1 >> 35;
+    }
     let v = if m != 0 {
         w[3 + 2 * (m.trailing_zeros() as usize & 3)]
     } else {
         0
     };
     // SAFETY: as above.
-    if SEQLOCK && h1 != unsafe { std::ptr::read_volatile(&w[0]) } {
+    if seqlock && h1 != unsafe { std::ptr::read_volatile(&w[0]) } {
         return u64::MAX;
     }
     v
 }
 
 #[inline(never)]
-fn bucket_b1<const SEQLOCK: bool>(words: &[u64], keys: &[u64]) -> u64 {
+fn bucket_b1<const B: u8>(words: &[u64], keys: &[u64]) -> u64 {
     let lines = words.len() / 8;
     let mut sink = 0u64;
     for &k in keys {
-        sink = sink.wrapping_add(bucket_get::<SEQLOCK>(words, line_of(k, lines), k));
+        sink = sink.wrapping_add(bucket_get::<B>(words, line_of(k, lines), k));
     }
     sink
 }
 
 #[inline(never)]
-fn bucket_b24<const SEQLOCK: bool>(words: &[u64], keys: &[u64]) -> u64 {
+fn bucket_b24<const B: u8>(words: &[u64], keys: &[u64]) -> u64 {
     let lines = words.len() / 8;
     let mut sink = 0u64;
     let mut idx = [0usize; 24];
@@ -126,7 +141,7 @@ fn bucket_b24<const SEQLOCK: bool>(words: &[u64], keys: &[u64]) -> u64 {
             prefetch(&words[*slot * 8]);
         }
         for i in 0..24 {
-            out[i] = bucket_get::<SEQLOCK>(words, idx[i], ks[i]);
+            out[i] = bucket_get::<B>(words, idx[i], ks[i]);
         }
         sink = sink.wrapping_add(black_box(&out)[23]);
     }
@@ -172,7 +187,8 @@ fn main() {
         *w = i as u64;
     }
     let words = words.as_slice();
-    // The bare buckets: every key in the first free key word of its line (0 = free).
+    // The bare buckets: every key in the first free key word of its line (0 = free), its
+    // valid bit set in the header word.
     let mut buckets = WordArray::new(compact_bins * 8, true);
     {
         let b = buckets.as_mut_slice();
@@ -183,6 +199,7 @@ fn main() {
             if let Some(s) = [2, 4, 6].into_iter().find(|&s| b[l + s] == 0) {
                 b[l + s] = k;
                 b[l + s + 1] = i;
+                b[l] |= 1 << (35 + (s - 2) / 2);
             }
         }
     }
@@ -198,6 +215,8 @@ fn main() {
         "bucket b24",
         "bucket+seqlock b1",
         "bucket+seqlock b24",
+        "bucket+seqlock+valid b1",
+        "bucket+seqlock+valid b24",
     ];
     let mut ns = vec![Vec::with_capacity(rounds); names.len()];
     let chunks = STREAM / CHUNK;
@@ -211,10 +230,12 @@ fn main() {
                 1 => dlht_b24(&g, keys),
                 2 => limit_b1(words, keys),
                 3 => limit_b24(words, keys),
-                4 => bucket_b1::<false>(buckets, keys),
-                5 => bucket_b24::<false>(buckets, keys),
-                6 => bucket_b1::<true>(buckets, keys),
-                _ => bucket_b24::<true>(buckets, keys),
+                4 => bucket_b1::<{ Bare::Plain as u8 }>(buckets, keys),
+                5 => bucket_b24::<{ Bare::Plain as u8 }>(buckets, keys),
+                6 => bucket_b1::<{ Bare::Seqlock as u8 }>(buckets, keys),
+                7 => bucket_b24::<{ Bare::Seqlock as u8 }>(buckets, keys),
+                8 => bucket_b1::<{ Bare::SeqlockValid as u8 }>(buckets, keys),
+                _ => bucket_b24::<{ Bare::SeqlockValid as u8 }>(buckets, keys),
             });
             times.push(t0.elapsed().as_secs_f64() * 1e9 / CHUNK as f64);
         }
@@ -226,9 +247,13 @@ fn main() {
     let s: Vec<(f64, f64)> = ns.iter_mut().map(stat).collect();
     println!("{n} keys, {sizing:?}, {rounds} rounds of {CHUNK} Gets; ns per Get: fastest, median");
     for (name, (min, med)) in names.iter().zip(&s) {
-        println!("{name:>18}: {min:6.2} {med:6.2}");
+        println!("{name:>24}: {min:6.2} {med:6.2}");
     }
-    for (name, v) in [("bucket", 4), ("bucket+seqlock", 6)] {
+    for (name, v) in [
+        ("bucket", 4),
+        ("bucket+seqlock", 6),
+        ("bucket+seqlock+valid", 8),
+    ] {
         println!(
             "{name} / limit (fastest rounds): batch 1 {:.0} %, batch 24 {:.0} %",
             100.0 * s[2].0 / s[v].0,
