@@ -268,7 +268,6 @@ fn get_batch_of_every_length_matches_get() {
             capacity: 4096,
             sizing,
             huge_pages: false,
-            ..Options::default()
         });
         for k in (0..8192u64).step_by(2) {
             t.insert(k.wrapping_mul(0x9e37_79b9_7f4a_7c15), k);
