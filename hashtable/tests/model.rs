@@ -257,3 +257,33 @@ fn reserve_and_any_key_value() {
     }
     assert_eq!(t.insert(0, 5), Some(u64::MAX));
 }
+
+/// `get_batch` of every length around the window size (one window, several, a partial last
+/// one), half the keys present, against plain Gets — at both sizings, so chained and
+/// deferred Gets are in every window.
+#[test]
+fn get_batch_of_every_length_matches_get() {
+    for sizing in [Sizing::Compact, Sizing::Fast] {
+        let t = Dlht::with_options(Options {
+            capacity: 4096,
+            sizing,
+            huge_pages: false,
+        });
+        for k in (0..8192u64).step_by(2) {
+            t.insert(k.wrapping_mul(0x9e37_79b9_7f4a_7c15), k);
+        }
+        let g = t.pin();
+        for len in [0usize, 1, 2, 23, 24, 31, 32, 33, 63, 64, 65, 100] {
+            let keys: Vec<u64> = (0..len as u64)
+                .map(|i| (i * 37 + len as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .collect();
+            // A longer output: the entries past `keys.len()` must stay untouched.
+            let mut out = vec![Some(u64::MAX); len + 3];
+            g.get_batch(&keys, &mut out);
+            for (i, &k) in keys.iter().enumerate() {
+                assert_eq!(out[i], g.get(k), "{sizing:?}, length {len}, request {i}");
+            }
+            assert!(out[len..].iter().all(|o| *o == Some(u64::MAX)));
+        }
+    }
+}
