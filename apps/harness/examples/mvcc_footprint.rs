@@ -3,8 +3,9 @@
 //! pooled", quotes it for TPC-C small).
 //!
 //! `cargo run --release -p dmem-harness --example mvcc_footprint -- [workload] [scale]
-//! [coordinators]` (default `tpcc small 288`: 9 CNs × 4 threads × 8 coroutines; 3 MNs, 3
-//! replicas, the versions per record Motor uses for the workload).
+//! [coordinators] [versions]` (default `tpcc small 288`: 9 CNs × 4 threads × 8 coroutines;
+//! 3 MNs, 3 replicas; versions per record: as Motor's code per workload unless given, e.g.
+//! 2 as LOTUS §8 runs both).
 
 use dmem_harness::deploy_spec;
 use dmem_motor::cells_for_workload;
@@ -16,12 +17,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let name = args.next().unwrap_or_else(|| "tpcc".to_owned());
     let scale = args.next().unwrap_or_else(|| "small".to_owned());
     let coordinators: u16 = args.next().map_or(Ok(288), |a| a.parse())?;
+    let versions: Option<usize> = args.next().map(|a| a.parse()).transpose()?;
     let workload = AnyWorkload::new(
         &name,
         Scale::from_name(&scale).ok_or(format!("unknown scale `{scale}`"))?,
     )?;
     let spec = deploy_spec(&workload, coordinators);
-    let cells = cells_for_workload(Some(workload.name()));
+    let cells = versions.unwrap_or_else(|| cells_for_workload(Some(workload.name())));
     for layout in [VersionLayout::FullRecords, VersionLayout::Deltas] {
         let shapes = Shapes::uniform(&spec.tables, cells).with_layout(layout);
         // As `dmem-protocols` lays Motor's and LOTUS's stores out.
@@ -49,8 +51,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
-    for p in ["lotus", "motor", "ford"] {
-        let protocol = dmem_protocols::registry().get(p)?;
+    let suffix = versions
+        .map(|v| format!(":versions={v}"))
+        .unwrap_or_default();
+    for p in ["lotus", "motor"]
+        .map(|p| format!("{p}{suffix}"))
+        .into_iter()
+        .chain(["ford".to_owned()])
+    {
+        let protocol = dmem_protocols::registry().get(&p)?;
         println!(
             "{p}: {:.0} MB per MN",
             protocol.mn_bytes_per_mn(&spec, 3)? as f64 / 1e6
