@@ -129,11 +129,13 @@ pub fn memory_estimate_for(
     let per_mn = p
         .mn_bytes_per_mn(spec, mns)
         .with_context(|| format!("sizing {protocol}'s store"))?;
-    // The simulator holds each MN's region (x1.25; it was x1.5, which the peaks measured
-    // under FORD never approached: 8.74 GB for SmallBank's 8.9 GB of regions at --scale
-    // lotus, 10.94 GB for TATP's 11.3 GB at --scale motor; a pooled table's insert shares,
-    // `dmem-store`, are address space until inserts fill them) and the CN side
-    // holds per-record state for hashed tables (the loader's slot map, load buffers): an upper
+    // The simulator holds each MN's region once (counted x1: it was x1.5, then x1.25, and
+    // no peak measured since came near the regions alone — 8.74 GB for SmallBank's 8.9 GB
+    // of regions at --scale lotus under FORD, 10.94 GB for TATP's 11.3 GB at --scale motor,
+    // 11.14 GB for LOTUS's 12.27 GB at TPC-C small with 2 versions, CN side included:
+    // pages a run does not touch, such as the rest of a pooled table's insert shares, are
+    // zero pages) and the CN side holds per-record state for hashed tables (the loader's
+    // slot map, load buffers): an upper
     // bound of 8 KiB per record covers the peak RSS measured at --scale small before tables
     // were direct-mapped (TATP: 8.2 GB for 975k records and 1.2 GB of regions; TPC-C:
     // 19.8 GB for 4.4M records and 14 GB). A direct-mapped table (dense keys, see
@@ -154,7 +156,6 @@ pub fn memory_estimate_for(
         return Ok(records.checked_mul(2 << 10));
     }
     Ok(common::product(&[per_mn, u64::from(mns)])
-        .and_then(|b| b.checked_add(b / 4))
         .and_then(|b| {
             let per_record = p.cn_bytes_per_hashed_record().unwrap_or(8 << 10);
             b.checked_add(hashed.checked_mul(per_record)?)

@@ -273,7 +273,10 @@ pub struct BenchResult {
 
 /// Deployment counters a [`BenchResult`] reports when the deployment has them: LOTUS's
 /// resharding (§4.3) hand-overs, their service interruption, and the lock-state entries
-/// still held once the run is quiescent (a lost lock if not 0); Dandelion's RPC
+/// still held once the run is quiescent (a lost lock if not 0), its lock requests refused by
+/// reason (conflict, full bucket, reader overflow) and the refusals its coordinators met by
+/// what the lock was for (a table's records, index buckets, a remote request of several;
+/// only those with some); Dandelion's RPC
 /// reliability (requests re-sent, stale responses ignored, replies replayed for
 /// duplicates, duplicates dropped: all 0 on a run without message faults); the OCC family's
 /// writers' total write-wait lease sleep and read-only transactions validated because the
@@ -285,6 +288,27 @@ pub const REPORTED_COUNTERS: &[&str] = &[
     "reshard_aborted_holders",
     "reshard_holders_left",
     "lotus_locks_held",
+    "lotus_refused_conflict",
+    "lotus_refused_bucket_full",
+    "lotus_refused_readers",
+    "lotus_refused_index_bucket",
+    "lotus_refused_mixed_remote",
+    "lotus_refused_table_0",
+    "lotus_refused_table_1",
+    "lotus_refused_table_2",
+    "lotus_refused_table_3",
+    "lotus_refused_table_4",
+    "lotus_refused_table_5",
+    "lotus_refused_table_6",
+    "lotus_refused_table_7",
+    "lotus_refused_table_8",
+    "lotus_refused_table_9",
+    "lotus_refused_table_10",
+    "lotus_refused_table_11",
+    "lotus_refused_table_12",
+    "lotus_refused_table_13",
+    "lotus_refused_table_14",
+    "lotus_refused_table_15",
     "retransmissions",
     "stale_responses",
     "replayed_responses",

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use dmem_locks::LockMode;
+pub use dmem_locks::lotus::Refusal;
 use dmem_locks::lotus::{Acquired, Holder, LotusLockTable};
 use dmem_verbs::{Clock, Endpoint, Nanos, Verbs};
 
@@ -76,6 +77,30 @@ fn off_core(counters: &[AtomicU64], core: u16) -> u64 {
     all - counters[usize::from(core).min(MAX_CORES - 1)].load(Ordering::Relaxed)
 }
 
+/// What a refused lock was for, as the coordinator that asked counts it
+/// ([`CnLocks::note_refused_for`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockFor {
+    /// A record of this table (ids at or above [`REFUSAL_TABLES`] count as the last).
+    Table(u32),
+    /// An index bucket an insert claims a slot in (§4.1).
+    IndexBucket,
+    /// A remote request whose locks were for several of the above: the owner's reply does
+    /// not say which one it refused.
+    Mixed,
+}
+
+/// Tables whose refusals are counted apart ([`LockFor::Table`]).
+pub const REFUSAL_TABLES: usize = 16;
+
+/// The refusal reasons [`CnLocks`] counts, in its counters' order.
+pub const REFUSAL_REASONS: [Refusal; 4] = [
+    Refusal::Conflict,
+    Refusal::BucketFull,
+    Refusal::TooManyReaders,
+    Refusal::Fenced,
+];
+
 /// One CN's locks: what its cores share (module docs).
 #[derive(Debug)]
 pub struct CnLocks {
@@ -105,6 +130,11 @@ pub struct CnLocks {
     /// Lock-server messages served, by the core of the CN whose server took them:
     /// [`MAX_CORES`] counters.
     served_by_core: Box<[AtomicU64]>,
+    /// Requests refused on this table, by [`REFUSAL_REASONS`] (Alg. 1 line 10).
+    refused_by_reason: [AtomicU64; 4],
+    /// Refusals this CN's coordinators met, by what the lock was for: one per table
+    /// ([`REFUSAL_TABLES`]), then index buckets, then mixed remote requests.
+    refused_for: Box<[AtomicU64]>,
 }
 
 impl CnLocks {
@@ -122,7 +152,37 @@ impl CnLocks {
             shard_keys: (0..SHARDS).map(|_| Mutex::new(HashSet::new())).collect(),
             grants_by_core: (0..MAX_CORES).map(|_| AtomicU64::new(0)).collect(),
             served_by_core: (0..MAX_CORES).map(|_| AtomicU64::new(0)).collect(),
+            refused_by_reason: Default::default(),
+            refused_for: (0..REFUSAL_TABLES + 2).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// Requests refused on this table for `reason` so far.
+    #[must_use]
+    pub fn refused(&self, reason: Refusal) -> u64 {
+        REFUSAL_REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .map_or(0, |i| self.refused_by_reason[i].load(Ordering::Relaxed))
+    }
+
+    fn refused_index(what: LockFor) -> usize {
+        match what {
+            LockFor::Table(t) => (t as usize).min(REFUSAL_TABLES - 1),
+            LockFor::IndexBucket => REFUSAL_TABLES,
+            LockFor::Mixed => REFUSAL_TABLES + 1,
+        }
+    }
+
+    /// Counts a refusal one of this CN's coordinators met for a lock on `what`.
+    pub fn note_refused_for(&self, what: LockFor) {
+        self.refused_for[Self::refused_index(what)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Refusals this CN's coordinators met for locks on `what` so far.
+    #[must_use]
+    pub fn refused_for(&self, what: LockFor) -> u64 {
+        self.refused_for[Self::refused_index(what)].load(Ordering::Relaxed)
     }
 
     /// Alg. 1 on this CN's table for a record of `shard`, remembering the key under its
@@ -131,8 +191,15 @@ impl CnLocks {
         let index = usize::from(shard) % SHARDS;
         self.shard_hits[index].fetch_add(1, Ordering::Relaxed);
         let got = self.table.acquire(key, mode, holder);
-        if got.is_held() {
-            lock(&self.shard_keys[index]).insert(key);
+        match got {
+            Acquired::Granted | Acquired::AlreadyHeld => {
+                lock(&self.shard_keys[index]).insert(key);
+            }
+            Acquired::Refused(why) => {
+                if let Some(i) = REFUSAL_REASONS.iter().position(|r| *r == why) {
+                    self.refused_by_reason[i].fetch_add(1, Ordering::Relaxed);
+                }
+            }
         }
         got
     }
@@ -494,6 +561,56 @@ mod tests {
                 .map(|&(key, shard, mode)| LockEntry { key, shard, mode })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn refusals_are_counted_by_reason_and_by_what_they_were_for() {
+        let map = ShardMap::new(3);
+        // One bucket: a ninth key finds it full.
+        let cn1 = CnLocks::new(1, LotusLockTable::BUCKET_BYTES);
+        let (x, s) = (LockMode::Exclusive, LockMode::Shared);
+        for k in 0..8 {
+            assert_eq!(
+                apply(&cn1, &map, &req(RequestKind::Lock, 1, 0, &[(k, 1, x)])).0,
+                Status::Granted
+            );
+        }
+        let conflict = req(RequestKind::Lock, 2, 0, &[(3, 1, s)]);
+        assert_eq!(apply(&cn1, &map, &conflict).0, Status::Refused);
+        let full = req(RequestKind::Lock, 3, 0, &[(100, 1, x)]);
+        assert_eq!(apply(&cn1, &map, &full).0, Status::Refused);
+        assert_eq!(cn1.refused(Refusal::Conflict), 1);
+        assert_eq!(cn1.refused(Refusal::BucketFull), 1);
+        assert_eq!(cn1.refused(Refusal::TooManyReaders), 0);
+        // A reader count at its ceiling refuses the next reader.
+        let cn2 = CnLocks::new(2, 1 << 16);
+        let mut readers = 0;
+        while apply(
+            &cn2,
+            &map,
+            &req(RequestKind::Lock, 10 + readers, 0, &[(7, 2, s)]),
+        )
+        .0 == Status::Granted
+        {
+            readers += 1;
+        }
+        assert_eq!(readers, 127);
+        assert_eq!(cn2.refused(Refusal::TooManyReaders), 1);
+        assert_eq!(cn2.refused(Refusal::Conflict), 0);
+        // What the coordinators note: tables apart (the last counts every higher id),
+        // index buckets and mixed remote requests.
+        cn1.note_refused_for(LockFor::Table(0));
+        cn1.note_refused_for(LockFor::Table(0));
+        cn1.note_refused_for(LockFor::Table(40));
+        cn1.note_refused_for(LockFor::IndexBucket);
+        assert_eq!(cn1.refused_for(LockFor::Table(0)), 2);
+        assert_eq!(cn1.refused_for(LockFor::Table(1)), 0);
+        assert_eq!(
+            cn1.refused_for(LockFor::Table(REFUSAL_TABLES as u32 - 1)),
+            1
+        );
+        assert_eq!(cn1.refused_for(LockFor::IndexBucket), 1);
+        assert_eq!(cn1.refused_for(LockFor::Mixed), 0);
     }
 
     #[test]

@@ -49,7 +49,7 @@ use dmem_txn::{
 };
 use dmem_verbs::{Clock, Message, Nanos, PostList, RemoteAddr, Verbs};
 
-use crate::locking::{CnLocks, LockCluster, stronger};
+use crate::locking::{CnLocks, LockCluster, LockFor, stronger};
 use crate::recovery::{LogEntry, encode_log};
 use crate::shard::{Sharding, bucket_lock_key, record_lock_key};
 use crate::wire::{LockEntry, Reply, Request, RequestKind, Status};
@@ -422,15 +422,17 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
     /// Takes every lock of `wanted` (lock key, shard, mode): local ones on this CN's table,
     /// the others in one message per owning CN, all sent before any reply is awaited.
     /// Any refusal (or a CN that does not answer in time) aborts.
-    async fn lock_all(&mut self, wanted: &[(u64, u16, LockMode)]) -> Result<(), TxnError> {
-        let mut todo: Vec<(u64, u16, LockMode)> = Vec::new();
-        for &(key, shard, mode) in wanted {
+    /// Each wanted lock names what it is for ([`LockFor`]), which a refusal is counted
+    /// under.
+    async fn lock_all(&mut self, wanted: &[(u64, u16, LockMode, LockFor)]) -> Result<(), TxnError> {
+        let mut todo: Vec<(u64, u16, LockMode, LockFor)> = Vec::new();
+        for &(key, shard, mode, what) in wanted {
             if self.holds(key, mode) {
                 continue;
             }
             match todo.iter_mut().find(|t| t.0 == key) {
                 Some(t) => t.2 = stronger(t.2, mode),
-                None => todo.push((key, shard, mode)),
+                None => todo.push((key, shard, mode, what)),
             }
         }
         let holder = self.holder();
@@ -445,9 +447,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             // Group by owner under the current map.
             let mut groups: Vec<(u16, Vec<LockEntry>)> = Vec::new();
             let mut gens: Vec<(u64, u32)> = Vec::new();
+            let what_of = |key: u64| {
+                todo.iter()
+                    .find(|t| t.0 == key)
+                    .map_or(LockFor::Mixed, |t| t.3)
+            };
             {
                 let map = cluster.map.borrow();
-                for &(key, shard, mode) in &todo {
+                for &(key, shard, mode, _) in &todo {
                     let owner = map.owner(shard);
                     gens.push((key, map.generation(shard)));
                     let e = LockEntry { key, shard, mode };
@@ -484,14 +491,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 pending.push((self.co.req, *owner, entries.clone()));
             }
             let mut failed = false;
-            let mut rerouted: Vec<(u64, u16, LockMode)> = Vec::new();
+            let mut rerouted: Vec<(u64, u16, LockMode, LockFor)> = Vec::new();
             if let Some((_, entries)) = groups.iter().find(|g| g.0 == self.co.cn) {
                 let local = Arc::clone(&self.co.local);
                 for e in entries {
                     self.co.ctx.cpu(cluster.lock_cpu_ns);
                     self.co.stats.local_locks += 1;
                     if !cluster.map.borrow().serves(self.co.cn, e.shard) {
-                        rerouted.push((e.key, e.shard, e.mode));
+                        rerouted.push((e.key, e.shard, e.mode, what_of(e.key)));
                         continue;
                     }
                     let got = local.acquire(e.key, e.shard, e.mode, holder);
@@ -509,6 +516,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                         }),
                         Acquired::Refused(_) => {
                             self.co.stats.refusals += 1;
+                            local.note_refused_for(what_of(e.key));
                             failed = true;
                             break;
                         }
@@ -543,10 +551,24 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                     }
                     Status::Refused => {
                         self.co.stats.refusals += 1;
+                        // The reply does not say which lock was refused: one kind of lock
+                        // is counted under it, several as mixed.
+                        let mut kinds = entries.iter().map(|e| what_of(e.key));
+                        let first = kinds.next().unwrap_or(LockFor::Mixed);
+                        let what = if kinds.all(|k| k == first) {
+                            first
+                        } else {
+                            LockFor::Mixed
+                        };
+                        self.co.local.note_refused_for(what);
                         failed = true;
                     }
                     Status::NotOwner => {
-                        rerouted.extend(entries.iter().map(|e| (e.key, e.shard, e.mode)));
+                        rerouted.extend(
+                            entries
+                                .iter()
+                                .map(|e| (e.key, e.shard, e.mode, what_of(e.key))),
+                        );
                     }
                 }
             }
@@ -579,11 +601,11 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
     /// (the FAA of a 0 → 1 transition is posted with the record's CVT READ).
     fn lock_idealised(
         &mut self,
-        todo: &[(u64, u16, LockMode)],
+        todo: &[(u64, u16, LockMode, LockFor)],
         holder: Holder,
     ) -> Result<(), TxnError> {
         let cluster = Rc::clone(&self.co.cluster);
-        for &(key, shard, mode) in todo {
+        for &(key, shard, mode, what) in todo {
             let (owner, serves, generation) = {
                 let map = cluster.map.borrow();
                 let owner = map.owner(shard);
@@ -613,6 +635,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 }
                 Acquired::Refused(_) => {
                     self.co.stats.refusals += 1;
+                    self.co.local.note_refused_for(what);
                     return Err(aborted("lock refused"));
                 }
             }
@@ -723,6 +746,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                     record_lock_key(f.table, f.key),
                     self.co.cluster.sharding.shard_of(f.table, f.key),
                     mode,
+                    LockFor::Table(f.table.0),
                 ));
                 f.locked = true;
             }
@@ -939,7 +963,12 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             .iter()
             .map(|(_, b)| {
                 let k = bucket_lock_key(b.partition, b.offset);
-                (k, Sharding::bucket_shard(k), LockMode::Exclusive)
+                (
+                    k,
+                    Sharding::bucket_shard(k),
+                    LockMode::Exclusive,
+                    LockFor::IndexBucket,
+                )
             })
             .collect();
         self.lock_all(&wanted).await?;

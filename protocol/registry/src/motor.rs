@@ -180,12 +180,16 @@ fn layout(
     let cfg = match records {
         // Sparse and hashed tables pooled as FORD's are (`dmem-store`), except hashed
         // tables in the litmus tests' exact layout.
-        Records::Pooled => cfg.with_pools(
-            &spec.tables,
-            spec.direct_tables(),
-            spec.index_slack,
-            !spec.exact_index,
-        ),
+        // Their insert shares hold what the run may insert, when the run sized that
+        // (`DeploySpec::insert_room`) and it is less than the table-sized share.
+        Records::Pooled => cfg
+            .with_pools(
+                &spec.tables,
+                spec.direct_tables(),
+                spec.index_slack,
+                !spec.exact_index,
+            )
+            .with_insert_room(&spec.insert_room),
         Records::InSlots => cfg.with_direct_indexes(spec.direct_tables()),
     };
     (shapes, cfg)

@@ -174,3 +174,39 @@ fn the_oracle_is_asked_for_by_name_and_dslr_refuses_slow_heartbeats() {
     start("dslr:oracle", timing(5_000, 500)).unwrap();
     start("oocc", timing(5_000, 500)).unwrap();
 }
+
+/// Motor's and LOTUS's hashed pooled tables take the insert shares the run sized
+/// (`DeploySpec::insert_room`) when that is less than the tables' (TPC-C `small` on the
+/// LOTUS testbed did not fit without it), and never more; FORD keeps its table-sized ones.
+#[test]
+fn mvcc_insert_shares_follow_the_run_room() {
+    let registry = dmem_protocols::registry();
+    // A hashed growing table of 100,000 records and 64 coordinators.
+    let demand = TableDemand {
+        id: TableId(6),
+        value_len: 56,
+        expected_records: 100_000,
+        grows: true,
+    };
+    let tables_sized = DeploySpec::new(vec![demand], 64);
+    let mut short = tables_sized.clone();
+    short.insert_room = vec![(TableId(6), 10_000)];
+    let mut long = tables_sized.clone();
+    long.insert_room = vec![(TableId(6), 10_000_000)];
+    for name in ["motor:versions=2", "lotus:versions=2", "motor", "lotus"] {
+        let p = registry.get(name).unwrap();
+        let bytes = |spec: &DeploySpec| p.mn_bytes_per_mn(spec, 3).unwrap();
+        assert!(
+            bytes(&short) < bytes(&tables_sized),
+            "{name}: {} !< {}",
+            bytes(&short),
+            bytes(&tables_sized)
+        );
+        assert_eq!(bytes(&long), bytes(&tables_sized), "{name}: never more");
+    }
+    let ford = registry.get("ford").unwrap();
+    assert_eq!(
+        ford.mn_bytes_per_mn(&short, 3).unwrap(),
+        ford.mn_bytes_per_mn(&tables_sized, 3).unwrap()
+    );
+}

@@ -164,6 +164,35 @@ impl StoreConfig {
         self
     }
 
+    /// Shrinks the insert shares of hashed pooled tables to what a run may insert:
+    /// `room` gives per table the records the whole run inserts at most (`dmem-deploy`'s
+    /// `DeploySpec::insert_room`, sized from the run's attempts). Each coordinator's share
+    /// of a partition becomes its even part of that room (spread over the partitions and
+    /// the coordinators) plus a quarter and 64, when that is less than the table-sized
+    /// share [`with_record_pool`](Self::with_record_pool) gave (as many inserts again as
+    /// loaded records); it never grows, so a run longer than the table-sized share allows
+    /// keeps that share. Sparse direct-mapped tables, tables with records in their slots
+    /// and tables not in `room` are left as they are, and so is the index (sized for the
+    /// loaded records and an eighth). Call after [`with_pools`](Self::with_pools).
+    #[must_use]
+    pub fn with_insert_room(mut self, room: &[(TableId, u64)]) -> Self {
+        let spread = u64::from(self.mns.max(1)) * u64::from(self.coordinators.max(1));
+        for t in &mut self.tables {
+            let Some(&(_, inserts)) = room.iter().find(|(id, _)| *id == t.id) else {
+                continue;
+            };
+            if t.direct_keys.is_some() {
+                continue;
+            }
+            if let Some(pool) = t.pool.as_mut() {
+                let even = inserts.div_ceil(spread);
+                let sized = even.saturating_add(even / 4).saturating_add(64);
+                pool.per_coordinator = pool.per_coordinator.min(sized);
+            }
+        }
+        self
+    }
+
     /// Records pooled wherever a pool is smaller than the slots: sparse direct-mapped tables
     /// ([`with_sparse_indexes`](Self::with_sparse_indexes), `key_spaces`) and, with
     /// `hashed`, hashed tables ([`with_hashed_pools`](Self::with_hashed_pools) at `slack`).
@@ -416,6 +445,49 @@ mod tests {
             }
         }
         Ok(())
+    }
+
+    #[test]
+    fn insert_shares_shrink_to_the_run_and_never_grow() {
+        // A growing hashed table (10,000 records on 3 MNs, 8 coordinators), a sparse one
+        // and a hashed one that does not grow.
+        let d = [
+            demand(1, 56, 10_000, true),
+            demand(2, 8, 1_000, true),
+            demand(3, 8, 1_000, false),
+        ];
+        let base = StoreConfig::for_tables(3, &d, 8, 256, 2)
+            .coordinators(8)
+            .with_pools(&d, &[(TableId(2), 1 << 20)], 2, true);
+        let share = |cfg: &StoreConfig, id: u32| {
+            cfg.tables
+                .iter()
+                .find(|t| t.id == TableId(id))
+                .and_then(|t| t.pool)
+                .map(|p| p.per_coordinator)
+        };
+        // Table-sized: (10,000 + 4096) / 3 partitions / 8 coordinators.
+        assert_eq!(share(&base, 1), Some(588));
+        let sparse = share(&base, 2);
+        assert!(sparse.is_some_and(|s| s > 0), "the sparse table is pooled");
+        let room = [(TableId(1), 2_400), (TableId(2), 10), (TableId(3), 10)];
+        let run = base.clone().with_insert_room(&room);
+        // 2,400 / (3 × 8) = 100, plus a quarter and 64.
+        assert_eq!(share(&run, 1), Some(189));
+        assert_eq!(share(&run, 2), sparse, "sparse tables keep their shares");
+        assert_eq!(share(&run, 3), share(&base, 3), "no insert share to shrink");
+        assert!(run.bytes_per_mn().unwrap() < base.bytes_per_mn().unwrap());
+        let index = |cfg: &StoreConfig| {
+            cfg.tables
+                .iter()
+                .map(|t| t.buckets_per_partition)
+                .sum::<u32>()
+        };
+        assert_eq!(index(&run), index(&base), "the index is not resized");
+        // A room above the table-sized share leaves it.
+        let long = base.clone().with_insert_room(&[(TableId(1), 1 << 30)]);
+        assert_eq!(share(&long, 1), Some(588));
+        assert_eq!(long.bytes_per_mn().unwrap(), base.bytes_per_mn().unwrap());
     }
 
     #[test]
