@@ -453,7 +453,7 @@ impl Cluster {
                     cns.push((n, control));
                 }
                 other => bail!(
-                    "node `{}`: role `{other}` is not `mn`, `cn` or `server`",
+                    "node `{}`: role `{other}` is not `mn` or `cn` (or `server`, for a symmetric protocol)",
                     n.name
                 ),
             }
@@ -838,6 +838,11 @@ fn control_endpoint(node: NodeId) -> Endpoint {
 /// `dmem mn`.
 pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
     let cluster = Cluster::load(&args.cluster)?;
+    ensure!(
+        !cluster.symmetric(),
+        "node `{}`: this cluster's nodes are servers of a symmetric protocol (role = \"server\"), with no MNs: start them with `dmem server`",
+        args.node
+    );
     let me = cluster.mn(&args.node)?.clone();
     if let Some(setup) = cluster.txn_setup()? {
         return crate::cluster_txn::run_mn(&cluster, &me, &setup);
@@ -1445,7 +1450,8 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
         cluster.cn(kill)?;
         ensure!(
             !cluster.symmetric(),
-            "--kill {kill}: Dandelion's recovery (§4.4) runs on the simulator only (it detects a crashed server from the simulator's crash state; `dmem recover`); server processes are not recovered"
+            "--kill {kill}: protocol `{}` recovers a crashed server on the simulator only (Dandelion §4.4: its detector reads the simulator's crash state; `dmem recover`); server processes are not recovered",
+            cluster.protocol().unwrap_or_default()
         );
         if matches!(cluster.kind, Kind::Txn { .. }) {
             ensure!(

@@ -253,6 +253,7 @@ impl Protocol for DandelionProtocol {
             on_sim: false,
             only: Some(me),
             loops_handed_out: Cell::new(false),
+            loaded: Cell::new(0),
             cluster,
             workers,
             history: history_rc,
@@ -324,6 +325,7 @@ impl DandelionProtocol {
             on_sim,
             only: None,
             loops_handed_out: Cell::new(false),
+            loaded: Cell::new(0),
             cluster,
             workers,
             history,
@@ -351,6 +353,8 @@ struct DandelionDeployment<V> {
     only: Option<u16>,
     /// Whether [`Deployment::process_tasks`] handed out the message loops of `only`.
     loops_handed_out: Cell<bool>,
+    /// Record replicas loaded into this process's stores.
+    loaded: Cell<u64>,
     cluster: Rc<Cluster>,
     /// Per server, its workers (empty for a server of another process).
     workers: Vec<Vec<Rc<Worker<V>>>>,
@@ -407,12 +411,17 @@ impl<V: Verbs + Clock + Clone + 'static> Deployment for DandelionDeployment<V> {
     /// At every replica in this process: all of them, or the records server `only` holds.
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
         match self.only {
-            None => self.cluster.load(table.0, key.0, value),
+            None => {
+                self.cluster.load(table.0, key.0, value);
+                let replicas = self.cluster.placement.replicas(table.0, key.0).count();
+                self.loaded.set(self.loaded.get() + replicas as u64);
+            }
             Some(me) => {
                 if self.cluster.placement.holds(me, table.0, key.0) {
                     self.cluster.stores[usize::from(me)]
                         .borrow_mut()
                         .load(table.0, key.0, value);
+                    self.loaded.set(self.loaded.get() + 1);
                 }
             }
         }
@@ -579,8 +588,25 @@ impl<V: Verbs + Clock + Clone + 'static> Deployment for DandelionDeployment<V> {
             "duplicates_dropped" => Some(sum(|s| s.duplicates_dropped)),
             "recovery_messages" => Some(self.recovery_cost.get().0),
             "recovery_ns" => Some(self.recovery_cost.get().1),
+            "records_loaded" => Some(self.loaded.get()),
             _ => None,
         }
+    }
+
+    /// What a server process reports: the record replicas it loaded, and its threads'
+    /// packets and messages.
+    fn counters(&self) -> Vec<(String, u64)> {
+        [
+            "records_loaded",
+            "packets",
+            "messages",
+            "local_requests",
+            "retransmissions",
+            "duplicates_dropped",
+        ]
+        .iter()
+        .filter_map(|&name| Some((name.to_owned(), self.counter(name)?)))
+        .collect()
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
