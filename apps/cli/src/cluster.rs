@@ -1793,8 +1793,9 @@ fn print_summary(
 
 /// `dmem bench --fabric tcp|shm`: for each protocol, a local cluster of separate MN and CN
 /// processes on this host (a generated cluster file in a temporary directory: loopback
-/// addresses on tcp, Unix sockets on shm), run by [`run_cluster`]: histories collected and
-/// checked, invariants checked, cluster stopped.
+/// addresses on tcp, Unix sockets on shm; on tcp, `--servers` server processes for a
+/// symmetric protocol), run by [`run_cluster`]: histories collected and checked, invariants
+/// checked, cluster stopped.
 pub(crate) fn bench_cluster(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<()> {
     let shm = args.fabric() == dmem_cli::bench_txn::TxnFabric::Shm;
     let tcp = args.tcp_shape();
@@ -1850,6 +1851,24 @@ pub(crate) fn bench_cluster(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<
                 }
                 for c in 0..usize::from(tcp.cns) {
                     text += &format!("\n[[node]]\nname = \"cn{c}\"\nrole = \"cn\"\n");
+                }
+                text
+            }
+            None if dmem_protocols::registry()
+                .get(protocol)
+                .is_ok_and(|p| p.symmetric()) =>
+            {
+                // A symmetric protocol's servers: one free loopback port each.
+                let listeners = (0..tcp.servers)
+                    .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+                    .collect::<Result<Vec<_>, _>>()
+                    .context("cannot find free loopback ports")?;
+                let mut text = format!("fabric = \"tcp\"\njoin_timeout_ms = 60000\n{workload}");
+                for (s, l) in listeners.iter().enumerate() {
+                    text += &format!(
+                        "\n[[node]]\nname = \"s{s}\"\nrole = \"server\"\ncontrol = \"127.0.0.1:{}\"\n",
+                        l.local_addr()?.port()
+                    );
                 }
                 text
             }

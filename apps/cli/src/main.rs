@@ -160,6 +160,13 @@ fn run() -> i32 {
         Command::Cn(args) => cluster::run_cn(&args),
         Command::Server(args) => cluster::run_server(&args),
         Command::Cluster(args) => cluster::run_cluster(&args),
+        // On tcp every protocol runs as processes: MNs and CNs, or a symmetric protocol's
+        // servers.
+        Command::Bench(BenchArgs { layer: None, txn })
+            if txn.fabric() == bench_txn::TxnFabric::Tcp =>
+        {
+            cluster::bench_cluster(&txn)
+        }
         Command::Bench(BenchArgs { layer: None, txn })
             if txn.fabric() != bench_txn::TxnFabric::Sim =>
         {

@@ -1450,3 +1450,51 @@ fn server_cluster_errors_are_one_readable_line() {
         "{stderr}"
     );
 }
+
+#[test]
+fn bench_on_tcp_runs_dandelion_and_ford_as_processes() {
+    // Each protocol gets a local cluster of its own: Dnl-4 `--servers` server processes,
+    // FORD MN and CN processes.
+    let out = dmem()
+        .args([
+            "bench",
+            "--fabric",
+            "tcp",
+            "--workload",
+            "smallbank",
+            "--protocol",
+            "dnl-4,ford",
+            "--scale",
+            "tiny",
+            "--servers",
+            "3",
+            "--mns",
+            "1",
+            "--cns",
+            "2",
+            "--threads",
+            "1",
+            "--coroutines",
+            "3",
+            "--duration-ms",
+            "1000",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("fabric tcp  protocol dnl-4  3 servers x 3 coordinators"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("fabric tcp  protocol ford  1 MN  2 CN x 3 coordinators"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("checker: ok").count(), 2, "{stdout}");
+    assert_eq!(stdout.matches("invariants: ok").count(), 2, "{stdout}");
+}
