@@ -1498,3 +1498,35 @@ fn bench_on_tcp_runs_dandelion_and_ford_as_processes() {
     assert_eq!(stdout.matches("checker: ok").count(), 2, "{stdout}");
     assert_eq!(stdout.matches("invariants: ok").count(), 2, "{stdout}");
 }
+
+#[test]
+fn smallbank_on_dandelion_over_shm_runs_in_server_processes() {
+    let dir = TempDir::new("servers-shm");
+    let mut text = servers_toml("dnl-4", &[1, 2, 3], 1000).replace(
+        "fabric = \"tcp\"",
+        &format!(
+            "fabric = \"shm\"\nsocket_dir = \"{}\"",
+            dir.0.join("sockets").display()
+        ),
+    );
+    for port in 1..=3 {
+        text = text.replace(&format!("control = \"127.0.0.1:{port}\"\n"), "");
+    }
+    let file = dir.write("servers.toml", &text);
+    let out = run_cluster(&file, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = reports(&out);
+    for s in ["s0", "s1", "s2"] {
+        assert!(r[s]["committed"].as_u64().unwrap() > 0, "{}", r[s]);
+        assert!(
+            r[s]["counters"]["messages"].as_u64().unwrap() > 0,
+            "{}",
+            r[s]
+        );
+    }
+    assert_eq!(r["s0"]["invariants"], "ok");
+}
