@@ -15,6 +15,9 @@
 //! - `dmem cn --cluster FILE --node NAME` connects every client context to every MN,
 //!   heartbeats to every MN's control endpoint (`dmem_deploy::process::alive_task`),
 //!   runs the workload, tells each MN it is done, and prints a JSON report.
+//! - `dmem server --cluster FILE --node NAME`: a server of a symmetric protocol (Dandelion,
+//!   FaSST; `role = "server"` nodes, no MNs), which runs the transaction CN process of
+//!   `cluster_txn.rs` on a deployment of its own server.
 //! - `dmem cluster --cluster FILE` starts every node as a separate process on this host
 //!   (inside the node's network namespace when it names one), optionally kills one CN with
 //!   SIGKILL mid-run, collects the reports and checks them.

@@ -4,7 +4,11 @@
 //! On the simulated cluster ([`Protocol::deploy_on`] the simulator's memory) every CN is a
 //! server and the MNs stay idle; on a real fabric in one process
 //! ([`Protocol::deploy_servers`], e.g. `dmem_harness::servers` over shm) the caller hands
-//! over every server thread's context and a way to spawn on its executor. Either way every
+//! over every server thread's context and a way to spawn on its executor; in a process per
+//! server ([`Protocol::deploy_server`], `dmem server`) the caller hands over every server's
+//! endpoints and its own threads' contexts, the deployment loads only the records that
+//! server is a replica of and hands its message loops out from
+//! [`Deployment::process_tasks`]. Either way every
 //! server thread gets a `RunIteration` loop task ([`dmem_dandelion::Worker::run`], the same
 //! async code, generic over the context); records are loaded into the stores of their R
 //! replicas; a coordinator made on a server thread's context runs on that thread's worker.
