@@ -432,10 +432,6 @@ impl<V: Verbs + Clock + Clone + 'static> Deployment for DandelionDeployment<V> {
         Ok(())
     }
 
-    fn replicas(&self) -> u16 {
-        self.cluster.placement.replication
-    }
-
     /// A server process ([`Protocol::deploy_server`]): heartbeats to the detector, and
     /// its threads' message loops (once; they end when their fabric fails).
     fn process_tasks(
