@@ -57,8 +57,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use dmem_deploy::process::{
-    CnContexts, CoreGroup, MessageLinkTerminator, ProcessPlan, mn_control, parse_terminate, ports,
-    terminated_reply,
+    CnContexts, CoreGroup, MessageLinkTerminator, ProcessPlan, ServiceContext, mn_control,
+    parse_terminate, ports, services_of_core, terminated_reply,
 };
 use dmem_deploy::{
     AnyContext, Decision, DeploySpec, Deployment, MnMemory, Placement, Protocol, Recorder,
@@ -772,7 +772,7 @@ impl CnSetup {
         &self,
         core: usize,
         history: Recorder,
-        services: &[AnyContext],
+        services: &[ServiceContext],
     ) -> anyhow::Result<Box<dyn Deployment>> {
         let setup = &self.setup;
         if setup.protocol.symmetric() {
@@ -786,10 +786,12 @@ impl CnSetup {
                 .iter()
                 .map(|m| m.services.clone())
                 .collect();
-            let mut deployment =
-                setup
-                    .protocol
-                    .deploy_server(me, servers, services.to_vec(), history)?;
+            let mut deployment = setup.protocol.deploy_server(
+                me,
+                servers,
+                services.iter().map(|s| s.ctx.clone()).collect(),
+                history,
+            )?;
             for (table, key, value) in setup.workload.loader() {
                 deployment.load(table, key, &value)?;
             }
@@ -816,6 +818,26 @@ impl CnSetup {
         deployment.join_as_cn(self.me.node, &self.plan)?;
         deployment.join_core(self.group.on_core(core))?;
         Ok(deployment)
+    }
+
+    /// Contexts for core `core`'s share of the services this CN offers (LOTUS's lock
+    /// servers: the `i`-th on the core of the `i`-th coordinator,
+    /// `dmem_deploy::process::service_core`).
+    fn services(&self, core: usize) -> anyhow::Result<Vec<ServiceContext>> {
+        let services = self
+            .plan
+            .member(self.me.node)
+            .map(|m| m.services.clone())
+            .unwrap_or_default();
+        services_of_core(&services, core, self.cores.len())
+            .into_iter()
+            .map(|(slot, e)| {
+                Ok(ServiceContext {
+                    slot,
+                    ctx: self.net.context(self.me.node, e.port)?,
+                })
+            })
+            .collect()
     }
 
     /// Core `core`'s coordinators, each on a context of its own connected to every MN.
@@ -922,17 +944,18 @@ impl CnSetup {
 
     /// A core after the first: its own deployment and coordinators.
     async fn worker_core(&self, core: usize) -> anyhow::Result<()> {
-        let made = self
-            .deployment(
+        // The service contexts first (as on the first core): a request that arrives while
+        // this core loads is queued, not dropped.
+        let made = self.services(core).and_then(|services| {
+            let mut d = self.deployment(
                 core,
                 Recorder::streaming(Rc::new(StdoutHistory::default())),
                 &[],
-            )
-            .and_then(|mut d| {
-                let coordinators = self.coordinators(core, &mut *d)?;
-                let tasks = d.core_tasks(self.me.node, &self.plan)?;
-                Ok((d, coordinators, tasks))
-            });
+            )?;
+            let coordinators = self.coordinators(core, &mut *d)?;
+            let tasks = d.core_tasks(self.me.node, &self.plan, services)?;
+            Ok((d, coordinators, tasks))
+        });
         let (deployment, coordinators, tasks) = match made {
             Ok(made) => made,
             Err(e) => {
@@ -1070,15 +1093,9 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
     // So does the queue of "done" reports (and, on the other CNs, of the detector's "run
     // over"): a quick CN may finish before a slow first CN has joined.
     let done_ctx = net.context(me.node, ports::DONE)?;
-    // Likewise the service contexts (LOTUS's lock servers): a quicker CN's first lock
-    // requests are queued, not dropped, while this one loads.
-    let services = plan
-        .member(me.node)
-        .map(|m| m.services.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .map(|e| net.context(me.node, e.port))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    // Likewise the service contexts of this core (LOTUS's lock servers): a quicker CN's
+    // first lock requests are queued, not dropped, while this one loads.
+    let services = cn.services(0)?;
     // The coordinators stream every record to stdout (and keep none here).
     let stdout_history = StdoutHistory::default();
     let streaming_off = Rc::clone(&stdout_history.off);
@@ -1150,8 +1167,18 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
         r
     };
     let work = futures_util::future::join(cn.run_coordinators(0, coordinators, &deployment), body);
-    // The process tasks never end by themselves: they stop with the work.
-    let tasks = futures_util::future::join_all(tasks);
+    // The process tasks never end by themselves: they stop with the work. They start once
+    // every core made its coordinators and its service contexts: the first heartbeat is
+    // this CN's join, after which other CNs may send to any core's services, and a message
+    // to a port no context receives on yet is dropped.
+    let tasks = async {
+        while cn.shared.built.load(Ordering::Relaxed) + 1 < cn.cores.len()
+            && !cn.shared.stop.load(Ordering::Relaxed)
+        {
+            clock.sleep(1_000_000).await;
+        }
+        futures_util::future::join_all(tasks).await
+    };
     let mut first =
         match futures_util::future::select(std::pin::pin!(work), std::pin::pin!(tasks)).await {
             futures_util::future::Either::Left((((), first), _)) => first?,

@@ -373,6 +373,8 @@ fn smallbank_on_lotus_runs_each_cn_on_two_cores() {
         assert!(report["committed"].as_u64().unwrap() > 0, "{report}");
         let counter = |name: &str| report["counters"][name].as_u64().unwrap();
         assert!(counter("lotus_grants_by_other_cores") > 0, "{report}");
+        // The second core's lock servers (slots 1 and 3) answered the other CN too.
+        assert!(counter("lotus_served_by_other_cores") > 0, "{report}");
         assert!(counter("lotus_grants_on_this_core") > 0, "{report}");
         assert!(counter("lock_requests_granted") > 0, "{report}");
         assert_one_dry_load(report);

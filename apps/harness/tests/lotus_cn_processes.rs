@@ -10,7 +10,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use dmem_deploy::process::{CnContexts, ProcessPlan, ports};
+use dmem_deploy::process::{CnContexts, ProcessPlan, ServiceContext, ports};
 use dmem_deploy::{DeployError, Deployment, MnMemory, Recorder};
 use dmem_harness::fabric::{ClientTally, Fabric, LocalCluster};
 use dmem_harness::{deploy_spec, verdict};
@@ -93,7 +93,11 @@ fn smallbank_in_two_cn_deployments(fabric: Fabric) -> (String, Vec<String>, u64,
         let services = plan.members[usize::from(c)]
             .services
             .iter()
-            .map(|e| cluster.context(c, e.port.0).unwrap())
+            .enumerate()
+            .map(|(slot, e)| ServiceContext {
+                slot,
+                ctx: cluster.context(c, e.port.0).unwrap(),
+            })
             .collect();
         let ctxs = CnContexts {
             heartbeat: cluster.context(c, ports::HEARTBEAT.0).unwrap(),

@@ -611,7 +611,9 @@ pub trait Deployment {
     /// The tasks a core other than the first of a CN process runs beside its coordinators,
     /// until they are done (the first core runs [`process_tasks`](Self::process_tasks)):
     /// none by default; for Pandora, the core's end of its CN listener (§3.2.2, §3.2.5, see
-    /// `dmem-ford`'s `cores`). Call it after this core's coordinators are made.
+    /// `dmem-ford`'s `cores`); for LOTUS, the lock servers of this core's share of the
+    /// service endpoints (`services`, [`process::service_core`]). Call it after this
+    /// core's coordinators are made.
     ///
     /// # Errors
     /// [`DeployError`] if the protocol cannot set the core's side up.
@@ -619,8 +621,9 @@ pub trait Deployment {
         &mut self,
         me: NodeId,
         plan: &process::ProcessPlan,
+        services: Vec<process::ServiceContext>,
     ) -> Result<Vec<process::LocalTask>, DeployError> {
-        let _ = (me, plan);
+        let _ = (me, plan, services);
         Ok(Vec::new())
     }
 

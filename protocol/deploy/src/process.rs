@@ -202,9 +202,43 @@ pub struct CnContexts {
     pub heartbeat: AnyContext,
     /// For the listener (its endpoint is this CN's [`ClusterMember::listener`]).
     pub listener: AnyContext,
-    /// For the services this CN offers other CNs, one per endpoint of its
-    /// [`ClusterMember::services`], in that order (messages only).
-    pub services: Vec<AnyContext>,
+    /// For the services this CN offers other CNs that this core serves (messages only):
+    /// on a CN on one core, one per endpoint of its [`ClusterMember::services`], in that
+    /// order; on several cores the first core's share ([`service_core`]).
+    pub services: Vec<ServiceContext>,
+}
+
+/// A context on which a CN serves the endpoint `slot` of its [`ClusterMember::services`].
+#[derive(Debug, Clone)]
+pub struct ServiceContext {
+    /// Which endpoint of [`ClusterMember::services`] (the coordinator slot it answers).
+    pub slot: usize,
+    /// The context, bound to that endpoint.
+    pub ctx: AnyContext,
+}
+
+/// The core (of `cores`) of a CN process that serves service endpoint `slot`: the core
+/// that runs the CN's coordinator of that slot (coordinator `i` runs on core `i mod
+/// cores`), so that the `i`-th lock server of LOTUS §4.1 shares its core with the `i`-th
+/// coordinator as the paper's coordinator threads do.
+#[must_use]
+pub fn service_core(slot: usize, cores: usize) -> usize {
+    slot % cores.max(1)
+}
+
+/// `services`' endpoints that core `core` of `cores` serves, with their slots.
+#[must_use]
+pub fn services_of_core(
+    services: &[Endpoint],
+    core: usize,
+    cores: usize,
+) -> Vec<(usize, Endpoint)> {
+    services
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|&(slot, _)| service_core(slot, cores) == core)
+        .collect()
 }
 
 /// One core of a CN process that runs its coordinators on several cores, one executor each

@@ -69,6 +69,13 @@ impl Served {
     }
 }
 
+/// The sum of `counters` but the one of `core` (a core numbered past [`MAX_CORES`]
+/// counts as the last).
+fn off_core(counters: &[AtomicU64], core: u16) -> u64 {
+    let all: u64 = counters.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+    all - counters[usize::from(core).min(MAX_CORES - 1)].load(Ordering::Relaxed)
+}
+
 /// One CN's locks: what its cores share (module docs).
 #[derive(Debug)]
 pub struct CnLocks {
@@ -95,6 +102,9 @@ pub struct CnLocks {
     /// Lock requests granted on this table, by the core of the CN that took them (its
     /// coordinators' local locks, its lock servers' grants): [`MAX_CORES`] counters.
     grants_by_core: Box<[AtomicU64]>,
+    /// Lock-server messages served, by the core of the CN whose server took them:
+    /// [`MAX_CORES`] counters.
+    served_by_core: Box<[AtomicU64]>,
 }
 
 impl CnLocks {
@@ -111,6 +121,7 @@ impl CnLocks {
             shard_hits: (0..SHARDS).map(|_| AtomicU64::new(0)).collect(),
             shard_keys: (0..SHARDS).map(|_| Mutex::new(HashSet::new())).collect(),
             grants_by_core: (0..MAX_CORES).map(|_| AtomicU64::new(0)).collect(),
+            served_by_core: (0..MAX_CORES).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -140,12 +151,14 @@ impl CnLocks {
     /// Grants taken on every core of the CN but `core`.
     #[must_use]
     pub fn grants_off_core(&self, core: u16) -> u64 {
-        let all: u64 = self
-            .grants_by_core
-            .iter()
-            .map(|g| g.load(Ordering::Relaxed))
-            .sum();
-        all - self.grants_on_core(core)
+        off_core(&self.grants_by_core, core)
+    }
+
+    /// Lock-server messages served on every core of the CN but `core` (a CN process runs
+    /// the `i`-th server on the core of its `i`-th coordinator).
+    #[must_use]
+    pub fn served_off_core(&self, core: u16) -> u64 {
+        off_core(&self.served_by_core, core)
     }
 
     /// The locks of `shard` held on this table: (lock key, holder) pairs. Keys no longer
@@ -439,6 +452,8 @@ pub async fn serve<V: Verbs + Clock>(ctx: V, cluster: Rc<LockCluster>, locks: Ar
             apply_on(&locks, &cluster.map.borrow(), &req, cluster.core)
         };
         ctx.cpu(ops * cluster.lock_cpu_ns);
+        locks.served_by_core[usize::from(cluster.core).min(MAX_CORES - 1)]
+            .fetch_add(1, Ordering::Relaxed);
         locks.served.note(
             status == Status::Granted && req.kind == RequestKind::Lock,
             status == Status::Refused,

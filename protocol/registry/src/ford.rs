@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use dmem_deploy::process::{
     CnContexts, CoreGroup, LocalTask, MessageLinkTerminator, MnFailure, ProcessPlan,
-    ProcessRecovery, StepFuture,
+    ProcessRecovery, ServiceContext, StepFuture,
 };
 use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Placement, Protocol,
@@ -697,6 +697,7 @@ impl Deployment for FordDeployment {
         &mut self,
         me: NodeId,
         plan: &ProcessPlan,
+        _services: Vec<ServiceContext>,
     ) -> Result<Vec<LocalTask>, DeployError> {
         let CoreSide::Other(follower) = &mut self.core else {
             return Ok(Vec::new());

@@ -20,17 +20,20 @@
 //!   and the counters — found through the protocol value every core deploys from
 //!   ([`ProcessTables`], keyed by the CN's node and the run's state directory). Each core
 //!   has its own [`LockCluster`] view (static in a process) over that table, so its
-//!   coordinators take local locks on the table every core uses, and the lock servers —
-//!   all on the core that runs `process_tasks` — grant remote requests on the same table
-//!   and invalidate the one VT cache. The `i`-th coordinator still talks to server `i` of
-//!   the other CNs whatever core either runs on: service endpoints are numbered by
-//!   coordinator slot, not by core.
+//!   coordinators take local locks on the table every core uses, and the lock servers grant
+//!   remote requests on the same table and invalidate the one VT cache. Server `i` runs on
+//!   the core of coordinator `i` ([`process::service_core`]: the first core's from
+//!   `process_tasks`, the others' from [`Deployment::core_tasks`]), as the paper's
+//!   coordinator threads serve their own lock requests; the `i`-th coordinator talks to
+//!   server `i` of the other CNs whatever core either runs on: service endpoints are
+//!   numbered by coordinator slot.
+//! * **Recovery** (§6): the detector's [`LogRecovery`] decides a failed CN's commit logs,
+//!   then the failure notice reaches every survivor's lock server ([`NoticeAfterLogs`]).
 //!
 //! What stays on the simulator, and why (each refused at deployment with one line):
-//! pass-by-range resharding (§4.3) and CN recovery and restart (§6) change state every CN
-//! shares there (the shard map, the failed list); across processes the shard map is static
-//! and LOTUS has no recovery ([`Deployment::recovers_across_processes`] stays `false`, so
-//! `dmem cluster --kill` refuses it). The idealised RDMA lock of §8.4 reads every CN's
+//! pass-by-range resharding (§4.3) and CN restart (§6) change state every CN shares there
+//! (the shard map, the restart broadcast); across processes the shard map is static and
+//! `dmem cluster` does not restart a killed CN. The idealised RDMA lock of §8.4 reads every CN's
 //! table directly. Hybrid routing (§4.3) needs a router in front of the CN processes,
 //! which `dmem cluster` does not have: each CN runs what its own clients generate, and the
 //! lock RPCs keep that correct.
@@ -42,7 +45,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use dmem_deploy::process::{
     self, CnContexts, LocalTask, LogRecovery, MessageLinkTerminator, ProcessPlan, ProcessRecovery,
-    StepFuture,
+    ServiceContext, StepFuture,
 };
 use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Placement, Protocol,
@@ -70,13 +73,14 @@ use crate::motor::MvccDeploy;
 pub const PROCESS_RPC_TIMEOUT: Nanos = 50_000_000;
 
 /// The counters a LOTUS CN process reports ([`Deployment::counters`]).
-const PROCESS_COUNTERS: [&str; 6] = [
+const PROCESS_COUNTERS: [&str; 7] = [
     "lock_messages_served",
     "lock_requests_granted",
     "lock_requests_refused",
     "lotus_locks_held",
     "lotus_grants_on_this_core",
     "lotus_grants_by_other_cores",
+    "lotus_served_by_other_cores",
 ];
 
 /// `protocol` on real MN memory (`memory` is not the simulator's), or why not.
@@ -234,6 +238,38 @@ impl LotusProcessDeployment {
         })
     }
 
+    /// One lock server ([`serve`]) per context of `services`, each on this CN's table;
+    /// every context must be bound to the endpoint of its slot.
+    fn lock_servers(
+        &self,
+        me: NodeId,
+        plan: &ProcessPlan,
+        services: Vec<ServiceContext>,
+    ) -> Result<Vec<LocalTask>, DeployError> {
+        let j = self.joined("the lock servers")?;
+        let wanted = plan
+            .member(me)
+            .map(|m| m.services.clone())
+            .unwrap_or_default();
+        for s in &services {
+            let given = s.ctx.local_endpoint();
+            if me != j.me || wanted.get(s.slot) != Some(&given) {
+                return Err(self.error(format!(
+                    "the lock server of slot {} of node {} needs a context on {:?}, got {given:?}",
+                    s.slot,
+                    me.0,
+                    wanted.get(s.slot)
+                )));
+            }
+        }
+        Ok(services
+            .into_iter()
+            .map(|s| -> LocalTask {
+                Box::pin(serve(s.ctx, Rc::clone(&j.cluster), Arc::clone(&j.locks)))
+            })
+            .collect())
+    }
+
     /// The coordinator ids in slot order (the `i`-th talks to lock server `i` of another
     /// CN), the lock servers of every member, and this CN's number.
     fn plan_of(me: NodeId, plan: &ProcessPlan) -> Option<(u16, Vec<u16>)> {
@@ -343,29 +379,24 @@ impl Deployment for LotusProcessDeployment {
         ctxs: CnContexts,
         plan: &ProcessPlan,
     ) -> Result<Vec<LocalTask>, DeployError> {
-        let j = self.joined("the lock servers")?;
-        let wanted = plan.member(me).map(|m| m.services.clone());
-        let given: Vec<_> = ctxs.services.iter().map(Verbs::local_endpoint).collect();
-        if me != j.me || wanted.as_ref() != Some(&given) {
-            return Err(self.error(format!(
-                "the lock servers of node {} need contexts on its service endpoints {:?}, got {given:?}",
-                me.0,
-                wanted.unwrap_or_default()
-            )));
-        }
         let mut tasks = vec![process::alive_task(
-            ctxs.heartbeat,
+            ctxs.heartbeat.clone(),
             plan.detector,
             plan.heartbeat,
         )];
-        for ctx in ctxs.services {
-            tasks.push(Box::pin(serve(
-                ctx,
-                Rc::clone(&j.cluster),
-                Arc::clone(&j.locks),
-            )));
-        }
+        tasks.extend(self.lock_servers(me, plan, ctxs.services)?);
         Ok(tasks)
+    }
+
+    /// The lock servers of this core's share of the service endpoints (the `i`-th runs on
+    /// the core of the `i`-th coordinator, as the paper's coordinator threads serve).
+    fn core_tasks(
+        &mut self,
+        me: NodeId,
+        plan: &ProcessPlan,
+        services: Vec<ServiceContext>,
+    ) -> Result<Vec<LocalTask>, DeployError> {
+        self.lock_servers(me, plan, services)
     }
 
     fn start_recovery(
@@ -461,6 +492,7 @@ impl Deployment for LotusProcessDeployment {
             "lotus_locks_held" => Some(locks.table.held() as u64),
             "lotus_grants_on_this_core" => Some(locks.grants_on_core(j.core)),
             "lotus_grants_by_other_cores" => Some(locks.grants_off_core(j.core)),
+            "lotus_served_by_other_cores" => Some(locks.served_off_core(j.core)),
             _ => None,
         }
     }
