@@ -84,8 +84,9 @@ impl ScaleArg {
 pub enum TxnFabric {
     /// The deterministic simulated cluster (every protocol).
     Sim,
-    /// Separate MN and CN processes on this host over the tcp fabric (ford and pandora;
-    /// real time; `dmem cluster` with a generated cluster file).
+    /// Separate MN and CN processes on this host over the tcp fabric (real time; `dmem
+    /// cluster` with a generated cluster file), or for a symmetric protocol `--servers`
+    /// server processes (`dmem server`).
     Tcp,
     /// Separate MN and CN processes on this host over the shm fabric: the CNs map each
     /// MN's memfd (real time; `dmem cluster` with a generated cluster file).
@@ -277,6 +278,9 @@ pub struct TcpShape {
     pub mns: u16,
     /// Compute nodes.
     pub cns: u16,
+    /// Servers of a symmetric protocol (`--servers`; `role = "server"` nodes instead of
+    /// MNs and CNs).
+    pub servers: u16,
     /// Coordinators per CN (threads x coroutines).
     pub coordinators_per_cn: u32,
     /// Real-time duration, ms.
@@ -307,6 +311,7 @@ impl Args {
             protocols: self.protocol.clone(),
             mns: self.mns,
             cns: self.cns,
+            servers: self.servers,
             coordinators_per_cn: u32::from(self.threads) * u32::from(self.coroutines),
             duration_ms: self.duration_ms.max(1000),
             attempts: self.attempts,
@@ -796,9 +801,10 @@ fn load_average() -> String {
 }
 
 impl Args {
-    /// Whether every protocol asked for is symmetric (`dmem bench --fabric shm|tcp` runs
-    /// those in this process, [`run_servers`]); an error if symmetric and other protocols
-    /// are mixed (the others run as separate MN and CN processes).
+    /// Whether every protocol asked for is symmetric (`dmem bench --fabric shm` runs
+    /// those in this process, [`run_servers`]; `--fabric tcp` runs every protocol as
+    /// processes); an error if symmetric and other protocols are mixed (the others run as
+    /// separate MN and CN processes).
     ///
     /// # Errors
     /// An unknown protocol, or a mix.

@@ -15,6 +15,9 @@
 //! - `dmem cn --cluster FILE --node NAME` connects every client context to every MN,
 //!   heartbeats to every MN's control endpoint (`dmem_deploy::process::alive_task`),
 //!   runs the workload, tells each MN it is done, and prints a JSON report.
+//! - `dmem server --cluster FILE --node NAME`: a server of a symmetric protocol (Dandelion,
+//!   FaSST; `role = "server"` nodes, no MNs), which runs the transaction CN process of
+//!   `cluster_txn.rs` on a deployment of its own server.
 //! - `dmem cluster --cluster FILE` starts every node as a separate process on this host
 //!   (inside the node's network namespace when it names one), optionally kills one CN with
 //!   SIGKILL mid-run, collects the reports and checks them.
@@ -229,7 +232,11 @@ pub(crate) struct Cluster {
     /// The wait before each retry (transaction workloads).
     backoff: dmem_harness::Backoff,
     mns: Vec<MnNode>,
+    /// The CNs; for a symmetric protocol, the servers (`role = "server"`: each runs
+    /// coordinators like a CN and holds its share of the records; there are no MNs).
     cns: Vec<CnNode>,
+    /// Whether the nodes are the servers of a symmetric protocol (Dandelion, FaSST).
+    servers: bool,
 }
 
 /// Most work requests one CN's post list may carry (the tcp fabric's per-frame limit).
@@ -279,6 +286,7 @@ impl Cluster {
             file.heartbeat_ms
         );
         let w = &file.workload;
+        let (mut symmetric, mut servers_needed) = (false, 1);
         let kind = if w.kind == "faa" {
             ensure!(
                 w.protocol.is_none()
@@ -307,7 +315,9 @@ impl Cluster {
             })?;
             // Known to the registry; whether it deploys on real fabrics is checked when
             // the deployment is derived (Dandelion says it needs the simulator).
-            dmem_protocols::registry().get(&protocol)?;
+            let registered = dmem_protocols::registry().get(&protocol)?;
+            symmetric = registered.symmetric();
+            servers_needed = registered.servers_needed();
             let scale_name = w.scale.as_deref().unwrap_or("tiny");
             let scale = dmem_workloads::Scale::from_name(scale_name).with_context(|| {
                 format!("scale `{scale_name}` is not tiny, small, ford, motor or lotus")
@@ -419,13 +429,59 @@ impl Cluster {
                         "node `{}`: `data` and `memory_mib` are for MNs; a CN has only `control` (tcp)",
                         n.name
                     );
+                    ensure!(
+                        !symmetric,
+                        "node `{}`: protocol `{}` is symmetric (every node a server holding its share of the records): its nodes have role = \"server\", not \"cn\"",
+                        n.name,
+                        w.protocol.as_deref().unwrap_or_default()
+                    );
                     cns.push((n, control));
                 }
-                other => bail!("node `{}`: role `{other}` is not `mn` or `cn`", n.name),
+                "server" => {
+                    ensure!(
+                        symmetric,
+                        "node `{}`: role = \"server\" is for symmetric protocols (dnl-4, dnl-2, dnl-1, fasst, dnl:P); {} runs on mn and cn nodes",
+                        n.name,
+                        w.protocol
+                            .as_deref()
+                            .map_or("workload kind `faa`".to_owned(), |p| format!(
+                                "protocol `{p}`"
+                            ))
+                    );
+                    ensure!(
+                        n.data.is_none() && n.memory_mib.is_none(),
+                        "node `{}`: `data` and `memory_mib` are for MNs; a server holds its records in its own memory and has only `control` (tcp)",
+                        n.name
+                    );
+                    cns.push((n, control));
+                }
+                other => bail!(
+                    "node `{}`: role `{other}` is not `mn` or `cn` (or `server`, for a symmetric protocol)",
+                    n.name
+                ),
             }
         }
-        ensure!(!mns.is_empty(), "no node has role = \"mn\"");
-        ensure!(!cns.is_empty(), "no node has role = \"cn\"");
+        if symmetric {
+            let protocol = w.protocol.as_deref().unwrap_or_default();
+            ensure!(
+                mns.is_empty(),
+                "node `{}`: protocol `{protocol}` is symmetric (its servers hold the records): it has no MNs, only nodes with role = \"server\"",
+                mns[0].0.name
+            );
+            ensure!(
+                cns.len() >= usize::from(servers_needed),
+                "protocol `{protocol}` keeps {servers_needed} replicas of every record on distinct servers: it needs at least {servers_needed} nodes with role = \"server\" (the file has {})",
+                cns.len()
+            );
+            ensure!(
+                w.threads == 1,
+                "workload threads = {}: a server of protocol `{protocol}` runs its message loop and its coordinators on one core; use threads = 1",
+                w.threads
+            );
+        } else {
+            ensure!(!mns.is_empty(), "no node has role = \"mn\"");
+            ensure!(!cns.is_empty(), "no node has role = \"cn\"");
+        }
         let mn_count = mns.len();
         ensure!(
             mn_count + cns.len() < usize::from(u16::MAX),
@@ -498,7 +554,19 @@ impl Cluster {
             backoff,
             mns,
             cns,
+            servers: symmetric,
         })
+    }
+
+    /// Whether the nodes are the servers of a symmetric protocol (`role = "server"`).
+    pub(crate) fn symmetric(&self) -> bool {
+        self.servers
+    }
+
+    /// The role of the nodes that run coordinators: `cn`, or `server` for a symmetric
+    /// protocol (also the `dmem` command that starts one).
+    pub(crate) fn cn_role(&self) -> &'static str {
+        if self.servers { "server" } else { "cn" }
     }
 
     pub(crate) fn mns(&self) -> &[MnNode] {
@@ -669,8 +737,10 @@ impl Cluster {
     fn cn(&self, name: &str) -> anyhow::Result<&CnNode> {
         self.cns.iter().find(|c| c.name == name).with_context(|| {
             format!(
-                "no CN named `{name}` in {} (CNs: {})",
+                "no {} named `{name}` in {} ({}s: {})",
+                if self.servers { "server" } else { "CN" },
                 self.path.display(),
+                if self.servers { "server" } else { "CN" },
                 self.cns
                     .iter()
                     .map(|c| c.name.as_str())
@@ -771,6 +841,11 @@ fn control_endpoint(node: NodeId) -> Endpoint {
 /// `dmem mn`.
 pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
     let cluster = Cluster::load(&args.cluster)?;
+    ensure!(
+        !cluster.symmetric(),
+        "node `{}`: this cluster's nodes are servers of a symmetric protocol (role = \"server\"), with no MNs: start them with `dmem server`",
+        args.node
+    );
     let me = cluster.mn(&args.node)?.clone();
     if let Some(setup) = cluster.txn_setup()? {
         return crate::cluster_txn::run_mn(&cluster, &me, &setup);
@@ -962,9 +1037,30 @@ async fn faa_client<V: Verbs>(
     (posts, None)
 }
 
+/// `dmem server`: a server of a symmetric protocol, which runs the CN process's wiring
+/// (`cluster_txn::run_cn`) with a deployment of its own server (`Protocol::deploy_server`).
+pub(crate) fn run_server(args: &NodeArgs) -> anyhow::Result<()> {
+    let cluster = Cluster::load(&args.cluster)?;
+    ensure!(
+        cluster.symmetric(),
+        "node `{}`: `dmem server` runs a server of a symmetric protocol (role = \"server\"); this cluster's nodes are MNs and CNs (`dmem mn`, `dmem cn`)",
+        args.node
+    );
+    let me = cluster.cn(&args.node)?.clone();
+    let setup = cluster
+        .txn_setup()?
+        .context("a symmetric protocol runs a transaction workload")?;
+    crate::cluster_txn::run_cn(&cluster, &me, &setup)
+}
+
 /// `dmem cn`.
 pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
     let cluster = Cluster::load(&args.cluster)?;
+    ensure!(
+        !cluster.symmetric(),
+        "node `{}`: this cluster's nodes are servers of a symmetric protocol (role = \"server\"): start them with `dmem server`",
+        args.node
+    );
     let me = cluster.cn(&args.node)?.clone();
     if let Some(setup) = cluster.txn_setup()? {
         return crate::cluster_txn::run_cn(&cluster, &me, &setup);
@@ -1355,6 +1451,11 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
     let (kill_mn, kill_cn) = (kill_mns.first().copied(), kill_cns.first().copied());
     if let Some(kill) = kill_cn {
         cluster.cn(kill)?;
+        ensure!(
+            !cluster.symmetric(),
+            "--kill {kill}: protocol `{}` recovers a crashed server on the simulator only (Dandelion §4.4: its detector reads the simulator's crash state; `dmem recover`); server processes are not recovered",
+            cluster.protocol().unwrap_or_default()
+        );
         if matches!(cluster.kind, Kind::Txn { .. }) {
             ensure!(
                 cluster.cns[0].name != *kill,
@@ -1419,7 +1520,12 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_millis(5));
         }
         for cn in &cluster.cns {
-            cns.push(start_node(&cluster, "cn", &cn.name, cn.netns.as_deref())?);
+            cns.push(start_node(
+                &cluster,
+                cluster.cn_role(),
+                &cn.name,
+                cn.netns.as_deref(),
+            )?);
         }
         if !args.kill.is_empty() {
             // The kill timer starts once every CN is connected and heartbeating.
@@ -1690,8 +1796,9 @@ fn print_summary(
 
 /// `dmem bench --fabric tcp|shm`: for each protocol, a local cluster of separate MN and CN
 /// processes on this host (a generated cluster file in a temporary directory: loopback
-/// addresses on tcp, Unix sockets on shm), run by [`run_cluster`]: histories collected and
-/// checked, invariants checked, cluster stopped.
+/// addresses on tcp, Unix sockets on shm; on tcp, `--servers` server processes for a
+/// symmetric protocol), run by [`run_cluster`]: histories collected and checked, invariants
+/// checked, cluster stopped.
 pub(crate) fn bench_cluster(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<()> {
     let shm = args.fabric() == dmem_cli::bench_txn::TxnFabric::Shm;
     let tcp = args.tcp_shape();
@@ -1747,6 +1854,24 @@ pub(crate) fn bench_cluster(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<
                 }
                 for c in 0..usize::from(tcp.cns) {
                     text += &format!("\n[[node]]\nname = \"cn{c}\"\nrole = \"cn\"\n");
+                }
+                text
+            }
+            None if dmem_protocols::registry()
+                .get(protocol)
+                .is_ok_and(|p| p.symmetric()) =>
+            {
+                // A symmetric protocol's servers: one free loopback port each.
+                let listeners = (0..tcp.servers)
+                    .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+                    .collect::<Result<Vec<_>, _>>()
+                    .context("cannot find free loopback ports")?;
+                let mut text = format!("fabric = \"tcp\"\njoin_timeout_ms = 60000\n{workload}");
+                for (s, l) in listeners.iter().enumerate() {
+                    text += &format!(
+                        "\n[[node]]\nname = \"s{s}\"\nrole = \"server\"\ncontrol = \"127.0.0.1:{}\"\n",
+                        l.local_addr()?.port()
+                    );
                 }
                 text
             }

@@ -1,8 +1,10 @@
 //! Transaction workloads (SmallBank, KVS, ...) on any protocol of the registry that runs on
 //! real fabrics (FORD, Pandora, OCC, Motor, OOCC, DrTM, DSLR, LOTUS — each CN process
-//! serving its own lock table; not Dandelion, whose servers are simulated tasks) across MN
-//! and CN processes of a cluster file (see `cluster.rs` for the file and the verbs-level
-//! workload).
+//! serving its own lock table) across MN and CN processes of a cluster file (see
+//! `cluster.rs` for the file and the verbs-level workload); and on the symmetric Dandelion
+//! and FaSST across server processes (`dmem server`: the CN process below with no MNs, whose
+//! deployment is its own server, `Protocol::deploy_server`, loading the records it holds
+//! and running its message loop among its process tasks).
 //!
 //! - Every process derives the same deployment from the cluster file ([`TxnSetup`]): the
 //!   workload's tables, one coordinator id per client of every CN plus one for the final
@@ -112,6 +114,17 @@ impl TxnSetup {
         let workload = AnyWorkload::new(workload, scale)?;
         let protocol = dmem_protocols::registry().get(protocol)?;
         let spec = dmem_harness::deploy_spec(&workload, cluster.coordinators() + 1);
+        if protocol.symmetric() {
+            // Servers hold their records in their own memory: no regions to size, and
+            // each server process loads its share (`Protocol::deploy_server`).
+            return Ok(Self {
+                workload,
+                protocol,
+                spec,
+                regions: Vec::new(),
+                placement: None,
+            });
+        }
         // A full index bucket doubles the slack (`dmem_deploy::load_growing_slack`, as the
         // simulator's runs); here a dry run of the protocol's loader (a deployment on the
         // regions alone, which writes nothing) finds it, so every process derives the same.
@@ -152,12 +165,23 @@ impl TxnSetup {
     /// Whether CN failures are recovered across processes
     /// (`Deployment::recovers_across_processes`).
     pub(crate) fn recovers(&self) -> anyhow::Result<bool> {
+        if self.protocol.symmetric() {
+            // Its recovery runs on the simulator only (refused with a reason by `dmem
+            // cluster --kill`).
+            return Ok(false);
+        }
         Ok(self.remote()?.recovers_across_processes())
     }
 
     /// Whether a CN may run its coordinators on `threads` cores: one always, more when the
     /// protocol lets a CN split them (`Deployment::splits_across_cores`); else one line why.
     pub(crate) fn check_threads(&self, threads: u32) -> anyhow::Result<()> {
+        if threads > 1 && self.protocol.symmetric() {
+            bail!(
+                "threads = {threads}: a server of protocol `{}` runs on one core; use threads = 1",
+                self.protocol.name()
+            );
+        }
         if threads > 1
             && let Err(why) = self.remote()?.splits_across_cores()
         {
@@ -171,6 +195,10 @@ impl TxnSetup {
 
     /// How many MNs hold each record (`Deployment::replicas`).
     pub(crate) fn replicas(&self) -> anyhow::Result<u16> {
+        if self.protocol.symmetric() {
+            // No MNs: nothing an MN failure could lose.
+            return Ok(1);
+        }
         Ok(self.remote()?.replicas())
     }
 
@@ -655,13 +683,20 @@ pub(crate) struct TxnCnReport {
 
 /// The recovery plan every process of `cluster` derives (`dmem-deploy`'s
 /// [`ProcessPlan`]): every CN with its coordinators and listener, the first CN's detector.
+/// A CN serves one service endpoint per client (LOTUS's lock servers); a server of a
+/// symmetric protocol one, its message loop (`Protocol::deploy_server`).
 fn process_plan(cluster: &Cluster) -> ProcessPlan {
+    let services = if cluster.symmetric() {
+        1
+    } else {
+        u16::try_from(cluster.clients()).expect("clients checked against ports::MAX_CLIENTS")
+    };
     ProcessPlan::on_ports(
         cluster
             .cns()
             .iter()
             .map(|c| (c.node, cluster.coordinator_ids(c.node))),
-        u16::try_from(cluster.clients()).expect("clients checked against ports::MAX_CLIENTS"),
+        services,
         cluster.heartbeat(),
         cluster.timeout(),
         ANSWER_TIMEOUT.as_nanos() as u64,
@@ -729,8 +764,40 @@ impl CnSetup {
     ///
     /// A protocol that takes a placement (`Protocol::deploy_placed`) gets the one the dry run
     /// of `TxnSetup::new` found, shared by every core, and the loader runs once per process.
-    fn deployment(&self, core: usize, history: Recorder) -> anyhow::Result<Box<dyn Deployment>> {
+    ///
+    /// A server of a symmetric protocol deploys its own server instead
+    /// (`Protocol::deploy_server`), its message loop on `services` (the plan's service
+    /// endpoints of every server), and loads the records it holds.
+    fn deployment(
+        &self,
+        core: usize,
+        history: Recorder,
+        services: &[ServiceContext],
+    ) -> anyhow::Result<Box<dyn Deployment>> {
         let setup = &self.setup;
+        if setup.protocol.symmetric() {
+            let me = self
+                .plan
+                .index_of(self.me.node)
+                .context("a server of the cluster")?;
+            let servers = self
+                .plan
+                .members
+                .iter()
+                .map(|m| m.services.clone())
+                .collect();
+            let mut deployment = setup.protocol.deploy_server(
+                me,
+                servers,
+                services.iter().map(|s| s.ctx.clone()).collect(),
+                history,
+            )?;
+            for (table, key, value) in setup.workload.loader() {
+                deployment.load(table, key, &value)?;
+            }
+            deployment.join_as_cn(self.me.node, &self.plan)?;
+            return Ok(deployment);
+        }
         let memory = MnMemory::remote(setup.regions.clone());
         let placed = setup.placement.as_ref().and_then(|placement| {
             setup
@@ -880,8 +947,11 @@ impl CnSetup {
         // The service contexts first (as on the first core): a request that arrives while
         // this core loads is queued, not dropped.
         let made = self.services(core).and_then(|services| {
-            let mut d =
-                self.deployment(core, Recorder::streaming(Rc::new(StdoutHistory::default())))?;
+            let mut d = self.deployment(
+                core,
+                Recorder::streaming(Rc::new(StdoutHistory::default())),
+                &[],
+            )?;
             let coordinators = self.coordinators(core, &mut *d)?;
             let tasks = d.core_tasks(self.me.node, &self.plan, services)?;
             Ok((d, coordinators, tasks))
@@ -982,7 +1052,7 @@ pub(crate) fn run_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow
     let first = first.unwrap_or_default();
     let shared = &cn.shared;
     let report = TxnCnReport {
-        role: "cn".into(),
+        role: cluster.cn_role().into(),
         name: me.name.clone(),
         committed: shared.committed.load(Ordering::Relaxed),
         rolled_back: shared.rolled_back.load(Ordering::Relaxed),
@@ -1029,7 +1099,8 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
     // The coordinators stream every record to stdout (and keep none here).
     let stdout_history = StdoutHistory::default();
     let streaming_off = Rc::clone(&stdout_history.off);
-    let mut deployment = cn.deployment(0, Recorder::streaming(Rc::new(stdout_history)))?;
+    let mut deployment =
+        cn.deployment(0, Recorder::streaming(Rc::new(stdout_history)), &services)?;
     let coordinators = cn.coordinators(0, &mut *deployment)?;
     // The protocol's CN side (heartbeats to the detector, which are also its join barrier;
     // for protocols with recovery across processes their listener) runs until this
@@ -1254,18 +1325,6 @@ async fn detector(
         );
         clock.sleep(plan.heartbeat / 2).await;
     }
-    // Every other CN may exit now: the finished ones serve nobody any more, and one
-    // recovered while alive (a false suspicion) is told too; a dead one cannot be.
-    for other in plan.members.iter().map(|m| m.cn).filter(|&n| n != me.node) {
-        let told = done_ctx.send(endpoint(other, ports::DONE), RUN_OVER).await;
-        if let (Err(e), true) = (told, finished.contains(&other)) {
-            eprintln!(
-                "dmem cn {}: cannot tell {} the run is over: {e}",
-                me.name,
-                cluster.cn_name(other)
-            );
-        }
-    }
     let (events, mn_events) = recovery
         .as_ref()
         .map_or_else(Default::default, |r| (r.events(), r.mn_failures()));
@@ -1292,6 +1351,19 @@ async fn detector(
         // A recovered CN's committed changes are not known here.
         "skipped (a CN was recovered)".to_owned()
     };
+    // Every other CN may exit now, its records read (a server of a symmetric protocol
+    // holds some): the finished ones serve nobody any more, and one recovered while alive
+    // (a false suspicion) is told too; a dead one cannot be.
+    for other in plan.members.iter().map(|m| m.cn).filter(|&n| n != me.node) {
+        let told = done_ctx.send(endpoint(other, ports::DONE), RUN_OVER).await;
+        if let (Err(e), true) = (told, finished.contains(&other)) {
+            eprintln!(
+                "dmem cn {}: cannot tell {} the run is over: {e}",
+                me.name,
+                cluster.cn_name(other)
+            );
+        }
+    }
     quit_mns(cluster, &net.context(me.node, ports::QUIT_SENDER)?, &dead).await;
     let since_start = |t: dmem_verbs::Nanos| t.saturating_sub(start) / 1_000_000;
     let mn_failures = mn_events
@@ -1564,12 +1636,15 @@ pub(crate) fn print_summary(
     cns: &[(String, bool, Option<TxnCnReport>)],
     verdict: &TxnVerdict,
 ) {
+    let nodes = if cluster.symmetric() {
+        format!("{} servers", cluster.cns().len())
+    } else {
+        format!("{} MN  {} CN", cluster.mn_count(), cluster.cns().len())
+    };
     println!(
-        "dmem cluster  {}  fabric {}  protocol {protocol}  {} MN  {} CN x {} coordinators  {} ms  {} attempts",
+        "dmem cluster  {}  fabric {}  protocol {protocol}  {nodes} x {} coordinators  {} ms  {} attempts",
         cluster.path().display(),
         cluster.fabric_name(),
-        cluster.mn_count(),
-        cluster.cns().len(),
         cluster.clients(),
         cluster.duration().as_millis(),
         cluster.attempts()

@@ -69,6 +69,10 @@ enum Command {
     /// A compute-node process of a cluster file: connects to every MN, heartbeats, runs the
     /// workload, reports (`dmem cn --cluster cluster.toml --node cn0`).
     Cn(cluster::NodeArgs),
+    /// A server process of a symmetric protocol (Dandelion, FaSST) from a cluster file:
+    /// holds its share of the records, serves the other servers, runs its coordinators,
+    /// reports (`dmem server --cluster cluster.toml --node s0`).
+    Server(cluster::NodeArgs),
     /// Starts every node of a cluster file as a separate process on this host (in its
     /// network namespace if it names one), optionally SIGKILLs a CN mid-run, collects the
     /// reports and checks them (`dmem cluster --cluster cluster.toml [--kill cn1]`).
@@ -136,7 +140,7 @@ fn run() -> i32 {
                 ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
                 | ErrorKind::MissingSubcommand => {
                     eprintln!(
-                        "dmem: error: name a command: perf, bench, bench locks, bench hashtable, litmus, recover, reproduce, mn, cn or cluster (dmem --help)"
+                        "dmem: error: name a command: perf, bench, bench locks, bench hashtable, litmus, recover, reproduce, mn, cn, server or cluster (dmem --help)"
                     );
                     EXIT_ERROR
                 }
@@ -154,7 +158,15 @@ fn run() -> i32 {
         Command::Reproduce(args) => reproduce::run(args),
         Command::Mn(args) => cluster::run_mn(&args),
         Command::Cn(args) => cluster::run_cn(&args),
+        Command::Server(args) => cluster::run_server(&args),
         Command::Cluster(args) => cluster::run_cluster(&args),
+        // On tcp every protocol runs as processes: MNs and CNs, or a symmetric protocol's
+        // servers.
+        Command::Bench(BenchArgs { layer: None, txn })
+            if txn.fabric() == bench_txn::TxnFabric::Tcp =>
+        {
+            cluster::bench_cluster(&txn)
+        }
         Command::Bench(BenchArgs { layer: None, txn })
             if txn.fabric() != bench_txn::TxnFabric::Sim =>
         {

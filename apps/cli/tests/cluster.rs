@@ -1245,3 +1245,290 @@ fn bench_in_processes_checks_clean(fabric: &str, protocols: &[&str]) {
         "{stdout}"
     );
 }
+
+/// A cluster file of `servers` server processes of the symmetric `protocol` running
+/// SmallBank on loopback (`ports`: one per server).
+fn servers_toml(protocol: &str, ports: &[u16], duration_ms: u64) -> String {
+    let mut text = format!(
+        r#"fabric = "tcp"
+heartbeat_ms = 10
+timeout_ms = 500
+join_timeout_ms = 60000
+
+[workload]
+kind = "smallbank"
+protocol = "{protocol}"
+scale = "tiny"
+duration_ms = {duration_ms}
+threads = 1
+clients = 3
+"#
+    );
+    for (s, port) in ports.iter().enumerate() {
+        text += &format!(
+            "\n[[node]]\nname = \"s{s}\"\nrole = \"server\"\ncontrol = \"127.0.0.1:{port}\"\n"
+        );
+    }
+    text
+}
+
+/// Runs `protocol` on three server processes; every server reports commits, messages sent
+/// to the others and the records it loaded; the run's check (history checker, invariants
+/// read through a coordinator) passed. Returns the reports.
+fn run_servers_clean(
+    tag: &str,
+    protocol: &str,
+    duration_ms: u64,
+) -> std::collections::HashMap<String, serde_json::Value> {
+    let dir = TempDir::new(tag);
+    let file = dir.write(
+        "servers.toml",
+        &servers_toml(protocol, &free_ports(3), duration_ms),
+    );
+    let out = run_cluster(&file, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{protocol}: {stderr}");
+    let r = reports(&out);
+    for s in ["s0", "s1", "s2"] {
+        let report = &r[s];
+        assert_eq!(report["role"], "server", "{protocol}: {report}");
+        assert!(
+            report["committed"].as_u64().unwrap() > 0,
+            "{protocol}: {report}"
+        );
+        let counters = &report["counters"];
+        assert!(
+            counters["messages"].as_u64().unwrap() > 0,
+            "{protocol}: {report}"
+        );
+        assert!(
+            counters["records_loaded"].as_u64().unwrap() > 0,
+            "{protocol}: {report}"
+        );
+    }
+    assert_eq!(r["s0"]["invariants"], "ok", "{protocol}");
+    r
+}
+
+#[test]
+fn smallbank_on_dandelion_and_fasst_runs_in_server_processes() {
+    for protocol in ["dnl-4", "fasst"] {
+        let r = run_servers_clean(&format!("servers-{protocol}"), protocol, 1500);
+        // Three replicas on three servers: each server holds every record.
+        let loaded: Vec<u64> = ["s0", "s1", "s2"]
+            .iter()
+            .map(|s| r[*s]["counters"]["records_loaded"].as_u64().unwrap())
+            .collect();
+        assert!(loaded.iter().all(|&n| n == loaded[0]), "{loaded:?}");
+    }
+}
+
+#[test]
+fn a_server_process_loads_only_the_records_it_is_a_replica_of() {
+    // Two replicas on three servers: each server holds about two thirds of the records,
+    // and together they hold every record twice.
+    let r = run_servers_clean("servers-r2", "dnl:4+r=2", 800);
+    let loaded: Vec<u64> = ["s0", "s1", "s2"]
+        .iter()
+        .map(|s| r[*s]["counters"]["records_loaded"].as_u64().unwrap())
+        .collect();
+    let records = loaded.iter().sum::<u64>() / 2;
+    assert_eq!(loaded.iter().sum::<u64>(), 2 * records, "{loaded:?}");
+    assert!(loaded.iter().all(|&n| n < records), "{loaded:?}");
+}
+
+#[test]
+fn server_cluster_errors_are_one_readable_line() {
+    let dir = TempDir::new("server-errors");
+    let good = servers_toml("dnl-4", &[7400, 7401, 7402], 1000);
+    let mn = "\n[[node]]\nname = \"mn0\"\nrole = \"mn\"\ndata = \"127.0.0.1:7100\"\ncontrol = \"127.0.0.1:7101\"\n";
+    let cases: Vec<(String, &str)> = vec![
+        (
+            good.replace(
+                "name = \"s2\"\nrole = \"server\"",
+                "name = \"s2\"\nrole = \"cn\"",
+            ),
+            "node `s2`: protocol `dnl-4` is symmetric (every node a server holding its share of the records): its nodes have role = \"server\", not \"cn\"",
+        ),
+        (
+            format!("{good}{mn}"),
+            "node `mn0`: protocol `dnl-4` is symmetric (its servers hold the records): it has no MNs",
+        ),
+        (
+            good.replace("protocol = \"dnl-4\"", "protocol = \"pandora\""),
+            "node `s0`: role = \"server\" is for symmetric protocols (dnl-4, dnl-2, dnl-1, fasst, dnl:P); protocol `pandora` runs on mn and cn nodes",
+        ),
+        (
+            servers_toml("fasst", &[7400, 7401], 1000),
+            "protocol `fasst` keeps 3 replicas of every record on distinct servers: it needs at least 3 nodes with role = \"server\" (the file has 2)",
+        ),
+        (
+            good.replace("threads = 1", "threads = 2"),
+            "workload threads = 2: a server of protocol `dnl-4` runs its message loop and its coordinators on one core; use threads = 1",
+        ),
+        (
+            good.replace(
+                "role = \"server\"\ncontrol = \"127.0.0.1:7401\"",
+                "role = \"server\"\ncontrol = \"127.0.0.1:7401\"\nmemory_mib = 4",
+            ),
+            "node `s1`: `data` and `memory_mib` are for MNs",
+        ),
+    ];
+    for (i, (text, expected)) in cases.into_iter().enumerate() {
+        let file = dir.write(&format!("bad{i}.toml"), &text);
+        let out = dmem()
+            .args(["server", "--node", "s0", "--cluster"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "case {i}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "case {i}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "case {i}: expected `{expected}` in: {stderr}"
+        );
+    }
+    // The wrong command for the node, and a kill the servers cannot recover from.
+    let servers = dir.write("servers.toml", &good);
+    let mn_cn = dir.write(
+        "mncn.toml",
+        &smallbank_toml(
+            [
+                ("127.0.0.1", None),
+                ("127.0.0.1", None),
+                ("127.0.0.1", None),
+            ],
+            &[7100, 7101, 7200, 7201],
+            "ford",
+        ),
+    );
+    let commands: [(&[&str], &Path, &str); 4] = [
+        (
+            &["cn", "--node", "s0"],
+            &servers,
+            "node `s0`: this cluster's nodes are servers of a symmetric protocol (role = \"server\"): start them with `dmem server`",
+        ),
+        (
+            &["mn", "--node", "s0"],
+            &servers,
+            "with no MNs: start them with `dmem server`",
+        ),
+        (
+            &["server", "--node", "cn0"],
+            &mn_cn,
+            "node `cn0`: `dmem server` runs a server of a symmetric protocol (role = \"server\"); this cluster's nodes are MNs and CNs",
+        ),
+        (
+            &["cluster", "--kill", "s1"],
+            &servers,
+            "--kill s1: protocol `dnl-4` recovers a crashed server on the simulator only",
+        ),
+    ];
+    for (args, file, expected) in commands {
+        let out = dmem()
+            .args(args)
+            .arg("--cluster")
+            .arg(file)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{args:?}: expected `{expected}` in: {stderr}"
+        );
+    }
+    // Unknown server names list the servers.
+    let out = dmem()
+        .args(["server", "--node", "s9", "--cluster"])
+        .arg(&servers)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no server named `s9`") && stderr.contains("servers: s0, s1, s2"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bench_on_tcp_runs_dandelion_and_ford_as_processes() {
+    // Each protocol gets a local cluster of its own: Dnl-4 `--servers` server processes,
+    // FORD MN and CN processes.
+    let out = dmem()
+        .args([
+            "bench",
+            "--fabric",
+            "tcp",
+            "--workload",
+            "smallbank",
+            "--protocol",
+            "dnl-4,ford",
+            "--scale",
+            "tiny",
+            "--servers",
+            "3",
+            "--mns",
+            "1",
+            "--cns",
+            "2",
+            "--threads",
+            "1",
+            "--coroutines",
+            "3",
+            "--duration-ms",
+            "1000",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("fabric tcp  protocol dnl-4  3 servers x 3 coordinators"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("fabric tcp  protocol ford  1 MN  2 CN x 3 coordinators"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("checker: ok").count(), 2, "{stdout}");
+    assert_eq!(stdout.matches("invariants: ok").count(), 2, "{stdout}");
+}
+
+#[test]
+fn smallbank_on_dandelion_over_shm_runs_in_server_processes() {
+    let dir = TempDir::new("servers-shm");
+    let mut text = servers_toml("dnl-4", &[1, 2, 3], 1000).replace(
+        "fabric = \"tcp\"",
+        &format!(
+            "fabric = \"shm\"\nsocket_dir = \"{}\"",
+            dir.0.join("sockets").display()
+        ),
+    );
+    for port in 1..=3 {
+        text = text.replace(&format!("control = \"127.0.0.1:{port}\"\n"), "");
+    }
+    let file = dir.write("servers.toml", &text);
+    let out = run_cluster(&file, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = reports(&out);
+    for s in ["s0", "s1", "s2"] {
+        assert!(r[s]["committed"].as_u64().unwrap() > 0, "{}", r[s]);
+        assert!(
+            r[s]["counters"]["messages"].as_u64().unwrap() > 0,
+            "{}",
+            r[s]
+        );
+    }
+    assert_eq!(r["s0"]["invariants"], "ok");
+}

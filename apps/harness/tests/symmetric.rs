@@ -187,3 +187,57 @@ fn recovery_of_servers_on_shm_is_refused_with_a_typed_error() {
             .is_err()
     );
 }
+
+#[test]
+fn a_deployment_of_one_server_loads_its_replicas_and_refuses_foreign_contexts() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use dmem_deploy::Recorder;
+    use dmem_harness::fabric::LocalCluster;
+    use dmem_txn::{History, Key, TableId};
+    use dmem_verbs::{Endpoint, Verbs as _};
+
+    let recorder = || Recorder::new(Rc::new(RefCell::new(History::new())));
+    let cluster = LocalCluster::with_threads(Fabric::Shm, 0, 3, 1, 0, 1).unwrap();
+    let contexts: Vec<_> = (0..3).map(|s| cluster.context(s, 0).unwrap()).collect();
+    let endpoints: Vec<Vec<Endpoint>> = contexts.iter().map(|c| vec![c.local_endpoint()]).collect();
+    // Two replicas on three servers: each server loads about two thirds of the records,
+    // together every record twice.
+    let protocol = dmem_protocols::registry().get("dnl:4+r=2").unwrap();
+    assert_eq!(protocol.servers_needed(), 2);
+    let mut loaded = Vec::new();
+    for (s, ctx) in contexts.iter().enumerate() {
+        let mut d = protocol
+            .deploy_server(s as u16, endpoints.clone(), vec![ctx.clone()], recorder())
+            .unwrap();
+        for key in 0..300 {
+            d.load(TableId(0), Key(key), &key.to_le_bytes()).unwrap();
+        }
+        loaded.push(d.counter("records_loaded").unwrap());
+    }
+    assert_eq!(loaded.iter().sum::<u64>(), 600, "{loaded:?}");
+    assert!(
+        loaded.iter().all(|&n| (100..300).contains(&n)),
+        "{loaded:?}"
+    );
+    // Server 0 on server 1's context, and a protocol that is not symmetric.
+    let err = protocol
+        .deploy_server(0, endpoints.clone(), vec![contexts[1].clone()], recorder())
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("not at server 0's endpoint"),
+        "{err}"
+    );
+    let ford = dmem_protocols::registry().get("ford").unwrap();
+    assert_eq!(ford.servers_needed(), 1);
+    let err = ford
+        .deploy_server(0, endpoints, vec![contexts[0].clone()], recorder())
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("not a symmetric protocol"),
+        "{err}"
+    );
+}

@@ -66,7 +66,7 @@ pub type LateCoordinators = Rc<dyn Fn(dmem_sim::SimContext, u16, BoxCoordinator)
 use dmem_sim::{Sim, SimError};
 use dmem_store::StoreError;
 use dmem_txn::{BoxCoordinator, CriticalField, History, Isolation, Key, TableId, TxnKind};
-use dmem_verbs::{Nanos, NodeId};
+use dmem_verbs::{Endpoint, Nanos, NodeId};
 
 /// Why a deployment could not be built or driven.
 #[derive(Debug, thiserror::Error)]
@@ -417,6 +417,39 @@ pub trait Protocol: Send + Sync {
             protocol: self.name(),
             reason: "not a symmetric protocol: it is laid out on MN memory (deploy_on)".to_owned(),
         })
+    }
+
+    /// Deploys server `me` alone of a symmetric protocol ([`symmetric`](Self::symmetric))
+    /// in this process, one process per server of a real cluster: `servers[s][t]` is the
+    /// message endpoint of server `s`'s thread `t` (the same list in every process),
+    /// `contexts[t]` this process's context of its thread `t` (whose endpoint is
+    /// `servers[me][t]`). The deployment holds and loads only the records `me` is a replica
+    /// of (placement is a function of the key, so every process agrees), reaches the other
+    /// servers through two-sided messages, and hands its message loops to the caller from
+    /// [`Deployment::process_tasks`]; coordinators are made on this process's contexts.
+    ///
+    /// # Errors
+    /// [`DeployError::Protocol`] for a protocol that is not symmetric (the default) or
+    /// contexts that do not match `servers[me]`.
+    fn deploy_server(
+        &self,
+        me: u16,
+        servers: Vec<Vec<Endpoint>>,
+        contexts: Vec<AnyContext>,
+        history: Recorder,
+    ) -> Result<Box<dyn Deployment>, DeployError> {
+        let _ = (me, servers, contexts, history);
+        Err(DeployError::Protocol {
+            protocol: self.name(),
+            reason: "not a symmetric protocol: it is laid out on MN memory (deploy_on)".to_owned(),
+        })
+    }
+
+    /// The fewest servers a symmetric protocol runs on with every record at its full
+    /// replication (Dandelion: R, a primary and R − 1 backups on distinct servers); 1 by
+    /// default.
+    fn servers_needed(&self) -> u16 {
+        1
     }
 
     /// Lays the protocol's store out on `sim`'s MNs (zeroed); transactions record into

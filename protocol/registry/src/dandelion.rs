@@ -4,7 +4,11 @@
 //! On the simulated cluster ([`Protocol::deploy_on`] the simulator's memory) every CN is a
 //! server and the MNs stay idle; on a real fabric in one process
 //! ([`Protocol::deploy_servers`], e.g. `dmem_harness::servers` over shm) the caller hands
-//! over every server thread's context and a way to spawn on its executor. Either way every
+//! over every server thread's context and a way to spawn on its executor; in a process per
+//! server ([`Protocol::deploy_server`], `dmem server`) the caller hands over every server's
+//! endpoints and its own threads' contexts, the deployment loads only the records that
+//! server is a replica of and hands its message loops out from
+//! [`Deployment::process_tasks`]. Either way every
 //! server thread gets a `RunIteration` loop task ([`dmem_dandelion::Worker::run`], the same
 //! async code, generic over the context); records are loaded into the stores of their R
 //! replicas; a coordinator made on a server thread's context runs on that thread's worker.
@@ -21,14 +25,14 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use dmem_dandelion::{Cluster, DnlConfig, DnlCoordinator, Worker, recover, retransmission_timeout};
-use dmem_deploy::process::LocalTask;
+use dmem_deploy::process::{self, LocalTask};
 use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
     RecoveredCoordinator, RecoveryEvent, RecoveryTiming,
 };
 use dmem_sim::{NicProfile, Sim, SimContext};
 use dmem_txn::{BoxCoordinator, History, Key, TableId};
-use dmem_verbs::{Clock, Nanos, Verbs};
+use dmem_verbs::{Clock, Endpoint, Nanos, NodeId, Verbs};
 
 /// A Dandelion configuration under a registered name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,6 +199,79 @@ impl Protocol for DandelionProtocol {
             false,
         )))
     }
+
+    /// Server `me` alone, in a process of its own (see [`Protocol::deploy_server`]): the
+    /// same workers and wire as [`deploy_servers`](Protocol::deploy_servers) (packets of at
+    /// most [`REAL_PACKET_BYTES`], requests re-sent after [`REAL_RTO_NS`]), a store holding
+    /// only the records `me` is a replica of, and the message loops handed out by
+    /// [`Deployment::process_tasks`]; no recovery.
+    fn deploy_server(
+        &self,
+        me: u16,
+        servers: Vec<Vec<Endpoint>>,
+        contexts: Vec<AnyContext>,
+        history: Recorder,
+    ) -> Result<Box<dyn Deployment>, DeployError> {
+        let refuse = |reason: String| DeployError::Protocol {
+            protocol: self.name.clone(),
+            reason,
+        };
+        let mine = servers
+            .get(usize::from(me))
+            .ok_or_else(|| refuse(format!("server {me} of {} servers", servers.len())))?;
+        if contexts.is_empty() || servers.iter().any(|t| t.len() != contexts.len()) {
+            return Err(refuse(
+                "every server needs the same number (at least one) of thread endpoints".to_owned(),
+            ));
+        }
+        if let Some((t, c)) = contexts
+            .iter()
+            .enumerate()
+            .find(|(t, c)| c.local_endpoint() != mine[*t])
+        {
+            return Err(refuse(format!(
+                "thread {t}'s context is at {:?}, not at server {me}'s endpoint {:?}",
+                c.local_endpoint(),
+                mine[t]
+            )));
+        }
+        let history_rc = Rc::clone(history.history());
+        let cluster = Rc::new(Cluster::new(servers, self.config));
+        let mut workers = vec![Vec::new(); cluster.endpoints.len()];
+        workers[usize::from(me)] = contexts
+            .into_iter()
+            .enumerate()
+            .map(|(t, ctx)| {
+                Worker::new(
+                    ctx,
+                    me,
+                    t,
+                    Rc::clone(&cluster),
+                    REAL_PACKET_BYTES,
+                    REAL_RTO_NS,
+                )
+            })
+            .collect();
+        Ok(Box::new(DandelionDeployment {
+            name: self.name.clone(),
+            on_sim: false,
+            only: Some(me),
+            loops_handed_out: Cell::new(false),
+            loaded: Cell::new(0),
+            cluster,
+            workers,
+            history: history_rc,
+            recorder: history,
+            paused: Rc::new(Cell::new(false)),
+            events: Rc::new(RefCell::new(Vec::new())),
+            recovery_cost: Rc::new(Cell::new((0, 0))),
+        }))
+    }
+
+    /// R: every replica of a record on a distinct server.
+    fn servers_needed(&self) -> u16 {
+        self.config.replication
+    }
 }
 
 /// Largest packet on a real fabric: 4 KiB, the cx5 profile's MTU, so that a packet batches
@@ -223,7 +300,8 @@ impl DandelionProtocol {
         history: Recorder,
         on_sim: bool,
     ) -> DandelionDeployment<V> {
-        let history = Rc::clone(history.history());
+        let recorder = history;
+        let history = Rc::clone(recorder.history());
         let endpoints = contexts
             .iter()
             .map(|ts| ts.iter().map(Verbs::local_endpoint).collect())
@@ -249,9 +327,13 @@ impl DandelionProtocol {
         DandelionDeployment {
             name: self.name.clone(),
             on_sim,
+            only: None,
+            loops_handed_out: Cell::new(false),
+            loaded: Cell::new(0),
             cluster,
             workers,
             history,
+            recorder,
             paused: Rc::new(Cell::new(false)),
             events: Rc::new(RefCell::new(Vec::new())),
             recovery_cost: Rc::new(Cell::new((0, 0))),
@@ -270,9 +352,20 @@ struct DandelionDeployment<V> {
     name: String,
     /// Whether the servers are the simulator's CNs (else servers of a real fabric).
     on_sim: bool,
+    /// The one server this process runs ([`Protocol::deploy_server`]); `None`: every
+    /// server is in this process.
+    only: Option<u16>,
+    /// Whether [`Deployment::process_tasks`] handed out the message loops of `only`.
+    loops_handed_out: Cell<bool>,
+    /// Record replicas loaded into this process's stores.
+    loaded: Cell<u64>,
     cluster: Rc<Cluster>,
+    /// Per server, its workers (empty for a server of another process).
     workers: Vec<Vec<Rc<Worker<V>>>>,
+    /// What recovery settles (the simulator's).
     history: Rc<RefCell<History>>,
+    /// Where coordinators record (into `history`, and streamed out by a server process).
+    recorder: Recorder,
     paused: Rc<Cell<bool>>,
     events: Rc<RefCell<Vec<RecoveryEvent>>>,
     /// Recovery's messages and time from halt to resume (ns), over every recovery so far.
@@ -291,6 +384,10 @@ impl<V: Verbs + Clock + Clone + 'static> DandelionDeployment<V> {
             .iter()
             .position(|ts| ts.first().is_some_and(|e| e.node == me.node))?;
         let threads = &self.workers[server];
+        if threads.is_empty() {
+            // A server of another process.
+            return None;
+        }
         let thread = match ctx.as_sim() {
             Some(sim) => usize::from(sim.thread()),
             None => self.cluster.endpoints[server]
@@ -309,15 +406,54 @@ impl<V: Verbs + Clock + Clone + 'static> DandelionDeployment<V> {
         Ok(Box::new(DnlCoordinator::new(
             Rc::clone(worker),
             id,
-            Rc::clone(&self.history),
+            self.recorder.clone(),
         )))
     }
 }
 
 impl<V: Verbs + Clock + Clone + 'static> Deployment for DandelionDeployment<V> {
+    /// At every replica in this process: all of them, or the records server `only` holds.
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
-        self.cluster.load(table.0, key.0, value);
+        match self.only {
+            None => {
+                self.cluster.load(table.0, key.0, value);
+                let replicas = self.cluster.placement.replicas(table.0, key.0).count();
+                self.loaded.set(self.loaded.get() + replicas as u64);
+            }
+            Some(me) => {
+                if self.cluster.placement.holds(me, table.0, key.0) {
+                    self.cluster.stores[usize::from(me)]
+                        .borrow_mut()
+                        .load(table.0, key.0, value);
+                    self.loaded.set(self.loaded.get() + 1);
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// A server process ([`Protocol::deploy_server`]): heartbeats to the detector, and
+    /// its threads' message loops (once; they end when their fabric fails).
+    fn process_tasks(
+        &mut self,
+        me: NodeId,
+        ctxs: process::CnContexts,
+        plan: &process::ProcessPlan,
+    ) -> Result<Vec<LocalTask>, DeployError> {
+        let _ = me;
+        let mut tasks: Vec<LocalTask> = vec![process::alive_task(
+            ctxs.heartbeat,
+            plan.detector,
+            plan.heartbeat,
+        )];
+        if let Some(server) = self.only
+            && !self.loops_handed_out.replace(true)
+        {
+            for w in &self.workers[usize::from(server)] {
+                tasks.push(Box::pin(Rc::clone(w).run()));
+            }
+        }
+        Ok(tasks)
     }
 
     fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
@@ -452,8 +588,25 @@ impl<V: Verbs + Clock + Clone + 'static> Deployment for DandelionDeployment<V> {
             "duplicates_dropped" => Some(sum(|s| s.duplicates_dropped)),
             "recovery_messages" => Some(self.recovery_cost.get().0),
             "recovery_ns" => Some(self.recovery_cost.get().1),
+            "records_loaded" => Some(self.loaded.get()),
             _ => None,
         }
+    }
+
+    /// What a server process reports: the record replicas it loaded, and its threads'
+    /// packets and messages.
+    fn counters(&self) -> Vec<(String, u64)> {
+        [
+            "records_loaded",
+            "packets",
+            "messages",
+            "local_requests",
+            "retransmissions",
+            "duplicates_dropped",
+        ]
+        .iter()
+        .filter_map(|&name| Some((name.to_owned(), self.counter(name)?)))
+        .collect()
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
