@@ -154,7 +154,8 @@ impl Layout {
         // keys the loader does not place (a growing table's records with room, another's
         // absent keys; linear probing stays short below half full), plus 64.
         let mut insert_dirs = HashMap::new();
-        let mut at = records_end;
+        // Entries and the counter are CAS/FAA targets: 8-byte aligned.
+        let mut at = records_end.checked_add(7).ok_or_else(too_big)? & !7;
         let mut tables: Vec<_> = spec.tables.iter().collect();
         tables.sort_by_key(|t| t.id.0);
         for t in tables {
@@ -685,9 +686,10 @@ mod tests {
     #[test]
     fn a_growing_table_has_room_for_the_runs_inserts_only() {
         let record = OoccRecordHeader::record_len(100) as u64;
-        let default = Layout::new(&spec(None), 1).unwrap().bytes_per_mn;
-        let short = Layout::new(&spec(Some(10)), 1).unwrap().bytes_per_mn;
-        let long = Layout::new(&spec(Some(100_000)), 1).unwrap().bytes_per_mn;
+        // Record space (the insert directories after it grow with the room too).
+        let default = Layout::new(&spec(None), 1).unwrap().records_end;
+        let short = Layout::new(&spec(Some(10)), 1).unwrap().records_end;
+        let long = Layout::new(&spec(Some(100_000)), 1).unwrap().records_end;
         // The default room is as many inserts again plus 4096; a short run needs far less,
         // a long one more. A table that does not grow ignores a room given for it.
         assert!(short < default, "{short} < {default}");
@@ -698,6 +700,23 @@ mod tests {
             "{}",
             long - short
         );
+    }
+
+    /// The insert directories' entries and the insert counter are CAS and FAA targets:
+    /// 8-byte aligned whatever the record space before them comes to (TPC-C across
+    /// processes once failed every CAS on a directory after a record area of 4 mod 8).
+    #[test]
+    fn insert_directories_are_8_byte_aligned() {
+        for room in [1, 10, 333, 4_097] {
+            for mns in 1..=3 {
+                let layout = Layout::new(&spec(Some(room)), mns).unwrap();
+                assert_eq!(layout.insert_counter % 8, 0);
+                for (table, (base, _)) in &layout.insert_dirs {
+                    assert_eq!(base % 8, 0, "table {table:?}, room {room}, {mns} MNs");
+                    assert!(*base >= layout.records_end);
+                }
+            }
+        }
     }
 
     #[test]
