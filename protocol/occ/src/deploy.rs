@@ -145,12 +145,7 @@ impl Protocol for OoccProtocol {
     ) -> Result<Box<dyn Deployment>, DeployError> {
         let layout = self.layout(spec, memory.mn_count())?;
         let dir = Directory::new(layout, memory.regions());
-        Ok(Box::new(self.deployment(
-            memory,
-            dir,
-            history,
-            growing(spec),
-        )))
+        Ok(Box::new(self.deployment(memory, dir, history)))
     }
 
     /// Takes the records as placed in `placement` (an [`OoccDeployment`]'s
@@ -173,35 +168,16 @@ impl Protocol for OoccProtocol {
                 .downcast::<Placed>()
                 .map_err(|_| error("a placement of another protocol".to_owned()))?;
             let dir = Directory::placed(layout, memory.regions(), placed).map_err(error)?;
-            Ok(
-                Box::new(self.deployment(memory, dir, history, growing(spec)))
-                    as Box<dyn Deployment>,
-            )
+            Ok(Box::new(self.deployment(memory, dir, history)) as Box<dyn Deployment>)
         })())
     }
 }
 
-/// The tables of `spec` that transactions insert into.
-fn growing(spec: &DeploySpec) -> Vec<TableId> {
-    spec.tables
-        .iter()
-        .filter(|t| t.grows)
-        .map(|t| t.id)
-        .collect()
-}
-
 impl OoccProtocol {
-    /// A deployment on `memory` with directory `dir`; transactions insert into `growing`.
-    fn deployment(
-        &self,
-        memory: MnMemory,
-        dir: Directory,
-        history: Recorder,
-        growing: Vec<TableId>,
-    ) -> OoccDeployment {
+    /// A deployment on `memory` with directory `dir`.
+    fn deployment(&self, memory: MnMemory, dir: Directory, history: Recorder) -> OoccDeployment {
         OoccDeployment {
             protocol: self.clone(),
-            growing,
             memory,
             dir: Rc::new(dir),
             history,
@@ -222,8 +198,6 @@ impl OoccProtocol {
 /// OOCC on one cluster.
 pub struct OoccDeployment {
     protocol: OoccProtocol,
-    /// Tables transactions insert into (their keys get slots from this process's directory).
-    growing: Vec<TableId>,
     memory: MnMemory,
     dir: Rc<Directory>,
     history: Recorder,
@@ -462,10 +436,10 @@ impl Deployment for OoccDeployment {
         true
     }
 
-    /// Refuses a workload that inserts: the [`Directory`] that stands in for an index gives
-    /// an inserted key its slot in one process's memory (and one core's), so another CN
-    /// process, another core or a recovering CN would neither find the record nor know the
-    /// slot is taken, and two inserts of different keys could take one slot.
+    /// Inserts go through the insert directory in MN memory from now on
+    /// ([`Directory::share_inserts`]): this CN process's (or core's) directory is one of
+    /// several, so a key one of them gives a slot must be found by the others, by the
+    /// recovering CN, and never given twice.
     ///
     /// DSLR's reset lease is raised to four times the plan's detection time (heartbeat
     /// period + timeout + DSLR's poll; [`DslrConfig::for_detection`]): every CN derives the
@@ -477,16 +451,8 @@ impl Deployment for OoccDeployment {
             let detection = plan.heartbeat + plan.timeout + cfg.poll_ns;
             self.protocol.dslr = Some(cfg.for_detection(detection));
         }
-        match self.growing.first() {
-            None => Ok(()),
-            Some(table) => Err(DeployError::Protocol {
-                protocol: self.protocol.name(),
-                reason: format!(
-                    "the workload inserts into table {} and this protocol's record directory gives an inserted key its slot in one process only: run it on the simulator (or pick a workload without inserts, e.g. smallbank or ycsb)",
-                    table.0
-                ),
-            }),
-        }
+        self.dir.share_inserts();
+        Ok(())
     }
 
     /// The redo logs live in MN memory, so the detector CN of a real cluster recovers a
@@ -538,7 +504,9 @@ impl Deployment for OoccDeployment {
     }
 
     fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
-        let loc = self.dir.get(table, key)?;
+        let loc = self.dir.find(table, key, |mn, offset, len| {
+            self.memory.read(self.dir.node(mn), offset, len)
+        })?;
         let vlen = self.dir.value_len(table).ok()?;
         let bytes = self.memory.read(
             self.dir.node(loc.mn),

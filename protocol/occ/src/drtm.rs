@@ -206,7 +206,7 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
     async fn acquire(&mut self, targets: Vec<(TableId, Key, bool)>) -> Result<(), TxnError> {
         let mut todo: Vec<(TableId, Key, bool, Loc, u64)> = Vec::new();
         for (table, key, exclusive) in targets {
-            let loc = self.co.dir.slot(table, key)?;
+            let loc = self.co.dir.locate(&self.co.ctx, table, key).await?;
             let hint = self.co.hints.borrow().get(&loc).copied().unwrap_or(0);
             todo.push((table, key, exclusive, loc, hint));
         }

@@ -330,7 +330,7 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         let mut list = PostList::new();
         let mut ids = Vec::new();
         for &(table, key, mode) in &targets {
-            let loc = self.co.dir.slot(table, key)?;
+            let loc = self.co.dir.locate(&self.co.ctx, table, key).await?;
             let faa = list.faa(self.lock_addr(table, loc)?, DslrWord::acquire_delta(mode));
             let read = list.read(
                 self.co.dir.addr(loc.mn, loc.offset),

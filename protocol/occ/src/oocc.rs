@@ -481,7 +481,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 ));
                 continue;
             }
-            let loc = self.co.dir.slot(r.table, r.key)?;
+            let loc = self.co.dir.locate(&self.co.ctx, r.table, r.key).await?;
             if for_update {
                 if !to_lock.iter().any(|(t, k, _)| *t == r.table && *k == r.key) {
                     to_lock.push((r.table, r.key, loc));

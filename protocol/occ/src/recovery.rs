@@ -218,7 +218,7 @@ pub async fn recover_coordinator<C: Verbs + Clock>(
         ctx.post(trunc).await?;
     }
     // Release every lock the coordinator still holds.
-    let slots = dir.all();
+    let slots = dir.all_in_memory(ctx).await?;
     for chunk in slots.chunks(64) {
         let mut list = PostList::new();
         let mut ids = Vec::new();

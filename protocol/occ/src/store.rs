@@ -7,6 +7,8 @@
 //!                       (lease word, statistics words; §VII-A)
 //! lease_area            redo-log area: one region per coordinator (Pandora §3.2.2 size)
 //! lease_area + logs     records, OoccRecord layout (lock word at the highest address)
+//! records_end           the insert directory: per growing table one array of 16-byte
+//!                       entries (key + 1, record offset), then the insert counter (8 bytes)
 //! ```
 //!
 //! A record lives on one MN (`mix64(table, key) % mns`; OOCC's evaluation does not
@@ -16,6 +18,19 @@
 //! once, so that all CNs agree on it. The directory is the sim's stand-in for an index; a
 //! lookup costs no round trip (FORD's warm address cache costs none either). A zeroed slot
 //! is an absent record with version 0 and a free lock.
+//!
+//! **Across processes** each CN process (and each core of one) has a directory of its own,
+//! so a key a transaction inserts must get its slot where every process finds it: the
+//! *insert directory* in MN memory ([`Directory::share_inserts`], set when a deployment
+//! joins a cluster as a CN process). A key the loader did not place (one a transaction
+//! inserts, or an absent key of a sparse table that a transaction reads) is looked up by linear probing from its hash in its table's entry array on its
+//! MN ([`Directory::locate`]): an entry holding `key + 1` names the record's offset; the
+//! first zero entry is claimed for it with a CAS, its record space taken from the MN's
+//! insert counter with an FAA (bytes past where the loader stopped, which every process
+//! knows from the deterministic load), and the offset written into the entry. A prober
+//! that finds the key with offset 0 (claimed, offset not yet written) reads it again. The
+//! simulator's and one process's CNs share one directory, which stays authoritative there:
+//! their figures do not pay these round trips.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -24,13 +39,20 @@ use std::sync::Arc;
 use dmem_deploy::{DeployError, DeploySpec};
 use dmem_layout::record::{ItemFlags, OoccLockWord, OoccRecordHeader};
 use dmem_store::mix64;
-use dmem_txn::{Key, TableId};
-use dmem_verbs::{MemoryRegion, RemoteAddr};
+use dmem_txn::{Key, TableId, TxnError};
+use dmem_verbs::{Clock, MemoryRegion, PostList, RemoteAddr, Verbs, VerbsError};
 
 /// Bytes of one coordinator's redo-log region.
 pub const LOG_REGION_BYTES: u64 = 32 * 1024;
 /// Bytes of one coordinator's lease line.
 pub const LEASE_LINE: u64 = 64;
+/// Bytes of one insert-directory entry: `key + 1` (0: free), then the record's offset
+/// (0: claimed, not yet written; [`NO_ROOM`]: claimed when the MN had no room left).
+pub const INSERT_ENTRY: u64 = 16;
+/// An insert-directory entry's offset when its claimer found no record space left.
+pub const NO_ROOM: u64 = u64::MAX;
+/// Entries one probe READs.
+const PROBE_ENTRIES: u64 = 8;
 
 /// A record's place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,6 +74,14 @@ pub struct Layout {
     pub mns: u16,
     /// Where records start.
     pub records_base: u64,
+    /// Where record space ends (the insert directory follows).
+    pub records_end: u64,
+    /// Per table, the offset of its insert-directory entries and their number (the
+    /// same on every MN).
+    pub insert_dirs: HashMap<TableId, (u64, u64)>,
+    /// Offset of the MN's insert counter (bytes of record space inserts took past the
+    /// loader's end).
+    pub insert_counter: u64,
     /// Bytes per MN.
     pub bytes_per_mn: u64,
 }
@@ -88,19 +118,72 @@ impl Layout {
                 ),
             })?;
         }
+        // Keys a transaction may look up that the loader did not place, in a table that
+        // does not grow (TATP's sparse tables: the rest of the key space the workload
+        // declares, else 64). On the simulator such a key takes a slot of the shared
+        // directory; across processes an entry of the insert directory and its record
+        // space, so the room is there for both.
+        let absent = |t: &dmem_deploy::TableDemand| -> u64 {
+            if t.grows {
+                return 0;
+            }
+            spec.key_spaces
+                .iter()
+                .find(|(id, _)| *id == t.id)
+                .map_or(64, |&(_, k)| k.saturating_sub(t.expected_records).max(64))
+        };
+        for t in &spec.tables {
+            record_bytes = absent(t)
+                .checked_mul(OoccRecordHeader::record_len(t.value_len) as u64)
+                .and_then(|b| record_bytes.checked_add(b))
+                .ok_or_else(|| DeployError::Protocol {
+                    protocol: "oocc".into(),
+                    reason: format!("the key space of table {} exceeds 2^64 bytes", t.id.0),
+                })?;
+        }
+        let too_big = || DeployError::Protocol {
+            protocol: "oocc".into(),
+            reason: "the records exceed 2^64 bytes per memory node: shorten the run".into(),
+        };
         // Placement by hash: a quarter more than an even share, plus a margin.
-        let bytes_per_mn = (record_bytes / u64::from(mns))
+        let records_end = (record_bytes / u64::from(mns))
             .checked_mul(5)
             .and_then(|b| (b / 4 + (1 << 16)).checked_add(records_base))
-            .ok_or_else(|| DeployError::Protocol {
-                protocol: "oocc".into(),
-                reason: "the records exceed 2^64 bytes per memory node: shorten the run".into(),
-            })?;
+            .ok_or_else(too_big)?;
+        // The insert directory: per table, twice a quarter more than its even share of the
+        // keys the loader does not place (a growing table's records with room, another's
+        // absent keys; linear probing stays short below half full), plus 64.
+        let mut insert_dirs = HashMap::new();
+        // Entries and the counter are CAS/FAA targets: 8-byte aligned.
+        let mut at = records_end.checked_add(7).ok_or_else(too_big)? & !7;
+        let mut tables: Vec<_> = spec.tables.iter().collect();
+        tables.sort_by_key(|t| t.id.0);
+        for t in tables {
+            let keys = if t.grows {
+                spec.records_with_room(t)
+            } else {
+                Some(absent(t))
+            };
+            let entries = keys
+                .and_then(|r| (r / u64::from(mns)).checked_mul(5))
+                .map(|r| r / 2 + 64)
+                .ok_or_else(too_big)?;
+            insert_dirs.insert(t.id, (at, entries));
+            at = entries
+                .checked_mul(INSERT_ENTRY)
+                .and_then(|b| at.checked_add(b))
+                .ok_or_else(too_big)?;
+        }
+        let insert_counter = at;
+        let bytes_per_mn = at.checked_add(8).ok_or_else(too_big)?;
         Ok(Self {
             tables: spec.tables.iter().map(|t| (t.id, t.value_len)).collect(),
             coordinators,
             mns,
             records_base,
+            records_end,
+            insert_dirs,
+            insert_counter,
             bytes_per_mn,
         })
     }
@@ -143,6 +226,9 @@ pub struct Directory {
     /// Slots this directory gave.
     slots: RefCell<HashMap<(TableId, Key), Loc>>,
     next: RefCell<Vec<u64>>,
+    /// Where the loader's record space ended on each MN, once inserts go through the
+    /// insert directory in MN memory ([`share_inserts`](Self::share_inserts)).
+    load_end: RefCell<Option<Vec<u64>>>,
 }
 
 impl Directory {
@@ -156,6 +242,7 @@ impl Directory {
             base: None,
             slots: RefCell::new(HashMap::new()),
             next: RefCell::new(next),
+            load_end: RefCell::new(None),
         }
     }
 
@@ -184,7 +271,153 @@ impl Directory {
             base: Some(placed),
             slots: RefCell::new(HashMap::new()),
             next: RefCell::new(next),
+            load_end: RefCell::new(None),
         })
+    }
+
+    /// From now on a key of a growing table that the loader did not place gets its slot
+    /// from the insert directory in MN memory ([`locate`](Self::locate); module docs): for
+    /// a directory that is one of several over the same MNs (a CN process's, a core's).
+    /// Call it once loading is over: inserts' record space starts where the loader's ended,
+    /// which every process's deterministic load agrees on.
+    pub fn share_inserts(&self) {
+        *self.load_end.borrow_mut() = Some(self.next.borrow().clone());
+    }
+
+    /// Whether inserts go through the insert directory in MN memory.
+    #[must_use]
+    pub fn shares_inserts(&self) -> bool {
+        self.load_end.borrow().is_some()
+    }
+
+    /// The MN of `(table, key)`'s record.
+    fn mn_of(&self, table: TableId, key: Key) -> u16 {
+        (mix64(u64::from(table.0) << 48 ^ key.0) % u64::from(self.layout.mns)) as u16
+    }
+
+    /// The slot of `(table, key)` for a transaction: [`get`](Self::get) if this directory
+    /// knows it, else from the insert directory in MN memory for a growing table once
+    /// [`share_inserts`](Self::share_inserts) was called (a READ per 8 entries probed, a
+    /// CAS, an FAA and a WRITE to claim one; remembered afterwards), else
+    /// [`slot`](Self::slot).
+    ///
+    /// # Errors
+    /// As [`slot`](Self::slot); a fabric error; an insert directory with no free entry
+    /// left, or a key whose claimer found no record space.
+    pub async fn locate<V: Verbs + Clock>(
+        &self,
+        ctx: &V,
+        table: TableId,
+        key: Key,
+    ) -> Result<Loc, TxnError> {
+        if let Some(loc) = self.get(table, key) {
+            return Ok(loc);
+        }
+        let Some(load_end) = self.load_end.borrow().clone() else {
+            return self.slot(table, key);
+        };
+        let Some(&(base, entries)) = self.layout.insert_dirs.get(&table) else {
+            return Err(TxnError::UnknownTable(table.0));
+        };
+        let loc = self
+            .claim(ctx, table, key, base, entries, &load_end)
+            .await?;
+        self.slots.borrow_mut().insert((table, key), loc);
+        Ok(loc)
+    }
+
+    /// Finds or claims `(table, key)`'s entry in its table's insert directory (`entries`
+    /// entries at `base` on the key's MN): linear probing from the key's hash.
+    async fn claim<V: Verbs + Clock>(
+        &self,
+        ctx: &V,
+        table: TableId,
+        key: Key,
+        base: u64,
+        entries: u64,
+        load_end: &[u64],
+    ) -> Result<Loc, TxnError> {
+        let tag = key.0.checked_add(1).ok_or(TxnError::KeyState(key.0))?;
+        let mn = self.mn_of(table, key);
+        let start = (mix64(u64::from(table.0) << 48 ^ key.0) >> 16) % entries;
+        let mut probed = 0;
+        while probed < entries {
+            let first = (start + probed) % entries;
+            let n = PROBE_ENTRIES.min(entries - first);
+            let mut list = PostList::new();
+            let read = list.read(
+                self.addr(mn, base + first * INSERT_ENTRY),
+                (n * INSERT_ENTRY) as u32,
+            );
+            let seen = ctx.post(list).await?.take_bytes(read);
+            for j in 0..n {
+                let at = base + (first + j) * INSERT_ENTRY;
+                let word = |w: usize| {
+                    let from = (j * INSERT_ENTRY) as usize + 8 * w;
+                    seen.get(from..from + 8)
+                        .and_then(|b| b.try_into().ok())
+                        .map_or(0, u64::from_le_bytes)
+                };
+                match word(0) {
+                    k if k == tag => return self.written_offset(ctx, mn, at, word(1)).await,
+                    0 => {}
+                    _ => continue,
+                }
+                let mut list = PostList::new();
+                let cas = list.cas(self.addr(mn, at), 0, tag);
+                let old = ctx.post(list).await?.atomic(cas);
+                if old == tag {
+                    return self.written_offset(ctx, mn, at, 0).await;
+                }
+                if old != 0 {
+                    continue;
+                }
+                // Claimed: take record space from the MN's insert counter.
+                let len = OoccRecordHeader::record_len(self.value_len(table)?) as u64;
+                let mut list = PostList::new();
+                let faa = list.faa(self.addr(mn, self.layout.insert_counter), len);
+                let taken = ctx.post(list).await?.atomic(faa);
+                let offset = load_end[usize::from(mn)]
+                    .checked_add(taken)
+                    .filter(|o| o.saturating_add(len) <= self.layout.records_end)
+                    .unwrap_or(NO_ROOM);
+                let mut list = PostList::new();
+                list.write(self.addr(mn, at + 8), &offset.to_le_bytes());
+                ctx.post(list).await?;
+                return located(mn, offset);
+            }
+            probed += n;
+        }
+        Err(TxnError::OutOfRoom(
+            "insert directory full (sized for a shorter run)",
+        ))
+    }
+
+    /// The offset in the entry at `at` on MN `mn` (`seen` if already read non-zero), read
+    /// until its claimer has written it.
+    async fn written_offset<V: Verbs + Clock>(
+        &self,
+        ctx: &V,
+        mn: u16,
+        at: u64,
+        seen: u64,
+    ) -> Result<Loc, TxnError> {
+        let mut offset = seen;
+        let mut waited = 0u32;
+        while offset == 0 {
+            // The claimer's CAS, FAA and WRITE are three round trips away.
+            ctx.sleep(1_000).await;
+            let mut list = PostList::new();
+            let read = list.read(self.addr(mn, at + 8), 8);
+            let bytes = ctx.post(list).await?.take_bytes(read);
+            offset = bytes.try_into().map_or(0, u64::from_le_bytes);
+            waited += 1;
+            if waited > 100_000 {
+                // 100 ms: its claimer died between the CAS and the WRITE.
+                return Err(TxnError::Aborted("insert directory entry never filled"));
+            }
+        }
+        located(mn, offset)
     }
 
     /// The slots given so far (those it was placed with included) and the free space.
@@ -211,19 +444,20 @@ impl Directory {
     ///
     /// # Errors
     /// An unknown table.
-    pub fn value_len(&self, table: TableId) -> Result<usize, dmem_txn::TxnError> {
+    pub fn value_len(&self, table: TableId) -> Result<usize, TxnError> {
         self.layout
             .tables
             .get(&table)
             .copied()
-            .ok_or(dmem_txn::TxnError::UnknownTable(table.0))
+            .ok_or(TxnError::UnknownTable(table.0))
     }
 
-    /// The slot of `(table, key)`, given one on first use.
+    /// The slot of `(table, key)`, given one on first use (from this directory's own
+    /// record space: the loader's, or a transaction's where the directory is the only one).
     ///
     /// # Errors
     /// An unknown table, or an MN out of record space.
-    pub fn slot(&self, table: TableId, key: Key) -> Result<Loc, dmem_txn::TxnError> {
+    pub fn slot(&self, table: TableId, key: Key) -> Result<Loc, TxnError> {
         if let Some(l) = self.get(table, key) {
             return Ok(l);
         }
@@ -231,9 +465,9 @@ impl Directory {
         let mn = (mix64(u64::from(table.0) << 48 ^ key.0) % u64::from(self.layout.mns)) as u16;
         let mut next = self.next.borrow_mut();
         let at = next[usize::from(mn)];
-        if at + len > self.layout.bytes_per_mn {
+        if at + len > self.layout.records_end {
             // Not retryable: the run outgrew the insert room it was sized for.
-            return Err(dmem_txn::TxnError::OutOfRoom(
+            return Err(TxnError::OutOfRoom(
                 "memory node out of record space (insert room sized for a shorter run)",
             ));
         }
@@ -272,6 +506,96 @@ impl Directory {
     pub fn all(&self) -> Vec<((TableId, Key), Loc)> {
         self.placement().slots.into_iter().collect()
     }
+
+    /// Every slot this directory knows and, once inserts are shared
+    /// ([`share_inserts`](Self::share_inserts)), every filled entry of the insert
+    /// directories in MN memory (what other processes inserted): what recovery scans.
+    ///
+    /// # Errors
+    /// A fabric error.
+    pub async fn all_in_memory<V: Verbs>(
+        &self,
+        ctx: &V,
+    ) -> Result<Vec<((TableId, Key), Loc)>, VerbsError> {
+        let mut all: HashMap<(TableId, Key), Loc> = self.placement().slots;
+        if !self.shares_inserts() {
+            return Ok(all.into_iter().collect());
+        }
+        const CHUNK: u64 = 4096;
+        for (&table, &(base, entries)) in &self.layout.insert_dirs {
+            for mn in 0..self.layout.mns {
+                let mut first = 0;
+                while first < entries {
+                    let n = CHUNK.min(entries - first);
+                    let mut list = PostList::new();
+                    let read = list.read(
+                        self.addr(mn, base + first * INSERT_ENTRY),
+                        (n * INSERT_ENTRY) as u32,
+                    );
+                    let bytes = ctx.post(list).await?.take_bytes(read);
+                    for e in bytes.chunks_exact(INSERT_ENTRY as usize) {
+                        let word =
+                            |w: usize| e[8 * w..8 * w + 8].try_into().map_or(0, u64::from_le_bytes);
+                        let (tag, offset) = (word(0), word(1));
+                        if tag != 0 && offset != 0 && offset != NO_ROOM {
+                            all.insert((table, Key(tag - 1)), Loc { mn, offset });
+                        }
+                    }
+                    first += n;
+                }
+            }
+        }
+        Ok(all.into_iter().collect())
+    }
+
+    /// The slot of `(table, key)`: [`get`](Self::get), or, once inserts are shared, its
+    /// entry in the insert directory in MN memory as `read(mn, offset, len)` returns the
+    /// bytes (the final check's synchronous reads); `None` for a key with neither.
+    pub fn find(
+        &self,
+        table: TableId,
+        key: Key,
+        read: impl Fn(u16, u64, usize) -> Option<Vec<u8>>,
+    ) -> Option<Loc> {
+        if let Some(loc) = self.get(table, key) {
+            return Some(loc);
+        }
+        let &(base, entries) = self.layout.insert_dirs.get(&table)?;
+        if !self.shares_inserts() {
+            return None;
+        }
+        let tag = key.0.checked_add(1)?;
+        let mn = self.mn_of(table, key);
+        let start = (mix64(u64::from(table.0) << 48 ^ key.0) >> 16) % entries;
+        for probed in 0..entries {
+            let at = base + (start + probed) % entries * INSERT_ENTRY;
+            let e = read(mn, at, INSERT_ENTRY as usize)?;
+            let word = |w: usize| {
+                e.get(8 * w..8 * w + 8)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(0, u64::from_le_bytes)
+            };
+            match word(0) {
+                0 => return None,
+                k if k == tag => {
+                    let offset = word(1);
+                    return (offset != 0 && offset != NO_ROOM).then_some(Loc { mn, offset });
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+}
+
+/// A claimed entry's offset as a slot, or the refusal its claimer wrote.
+fn located(mn: u16, offset: u64) -> Result<Loc, TxnError> {
+    if offset == NO_ROOM {
+        return Err(TxnError::OutOfRoom(
+            "memory node out of record space (insert room sized for a shorter run)",
+        ));
+    }
+    Ok(Loc { mn, offset })
 }
 
 /// A record image as read: presence, value, lock word (see [`dmem_layout::record::OoccRecord`];
@@ -362,9 +686,10 @@ mod tests {
     #[test]
     fn a_growing_table_has_room_for_the_runs_inserts_only() {
         let record = OoccRecordHeader::record_len(100) as u64;
-        let default = Layout::new(&spec(None), 1).unwrap().bytes_per_mn;
-        let short = Layout::new(&spec(Some(10)), 1).unwrap().bytes_per_mn;
-        let long = Layout::new(&spec(Some(100_000)), 1).unwrap().bytes_per_mn;
+        // Record space (the insert directories after it grow with the room too).
+        let default = Layout::new(&spec(None), 1).unwrap().records_end;
+        let short = Layout::new(&spec(Some(10)), 1).unwrap().records_end;
+        let long = Layout::new(&spec(Some(100_000)), 1).unwrap().records_end;
         // The default room is as many inserts again plus 4096; a short run needs far less,
         // a long one more. A table that does not grow ignores a room given for it.
         assert!(short < default, "{short} < {default}");
@@ -375,6 +700,23 @@ mod tests {
             "{}",
             long - short
         );
+    }
+
+    /// The insert directories' entries and the insert counter are CAS and FAA targets:
+    /// 8-byte aligned whatever the record space before them comes to (TPC-C across
+    /// processes once failed every CAS on a directory after a record area of 4 mod 8).
+    #[test]
+    fn insert_directories_are_8_byte_aligned() {
+        for room in [1, 10, 333, 4_097] {
+            for mns in 1..=3 {
+                let layout = Layout::new(&spec(Some(room)), mns).unwrap();
+                assert_eq!(layout.insert_counter % 8, 0);
+                for (table, (base, _)) in &layout.insert_dirs {
+                    assert_eq!(base % 8, 0, "table {table:?}, room {room}, {mns} MNs");
+                    assert!(*base >= layout.records_end);
+                }
+            }
+        }
     }
 
     #[test]
@@ -390,7 +732,7 @@ mod tests {
         };
         // Loaded keys are not placed here: the whole region is the growing table's.
         assert!(inserted >= 10, "{inserted}");
-        assert!(matches!(error, dmem_txn::TxnError::OutOfRoom(_)), "{error}");
+        assert!(matches!(error, TxnError::OutOfRoom(_)), "{error}");
         assert!(!error.is_retryable());
     }
 
