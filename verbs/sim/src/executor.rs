@@ -641,7 +641,7 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
             let limit = task
                 .map_or(Nanos::MAX, |(t, ..)| t)
                 .min(deadline.unwrap_or(Nanos::MAX));
-            let now = {
+            let (now, quiet) = {
                 let mut world = shared.world.borrow_mut();
                 loop {
                     world.step();
@@ -649,17 +649,26 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
                         || !world.task_wakes.is_empty()
                         || !world.newly_crashed.is_empty()
                     {
-                        break;
+                        break (world.now, false);
                     }
                     match world.next_event_time() {
                         Some(e) if e <= limit => {}
-                        _ => break,
+                        _ => break (world.now, true),
                     }
                 }
-                world.now
             };
-            drain_wakes(shared, now);
-        } else if let Some((start, core, key)) = task {
+            if !quiet {
+                drain_wakes(shared, now);
+                continue;
+            }
+            // The burst ended before the next task's start with nothing woken or crashed:
+            // the next pass would find that same task first (its start is not after the
+            // deadline, or the burst's limit was the deadline) and run it. Run it now.
+            if !task.is_some_and(|(t, ..)| deadline.is_none_or(|d| t <= d)) {
+                continue;
+            }
+        }
+        if let Some((start, core, key)) = task {
             shared.runnable.borrow_mut().pop();
             shared.queues.borrow_mut()[core].tasks.pop();
             poll_task(shared, key, start);

@@ -438,14 +438,19 @@ impl World {
         }
         n.wrs_posted += posted as u64;
         let crash_now = posted < wrs.len();
-        // One doorbell per destination queue pair.
-        // Distinct destinations, counted without allocating (lists are short).
-        let doorbells = (0..posted)
-            .filter(|&i| {
-                let node = wrs[i].op.addr().node;
-                wrs[..i].iter().all(|w| w.op.addr().node != node)
-            })
-            .count() as u64;
+        // One doorbell per destination queue pair: distinct destinations, counted without
+        // allocating (lists are short); a list of one needs no count.
+        let (doorbells, signaled) = if wrs.len() == 1 {
+            (posted as u64, usize::from(wrs[0].signaled))
+        } else {
+            let doorbells = (0..posted)
+                .filter(|&i| {
+                    let node = wrs[i].op.addr().node;
+                    wrs[..i].iter().all(|w| w.op.addr().node != node)
+                })
+                .count() as u64;
+            (doorbells, wrs.iter().filter(|w| w.signaled).count())
+        };
         n.nic.stats.wrs_posted += posted as u64;
         n.nic.stats.doorbells += doorbells;
         let cost =
@@ -453,7 +458,6 @@ impl World {
         self.charge(core, cost);
         let at = self.cores[core].local;
         let outcomes = BatchResult::written(wrs.len());
-        let signaled = wrs.iter().filter(|w| w.signaled).count();
         let key = self.batches.insert(Batch {
             core,
             node,
@@ -717,7 +721,7 @@ impl World {
                     |best, (i, f)| if f < best.1 { (i, f) } else { best },
                 );
                 let start = earliest.max(free);
-                let service = profile.pu_service_ns() * factor;
+                let service = costs.pu_service * factor;
                 node.nic.pu_free[pu] = start + service;
                 if kind == OpKind::Write {
                     // The payload lands one line at a time, spread over the service time.
@@ -752,8 +756,8 @@ impl World {
                     .entry(addr.offset)
                     .or_insert(0.0);
                 let start = earliest.max(node.nic.atomic_free).max(*address_free);
-                node.nic.atomic_free = start + profile.atomic_service_ns() * factor;
-                *address_free = start + profile.same_address_gap_ns() * factor;
+                node.nic.atomic_free = start + costs.atomic_busy * factor;
+                *address_free = start + costs.same_address_gap * factor;
                 node.nic.qp_done[source_core] = start;
                 if node.nic.atomic_address_free.len() > 1 << 16 {
                     // Entries in the past constrain nothing; drop them to bound memory.
@@ -1013,8 +1017,13 @@ struct Costs {
     wire: Box<[f64]>,
     /// What one served READ/WRITE adds to the engine's busy time.
     rw_busy: f64,
-    /// What one served atomic adds to the atomic unit's busy time.
+    /// What one served atomic adds to the atomic unit's busy time, and the time the atomic
+    /// unit spends on it.
     atomic_busy: f64,
+    /// Time one processing unit spends on a READ or WRITE (`NicProfile::pu_service_ns`).
+    pu_service: f64,
+    /// Gap between atomics on one word (`NicProfile::same_address_gap_ns`).
+    same_address_gap: f64,
 }
 
 /// Payload sizes whose wire time [`Costs`] keeps (every READ request, atomic and small
@@ -1027,6 +1036,8 @@ impl Costs {
             wire: (0..WIRE_TABLE as u64).map(|b| profile.wire_ns(b)).collect(),
             rw_busy: profile.pu_service_ns() / f64::from(profile.processing_units),
             atomic_busy: profile.atomic_service_ns(),
+            pu_service: profile.pu_service_ns(),
+            same_address_gap: profile.same_address_gap_ns(),
         }
     }
 
