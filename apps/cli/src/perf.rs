@@ -916,3 +916,39 @@ fn print_table(args: &Args, rows: &[Row]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counting repeated latencies gives the histogram of recording each one, out-of-range
+    /// values (dropped by both) included.
+    #[test]
+    fn tally_equals_recording_each_latency() {
+        let tally = Tally::new();
+        let mut each =
+            Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("static bounds");
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        for i in 0..20_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let value = match (x >> 8) % 8 {
+                0 => 1 + (x >> 20) % 1_000_000,
+                1 => 100_000_000_000,
+                _ => 1740 + i / 3_000,
+            };
+            tally.record(value);
+            let _ = each.record(value);
+        }
+        let counted = tally.latency().clone();
+        assert_eq!(counted, each);
+        assert_eq!(counted.len(), each.len());
+        assert_eq!(
+            counted.value_at_quantile(0.99),
+            each.value_at_quantile(0.99)
+        );
+        // Reading twice changes nothing.
+        assert_eq!(*tally.latency(), each);
+    }
+}
