@@ -464,15 +464,21 @@ fn spawn_on(shared: &Rc<Shared>, core: usize, future: Pin<Box<dyn Future<Output 
 fn push_ready(shared: &Shared, key: TaskKey, core: usize, at: Nanos) {
     let seq = shared.ready_seq.get() + 1;
     shared.ready_seq.set(seq);
-    let new_head = {
-        let mut queues = shared.queues.borrow_mut();
-        let tasks = &mut queues[core].tasks;
-        let new_head = tasks.peek().is_none_or(|head| (at, seq) < (head.0, head.1));
-        tasks.push((at, seq, key));
-        new_head
-    };
+    let mut queues = shared.queues.borrow_mut();
+    let q = &mut queues[core];
+    let new_head = q
+        .tasks
+        .peek()
+        .is_none_or(|head| (at, seq) < (head.0, head.1));
+    q.tasks.push((at, seq, key));
     if new_head {
-        publish(shared, core);
+        // What `publish` does, with this task as the head and the queue already borrowed.
+        q.version += 1;
+        let start = at.max(shared.world.borrow().cores[core].busy_until);
+        shared
+            .runnable
+            .borrow_mut()
+            .push(Reverse((start, seq, core, q.version)));
     }
 }
 
@@ -536,25 +542,39 @@ fn drain_wakes_slow(shared: &Shared, at: Nanos) {
 fn drain_task_wakes(shared: &Shared, at: Nanos) {
     let mut woken = {
         let mut world = shared.world.borrow_mut();
-        if world.task_wakes.is_empty() {
-            return;
+        match world.task_wakes.len() {
+            0 => return,
+            // The usual case (a completion wakes one task, then the loop drains): no buffer
+            // to swap out and back.
+            1 => {
+                let key = world.task_wakes.pop().expect("one wake");
+                drop(world);
+                ready_woken(shared, key, at);
+                return;
+            }
+            _ => std::mem::take(&mut world.task_wakes),
         }
-        std::mem::take(&mut world.task_wakes)
     };
     for &key in &woken {
-        let core = match shared.tasks.borrow().get(key.0) {
-            Some(slot)
-                if slot.generation == key.1 && !slot.waker.queued.swap(true, Ordering::Relaxed) =>
-            {
-                slot.core
-            }
-            _ => continue,
-        };
-        push_ready(shared, key, core, at);
+        ready_woken(shared, key, at);
     }
     woken.clear();
     // Give the buffer back so that waking allocates nothing.
     shared.world.borrow_mut().task_wakes = woken;
+}
+
+/// Readies a task woken by its list's completion, unless it is gone or queued already.
+#[inline]
+fn ready_woken(shared: &Shared, key: TaskKey, at: Nanos) {
+    let core = match shared.tasks.borrow().get(key.0) {
+        Some(slot)
+            if slot.generation == key.1 && !slot.waker.queued.swap(true, Ordering::Relaxed) =>
+        {
+            slot.core
+        }
+        _ => return,
+    };
+    push_ready(shared, key, core, at);
 }
 
 /// The next runnable task, its core and the time the core can start it, discarding finished
@@ -641,7 +661,7 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
             let limit = task
                 .map_or(Nanos::MAX, |(t, ..)| t)
                 .min(deadline.unwrap_or(Nanos::MAX));
-            let now = {
+            let (now, quiet) = {
                 let mut world = shared.world.borrow_mut();
                 loop {
                     world.step();
@@ -649,17 +669,26 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
                         || !world.task_wakes.is_empty()
                         || !world.newly_crashed.is_empty()
                     {
-                        break;
+                        break (world.now, false);
                     }
                     match world.next_event_time() {
                         Some(e) if e <= limit => {}
-                        _ => break,
+                        _ => break (world.now, true),
                     }
                 }
-                world.now
             };
-            drain_wakes(shared, now);
-        } else if let Some((start, core, key)) = task {
+            if !quiet {
+                drain_wakes(shared, now);
+                continue;
+            }
+            // The burst ended before the next task's start with nothing woken or crashed:
+            // the next pass would find that same task first (its start is not after the
+            // deadline, or the burst's limit was the deadline) and run it. Run it now.
+            if task.is_none_or(|(t, ..)| deadline.is_some_and(|d| t > d)) {
+                continue;
+            }
+        }
+        if let Some((start, core, key)) = task {
             shared.runnable.borrow_mut().pop();
             shared.queues.borrow_mut()[core].tasks.pop();
             poll_task(shared, key, start);
@@ -795,7 +824,10 @@ impl Future for PostFuture<'_> {
     type Output = Result<BatchResult, VerbsError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if self.ctx.crashed() {
+        let ctx = self.ctx;
+        // One borrow of the world for the whole poll.
+        let mut world = ctx.shared.world.borrow_mut();
+        if world.is_crashed(ctx.endpoint.node) {
             return Poll::Ready(Err(VerbsError::LocalCrash));
         }
         let (key, just_posted) = match std::mem::replace(&mut self.state, PostState::Done) {
@@ -804,15 +836,11 @@ impl Future for PostFuture<'_> {
                     Ok(wrs) => wrs,
                     Err(e) => return Poll::Ready(Err(e)),
                 };
-                (
-                    self.ctx.shared.world.borrow_mut().post(self.ctx.core, wrs),
-                    true,
-                )
+                (world.post(ctx.core, wrs), true)
             }
             PostState::Posted(key) => (key, false),
             PostState::Done => panic!("PostFuture polled after completion"),
         };
-        let mut world = self.ctx.shared.world.borrow_mut();
         // A list just posted is never complete: its work requests are in flight, or (a crash
         // mid-list) some were never posted.
         let done = if just_posted {

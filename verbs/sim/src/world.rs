@@ -36,7 +36,6 @@ use dmem_verbs::{
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
 use rustc_hash::FxHashMap;
-use slab::Slab;
 
 use crate::queue::EventQueue;
 use crate::stats::{LatencyRecorder, NicStats, kind_index};
@@ -157,6 +156,107 @@ pub(crate) struct Batch {
     pub(crate) waiter: Waiter,
     /// The future that posted it was dropped: free the slot when the last response lands.
     pub(crate) abandoned: bool,
+    /// The slot holds an in-flight list (false once it is freed for reuse).
+    live: bool,
+}
+
+/// In-flight post lists by key: a slab whose freed slots are filled again field by field.
+/// A `Batch` is ≈180 bytes; `slab::Slab` moves a whole one in at every post and out at every
+/// completion (a copy each way), where a list of one READ needs a few fields written and
+/// its outcomes taken. A freed slot keeps its last work requests until it is reused.
+#[derive(Default)]
+struct Batches {
+    slots: Vec<Batch>,
+    /// Free slots, the last freed on top (reused first, as `slab` does).
+    free: Vec<BatchKey>,
+}
+
+impl Batches {
+    /// Stores a new in-flight list with no outcome yet, no failure and no waiter.
+    #[inline]
+    fn insert(
+        &mut self,
+        core: usize,
+        node: NodeId,
+        posted_at: Nanos,
+        wrs: WorkRequests,
+        posted: usize,
+        signaled: usize,
+    ) -> BatchKey {
+        let outcomes = BatchResult::written(wrs.len());
+        if let Some(key) = self.free.pop() {
+            let b = &mut self.slots[key];
+            b.core = core;
+            b.node = node;
+            b.posted_at = posted_at;
+            b.wrs = wrs;
+            b.posted = posted;
+            b.signaled = signaled;
+            b.outcomes = outcomes;
+            debug_assert!(b.failure.is_none() && matches!(b.waiter, Waiter::None));
+            b.outstanding = posted;
+            b.abandoned = false;
+            b.live = true;
+            key
+        } else {
+            self.slots.push(Batch {
+                core,
+                node,
+                posted_at,
+                wrs,
+                posted,
+                signaled,
+                outcomes,
+                failure: None,
+                outstanding: posted,
+                waiter: Waiter::None,
+                abandoned: false,
+                live: true,
+            });
+            self.slots.len() - 1
+        }
+    }
+
+    #[inline]
+    fn get_mut(&mut self, key: BatchKey) -> Option<&mut Batch> {
+        self.slots.get_mut(key).filter(|b| b.live)
+    }
+
+    /// Frees slot `key`: its failure and waiter are dropped now, its work requests and
+    /// outcomes when the slot is reused.
+    #[inline]
+    fn remove(&mut self, key: BatchKey) {
+        let b = &mut self[key];
+        b.live = false;
+        if b.failure.is_some() {
+            b.failure = None;
+        }
+        if !matches!(b.waiter, Waiter::None) {
+            b.waiter = Waiter::None;
+        }
+        self.free.push(key);
+    }
+}
+
+impl std::ops::Index<BatchKey> for Batches {
+    type Output = Batch;
+
+    #[inline]
+    fn index(&self, key: BatchKey) -> &Batch {
+        let b = &self.slots[key];
+        // Keys come only from lists in flight (their events, their futures).
+        debug_assert!(b.live, "batch {key} is not in flight");
+        b
+    }
+}
+
+impl std::ops::IndexMut<BatchKey> for Batches {
+    #[inline]
+    fn index_mut(&mut self, key: BatchKey) -> &mut Batch {
+        let b = &mut self.slots[key];
+        debug_assert!(b.live, "batch {key} is not in flight");
+        b
+    }
 }
 
 /// The failed work requests of a list.
@@ -176,7 +276,7 @@ pub(crate) struct World {
     events: EventQueue<Event>,
     nodes: Vec<Node>,
     pub(crate) cores: Vec<Core>,
-    batches: Slab<Batch>,
+    batches: Batches,
     pub(crate) ports: HashMap<Endpoint, PortQueue>,
     rng: Xoshiro256PlusPlus,
     /// Precomputed cost-model figures.
@@ -271,7 +371,7 @@ impl World {
             events: EventQueue::new(),
             nodes,
             cores,
-            batches: Slab::new(),
+            batches: Batches::default(),
             ports: HashMap::new(),
             rng: Xoshiro256PlusPlus::seed_from_u64(config.seed),
             costs: Costs::new(&config.profile),
@@ -438,35 +538,26 @@ impl World {
         }
         n.wrs_posted += posted as u64;
         let crash_now = posted < wrs.len();
-        // One doorbell per destination queue pair.
-        // Distinct destinations, counted without allocating (lists are short).
-        let doorbells = (0..posted)
-            .filter(|&i| {
-                let node = wrs[i].op.addr().node;
-                wrs[..i].iter().all(|w| w.op.addr().node != node)
-            })
-            .count() as u64;
+        // One doorbell per destination queue pair: distinct destinations, counted without
+        // allocating (lists are short); a list of one needs no count.
+        let (doorbells, signaled) = if wrs.len() == 1 {
+            (posted as u64, usize::from(wrs[0].signaled))
+        } else {
+            let doorbells = (0..posted)
+                .filter(|&i| {
+                    let node = wrs[i].op.addr().node;
+                    wrs[..i].iter().all(|w| w.op.addr().node != node)
+                })
+                .count() as u64;
+            (doorbells, wrs.iter().filter(|w| w.signaled).count())
+        };
         n.nic.stats.wrs_posted += posted as u64;
         n.nic.stats.doorbells += doorbells;
         let cost =
             posted as u64 * self.profile.wr_cpu_ns + doorbells * self.profile.doorbell_cpu_ns;
         self.charge(core, cost);
         let at = self.cores[core].local;
-        let outcomes = BatchResult::written(wrs.len());
-        let signaled = wrs.iter().filter(|w| w.signaled).count();
-        let key = self.batches.insert(Batch {
-            core,
-            node,
-            posted_at: at,
-            outstanding: posted,
-            posted,
-            signaled,
-            wrs,
-            outcomes,
-            failure: None,
-            waiter: Waiter::None,
-            abandoned: false,
-        });
+        let key = self.batches.insert(core, node, at, wrs, posted, signaled);
         if posted > 0 {
             self.schedule(at, Event::Doorbell(key));
         }
@@ -478,16 +569,17 @@ impl World {
 
     /// If batch `key` is complete, removes it and returns its outcomes.
     pub(crate) fn take_if_done(&mut self, key: BatchKey) -> Option<(usize, Outcomes)> {
-        let b = &self.batches[key];
+        let b = &mut self.batches[key];
         if b.outstanding > 0 || b.posted < b.wrs.len() {
             return None;
         }
-        let b = self.batches.remove(key);
         let cqes = b.signaled;
-        let outcomes = match b.failure {
+        let outcomes = match b.failure.take() {
             Some(failure) => Err(failure.first.1),
-            None => Ok(b.outcomes),
+            // The slot's next list sets its own outcomes.
+            None => Ok(std::mem::replace(&mut b.outcomes, BatchResult::written(1))),
         };
+        self.batches.remove(key);
         Some((cqes, outcomes))
     }
 
@@ -717,7 +809,7 @@ impl World {
                     |best, (i, f)| if f < best.1 { (i, f) } else { best },
                 );
                 let start = earliest.max(free);
-                let service = profile.pu_service_ns() * factor;
+                let service = costs.pu_service * factor;
                 node.nic.pu_free[pu] = start + service;
                 if kind == OpKind::Write {
                     // The payload lands one line at a time, spread over the service time.
@@ -752,8 +844,8 @@ impl World {
                     .entry(addr.offset)
                     .or_insert(0.0);
                 let start = earliest.max(node.nic.atomic_free).max(*address_free);
-                node.nic.atomic_free = start + profile.atomic_service_ns() * factor;
-                *address_free = start + profile.same_address_gap_ns() * factor;
+                node.nic.atomic_free = start + costs.atomic_busy * factor;
+                *address_free = start + costs.same_address_gap * factor;
                 node.nic.qp_done[source_core] = start;
                 if node.nic.atomic_address_free.len() > 1 << 16 {
                     // Entries in the past constrain nothing; drop them to bound memory.
@@ -1013,8 +1105,13 @@ struct Costs {
     wire: Box<[f64]>,
     /// What one served READ/WRITE adds to the engine's busy time.
     rw_busy: f64,
-    /// What one served atomic adds to the atomic unit's busy time.
+    /// What one served atomic adds to the atomic unit's busy time, and the time the atomic
+    /// unit spends on it.
     atomic_busy: f64,
+    /// Time one processing unit spends on a READ or WRITE (`NicProfile::pu_service_ns`).
+    pu_service: f64,
+    /// Gap between atomics on one word (`NicProfile::same_address_gap_ns`).
+    same_address_gap: f64,
 }
 
 /// Payload sizes whose wire time [`Costs`] keeps (every READ request, atomic and small
@@ -1027,6 +1124,8 @@ impl Costs {
             wire: (0..WIRE_TABLE as u64).map(|b| profile.wire_ns(b)).collect(),
             rw_busy: profile.pu_service_ns() / f64::from(profile.processing_units),
             atomic_busy: profile.atomic_service_ns(),
+            pu_service: profile.pu_service_ns(),
+            same_address_gap: profile.same_address_gap_ns(),
         }
     }
 
