@@ -12,39 +12,18 @@
 //! estimates the unloaded time, and its ratio to the fastest `limit` round the unloaded
 //! ratio. Medians are printed too; when the two disagree much, the machine was too busy.
 
+mod common;
+
 use std::hint::black_box;
 use std::time::Instant;
 
-use dmem_hashtable::{Dlht, Guard, Options, Sizing, WordArray, mix64};
+use common::{key_of, run_get_b1, run_get_b24};
+use dmem_hashtable::{Dlht, Options, Sizing, WordArray, mix64};
 
 const CHUNK: usize = 96_000;
 /// Keys in the stream (128 MiB): chunks come back only every 40 rounds, so a variant never
 /// finds the lines of a chunk that an earlier variant left in the cache.
 const STREAM: usize = 1 << 24;
-
-fn key_of(i: u64) -> u64 {
-    mix64(i ^ 0x5eed_5eed_5eed_5eed)
-}
-
-#[inline(never)]
-fn dlht_b1(g: &Guard<'_>, keys: &[u64]) -> u64 {
-    let mut sink = 0u64;
-    for &k in keys {
-        sink = sink.wrapping_add(g.get(k).unwrap_or(0));
-    }
-    sink
-}
-
-#[inline(never)]
-fn dlht_b24(g: &Guard<'_>, keys: &[u64]) -> u64 {
-    let mut sink = 0u64;
-    let mut out = [None; 24];
-    for ks in keys.chunks_exact(24) {
-        g.get_batch(ks, &mut out);
-        sink = sink.wrapping_add(out[23].unwrap_or(0));
-    }
-    sink
-}
 
 #[inline(always)]
 fn line_of(key: u64, lines: usize) -> usize {
@@ -226,8 +205,8 @@ fn main() {
             let keys = &stream[start..start + CHUNK];
             let t0 = Instant::now();
             black_box(match v {
-                0 => dlht_b1(&g, keys),
-                1 => dlht_b24(&g, keys),
+                0 => run_get_b1(&g, keys),
+                1 => run_get_b24(&g, keys),
                 2 => limit_b1(words, keys),
                 3 => limit_b24(words, keys),
                 4 => bucket_b1::<{ Bare::Plain as u8 }>(buckets, keys),

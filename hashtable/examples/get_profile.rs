@@ -3,33 +3,12 @@
 //!  target/release/examples/get_profile [keys] [gets] [compact|fast]`; instruction counts per Get are
 //! `Ir(run_*) / gets`. Keys are random and present, as in `dmem bench hashtable`.
 
+mod common;
+
 use std::hint::black_box;
 
-use dmem_hashtable::{Dlht, Guard, Options, Sizing, mix64};
-
-fn key_of(i: u64) -> u64 {
-    mix64(i ^ 0x5eed_5eed_5eed_5eed)
-}
-
-#[inline(never)]
-fn run_get_b1(g: &Guard<'_>, keys: &[u64]) -> u64 {
-    let mut sink = 0u64;
-    for &k in keys {
-        sink = sink.wrapping_add(g.get(k).unwrap_or(0));
-    }
-    sink
-}
-
-#[inline(never)]
-fn run_get_b24(g: &Guard<'_>, keys: &[u64]) -> u64 {
-    let mut sink = 0u64;
-    let mut out = [None; 24];
-    for ks in keys.chunks_exact(24) {
-        g.get_batch(ks, &mut out);
-        sink = sink.wrapping_add(out[23].unwrap_or(0));
-    }
-    sink
-}
+use common::{key_of, run_get_b1, run_get_b24};
+use dmem_hashtable::{Dlht, Options, Sizing, mix64};
 
 fn main() {
     let mut args = std::env::args().skip(1);

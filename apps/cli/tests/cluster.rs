@@ -131,6 +131,28 @@ fn local_smallbank(tag: &str, protocol: &str, mns: usize) -> (TempDir, PathBuf) 
     (dir, file)
 }
 
+/// Each of `cases` (a cluster file's text, a part of the error it must give) written to a
+/// file of `dir` and given to `dmem ARGS --cluster FILE`: exit 1, one line on stderr, the
+/// expected words in it.
+fn assert_bad_files(dir: &TempDir, args: &[&str], cases: Vec<(String, &str)>) {
+    for (i, (text, expected)) in cases.into_iter().enumerate() {
+        let file = dir.write(&format!("bad{i}.toml"), &text);
+        let out = dmem()
+            .args(args)
+            .arg("--cluster")
+            .arg(&file)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "case {i}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "case {i}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "case {i}: expected `{expected}` in: {stderr}"
+        );
+    }
+}
+
 /// SmallBank with a killed CN: the first CN recovered it (Pandora's logs), the MN
 /// terminated its link on request, the merged history (the killed CN's streamed records
 /// included) is clean.
@@ -634,21 +656,7 @@ fn cluster_file_errors_are_one_readable_line() {
             "workload backoff `exp:10`: `exp` takes a base and a cap in µs",
         ),
     ];
-    for (i, (text, expected)) in cases.into_iter().enumerate() {
-        let file = dir.write(&format!("bad{i}.toml"), &text);
-        let out = dmem()
-            .args(["mn", "--node", "mn0", "--cluster"])
-            .arg(&file)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "case {i}: {stderr}");
-        assert_eq!(stderr.lines().count(), 1, "case {i}: {stderr}");
-        assert!(
-            stderr.contains(expected),
-            "case {i}: expected `{expected}` in: {stderr}"
-        );
-    }
+    assert_bad_files(&dir, &["mn", "--node", "mn0"], cases);
     // A node name the file does not have.
     let file = dir.write("good.toml", &good);
     let out = dmem()
@@ -1385,21 +1393,7 @@ fn server_cluster_errors_are_one_readable_line() {
             "node `s1`: `data` and `memory_mib` are for MNs",
         ),
     ];
-    for (i, (text, expected)) in cases.into_iter().enumerate() {
-        let file = dir.write(&format!("bad{i}.toml"), &text);
-        let out = dmem()
-            .args(["server", "--node", "s0", "--cluster"])
-            .arg(&file)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "case {i}: {stderr}");
-        assert_eq!(stderr.lines().count(), 1, "case {i}: {stderr}");
-        assert!(
-            stderr.contains(expected),
-            "case {i}: expected `{expected}` in: {stderr}"
-        );
-    }
+    assert_bad_files(&dir, &["server", "--node", "s0"], cases);
     // The wrong command for the node, and a kill the servers cannot recover from.
     let servers = dir.write("servers.toml", &good);
     let mn_cn = dir.write(
