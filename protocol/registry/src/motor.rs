@@ -323,7 +323,9 @@ impl MvccDeploy {
                     let n = u64::from(l.spec.buckets_per_partition) * mns;
                     (
                         reads + n,
-                        bytes + n * (l.item_len * dmem_store::BUCKET_SLOTS) as u64,
+                        // Each bucket's slots: 7, or 15 in a wide bucket (TPC-C's
+                        // hashed pooled tables).
+                        bytes + n * (l.item_len * l.spec.bucket_slots()) as u64,
                     )
                 }),
         )
