@@ -27,8 +27,10 @@
 //! MN ([`Directory::locate`]): an entry holding `key + 1` names the record's offset; the
 //! first zero entry is claimed for it with a CAS, its record space taken from the MN's
 //! insert counter with an FAA (bytes past where the loader stopped, which every process
-//! knows from the deterministic load), and the offset written into the entry. A prober
-//! that finds the key with offset 0 (claimed, offset not yet written) reads it again. The
+//! knows from the deterministic load), and the offset CASed into the entry from 0. A
+//! prober that finds the key with offset 0 (claimed, not yet filled) reads it again, and
+//! after [`FILL_WAIT_NS`] fills it itself the same way (its claimer may have died between
+//! the two CASes); whichever offset CAS lands first is the slot. The
 //! simulator's and one process's CNs share one directory, which stays authoritative there:
 //! their figures do not pay these round trips.
 
@@ -53,6 +55,9 @@ pub const INSERT_ENTRY: u64 = 16;
 pub const NO_ROOM: u64 = u64::MAX;
 /// Entries one probe READs.
 const PROBE_ENTRIES: u64 = 8;
+/// How long a prober waits for a claimed entry's offset before it fills the entry itself
+/// (its claimer is two round trips from filling it, or dead), ns.
+pub const FILL_WAIT_NS: u64 = 2_000_000;
 
 /// A record's place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -358,8 +363,12 @@ impl Directory {
                         .and_then(|b| b.try_into().ok())
                         .map_or(0, u64::from_le_bytes)
                 };
+                let len = OoccRecordHeader::record_len(self.value_len(table)?) as u64;
+                let end = load_end[usize::from(mn)];
                 match word(0) {
-                    k if k == tag => return self.written_offset(ctx, mn, at, word(1)).await,
+                    k if k == tag => {
+                        return self.written_offset(ctx, mn, at, word(1), len, end).await;
+                    }
                     0 => {}
                     _ => continue,
                 }
@@ -367,24 +376,12 @@ impl Directory {
                 let cas = list.cas(self.addr(mn, at), 0, tag);
                 let old = ctx.post(list).await?.atomic(cas);
                 if old == tag {
-                    return self.written_offset(ctx, mn, at, 0).await;
+                    return self.written_offset(ctx, mn, at, 0, len, end).await;
                 }
                 if old != 0 {
                     continue;
                 }
-                // Claimed: take record space from the MN's insert counter.
-                let len = OoccRecordHeader::record_len(self.value_len(table)?) as u64;
-                let mut list = PostList::new();
-                let faa = list.faa(self.addr(mn, self.layout.insert_counter), len);
-                let taken = ctx.post(list).await?.atomic(faa);
-                let offset = load_end[usize::from(mn)]
-                    .checked_add(taken)
-                    .filter(|o| o.saturating_add(len) <= self.layout.records_end)
-                    .unwrap_or(NO_ROOM);
-                let mut list = PostList::new();
-                list.write(self.addr(mn, at + 8), &offset.to_le_bytes());
-                ctx.post(list).await?;
-                return located(mn, offset);
+                return self.fill(ctx, mn, at, len, end).await;
             }
             probed += n;
         }
@@ -393,29 +390,57 @@ impl Directory {
         ))
     }
 
+    /// Fills the entry at `at` on MN `mn` with record space of `len` bytes taken from the
+    /// MN's insert counter (past `end`, the loader's end): an FAA, then a CAS of the
+    /// offset from 0, so that of the claimer and a prober that found the entry unfilled
+    /// for too long (its claimer may have died) exactly one decides; the other's space
+    /// stays unused. Returns the slot the entry ends with.
+    async fn fill<V: Verbs + Clock>(
+        &self,
+        ctx: &V,
+        mn: u16,
+        at: u64,
+        len: u64,
+        end: u64,
+    ) -> Result<Loc, TxnError> {
+        let mut list = PostList::new();
+        let faa = list.faa(self.addr(mn, self.layout.insert_counter), len);
+        let taken = ctx.post(list).await?.atomic(faa);
+        let offset = end
+            .checked_add(taken)
+            .filter(|o| o.saturating_add(len) <= self.layout.records_end)
+            .unwrap_or(NO_ROOM);
+        let mut list = PostList::new();
+        let cas = list.cas(self.addr(mn, at + 8), 0, offset);
+        let old = ctx.post(list).await?.atomic(cas);
+        located(mn, if old == 0 { offset } else { old })
+    }
+
     /// The offset in the entry at `at` on MN `mn` (`seen` if already read non-zero), read
-    /// until its claimer has written it.
+    /// until its claimer has filled it, or filled here ([`fill`](Self::fill)) once it
+    /// stayed empty for [`FILL_WAIT_NS`]: a claimer that died between its two CASes must
+    /// not leave the key without a slot for the rest of the run.
     async fn written_offset<V: Verbs + Clock>(
         &self,
         ctx: &V,
         mn: u16,
         at: u64,
         seen: u64,
+        len: u64,
+        end: u64,
     ) -> Result<Loc, TxnError> {
         let mut offset = seen;
-        let mut waited = 0u32;
+        let since = ctx.now();
         while offset == 0 {
-            // The claimer's CAS, FAA and WRITE are three round trips away.
-            ctx.sleep(1_000).await;
+            if ctx.now().saturating_sub(since) > FILL_WAIT_NS {
+                return self.fill(ctx, mn, at, len, end).await;
+            }
+            // The claimer's FAA and CAS are two round trips away.
+            ctx.sleep(10_000).await;
             let mut list = PostList::new();
             let read = list.read(self.addr(mn, at + 8), 8);
             let bytes = ctx.post(list).await?.take_bytes(read);
             offset = bytes.try_into().map_or(0, u64::from_le_bytes);
-            waited += 1;
-            if waited > 100_000 {
-                // 100 ms: its claimer died between the CAS and the WRITE.
-                return Err(TxnError::Aborted("insert directory entry never filled"));
-            }
         }
         located(mn, offset)
     }

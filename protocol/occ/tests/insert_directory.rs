@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::rc::Rc;
 
 use dmem_deploy::{AnyContext, DeploySpec, MnMemory, TableDemand};
-use dmem_occ::store::{Directory, Layout};
+use dmem_occ::store::{Directory, FILL_WAIT_NS, INSERT_ENTRY, Layout};
 use dmem_runtime::Executor;
 use dmem_shm::{ShmFabric, ShmMemoryNode};
 use dmem_txn::{Key, TableId, TxnError};
@@ -91,5 +91,54 @@ fn two_processes_directories_agree_through_mn_memory() {
         };
         assert!(matches!(error, TxnError::OutOfRoom(_)), "{error}");
         assert!(!error.is_retryable());
+    });
+}
+
+/// A claimer that died between claiming an entry (its key CASed in) and filling it (the
+/// offset CASed in) does not leave the key without a slot: a prober fills the entry after
+/// `FILL_WAIT_NS`, and every directory then agrees on that slot.
+#[test]
+fn an_entry_whose_claimer_died_is_filled_by_the_next_prober() {
+    let spec = DeploySpec::new(
+        vec![TableDemand {
+            id: T,
+            value_len: 24,
+            expected_records: 0,
+            grows: true,
+        }],
+        4,
+    );
+    let layout = Layout::new(&spec, 1).unwrap();
+    let (base, entries) = layout.insert_dirs[&T];
+    let mn = ShmMemoryNode::create(NodeId(0), RKey(1), layout.bytes_per_mn).unwrap();
+    let memory = MnMemory::mapped(vec![mn.region()], &[&mn]).unwrap();
+    // Key 5 claimed in every entry (wherever its probe starts), no offset: a dead claimer.
+    for e in 0..entries {
+        memory
+            .write(NodeId(0), base + e * INSERT_ENTRY, &6u64.to_le_bytes())
+            .unwrap();
+    }
+    let fabric = ShmFabric::new();
+    let context = |node: u16| {
+        let mut c = fabric
+            .context(Endpoint {
+                node: NodeId(node),
+                port: Port(0),
+            })
+            .unwrap();
+        c.add_link(mn.link(NodeId(node)).unwrap()).unwrap();
+        AnyContext::Shm(Rc::new(c))
+    };
+    let (b_ctx, c_ctx) = (context(2), context(3));
+    let b = Directory::new(layout.clone(), vec![mn.region()]);
+    let c = Directory::new(layout.clone(), vec![mn.region()]);
+    b.share_inserts();
+    c.share_inserts();
+    Executor::new().block_on(async {
+        let before = dmem_verbs::Clock::now(&b_ctx);
+        let loc = b.locate(&b_ctx, T, Key(5)).await.unwrap();
+        assert!(dmem_verbs::Clock::now(&b_ctx) - before >= FILL_WAIT_NS);
+        assert!(loc.offset >= layout.records_base && loc.offset < layout.records_end);
+        assert_eq!(c.locate(&c_ctx, T, Key(5)).await.unwrap(), loc);
     });
 }
