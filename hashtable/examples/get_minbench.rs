@@ -17,8 +17,8 @@ mod common;
 use std::hint::black_box;
 use std::time::Instant;
 
-use common::{key_of, run_get_b1, run_get_b24};
-use dmem_hashtable::{Dlht, Options, Sizing, WordArray, mix64};
+use common::{filled, key_of, run_get_b1, run_get_b24};
+use dmem_hashtable::{Dlht, Sizing, WordArray, mix64};
 
 const CHUNK: usize = 96_000;
 /// Keys in the stream (128 MiB): chunks come back only every 40 rounds, so a variant never
@@ -151,14 +151,7 @@ fn main() {
         _ => Sizing::Compact,
     };
     let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(40);
-    let t = Dlht::with_options(Options {
-        capacity: n as usize,
-        sizing,
-        ..Options::default()
-    });
-    for i in 0..n {
-        t.insert(key_of(i), i);
-    }
+    let t = filled(n, sizing);
     // As the CLI's `limit`: an array as large as the default (compact) sizing's bins.
     let compact_bins = Dlht::with_capacity(n as usize).memory_usage().bins;
     let mut words = WordArray::new(compact_bins * 8, true);

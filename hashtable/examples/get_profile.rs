@@ -7,8 +7,8 @@ mod common;
 
 use std::hint::black_box;
 
-use common::{key_of, run_get_b1, run_get_b24};
-use dmem_hashtable::{Dlht, Options, Sizing, mix64};
+use common::{filled, key_of, run_get_b1, run_get_b24};
+use dmem_hashtable::{Sizing, mix64};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -21,14 +21,7 @@ fn main() {
         Some("fast") => Sizing::Fast,
         _ => Sizing::Compact,
     };
-    let t = Dlht::with_options(Options {
-        capacity: n as usize,
-        sizing,
-        ..Options::default()
-    });
-    for i in 0..n {
-        t.insert(key_of(i), i);
-    }
+    let t = filled(n, sizing);
     let keys: Vec<u64> = (0..gets).map(|i| key_of(mix64(i) % n)).collect();
     let g = t.pin();
     black_box(run_get_b1(&g, &keys));

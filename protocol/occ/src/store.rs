@@ -34,7 +34,7 @@
 //! simulator's and one process's CNs share one directory, which stays authoritative there:
 //! their figures do not pay these round trips.
 
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -233,7 +233,7 @@ pub struct Directory {
     next: RefCell<Vec<u64>>,
     /// Where the loader's record space ended on each MN, once inserts go through the
     /// insert directory in MN memory ([`share_inserts`](Self::share_inserts)).
-    load_end: RefCell<Option<Vec<u64>>>,
+    load_end: OnceCell<Vec<u64>>,
 }
 
 impl Directory {
@@ -247,7 +247,7 @@ impl Directory {
             base: None,
             slots: RefCell::new(HashMap::new()),
             next: RefCell::new(next),
-            load_end: RefCell::new(None),
+            load_end: OnceCell::new(),
         }
     }
 
@@ -276,23 +276,23 @@ impl Directory {
             base: Some(placed),
             slots: RefCell::new(HashMap::new()),
             next: RefCell::new(next),
-            load_end: RefCell::new(None),
+            load_end: OnceCell::new(),
         })
     }
 
-    /// From now on a key of a growing table that the loader did not place gets its slot
-    /// from the insert directory in MN memory ([`locate`](Self::locate); module docs): for
-    /// a directory that is one of several over the same MNs (a CN process's, a core's).
-    /// Call it once loading is over: inserts' record space starts where the loader's ended,
-    /// which every process's deterministic load agrees on.
+    /// From now on a key the loader did not place gets its slot from the insert directory
+    /// in MN memory ([`locate`](Self::locate); module docs): for a directory that is one of
+    /// several over the same MNs (a CN process's, a core's). Call it once loading is over:
+    /// inserts' record space starts where the loader's ended, which every process's
+    /// deterministic load agrees on. A second call changes nothing.
     pub fn share_inserts(&self) {
-        *self.load_end.borrow_mut() = Some(self.next.borrow().clone());
+        let _ = self.load_end.set(self.next.borrow().clone());
     }
 
     /// Whether inserts go through the insert directory in MN memory.
     #[must_use]
     pub fn shares_inserts(&self) -> bool {
-        self.load_end.borrow().is_some()
+        self.load_end.get().is_some()
     }
 
     /// The MN of `(table, key)`'s record.
@@ -318,15 +318,13 @@ impl Directory {
         if let Some(loc) = self.get(table, key) {
             return Ok(loc);
         }
-        let Some(load_end) = self.load_end.borrow().clone() else {
+        let Some(load_end) = self.load_end.get() else {
             return self.slot(table, key);
         };
         let Some(&(base, entries)) = self.layout.insert_dirs.get(&table) else {
             return Err(TxnError::UnknownTable(table.0));
         };
-        let loc = self
-            .claim(ctx, table, key, base, entries, &load_end)
-            .await?;
+        let loc = self.claim(ctx, table, key, base, entries, load_end).await?;
         self.slots.borrow_mut().insert((table, key), loc);
         Ok(loc)
     }

@@ -15,10 +15,8 @@ use dmem_verbs::{Endpoint, NodeId, Port, RKey};
 
 const T: TableId = TableId(3);
 
-#[test]
-fn two_processes_directories_agree_through_mn_memory() {
-    // A growing table with room for about 200 inserts: its insert directory has 314
-    // entries, so 200 keys probe past collisions.
+/// One growing table of 24-byte values, nothing loaded, with room for `inserts` if given.
+fn growing_table(inserts: Option<u64>) -> DeploySpec {
     let mut spec = DeploySpec::new(
         vec![TableDemand {
             id: T,
@@ -28,21 +26,34 @@ fn two_processes_directories_agree_through_mn_memory() {
         }],
         4,
     );
-    spec.insert_room = vec![(T, 200)];
-    let layout = Layout::new(&spec, 1).unwrap();
+    if let Some(n) = inserts {
+        spec.insert_room = vec![(T, n)];
+    }
+    spec
+}
+
+/// A context of CN node `node` (one process's) linked to `mn`.
+fn cn_context(fabric: &ShmFabric, mn: &ShmMemoryNode, node: u16) -> AnyContext {
+    let mut c = fabric
+        .context(Endpoint {
+            node: NodeId(node),
+            port: Port(0),
+        })
+        .unwrap();
+    c.add_link(mn.link(NodeId(node)).unwrap()).unwrap();
+    AnyContext::Shm(Rc::new(c))
+}
+
+#[test]
+fn two_processes_directories_agree_through_mn_memory() {
+    // A growing table with room for 200 inserts (264 with the margin): 264 × 5/2 + 64 = 724
+    // entries, so 200 keys meet collisions and probe past them.
+    let layout = Layout::new(&growing_table(Some(200)), 1).unwrap();
     let (_, entries) = layout.insert_dirs[&T];
+    assert_eq!(entries, 724);
     let mn = ShmMemoryNode::create(NodeId(0), RKey(1), layout.bytes_per_mn).unwrap();
     let fabric = ShmFabric::new();
-    let context = |node: u16| {
-        let mut c = fabric
-            .context(Endpoint {
-                node: NodeId(node),
-                port: Port(0),
-            })
-            .unwrap();
-        c.add_link(mn.link(NodeId(node)).unwrap()).unwrap();
-        AnyContext::Shm(Rc::new(c))
-    };
+    let context = |node: u16| cn_context(&fabric, &mn, node);
     let (a_ctx, b_ctx) = (context(1), context(2));
     let a = Directory::new(layout.clone(), vec![mn.region()]);
     let b = Directory::new(layout.clone(), vec![mn.region()]);
@@ -99,16 +110,7 @@ fn two_processes_directories_agree_through_mn_memory() {
 /// `FILL_WAIT_NS`, and every directory then agrees on that slot.
 #[test]
 fn an_entry_whose_claimer_died_is_filled_by_the_next_prober() {
-    let spec = DeploySpec::new(
-        vec![TableDemand {
-            id: T,
-            value_len: 24,
-            expected_records: 0,
-            grows: true,
-        }],
-        4,
-    );
-    let layout = Layout::new(&spec, 1).unwrap();
+    let layout = Layout::new(&growing_table(None), 1).unwrap();
     let (base, entries) = layout.insert_dirs[&T];
     let mn = ShmMemoryNode::create(NodeId(0), RKey(1), layout.bytes_per_mn).unwrap();
     let memory = MnMemory::mapped(vec![mn.region()], &[&mn]).unwrap();
@@ -119,16 +121,7 @@ fn an_entry_whose_claimer_died_is_filled_by_the_next_prober() {
             .unwrap();
     }
     let fabric = ShmFabric::new();
-    let context = |node: u16| {
-        let mut c = fabric
-            .context(Endpoint {
-                node: NodeId(node),
-                port: Port(0),
-            })
-            .unwrap();
-        c.add_link(mn.link(NodeId(node)).unwrap()).unwrap();
-        AnyContext::Shm(Rc::new(c))
-    };
+    let context = |node: u16| cn_context(&fabric, &mn, node);
     let (b_ctx, c_ctx) = (context(2), context(3));
     let b = Directory::new(layout.clone(), vec![mn.region()]);
     let c = Directory::new(layout.clone(), vec![mn.region()]);
