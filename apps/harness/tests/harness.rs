@@ -606,3 +606,77 @@ fn race_inserts(
         }
     }
 }
+
+/// LOTUS §4.1/§5.1: an insert of a key the transaction has not read locks the key and then
+/// its index bucket before any READ, so one bucket READ both finds the key absent and
+/// claims its slot (one post list). A for-update read that finds its key absent (TATP's
+/// InsertCallForwarding reads before it inserts) cannot know it will insert: it READs the
+/// bucket, locks it, and READs it again under the lock (two). Both inserts commit and read
+/// back.
+#[test]
+fn a_lotus_insert_locks_its_index_bucket_before_reading_it() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use dmem_txn::{Coordinator, Key, Transaction, TxnKind};
+
+    let workload = AnyWorkload::new("tpcc", Scale::Tiny).unwrap();
+    let spec = dmem_harness::deploy_spec(&workload, 18);
+    let history_table = dmem_txn::TableId(3);
+    let loaded: std::collections::HashSet<u64> = workload
+        .loader()
+        .filter(|(t, _, _)| *t == history_table)
+        .map(|(_, k, _)| k.0)
+        .collect();
+    let value_len = workload
+        .loader()
+        .find(|(t, _, _)| *t == history_table)
+        .map(|(_, _, v)| v.len())
+        .unwrap();
+    let mut fresh = (1..).filter(|k| !loaded.contains(k)).map(Key);
+    let (direct, after_read) = (fresh.next().unwrap(), fresh.next().unwrap());
+    let protocol = dmem_protocols::registry().get("lotus").unwrap();
+    let history = Rc::new(RefCell::new(dmem_txn::History::new()));
+    let mut deployed =
+        dmem_deploy::deploy_loaded(&*protocol, &lotus_cfg().shape, &spec, &history, || {
+            workload.loader()
+        })
+        .unwrap();
+    let ctx = deployed.sim.context(deployed.sim.cn(0), 0).unwrap();
+    let mut co = deployed
+        .deployment
+        .coordinator(ctx.clone().into(), 0)
+        .unwrap();
+    let posts = Rc::new(RefCell::new(Vec::new()));
+    let seen = Rc::clone(&posts);
+    let counter = ctx.clone();
+    let value = vec![7_u8; value_len];
+    deployed.sim.spawn(&ctx, async move {
+        let mut t = co.begin(TxnKind::ReadWrite).await.unwrap();
+        let before = counter.posts();
+        t.insert(history_table, direct, &value).await.unwrap();
+        seen.borrow_mut().push(counter.posts() - before);
+        t.commit().await.unwrap();
+
+        let mut t = co.begin(TxnKind::ReadWrite).await.unwrap();
+        let before = counter.posts();
+        let absent = t.read_for_update(history_table, after_read).await.unwrap();
+        assert_eq!(absent, None);
+        t.insert(history_table, after_read, &value).await.unwrap();
+        seen.borrow_mut().push(counter.posts() - before);
+        t.commit().await.unwrap();
+    });
+    deployed.sim.run_for(5_000_000);
+    assert_eq!(
+        *posts.borrow(),
+        [1, 2],
+        "post lists of an insert without and with a read before it"
+    );
+    for key in [direct, after_read] {
+        assert_eq!(
+            deployed.deployment.read_final(history_table, key),
+            Some(vec![7_u8; value_len])
+        );
+    }
+    assert_eq!(dmem_harness::verdict(&history.borrow()), "ok");
+}

@@ -6,10 +6,12 @@
 //!    1. *Lock* (read-write transactions): a write lock for every for-update record, under
 //!       SR a read lock for every read-only record (SI takes none, §5.2); all of the round's
 //!       requests at once: the local ones on this CN's table, the others in one message per
-//!       owning CN; any refusal aborts the transaction. An insert (a for-update key absent
-//!       from the index) also locks its index bucket, then claims a free slot of it (in a
-//!       pooled table, naming the next block of the coordinator's insert share: the
-//!       bucket's lock orders the inserts into it, so no CAS is needed).
+//!       owning CN; any refusal aborts the transaction. An insert also locks its index
+//!       bucket once the key's lock is held, reads the bucket under it and claims a free
+//!       slot of it (in a pooled table, naming the next block of the coordinator's insert
+//!       share: the bucket's lock orders the inserts into it, so no CAS is needed). A
+//!       [`Transaction::insert`] of a key not read before does this before any READ; a
+//!       for-update read that finds its key absent locks the bucket and reads it again.
 //!    2. *Read CVT*: the record's meta (one READ; a bucket READ first if the address is not
 //!       cached).
 //!    3. *Read data*: the largest version below `T_start`; a committed version at or after
@@ -301,6 +303,18 @@ struct Fetch {
     local: bool,
     loc: Option<ItemLoc>,
     done: Option<Option<Vec<u8>>>,
+}
+
+/// The lock an insert takes on its index bucket (§4.1: the bucket's address is the lock
+/// key; its shard by hash, as no critical field names it).
+fn bucket_lock(bucket: BucketLoc) -> (u64, u16, LockMode, LockFor) {
+    let key = bucket_lock_key(bucket.partition, bucket.offset);
+    (
+        key,
+        Sharding::bucket_shard(key),
+        LockMode::Exclusive,
+        LockFor::IndexBucket,
+    )
 }
 
 /// Counts a transaction as committing with locks of `owners` while it lives.
@@ -718,7 +732,17 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         }
     }
 
-    async fn round_impl(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
+    /// One execution round (§5.1 phase 1): lock, read CVTs, read data. With `insert`, the
+    /// round's for-update keys are about to be inserted: each one not in the address cache
+    /// has its index bucket locked as soon as the key's lock is held (§4.1), before any
+    /// READ, so that the bucket READ that looks for the key is already the one a free slot
+    /// is claimed from (the key's lock is local to a routed transaction as a rule: one
+    /// lock message and one READ).
+    async fn round_impl(
+        &mut self,
+        reqs: &[ReadReq],
+        insert: bool,
+    ) -> Result<RoundValues, TxnError> {
         if self.kind == TxnKind::ReadOnly && reqs.iter().any(|r| r.access == Access::ForUpdate) {
             return Err(TxnError::ReadOnly);
         }
@@ -751,7 +775,33 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 f.locked = true;
             }
         }
-        let _ = self.sharding();
+        // Inserts (§4.1): the index buckets to lock once the keys' locks are held. Not in
+        // the same step: two inserters of one key asking for both at once can each get one
+        // and be refused the other, again on every retry (LOTUS never waits; two CNs
+        // inserting one key livelocked so in the simulator). Only where a slot could be
+        // claimed: a pooled table with no room in this coordinator's insert share reads the
+        // key as absent under its lock, as below.
+        let mut claims: Vec<(usize, BucketLoc)> = Vec::new();
+        if insert {
+            for (n, f) in fetches.iter().enumerate() {
+                if f.access != Access::ForUpdate || f.loc.is_some() {
+                    continue;
+                }
+                let bucket = self
+                    .co
+                    .store
+                    .bucket_of(f.table, f.key)
+                    .map_err(TxnError::from)?;
+                if self
+                    .co
+                    .inserts
+                    .next(&self.co.store, self.co.id, bucket, 0)
+                    .is_ok()
+                {
+                    claims.push((n, bucket));
+                }
+            }
+        }
         self.lock_all(&wanted).await?;
         let mut cached: Vec<Option<Meta>> = vec![None; fetches.len()];
         for (n, f) in fetches.iter_mut().enumerate() {
@@ -773,11 +823,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             }
         }
 
-        // -- 2a. locate: one bucket READ per uncached record --
+        // -- 2a. locate: one bucket READ per uncached record (an insert's under its lock) --
+        if !claims.is_empty() {
+            self.claim_slots(&mut fetches, &claims).await?;
+        }
         let uncached: Vec<_> = fetches
             .iter()
             .enumerate()
-            .filter(|(_, f)| f.loc.is_none())
+            .filter(|(_, f)| f.loc.is_none() && f.done.is_none())
             .map(|(n, f)| (n, f.table, f.key))
             .collect();
         let found = exec::locate(&self.co.ctx, &self.co.store, &self.co.cache, &uncached).await?;
@@ -951,26 +1004,18 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         Ok(plan.values(|n| fetches[n].done.clone().flatten()))
     }
 
-    /// Inserts (§4.1): lock the index buckets of for-update keys absent from the index,
-    /// read the buckets again under those locks, and claim a free slot for each key still
-    /// absent (its slot written to every replica). A key inserted meanwhile is used as is.
+    /// Inserts (§4.1): lock the index buckets of `inserts`' keys (whose locks are held),
+    /// read the buckets under those locks, and claim a free slot for each key absent (its
+    /// slot written to every replica). A key present (inserted meanwhile, or never absent)
+    /// is located there and read as any other. A round with an insert intent comes here
+    /// before any READ; one that found a for-update key absent (a read before the insert,
+    /// as TATP's InsertCallForwarding does) reads its bucket a second time here.
     async fn claim_slots(
         &mut self,
         fetches: &mut [Fetch],
         inserts: &[(usize, BucketLoc)],
     ) -> Result<(), TxnError> {
-        let wanted: Vec<_> = inserts
-            .iter()
-            .map(|(_, b)| {
-                let k = bucket_lock_key(b.partition, b.offset);
-                (
-                    k,
-                    Sharding::bucket_shard(k),
-                    LockMode::Exclusive,
-                    LockFor::IndexBucket,
-                )
-            })
-            .collect();
+        let wanted: Vec<_> = inserts.iter().map(|&(_, b)| bucket_lock(b)).collect();
         self.lock_all(&wanted).await?;
         let mut list = PostList::new();
         let mut wrs = Vec::new();
@@ -1066,7 +1111,11 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
     ) -> Result<(), TxnError> {
         logic::check_write(self.kind, kind, value, || Ok(self.shape(table)?.value_len))?;
         if self.sets.write_entry(table, key).is_none() {
-            self.round_impl(&[ReadReq::for_update(table, key)]).await?;
+            self.round_impl(
+                &[ReadReq::for_update(table, key)],
+                kind == WriteKind::Insert,
+            )
+            .await?;
         }
         self.sets.stage(table, key, value, kind)
     }
@@ -1227,7 +1276,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
 
 impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Transaction for LotusTxn<'_, V, H, T> {
     async fn read_round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
-        self.round_impl(reqs).await
+        self.round_impl(reqs, false).await
     }
 
     async fn write(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), TxnError> {
