@@ -1709,6 +1709,21 @@ pub(crate) fn print_summary(
     if !given_up.is_empty() {
         println!("given up by error: {}", common::by_count(&given_up));
     }
+    // LOTUS: each CN's refusals (on its table by reason, met by its coordinators by what
+    // the lock was for), summed over the CNs.
+    let mut refused = BTreeMap::new();
+    for r in cns.iter().filter_map(|(_, _, r)| r.as_ref()) {
+        for (name, n) in r
+            .counters
+            .iter()
+            .filter(|(k, _)| k.starts_with("lotus_refused_"))
+        {
+            *refused.entry(name.clone()).or_insert(0) += n;
+        }
+    }
+    if refused.values().any(|&n| n > 0) {
+        println!("lock refusals: {}", common::by_count(&refused));
+    }
     for r in cns.iter().filter_map(|(_, _, r)| r.as_ref()) {
         for f in &r.mn_failures {
             println!(

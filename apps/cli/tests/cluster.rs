@@ -1001,7 +1001,7 @@ fn smallbank_on_lotus_runs_in_cn_processes() {
             .map(|(k, n)| (k.clone(), n.as_u64().unwrap()))
             .collect()
     };
-    let mut aborted = 0;
+    let (mut aborted, mut refused_aborts, mut by_reason, mut by_lock) = (0, 0, 0, 0);
     for cn in ["cn0", "cn1"] {
         let report = &r[cn];
         assert!(report["committed"].as_u64().unwrap() > 0, "{report}");
@@ -1026,8 +1026,26 @@ fn smallbank_on_lotus_runs_in_cn_processes() {
             );
         }
         aborted += aborts.values().sum::<u64>();
+        refused_aborts += aborts.get("lock refused").copied().unwrap_or(0);
+        // Each CN process reports its lock refusals (`lotus_refused_*`): on its table by
+        // Alg. 1's reason, and met by its coordinators by what the lock was for.
+        for (name, n) in count(&report["counters"]) {
+            match name.as_str() {
+                "lotus_refused_conflict"
+                | "lotus_refused_bucket_full"
+                | "lotus_refused_readers" => {
+                    by_reason += n;
+                }
+                other if other.starts_with("lotus_refused_") => by_lock += n,
+                _ => {}
+            }
+        }
     }
     assert!(aborted > 0, "no LOTUS lock was ever refused: {r:?}");
+    // Every lock refused on a CN's table is one some coordinator met; an attempt aborted
+    // for a refusal met at least one.
+    assert_eq!(by_reason, by_lock, "{r:?}");
+    assert!(by_lock >= refused_aborts && refused_aborts > 0, "{r:?}");
 }
 
 /// LOTUS §6 across processes: `cn1` killed after 400 ms is detected by `cn0`'s heartbeat

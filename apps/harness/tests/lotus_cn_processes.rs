@@ -35,9 +35,17 @@ fn plan(cluster: &LocalCluster) -> ProcessPlan {
     )
 }
 
-/// Returns (checker verdict, invariant violations, committed, lock messages each CN's
-/// servers handled).
-fn smallbank_in_two_cn_deployments(fabric: Fabric) -> (String, Vec<String>, u64, Vec<u64>) {
+/// What two CN deployments ran: the checker's verdict, invariant violations, transactions
+/// committed, and per CN its lock servers' messages handled and its counters.
+struct TwoCns {
+    verdict: String,
+    violations: Vec<String>,
+    committed: u64,
+    served: Vec<u64>,
+    counters: Vec<std::collections::BTreeMap<String, u64>>,
+}
+
+fn smallbank_in_two_cn_deployments(fabric: Fabric) -> TwoCns {
     let workload = AnyWorkload::new("smallbank", Scale::Tiny).unwrap();
     let protocol = dmem_protocols::registry().get("lotus").unwrap();
     // One id more than the workers: the final check's, as `dmem cluster` does.
@@ -132,12 +140,27 @@ fn smallbank_in_two_cn_deployments(fabric: Fabric) -> (String, Vec<String>, u64,
         .iter()
         .map(|d| d.counter("lock_messages_served").unwrap())
         .collect();
-    let verdict = verdict(&history.borrow());
-    (verdict, violations, tally.committed.get(), served)
+    let counters = deployments
+        .iter()
+        .map(|d| d.counters().into_iter().collect())
+        .collect();
+    TwoCns {
+        verdict: verdict(&history.borrow()),
+        violations,
+        committed: tally.committed.get(),
+        served,
+        counters,
+    }
 }
 
 fn lotus_cns_serve_each_other(fabric: Fabric) {
-    let (verdict, violations, committed, served) = smallbank_in_two_cn_deployments(fabric);
+    let TwoCns {
+        verdict,
+        violations,
+        committed,
+        served,
+        counters,
+    } = smallbank_in_two_cn_deployments(fabric);
     assert_eq!(verdict, "ok", "{fabric}");
     assert!(violations.is_empty(), "{fabric}: {violations:?}");
     let all = u64::from(CNS * PER_CN) * TXNS_PER_COORDINATOR as u64;
@@ -150,6 +173,33 @@ fn lotus_cns_serve_each_other(fabric: Fabric) {
         "{fabric}: every CN's lock servers answer the other's requests: {served:?}"
     );
     eprintln!("lotus on {fabric}: {committed} of {all} committed, lock messages served {served:?}");
+    // Each CN process reports its refusals (`CnLocks::refusal_counters`): every lock
+    // refused on a table (by Alg. 1's reason; no CN is fenced here) is one refusal some
+    // coordinator met (by what the lock was for), locally or in a remote reply.
+    let sum = |names: &dyn Fn(&str) -> bool| -> u64 {
+        counters
+            .iter()
+            .flat_map(|c| c.iter().filter(|(n, _)| names(n)).map(|(_, v)| *v))
+            .sum()
+    };
+    for c in &counters {
+        assert!(c.contains_key("lotus_refused_conflict"), "{fabric}: {c:?}");
+    }
+    let by_reason = sum(&|n| {
+        matches!(
+            n,
+            "lotus_refused_conflict" | "lotus_refused_bucket_full" | "lotus_refused_readers"
+        )
+    });
+    let by_lock = sum(&|n| {
+        n.starts_with("lotus_refused_table_")
+            || matches!(
+                n,
+                "lotus_refused_index_bucket" | "lotus_refused_mixed_remote"
+            )
+    });
+    assert_eq!(by_reason, by_lock, "{fabric}: {counters:?}");
+    eprintln!("lotus on {fabric}: {by_reason} lock requests refused");
 }
 
 #[test]

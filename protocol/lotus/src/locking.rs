@@ -93,6 +93,19 @@ pub enum LockFor {
 /// Tables whose refusals are counted apart ([`LockFor::Table`]).
 pub const REFUSAL_TABLES: usize = 16;
 
+/// The prefix of the counters of refusals met for locks on a table's records
+/// (`lotus_refused_table_<id>`, [`LockFor::Table`]; [`CnLocks::refusal_counter`]).
+pub const REFUSED_TABLE: &str = "lotus_refused_table_";
+
+/// The refusal counters [`CnLocks::refusal_counter`] gives besides the per-table ones.
+pub const REFUSAL_COUNTERS: [&str; 5] = [
+    "lotus_refused_conflict",
+    "lotus_refused_bucket_full",
+    "lotus_refused_readers",
+    "lotus_refused_index_bucket",
+    "lotus_refused_mixed_remote",
+];
+
 /// The refusal reasons [`CnLocks`] counts, in its counters' order.
 pub const REFUSAL_REASONS: [Refusal; 4] = [
     Refusal::Conflict,
@@ -183,6 +196,41 @@ impl CnLocks {
     #[must_use]
     pub fn refused_for(&self, what: LockFor) -> u64 {
         self.refused_for[Self::refused_index(what)].load(Ordering::Relaxed)
+    }
+
+    /// A refusal counter of this CN by name (`dmem bench` and the CN processes report
+    /// these): requests refused on its table by Alg. 1's reason (`lotus_refused_conflict`,
+    /// `lotus_refused_bucket_full`, `lotus_refused_readers`: always `Some`), and refusals
+    /// its coordinators met by what the lock was for (`lotus_refused_index_bucket`,
+    /// `lotus_refused_mixed_remote`, `lotus_refused_table_<id>`: `Some` only where some);
+    /// `None` for any other name.
+    #[must_use]
+    pub fn refusal_counter(&self, name: &str) -> Option<u64> {
+        let for_what = |what| Some(self.refused_for(what)).filter(|&n| n > 0);
+        match name {
+            "lotus_refused_conflict" => Some(self.refused(Refusal::Conflict)),
+            "lotus_refused_bucket_full" => Some(self.refused(Refusal::BucketFull)),
+            "lotus_refused_readers" => Some(self.refused(Refusal::TooManyReaders)),
+            "lotus_refused_index_bucket" => for_what(LockFor::IndexBucket),
+            "lotus_refused_mixed_remote" => for_what(LockFor::Mixed),
+            _ => {
+                let table = name.strip_prefix(REFUSED_TABLE)?.parse().ok()?;
+                for_what(LockFor::Table(table))
+            }
+        }
+    }
+
+    /// Every refusal counter of this CN that [`refusal_counter`](Self::refusal_counter)
+    /// gives, by name.
+    #[must_use]
+    pub fn refusal_counters(&self) -> Vec<(String, u64)> {
+        let tables = (0..REFUSAL_TABLES).map(|t| format!("{REFUSED_TABLE}{t}"));
+        REFUSAL_COUNTERS
+            .iter()
+            .map(|&n| n.to_owned())
+            .chain(tables)
+            .filter_map(|name| Some((name.clone(), self.refusal_counter(&name)?)))
+            .collect()
     }
 
     /// Alg. 1 on this CN's table for a record of `shard`, remembering the key under its
@@ -611,6 +659,21 @@ mod tests {
         );
         assert_eq!(cn1.refused_for(LockFor::IndexBucket), 1);
         assert_eq!(cn1.refused_for(LockFor::Mixed), 0);
+        // The same by counter name: reasons always, the rest only where some.
+        assert_eq!(
+            cn1.refusal_counters(),
+            [
+                ("lotus_refused_conflict".to_owned(), 1),
+                ("lotus_refused_bucket_full".to_owned(), 1),
+                ("lotus_refused_readers".to_owned(), 0),
+                ("lotus_refused_index_bucket".to_owned(), 1),
+                ("lotus_refused_table_0".to_owned(), 2),
+                ("lotus_refused_table_15".to_owned(), 1),
+            ]
+        );
+        assert_eq!(cn1.refusal_counter("lotus_refused_table_1"), None);
+        assert_eq!(cn1.refusal_counter("lotus_refused_table_x"), None);
+        assert_eq!(cn1.refusal_counter("lock_requests_refused"), None);
     }
 
     #[test]

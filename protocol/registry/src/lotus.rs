@@ -13,7 +13,6 @@ use dmem_deploy::{
     Placement, Protocol, Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming, Router,
     SimLinkTerminator,
 };
-use dmem_lotus::locking::{LockFor, Refusal};
 use dmem_lotus::membership::notify;
 use dmem_lotus::recovery::{Decided, recover_coordinators};
 use dmem_lotus::reshard::{CnMetric, monitor};
@@ -450,23 +449,6 @@ pub struct LotusDeployment {
     /// Runs restarted CNs' coordinators (LOTUS §6; set by `Deployment::run_late_coordinators`;
     /// without it a restarted CN serves locks only).
     runner: Rc<RefCell<Option<LateCoordinators>>>,
-}
-
-/// The prefix of the counters of refusals met for locks on a table's records
-/// (`lotus_refused_table_<id>`, [`LockFor::Table`]).
-pub const REFUSED_TABLE: &str = "lotus_refused_table_";
-
-impl LotusDeployment {
-    /// Requests refused on every CN's table for `reason`.
-    fn refused(&self, reason: Refusal) -> u64 {
-        self.cluster.cns.iter().map(|c| c.refused(reason)).sum()
-    }
-
-    /// Refusals every CN's coordinators met for locks on `what`, if any.
-    fn refused_for(&self, what: LockFor) -> Option<u64> {
-        let n: u64 = self.cluster.cns.iter().map(|c| c.refused_for(what)).sum();
-        (n > 0).then_some(n)
-    }
 }
 
 /// Writes recovery's decision into the history (the coordinator's transaction recorded
@@ -985,17 +967,13 @@ impl Deployment for LotusDeployment {
             "lotus_locks_held" => {
                 Some(self.cluster.cns.iter().map(|c| c.table.held() as u64).sum())
             }
-            // Lock requests refused on the CNs' tables, by Alg. 1's reasons.
-            "lotus_refused_conflict" => Some(self.refused(Refusal::Conflict)),
-            "lotus_refused_bucket_full" => Some(self.refused(Refusal::BucketFull)),
-            "lotus_refused_readers" => Some(self.refused(Refusal::TooManyReaders)),
-            // Refusals the coordinators met, by what the lock was for (only where some).
-            "lotus_refused_index_bucket" => self.refused_for(LockFor::IndexBucket),
-            "lotus_refused_mixed_remote" => self.refused_for(LockFor::Mixed),
-            table if table.starts_with(REFUSED_TABLE) => {
-                let t = table[REFUSED_TABLE.len()..].parse().ok()?;
-                self.refused_for(LockFor::Table(t))
-            }
+            // Refusals, summed over the CNs (`CnLocks::refusal_counter`).
+            name if name.starts_with("lotus_refused_") => self
+                .cluster
+                .cns
+                .iter()
+                .filter_map(|c| c.refusal_counter(name))
+                .reduce(|a, b| a + b),
             "cn_restarts" => Some(
                 self.restarts
                     .borrow()

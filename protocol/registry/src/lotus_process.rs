@@ -493,15 +493,21 @@ impl Deployment for LotusProcessDeployment {
             "lotus_grants_on_this_core" => Some(locks.grants_on_core(j.core)),
             "lotus_grants_by_other_cores" => Some(locks.grants_off_core(j.core)),
             "lotus_served_by_other_cores" => Some(locks.served_off_core(j.core)),
-            _ => None,
+            _ => locks.refusal_counter(name),
         }
     }
 
+    /// The counters above and this CN's refusal counters (`CnLocks::refusal_counters`:
+    /// refused on its table by reason, met by its coordinators by what the lock was for).
     fn counters(&self) -> Vec<(String, u64)> {
-        PROCESS_COUNTERS
+        let mut counters: Vec<(String, u64)> = PROCESS_COUNTERS
             .iter()
             .filter_map(|&name| Some((name.to_owned(), self.counter(name)?)))
-            .collect()
+            .collect();
+        if let Some(j) = &self.joined {
+            counters.extend(j.locks.refusal_counters());
+        }
+        counters
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
