@@ -467,6 +467,24 @@ fn concurrent_inserts_of_two_keys_into_one_wide_bucket_both_land() {
     );
 }
 
+/// The keys `workload` loads into `table`, and the length of its values.
+fn loaded_keys(
+    workload: &AnyWorkload,
+    table: dmem_txn::TableId,
+) -> (std::collections::HashSet<u64>, usize) {
+    let keys = workload
+        .loader()
+        .filter(|(t, _, _)| *t == table)
+        .map(|(_, k, _)| k.0)
+        .collect();
+    let value_len = workload
+        .loader()
+        .find(|(t, _, _)| *t == table)
+        .map(|(_, _, v)| v.len())
+        .unwrap();
+    (keys, value_len)
+}
+
 /// [`race_two_inserts`], or with `two_keys` each coordinator inserting a key of its own,
 /// the two keys in one index bucket (both must commit).
 fn race_inserts(
@@ -484,16 +502,7 @@ fn race_inserts(
 
     let workload = AnyWorkload::new(workload, Scale::Tiny).unwrap();
     let spec = dmem_harness::deploy_spec(&workload, 18);
-    let loaded: std::collections::HashSet<u64> = workload
-        .loader()
-        .filter(|(t, _, _)| *t == table)
-        .map(|(_, k, _)| k.0)
-        .collect();
-    let value_len = workload
-        .loader()
-        .find(|(t, _, _)| *t == table)
-        .map(|(_, _, v)| v.len())
-        .unwrap();
+    let (loaded, value_len) = loaded_keys(&workload, table);
     let registry = dmem_protocols::registry();
     // The store's layout as the protocols lay it out (hashed tables pooled), to pick keys
     // of one bucket.
@@ -623,16 +632,7 @@ fn a_lotus_insert_locks_its_index_bucket_before_reading_it() {
     let workload = AnyWorkload::new("tpcc", Scale::Tiny).unwrap();
     let spec = dmem_harness::deploy_spec(&workload, 18);
     let history_table = dmem_txn::TableId(3);
-    let loaded: std::collections::HashSet<u64> = workload
-        .loader()
-        .filter(|(t, _, _)| *t == history_table)
-        .map(|(_, k, _)| k.0)
-        .collect();
-    let value_len = workload
-        .loader()
-        .find(|(t, _, _)| *t == history_table)
-        .map(|(_, _, v)| v.len())
-        .unwrap();
+    let (loaded, value_len) = loaded_keys(&workload, history_table);
     let mut fresh = (1..).filter(|k| !loaded.contains(k)).map(Key);
     let (direct, after_read) = (fresh.next().unwrap(), fresh.next().unwrap());
     let protocol = dmem_protocols::registry().get("lotus").unwrap();
