@@ -1346,7 +1346,7 @@ async fn detector(
         .final_coordinator(final_ctx, cluster.coordinators())?;
     let invariants = if events.is_empty() {
         let delta = cn.shared.delta.load(Ordering::Relaxed) + deltas.values().sum::<i64>();
-        check_invariants(&setup.workload, last, delta).await
+        check_invariants(&setup.workload, last, delta, clock).await
     } else {
         // A recovered CN's committed changes are not known here.
         "skipped (a CN was recovered)".to_owned()
@@ -1441,7 +1441,23 @@ async fn check_invariants(
     workload: &AnyWorkload,
     mut last: dmem_txn::BoxCoordinator,
     delta: i64,
+    clock: CoreClock,
 ) -> String {
+    // Retried after a randomized exponential wait (100 µs up to 20 ms, up to about 1 s over the
+    // attempts): a read that aborts does so because something is slow — a DrTM read lease
+    // (400 µs) runs out when the process or the MN's is descheduled between the lease's
+    // CAS and the commit — and retrying at once met the same stall 64 times (CI, 2 CN
+    // processes × 2 cores beside other tests).
+    let mut pause = dmem_harness::BackoffPause::new(
+        dmem_harness::Backoff::Exponential {
+            base_ns: 100_000,
+            cap_ns: 20_000_000,
+        },
+        clock,
+        0,
+        0,
+        std::rc::Rc::default(),
+    );
     let mut read: HashMap<(dmem_txn::TableId, dmem_txn::Key), Option<Vec<u8>>> = HashMap::new();
     loop {
         let missing = RefCell::new(Vec::new());
@@ -1460,10 +1476,11 @@ async fn check_invariants(
             return dmem_harness::invariants_verdict(&violations);
         }
         for (table, key) in missing {
-            // Retried like the workload's transactions (a DrTM read lease can run out
-            // under a slow process).
             let mut attempt = 0;
             let value = loop {
+                if attempt > 0 {
+                    dmem_workloads::Pause::before_retry(&mut pause, attempt).await;
+                }
                 let r = async {
                     let mut tx = last.begin(TxnKind::ReadOnly).await?;
                     let value = tx.read(table, key).await?;
