@@ -85,7 +85,8 @@ struct CoreQueue {
 struct SortedQueue(VecDeque<(Nanos, u64, TaskKey)>);
 
 impl SortedQueue {
-    #[inline]
+    /// Always inlined: a call cost as much as the usual push at the back.
+    #[inline(always)]
     fn push(&mut self, entry: (Nanos, u64, TaskKey)) {
         let key = (entry.0, entry.1);
         match self.0.back() {
@@ -483,23 +484,35 @@ fn push_ready(shared: &Shared, key: TaskKey, core: usize, at: Nanos) {
 }
 
 /// (Re)enters `core` in the runnable heap with its current head task and free time,
-/// superseding its previous entry.
+/// superseding its previous entry. Inlined: after a task run the core's queue is usually
+/// empty, and then this only supersedes the entry.
+#[inline]
 fn publish(shared: &Shared, core: usize) {
     let mut queues = shared.queues.borrow_mut();
     let q = &mut queues[core];
     q.version += 1;
     if let Some(&(at, seq, _)) = q.tasks.peek() {
-        let start = at.max(shared.world.borrow().cores[core].busy_until);
-        shared
-            .runnable
-            .borrow_mut()
-            .push(Reverse((start, seq, core, q.version)));
+        let version = q.version;
+        drop(queues);
+        enter_runnable(shared, core, at, seq, version);
     }
 }
 
+/// Enters `core` in the runnable heap with its head task (readied at `at`, wake order
+/// `seq`) and the queue's `version`, at the time the core can start that task.
+#[inline(never)]
+fn enter_runnable(shared: &Shared, core: usize, at: Nanos, seq: u64, version: u64) {
+    let start = at.max(shared.world.borrow().cores[core].busy_until);
+    shared
+        .runnable
+        .borrow_mut()
+        .push(Reverse((start, seq, core, version)));
+}
+
 /// Readies the tasks woken since the last drain, at `at`. The check for "nothing woken"
-/// (most calls) is inlined at the call sites.
-#[inline]
+/// (most calls) is inlined at the call sites, the work is not (inlined together, the
+/// function's prologue cost every call more than the check).
+#[inline(always)]
 fn drain_wakes(shared: &Shared, at: Nanos) {
     if shared.world.borrow().task_wakes.is_empty() && !shared.wakes.any.load(Ordering::Relaxed) {
         return;
@@ -507,6 +520,7 @@ fn drain_wakes(shared: &Shared, at: Nanos) {
     drain_wakes_slow(shared, at);
 }
 
+#[inline(never)]
 fn drain_wakes_slow(shared: &Shared, at: Nanos) {
     // Tasks woken by their lists' completions first, then the wakers' queue. Both are never
     // filled between two drains: completions wake during an event, at most one task per
@@ -830,48 +844,49 @@ impl Future for PostFuture<'_> {
         if world.is_crashed(ctx.endpoint.node) {
             return Poll::Ready(Err(VerbsError::LocalCrash));
         }
-        let (key, just_posted) = match std::mem::replace(&mut self.state, PostState::Done) {
-            PostState::Unposted(list) => {
+        // The state is matched in place: moving the list out (`mem::replace`) copied the
+        // whole state on every poll, also when it only held a key.
+        let key = match &mut self.state {
+            PostState::Posted(key) => {
+                let key = *key;
+                if let Some((cqes, outcomes)) = world.take_if_done(key) {
+                    let cost = cqes as u64 * world.profile.cqe_cpu_ns;
+                    world.charge(ctx.core, cost);
+                    self.state = PostState::Done;
+                    return Poll::Ready(outcomes);
+                }
+                key
+            }
+            // A list just posted is never complete: its work requests are in flight, or (a
+            // crash mid-list) some were never posted.
+            PostState::Unposted(_) => {
+                let PostState::Unposted(list) = std::mem::replace(&mut self.state, PostState::Done)
+                else {
+                    unreachable!("matched above");
+                };
                 let wrs = match list.finish_inline() {
                     Ok(wrs) => wrs,
                     Err(e) => return Poll::Ready(Err(e)),
                 };
-                (world.post(ctx.core, wrs), true)
+                let key = world.post(ctx.core, wrs);
+                self.state = PostState::Posted(key);
+                key
             }
-            PostState::Posted(key) => (key, false),
             PostState::Done => panic!("PostFuture polled after completion"),
         };
-        // A list just posted is never complete: its work requests are in flight, or (a crash
-        // mid-list) some were never posted.
-        let done = if just_posted {
-            None
-        } else {
-            world.take_if_done(key)
+        let shared = &ctx.shared;
+        let own_waker = shared.polling.get().filter(|task| {
+            shared
+                .tasks
+                .borrow()
+                .get(task.0)
+                .is_some_and(|slot| cx.waker().will_wake(&slot.handle))
+        });
+        world.batch_mut(key).waiter = match own_waker {
+            Some(task) => Waiter::Task(task),
+            None => Waiter::Waker(cx.waker().clone()),
         };
-        match done {
-            Some((cqes, outcomes)) => {
-                let cost = cqes as u64 * world.profile.cqe_cpu_ns;
-                world.charge(self.ctx.core, cost);
-                Poll::Ready(outcomes)
-            }
-            None => {
-                let shared = &self.ctx.shared;
-                let own_waker = shared.polling.get().filter(|task| {
-                    shared
-                        .tasks
-                        .borrow()
-                        .get(task.0)
-                        .is_some_and(|slot| cx.waker().will_wake(&slot.handle))
-                });
-                world.batch_mut(key).waiter = match own_waker {
-                    Some(task) => Waiter::Task(task),
-                    None => Waiter::Waker(cx.waker().clone()),
-                };
-                drop(world);
-                self.state = PostState::Posted(key);
-                Poll::Pending
-            }
-        }
+        Poll::Pending
     }
 }
 

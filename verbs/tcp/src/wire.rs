@@ -20,7 +20,7 @@
 //! the CN does not need, `Verbs::post_detached`); it still executes in order with the
 //! connection's other posts.
 
-use dmem_verbs::WrOutcome;
+use dmem_verbs::{ReadBytes, WrOutcome};
 use dmem_verbs::{
     BatchResult, Endpoint, MemoryRegion, NodeId, Op, Port, PostList, RKey, RemoteAddr,
 };
@@ -662,7 +662,11 @@ pub fn parse_completion(
     for shape in shapes {
         outcomes.push(match *shape {
             Shape::Bytes(n) => {
-                WrOutcome::Bytes(take_bytes(&mut body, n as usize, "read bytes")?.to_vec())
+                WrOutcome::Bytes(ReadBytes::from_slice(take_bytes(
+                    &mut body,
+                    n as usize,
+                    "read bytes",
+                )?))
             }
             Shape::Atomic => {
                 let v: &U64 = take(&mut body, "atomic value")?;
@@ -786,7 +790,7 @@ mod tests {
         let outcomes: Vec<WrOutcome> = ops
             .iter()
             .map(|op| match op {
-                Op::Read { len, .. } => WrOutcome::Bytes(vec![7; *len as usize]),
+                Op::Read { len, .. } => WrOutcome::Bytes(vec![7; *len as usize].into()),
                 Op::Write { .. } => WrOutcome::Written,
                 Op::Cas { expect, .. } => WrOutcome::Atomic(*expect),
                 Op::Faa { add, .. } => WrOutcome::Atomic(add ^ 1),
