@@ -276,8 +276,11 @@ impl PostList {
     ///
     /// # Errors
     /// As [`finish`](PostList::finish).
+    #[inline]
     pub fn finish_inline(mut self) -> Result<WorkRequests, VerbsError> {
         // A list of one (most posts): its work request is the last to its node, so signaled.
+        // Inlined into the backend's post, where the list is moved once instead of into a
+        // call and out again.
         if let [wr] = &mut self.wrs[..] {
             let addr = wr.op.addr();
             if wr.op.kind().is_atomic() && addr.offset % 8 != 0 {
@@ -286,6 +289,11 @@ impl PostList {
             wr.signaled = true;
             return Ok(WorkRequests(self.wrs));
         }
+        self.finish_many()
+    }
+
+    /// [`finish_inline`](PostList::finish_inline) of a list of any other length.
+    fn finish_many(mut self) -> Result<WorkRequests, VerbsError> {
         let signal_all = self.signal_all;
         // One slice for the checks: indexing the inline vector itself branches on every access.
         let wrs: &mut [WorkRequest] = &mut self.wrs;

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, RawWakerVTable, Wake, Waker};
 
 use dmem_verbs::{
     BatchResult, Clock, Endpoint, MemoryRegion, Message, Nanos, NodeId, OpKind, PostList, Verbs,
@@ -109,6 +109,24 @@ impl SortedQueue {
     }
 }
 
+/// The task being polled and its waker's identity (data and vtable pointers, what
+/// `Waker::will_wake` compares): a post list checks its `Context`'s waker against it without
+/// looking the task up.
+#[derive(Clone, Copy)]
+struct PolledTask {
+    key: TaskKey,
+    waker_data: *const (),
+    waker_vtable: *const RawWakerVTable,
+}
+
+impl PolledTask {
+    /// Whether `waker` is this task's own waker (as `Waker::will_wake` decides).
+    #[inline]
+    fn owns(&self, waker: &Waker) -> bool {
+        waker.data() == self.waker_data && std::ptr::eq(waker.vtable(), self.waker_vtable)
+    }
+}
+
 struct Shared {
     world: RefCell<World>,
     tasks: RefCell<slab::Slab<TaskSlot>>,
@@ -122,7 +140,7 @@ struct Shared {
     woken_buffer: Cell<Vec<TaskKey>>,
     /// The task being polled, if any: a post list it waits for with its own waker records
     /// the task ([`Waiter::Task`]) instead of a clone of the waker.
-    polling: Cell<Option<TaskKey>>,
+    polling: Cell<Option<PolledTask>>,
     generation: Cell<u32>,
     contexts: Cell<u64>,
     seed: u64,
@@ -498,6 +516,20 @@ fn publish(shared: &Shared, core: usize) {
     }
 }
 
+/// [`publish`] with the world already borrowed.
+fn republish(shared: &Shared, world: &World, core: usize) {
+    let mut queues = shared.queues.borrow_mut();
+    let q = &mut queues[core];
+    q.version += 1;
+    if let Some(&(at, seq, _)) = q.tasks.peek() {
+        let start = at.max(world.cores[core].busy_until);
+        shared
+            .runnable
+            .borrow_mut()
+            .push(Reverse((start, seq, core, q.version)));
+    }
+}
+
 /// Enters `core` in the runnable heap with its head task (readied at `at`, wake order
 /// `seq`) and the queue's `version`, at the time the core can start that task.
 #[inline(never)]
@@ -509,25 +541,18 @@ fn enter_runnable(shared: &Shared, core: usize, at: Nanos, seq: u64, version: u6
         .push(Reverse((start, seq, core, version)));
 }
 
-/// Readies the tasks woken since the last drain, at `at`. The check for "nothing woken"
-/// (most calls) is inlined at the call sites, the work is not (inlined together, the
-/// function's prologue cost every call more than the check).
-#[inline(always)]
-fn drain_wakes(shared: &Shared, at: Nanos) {
-    if shared.world.borrow().task_wakes.is_empty() && !shared.wakes.any.load(Ordering::Relaxed) {
-        return;
-    }
-    drain_wakes_slow(shared, at);
-}
-
+/// Readies the tasks woken since the last drain, at `at`. Its callers check first whether
+/// anything was woken (most of the time nothing was), each with a borrow it holds anyway.
 #[inline(never)]
-fn drain_wakes_slow(shared: &Shared, at: Nanos) {
+fn drain_wakes(shared: &Shared, at: Nanos) {
     // Tasks woken by their lists' completions first, then the wakers' queue. Both are never
     // filled between two drains: completions wake during an event, at most one task per
     // event, and the event loop drains after every event that woke something; so the
     // order in which tasks become ready is the order of their wakes either way.
     drain_task_wakes(shared, at);
-    if !shared.wakes.any.swap(false, Ordering::Acquire) {
+    // A load first: the swap is a locked instruction, and the queue is usually empty.
+    if !shared.wakes.any.load(Ordering::Relaxed) || !shared.wakes.any.swap(false, Ordering::Acquire)
+    {
         return;
     }
     // Swap with a buffer kept across calls so that waking allocates nothing.
@@ -593,7 +618,8 @@ fn ready_woken(shared: &Shared, key: TaskKey, at: Nanos) {
 
 /// The next runnable task, its core and the time the core can start it, discarding finished
 /// tasks and re-entering cores that became busy since they were entered.
-fn next_task(shared: &Shared) -> Option<(Nanos, usize, TaskKey)> {
+/// `world` is the run loop's borrow of the world (for the cores' free times).
+fn next_task(shared: &Shared, world: &World) -> Option<(Nanos, usize, TaskKey)> {
     loop {
         let Reverse((start, _, core, version)) = *shared.runnable.borrow().peek()?;
         let head = {
@@ -616,12 +642,12 @@ fn next_task(shared: &Shared) -> Option<(Nanos, usize, TaskKey)> {
         if !alive {
             shared.runnable.borrow_mut().pop();
             shared.queues.borrow_mut()[core].tasks.pop();
-            publish(shared, core);
+            republish(shared, world, core);
             continue;
         }
-        if shared.world.borrow().cores[core].busy_until > start {
+        if world.cores[core].busy_until > start {
             shared.runnable.borrow_mut().pop();
-            publish(shared, core);
+            republish(shared, world, core);
             continue;
         }
         return Some((start, core, key));
@@ -650,9 +676,16 @@ fn reap_crashed(shared: &Shared) {
 
 fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
     loop {
-        reap_crashed(shared);
-        let event_at = shared.world.borrow_mut().next_event_time();
-        let task = next_task(shared);
+        // One borrow of the world from here to the task run or the drain of the wakes (a
+        // borrow and its release per use cost ≈100 instructions per work request).
+        let mut world = shared.world.borrow_mut();
+        if !world.newly_crashed.is_empty() {
+            drop(world);
+            reap_crashed(shared);
+            continue;
+        }
+        let event_at = world.next_event_time();
+        let task = next_task(shared, &world);
         let next = match (event_at, task) {
             (None, None) => break,
             (Some(e), None) => e,
@@ -660,7 +693,6 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
             (Some(e), Some((t, ..))) => e.min(t),
         };
         if deadline.is_some_and(|d| next > d) {
-            let mut world = shared.world.borrow_mut();
             world.now = world.now.max(deadline.unwrap_or(0));
             break;
         }
@@ -675,23 +707,30 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
             let limit = task
                 .map_or(Nanos::MAX, |(t, ..)| t)
                 .min(deadline.unwrap_or(Nanos::MAX));
-            let (now, quiet) = {
-                let mut world = shared.world.borrow_mut();
-                loop {
-                    world.step();
-                    if shared.wakes.any.load(Ordering::Relaxed)
-                        || !world.task_wakes.is_empty()
-                        || !world.newly_crashed.is_empty()
-                    {
-                        break (world.now, false);
-                    }
-                    match world.next_event_time() {
-                        Some(e) if e <= limit => {}
-                        _ => break (world.now, true),
-                    }
+            let (now, quiet) = loop {
+                world.step();
+                if shared.wakes.any.load(Ordering::Relaxed)
+                    || !world.task_wakes.is_empty()
+                    || !world.newly_crashed.is_empty()
+                {
+                    break (world.now, false);
+                }
+                match world.next_event_time() {
+                    Some(e) if e <= limit => {}
+                    _ => break (world.now, true),
                 }
             };
             if !quiet {
+                // The usual wake (one completion woke its task) taken under this borrow.
+                let single = if world.task_wakes.len() == 1 {
+                    world.task_wakes.pop()
+                } else {
+                    None
+                };
+                drop(world);
+                if let Some(key) = single {
+                    ready_woken(shared, key, now);
+                }
                 drain_wakes(shared, now);
                 continue;
             }
@@ -702,6 +741,7 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
                 continue;
             }
         }
+        drop(world);
         if let Some((start, core, key)) = task {
             shared.runnable.borrow_mut().pop();
             shared.queues.borrow_mut()[core].tasks.pop();
@@ -728,15 +768,21 @@ fn poll_task(shared: &Rc<Shared>, key: TaskKey, start: Nanos) {
         world.cores[core].local = start;
     }
     let mut cx = Context::from_waker(&waker);
-    shared.polling.set(Some(key));
+    shared.polling.set(Some(PolledTask {
+        key,
+        waker_data: waker.data(),
+        waker_vtable: waker.vtable(),
+    }));
     let poll = future.as_mut().poll(&mut cx);
     shared.polling.set(None);
-    let local = {
+    // With the same borrow, whether the poll woke a task by a completion (none can be
+    // added after it: completions happen in events).
+    let (local, task_woken) = {
         let mut world = shared.world.borrow_mut();
         world.polling_core = None;
         let c = &mut world.cores[core];
         c.busy_until = c.local;
-        c.local
+        (c.local, !world.task_wakes.is_empty())
     };
     match poll {
         Poll::Ready(()) => {
@@ -750,7 +796,9 @@ fn poll_task(shared: &Rc<Shared>, key: TaskKey, start: Nanos) {
             }
         }
     }
-    drain_wakes(shared, local);
+    if task_woken || shared.wakes.any.load(Ordering::Relaxed) {
+        drain_wakes(shared, local);
+    }
 }
 
 /// One execution context on a simulated CN core: its queue pairs to every node, its
@@ -875,15 +923,9 @@ impl Future for PostFuture<'_> {
             PostState::Done => panic!("PostFuture polled after completion"),
         };
         let shared = &ctx.shared;
-        let own_waker = shared.polling.get().filter(|task| {
-            shared
-                .tasks
-                .borrow()
-                .get(task.0)
-                .is_some_and(|slot| cx.waker().will_wake(&slot.handle))
-        });
+        let own_waker = shared.polling.get().filter(|task| task.owns(cx.waker()));
         world.batch_mut(key).waiter = match own_waker {
-            Some(task) => Waiter::Task(task),
+            Some(task) => Waiter::Task(task.key),
             None => Waiter::Waker(cx.waker().clone()),
         };
         Poll::Pending
