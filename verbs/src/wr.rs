@@ -595,6 +595,43 @@ mod tests {
     }
 
     #[test]
+    fn read_bytes_inline_up_to_a_line_and_on_the_heap_beyond() {
+        for len in [0usize, 8, READ_INLINE_BYTES, READ_INLINE_BYTES + 1, 4096] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let read = ReadBytes::from_slice(&bytes);
+            assert_eq!(&*read, &bytes[..]);
+            assert_eq!(read.is_inline(), len <= READ_INLINE_BYTES, "{len} bytes");
+            assert_eq!(ReadBytes::from(bytes.clone()), read);
+            assert_eq!(format!("{read:?}"), format!("{bytes:?}"));
+            let mut zeroed = ReadBytes::zeroed(len);
+            zeroed.copy_from_slice(&bytes);
+            assert_eq!(zeroed, read);
+            let mut result = BatchResult::written(2);
+            result.set(WrId(1), WrOutcome::Bytes(read.clone()));
+            assert_eq!(result.bytes(WrId(1)), &bytes[..]);
+            assert_eq!(result.take_bytes(WrId(1)), bytes);
+            assert!(result.bytes(WrId(1)).is_empty());
+            assert_eq!(read.into_vec(), bytes);
+        }
+    }
+
+    #[test]
+    fn single_misaligned_atomic_is_refused() {
+        let mut list = PostList::new();
+        list.cas(at(0, 4), 0, 1);
+        assert_eq!(
+            list.finish_inline(),
+            Err(VerbsError::Misaligned {
+                index: 0,
+                addr: at(0, 4)
+            })
+        );
+        let mut list = PostList::new();
+        list.read(at(0, 4), 8);
+        assert!(list.finish_inline().unwrap()[0].signaled);
+    }
+
+    #[test]
     fn misaligned_atomic_and_empty_list_are_refused() {
         assert_eq!(PostList::new().finish(), Err(VerbsError::EmptyPostList));
         let mut list = PostList::new();

@@ -616,6 +616,57 @@ fn ready_woken(shared: &Shared, key: TaskKey, at: Nanos) {
     push_ready(shared, key, core, at);
 }
 
+/// Whether the task woken alone (by its list's completion, key `key`, at `now`) is what the
+/// run loop would do next: its core has no other task queued, and its start comes before
+/// every event, before every other core's entry in the heap and not after the deadline.
+/// Then the loop would enter it in its core's queue and the heap, find it first, take it
+/// out and run it; this does what that leaves behind (a wake order and a queue version
+/// used up) and returns its core and start, for the caller to run it at once. Otherwise it
+/// changes nothing and returns `None`: the task takes the usual way.
+#[inline]
+fn run_at_once(
+    shared: &Shared,
+    world: &mut World,
+    key: TaskKey,
+    now: Nanos,
+    deadline: Option<Nanos>,
+) -> Option<(usize, Nanos)> {
+    let tasks = shared.tasks.borrow();
+    let slot = tasks.get(key.0)?;
+    // Gone, or queued already (then the wake does nothing).
+    if slot.generation != key.1 || slot.waker.queued.load(Ordering::Relaxed) || slot.future.is_none()
+    {
+        return None;
+    }
+    let core = slot.core;
+    let mut queues = shared.queues.borrow_mut();
+    let q = &mut queues[core];
+    if q.tasks.peek().is_some() {
+        return None;
+    }
+    let seq = shared.ready_seq.get() + 1;
+    let version = q.version + 1;
+    let start = now.max(world.cores[core].busy_until);
+    if deadline.is_some_and(|d| start > d) || world.next_event_time().is_some_and(|e| e <= start)
+    {
+        return None;
+    }
+    // Its heap entry would be `(start, seq, core, version)`; it must come first (entries are
+    // unique: a core's entries differ in version). A superseded entry ahead of it would be
+    // skipped, but the usual way handles that.
+    if shared
+        .runnable
+        .borrow()
+        .peek()
+        .is_some_and(|Reverse(first)| *first < (start, seq, core, version))
+    {
+        return None;
+    }
+    shared.ready_seq.set(seq);
+    q.version = version;
+    Some((core, start))
+}
+
 /// The next runnable task, its core and the time the core can start it, discarding finished
 /// tasks and re-entering cores that became busy since they were entered.
 /// `world` is the run loop's borrow of the world (for the cores' free times).
@@ -727,6 +778,16 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
                 } else {
                     None
                 };
+                if let Some(key) = single
+                    && world.newly_crashed.is_empty()
+                    && !shared.wakes.any.load(Ordering::Relaxed)
+                    && let Some((core, start)) = run_at_once(shared, &mut world, key, now, deadline)
+                {
+                    drop(world);
+                    poll_task(shared, key, start);
+                    publish(shared, core);
+                    continue;
+                }
                 drop(world);
                 if let Some(key) = single {
                     ready_woken(shared, key, now);
