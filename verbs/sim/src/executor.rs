@@ -634,7 +634,9 @@ fn run_at_once(
     let tasks = shared.tasks.borrow();
     let slot = tasks.get(key.0)?;
     // Gone, or queued already (then the wake does nothing).
-    if slot.generation != key.1 || slot.waker.queued.load(Ordering::Relaxed) || slot.future.is_none()
+    if slot.generation != key.1
+        || slot.waker.queued.load(Ordering::Relaxed)
+        || slot.future.is_none()
     {
         return None;
     }
@@ -647,8 +649,7 @@ fn run_at_once(
     let seq = shared.ready_seq.get() + 1;
     let version = q.version + 1;
     let start = now.max(world.cores[core].busy_until);
-    if deadline.is_some_and(|d| start > d) || world.next_event_time().is_some_and(|e| e <= start)
-    {
+    if deadline.is_some_and(|d| start > d) || world.next_event_time().is_some_and(|e| e <= start) {
         return None;
     }
     // Its heap entry would be `(start, seq, core, version)`; it must come first (entries are

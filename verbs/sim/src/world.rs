@@ -1198,11 +1198,15 @@ enum Action {
 fn ceil_ns(x: f64) -> Nanos {
     // 2^63 as an `f64` (exact).
     const SIGNED_LIMIT: f64 = 9_223_372_036_854_775_808.0;
-    if x >= 0.0 && x < SIGNED_LIMIT {
+    if (0.0..SIGNED_LIMIT).contains(&x) {
         // In range: truncation toward zero is the same in `i64` and `u64`, and every value
         // below 2^63 converts back to the same `f64` either way.
         let t = x as i64;
-        return if (t as f64) < x { t as Nanos + 1 } else { t as Nanos };
+        return if (t as f64) < x {
+            t as Nanos + 1
+        } else {
+            t as Nanos
+        };
     }
     let t = x as Nanos;
     if (t as f64) < x {
