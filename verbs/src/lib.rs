@@ -40,7 +40,8 @@ pub use addr::{Endpoint, MemoryRegion, NodeId, Port, RKey, RemoteAddr};
 pub use clock::{Clock, Nanos};
 pub use error::VerbsError;
 pub use wr::{
-    BatchResult, Message, Op, OpKind, PostList, WorkRequest, WorkRequests, WrId, WrOutcome,
+    BatchResult, Message, Op, OpKind, PostList, READ_INLINE_BYTES, ReadBytes, WorkRequest,
+    WorkRequests, WrId, WrOutcome,
 };
 
 use core::future::Future;

@@ -276,7 +276,24 @@ impl PostList {
     ///
     /// # Errors
     /// As [`finish`](PostList::finish).
+    #[inline]
     pub fn finish_inline(mut self) -> Result<WorkRequests, VerbsError> {
+        // A list of one (most posts): its work request is the last to its node, so signaled.
+        // Inlined into the backend's post, where the list is moved once instead of into a
+        // call and out again.
+        if let [wr] = &mut self.wrs[..] {
+            let addr = wr.op.addr();
+            if wr.op.kind().is_atomic() && addr.offset % 8 != 0 {
+                return Err(VerbsError::Misaligned { index: 0, addr });
+            }
+            wr.signaled = true;
+            return Ok(WorkRequests(self.wrs));
+        }
+        self.finish_many()
+    }
+
+    /// [`finish_inline`](PostList::finish_inline) of a list of any other length.
+    fn finish_many(mut self) -> Result<WorkRequests, VerbsError> {
         let signal_all = self.signal_all;
         // One slice for the checks: indexing the inline vector itself branches on every access.
         let wrs: &mut [WorkRequest] = &mut self.wrs;
@@ -303,11 +320,94 @@ impl PostList {
     }
 }
 
+/// READ results up to this many bytes are stored inline in their [`ReadBytes`] (a cache
+/// line: most single READs of a key-value item, a lock word or a slot).
+pub const READ_INLINE_BYTES: usize = 64;
+
+/// The bytes a READ fetched: inline up to [`READ_INLINE_BYTES`], on the heap beyond, so that
+/// a small READ's result costs no allocation. Dereferences to `[u8]`.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ReadBytes(SmallVec<[u8; READ_INLINE_BYTES]>);
+
+impl ReadBytes {
+    /// A copy of `bytes` (no allocation up to [`READ_INLINE_BYTES`]).
+    #[must_use]
+    #[inline]
+    pub fn from_slice(bytes: &[u8]) -> Self {
+        Self(SmallVec::from_slice(bytes))
+    }
+
+    /// `len` zero bytes, to be filled in place (no allocation up to [`READ_INLINE_BYTES`]).
+    #[must_use]
+    #[inline]
+    pub fn zeroed(len: usize) -> Self {
+        Self(SmallVec::from_elem(0, len))
+    }
+
+    /// The bytes as a `Vec` (allocates when they are inline).
+    #[must_use]
+    #[inline]
+    pub fn into_vec(self) -> Vec<u8> {
+        self.0.into_vec()
+    }
+
+    /// Whether the bytes are stored inline (no heap allocation).
+    #[must_use]
+    #[inline]
+    pub fn is_inline(&self) -> bool {
+        !self.0.spilled()
+    }
+}
+
+impl From<Vec<u8>> for ReadBytes {
+    /// Takes the vector's buffer, or copies its bytes inline when its capacity is small.
+    #[inline]
+    fn from(bytes: Vec<u8>) -> Self {
+        Self(SmallVec::from_vec(bytes))
+    }
+}
+
+impl From<&[u8]> for ReadBytes {
+    #[inline]
+    fn from(bytes: &[u8]) -> Self {
+        Self::from_slice(bytes)
+    }
+}
+
+impl core::ops::Deref for ReadBytes {
+    type Target = [u8];
+
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl core::ops::DerefMut for ReadBytes {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+impl AsRef<[u8]> for ReadBytes {
+    #[inline]
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl core::fmt::Debug for ReadBytes {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        core::fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
 /// What one work request returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WrOutcome {
     /// The bytes a READ fetched.
-    Bytes(Vec<u8>),
+    Bytes(ReadBytes),
     /// The old value an atomic returned.
     Atomic(u64),
     /// A WRITE completed.
@@ -315,8 +415,9 @@ pub enum WrOutcome {
 }
 
 /// The outcomes of a posted [`PostList`], indexed by [`WrId`]. The outcome of a list of one
-/// is stored inline (no allocation).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// is stored inline (no allocation). The default is empty (for a backend to move a result
+/// out of its slot cheaply).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BatchResult {
     outcomes: SmallVec<[WrOutcome; 1]>,
 }
@@ -378,7 +479,9 @@ impl BatchResult {
         }
     }
 
-    /// Takes the bytes READ `id` fetched, leaving an empty buffer.
+    /// Takes the bytes READ `id` fetched, leaving an empty buffer. Bytes stored inline
+    /// (up to [`READ_INLINE_BYTES`]) are copied into a new `Vec`; to parse them in place,
+    /// [`bytes`](BatchResult::bytes) borrows them.
     ///
     /// # Panics
     /// If `id` is not a READ of this list.
@@ -386,7 +489,7 @@ impl BatchResult {
     #[inline]
     pub fn take_bytes(&mut self, id: WrId) -> Vec<u8> {
         match &mut self.outcomes[id.0] {
-            WrOutcome::Bytes(b) => core::mem::take(b),
+            WrOutcome::Bytes(b) => core::mem::take(b).into_vec(),
             other => panic!("work request {} is not a READ: {other:?}", id.0),
         }
     }
@@ -489,6 +592,43 @@ mod tests {
             BatchResult::new(vec![WrOutcome::Written, WrOutcome::Atomic(5)])
         );
         assert_eq!(result.atomic(WrId(1)), 5);
+    }
+
+    #[test]
+    fn read_bytes_inline_up_to_a_line_and_on_the_heap_beyond() {
+        for len in [0usize, 8, READ_INLINE_BYTES, READ_INLINE_BYTES + 1, 4096] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let read = ReadBytes::from_slice(&bytes);
+            assert_eq!(&*read, &bytes[..]);
+            assert_eq!(read.is_inline(), len <= READ_INLINE_BYTES, "{len} bytes");
+            assert_eq!(ReadBytes::from(bytes.clone()), read);
+            assert_eq!(format!("{read:?}"), format!("{bytes:?}"));
+            let mut zeroed = ReadBytes::zeroed(len);
+            zeroed.copy_from_slice(&bytes);
+            assert_eq!(zeroed, read);
+            let mut result = BatchResult::written(2);
+            result.set(WrId(1), WrOutcome::Bytes(read.clone()));
+            assert_eq!(result.bytes(WrId(1)), &bytes[..]);
+            assert_eq!(result.take_bytes(WrId(1)), bytes);
+            assert!(result.bytes(WrId(1)).is_empty());
+            assert_eq!(read.into_vec(), bytes);
+        }
+    }
+
+    #[test]
+    fn single_misaligned_atomic_is_refused() {
+        let mut list = PostList::new();
+        list.cas(at(0, 4), 0, 1);
+        assert_eq!(
+            list.finish_inline(),
+            Err(VerbsError::Misaligned {
+                index: 0,
+                addr: at(0, 4)
+            })
+        );
+        let mut list = PostList::new();
+        list.read(at(0, 4), 8);
+        assert!(list.finish_inline().unwrap()[0].signaled);
     }
 
     #[test]

@@ -283,9 +283,9 @@ mod tests {
             if !seen.contains(wr) {
                 seen.push(*wr);
                 outcomes.push(WrOutcome::Bytes(if *n == 0 {
-                    bucket5.clone()
+                    bucket5.clone().into()
                 } else {
-                    empty.clone()
+                    empty.clone().into()
                 }));
             }
         }

@@ -1027,7 +1027,7 @@ impl RdmaContext {
                     for w in plan.chains.iter().flat_map(|c| &c.wrs) {
                         outcomes[w.index] = match &w.op {
                             ChainedOp::Read { local } => {
-                                WrOutcome::Bytes(buf.read(base + local.offset, local.len))
+                                WrOutcome::Bytes(buf.read(base + local.offset, local.len).into())
                             }
                             ChainedOp::Cas { local, .. } | ChainedOp::Faa { local, .. } => {
                                 let b = buf.read(base + local.offset, 8);

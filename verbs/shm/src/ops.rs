@@ -42,6 +42,8 @@
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
+use dmem_verbs::ReadBytes;
+
 use crate::mapping::{LINE, Mapping, STRIPES};
 
 /// The word-aligned span of `[start, start + len)`, `len > 0`: first and last word offsets.
@@ -174,9 +176,10 @@ const OPTIMISTIC_ATTEMPTS: u32 = 8;
 
 /// READs `len` bytes at region offset `offset` for the link whose owner id is `owner`: a
 /// snapshot with respect to WRITEs.
-pub(crate) fn read(m: &Mapping, offset: u64, len: u32, owner: u64) -> Vec<u8> {
+pub(crate) fn read(m: &Mapping, offset: u64, len: u32, owner: u64) -> ReadBytes {
     let len = len as usize;
-    let mut out = vec![0u8; len];
+    // Inline up to a cache line: a small READ allocates nothing.
+    let mut out = ReadBytes::zeroed(len);
     if len == 0 {
         return out;
     }
@@ -386,7 +389,7 @@ mod tests {
         let started = Instant::now();
         write(&m, 0, &7u64.to_le_bytes(), me);
         assert!(started.elapsed() >= STALL_LIMIT);
-        assert_eq!(read(&m, 0, 8, me), 7u64.to_le_bytes());
+        assert_eq!(&read(&m, 0, 8, me)[..], 7u64.to_le_bytes());
         // Taken back (seq 6), then the WRITE's own generation (seq 7).
         assert_eq!(m.stripe(line0).load(Ordering::Relaxed), 7 << OWNER_BITS);
 
@@ -398,7 +401,7 @@ mod tests {
             Ordering::Relaxed,
         );
         let started = Instant::now();
-        assert_eq!(read(&m, 0, 8, me), 7u64.to_le_bytes());
+        assert_eq!(&read(&m, 0, 8, me)[..], 7u64.to_le_bytes());
         assert!(started.elapsed() < STALL_LIMIT);
         assert_eq!(m.stripe(line0).load(Ordering::Relaxed), 10 << OWNER_BITS);
         assert_eq!(stalls(), 0);

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, RawWakerVTable, Wake, Waker};
 
 use dmem_verbs::{
     BatchResult, Clock, Endpoint, MemoryRegion, Message, Nanos, NodeId, OpKind, PostList, Verbs,
@@ -85,7 +85,8 @@ struct CoreQueue {
 struct SortedQueue(VecDeque<(Nanos, u64, TaskKey)>);
 
 impl SortedQueue {
-    #[inline]
+    /// Always inlined: a call cost as much as the usual push at the back.
+    #[inline(always)]
     fn push(&mut self, entry: (Nanos, u64, TaskKey)) {
         let key = (entry.0, entry.1);
         match self.0.back() {
@@ -108,6 +109,24 @@ impl SortedQueue {
     }
 }
 
+/// The task being polled and its waker's identity (data and vtable pointers, what
+/// `Waker::will_wake` compares): a post list checks its `Context`'s waker against it without
+/// looking the task up.
+#[derive(Clone, Copy)]
+struct PolledTask {
+    key: TaskKey,
+    waker_data: *const (),
+    waker_vtable: *const RawWakerVTable,
+}
+
+impl PolledTask {
+    /// Whether `waker` is this task's own waker (as `Waker::will_wake` decides).
+    #[inline]
+    fn owns(&self, waker: &Waker) -> bool {
+        waker.data() == self.waker_data && std::ptr::eq(waker.vtable(), self.waker_vtable)
+    }
+}
+
 struct Shared {
     world: RefCell<World>,
     tasks: RefCell<slab::Slab<TaskSlot>>,
@@ -121,7 +140,7 @@ struct Shared {
     woken_buffer: Cell<Vec<TaskKey>>,
     /// The task being polled, if any: a post list it waits for with its own waker records
     /// the task ([`Waiter::Task`]) instead of a clone of the waker.
-    polling: Cell<Option<TaskKey>>,
+    polling: Cell<Option<PolledTask>>,
     generation: Cell<u32>,
     contexts: Cell<u64>,
     seed: u64,
@@ -483,13 +502,27 @@ fn push_ready(shared: &Shared, key: TaskKey, core: usize, at: Nanos) {
 }
 
 /// (Re)enters `core` in the runnable heap with its current head task and free time,
-/// superseding its previous entry.
+/// superseding its previous entry. Inlined: after a task run the core's queue is usually
+/// empty, and then this only supersedes the entry.
+#[inline]
 fn publish(shared: &Shared, core: usize) {
     let mut queues = shared.queues.borrow_mut();
     let q = &mut queues[core];
     q.version += 1;
     if let Some(&(at, seq, _)) = q.tasks.peek() {
-        let start = at.max(shared.world.borrow().cores[core].busy_until);
+        let version = q.version;
+        drop(queues);
+        enter_runnable(shared, core, at, seq, version);
+    }
+}
+
+/// [`publish`] with the world already borrowed.
+fn republish(shared: &Shared, world: &World, core: usize) {
+    let mut queues = shared.queues.borrow_mut();
+    let q = &mut queues[core];
+    q.version += 1;
+    if let Some(&(at, seq, _)) = q.tasks.peek() {
+        let start = at.max(world.cores[core].busy_until);
         shared
             .runnable
             .borrow_mut()
@@ -497,23 +530,29 @@ fn publish(shared: &Shared, core: usize) {
     }
 }
 
-/// Readies the tasks woken since the last drain, at `at`. The check for "nothing woken"
-/// (most calls) is inlined at the call sites.
-#[inline]
-fn drain_wakes(shared: &Shared, at: Nanos) {
-    if shared.world.borrow().task_wakes.is_empty() && !shared.wakes.any.load(Ordering::Relaxed) {
-        return;
-    }
-    drain_wakes_slow(shared, at);
+/// Enters `core` in the runnable heap with its head task (readied at `at`, wake order
+/// `seq`) and the queue's `version`, at the time the core can start that task.
+#[inline(never)]
+fn enter_runnable(shared: &Shared, core: usize, at: Nanos, seq: u64, version: u64) {
+    let start = at.max(shared.world.borrow().cores[core].busy_until);
+    shared
+        .runnable
+        .borrow_mut()
+        .push(Reverse((start, seq, core, version)));
 }
 
-fn drain_wakes_slow(shared: &Shared, at: Nanos) {
+/// Readies the tasks woken since the last drain, at `at`. Its callers check first whether
+/// anything was woken (most of the time nothing was), each with a borrow it holds anyway.
+#[inline(never)]
+fn drain_wakes(shared: &Shared, at: Nanos) {
     // Tasks woken by their lists' completions first, then the wakers' queue. Both are never
     // filled between two drains: completions wake during an event, at most one task per
     // event, and the event loop drains after every event that woke something; so the
     // order in which tasks become ready is the order of their wakes either way.
     drain_task_wakes(shared, at);
-    if !shared.wakes.any.swap(false, Ordering::Acquire) {
+    // A load first: the swap is a locked instruction, and the queue is usually empty.
+    if !shared.wakes.any.load(Ordering::Relaxed) || !shared.wakes.any.swap(false, Ordering::Acquire)
+    {
         return;
     }
     // Swap with a buffer kept across calls so that waking allocates nothing.
@@ -577,9 +616,67 @@ fn ready_woken(shared: &Shared, key: TaskKey, at: Nanos) {
     push_ready(shared, key, core, at);
 }
 
+/// Whether the task woken alone (by its list's completion, key `key`, at `now`) is what the
+/// run loop would do next: its core has no other task queued, and its start comes before
+/// every event, before every other core's entry in the heap and not after the deadline.
+/// Then the loop would enter it in its core's queue and the heap, find it first, take it
+/// out and run it; this does what that leaves behind (a wake order and a queue version
+/// used up) and returns its core and start, for the caller to run it at once. Otherwise it
+/// changes nothing and returns `None`: the task takes the usual way.
+#[inline]
+fn run_at_once(
+    shared: &Shared,
+    world: &mut World,
+    key: TaskKey,
+    now: Nanos,
+    deadline: Option<Nanos>,
+) -> Option<(usize, Nanos)> {
+    // The usual reason not to (another event at this instant) first: the task's start is
+    // `now` or later, so an event at `now` comes before it.
+    if world.next_event_time().is_some_and(|e| e <= now) {
+        return None;
+    }
+    let tasks = shared.tasks.borrow();
+    let slot = tasks.get(key.0)?;
+    // Gone, or queued already (then the wake does nothing).
+    if slot.generation != key.1
+        || slot.waker.queued.load(Ordering::Relaxed)
+        || slot.future.is_none()
+    {
+        return None;
+    }
+    let core = slot.core;
+    let mut queues = shared.queues.borrow_mut();
+    let q = &mut queues[core];
+    if q.tasks.peek().is_some() {
+        return None;
+    }
+    let seq = shared.ready_seq.get() + 1;
+    let version = q.version + 1;
+    let start = now.max(world.cores[core].busy_until);
+    if deadline.is_some_and(|d| start > d) || world.next_event_time().is_some_and(|e| e <= start) {
+        return None;
+    }
+    // Its heap entry would be `(start, seq, core, version)`; it must come first (entries are
+    // unique: a core's entries differ in version). A superseded entry ahead of it would be
+    // skipped, but the usual way handles that.
+    if shared
+        .runnable
+        .borrow()
+        .peek()
+        .is_some_and(|Reverse(first)| *first < (start, seq, core, version))
+    {
+        return None;
+    }
+    shared.ready_seq.set(seq);
+    q.version = version;
+    Some((core, start))
+}
+
 /// The next runnable task, its core and the time the core can start it, discarding finished
 /// tasks and re-entering cores that became busy since they were entered.
-fn next_task(shared: &Shared) -> Option<(Nanos, usize, TaskKey)> {
+/// `world` is the run loop's borrow of the world (for the cores' free times).
+fn next_task(shared: &Shared, world: &World) -> Option<(Nanos, usize, TaskKey)> {
     loop {
         let Reverse((start, _, core, version)) = *shared.runnable.borrow().peek()?;
         let head = {
@@ -602,12 +699,12 @@ fn next_task(shared: &Shared) -> Option<(Nanos, usize, TaskKey)> {
         if !alive {
             shared.runnable.borrow_mut().pop();
             shared.queues.borrow_mut()[core].tasks.pop();
-            publish(shared, core);
+            republish(shared, world, core);
             continue;
         }
-        if shared.world.borrow().cores[core].busy_until > start {
+        if world.cores[core].busy_until > start {
             shared.runnable.borrow_mut().pop();
-            publish(shared, core);
+            republish(shared, world, core);
             continue;
         }
         return Some((start, core, key));
@@ -636,9 +733,16 @@ fn reap_crashed(shared: &Shared) {
 
 fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
     loop {
-        reap_crashed(shared);
-        let event_at = shared.world.borrow_mut().next_event_time();
-        let task = next_task(shared);
+        // One borrow of the world from here to the task run or the drain of the wakes,
+        // instead of one per use.
+        let mut world = shared.world.borrow_mut();
+        if !world.newly_crashed.is_empty() {
+            drop(world);
+            reap_crashed(shared);
+            continue;
+        }
+        let event_at = world.next_event_time();
+        let task = next_task(shared, &world);
         let next = match (event_at, task) {
             (None, None) => break,
             (Some(e), None) => e,
@@ -646,7 +750,6 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
             (Some(e), Some((t, ..))) => e.min(t),
         };
         if deadline.is_some_and(|d| next > d) {
-            let mut world = shared.world.borrow_mut();
             world.now = world.now.max(deadline.unwrap_or(0));
             break;
         }
@@ -661,23 +764,40 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
             let limit = task
                 .map_or(Nanos::MAX, |(t, ..)| t)
                 .min(deadline.unwrap_or(Nanos::MAX));
-            let (now, quiet) = {
-                let mut world = shared.world.borrow_mut();
-                loop {
-                    world.step();
-                    if shared.wakes.any.load(Ordering::Relaxed)
-                        || !world.task_wakes.is_empty()
-                        || !world.newly_crashed.is_empty()
-                    {
-                        break (world.now, false);
-                    }
-                    match world.next_event_time() {
-                        Some(e) if e <= limit => {}
-                        _ => break (world.now, true),
-                    }
+            let (now, quiet) = loop {
+                world.step();
+                if shared.wakes.any.load(Ordering::Relaxed)
+                    || !world.task_wakes.is_empty()
+                    || !world.newly_crashed.is_empty()
+                {
+                    break (world.now, false);
+                }
+                match world.next_event_time() {
+                    Some(e) if e <= limit => {}
+                    _ => break (world.now, true),
                 }
             };
             if !quiet {
+                // The usual wake (one completion woke its task) taken under this borrow.
+                let single = if world.task_wakes.len() == 1 {
+                    world.task_wakes.pop()
+                } else {
+                    None
+                };
+                if let Some(key) = single
+                    && world.newly_crashed.is_empty()
+                    && !shared.wakes.any.load(Ordering::Relaxed)
+                    && let Some((core, start)) = run_at_once(shared, &mut world, key, now, deadline)
+                {
+                    drop(world);
+                    poll_task(shared, key, start);
+                    publish(shared, core);
+                    continue;
+                }
+                drop(world);
+                if let Some(key) = single {
+                    ready_woken(shared, key, now);
+                }
                 drain_wakes(shared, now);
                 continue;
             }
@@ -688,6 +808,7 @@ fn run(shared: &Rc<Shared>, deadline: Option<Nanos>) -> Nanos {
                 continue;
             }
         }
+        drop(world);
         if let Some((start, core, key)) = task {
             shared.runnable.borrow_mut().pop();
             shared.queues.borrow_mut()[core].tasks.pop();
@@ -714,15 +835,21 @@ fn poll_task(shared: &Rc<Shared>, key: TaskKey, start: Nanos) {
         world.cores[core].local = start;
     }
     let mut cx = Context::from_waker(&waker);
-    shared.polling.set(Some(key));
+    shared.polling.set(Some(PolledTask {
+        key,
+        waker_data: waker.data(),
+        waker_vtable: waker.vtable(),
+    }));
     let poll = future.as_mut().poll(&mut cx);
     shared.polling.set(None);
-    let local = {
+    // With the same borrow, whether the poll woke a task by a completion (none can be
+    // added after it: completions happen in events).
+    let (local, task_woken) = {
         let mut world = shared.world.borrow_mut();
         world.polling_core = None;
         let c = &mut world.cores[core];
         c.busy_until = c.local;
-        c.local
+        (c.local, !world.task_wakes.is_empty())
     };
     match poll {
         Poll::Ready(()) => {
@@ -736,7 +863,9 @@ fn poll_task(shared: &Rc<Shared>, key: TaskKey, start: Nanos) {
             }
         }
     }
-    drain_wakes(shared, local);
+    if task_woken || shared.wakes.any.load(Ordering::Relaxed) {
+        drain_wakes(shared, local);
+    }
 }
 
 /// One execution context on a simulated CN core: its queue pairs to every node, its
@@ -830,48 +959,43 @@ impl Future for PostFuture<'_> {
         if world.is_crashed(ctx.endpoint.node) {
             return Poll::Ready(Err(VerbsError::LocalCrash));
         }
-        let (key, just_posted) = match std::mem::replace(&mut self.state, PostState::Done) {
-            PostState::Unposted(list) => {
+        // The state is matched in place: moving the list out (`mem::replace`) copied the
+        // whole state on every poll, also when it only held a key.
+        let key = match &mut self.state {
+            PostState::Posted(key) => {
+                let key = *key;
+                if let Some((cqes, outcomes)) = world.take_if_done(key) {
+                    let cost = cqes as u64 * world.profile.cqe_cpu_ns;
+                    world.charge(ctx.core, cost);
+                    self.state = PostState::Done;
+                    return Poll::Ready(outcomes);
+                }
+                key
+            }
+            // A list just posted is never complete: its work requests are in flight, or (a
+            // crash mid-list) some were never posted.
+            PostState::Unposted(_) => {
+                let PostState::Unposted(list) = std::mem::replace(&mut self.state, PostState::Done)
+                else {
+                    unreachable!("matched above");
+                };
                 let wrs = match list.finish_inline() {
                     Ok(wrs) => wrs,
                     Err(e) => return Poll::Ready(Err(e)),
                 };
-                (world.post(ctx.core, wrs), true)
+                let key = world.post(ctx.core, wrs);
+                self.state = PostState::Posted(key);
+                key
             }
-            PostState::Posted(key) => (key, false),
             PostState::Done => panic!("PostFuture polled after completion"),
         };
-        // A list just posted is never complete: its work requests are in flight, or (a crash
-        // mid-list) some were never posted.
-        let done = if just_posted {
-            None
-        } else {
-            world.take_if_done(key)
+        let shared = &ctx.shared;
+        let own_waker = shared.polling.get().filter(|task| task.owns(cx.waker()));
+        world.batch_mut(key).waiter = match own_waker {
+            Some(task) => Waiter::Task(task.key),
+            None => Waiter::Waker(cx.waker().clone()),
         };
-        match done {
-            Some((cqes, outcomes)) => {
-                let cost = cqes as u64 * world.profile.cqe_cpu_ns;
-                world.charge(self.ctx.core, cost);
-                Poll::Ready(outcomes)
-            }
-            None => {
-                let shared = &self.ctx.shared;
-                let own_waker = shared.polling.get().filter(|task| {
-                    shared
-                        .tasks
-                        .borrow()
-                        .get(task.0)
-                        .is_some_and(|slot| cx.waker().will_wake(&slot.handle))
-                });
-                world.batch_mut(key).waiter = match own_waker {
-                    Some(task) => Waiter::Task(task),
-                    None => Waiter::Waker(cx.waker().clone()),
-                };
-                drop(world);
-                self.state = PostState::Posted(key);
-                Poll::Pending
-            }
-        }
+        Poll::Pending
     }
 }
 

@@ -79,7 +79,8 @@ pub(crate) struct EventQueue<T> {
     /// Every item in the wheel is due in `[base, base + WHEEL)`.
     base: Nanos,
     seq: u64,
-    buckets: Box<[Bucket]>,
+    /// A fixed-size array, so that an index masked with `WHEEL - 1` needs no bounds check.
+    buckets: Box<[Bucket; WHEEL]>,
     nodes: Vec<Node<T>>,
     /// Head of the list of free nodes.
     free: u32,
@@ -100,7 +101,10 @@ impl<T> EventQueue<T> {
         Self {
             base: 0,
             seq: 0,
-            buckets: vec![EMPTY; WHEEL].into_boxed_slice(),
+            buckets: vec![EMPTY; WHEEL]
+                .into_boxed_slice()
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("WHEEL buckets")),
             nodes: Vec::new(),
             free: NIL,
             occupied: [0; WORDS],

@@ -30,7 +30,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::task::Waker;
 
 use dmem_verbs::{
-    BatchResult, Endpoint, Message, Nanos, NodeId, Op, OpKind, Port, RKey, VerbsError,
+    BatchResult, Endpoint, Message, Nanos, NodeId, Op, OpKind, Port, RKey, ReadBytes, VerbsError,
     WorkRequests, WrId, WrOutcome,
 };
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -525,7 +525,9 @@ impl World {
     // ---------------------------------------------------------------- posting
 
     /// Posts a checked list from `core`: pays the CPU cost, applies a planned crash, and
-    /// schedules the doorbell. Returns the batch key.
+    /// schedules the doorbell. Returns the batch key. Inlined into the post future, so that
+    /// the work requests are moved into their slot once.
+    #[inline]
     pub(crate) fn post(&mut self, core: usize, wrs: WorkRequests) -> BatchKey {
         let node = self.cores[core].node;
         let n = &mut self.nodes[usize::from(node.0)];
@@ -576,8 +578,9 @@ impl World {
         let cqes = b.signaled;
         let outcomes = match b.failure.take() {
             Some(failure) => Err(failure.first.1),
-            // The slot's next list sets its own outcomes.
-            None => Ok(std::mem::replace(&mut b.outcomes, BatchResult::written(1))),
+            // The slot's next list sets its own outcomes; an empty result costs nothing to
+            // leave in its place.
+            None => Ok(std::mem::take(&mut b.outcomes)),
         };
         self.batches.remove(key);
         Some((cqes, outcomes))
@@ -907,7 +910,9 @@ impl World {
         let offset = addr.offset as usize;
         let memory = &mut self.nodes[dst].memory;
         let outcome = match action {
-            Action::Read(len) => WrOutcome::Bytes(memory[offset..offset + len].to_vec()),
+            Action::Read(len) => {
+                WrOutcome::Bytes(ReadBytes::from_slice(&memory[offset..offset + len]))
+            }
             Action::Cas(expect, swap) => {
                 let word = &mut memory[offset..offset + 8];
                 let old = u64::from_le_bytes(word.try_into().expect("8-byte word"));
@@ -1186,8 +1191,23 @@ enum Action {
 /// rounding instruction, so `ceil` is a call into a software routine (≈20 instructions,
 /// three to five times per work request). Truncate, then add one if something was cut off;
 /// NaN, negative and too-large inputs give what the saturating `as` cast of `ceil` gives.
+///
+/// Times below 2^63 ns (all of them in practice) take the signed conversions, one
+/// instruction each way; `u64`'s saturating conversions cost a dozen.
 #[inline]
 fn ceil_ns(x: f64) -> Nanos {
+    // 2^63 as an `f64` (exact).
+    const SIGNED_LIMIT: f64 = 9_223_372_036_854_775_808.0;
+    if (0.0..SIGNED_LIMIT).contains(&x) {
+        // In range: truncation toward zero is the same in `i64` and `u64`, and every value
+        // below 2^63 converts back to the same `f64` either way.
+        let t = x as i64;
+        return if (t as f64) < x {
+            t as Nanos + 1
+        } else {
+            t as Nanos
+        };
+    }
     let t = x as Nanos;
     if (t as f64) < x {
         t.saturating_add(1)
@@ -1260,6 +1280,11 @@ mod tests {
             f64::MAX,
             f64::MIN_POSITIVE,
             9_007_199_254_740_993.0,
+            // Around 2^63, where the fast path ends, and a fraction just below 2^52.
+            f64::from_bits(2f64.powi(63).to_bits() - 1),
+            2f64.powi(63),
+            f64::from_bits(2f64.powi(63).to_bits() + 1),
+            2f64.powi(51) + 0.5,
             18_446_744_073_709_551_615.0,
             1e30,
         ];

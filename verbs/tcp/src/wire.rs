@@ -20,10 +20,10 @@
 //! the CN does not need, `Verbs::post_detached`); it still executes in order with the
 //! connection's other posts.
 
-use dmem_verbs::WrOutcome;
 use dmem_verbs::{
     BatchResult, Endpoint, MemoryRegion, NodeId, Op, Port, PostList, RKey, RemoteAddr,
 };
+use dmem_verbs::{ReadBytes, WrOutcome};
 use static_assertions::const_assert_eq;
 use zerocopy::little_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -661,9 +661,11 @@ pub fn parse_completion(
     let mut outcomes = Vec::with_capacity(shapes.len());
     for shape in shapes {
         outcomes.push(match *shape {
-            Shape::Bytes(n) => {
-                WrOutcome::Bytes(take_bytes(&mut body, n as usize, "read bytes")?.to_vec())
-            }
+            Shape::Bytes(n) => WrOutcome::Bytes(ReadBytes::from_slice(take_bytes(
+                &mut body,
+                n as usize,
+                "read bytes",
+            )?)),
             Shape::Atomic => {
                 let v: &U64 = take(&mut body, "atomic value")?;
                 WrOutcome::Atomic(v.get())
@@ -786,7 +788,7 @@ mod tests {
         let outcomes: Vec<WrOutcome> = ops
             .iter()
             .map(|op| match op {
-                Op::Read { len, .. } => WrOutcome::Bytes(vec![7; *len as usize]),
+                Op::Read { len, .. } => WrOutcome::Bytes(vec![7; *len as usize].into()),
                 Op::Write { .. } => WrOutcome::Written,
                 Op::Cas { expect, .. } => WrOutcome::Atomic(*expect),
                 Op::Faa { add, .. } => WrOutcome::Atomic(add ^ 1),
