@@ -189,6 +189,7 @@ impl OoccProtocol {
                 lease: Cell::new(self.config.lease_ns),
             }),
             manager_started: false,
+            joined_as_cn: false,
             paused: Rc::new(Cell::new(false)),
             recovery: RecoveryState::default(),
         }
@@ -206,6 +207,8 @@ pub struct OoccDeployment {
     leases: LeaseTable,
     manager: Rc<ManagerLog>,
     manager_started: bool,
+    /// Whether this deployment is a CN process's (`join_as_cn`), not the simulator's.
+    joined_as_cn: bool,
     paused: Rc<Cell<bool>>,
     recovery: RecoveryState,
 }
@@ -313,6 +316,35 @@ impl OoccDeployment {
     }
 }
 
+/// The read lease of the coordinator that reads the final state after a run of CN processes
+/// (ns). It reads alone — every CN's coordinators are done — so a long lease delays nobody, and DrTM's 400 µs ran out
+/// between the lease's CAS and the commit on every one of 64 tries in CN processes on two
+/// pinned cores each beside other tests on a 2-CPU host (`dmem cluster`: "could not read
+/// the final state: read lease expired"). Below `drtm`'s one-second lease horizon. A shorter
+/// lease left by a worker is replaced (CAS over it), not shared: it needs half as much left.
+pub const FINAL_READ_LEASE_NS: dmem_verbs::Nanos = 100_000_000;
+
+impl OoccDeployment {
+    /// A DrTM coordinator with `cfg` on `ctx`.
+    fn drtm_coordinator(&mut self, ctx: AnyContext, id: u16, cfg: DrtmConfig) -> BoxCoordinator {
+        let node = ctx.node();
+        let hints = Rc::clone(self.hints.entry(node).or_default());
+        self.leases
+            .borrow_mut()
+            .push((id, node, Leases::new(cfg.lease_ns, 0)));
+        let ctx = self.node_clock(ctx);
+        Box::new(DrtmCoordinator::new(
+            ctx,
+            Rc::clone(&self.dir),
+            id,
+            cfg,
+            Rc::clone(&self.stats),
+            hints,
+            self.history.clone(),
+        ))
+    }
+}
+
 impl Deployment for OoccDeployment {
     /// The directory's slots: every loaded record's (and free space after them).
     fn placement(&self) -> Option<Placement> {
@@ -355,23 +387,32 @@ impl Deployment for OoccDeployment {
             )));
         }
         if let Some(cfg) = self.protocol.drtm {
-            let node = ctx.node();
-            let hints = Rc::clone(self.hints.entry(node).or_default());
-            self.leases
-                .borrow_mut()
-                .push((id, node, Leases::new(cfg.lease_ns, 0)));
-            let ctx = self.node_clock(ctx);
-            return Ok(Box::new(DrtmCoordinator::new(
-                ctx,
-                Rc::clone(&self.dir),
-                id,
-                cfg,
-                Rc::clone(&self.stats),
-                hints,
-                self.history.clone(),
-            )));
+            return Ok(self.drtm_coordinator(ctx, id, cfg));
         }
         Ok(Box::new(self.typed_coordinator(ctx, id)?))
+    }
+
+    /// The final check's coordinator: in a CN process under DrTM one whose read leases
+    /// outlast a loaded host's round trips ([`FINAL_READ_LEASE_NS`]); the protocol's own
+    /// coordinator otherwise (the simulator's checks, whose transactions may still be
+    /// finishing when the final read starts, keep the paper's lease).
+    fn final_coordinator(
+        &mut self,
+        ctx: AnyContext,
+        id: u16,
+    ) -> Result<BoxCoordinator, DeployError> {
+        match self.protocol.drtm {
+            Some(cfg) if self.joined_as_cn => Ok(self.drtm_coordinator(
+                ctx,
+                id,
+                DrtmConfig {
+                    lease_ns: FINAL_READ_LEASE_NS,
+                    min_left_ns: FINAL_READ_LEASE_NS / 2,
+                    ..cfg
+                },
+            )),
+            _ => self.coordinator(ctx, id),
+        }
     }
 
     fn start_recovery(
@@ -452,6 +493,7 @@ impl Deployment for OoccDeployment {
             self.protocol.dslr = Some(cfg.for_detection(detection));
         }
         self.dir.share_inserts();
+        self.joined_as_cn = true;
         Ok(())
     }
 
