@@ -137,20 +137,28 @@ fn local_smallbank(tag: &str, protocol: &str, mns: usize) -> (TempDir, PathBuf) 
 fn assert_bad_files(dir: &TempDir, args: &[&str], cases: Vec<(String, &str)>) {
     for (i, (text, expected)) in cases.into_iter().enumerate() {
         let file = dir.write(&format!("bad{i}.toml"), &text);
-        let out = dmem()
-            .args(args)
-            .arg("--cluster")
-            .arg(&file)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "case {i}: {stderr}");
+        let (code, stderr) = dmem_on_cluster(args, &file);
+        assert_eq!(code, Some(1), "case {i}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "case {i}: {stderr}");
         assert!(
             stderr.contains(expected),
             "case {i}: expected `{expected}` in: {stderr}"
         );
     }
+}
+
+/// `dmem ARGS --cluster FILE`: its exit code and standard error.
+fn dmem_on_cluster(args: &[&str], file: &Path) -> (Option<i32>, String) {
+    let out = dmem()
+        .args(args)
+        .arg("--cluster")
+        .arg(file)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// SmallBank with a killed CN: the first CN recovered it (Pandora's logs), the MN
@@ -659,12 +667,7 @@ fn cluster_file_errors_are_one_readable_line() {
     assert_bad_files(&dir, &["mn", "--node", "mn0"], cases);
     // A node name the file does not have.
     let file = dir.write("good.toml", &good);
-    let out = dmem()
-        .args(["cn", "--node", "cn7", "--cluster"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (_, stderr) = dmem_on_cluster(&["cn", "--node", "cn7"], &file);
     assert!(
         stderr.contains("no CN named `cn7`") && stderr.contains("cn0, cn1"),
         "{stderr}"
@@ -1449,14 +1452,8 @@ fn server_cluster_errors_are_one_readable_line() {
         ),
     ];
     for (args, file, expected) in commands {
-        let out = dmem()
-            .args(args)
-            .arg("--cluster")
-            .arg(file)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        let (code, stderr) = dmem_on_cluster(args, file);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
         assert!(
             stderr.contains(expected),
@@ -1464,12 +1461,7 @@ fn server_cluster_errors_are_one_readable_line() {
         );
     }
     // Unknown server names list the servers.
-    let out = dmem()
-        .args(["server", "--node", "s9", "--cluster"])
-        .arg(&servers)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (_, stderr) = dmem_on_cluster(&["server", "--node", "s9"], &servers);
     assert!(
         stderr.contains("no server named `s9`") && stderr.contains("servers: s0, s1, s2"),
         "{stderr}"
