@@ -189,7 +189,6 @@ impl OoccProtocol {
                 lease: Cell::new(self.config.lease_ns),
             }),
             manager_started: false,
-            joined_as_cn: false,
             paused: Rc::new(Cell::new(false)),
             recovery: RecoveryState::default(),
         }
@@ -207,8 +206,6 @@ pub struct OoccDeployment {
     leases: LeaseTable,
     manager: Rc<ManagerLog>,
     manager_started: bool,
-    /// Whether this deployment is a CN process's (`join_as_cn`), not the simulator's.
-    joined_as_cn: bool,
     paused: Rc<Cell<bool>>,
     recovery: RecoveryState,
 }
@@ -325,6 +322,12 @@ impl OoccDeployment {
 pub const FINAL_READ_LEASE_NS: dmem_verbs::Nanos = 100_000_000;
 
 impl OoccDeployment {
+    /// Whether this is a CN process's deployment (`join_as_cn`), not the simulator's: only
+    /// a CN process's directory shares its inserts through MN memory.
+    fn joined_as_cn(&self) -> bool {
+        self.dir.shares_inserts()
+    }
+
     /// A DrTM coordinator with `cfg` on `ctx`.
     fn drtm_coordinator(&mut self, ctx: AnyContext, id: u16, cfg: DrtmConfig) -> BoxCoordinator {
         let node = ctx.node();
@@ -402,7 +405,7 @@ impl Deployment for OoccDeployment {
         id: u16,
     ) -> Result<BoxCoordinator, DeployError> {
         match self.protocol.drtm {
-            Some(cfg) if self.joined_as_cn => Ok(self.drtm_coordinator(
+            Some(cfg) if self.joined_as_cn() => Ok(self.drtm_coordinator(
                 ctx,
                 id,
                 DrtmConfig {
@@ -493,7 +496,6 @@ impl Deployment for OoccDeployment {
             self.protocol.dslr = Some(cfg.for_detection(detection));
         }
         self.dir.share_inserts();
-        self.joined_as_cn = true;
         Ok(())
     }
 
