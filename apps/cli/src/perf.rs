@@ -585,11 +585,15 @@ fn serve(args: &Args) -> anyhow::Result<()> {
 /// Name of the thread that samples CPU time (excluded from what it samples).
 const CPU_SAMPLER: &str = "dmem-perf-cpu";
 
-/// CPU time (ns) the CN-side threads of this process have used so far: every thread but the
-/// tcp memory nodes' serving threads (`dmem-tcp-mn*`) and the sampler, listed from
-/// `/proc/self/task`. `None` without `/proc` or per-thread CPU clocks.
+/// CPU time (ns) the CN side of this process has used so far: the process's CPU time less
+/// that of the tcp memory nodes' serving threads (`dmem-tcp-mn*`) and the sampler, listed
+/// from `/proc/self/task`. Those live through the measured window, so the difference of two
+/// samples counts every CN-side thread, one that exited in between too (a sum over the live
+/// CN threads lost an exited thread's whole time and could go down: 0 ns per work request in
+/// a CI run). `None` without `/proc` or CPU clocks.
 fn cn_cpu_ns() -> Option<u64> {
-    let mut total = 0u64;
+    let process = process_cpu_ns()?;
+    let mut excluded = 0u64;
     for task in std::fs::read_dir("/proc/self/task").ok()? {
         let path = task.ok()?.path();
         let Some(tid) = path
@@ -599,19 +603,31 @@ fn cn_cpu_ns() -> Option<u64> {
         else {
             continue;
         };
-        // A thread that exited between the listing and the reads used no more CPU here.
+        // A thread that exited between the listing and the reads is not one of these.
         let Ok(name) = std::fs::read_to_string(path.join("comm")) else {
             continue;
         };
         let name = name.trim_end();
         if name.starts_with("dmem-tcp-mn") || name == CPU_SAMPLER {
-            continue;
-        }
-        if let Some(ns) = thread_cpu_ns(tid) {
-            total += ns;
+            excluded += thread_cpu_ns(tid).unwrap_or(0);
         }
     }
-    Some(total)
+    Some(process.saturating_sub(excluded))
+}
+
+/// CPU time of this process, every thread that ever ran in it included, ns.
+fn process_cpu_ns() -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &raw mut ts) };
+    (rc == 0).then(|| timespec_ns(&ts))
+}
+
+fn timespec_ns(ts: &libc::timespec) -> u64 {
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
 /// CPU time of thread `tid` of this process, ns, from its CPU-time clock: Linux's
@@ -629,10 +645,7 @@ fn thread_cpu_ns(tid: i32) -> Option<u64> {
     // SAFETY: `ts` is a valid, writable timespec for the duration of the call; an invalid
     // clock id (a thread gone) is reported as an error return, not undefined behaviour.
     let rc = unsafe { libc::clock_gettime(clock, &raw mut ts) };
-    (rc == 0).then(|| {
-        u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000
-            + u64::try_from(ts.tv_nsec).unwrap_or(0)
-    })
+    (rc == 0).then(|| timespec_ns(&ts))
 }
 
 /// Samples [`cn_cpu_ns`] at `from` and at `to` (monotonic instants) on its own thread; the
