@@ -12,7 +12,7 @@ use anyhow::{Context as _, ensure};
 use clap::{Args as ClapArgs, ValueEnum};
 use dmem_deploy::{ClusterShape, DeploySpec, Registry};
 use dmem_harness::{Backoff, BenchConfig, MAX_ATTEMPTS, deploy_spec, run_bench, run_spec};
-use dmem_sim::NicProfile;
+use dmem_sim::{MessageFaults, NicProfile};
 use dmem_workloads::{AnyWorkload, Scale, Workload};
 use serde::Serialize;
 
@@ -246,6 +246,22 @@ pub struct Args {
     /// READ, so only a warm cache compares round trips like for like.
     #[arg(long)]
     cold_cache: bool,
+    /// Probability that a two-sided message (LOTUS's lock RPCs, Dandelion's and FaSST's
+    /// RPCs) is lost on the simulated network. One-sided verbs are never lost (RC queue
+    /// pairs retransmit in the NIC). Only for protocols that claim to tolerate loss
+    /// (lotus, dnl-*, fasst); the others are refused.
+    #[arg(long, default_value_t = 0.0)]
+    msg_loss: f64,
+    /// Probability that a two-sided message is delivered twice (dnl-*, fasst: a request
+    /// runs once, a repeated reply is ignored; the others are refused).
+    #[arg(long, default_value_t = 0.0)]
+    msg_dup: f64,
+    /// Probability that a two-sided message is delayed by `--msg-delay-ns`.
+    #[arg(long, default_value_t = 0.0)]
+    msg_delay: f64,
+    /// Extra delay of a delayed message, ns.
+    #[arg(long, default_value_t = 4_000)]
+    msg_delay_ns: u64,
     /// Print JSON lines instead of a table: one object per protocol, then a summary.
     #[arg(long)]
     json: bool,
@@ -258,6 +274,26 @@ pub struct Args {
     /// --cns from the file.
     #[arg(long, value_name = "FILE")]
     cluster: Option<std::path::PathBuf>,
+}
+
+/// The header's note of message faults (empty without any): what share of the
+/// simulated network's two-sided messages is lost, duplicated and delayed.
+fn describe_faults(f: &MessageFaults) -> String {
+    let mut parts = Vec::new();
+    if f.loss > 0.0 {
+        parts.push(format!("{}% lost", f.loss * 100.0));
+    }
+    if f.duplicate > 0.0 {
+        parts.push(format!("{}% duplicated", f.duplicate * 100.0));
+    }
+    if f.delay > 0.0 {
+        parts.push(format!("{}% delayed {} ns", f.delay * 100.0, f.delay_ns));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("  messages {}", parts.join(", "))
+    }
 }
 
 /// Serializes `value` as its text (`--backoff`'s syntax).
@@ -385,7 +421,51 @@ pub struct Row {
 }
 
 impl Args {
-    fn validate(&self, registry: &Registry) -> anyhow::Result<(AnyWorkload, Scale, NicProfile)> {
+    /// The simulated network's message faults (`--msg-loss`, `--msg-dup`, `--msg-delay`),
+    /// checked: probabilities in [0, 1], on the simulated cluster only, and each for
+    /// protocols that claim to tolerate it.
+    ///
+    /// # Errors
+    /// A line saying which flag to drop or change.
+    pub fn message_faults(&self, registry: &Registry) -> anyhow::Result<MessageFaults> {
+        let faults = common::message_faults(
+            self.msg_loss,
+            self.msg_dup,
+            self.msg_delay,
+            self.msg_delay_ns,
+        )?;
+        if faults.loss == 0.0 && faults.duplicate == 0.0 && faults.delay == 0.0 {
+            return Ok(MessageFaults::default());
+        }
+        ensure!(
+            self.fabric == TxnFabric::Sim,
+            "--msg-loss, --msg-dup and --msg-delay mistreat the simulated network's messages: drop them with --fabric {}",
+            if self.fabric == TxnFabric::Tcp {
+                "tcp"
+            } else {
+                "shm"
+            }
+        );
+        for name in &self.protocol {
+            let p = registry.get(name).context("in --protocol")?;
+            ensure!(
+                faults.loss == 0.0 || p.tolerates_message_loss(),
+                "--msg-loss: {name} does not claim to tolerate lost messages (lotus, dnl-*, fasst do): bench it without --msg-loss"
+            );
+            ensure!(
+                faults.duplicate == 0.0 || p.tolerates_message_duplication(),
+                "--msg-dup: {name} does not claim to tolerate duplicated messages (dnl-*, fasst do): bench it without --msg-dup"
+            );
+        }
+        Ok(faults)
+    }
+
+    /// Checks the flags of a simulated run and returns its workload, scale, NIC profile and
+    /// message faults.
+    fn validate(
+        &self,
+        registry: &Registry,
+    ) -> anyhow::Result<(AnyWorkload, Scale, NicProfile, MessageFaults)> {
         ensure!(
             self.cluster.is_none(),
             "--cluster FILE runs on the nodes of a cluster file: add --fabric tcp or --fabric shm"
@@ -413,7 +493,8 @@ impl Args {
         // The store is sized for this run: a growing table's insert room follows the run's
         // length (`dmem_harness::run_spec`), so a long run may be refused where a short one
         // fits.
-        let spec = run_spec(&workload, &self.config(&profile))?;
+        let faults = self.message_faults(registry)?;
+        let spec = run_spec(&workload, &self.config(&profile, faults))?;
         for p in &self.protocol {
             let bytes = memory_estimate_for(registry, p, &workload, &spec, self.mns)?;
             common::ensure_memory(
@@ -428,12 +509,13 @@ impl Args {
                 "--scale (tiny, small), --duration-ms or --mns",
             )?;
         }
-        Ok((workload, scale, profile))
+        Ok((workload, scale, profile, faults))
     }
 
-    fn config(&self, profile: &NicProfile) -> BenchConfig {
+    fn config(&self, profile: &NicProfile, message_faults: MessageFaults) -> BenchConfig {
         BenchConfig {
             shape: ClusterShape {
+                message_faults,
                 mns: self.mns,
                 cns: self.cns,
                 threads: self.threads,
@@ -524,10 +606,11 @@ fn run_protocol(
     registry: &Registry,
     workload: &AnyWorkload,
     profile: &NicProfile,
+    faults: MessageFaults,
     protocol: &str,
 ) -> anyhow::Result<Row> {
     let p = registry.get(protocol)?;
-    let mut cfg = args.config(profile);
+    let mut cfg = args.config(profile, faults);
     if p.symmetric() {
         cfg.shape = cfg.shape.symmetric(args.servers);
     }
@@ -604,12 +687,12 @@ pub fn measure(argv: &[&str], registry: &Registry) -> anyhow::Result<Vec<serde_j
     let mut args =
         Cli::try_parse_from(std::iter::once("dmem-bench").chain(argv.iter().copied()))?.args;
     args.json = true; // no progress bar
-    let (workload, _, profile) = args.validate(registry)?;
+    let (workload, _, profile, faults) = args.validate(registry)?;
     args.protocol
         .iter()
         .map(|p| {
             Ok(serde_json::to_value(run_protocol(
-                &args, registry, &workload, &profile, p,
+                &args, registry, &workload, &profile, faults, p,
             )?)?)
         })
         .collect()
@@ -622,11 +705,11 @@ pub fn measure(argv: &[&str], registry: &Registry) -> anyhow::Result<Vec<serde_j
 /// A bad flag, an unknown protocol (the error lists the registered ones), a run that could
 /// not be built, or a failed checker / invariants verdict.
 pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
-    let (workload, scale, profile) = args.validate(registry)?;
+    let (workload, scale, profile, faults) = args.validate(registry)?;
     let mut sink = Sink::new(args.json, args.csv.as_deref())?;
     let mut rows = Vec::new();
     for protocol in &args.protocol {
-        let row = run_protocol(&args, registry, &workload, &profile, protocol)?;
+        let row = run_protocol(&args, registry, &workload, &profile, faults, protocol)?;
         sink.row(&row)?;
         rows.push(row);
     }
@@ -641,7 +724,7 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             String::new()
         };
         println!(
-            "dmem bench  workload {} ({} scale, {:.1} MB of values)  sim {}  {} MN  {} CN{servers} x {} threads x {} coroutines  {} ms  seed {}{}",
+            "dmem bench  workload {} ({} scale, {:.1} MB of values)  sim {}  {} MN  {} CN{servers} x {} threads x {} coroutines  {} ms  seed {}{}{}",
             args.workload.name(),
             scale.name(),
             workload.value_bytes() as f64 / 1e6,
@@ -656,7 +739,8 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
                 String::new()
             } else {
                 format!("  backoff {}", args.backoff)
-            }
+            },
+            describe_faults(&faults)
         );
         let mut t = common::table(&[
             "protocol",
@@ -846,6 +930,7 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
         "--protocol needs at least one protocol name"
     );
     common::no_duplicates("protocol", &args.protocol)?;
+    args.message_faults(registry)?;
     let (mut workload, scale) = parse_workload(args.workload.name(), args.scale.name())?;
     if let Some(mix) = &args.mix {
         workload = workload_mix(args.workload.name(), scale, mix)?;

@@ -1800,6 +1800,8 @@ fn print_summary(
 /// symmetric protocol), run by [`run_cluster`]: histories collected and checked, invariants
 /// checked, cluster stopped.
 pub(crate) fn bench_cluster(args: &dmem_cli::bench_txn::Args) -> anyhow::Result<()> {
+    // Refuses the simulator-only flags (message faults) with one line.
+    args.message_faults(&dmem_protocols::registry())?;
     let shm = args.fabric() == dmem_cli::bench_txn::TxnFabric::Shm;
     let tcp = args.tcp_shape();
     let dir = std::env::temp_dir().join(format!(

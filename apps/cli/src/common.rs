@@ -8,7 +8,7 @@ use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
-use dmem_sim::NicProfile;
+use dmem_sim::{MessageFaults, NicProfile};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -136,6 +136,35 @@ pub fn ensure_memory(bytes: Option<u64>, what: &str, lower: &str) -> anyhow::Res
         ),
         None => bail!("{what} would take more than 2^64 bytes of memory: lower {lower}"),
     }
+}
+
+/// Two-sided message faults from the `--msg-loss`, `--msg-dup`, `--msg-delay` and
+/// `--msg-delay-ns` flags of `dmem bench` and `dmem litmus`, each probability checked to be
+/// in [0, 1].
+///
+/// # Errors
+/// A line naming the flag whose probability is outside [0, 1].
+pub fn message_faults(
+    loss: f64,
+    duplicate: f64,
+    delay: f64,
+    delay_ns: u64,
+) -> anyhow::Result<MessageFaults> {
+    for (flag, p) in [
+        ("--msg-loss", loss),
+        ("--msg-dup", duplicate),
+        ("--msg-delay", delay),
+    ] {
+        if !(0.0..=1.0).contains(&p) {
+            bail!("{flag} {p} is outside [0, 1]");
+        }
+    }
+    Ok(MessageFaults {
+        loss,
+        duplicate,
+        delay,
+        delay_ns,
+    })
 }
 
 /// A product of sizes, `None` on overflow.

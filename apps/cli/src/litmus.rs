@@ -122,22 +122,15 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<SuiteReport> {
         "--steer {} is outside [0, 1]",
         args.steer
     );
-    for (flag, p) in [
-        ("--msg-delay", args.msg_delay),
-        ("--msg-loss", args.msg_loss),
-        ("--msg-dup", args.msg_dup),
-    ] {
-        ensure!((0.0..=1.0).contains(&p), "{flag} {p} is outside [0, 1]");
-    }
     let mut run_cfg = RunConfig::new(args.crash_prob);
     run_cfg.targeted = args.targeted;
     run_cfg.steer = args.steer;
-    run_cfg.message_faults = dmem_litmus::MessageFaults {
-        loss: args.msg_loss,
-        duplicate: args.msg_dup,
-        delay: args.msg_delay,
-        delay_ns: args.msg_delay_ns,
-    };
+    run_cfg.message_faults = common::message_faults(
+        args.msg_loss,
+        args.msg_dup,
+        args.msg_delay,
+        args.msg_delay_ns,
+    )?;
     let target = target(&args, registry)?;
     let names: Vec<&str> = args.litmus.split(',').map(str::trim).collect();
     ensure!(

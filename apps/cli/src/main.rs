@@ -48,7 +48,7 @@ enum Command {
     /// --protocol ford,pandora`), or a layer benchmark (`dmem bench hashtable`, `dmem bench
     /// locks`).
     #[command(allow_negative_numbers = true)]
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
     /// Pandora's litmus tests (§5, Fig. 5) with crash injection over many seeds (`dmem litmus
     /// --protocol ford --bug covert-locks --seeds 100 --crash-prob 0.5 [--json]`).
     #[command(allow_negative_numbers = true)]
@@ -160,30 +160,28 @@ fn run() -> i32 {
         Command::Cn(args) => cluster::run_cn(&args),
         Command::Server(args) => cluster::run_server(&args),
         Command::Cluster(args) => cluster::run_cluster(&args),
-        // On tcp every protocol runs as processes: MNs and CNs, or a symmetric protocol's
-        // servers.
-        Command::Bench(BenchArgs { layer: None, txn })
-            if txn.fabric() == bench_txn::TxnFabric::Tcp =>
-        {
-            cluster::bench_cluster(&txn)
-        }
-        Command::Bench(BenchArgs { layer: None, txn })
-            if txn.fabric() != bench_txn::TxnFabric::Sim =>
-        {
-            match txn.symmetric_only(&dmem_protocols::registry()) {
-                Ok(true) => bench_txn::run_servers(txn, &dmem_protocols::registry()).map(drop),
-                Ok(false) => cluster::bench_cluster(&txn),
-                Err(e) => Err(e),
+        Command::Bench(bench) => match *bench {
+            // On tcp every protocol runs as processes: MNs and CNs, or a symmetric
+            // protocol's servers.
+            BenchArgs { layer: None, txn } if txn.fabric() == bench_txn::TxnFabric::Tcp => {
+                cluster::bench_cluster(&txn)
             }
-        }
-        Command::Bench(BenchArgs { layer: None, txn }) => {
-            bench_txn::run(txn, &dmem_protocols::registry()).map(drop)
-        }
-        Command::Bench(BenchArgs {
-            layer: Some(bench), ..
-        }) => match bench {
-            BenchCommand::Hashtable(args) => bench_hashtable::run(args),
-            BenchCommand::Locks(args) => bench_locks::run(args),
+            BenchArgs { layer: None, txn } if txn.fabric() != bench_txn::TxnFabric::Sim => {
+                match txn.symmetric_only(&dmem_protocols::registry()) {
+                    Ok(true) => bench_txn::run_servers(txn, &dmem_protocols::registry()).map(drop),
+                    Ok(false) => cluster::bench_cluster(&txn),
+                    Err(e) => Err(e),
+                }
+            }
+            BenchArgs { layer: None, txn } => {
+                bench_txn::run(txn, &dmem_protocols::registry()).map(drop)
+            }
+            BenchArgs {
+                layer: Some(bench), ..
+            } => match bench {
+                BenchCommand::Hashtable(args) => bench_hashtable::run(args),
+                BenchCommand::Locks(args) => bench_locks::run(args),
+            },
         },
     };
     match result {

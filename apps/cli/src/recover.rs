@@ -450,6 +450,7 @@ fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
             seed: args.seed,
             profile: profile.clone(),
             min_mn_bytes: 1 << 20,
+            message_faults: dmem_sim::MessageFaults::default(),
         },
         &deploy_spec(&workload, coordinators),
         &history,

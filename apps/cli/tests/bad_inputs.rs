@@ -49,6 +49,30 @@ const BAD: &[&[&str]] = &[
     &["bench", "--backoff", "exp:10"],
     &["bench", "--backoff", "exp:200:10"],
     &["bench", "--backoff", "linear"],
+    // message faults: out of range, a protocol that does not claim to tolerate them, a
+    // real fabric (its network loses what it loses)
+    &["bench", "--protocol", "dnl-4", "--msg-loss", "1.5"],
+    &["bench", "--protocol", "dnl-4", "--msg-dup", "-0.1"],
+    &["bench", "--protocol", "ford", "--msg-loss", "0.01"],
+    &["bench", "--protocol", "lotus", "--msg-dup", "0.01"],
+    &[
+        "bench",
+        "--fabric",
+        "tcp",
+        "--protocol",
+        "dnl-4",
+        "--msg-delay",
+        "0.1",
+    ],
+    &[
+        "bench",
+        "--fabric",
+        "shm",
+        "--protocol",
+        "ford",
+        "--msg-loss",
+        "0.1",
+    ],
     // a run whose insert room (sized by its length) cannot fit in memory
     &[
         "bench",

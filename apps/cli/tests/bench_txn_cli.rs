@@ -9,9 +9,25 @@ fn dmem(args: &[&str]) -> std::process::Output {
         .expect("the dmem binary runs")
 }
 
+/// JSON rows (not the summary) of a `dmem bench --json` run that succeeded.
+fn bench_rows(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = dmem(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("summary").is_none())
+        .collect()
+}
+
 #[test]
 fn ford_and_pandora_run_smallbank_and_pass_the_checker_and_invariants() {
-    let out = dmem(&[
+    let rows = bench_rows(&[
         "bench",
         "--workload",
         "smallbank",
@@ -29,17 +45,6 @@ fn ford_and_pandora_run_smallbank_and_pass_the_checker_and_invariants() {
         "1",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v.get("summary").is_none())
-        .collect();
     assert_eq!(rows.len(), 2);
     for (row, protocol) in rows.iter().zip(["ford", "pandora"]) {
         assert_eq!(row["protocol"], protocol);
@@ -61,7 +66,7 @@ fn ford_and_pandora_run_smallbank_and_pass_the_checker_and_invariants() {
 
 #[test]
 fn tatp_runs_on_ford() {
-    let out = dmem(&[
+    let rows = bench_rows(&[
         "bench",
         "--workload",
         "tatp",
@@ -79,19 +84,12 @@ fn tatp_runs_on_ford() {
         "1",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let row: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
-    assert_eq!(row["checker"], "ok", "{row}");
+    assert_eq!(rows[0]["checker"], "ok", "{}", rows[0]);
 }
 
 #[test]
 fn tpcc_runs_the_oocc_mix_on_the_occ_family() {
-    let out = dmem(&[
+    let rows = bench_rows(&[
         "bench",
         "--workload",
         "tpcc",
@@ -111,14 +109,8 @@ fn tpcc_runs_the_oocc_mix_on_the_occ_family() {
         "1",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    for line in stdout.lines().take(2) {
-        let row: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(rows.len(), 2);
+    for row in &rows {
         assert_eq!(row["workload"], "tpcc", "{row}");
         assert_eq!(row["checker"], "ok", "{row}");
         assert_eq!(row["invariants"], "ok", "{row}");
@@ -165,7 +157,7 @@ fn bad_arguments_are_refused_in_one_line() {
 
 #[test]
 fn dandelion_and_fasst_run_on_shm_in_one_process() {
-    let out = dmem(&[
+    let rows = bench_rows(&[
         "bench",
         "--fabric",
         "shm",
@@ -187,17 +179,6 @@ fn dandelion_and_fasst_run_on_shm_in_one_process() {
         "1",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v.get("summary").is_none())
-        .collect();
     assert_eq!(rows.len(), 2);
     for (row, protocol) in rows.iter().zip(["dnl-4", "fasst"]) {
         assert_eq!(row["protocol"], protocol);
@@ -241,4 +222,45 @@ fn dandelion_and_fasst_run_on_shm_in_one_process() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn dandelion_under_lost_and_duplicated_messages_resends_and_stays_serializable() {
+    let run = |faults: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "--workload",
+            "smallbank",
+            "--scale",
+            "tiny",
+            "--protocol",
+            "dnl-4",
+            "--servers",
+            "3",
+            "--threads",
+            "2",
+            "--coroutines",
+            "4",
+            "--duration-ms",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(faults);
+        let rows = bench_rows(&args);
+        assert_eq!(rows.len(), 1);
+        rows.into_iter().next().unwrap()
+    };
+    let clean = run(&[]);
+    let faulty = run(&["--msg-loss", "0.02", "--msg-dup", "0.02"]);
+    for row in [&clean, &faulty] {
+        assert_eq!(row["checker"], "ok", "{row}");
+        assert_eq!(row["invariants"], "ok", "{row}");
+        assert!(row["committed"].as_u64().unwrap() > 100, "{row}");
+    }
+    let counter = |row: &serde_json::Value, name: &str| row["counters"][name].as_u64().unwrap();
+    // Without faults nothing is re-sent; with them, lost requests or replies are re-sent
+    // and duplicated requests answered from the reply cache.
+    assert_eq!(counter(&clean, "retransmissions"), 0, "{clean}");
+    assert!(counter(&faulty, "retransmissions") > 0, "{faulty}");
+    assert!(counter(&faulty, "replayed_responses") > 0, "{faulty}");
 }

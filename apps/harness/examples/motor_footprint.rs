@@ -37,6 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         seed: 1,
         profile: NicProfile::cx5(),
         min_mn_bytes: 0,
+        message_faults: dmem_sim::MessageFaults::default(),
     };
     let bench = BenchConfig {
         shape: shape.clone(),

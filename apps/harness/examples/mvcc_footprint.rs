@@ -38,6 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     seed: 1,
                     profile: NicProfile::named("cx3")?,
                     min_mn_bytes: 1 << 20,
+                    message_faults: dmem_sim::MessageFaults::default(),
                 },
                 coroutines: (coordinators / 36).max(1),
                 duration: ms * 1_000_000,

@@ -23,6 +23,7 @@ fn run(protocol: &str) -> BenchResult {
             seed: 1,
             profile: NicProfile::named("cx6").unwrap(),
             min_mn_bytes: 1 << 20,
+            message_faults: dmem_sim::MessageFaults::default(),
         },
         coroutines: 4,
         duration: 2_000_000,

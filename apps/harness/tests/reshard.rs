@@ -14,6 +14,7 @@ fn cfg(cns: u16, duration: u64) -> BenchConfig {
             seed: 1,
             profile: NicProfile::named("cx3").unwrap(),
             min_mn_bytes: 1 << 20,
+            message_faults: dmem_sim::MessageFaults::default(),
         },
         coroutines: 4,
         duration,

@@ -24,6 +24,7 @@ fn cfg(duration: u64, max_attempts: u32) -> BenchConfig {
             seed: 1,
             profile: NicProfile::named("cx6").unwrap(),
             min_mn_bytes: 1 << 20,
+            message_faults: dmem_sim::MessageFaults::default(),
         },
         coroutines: 2,
         duration,

@@ -161,6 +161,7 @@ fn recovery_of_servers_on_shm_is_refused_with_a_typed_error() {
         seed: 1,
         profile: dmem_sim::NicProfile::cx5(),
         min_mn_bytes: 1 << 16,
+        message_faults: dmem_sim::MessageFaults::default(),
     }
     .build(0)
     .unwrap();

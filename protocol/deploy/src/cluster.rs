@@ -25,6 +25,10 @@ pub struct ClusterShape {
     pub profile: NicProfile,
     /// MN memory is at least this large, whatever the protocol needs.
     pub min_mn_bytes: u64,
+    /// How the network mistreats two-sided messages (lock RPCs, Dandelion's RPCs,
+    /// heartbeats): lost, duplicated, delayed. One-sided verbs are never lost (RC queue
+    /// pairs retransmit in the NIC). Default: none.
+    pub message_faults: MessageFaults,
 }
 
 impl ClusterShape {
@@ -43,19 +47,6 @@ impl ClusterShape {
     /// # Errors
     /// [`DeployError::Sim`] for an invalid shape.
     pub fn build(&self, mn_bytes: u64) -> Result<Rc<Sim>, DeployError> {
-        self.build_with_faults(mn_bytes, MessageFaults::default())
-    }
-
-    /// [`build`](Self::build) with two-sided messages mistreated as `faults` says (lost,
-    /// duplicated, delayed; the litmus suite delays them).
-    ///
-    /// # Errors
-    /// [`DeployError::Sim`] for an invalid shape.
-    pub fn build_with_faults(
-        &self,
-        mn_bytes: u64,
-        faults: MessageFaults,
-    ) -> Result<Rc<Sim>, DeployError> {
         Ok(Rc::new(Sim::new(
             ClusterConfig::with_profile(self.profile.clone())
                 .mns(self.mns)
@@ -63,7 +54,7 @@ impl ClusterShape {
                 .threads_per_cn(self.threads)
                 .mn_memory_bytes(mn_bytes.max(self.min_mn_bytes))
                 .seed(self.seed)
-                .message_faults(faults),
+                .message_faults(self.message_faults),
         )?))
     }
 }

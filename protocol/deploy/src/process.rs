@@ -787,6 +787,7 @@ mod tests {
             seed: 1,
             profile: dmem_sim::NicProfile::named("cx6").unwrap(),
             min_mn_bytes: 1 << 16,
+            message_faults: dmem_sim::MessageFaults::default(),
         };
         let sim = shape.build(1 << 16).unwrap();
         let (me, other) = (sim.cn(0), sim.cn(1));

@@ -440,14 +440,6 @@ fn execute(
     spec.log_region_bytes = 1024;
     spec.index_slack = 1;
     spec.exact_index = true;
-    let shape = ClusterShape {
-        mns: 3,
-        cns: workers + 1,
-        threads: 2,
-        seed: mix(&[seed, litmus as u64, 1]),
-        profile: NicProfile::named("cx5").map_err(|_| LitmusError::Config("no cx5 profile"))?,
-        min_mn_bytes: 96 << 10,
-    };
     let mut faults = cfg.message_faults;
     if target.tolerates_message_loss() {
         faults.loss = faults.loss.max(cfg.loss_if_tolerated);
@@ -455,7 +447,16 @@ fn execute(
     if target.tolerates_message_duplication() {
         faults.duplicate = faults.duplicate.max(cfg.dup_if_tolerated);
     }
-    let sim = shape.build_with_faults(target.mn_bytes_per_mn(&spec, shape.mns)?, faults)?;
+    let shape = ClusterShape {
+        message_faults: faults,
+        mns: 3,
+        cns: workers + 1,
+        threads: 2,
+        seed: mix(&[seed, litmus as u64, 1]),
+        profile: NicProfile::named("cx5").map_err(|_| LitmusError::Config("no cx5 profile"))?,
+        min_mn_bytes: 96 << 10,
+    };
+    let sim = shape.build(target.mn_bytes_per_mn(&spec, shape.mns)?)?;
     sim.record_phases(crash.is_none());
     let mut dep = target.deploy(&sim, &spec, Rc::clone(&history))?;
     for (key, value) in &records {

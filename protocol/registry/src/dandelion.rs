@@ -645,6 +645,7 @@ mod tests {
             seed: 1,
             profile: NicProfile::cx5(),
             min_mn_bytes: 1 << 20,
+            message_faults: dmem_sim::MessageFaults::default(),
         }
         .symmetric(4);
         assert_eq!((shape.cns, shape.mns), (4, 1));

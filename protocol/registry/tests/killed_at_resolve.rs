@@ -79,6 +79,7 @@ fn transfers(
         seed: 1,
         profile: NicProfile::named("cx6").unwrap(),
         min_mn_bytes: 1 << 20,
+        message_faults: dmem_sim::MessageFaults::default(),
     };
     let spec = DeploySpec::new(
         vec![TableDemand {

@@ -18,6 +18,7 @@ fn shape() -> ClusterShape {
         seed: 3,
         profile: NicProfile::named("cx5").unwrap(),
         min_mn_bytes: 1 << 16,
+        message_faults: dmem_sim::MessageFaults::default(),
     }
 }
 

@@ -22,6 +22,7 @@ pub fn shape(cns: u16, threads: u16, seed: u64) -> ClusterShape {
         seed,
         profile: NicProfile::named("cx6").unwrap(),
         min_mn_bytes: 1 << 20,
+        message_faults: dmem_sim::MessageFaults::default(),
     }
 }
 
