@@ -1,24 +1,12 @@
 //! `dmem bench hashtable` end to end: `--hasher` both ways and mixed rows with writers, as
 //! JSON rows (the bad values are in `bad_inputs.rs`).
 
-use std::process::Command;
+#[path = "support/run.rs"]
+mod run;
 
+/// The JSON rows of a `dmem bench hashtable --json` run that succeeded.
 fn json_rows(args: &[&str]) -> Vec<serde_json::Value> {
-    let out = Command::new(env!("CARGO_BIN_EXE_dmem"))
-        .args(args)
-        .output()
-        .expect("the dmem binary runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("one JSON object per line"))
-        .filter(|v| v.get("summary").is_none())
-        .collect()
+    run::json_rows(&run::dmem(args))
 }
 
 #[test]

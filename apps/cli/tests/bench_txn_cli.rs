@@ -1,28 +1,13 @@
 //! `dmem bench --workload ...` end to end on tiny data sets.
 
-use std::process::Command;
+#[path = "support/run.rs"]
+mod run;
 
-fn dmem(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_dmem"))
-        .args(args)
-        .output()
-        .expect("the dmem binary runs")
-}
+use run::{dmem, json_rows};
 
-/// JSON rows (not the summary) of a `dmem bench --json` run that succeeded.
+/// The JSON rows of a `dmem bench --json` run that succeeded.
 fn bench_rows(args: &[&str]) -> Vec<serde_json::Value> {
-    let out = dmem(args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v.get("summary").is_none())
-        .collect()
+    json_rows(&dmem(args))
 }
 
 #[test]

@@ -4,27 +4,10 @@ use std::process::Command;
 
 #[path = "support/netns.rs"]
 mod netns;
+#[path = "support/run.rs"]
+mod run;
 
-fn dmem(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_dmem"))
-        .args(args)
-        .output()
-        .expect("the dmem binary runs")
-}
-
-fn json_rows(out: &std::process::Output) -> Vec<serde_json::Value> {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone())
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("one JSON object per line"))
-        .filter(|v| v.get("summary").is_none())
-        .collect()
-}
+use run::{dmem, json_rows};
 
 #[test]
 fn sim_json_rows_show_the_cx3_write_and_cas_ceilings() {
