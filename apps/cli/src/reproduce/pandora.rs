@@ -1,5 +1,6 @@
-//! Pandora (steady state §6.2, recovery §6.1 / Table 2, FORD's Baseline scan) on the
-//! simulated cluster, `cx5`, 3 MNs, as `dmem bench` and `dmem recover` run it.
+//! Pandora (steady state §6.2, recovery §6.1 / Table 2, fail-over throughput of Figs. 9–11,
+//! FORD's Baseline scan) on the simulated cluster, `cx5`, 3 MNs, as `dmem bench` and `dmem
+//! recover` run it.
 
 use anyhow::Context as _;
 
@@ -8,12 +9,24 @@ use crate::recover;
 
 pub(crate) const PAPER: Paper = Paper {
     name: "pandora",
-    title: "Pandora: PILL steady state, recovery latency, FORD's stop-the-world scan",
+    title: "Pandora: PILL steady state, recovery latency, fail-over, FORD's stop-the-world scan",
     run,
-    steps: 3 + 4 + 3,
+    steps: 3 + 4 + FAILOVER.len() as u64 + 3,
 };
 
 const PROTOCOLS: [&str; 3] = ["ford", "pandora", "pandora-lock-logging"];
+
+/// Fail-over runs (Figs. 9–11): figure, workload, scale, figure file. TATP and TPC-C at
+/// `tiny`, as the steady state runs them; at `tiny` FORD's scan of TATP ends inside the
+/// window.
+const FAILOVER: [(&str, &str, &str, &str); 3] = [
+    ("Fig. 9", "smallbank", "small", "failover_smallbank"),
+    ("Fig. 10", "tatp", "tiny", "failover_tatp"),
+    ("Fig. 11", "tpcc", "tiny", "failover_tpcc"),
+];
+/// The fail-over runs' crash instant and length, ms of virtual time.
+const FAILOVER_CRASH_MS: usize = 4;
+const FAILOVER_MS: usize = 16;
 
 fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
     let registry = dmem_protocols::registry();
@@ -160,6 +173,72 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
         }
     }
 
+    // Figs. 9–11: committed per ms around a CN crash, one of three coordinator CNs (§6.1:
+    // Pandora's throughput "does not drop to zero, but drops to about two-thirds"; the
+    // Baseline, FORD's recovery, stops every CN while it scans the locks).
+    for (figure, workload, scale, id) in FAILOVER {
+        // Per protocol: committed per ms, and the mean per ms before the crash and after
+        // recovery finished.
+        let mut runs: Vec<(Vec<f64>, f64, f64)> = Vec::new();
+        for protocol in ["pandora", "ford"] {
+            let r = recover::measure(
+                &[
+                    "--protocol",
+                    protocol,
+                    "--workload",
+                    workload,
+                    "--scale",
+                    scale,
+                    "--cns",
+                    "3",
+                    "--crash-at-ms",
+                    &FAILOVER_CRASH_MS.to_string(),
+                    "--duration-ms",
+                    &FAILOVER_MS.to_string(),
+                    "--json",
+                ],
+                &registry,
+            )
+            .with_context(|| format!("dmem recover --protocol {protocol} --workload {workload}"))?;
+            anyhow::ensure!(
+                r["checker"] == "ok" && r["invariants"] == "ok",
+                "{protocol} fail-over on {workload} failed a check: {r}"
+            );
+            let per_ms: Vec<f64> = r["series"]
+                .as_array()
+                .context("`series` in dmem recover's report")?
+                .iter()
+                .map(|v| v.as_f64().context("a number in `series`"))
+                .collect::<anyhow::Result<_>>()?;
+            anyhow::ensure!(
+                per_ms.len() == FAILOVER_MS,
+                "dmem recover's series has {} ms, not {FAILOVER_MS}",
+                per_ms.len()
+            );
+            runs.push((per_ms, num(&r, "before_per_ms")?, num(&r, "after_per_ms")?));
+        }
+        let [(pandora, before, after), (ford, ..)] = [runs.remove(0), runs.remove(0)];
+        out.claims.extend(failover_claims(
+            figure,
+            workload,
+            &pandora,
+            (before, after),
+            &ford,
+        ));
+        out.figures.push(Figure {
+            id,
+            title: format!(
+                "{workload} ({scale}): committed per ms, one of 3 CNs crashes at {FAILOVER_CRASH_MS} ms"
+            ),
+            x_label: "ms of virtual time",
+            y_label: "committed per ms",
+            log_x: false,
+            x: (0..FAILOVER_MS).map(|ms| ms as f64).collect(),
+            series: vec![("pandora".into(), pandora), ("ford".into(), ford)],
+        });
+        bar.inc(1);
+    }
+
     // FORD's stop-the-world scan vs data size.
     let mut records = Vec::new();
     let mut scan_ms = Vec::new();
@@ -226,4 +305,71 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
         scan_ms[last] * 1e3 > latency[2],
     ));
     Ok(out)
+}
+
+/// The claims of a fail-over figure (Figs. 9–11) from committed per ms around the crash at
+/// [`FAILOVER_CRASH_MS`]: Pandora keeps committing and settles at about two-thirds of its
+/// rate before (one of three CNs lost); FORD's recovery stops every CN while it scans.
+/// `(before, after)`: Pandora's mean per ms before the crash and after recovery finished.
+fn failover_claims(
+    figure: &'static str,
+    workload: &str,
+    pandora: &[f64],
+    (before, after): (f64, f64),
+    ford: &[f64],
+) -> [Claim; 2] {
+    let ford_low = ford[FAILOVER_CRASH_MS..]
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min);
+    [
+        Claim::new(
+            figure,
+            format!(
+                "{workload}: pandora committed per ms after recovery / before (1 of 3 CNs crashed)"
+            ),
+            2.0 / 3.0,
+            after / before,
+            "pandora commits in every ms after the crash",
+            pandora[FAILOVER_CRASH_MS..].iter().all(|&c| c > 0.0),
+        ),
+        Claim::new(
+            figure,
+            format!("{workload}: ford's lowest committed per ms after the crash"),
+            0.0,
+            ford_low,
+            "ford stops every CN while it scans",
+            ford_low == 0.0,
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failover_claims_hold_only_for_a_pandora_that_keeps_committing_and_a_ford_that_stops() {
+        let before = vec![30.0; FAILOVER_CRASH_MS];
+        let mut pandora = before.clone();
+        pandora.extend([15.0, 18.0, 20.0, 20.0]);
+        let mut ford = before.clone();
+        ford.extend([15.0, 0.0, 0.0, 10.0]);
+        let [p, f] = failover_claims("Fig. 9", "smallbank", &pandora, (30.0, 20.0), &ford);
+        assert!(p.holds && f.holds);
+        assert!((p.dmem - 2.0 / 3.0).abs() < 1e-9);
+        assert_eq!(f.dmem, 0.0);
+        // A Pandora that stops for a millisecond, a FORD that never does: neither holds.
+        pandora[FAILOVER_CRASH_MS + 1] = 0.0;
+        ford[FAILOVER_CRASH_MS + 1] = 5.0;
+        ford[FAILOVER_CRASH_MS + 2] = 5.0;
+        let [p, f] = failover_claims("Fig. 9", "smallbank", &pandora, (30.0, 20.0), &ford);
+        assert!(!p.holds && !f.holds);
+        assert_eq!(f.dmem, 5.0);
+        // Before the crash nothing counts: a quiet warm-up is not a stop.
+        pandora[FAILOVER_CRASH_MS + 1] = 20.0;
+        pandora[0] = 0.0;
+        let [p, _] = failover_claims("Fig. 9", "smallbank", &pandora, (30.0, 20.0), &ford);
+        assert!(p.holds);
+    }
 }
