@@ -32,6 +32,19 @@
 //!
 //! Request numbers are `u32` per session and are not reused; a session would need 2³²
 //! requests to wrap, far beyond any run here (a wrap would need eRPC's slot scheme).
+//!
+//! **Timeout.** eRPC retransmits after a fixed 5 ms, about a thousand fabric round trips,
+//! which no queueing delay reaches. dmem's floor is much shorter (the caller's minimum,
+//! [`crate::config::retransmission_timeout`]: 90 µs on cx5), so that the litmus suite's
+//! 2 ms runs recover from a lost message; but a loaded round trip can exceed it (FaSST at
+//! 64 contexts per thread: a p50 of hundreds of µs), and a fixed short timeout then
+//! re-sends requests that were never lost, each re-send adding load. So each session
+//! estimates its round trip as TCP does (RFC 6298: smoothed RTT and its variation, from
+//! requests answered without a re-send — Karn's rule) and times a request out after
+//! `max(minimum, SRTT + 4 × RTTVAR)`; every expiry doubles the session's timeout until the
+//! next sample (RFC 6298 §5.5: without it a round trip longer than the timeout would have
+//! every request re-sent and never give a sample). Capped at [`MAX_RTO_FACTOR`] times the
+//! minimum (≈ eRPC's 5 ms on cx5).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -41,6 +54,42 @@ use crate::net::{Flow, Msg};
 
 /// Bytes a request message carries for reliability: the acknowledged-below mark.
 pub const ACK_PREFIX: usize = 4;
+
+/// The longest timeout, in units of the minimum one: 64 × 90 µs ≈ 5.8 ms on cx5, about
+/// eRPC's fixed 5 ms (module docs).
+pub const MAX_RTO_FACTOR: Nanos = 64;
+
+/// A session's round-trip estimate (RFC 6298 §2, in integer nanoseconds: gains 1/8 and
+/// 1/4, K = 4).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct RttEstimate {
+    /// Smoothed round trip, `None` before the first sample.
+    srtt: Option<Nanos>,
+    rttvar: Nanos,
+}
+
+impl RttEstimate {
+    fn sample(&mut self, rtt: Nanos) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(rtt);
+                self.rttvar = rtt / 2;
+            }
+            Some(srtt) => {
+                self.rttvar = (3 * self.rttvar + srtt.abs_diff(rtt)) / 4;
+                self.srtt = Some((7 * srtt + rtt) / 8);
+            }
+        }
+    }
+
+    /// The timeout: `max(min, SRTT + 4 × RTTVAR)`, at most [`MAX_RTO_FACTOR`] × `min`.
+    fn rto(&self, min: Nanos) -> Nanos {
+        let estimate = self
+            .srtt
+            .map_or(0, |srtt| srtt.saturating_add(self.rttvar.saturating_mul(4)));
+        estimate.clamp(min, min.saturating_mul(MAX_RTO_FACTOR))
+    }
+}
 
 /// Splits a received request payload into its acknowledged-below mark and the request.
 #[must_use]
@@ -54,6 +103,10 @@ struct Outstanding<T> {
     flow: Flow,
     msg_type: u16,
     request: Vec<u8>,
+    /// When it was first sent (a round-trip sample when it is answered without a re-send).
+    sent_at: Nanos,
+    /// It was re-sent (its answer gives no sample).
+    resent: bool,
     deadline: Nanos,
     reply: T,
 }
@@ -62,6 +115,9 @@ struct Outstanding<T> {
 struct Session<T> {
     next: u32,
     outstanding: BTreeMap<u32, Outstanding<T>>,
+    rtt: RttEstimate,
+    /// Timeouts since the last sample: the timeout is doubled this many times (at most 6).
+    backoff: u32,
 }
 
 impl<T> Default for Session<T> {
@@ -69,11 +125,22 @@ impl<T> Default for Session<T> {
         Self {
             next: 0,
             outstanding: BTreeMap::new(),
+            rtt: RttEstimate::default(),
+            backoff: 0,
         }
     }
 }
 
 impl<T> Session<T> {
+    /// The timeout of a request sent now: the estimate, doubled per expiry since the last
+    /// sample, at most [`MAX_RTO_FACTOR`] × `min`.
+    fn timeout(&self, min: Nanos) -> Nanos {
+        self.rtt
+            .rto(min)
+            .saturating_mul(1 << self.backoff)
+            .min(min.saturating_mul(MAX_RTO_FACTOR))
+    }
+
     fn acked_below(&self) -> u32 {
         self.outstanding.keys().next().copied().unwrap_or(self.next)
     }
@@ -103,20 +170,30 @@ pub struct RequesterStats {
 /// is what a response is delivered to.
 #[derive(Debug)]
 pub struct Requester<T> {
-    rto: Nanos,
+    /// The shortest timeout (module docs, "Timeout").
+    min_rto: Nanos,
     sessions: HashMap<u16, Session<T>>,
     stats: RequesterStats,
 }
 
 impl<T> Requester<T> {
-    /// A requester that retransmits a request unanswered for `rto` ns.
+    /// A requester that retransmits a request unanswered for at least `min_rto` ns (longer
+    /// when its session's round trips are longer, and doubling with each re-send).
     #[must_use]
-    pub fn new(rto: Nanos) -> Self {
+    pub fn new(min_rto: Nanos) -> Self {
         Self {
-            rto: rto.max(1),
+            min_rto: min_rto.max(1),
             sessions: HashMap::new(),
             stats: RequesterStats::default(),
         }
+    }
+
+    /// The timeout of a request sent to `dest` now (module docs, "Timeout").
+    #[must_use]
+    pub fn rto(&self, dest: u16) -> Nanos {
+        self.sessions
+            .get(&dest)
+            .map_or(self.min_rto, |s| s.timeout(self.min_rto))
     }
 
     /// Its counters.
@@ -144,7 +221,9 @@ impl<T> Requester<T> {
             flow,
             msg_type,
             request,
-            deadline: now.saturating_add(self.rto),
+            sent_at: now,
+            resent: false,
+            deadline: now.saturating_add(session.timeout(self.min_rto)),
             reply,
         };
         session.outstanding.insert(reqno, o);
@@ -163,21 +242,29 @@ impl<T> Requester<T> {
         Some(o.reply)
     }
 
-    /// A response from server `src` to request `reqno`: the reply target if the request
-    /// was outstanding (it no longer is), `None` for a stale response.
-    pub fn on_response(&mut self, src: u16, reqno: u32) -> Option<T> {
-        let got = self
-            .sessions
-            .get_mut(&src)
-            .and_then(|s| s.outstanding.remove(&reqno));
-        if got.is_none() {
+    /// A response from server `src` to request `reqno`, received at `now`: the reply target
+    /// if the request was outstanding (it no longer is), `None` for a stale response. A
+    /// request answered without a re-send gives its session a round-trip sample (one that
+    /// was re-sent does not: which send was answered is unknown, Karn's rule).
+    pub fn on_response(&mut self, src: u16, reqno: u32, now: Nanos) -> Option<T> {
+        let Some(session) = self.sessions.get_mut(&src) else {
             self.stats.stale_responses += 1;
+            return None;
+        };
+        let Some(o) = session.outstanding.remove(&reqno) else {
+            self.stats.stale_responses += 1;
+            return None;
+        };
+        if !o.resent {
+            session.rtt.sample(now.saturating_sub(o.sent_at));
+            session.backoff = 0;
         }
-        got.map(|o| o.reply)
+        Some(o.reply)
     }
 
     /// Every request unanswered past its deadline at `now`, as `(destination, flow,
-    /// message)` to insert again, each with a new deadline `now + rto`.
+    /// message)` to insert again. A session with any doubles its timeout (once per call),
+    /// and its re-sent requests are due again after that timeout.
     pub fn due(&mut self, now: Nanos) -> Vec<(u16, Flow, Msg)> {
         let mut out = Vec::new();
         let mut dests: Vec<u16> = self.sessions.keys().copied().collect();
@@ -190,9 +277,14 @@ impl<T> Requester<T> {
                 .filter(|(_, o)| o.deadline <= now)
                 .map(|(n, _)| *n)
                 .collect();
+            if !due.is_empty() {
+                session.backoff = (session.backoff + 1).min(6);
+            }
+            let timeout = session.timeout(self.min_rto);
             for reqno in due {
                 let o = session.outstanding.get_mut(&reqno).expect("listed");
-                o.deadline = now.saturating_add(self.rto);
+                o.resent = true;
+                o.deadline = now.saturating_add(timeout);
                 let flow = o.flow;
                 let o = &session.outstanding[&reqno];
                 out.push((dest, flow, session.message(reqno, o)));
@@ -401,6 +493,67 @@ mod tests {
     }
 
     #[test]
+    fn slow_round_trips_lengthen_the_timeout_so_nothing_is_re_sent_spuriously() {
+        let mut req = Requester::new(RTO);
+        assert_eq!(req.rto(2), RTO, "no sample yet: the minimum");
+        // Every answer takes 10 minimum timeouts (a loaded server). The first requests are
+        // re-sent while the timeout backs off; once one is answered without a re-send, the
+        // estimate covers the round trip and nothing is re-sent any more.
+        let mut now = 0;
+        let mut resent_per_request = Vec::new();
+        for i in 0..10 {
+            let m = send(&mut req, i, "x", now);
+            let before = req.stats().retransmissions;
+            for t in now + 1..=now + 10 * RTO {
+                let _ = req.due(t);
+            }
+            now += 10 * RTO;
+            assert_eq!(req.on_response(2, m.slot, now), Some("x"));
+            resent_per_request.push(req.stats().retransmissions - before);
+        }
+        assert_eq!(resent_per_request, [3, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let rto = req.rto(2);
+        assert!((10 * RTO..=MAX_RTO_FACTOR * RTO).contains(&rto), "{rto}");
+        // Another destination has its own estimate.
+        assert_eq!(req.rto(3), RTO);
+    }
+
+    #[test]
+    fn fast_round_trips_keep_the_minimum_and_the_cap_holds() {
+        let mut req = Requester::new(RTO);
+        for i in 0..20 {
+            let m = send(&mut req, i, "x", 1_000 * u64::from(i));
+            assert_eq!(
+                req.on_response(2, m.slot, 1_000 * u64::from(i) + 3),
+                Some("x")
+            );
+        }
+        assert_eq!(req.rto(2), RTO, "a 3 ns round trip: the floor");
+        let mut req = Requester::new(RTO);
+        for i in 0..20 {
+            let m = send(&mut req, i, "x", 0);
+            assert_eq!(req.on_response(2, m.slot, 1_000 * RTO), Some("x"));
+        }
+        assert_eq!(req.rto(2), MAX_RTO_FACTOR * RTO, "capped");
+    }
+
+    #[test]
+    fn each_expiry_doubles_the_timeout_up_to_the_cap() {
+        let mut req = Requester::new(RTO);
+        let _lost = send(&mut req, 1, "a", 0);
+        let mut at = RTO;
+        let mut gaps = Vec::new();
+        for _ in 0..9 {
+            assert_eq!(req.due(at).len(), 1);
+            let next = req.next_deadline().unwrap();
+            assert!(req.due(next - 1).is_empty());
+            gaps.push((next - at) / RTO);
+            at = next;
+        }
+        assert_eq!(gaps, [2, 4, 8, 16, 32, 64, 64, 64, 64]);
+    }
+
+    #[test]
     fn lost_request_is_retransmitted_after_the_timeout() {
         let mut req = Requester::new(RTO);
         let mut srv = Server::new(false);
@@ -411,7 +564,7 @@ mod tests {
         assert_eq!(again.len(), 1);
         assert_eq!((again[0].0, again[0].1), (2, Flow::COMMIT));
         let resp = srv.receive(&again[0].2).unwrap();
-        assert_eq!(req.on_response(2, resp.slot), Some("a"));
+        assert_eq!(req.on_response(2, resp.slot, 0), Some("a"));
         assert_eq!(srv.executions[&0], 1);
         assert_eq!(req.outstanding(), 0);
         assert_eq!(req.stats().retransmissions, 1);
@@ -427,7 +580,7 @@ mod tests {
         let replay = srv.receive(&again).unwrap();
         assert_eq!(srv.executions[&0], 1, "executed once");
         assert_eq!(replay.payload, vec![1]);
-        assert_eq!(req.on_response(2, replay.slot), Some("a"));
+        assert_eq!(req.on_response(2, replay.slot, 0), Some("a"));
         assert_eq!(srv.r.stats().replayed, 1);
     }
 
@@ -439,9 +592,9 @@ mod tests {
         let r1 = srv.receive(&m).unwrap();
         let r2 = srv.receive(&m).unwrap(); // the network duplicated the request
         assert_eq!(srv.executions[&0], 1);
-        assert_eq!(req.on_response(2, r1.slot), Some("a"));
-        assert_eq!(req.on_response(2, r2.slot), None, "stale");
-        assert_eq!(req.on_response(2, r1.slot), None, "duplicated response");
+        assert_eq!(req.on_response(2, r1.slot, 0), Some("a"));
+        assert_eq!(req.on_response(2, r2.slot, 0), None, "stale");
+        assert_eq!(req.on_response(2, r1.slot, 0), None, "duplicated response");
         assert_eq!(req.stats().stale_responses, 2);
         assert!(
             req.due(10 * RTO).is_empty(),
@@ -458,12 +611,12 @@ mod tests {
         // b overtakes a; both answered out of order.
         let rb = srv.receive(&b).unwrap();
         let ra = srv.receive(&a).unwrap();
-        assert_eq!(req.on_response(2, rb.slot), Some("b"));
+        assert_eq!(req.on_response(2, rb.slot, 0), Some("b"));
         assert_eq!(srv.r.cached(), 2);
         // a is still unanswered at the requester: the next request acknowledges nothing.
         let c = send(&mut req, 3, "c", 0);
         assert_eq!(split_request(&c.payload).unwrap().0, 0);
-        assert_eq!(req.on_response(2, ra.slot), Some("a"));
+        assert_eq!(req.on_response(2, ra.slot, 0), Some("a"));
         let d = send(&mut req, 4, "d", 0);
         assert_eq!(split_request(&d.payload).unwrap().0, 2, "c is outstanding");
         let _ = srv.receive(&d).unwrap();
@@ -473,7 +626,7 @@ mod tests {
         assert_eq!(srv.executions[&0], 1);
         // c arrives late, after d: executed once.
         let rc = srv.receive(&c).unwrap();
-        assert_eq!(req.on_response(2, rc.slot), Some("c"));
+        assert_eq!(req.on_response(2, rc.slot, 0), Some("c"));
         assert_eq!(srv.executions.values().sum::<u32>(), 4);
     }
 
@@ -502,7 +655,7 @@ mod tests {
         assert!(req.due(10 * RTO).is_empty(), "never retransmitted");
         assert_eq!(req.next_deadline(), None);
         assert_eq!(
-            req.on_response(2, answered.slot),
+            req.on_response(2, answered.slot, 0),
             None,
             "the old answer is stale"
         );

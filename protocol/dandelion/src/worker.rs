@@ -767,10 +767,11 @@ impl<V: Verbs + Clock> Worker<V> {
         if packet.response {
             for m in packet.messages {
                 // A stale response (duplicate, or its request already answered) is ignored.
-                let reply = self
-                    .requester
-                    .borrow_mut()
-                    .on_response(packet.src_node, m.slot);
+                let reply = self.requester.borrow_mut().on_response(
+                    packet.src_node,
+                    m.slot,
+                    self.ctx.now(),
+                );
                 let Some(Some((step, i))) = reply else {
                     continue;
                 };
