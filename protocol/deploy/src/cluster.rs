@@ -31,6 +31,23 @@ pub struct ClusterShape {
     pub message_faults: MessageFaults,
 }
 
+impl Default for ClusterShape {
+    /// 3 MNs, 2 CNs × 4 threads, seed 1, the cx5 profile, at least 1 MiB per MN, no message
+    /// faults (`dmem bench`'s defaults): set what differs, `ClusterShape { cns: 9,
+    /// ..ClusterShape::default() }`.
+    fn default() -> Self {
+        Self {
+            mns: 3,
+            cns: 2,
+            threads: 4,
+            seed: 1,
+            profile: NicProfile::cx5(),
+            min_mn_bytes: 1 << 20,
+            message_faults: MessageFaults::default(),
+        }
+    }
+}
+
 impl ClusterShape {
     /// The shape of a symmetric deployment (see [`Protocol::symmetric`]): `servers` CNs that
     /// are the servers, and the one MN the simulator requires, left idle at its minimum size.
