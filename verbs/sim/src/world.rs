@@ -30,8 +30,8 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::task::Waker;
 
 use dmem_verbs::{
-    BatchResult, Endpoint, Message, Nanos, NodeId, Op, OpKind, Port, RKey, ReadBytes, VerbsError,
-    WorkRequests, WrId, WrOutcome,
+    BatchResult, Endpoint, Message, Nanos, NodeId, Op, OpKind, Port, RKey, ReadBytes, RemoteAddr,
+    VerbsError, WorkRequests, WrId, WrOutcome,
 };
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
@@ -869,7 +869,13 @@ impl World {
         // An op whose service starts now runs at once instead of through the event queue:
         // the same virtual instant, one event fewer (most ops on an idle NIC).
         match inline {
-            Some(Inline::Execute) => self.on_execute(key, wr),
+            // The MN was found up at this same instant (above) and `op` is still borrowed
+            // from the list: no crash check and no lookup again.
+            Some(Inline::Execute) => {
+                if let Some(action) = Action::of(op) {
+                    self.execute(key, wr, kind, addr, action);
+                }
+            }
             Some(Inline::FirstLine) => self.on_write_line(key, wr, 0),
             None => {}
         }
@@ -892,21 +898,34 @@ impl World {
         }
     }
 
+    /// Out of line: inlined into the event loop, it made a saturated MN's executions (lists
+    /// of 16 READs) dearer.
+    #[inline(never)]
     fn on_execute(&mut self, key: BatchKey, wr: usize) {
         let op = &self.batches[key].wrs[wr].op;
         let (kind, addr) = (op.kind(), op.addr());
-        let action = match *op {
-            Op::Read { len, .. } => Action::Read(len as usize),
-            Op::Cas { expect, swap, .. } => Action::Cas(expect, swap),
-            Op::Faa { add, .. } => Action::Faa(add),
-            Op::Write { .. } => unreachable!("WRITEs land through WriteLine events"),
-        };
+        let action = Action::of(op).expect("WRITEs land through WriteLine events");
         let dst = usize::from(addr.node.0);
         if self.nodes[dst].crashed {
             let at = self.now + self.profile.transport_timeout_ns;
             self.fail(key, wr, VerbsError::ConnectionLost { node: addr.node }, at);
             return;
         }
+        self.execute(key, wr, kind, addr, action);
+    }
+
+    /// The memory effect of READ or atomic `wr` of list `key` (`kind` at `addr`, an MN that
+    /// is up), its outcome and its response.
+    #[inline(always)]
+    fn execute(
+        &mut self,
+        key: BatchKey,
+        wr: usize,
+        kind: OpKind,
+        addr: RemoteAddr,
+        action: Action,
+    ) {
+        let dst = usize::from(addr.node.0);
         let offset = addr.offset as usize;
         let memory = &mut self.nodes[dst].memory;
         let outcome = match action {
@@ -1185,6 +1204,19 @@ enum Action {
     Read(usize),
     Cas(u64, u64),
     Faa(u64),
+}
+
+impl Action {
+    /// The action of `op`, if it executes (a WRITE lands line by line instead).
+    #[inline]
+    fn of(op: &Op) -> Option<Self> {
+        match *op {
+            Op::Read { len, .. } => Some(Action::Read(len as usize)),
+            Op::Cas { expect, swap, .. } => Some(Action::Cas(expect, swap)),
+            Op::Faa { add, .. } => Some(Action::Faa(add)),
+            Op::Write { .. } => None,
+        }
+    }
 }
 
 /// `x.ceil() as Nanos`, bit for bit, without `f64::ceil`: the x86-64 baseline has no
