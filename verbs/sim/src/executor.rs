@@ -1010,6 +1010,8 @@ impl Drop for Sim {
 }
 
 impl Drop for PostFuture<'_> {
+    /// Inlined into the caller's `.await` (one drop per post; a finished future is `Done`).
+    #[inline]
     fn drop(&mut self) {
         if let PostState::Posted(key) = self.state
             && let Ok(mut world) = self.ctx.shared.world.try_borrow_mut()
