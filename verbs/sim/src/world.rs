@@ -561,7 +561,8 @@ impl World {
         let at = self.cores[core].local;
         let key = self.batches.insert(core, node, at, wrs, posted, signaled);
         if posted > 0 {
-            self.schedule(at, Event::Doorbell(key));
+            // The queue's own (inlined) push: `schedule` is a call, with the event in memory.
+            self.events.push(at, Event::Doorbell(key));
         }
         if crash_now {
             self.crash(node);
@@ -717,7 +718,8 @@ impl World {
         nic.stats.egress_busy_ns += wire;
         nic.stats.bytes_out += bytes + u64::from(profile.header_bytes);
         let arrive = nic.egress_free + self.jitter.scale(profile.one_way_latency_ns as f64);
-        self.schedule(
+        // The queue's own (inlined) push, as in `post`.
+        self.events.push(
             ceil_ns(arrive),
             Event::Complete {
                 batch: key,
