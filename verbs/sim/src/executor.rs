@@ -977,7 +977,7 @@ impl Future for PostFuture<'_> {
                 key
             }
             // A list just posted is never complete: its work requests are in flight, or (a
-            // crash mid-list) some were never posted.
+            // crash mid-list) some were never posted. Its slot takes its waiter at once.
             PostState::Unposted(_) => {
                 let PostState::Unposted(list) = std::mem::replace(&mut self.state, PostState::Done)
                 else {
@@ -987,19 +987,29 @@ impl Future for PostFuture<'_> {
                     Ok(wrs) => wrs,
                     Err(e) => return Poll::Ready(Err(e)),
                 };
-                let key = world.post(ctx.core, wrs);
+                let key = world.post(ctx.core, wrs, waiter(ctx, cx));
                 self.state = PostState::Posted(key);
-                key
+                return Poll::Pending;
             }
             PostState::Done => panic!("PostFuture polled after completion"),
         };
-        let shared = &ctx.shared;
-        let own_waker = shared.polling.get().filter(|task| task.owns(cx.waker()));
-        world.batch_mut(key).waiter = match own_waker {
-            Some(task) => Waiter::Task(task.key),
-            None => Waiter::Waker(cx.waker().clone()),
-        };
+        world.batch_mut(key).waiter = waiter(ctx, cx);
         Poll::Pending
+    }
+}
+
+/// Who a post list polled with `cx` wakes: the task being polled, if `cx` holds its own
+/// waker, or a clone of that waker.
+#[inline]
+fn waiter(ctx: &SimContext, cx: &Context<'_>) -> Waiter {
+    let own_waker = ctx
+        .shared
+        .polling
+        .get()
+        .filter(|task| task.owns(cx.waker()));
+    match own_waker {
+        Some(task) => Waiter::Task(task.key),
+        None => Waiter::Waker(cx.waker().clone()),
     }
 }
 
@@ -1094,7 +1104,7 @@ impl Verbs for SimContext {
         let mut world = self.shared.world.borrow_mut();
         // Posted like any list (same doorbells, same per-QP order), then abandoned: the work
         // requests execute, their completions wake nobody and cost no CQE poll.
-        let key = world.post(self.core, wrs);
+        let key = world.post(self.core, wrs, Waiter::None);
         world.abandon(key);
         Ok(())
     }

@@ -172,8 +172,9 @@ struct Batches {
 }
 
 impl Batches {
-    /// Stores a new in-flight list with no outcome yet, no failure and no waiter.
+    /// Stores a new in-flight list with no outcome yet, no failure and `waiter`.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     fn insert(
         &mut self,
         core: usize,
@@ -182,6 +183,7 @@ impl Batches {
         wrs: WorkRequests,
         posted: usize,
         signaled: usize,
+        waiter: Waiter,
     ) -> BatchKey {
         let outcomes = BatchResult::written(wrs.len());
         if let Some(key) = self.free.pop() {
@@ -194,6 +196,7 @@ impl Batches {
             b.signaled = signaled;
             b.outcomes = outcomes;
             debug_assert!(b.failure.is_none() && matches!(b.waiter, Waiter::None));
+            b.waiter = waiter;
             b.outstanding = posted;
             b.abandoned = false;
             b.live = true;
@@ -209,7 +212,7 @@ impl Batches {
                 outcomes,
                 failure: None,
                 outstanding: posted,
-                waiter: Waiter::None,
+                waiter,
                 abandoned: false,
                 live: true,
             });
@@ -226,15 +229,22 @@ impl Batches {
     /// outcomes when the slot is reused.
     #[inline]
     fn remove(&mut self, key: BatchKey) {
-        let b = &mut self[key];
-        b.live = false;
-        if b.failure.is_some() {
-            b.failure = None;
-        }
-        if !matches!(b.waiter, Waiter::None) {
-            b.waiter = Waiter::None;
-        }
+        self[key].clear();
         self.free.push(key);
+    }
+}
+
+impl Batch {
+    /// Marks the slot free, dropping its failure and waiter (see [`Batches::remove`]).
+    #[inline]
+    fn clear(&mut self) {
+        self.live = false;
+        if self.failure.is_some() {
+            self.failure = None;
+        }
+        if !matches!(self.waiter, Waiter::None) {
+            self.waiter = Waiter::None;
+        }
     }
 }
 
@@ -524,12 +534,15 @@ impl World {
 
     // ---------------------------------------------------------------- posting
 
-    /// Posts a checked list from `core`: pays the CPU cost, applies a planned crash, and
-    /// schedules the doorbell. Returns the batch key. Inlined into the post future, so that
-    /// the work requests are moved into their slot once.
+    /// Posts a checked list from `core` for `waiter`: pays the CPU cost, applies a planned
+    /// crash, and schedules the doorbell. Returns the batch key. Inlined into the post
+    /// future, so that the work requests are moved into their slot once.
     #[inline]
-    pub(crate) fn post(&mut self, core: usize, wrs: WorkRequests) -> BatchKey {
-        let node = self.cores[core].node;
+    pub(crate) fn post(&mut self, core: usize, wrs: WorkRequests, waiter: Waiter) -> BatchKey {
+        // The core and the slot are looked up once each (`charge` and `batch_mut` would
+        // look them up again).
+        let c = &mut self.cores[core];
+        let node = c.node;
         let n = &mut self.nodes[usize::from(node.0)];
         let mut posted = wrs.len();
         if let Some(k) = n.crash_at_wr {
@@ -557,9 +570,13 @@ impl World {
         n.nic.stats.doorbells += doorbells;
         let cost =
             posted as u64 * self.profile.wr_cpu_ns + doorbells * self.profile.doorbell_cpu_ns;
-        self.charge(core, cost);
-        let at = self.cores[core].local;
-        let key = self.batches.insert(core, node, at, wrs, posted, signaled);
+        // What `charge` does.
+        c.local += cost;
+        c.cpu_busy_ns += cost;
+        let at = c.local;
+        let key = self
+            .batches
+            .insert(core, node, at, wrs, posted, signaled, waiter);
         if posted > 0 {
             // The queue's own (inlined) push: `schedule` is a call, with the event in memory.
             self.events.push(at, Event::Doorbell(key));
@@ -572,7 +589,9 @@ impl World {
 
     /// If batch `key` is complete, removes it and returns its outcomes.
     pub(crate) fn take_if_done(&mut self, key: BatchKey) -> Option<(usize, Outcomes)> {
-        let b = &mut self.batches[key];
+        // The slot through its field, so that it is freed below without a second lookup.
+        let b = &mut self.batches.slots[key];
+        debug_assert!(b.live, "batch {key} is not in flight");
         if b.outstanding > 0 || b.posted < b.wrs.len() {
             return None;
         }
@@ -583,7 +602,9 @@ impl World {
             // leave in its place.
             None => Ok(std::mem::take(&mut b.outcomes)),
         };
-        self.batches.remove(key);
+        // What `Batches::remove` does.
+        b.clear();
+        self.batches.free.push(key);
         Some((cqes, outcomes))
     }
 
