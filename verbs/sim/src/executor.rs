@@ -636,8 +636,10 @@ fn run_at_once(
     deadline: Option<Nanos>,
 ) -> Option<(usize, Nanos)> {
     // The usual reason not to (another event at this instant) first: the task's start is
-    // `now` or later, so an event at `now` comes before it.
-    if world.next_event_time().is_some_and(|e| e <= now) {
+    // `now` or later, so an event at `now` comes before it. Nothing below schedules an
+    // event, so this peek also serves the check against the task's start.
+    let next_event = world.next_event_time();
+    if next_event.is_some_and(|e| e <= now) {
         return None;
     }
     let tasks = shared.tasks.borrow();
@@ -658,7 +660,7 @@ fn run_at_once(
     let seq = shared.ready_seq.get() + 1;
     let version = q.version + 1;
     let start = now.max(world.cores[core].busy_until);
-    if deadline.is_some_and(|d| start > d) || world.next_event_time().is_some_and(|e| e <= start) {
+    if deadline.is_some_and(|d| start > d) || next_event.is_some_and(|e| e <= start) {
         return None;
     }
     // Its runnable entry would be `(start, seq, core, version)`; it must come first (entries are
