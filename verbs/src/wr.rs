@@ -334,6 +334,11 @@ impl ReadBytes {
     #[must_use]
     #[inline]
     pub fn from_slice(bytes: &[u8]) -> Self {
+        // A whole line (the usual READ) is copied as a fixed-size array, without the call
+        // to `memcpy` that a copy of unknown length makes.
+        if let Ok(line) = <[u8; READ_INLINE_BYTES]>::try_from(bytes) {
+            return Self(SmallVec::from_buf(line));
+        }
         Self(SmallVec::from_slice(bytes))
     }
 

@@ -1,8 +1,7 @@
 //! The simulation executor: tasks on simulated cores, driven in virtual time.
 
 use std::cell::{Cell, RefCell};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -19,7 +18,7 @@ use crate::stats::{NodeStats, Role, SimStats};
 use crate::world::{BatchKey, Event, TaskKey, Waiter, World};
 use crate::{ClusterConfig, SimError};
 
-/// A core in the runnable heap: (start time, wake order of its next task, core, version).
+/// A core in the runnable queue: (start time, wake order of its next task, core, version).
 type CoreEntry = (Nanos, u64, usize, u64);
 
 /// Wakes a task by queueing its key; the executor drains the queue after every step.
@@ -71,27 +70,31 @@ struct TaskSlot {
 /// core with many waiting tasks costs O(log n) per task run, not a pass over all of them.
 #[derive(Default)]
 struct CoreQueue {
-    tasks: SortedQueue,
+    tasks: SortedQueue<(Nanos, u64, TaskKey)>,
     /// Version of this core's live entry in `Shared::runnable`.
     version: u64,
 }
 
-/// A queue of `(time, wake order, task)` kept sorted, smallest first: the order a binary
-/// heap of them would pop (keys are unique: the wake order is). Tasks are readied at the
-/// current time or a core's local time, so almost every insertion goes at the back (one
+/// A queue of unique entries (`(time, wake order, ...)`: the wake order makes them unique)
+/// kept sorted, smallest first: the order a binary heap of them would pop. Entries are made
+/// at the current time or a core's local time, so most insertions go at the back (one
 /// compare) and every removal is at the front, cheaper than a heap's sifting; one that
 /// does not belongs where a binary search puts it.
-#[derive(Default)]
-struct SortedQueue(VecDeque<(Nanos, u64, TaskKey)>);
+struct SortedQueue<T>(VecDeque<T>);
 
-impl SortedQueue {
+impl<T> Default for SortedQueue<T> {
+    fn default() -> Self {
+        Self(VecDeque::new())
+    }
+}
+
+impl<T: Ord + Copy> SortedQueue<T> {
     /// Always inlined: a call cost as much as the usual push at the back.
     #[inline(always)]
-    fn push(&mut self, entry: (Nanos, u64, TaskKey)) {
-        let key = (entry.0, entry.1);
+    fn push(&mut self, entry: T) {
         match self.0.back() {
-            Some(&(at, seq, _)) if (at, seq) > key => {
-                let i = self.0.partition_point(|&(at, seq, _)| (at, seq) < key);
+            Some(back) if *back > entry => {
+                let i = self.0.partition_point(|e| *e < entry);
                 self.0.insert(i, entry);
             }
             _ => self.0.push_back(entry),
@@ -99,12 +102,12 @@ impl SortedQueue {
     }
 
     #[inline]
-    fn peek(&self) -> Option<&(Nanos, u64, TaskKey)> {
+    fn peek(&self) -> Option<&T> {
         self.0.front()
     }
 
     #[inline]
-    fn pop(&mut self) -> Option<(Nanos, u64, TaskKey)> {
+    fn pop(&mut self) -> Option<T> {
         self.0.pop_front()
     }
 }
@@ -133,8 +136,9 @@ struct Shared {
     /// Runnable tasks of each core.
     queues: RefCell<Vec<CoreQueue>>,
     /// Cores with a runnable task, by the time the core can start its next one (then that
-    /// task's wake order). One live entry per core; superseded entries are skipped.
-    runnable: RefCell<BinaryHeap<Reverse<CoreEntry>>>,
+    /// task's wake order). One live entry per core; superseded entries are skipped. Sorted
+    /// like the cores' queues (it pops what a binary heap of the entries would).
+    runnable: RefCell<SortedQueue<CoreEntry>>,
     ready_seq: Cell<u64>,
     wakes: Arc<WakeQueue>,
     woken_buffer: Cell<Vec<TaskKey>>,
@@ -172,7 +176,7 @@ impl Sim {
                         .map(|_| CoreQueue::default())
                         .collect(),
                 ),
-                runnable: RefCell::new(BinaryHeap::new()),
+                runnable: RefCell::new(SortedQueue::default()),
                 ready_seq: Cell::new(0),
                 wakes: Arc::new(WakeQueue::default()),
                 woken_buffer: Cell::new(Vec::new()),
@@ -497,11 +501,11 @@ fn push_ready(shared: &Shared, key: TaskKey, core: usize, at: Nanos) {
         shared
             .runnable
             .borrow_mut()
-            .push(Reverse((start, seq, core, q.version)));
+            .push((start, seq, core, q.version));
     }
 }
 
-/// (Re)enters `core` in the runnable heap with its current head task and free time,
+/// (Re)enters `core` in the runnable queue with its current head task and free time,
 /// superseding its previous entry. Inlined: after a task run the core's queue is usually
 /// empty, and then this only supersedes the entry.
 #[inline]
@@ -526,11 +530,11 @@ fn republish(shared: &Shared, world: &World, core: usize) {
         shared
             .runnable
             .borrow_mut()
-            .push(Reverse((start, seq, core, q.version)));
+            .push((start, seq, core, q.version));
     }
 }
 
-/// Enters `core` in the runnable heap with its head task (readied at `at`, wake order
+/// Enters `core` in the runnable queue with its head task (readied at `at`, wake order
 /// `seq`) and the queue's `version`, at the time the core can start that task.
 #[inline(never)]
 fn enter_runnable(shared: &Shared, core: usize, at: Nanos, seq: u64, version: u64) {
@@ -538,7 +542,7 @@ fn enter_runnable(shared: &Shared, core: usize, at: Nanos, seq: u64, version: u6
     shared
         .runnable
         .borrow_mut()
-        .push(Reverse((start, seq, core, version)));
+        .push((start, seq, core, version));
 }
 
 /// Readies the tasks woken since the last drain, at `at`. Its callers check first whether
@@ -618,8 +622,8 @@ fn ready_woken(shared: &Shared, key: TaskKey, at: Nanos) {
 
 /// Whether the task woken alone (by its list's completion, key `key`, at `now`) is what the
 /// run loop would do next: its core has no other task queued, and its start comes before
-/// every event, before every other core's entry in the heap and not after the deadline.
-/// Then the loop would enter it in its core's queue and the heap, find it first, take it
+/// every event, before every other core's entry in the runnable queue and not after the deadline.
+/// Then the loop would enter it in its core's queue and the runnable queue, find it first, take it
 /// out and run it; this does what that leaves behind (a wake order and a queue version
 /// used up) and returns its core and start, for the caller to run it at once. Otherwise it
 /// changes nothing and returns `None`: the task takes the usual way.
@@ -632,8 +636,10 @@ fn run_at_once(
     deadline: Option<Nanos>,
 ) -> Option<(usize, Nanos)> {
     // The usual reason not to (another event at this instant) first: the task's start is
-    // `now` or later, so an event at `now` comes before it.
-    if world.next_event_time().is_some_and(|e| e <= now) {
+    // `now` or later, so an event at `now` comes before it. Nothing below schedules an
+    // event, so this peek also serves the check against the task's start.
+    let next_event = world.next_event_time();
+    if next_event.is_some_and(|e| e <= now) {
         return None;
     }
     let tasks = shared.tasks.borrow();
@@ -654,17 +660,17 @@ fn run_at_once(
     let seq = shared.ready_seq.get() + 1;
     let version = q.version + 1;
     let start = now.max(world.cores[core].busy_until);
-    if deadline.is_some_and(|d| start > d) || world.next_event_time().is_some_and(|e| e <= start) {
+    if deadline.is_some_and(|d| start > d) || next_event.is_some_and(|e| e <= start) {
         return None;
     }
-    // Its heap entry would be `(start, seq, core, version)`; it must come first (entries are
+    // Its runnable entry would be `(start, seq, core, version)`; it must come first (entries are
     // unique: a core's entries differ in version). A superseded entry ahead of it would be
     // skipped, but the usual way handles that.
     if shared
         .runnable
         .borrow()
         .peek()
-        .is_some_and(|Reverse(first)| *first < (start, seq, core, version))
+        .is_some_and(|first| *first < (start, seq, core, version))
     {
         return None;
     }
@@ -678,7 +684,7 @@ fn run_at_once(
 /// `world` is the run loop's borrow of the world (for the cores' free times).
 fn next_task(shared: &Shared, world: &World) -> Option<(Nanos, usize, TaskKey)> {
     loop {
-        let Reverse((start, _, core, version)) = *shared.runnable.borrow().peek()?;
+        let (start, _, core, version) = *shared.runnable.borrow().peek()?;
         let head = {
             let queues = shared.queues.borrow();
             let q = &queues[core];
@@ -973,7 +979,7 @@ impl Future for PostFuture<'_> {
                 key
             }
             // A list just posted is never complete: its work requests are in flight, or (a
-            // crash mid-list) some were never posted.
+            // crash mid-list) some were never posted. Its slot takes its waiter at once.
             PostState::Unposted(_) => {
                 let PostState::Unposted(list) = std::mem::replace(&mut self.state, PostState::Done)
                 else {
@@ -983,19 +989,29 @@ impl Future for PostFuture<'_> {
                     Ok(wrs) => wrs,
                     Err(e) => return Poll::Ready(Err(e)),
                 };
-                let key = world.post(ctx.core, wrs);
+                let key = world.post(ctx.core, wrs, waiter(ctx, cx));
                 self.state = PostState::Posted(key);
-                key
+                return Poll::Pending;
             }
             PostState::Done => panic!("PostFuture polled after completion"),
         };
-        let shared = &ctx.shared;
-        let own_waker = shared.polling.get().filter(|task| task.owns(cx.waker()));
-        world.batch_mut(key).waiter = match own_waker {
-            Some(task) => Waiter::Task(task.key),
-            None => Waiter::Waker(cx.waker().clone()),
-        };
+        world.batch_mut(key).waiter = waiter(ctx, cx);
         Poll::Pending
+    }
+}
+
+/// Who a post list polled with `cx` wakes: the task being polled, if `cx` holds its own
+/// waker, or a clone of that waker.
+#[inline]
+fn waiter(ctx: &SimContext, cx: &Context<'_>) -> Waiter {
+    let own_waker = ctx
+        .shared
+        .polling
+        .get()
+        .filter(|task| task.owns(cx.waker()));
+    match own_waker {
+        Some(task) => Waiter::Task(task.key),
+        None => Waiter::Waker(cx.waker().clone()),
     }
 }
 
@@ -1010,6 +1026,8 @@ impl Drop for Sim {
 }
 
 impl Drop for PostFuture<'_> {
+    /// Inlined into the caller's `.await` (one drop per post; a finished future is `Done`).
+    #[inline]
     fn drop(&mut self) {
         if let PostState::Posted(key) = self.state
             && let Ok(mut world) = self.ctx.shared.world.try_borrow_mut()
@@ -1088,7 +1106,7 @@ impl Verbs for SimContext {
         let mut world = self.shared.world.borrow_mut();
         // Posted like any list (same doorbells, same per-QP order), then abandoned: the work
         // requests execute, their completions wake nobody and cost no CQE poll.
-        let key = world.post(self.core, wrs);
+        let key = world.post(self.core, wrs, Waiter::None);
         world.abandon(key);
         Ok(())
     }
@@ -1168,6 +1186,9 @@ impl Clock for SimContext {
 
 #[cfg(test)]
 mod tests {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+
     use super::*;
 
     /// The sorted queue pops in the order of a binary heap of the same entries, including

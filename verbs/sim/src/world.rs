@@ -30,8 +30,8 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::task::Waker;
 
 use dmem_verbs::{
-    BatchResult, Endpoint, Message, Nanos, NodeId, Op, OpKind, Port, RKey, ReadBytes, VerbsError,
-    WorkRequests, WrId, WrOutcome,
+    BatchResult, Endpoint, Message, Nanos, NodeId, Op, OpKind, Port, RKey, ReadBytes, RemoteAddr,
+    VerbsError, WorkRequests, WrId, WrOutcome,
 };
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
@@ -172,8 +172,9 @@ struct Batches {
 }
 
 impl Batches {
-    /// Stores a new in-flight list with no outcome yet, no failure and no waiter.
+    /// Stores a new in-flight list with no outcome yet, no failure and `waiter`.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     fn insert(
         &mut self,
         core: usize,
@@ -182,6 +183,7 @@ impl Batches {
         wrs: WorkRequests,
         posted: usize,
         signaled: usize,
+        waiter: Waiter,
     ) -> BatchKey {
         let outcomes = BatchResult::written(wrs.len());
         if let Some(key) = self.free.pop() {
@@ -194,6 +196,7 @@ impl Batches {
             b.signaled = signaled;
             b.outcomes = outcomes;
             debug_assert!(b.failure.is_none() && matches!(b.waiter, Waiter::None));
+            b.waiter = waiter;
             b.outstanding = posted;
             b.abandoned = false;
             b.live = true;
@@ -209,7 +212,7 @@ impl Batches {
                 outcomes,
                 failure: None,
                 outstanding: posted,
-                waiter: Waiter::None,
+                waiter,
                 abandoned: false,
                 live: true,
             });
@@ -226,15 +229,22 @@ impl Batches {
     /// outcomes when the slot is reused.
     #[inline]
     fn remove(&mut self, key: BatchKey) {
-        let b = &mut self[key];
-        b.live = false;
-        if b.failure.is_some() {
-            b.failure = None;
-        }
-        if !matches!(b.waiter, Waiter::None) {
-            b.waiter = Waiter::None;
-        }
+        self[key].clear();
         self.free.push(key);
+    }
+}
+
+impl Batch {
+    /// Marks the slot free, dropping its failure and waiter (see [`Batches::remove`]).
+    #[inline]
+    fn clear(&mut self) {
+        self.live = false;
+        if self.failure.is_some() {
+            self.failure = None;
+        }
+        if !matches!(self.waiter, Waiter::None) {
+            self.waiter = Waiter::None;
+        }
     }
 }
 
@@ -524,12 +534,15 @@ impl World {
 
     // ---------------------------------------------------------------- posting
 
-    /// Posts a checked list from `core`: pays the CPU cost, applies a planned crash, and
-    /// schedules the doorbell. Returns the batch key. Inlined into the post future, so that
-    /// the work requests are moved into their slot once.
+    /// Posts a checked list from `core` for `waiter`: pays the CPU cost, applies a planned
+    /// crash, and schedules the doorbell. Returns the batch key. Inlined into the post
+    /// future, so that the work requests are moved into their slot once.
     #[inline]
-    pub(crate) fn post(&mut self, core: usize, wrs: WorkRequests) -> BatchKey {
-        let node = self.cores[core].node;
+    pub(crate) fn post(&mut self, core: usize, wrs: WorkRequests, waiter: Waiter) -> BatchKey {
+        // The core and the slot are looked up once each (`charge` and `batch_mut` would
+        // look them up again).
+        let c = &mut self.cores[core];
+        let node = c.node;
         let n = &mut self.nodes[usize::from(node.0)];
         let mut posted = wrs.len();
         if let Some(k) = n.crash_at_wr {
@@ -557,11 +570,16 @@ impl World {
         n.nic.stats.doorbells += doorbells;
         let cost =
             posted as u64 * self.profile.wr_cpu_ns + doorbells * self.profile.doorbell_cpu_ns;
-        self.charge(core, cost);
-        let at = self.cores[core].local;
-        let key = self.batches.insert(core, node, at, wrs, posted, signaled);
+        // What `charge` does.
+        c.local += cost;
+        c.cpu_busy_ns += cost;
+        let at = c.local;
+        let key = self
+            .batches
+            .insert(core, node, at, wrs, posted, signaled, waiter);
         if posted > 0 {
-            self.schedule(at, Event::Doorbell(key));
+            // The queue's own (inlined) push: `schedule` is a call, with the event in memory.
+            self.events.push(at, Event::Doorbell(key));
         }
         if crash_now {
             self.crash(node);
@@ -571,7 +589,9 @@ impl World {
 
     /// If batch `key` is complete, removes it and returns its outcomes.
     pub(crate) fn take_if_done(&mut self, key: BatchKey) -> Option<(usize, Outcomes)> {
-        let b = &mut self.batches[key];
+        // The slot through its field, so that it is freed below without a second lookup.
+        let b = &mut self.batches.slots[key];
+        debug_assert!(b.live, "batch {key} is not in flight");
         if b.outstanding > 0 || b.posted < b.wrs.len() {
             return None;
         }
@@ -582,7 +602,9 @@ impl World {
             // leave in its place.
             None => Ok(std::mem::take(&mut b.outcomes)),
         };
-        self.batches.remove(key);
+        // What `Batches::remove` does.
+        b.clear();
+        self.batches.free.push(key);
         Some((cqes, outcomes))
     }
 
@@ -717,7 +739,8 @@ impl World {
         nic.stats.egress_busy_ns += wire;
         nic.stats.bytes_out += bytes + u64::from(profile.header_bytes);
         let arrive = nic.egress_free + self.jitter.scale(profile.one_way_latency_ns as f64);
-        self.schedule(
+        // The queue's own (inlined) push, as in `post`.
+        self.events.push(
             ceil_ns(arrive),
             Event::Complete {
                 batch: key,
@@ -869,7 +892,13 @@ impl World {
         // An op whose service starts now runs at once instead of through the event queue:
         // the same virtual instant, one event fewer (most ops on an idle NIC).
         match inline {
-            Some(Inline::Execute) => self.on_execute(key, wr),
+            // The MN was found up at this same instant (above) and `op` is still borrowed
+            // from the list: no crash check and no lookup again.
+            Some(Inline::Execute) => {
+                if let Some(action) = Action::of(op) {
+                    self.execute(key, wr, kind, addr, action);
+                }
+            }
             Some(Inline::FirstLine) => self.on_write_line(key, wr, 0),
             None => {}
         }
@@ -892,21 +921,34 @@ impl World {
         }
     }
 
+    /// Out of line: inlined into the event loop, it made a saturated MN's executions (lists
+    /// of 16 READs) dearer.
+    #[inline(never)]
     fn on_execute(&mut self, key: BatchKey, wr: usize) {
         let op = &self.batches[key].wrs[wr].op;
         let (kind, addr) = (op.kind(), op.addr());
-        let action = match *op {
-            Op::Read { len, .. } => Action::Read(len as usize),
-            Op::Cas { expect, swap, .. } => Action::Cas(expect, swap),
-            Op::Faa { add, .. } => Action::Faa(add),
-            Op::Write { .. } => unreachable!("WRITEs land through WriteLine events"),
-        };
+        let action = Action::of(op).expect("WRITEs land through WriteLine events");
         let dst = usize::from(addr.node.0);
         if self.nodes[dst].crashed {
             let at = self.now + self.profile.transport_timeout_ns;
             self.fail(key, wr, VerbsError::ConnectionLost { node: addr.node }, at);
             return;
         }
+        self.execute(key, wr, kind, addr, action);
+    }
+
+    /// The memory effect of READ or atomic `wr` of list `key` (`kind` at `addr`, an MN that
+    /// is up), its outcome and its response.
+    #[inline(always)]
+    fn execute(
+        &mut self,
+        key: BatchKey,
+        wr: usize,
+        kind: OpKind,
+        addr: RemoteAddr,
+        action: Action,
+    ) {
+        let dst = usize::from(addr.node.0);
         let offset = addr.offset as usize;
         let memory = &mut self.nodes[dst].memory;
         let outcome = match action {
@@ -1185,6 +1227,19 @@ enum Action {
     Read(usize),
     Cas(u64, u64),
     Faa(u64),
+}
+
+impl Action {
+    /// The action of `op`, if it executes (a WRITE lands line by line instead).
+    #[inline]
+    fn of(op: &Op) -> Option<Self> {
+        match *op {
+            Op::Read { len, .. } => Some(Action::Read(len as usize)),
+            Op::Cas { expect, swap, .. } => Some(Action::Cas(expect, swap)),
+            Op::Faa { add, .. } => Some(Action::Faa(add)),
+            Op::Write { .. } => None,
+        }
+    }
 }
 
 /// `x.ceil() as Nanos`, bit for bit, without `f64::ceil`: the x86-64 baseline has no
