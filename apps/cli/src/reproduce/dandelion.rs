@@ -1,5 +1,6 @@
-//! Dandelion (SmallBank and TATP against FaSST §7, the ablation of Fig. 16/17, servers
-//! 3 → 10 of Fig. 18–21 with Tables 5/6's batching degree, and the load sweep of Fig. 22)
+//! Dandelion (SmallBank and TATP against FaSST §7, the O(G,P) micro-benchmarks of Figs.
+//! 8–13, the ablation of Fig. 16/17, servers 3 → 10 of Fig. 18–21 with Tables 5/6's
+//! batching degree, and the load sweep of Fig. 22)
 //! on the simulated cluster: `cx5`, R = 3, 4 threads per server, as `dmem bench --servers N`
 //! runs it. Why the figures differ from the paper's is in `protocol/dandelion/README.md`.
 
@@ -11,14 +12,25 @@ pub(crate) const PAPER: Paper = Paper {
     name: "dandelion",
     title: "Dandelion: batched RPCs against FaSST, ablation, scaling, load",
     run,
-    steps: 2 + 2 + SERVERS.len() as u64 + CONTEXTS.len() as u64,
+    steps: 2 + MICRO.len() as u64 + 2 + SERVERS.len() as u64 + CONTEXTS.len() as u64,
 };
+
+/// The O(G,P) micro-benchmarks (§8.1, Figs. 8–13): `--mix` and the paper's name. The paper
+/// gives them as figures only; its text says the three DNL protocols are the same on the
+/// read-only ones (all run Dnl-RO) and differ only on O(4,2).
+const MICRO: [(&str, &str); 4] = [
+    ("o1-0", "O(1,0)"),
+    ("o0-1", "O(0,1)"),
+    ("o4-0", "O(4,0)"),
+    ("o4-2", "O(4,2)"),
+];
 
 const SERVERS: [u16; 4] = [3, 5, 7, 10];
 const CONTEXTS: [u32; 5] = [8, 16, 32, 64, 128];
 
-/// `dmem bench` rows of `protocols` on `workload` with `servers` servers and `contexts`
-/// coroutines per thread, 2 ms; `check`: the history checker too (invariants always).
+/// `dmem bench` rows of `protocols` on `workload` (a YCSB `--mix` after a `:`, e.g.
+/// `ycsb:o4-2`) with `servers` servers and `contexts` coroutines per thread, 2 ms; `check`:
+/// the history checker too (invariants always).
 fn rows(
     workload: &str,
     protocols: &[&str],
@@ -26,6 +38,10 @@ fn rows(
     contexts: u32,
     check: bool,
 ) -> anyhow::Result<Vec<serde_json::Value>> {
+    let (workload, mix) = match workload.split_once(':') {
+        Some((w, mix)) => (w, Some(mix)),
+        None => (workload, None),
+    };
     let (list, servers, contexts) = (
         protocols.join(","),
         servers.to_string(),
@@ -47,6 +63,9 @@ fn rows(
     ];
     if !check {
         argv.push("--no-check");
+    }
+    if let Some(mix) = mix {
+        argv.extend(["--mix", mix]);
     }
     let rows = dmem_cli::bench_txn::measure(&argv, &dmem_protocols::registry())
         .with_context(|| format!("dmem bench {}", argv.join(" ")))?;
@@ -77,6 +96,50 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
             "dnl-4 ahead of fasst",
             m[1] > m[0],
         ));
+        bar.inc(1);
+    }
+
+    // §8.1 Figs. 8–13: O(G,P), 5 servers, 64 contexts per thread.
+    for (mix, name) in MICRO {
+        let m = mtps(&rows(
+            &format!("ycsb:{mix}"),
+            &["fasst", "dnl-4", "dnl-2", "dnl-1"],
+            5,
+            64,
+            true,
+        )?)?;
+        out.claims.push(Claim::new(
+            "Figs. 8-13",
+            format!("{name}: dnl-4 / fasst Mtps"),
+            f64::NAN,
+            m[1] / m[0],
+            "dnl-4 ahead of fasst",
+            m[1] > m[0],
+        ));
+        let (lo, hi) = m[1..]
+            .iter()
+            .fold((f64::INFINITY, 0.0_f64), |(lo, hi), &x| {
+                (lo.min(x), hi.max(x))
+            });
+        let read_only = mix.ends_with("-0");
+        if read_only || mix == "o4-2" {
+            out.claims.push(Claim::new(
+                "§8.1",
+                format!("{name}: fastest / slowest of dnl-4, dnl-2, dnl-1 Mtps"),
+                if read_only { 1.0 } else { f64::NAN },
+                hi / lo,
+                if read_only {
+                    "the DNL protocols are one (Dnl-RO) on read-only mixes"
+                } else {
+                    "the DNL protocols differ on O(4,2)"
+                },
+                if read_only {
+                    hi / lo < 1.001
+                } else {
+                    hi / lo > 1.05
+                },
+            ));
+        }
         bar.inc(1);
     }
 
