@@ -10,7 +10,7 @@ use super::{Claim, Figure, Outcome, Paper, num};
 
 pub(crate) const PAPER: Paper = Paper {
     name: "dandelion",
-    title: "Dandelion: batched RPCs against FaSST, ablation, scaling, load",
+    title: "Dandelion: batched RPCs against FaSST, micro-benchmarks, ablation, scaling, load",
     run,
     steps: 2 + MICRO.len() as u64 + 2 + SERVERS.len() as u64 + CONTEXTS.len() as u64,
 };
