@@ -350,3 +350,13 @@ pub(crate) fn num(row: &serde_json::Value, field: &str) -> anyhow::Result<f64> {
         .as_f64()
         .with_context(|| format!("no number `{field}` in {row}"))
 }
+
+/// `dmem recover`'s committed transactions per ms (`series`) of a report.
+pub(crate) fn per_ms(report: &serde_json::Value) -> anyhow::Result<Vec<f64>> {
+    report["series"]
+        .as_array()
+        .with_context(|| format!("no `series` in {report}"))?
+        .iter()
+        .map(|v| v.as_f64().context("a number in `series`"))
+        .collect()
+}

@@ -4,7 +4,7 @@
 
 use anyhow::Context as _;
 
-use super::{Claim, Figure, Outcome, Paper, num};
+use super::{Claim, Figure, Outcome, Paper, num, per_ms};
 use crate::recover;
 
 pub(crate) const PAPER: Paper = Paper {
@@ -204,18 +204,17 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
                 r["checker"] == "ok" && r["invariants"] == "ok",
                 "{protocol} fail-over on {workload} failed a check: {r}"
             );
-            let per_ms: Vec<f64> = r["series"]
-                .as_array()
-                .context("`series` in dmem recover's report")?
-                .iter()
-                .map(|v| v.as_f64().context("a number in `series`"))
-                .collect::<anyhow::Result<_>>()?;
+            let committed = per_ms(&r)?;
             anyhow::ensure!(
-                per_ms.len() == FAILOVER_MS,
+                committed.len() == FAILOVER_MS,
                 "dmem recover's series has {} ms, not {FAILOVER_MS}",
-                per_ms.len()
+                committed.len()
             );
-            runs.push((per_ms, num(&r, "before_per_ms")?, num(&r, "after_per_ms")?));
+            runs.push((
+                committed,
+                num(&r, "before_per_ms")?,
+                num(&r, "after_per_ms")?,
+            ));
         }
         let [(pandora, before, after), (ford, ..)] = [runs.remove(0), runs.remove(0)];
         out.claims.extend(failover_claims(
