@@ -23,7 +23,7 @@ use crate::recover;
 
 pub(crate) const PAPER: Paper = Paper {
     name: "lotus",
-    title: "LOTUS: MN atomics bound Motor and FORD (Figs. 2-3); LOTUS vs Motor and FORD (Fig. 13); ablation; vs an RDMA lock (Fig. 17)",
+    title: "LOTUS: MN atomics bound Motor and FORD (Figs. 2-3); LOTUS vs Motor and FORD (Fig. 13); ablation; vs an RDMA lock (Fig. 17); 3 of 9 CNs crash (Fig. 15)",
     run,
     steps: (COROUTINES.len()
         + TINY_COROUTINES.len() * TINY_WORKLOADS.len()
