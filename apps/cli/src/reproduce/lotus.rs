@@ -146,6 +146,9 @@ fn comparison_claims(
     ));
 }
 
+/// LOTUS's testbed (§8.1): ConnectX-3 NICs, 3 MNs, 9 CNs.
+const TESTBED: [&str; 6] = ["--profile", "cx3", "--mns", "3", "--cns", "9"];
+
 /// Coroutines per thread; concurrent transactions = 9 CNs × 4 threads × this (LOTUS §8.1:
 /// 9 CNs, 9–540 concurrent transactions).
 const COROUTINES: [u32; 5] = [1, 2, 4, 8, 16];
@@ -160,17 +163,9 @@ fn measure_on_testbed(
     ms: &str,
     protocols: &str,
 ) -> anyhow::Result<Vec<serde_json::Value>> {
-    let argv = [
-        "--workload",
-        workload,
-        "--scale",
-        scale,
-        "--profile",
-        "cx3",
-        "--mns",
-        "3",
-        "--cns",
-        "9",
+    let mut argv = vec!["--workload", workload, "--scale", scale];
+    argv.extend(TESTBED);
+    argv.extend([
         "--threads",
         "4",
         "--coroutines",
@@ -179,7 +174,7 @@ fn measure_on_testbed(
         ms,
         "--protocol",
         protocols,
-    ];
+    ]);
     dmem_cli::bench_txn::measure(&argv, registry)
         .with_context(|| format!("dmem bench {}", argv.join(" ")))
 }
@@ -357,33 +352,23 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
     // §8.4 Fig. 15: 3 of the 9 CNs crash at once (SmallBank; the paper: a 30.6 % drop,
     // 2.06 → 1.43 Mtxn/s, and recovery within 233 ms including the CNs' restart, which the
     // simulator does not model). Committed per ms around the crash at 2 ms.
-    let r = recover::measure(
-        &[
-            "--protocol",
-            "lotus",
-            "--workload",
-            "smallbank",
-            "--profile",
-            "cx3",
-            "--mns",
-            "3",
-            "--cns",
-            "9",
-            "--crash-cns",
-            "3",
-            "--crash-at-ms",
-            "2",
-            "--detect-timeout-us",
-            "500",
-            "--heartbeat-us",
-            "100",
-            "--duration-ms",
-            "6",
-            "--json",
-        ],
-        &registry,
-    )
-    .context("dmem recover --protocol lotus --crash-cns 3")?;
+    let mut argv = vec!["--protocol", "lotus", "--workload", "smallbank"];
+    argv.extend(TESTBED);
+    argv.extend([
+        "--crash-cns",
+        "3",
+        "--crash-at-ms",
+        "2",
+        "--detect-timeout-us",
+        "500",
+        "--heartbeat-us",
+        "100",
+        "--duration-ms",
+        "6",
+        "--json",
+    ]);
+    let r = recover::measure(&argv, &registry)
+        .context("dmem recover --protocol lotus --crash-cns 3")?;
     anyhow::ensure!(
         r["checker"] == "ok" && r["invariants"] == "ok",
         "lotus CN crash recovery failed a check: {r}"
