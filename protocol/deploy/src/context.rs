@@ -9,6 +9,8 @@
 use std::future::Future;
 use std::rc::Rc;
 
+#[cfg(feature = "rdma")]
+use dmem_rdma::device::RdmaContext;
 use dmem_runtime::RealClock;
 use dmem_shm::ShmContext;
 use dmem_sim::SimContext;
@@ -17,7 +19,8 @@ use dmem_verbs::{
     BatchResult, Clock, Endpoint, Message, Nanos, NodeId, PostList, Verbs, VerbsError,
 };
 
-/// A CN execution context on the simulator, the shared-memory fabric or the tcp fabric.
+/// A CN execution context on the simulator, the shared-memory fabric, the tcp fabric or
+/// (feature `rdma`) an RDMA NIC.
 ///
 /// Cloning is cheap (the real-time contexts are shared behind an [`Rc`]; a clone posts on
 /// the same queue pairs, as a clone of a [`SimContext`] does). Real-time variants take
@@ -30,6 +33,9 @@ pub enum AnyContext {
     Shm(Rc<ShmContext>),
     /// A tcp context (real time).
     Tcp(Rc<TcpContext>),
+    /// An RDMA context: RC queue pairs on a NIC (real time).
+    #[cfg(feature = "rdma")]
+    Rdma(Rc<RdmaContext>),
 }
 
 impl AnyContext {
@@ -49,13 +55,15 @@ impl AnyContext {
         }
     }
 
-    /// The fabric's name (`sim`, `shm`, `tcp`), for messages.
+    /// The fabric's name (`sim`, `shm`, `tcp`, `rdma`), for messages.
     #[must_use]
     pub fn fabric(&self) -> &'static str {
         match self {
             AnyContext::Sim(_) => "sim",
             AnyContext::Shm(_) => "shm",
             AnyContext::Tcp(_) => "tcp",
+            #[cfg(feature = "rdma")]
+            AnyContext::Rdma(_) => "rdma",
         }
     }
 }
@@ -78,27 +86,46 @@ impl From<TcpContext> for AnyContext {
     }
 }
 
-/// One future of three kinds, made eagerly (the variant's method runs when the trait
-/// method is called, as it would without the enum) and awaited by the async block around it.
-enum Three<A, B, C> {
+#[cfg(feature = "rdma")]
+impl From<RdmaContext> for AnyContext {
+    fn from(c: RdmaContext) -> Self {
+        AnyContext::Rdma(Rc::new(c))
+    }
+}
+
+/// One future of four kinds, made eagerly (the variant's method runs when the trait method
+/// is called, as it would without the enum) and awaited by the async block around it.
+enum Four<A, B, C, D> {
     Sim(A),
     Shm(B),
     Tcp(C),
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    Rdma(D),
 }
 
-impl<T, A, B, C> Three<A, B, C>
+impl<T, A, B, C, D> Four<A, B, C, D>
 where
     A: Future<Output = T>,
     B: Future<Output = T>,
     C: Future<Output = T>,
+    D: Future<Output = T>,
 {
     async fn run(self) -> T {
         match self {
-            Three::Sim(f) => f.await,
-            Three::Shm(f) => f.await,
-            Three::Tcp(f) => f.await,
+            Four::Sim(f) => f.await,
+            Four::Shm(f) => f.await,
+            Four::Tcp(f) => f.await,
+            Four::Rdma(f) => f.await,
         }
     }
+}
+
+/// Names the rdma variant's future type in a build without the rdma fabric (the identity).
+#[cfg(not(feature = "rdma"))]
+fn without_rdma<T, A, B, C>(
+    f: Four<A, B, C, std::future::Pending<T>>,
+) -> Four<A, B, C, std::future::Pending<T>> {
+    f
 }
 
 /// Calls `$call` on the variant's context (every variant implements the same trait).
@@ -108,6 +135,8 @@ macro_rules! dispatch {
             AnyContext::Sim($c) => $call,
             AnyContext::Shm($c) => $call,
             AnyContext::Tcp($c) => $call,
+            #[cfg(feature = "rdma")]
+            AnyContext::Rdma($c) => $call,
         }
     };
 }
@@ -118,14 +147,18 @@ macro_rules! dispatch {
 /// and a real fabric pays one allocation per verb call next to a real memory access or a
 /// network round trip.
 macro_rules! dispatch_future {
-    ($self:expr, $c:ident => $call:expr) => {
-        match $self {
-            AnyContext::Sim($c) => Three::Sim($call),
-            AnyContext::Shm($c) => Three::Shm(Box::pin($call)),
-            AnyContext::Tcp($c) => Three::Tcp(Box::pin($call)),
-        }
-        .run()
-    };
+    ($self:expr, $c:ident => $call:expr) => {{
+        let future = match $self {
+            AnyContext::Sim($c) => Four::Sim($call),
+            AnyContext::Shm($c) => Four::Shm(Box::pin($call)),
+            AnyContext::Tcp($c) => Four::Tcp(Box::pin($call)),
+            #[cfg(feature = "rdma")]
+            AnyContext::Rdma($c) => Four::Rdma(Box::pin($call)),
+        };
+        #[cfg(not(feature = "rdma"))]
+        let future = without_rdma(future);
+        future.run()
+    }};
 }
 
 impl Verbs for AnyContext {
@@ -174,12 +207,16 @@ impl Clock for AnyContext {
     }
 
     fn sleep_until(&self, deadline: Nanos) -> impl Future<Output = ()> {
-        match self {
-            AnyContext::Sim(c) => Three::Sim(c.sleep_until(deadline)),
-            AnyContext::Shm(_) => Three::Shm(Box::pin(RealClock.sleep_until(deadline))),
-            AnyContext::Tcp(_) => Three::Tcp(Box::pin(RealClock.sleep_until(deadline))),
-        }
-        .run()
+        let future = match self {
+            AnyContext::Sim(c) => Four::Sim(c.sleep_until(deadline)),
+            AnyContext::Shm(_) => Four::Shm(Box::pin(RealClock.sleep_until(deadline))),
+            AnyContext::Tcp(_) => Four::Tcp(Box::pin(RealClock.sleep_until(deadline))),
+            #[cfg(feature = "rdma")]
+            AnyContext::Rdma(_) => Four::Rdma(Box::pin(RealClock.sleep_until(deadline))),
+        };
+        #[cfg(not(feature = "rdma"))]
+        let future = without_rdma(future);
+        future.run()
     }
 
     fn cpu(&self, ns: Nanos) {

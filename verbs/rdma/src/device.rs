@@ -1,13 +1,13 @@
 //! The device-dependent part: an RDMA device, registered memory, and [`RdmaContext`], which
 //! implements [`dmem_verbs::Verbs`] with one RC queue pair per peer node.
 //!
-//! Everything here goes through `sideway` (extended verbs: `ibv_wr_*` work requests,
-//! `ibv_start_poll` completions) on `rdma-mummy-sys`, which loads libibverbs when the first
+//! Everything here goes through `sideway` (extended verbs: `ibv_wr_*` work requests; classic
+//! `ibv_poll_cq` completions, see [`RdmaDevice::context`]) on `rdma-mummy-sys`, which loads libibverbs when the first
 //! verb is called, so a binary built with this module starts on a host without libibverbs
 //! and [`RdmaDevice::open`] reports that no device was found.
 //!
-//! **Never run on RDMA hardware**: the machines dmem is developed on have no RNIC and no
-//! kernel RDMA support. The pure parts it is built from ([`crate::chain`], [`crate::qp`],
+//! Run on Linux soft-RoCE (`rdma_rxe`) with Debian 12's rdma-core 44 (`ci/rxe-vm.sh`); not
+//! yet on an RNIC. The pure parts it is built from ([`crate::chain`], [`crate::qp`],
 //! [`crate::completion`], [`crate::descriptor`], [`crate::msg`]) are unit-tested.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
@@ -24,7 +24,7 @@ use dmem_verbs::{
 };
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
-use sideway::ibverbs::completion::{ExtendedCompletionQueue, GenericCompletionQueue};
+use sideway::ibverbs::completion::{BasicCompletionQueue, GenericCompletionQueue};
 use sideway::ibverbs::device::{DeviceInfo, DeviceList, GetDeviceListErrorKind};
 use sideway::ibverbs::device_context::{DeviceContext, Mtu};
 use sideway::ibverbs::memory_region::MemoryRegion;
@@ -254,7 +254,54 @@ impl RdmaDevice {
         Ok(RegisteredRegion { buffer, len })
     }
 
+    /// Registers memory this process already holds (an MN's shared mapping, so that the
+    /// same bytes are loaded and read out of band through it) for remote READ, WRITE and
+    /// atomics.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes for as long as the returned
+    /// region (and every queue pair that was told its descriptor) lives: the NIC reads and
+    /// writes those bytes without the CPU.
+    ///
+    /// # Errors
+    /// [`RdmaError::Ibverbs`] when `ibv_reg_mr` refuses the range.
+    pub unsafe fn register_external(
+        &self,
+        ptr: NonNull<u8>,
+        len: usize,
+    ) -> Result<ExternalRegion, RdmaError> {
+        // SAFETY: the caller keeps the range valid while the registration lives (above);
+        // the registration is dropped with the returned region.
+        let mr = unsafe {
+            self.pd.reg_mr(
+                ptr.as_ptr() as usize,
+                len,
+                AccessFlags::LocalWrite
+                    | AccessFlags::RemoteRead
+                    | AccessFlags::RemoteWrite
+                    | AccessFlags::RemoteAtomic,
+            )
+        }
+        .map_err(|e| RdmaError::Ibverbs {
+            call: "ibv_reg_mr",
+            detail: e.to_string(),
+        })?;
+        Ok(ExternalRegion {
+            addr: ptr.as_ptr() as u64,
+            len: len as u64,
+            mr,
+        })
+    }
+
     /// A verbs context for `endpoint` with its own completion queues and staging arena.
+    ///
+    /// The completion queues are classic ones (`ibv_create_cq`, drained with `ibv_poll_cq`),
+    /// not extended ones (`ibv_start_poll`/`ibv_next_poll`/`ibv_end_poll`): the soft-RoCE
+    /// (`rxe`) provider of rdma-core before release 55 advances its consumer index both when
+    /// `ibv_next_poll` finds the queue empty and again in `ibv_end_poll`, so an extended
+    /// poller re-reads stale completions forever (fixed upstream in rdma-core 55 and 61).
+    /// Debian 12 and Ubuntu 22.04/24.04 ship older releases; `ibv_poll_cq` is correct on
+    /// every provider and costs nothing dmem uses (no completion timestamps).
     ///
     /// # Errors
     /// [`RdmaError::Ibverbs`] when a completion queue or the arena cannot be created.
@@ -263,16 +310,16 @@ impl RdmaDevice {
         endpoint: Endpoint,
         limits: ChainLimits,
     ) -> Result<RdmaContext, RdmaError> {
-        let cq = |what: &'static str| -> Result<Arc<ExtendedCompletionQueue>, RdmaError> {
+        let cq = |what: &'static str| -> Result<Arc<BasicCompletionQueue>, RdmaError> {
             let mut b = self.ctx.create_cq_builder();
             b.setup_cqe(4096);
-            b.build_ex().map_err(|e| RdmaError::Ibverbs {
+            b.build().map_err(|e| RdmaError::Ibverbs {
                 call: what,
                 detail: e.to_string(),
             })
         };
-        let send_cq = cq("ibv_create_cq_ex (send)")?;
-        let recv_cq = cq("ibv_create_cq_ex (recv)")?;
+        let send_cq = cq("ibv_create_cq (send)")?;
+        let recv_cq = cq("ibv_create_cq (recv)")?;
         let arena = PinnedBuffer::new(
             &self.pd,
             STAGING_SLOT * STAGING_SLOTS,
@@ -346,6 +393,34 @@ impl RegisteredRegion {
     }
 }
 
+/// Memory registered by [`RdmaDevice::register_external`]; deregistered on drop.
+pub struct ExternalRegion {
+    addr: u64,
+    len: u64,
+    mr: Arc<MemoryRegion>,
+}
+
+impl ExternalRegion {
+    /// What peers need to address it.
+    #[must_use]
+    pub fn descriptor(&self) -> RegionDescriptor {
+        RegionDescriptor {
+            addr: self.addr,
+            len: self.len,
+            rkey: dmem_verbs::RKey(self.mr.rkey()),
+        }
+    }
+}
+
+impl std::fmt::Debug for ExternalRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExternalRegion")
+            .field("len", &self.len)
+            .field("rkey", &self.mr.rkey())
+            .finish_non_exhaustive()
+    }
+}
+
 struct Link {
     qp: ExtendedQueuePair,
     machine: QpMachine,
@@ -413,8 +488,8 @@ pub struct RdmaContext {
     lid: u16,
     gid: [u8; 16],
     limits: ChainLimits,
-    send_cq: Arc<ExtendedCompletionQueue>,
-    recv_cq: Arc<ExtendedCompletionQueue>,
+    send_cq: Arc<BasicCompletionQueue>,
+    recv_cq: Arc<BasicCompletionQueue>,
     links: RefCell<HashMap<NodeId, Link>>,
     regions: RefCell<RegionTable>,
     table: RefCell<CompletionTable>,
@@ -683,6 +758,52 @@ impl RdmaContext {
         }
         self.connect(&remote)?;
         Ok(remote)
+    }
+
+    /// The passive end of [`connect_over`](Self::connect_over): reads the peer's
+    /// descriptor first (an MN learns which CN connects from it), then prepares, answers
+    /// with this end's descriptor and connects. Returns the peer's descriptor.
+    ///
+    /// # Errors
+    /// As [`connect_over`](Self::connect_over).
+    pub fn accept_over<S: Read + Write>(
+        &self,
+        stream: &mut S,
+        region: Option<RegionDescriptor>,
+    ) -> Result<RdmaDescriptor, RdmaError> {
+        let mut buf = [0u8; crate::descriptor::DESCRIPTOR_LEN];
+        stream
+            .read_exact(&mut buf)
+            .map_err(crate::descriptor::ExchangeError::from)?;
+        let remote = RdmaDescriptor::parse(&buf).map_err(crate::descriptor::ExchangeError::from)?;
+        let local = self.prepare(remote.node, region)?;
+        stream
+            .write_all(&local.encode())
+            .and_then(|()| stream.flush())
+            .map_err(crate::descriptor::ExchangeError::from)?;
+        self.connect(&remote)?;
+        Ok(remote)
+    }
+
+    /// Moves the queue pair to `peer` to the error state: the peer's verbs on it fail from
+    /// now on (its requests go unanswered until its transport retries run out), as an MN
+    /// revokes a crashed CN's access (Pandora §3.2.4). Returns whether such a queue pair
+    /// existed.
+    ///
+    /// # Errors
+    /// [`RdmaError::Ibverbs`] when the device refuses the transition.
+    pub fn revoke(&self, peer: NodeId) -> Result<bool, RdmaError> {
+        let mut links = self.links.borrow_mut();
+        let Some(link) = links.get_mut(&peer) else {
+            return Ok(false);
+        };
+        let mut attr = QueuePairAttribute::new();
+        attr.setup_state(QueuePairState::Error);
+        link.qp.modify(&attr).map_err(|e| RdmaError::Ibverbs {
+            call: "ibv_modify_qp",
+            detail: format!("-> ERROR: {e}"),
+        })?;
+        Ok(true)
     }
 
     fn post_receives(

@@ -10,12 +10,13 @@
 //! | [`completion`] | routing completions (by `wr_id`) to the posts waiting for them | no |
 //! | [`msg`] | two-sided message frames | no |
 //! | `device` (feature `device`) | [`RdmaDevice`](device::RdmaDevice), [`RdmaContext`](device::RdmaContext) (implements `Verbs`), memory registration, over `sideway` | yes |
+//! | `server` (feature `device`) | [`RdmaMemoryServer`](server::RdmaMemoryServer): an MN process hands its region to CN contexts over TCP; [`connect_memory`](server::connect_memory), revocation | yes |
 //!
 //! Papers: doorbell batching (LOTUS §7.2, Pandora §2.3), selective signaling (DecLock §6),
 //! RC one-sided verbs and atomics as FORD and Motor use them.
 //!
-//! None of the device code has run on RDMA hardware: the development machines have no RNIC
-//! and no kernel RDMA support. See the README.
+//! The device code runs on Linux soft-RoCE (`rdma_rxe`) with stock rdma-core (CI boots it
+//! in a VM: `ci/rxe-vm.sh`); it has not run on an RNIC yet. See the README.
 #![cfg_attr(not(feature = "device"), forbid(unsafe_code))]
 
 pub mod chain;
@@ -26,6 +27,8 @@ pub mod qp;
 
 #[cfg(feature = "device")]
 pub mod device;
+#[cfg(feature = "device")]
+pub mod server;
 
 pub use chain::{ChainLimits, ChainPlan, RegionTable, build_chains};
 pub use descriptor::{QpEndpoint, RdmaDescriptor, RegionDescriptor, exchange};
