@@ -43,10 +43,15 @@ pub enum Fabric {
     Shm,
     /// tcp over loopback: memory servers on io_uring, one frame per post list.
     Tcp,
+    /// An RDMA NIC of this host (feature `rdma`): each MN's shared mapping registered with
+    /// the first device and served over loopback TCP, CN contexts with a queue pair to each
+    /// MN through the NIC.
+    #[cfg(feature = "rdma")]
+    Rdma,
 }
 
 impl Fabric {
-    /// Every fabric, simulator first.
+    /// Every fabric that needs no device, simulator first.
     pub const ALL: [Fabric; 3] = [Fabric::Sim, Fabric::Shm, Fabric::Tcp];
 
     /// Its name on the command line.
@@ -56,6 +61,8 @@ impl Fabric {
             Fabric::Sim => "sim",
             Fabric::Shm => "shm",
             Fabric::Tcp => "tcp",
+            #[cfg(feature = "rdma")]
+            Fabric::Rdma => "rdma",
         }
     }
 }
@@ -70,6 +77,10 @@ impl FromStr for Fabric {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
+        #[cfg(feature = "rdma")]
+        if s == "rdma" {
+            return Ok(Fabric::Rdma);
+        }
         Self::ALL
             .into_iter()
             .find(|f| f.name() == s)
@@ -81,6 +92,65 @@ impl FromStr for Fabric {
 enum RealMns {
     Shm(Vec<ShmMemoryNode>),
     Tcp(Vec<TcpMemoryServer>),
+    #[cfg(feature = "rdma")]
+    Rdma(RdmaMns),
+}
+
+/// MNs on an RDMA NIC: each MN's shared mapping (loaded and read out of band as on shm)
+/// registered with the device and served to CN contexts over loopback TCP. Fields drop in
+/// order: the servers' queue pairs, then the registrations, then the mappings.
+#[cfg(feature = "rdma")]
+struct RdmaMns {
+    servers: Vec<dmem_rdma::server::RdmaMemoryServer>,
+    _registrations: Vec<dmem_shm::RdmaRegistration>,
+    device: std::sync::Arc<dmem_rdma::device::RdmaDevice>,
+}
+
+#[cfg(feature = "rdma")]
+impl RdmaMns {
+    fn serve(nodes: &[ShmMemoryNode]) -> Result<Self, DeployError> {
+        let device =
+            std::sync::Arc::new(dmem_rdma::device::RdmaDevice::open(None).map_err(fabric_error)?);
+        let mut registrations = Vec::new();
+        let mut servers = Vec::new();
+        for mn in nodes {
+            let registered = mn.register_rdma(&device).map_err(fabric_error)?;
+            servers.push(
+                dmem_rdma::server::RdmaMemoryServer::serve(
+                    std::sync::Arc::clone(&device),
+                    mn.region().node,
+                    registered.descriptor(),
+                    "127.0.0.1:0".parse().unwrap(),
+                )
+                .map_err(fabric_error)?,
+            );
+            registrations.push(registered);
+        }
+        Ok(Self {
+            servers,
+            _registrations: registrations,
+            device,
+        })
+    }
+
+    /// A CN context with a queue pair to every MN, addressing each region by the rkey the
+    /// deployment laid it out with.
+    fn context(
+        &self,
+        endpoint: Endpoint,
+        regions: &[dmem_verbs::MemoryRegion],
+    ) -> Result<AnyContext, DeployError> {
+        let ctx = self
+            .device
+            .context(endpoint, dmem_rdma::ChainLimits::default())
+            .map_err(fabric_error)?;
+        for (server, region) in self.servers.iter().zip(regions) {
+            dmem_rdma::server::connect_memory(&ctx, region.node, server.local_addr())
+                .map_err(fabric_error)?;
+            ctx.alias_region(region.node, region.rkey);
+        }
+        Ok(ctx.into())
+    }
 }
 
 /// MNs and CNs of one fabric in this process, and the executor that runs their tasks.
@@ -100,8 +170,9 @@ pub struct LocalCluster {
     _mn_listeners: Vec<MessageListener>,
     executor: Executor,
     memory: MnMemory,
-    /// The tcp contexts handed out, for the barrier at the end of [`run`](Self::run).
-    tcp_contexts: RefCell<Vec<AnyContext>>,
+    /// The tcp and rdma contexts handed out, for the barrier at the end of
+    /// [`run`](Self::run).
+    barrier_contexts: RefCell<Vec<AnyContext>>,
 }
 
 impl fmt::Debug for LocalCluster {
@@ -164,6 +235,16 @@ impl LocalCluster {
                 )?);
                 let memory = MnMemory::sim(&sim);
                 (Some(sim), None, memory)
+            }
+            #[cfg(feature = "rdma")]
+            Fabric::Rdma => {
+                let nodes = (0..mns)
+                    .map(|i| ShmMemoryNode::create(NodeId(i), rkey(i), bytes_per_mn))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(fabric_error)?;
+                let regions = nodes.iter().map(ShmMemoryNode::region).collect();
+                let memory = MnMemory::mapped(regions, &nodes.iter().collect::<Vec<_>>())?;
+                (None, Some(RealMns::Rdma(RdmaMns::serve(&nodes)?)), memory)
             }
             Fabric::Shm | Fabric::Tcp => {
                 let nodes = (0..mns)
@@ -231,7 +312,7 @@ impl LocalCluster {
             _mn_listeners: mn_listeners,
             executor: Executor::new(),
             memory,
-            tcp_contexts: RefCell::new(Vec::new()),
+            barrier_contexts: RefCell::new(Vec::new()),
         })
     }
 
@@ -318,7 +399,13 @@ impl LocalCluster {
                     ctx.connect(s.local_addr()).map_err(fabric_error)?;
                 }
                 let ctx: AnyContext = ctx.into();
-                self.tcp_contexts.borrow_mut().push(ctx.clone());
+                self.barrier_contexts.borrow_mut().push(ctx.clone());
+                Ok(ctx)
+            }
+            #[cfg(feature = "rdma")]
+            (None, Some(RealMns::Rdma(mns))) => {
+                let ctx = mns.context(endpoint, &self.memory.regions())?;
+                self.barrier_contexts.borrow_mut().push(ctx.clone());
                 Ok(ctx)
             }
             (None, None) => Err(fabric_error("a cluster without MNs")),
@@ -341,6 +428,12 @@ impl LocalCluster {
             }
             (None, Some(RealMns::Tcp(servers))) => {
                 servers[usize::from(mn)]
+                    .revoke(cn_node)
+                    .map_err(fabric_error)?;
+            }
+            #[cfg(feature = "rdma")]
+            (None, Some(RealMns::Rdma(mns))) => {
+                mns.servers[usize::from(mn)]
                     .revoke(cn_node)
                     .map_err(fabric_error)?;
             }
@@ -427,13 +520,14 @@ impl LocalCluster {
         }
     }
 
-    /// Waits until every post list a tcp context sent without waiting (`post_detached`:
-    /// FORD's and Pandora's unlock WRITEs) was applied: one READ per context and MN behind
-    /// them on the same connection, which the MN serves in order. Without it, a final read
+    /// Waits until every post list a tcp or rdma context sent without waiting
+    /// (`post_detached`: FORD's and Pandora's unlock WRITEs) was applied: one READ per
+    /// context and MN behind them on the same connection (queue pair), which the MN serves
+    /// in order. Without it, a final read
     /// of MN memory out of band could run ahead of the last unlocks. (The simulator applies
     /// everything before it goes idle; shm applies a post as it is made.)
     fn tcp_barrier(&self) {
-        let contexts = self.tcp_contexts.borrow().clone();
+        let contexts = self.barrier_contexts.borrow().clone();
         if contexts.is_empty() {
             return;
         }

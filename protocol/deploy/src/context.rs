@@ -35,7 +35,86 @@ pub enum AnyContext {
     Tcp(Rc<TcpContext>),
     /// An RDMA context: RC queue pairs on a NIC (real time).
     #[cfg(feature = "rdma")]
-    Rdma(Rc<RdmaContext>),
+    Rdma(Rc<RdmaCn>),
+}
+
+/// A CN context on an RDMA NIC: one-sided verbs through its queue pairs to the MNs, and
+/// two-sided messages either over those queue pairs or, across processes, over the
+/// cluster's TCP control plane (queue pairs between CN contexts are not made yet, so a
+/// protocol's CN-to-CN messages and the failure detector's travel TCP there).
+#[cfg(feature = "rdma")]
+#[derive(Debug)]
+pub struct RdmaCn {
+    verbs: RdmaContext,
+    messages: Option<TcpContext>,
+}
+
+#[cfg(feature = "rdma")]
+impl RdmaCn {
+    /// Verbs and messages both through the NIC.
+    #[must_use]
+    pub fn new(verbs: RdmaContext) -> Self {
+        Self {
+            verbs,
+            messages: None,
+        }
+    }
+
+    /// Verbs through the NIC, messages through `messages` (a tcp context of the same
+    /// endpoint).
+    #[must_use]
+    pub fn with_tcp_messages(verbs: RdmaContext, messages: TcpContext) -> Self {
+        Self {
+            verbs,
+            messages: Some(messages),
+        }
+    }
+
+    /// The context that posts one-sided verbs.
+    #[must_use]
+    pub fn verbs(&self) -> &RdmaContext {
+        &self.verbs
+    }
+}
+
+#[cfg(feature = "rdma")]
+impl Verbs for RdmaCn {
+    fn local_endpoint(&self) -> Endpoint {
+        self.verbs.local_endpoint()
+    }
+
+    fn post(&self, list: PostList) -> impl Future<Output = Result<BatchResult, VerbsError>> {
+        self.verbs.post(list)
+    }
+
+    fn post_detached(&self, list: PostList) -> impl Future<Output = Result<(), VerbsError>> {
+        self.verbs.post_detached(list)
+    }
+
+    fn send(&self, to: Endpoint, payload: &[u8]) -> impl Future<Output = Result<(), VerbsError>> {
+        // The returned future may borrow only `self`: it owns a copy of the payload.
+        let payload = payload.to_vec();
+        async move {
+            match &self.messages {
+                Some(tcp) => tcp.send(to, &payload).await,
+                None => self.verbs.send(to, &payload).await,
+            }
+        }
+    }
+
+    async fn recv(&self) -> Result<Message, VerbsError> {
+        match &self.messages {
+            Some(tcp) => tcp.recv().await,
+            None => self.verbs.recv().await,
+        }
+    }
+
+    fn try_recv(&self) -> Result<Option<Message>, VerbsError> {
+        match &self.messages {
+            Some(tcp) => tcp.try_recv(),
+            None => self.verbs.try_recv(),
+        }
+    }
 }
 
 impl AnyContext {
@@ -89,6 +168,13 @@ impl From<TcpContext> for AnyContext {
 #[cfg(feature = "rdma")]
 impl From<RdmaContext> for AnyContext {
     fn from(c: RdmaContext) -> Self {
+        AnyContext::Rdma(Rc::new(RdmaCn::new(c)))
+    }
+}
+
+#[cfg(feature = "rdma")]
+impl From<RdmaCn> for AnyContext {
+    fn from(c: RdmaCn) -> Self {
         AnyContext::Rdma(Rc::new(c))
     }
 }

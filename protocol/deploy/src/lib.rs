@@ -52,6 +52,8 @@ use std::rc::Rc;
 
 pub use cluster::{ClusterShape, Deployed, SimLinkTerminator, deploy_loaded, load_growing_slack};
 pub use context::AnyContext;
+#[cfg(feature = "rdma")]
+pub use context::RdmaCn;
 pub use dmem_store::TableDemand;
 pub use dmem_txn::detector::HeartbeatDetector;
 pub use memory::{MnMemory, Recorder};

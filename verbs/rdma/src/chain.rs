@@ -173,6 +173,19 @@ impl RegionTable {
         self.regions.insert((node, region.rkey), region);
     }
 
+    /// Makes `node`'s region known under `alias` too: addresses that carry `alias` (the
+    /// rkey a deployment laid its store out with, before any NIC assigned one) resolve to
+    /// `region`, and go to the NIC with `region`'s own rkey.
+    pub fn insert_alias(&mut self, node: NodeId, alias: RKey, region: RegionDescriptor) {
+        self.regions.insert((node, alias), region);
+    }
+
+    /// The region an rkey of `node` names.
+    #[must_use]
+    pub fn get(&self, node: NodeId, rkey: RKey) -> Option<RegionDescriptor> {
+        self.regions.get(&(node, rkey)).copied()
+    }
+
     /// Forgets every region of `node` (its connection is gone).
     pub fn remove_node(&mut self, node: NodeId) {
         self.regions.retain(|(n, _), _| *n != node);
@@ -184,12 +197,13 @@ impl RegionTable {
         self.regions.keys().any(|(n, _)| *n == node)
     }
 
-    /// The remote virtual address of `len` bytes at `addr`, if they lie in a known region.
+    /// The remote virtual address of `len` bytes at `addr` and the NIC's rkey for them, if
+    /// they lie in a known region.
     #[must_use]
-    pub fn resolve(&self, addr: RemoteAddr, len: u64) -> Option<u64> {
+    pub fn resolve(&self, addr: RemoteAddr, len: u64) -> Option<(u64, RKey)> {
         let region = self.regions.get(&(addr.node, addr.rkey))?;
         let end = addr.offset.checked_add(len)?;
-        (end <= region.len).then(|| region.addr + addr.offset)
+        (end <= region.len).then(|| (region.addr + addr.offset, region.rkey))
     }
 }
 
@@ -226,7 +240,7 @@ pub fn build_chains(
         if !regions.knows(addr.node) {
             return Err(VerbsError::ConnectionLost { node: addr.node });
         }
-        let remote_addr = regions
+        let (remote_addr, rkey) = regions
             .resolve(addr, wr.op.remote_len())
             .ok_or(VerbsError::RemoteAccess { index, addr })?;
         let mut take = |n: usize, align: bool| {
@@ -265,7 +279,7 @@ pub fn build_chains(
             index,
             wr_id: wr_id(seq, index as u32),
             remote_addr,
-            rkey: addr.rkey.0,
+            rkey: rkey.0,
             signaled: wr.signaled,
             op,
         };
@@ -335,6 +349,39 @@ mod tests {
             rkey: RKey(10 + u32::from(node)),
             offset,
         }
+    }
+
+    #[test]
+    fn an_aliased_rkey_reaches_the_region_with_the_nics_rkey() {
+        let mut table = regions();
+        let nic = table.get(NodeId(1), RKey(11)).unwrap();
+        table.insert_alias(NodeId(1), RKey(0xd3e3_1001), nic);
+        let mut list = PostList::new();
+        list.read(
+            RemoteAddr {
+                node: NodeId(1),
+                rkey: RKey(0xd3e3_1001),
+                offset: 64,
+            },
+            8,
+        );
+        let plan = build_chains(list, &table, ChainLimits::default(), 1).unwrap();
+        let wr = &plan.chains[0].wrs[0];
+        assert_eq!((wr.remote_addr, wr.rkey), (BASE[1] + 64, 11));
+        // An rkey nobody aliased is still refused before anything is posted.
+        let mut list = PostList::new();
+        list.read(
+            RemoteAddr {
+                node: NodeId(1),
+                rkey: RKey(0xd3e3_1002),
+                offset: 64,
+            },
+            8,
+        );
+        assert!(matches!(
+            build_chains(list, &table, ChainLimits::default(), 2),
+            Err(VerbsError::RemoteAccess { index: 0, .. })
+        ));
     }
 
     #[test]

@@ -342,6 +342,7 @@ impl RdmaDevice {
             recv_cq,
             links: RefCell::new(HashMap::new()),
             regions: RefCell::new(RegionTable::new()),
+            peer_regions: RefCell::new(HashMap::new()),
             table: RefCell::new(CompletionTable::new()),
             posts: RefCell::new(HashMap::new()),
             abandoned: RefCell::new(HashSet::new()),
@@ -492,6 +493,8 @@ pub struct RdmaContext {
     recv_cq: Arc<BasicCompletionQueue>,
     links: RefCell<HashMap<NodeId, Link>>,
     regions: RefCell<RegionTable>,
+    /// The region each connected MN announced (for [`RdmaContext::alias_region`]).
+    peer_regions: RefCell<HashMap<NodeId, RegionDescriptor>>,
     table: RefCell<CompletionTable>,
     posts: RefCell<HashMap<u32, PostState>>,
     abandoned: RefCell<HashSet<u32>>,
@@ -723,6 +726,7 @@ impl RdmaContext {
         }
         if let Some(region) = peer.region {
             self.regions.borrow_mut().insert(peer.node, region);
+            self.peer_regions.borrow_mut().insert(peer.node, region);
         } else {
             // A peer without memory is still reachable for messages.
             self.regions.borrow_mut().insert(
@@ -758,6 +762,19 @@ impl RdmaContext {
         }
         self.connect(&remote)?;
         Ok(remote)
+    }
+
+    /// Lets addresses of `node` that carry `alias` reach the region `node` announced when
+    /// it connected (see [`RegionTable::insert_alias`]): a deployment lays its store out
+    /// with rkeys of its own before any NIC assigns one. Returns whether `node`'s region
+    /// is known.
+    pub fn alias_region(&self, node: NodeId, alias: dmem_verbs::RKey) -> bool {
+        let mut regions = self.regions.borrow_mut();
+        let Some(region) = self.peer_regions.borrow().get(&node).copied() else {
+            return false;
+        };
+        regions.insert_alias(node, alias, region);
+        true
     }
 
     /// The passive end of [`connect_over`](Self::connect_over): reads the peer's

@@ -21,10 +21,10 @@ use std::time::Duration;
 
 use dmem_verbs::{Endpoint, NodeId, Port};
 
+use crate::RdmaError;
 use crate::chain::ChainLimits;
 use crate::descriptor::{RdmaDescriptor, RegionDescriptor};
 use crate::device::{RdmaContext, RdmaDevice};
-use crate::RdmaError;
 
 /// How long a connecting CN may take to send its descriptor.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -184,7 +184,9 @@ fn accept(
 ) -> Result<(RdmaDescriptor, RdmaContext), RdmaError> {
     let io = |e: std::io::Error| RdmaError::Exchange(e.into());
     stream.set_nonblocking(false).map_err(io)?;
-    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(io)?;
+    stream
+        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .map_err(io)?;
     let _ = stream.set_nodelay(true);
     let ctx = device.context(Endpoint { node, port }, ChainLimits::default())?;
     let peer = ctx.accept_over(&mut stream, Some(region))?;
@@ -204,7 +206,9 @@ pub fn connect_memory(
 ) -> Result<RdmaDescriptor, RdmaError> {
     let io = |e: std::io::Error| RdmaError::Exchange(e.into());
     let mut stream = TcpStream::connect_timeout(&addr, HANDSHAKE_TIMEOUT).map_err(io)?;
-    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)).map_err(io)?;
+    stream
+        .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+        .map_err(io)?;
     let _ = stream.set_nodelay(true);
     ctx.connect_over(&mut stream, mn, None)
 }

@@ -89,6 +89,8 @@ mod socket;
 pub use context::{MAX_MESSAGE, Recv, ShmContext, ShmFabric};
 pub use error::ShmError;
 pub use mapping::{HugePages, MAX_LINKS, shmem_thp_policy};
+#[cfg(feature = "rdma")]
+pub use node::RdmaRegistration;
 pub use node::{MnLink, ShmMemoryNode};
 pub use ops::{STALL_LIMIT, stalls};
 pub use remote::{MessageServer, message_socket};

@@ -269,6 +269,15 @@ impl Mapping {
         unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(offset).cast::<u64>()) }
     }
 
+    /// The first byte of the data (the region): valid for [`data_len`](Self::data_len)
+    /// bytes while `self` lives.
+    #[cfg(feature = "rdma")]
+    pub(crate) fn data_ptr(&self) -> std::ptr::NonNull<u8> {
+        // SAFETY: `data_offset` was checked to lie inside the mapping when it was set up, so
+        // the sum stays inside the same mapped object and is not null.
+        unsafe { self.ptr.add(self.data_offset) }
+    }
+
     /// Byte offset of the data (the region) inside the mapping.
     pub(crate) fn data_offset(&self) -> usize {
         self.data_offset

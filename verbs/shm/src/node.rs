@@ -12,6 +12,24 @@ use crate::{ShmError, ops};
 /// How long [`ShmMemoryNode::revoke`] waits for posts in flight to finish.
 const REVOKE_WAIT: Duration = Duration::from_millis(100);
 
+/// An MN's mapping registered with an RDMA device ([`ShmMemoryNode::register_rdma`]);
+/// deregistered on drop, before the mapping it keeps alive.
+#[cfg(feature = "rdma")]
+#[derive(Debug)]
+pub struct RdmaRegistration {
+    region: dmem_rdma::device::ExternalRegion,
+    _node: ShmMemoryNode,
+}
+
+#[cfg(feature = "rdma")]
+impl RdmaRegistration {
+    /// What CNs need to address the region through the NIC.
+    #[must_use]
+    pub fn descriptor(&self) -> dmem_rdma::RegionDescriptor {
+        self.region.descriptor()
+    }
+}
+
 /// A memory node: owns the shared mapping that holds one registered region.
 ///
 /// Cloning is cheap and shares the node. CN contexts reach it through [`MnLink`]s made by
@@ -60,6 +78,33 @@ impl ShmMemoryNode {
     #[must_use]
     pub fn huge_pages(&self) -> HugePages {
         self.inner.mapping.huge_pages()
+    }
+
+    /// Registers the region with an RDMA device for remote READ, WRITE and atomics: the
+    /// rdma fabric's MNs serve this mapping, so loads and final reads reach the same bytes
+    /// out of band. The registration keeps this node (and so the mapping) alive. The NIC's
+    /// writes bypass the write-stripe seqlocks, so a shm reader of this node may see them
+    /// torn at any byte, as readers of an RDMA NIC's memory do.
+    ///
+    /// # Errors
+    /// [`dmem_rdma::RdmaError`] when the device refuses the registration.
+    #[cfg(feature = "rdma")]
+    pub fn register_rdma(
+        &self,
+        device: &dmem_rdma::device::RdmaDevice,
+    ) -> Result<RdmaRegistration, dmem_rdma::RdmaError> {
+        let len = usize::try_from(self.inner.mapping.data_len()).map_err(|_| {
+            dmem_rdma::RdmaError::Size("region larger than the address space".into())
+        })?;
+        // SAFETY: the data range is mapped for `len` bytes for as long as the mapping lives
+        // (unmapped only in its `Drop`; the memfd is sealed against shrinking), and the
+        // returned registration holds a clone of this node, so the mapping outlives the
+        // registration (fields drop in order: the registration first).
+        let region = unsafe { device.register_external(self.inner.mapping.data_ptr(), len)? };
+        Ok(RdmaRegistration {
+            region,
+            _node: self.clone(),
+        })
     }
 
     /// Bytes mapped in total (control lines plus the region, rounded to the page size).
