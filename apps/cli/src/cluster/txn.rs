@@ -1,7 +1,7 @@
 //! Transaction workloads (SmallBank, KVS, ...) on any protocol of the registry that runs on
 //! real fabrics (FORD, Pandora, OCC, Motor, OOCC, DrTM, DSLR, LOTUS — each CN process
 //! serving its own lock table) across MN and CN processes of a cluster file (see
-//! `cluster.rs` for the file and the verbs-level workload); and on the symmetric Dandelion
+//! `mod.rs` for the file and the verbs-level workload); and on the symmetric Dandelion
 //! and FaSST across server processes (`dmem server`: the CN process below with no MNs, whose
 //! deployment is its own server, `Protocol::deploy_server`, loading the records it holds
 //! and running its message loop among its process tasks).

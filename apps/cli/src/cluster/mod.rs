@@ -1,6 +1,6 @@
 //! Real deployments on the tcp fabric, or on the shm fabric within one host: `dmem mn`,
 //! `dmem cn` and `dmem cluster`. (On shm only transaction workloads run; see
-//! `cluster_txn.rs`'s `Net` for how the two fabrics differ there.)
+//! `txn.rs`'s `Net` for how the two fabrics differ there.)
 //!
 //! A cluster is one TOML file (see [`ClusterFile`]): its nodes with their roles and
 //! addresses, the heartbeat period and timeout, and the workload. Node ids follow the
@@ -17,7 +17,7 @@
 //!   runs the workload, tells each MN it is done, and prints a JSON report.
 //! - `dmem server --cluster FILE --node NAME`: a server of a symmetric protocol (Dandelion,
 //!   FaSST; `role = "server"` nodes, no MNs), which runs the transaction CN process of
-//!   `cluster_txn.rs` on a deployment of its own server.
+//!   `txn.rs` on a deployment of its own server.
 //! - `dmem cluster --cluster FILE` starts every node as a separate process on this host
 //!   (inside the node's network namespace when it names one), optionally kills one CN with
 //!   SIGKILL mid-run, collects the reports and checks them.
@@ -27,7 +27,7 @@
 //! frame executes whole or not at all, so at every MN the shared word equals the sum of the
 //! CN words even when a CN dies mid-run, and a CN that finished has exactly `posts × batch`
 //! in its word. Transaction workloads on FORD/Pandora (`kind = "smallbank"` etc.) are in
-//! `cluster_txn.rs`, where the first CN, not the MNs, detects and recovers failed CNs.
+//! `txn.rs`, where the first CN, not the MNs, detects and recovers failed CNs.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader};
@@ -52,6 +52,8 @@ use dmem_verbs::{Endpoint, Nanos, NodeId, Port, PostList, RKey, RemoteAddr, Verb
 use serde::{Deserialize, Serialize};
 
 use dmem_cli::common::{self, CheckFailed};
+
+mod txn;
 
 /// Payload prefix of a CN's "done" message to each MN, followed by its post count (u64 LE).
 const DONE: &[u8] = b"dmem-cn-done";
@@ -707,14 +709,14 @@ impl Cluster {
             .map_or_else(|| format!("MN {}", node.0), |m| m.name.clone())
     }
 
-    fn txn_setup(&self) -> anyhow::Result<Option<crate::cluster_txn::TxnSetup>> {
+    fn txn_setup(&self) -> anyhow::Result<Option<txn::TxnSetup>> {
         match &self.kind {
             Kind::Faa => Ok(None),
             Kind::Txn {
                 workload,
                 scale,
                 protocol,
-            } => crate::cluster_txn::TxnSetup::new(self, workload, *scale, protocol)
+            } => txn::TxnSetup::new(self, workload, *scale, protocol)
                 .map(Some)
                 .with_context(|| format!("cluster file {}", self.path.display())),
         }
@@ -848,7 +850,7 @@ pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
     );
     let me = cluster.mn(&args.node)?.clone();
     if let Some(setup) = cluster.txn_setup()? {
-        return crate::cluster_txn::run_mn(&cluster, &me, &setup);
+        return txn::run_mn(&cluster, &me, &setup);
     }
     let (data, control) = (me.data()?, me.control()?);
     let memory =
@@ -1038,7 +1040,7 @@ async fn faa_client<V: Verbs>(
 }
 
 /// `dmem server`: a server of a symmetric protocol, which runs the CN process's wiring
-/// (`cluster_txn::run_cn`) with a deployment of its own server (`Protocol::deploy_server`).
+/// (`txn::run_cn`) with a deployment of its own server (`Protocol::deploy_server`).
 pub(crate) fn run_server(args: &NodeArgs) -> anyhow::Result<()> {
     let cluster = Cluster::load(&args.cluster)?;
     ensure!(
@@ -1050,7 +1052,7 @@ pub(crate) fn run_server(args: &NodeArgs) -> anyhow::Result<()> {
     let setup = cluster
         .txn_setup()?
         .context("a symmetric protocol runs a transaction workload")?;
-    crate::cluster_txn::run_cn(&cluster, &me, &setup)
+    txn::run_cn(&cluster, &me, &setup)
 }
 
 /// `dmem cn`.
@@ -1063,7 +1065,7 @@ pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
     );
     let me = cluster.cn(&args.node)?.clone();
     if let Some(setup) = cluster.txn_setup()? {
-        return crate::cluster_txn::run_cn(&cluster, &me, &setup);
+        return txn::run_cn(&cluster, &me, &setup);
     }
     let my_index = cluster.cn_index(me.node).context("a CN of the cluster")?;
     let (executor_kind, executor_why) = cluster
@@ -1585,18 +1587,18 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
     }
     if let (Some(_), Kind::Txn { protocol, .. }) = (&setup, &cluster.kind) {
         let mut histories = Vec::new();
-        let cn_results: Vec<(String, bool, Option<crate::cluster_txn::TxnCnReport>)> = cns
+        let cn_results: Vec<(String, bool, Option<txn::TxnCnReport>)> = cns
             .into_iter()
             .map(|node| {
                 let (name, ok, report, lines) = finish_with_lines(node);
-                histories.push(crate::cluster_txn::history_from_lines(&lines));
+                histories.push(txn::history_from_lines(&lines));
                 (name, ok, report)
             })
             .collect();
         // Every CN exited: the state they kept for one another's recovery is done with.
         let _ = std::fs::remove_dir_all(cluster.state_dir());
         let verdict =
-            crate::cluster_txn::collect(&cluster, kill_cn, kill_mn, &cn_results, histories);
+            txn::collect(&cluster, kill_cn, kill_mn, &cn_results, histories);
         // The first CN tells the MNs to quit once its report is out; without that report
         // (it failed, e.g. refused the workload) the MNs would wait out their time limit.
         let first_cn_reported = cn_results
@@ -1610,11 +1612,11 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
                 .filter(|m| Some(m.name.as_str()) == kill_mn)
                 .map(|m| m.node)
                 .collect();
-            if let Err(e) = crate::cluster_txn::quit_mns_from_outside(&cluster, &dead) {
+            if let Err(e) = txn::quit_mns_from_outside(&cluster, &dead) {
                 eprintln!("dmem cluster: cannot tell the MNs to quit: {e}");
             }
         }
-        let mn_results: Vec<(String, bool, Option<crate::cluster_txn::TxnMnReport>)> =
+        let mn_results: Vec<(String, bool, Option<txn::TxnMnReport>)> =
             mns.into_iter().map(finish).collect();
         let mut verdict = verdict?;
         for (name, ok, report) in &mn_results {
@@ -1633,7 +1635,7 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string(r)?);
             }
         } else {
-            crate::cluster_txn::print_summary(&cluster, protocol, &cn_results, &verdict);
+            txn::print_summary(&cluster, protocol, &cn_results, &verdict);
         }
         return if verdict.problems.is_empty() {
             Ok(())
