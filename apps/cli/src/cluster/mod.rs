@@ -53,10 +53,11 @@ use serde::{Deserialize, Serialize};
 
 use dmem_cli::common::{self, CheckFailed};
 
+mod control;
 mod txn;
 
-/// Payload prefix of a CN's "done" message to each MN, followed by its post count (u64 LE).
-const DONE: &[u8] = b"dmem-cn-done";
+use control::{Control, is_ready_line, print_ready};
+
 /// Bytes between two CN words at an MN (a cache line each, so FAAs do not share one).
 const WORD_STRIDE: u64 = 64;
 
@@ -867,7 +868,7 @@ pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
     })?;
     let ctx = fabric.context(Port(0))?;
     // The parent (`dmem cluster`) waits for this line before starting CNs.
-    println!("ready {}", me.name);
+    print_ready(&me.name);
     eprintln!(
         "dmem mn {}: node {} serves {} on {} (control {})",
         me.name,
@@ -894,8 +895,7 @@ pub(crate) fn run_mn(args: &NodeArgs) -> anyhow::Result<()> {
             if cluster.cn_index(from).is_none() {
                 continue;
             }
-            if let Some(count) = msg.payload.strip_prefix(DONE) {
-                let posts = count.try_into().map(u64::from_le_bytes).unwrap_or(0);
+            if let Ok(Control::CnDone { tally: posts }) = Control::parse(&msg.payload) {
                 done.insert(name_of(from), posts);
             } else {
                 heard.insert(from);
@@ -1123,7 +1123,7 @@ pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
         })
         .context("cannot start the heartbeat thread")?;
     // `dmem cluster` starts its kill timer once every CN is this far.
-    println!("ready {}", me.name);
+    print_ready(&me.name);
     let start = Instant::now();
     let end = start + cluster.duration;
     let batch = cluster.batch;
@@ -1166,8 +1166,7 @@ pub(crate) fn run_cn(args: &NodeArgs) -> anyhow::Result<()> {
     let errors: Vec<String> = results.into_iter().flat_map(|(_, e)| e).collect();
     // Tell every MN (before the heartbeats stop, so that it does not suspect this CN).
     let done_ctx = fabric.context(Port(1))?;
-    let mut payload = DONE.to_vec();
-    payload.extend_from_slice(&posts.to_le_bytes());
+    let payload = Control::CnDone { tally: posts }.emit();
     let executor = Executor::new();
     for mn in &cluster.mns {
         if let Err(e) = executor.block_on(done_ctx.send(control_endpoint(mn.node), &payload)) {
@@ -1247,7 +1246,7 @@ fn start_node(
     let (reader_lines, reader_ready) = (Arc::clone(&lines), Arc::clone(&ready));
     let reader = std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.starts_with("ready ") {
+            if is_ready_line(&line) {
                 reader_ready.store(true, Ordering::SeqCst);
             }
             reader_lines
@@ -1597,8 +1596,7 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
             .collect();
         // Every CN exited: the state they kept for one another's recovery is done with.
         let _ = std::fs::remove_dir_all(cluster.state_dir());
-        let verdict =
-            txn::collect(&cluster, kill_cn, kill_mn, &cn_results, histories);
+        let verdict = txn::collect(&cluster, kill_cn, kill_mn, &cn_results, histories);
         // The first CN tells the MNs to quit once its report is out; without that report
         // (it failed, e.g. refused the workload) the MNs would wait out their time limit.
         let first_cn_reported = cn_results

@@ -74,20 +74,10 @@ use dmem_verbs::{Clock, Endpoint, MemoryRegion, NodeId, Port, RKey, Verbs};
 use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator, Workload};
 use serde::{Deserialize, Serialize};
 
+use super::control::{Control, print_ready};
 use crate::cluster::{Cluster, CnNode, Fabric, MnNode};
 use dmem_cli::common;
 
-/// `dmem cluster` → MN: the run is over.
-const QUIT: &[u8] = b"dmem-quit";
-/// CN → first CN: this CN's workload is over; then its committed delta (i64 LE, the
-/// workload's conserved quantity, e.g. money SmallBank added).
-const CN_DONE: &[u8] = b"dmem-cn-done";
-/// First CN → every other CN: every CN has joined (its message endpoints, LOTUS's lock
-/// servers among them, are up): the coordinators may start.
-const GO: &[u8] = b"dmem-go";
-/// First CN → every other CN: every CN finished (or was recovered), so nobody needs the
-/// receiver's services (LOTUS's lock servers) any more: it may exit.
-const RUN_OVER: &[u8] = b"dmem-run-over";
 /// How long a peer may leave a control request unanswered (a link termination, an
 /// MN-failure acknowledgement) before recovery reports it.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -461,7 +451,7 @@ pub(crate) fn run_mn(cluster: &Cluster, me: &MnNode, setup: &TxnSetup) -> anyhow
         }
     };
     let ctx = net.context(me.node, mn_control(me.node).port)?;
-    println!("ready {}", me.name);
+    print_ready(&me.name);
     eprintln!(
         "dmem mn {}: node {} serves {} of {} on {serves_on} (fabric {})",
         me.name,
@@ -472,11 +462,11 @@ pub(crate) fn run_mn(cluster: &Cluster, me: &MnNode, setup: &TxnSetup) -> anyhow
     );
     let executor = Executor::new();
     let mut revoked = BTreeSet::new();
-    // The run ends at QUIT; a parent that died leaves an MN that gives up after a while.
+    // The run ends at a quit; a parent that died leaves an MN that gives up after a while.
     let give_up = Instant::now() + cluster.duration() + cluster.join_timeout() * 6;
     loop {
         while let Some(msg) = ctx.try_recv()? {
-            if msg.payload == QUIT {
+            if Control::parse(&msg.payload) == Ok(Control::Quit) {
                 let report = TxnMnReport {
                     role: "mn".into(),
                     name: me.name.clone(),
@@ -1130,7 +1120,7 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
             join(cluster, me, clock, &detector_ctx).await?;
             for other in plan.members.iter().map(|m| m.cn).filter(|&n| n != me.node) {
                 done_ctx
-                    .send(endpoint(other, ports::DONE), GO)
+                    .send(endpoint(other, ports::DONE), &Control::Go.emit())
                     .await
                     .with_context(|| {
                         format!(
@@ -1141,7 +1131,7 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
                     })?;
             }
             cn.shared.started.store(true, Ordering::Relaxed);
-            println!("ready {}", me.name);
+            print_ready(&me.name);
             detector(
                 cn,
                 clock,
@@ -1153,7 +1143,7 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
             .await
         } else {
             wait_for_go(cn, clock, &done_ctx).await?;
-            println!("ready {}", me.name);
+            print_ready(&me.name);
             report_done(cn, clock, &done_ctx).await?;
             Ok(FirstCore::default())
         }
@@ -1196,7 +1186,7 @@ async fn wait_for_go(cn: &CnSetup, clock: CoreClock, done_ctx: &AnyContext) -> a
     let give_up = clock.now() + (cluster.join_timeout() * 2).as_nanos() as u64;
     loop {
         while let Some(msg) = done_ctx.try_recv()? {
-            if msg.payload == GO {
+            if Control::parse(&msg.payload) == Ok(Control::Go) {
                 cn.shared.started.store(true, Ordering::Relaxed);
                 return Ok(());
             }
@@ -1222,8 +1212,7 @@ async fn report_done(cn: &CnSetup, clock: CoreClock, done_ctx: &AnyContext) -> a
     while cn.shared.running.load(Ordering::Relaxed) > 0 {
         clock.sleep(plan.heartbeat).await;
     }
-    let mut done = CN_DONE.to_vec();
-    done.extend_from_slice(&cn.shared.delta.load(Ordering::Relaxed).to_le_bytes());
+    let done = Control::cn_done_delta(cn.shared.delta.load(Ordering::Relaxed)).emit();
     if let Err(e) = done_ctx.send(detector, &done).await {
         eprintln!(
             "dmem cn {}: cannot tell the detector it is done: {e}",
@@ -1233,7 +1222,7 @@ async fn report_done(cn: &CnSetup, clock: CoreClock, done_ctx: &AnyContext) -> a
     let linger_end = clock.now() + cluster.join_timeout().as_nanos() as u64;
     while clock.now() < linger_end {
         while let Some(msg) = done_ctx.try_recv()? {
-            if msg.payload == RUN_OVER {
+            if Control::parse(&msg.payload) == Ok(Control::RunOver) {
                 return Ok(());
             }
         }
@@ -1280,11 +1269,9 @@ async fn detector(
     let mut recovered: BTreeSet<NodeId> = BTreeSet::new();
     loop {
         while let Some(msg) = done_ctx.try_recv()? {
-            if let Some(delta) = msg.payload.strip_prefix(CN_DONE) {
+            if let Ok(Control::CnDone { tally }) = Control::parse(&msg.payload) {
                 finished.insert(msg.from.node);
-                if let Ok(delta) = <[u8; 8]>::try_from(delta) {
-                    deltas.insert(msg.from.node, i64::from_le_bytes(delta));
-                }
+                deltas.insert(msg.from.node, tally.cast_signed());
             }
         }
         match &mut recovery {
@@ -1355,7 +1342,9 @@ async fn detector(
     // holds some): the finished ones serve nobody any more, and one recovered while alive
     // (a false suspicion) is told too; a dead one cannot be.
     for other in plan.members.iter().map(|m| m.cn).filter(|&n| n != me.node) {
-        let told = done_ctx.send(endpoint(other, ports::DONE), RUN_OVER).await;
+        let told = done_ctx
+            .send(endpoint(other, ports::DONE), &Control::RunOver.emit())
+            .await;
         if let (Err(e), true) = (told, finished.contains(&other)) {
             eprintln!(
                 "dmem cn {}: cannot tell {} the run is over: {e}",
@@ -1618,7 +1607,7 @@ pub(crate) fn collect(
 /// Tells every MN of the cluster but the `dead` ones that the run is over, from `ctx`.
 async fn quit_mns(cluster: &Cluster, ctx: &AnyContext, dead: &[NodeId]) {
     for mn in cluster.mns().iter().filter(|m| !dead.contains(&m.node)) {
-        if let Err(e) = ctx.send(mn_control(mn.node), QUIT).await {
+        if let Err(e) = ctx.send(mn_control(mn.node), &Control::Quit.emit()).await {
             eprintln!("dmem cluster: cannot tell MN `{}` to quit: {e}", mn.name);
         }
     }
