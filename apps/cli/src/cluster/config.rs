@@ -723,6 +723,7 @@ impl<'f> NodeRoles<'f> {
         Ok(addr)
     }
 
+    /// Checks a `[[node]]` entry and files it under its role.
     fn add(
         &mut self,
         n: &'f NodeFile,
@@ -751,32 +752,7 @@ impl<'f> NodeRoles<'f> {
             None
         };
         match n.role.as_str() {
-            "mn" => {
-                let data = if self.is_tcp {
-                    let data = n.data.as_deref().with_context(|| {
-                        format!(
-                            "node `{}`: an MN needs `data`, the address CNs reach its memory on",
-                            n.name
-                        )
-                    })?;
-                    Some(self.claim(&n.name, "data", data)?)
-                } else {
-                    None
-                };
-                // A transaction workload's store decides the size.
-                let mib = match (&checked.kind, n.memory_mib) {
-                    (Kind::Txn { .. }, None) => 1,
-                    (_, mib) => {
-                        mib.with_context(|| format!("node `{}`: an MN needs `memory_mib`", n.name))?
-                    }
-                };
-                ensure!(
-                    (1..=1 << 20).contains(&mib),
-                    "node `{}`: memory_mib {mib} is outside 1..=1048576",
-                    n.name
-                );
-                self.mns.push((n, data, control, mib << 20));
-            }
+            "mn" => self.add_mn(n, control, &checked.kind)?,
             "cn" => {
                 ensure!(
                     n.data.is_none() && n.memory_mib.is_none(),
@@ -814,6 +790,41 @@ impl<'f> NodeRoles<'f> {
                 n.name
             ),
         }
+        Ok(())
+    }
+
+    /// An MN entry: its `data` address (tcp) and its memory (`faa`; a transaction
+    /// workload's store decides the size of its own).
+    fn add_mn(
+        &mut self,
+        n: &'f NodeFile,
+        control: Option<SocketAddr>,
+        kind: &Kind,
+    ) -> anyhow::Result<()> {
+        let data = if self.is_tcp {
+            let data = n.data.as_deref().with_context(|| {
+                format!(
+                    "node `{}`: an MN needs `data`, the address CNs reach its memory on",
+                    n.name
+                )
+            })?;
+            Some(self.claim(&n.name, "data", data)?)
+        } else {
+            None
+        };
+        // A transaction workload's store decides the size.
+        let mib = match (kind, n.memory_mib) {
+            (Kind::Txn { .. }, None) => 1,
+            (_, mib) => {
+                mib.with_context(|| format!("node `{}`: an MN needs `memory_mib`", n.name))?
+            }
+        };
+        ensure!(
+            (1..=1 << 20).contains(&mib),
+            "node `{}`: memory_mib {mib} is outside 1..=1048576",
+            n.name
+        );
+        self.mns.push((n, data, control, mib << 20));
         Ok(())
     }
 }

@@ -691,29 +691,7 @@ fn cluster_file_text(
 ) -> anyhow::Result<String> {
     Ok(match &tcp.cluster {
         // The file's nodes and settings, with this run's workload.
-        Some(file) => {
-            let text = std::fs::read_to_string(file)
-                .with_context(|| format!("cannot read cluster file {}", file.display()))?;
-            let mut table: toml::Table = toml::from_str(&text).map_err(|e| {
-                anyhow::anyhow!(
-                    "cluster file {}: {}",
-                    file.display(),
-                    e.message().trim_end()
-                )
-            })?;
-            let wanted = if shm { "shm" } else { "tcp" };
-            let written = table.get("fabric").and_then(toml::Value::as_str);
-            ensure!(
-                written == Some(wanted),
-                "cluster file {}: fabric = {:?}, but --fabric {wanted} was asked for",
-                file.display(),
-                written.unwrap_or("(missing)")
-            );
-            table.remove("workload");
-            let workload: toml::Table = toml::from_str(workload)?;
-            table.extend(workload);
-            toml::to_string(&table)?
-        }
+        Some(file) => file_with_workload(file, workload, shm)?,
         None if shm => {
             let mut text = format!(
                 "fabric = \"shm\"\nsocket_dir = \"{}\"\njoin_timeout_ms = 60000\n{workload}",
@@ -745,35 +723,65 @@ fn cluster_file_text(
             }
             text
         }
-        None => {
-            // Free loopback ports: two per MN, one per CN.
-            let listeners = (0..2 * usize::from(tcp.mns) + usize::from(tcp.cns))
-                .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-                .collect::<Result<Vec<_>, _>>()
-                .context("cannot find free loopback ports")?;
-            let ports: Vec<u16> = listeners
-                .iter()
-                .map(|l| l.local_addr().map(|a| a.port()))
-                .collect::<Result<_, _>>()?;
-            drop(listeners);
-            // Each MN process creates and loads its store before it is ready: a
-            // small-scale MVCC store (Motor, 3 × 0.5 GiB) takes longer than the default
-            // 10 s join timeout on a busy host.
-            let mut text = format!("fabric = \"tcp\"\njoin_timeout_ms = 60000\n{workload}");
-            for m in 0..usize::from(tcp.mns) {
-                text += &format!(
-                    "\n[[node]]\nname = \"mn{m}\"\nrole = \"mn\"\ndata = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
-                    ports[2 * m],
-                    ports[2 * m + 1]
-                );
-            }
-            for c in 0..usize::from(tcp.cns) {
-                text += &format!(
-                    "\n[[node]]\nname = \"cn{c}\"\nrole = \"cn\"\ncontrol = \"127.0.0.1:{}\"\n",
-                    ports[2 * usize::from(tcp.mns) + c]
-                );
-            }
-            text
-        }
+        None => loopback_mns_and_cns(tcp, workload)?,
     })
+}
+
+/// `--cluster FILE`'s text with this run's `workload` table instead of the file's, once
+/// its fabric is the one `--fabric` asked for.
+fn file_with_workload(file: &Path, workload: &str, shm: bool) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read cluster file {}", file.display()))?;
+    let mut table: toml::Table = toml::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "cluster file {}: {}",
+            file.display(),
+            e.message().trim_end()
+        )
+    })?;
+    let wanted = if shm { "shm" } else { "tcp" };
+    let written = table.get("fabric").and_then(toml::Value::as_str);
+    ensure!(
+        written == Some(wanted),
+        "cluster file {}: fabric = {:?}, but --fabric {wanted} was asked for",
+        file.display(),
+        written.unwrap_or("(missing)")
+    );
+    table.remove("workload");
+    let workload: toml::Table = toml::from_str(workload)?;
+    table.extend(workload);
+    Ok(toml::to_string(&table)?)
+}
+
+/// A local tcp cluster of `tcp.mns` MNs and `tcp.cns` CNs on free loopback ports, running
+/// `workload`.
+fn loopback_mns_and_cns(tcp: &TcpShape, workload: &str) -> anyhow::Result<String> {
+    // Free loopback ports: two per MN, one per CN.
+    let listeners = (0..2 * usize::from(tcp.mns) + usize::from(tcp.cns))
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .context("cannot find free loopback ports")?;
+    let ports: Vec<u16> = listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<Result<_, _>>()?;
+    drop(listeners);
+    // Each MN process creates and loads its store before it is ready: a
+    // small-scale MVCC store (Motor, 3 × 0.5 GiB) takes longer than the default
+    // 10 s join timeout on a busy host.
+    let mut text = format!("fabric = \"tcp\"\njoin_timeout_ms = 60000\n{workload}");
+    for m in 0..usize::from(tcp.mns) {
+        text += &format!(
+            "\n[[node]]\nname = \"mn{m}\"\nrole = \"mn\"\ndata = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
+            ports[2 * m],
+            ports[2 * m + 1]
+        );
+    }
+    for c in 0..usize::from(tcp.cns) {
+        text += &format!(
+            "\n[[node]]\nname = \"cn{c}\"\nrole = \"cn\"\ncontrol = \"127.0.0.1:{}\"\n",
+            ports[2 * usize::from(tcp.mns) + c]
+        );
+    }
+    Ok(text)
 }
