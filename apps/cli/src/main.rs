@@ -8,7 +8,6 @@ use dmem_cli::{bench_txn, config, litmus};
 mod bench_hashtable;
 mod bench_locks;
 mod cluster;
-mod cluster_txn;
 mod perf;
 mod recover;
 mod reproduce;
