@@ -91,6 +91,23 @@ pub enum TxnFabric {
     /// Separate MN and CN processes on this host over the shm fabric: the CNs map each
     /// MN's memfd (real time; `dmem cluster` with a generated cluster file).
     Shm,
+    /// Separate MN and CN processes on this host over an RDMA NIC (a dmem built with
+    /// `--features rdma`): one-sided verbs through queue pairs, the control plane over
+    /// loopback TCP (real time; `dmem cluster` with a generated cluster file).
+    Rdma,
+}
+
+impl TxnFabric {
+    /// Its name on the command line.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            TxnFabric::Sim => "sim",
+            TxnFabric::Tcp => "tcp",
+            TxnFabric::Shm => "shm",
+            TxnFabric::Rdma => "rdma",
+        }
+    }
 }
 
 /// Bytes of memory a run of `protocol` on `workload` takes (MN regions plus loading), `None` past 2^64.
@@ -440,11 +457,7 @@ impl Args {
         ensure!(
             self.fabric == TxnFabric::Sim,
             "--msg-loss, --msg-dup and --msg-delay mistreat the simulated network's messages: drop them with --fabric {}",
-            if self.fabric == TxnFabric::Tcp {
-                "tcp"
-            } else {
-                "shm"
-            }
+            self.fabric.name()
         );
         for name in &self.protocol {
             let p = registry.get(name).context("in --protocol")?;
@@ -901,11 +914,7 @@ impl Args {
         ensure!(
             all || !symmetric.iter().any(|&s| s),
             "--fabric {}: symmetric protocols (dnl-*, fasst) run their servers in this process, the others as MN and CN processes: bench them separately",
-            if self.fabric == TxnFabric::Shm {
-                "shm"
-            } else {
-                "tcp"
-            }
+            self.fabric.name()
         );
         Ok(all)
     }
@@ -947,10 +956,13 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
             "--scale (tiny, small)",
         )?;
     }
-    let fabric = if args.fabric == TxnFabric::Tcp {
-        Fabric::Tcp
-    } else {
-        Fabric::Shm
+    let fabric = match args.fabric {
+        TxnFabric::Tcp => Fabric::Tcp,
+        TxnFabric::Shm => Fabric::Shm,
+        TxnFabric::Sim | TxnFabric::Rdma => anyhow::bail!(
+            "--fabric {}: the symmetric protocols (dnl-*, fasst) run their servers on sim, tcp and shm; on rdma their batched RPCs need queue pairs between servers, which dmem does not make yet",
+            args.fabric.name()
+        ),
     };
     let duration_ms = args.duration_ms.max(1000);
     let cfg = ServersConfig {

@@ -165,6 +165,15 @@ fn run() -> i32 {
             BenchArgs { layer: None, txn } if txn.fabric() == bench_txn::TxnFabric::Tcp => {
                 cluster::bench_cluster(&txn)
             }
+            BenchArgs { layer: None, txn } if txn.fabric() == bench_txn::TxnFabric::Rdma => {
+                if cfg!(feature = "rdma") {
+                    cluster::bench_cluster(&txn)
+                } else {
+                    Err(anyhow::anyhow!(
+                        "this dmem was built without RDMA support: build it with `cargo build --release -p dmem-cli --features rdma`"
+                    ))
+                }
+            }
             BenchArgs { layer: None, txn } if txn.fabric() != bench_txn::TxnFabric::Sim => {
                 match txn.symmetric_only(&dmem_protocols::registry()) {
                     Ok(true) => bench_txn::run_servers(txn, &dmem_protocols::registry()).map(drop),

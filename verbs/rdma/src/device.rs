@@ -820,6 +820,7 @@ impl RdmaContext {
             call: "ibv_modify_qp",
             detail: format!("-> ERROR: {e}"),
         })?;
+        link.machine.failed();
         Ok(true)
     }
 
@@ -903,6 +904,19 @@ impl RdmaContext {
 
     /// An error completion moved the queue pair to `node` to ERROR: forget its region so that
     /// later posts fail at once with `ConnectionLost`, and let nothing wait on it.
+    /// The peers whose queue pair broke (an error completion): nothing posted to them
+    /// lands any more.
+    pub fn lost_peers(&self) -> impl Iterator<Item = NodeId> {
+        let lost: Vec<NodeId> = self
+            .links
+            .borrow()
+            .iter()
+            .filter(|(_, link)| link.machine.state() == QpState::Error)
+            .map(|(node, _)| *node)
+            .collect();
+        lost.into_iter()
+    }
+
     fn break_link(&self, node: NodeId) {
         if let Some(link) = self.links.borrow_mut().get_mut(&node) {
             link.machine.failed();

@@ -22,9 +22,12 @@ const WORD_STRIDE: u64 = 64;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ClusterFile {
-    /// `tcp`, or `shm` (one host: MN memory is a memfd mapping the CNs map, messages go
-    /// over Unix sockets in `socket_dir`).
+    /// `tcp`, `shm` (one host: MN memory is a memfd mapping the CNs map, messages go
+    /// over Unix sockets in `socket_dir`) or `rdma` (one-sided verbs through an RDMA NIC,
+    /// the control plane over TCP as on tcp).
     fabric: String,
+    /// rdma: the device to use (default: the first one libibverbs lists).
+    rdma_device: Option<String>,
     /// shm: the directory of the MNs' memory sockets and every node's message socket
     /// (default: a directory of the host's temporary directory named after the file).
     socket_dir: Option<PathBuf>,
@@ -112,6 +115,20 @@ pub(crate) enum Fabric {
         /// The sockets' directory.
         dir: PathBuf,
     },
+    /// Each MN's memory registered with an RDMA NIC; CN contexts connect a queue pair to
+    /// it through its `data` address (the descriptor exchange), and post one-sided verbs
+    /// through the NIC. Messages travel TCP between `control` addresses, as on tcp.
+    Rdma {
+        /// The device (`None`: the first one).
+        device: Option<String>,
+    },
+}
+
+impl Fabric {
+    /// Whether nodes have `data`/`control` addresses (tcp, and rdma's control plane).
+    pub(crate) fn addressed(&self) -> bool {
+        matches!(self, Fabric::Tcp | Fabric::Rdma { .. })
+    }
 }
 
 /// A memory node of a validated cluster.
@@ -240,7 +257,7 @@ impl Cluster {
     /// workload, then the nodes.
     fn validate(path: &Path, file: ClusterFile) -> anyhow::Result<Self> {
         let fabric = Self::fabric_of(path, &file)?;
-        let is_tcp = fabric == Fabric::Tcp;
+        let is_tcp = fabric.addressed();
         ensure!(
             file.heartbeat_ms >= 1 && file.timeout_ms > file.heartbeat_ms,
             "timeout_ms ({}) must exceed heartbeat_ms ({}), which must be at least 1",
@@ -248,7 +265,7 @@ impl Cluster {
             file.heartbeat_ms
         );
         let w = &file.workload;
-        let checked = CheckedWorkload::of(w, is_tcp)?;
+        let checked = CheckedWorkload::of(w, fabric == Fabric::Tcp)?;
         let (mns, cns) = NodeRoles::sort(&file.nodes, is_tcp, &checked, w)?;
         let mn_count = mns.len();
         ensure!(
@@ -294,6 +311,10 @@ impl Cluster {
 
     /// The file's `fabric` (and, on shm, its socket directory).
     fn fabric_of(path: &Path, file: &ClusterFile) -> anyhow::Result<Fabric> {
+        ensure!(
+            file.rdma_device.is_none() || file.fabric == "rdma",
+            "rdma_device is for fabric = \"rdma\""
+        );
         Ok(match file.fabric.as_str() {
             "tcp" => {
                 ensure!(
@@ -308,7 +329,20 @@ impl Cluster {
                     .clone()
                     .unwrap_or_else(|| Self::host_dir(path, "dmem-shm")),
             },
-            other => bail!("fabric `{other}` is not `tcp` or `shm`"),
+            "rdma" => {
+                ensure!(
+                    cfg!(feature = "rdma"),
+                    "fabric = \"rdma\" needs a dmem built with RDMA support: cargo build --release -p dmem-cli --features rdma"
+                );
+                ensure!(
+                    file.socket_dir.is_none(),
+                    "socket_dir is for fabric = \"shm\" (rdma nodes have `data` and `control` addresses)"
+                );
+                Fabric::Rdma {
+                    device: file.rdma_device.clone(),
+                }
+            }
+            other => bail!("fabric `{other}` is not `tcp`, `shm` or `rdma`"),
         })
     }
 
@@ -427,11 +461,12 @@ impl Cluster {
         &self.fabric
     }
 
-    /// `tcp` or `shm`.
+    /// `tcp`, `shm` or `rdma`.
     pub(crate) fn fabric_name(&self) -> &'static str {
         match self.fabric {
             Fabric::Tcp => "tcp",
             Fabric::Shm { .. } => "shm",
+            Fabric::Rdma { .. } => "rdma",
         }
     }
 

@@ -300,6 +300,13 @@ enum Served {
     Tcp(TcpMemoryServer),
     /// As a memfd handed out on a Unix socket; kept here to revoke links.
     Shm(ShmMemoryNode, ShmServer),
+    /// The memfd registered with an RDMA NIC, its queue pairs handed out at the `data`
+    /// address (fields drop in order: queue pairs, then the registration).
+    #[cfg(feature = "rdma")]
+    Rdma(
+        dmem_rdma::server::RdmaMemoryServer,
+        dmem_shm::RdmaRegistration,
+    ),
 }
 
 impl Served {
@@ -326,6 +333,33 @@ impl Served {
                 })?;
                 (Served::Shm(memory, server), path.display().to_string())
             }
+            #[cfg(feature = "rdma")]
+            Fabric::Rdma { device } => {
+                let data = me.data()?;
+                let device = std::sync::Arc::new(
+                    dmem_rdma::device::RdmaDevice::open(device.as_deref())
+                        .with_context(|| format!("{}: the rdma fabric", me.name))?,
+                );
+                let registration = memory
+                    .register_rdma(&device)
+                    .with_context(|| format!("{}: cannot register its memory", me.name))?;
+                let name = device.name().to_owned();
+                let server = dmem_rdma::server::RdmaMemoryServer::serve(
+                    device,
+                    me.node,
+                    registration.descriptor(),
+                    data,
+                )
+                .with_context(|| format!("{}: cannot serve memory on {data}", me.name))?;
+                (
+                    Served::Rdma(server, registration),
+                    format!("{name} (queue pairs at {data})"),
+                )
+            }
+            #[cfg(not(feature = "rdma"))]
+            Fabric::Rdma { .. } => {
+                unreachable!("refused by Cluster::load without the rdma feature")
+            }
         })
     }
 
@@ -343,6 +377,11 @@ impl Served {
                 )),
                 Err(e) => Err(e.into()),
             },
+            #[cfg(feature = "rdma")]
+            Served::Rdma(server, _) => Ok(format!(
+                "{} queue pairs moved to the error state",
+                server.revoke(cn)?
+            )),
         }
     }
 
@@ -352,6 +391,12 @@ impl Served {
             Served::Tcp(server) => server.stop().context("the serving loop failed"),
             Served::Shm(_, server) => {
                 drop(server);
+                Ok(())
+            }
+            #[cfg(feature = "rdma")]
+            Served::Rdma(server, registration) => {
+                drop(server);
+                drop(registration);
                 Ok(())
             }
         }

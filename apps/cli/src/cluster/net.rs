@@ -37,6 +37,14 @@ pub(crate) enum Net {
         fabric: TcpFabric,
         _listener: dmem_tcp::MessageListener,
     },
+    /// tcp's control plane (messages between `control` addresses) with an RDMA device:
+    /// contexts connected to the MNs post through the NIC.
+    #[cfg(feature = "rdma")]
+    Rdma {
+        fabric: TcpFabric,
+        _listener: dmem_tcp::MessageListener,
+        device: dmem_rdma::device::RdmaDevice,
+    },
     Shm {
         fabric: ShmFabric,
         dir: PathBuf,
@@ -55,21 +63,26 @@ impl Net {
     ) -> anyhow::Result<Self> {
         match cluster.fabric() {
             Fabric::Tcp => {
-                let control = control()?;
-                let fabric = TcpFabric::new(node);
-                let listener = fabric.listen(control).with_context(|| {
-                    format!("{name}: cannot listen for control messages on {control}")
-                })?;
-                for mn in cluster.mns().iter().filter(|m| m.node != node) {
-                    fabric.add_peer(mn.node, mn.control()?);
-                }
-                for cn in cluster.cns().iter().filter(|c| c.node != node) {
-                    fabric.add_peer(cn.node, cn.control()?);
-                }
+                let (fabric, listener) = control_plane(cluster, name, node, control()?)?;
                 Ok(Net::Tcp {
                     fabric,
                     _listener: listener,
                 })
+            }
+            #[cfg(feature = "rdma")]
+            Fabric::Rdma { device } => {
+                let (fabric, listener) = control_plane(cluster, name, node, control()?)?;
+                let device = dmem_rdma::device::RdmaDevice::open(device.as_deref())
+                    .with_context(|| format!("{name}: the rdma fabric"))?;
+                Ok(Net::Rdma {
+                    fabric,
+                    _listener: listener,
+                    device,
+                })
+            }
+            #[cfg(not(feature = "rdma"))]
+            Fabric::Rdma { .. } => {
+                unreachable!("refused by Cluster::load without the rdma feature")
             }
             Fabric::Shm { dir } => {
                 std::fs::create_dir_all(dir)
@@ -94,6 +107,8 @@ impl Net {
     pub(crate) fn context(&self, node: NodeId, port: Port) -> anyhow::Result<AnyContext> {
         Ok(match self {
             Net::Tcp { fabric, .. } => fabric.context(port)?.into(),
+            #[cfg(feature = "rdma")]
+            Net::Rdma { fabric, .. } => fabric.context(port)?.into(),
             Net::Shm { fabric, .. } => fabric.context(endpoint(node, port))?.into(),
         })
     }
@@ -115,6 +130,16 @@ impl Net {
                     connect_retrying(&mut ctx, mn, deadline)?;
                 }
                 ctx.into()
+            }
+            #[cfg(feature = "rdma")]
+            Net::Rdma { fabric, device, .. } => {
+                let verbs =
+                    device.context(endpoint(node, port), dmem_rdma::ChainLimits::default())?;
+                for mn in cluster.mns().iter().filter(|m| alive(m.node)) {
+                    connect_rdma_retrying(&verbs, mn, deadline)?;
+                    verbs.alias_region(mn.node, super::setup::mn_rkey(mn.node));
+                }
+                dmem_deploy::RdmaCn::with_tcp_messages(verbs, fabric.context(port)?).into()
             }
             Net::Shm { fabric, dir, .. } => {
                 let mut ctx = fabric.context(endpoint(node, port))?;
@@ -156,6 +181,51 @@ impl Net {
     }
 }
 
+/// Listens for control messages on `control` and knows every other node's `control`
+/// address (tcp, and rdma's control plane).
+fn control_plane(
+    cluster: &Cluster,
+    name: &str,
+    node: NodeId,
+    control: SocketAddr,
+) -> anyhow::Result<(TcpFabric, dmem_tcp::MessageListener)> {
+    let fabric = TcpFabric::new(node);
+    let listener = fabric
+        .listen(control)
+        .with_context(|| format!("{name}: cannot listen for control messages on {control}"))?;
+    for mn in cluster.mns().iter().filter(|m| m.node != node) {
+        fabric.add_peer(mn.node, mn.control()?);
+    }
+    for cn in cluster.cns().iter().filter(|c| c.node != node) {
+        fabric.add_peer(cn.node, cn.control()?);
+    }
+    Ok((fabric, listener))
+}
+
+/// Connects a queue pair of `ctx` to `mn`'s memory (the descriptor exchange at its `data`
+/// address), retrying while the MN is not up yet, until `deadline`.
+#[cfg(feature = "rdma")]
+fn connect_rdma_retrying(
+    ctx: &dmem_rdma::device::RdmaContext,
+    mn: &MnNode,
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    loop {
+        let data = mn.data()?;
+        match dmem_rdma::server::connect_memory(ctx, mn.node, data) {
+            Ok(_) => return Ok(()),
+            Err(dmem_rdma::RdmaError::Exchange(_)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("cannot connect a queue pair to MN `{}` at {data}", mn.name)
+                });
+            }
+        }
+    }
+}
+
 /// Connects `ctx` to `mn`, retrying while the MN is not up yet, until `deadline`.
 pub(crate) fn connect_retrying(
     ctx: &mut TcpContext,
@@ -191,7 +261,7 @@ pub(crate) async fn quit_mns(cluster: &Cluster, ctx: &AnyContext, dead: &[NodeId
 pub(crate) fn quit_mns_from_outside(cluster: &Cluster, dead: &[NodeId]) -> anyhow::Result<()> {
     let me = NodeId(u16::MAX - 1);
     let ctx: AnyContext = match cluster.fabric() {
-        Fabric::Tcp => {
+        Fabric::Tcp | Fabric::Rdma { .. } => {
             let fabric = TcpFabric::new(me);
             for mn in cluster.mns() {
                 fabric.add_peer(mn.node, mn.control()?);

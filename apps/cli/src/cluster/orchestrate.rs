@@ -630,11 +630,11 @@ fn print_json_reports<T: Serialize>(results: &[(String, bool, Option<T>)]) -> an
 pub(crate) fn bench_cluster(args: &bench_txn::Args) -> anyhow::Result<()> {
     // Refuses the simulator-only flags (message faults) with one line.
     args.message_faults(&dmem_protocols::registry())?;
-    let shm = args.fabric() == bench_txn::TxnFabric::Shm;
+    let fabric = args.fabric();
     let tcp = args.tcp_shape();
     let dir = std::env::temp_dir().join(format!(
         "dmem-bench-{}-{}",
-        if shm { "shm" } else { "tcp" },
+        fabric.name(),
         std::process::id()
     ));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -649,7 +649,7 @@ pub(crate) fn bench_cluster(args: &bench_txn::Args) -> anyhow::Result<()> {
             tcp.attempts,
             tcp.backoff
         );
-        let text = cluster_file_text(&tcp, protocol, &workload, shm, &dir)?;
+        let text = cluster_file_text(&tcp, protocol, &workload, fabric, &dir)?;
         let path = dir.join(format!("{protocol}.toml"));
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
         let result = run_cluster(&ClusterArgs {
@@ -686,12 +686,13 @@ fn cluster_file_text(
     tcp: &TcpShape,
     protocol: &str,
     workload: &str,
-    shm: bool,
+    fabric: bench_txn::TxnFabric,
     dir: &Path,
 ) -> anyhow::Result<String> {
+    let shm = fabric == bench_txn::TxnFabric::Shm;
     Ok(match &tcp.cluster {
         // The file's nodes and settings, with this run's workload.
-        Some(file) => file_with_workload(file, workload, shm)?,
+        Some(file) => file_with_workload(file, workload, fabric)?,
         None if shm => {
             let mut text = format!(
                 "fabric = \"shm\"\nsocket_dir = \"{}\"\njoin_timeout_ms = 60000\n{workload}",
@@ -709,6 +710,10 @@ fn cluster_file_text(
             .get(protocol)
             .is_ok_and(|p| p.symmetric()) =>
         {
+            ensure!(
+                fabric != bench_txn::TxnFabric::Rdma,
+                "--fabric rdma: {protocol}'s servers exchange batched RPCs, which need queue pairs between servers; dmem does not make those yet (run it on tcp or shm)"
+            );
             // A symmetric protocol's servers: one free loopback port each.
             let listeners = (0..tcp.servers)
                 .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
@@ -723,13 +728,17 @@ fn cluster_file_text(
             }
             text
         }
-        None => loopback_mns_and_cns(tcp, workload)?,
+        None => loopback_mns_and_cns(tcp, workload, fabric)?,
     })
 }
 
 /// `--cluster FILE`'s text with this run's `workload` table instead of the file's, once
 /// its fabric is the one `--fabric` asked for.
-fn file_with_workload(file: &Path, workload: &str, shm: bool) -> anyhow::Result<String> {
+fn file_with_workload(
+    file: &Path,
+    workload: &str,
+    fabric: bench_txn::TxnFabric,
+) -> anyhow::Result<String> {
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("cannot read cluster file {}", file.display()))?;
     let mut table: toml::Table = toml::from_str(&text).map_err(|e| {
@@ -739,7 +748,7 @@ fn file_with_workload(file: &Path, workload: &str, shm: bool) -> anyhow::Result<
             e.message().trim_end()
         )
     })?;
-    let wanted = if shm { "shm" } else { "tcp" };
+    let wanted = fabric.name();
     let written = table.get("fabric").and_then(toml::Value::as_str);
     ensure!(
         written == Some(wanted),
@@ -753,9 +762,13 @@ fn file_with_workload(file: &Path, workload: &str, shm: bool) -> anyhow::Result<
     Ok(toml::to_string(&table)?)
 }
 
-/// A local tcp cluster of `tcp.mns` MNs and `tcp.cns` CNs on free loopback ports, running
+/// A local tcp (or rdma) cluster of `tcp.mns` MNs and `tcp.cns` CNs on free loopback ports, running
 /// `workload`.
-fn loopback_mns_and_cns(tcp: &TcpShape, workload: &str) -> anyhow::Result<String> {
+fn loopback_mns_and_cns(
+    tcp: &TcpShape,
+    workload: &str,
+    fabric: bench_txn::TxnFabric,
+) -> anyhow::Result<String> {
     // Free loopback ports: two per MN, one per CN.
     let listeners = (0..2 * usize::from(tcp.mns) + usize::from(tcp.cns))
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
@@ -769,7 +782,10 @@ fn loopback_mns_and_cns(tcp: &TcpShape, workload: &str) -> anyhow::Result<String
     // Each MN process creates and loads its store before it is ready: a
     // small-scale MVCC store (Motor, 3 × 0.5 GiB) takes longer than the default
     // 10 s join timeout on a busy host.
-    let mut text = format!("fabric = \"tcp\"\njoin_timeout_ms = 60000\n{workload}");
+    let mut text = format!(
+        "fabric = \"{}\"\njoin_timeout_ms = 60000\n{workload}",
+        fabric.name()
+    );
     for m in 0..usize::from(tcp.mns) {
         text += &format!(
             "\n[[node]]\nname = \"mn{m}\"\nrole = \"mn\"\ndata = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",

@@ -381,6 +381,8 @@ fn lost_live_mn(ctx: &AnyContext, failed: &[NodeId]) -> bool {
             .links()
             .any(|l| l.is_revoked() && !failed.contains(&l.region().node)),
         AnyContext::Sim(_) => false,
+        #[cfg(feature = "rdma")]
+        AnyContext::Rdma(c) => c.verbs().lost_peers().any(|node| !failed.contains(&node)),
     }
 }
 
