@@ -9,13 +9,13 @@
 //! * [`store`]: records (lock word at the highest address), redo-log regions, lease lines;
 //! * [`drift`]: a context wrapper that gives each node its own drifting clock;
 //! * [`manager`]: the lease manager (§VII-A), two-phase adjustments, adaptive policy;
-//! * [`recovery`]: a crashed CN's coordinators recovered from their redo logs;
-//! * [`deploy`]: the [`dmem_deploy::Protocol`] registered as `oocc`.
+//! * [`recovery`]: a crashed CN's coordinators recovered from their redo logs.
 //!
-//! The OCC baseline of §II-A is FORD and is registered as `occ` by `dmem-protocols`.
+//! Deployed (as a [`dmem_deploy::Protocol`], registered as `oocc`, `drtm` and `dslr`) by
+//! `dmem-protocols`, like every protocol. The OCC baseline of §II-A is FORD and is
+//! registered as `occ` there.
 #![forbid(unsafe_code)]
 
-pub mod deploy;
 pub mod drift;
 pub mod drtm;
 pub mod dslr2pl;
@@ -25,6 +25,5 @@ pub mod recovery;
 mod shell;
 pub mod store;
 
-pub use deploy::{OoccDeployment, OoccProtocol};
 pub use drift::{Drift, DriftModel, DriftingCtx};
 pub use oocc::{Leases, OoccConfig, OoccCoordinator, OoccTxn, Stats};

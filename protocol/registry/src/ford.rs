@@ -142,33 +142,11 @@ impl Protocol for FordProtocol {
         history: Recorder,
         placement: &Placement,
     ) -> Option<Result<Box<dyn Deployment>, DeployError>> {
-        Some(placed_index(&self.name, placement).and_then(|placed| {
-            Ok(Box::new(self.deployment(memory, spec, history, Some(placed))?) as _)
-        }))
-    }
-}
-
-/// `placement` as a loader's [`LoadIndex`] (FORD's, Pandora's and Motor's placement), or
-/// one line saying it is another protocol's.
-pub(crate) fn placed_index(
-    protocol: &str,
-    placement: &Placement,
-) -> Result<Arc<LoadIndex>, DeployError> {
-    Arc::clone(placement)
-        .downcast::<LoadIndex>()
-        .map_err(|_| DeployError::Protocol {
-            protocol: protocol.to_owned(),
-            reason: "a placement of another protocol (not a record loader's index)".to_owned(),
-        })
-}
-
-/// The error of [`Deployment::load`] on a deployment made by [`Protocol::deploy_placed`].
-pub(crate) fn load_on_placed(protocol: &str) -> DeployError {
-    DeployError::Protocol {
-        protocol: protocol.to_owned(),
-        reason:
-            "its records were placed by another deployment's loader (deploy_placed); load there"
-                .to_owned(),
+        Some(
+            crate::common::placed_index(&self.name, placement).and_then(|placed| {
+                Ok(Box::new(self.deployment(memory, spec, history, Some(placed))?) as _)
+            }),
+        )
     }
 }
 
@@ -493,7 +471,7 @@ impl Deployment for FordDeployment {
 
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
         if self.placed.is_some() {
-            return Err(load_on_placed(&self.name));
+            return Err(crate::common::load_on_placed(&self.name));
         }
         let loader = &mut self.loader;
         self.memory

@@ -33,19 +33,32 @@
 //!   simulator's oracle detects crashes instead of heartbeats).
 //!
 //! `dmem bench --protocol X`, `dmem litmus --protocol X` and the tests look protocols up
-//! here; a later protocol (Motor, LOTUS, …) adds one `register` line.
+//! here; a new protocol adds one `register` line.
 //!
-//! [`ford`] holds the FORD/Pandora [`Protocol`](dmem_deploy::Protocol) and
-//! [`Deployment`](dmem_deploy::Deployment): the simulator wiring (contexts, tasks, link
-//! termination) stays here, out of `dmem-ford`'s protocol modules.
+//! Every protocol's deployment lives here, out of its protocol crate: the
+//! [`Protocol`] and [`Deployment`](dmem_deploy::Deployment) that wire
+//! it to the simulated cluster and to the processes of a real one (contexts, tasks, link
+//! termination, recovery):
+//!
+//! * [`ford`]: FORD and Pandora (`dmem-ford`);
+//! * [`oocc`]: OOCC, DrTM and DSLR (`dmem-occ`); [`occ_family`]: their registered names;
+//! * [`motor`]: Motor (`dmem-motor`);
+//! * [`lotus`]: LOTUS on the simulator (`dmem-lotus`), [`lotus_process`]: in the CN
+//!   processes of a real cluster (`lotus` depends on `lotus_process`, not the reverse);
+//! * [`dandelion`]: Dandelion and FaSST (`dmem-dandelion`);
+//! * `mvcc_deploy`: Motor's MVCC store deployed, what Motor and LOTUS share;
+//! * `common`: pieces every deployment uses alike (a shared placement, its load refusal).
 #![forbid(unsafe_code)]
 
+mod common;
 pub mod dandelion;
 pub mod ford;
 pub mod lotus;
 pub mod lotus_process;
 pub mod motor;
+mod mvcc_deploy;
 pub mod occ_family;
+pub mod oocc;
 
 use std::sync::Arc;
 
@@ -56,6 +69,7 @@ pub use dandelion::DandelionProtocol;
 pub use ford::FordProtocol;
 pub use lotus::LotusProtocol;
 pub use motor::MotorProtocol;
+pub use oocc::{OoccDeployment, OoccProtocol};
 
 /// The registry of every protocol dmem implements.
 #[must_use]

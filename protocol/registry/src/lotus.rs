@@ -24,10 +24,12 @@ use dmem_lotus::{
 use dmem_motor::SyncedClock;
 use dmem_motor::mvcc::VersionLayout;
 use dmem_sim::{Sim, SimContext};
+use dmem_store::LoadIndex;
 use dmem_txn::{BoxCoordinator, History, Key, TableId, TxnKind, TxnOutcome};
 use dmem_verbs::Clock;
 
-use crate::motor::{MvccDeploy, Records};
+use crate::lotus_process::LotusProcessDeployment;
+use crate::mvcc_deploy::{MvccDeploy, Records};
 
 /// LOTUS under a registered name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,7 +165,7 @@ impl LotusProtocol {
                         p.reshard.enabled = true;
                         p.reshard.interval = us(v)?;
                     } else if let Some(v) = other.strip_prefix("versions=") {
-                        p.versions = Some(crate::motor::parse_versions("lotus", other, v)?);
+                        p.versions = Some(crate::mvcc_deploy::parse_versions("lotus", other, v)?);
                     } else if let Some(v) = other.strip_prefix("drain=") {
                         p.reshard.drain_timeout = us(v)?;
                     } else if let Some(v) = other.strip_prefix("overload=") {
@@ -230,6 +232,50 @@ impl LotusProtocol {
     }
 }
 
+/// `protocol` on real MN memory (`memory` is not the simulator's), or why not.
+fn deploy_process(
+    protocol: &LotusProtocol,
+    memory: MnMemory,
+    spec: &DeploySpec,
+    history: Recorder,
+    placed: Option<Arc<LoadIndex>>,
+) -> Result<Box<dyn Deployment>, DeployError> {
+    let sim_only = |reason: &str| DeployError::SimOnly {
+        protocol: protocol.name(),
+        reason: reason.to_owned(),
+    };
+    if protocol.config.rdma_lock {
+        return Err(sim_only(
+            "`rdma-lock` (§8.4's idealised CN-counted RDMA lock) reads every CN's lock table directly; across processes a CN reaches another's table only by messages",
+        ));
+    }
+    if protocol.reshard.enabled {
+        return Err(sim_only(
+            "resharding (§4.3) moves shards through the shard map every CN shares; across processes the shard map is static",
+        ));
+    }
+    if protocol.restart_after.is_some() || protocol.early_unlock {
+        return Err(sim_only(
+            "a CN restart (§6) and the `early-unlock` planted bug run on the simulator: `dmem cluster` does not restart a killed CN, and its recovery always releases locks after the logs are decided",
+        ));
+    }
+    let base = match placed {
+        Some(placed) => protocol
+            .store(memory, spec, history)?
+            .with_placement(placed),
+        None => protocol.store(memory, spec, history)?,
+    };
+    Ok(Box::new(LotusProcessDeployment::new(
+        protocol.name(),
+        protocol.config,
+        base,
+        protocol.sharding(spec),
+        protocol.lock_table_bytes(spec),
+        protocol.lock_cpu_ns,
+        protocol.tables.clone(),
+    )))
+}
+
 impl Protocol for LotusProtocol {
     fn name(&self) -> String {
         self.name.clone()
@@ -252,7 +298,7 @@ impl Protocol for LotusProtocol {
     /// As Motor's (the same store and loader; its lock tables and VT caches are bounded
     /// per CN).
     fn cn_bytes_per_hashed_record(&self) -> Option<u64> {
-        Some(crate::motor::MVCC_CN_BYTES_PER_HASHED_RECORD)
+        Some(crate::mvcc_deploy::MVCC_CN_BYTES_PER_HASHED_RECORD)
     }
 
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
@@ -281,9 +327,8 @@ impl Protocol for LotusProtocol {
             return None;
         }
         Some(
-            crate::ford::placed_index(&self.name, placement).and_then(|placed| {
-                crate::lotus_process::deploy(self, memory, spec, history, Some(placed))
-            }),
+            crate::common::placed_index(&self.name, placement)
+                .and_then(|placed| deploy_process(self, memory, spec, history, Some(placed))),
         )
     }
 
@@ -296,7 +341,7 @@ impl Protocol for LotusProtocol {
         // On the simulator every CN's lock servers are simulated tasks of this deployment;
         // on a real fabric each CN process serves its own table (`crate::lotus_process`).
         let Some(sim) = memory.as_sim().map(Rc::clone) else {
-            return crate::lotus_process::deploy(self, memory, spec, history, None);
+            return deploy_process(self, memory, spec, history, None);
         };
         let sim = &sim;
         let base = self.store(memory, spec, history)?;

@@ -3,7 +3,7 @@
 //! (LOTUS §4.1), with the same coordinators, lock servers and wire format as on the
 //! simulator.
 //!
-//! * Every process lays the same store out ([`LotusProtocol::store`]); an MN process loads
+//! * Every process lays the same store out (`LotusProtocol::store`); an MN process loads
 //!   its share, a CN process only addresses it.
 //! * A CN process learns which CN it is from the cluster's
 //!   [`ProcessPlan`](dmem_deploy::process::ProcessPlan)
@@ -48,8 +48,8 @@ use dmem_deploy::process::{
     ServiceContext, StepFuture,
 };
 use dmem_deploy::{
-    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Placement, Protocol,
-    Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming,
+    AnyContext, Decision, DeployError, Deployment, Placement, RecoveredCoordinator, RecoveryEvent,
+    RecoveryTiming,
 };
 use dmem_lotus::membership::notify_passing;
 use dmem_lotus::recovery::{Decided, recover_coordinator};
@@ -57,12 +57,10 @@ use dmem_lotus::wire::RequestKind;
 use dmem_lotus::{CnLocks, LockCluster, LotusConfig, LotusCoordinator, Sharding, serve};
 use dmem_motor::SyncedClock;
 use dmem_sim::Sim;
-use dmem_store::LoadIndex;
 use dmem_txn::{BoxCoordinator, Key, TableId};
 use dmem_verbs::{Clock, Nanos, NodeId, Verbs};
 
-use crate::lotus::LotusProtocol;
-use crate::motor::MvccDeploy;
+use crate::mvcc_deploy::MvccDeploy;
 
 /// How long a coordinator waits for lock replies in real time before it aborts. The
 /// simulator's 1 ms (`LotusConfig::rpc_timeout`) is a round trip plus queueing on an idle
@@ -82,54 +80,6 @@ const PROCESS_COUNTERS: [&str; 7] = [
     "lotus_grants_by_other_cores",
     "lotus_served_by_other_cores",
 ];
-
-/// `protocol` on real MN memory (`memory` is not the simulator's), or why not.
-pub(crate) fn deploy(
-    protocol: &LotusProtocol,
-    memory: MnMemory,
-    spec: &DeploySpec,
-    history: Recorder,
-    placed: Option<Arc<LoadIndex>>,
-) -> Result<Box<dyn Deployment>, DeployError> {
-    let sim_only = |reason: &str| DeployError::SimOnly {
-        protocol: protocol.name(),
-        reason: reason.to_owned(),
-    };
-    if protocol.config.rdma_lock {
-        return Err(sim_only(
-            "`rdma-lock` (§8.4's idealised CN-counted RDMA lock) reads every CN's lock table directly; across processes a CN reaches another's table only by messages",
-        ));
-    }
-    if protocol.reshard.enabled {
-        return Err(sim_only(
-            "resharding (§4.3) moves shards through the shard map every CN shares; across processes the shard map is static",
-        ));
-    }
-    if protocol.restart_after.is_some() || protocol.early_unlock {
-        return Err(sim_only(
-            "a CN restart (§6) and the `early-unlock` planted bug run on the simulator: `dmem cluster` does not restart a killed CN, and its recovery always releases locks after the logs are decided",
-        ));
-    }
-    let mut config = protocol.config;
-    config.rpc_timeout = config.rpc_timeout.max(PROCESS_RPC_TIMEOUT);
-    Ok(Box::new(LotusProcessDeployment {
-        name: protocol.name(),
-        config,
-        base: match placed {
-            Some(placed) => protocol
-                .store(memory, spec, history)?
-                .with_placement(placed),
-            None => protocol.store(memory, spec, history)?,
-        },
-        sharding: protocol.sharding(spec),
-        table_bytes: protocol.lock_table_bytes(spec),
-        lock_cpu_ns: protocol.lock_cpu_ns,
-        joined: None,
-        paused: Rc::new(Cell::new(false)),
-        tables: protocol.tables.clone(),
-        events: Rc::default(),
-    }))
-}
 
 /// The lock tables of the CNs one protocol value deployed in this process, so that the
 /// deployments of one CN's cores (each core deploys on its own, `Rc`-based) find one
@@ -223,6 +173,33 @@ pub struct LotusProcessDeployment {
 }
 
 impl LotusProcessDeployment {
+    /// The deployment of one process named `name` (`crate::lotus` checks first that the
+    /// protocol's switches run across processes), its lock replies awaited at least
+    /// [`PROCESS_RPC_TIMEOUT`].
+    pub(crate) fn new(
+        name: String,
+        mut config: LotusConfig,
+        base: MvccDeploy,
+        sharding: Sharding,
+        table_bytes: usize,
+        lock_cpu_ns: Nanos,
+        tables: ProcessTables,
+    ) -> Self {
+        config.rpc_timeout = config.rpc_timeout.max(PROCESS_RPC_TIMEOUT);
+        Self {
+            name,
+            config,
+            base,
+            sharding,
+            table_bytes,
+            lock_cpu_ns,
+            joined: None,
+            paused: Rc::new(Cell::new(false)),
+            tables,
+            events: Rc::default(),
+        }
+    }
+
     fn error(&self, reason: String) -> DeployError {
         DeployError::Protocol {
             protocol: self.name.clone(),
@@ -287,10 +264,7 @@ impl Deployment for LotusProcessDeployment {
     }
 
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
-        if self.base.is_placed() {
-            return Err(crate::ford::load_on_placed(&self.name));
-        }
-        self.base.load(table, key, value)
+        self.base.load_unless_placed(&self.name, table, key, value)
     }
 
     /// This CN's number is its index in `plan`, its lock servers and the others' are the

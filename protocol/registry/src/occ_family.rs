@@ -20,7 +20,9 @@
 
 use dmem_deploy::Detection;
 use dmem_occ::manager::Policy;
-use dmem_occ::{DriftModel, OoccConfig, OoccProtocol};
+use dmem_occ::{DriftModel, OoccConfig};
+
+use crate::oocc::OoccProtocol;
 
 /// OOCC with the artifact's lease (100 µs) and offset (1 µs), every technique on.
 #[must_use]

@@ -2,7 +2,7 @@
 //!
 //! A hashed table (keys that are not dense, e.g. TPC-C's, which pack warehouse, district
 //! and order ids into one key) keeps its hash index of [`IndexBucket<7>`](IndexBucket)
-//! buckets, but — as a sparse table does (the crate docs, "Sparse tables") — its records
+//! buckets, but — as a sparse table does (module `sizing`, "Sparse tables") — its records
 //! live apart from the slots in a pool per partition ([`RecordPool`]): the loader's records
 //! in load order, then an equal insert share per coordinator. The slot holds the key and
 //! the record's packed address, as it always did, so a lookup posts what it posted (one
@@ -45,47 +45,16 @@
 //! slot (the slot-fixed layout arbitrated by the record's lock CAS, which the two keys
 //! shared because the record was the slot's).
 
-use super::{
-    BUCKET_SLOTS, BucketLoc, DataItemHeader, HashMap, LoadIndex, RecordPool, StoreConfig,
-    StoreError, TableDemand, TableId, WIDE_BUCKET_SLOTS,
-};
+use dmem_layout::record::DataItemHeader;
+use dmem_txn::TableId;
+
+use crate::encoding::{BUCKET_SLOTS, WIDE_BUCKET_SLOTS};
+use crate::error::StoreError;
+use crate::sizing::{RecordPool, StoreConfig, TableDemand};
 #[cfg(doc)]
-use super::{IndexBucket, InsertPool, Store, TableLayout};
-
-/// What the loader remembers of a key of a hashed table: its slot, and in a pooled table
-/// the record of the partition's pool the slot names (8 bytes: the map entry stays 24
-/// bytes, as with the slot alone).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HashedEntry {
-    /// The slot in the key's bucket.
-    pub slot: u8,
-    /// The record of the partition's pool (0 in a table whose records are in the slots).
-    pub record: u32,
-}
-
-impl LoadIndex {
-    /// The next record of the loader's share of `bucket`'s partition of a pooled table.
-    pub(crate) fn take_loader_record(
-        pool_next: &mut HashMap<(TableId, u16), u64>,
-        bucket: BucketLoc,
-        pool: RecordPool,
-    ) -> Result<u32, StoreError> {
-        let next = pool_next
-            .entry((bucket.table, bucket.partition))
-            .or_insert(0);
-        // `u32::MAX - 1` at most: a direct-mapped pooled table stores `record + 1`.
-        let record = u32::try_from(*next)
-            .ok()
-            .filter(|&r| u64::from(r) < pool.loaded && r < u32::MAX - 1)
-            .ok_or_else(|| StoreError::PoolExhausted {
-                table: bucket.table.0,
-                partition: bucket.partition,
-                what: "loader".into(),
-            })?;
-        *next += 1;
-        Ok(record)
-    }
-}
+use crate::{BucketLoc, InsertPool, Store, TableLayout};
+#[cfg(doc)]
+use dmem_layout::record::IndexBucket;
 
 impl StoreError {
     /// Whether a layout with more slack would load what this error refused: a full index
@@ -370,10 +339,13 @@ impl Footprint {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{AddressCache, DataItem, Key, Loader, Store, TableSpec, parse_bucket};
     use super::*;
     use crate::tests::regions;
+    use crate::{AddressCache, Loader, Store, TableSpec, parse_bucket};
+    use dmem_layout::record::{DataItem, RemoteAddr as PackedAddr};
+    use dmem_txn::Key;
     use quickcheck::{QuickCheck, TestResult};
+    use std::collections::HashMap;
     use std::rc::Rc;
 
     fn demand(id: u32, value_len: usize, records: u64, grows: bool) -> TableDemand {
@@ -526,8 +498,8 @@ mod tests {
         let (first, records) = store.record_area(TableId(1), bucket.partition).unwrap();
         let item_len = DataItemHeader::item_len(8) as u64;
         let slot = |node: u16, offset: u64| {
-            let addr = super::super::PackedAddr::new(node, offset).unwrap();
-            super::super::index_slot_bytes(5, addr)
+            let addr = PackedAddr::new(node, offset).unwrap();
+            crate::index_slot_bytes(5, addr)
         };
         let ok = store.item_in_slot(bucket, 0, &slot(bucket.partition, first + item_len));
         assert_eq!(ok.unwrap().offset, first + item_len);
@@ -593,9 +565,8 @@ mod tests {
         // The wide bucket: 15-20 % of its slots used for 10^5-10^6 keys, against 3.5-5 %, and
         // 3.9-4.6 times fewer index bytes per key.
         for records in [100_000_u64, 1_000_000] {
-            let narrow = buckets_for(records, BUCKET_SLOTS) * super::super::BUCKET_LEN as u64;
-            let wide =
-                buckets_for(records, WIDE_BUCKET_SLOTS) * super::super::WIDE_BUCKET_LEN as u64;
+            let narrow = buckets_for(records, BUCKET_SLOTS) * crate::BUCKET_LEN as u64;
+            let wide = buckets_for(records, WIDE_BUCKET_SLOTS) * crate::WIDE_BUCKET_LEN as u64;
             let load = records as f64
                 / (buckets_for(records, WIDE_BUCKET_SLOTS) * WIDE_BUCKET_SLOTS as u64) as f64;
             assert!((0.14..0.2).contains(&load), "{records}: {load}");
@@ -611,7 +582,7 @@ mod tests {
     fn overflowing_buckets(records: u64, buckets: u64, slots: usize, seed: u64) -> u64 {
         let mut fill = vec![0u32; buckets as usize];
         for k in 0..records {
-            let h = super::super::mix64(super::super::mix64(seed) ^ k) >> 20;
+            let h = crate::mix64(crate::mix64(seed) ^ k) >> 20;
             fill[(h % buckets) as usize] += 1;
         }
         fill.iter().filter(|&&f| f as usize > slots).count() as u64
@@ -666,7 +637,7 @@ mod tests {
                 let mut pair = vec![0u8; (narrow / 2) as usize];
                 let mut sliding = vec![0u8; narrow as usize];
                 for k in 0..records {
-                    let h = super::super::mix64(super::super::mix64(seed) ^ k) >> 20;
+                    let h = crate::mix64(crate::mix64(seed) ^ k) >> 20;
                     let w = (h % (narrow / 2)) as usize;
                     if wide[w] < 15 {
                         wide[w] += 1
@@ -697,8 +668,8 @@ mod tests {
                 per(over[2])
             );
         }
-        let wide = buckets_for(records, WIDE_BUCKET_SLOTS) * super::super::WIDE_BUCKET_LEN as u64;
-        let narrow = buckets_for(records, BUCKET_SLOTS) * super::super::BUCKET_LEN as u64;
+        let wide = buckets_for(records, WIDE_BUCKET_SLOTS) * crate::WIDE_BUCKET_LEN as u64;
+        let narrow = buckets_for(records, BUCKET_SLOTS) * crate::BUCKET_LEN as u64;
         println!(
             "buckets_for at 0.001: wide {:.1} B/key, 7-slot {:.1} B/key",
             wide as f64 / records as f64,
@@ -721,7 +692,7 @@ mod tests {
         assert_eq!(layout.spec.bucket_slots(), WIDE_BUCKET_SLOTS);
         let last = layout.spec.buckets_per_partition - 1;
         let target = store.bucket_of_index(TableId(1), 2, last).unwrap();
-        assert_eq!(target.read_len() as usize, super::super::WIDE_BUCKET_LEN);
+        assert_eq!(target.read_len() as usize, crate::WIDE_BUCKET_LEN);
         assert_eq!(
             target.offset + u64::from(target.read_len()),
             layout.records_offset(2),
@@ -766,7 +737,7 @@ mod tests {
             assert_eq!(store.item_in_bucket(target, slot, read).unwrap(), *loc);
         }
         // Slot 7 is the first past the 128-byte line.
-        assert_eq!(super::super::slot_offset(7), 128);
+        assert_eq!(crate::slot_offset(7), 128);
         assert!(matches!(
             store.item_in_bucket(target, 7, &read[..128]),
             Err(StoreError::BadBucketRead { .. })
@@ -779,10 +750,10 @@ mod tests {
         // insert of an absent key gets no slot; settled, it gets slot 13.
         let mut half = read.to_vec();
         for s in 13..WIDE_BUCKET_SLOTS {
-            let o = super::super::slot_offset(s) as usize;
+            let o = crate::slot_offset(s) as usize;
             half[o..o + 16].fill(0);
         }
-        let o = super::super::slot_offset(12) as usize;
+        let o = crate::slot_offset(12) as usize;
         half[o..o + 8].fill(0);
         let (used, free) = parse_bucket(&half);
         assert_eq!(free, Some(13));
@@ -817,7 +788,7 @@ mod tests {
             .table(TableSpec::sized_for(TableId(3), 8, 100, 3))
             .with_sparse_indexes(&[demand(3, 8, 100, false)], &[(TableId(3), 1_000_000)]);
         assert!(sparse.tables[0].pool.is_some());
-        assert_eq!(sparse.tables[0].bucket_len(), super::super::BUCKET_LEN);
+        assert_eq!(sparse.tables[0].bucket_len(), crate::BUCKET_LEN);
     }
 
     /// TPC-C at 8 warehouses (the demands `dmem-workloads` declares, 64 coordinators, 3

@@ -1,18 +1,18 @@
 //! DrTM (lease-based shared locks, OOCC §II-A) on the same bank: strictly serializable.
 
-mod common;
+mod occ_common;
 
 use std::rc::Rc;
 
-use common::*;
 use dmem_deploy::{AnyContext, DeploySpec, MnMemory, Protocol, Recorder, TableDemand};
-use dmem_occ::OoccProtocol;
 use dmem_occ::drift::{Drift, DriftModel};
 use dmem_occ::drtm::DrtmConfig;
+use dmem_protocols::OoccProtocol;
 use dmem_runtime::{Executor, RealClock};
 use dmem_shm::{ShmFabric, ShmMemoryNode};
 use dmem_txn::{Coordinator, Key, ReadReq, Transaction, TxnKind};
 use dmem_verbs::{Clock, Endpoint, NodeId, Port, RKey};
+use occ_common::*;
 
 #[test]
 fn drtm_bank_is_strictly_serializable() {

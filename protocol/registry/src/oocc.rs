@@ -1,6 +1,7 @@
-//! OOCC as a [`Protocol`] (on the simulated cluster; the lease manager needs it): the store of [`crate::store`], one
-//! [`DriftingCtx`] per coordinator (its node's clock, [`DriftModel`]), shared per-CN version
-//! hints, and the deployment's counters.
+//! OOCC, DrTM and DSLR (`dmem-occ`) as a [`Protocol`] (on the simulated cluster; the lease
+//! manager needs it): the store of [`dmem_occ::store`], one [`DriftingCtx`] per coordinator
+//! (its node's clock, [`DriftModel`]), shared per-CN version hints, and the deployment's
+//! counters. The names they are registered under are [`crate::occ_family`]'s.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -17,13 +18,13 @@ use dmem_sim::{Sim, SimContext};
 use dmem_txn::{BoxCoordinator, Key, TableId};
 use dmem_verbs::NodeId;
 
-use crate::drift::{Drift, DriftModel, DriftingCtx};
-use crate::drtm::{DrtmConfig, DrtmCoordinator};
-use crate::dslr2pl::{DslrConfig, DslrCoordinator};
-use crate::manager::{LeaseTable, ManagerLog, Policy};
-use crate::oocc::{Leases, OoccConfig, OoccCoordinator, Stats};
-use crate::recovery::RedoLog;
-use crate::store::{Directory, Layout, Loc, Placed, emit, parse};
+use dmem_occ::drift::{Drift, DriftModel, DriftingCtx};
+use dmem_occ::drtm::{DrtmConfig, DrtmCoordinator};
+use dmem_occ::dslr2pl::{DslrConfig, DslrCoordinator};
+use dmem_occ::manager::{LeaseTable, ManagerLog, Policy};
+use dmem_occ::oocc::{Leases, OoccConfig, OoccCoordinator, Stats};
+use dmem_occ::recovery::RedoLog;
+use dmem_occ::store::{Directory, Layout, Loc, Placed, emit, parse};
 
 /// OOCC under a registered name, with its configuration and its clocks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -289,7 +290,7 @@ impl OoccDeployment {
             })?;
             let mctx = sim.context(sim.cn(0), 0)?;
             let drift = self.protocol.drift.drift_of(mctx.node());
-            let task = crate::manager::run(
+            let task = dmem_occ::manager::run(
                 DriftingCtx::new(mctx.clone(), drift),
                 Rc::clone(&self.dir),
                 Rc::clone(&self.stats),
@@ -436,7 +437,7 @@ impl Deployment for OoccDeployment {
         let detection = self.protocol.detection;
         if let (Some(cfg), Detection::Heartbeat) = (self.protocol.dslr, detection) {
             // DSLR's lease reset is timed, not fenced: recovery's roll-forward must land
-            // within half the reset lease of the crash (`crate::dslr2pl`). Detection may
+            // within half the reset lease of the crash (`dmem_occ::dslr2pl`). Detection may
             // take a heartbeat period, the timeout and a poll; a quarter of the reset lease
             // is left for them, the rest for link termination and the roll-forward.
             let detection_ns = timing.heartbeat + timing.timeout + timing.poll;
@@ -461,9 +462,9 @@ impl Deployment for OoccDeployment {
             move || leases.borrow().iter().map(|(id, n, _)| (*id, *n)).collect(),
             async move |c: &SimContext, id: u16| {
                 if skip_roll_forward {
-                    crate::recovery::discard_versioned_log(c, &dir, id).await
+                    dmem_occ::recovery::discard_versioned_log(c, &dir, id).await
                 } else {
-                    crate::recovery::recover_coordinator(c, &dir, id, kind).await
+                    dmem_occ::recovery::recover_coordinator(c, &dir, id, kind).await
                 }
                 .map_err(|e| e.to_string())
             },
@@ -471,7 +472,7 @@ impl Deployment for OoccDeployment {
     }
 
     /// OOCC, DrTM and DSLR. DSLR's lease reset assumes recovery's roll-forward lands well
-    /// within the reset lease of a crash (`crate::dslr2pl`), while a heartbeat detector
+    /// within the reset lease of a crash (`dmem_occ::dslr2pl`), while a heartbeat detector
     /// across processes takes its timeout (hundreds of ms): with the paper's 1 ms lease a
     /// live transaction took the reset word first and recovery's late roll-forward
     /// overwrote it (the history checker found the lost write). So a CN process raises the
@@ -521,7 +522,7 @@ impl Deployment for OoccDeployment {
             plan,
             Rc::clone(&self.recovery.events),
             async move |c: &AnyContext, id: u16| {
-                crate::recovery::recover_coordinator(c, &dir, id, kind)
+                dmem_occ::recovery::recover_coordinator(c, &dir, id, kind)
                     .await
                     .map_err(|e| e.to_string())
             },

@@ -5,7 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use dmem_deploy::{ClusterShape, DeploySpec, Deployed, TableDemand, deploy_loaded};
-use dmem_occ::OoccProtocol;
+use dmem_protocols::OoccProtocol;
 use dmem_sim::NicProfile;
 use dmem_txn::{
     Coordinator, History, Key, ReadReq, TableId, Transaction, TxnError, TxnKind, check,

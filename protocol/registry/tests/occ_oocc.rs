@@ -1,16 +1,17 @@
 //! OOCC on the simulated cluster: a checker-clean bank, the one-op write-unlock race, and
 //! drifting clocks with and without the lease offset (§VII-B).
 
-mod common;
+mod occ_common;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use common::*;
 use dmem_layout::record::{OoccLockState, OoccRecordHeader};
-use dmem_occ::{Drift, DriftModel, OoccConfig, OoccProtocol};
+use dmem_occ::{Drift, DriftModel, OoccConfig};
+use dmem_protocols::OoccProtocol;
 use dmem_txn::{Coordinator, Key, Transaction, TxnKind};
 use dmem_verbs::{Clock, NodeId, Verbs};
+use occ_common::*;
 
 #[test]
 fn bank_is_strictly_serializable() {

@@ -7,7 +7,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use dmem_deploy::{DeploySpec, MnMemory, Protocol, Recorder, TableDemand};
-use dmem_occ::{OoccConfig, OoccDeployment, OoccProtocol};
+use dmem_occ::OoccConfig;
+use dmem_protocols::{OoccDeployment, OoccProtocol};
 use dmem_txn::{History, Key, TableId};
 use dmem_verbs::{MemoryRegion, NodeId, RKey};
 

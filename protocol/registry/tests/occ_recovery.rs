@@ -11,7 +11,8 @@ use dmem_deploy::{
     RecoveryEvent, RecoveryTiming,
 };
 use dmem_litmus::{Litmus, RunConfig, RunOutcome, run_one};
-use dmem_occ::{OoccConfig, OoccProtocol};
+use dmem_occ::OoccConfig;
+use dmem_protocols::OoccProtocol;
 use dmem_sim::Sim;
 use dmem_txn::{BoxCoordinator, Key, TableId};
 

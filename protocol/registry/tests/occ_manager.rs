@@ -1,15 +1,16 @@
 //! The lease manager (§VII-A) raises a lease too small for the read-only transactions,
 //! and the run stays strictly serializable across its two-phase adjustments.
 
-mod common;
+mod occ_common;
 
 use std::cell::Cell;
 use std::rc::Rc;
 
-use common::*;
+use dmem_occ::OoccConfig;
 use dmem_occ::manager::Policy;
-use dmem_occ::{OoccConfig, OoccProtocol};
+use dmem_protocols::OoccProtocol;
 use dmem_verbs::Clock;
+use occ_common::*;
 
 #[test]
 fn manager_raises_a_too_small_lease() {
