@@ -514,9 +514,7 @@ fn three_hosts_in_network_namespaces_survive_a_killed_cn() {
     let ns = match Namespaces::three_hosts("dmemt") {
         Ok(ns) => ns,
         Err(why) => {
-            println!(
-                "skipped: cannot create network namespaces here ({why}); run as root with iproute2"
-            );
+            netns::unavailable(&why);
             return;
         }
     };

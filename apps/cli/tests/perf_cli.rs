@@ -263,9 +263,7 @@ fn tcp_across_network_namespaces() {
     let ns = match netns::Namespaces::three_hosts("dmemp") {
         Ok(ns) => ns,
         Err(why) => {
-            println!(
-                "skipped: cannot create network namespaces here ({why}); run as root with iproute2"
-            );
+            netns::unavailable(&why);
             return;
         }
     };

@@ -167,6 +167,17 @@ impl RdmaDevice {
     /// [`RdmaError::NoDevice`] when libibverbs is missing, lists no device, or has none of
     /// that name; [`RdmaError::Ibverbs`] when opening or querying it fails.
     pub fn open(name: Option<&str>) -> Result<Self, RdmaError> {
+        Self::open_with_gid(name, None)
+    }
+
+    /// As [`open`](Self::open), with the GID table entry to address peers from: `None`
+    /// takes the first non-zero GID of the port. On RoCE the entry picks the RoCE version
+    /// and the address family (on ConnectX under RoCE v2 with IPv4, usually index 3;
+    /// `show_gids` lists them), and both ends of a queue pair must use the same kind.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open); [`RdmaError::NoDevice`] when the port has no such GID.
+    pub fn open_with_gid(name: Option<&str>, gid_index: Option<u8>) -> Result<Self, RdmaError> {
         let list = DeviceList::new().map_err(|e| {
             #[allow(unreachable_patterns)] // the kind is non_exhaustive
             let errno = match &e.0 {
@@ -211,12 +222,25 @@ impl RdmaDevice {
             .query_device()
             .map_err(|e| ibv("ibv_query_device")(&e))?;
         // RoCE needs a GID; IB works with the LID. Take the first non-link-local GID if any.
-        let (gid_index, gid) = match ctx.query_gid_table() {
-            Ok(entries) => entries
+        let entries = ctx.query_gid_table().unwrap_or_default();
+        let usable = |g: &&sideway::ibverbs::address::GidEntry| {
+            g.port_num() == u32::from(port) && !g.gid().is_zero()
+        };
+        let (gid_index, gid) = match gid_index {
+            None => entries
                 .iter()
-                .find(|g| g.port_num() == u32::from(port) && !g.gid().is_zero())
+                .find(usable)
                 .map_or((0, [0; 16]), |g| (g.gid_index() as u8, g.gid().raw)),
-            Err(_) => (0, [0; 16]),
+            Some(wanted) => entries
+                .iter()
+                .filter(usable)
+                .find(|g| g.gid_index() == u32::from(wanted))
+                .map(|g| (wanted, g.gid().raw))
+                .ok_or_else(|| {
+                    RdmaError::NoDevice(format!(
+                        "{dev_name} port {port} has no GID at index {wanted} (`ibv_devinfo -v` lists the table)"
+                    ))
+                })?,
         };
         let mtu = PathMtu::from_ibv(port_attr.active_mtu() as u8).unwrap_or(PathMtu::Mtu1024);
         Ok(Self {

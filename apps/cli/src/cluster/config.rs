@@ -28,6 +28,9 @@ pub(crate) struct ClusterFile {
     fabric: String,
     /// rdma: the device to use (default: the first one libibverbs lists).
     rdma_device: Option<String>,
+    /// rdma: the GID table entry to address peers from (default: the port's first
+    /// non-zero GID; RoCE v2 over IPv4 on ConnectX is usually 3).
+    rdma_gid_index: Option<u8>,
     /// shm: the directory of the MNs' memory sockets and every node's message socket
     /// (default: a directory of the host's temporary directory named after the file).
     socket_dir: Option<PathBuf>,
@@ -121,6 +124,8 @@ pub(crate) enum Fabric {
     Rdma {
         /// The device (`None`: the first one).
         device: Option<String>,
+        /// The GID table entry (`None`: the port's first non-zero GID).
+        gid_index: Option<u8>,
     },
 }
 
@@ -312,8 +317,8 @@ impl Cluster {
     /// The file's `fabric` (and, on shm, its socket directory).
     fn fabric_of(path: &Path, file: &ClusterFile) -> anyhow::Result<Fabric> {
         ensure!(
-            file.rdma_device.is_none() || file.fabric == "rdma",
-            "rdma_device is for fabric = \"rdma\""
+            (file.rdma_device.is_none() && file.rdma_gid_index.is_none()) || file.fabric == "rdma",
+            "rdma_device and rdma_gid_index are for fabric = \"rdma\""
         );
         Ok(match file.fabric.as_str() {
             "tcp" => {
@@ -340,6 +345,7 @@ impl Cluster {
                 );
                 Fabric::Rdma {
                     device: file.rdma_device.clone(),
+                    gid_index: file.rdma_gid_index,
                 }
             }
             other => bail!("fabric `{other}` is not `tcp`, `shm` or `rdma`"),

@@ -241,7 +241,7 @@ fn run_txn_mn(cluster: &Cluster, me: &MnNode, setup: &TxnSetup) -> anyhow::Resul
         me.node.0,
         common::human_bytes(setup.bytes_per_mn()),
         setup.workload.name(),
-        ctx.fabric(),
+        cluster.fabric_name(),
     );
     let executor = Executor::new();
     let mut revoked = BTreeSet::new();
@@ -334,10 +334,10 @@ impl Served {
                 (Served::Shm(memory, server), path.display().to_string())
             }
             #[cfg(feature = "rdma")]
-            Fabric::Rdma { device } => {
+            Fabric::Rdma { device, gid_index } => {
                 let data = me.data()?;
                 let device = std::sync::Arc::new(
-                    dmem_rdma::device::RdmaDevice::open(device.as_deref())
+                    dmem_rdma::device::RdmaDevice::open_with_gid(device.as_deref(), *gid_index)
                         .with_context(|| format!("{}: the rdma fabric", me.name))?,
                 );
                 let registration = memory

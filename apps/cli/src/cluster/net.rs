@@ -70,10 +70,11 @@ impl Net {
                 })
             }
             #[cfg(feature = "rdma")]
-            Fabric::Rdma { device } => {
+            Fabric::Rdma { device, gid_index } => {
                 let (fabric, listener) = control_plane(cluster, name, node, control()?)?;
-                let device = dmem_rdma::device::RdmaDevice::open(device.as_deref())
-                    .with_context(|| format!("{name}: the rdma fabric"))?;
+                let device =
+                    dmem_rdma::device::RdmaDevice::open_with_gid(device.as_deref(), *gid_index)
+                        .with_context(|| format!("{name}: the rdma fabric"))?;
                 Ok(Net::Rdma {
                     fabric,
                     _listener: listener,

@@ -786,6 +786,12 @@ fn loopback_mns_and_cns(
         "fabric = \"{}\"\njoin_timeout_ms = 60000\n{workload}",
         fabric.name()
     );
+    if fabric == bench_txn::TxnFabric::Rdma {
+        // Registering each coordinator's queue pairs and staging memory takes a soft-RoCE
+        // NIC (rdma_rxe) tens of ms per context, so a CN still connecting would miss
+        // heartbeats at tcp's 250 ms; a NIC's own registration takes well under that.
+        text.insert_str(0, "timeout_ms = 2000\n");
+    }
     for m in 0..usize::from(tcp.mns) {
         text += &format!(
             "\n[[node]]\nname = \"mn{m}\"\nrole = \"mn\"\ndata = \"127.0.0.1:{}\"\ncontrol = \"127.0.0.1:{}\"\n",
