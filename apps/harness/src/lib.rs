@@ -732,7 +732,7 @@ struct Done {
 #[must_use]
 pub fn failure_reason(error: &TxnError) -> String {
     match error {
-        TxnError::Aborted(why) => (*why).to_owned(),
+        TxnError::Aborted(why) => why.as_str().to_owned(),
         other => other.to_string(),
     }
 }

@@ -24,8 +24,8 @@ use std::rc::Rc;
 
 use dmem_layout::record::DataVersion;
 use dmem_txn::{
-    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, WriteEvent, WriteKind,
+    AbortReason, Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundValues,
+    TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, WriteEvent, WriteKind,
 };
 use dmem_verbs::{
     BatchResult, Clock, Nanos, NodeId, Op, PostList, RemoteAddr, Verbs, VerbsError, WrId,
@@ -38,7 +38,7 @@ use crate::recovery::{CoordinatorRecovery, RecoveryError, apply_recovery};
 use crate::round::{Answer, Located, RoundPlan, access_list};
 use crate::state::{
     Env, Intent, ItemRead, LockState, OldImage, ReadEntry, ReadTarget, TxnState, WriteEntry,
-    aborted, parse_item,
+    parse_item,
 };
 use crate::store::{
     BucketLoc, InsertPool, ItemLoc, Store, StoreError, index_slot_bytes, parse_bucket, slot_offset,
@@ -225,9 +225,6 @@ impl<V, H> Drop for FordTxn<'_, V, H> {
     }
 }
 
-/// Why a transaction stopped for an MN failure (retryable).
-const MN_VIEW_CHANGED: &str = "memory-node view changed";
-
 impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     /// The transaction's id.
     #[must_use]
@@ -280,7 +277,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             }
             if epoch != self.mn_epoch {
                 self.mn_failed = true;
-                return Err(aborted(MN_VIEW_CHANGED));
+                return Err(TxnError::Aborted(AbortReason::MemoryNodeViewChanged));
             }
             if !paused {
                 break;
@@ -302,7 +299,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     // The batch's results are dropped with the transaction: so are its locks.
                     self.release_lost_locks(&lock_cas).await;
                     self.mn_failed = true;
-                    return Err(aborted(MN_VIEW_CHANGED));
+                    return Err(TxnError::Aborted(AbortReason::MemoryNodeViewChanged));
                 }
                 Ok(res)
             }
@@ -311,7 +308,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     self.co.await_mn_failure(mn).await;
                     self.release_lost_locks(&lock_cas).await;
                     self.mn_failed = true;
-                    Err(aborted("memory node failed"))
+                    Err(TxnError::Aborted(AbortReason::MemoryNodeFailed))
                 }
                 None => Err(VerbsError::ConnectionLost { node }.into()),
             },
@@ -395,7 +392,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 Err(RecoveryError::Store(e)) => return Err(TxnError::from(e)),
                 // Only the detector's view changes wait for answers, never this decision.
                 Err(RecoveryError::NoAnswer { .. }) => {
-                    return Err(TxnError::Aborted("MN-failure decision interrupted"));
+                    return Err(TxnError::Aborted(
+                        AbortReason::MemoryNodeFailureDecisionInterrupted,
+                    ));
                 }
             }
         };
@@ -413,7 +412,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 self.co.stats.committed = self.co.stats.committed.saturating_sub(1);
                 self.co.stats.aborted += 1;
                 self.co.history.resolve(self.id, TxnOutcome::Aborted, now);
-                Err(aborted("rolled back after a memory-node failure"))
+                Err(TxnError::Aborted(
+                    AbortReason::RolledBackAfterMemoryNodeFailure,
+                ))
             }
         }
     }
@@ -580,10 +581,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             return Ok(());
         }
         if self.st.lock_log.len() + locs.len() > wire::LOCK_LOG_SLOTS {
-            return Err(aborted("lock log full"));
+            return Err(TxnError::Aborted(AbortReason::LockLogFull));
         }
         let at = wire::lock_log_offset(self.store().log_region_bytes())
-            .ok_or_else(|| aborted("log region too small for a lock log"))?;
+            .ok_or(TxnError::Aborted(AbortReason::LogRegionTooSmallForLockLog))?;
         self.st.lock_log.extend(
             locs.iter()
                 .map(|l| logic::pack_location(l.bucket.partition, l.offset)),
@@ -768,14 +769,14 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                         let mut r2 = self.post("steal", l).await?;
                         if r2.atomic(cas) != observed {
                             self.st.writes[i].lock = LockState::Failed;
-                            return Err(aborted("write lock held"));
+                            return Err(TxnError::Aborted(AbortReason::WriteLockHeld));
                         }
                         self.co.stats.steals += 1;
                         item = parse_item(&r2.take_bytes(rd), table, key)?;
                     }
                     AfterCas::Conflict => {
                         self.st.writes[i].lock = LockState::Failed;
-                        return Err(aborted("write lock held"));
+                        return Err(TxnError::Aborted(AbortReason::WriteLockHeld));
                     }
                 }
                 let w = &mut self.st.writes[i];
@@ -811,7 +812,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         }
         if !validation.is_empty() {
             let Some(res) = res.as_mut() else {
-                return Err(aborted("validation lost its reads"));
+                return Err(TxnError::Aborted(AbortReason::ValidationLostItsReads));
             };
             for (ri, id) in validation {
                 let bytes = res.take_bytes(id);
@@ -819,7 +820,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     self.st
                         .validate_one(&self.co.cfg, ri, &bytes, &self.co.shared.failed.borrow());
                 if !valid {
-                    return Err(aborted("validation failed"));
+                    return Err(TxnError::Aborted(AbortReason::ValidationFailed));
                 }
             }
         }
@@ -1017,7 +1018,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     &self.co.cfg,
                 );
                 if !proceed {
-                    conflict.get_or_insert(aborted("read a locked item"));
+                    conflict.get_or_insert(TxnError::Aborted(AbortReason::ReadLockedItem));
                     continue;
                 }
                 if item.lock != 0 {
@@ -1087,13 +1088,13 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                         if got == 0 {
                             // Released meanwhile: an ordinary acquire must win it.
                             self.st.writes[idx].lock = LockState::Failed;
-                            return Err(aborted("lock changed hands"));
+                            return Err(TxnError::Aborted(AbortReason::LockChangedHands));
                         }
                     }
                 }
                 AfterCas::Conflict => {
                     self.st.writes[idx].lock = LockState::Failed;
-                    return Err(aborted("write lock held"));
+                    return Err(TxnError::Aborted(AbortReason::WriteLockHeld));
                 }
             }
         }
@@ -1173,7 +1174,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 let Some(slot) = free else {
                     // Full, or a slot half claimed by a concurrent insert of a hashed pooled
                     // table (`TableLayout::insert_slot`), possibly of this very key.
-                    return Err(aborted("no free index slot"));
+                    return Err(TxnError::Aborted(AbortReason::NoFreeIndexSlot));
                 };
                 // The slot's fixed record, or for a pooled table the next record of this
                 // coordinator's insert share (no verb: the share is its own).
@@ -1204,7 +1205,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                         // record is fresh, so the key is absent. Else another insert holds
                         // the slot: a retry finds what it holds.
                         if old != 0 {
-                            return Err(aborted("index slot taken by a concurrent insert"));
+                            return Err(TxnError::Aborted(
+                                AbortReason::IndexSlotTakenByConcurrentInsert,
+                            ));
                         }
                         if item.valid {
                             return Err(TxnError::KeyState(key.0));
@@ -1218,7 +1221,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                             .get(8..16)
                             .is_some_and(|b| b.iter().any(|&x| x != 0));
                         if slot_used && slot_key != key.0 {
-                            return Err(aborted("index slot taken by a concurrent insert"));
+                            return Err(TxnError::Aborted(
+                                AbortReason::IndexSlotTakenByConcurrentInsert,
+                            ));
                         }
                         if item.valid {
                             return Err(TxnError::KeyState(key.0));
@@ -1230,7 +1235,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                             self.write_slot(bucket, slot, key, loc.offset).await?;
                         }
                     }
-                    None => return Err(aborted("index slot not seen")),
+                    None => return Err(TxnError::Aborted(AbortReason::IndexSlotNotSeen)),
                 }
                 self.co.shared.cache.borrow_mut().put(table, key, loc);
                 self.st

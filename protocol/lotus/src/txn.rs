@@ -46,8 +46,9 @@ use dmem_motor::mvcc::{BlockShape, Meta, Shapes, pack_writer};
 use dmem_motor::ts::TimestampService;
 use dmem_store::{AddressCache, BucketLoc, InsertPool, ItemLoc, Store, parse_bucket};
 use dmem_txn::{
-    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundPlan, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent, WriteKind,
+    AbortReason, Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundPlan,
+    RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent,
+    WriteKind,
 };
 use dmem_verbs::{Clock, Message, Nanos, PostList, RemoteAddr, Verbs};
 
@@ -287,10 +288,6 @@ pub struct LotusTxn<'a, V, H, T> {
     sets: Sets,
 }
 
-fn aborted(why: &'static str) -> TxnError {
-    TxnError::Aborted(why)
-}
-
 /// One record a round fetches.
 #[derive(Debug, Clone)]
 struct Fetch {
@@ -481,7 +478,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             // Remote requests first, so the local work overlaps their round trip.
             if groups.iter().any(|(owner, _)| cluster.is_failed(*owner)) {
                 // §6: new transactions asking a failed CN for locks abort at once.
-                return Err(aborted("lock owner failed"));
+                return Err(TxnError::Aborted(AbortReason::LockOwnerFailed));
             }
             let mut pending: Vec<(u64, u16, Vec<LockEntry>)> = Vec::new();
             for (owner, entries) in &groups {
@@ -490,7 +487,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 }
                 let server = cluster
                     .server(*owner, self.co.thread)
-                    .ok_or(aborted("no lock server for a CN"))?;
+                    .ok_or(TxnError::Aborted(AbortReason::NoLockServer))?;
                 self.co.req += 1;
                 let req = Request {
                     kind: RequestKind::Lock,
@@ -601,14 +598,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                         });
                     }
                 }
-                return Err(aborted("lock request timed out"));
+                return Err(TxnError::Aborted(AbortReason::LockRequestTimedOut));
             }
             if failed {
-                return Err(aborted("lock refused"));
+                return Err(TxnError::Aborted(AbortReason::LockRefused));
             }
             todo = rerouted;
         }
-        Err(aborted("shard map kept changing"))
+        Err(TxnError::Aborted(AbortReason::ShardMapKeptChanging))
     }
 
     /// Fig. 17's idealised RDMA lock: decided on the owner's table at once, counted per CN
@@ -627,14 +624,12 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             };
             self.co.ctx.cpu(cluster.lock_cpu_ns);
             if !serves {
-                return Err(aborted("lock shard being handed over"));
+                return Err(TxnError::Aborted(AbortReason::LockShardBeingHandedOver));
             }
             // The idealised lock reads every CN's table directly: the simulator's only
             // (`dmem-protocols` refuses `rdma-lock` on real fabrics).
             let Some(table) = cluster.table(owner) else {
-                return Err(aborted(
-                    "idealised RDMA lock: the owner's table is not at hand",
-                ));
+                return Err(TxnError::Aborted(AbortReason::OwnerLockTableNotAtHand));
             };
             match table.acquire(key, shard, mode, holder) {
                 Acquired::Granted | Acquired::AlreadyHeld => {
@@ -650,7 +645,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 Acquired::Refused(_) => {
                     self.co.stats.refusals += 1;
                     self.co.local.note_refused_for(what);
-                    return Err(aborted("lock refused"));
+                    return Err(TxnError::Aborted(AbortReason::LockRefused));
                 }
             }
         }
@@ -918,7 +913,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                     _ => cached[n].take(),
                 };
                 let Some(mut meta) = meta else {
-                    return Err(aborted("unreadable version table"));
+                    return Err(TxnError::Aborted(AbortReason::UnreadableVersionTable));
                 };
                 // LOTUS keeps no lock in the block (only the idealised RDMA lock counts there).
                 meta.lock = 0;
@@ -962,7 +957,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                         fetches[n].done = Some(None);
                     }
                     MetaOutcome::Retry => {}
-                    MetaOutcome::Abort(why) => return Err(aborted(why)),
+                    MetaOutcome::Abort(why) => return Err(TxnError::Aborted(why)),
                 }
             }
             if !images.is_empty() {
@@ -985,7 +980,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                             );
                             fetches[n].done = Some(p.value);
                         }
-                        None if locked => return Err(aborted("torn image under the lock")),
+                        None if locked => {
+                            return Err(TxnError::Aborted(AbortReason::TornImageUnderLock));
+                        }
                         None => {}
                     }
                 }
@@ -996,7 +993,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 rereads += 1;
                 self.co.stats.rereads += 1;
                 if rereads > self.co.cfg.max_rereads {
-                    return Err(aborted("version stayed uncommitted or torn"));
+                    return Err(TxnError::Aborted(
+                        AbortReason::VersionStayedUncommittedOrTorn,
+                    ));
                 }
                 self.co.ctx.sleep(self.co.cfg.reread_pause).await;
             }
@@ -1050,7 +1049,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                         !used.iter().any(|(u, _)| u == s) && !taken.contains(&(bucket.offset, *s))
                     });
                     let Some(slot) = free else {
-                        return Err(aborted("index bucket full"));
+                        return Err(TxnError::Aborted(AbortReason::IndexBucketFull));
                     };
                     taken.push((bucket.offset, slot));
                     // The slot's fixed block, or for a pooled table the next block of this
@@ -1149,11 +1148,11 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             o
         };
         if owners.iter().any(|&o| self.co.cluster.is_failed(o)) {
-            return Err(aborted("a lock owner failed before commit"));
+            return Err(TxnError::Aborted(AbortReason::LockOwnerFailedBeforeCommit));
         }
         // §4.3: a hand-over that aborted a shard's holders took their locks away.
         if !self.locks_valid() {
-            return Err(aborted("a lock's shard was handed over"));
+            return Err(TxnError::Aborted(AbortReason::LockShardWasHandedOver));
         }
         let txn = self.holder().txn;
         let _committing = Committing::enter(Rc::clone(&self.co.cluster), owners, txn);
@@ -1193,9 +1192,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         let at = self
             .store()
             .log_offset(self.co.id)
-            .map_err(|_| aborted("no log region"))?;
+            .map_err(|_| TxnError::Aborted(AbortReason::NoLogRegion))?;
         if log.len() > self.store().log_region_bytes() {
-            return Err(aborted("commit log larger than the log region"));
+            return Err(TxnError::Aborted(AbortReason::CommitLogLargerThanLogRegion));
         }
         for mn in 0..self.store().config().mns {
             if self.store().live_replicas(mn).contains(&mn) {

@@ -27,8 +27,9 @@ use std::rc::Rc;
 
 use dmem_layout::record::{OoccLockState, OoccLockWord, OoccRecordHeader};
 use dmem_txn::{
-    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+    AbortReason, Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq,
+    RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
+    WriteEvent, WriteKind,
 };
 use dmem_verbs::{Clock, Nanos, PostList, Verbs, VerbsError, WrId};
 
@@ -330,10 +331,6 @@ pub struct OoccTxn<'a, C> {
     done: bool,
 }
 
-fn aborted(why: &'static str) -> TxnError {
-    TxnError::Aborted(why)
-}
-
 enum Pending {
     Local(Option<Vec<u8>>),
     Read { idx: usize, loc: Loc, id: WrId },
@@ -429,12 +426,12 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                         if self.reads.iter().any(|r| r.loc == loc) {
                             // Read at another version: it changed since, so it would fail
                             // validation anyway.
-                            failure = Some(aborted("record changed since it was read"));
+                            failure = Some(TxnError::Aborted(AbortReason::RecordChangedSinceRead));
                         }
                         expected[i] = word;
                     }
                     CasDecision::Abort => {
-                        failure = Some(aborted("record locked by another transaction"));
+                        failure = Some(TxnError::Aborted(AbortReason::RecordLockedByAnother));
                     }
                 }
             }
@@ -446,7 +443,9 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         }
         if out.iter().any(Option::is_none) {
             self.adopt_locks(targets, &out);
-            return Err(aborted("intention lock: version kept changing"));
+            return Err(TxnError::Aborted(
+                AbortReason::IntentionLockVersionKeptChanging,
+            ));
         }
         Ok(out.into_iter().flatten().collect())
     }
@@ -545,7 +544,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                             // lock on WAREHOUSE left DISTRICT locked for the run).
                             let all: Vec<_> = locked.iter().cloned().map(Some).collect();
                             self.adopt_locks(&to_lock, &all);
-                            return Err(aborted("record locked"));
+                            return Err(TxnError::Aborted(AbortReason::RecordLocked));
                         }
                     }
                     self.events
@@ -643,12 +642,12 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 CasDecision::Retry(word) => {
                     self.set_hint(loc, word.version());
                     if self.reads.iter().any(|r| r.loc == loc) {
-                        failure = Some(aborted("record changed since it was read"));
+                        failure = Some(TxnError::Aborted(AbortReason::RecordChangedSinceRead));
                     }
                     retry.push(i);
                 }
                 CasDecision::Abort => {
-                    failure = Some(aborted("record locked by another transaction"))
+                    failure = Some(TxnError::Aborted(AbortReason::RecordLockedByAnother))
                 }
             }
         }
@@ -771,7 +770,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         self.writes
             .iter()
             .position(|w| w.table == table && w.key == key)
-            .ok_or(TxnError::Aborted("lock not taken"))
+            .ok_or(TxnError::Aborted(AbortReason::LockNotTaken))
     }
 
     fn check_len(&self, table: TableId, value: &[u8]) -> Result<(), TxnError> {
@@ -812,7 +811,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 for (r, id) in self.reads.iter().zip(ids) {
                     let word = u64::from_le_bytes(res.bytes(id).try_into().unwrap_or([0xFF; 8]));
                     if !decide_validate(r.version, OoccLockWord::from_raw(word), true) {
-                        return Err(aborted("read-only validation failed"));
+                        return Err(TxnError::Aborted(AbortReason::ReadOnlyValidationFailed));
                     }
                 }
             }
@@ -852,7 +851,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         for (r, id) in self.reads.iter().zip(ids) {
             let word = u64::from_le_bytes(res.bytes(id).try_into().unwrap_or([0xFF; 8]));
             if !decide_validate(r.version, OoccLockWord::from_raw(word), true) {
-                return Err(aborted("validation failed"));
+                return Err(TxnError::Aborted(AbortReason::ValidationFailed));
             }
         }
         Ok(())
@@ -874,7 +873,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         }
         let log = log
             .finish()
-            .ok_or_else(|| aborted("redo log larger than its region"))?;
+            .ok_or(TxnError::Aborted(AbortReason::RedoLogLargerThanRegion))?;
         if self.co.cfg.artifact_rw_rules {
             self.validate_as_the_artifact().await?;
         }
@@ -950,7 +949,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                     w.lock = w.lock.with_write_lock();
                 }
             }
-            return Err(aborted("validation failed"));
+            return Err(TxnError::Aborted(AbortReason::ValidationFailed));
         }
         // Decided: record before the first commit WRITE.
         let writes: Vec<WriteEvent> = written
@@ -1046,7 +1045,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
 impl<C: Verbs + Clock> Transaction for OoccTxn<'_, C> {
     async fn read_round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
         if self.done {
-            return Err(aborted("transaction is over"));
+            return Err(TxnError::Aborted(AbortReason::TransactionIsOver));
         }
         let r = self.round(reqs).await;
         self.checked(r).await
@@ -1098,7 +1097,7 @@ impl<C: Verbs + Clock> Transaction for OoccTxn<'_, C> {
 
     async fn commit(mut self) -> Result<(), TxnError> {
         if self.done {
-            return Err(aborted("transaction is over"));
+            return Err(TxnError::Aborted(AbortReason::TransactionIsOver));
         }
         let r = if self.writes.iter().any(|w| w.new.is_some()) {
             self.commit_read_write().await
@@ -1113,7 +1112,7 @@ impl<C: Verbs + Clock> Transaction for OoccTxn<'_, C> {
     }
 
     async fn abort(mut self) {
-        let _ = self.fail(aborted("aborted by the caller")).await;
+        let _ = self.fail(TxnError::Aborted(AbortReason::ByTheCaller)).await;
     }
 }
 
