@@ -28,7 +28,7 @@ use dmem_txn::{
     TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, WriteEvent, WriteKind,
 };
 use dmem_verbs::{
-    BatchResult, Clock, Nanos, NodeId, Op, PostList, RemoteAddr, Verbs, VerbsError, WrId,
+    BatchResult, Clock, Nanos, NodeId, Op, Phase, PostList, RemoteAddr, Verbs, VerbsError, WrId,
 };
 
 use crate::cn::CnShared;
@@ -266,7 +266,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     /// current view waits while its CN is paused; an MN that does not answer is reported
     /// and the transaction stops once the CN's view has dropped it. `phase` names the
     /// protocol step for fault injection ([`Verbs::mark_phase`]).
-    async fn post(&mut self, phase: &'static str, list: PostList) -> Result<BatchResult, TxnError> {
+    async fn post(&mut self, phase: Phase, list: PostList) -> Result<BatchResult, TxnError> {
         loop {
             let (enabled, epoch, paused, poll) = {
                 let m = self.co.shared.mn.borrow();
@@ -353,7 +353,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             }
         }
         if !list.is_empty() {
-            self.co.ctx.mark_phase("release-lost-locks");
+            self.co.ctx.mark_phase(Phase::ReleaseLostLocks);
             let _ = self.co.ctx.post(list).await;
         }
     }
@@ -457,7 +457,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             .map_err(TxnError::from)?;
         let mut list = PostList::new();
         let id = list.read(self.store().addr(p, bucket.offset), bucket.read_len());
-        let bytes = self.post("locate", list).await?.take_bytes(id);
+        let bytes = self.post(Phase::Locate, list).await?.take_bytes(id);
         let (used, free) = parse_bucket(&bytes);
         if let Some(&(slot, _)) = used.iter().find(|(_, k)| *k == key.0) {
             let loc = self
@@ -502,7 +502,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             // The slot's address word (bytes 8..16) of the primary, empty -> the record.
             SlotAccess::Claim(packed) => Some(list.cas(slot_addr.add(8), 0, packed)),
         };
-        let mut res = self.post("lock", list).await?;
+        let mut res = self.post(Phase::Lock, list).await?;
         let old = res.atomic(cas);
         let bytes = res.take_bytes(rd);
         let slot_seen = slot_wr.map(|id| match slot_access {
@@ -545,7 +545,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             let a = self.store().addr(mn, bucket.offset + slot_offset(slot));
             list.write(a, &bytes);
         }
-        self.post("claim-slot", list).await?;
+        self.post(Phase::ClaimSlot, list).await?;
         Ok(())
     }
 
@@ -567,7 +567,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let mut list = PostList::new();
         self.add_log_writes(&mut list, early)?;
         if !list.is_empty() {
-            self.post("log", list).await?;
+            self.post(Phase::Log, list).await?;
         }
         Ok(())
     }
@@ -599,7 +599,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             list.write(self.store().addr(mn, base + at as u64), &image);
         }
         if !list.is_empty() {
-            self.post("lock-log", list).await?;
+            self.post(Phase::LockLog, list).await?;
         }
         Ok(())
     }
@@ -631,13 +631,13 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     async fn abort_once(&mut self) -> Result<(), VerbsError> {
         let list = self.st.truncate_list(&self.env());
         if !list.is_empty() {
-            self.co.ctx.mark_phase("abort-truncate");
+            self.co.ctx.mark_phase(Phase::AbortTruncate);
             self.co.ctx.post(list).await?;
         }
         let view_changed = self.view_changed() || self.mn_failed;
         let list = self.st.abort_unlock_list(&self.env(), view_changed);
         if !list.is_empty() {
-            self.co.ctx.mark_phase("abort-unlock");
+            self.co.ctx.mark_phase(Phase::AbortUnlock);
             self.co.ctx.post(list).await?;
         }
         Ok(())
@@ -731,9 +731,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         // A batch that carries log WRITEs says so in its phase name: crash injection aims
         // at the log writes of attempts that may still abort (Pandora §5.1, C2).
         let phase = if logged {
-            "commit-lock+log"
+            Phase::CommitLockAndLog
         } else {
-            "commit-lock"
+            Phase::CommitLock
         };
         let mut res = if list.is_empty() {
             None
@@ -766,7 +766,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                         let mut l = PostList::new();
                         let cas = l.cas(addr, observed, me);
                         let rd = l.read(addr, self.item_len(table)? as u32);
-                        let mut r2 = self.post("steal", l).await?;
+                        let mut r2 = self.post(Phase::Steal, l).await?;
                         if r2.atomic(cas) != observed {
                             self.st.writes[i].lock = LockState::Failed;
                             return Err(TxnError::Aborted(AbortReason::WriteLockHeld));
@@ -802,9 +802,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 self.add_log_writes(&mut list, false)?;
             }
             let phase = if lost_decision {
-                "validate+log"
+                Phase::ValidateAndLog
             } else {
-                "validate"
+                Phase::Validate
             };
             if !list.is_empty() {
                 res = Some(self.post(phase, list).await?);
@@ -847,9 +847,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         // A commit that creates a record is its own phase for crash injection: undoing it
         // removes the record, which only an insert log allows (Pandora §5.1, C2).
         let phase = if installed.iter().any(|w| w.kind == WriteKind::Insert) {
-            "commit+insert"
+            Phase::CommitWithInsert
         } else {
-            "commit"
+            Phase::Commit
         };
         self.decided = true;
         self.record_committed(installed, true);
@@ -888,10 +888,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let list = self.st.release_list(self.store())?;
         if !list.is_empty() {
             if detached && !self.co.shared.mn.borrow().enabled() {
-                self.co.ctx.mark_phase("release");
+                self.co.ctx.mark_phase(Phase::Release);
                 self.co.ctx.post_detached(list).await?;
             } else {
-                self.post("release", list).await?;
+                self.post(Phase::Release, list).await?;
             }
         }
         self.st.mark_released();
@@ -914,7 +914,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
 
         // -- locate: one bucket READ per uncached address, every MN at once --
         if let Some((list, ids)) = plan.locate_list(self.store()).map_err(TxnError::from)? {
-            let res = self.post("locate", list).await?;
+            let res = self.post(Phase::Locate, list).await?;
             let found = plan
                 .absorb_locate(self.store(), &ids, &res)
                 .map_err(TxnError::from)?;
@@ -942,7 +942,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let mut res = if list.is_empty() {
             None
         } else {
-            Some(self.post("execute", list).await?)
+            Some(self.post(Phase::Execute, list).await?)
         };
 
         // -- decide --
@@ -1077,7 +1077,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     let mut list = PostList::new();
                     let cas = list.cas(addr, observed, me);
                     let rd = list.read(addr, item_len);
-                    let mut res = self.post("steal", list).await?;
+                    let mut res = self.post(Phase::Steal, list).await?;
                     let got = res.atomic(cas);
                     if got == observed {
                         self.co.stats.steals += 1;

@@ -50,7 +50,7 @@ use dmem_txn::{
     RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent,
     WriteKind,
 };
-use dmem_verbs::{Clock, Message, Nanos, PostList, RemoteAddr, Verbs};
+use dmem_verbs::{Clock, Message, Nanos, Phase, PostList, RemoteAddr, Verbs};
 
 use crate::locking::{CnLocks, LockCluster, LockFor, stronger};
 use crate::recovery::{LogEntry, encode_log};
@@ -1204,7 +1204,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         for (addr, bytes) in data {
             list.write_owned(addr, bytes);
         }
-        self.co.ctx.mark_phase("write-invisible");
+        self.co.ctx.mark_phase(Phase::WriteInvisible);
         self.co.ctx.post(list).await?;
         // (2) Commit timestamp (with the service's commit-wait).
         let c = self.co.ts.commit_ts().await;
@@ -1234,7 +1234,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 );
             }
         }
-        self.co.ctx.mark_phase("write-visible");
+        self.co.ctx.mark_phase(Phase::WriteVisible);
         self.co.ctx.post(list).await?;
         self.co
             .history

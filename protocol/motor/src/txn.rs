@@ -31,7 +31,7 @@ use dmem_txn::{
     RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent,
     WriteKind,
 };
-use dmem_verbs::{BatchResult, Clock, Nanos, PostList, RemoteAddr, Verbs};
+use dmem_verbs::{BatchResult, Clock, Nanos, Phase, PostList, RemoteAddr, Verbs};
 
 use crate::exec::{self, ExecSets, Lookup, WriteEntry};
 use crate::logic::{self, Isolation, MetaOutcome};
@@ -367,7 +367,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 let rd = list.read(addr, shape.meta_len() as u32);
                 wrs.push((n, loc, shape, cas, rd));
             }
-            self.co.ctx.mark_phase("execute");
+            self.co.ctx.mark_phase(Phase::Execute);
             let res = self.co.ctx.post(list).await?;
             let mut conflict = None;
             let mut images = Vec::new();
@@ -627,7 +627,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             w.lock = false;
         }
         if !list.is_empty() {
-            self.co.ctx.mark_phase("release");
+            self.co.ctx.mark_phase(Phase::Release);
             self.co.ctx.post(list).await?;
         }
         self.co.oplog.finished(self.co.id);
@@ -693,7 +693,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             return Ok(());
         }
         let c = self.co.ts.commit_ts().await;
-        self.co.ctx.mark_phase("validate");
+        self.co.ctx.mark_phase(Phase::Validate);
         if self.co.cfg.isolation == Isolation::Serializable && !self.validate().await? {
             return Err(TxnError::Aborted(AbortReason::ReadOnlyRecordChanged));
         }
@@ -770,7 +770,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         self.co.history.record(record);
         self.recorded_unknown = true;
         self.co.oplog.committing(self.co.id, installs);
-        self.co.ctx.mark_phase("commit");
+        self.co.ctx.mark_phase(Phase::Commit);
         self.co.ctx.post(list).await?;
         // Resolved before the op log is cleared, never after: recovery settles an `Unknown`
         // transaction whose coordinator's op log is idle as aborted, so a CN killed between

@@ -31,7 +31,7 @@ use dmem_txn::{
     RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
     WriteEvent, WriteKind,
 };
-use dmem_verbs::{Clock, Nanos, PostList, Verbs, VerbsError, WrId};
+use dmem_verbs::{Clock, Nanos, Phase, PostList, Verbs, VerbsError, WrId};
 
 use crate::drift::DriftingCtx;
 use crate::recovery::RedoLogWriter;
@@ -410,7 +410,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 );
                 ids.push((i, cas, read, swap));
             }
-            self.co.ctx.mark_phase("lock");
+            self.co.ctx.mark_phase(Phase::Lock);
             let res = self.co.ctx.post(list).await?;
             self.lock_time = self.co.ctx.now();
             let mut failure = None;
@@ -504,7 +504,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         let mut read_idx = 0;
         let locked = if to_lock.is_empty() {
             if !list.is_empty() {
-                self.co.ctx.mark_phase("execute");
+                self.co.ctx.mark_phase(Phase::Execute);
                 let res = self.co.ctx.post(list).await?;
                 for p in &mut pending {
                     if let Pending::Read { idx, id, .. } = p {
@@ -616,7 +616,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             );
             ids.push((i, expected, cas, read, swap));
         }
-        self.co.ctx.mark_phase("lock");
+        self.co.ctx.mark_phase(Phase::Lock);
         let res = self.co.ctx.post(list).await?;
         self.lock_time = self.co.ctx.now();
         let mut read_idx = 0;
@@ -708,7 +708,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
 
     /// Releases every lock this transaction holds (same version), without waiting;
     /// `phase` names the step for crash injection (`Verbs::mark_phase`).
-    async fn release_all(&mut self, phase: &'static str) {
+    async fn release_all(&mut self, phase: Phase) {
         let mut list = PostList::new();
         if self.logged {
             let layout = self.co.dir.layout();
@@ -733,7 +733,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
     async fn fail(&mut self, e: TxnError) -> TxnError {
         if !self.done {
             self.done = true;
-            self.release_all("abort-release").await;
+            self.release_all(Phase::AbortRelease).await;
             bump(&self.co.stats.aborts, 1);
             self.co.history.record(TxnRecord {
                 id: self.id,
@@ -806,7 +806,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 ids.push(list.read(self.lock_addr(r.table, r.loc)?, 8));
             }
             if !list.is_empty() {
-                self.co.ctx.mark_phase("validate");
+                self.co.ctx.mark_phase(Phase::Validate);
                 let res = self.co.ctx.post(list).await?;
                 for (r, id) in self.reads.iter().zip(ids) {
                     let word = u64::from_le_bytes(res.bytes(id).try_into().unwrap_or([0xFF; 8]));
@@ -816,7 +816,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 }
             }
         }
-        self.release_all("release").await;
+        self.release_all(Phase::Release).await;
         bump(&stats.ro_committed, 1);
         self.done = true;
         self.co.history.record(TxnRecord {
@@ -846,7 +846,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         if list.is_empty() {
             return Ok(());
         }
-        self.co.ctx.mark_phase("validate");
+        self.co.ctx.mark_phase(Phase::Validate);
         let res = self.co.ctx.post(list).await?;
         for (r, id) in self.reads.iter().zip(ids) {
             let word = u64::from_le_bytes(res.bytes(id).try_into().unwrap_or([0xFF; 8]));
@@ -914,7 +914,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             }
         }
         self.logged = true;
-        self.co.ctx.mark_phase("log");
+        self.co.ctx.mark_phase(Phase::Log);
         let res = self.co.ctx.post(list).await?;
         let upgraded = self.co.ctx.now();
         let mut ok = true;
@@ -934,7 +934,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             for r in &self.reads {
                 ids.push(list.read(self.lock_addr(r.table, r.loc)?, 8));
             }
-            self.co.ctx.mark_phase("validate");
+            self.co.ctx.mark_phase(Phase::Validate);
             let res = self.co.ctx.post(list).await?;
             for (r, id) in self.reads.iter().zip(ids) {
                 let word = u64::from_le_bytes(res.bytes(id).try_into().unwrap_or([0xFF; 8]));
@@ -1019,10 +1019,10 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 &w.lock.released_same_version().to_raw().to_le_bytes(),
             );
         }
-        self.co.ctx.mark_phase("commit");
+        self.co.ctx.mark_phase(Phase::Commit);
         self.co.ctx.post(list).await?;
         if !unlock.is_empty() {
-            self.co.ctx.mark_phase("unlock");
+            self.co.ctx.mark_phase(Phase::Unlock);
             self.co.ctx.post(unlock).await?;
         }
         // Committed once every record is written. Resolved before the log is truncated,
@@ -1036,7 +1036,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         // The log is dead now: truncate without waiting.
         let mut trunc = PostList::new();
         trunc.write(log_addr, &[0u8; 16]);
-        self.co.ctx.mark_phase("truncate");
+        self.co.ctx.mark_phase(Phase::Truncate);
         let _ = self.co.ctx.post_detached(trunc).await;
         Ok(())
     }

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, RawWakerVTable, Wake, Waker};
 
 use dmem_verbs::{
-    BatchResult, Clock, Endpoint, MemoryRegion, Message, Nanos, NodeId, OpKind, PostList, Verbs,
-    VerbsError,
+    BatchResult, Clock, Endpoint, MemoryRegion, Message, Nanos, NodeId, OpKind, Phase, PostList,
+    Verbs, VerbsError,
 };
 
 use crate::stats::{NodeStats, Role, SimStats};
@@ -353,7 +353,7 @@ impl Sim {
     /// The phase marks CN `node` recorded: for each, the index of the first work request of
     /// the phase (the count of work requests posted before it) and its name, in order.
     #[must_use]
-    pub fn phase_marks(&self, node: NodeId) -> Vec<(u64, &'static str)> {
+    pub fn phase_marks(&self, node: NodeId) -> Vec<(u64, Phase)> {
         self.shared.world.borrow().phase_marks(node).to_vec()
     }
 
@@ -1111,7 +1111,7 @@ impl Verbs for SimContext {
         Ok(())
     }
 
-    fn mark_phase(&self, phase: &'static str) {
+    fn mark_phase(&self, phase: Phase) {
         self.shared
             .world
             .borrow_mut()
