@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, RawWakerVTable, Wake, Waker};
 
+use dmem_layout::mix::splitmix64;
 use dmem_verbs::{
     BatchResult, Clock, Endpoint, MemoryRegion, Message, Nanos, NodeId, OpKind, Phase, PostList,
     Verbs, VerbsError,
@@ -277,7 +278,7 @@ impl Sim {
             shared: Rc::clone(s),
             core,
             endpoint,
-            seed: splitmix(s.seed ^ splitmix(n)),
+            seed: splitmix64(s.seed ^ splitmix64(n)),
             posts: Rc::new(Cell::new(0)),
         })
     }
@@ -449,13 +450,6 @@ impl Sim {
             events: world.events_processed,
         }
     }
-}
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 fn spawn_on(shared: &Rc<Shared>, core: usize, future: Pin<Box<dyn Future<Output = ()>>>) {
