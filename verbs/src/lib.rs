@@ -35,6 +35,8 @@ mod addr;
 mod clock;
 mod error;
 mod phase;
+#[cfg(feature = "std")]
+pub mod sync;
 mod wr;
 
 pub use addr::{Endpoint, MemoryRegion, NodeId, Port, RKey, RemoteAddr};

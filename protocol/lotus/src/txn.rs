@@ -50,6 +50,7 @@ use dmem_txn::{
     RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent,
     WriteKind,
 };
+use dmem_verbs::sync::lock_ignoring_poison;
 use dmem_verbs::{Clock, Message, Nanos, Phase, PostList, RemoteAddr, Verbs};
 
 use crate::locking::{CnLocks, LockCluster, LockFor, stronger};
@@ -655,7 +656,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
     /// Whether this CN's count of holders of `key` goes 0 → 1 with this holder (an FAA is
     /// due, idealised RDMA lock).
     fn count_up(&self, key: u64) -> bool {
-        let mut counts = crate::locking::lock(&self.co.local.counts);
+        let mut counts = lock_ignoring_poison(&self.co.local.counts);
         let n = counts.entry(key).or_insert(0);
         *n += 1;
         *n == 1
@@ -678,7 +679,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 }
                 let Some(word) = h.word else { continue };
                 let last = {
-                    let mut counts = crate::locking::lock(&self.co.local.counts);
+                    let mut counts = lock_ignoring_poison(&self.co.local.counts);
                     let n = counts.entry(h.key).or_insert(1);
                     *n = n.saturating_sub(1);
                     *n == 0

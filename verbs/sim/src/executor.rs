@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, RawWakerVTable, Wake, Waker};
 
 use dmem_layout::mix::splitmix64;
+use dmem_verbs::sync::lock_ignoring_poison;
 use dmem_verbs::{
     BatchResult, Clock, Endpoint, MemoryRegion, Message, Nanos, NodeId, OpKind, Phase, PostList,
     Verbs, VerbsError,
@@ -46,11 +47,7 @@ impl Wake for TaskWaker {
 
     fn wake_by_ref(self: &Arc<Self>) {
         if !self.queued.swap(true, Ordering::Relaxed) {
-            self.wakes
-                .keys
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(self.key);
+            lock_ignoring_poison(&self.wakes.keys).push(self.key);
             self.wakes.any.store(true, Ordering::Release);
         }
     }
@@ -555,14 +552,7 @@ fn drain_wakes(shared: &Shared, at: Nanos) {
     }
     // Swap with a buffer kept across calls so that waking allocates nothing.
     let mut woken = shared.woken_buffer.take();
-    std::mem::swap(
-        &mut woken,
-        &mut *shared
-            .wakes
-            .keys
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
+    std::mem::swap(&mut woken, &mut *lock_ignoring_poison(&shared.wakes.keys));
     for &key in &woken {
         let core = match shared.tasks.borrow().get(key.0) {
             Some(slot) if slot.generation == key.1 => slot.core,
