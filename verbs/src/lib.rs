@@ -37,12 +37,14 @@ mod error;
 mod phase;
 #[cfg(feature = "std")]
 pub mod sync;
+mod wait;
 mod wr;
 
 pub use addr::{Endpoint, MemoryRegion, NodeId, Port, RKey, RemoteAddr};
 pub use clock::{Clock, Nanos};
 pub use error::VerbsError;
 pub use phase::Phase;
+pub use wait::recv_until;
 pub use wr::{
     BatchResult, Message, Op, OpKind, PostList, READ_INLINE_BYTES, ReadBytes, WorkRequest,
     WorkRequests, WrId, WrOutcome,

@@ -30,11 +30,8 @@
 //! Versions in the history are commit timestamps; each read names its installer.
 
 use std::cell::RefCell;
-use std::future::poll_fn;
-use std::pin::pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::Poll;
 
 use dmem_layout::cvt::{CvtCell, INVISIBLE};
 use dmem_locks::LockMode;
@@ -51,7 +48,7 @@ use dmem_txn::{
     WriteKind,
 };
 use dmem_verbs::sync::lock_ignoring_poison;
-use dmem_verbs::{Clock, Message, Nanos, Phase, PostList, RemoteAddr, Verbs};
+use dmem_verbs::{Clock, Nanos, Phase, PostList, RemoteAddr, Verbs, recv_until};
 
 use crate::locking::{CnLocks, LockCluster, LockFor, stronger};
 use crate::recovery::{LogEntry, encode_log};
@@ -354,22 +351,6 @@ fn generation_of(gens: &[(u64, u32)], key: u64) -> u32 {
     gens.iter().find(|g| g.0 == key).map_or(0, |g| g.1)
 }
 
-/// Receives the next message, or `None` at `deadline`.
-pub(crate) async fn recv_until<V: Verbs + Clock>(ctx: &V, deadline: Nanos) -> Option<Message> {
-    let mut recv = pin!(ctx.recv());
-    let mut sleep = pin!(ctx.sleep_until(deadline));
-    poll_fn(|cx| {
-        if let Poll::Ready(m) = recv.as_mut().poll(cx) {
-            return Poll::Ready(m.ok());
-        }
-        if sleep.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(None);
-        }
-        Poll::Pending
-    })
-    .await
-}
-
 impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T> {
     /// The transaction's id.
     #[must_use]
@@ -538,7 +519,8 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             // Replies.
             let deadline = self.co.ctx.now() + self.co.cfg.rpc_timeout;
             while !pending.is_empty() {
-                let Some(msg) = recv_until(&self.co.ctx, deadline).await else {
+                // A receive error ends the wait like the deadline.
+                let Some(msg) = recv_until(&self.co.ctx, deadline).await.ok().flatten() else {
                     break;
                 };
                 let Ok(reply) = Reply::parse(&msg.payload) else {
