@@ -45,6 +45,7 @@ pub mod error;
 pub mod kv_meta;
 pub mod lock_slot;
 pub mod log;
+pub mod mix;
 pub mod pill;
 pub mod record;
 pub mod rpc;

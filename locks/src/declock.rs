@@ -58,7 +58,7 @@ use zerocopy::IntoBytes;
 
 use crate::local::{LocalAcquire, LocalGrant, LocalLockTable, LocalRelease};
 use crate::msg::LockMsgRepr;
-use crate::util::{Either, Rng, recv_until, select};
+use crate::util::{Either, Rng, recv_before, select};
 use crate::{
     Directory, FailureDetector, HeldLock, LockError, LockLayout, LockMode, LockStats, RwLockClient,
     lock_id,
@@ -459,7 +459,7 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
     /// # Errors
     /// A verbs failure.
     pub async fn serve_control_until(&mut self, deadline: Nanos) -> Result<(), LockError> {
-        while let Some(m) = recv_until(&self.ctx, deadline).await? {
+        while let Some(m) = recv_before(&self.ctx, deadline).await? {
             self.handle(m.from, &m.payload, None).await?;
         }
         Ok(())
@@ -474,7 +474,7 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
     ) -> Result<WaitOutcome, LockError> {
         self.granted_remote_ts = None;
         loop {
-            let Some(m) = recv_until(&self.ctx, deadline).await? else {
+            let Some(m) = recv_before(&self.ctx, deadline).await? else {
                 return Ok(WaitOutcome::TimedOut);
             };
             match self
@@ -554,7 +554,7 @@ impl<V: Verbs + Clock, const C: usize> DecLockClient<V, C> {
         self.awaiting_acks = targets;
         while !self.awaiting_acks.is_empty() {
             let slice = self.ctx.now() + self.config.failure_poll_ns;
-            if let Some(m) = recv_until(&self.ctx, slice).await? {
+            if let Some(m) = recv_before(&self.ctx, slice).await? {
                 self.handle(m.from, &m.payload, None).await?;
             }
             let failures = Rc::clone(&self.failures);

@@ -130,10 +130,7 @@ pub struct LotusLockTable {
 /// The 64-bit hash every node computes alike for a lock key (splitmix64's finaliser).
 #[must_use]
 pub const fn lock_hash(key: u64) -> u64 {
-    let mut x = key.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
+    dmem_layout::mix::splitmix64(key)
 }
 
 impl LotusLockTable {

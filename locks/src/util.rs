@@ -96,21 +96,18 @@ pub(crate) async fn select<A: Future, B: Future>(a: A, b: B) -> Either<A::Output
     .await
 }
 
-/// The next message for `ctx`, or `None` once `deadline` has passed.
-pub(crate) async fn recv_until<V: Verbs + Clock>(
+/// The next message for `ctx`, or `None` once `deadline` has passed:
+/// [`dmem_verbs::recv_until`], except that past `deadline` it only takes a message already
+/// queued and arms no receive (an armed receive would wake the lock's task later for
+/// nothing).
+pub(crate) async fn recv_before<V: Verbs + Clock>(
     ctx: &V,
     deadline: Nanos,
 ) -> Result<Option<Message>, VerbsError> {
-    if let Some(m) = ctx.try_recv()? {
-        return Ok(Some(m));
-    }
     if ctx.now() >= deadline {
-        return Ok(None);
+        return ctx.try_recv();
     }
-    match select(ctx.recv(), ctx.sleep_until(deadline)).await {
-        Either::Left(m) => m.map(Some),
-        Either::Right(()) => Ok(None),
-    }
+    dmem_verbs::recv_until(ctx, deadline).await
 }
 
 #[cfg(test)]

@@ -17,12 +17,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 use std::time::Duration;
 
 use dmem_verbs::Nanos;
+use dmem_verbs::sync::lock_ignoring_poison;
 
 use crate::clock::{RealClock, monotonic_now};
 
@@ -70,25 +71,16 @@ struct ReadyQueue {
 
 impl ReadyQueue {
     fn push(&self, id: u64) {
-        self.ids
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push_back(id);
+        lock_ignoring_poison(&self.ids).push_back(id);
         self.thread.unpark();
     }
 
     fn pop(&self) -> Option<u64> {
-        self.ids
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop_front()
+        lock_ignoring_poison(&self.ids).pop_front()
     }
 
     fn len(&self) -> usize {
-        self.ids
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        lock_ignoring_poison(&self.ids).len()
     }
 }
 

@@ -34,11 +34,17 @@ extern crate alloc;
 mod addr;
 mod clock;
 mod error;
+mod phase;
+#[cfg(feature = "std")]
+pub mod sync;
+mod wait;
 mod wr;
 
 pub use addr::{Endpoint, MemoryRegion, NodeId, Port, RKey, RemoteAddr};
 pub use clock::{Clock, Nanos};
 pub use error::VerbsError;
+pub use phase::Phase;
+pub use wait::recv_until;
 pub use wr::{
     BatchResult, Message, Op, OpKind, PostList, READ_INLINE_BYTES, ReadBytes, WorkRequest,
     WorkRequests, WrId, WrOutcome,
@@ -76,10 +82,10 @@ pub trait Verbs {
     }
 
     /// Notes that the protocol is about to post the work requests of phase `phase` (e.g.
-    /// `"log"`, `"commit"`). Nothing on real fabrics; the simulator records the work-request
+    /// [`Phase::Log`], [`Phase::Commit`]). Nothing on real fabrics; the simulator records the work-request
     /// index where each phase began, so that fault injection can aim crashes at phase
     /// boundaries and inside batches instead of uniformly (the litmus suite does).
-    fn mark_phase(&self, phase: &'static str) {
+    fn mark_phase(&self, phase: Phase) {
         let _ = phase;
     }
 

@@ -424,6 +424,7 @@ fn run_sim(args: &Args, profile: &NicProfile, op: PerfOp, batch: u64) -> anyhow:
         seed: args.seed,
         duration_ms: args.duration_ms,
         mops: round(served as f64 / measured as f64 * 1e3, 3),
+        ops_per_s: None,
         p50_ns: latency.value_at_quantile(0.5),
         p99_ns: latency.value_at_quantile(0.99),
         p50_us: round(latency.value_at_quantile(0.5) as f64 / 1e3, 2),

@@ -18,6 +18,7 @@ use core::str::FromStr;
 use std::cell::Cell;
 use std::rc::Rc;
 
+use dmem_layout::mix::splitmix64;
 use dmem_verbs::{Clock, Nanos};
 use dmem_workloads::Pause;
 
@@ -146,7 +147,7 @@ impl<K: Clock> BackoffPause<K> {
         Self {
             backoff,
             clock,
-            random: crate::next_random(seed ^ 0xbac0_ff00 ^ (u64::from(coordinator) << 24)),
+            random: splitmix64(seed ^ 0xbac0_ff00 ^ (u64::from(coordinator) << 24)),
             waited,
         }
     }
@@ -158,7 +159,7 @@ impl<K: Clock> BackoffPause<K> {
         if ceiling == 0 {
             return 0;
         }
-        self.random = crate::next_random(self.random);
+        self.random = splitmix64(self.random);
         self.random % (ceiling + 1)
     }
 }

@@ -52,6 +52,7 @@ use std::task::{Poll, Waker};
 use dmem_deploy::{
     ClusterShape, DeployError, DeploySpec, Deployed, Protocol, TableDemand, deploy_loaded,
 };
+use dmem_layout::mix::splitmix64;
 use dmem_sim::{SimContext, SimError};
 use dmem_txn::{
     BoxCoordinator, BoxTransaction, CheckOptions, Coordinator, History, Isolation, TxnError,
@@ -573,7 +574,7 @@ pub fn run_bench(
                                 gate.pass(clock.now()).await;
                                 let txn = generator.next_txn();
                                 let start = clock.now();
-                                random = next_random(random);
+                                random = splitmix64(random);
                                 let target = router
                                     .route(txn.kind(), txn.first_record(), random)
                                     .map_or(home, usize::from)
@@ -732,7 +733,7 @@ struct Done {
 #[must_use]
 pub fn failure_reason(error: &TxnError) -> String {
     match error {
-        TxnError::Aborted(why) => (*why).to_owned(),
+        TxnError::Aborted(why) => why.as_str().to_owned(),
         other => other.to_string(),
     }
 }
@@ -980,14 +981,6 @@ impl JobQueue {
         })
         .await
     }
-}
-
-/// splitmix64 step for the clients' random routing draws.
-fn next_random(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// The checker's one-line verdict on `history` under strict serializability: "ok" or the

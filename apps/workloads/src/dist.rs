@@ -12,14 +12,8 @@ use rand_distr::{Distribution, Zipf};
 /// The generator every workload uses.
 pub type WorkloadRng = rand::rngs::Xoshiro256PlusPlus;
 
-/// SplitMix64's finaliser: a bijective 64-bit mixer.
-#[must_use]
-pub const fn mix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
+/// SplitMix64 as a bijective 64-bit mixer.
+pub use dmem_layout::mix::splitmix64 as mix64;
 
 /// A generator for one independent stream: `(seed, stream)` pairs give unrelated sequences.
 /// Loaders use one stream per record group (so a record does not depend on load order),

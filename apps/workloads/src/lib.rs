@@ -399,7 +399,7 @@ mod retry_tests {
 
         async fn begin(&mut self, _kind: TxnKind) -> Result<Self::Txn<'_>, TxnError> {
             self.begun += 1;
-            Err(TxnError::Aborted("always"))
+            Err(TxnError::Aborted(dmem_txn::AbortReason::ByTheCaller))
         }
     }
 

@@ -34,6 +34,7 @@ use core::pin::Pin;
 
 use dmem_verbs::VerbsError;
 
+use crate::abort::AbortReason;
 use crate::model::{Key, TableId, TxnKind};
 
 /// Why a transaction operation failed.
@@ -43,7 +44,7 @@ pub enum TxnError {
     /// The protocol aborted the transaction (conflict, failed validation, lock not granted).
     /// The caller may retry it as a new transaction.
     #[error("transaction aborted: {0}")]
-    Aborted(&'static str),
+    Aborted(AbortReason),
     /// A write in a transaction declared read-only.
     #[error("write in a read-only transaction")]
     ReadOnly,

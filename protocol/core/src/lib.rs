@@ -16,12 +16,14 @@
 
 extern crate alloc;
 
+pub mod abort;
 pub mod api;
 pub mod checker;
 pub mod detector;
 pub mod history;
 pub mod model;
 
+pub use abort::AbortReason;
 pub use api::{
     Access, BoxCoordinator, BoxTransaction, Coordinator, DynCoordinator, DynTransaction, ReadReq,
     RoundPlan, RoundValues, Transaction, TxnError,

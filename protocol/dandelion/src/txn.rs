@@ -23,8 +23,9 @@ use std::rc::Rc;
 
 use dmem_layout::kv_meta::KvMeta;
 use dmem_txn::{
-    Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+    AbortReason, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues,
+    TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent,
+    WriteKind,
 };
 use dmem_verbs::{Clock, Verbs};
 
@@ -286,7 +287,7 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
         self,
         locked: Vec<(usize, u16)>,
         wait: bool,
-        why: &'static str,
+        why: AbortReason,
     ) -> Result<(), TxnError> {
         let unlocks: Vec<Out> = locked
             .iter()
@@ -344,7 +345,7 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
             let reads: Vec<usize> = (0..self.entries.len()).collect();
             if !self.validate(&reads).await {
                 return self
-                    .abort_with(Vec::new(), false, "read validation failed")
+                    .abort_with(Vec::new(), false, AbortReason::ReadValidationFailed)
                     .await;
             }
         } else {
@@ -420,7 +421,11 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
             }
             if !all {
                 return self
-                    .abort_with(locked, spec.abort_waits_for_unlock, "lock refused")
+                    .abort_with(
+                        locked,
+                        spec.abort_waits_for_unlock,
+                        AbortReason::LockRefused,
+                    )
                     .await;
             }
         }
@@ -432,7 +437,7 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
                 .abort_with(
                     locked,
                     spec.abort_waits_for_unlock,
-                    "read validation failed",
+                    AbortReason::ReadValidationFailed,
                 )
                 .await;
         }
@@ -440,7 +445,7 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
         if self.worker().cluster().epoch.get() != epoch {
             // Recovery already released this transaction's locks.
             return self
-                .abort_with(Vec::new(), false, "interrupted by recovery")
+                .abort_with(Vec::new(), false, AbortReason::InterruptedByRecovery)
                 .await;
         }
 
@@ -607,7 +612,7 @@ impl<V: Verbs + Clock, H: HistorySink> Transaction for DnlTxn<'_, V, H> {
         let replies = self
             .step(Flow::EXECUTION, outs)
             .await
-            .map_err(|Interrupted| TxnError::Aborted("interrupted by recovery"))?;
+            .map_err(|Interrupted| TxnError::Aborted(AbortReason::InterruptedByRecovery))?;
         for (&(table, key), r) in fetch.iter().zip(replies) {
             let Response::Get {
                 meta,
@@ -615,7 +620,7 @@ impl<V: Verbs + Clock, H: HistorySink> Transaction for DnlTxn<'_, V, H> {
                 value,
             } = r
             else {
-                return Err(TxnError::Aborted("malformed Get response"));
+                return Err(TxnError::Aborted(AbortReason::MalformedGetResponse));
             };
             let meta = KvMeta::from_raw(meta);
             let present = !meta.is_deleted();

@@ -20,6 +20,7 @@ use std::pin::pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
 
+use dmem_layout::mix::splitmix64_finalize;
 use dmem_txn::TxnId;
 use dmem_verbs::{Clock, Endpoint, Message, Nanos, Verbs, VerbsError};
 
@@ -51,7 +52,8 @@ impl Placement {
     /// The primary of `(table, key)`.
     #[must_use]
     pub fn primary(&self, table: u32, key: u64) -> u16 {
-        let h = mix64(key ^ (u64::from(table) << 56) ^ u64::from(table).rotate_left(17));
+        let h =
+            splitmix64_finalize(key ^ (u64::from(table) << 56) ^ u64::from(table).rotate_left(17));
         (h % u64::from(self.servers)) as u16
     }
 
@@ -67,12 +69,6 @@ impl Placement {
         let offset = (server + self.servers - self.primary(table, key)) % self.servers;
         offset < self.replication
     }
-}
-
-fn mix64(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 pub use crate::wire::DecidedWrite;

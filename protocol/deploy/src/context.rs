@@ -260,7 +260,7 @@ impl Verbs for AnyContext {
         dispatch_future!(self, c => c.post_detached(list))
     }
 
-    fn mark_phase(&self, phase: &'static str) {
+    fn mark_phase(&self, phase: dmem_verbs::Phase) {
         dispatch!(self, c => c.mark_phase(phase));
     }
 

@@ -38,7 +38,9 @@
 //! [`Store`]: crate::Store
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use dmem_verbs::sync::lock_ignoring_poison;
 
 /// What a retired core's [`Slot::ready`] holds: ready for every epoch.
 const RETIRED: u64 = u64::MAX;
@@ -64,11 +66,6 @@ struct Slot {
     taken: AtomicBool,
 }
 
-fn locked(inbox: &Mutex<Vec<Vec<u8>>>) -> MutexGuard<'_, Vec<Vec<u8>>> {
-    // A panicking core poisons nothing the queue's invariant depends on.
-    inbox.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl CoreRelay {
     /// A relay for a CN process of `cores` cores (1: nothing to forward, every epoch ready).
     #[must_use]
@@ -89,7 +86,7 @@ impl CoreRelay {
     pub fn forward(&self, payload: &[u8]) {
         for slot in &self.others {
             if slot.ready.load(Ordering::Acquire) != RETIRED {
-                locked(&slot.inbox).push(payload.to_vec());
+                lock_ignoring_poison(&slot.inbox).push(payload.to_vec());
             }
         }
     }
@@ -132,7 +129,7 @@ impl CoreFollower {
     /// The payloads forwarded since the last call, oldest first.
     #[must_use]
     pub fn take(&self) -> Vec<Vec<u8>> {
-        std::mem::take(&mut *locked(&self.slot().inbox))
+        std::mem::take(&mut *lock_ignoring_poison(&self.slot().inbox))
     }
 
     /// This core applied MN view `epoch` and runs no transaction of an older view.

@@ -10,8 +10,8 @@ use dmem_layout::record::{
     DataItem, DataItemHeader, DataVersion, ItemFlags, RemoteAddr as PackedAddr,
 };
 use dmem_txn::{
-    Access, CoordinatorId, Key, ReadEvent, ReadReq, TableId, TxnError, TxnId, Version, WriteEvent,
-    WriteKind,
+    AbortReason, Access, CoordinatorId, Key, ReadEvent, ReadReq, TableId, TxnError, TxnId, Version,
+    WriteEvent, WriteKind,
 };
 use dmem_verbs::{PostList, RemoteAddr, WrId};
 
@@ -30,10 +30,6 @@ pub(crate) struct Env<'a> {
     pub(crate) seq: u64,
 }
 
-pub(crate) fn aborted(why: &'static str) -> TxnError {
-    TxnError::Aborted(why)
-}
-
 pub(crate) struct ItemRead {
     pub(crate) lock: u64,
     pub(crate) version: DataVersion,
@@ -44,11 +40,12 @@ pub(crate) struct ItemRead {
 }
 
 pub(crate) fn parse_item(bytes: &[u8], table: TableId, key: Key) -> Result<ItemRead, TxnError> {
-    let item = DataItem::new_checked(bytes).map_err(|_| aborted("malformed item"))?;
+    let item =
+        DataItem::new_checked(bytes).map_err(|_| TxnError::Aborted(AbortReason::MalformedItem))?;
     let h = item.header();
     let fresh = h.key() == 0 && h.table_id() == 0 && !h.flags().is_valid();
     if !fresh && (h.key() != key.0 || h.table_id() != table.0) {
-        return Err(aborted("index points at another record"));
+        return Err(TxnError::Aborted(AbortReason::IndexPointsAtAnotherRecord));
     }
     Ok(ItemRead {
         lock: h.lock_word(),
@@ -292,14 +289,14 @@ impl TxnState {
         // With lock logging the lock log owns the region's tail.
         let undo_bytes = if env.cfg.lock_logging {
             wire::lock_log_offset(store.log_region_bytes())
-                .ok_or_else(|| aborted("log region too small for a lock log"))?
+                .ok_or(TxnError::Aborted(AbortReason::LogRegionTooSmallForLockLog))?
         } else {
             store.log_region_bytes()
         };
         let build = |entries: &[&WriteEntry]| -> Result<Vec<u8>, TxnError> {
             let mut buf = vec![0u8; undo_bytes];
             let mut writer = LogWriter::new(&mut buf, env.coordinator, env.epoch, env.seq)
-                .map_err(|_| aborted("log region too small"))?;
+                .map_err(|_| TxnError::Aborted(AbortReason::LogRegionTooSmall))?;
             for w in entries {
                 let old = w
                     .old
@@ -321,7 +318,7 @@ impl TxnState {
                 };
                 writer
                     .append_undo(&entry, old.1)
-                    .map_err(|_| aborted("log region full"))?;
+                    .map_err(|_| TxnError::Aborted(AbortReason::LogRegionFull))?;
             }
             let len = writer.finish().len();
             buf.truncate(len);
@@ -432,7 +429,7 @@ impl TxnState {
                 continue;
             };
             let Some(old) = &w.old else {
-                return Err(aborted("write without an old image"));
+                return Err(TxnError::Aborted(AbortReason::WriteWithoutOldImage));
             };
             let version = logic::next_version(old.version);
             let (flags, value) = match kind {

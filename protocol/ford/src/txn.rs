@@ -24,11 +24,11 @@ use std::rc::Rc;
 
 use dmem_layout::record::DataVersion;
 use dmem_txn::{
-    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, WriteEvent, WriteKind,
+    AbortReason, Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundValues,
+    TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, WriteEvent, WriteKind,
 };
 use dmem_verbs::{
-    BatchResult, Clock, Nanos, NodeId, Op, PostList, RemoteAddr, Verbs, VerbsError, WrId,
+    BatchResult, Clock, Nanos, NodeId, Op, Phase, PostList, RemoteAddr, Verbs, VerbsError, WrId,
 };
 
 use crate::cn::CnShared;
@@ -38,7 +38,7 @@ use crate::recovery::{CoordinatorRecovery, RecoveryError, apply_recovery};
 use crate::round::{Answer, Located, RoundPlan, access_list};
 use crate::state::{
     Env, Intent, ItemRead, LockState, OldImage, ReadEntry, ReadTarget, TxnState, WriteEntry,
-    aborted, parse_item,
+    parse_item,
 };
 use crate::store::{
     BucketLoc, InsertPool, ItemLoc, Store, StoreError, index_slot_bytes, parse_bucket, slot_offset,
@@ -225,9 +225,6 @@ impl<V, H> Drop for FordTxn<'_, V, H> {
     }
 }
 
-/// Why a transaction stopped for an MN failure (retryable).
-const MN_VIEW_CHANGED: &str = "memory-node view changed";
-
 impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     /// The transaction's id.
     #[must_use]
@@ -269,7 +266,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     /// current view waits while its CN is paused; an MN that does not answer is reported
     /// and the transaction stops once the CN's view has dropped it. `phase` names the
     /// protocol step for fault injection ([`Verbs::mark_phase`]).
-    async fn post(&mut self, phase: &'static str, list: PostList) -> Result<BatchResult, TxnError> {
+    async fn post(&mut self, phase: Phase, list: PostList) -> Result<BatchResult, TxnError> {
         loop {
             let (enabled, epoch, paused, poll) = {
                 let m = self.co.shared.mn.borrow();
@@ -280,7 +277,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             }
             if epoch != self.mn_epoch {
                 self.mn_failed = true;
-                return Err(aborted(MN_VIEW_CHANGED));
+                return Err(TxnError::Aborted(AbortReason::MemoryNodeViewChanged));
             }
             if !paused {
                 break;
@@ -302,7 +299,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     // The batch's results are dropped with the transaction: so are its locks.
                     self.release_lost_locks(&lock_cas).await;
                     self.mn_failed = true;
-                    return Err(aborted(MN_VIEW_CHANGED));
+                    return Err(TxnError::Aborted(AbortReason::MemoryNodeViewChanged));
                 }
                 Ok(res)
             }
@@ -311,7 +308,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     self.co.await_mn_failure(mn).await;
                     self.release_lost_locks(&lock_cas).await;
                     self.mn_failed = true;
-                    Err(aborted("memory node failed"))
+                    Err(TxnError::Aborted(AbortReason::MemoryNodeFailed))
                 }
                 None => Err(VerbsError::ConnectionLost { node }.into()),
             },
@@ -356,7 +353,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             }
         }
         if !list.is_empty() {
-            self.co.ctx.mark_phase("release-lost-locks");
+            self.co.ctx.mark_phase(Phase::ReleaseLostLocks);
             let _ = self.co.ctx.post(list).await;
         }
     }
@@ -395,7 +392,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 Err(RecoveryError::Store(e)) => return Err(TxnError::from(e)),
                 // Only the detector's view changes wait for answers, never this decision.
                 Err(RecoveryError::NoAnswer { .. }) => {
-                    return Err(TxnError::Aborted("MN-failure decision interrupted"));
+                    return Err(TxnError::Aborted(
+                        AbortReason::MemoryNodeFailureDecisionInterrupted,
+                    ));
                 }
             }
         };
@@ -413,7 +412,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 self.co.stats.committed = self.co.stats.committed.saturating_sub(1);
                 self.co.stats.aborted += 1;
                 self.co.history.resolve(self.id, TxnOutcome::Aborted, now);
-                Err(aborted("rolled back after a memory-node failure"))
+                Err(TxnError::Aborted(
+                    AbortReason::RolledBackAfterMemoryNodeFailure,
+                ))
             }
         }
     }
@@ -456,7 +457,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             .map_err(TxnError::from)?;
         let mut list = PostList::new();
         let id = list.read(self.store().addr(p, bucket.offset), bucket.read_len());
-        let bytes = self.post("locate", list).await?.take_bytes(id);
+        let bytes = self.post(Phase::Locate, list).await?.take_bytes(id);
         let (used, free) = parse_bucket(&bytes);
         if let Some(&(slot, _)) = used.iter().find(|(_, k)| *k == key.0) {
             let loc = self
@@ -501,7 +502,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             // The slot's address word (bytes 8..16) of the primary, empty -> the record.
             SlotAccess::Claim(packed) => Some(list.cas(slot_addr.add(8), 0, packed)),
         };
-        let mut res = self.post("lock", list).await?;
+        let mut res = self.post(Phase::Lock, list).await?;
         let old = res.atomic(cas);
         let bytes = res.take_bytes(rd);
         let slot_seen = slot_wr.map(|id| match slot_access {
@@ -544,7 +545,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             let a = self.store().addr(mn, bucket.offset + slot_offset(slot));
             list.write(a, &bytes);
         }
-        self.post("claim-slot", list).await?;
+        self.post(Phase::ClaimSlot, list).await?;
         Ok(())
     }
 
@@ -566,7 +567,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let mut list = PostList::new();
         self.add_log_writes(&mut list, early)?;
         if !list.is_empty() {
-            self.post("log", list).await?;
+            self.post(Phase::Log, list).await?;
         }
         Ok(())
     }
@@ -580,10 +581,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             return Ok(());
         }
         if self.st.lock_log.len() + locs.len() > wire::LOCK_LOG_SLOTS {
-            return Err(aborted("lock log full"));
+            return Err(TxnError::Aborted(AbortReason::LockLogFull));
         }
         let at = wire::lock_log_offset(self.store().log_region_bytes())
-            .ok_or_else(|| aborted("log region too small for a lock log"))?;
+            .ok_or(TxnError::Aborted(AbortReason::LogRegionTooSmallForLockLog))?;
         self.st.lock_log.extend(
             locs.iter()
                 .map(|l| logic::pack_location(l.bucket.partition, l.offset)),
@@ -598,7 +599,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             list.write(self.store().addr(mn, base + at as u64), &image);
         }
         if !list.is_empty() {
-            self.post("lock-log", list).await?;
+            self.post(Phase::LockLog, list).await?;
         }
         Ok(())
     }
@@ -630,13 +631,13 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     async fn abort_once(&mut self) -> Result<(), VerbsError> {
         let list = self.st.truncate_list(&self.env());
         if !list.is_empty() {
-            self.co.ctx.mark_phase("abort-truncate");
+            self.co.ctx.mark_phase(Phase::AbortTruncate);
             self.co.ctx.post(list).await?;
         }
         let view_changed = self.view_changed() || self.mn_failed;
         let list = self.st.abort_unlock_list(&self.env(), view_changed);
         if !list.is_empty() {
-            self.co.ctx.mark_phase("abort-unlock");
+            self.co.ctx.mark_phase(Phase::AbortUnlock);
             self.co.ctx.post(list).await?;
         }
         Ok(())
@@ -730,9 +731,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         // A batch that carries log WRITEs says so in its phase name: crash injection aims
         // at the log writes of attempts that may still abort (Pandora §5.1, C2).
         let phase = if logged {
-            "commit-lock+log"
+            Phase::CommitLockAndLog
         } else {
-            "commit-lock"
+            Phase::CommitLock
         };
         let mut res = if list.is_empty() {
             None
@@ -765,17 +766,17 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                         let mut l = PostList::new();
                         let cas = l.cas(addr, observed, me);
                         let rd = l.read(addr, self.item_len(table)? as u32);
-                        let mut r2 = self.post("steal", l).await?;
+                        let mut r2 = self.post(Phase::Steal, l).await?;
                         if r2.atomic(cas) != observed {
                             self.st.writes[i].lock = LockState::Failed;
-                            return Err(aborted("write lock held"));
+                            return Err(TxnError::Aborted(AbortReason::WriteLockHeld));
                         }
                         self.co.stats.steals += 1;
                         item = parse_item(&r2.take_bytes(rd), table, key)?;
                     }
                     AfterCas::Conflict => {
                         self.st.writes[i].lock = LockState::Failed;
-                        return Err(aborted("write lock held"));
+                        return Err(TxnError::Aborted(AbortReason::WriteLockHeld));
                     }
                 }
                 let w = &mut self.st.writes[i];
@@ -801,9 +802,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 self.add_log_writes(&mut list, false)?;
             }
             let phase = if lost_decision {
-                "validate+log"
+                Phase::ValidateAndLog
             } else {
-                "validate"
+                Phase::Validate
             };
             if !list.is_empty() {
                 res = Some(self.post(phase, list).await?);
@@ -811,7 +812,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         }
         if !validation.is_empty() {
             let Some(res) = res.as_mut() else {
-                return Err(aborted("validation lost its reads"));
+                return Err(TxnError::Aborted(AbortReason::ValidationLostItsReads));
             };
             for (ri, id) in validation {
                 let bytes = res.take_bytes(id);
@@ -819,7 +820,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     self.st
                         .validate_one(&self.co.cfg, ri, &bytes, &self.co.shared.failed.borrow());
                 if !valid {
-                    return Err(aborted("validation failed"));
+                    return Err(TxnError::Aborted(AbortReason::ValidationFailed));
                 }
             }
         }
@@ -846,9 +847,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         // A commit that creates a record is its own phase for crash injection: undoing it
         // removes the record, which only an insert log allows (Pandora §5.1, C2).
         let phase = if installed.iter().any(|w| w.kind == WriteKind::Insert) {
-            "commit+insert"
+            Phase::CommitWithInsert
         } else {
-            "commit"
+            Phase::Commit
         };
         self.decided = true;
         self.record_committed(installed, true);
@@ -887,10 +888,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let list = self.st.release_list(self.store())?;
         if !list.is_empty() {
             if detached && !self.co.shared.mn.borrow().enabled() {
-                self.co.ctx.mark_phase("release");
+                self.co.ctx.mark_phase(Phase::Release);
                 self.co.ctx.post_detached(list).await?;
             } else {
-                self.post("release", list).await?;
+                self.post(Phase::Release, list).await?;
             }
         }
         self.st.mark_released();
@@ -913,7 +914,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
 
         // -- locate: one bucket READ per uncached address, every MN at once --
         if let Some((list, ids)) = plan.locate_list(self.store()).map_err(TxnError::from)? {
-            let res = self.post("locate", list).await?;
+            let res = self.post(Phase::Locate, list).await?;
             let found = plan
                 .absorb_locate(self.store(), &ids, &res)
                 .map_err(TxnError::from)?;
@@ -941,7 +942,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let mut res = if list.is_empty() {
             None
         } else {
-            Some(self.post("execute", list).await?)
+            Some(self.post(Phase::Execute, list).await?)
         };
 
         // -- decide --
@@ -1017,7 +1018,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     &self.co.cfg,
                 );
                 if !proceed {
-                    conflict.get_or_insert(aborted("read a locked item"));
+                    conflict.get_or_insert(TxnError::Aborted(AbortReason::ReadLockedItem));
                     continue;
                 }
                 if item.lock != 0 {
@@ -1076,7 +1077,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     let mut list = PostList::new();
                     let cas = list.cas(addr, observed, me);
                     let rd = list.read(addr, item_len);
-                    let mut res = self.post("steal", list).await?;
+                    let mut res = self.post(Phase::Steal, list).await?;
                     let got = res.atomic(cas);
                     if got == observed {
                         self.co.stats.steals += 1;
@@ -1087,13 +1088,13 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                         if got == 0 {
                             // Released meanwhile: an ordinary acquire must win it.
                             self.st.writes[idx].lock = LockState::Failed;
-                            return Err(aborted("lock changed hands"));
+                            return Err(TxnError::Aborted(AbortReason::LockChangedHands));
                         }
                     }
                 }
                 AfterCas::Conflict => {
                     self.st.writes[idx].lock = LockState::Failed;
-                    return Err(aborted("write lock held"));
+                    return Err(TxnError::Aborted(AbortReason::WriteLockHeld));
                 }
             }
         }
@@ -1173,7 +1174,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 let Some(slot) = free else {
                     // Full, or a slot half claimed by a concurrent insert of a hashed pooled
                     // table (`TableLayout::insert_slot`), possibly of this very key.
-                    return Err(aborted("no free index slot"));
+                    return Err(TxnError::Aborted(AbortReason::NoFreeIndexSlot));
                 };
                 // The slot's fixed record, or for a pooled table the next record of this
                 // coordinator's insert share (no verb: the share is its own).
@@ -1204,7 +1205,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                         // record is fresh, so the key is absent. Else another insert holds
                         // the slot: a retry finds what it holds.
                         if old != 0 {
-                            return Err(aborted("index slot taken by a concurrent insert"));
+                            return Err(TxnError::Aborted(
+                                AbortReason::IndexSlotTakenByConcurrentInsert,
+                            ));
                         }
                         if item.valid {
                             return Err(TxnError::KeyState(key.0));
@@ -1218,7 +1221,9 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                             .get(8..16)
                             .is_some_and(|b| b.iter().any(|&x| x != 0));
                         if slot_used && slot_key != key.0 {
-                            return Err(aborted("index slot taken by a concurrent insert"));
+                            return Err(TxnError::Aborted(
+                                AbortReason::IndexSlotTakenByConcurrentInsert,
+                            ));
                         }
                         if item.valid {
                             return Err(TxnError::KeyState(key.0));
@@ -1230,7 +1235,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                             self.write_slot(bucket, slot, key, loc.offset).await?;
                         }
                     }
-                    None => return Err(aborted("index slot not seen")),
+                    None => return Err(TxnError::Aborted(AbortReason::IndexSlotNotSeen)),
                 }
                 self.co.shared.cache.borrow_mut().put(table, key, loc);
                 self.st

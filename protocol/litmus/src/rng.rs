@@ -1,5 +1,7 @@
 //! SplitMix64: the suite's only source of randomness, so a seed fixes a run.
 
+use dmem_layout::mix::{GOLDEN_GAMMA, splitmix64_finalize};
+
 /// A SplitMix64 generator (Steele, Lea, Flood, "Fast splittable pseudorandom number
 /// generators", OOPSLA'14).
 #[derive(Debug, Clone)]
@@ -14,11 +16,8 @@ impl SplitMix {
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0 = self.0.wrapping_add(GOLDEN_GAMMA);
+        splitmix64_finalize(self.0)
     }
 
     /// A number in `0..n` (`n > 0`; slightly biased, which a test does not mind).

@@ -8,7 +8,7 @@ use std::time::Instant;
 use dmem_deploy::{ClusterShape, DeploySpec, Protocol, RecoveryTiming, TableDemand};
 use dmem_sim::{MessageFaults, NicProfile, SimContext};
 use dmem_txn::{Coordinator, History, Key, Transaction, TxnError, TxnKind};
-use dmem_verbs::{Clock, Nanos};
+use dmem_verbs::{Clock, Nanos, Phase};
 use serde::Serialize;
 
 use crate::LitmusError;
@@ -169,7 +169,7 @@ impl RunConfig {
 /// A symmetric protocol's servers (Dandelion) post no work requests: they are crashed at a
 /// uniformly chosen instant instead, and `work_request` / `of` are then virtual ns (the
 /// crash instant / the instant the last litmus transaction ended without the crash), with
-/// `phase` `Some("time")`.
+/// `phase` `Some(Phase::Time)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct CrashPoint {
     /// Worker CN index.
@@ -181,7 +181,13 @@ pub struct CrashPoint {
     /// last litmus transaction ended for a symmetric protocol.
     pub of: u64,
     /// The protocol phase the crash was aimed at (`None`: a uniformly chosen work request).
-    pub phase: Option<&'static str>,
+    #[serde(serialize_with = "phase_name")]
+    pub phase: Option<Phase>,
+}
+
+/// Serializes a crash's phase as its name, as when phases were strings.
+fn phase_name<S: serde::Serializer>(phase: &Option<Phase>, s: S) -> Result<S::Ok, S::Error> {
+    phase.map(Phase::as_str).serialize(s)
 }
 
 /// What a run found wrong.
@@ -285,7 +291,7 @@ enum RoleEnd {
 struct Execution {
     wrs: Vec<u64>,
     /// Per worker CN, the phase marks of the run (recorded when it injects no crash).
-    marks: Vec<Vec<(u64, &'static str)>>,
+    marks: Vec<Vec<(u64, Phase)>>,
     ends: Vec<(u16, RoleEnd)>,
     crashed: Vec<bool>,
     final_state: Result<Vec<Option<u64>>, String>,
@@ -619,14 +625,25 @@ fn judge(
 /// How many phase names the aborted logged attempts weigh as in [`crash_point`].
 const LOGGED_ABORT_WEIGHT: u64 = 4;
 
-/// Whether a phase name is an abort step (`abort-truncate`, `abort-unlock`, …).
-fn is_abort(phase: &str) -> bool {
-    phase.starts_with("abort")
+/// Whether a phase is an abort step.
+fn is_abort(phase: Phase) -> bool {
+    matches!(
+        phase,
+        Phase::AbortTruncate | Phase::AbortUnlock | Phase::AbortRelease
+    )
 }
 
-/// Whether a phase's batch carries log WRITEs (`log`, `validate+log`, `lock-log`, …).
-fn is_log(phase: &str) -> bool {
-    phase.contains("log")
+/// Whether a phase's batch carries log WRITEs.
+fn is_log(phase: Phase) -> bool {
+    matches!(
+        phase,
+        Phase::Log | Phase::LockLog | Phase::CommitLockAndLog | Phase::ValidateAndLog
+    )
+}
+
+/// Whether a phase writes a commit's new values.
+fn is_commit(phase: Phase) -> bool {
+    matches!(phase, Phase::Commit | Phase::CommitWithInsert)
 }
 
 /// The aborted logged attempts of a CN's marks: for each abort (the first mark of a run
@@ -635,7 +652,7 @@ fn is_log(phase: &str) -> bool {
 /// run's end if there is none). A crash in between finds what the aborted attempt's log
 /// still says when recovery reads it (Pandora §5.1: a log never truncated — lost
 /// decision — or written for a lock never held — logging without locking).
-fn logged_aborts(marks: &[(u64, &'static str)], of: u64) -> Vec<(u64, u64, u64, &'static str)> {
+fn logged_aborts(marks: &[(u64, Phase)], of: u64) -> Vec<(u64, u64, u64, Phase)> {
     let mut out = Vec::new();
     for i in 0..marks.len() {
         let phase = marks[i].1;
@@ -645,7 +662,7 @@ fn logged_aborts(marks: &[(u64, &'static str)], of: u64) -> Vec<(u64, u64, u64, 
         let logged = marks[..i]
             .iter()
             .rev()
-            .take_while(|m| !is_abort(m.1) && !m.1.starts_with("commit+") && m.1 != "commit")
+            .take_while(|m| !is_abort(m.1) && !is_commit(m.1))
             .any(|m| is_log(m.1));
         if !logged {
             continue;
@@ -678,16 +695,16 @@ fn logged_aborts(marks: &[(u64, &'static str)], of: u64) -> Vec<(u64, u64, u64, 
 /// weight as the execution READs that make up most of a run. Otherwise the work request
 /// is uniform over all `of`.
 fn crash_point(
-    marks: &[(u64, &'static str)],
+    marks: &[(u64, Phase)],
     of: u64,
     targeted: f64,
     rng: &mut SplitMix,
-) -> (u64, Option<&'static str>) {
+) -> (u64, Option<Phase>) {
     let aimed = rng.unit() < targeted;
     if !aimed || marks.is_empty() {
         return (rng.below(of.max(1)), None);
     }
-    let mut names: Vec<&'static str> = Vec::new();
+    let mut names: Vec<Phase> = Vec::new();
     for &(_, name) in marks {
         if !names.contains(&name) {
             names.push(name);
@@ -759,7 +776,7 @@ pub fn run_one(
         let (of, (work_request, phase)) = if target.symmetric() {
             // No work requests to count: a uniformly chosen instant of the run.
             let of = dry.last_end;
-            (of, (rng.below(of.max(1)), Some("time")))
+            (of, (rng.below(of.max(1)), Some(Phase::Time)))
         } else {
             let of = dry.wrs[usize::from(cn)];
             (
@@ -989,27 +1006,34 @@ mod tests {
     use super::*;
 
     /// Marks of one CN: an attempt that logged and aborted, a retry that logs and commits.
-    const MARKS: [(u64, &str); 8] = [
-        (0, "execute"),
-        (2, "commit-lock"),
-        (4, "validate+log"),
-        (9, "abort-unlock"),
-        (11, "execute"),
-        (13, "validate+log"),
-        (18, "commit"),
-        (24, "release"),
+    const MARKS: [(u64, Phase); 8] = [
+        (0, Phase::Execute),
+        (2, Phase::CommitLock),
+        (4, Phase::ValidateAndLog),
+        (9, Phase::AbortUnlock),
+        (11, Phase::Execute),
+        (13, Phase::ValidateAndLog),
+        (18, Phase::Commit),
+        (24, Phase::Release),
     ];
 
     #[test]
     fn logged_aborts_span_from_the_abort_to_the_next_log_write() {
-        assert_eq!(logged_aborts(&MARKS, 26), vec![(9, 13, 18, "abort-unlock")]);
+        assert_eq!(
+            logged_aborts(&MARKS, 26),
+            vec![(9, 13, 18, Phase::AbortUnlock)]
+        );
         // An abort with no log write since the last commit is not a logged one.
-        let unlogged = [(0, "execute"), (2, "commit-lock"), (4, "abort-unlock")];
+        let unlogged = [
+            (0, Phase::Execute),
+            (2, Phase::CommitLock),
+            (4, Phase::AbortUnlock),
+        ];
         assert!(logged_aborts(&unlogged, 6).is_empty());
         // Without a later log write the window runs to the end.
         assert_eq!(
             logged_aborts(&MARKS[..5], 12),
-            vec![(9, 12, 12, "abort-unlock")]
+            vec![(9, 12, 12, Phase::AbortUnlock)]
         );
     }
 

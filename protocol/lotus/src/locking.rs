@@ -18,25 +18,18 @@ use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use dmem_locks::LockMode;
 pub use dmem_locks::lotus::Refusal;
 use dmem_locks::lotus::{Acquired, Holder, LotusLockTable};
+use dmem_verbs::sync::lock_ignoring_poison;
 use dmem_verbs::{Clock, Endpoint, Nanos, Verbs};
 
 use crate::restart::Restart;
 use crate::shard::{SHARDS, ShardMap, Sharding};
 use crate::vtcache::VtCache;
 use crate::wire::{Reply, Request, RequestKind, Status};
-
-/// `mutex`'s value; one poisoned by a panicking thread is still used (its critical
-/// sections leave the value consistent: single inserts, removals and additions).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// The most cores of one CN whose lock grants are counted apart (a core numbered higher
 /// counts as the last).
@@ -241,7 +234,7 @@ impl CnLocks {
         let got = self.table.acquire(key, mode, holder);
         match got {
             Acquired::Granted | Acquired::AlreadyHeld => {
-                lock(&self.shard_keys[index]).insert(key);
+                lock_ignoring_poison(&self.shard_keys[index]).insert(key);
             }
             Acquired::Refused(why) => {
                 if let Some(i) = REFUSAL_REASONS.iter().position(|r| *r == why) {
@@ -280,7 +273,7 @@ impl CnLocks {
     /// held are forgotten.
     #[must_use]
     pub fn holders_in(&self, shard: u16) -> Vec<(u64, Holder)> {
-        let mut set = lock(&self.shard_keys[usize::from(shard) % SHARDS]);
+        let mut set = lock_ignoring_poison(&self.shard_keys[usize::from(shard) % SHARDS]);
         let mut out = Vec::new();
         set.retain(|&k| {
             let h = self.table.holders(k);
@@ -297,10 +290,10 @@ impl CnLocks {
     pub fn reset(&self, cns: u16) -> usize {
         let held = (0..cns).map(|c| self.table.release_cn(c)).sum();
         self.vt.clear();
-        lock(&self.counts).clear();
+        lock_ignoring_poison(&self.counts).clear();
         self.clear_shard_hits();
         for keys in &self.shard_keys {
-            lock(keys).clear();
+            lock_ignoring_poison(keys).clear();
         }
         held
     }
@@ -314,13 +307,13 @@ impl CnLocks {
 
     /// Notes a finished transaction's latency (§4.3's metric).
     pub fn note_latency(&self, ns: u64) {
-        let mut l = lock(&self.latency);
+        let mut l = lock_ignoring_poison(&self.latency);
         *l = (l.0.saturating_add(ns), l.1 + 1);
     }
 
     /// The latency noted since the last call: (sum ns, count), then zero.
     pub fn take_latency(&self) -> (u64, u64) {
-        std::mem::take(&mut *lock(&self.latency))
+        std::mem::take(&mut *lock_ignoring_poison(&self.latency))
     }
 }
 

@@ -11,10 +11,9 @@
 //! reply); [`notify`] is its async shell on a context of its own. The receivers' side is
 //! [`crate::serve`].
 
-use dmem_verbs::{Clock, Endpoint, Message, Nanos, Verbs, VerbsError};
+use dmem_verbs::{Clock, Endpoint, Message, Nanos, Verbs, VerbsError, recv_until};
 
 use crate::LockCluster;
-use crate::txn::recv_until;
 use crate::wire::{Reply, Request, RequestKind};
 
 /// One notice about CN `cn` to the lock server of thread 0 of a set of CNs, as a state
@@ -128,7 +127,8 @@ pub async fn notify_passing<V: Verbs + Clock>(
         ctx.send_batch(batch).await?;
         let deadline = ctx.now() + timeout;
         while !notice.is_done() {
-            let Some(msg) = recv_until(ctx, deadline).await else {
+            // A receive error ends the wait like the deadline.
+            let Some(msg) = recv_until(ctx, deadline).await.ok().flatten() else {
                 break;
             };
             if !notice.on_message(&msg.payload) {

@@ -512,7 +512,8 @@ async fn hand_over<V: Verbs + Clock>(
                     return;
                 }
                 let deadline = ctx.now() + cfg.ack_timeout;
-                while let Some(m) = crate::txn::recv_until(ctx, deadline).await {
+                // A receive error ends the wait like the deadline.
+                while let Some(m) = dmem_verbs::recv_until(ctx, deadline).await.ok().flatten() {
                     if Reply::parse(&m.payload)
                         .is_ok_and(|r| r.req == u64::from(shard) && r.status == Status::Granted)
                     {

@@ -16,14 +16,8 @@ use dmem_txn::{CriticalField, Key, TableId, TxnKind};
 /// Shards (12-bit shard numbers, LOTUS §4.2).
 pub const SHARDS: usize = 4096;
 
-/// The splitmix64 finaliser every node computes alike.
-#[must_use]
-pub const fn mix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
+/// The splitmix64 hash every node computes alike.
+pub use dmem_layout::mix::splitmix64 as mix64;
 
 /// The lock key of a record: a hash of table and key (the fingerprint and bucket of the
 /// CN lock table come from it).

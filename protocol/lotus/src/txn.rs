@@ -30,11 +30,8 @@
 //! Versions in the history are commit timestamps; each read names its installer.
 
 use std::cell::RefCell;
-use std::future::poll_fn;
-use std::pin::pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::Poll;
 
 use dmem_layout::cvt::{CvtCell, INVISIBLE};
 use dmem_locks::LockMode;
@@ -46,10 +43,12 @@ use dmem_motor::mvcc::{BlockShape, Meta, Shapes, pack_writer};
 use dmem_motor::ts::TimestampService;
 use dmem_store::{AddressCache, BucketLoc, InsertPool, ItemLoc, Store, parse_bucket};
 use dmem_txn::{
-    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundPlan, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent, WriteKind,
+    AbortReason, Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundPlan,
+    RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent,
+    WriteKind,
 };
-use dmem_verbs::{Clock, Message, Nanos, PostList, RemoteAddr, Verbs};
+use dmem_verbs::sync::lock_ignoring_poison;
+use dmem_verbs::{Clock, Nanos, Phase, PostList, RemoteAddr, Verbs, recv_until};
 
 use crate::locking::{CnLocks, LockCluster, LockFor, stronger};
 use crate::recovery::{LogEntry, encode_log};
@@ -287,10 +286,6 @@ pub struct LotusTxn<'a, V, H, T> {
     sets: Sets,
 }
 
-fn aborted(why: &'static str) -> TxnError {
-    TxnError::Aborted(why)
-}
-
 /// One record a round fetches.
 #[derive(Debug, Clone)]
 struct Fetch {
@@ -354,22 +349,6 @@ impl Drop for Committing {
 /// The generation recorded for `key` when its lock request was grouped.
 fn generation_of(gens: &[(u64, u32)], key: u64) -> u32 {
     gens.iter().find(|g| g.0 == key).map_or(0, |g| g.1)
-}
-
-/// Receives the next message, or `None` at `deadline`.
-pub(crate) async fn recv_until<V: Verbs + Clock>(ctx: &V, deadline: Nanos) -> Option<Message> {
-    let mut recv = pin!(ctx.recv());
-    let mut sleep = pin!(ctx.sleep_until(deadline));
-    poll_fn(|cx| {
-        if let Poll::Ready(m) = recv.as_mut().poll(cx) {
-            return Poll::Ready(m.ok());
-        }
-        if sleep.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(None);
-        }
-        Poll::Pending
-    })
-    .await
 }
 
 impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T> {
@@ -481,7 +460,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             // Remote requests first, so the local work overlaps their round trip.
             if groups.iter().any(|(owner, _)| cluster.is_failed(*owner)) {
                 // §6: new transactions asking a failed CN for locks abort at once.
-                return Err(aborted("lock owner failed"));
+                return Err(TxnError::Aborted(AbortReason::LockOwnerFailed));
             }
             let mut pending: Vec<(u64, u16, Vec<LockEntry>)> = Vec::new();
             for (owner, entries) in &groups {
@@ -490,7 +469,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 }
                 let server = cluster
                     .server(*owner, self.co.thread)
-                    .ok_or(aborted("no lock server for a CN"))?;
+                    .ok_or(TxnError::Aborted(AbortReason::NoLockServer))?;
                 self.co.req += 1;
                 let req = Request {
                     kind: RequestKind::Lock,
@@ -540,7 +519,8 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             // Replies.
             let deadline = self.co.ctx.now() + self.co.cfg.rpc_timeout;
             while !pending.is_empty() {
-                let Some(msg) = recv_until(&self.co.ctx, deadline).await else {
+                // A receive error ends the wait like the deadline.
+                let Some(msg) = recv_until(&self.co.ctx, deadline).await.ok().flatten() else {
                     break;
                 };
                 let Ok(reply) = Reply::parse(&msg.payload) else {
@@ -601,14 +581,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                         });
                     }
                 }
-                return Err(aborted("lock request timed out"));
+                return Err(TxnError::Aborted(AbortReason::LockRequestTimedOut));
             }
             if failed {
-                return Err(aborted("lock refused"));
+                return Err(TxnError::Aborted(AbortReason::LockRefused));
             }
             todo = rerouted;
         }
-        Err(aborted("shard map kept changing"))
+        Err(TxnError::Aborted(AbortReason::ShardMapKeptChanging))
     }
 
     /// Fig. 17's idealised RDMA lock: decided on the owner's table at once, counted per CN
@@ -627,14 +607,12 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             };
             self.co.ctx.cpu(cluster.lock_cpu_ns);
             if !serves {
-                return Err(aborted("lock shard being handed over"));
+                return Err(TxnError::Aborted(AbortReason::LockShardBeingHandedOver));
             }
             // The idealised lock reads every CN's table directly: the simulator's only
             // (`dmem-protocols` refuses `rdma-lock` on real fabrics).
             let Some(table) = cluster.table(owner) else {
-                return Err(aborted(
-                    "idealised RDMA lock: the owner's table is not at hand",
-                ));
+                return Err(TxnError::Aborted(AbortReason::OwnerLockTableNotAtHand));
             };
             match table.acquire(key, shard, mode, holder) {
                 Acquired::Granted | Acquired::AlreadyHeld => {
@@ -650,7 +628,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 Acquired::Refused(_) => {
                     self.co.stats.refusals += 1;
                     self.co.local.note_refused_for(what);
-                    return Err(aborted("lock refused"));
+                    return Err(TxnError::Aborted(AbortReason::LockRefused));
                 }
             }
         }
@@ -660,7 +638,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
     /// Whether this CN's count of holders of `key` goes 0 → 1 with this holder (an FAA is
     /// due, idealised RDMA lock).
     fn count_up(&self, key: u64) -> bool {
-        let mut counts = crate::locking::lock(&self.co.local.counts);
+        let mut counts = lock_ignoring_poison(&self.co.local.counts);
         let n = counts.entry(key).or_insert(0);
         *n += 1;
         *n == 1
@@ -683,7 +661,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 }
                 let Some(word) = h.word else { continue };
                 let last = {
-                    let mut counts = crate::locking::lock(&self.co.local.counts);
+                    let mut counts = lock_ignoring_poison(&self.co.local.counts);
                     let n = counts.entry(h.key).or_insert(1);
                     *n = n.saturating_sub(1);
                     *n == 0
@@ -918,7 +896,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                     _ => cached[n].take(),
                 };
                 let Some(mut meta) = meta else {
-                    return Err(aborted("unreadable version table"));
+                    return Err(TxnError::Aborted(AbortReason::UnreadableVersionTable));
                 };
                 // LOTUS keeps no lock in the block (only the idealised RDMA lock counts there).
                 meta.lock = 0;
@@ -962,7 +940,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                         fetches[n].done = Some(None);
                     }
                     MetaOutcome::Retry => {}
-                    MetaOutcome::Abort(why) => return Err(aborted(why)),
+                    MetaOutcome::Abort(why) => return Err(TxnError::Aborted(why)),
                 }
             }
             if !images.is_empty() {
@@ -985,7 +963,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                             );
                             fetches[n].done = Some(p.value);
                         }
-                        None if locked => return Err(aborted("torn image under the lock")),
+                        None if locked => {
+                            return Err(TxnError::Aborted(AbortReason::TornImageUnderLock));
+                        }
                         None => {}
                     }
                 }
@@ -996,7 +976,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 rereads += 1;
                 self.co.stats.rereads += 1;
                 if rereads > self.co.cfg.max_rereads {
-                    return Err(aborted("version stayed uncommitted or torn"));
+                    return Err(TxnError::Aborted(
+                        AbortReason::VersionStayedUncommittedOrTorn,
+                    ));
                 }
                 self.co.ctx.sleep(self.co.cfg.reread_pause).await;
             }
@@ -1050,7 +1032,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                         !used.iter().any(|(u, _)| u == s) && !taken.contains(&(bucket.offset, *s))
                     });
                     let Some(slot) = free else {
-                        return Err(aborted("index bucket full"));
+                        return Err(TxnError::Aborted(AbortReason::IndexBucketFull));
                     };
                     taken.push((bucket.offset, slot));
                     // The slot's fixed block, or for a pooled table the next block of this
@@ -1149,11 +1131,11 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             o
         };
         if owners.iter().any(|&o| self.co.cluster.is_failed(o)) {
-            return Err(aborted("a lock owner failed before commit"));
+            return Err(TxnError::Aborted(AbortReason::LockOwnerFailedBeforeCommit));
         }
         // §4.3: a hand-over that aborted a shard's holders took their locks away.
         if !self.locks_valid() {
-            return Err(aborted("a lock's shard was handed over"));
+            return Err(TxnError::Aborted(AbortReason::LockShardWasHandedOver));
         }
         let txn = self.holder().txn;
         let _committing = Committing::enter(Rc::clone(&self.co.cluster), owners, txn);
@@ -1193,9 +1175,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         let at = self
             .store()
             .log_offset(self.co.id)
-            .map_err(|_| aborted("no log region"))?;
+            .map_err(|_| TxnError::Aborted(AbortReason::NoLogRegion))?;
         if log.len() > self.store().log_region_bytes() {
-            return Err(aborted("commit log larger than the log region"));
+            return Err(TxnError::Aborted(AbortReason::CommitLogLargerThanLogRegion));
         }
         for mn in 0..self.store().config().mns {
             if self.store().live_replicas(mn).contains(&mn) {
@@ -1205,7 +1187,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         for (addr, bytes) in data {
             list.write_owned(addr, bytes);
         }
-        self.co.ctx.mark_phase("write-invisible");
+        self.co.ctx.mark_phase(Phase::WriteInvisible);
         self.co.ctx.post(list).await?;
         // (2) Commit timestamp (with the service's commit-wait).
         let c = self.co.ts.commit_ts().await;
@@ -1235,7 +1217,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 );
             }
         }
-        self.co.ctx.mark_phase("write-visible");
+        self.co.ctx.mark_phase(Phase::WriteVisible);
         self.co.ctx.post(list).await?;
         self.co
             .history

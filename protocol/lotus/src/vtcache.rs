@@ -16,7 +16,7 @@
 
 use std::sync::Mutex;
 
-use crate::locking::lock;
+use dmem_verbs::sync::lock_ignoring_poison;
 use std::collections::{BTreeMap, HashMap};
 
 use dmem_motor::mvcc::Meta;
@@ -55,7 +55,7 @@ impl VtCache {
     /// position).
     #[must_use]
     pub fn get(&self, key: u64) -> Option<(ItemLoc, Meta)> {
-        let mut s = lock(self.sub(key));
+        let mut s = lock_ignoring_poison(self.sub(key));
         s.tick += 1;
         let tick = s.tick;
         let (loc, meta, old) = {
@@ -72,7 +72,7 @@ impl VtCache {
     /// Caches (or replaces) the entry of `key` (in lock shard `shard`), evicting the least
     /// recently used one of its sub-cache when full.
     pub fn put(&self, key: u64, shard: u16, loc: ItemLoc, meta: Meta) {
-        let mut s = lock(self.sub(key));
+        let mut s = lock_ignoring_poison(self.sub(key));
         s.tick += 1;
         let tick = s.tick;
         if let Some((_, _, old, _)) = s.entries.insert(key, (loc, meta, tick, shard)) {
@@ -89,7 +89,7 @@ impl VtCache {
 
     /// Drops the entry of `key` (a remote writer is about to change the CVT).
     pub fn invalidate(&self, key: u64) {
-        let mut s = lock(self.sub(key));
+        let mut s = lock_ignoring_poison(self.sub(key));
         if let Some((_, _, old, _)) = s.entries.remove(&key) {
             s.order.remove(&old);
         }
@@ -100,7 +100,7 @@ impl VtCache {
     pub fn clear_shard(&self, shard: u16) -> usize {
         let mut n = 0;
         for sub in &self.subs {
-            let mut s = lock(sub);
+            let mut s = lock_ignoring_poison(sub);
             let gone: Vec<(u64, u64)> = s
                 .entries
                 .iter()
@@ -121,7 +121,7 @@ impl VtCache {
         self.subs
             .iter()
             .map(|sub| {
-                let mut s = lock(sub);
+                let mut s = lock_ignoring_poison(sub);
                 let n = s.entries.len();
                 s.entries.clear();
                 s.order.clear();
@@ -133,7 +133,10 @@ impl VtCache {
     /// Entries cached.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.subs.iter().map(|s| lock(s).entries.len()).sum()
+        self.subs
+            .iter()
+            .map(|s| lock_ignoring_poison(s).entries.len())
+            .sum()
     }
 
     /// Whether nothing is cached.

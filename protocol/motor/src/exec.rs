@@ -14,8 +14,8 @@ use std::cell::RefCell;
 
 use dmem_store::{AddressCache, BucketLoc, ItemLoc, Store, parse_bucket};
 use dmem_txn::{
-    Access, Key, ReadEvent, ReadReq, TableId, TxnError, TxnId, TxnOutcome, TxnRecord, Version,
-    WriteEvent, WriteKind,
+    AbortReason, Access, Key, ReadEvent, ReadReq, TableId, TxnError, TxnId, TxnOutcome, TxnRecord,
+    Version, WriteEvent, WriteKind,
 };
 use dmem_verbs::{Nanos, PostList, RemoteAddr, Verbs, WrId};
 
@@ -225,7 +225,7 @@ impl<R: Clone, W> ExecSets<R, W> {
     ) -> Result<(), TxnError> {
         let Some(i) = self.write_entry(table, key) else {
             return Err(if kind == WriteKind::Insert {
-                TxnError::Aborted("record pool share used up")
+                TxnError::Aborted(AbortReason::RecordPoolShareUsedUp)
             } else {
                 TxnError::KeyState(key.0)
             });

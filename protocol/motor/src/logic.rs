@@ -5,7 +5,7 @@
 use dmem_layout::cacheline::next_version;
 use dmem_layout::cvt::CvtCell;
 
-use dmem_txn::{TxnError, TxnKind, WriteKind};
+use dmem_txn::{AbortReason, TxnError, TxnKind, WriteKind};
 
 use dmem_store::{BucketLoc, Store, index_slot_bytes, slot_offset};
 use dmem_verbs::PostList;
@@ -65,7 +65,7 @@ pub enum MetaOutcome {
     /// Read the meta again (a read-only record locked by a writer, or a torn cell).
     Retry,
     /// Abort the transaction.
-    Abort(&'static str),
+    Abort(AbortReason),
 }
 
 /// Decides after the meta READ of a record at snapshot `s`.
@@ -80,7 +80,7 @@ pub enum MetaOutcome {
 pub fn after_meta(meta: &Meta, s: u64, for_update: bool, skip_newer_abort: bool) -> MetaOutcome {
     if !meta.is_consistent() {
         return if for_update {
-            MetaOutcome::Abort("torn version table under the lock")
+            MetaOutcome::Abort(AbortReason::TornVersionTableUnderLock)
         } else {
             MetaOutcome::Retry
         };
@@ -90,11 +90,11 @@ pub fn after_meta(meta: &Meta, s: u64, for_update: bool, skip_newer_abort: bool)
     }
     let p = pick(&meta.cells, s);
     if for_update && p.newer && !skip_newer_abort {
-        return MetaOutcome::Abort("newer version than the start timestamp");
+        return MetaOutcome::Abort(AbortReason::NewerThanStartTimestamp);
     }
     match p.visible {
         Some(i) => MetaOutcome::Image(i),
-        None if meta.floor != 0 => MetaOutcome::Abort("snapshot version collected"),
+        None if meta.floor != 0 => MetaOutcome::Abort(AbortReason::SnapshotVersionCollected),
         None => MetaOutcome::Absent,
     }
 }
@@ -317,7 +317,7 @@ pub fn claim_slot(
     key: u64,
 ) -> Result<(), TxnError> {
     let packed = dmem_layout::record::RemoteAddr::new(bucket.partition, block)
-        .map_err(|_| TxnError::Aborted("offset beyond packed addresses"))?;
+        .map_err(|_| TxnError::Aborted(AbortReason::OffsetBeyondPackedAddresses))?;
     let bytes = index_slot_bytes(key, packed);
     for mn in store.live_replicas(bucket.partition) {
         list.write(store.addr(mn, bucket.offset + slot_offset(slot)), &bytes);

@@ -25,7 +25,7 @@
 
 use core::future::Future;
 
-use dmem_store::mix64;
+use dmem_layout::mix::splitmix64 as mix64;
 use dmem_verbs::{Clock, Nanos, NodeId};
 
 /// Bits of a timestamp below the physical part (the coordinator id).

@@ -27,10 +27,11 @@ use std::rc::Rc;
 
 use dmem_store::{AddressCache, BucketLoc, InsertPool, ItemLoc, Store, parse_bucket, slot_offset};
 use dmem_txn::{
-    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundPlan, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent, WriteKind,
+    AbortReason, Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundPlan,
+    RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent,
+    WriteKind,
 };
-use dmem_verbs::{BatchResult, Clock, Nanos, PostList, RemoteAddr, Verbs};
+use dmem_verbs::{BatchResult, Clock, Nanos, Phase, PostList, RemoteAddr, Verbs};
 
 use crate::exec::{self, ExecSets, Lookup, WriteEntry};
 use crate::logic::{self, Isolation, MetaOutcome};
@@ -232,10 +233,6 @@ pub struct MotorTxn<'a, V, H, T> {
     recorded_unknown: bool,
 }
 
-fn aborted(why: &'static str) -> TxnError {
-    TxnError::Aborted(why)
-}
-
 /// One record a round fetches.
 #[derive(Debug, Clone)]
 struct Fetch {
@@ -332,7 +329,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                     {
                         // Possibly an insert of this key between its slot CAS and its
                         // slot WRITE: a retry finds the key or a settled bucket.
-                        return Err(aborted("index slot half claimed"));
+                        return Err(TxnError::Aborted(AbortReason::IndexSlotHalfClaimed));
                     }
                     let v = self.claim(table, key, bucket, free).await?;
                     fetches[n].done = Some(v);
@@ -370,7 +367,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 let rd = list.read(addr, shape.meta_len() as u32);
                 wrs.push((n, loc, shape, cas, rd));
             }
-            self.co.ctx.mark_phase("execute");
+            self.co.ctx.mark_phase(Phase::Execute);
             let res = self.co.ctx.post(list).await?;
             let mut conflict = None;
             let mut images = Vec::new();
@@ -380,7 +377,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 if let Some(cas) = cas
                     && res.atomic(cas) != 0
                 {
-                    conflict.get_or_insert(aborted("record locked"));
+                    conflict.get_or_insert(TxnError::Aborted(AbortReason::RecordLocked));
                     continue;
                 }
                 let Some(meta) = Meta::parse(res.bytes(rd), shape) else {
@@ -394,7 +391,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                             true,
                         ));
                     }
-                    conflict.get_or_insert(aborted("unreadable version table"));
+                    conflict.get_or_insert(TxnError::Aborted(AbortReason::UnreadableVersionTable));
                     continue;
                 };
                 if for_update {
@@ -417,7 +414,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                     }
                     MetaOutcome::Retry => {}
                     MetaOutcome::Abort(why) => {
-                        conflict.get_or_insert(aborted(why));
+                        conflict.get_or_insert(TxnError::Aborted(why));
                     }
                 }
             }
@@ -444,9 +441,11 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                             fetches[n].done = Some(p.value);
                         }
                         None if for_update && !self.co.cfg.unsafe_no_cas => {
-                            return Err(aborted("torn image under the lock"));
+                            return Err(TxnError::Aborted(AbortReason::TornImageUnderLock));
                         }
-                        None if for_update => return Err(aborted("torn image")),
+                        None if for_update => {
+                            return Err(TxnError::Aborted(AbortReason::TornImage));
+                        }
                         None => {}
                     }
                 }
@@ -455,7 +454,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 rereads += 1;
                 self.co.stats.rereads += 1;
                 if rereads > self.co.cfg.max_rereads {
-                    return Err(aborted("record stayed locked"));
+                    return Err(TxnError::Aborted(AbortReason::RecordStayedLocked));
                 }
                 self.co.ctx.sleep(self.co.cfg.reread_pause).await;
             }
@@ -486,7 +485,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         free: Option<usize>,
     ) -> Result<Option<Vec<u8>>, TxnError> {
         let Some(slot) = free else {
-            return Err(aborted("index bucket full"));
+            return Err(TxnError::Aborted(AbortReason::IndexBucketFull));
         };
         // The slot's fixed block, or for a pooled table the next block of this
         // coordinator's insert share (no verb: the share is its own).
@@ -520,7 +519,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         // (same verbs, one READ becomes a CAS); once posted, the block counts as taken.
         let slot_cas = if pooled && !self.co.cfg.unsafe_no_cas {
             let packed = dmem_layout::record::RemoteAddr::new(bucket.partition, loc.offset)
-                .map_err(|_| aborted("offset beyond packed addresses"))?;
+                .map_err(|_| TxnError::Aborted(AbortReason::OffsetBeyondPackedAddresses))?;
             self.co.inserts.claimed(&self.co.store, bucket);
             Some(list.cas(slot_addr.add(8), 0, packed.to_raw()))
         } else {
@@ -531,7 +530,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         if let Some(cas) = cas
             && res.atomic(cas) != 0
         {
-            return Err(aborted("index slot being claimed"));
+            return Err(TxnError::Aborted(AbortReason::IndexSlotBeingClaimed));
         }
         let parsed = Meta::parse(res.bytes(rd), shape);
         self.sets.writes.push(WriteEntry::new(
@@ -542,12 +541,14 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             cas.is_some(),
         ));
         // Pushed before giving up, so that the abort releases the lock.
-        let meta = parsed.ok_or(aborted("unreadable version table"))?;
+        let meta = parsed.ok_or(TxnError::Aborted(AbortReason::UnreadableVersionTable))?;
         let used = match (slot_cas, srd) {
             (Some(cas), _) => {
                 // Another insert holds the slot: a retry finds what it names.
                 if res.atomic(cas) != 0 {
-                    return Err(aborted("index slot taken by a concurrent insert"));
+                    return Err(TxnError::Aborted(
+                        AbortReason::IndexSlotTakenByConcurrentInsert,
+                    ));
                 }
                 false
             }
@@ -556,11 +557,13 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 let slot_key = u64::from_le_bytes(sb[..8].try_into().unwrap_or([0; 8]));
                 let used = sb[8..16].iter().any(|&b| b != 0);
                 if used && slot_key != key.0 {
-                    return Err(aborted("index slot taken by a concurrent insert"));
+                    return Err(TxnError::Aborted(
+                        AbortReason::IndexSlotTakenByConcurrentInsert,
+                    ));
                 }
                 used
             }
-            (None, None) => return Err(aborted("index slot not seen")),
+            (None, None) => return Err(TxnError::Aborted(AbortReason::IndexSlotNotSeen)),
         };
         if !used {
             let mut list = PostList::new();
@@ -573,7 +576,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 self.sets.note(table, key, 0, 0);
                 Ok(None)
             }
-            MetaOutcome::Abort(why) => Err(aborted(why)),
+            MetaOutcome::Abort(why) => Err(TxnError::Aborted(why)),
             MetaOutcome::Image(i) => {
                 // The key was inserted meanwhile by another transaction: read its version.
                 let read = exec::read_versions(
@@ -583,7 +586,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 )
                 .await?;
                 let Some((_, _, version, Some(payload))) = read.into_iter().next() else {
-                    return Err(aborted("torn image under the lock"));
+                    return Err(TxnError::Aborted(AbortReason::TornImageUnderLock));
                 };
                 self.sets.read_version(
                     table,
@@ -596,7 +599,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 );
                 Ok(payload.value)
             }
-            MetaOutcome::Retry => Err(aborted("torn version table under the lock")),
+            MetaOutcome::Retry => Err(TxnError::Aborted(AbortReason::TornVersionTableUnderLock)),
         }
     }
 
@@ -624,7 +627,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             w.lock = false;
         }
         if !list.is_empty() {
-            self.co.ctx.mark_phase("release");
+            self.co.ctx.mark_phase(Phase::Release);
             self.co.ctx.post(list).await?;
         }
         self.co.oplog.finished(self.co.id);
@@ -690,9 +693,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             return Ok(());
         }
         let c = self.co.ts.commit_ts().await;
-        self.co.ctx.mark_phase("validate");
+        self.co.ctx.mark_phase(Phase::Validate);
         if self.co.cfg.isolation == Isolation::Serializable && !self.validate().await? {
-            return Err(aborted("read-only record changed (SR validation)"));
+            return Err(TxnError::Aborted(AbortReason::ReadOnlyRecordChanged));
         }
         let horizon = self.co.ts.horizon(self.co.cfg.gc_threshold);
         let writer = pack_writer(self.id);
@@ -767,7 +770,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         self.co.history.record(record);
         self.recorded_unknown = true;
         self.co.oplog.committing(self.co.id, installs);
-        self.co.ctx.mark_phase("commit");
+        self.co.ctx.mark_phase(Phase::Commit);
         self.co.ctx.post(list).await?;
         // Resolved before the op log is cleared, never after: recovery settles an `Unknown`
         // transaction whose coordinator's op log is idle as aborted, so a CN killed between

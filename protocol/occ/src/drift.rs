@@ -10,6 +10,7 @@
 
 use core::future::Future;
 
+use dmem_layout::mix::splitmix64;
 use dmem_verbs::{
     BatchResult, Clock, Endpoint, Message, Nanos, NodeId, PostList, Verbs, VerbsError,
 };
@@ -103,7 +104,7 @@ impl DriftModel {
         if let Some((_, d)) = self.fixed.iter().find(|(n, _)| *n == node) {
             return *d;
         }
-        let r = splitmix(self.seed ^ (u64::from(node.0) << 32));
+        let r = splitmix64(self.seed ^ (u64::from(node.0) << 32));
         let draw = |x: u64, max: u64| -> i64 {
             if max == 0 {
                 0
@@ -112,17 +113,10 @@ impl DriftModel {
             }
         };
         Drift {
-            offset_ns: draw(splitmix(r), self.max_offset_ns),
+            offset_ns: draw(splitmix64(r), self.max_offset_ns),
             ppm: draw(r, self.max_ppm),
         }
     }
-}
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
 }
 
 /// A context whose [`Clock`] is its node's drifting clock; verbs pass through.

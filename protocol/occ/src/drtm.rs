@@ -31,8 +31,8 @@ use std::rc::Rc;
 
 use dmem_layout::record::{OoccLockState, OoccLockWord, OoccRecordHeader};
 use dmem_txn::{
-    Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
+    AbortReason, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues,
+    TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
 };
 use dmem_verbs::{Clock, Nanos, PostList, RemoteAddr, Verbs};
 
@@ -184,10 +184,6 @@ pub struct DrtmTxn<'a, C> {
     done: bool,
 }
 
-fn aborted(why: &'static str) -> TxnError {
-    TxnError::Aborted(why)
-}
-
 impl<C: Verbs + Clock> DrtmTxn<'_, C> {
     fn vlen(&self, table: TableId) -> Result<usize, TxnError> {
         Ok(self.co.dir.value_len(table)? - 8)
@@ -228,10 +224,10 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
                 // the lease starve this writer with its locks held (and every reader of
                 // those): a writer waits only while it holds nothing, else it aborts.
                 if self.entries.iter().any(|e| e.lock.is_some()) {
-                    return Err(aborted("lease running on a record to lock, locks held"));
+                    return Err(TxnError::Aborted(AbortReason::LeaseRunningWhileLocking));
                 }
                 if expires - now > 2 * cfg.lease_ns {
-                    return Err(aborted("lease too long to wait out"));
+                    return Err(TxnError::Aborted(AbortReason::LeaseTooLongToWaitOut));
                 }
                 bump(&self.co.stats.lease_wait_ns, expires - now);
                 self.co.ctx.sleep_until(expires).await;
@@ -274,7 +270,7 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
                 };
                 let got = if locked(r) {
                     // Settle the rest of the round first: its locks must be released.
-                    failure = Some(aborted("record write-locked"));
+                    failure = Some(TxnError::Aborted(AbortReason::RecordWriteLocked));
                     None
                 } else if r == expected {
                     if exclusive {
@@ -317,7 +313,7 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
             }
             todo = next;
         }
-        Err(aborted("lease kept changing"))
+        Err(TxnError::Aborted(AbortReason::LeaseKeptChanging))
     }
 
     async fn release_all(&mut self) {
@@ -361,7 +357,7 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
                 .position(|e| e.table == r.table && e.key == r.key)
             {
                 Some(i) if self.entries[i].lock.is_some() || !exclusive => {}
-                Some(_) => return Err(aborted("lock upgrade (a read-leased record written)")),
+                Some(_) => return Err(TxnError::Aborted(AbortReason::LockUpgradeOfLeasedRecord)),
                 None => {
                     if !targets.iter().any(|(t, k, _)| *t == r.table && *k == r.key) {
                         targets.push((r.table, r.key, exclusive));
@@ -376,7 +372,7 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
                     .entries
                     .iter()
                     .find(|e| e.table == r.table && e.key == r.key)
-                    .ok_or(aborted("record not acquired"))?;
+                    .ok_or(TxnError::Aborted(AbortReason::RecordNotAcquired))?;
                 Ok(match &e.new {
                     Some(n) => n.clone(),
                     None => e.present.then(|| e.value.clone()),
@@ -403,10 +399,10 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
             .entries
             .iter()
             .position(|e| e.table == table && e.key == key)
-            .ok_or(aborted("record not acquired"))?;
+            .ok_or(TxnError::Aborted(AbortReason::RecordNotAcquired))?;
         if self.entries[i].lock.is_none() {
             return Err(self
-                .fail(aborted("lock upgrade (a read-leased record written)"))
+                .fail(TxnError::Aborted(AbortReason::LockUpgradeOfLeasedRecord))
                 .await);
         }
         Ok(i)
@@ -448,7 +444,7 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
             .iter()
             .any(|e| e.lock.is_none() && now + delta >= e.lease_end)
         {
-            return Err(aborted("read lease expired"));
+            return Err(TxnError::Aborted(AbortReason::ReadLeaseExpired));
         }
         let dir = Rc::clone(&self.co.dir);
         let written: Vec<Entry> = self
@@ -502,7 +498,7 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
         }
         let log = log
             .finish()
-            .ok_or_else(|| aborted("redo log larger than its region"))?;
+            .ok_or(TxnError::Aborted(AbortReason::RedoLogLargerThanRegion))?;
         let log_addr = dir.addr(layout.log_mn(self.co.id), layout.log_offset(self.co.id));
         let writes = written
             .iter()

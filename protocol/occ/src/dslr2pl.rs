@@ -44,8 +44,8 @@ use dmem_layout::record::{OoccLockWord, OoccRecordHeader};
 use dmem_locks::LockMode;
 use dmem_locks::dslr::DslrWord;
 use dmem_txn::{
-    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
+    AbortReason, Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq,
+    RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
 };
 use dmem_verbs::{Clock, Nanos, PostList, RemoteAddr, Verbs};
 
@@ -220,10 +220,6 @@ impl Stall {
     }
 }
 
-fn aborted(why: &'static str) -> TxnError {
-    TxnError::Aborted(why)
-}
-
 fn word_of(image_lock: OoccLockWord) -> DslrWord {
     DslrWord::from_raw(image_lock.to_raw())
 }
@@ -365,7 +361,7 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
                 undo.faa(addr, DslrWord::acquire_delta(mode).wrapping_neg());
             }
             let _ = self.co.ctx.post_detached(undo).await;
-            return Err(aborted("DSLR tickets exhausted until the word resets"));
+            return Err(TxnError::Aborted(AbortReason::DslrTicketsExhausted));
         }
         // Queue: READ the waiting records until their words grant the tickets.
         let deadline = self.co.ctx.now() + self.co.cfg.deadlock_ns;
@@ -373,10 +369,10 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         let mut reset = false;
         while !waiting.is_empty() {
             if reset {
-                return Err(aborted("DSLR lock reset by lease (a holder died)"));
+                return Err(TxnError::Aborted(AbortReason::DslrLockResetByLease));
             }
             if self.co.ctx.now() > deadline {
-                return Err(aborted("DSLR wait timed out (deadlock)"));
+                return Err(TxnError::Aborted(AbortReason::DslrWaitTimedOut));
             }
             self.co.ctx.sleep(self.co.cfg.poll_ns).await;
             let mut list = PostList::new();
@@ -415,7 +411,7 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
             waiting = still;
         }
         if reset {
-            return Err(aborted("DSLR lock reset by lease (a holder died)"));
+            return Err(TxnError::Aborted(AbortReason::DslrLockResetByLease));
         }
         Ok(())
     }
@@ -565,7 +561,9 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
                 .find(|h| h.table == r.table && h.key == r.key)
             {
                 Some(h) if h.mode == LockMode::Exclusive || mode == LockMode::Shared => {}
-                Some(_) => return Err(aborted("lock upgrade (shared to exclusive)")),
+                Some(_) => {
+                    return Err(TxnError::Aborted(AbortReason::LockUpgradeSharedToExclusive));
+                }
                 None => {
                     if let Some(t) = targets.iter_mut().find(|t| t.0 == r.table && t.1 == r.key) {
                         if mode == LockMode::Exclusive {
@@ -584,7 +582,7 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
                     .held
                     .iter()
                     .find(|h| h.table == r.table && h.key == r.key)
-                    .ok_or(aborted("record not locked"))?;
+                    .ok_or(TxnError::Aborted(AbortReason::RecordNotLocked))?;
                 Ok(match &h.new {
                     Some(n) => n.clone(),
                     None => h.present.then(|| h.value.clone()),
@@ -623,11 +621,13 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
             .iter_mut()
             .find(|h| h.table == table && h.key == key)
         else {
-            return Err(self.fail(aborted("record not locked")).await);
+            return Err(self
+                .fail(TxnError::Aborted(AbortReason::RecordNotLocked))
+                .await);
         };
         if h.mode != LockMode::Exclusive {
             return Err(self
-                .fail(aborted("lock upgrade (shared to exclusive)"))
+                .fail(TxnError::Aborted(AbortReason::LockUpgradeSharedToExclusive))
                 .await);
         }
         let present = match &h.new {
@@ -687,7 +687,7 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
             return Ok(());
         }
         if !self.may_commit() {
-            return Err(aborted("DSLR hold lease passed before commit"));
+            return Err(TxnError::Aborted(AbortReason::DslrHoldLeasePassed));
         }
         let layout = dir.layout();
         let mut log = RedoLogWriter::new(self.co.id, self.id.seq, written.len());
@@ -711,7 +711,7 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         }
         let log = log
             .finish()
-            .ok_or_else(|| aborted("redo log larger than its region"))?;
+            .ok_or(TxnError::Aborted(AbortReason::RedoLogLargerThanRegion))?;
         let writes = written
             .iter()
             .map(|h| write_event(h.table, h.key, Version(h.version + 1), &h.new, h.present))

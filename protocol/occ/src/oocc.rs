@@ -27,10 +27,11 @@ use std::rc::Rc;
 
 use dmem_layout::record::{OoccLockState, OoccLockWord, OoccRecordHeader};
 use dmem_txn::{
-    Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+    AbortReason, Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq,
+    RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
+    WriteEvent, WriteKind,
 };
-use dmem_verbs::{Clock, Nanos, PostList, Verbs, VerbsError, WrId};
+use dmem_verbs::{Clock, Nanos, Phase, PostList, Verbs, VerbsError, WrId};
 
 use crate::drift::DriftingCtx;
 use crate::recovery::RedoLogWriter;
@@ -330,10 +331,6 @@ pub struct OoccTxn<'a, C> {
     done: bool,
 }
 
-fn aborted(why: &'static str) -> TxnError {
-    TxnError::Aborted(why)
-}
-
 enum Pending {
     Local(Option<Vec<u8>>),
     Read { idx: usize, loc: Loc, id: WrId },
@@ -413,7 +410,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 );
                 ids.push((i, cas, read, swap));
             }
-            self.co.ctx.mark_phase("lock");
+            self.co.ctx.mark_phase(Phase::Lock);
             let res = self.co.ctx.post(list).await?;
             self.lock_time = self.co.ctx.now();
             let mut failure = None;
@@ -429,12 +426,12 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                         if self.reads.iter().any(|r| r.loc == loc) {
                             // Read at another version: it changed since, so it would fail
                             // validation anyway.
-                            failure = Some(aborted("record changed since it was read"));
+                            failure = Some(TxnError::Aborted(AbortReason::RecordChangedSinceRead));
                         }
                         expected[i] = word;
                     }
                     CasDecision::Abort => {
-                        failure = Some(aborted("record locked by another transaction"));
+                        failure = Some(TxnError::Aborted(AbortReason::RecordLockedByAnother));
                     }
                 }
             }
@@ -446,7 +443,9 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         }
         if out.iter().any(Option::is_none) {
             self.adopt_locks(targets, &out);
-            return Err(aborted("intention lock: version kept changing"));
+            return Err(TxnError::Aborted(
+                AbortReason::IntentionLockVersionKeptChanging,
+            ));
         }
         Ok(out.into_iter().flatten().collect())
     }
@@ -505,7 +504,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         let mut read_idx = 0;
         let locked = if to_lock.is_empty() {
             if !list.is_empty() {
-                self.co.ctx.mark_phase("execute");
+                self.co.ctx.mark_phase(Phase::Execute);
                 let res = self.co.ctx.post(list).await?;
                 for p in &mut pending {
                     if let Pending::Read { idx, id, .. } = p {
@@ -545,7 +544,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                             // lock on WAREHOUSE left DISTRICT locked for the run).
                             let all: Vec<_> = locked.iter().cloned().map(Some).collect();
                             self.adopt_locks(&to_lock, &all);
-                            return Err(aborted("record locked"));
+                            return Err(TxnError::Aborted(AbortReason::RecordLocked));
                         }
                     }
                     self.events
@@ -617,7 +616,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             );
             ids.push((i, expected, cas, read, swap));
         }
-        self.co.ctx.mark_phase("lock");
+        self.co.ctx.mark_phase(Phase::Lock);
         let res = self.co.ctx.post(list).await?;
         self.lock_time = self.co.ctx.now();
         let mut read_idx = 0;
@@ -643,12 +642,12 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 CasDecision::Retry(word) => {
                     self.set_hint(loc, word.version());
                     if self.reads.iter().any(|r| r.loc == loc) {
-                        failure = Some(aborted("record changed since it was read"));
+                        failure = Some(TxnError::Aborted(AbortReason::RecordChangedSinceRead));
                     }
                     retry.push(i);
                 }
                 CasDecision::Abort => {
-                    failure = Some(aborted("record locked by another transaction"))
+                    failure = Some(TxnError::Aborted(AbortReason::RecordLockedByAnother))
                 }
             }
         }
@@ -709,7 +708,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
 
     /// Releases every lock this transaction holds (same version), without waiting;
     /// `phase` names the step for crash injection (`Verbs::mark_phase`).
-    async fn release_all(&mut self, phase: &'static str) {
+    async fn release_all(&mut self, phase: Phase) {
         let mut list = PostList::new();
         if self.logged {
             let layout = self.co.dir.layout();
@@ -734,7 +733,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
     async fn fail(&mut self, e: TxnError) -> TxnError {
         if !self.done {
             self.done = true;
-            self.release_all("abort-release").await;
+            self.release_all(Phase::AbortRelease).await;
             bump(&self.co.stats.aborts, 1);
             self.co.history.record(TxnRecord {
                 id: self.id,
@@ -771,7 +770,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         self.writes
             .iter()
             .position(|w| w.table == table && w.key == key)
-            .ok_or(TxnError::Aborted("lock not taken"))
+            .ok_or(TxnError::Aborted(AbortReason::LockNotTaken))
     }
 
     fn check_len(&self, table: TableId, value: &[u8]) -> Result<(), TxnError> {
@@ -807,17 +806,17 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 ids.push(list.read(self.lock_addr(r.table, r.loc)?, 8));
             }
             if !list.is_empty() {
-                self.co.ctx.mark_phase("validate");
+                self.co.ctx.mark_phase(Phase::Validate);
                 let res = self.co.ctx.post(list).await?;
                 for (r, id) in self.reads.iter().zip(ids) {
                     let word = u64::from_le_bytes(res.bytes(id).try_into().unwrap_or([0xFF; 8]));
                     if !decide_validate(r.version, OoccLockWord::from_raw(word), true) {
-                        return Err(aborted("read-only validation failed"));
+                        return Err(TxnError::Aborted(AbortReason::ReadOnlyValidationFailed));
                     }
                 }
             }
         }
-        self.release_all("release").await;
+        self.release_all(Phase::Release).await;
         bump(&stats.ro_committed, 1);
         self.done = true;
         self.co.history.record(TxnRecord {
@@ -847,12 +846,12 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         if list.is_empty() {
             return Ok(());
         }
-        self.co.ctx.mark_phase("validate");
+        self.co.ctx.mark_phase(Phase::Validate);
         let res = self.co.ctx.post(list).await?;
         for (r, id) in self.reads.iter().zip(ids) {
             let word = u64::from_le_bytes(res.bytes(id).try_into().unwrap_or([0xFF; 8]));
             if !decide_validate(r.version, OoccLockWord::from_raw(word), true) {
-                return Err(aborted("validation failed"));
+                return Err(TxnError::Aborted(AbortReason::ValidationFailed));
             }
         }
         Ok(())
@@ -874,7 +873,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         }
         let log = log
             .finish()
-            .ok_or_else(|| aborted("redo log larger than its region"))?;
+            .ok_or(TxnError::Aborted(AbortReason::RedoLogLargerThanRegion))?;
         if self.co.cfg.artifact_rw_rules {
             self.validate_as_the_artifact().await?;
         }
@@ -915,7 +914,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             }
         }
         self.logged = true;
-        self.co.ctx.mark_phase("log");
+        self.co.ctx.mark_phase(Phase::Log);
         let res = self.co.ctx.post(list).await?;
         let upgraded = self.co.ctx.now();
         let mut ok = true;
@@ -935,7 +934,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             for r in &self.reads {
                 ids.push(list.read(self.lock_addr(r.table, r.loc)?, 8));
             }
-            self.co.ctx.mark_phase("validate");
+            self.co.ctx.mark_phase(Phase::Validate);
             let res = self.co.ctx.post(list).await?;
             for (r, id) in self.reads.iter().zip(ids) {
                 let word = u64::from_le_bytes(res.bytes(id).try_into().unwrap_or([0xFF; 8]));
@@ -950,7 +949,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                     w.lock = w.lock.with_write_lock();
                 }
             }
-            return Err(aborted("validation failed"));
+            return Err(TxnError::Aborted(AbortReason::ValidationFailed));
         }
         // Decided: record before the first commit WRITE.
         let writes: Vec<WriteEvent> = written
@@ -1020,10 +1019,10 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 &w.lock.released_same_version().to_raw().to_le_bytes(),
             );
         }
-        self.co.ctx.mark_phase("commit");
+        self.co.ctx.mark_phase(Phase::Commit);
         self.co.ctx.post(list).await?;
         if !unlock.is_empty() {
-            self.co.ctx.mark_phase("unlock");
+            self.co.ctx.mark_phase(Phase::Unlock);
             self.co.ctx.post(unlock).await?;
         }
         // Committed once every record is written. Resolved before the log is truncated,
@@ -1037,7 +1036,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         // The log is dead now: truncate without waiting.
         let mut trunc = PostList::new();
         trunc.write(log_addr, &[0u8; 16]);
-        self.co.ctx.mark_phase("truncate");
+        self.co.ctx.mark_phase(Phase::Truncate);
         let _ = self.co.ctx.post_detached(trunc).await;
         Ok(())
     }
@@ -1046,7 +1045,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
 impl<C: Verbs + Clock> Transaction for OoccTxn<'_, C> {
     async fn read_round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
         if self.done {
-            return Err(aborted("transaction is over"));
+            return Err(TxnError::Aborted(AbortReason::TransactionIsOver));
         }
         let r = self.round(reqs).await;
         self.checked(r).await
@@ -1098,7 +1097,7 @@ impl<C: Verbs + Clock> Transaction for OoccTxn<'_, C> {
 
     async fn commit(mut self) -> Result<(), TxnError> {
         if self.done {
-            return Err(aborted("transaction is over"));
+            return Err(TxnError::Aborted(AbortReason::TransactionIsOver));
         }
         let r = if self.writes.iter().any(|w| w.new.is_some()) {
             self.commit_read_write().await
@@ -1113,7 +1112,7 @@ impl<C: Verbs + Clock> Transaction for OoccTxn<'_, C> {
     }
 
     async fn abort(mut self) {
-        let _ = self.fail(aborted("aborted by the caller")).await;
+        let _ = self.fail(TxnError::Aborted(AbortReason::ByTheCaller)).await;
     }
 }
 

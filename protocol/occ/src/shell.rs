@@ -10,7 +10,7 @@ macro_rules! lock_based_transaction {
         impl<C: Verbs + Clock> Transaction for $txn<'_, C> {
             async fn read_round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
                 if self.done {
-                    return Err(aborted("transaction is over"));
+                    return Err(TxnError::Aborted(AbortReason::TransactionIsOver));
                 }
                 match self.round(reqs).await {
                     Ok(v) => Ok(v),
@@ -42,7 +42,7 @@ macro_rules! lock_based_transaction {
 
             async fn commit(mut self) -> Result<(), TxnError> {
                 if self.done {
-                    return Err(aborted("transaction is over"));
+                    return Err(TxnError::Aborted(AbortReason::TransactionIsOver));
                 }
                 match self.commit_inner().await {
                     Ok(()) => Ok(()),
@@ -52,7 +52,7 @@ macro_rules! lock_based_transaction {
             }
 
             async fn abort(mut self) {
-                let _ = self.fail(aborted("aborted by the caller")).await;
+                let _ = self.fail(TxnError::Aborted(AbortReason::ByTheCaller)).await;
             }
         }
     };

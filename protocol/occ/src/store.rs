@@ -39,8 +39,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use dmem_deploy::{DeployError, DeploySpec};
+use dmem_layout::mix::splitmix64 as mix64;
 use dmem_layout::record::{ItemFlags, OoccLockWord, OoccRecordHeader};
-use dmem_store::mix64;
 use dmem_txn::{Key, TableId, TxnError};
 use dmem_verbs::{Clock, MemoryRegion, PostList, RemoteAddr, Verbs, VerbsError};
 

@@ -131,13 +131,15 @@ pub enum StoreError {
 /// partition, a missing log region) aborts as "store unavailable".
 impl From<StoreError> for dmem_txn::TxnError {
     fn from(e: StoreError) -> Self {
-        use dmem_txn::TxnError;
+        use dmem_txn::{AbortReason, TxnError};
         match e {
             StoreError::UnknownTable(t) => TxnError::UnknownTable(t),
             StoreError::ValueSize { expected, got, .. } => TxnError::ValueSize { expected, got },
-            StoreError::BucketFull { .. } => TxnError::Aborted("index bucket full"),
-            StoreError::PoolExhausted { .. } => TxnError::Aborted("record pool share used up"),
-            _ => TxnError::Aborted("store unavailable"),
+            StoreError::BucketFull { .. } => TxnError::Aborted(AbortReason::IndexBucketFull),
+            StoreError::PoolExhausted { .. } => {
+                TxnError::Aborted(AbortReason::RecordPoolShareUsedUp)
+            }
+            _ => TxnError::Aborted(AbortReason::StoreUnavailable),
         }
     }
 }

@@ -5,8 +5,7 @@
 //! Nothing here is FORD-specific except the record format ([`DataItem`]); the placement,
 //! the index and the cache are shared by FORD, Pandora, Motor and LOTUS (Motor and LOTUS
 //! bring their own record format, [`TableSpec::item_len`]), which is why this crate sits
-//! below them. OCC, DrTM and OOCC (`dmem-occ`) have their own store and take only
-//! [`mix64`] from here.
+//! below them. OCC, DrTM and OOCC (`dmem-occ`) have their own store.
 //!
 //! # Modules, by job
 //!
@@ -60,14 +59,8 @@ pub use store::{MnView, Store};
 #[cfg(doc)]
 use dmem_layout::record::DataItem;
 
-/// splitmix64 finaliser: a fixed, well-mixed hash every node computes alike.
-#[must_use]
-pub fn mix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
+/// The placement hash every node computes alike: the workspace's one splitmix64.
+pub use dmem_layout::mix::splitmix64 as mix64;
 
 /// The README's example, compiled and run as a doctest.
 #[cfg(doctest)]

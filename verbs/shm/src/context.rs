@@ -3,9 +3,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
+use dmem_verbs::sync::lock_ignoring_poison;
 use dmem_verbs::{BatchResult, Endpoint, Message, NodeId, PostList, Verbs, VerbsError};
 
 use crate::node::complete_post;
@@ -49,7 +50,7 @@ impl ShmFabric {
     pub fn context(&self, endpoint: Endpoint) -> Result<ShmContext, ShmError> {
         let mailbox = Arc::new(Mailbox::default());
         {
-            let mut boxes = lock(&self.inner.mailboxes);
+            let mut boxes = lock_ignoring_poison(&self.inner.mailboxes);
             if boxes.contains_key(&endpoint) {
                 return Err(ShmError::EndpointInUse(endpoint));
             }
@@ -71,12 +72,10 @@ impl ShmFabric {
     }
 
     pub(crate) fn mailbox(&self, endpoint: Endpoint) -> Option<Arc<Mailbox>> {
-        lock(&self.inner.mailboxes).get(&endpoint).cloned()
+        lock_ignoring_poison(&self.inner.mailboxes)
+            .get(&endpoint)
+            .cloned()
     }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A receive queue and the waker of the task waiting on it.
@@ -96,7 +95,7 @@ impl Mailbox {
     /// Queues `message` and wakes the receiver; `false` if the queue is closed.
     pub(crate) fn deliver(&self, message: Message) -> bool {
         let waiter = {
-            let mut state = lock(&self.state);
+            let mut state = lock_ignoring_poison(&self.state);
             if state.closed {
                 return false;
             }
@@ -111,7 +110,7 @@ impl Mailbox {
 
     fn close(&self) {
         let waiter = {
-            let mut state = lock(&self.state);
+            let mut state = lock_ignoring_poison(&self.state);
             state.closed = true;
             state.waiter.take()
         };
@@ -133,7 +132,7 @@ impl Future for Recv<'_> {
     type Output = Result<Message, VerbsError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = lock(&self.mailbox.state);
+        let mut state = lock_ignoring_poison(&self.mailbox.state);
         if let Some(message) = state.queue.pop_front() {
             return Poll::Ready(Ok(message));
         }
@@ -276,7 +275,7 @@ impl ShmContext {
 
 impl Drop for ShmContext {
     fn drop(&mut self) {
-        let mut boxes = lock(&self.fabric.inner.mailboxes);
+        let mut boxes = lock_ignoring_poison(&self.fabric.inner.mailboxes);
         if boxes
             .get(&self.endpoint)
             .is_some_and(|m| Arc::ptr_eq(m, &self.mailbox))
@@ -306,7 +305,7 @@ impl Verbs for ShmContext {
     }
 
     fn try_recv(&self) -> Result<Option<Message>, VerbsError> {
-        let mut state = lock(&self.mailbox.state);
+        let mut state = lock_ignoring_poison(&self.mailbox.state);
         match state.queue.pop_front() {
             Some(message) => Ok(Some(message)),
             None if state.closed => Err(VerbsError::Closed),

@@ -1,9 +1,10 @@
 //! Memory nodes and the links through which CN contexts reach them.
 
 use std::sync::atomic::{Ordering, fence};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use dmem_verbs::sync::lock_ignoring_poison;
 use dmem_verbs::{MemoryRegion, NodeId, Op, RKey, VerbsError, WrOutcome};
 
 use crate::mapping::{HugePages, MAX_LINKS, Mapping};
@@ -128,11 +129,7 @@ impl ShmMemoryNode {
 
     /// Hands out the next link slot and records that it belongs to `cn`.
     pub(crate) fn alloc_slot(&self, cn: NodeId) -> Result<u32, ShmError> {
-        let mut slots = self
-            .inner
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut slots = lock_ignoring_poison(&self.inner.slots);
         let slot = u32::try_from(slots.len())
             .ok()
             .filter(|&s| s < MAX_LINKS)
@@ -166,11 +163,7 @@ impl ShmMemoryNode {
     /// the middle of a post leaves its counter raised forever, and lands nothing more).
     pub fn revoke(&self, cn: NodeId) -> Result<usize, ShmError> {
         let slots: Vec<u32> = {
-            let slots = self
-                .inner
-                .slots
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let slots = lock_ignoring_poison(&self.inner.slots);
             (0..)
                 .zip(slots.iter())
                 .filter(|&(_, &owner)| owner == cn)

@@ -22,8 +22,8 @@ use std::thread::JoinHandle;
 
 use dmem_verbs::{Endpoint, Message, NodeId, Port, VerbsError};
 
-use crate::context::lock;
 use crate::{MAX_MESSAGE, ShmError, ShmFabric};
+use dmem_verbs::sync::lock_ignoring_poison;
 
 const HEADER: usize = 12;
 
@@ -53,7 +53,7 @@ pub(crate) fn send(
 ) -> Result<(), VerbsError> {
     let lost = VerbsError::ConnectionLost { node: to.node };
     let conn = {
-        let mut peers = lock(&fabric.inner.peers);
+        let mut peers = lock_ignoring_poison(&fabric.inner.peers);
         let Some(peers) = peers.as_mut() else {
             return Err(lost);
         };
@@ -74,9 +74,9 @@ pub(crate) fn send(
     }
     frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     frame.extend_from_slice(payload);
-    if lock(&conn).write_all(&frame).is_err() {
+    if lock_ignoring_poison(&conn).write_all(&frame).is_err() {
         // The peer went away; forget the connection so a restarted peer is reached again.
-        if let Some(peers) = lock(&fabric.inner.peers).as_mut()
+        if let Some(peers) = lock_ignoring_poison(&fabric.inner.peers).as_mut()
             && peers
                 .conns
                 .get(&to.node)
@@ -118,7 +118,7 @@ impl Drop for MessageServer {
         {
             let _ = accept.join();
         }
-        let readers = std::mem::take(&mut *lock(&self.readers));
+        let readers = std::mem::take(&mut *lock_ignoring_poison(&self.readers));
         for (stream, reader) in readers {
             let _ = stream.shutdown(Shutdown::Both);
             let _ = reader.join();
@@ -132,7 +132,7 @@ impl ShmFabric {
     /// (see [`serve_messages`](Self::serve_messages)), without receiving any.
     pub fn set_message_dir(&self, dir: impl AsRef<Path>) {
         let dir = dir.as_ref().to_path_buf();
-        let mut peers = lock(&self.inner.peers);
+        let mut peers = lock_ignoring_poison(&self.inner.peers);
         if peers.as_ref().is_none_or(|p| p.dir != dir) {
             *peers = Some(Peers {
                 dir,
@@ -174,7 +174,7 @@ impl ShmFabric {
                         .name(format!("dmem-shm-msg-{}-rx", node.0))
                         .spawn(move || deliver_frames(&fabric, stream))
                     {
-                        lock(&thread_readers).push((handle, reader));
+                        lock_ignoring_poison(&thread_readers).push((handle, reader));
                     }
                 }
             })

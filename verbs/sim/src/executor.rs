@@ -9,9 +9,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, RawWakerVTable, Wake, Waker};
 
+use dmem_layout::mix::splitmix64;
+use dmem_verbs::sync::lock_ignoring_poison;
 use dmem_verbs::{
-    BatchResult, Clock, Endpoint, MemoryRegion, Message, Nanos, NodeId, OpKind, PostList, Verbs,
-    VerbsError,
+    BatchResult, Clock, Endpoint, MemoryRegion, Message, Nanos, NodeId, OpKind, Phase, PostList,
+    Verbs, VerbsError,
 };
 
 use crate::stats::{NodeStats, Role, SimStats};
@@ -45,11 +47,7 @@ impl Wake for TaskWaker {
 
     fn wake_by_ref(self: &Arc<Self>) {
         if !self.queued.swap(true, Ordering::Relaxed) {
-            self.wakes
-                .keys
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(self.key);
+            lock_ignoring_poison(&self.wakes.keys).push(self.key);
             self.wakes.any.store(true, Ordering::Release);
         }
     }
@@ -277,7 +275,7 @@ impl Sim {
             shared: Rc::clone(s),
             core,
             endpoint,
-            seed: splitmix(s.seed ^ splitmix(n)),
+            seed: splitmix64(s.seed ^ splitmix64(n)),
             posts: Rc::new(Cell::new(0)),
         })
     }
@@ -353,7 +351,7 @@ impl Sim {
     /// The phase marks CN `node` recorded: for each, the index of the first work request of
     /// the phase (the count of work requests posted before it) and its name, in order.
     #[must_use]
-    pub fn phase_marks(&self, node: NodeId) -> Vec<(u64, &'static str)> {
+    pub fn phase_marks(&self, node: NodeId) -> Vec<(u64, Phase)> {
         self.shared.world.borrow().phase_marks(node).to_vec()
     }
 
@@ -449,13 +447,6 @@ impl Sim {
             events: world.events_processed,
         }
     }
-}
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 fn spawn_on(shared: &Rc<Shared>, core: usize, future: Pin<Box<dyn Future<Output = ()>>>) {
@@ -561,14 +552,7 @@ fn drain_wakes(shared: &Shared, at: Nanos) {
     }
     // Swap with a buffer kept across calls so that waking allocates nothing.
     let mut woken = shared.woken_buffer.take();
-    std::mem::swap(
-        &mut woken,
-        &mut *shared
-            .wakes
-            .keys
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
+    std::mem::swap(&mut woken, &mut *lock_ignoring_poison(&shared.wakes.keys));
     for &key in &woken {
         let core = match shared.tasks.borrow().get(key.0) {
             Some(slot) if slot.generation == key.1 => slot.core,
@@ -1111,7 +1095,7 @@ impl Verbs for SimContext {
         Ok(())
     }
 
-    fn mark_phase(&self, phase: &'static str) {
+    fn mark_phase(&self, phase: Phase) {
         self.shared
             .world
             .borrow_mut()

@@ -30,8 +30,8 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::task::Waker;
 
 use dmem_verbs::{
-    BatchResult, Endpoint, Message, Nanos, NodeId, Op, OpKind, Port, RKey, ReadBytes, RemoteAddr,
-    VerbsError, WorkRequests, WrId, WrOutcome,
+    BatchResult, Endpoint, Message, Nanos, NodeId, Op, OpKind, Phase, Port, RKey, ReadBytes,
+    RemoteAddr, VerbsError, WorkRequests, WrId, WrOutcome,
 };
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::{RngCore, SeedableRng};
@@ -120,7 +120,7 @@ struct Node {
     crash_at_wr: Option<u64>,
     wrs_posted: u64,
     /// Phase marks (work-request index where the phase began, phase), when recorded.
-    phase_marks: Vec<(u64, &'static str)>,
+    phase_marks: Vec<(u64, Phase)>,
     /// CNs whose access this MN revoked.
     revoked: BTreeSet<NodeId>,
     next_port: u16,
@@ -447,14 +447,14 @@ impl World {
 
     /// Records that `node` begins phase `phase` at its next work request, if phase
     /// recording is on.
-    pub(crate) fn mark_phase(&mut self, node: NodeId, phase: &'static str) {
+    pub(crate) fn mark_phase(&mut self, node: NodeId, phase: Phase) {
         if self.record_phases {
             let n = &mut self.nodes[usize::from(node.0)];
             n.phase_marks.push((n.wrs_posted, phase));
         }
     }
 
-    pub(crate) fn phase_marks(&self, node: NodeId) -> &[(u64, &'static str)] {
+    pub(crate) fn phase_marks(&self, node: NodeId) -> &[(u64, Phase)] {
         &self.nodes[usize::from(node.0)].phase_marks
     }
 

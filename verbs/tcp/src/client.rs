@@ -10,11 +10,12 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use dmem_verbs::sync::lock_ignoring_poison;
 use dmem_verbs::{MemoryRegion, NodeId, WrOutcome};
 
 use crate::TcpError;
@@ -22,10 +23,6 @@ use crate::wire::{self, Failed, FrameKind, HEADER_LEN, Shape};
 
 /// How long connecting and the hello may take before the MN counts as not answering.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// How a post to one MN ended, short of success.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,7 +133,7 @@ impl MnConn {
 
     /// Whether the connection is gone.
     pub(crate) fn is_lost(&self) -> bool {
-        lock(&self.state).lost
+        lock_ignoring_poison(&self.state).lost
     }
 
     /// Sends `ops` as one `Post` frame; returns its sequence number.
@@ -146,12 +143,12 @@ impl MnConn {
         detached: bool,
     ) -> Result<u64, SendError> {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let mut frame = lock(&self.frame);
+        let mut frame = lock_ignoring_poison(&self.frame);
         frame.clear();
         let shapes = wire::put_post(&mut frame, seq, detached, ops).map_err(SendError::Wire)?;
         {
             // Registered before sending: the completion may arrive before `write_all` returns.
-            let mut state = lock(&self.state);
+            let mut state = lock_ignoring_poison(&self.state);
             if state.lost {
                 return Err(SendError::Lost);
             }
@@ -165,8 +162,11 @@ impl MnConn {
                 },
             );
         }
-        if lock(&self.writer).write_all(&frame).is_err() {
-            lock(&self.state).pending.remove(&seq);
+        if lock_ignoring_poison(&self.writer)
+            .write_all(&frame)
+            .is_err()
+        {
+            lock_ignoring_poison(&self.state).pending.remove(&seq);
             return Err(SendError::Lost);
         }
         Ok(seq)
@@ -180,7 +180,7 @@ impl MnConn {
 
 impl Drop for MnConn {
     fn drop(&mut self) {
-        let _ = lock(&self.writer).shutdown(Shutdown::Both);
+        let _ = lock_ignoring_poison(&self.writer).shutdown(Shutdown::Both);
         if let Some(reader) = self.reader.take() {
             let _ = reader.join();
         }
@@ -206,7 +206,7 @@ impl Future for WaitCompletion<'_> {
     type Output = PartResult;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<PartResult> {
-        let mut state = lock(&self.conn.state);
+        let mut state = lock_ignoring_poison(&self.conn.state);
         let Some(pending) = state.pending.get_mut(&self.seq) else {
             return Poll::Ready(Err(PartFailure::Lost));
         };
@@ -225,7 +225,7 @@ impl Future for WaitCompletion<'_> {
 impl Drop for WaitCompletion<'_> {
     fn drop(&mut self) {
         // A caller that stops waiting turns the post into a detached one.
-        let mut state = lock(&self.conn.state);
+        let mut state = lock_ignoring_poison(&self.conn.state);
         if let Some(pending) = state.pending.get_mut(&self.seq) {
             if pending.done.is_some() {
                 state.pending.remove(&self.seq);
@@ -269,7 +269,7 @@ fn read_completions(mut stream: TcpStream, state: &Mutex<State>) {
             // A `Refused` (access revoked) or anything else ends the connection.
             break;
         }
-        let mut guard = lock(state);
+        let mut guard = lock_ignoring_poison(state);
         let seq = header.seq.get();
         let Some(pending) = guard.pending.get_mut(&seq) else {
             break;
@@ -292,7 +292,7 @@ fn read_completions(mut stream: TcpStream, state: &Mutex<State>) {
     }
     let _ = stream.shutdown(Shutdown::Both);
     let wakers: Vec<Waker> = {
-        let mut guard = lock(state);
+        let mut guard = lock_ignoring_poison(state);
         guard.lost = true;
         guard.pending.retain(|_, p| !p.detached);
         guard

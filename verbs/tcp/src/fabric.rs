@@ -4,10 +4,11 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use dmem_shm::{MAX_MESSAGE, ShmContext, ShmFabric};
+use dmem_verbs::sync::lock_ignoring_poison;
 use dmem_verbs::{
     BatchResult, Endpoint, MemoryRegion, Message, NodeId, Port, PostList, Verbs, VerbsError,
     WrOutcome,
@@ -16,10 +17,6 @@ use dmem_verbs::{
 use crate::TcpError;
 use crate::client::{self, MnConn, PartFailure, SendError};
 use crate::wire::{self, FrameKind, WireError};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// The tcp fabric of one CN process: its node id, the receive queues of its contexts, and
 /// the addresses of peer CNs for two-sided messages. Cloning is cheap and shares it.
@@ -64,8 +61,8 @@ impl TcpFabric {
 
     /// Where the messages of node `node` go (its [`listen`](Self::listen) address).
     pub fn add_peer(&self, node: NodeId, addr: SocketAddr) {
-        lock(&self.inner.peers).insert(node, addr);
-        lock(&self.inner.out).remove(&node);
+        lock_ignoring_poison(&self.inner.peers).insert(node, addr);
+        lock_ignoring_poison(&self.inner.out).remove(&node);
     }
 
     /// A context that receives on port `port` of this node, connected to no MN yet.
@@ -113,7 +110,7 @@ impl TcpFabric {
                         .name("dmem-tcp-msg-rx".into())
                         .spawn(move || fabric.deliver_frames(stream))
                     {
-                        lock(&thread_readers).push((handle, reader));
+                        lock_ignoring_poison(&thread_readers).push((handle, reader));
                     }
                 }
             })
@@ -150,11 +147,13 @@ impl TcpFabric {
     fn send_remote(&self, from: Endpoint, to: Endpoint, payload: &[u8]) -> Result<(), VerbsError> {
         let lost = VerbsError::ConnectionLost { node: to.node };
         let conn = {
-            let mut out = lock(&self.inner.out);
+            let mut out = lock_ignoring_poison(&self.inner.out);
             match out.get(&to.node) {
                 Some(conn) => Arc::clone(conn),
                 None => {
-                    let addr = *lock(&self.inner.peers).get(&to.node).ok_or(lost.clone())?;
+                    let addr = *lock_ignoring_poison(&self.inner.peers)
+                        .get(&to.node)
+                        .ok_or(lost.clone())?;
                     let stream = TcpStream::connect_timeout(&addr, client::CONNECT_TIMEOUT)
                         .map_err(|_| lost.clone())?;
                     let _ = stream.set_nodelay(true);
@@ -171,9 +170,9 @@ impl TcpFabric {
                 max: MAX_MESSAGE,
             }
         })?;
-        if lock(&conn).write_all(&frame).is_err() {
+        if lock_ignoring_poison(&conn).write_all(&frame).is_err() {
             // The peer went away; forget the connection so a restarted peer is reached again.
-            let mut out = lock(&self.inner.out);
+            let mut out = lock_ignoring_poison(&self.inner.out);
             if out.get(&to.node).is_some_and(|c| Arc::ptr_eq(c, &conn)) {
                 out.remove(&to.node);
             }
@@ -219,7 +218,7 @@ impl Drop for MessageListener {
         {
             let _ = accept.join();
         }
-        let readers = std::mem::take(&mut *lock(&self.readers));
+        let readers = std::mem::take(&mut *lock_ignoring_poison(&self.readers));
         for (stream, reader) in readers {
             let _ = stream.shutdown(Shutdown::Both);
             let _ = reader.join();

@@ -17,10 +17,11 @@ use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use dmem_shm::{ShmContext, ShmFabric, ShmMemoryNode};
+use dmem_verbs::sync::lock_ignoring_poison;
 use dmem_verbs::{Endpoint, MemoryRegion, NodeId, Port, VerbsError};
 use io_uring::{IoUring, opcode, squeue, types};
 use slab::Slab;
@@ -36,10 +37,6 @@ const RECV_BUF: usize = 64 << 10;
 const ACCEPT: u64 = u64::MAX;
 const TAG_RECV: u64 = 1;
 const TAG_SEND: u64 = 2;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// State shared by the serving thread and the [`TcpMemoryServer`] handle.
 #[derive(Debug)]
@@ -120,9 +117,9 @@ impl TcpMemoryServer {
     /// [`TcpError::Shm`] if a post was still executing after the wait of
     /// [`ShmMemoryNode::revoke`] (the serving thread finishes any post in far less).
     pub fn revoke(&self, cn: NodeId) -> Result<usize, TcpError> {
-        lock(&self.shared.revoked).insert(cn);
+        lock_ignoring_poison(&self.shared.revoked).insert(cn);
         self.shared.mn.revoke(cn)?;
-        let conns = lock(&self.shared.conns);
+        let conns = lock_ignoring_poison(&self.shared.conns);
         let mut shut = 0;
         for (owner, stream) in conns.values() {
             if *owner == cn {
@@ -136,7 +133,7 @@ impl TcpMemoryServer {
     /// Number of open connections that completed their hello.
     #[must_use]
     pub fn connections(&self) -> usize {
-        lock(&self.shared.conns).len()
+        lock_ignoring_poison(&self.shared.conns).len()
     }
 
     /// Stops serving and waits for the serving thread.
@@ -152,7 +149,7 @@ impl TcpMemoryServer {
             return Ok(());
         };
         self.shared.stop.store(true, Ordering::SeqCst);
-        for (_, stream) in lock(&self.shared.conns).values() {
+        for (_, stream) in lock_ignoring_poison(&self.shared.conns).values() {
             let _ = stream.shutdown(Shutdown::Both);
         }
         // Wake the pending accept so the loop sees the flag.
@@ -393,7 +390,7 @@ impl Loop {
             return self.arm_recv(key);
         }
         if conn.closing && !conn.recv_busy && !conn.send_busy && conn.next.is_empty() {
-            lock(&self.shared.conns).remove(&key);
+            lock_ignoring_poison(&self.shared.conns).remove(&key);
             let conn = self.conns.remove(key);
             let _ = conn.stream.shutdown(Shutdown::Both);
         }
@@ -501,7 +498,7 @@ impl Loop {
         }
         // The link is made under the revoked set's lock, so a concurrent `revoke` either
         // refuses this hello or finds the link and cuts it.
-        let revoked = lock(&self.shared.revoked);
+        let revoked = lock_ignoring_poison(&self.shared.revoked);
         if revoked.contains(&cn) {
             drop(revoked);
             return refuse(conn, RefuseReason::Revoked);
@@ -533,7 +530,7 @@ impl Loop {
             drop(revoked);
             return refuse(conn, RefuseReason::Malformed);
         };
-        lock(&self.shared.conns).insert(key, (cn, handle));
+        lock_ignoring_poison(&self.shared.conns).insert(key, (cn, handle));
         drop(revoked);
         conn.cn = Some(cn);
         wire::put_welcome(&mut conn.next, self.shared.mn.region());

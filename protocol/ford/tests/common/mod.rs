@@ -172,9 +172,9 @@ pub fn next(state: &mut u64) -> u64 {
 
 fn bal(v: Option<Vec<u8>>) -> Result<u64, TxnError> {
     let v = v.ok_or(TxnError::KeyState(0))?;
-    Ok(u64::from_le_bytes(
-        v.try_into().map_err(|_| TxnError::Aborted("size"))?,
-    ))
+    Ok(u64::from_le_bytes(v.try_into().map_err(|_| {
+        TxnError::Aborted(dmem_txn::AbortReason::MalformedItem)
+    })?))
 }
 
 /// One transfer attempt: moves `amount` from `a` to `b` (locks both with read_for_update).
