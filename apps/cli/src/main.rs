@@ -166,13 +166,17 @@ fn run() -> i32 {
                 cluster::bench_cluster(&txn)
             }
             BenchArgs { layer: None, txn } if txn.fabric() == bench_txn::TxnFabric::Rdma => {
-                if cfg!(feature = "rdma") {
-                    cluster::bench_cluster(&txn)
-                } else {
-                    Err(anyhow::anyhow!(
-                        "this dmem was built without RDMA support: build it with `cargo build --release -p dmem-cli --features rdma`"
-                    ))
+                #[cfg(feature = "rdma")]
+                {
+                    // A host without a device gets its one line before any process starts.
+                    dmem_rdma::device::RdmaDevice::open(None)
+                        .map_err(anyhow::Error::from)
+                        .and_then(|_| cluster::bench_cluster(&txn))
                 }
+                #[cfg(not(feature = "rdma"))]
+                Err(anyhow::anyhow!(
+                    "this dmem was built without RDMA support: build it with `cargo build --release -p dmem-cli --features rdma`"
+                ))
             }
             BenchArgs { layer: None, txn } if txn.fabric() != bench_txn::TxnFabric::Sim => {
                 match txn.symmetric_only(&dmem_protocols::registry()) {

@@ -129,7 +129,15 @@ fn bad_arguments_are_refused_in_one_line() {
         ),
         (
             vec!["bench", "--fabric", "rdma"],
-            "[possible values: sim, tcp, shm]",
+            if cfg!(feature = "rdma") {
+                "no RDMA device found"
+            } else {
+                "this dmem was built without RDMA support"
+            },
+        ),
+        (
+            vec!["bench", "--fabric", "ib"],
+            "[possible values: sim, tcp, shm, rdma]",
         ),
     ] {
         let out = dmem(&args);

@@ -575,8 +575,12 @@ fn cluster_file_errors_are_one_readable_line() {
     );
     let cases: Vec<(String, &str)> = vec![
         (
-            good.replace("fabric = \"tcp\"", "fabric = \"rdma\""),
-            "fabric `rdma` is not `tcp` or `shm`",
+            good.replace("fabric = \"tcp\"", "fabric = \"ib\""),
+            "fabric `ib` is not `tcp`, `shm` or `rdma`",
+        ),
+        (
+            good.replace("fabric = \"tcp\"", "fabric = \"tcp\"\nrdma_device = \"rxe0\""),
+            "rdma_device and rdma_gid_index are for fabric = \"rdma\"",
         ),
         (
             shm_toml(&dir.0.join("sockets"), "ford").replace(
@@ -662,6 +666,13 @@ fn cluster_file_errors_are_one_readable_line() {
             "workload backoff `exp:10`: `exp` takes a base and a cap in µs",
         ),
     ];
+    let mut cases = cases;
+    if !cfg!(feature = "rdma") {
+        cases.push((
+            good.replace("fabric = \"tcp\"", "fabric = \"rdma\""),
+            "fabric = \"rdma\" needs a dmem built with RDMA support",
+        ));
+    }
     assert_bad_files(&dir, &["mn", "--node", "mn0"], cases);
     // A node name the file does not have.
     let file = dir.write("good.toml", &good);
