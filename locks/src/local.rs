@@ -33,7 +33,7 @@
 //! * only one prefetch of the remote timestamp is outstanding per CQL hold (§5.3 has
 //!   every new local waiter prefetch; a second concurrent READ would fetch the same).
 //!
-//! The mutex is [`crate::sync::SpinMutex`], one per shard of locks; under `--cfg loom` its
+//! The mutex is `crate::sync::SpinMutex`, one per shard of locks; under `--cfg loom` its
 //! atomics come from loom and `tests/loom.rs` model-checks acquire, release and hand-over.
 
 use alloc::boxed::Box;

@@ -1,17 +1,17 @@
 //! FORD and Pandora: one-sided OCC transactions on disaggregated memory.
 //!
 //! * [`store`]: `dmem-store` re-exported — placement of records on a primary and `f` backup
-//!   MNs, the MN hash index (one READ per bucket), the out-of-band [`Loader`](store::Loader),
-//!   per-coordinator log regions and the CN-side [`AddressCache`](store::AddressCache),
+//!   MNs, the MN hash index (one READ per bucket), the out-of-band [`Loader`],
+//!   per-coordinator log regions and the CN-side [`AddressCache`],
 //!   shared with the other one-sided protocols.
 //! * [`config`]: [`Protocol::Ford`](config::Protocol) with each of the six bugs of Pandora
-//!   Table 1 behind its own switch ([`FordBug`](config::FordBug)), or
+//!   Table 1 behind its own switch ([`FordBug`]), or
 //!   [`Protocol::Pandora`](config::Protocol).
 //! * [`logic`]: the decisions (lock views and PILL stealing, validation, recovery's roll
 //!   forward / roll back) as plain functions.
-//! * [`txn`]: [`FordCoordinator`](txn::FordCoordinator) and its transactions, implementing
+//! * [`txn`]: [`FordCoordinator`] and its transactions, implementing
 //!   `dmem_txn::{Coordinator, Transaction}` and recording every transaction into a
-//!   [`HistorySink`](txn::HistorySink).
+//!   [`HistorySink`].
 //! * [`recovery`]: heartbeat failure detector, active-link termination, log recovery,
 //!   truncation and stray-lock notification (Pandora §3.2), FORD's stray-lock scan, and
 //!   the detector's side of MN failures (§3.2.5).

@@ -10,7 +10,7 @@
 //!   transactions committing with its locks finished), and
 //! * the CN is up again with an empty table.
 //!
-//! The paper notes that recovery "typically complete[s] much earlier" than the restart, so
+//! The paper notes that recovery "typically complete\[s\] much earlier" than the restart, so
 //! that no extra waiting is needed; the [`Restart`] machine waits if it does not. Until the
 //! broadcast the CN's shards stay assigned to it and are not served (requests for them are
 //! refused, the requesting transaction aborts and is retried), as in the paper, where the

@@ -67,7 +67,7 @@ pub struct MotorConfig {
     /// Pause between two such reads, ns.
     pub reread_pause: Nanos,
     /// The version layout a deployment lays Motor's store out with: Motor's own
-    /// ([`VersionLayout::Deltas`], the default) or LOTUS's full records (the "+Full Record
+    /// ([`VersionLayout::Deltas`](mvcc::VersionLayout::Deltas), the default) or LOTUS's full records (the "+Full Record
     /// Store" step of LOTUS §8.3). Coordinators follow the block shapes they are given.
     pub layout: mvcc::VersionLayout,
 }

@@ -6,7 +6,7 @@
 //! * Every process lays the same store out (`LotusProtocol::store`); an MN process loads
 //!   its share, a CN process only addresses it.
 //! * A CN process learns which CN it is from the cluster's
-//!   [`ProcessPlan`](dmem_deploy::process::ProcessPlan)
+//!   [`ProcessPlan`]
 //!   ([`Deployment::join_as_cn`]): its index among the plan's members is its LOTUS CN
 //!   number (lock holders, shard owners), the members' `services` endpoints are the lock
 //!   servers (slot `i` of every CN answers the `i`-th coordinator of the others, §4.1).
@@ -18,7 +18,7 @@
 //!   deployments of one CN in one process share **one** [`CnLocks`] — the lock table
 //!   (atomic slot words, CPU CAS, lock state in per-bucket mutexes), the VT cache (§4.4)
 //!   and the counters — found through the protocol value every core deploys from
-//!   ([`ProcessTables`], keyed by the CN's node and the run's state directory). Each core
+//!   (`ProcessTables`, keyed by the CN's node and the run's state directory). Each core
 //!   has its own [`LockCluster`] view (static in a process) over that table, so its
 //!   coordinators take local locks on the table every core uses, and the lock servers grant
 //!   remote requests on the same table and invalidate the one VT cache. Server `i` runs on
@@ -28,7 +28,7 @@
 //!   server `i` of the other CNs whatever core either runs on: service endpoints are
 //!   numbered by coordinator slot.
 //! * **Recovery** (§6): the detector's [`LogRecovery`] decides a failed CN's commit logs,
-//!   then the failure notice reaches every survivor's lock server ([`NoticeAfterLogs`]).
+//!   then the failure notice reaches every survivor's lock server (`NoticeAfterLogs`).
 //!
 //! What stays on the simulator, and why (each refused at deployment with one line):
 //! pass-by-range resharding (§4.3) and CN restart (§6) change state every CN shares there
@@ -340,7 +340,7 @@ impl Deployment for LotusProcessDeployment {
     }
 
     /// Every core's deployment of this CN shares its lock table and VT cache
-    /// ([`ProcessTables`]); the lock servers run on the core that runs `process_tasks`.
+    /// (`ProcessTables`); the lock servers run on the core that runs `process_tasks`.
     fn splits_across_cores(&self) -> Result<(), String> {
         Ok(())
     }

@@ -49,7 +49,8 @@ struct Shared {
     stop: AtomicBool,
 }
 
-/// A memory node serving its region over TCP (see the [module docs](self)).
+/// A memory node serving its region over TCP (the wire format and serving loop: the module
+/// docs of `src/server.rs`).
 ///
 /// Dropping it stops the serving thread and closes every connection.
 #[derive(Debug)]

@@ -742,7 +742,7 @@ impl Workload for Tpcc {
     }
 
     /// New-Order inserts one NEW_ORDER and one ORDER row and up to
-    /// [`MAX_ORDER_LINES`](super::MAX_ORDER_LINES) ORDER_LINE rows; Payment one HISTORY row;
+    /// [`MAX_ORDER_LINES`] ORDER_LINE rows; Payment one HISTORY row;
     /// nothing else inserts (Delivery deletes NEW_ORDER rows, whose slots stay taken).
     fn inserts_per_txn(&self, table: TableId) -> Option<f64> {
         let weights = self.config.weights;
@@ -757,7 +757,7 @@ impl Workload for Tpcc {
     }
 
     /// New-Order: DISTRICT, CUSTOMER_LAST_ORDER, one STOCK row per line, ORDER, NEW_ORDER
-    /// and one ORDER_LINE row per line, with [`MAX_ORDER_LINES`](super::MAX_ORDER_LINES)
+    /// and one ORDER_LINE row per line, with [`MAX_ORDER_LINES`]
     /// lines. Payment: WAREHOUSE, DISTRICT, CUSTOMER (or its name-index entry) and a HISTORY
     /// row. Delivery, per district: NEW_ORDER_HEAD, the NEW_ORDER row it deletes, ORDER, its
     /// ORDER_LINE rows (at most as many) and CUSTOMER. Types with no weight in the mix are
