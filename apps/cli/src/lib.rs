@@ -1,5 +1,5 @@
 //! The entry points of `dmem`'s transaction commands as a library, so that a test can run
-//! them with a [`Registry`](dmem_deploy::Registry) of its own (a toy protocol goes through
+//! them with a [`Registry`] of its own (a toy protocol goes through
 //! exactly the code `dmem bench` runs). The `dmem` binary calls them with
 //! `dmem_protocols::registry()`.
 

@@ -59,7 +59,7 @@ enum Command {
     Recover(recover::Args),
     /// A paper's key figures on the simulated cluster next to the paper's values: prints
     /// paper, dmem, ratio and whether each ordering holds; writes CSV and SVG under `--out`
-    /// (default ./reproduce/<paper>/); exits 3 if an ordering does not hold.
+    /// (default ./reproduce/PAPER/); exits 3 if an ordering does not hold.
     Reproduce(reproduce::Args),
     /// A memory-node process of a cluster file on the tcp fabric: serves its memory, detects
     /// failed CNs by heartbeats and revokes them, reports its memory at the end (`dmem mn

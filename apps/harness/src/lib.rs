@@ -7,7 +7,7 @@
 //! reports throughput, abort rate, latency percentiles (hdrhistogram), MN work requests per
 //! committed transaction by verb, MN NIC busy fraction, round trips per committed transaction
 //! by type, the history checker's verdict over the whole history and the workload's
-//! invariants over the final state read with [`Deployment::read_final`].
+//! invariants over the final state read with [`Deployment::read_final`](dmem_deploy::Deployment::read_final).
 //!
 //! # Round trips
 //!

@@ -194,8 +194,7 @@ impl ProcessPlan {
     }
 }
 
-/// The contexts a CN process gives its deployment's [`process_tasks`]
-/// (crate::Deployment::process_tasks).
+/// The contexts a CN process gives its deployment's [`process_tasks`](crate::Deployment::process_tasks).
 #[derive(Debug, Clone)]
 pub struct CnContexts {
     /// For heartbeats to the detector.

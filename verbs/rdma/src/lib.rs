@@ -9,8 +9,8 @@
 //! | [`chain`] | a `PostList` as chains of work requests: one doorbell per queue pair, selective signaling, inline WRITEs, staging layout (atomics 8-aligned), send-queue splitting | no |
 //! | [`completion`] | routing completions (by `wr_id`) to the posts waiting for them | no |
 //! | [`msg`] | two-sided message frames | no |
-//! | `device` (feature `device`) | [`RdmaDevice`](device::RdmaDevice), [`RdmaContext`](device::RdmaContext) (implements `Verbs`), memory registration, over `sideway` | yes |
-//! | `server` (feature `device`) | [`RdmaMemoryServer`](server::RdmaMemoryServer): an MN process hands its region to CN contexts over TCP; [`connect_memory`](server::connect_memory), revocation | yes |
+//! | `device` (feature `device`) | `RdmaDevice`, `RdmaContext` (implements `Verbs`), memory registration, over `sideway` | yes |
+//! | `server` (feature `device`) | `RdmaMemoryServer`: an MN process hands its region to CN contexts over TCP; `connect_memory`, revocation | yes |
 //!
 //! Papers: doorbell batching (LOTUS §7.2, Pandora §2.3), selective signaling (DecLock §6),
 //! RC one-sided verbs and atomics as FORD and Motor use them.
