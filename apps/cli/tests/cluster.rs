@@ -579,7 +579,10 @@ fn cluster_file_errors_are_one_readable_line() {
             "fabric `ib` is not `tcp`, `shm` or `rdma`",
         ),
         (
-            good.replace("fabric = \"tcp\"", "fabric = \"tcp\"\nrdma_device = \"rxe0\""),
+            good.replace(
+                "fabric = \"tcp\"",
+                "fabric = \"tcp\"\nrdma_device = \"rxe0\"",
+            ),
             "rdma_device and rdma_gid_index are for fabric = \"rdma\"",
         ),
         (
