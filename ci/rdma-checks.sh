@@ -33,7 +33,7 @@ timeout 300 "$bin/rxe-test" --ignored --test-threads 1 \
 step "dmem perf --fabric rdma: READ, WRITE, CAS, FAA at batch 1 and 16"
 for op in read write cas faa; do
   timeout 120 "$bin/dmem" perf --fabric rdma --cns 1 --threads 1 --clients 1 \
-    --op "$op" --size 8 --batch 1,16 --duration-ms 2000 --json
+    --op "$op" --size 8 --batch 1,16 --duration-ms 3000 --json
 done
 
 step "the one-sided protocols' SmallBank through the NIC in one process (checker, invariants)"

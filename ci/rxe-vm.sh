@@ -25,11 +25,11 @@
 #   RXE_VM_WORK (scratch for the initramfs, default ${TMPDIR:-/tmp}/dmem-rxe-vm),
 #   RXE_VM_KERNEL (a version under /lib/modules).
 # Needs root and Debian's packages: qemu-system-x86 linux-image-amd64 rdma-core
-# ibverbs-providers busybox-static (`ci/rxe-vm.sh --install` installs them).
+# ibverbs-providers busybox-static kmod cpio (`ci/rxe-vm.sh --install` installs them).
 set -u
 
 die() { echo "rxe-vm: $*" >&2; exit 125; }
-packages="qemu-system-x86 linux-image-amd64 rdma-core ibverbs-providers ibverbs-utils busybox-static kmod"
+packages="qemu-system-x86 linux-image-amd64 rdma-core ibverbs-providers ibverbs-utils busybox-static kmod cpio"
 
 if [ "${1:-}" = "--install" ]; then
   export DEBIAN_FRONTEND=noninteractive

@@ -117,10 +117,7 @@ impl ProcessTables {
         plan: &ProcessPlan,
         make: impl FnOnce() -> CnLocks,
     ) -> (Arc<CnLocks>, u16) {
-        let mut cns = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cns = dmem_verbs::sync::lock_ignoring_poison(&self.0);
         cns.retain(|c| c.locks.strong_count() > 0);
         if let Some(c) = cns
             .iter_mut()

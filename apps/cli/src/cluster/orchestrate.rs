@@ -97,10 +97,7 @@ fn start_node(
             if is_ready_line(&line) {
                 reader_ready.store(true, Ordering::SeqCst);
             }
-            reader_lines
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(line);
+            dmem_verbs::sync::lock_ignoring_poison(&reader_lines).push(line);
         }
     });
     Ok(Started {
@@ -124,11 +121,7 @@ fn finish_with_lines<T: for<'de> Deserialize<'de>>(
 ) -> (String, bool, Option<T>, Vec<String>) {
     let ok = node.child.wait().is_ok_and(|s| s.success());
     let _ = node.reader.join();
-    let lines = node
-        .lines
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
+    let lines = dmem_verbs::sync::lock_ignoring_poison(&node.lines).clone();
     let report = lines
         .iter()
         .rev()

@@ -82,11 +82,7 @@ pub(crate) struct CnShared {
 }
 
 /// `mutex`'s tally; one poisoned by a panicking core is still counted.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+pub(crate) use dmem_verbs::sync::lock_ignoring_poison as lock;
 
 /// Everything a CN's cores need, shared by their threads.
 pub(crate) struct CnSetup {
