@@ -560,15 +560,16 @@ fn to_sideway_mtu(m: PathMtu) -> Mtu {
     }
 }
 
-fn to_access_flags(bits: u32) -> AccessFlags {
+fn to_access_flags(bits: crate::qp::Access) -> AccessFlags {
+    use crate::qp::Access;
     let mut f = AccessFlags::none();
     for (bit, flag) in [
-        (crate::qp::ACCESS_LOCAL_WRITE, AccessFlags::LocalWrite),
-        (crate::qp::ACCESS_REMOTE_WRITE, AccessFlags::RemoteWrite),
-        (crate::qp::ACCESS_REMOTE_READ, AccessFlags::RemoteRead),
-        (crate::qp::ACCESS_REMOTE_ATOMIC, AccessFlags::RemoteAtomic),
+        (Access::LOCAL_WRITE, AccessFlags::LocalWrite),
+        (Access::REMOTE_WRITE, AccessFlags::RemoteWrite),
+        (Access::REMOTE_READ, AccessFlags::RemoteRead),
+        (Access::REMOTE_ATOMIC, AccessFlags::RemoteAtomic),
     ] {
-        if bits & bit != 0 {
+        if bits.contains(bit) {
             f |= flag;
         }
     }

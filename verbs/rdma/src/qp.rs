@@ -97,17 +97,27 @@ impl AttrMask {
     }
 }
 
+bitflags::bitflags! {
+    /// Access rights (`enum ibv_access_flags`, bit for bit): what a memory region or a
+    /// queue pair's responder allows.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct Access: u32 {
+        /// `IBV_ACCESS_LOCAL_WRITE`.
+        const LOCAL_WRITE = 1;
+        /// `IBV_ACCESS_REMOTE_WRITE`.
+        const REMOTE_WRITE = 1 << 1;
+        /// `IBV_ACCESS_REMOTE_READ`.
+        const REMOTE_READ = 1 << 2;
+        /// `IBV_ACCESS_REMOTE_ATOMIC`.
+        const REMOTE_ATOMIC = 1 << 3;
+    }
+}
+
 /// Access rights the responder grants the peer: everything one-sided verbs need.
-pub const REMOTE_ACCESS: u32 =
-    ACCESS_LOCAL_WRITE | ACCESS_REMOTE_WRITE | ACCESS_REMOTE_READ | ACCESS_REMOTE_ATOMIC;
-/// `IBV_ACCESS_LOCAL_WRITE`.
-pub const ACCESS_LOCAL_WRITE: u32 = 1;
-/// `IBV_ACCESS_REMOTE_WRITE`.
-pub const ACCESS_REMOTE_WRITE: u32 = 1 << 1;
-/// `IBV_ACCESS_REMOTE_READ`.
-pub const ACCESS_REMOTE_READ: u32 = 1 << 2;
-/// `IBV_ACCESS_REMOTE_ATOMIC`.
-pub const ACCESS_REMOTE_ATOMIC: u32 = 1 << 3;
+pub const REMOTE_ACCESS: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_ATOMIC);
 
 /// How the peer is addressed on the path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -142,7 +152,7 @@ pub enum QpAttr {
     /// Local port number.
     Port(u8),
     /// Remote access rights (`IBV_ACCESS_*`).
-    AccessFlags(u32),
+    AccessFlags(Access),
     /// Path MTU.
     PathMtu(PathMtu),
     /// The peer's QP number.
@@ -622,6 +632,10 @@ mod tests {
     #[test]
     fn required_masks_follow_the_ibv_modify_qp_table() {
         use QpState::*;
+        // <infiniband/verbs.h>: IBV_ACCESS_LOCAL_WRITE=1, REMOTE_WRITE=2, REMOTE_READ=4,
+        // REMOTE_ATOMIC=8; what the responder grants is all four.
+        assert_eq!(REMOTE_ACCESS.bits(), 0b1111);
+        assert_eq!(Access::REMOTE_ATOMIC.bits(), 8);
         // Bits from <infiniband/verbs.h>: STATE=1, ACCESS_FLAGS=8, PKEY_INDEX=16, PORT=32.
         assert_eq!(
             AttrMask::required(Reset, Init),
