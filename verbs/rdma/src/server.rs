@@ -146,7 +146,9 @@ fn serve_loop(
         match listener.accept() {
             Ok((stream, from)) => {
                 idle = false;
-                let port = Port(u16::try_from(served.len() % usize::from(u16::MAX)).unwrap_or(0));
+                // A passive context only names itself in its descriptor; the port keeps
+                // each one's starting packet sequence numbers apart.
+                let port = Port(served.len() as u16);
                 match accept(device, node, port, region, stream) {
                     Ok((peer, ctx)) => served.push((peer.node, ctx)),
                     // One CN's failed handshake must not stop the MN serving the others.
