@@ -146,23 +146,18 @@ impl Net {
                 let mut ctx = fabric.context(endpoint(node, port))?;
                 for mn in cluster.mns().iter().filter(|m| alive(m.node)) {
                     let path = shm_memory_socket(dir, mn.node);
-                    let link = loop {
-                        match MnLink::connect(&path, node) {
-                            Ok(link) => break link,
-                            Err(dmem_shm::ShmError::Os { .. }) if Instant::now() < deadline => {
-                                std::thread::sleep(Duration::from_millis(20));
-                            }
-                            Err(e) => {
-                                return Err(e).with_context(|| {
-                                    format!(
-                                        "cannot map the memory of MN `{}` through {}",
-                                        mn.name,
-                                        path.display()
-                                    )
-                                });
-                            }
-                        }
-                    };
+                    let link = retrying(
+                        deadline,
+                        |e| matches!(e, dmem_shm::ShmError::Os { .. }),
+                        || MnLink::connect(&path, node),
+                    )
+                    .with_context(|| {
+                        format!(
+                            "cannot map the memory of MN `{}` through {}",
+                            mn.name,
+                            path.display()
+                        )
+                    })?;
                     ctx.add_link(link)?;
                 }
                 ctx.into()
@@ -203,6 +198,23 @@ fn control_plane(
     Ok((fabric, listener))
 }
 
+/// Calls `connect` until it succeeds, retrying every 20 ms while the MN is not up yet
+/// (`not_up` says which errors mean that) and `deadline` has not passed.
+fn retrying<T, E>(
+    deadline: Instant,
+    not_up: impl Fn(&E) -> bool,
+    mut connect: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    loop {
+        match connect() {
+            Err(e) if not_up(&e) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Connects a queue pair of `ctx` to `mn`'s memory (the descriptor exchange at its `data`
 /// address), retrying while the MN is not up yet, until `deadline`.
 #[cfg(feature = "rdma")]
@@ -211,20 +223,13 @@ fn connect_rdma_retrying(
     mn: &MnNode,
     deadline: Instant,
 ) -> anyhow::Result<()> {
-    loop {
-        let data = mn.data()?;
-        match dmem_rdma::server::connect_memory(ctx, mn.node, data) {
-            Ok(_) => return Ok(()),
-            Err(dmem_rdma::RdmaError::Exchange(_)) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => {
-                return Err(e).with_context(|| {
-                    format!("cannot connect a queue pair to MN `{}` at {data}", mn.name)
-                });
-            }
-        }
-    }
+    let data = mn.data()?;
+    retrying(
+        deadline,
+        |e| matches!(e, dmem_rdma::RdmaError::Exchange(_)),
+        || dmem_rdma::server::connect_memory(ctx, mn.node, data).map(drop),
+    )
+    .with_context(|| format!("cannot connect a queue pair to MN `{}` at {data}", mn.name))
 }
 
 /// Connects `ctx` to `mn`, retrying while the MN is not up yet, until `deadline`.
@@ -233,19 +238,13 @@ pub(crate) fn connect_retrying(
     mn: &MnNode,
     deadline: Instant,
 ) -> anyhow::Result<()> {
-    loop {
-        let data = mn.data()?;
-        match ctx.connect(data) {
-            Ok(_) => return Ok(()),
-            Err(TcpError::Io { .. }) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => {
-                return Err(e)
-                    .with_context(|| format!("cannot connect to MN `{}` at {data}", mn.name));
-            }
-        }
-    }
+    let data = mn.data()?;
+    retrying(
+        deadline,
+        |e| matches!(e, TcpError::Io { .. }),
+        || ctx.connect(data).map(drop),
+    )
+    .with_context(|| format!("cannot connect to MN `{}` at {data}", mn.name))
 }
 
 /// Tells every MN of the cluster but the `dead` ones that the run is over, from `ctx`.
