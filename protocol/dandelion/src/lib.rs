@@ -20,6 +20,7 @@
 //! (`dnl-4`, `dnl-2`, `dnl-1`, `fasst`); see the README for figures and deviations.
 #![forbid(unsafe_code)]
 
+mod commit;
 pub mod config;
 pub mod net;
 pub mod recovery;

@@ -488,138 +488,191 @@ pub async fn recover<V: Verbs + Clock>(
         return report; // nobody left
     };
     let start = leader.ctx().now();
-    let me = leader.server();
-    let rules = Rules::of(cluster);
-    let remote = |reqs: &[(u16, Request)]| reqs.iter().filter(|(s, _)| *s != me).count() as u64;
+    let lead = Lead {
+        cluster,
+        leader,
+        survivors: &survivors,
+        epoch,
+        rules: Rules::of(cluster),
+    };
+    match lead.run(history, start, &mut report).await {
+        Ok(()) => report,
+        Err(Abandoned) => abandon(report, leader, start),
+    }
+}
 
-    // Gather: the leader's own share read locally, the others' page by page.
-    let mut gathered = Gathered::new();
-    gathered.insert(
-        me,
-        survivor_state(cluster, me, &cluster.stores[usize::from(me)].borrow()),
-    );
-    let mut gathers = requests(Phase::Gather, &[], &survivors, me, epoch);
-    while !gathers.is_empty() {
-        report.cost.gather += remote(&gathers);
-        let servers: Vec<u16> = gathers.iter().map(|(s, _)| *s).collect();
-        let Ok(replies) = round(leader, gathers, epoch).await else {
-            return abandon(report, leader, start);
-        };
-        gathers = Vec::new();
-        for (s, reply) in servers.into_iter().zip(replies) {
-            let Response::Gathered { more, txns } = reply else {
-                return abandon(report, leader, start);
-            };
-            report.cost.gathered_bytes += Response::Gathered {
-                more,
-                txns: txns.clone(),
-            }
-            .encode()
-            .len() as u64;
-            let after = txns.last().map(|t| t.txn);
-            gathered.entry(s).or_default().extend(txns);
-            if more {
-                gathers.push((s, Request::Gather { epoch, after }));
+/// A round of the leader's failed: the epoch moved on under this recovery.
+struct Abandoned;
+
+/// The leader's side of one recovery: who leads, whom it talks to, in which epoch.
+struct Lead<'a, V> {
+    cluster: &'a Cluster,
+    leader: &'a Worker<V>,
+    survivors: &'a [u16],
+    epoch: u64,
+    rules: Rules,
+}
+
+impl<V: Verbs + Clock> Lead<'_, V> {
+    /// Gather, query, decide, resume; the report's costs and decisions filled in.
+    async fn run(
+        &self,
+        history: &impl HistorySink,
+        start: Nanos,
+        report: &mut RecoveryReport,
+    ) -> Result<(), Abandoned> {
+        let gathered = self.gather(report).await?;
+        let entries: u64 = gathered
+            .values()
+            .flatten()
+            .map(|t| t.entries.len().max(1) as u64)
+            .sum();
+        // Deciding reads every gathered transaction once.
+        self.leader.ctx().cpu(entries * cost::HASHTABLE_ALONE_NS);
+        let (answers, asked) = self.query(&gathered, report).await?;
+        report.cost.store_accesses = entries + asked;
+
+        let plan = plan(&gathered, &answers, &self.rules);
+        record_unseen_commits(self.cluster, history, &plan, start);
+        let applied = self.decide_and_resume(&plan, report).await?;
+        report.cost.replies =
+            report.cost.gather + report.cost.query + report.cost.decide + report.cost.resume;
+        report.cost.store_accesses += applied;
+        report.duration = self.leader.ctx().now().saturating_sub(start);
+        for p in plan.into_iter().filter(|p| p.reported) {
+            if p.commit {
+                report.committed.push(p.txn);
+            } else {
+                report.aborted.push(p.txn);
             }
         }
+        Ok(())
     }
-    let entries: u64 = gathered
-        .values()
-        .flatten()
-        .map(|t| t.entries.len().max(1) as u64)
-        .sum();
-    // Deciding reads every gathered transaction once.
-    leader.ctx().cpu(entries * cost::HASHTABLE_ALONE_NS);
 
-    // Query the live coordinators the gather did not hear from, and (Dnl-1) the replicas.
-    let budget = page_budget(leader.packet_limit());
-    let mut pending = queries(&gathered, &rules);
-    let mut answers = Answers::default();
-    let mut asked = 0u64;
-    if let Some(own) = pending.remove(&me) {
-        asked += (own.0.len() + own.1.len()) as u64;
-        let reply = answer(
-            cluster,
-            me,
-            &cluster.stores[usize::from(me)].borrow(),
-            &own,
-            usize::MAX,
-        );
-        absorb(&mut answers, me, &own, reply);
+    /// The requests of `reqs` that leave the leader's server (its own are served locally).
+    fn remote(&self, reqs: &[(u16, Request)]) -> u64 {
+        let me = self.leader.server();
+        reqs.iter().filter(|(s, _)| *s != me).count() as u64
     }
-    while !pending.is_empty() {
-        let reqs = query_requests(&pending, me, epoch, budget);
-        pending.clear();
-        report.cost.query += remote(&reqs);
-        let sent: Vec<(u16, Query)> = reqs
+
+    /// Gather: the leader's own share read locally, the others' page by page.
+    async fn gather(&self, report: &mut RecoveryReport) -> Result<Gathered, Abandoned> {
+        let (cluster, me, epoch) = (self.cluster, self.leader.server(), self.epoch);
+        let mut gathered = Gathered::new();
+        gathered.insert(
+            me,
+            survivor_state(cluster, me, &cluster.stores[usize::from(me)].borrow()),
+        );
+        let mut gathers = requests(Phase::Gather, &[], self.survivors, me, epoch);
+        while !gathers.is_empty() {
+            report.cost.gather += self.remote(&gathers);
+            let servers: Vec<u16> = gathers.iter().map(|(s, _)| *s).collect();
+            let replies = round(self.leader, gathers, epoch)
+                .await
+                .map_err(|_| Abandoned)?;
+            gathers = Vec::new();
+            for (s, reply) in servers.into_iter().zip(replies) {
+                let Response::Gathered { more, txns } = reply else {
+                    return Err(Abandoned);
+                };
+                report.cost.gathered_bytes += Response::Gathered {
+                    more,
+                    txns: txns.clone(),
+                }
+                .encode()
+                .len() as u64;
+                let after = txns.last().map(|t| t.txn);
+                gathered.entry(s).or_default().extend(txns);
+                if more {
+                    gathers.push((s, Request::Gather { epoch, after }));
+                }
+            }
+        }
+        Ok(gathered)
+    }
+
+    /// Queries the live coordinators the gather did not hear from, and (Dnl-1) the
+    /// replicas. Returns the answers and how many transactions and keys were asked about.
+    async fn query(
+        &self,
+        gathered: &Gathered,
+        report: &mut RecoveryReport,
+    ) -> Result<(Answers, u64), Abandoned> {
+        let (cluster, me, epoch) = (self.cluster, self.leader.server(), self.epoch);
+        let budget = page_budget(self.leader.packet_limit());
+        let mut pending = queries(gathered, &self.rules);
+        let mut answers = Answers::default();
+        let mut asked = 0u64;
+        if let Some(own) = pending.remove(&me) {
+            asked += (own.0.len() + own.1.len()) as u64;
+            let store = cluster.stores[usize::from(me)].borrow();
+            let reply = answer(cluster, me, &store, &own, usize::MAX);
+            absorb(&mut answers, me, &own, reply);
+        }
+        while !pending.is_empty() {
+            let reqs = query_requests(&pending, me, epoch, budget);
+            pending.clear();
+            report.cost.query += self.remote(&reqs);
+            let sent: Vec<(u16, Query)> = reqs
+                .iter()
+                .map(|(s, r)| match r {
+                    Request::Query { txns, keys, .. } => (*s, (txns.clone(), keys.clone())),
+                    _ => (*s, Query::default()),
+                })
+                .collect();
+            let replies = round(self.leader, reqs, epoch)
+                .await
+                .map_err(|_| Abandoned)?;
+            for ((s, q), reply) in sent.into_iter().zip(replies) {
+                report.cost.gathered_bytes += reply.encode().len() as u64;
+                let Response::Answered { decisions, .. } = &reply else {
+                    return Err(Abandoned);
+                };
+                let got = decisions.len();
+                asked += (got + q.1.len()) as u64;
+                if got < q.0.len() {
+                    let rest = &q.0[got..];
+                    pending.entry(s).or_default().0.extend_from_slice(rest);
+                }
+                absorb(&mut answers, s, &q, reply);
+            }
+        }
+        Ok((answers, asked))
+    }
+
+    /// Sends the decisions of `plan`, then resumes every survivor. Returns the store
+    /// accesses the decisions cost at the survivors (undo entries plus writes).
+    async fn decide_and_resume(
+        &self,
+        plan: &[Planned],
+        report: &mut RecoveryReport,
+    ) -> Result<u64, Abandoned> {
+        let (me, epoch) = (self.leader.server(), self.epoch);
+        let decides = requests(Phase::Decide, plan, self.survivors, me, epoch);
+        report.cost.decide = self.remote(&decides);
+        let logged: HashMap<(u16, TxnId), usize> = plan
+            .iter()
+            .flat_map(|p| p.holders.iter().map(move |&(s, n)| ((s, p.txn), n)))
+            .collect();
+        let applied: u64 = decides
             .iter()
             .map(|(s, r)| match r {
-                Request::Query { txns, keys, .. } => (*s, (txns.clone(), keys.clone())),
-                _ => (*s, Query::default()),
+                Request::Decide { txn, writes, .. } => {
+                    (logged.get(&(*s, *txn)).copied().unwrap_or(0) + writes.len()) as u64
+                }
+                _ => 0,
             })
-            .collect();
-        let Ok(replies) = round(leader, reqs, epoch).await else {
-            return abandon(report, leader, start);
-        };
-        for ((s, q), reply) in sent.into_iter().zip(replies) {
-            report.cost.gathered_bytes += reply.encode().len() as u64;
-            let Response::Answered { decisions, .. } = &reply else {
-                return abandon(report, leader, start);
-            };
-            let got = decisions.len();
-            asked += (got + q.1.len()) as u64;
-            if got < q.0.len() {
-                pending
-                    .entry(s)
-                    .or_default()
-                    .0
-                    .extend_from_slice(&q.0[got..]);
-            }
-            absorb(&mut answers, s, &q, reply);
-        }
+            .sum();
+        round(self.leader, decides, epoch)
+            .await
+            .map_err(|_| Abandoned)?;
+        let resumes = requests(Phase::Resume, plan, self.survivors, me, epoch);
+        report.cost.resume = self.remote(&resumes);
+        round(self.leader, resumes, epoch)
+            .await
+            .map_err(|_| Abandoned)?;
+        Ok(applied)
     }
-    report.cost.store_accesses = entries + asked;
-
-    let plan = plan(&gathered, &answers, &rules);
-    record_unseen_commits(cluster, history, &plan, start);
-
-    let decides = requests(Phase::Decide, &plan, &survivors, me, epoch);
-    report.cost.decide = remote(&decides);
-    let logged: HashMap<(u16, TxnId), usize> = plan
-        .iter()
-        .flat_map(|p| p.holders.iter().map(move |&(s, n)| ((s, p.txn), n)))
-        .collect();
-    let applied: u64 = decides
-        .iter()
-        .map(|(s, r)| match r {
-            Request::Decide { txn, writes, .. } => {
-                (logged.get(&(*s, *txn)).copied().unwrap_or(0) + writes.len()) as u64
-            }
-            _ => 0,
-        })
-        .sum();
-    if round(leader, decides, epoch).await.is_err() {
-        return abandon(report, leader, start);
-    }
-
-    let resumes = requests(Phase::Resume, &plan, &survivors, me, epoch);
-    report.cost.resume = remote(&resumes);
-    if round(leader, resumes, epoch).await.is_err() {
-        return abandon(report, leader, start);
-    }
-
-    report.cost.replies =
-        report.cost.gather + report.cost.query + report.cost.decide + report.cost.resume;
-    report.cost.store_accesses += applied;
-    report.duration = leader.ctx().now().saturating_sub(start);
-    for p in plan.into_iter().filter(|p| p.reported) {
-        if p.commit {
-            report.committed.push(p.txn);
-        } else {
-            report.aborted.push(p.txn);
-        }
-    }
-    report
 }
 
 /// A round failed: the epoch moved on under this recovery (module docs).

@@ -154,18 +154,7 @@ impl ServerStore {
     /// Handles one request (`ReqHandler`, §5.1); `None` for a request without a response.
     pub fn handle(&mut self, req: &Request) -> Option<Response> {
         match req {
-            Request::Get { table, key } => {
-                let (meta, writer, value) = match self.get(*table, *key) {
-                    Some(r) if !r.meta.is_deleted() => (r.meta, r.writer, r.value.clone()),
-                    Some(r) => (r.meta, r.writer, Vec::new()),
-                    None => (ABSENT, None, Vec::new()),
-                };
-                Some(Response::Get {
-                    meta: meta.to_raw(),
-                    writer,
-                    value,
-                })
-            }
+            Request::Get { table, key } => Some(self.handle_get(*table, *key)),
             Request::Lock {
                 txn,
                 table,
@@ -173,41 +162,7 @@ impl ServerStore {
                 read,
                 write,
                 lock_set,
-            } => {
-                let s = self.slot_or_create(*table, *key);
-                let r = &mut self.records[s];
-                let free =
-                    !r.meta.is_locked() && read.is_none_or(|seen| Self::seen_matches(r.meta, seen));
-                // The write's precondition on presence (insert: absent; update, delete:
-                // present) is checked against the value read in execution; a blind write
-                // is checked here.
-                let state_ok = match write {
-                    Some(w) if read.is_none() => match w.kind {
-                        WriteKind::Insert => r.meta.is_deleted(),
-                        WriteKind::Update | WriteKind::Delete => !r.meta.is_deleted(),
-                    },
-                    _ => true,
-                };
-                let granted = free && state_ok;
-                let meta = r.meta;
-                if granted {
-                    r.meta = r.meta.with_locked(true);
-                    r.holder = Some(*txn);
-                    self.log.entry(*txn).or_default().push(LogEntry {
-                        table: *table,
-                        key: *key,
-                        write: write.clone(),
-                        applied: None,
-                        undo_writer: None,
-                        locked: true,
-                        lock_set: *lock_set,
-                    });
-                }
-                Some(Response::Lock {
-                    granted,
-                    meta: meta.to_raw(),
-                })
-            }
+            } => Some(self.handle_lock(*txn, (*table, *key), *read, write.as_ref(), *lock_set)),
             Request::Validate { table, key, read } => {
                 let meta = self.meta(*table, *key);
                 Some(Response::Ack {
@@ -222,32 +177,7 @@ impl ServerStore {
                 lower_readable,
                 write,
             } => {
-                let (before_meta, before_value, before_writer) =
-                    self.apply(*txn, *table, *key, *version, write);
-                if *lower_readable {
-                    let s = self.slot_or_create(*table, *key);
-                    self.records[s].meta = self.records[s].meta.with_readable(false);
-                }
-                let entries = self.log.entry(*txn).or_default();
-                let applied = Some((before_meta, before_value, *version));
-                match entries
-                    .iter_mut()
-                    .find(|e| e.table == *table && e.key == *key)
-                {
-                    Some(e) => {
-                        e.applied = applied;
-                        e.undo_writer = before_writer;
-                    }
-                    None => entries.push(LogEntry {
-                        table: *table,
-                        key: *key,
-                        write: Some(write.clone()),
-                        applied,
-                        undo_writer: before_writer,
-                        locked: false,
-                        lock_set: 0,
-                    }),
-                }
+                self.replicate(*txn, (*table, *key), *version, *lower_readable, write);
                 Some(Response::Ack { ok: true })
             }
             Request::Unlock {
@@ -257,17 +187,7 @@ impl ServerStore {
                 commit,
                 apply,
             } => {
-                if *commit && let Some((version, write)) = apply {
-                    self.apply(*txn, *table, *key, *version, write);
-                }
-                if let Some(s) = self.slot(*table, *key)
-                    && self.records[s].holder == Some(*txn)
-                {
-                    let r = &mut self.records[s];
-                    r.meta = r.meta.with_locked(false);
-                    r.holder = None;
-                }
-                self.forget(*txn, *table, *key);
+                self.unlock(*txn, (*table, *key), *commit, apply.as_ref());
                 Some(Response::Ack { ok: true })
             }
             Request::Raise {
@@ -276,14 +196,7 @@ impl ServerStore {
                 key,
                 version,
             } => {
-                if let Some(s) = self.slot(*table, *key) {
-                    let r = &mut self.records[s];
-                    // A later writer may have lowered it again: raise only our version.
-                    if r.meta.version() == *version {
-                        r.meta = r.meta.with_readable(true);
-                    }
-                }
-                self.forget(*txn, *table, *key);
+                self.raise(*txn, (*table, *key), *version);
                 // Acknowledged like every request: reliability retransmits it until then.
                 Some(Response::Ack { ok: true })
             }
@@ -294,6 +207,134 @@ impl ServerStore {
             | Request::Resume { .. }
             | Request::Query { .. } => None,
         }
+    }
+
+    /// A Get: the record's meta, last writer and value (none when deleted or absent).
+    fn handle_get(&self, table: u32, key: u64) -> Response {
+        let (meta, writer, value) = match self.get(table, key) {
+            Some(r) if !r.meta.is_deleted() => (r.meta, r.writer, r.value.clone()),
+            Some(r) => (r.meta, r.writer, Vec::new()),
+            None => (ABSENT, None, Vec::new()),
+        };
+        Response::Get {
+            meta: meta.to_raw(),
+            writer,
+            value,
+        }
+    }
+
+    /// Locking (no-wait): granted when the record is unlocked, still as `read` saw it, and
+    /// in the state a blind `write` needs; a grant is logged for recovery (§4.4).
+    fn handle_lock(
+        &mut self,
+        txn: TxnId,
+        (table, key): (u32, u64),
+        read: Option<Seen>,
+        write: Option<&WriteOp>,
+        lock_set: u16,
+    ) -> Response {
+        let s = self.slot_or_create(table, key);
+        let r = &mut self.records[s];
+        let free = !r.meta.is_locked() && read.is_none_or(|seen| Self::seen_matches(r.meta, seen));
+        // The write's precondition on presence (insert: absent; update, delete:
+        // present) is checked against the value read in execution; a blind write
+        // is checked here.
+        let state_ok = match write {
+            Some(w) if read.is_none() => match w.kind {
+                WriteKind::Insert => r.meta.is_deleted(),
+                WriteKind::Update | WriteKind::Delete => !r.meta.is_deleted(),
+            },
+            _ => true,
+        };
+        let granted = free && state_ok;
+        let meta = r.meta;
+        if granted {
+            r.meta = r.meta.with_locked(true);
+            r.holder = Some(txn);
+            self.log.entry(txn).or_default().push(LogEntry {
+                table,
+                key,
+                write: write.cloned(),
+                applied: None,
+                undo_writer: None,
+                locked: true,
+                lock_set,
+            });
+        }
+        Response::Lock {
+            granted,
+            meta: meta.to_raw(),
+        }
+    }
+
+    /// Replication with an undo log: applies `write`, lowers the readable flag at a backup
+    /// when asked, and logs what it overwrote.
+    fn replicate(
+        &mut self,
+        txn: TxnId,
+        (table, key): (u32, u64),
+        version: u32,
+        lower_readable: bool,
+        write: &WriteOp,
+    ) {
+        let (before_meta, before_value, before_writer) =
+            self.apply(txn, table, key, version, write);
+        if lower_readable {
+            let s = self.slot_or_create(table, key);
+            self.records[s].meta = self.records[s].meta.with_readable(false);
+        }
+        let entries = self.log.entry(txn).or_default();
+        let applied = Some((before_meta, before_value, version));
+        match entries
+            .iter_mut()
+            .find(|e| e.table == table && e.key == key)
+        {
+            Some(e) => {
+                e.applied = applied;
+                e.undo_writer = before_writer;
+            }
+            None => entries.push(LogEntry {
+                table,
+                key,
+                write: Some(write.clone()),
+                applied,
+                undo_writer: before_writer,
+                locked: false,
+                lock_set: 0,
+            }),
+        }
+    }
+
+    /// Unlocking with the decision: a commit applies `apply` where Replication did not.
+    fn unlock(
+        &mut self,
+        txn: TxnId,
+        (table, key): (u32, u64),
+        commit: bool,
+        apply: Option<&(u32, WriteOp)>,
+    ) {
+        if commit && let Some((version, write)) = apply {
+            self.apply(txn, table, key, *version, write);
+        }
+        if let Some(s) = self.slot(table, key)
+            && self.records[s].holder == Some(txn)
+        {
+            let r = &mut self.records[s];
+            r.meta = r.meta.with_locked(false);
+            r.holder = None;
+        }
+        self.forget(txn, table, key);
+    }
+
+    /// Raises the readable flag `txn` lowered, unless a later writer lowered it again.
+    fn raise(&mut self, txn: TxnId, (table, key): (u32, u64), version: u32) {
+        if let Some(s) = self.slot(table, key) {
+            let r = &mut self.records[s];
+            if r.meta.version() == version {
+                r.meta = r.meta.with_readable(true);
+            }
+        }
+        self.forget(txn, table, key);
     }
 
     /// Drops `txn`'s log entry for `(table, key)`.

@@ -29,7 +29,8 @@ use dmem_txn::{
 };
 use dmem_verbs::{Clock, Verbs};
 
-use crate::config::{CommitSpec, Replicas, Visit};
+use crate::commit::{self, At, CommitPlan, Entry, Locked, Out};
+use crate::config::CommitSpec;
 use crate::net::Flow;
 use crate::wire::{Request, Response, Seen, WriteOp};
 use crate::worker::{Interrupted, Step, Worker};
@@ -120,21 +121,6 @@ impl<V: Verbs + Clock, H: HistorySink> Coordinator for DnlCoordinator<V, H> {
     }
 }
 
-/// One entry of the transaction cache.
-#[derive(Debug, Clone)]
-struct Entry {
-    table: u32,
-    key: u64,
-    /// What execution read (`None`: written blind).
-    seen: Option<Seen>,
-    /// The key was unlocked and readable when read (GetOne may return it).
-    get_one_ok: bool,
-    /// The value read (`None`: absent).
-    value: Option<Vec<u8>>,
-    /// The write buffered for commit.
-    write: Option<WriteOp>,
-}
-
 /// A transaction context (see the module docs).
 pub struct DnlTxn<'c, V, H> {
     coord: &'c mut DnlCoordinator<V, H>,
@@ -154,9 +140,6 @@ impl<V, H> core::fmt::Debug for DnlTxn<'_, V, H> {
             .finish_non_exhaustive()
     }
 }
-
-/// One request of a commit step: the server it goes to and the request.
-type Out = (u16, Request);
 
 impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
     fn worker(&self) -> &Rc<Worker<V>> {
@@ -257,20 +240,6 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
         Ok(())
     }
 
-    fn replicas_of(&self, e: &Entry, which: Replicas) -> Vec<u16> {
-        let all = self.worker().cluster().replicas(e.table, e.key);
-        let split = all.len().min(1);
-        match which {
-            Replicas::Primary => all[..split].to_vec(),
-            Replicas::Backups => all[split..].to_vec(),
-            Replicas::All => all,
-        }
-    }
-
-    fn primary(&self, e: &Entry) -> u16 {
-        self.worker().cluster().primary(e.table, e.key)
-    }
-
     fn record(&self, outcome: TxnOutcome, writes: Vec<WriteEvent>) {
         self.coord.history.record(TxnRecord {
             id: self.id,
@@ -285,26 +254,11 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
     /// Ends in abort: unlocks what Locking took (waiting for the acks if `wait`), records.
     async fn abort_with(
         self,
-        locked: Vec<(usize, u16)>,
+        locked: Vec<At>,
         wait: bool,
         why: AbortReason,
     ) -> Result<(), TxnError> {
-        let unlocks: Vec<Out> = locked
-            .iter()
-            .map(|&(i, to)| {
-                let e = &self.entries[i];
-                (
-                    to,
-                    Request::Unlock {
-                        txn: self.id,
-                        table: e.table,
-                        key: e.key,
-                        commit: false,
-                        apply: None,
-                    },
-                )
-            })
-            .collect();
+        let unlocks = commit::abort_unlocks(self.id, &self.entries, &locked);
         if wait {
             // Interrupted: recovery aborts it (its coordinator did not decide commit).
             let _ = self.step(Flow::COMMIT, unlocks).await;
@@ -318,24 +272,10 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
 
     /// Read Validation of `reads` (entry indices) at their primaries.
     async fn validate(&self, reads: &[usize]) -> bool {
-        let outs: Vec<Out> = reads
-            .iter()
-            .filter_map(|&i| {
-                let e = &self.entries[i];
-                let seen = e.seen?;
-                Some((
-                    self.primary(e),
-                    Request::Validate {
-                        table: e.table,
-                        key: e.key,
-                        read: seen,
-                    },
-                ))
-            })
-            .collect();
+        let outs = commit::validation_requests(&**self.worker().cluster(), &self.entries, reads);
         self.step(Flow::COMMIT, outs)
             .await
-            .is_ok_and(|rs| rs.iter().all(|r| matches!(r, Response::Ack { ok: true })))
+            .is_ok_and(|rs| commit::validated(&rs))
     }
 
     async fn commit_read_only(self) -> Result<(), TxnError> {
@@ -356,222 +296,84 @@ impl<V: Verbs + Clock, H: HistorySink> DnlTxn<'_, V, H> {
         Ok(())
     }
 
-    /// The commit skeleton (Fig. 3) specialised by `spec`.
+    /// The commit skeleton (Fig. 3) specialised by `spec`: the decisions are
+    /// [`CommitPlan`]'s, this sends them and stops where a step says to.
     async fn commit_with(self, spec: CommitSpec) -> Result<(), TxnError> {
-        let config = self.worker().cluster().config;
-        let writes: Vec<usize> = (0..self.entries.len())
-            .filter(|&i| self.entries[i].write.is_some())
-            .collect();
-        let read_only: Vec<usize> = (0..self.entries.len())
-            .filter(|&i| self.entries[i].write.is_none() && self.entries[i].seen.is_some())
-            .collect();
-
+        let cluster = Rc::clone(self.worker().cluster());
+        let plan = CommitPlan::new(self.id, spec, &self.entries);
         // Recovery between Locking and the decision releases the locks of an undecided
         // transaction: one that resumes in a later epoch must abort.
-        let epoch = self.worker().cluster().epoch.get();
+        let epoch = cluster.epoch.get();
         // 1. Locking (no-wait: a refused lock aborts).
-        let mut locked: Vec<(usize, u16)> = Vec::new();
-        let mut base: HashMap<usize, u32> = HashMap::new();
-        if let Some(Visit { reads, replicas }) = spec.lock {
-            let mut targets = Vec::new();
-            let keys: Vec<usize> = writes
-                .iter()
-                .chain(if reads { read_only.iter() } else { [].iter() })
-                .copied()
-                .collect();
-            let lock_set = u16::try_from(keys.len()).unwrap_or(u16::MAX);
-            for &i in &keys {
-                for to in self.replicas_of(&self.entries[i], replicas) {
-                    targets.push((i, to));
-                }
+        let targets = plan.lock_targets(&*cluster);
+        // Interrupted by recovery: not decided, so recovery aborts it.
+        let replies = match spec.lock {
+            Some(_) => {
+                (self.step(Flow::COMMIT, plan.lock_requests(&targets)).await).unwrap_or_default()
             }
-            let outs = targets
-                .iter()
-                .map(|&(i, to)| {
-                    let e = &self.entries[i];
-                    (
-                        to,
-                        Request::Lock {
-                            txn: self.id,
-                            table: e.table,
-                            key: e.key,
-                            read: e.seen,
-                            write: e.write.clone(),
-                            lock_set,
-                        },
-                    )
-                })
-                .collect();
-            // Interrupted by recovery: not decided, so recovery aborts it.
-            let replies = self.step(Flow::COMMIT, outs).await.unwrap_or_default();
-            let mut all = replies.len() == targets.len();
-            for (&(i, to), r) in targets.iter().zip(&replies) {
-                match r {
-                    Response::Lock {
-                        granted: true,
-                        meta,
-                    } => {
-                        locked.push((i, to));
-                        if to == self.primary(&self.entries[i]) {
-                            base.insert(i, KvMeta::from_raw(*meta).version());
-                        }
-                    }
-                    _ => all = false,
-                }
-            }
-            if !all {
-                return self
-                    .abort_with(
-                        locked,
-                        spec.abort_waits_for_unlock,
-                        AbortReason::LockRefused,
-                    )
-                    .await;
-            }
+            None => Vec::new(),
+        };
+        let locked = match spec.lock {
+            Some(_) => plan.on_lock_replies(&*cluster, &targets, &replies),
+            None => Locked {
+                all: true,
+                ..Locked::default()
+            },
+        };
+        let waits = spec.abort_waits_for_unlock;
+        if !locked.all {
+            return self
+                .abort_with(locked.at, waits, AbortReason::LockRefused)
+                .await;
         }
-
         // 2. Read Validation of the reads Locking did not cover.
-        let lock_reads = spec.lock.is_some_and(|v| v.reads);
-        if spec.validate && !lock_reads && !self.validate(&read_only).await {
-            return self
-                .abort_with(
-                    locked,
-                    spec.abort_waits_for_unlock,
-                    AbortReason::ReadValidationFailed,
-                )
-                .await;
+        if plan.validates() && !self.validate(plan.reads_to_validate()).await {
+            let why = AbortReason::ReadValidationFailed;
+            return self.abort_with(locked.at, waits, why).await;
         }
-
-        if self.worker().cluster().epoch.get() != epoch {
+        if cluster.epoch.get() != epoch {
             // Recovery already released this transaction's locks.
-            return self
-                .abort_with(Vec::new(), false, AbortReason::InterruptedByRecovery)
-                .await;
+            let why = AbortReason::InterruptedByRecovery;
+            return self.abort_with(Vec::new(), false, why).await;
         }
-
         // Decided: commit. The versions installed, recorded before any write lands.
-        let mut versions: HashMap<usize, u32> = HashMap::new();
-        let mut events = Vec::new();
-        for &i in &writes {
-            let e = &self.entries[i];
-            let from = e
-                .seen
-                .map(|s| s.version)
-                .or_else(|| base.get(&i).copied())
-                .unwrap_or(0);
-            let v = KvMeta::INSERTED
-                .with_version(from)
-                .map_or(0, |m| m.bumped().version());
-            versions.insert(i, v);
-            let w = e.write.as_ref().expect("a write");
-            events.push(WriteEvent {
-                table: TableId(e.table),
-                key: Key(e.key),
-                version: Version(u64::from(v)),
-                kind: w.kind,
-            });
-        }
-        self.record(TxnOutcome::Unknown, events);
-        let decision = writes
-            .iter()
-            .map(|&i| {
-                let e = &self.entries[i];
-                (
-                    e.table,
-                    e.key,
-                    versions[&i],
-                    e.write.clone().expect("a write"),
-                )
-            })
-            .collect();
-        self.worker()
-            .cluster()
-            .decided
-            .borrow_mut()
-            .insert(self.id, decision);
+        let versions = plan.versions(&locked.base);
+        self.record(TxnOutcome::Unknown, plan.write_events(&versions));
+        let decision = plan.decision(&versions);
+        cluster.decided.borrow_mut().insert(self.id, decision);
         // From here on the transaction commits: if recovery interrupts a step, it rolls the
         // transaction forward (its coordinator decided commit), so the client is told commit.
+        let _interrupted = self
+            .replicate_and_unlock(&plan, &locked.at, &versions)
+            .await;
+        self.committed();
+        Ok(())
+    }
 
-        // 3. Replication with undo logs; backups lower the readable flag.
-        let mut replicated: Vec<(usize, u16)> = Vec::new();
-        let mut lowered: Vec<(usize, u16)> = Vec::new();
-        if let Some(Visit { replicas, .. }) = spec.replicate {
-            let mut outs = Vec::new();
-            for &i in &writes {
-                let e = &self.entries[i];
-                let primary = self.primary(e);
-                for to in self.replicas_of(e, replicas) {
-                    let lower = to != primary && !config.bugs.skip_readable;
-                    replicated.push((i, to));
-                    if lower {
-                        lowered.push((i, to));
-                    }
-                    outs.push((
-                        to,
-                        Request::Replicate {
-                            txn: self.id,
-                            table: e.table,
-                            key: e.key,
-                            version: versions[&i],
-                            lower_readable: lower,
-                            write: e.write.clone().expect("a write"),
-                        },
-                    ));
-                }
-            }
-            if self.step(Flow::COMMIT, outs).await.is_err() {
-                self.committed();
-                return Ok(());
-            }
+    /// Steps 3 and 4 of a decided commit: Replication with undo logs, Unlocking with the
+    /// decision, and the `RAISE`s. `Err` when recovery interrupted a step it waited for
+    /// (recovery rolls the transaction forward).
+    async fn replicate_and_unlock(
+        &self,
+        plan: &CommitPlan<'_>,
+        locked: &[At],
+        versions: &HashMap<usize, u32>,
+    ) -> Result<(), Interrupted> {
+        let spec = plan.spec();
+        let skip_readable = self.worker().cluster().config.bugs.skip_readable;
+        let r = plan.replication(&**self.worker().cluster(), versions, skip_readable);
+        if spec.replicate.is_some() {
+            self.step(Flow::COMMIT, r.outs).await?;
         }
-
-        // 4. Unlocking with the decision; replicas that were not replicated to apply here.
-        let unlocks: Vec<Out> = locked
-            .iter()
-            .map(|&(i, to)| {
-                let e = &self.entries[i];
-                let apply = match (&e.write, replicated.contains(&(i, to))) {
-                    (Some(w), false) => Some((versions[&i], w.clone())),
-                    _ => None,
-                };
-                (
-                    to,
-                    Request::Unlock {
-                        txn: self.id,
-                        table: e.table,
-                        key: e.key,
-                        commit: true,
-                        apply,
-                    },
-                )
-            })
-            .collect();
+        let unlocks = plan.commit_unlocks(locked, &r.replicated, versions);
         if spec.commit_waits_for_unlock {
-            if self.step(Flow::COMMIT, unlocks).await.is_err() {
-                self.committed();
-                return Ok(());
-            }
+            self.step(Flow::COMMIT, unlocks).await?;
         } else {
             self.send_detached(Flow::COMMIT, unlocks).await;
         }
         // The readable flags come back up with a message that rides in a later packet.
-        let raises: Vec<Out> = lowered
-            .iter()
-            .map(|&(i, to)| {
-                let e = &self.entries[i];
-                (
-                    to,
-                    Request::Raise {
-                        txn: self.id,
-                        table: e.table,
-                        key: e.key,
-                        version: versions[&i],
-                    },
-                )
-            })
-            .collect();
-        self.send_detached(Flow::COMMIT, raises).await;
-        self.committed();
+        self.send_detached(Flow::COMMIT, plan.raises(&r.lowered, versions))
+            .await;
         Ok(())
     }
 

@@ -388,40 +388,10 @@ impl Request {
                 put_tk(&mut w, *table, *key);
                 w.extend_from_slice(&version.to_le_bytes());
             }
-            Request::Gather { epoch, after } => {
-                w.extend_from_slice(&epoch.to_le_bytes());
-                match after {
-                    Some(t) => {
-                        w.push(1);
-                        put_txn(&mut w, *t);
-                    }
-                    None => w.push(0),
-                }
-            }
-            Request::Decide {
-                txn,
-                epoch,
-                commit,
-                writes,
-            } => {
-                put_txn(&mut w, *txn);
-                w.extend_from_slice(&epoch.to_le_bytes());
-                w.push(u8::from(*commit));
-                put_writes(&mut w, writes);
-            }
-            Request::Resume { epoch } => w.extend_from_slice(&epoch.to_le_bytes()),
-            Request::Query { epoch, txns, keys } => {
-                w.extend_from_slice(&epoch.to_le_bytes());
-                put_len(&mut w, txns.len());
-                for t in txns {
-                    put_txn(&mut w, *t);
-                }
-                put_len(&mut w, keys.len());
-                for (txn, table, key) in keys {
-                    put_txn(&mut w, *txn);
-                    put_tk(&mut w, *table, *key);
-                }
-            }
+            Request::Gather { .. }
+            | Request::Decide { .. }
+            | Request::Resume { .. }
+            | Request::Query { .. } => self.encode_recovery(&mut w),
         }
         w
     }
@@ -502,6 +472,65 @@ impl Request {
                     version,
                 }
             }
+            msg::GATHER | msg::DECIDE | msg::RESUME | msg::QUERY => {
+                Self::decode_recovery(msg_type, &mut r)?
+            }
+            other => return Err(WireError::UnknownType(other)),
+        };
+        r.end()?;
+        Ok(req)
+    }
+
+    /// The payload of one of recovery's requests (§4.4).
+    fn encode_recovery(&self, w: &mut Vec<u8>) {
+        match self {
+            Request::Gather { epoch, after } => {
+                w.extend_from_slice(&epoch.to_le_bytes());
+                match after {
+                    Some(t) => {
+                        w.push(1);
+                        put_txn(w, *t);
+                    }
+                    None => w.push(0),
+                }
+            }
+            Request::Decide {
+                txn,
+                epoch,
+                commit,
+                writes,
+            } => {
+                put_txn(w, *txn);
+                w.extend_from_slice(&epoch.to_le_bytes());
+                w.push(u8::from(*commit));
+                put_writes(w, writes);
+            }
+            Request::Resume { epoch } => w.extend_from_slice(&epoch.to_le_bytes()),
+            Request::Query { epoch, txns, keys } => {
+                w.extend_from_slice(&epoch.to_le_bytes());
+                put_len(w, txns.len());
+                for t in txns {
+                    put_txn(w, *t);
+                }
+                put_len(w, keys.len());
+                for (txn, table, key) in keys {
+                    put_txn(w, *txn);
+                    put_tk(w, *table, *key);
+                }
+            }
+            // The commit phase's requests: `encode` writes them.
+            Request::Get { .. }
+            | Request::Lock { .. }
+            | Request::Validate { .. }
+            | Request::Replicate { .. }
+            | Request::Unlock { .. }
+            | Request::Raise { .. } => {}
+        }
+    }
+
+    /// Parses one of recovery's requests (§4.4), leaving the end check to `decode`.
+    fn decode_recovery(msg_type: u16, r: &mut Reader<'_>) -> Result<Self, WireError> {
+        Ok(match msg_type {
             msg::GATHER => {
                 let epoch = r.u64()?;
                 let after = if r.flag("after")? {
@@ -542,9 +571,7 @@ impl Request {
                 Request::Query { epoch, txns, keys }
             }
             other => return Err(WireError::UnknownType(other)),
-        };
-        r.end()?;
-        Ok(req)
+        })
     }
 }
 
