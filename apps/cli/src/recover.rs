@@ -44,7 +44,7 @@ use dmem_cli::bench_txn::{ScaleArg, WorkloadArg, memory_estimate};
 use dmem_cli::common::{self, CheckFailed, Sink};
 use dmem_deploy::{
     ClusterShape, Decision, Deployed, Deployment, RecoveryEvent, RecoveryTiming, Registry,
-    deploy_loaded,
+    deploy_loaded, require_sim_recovery,
 };
 use dmem_harness::{MAX_ATTEMPTS, deploy_spec, verdict};
 use dmem_sim::NicProfile;
@@ -464,7 +464,8 @@ fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
     let buckets = usize::try_from(args.duration_ms).context("--duration-ms")?;
     let series = Rc::new(RefCell::new(vec![0u64; buckets]));
     let delta = Rc::new(Cell::new(0i64));
-    let paused = deployment.paused();
+    let name = protocol.name();
+    let paused = require_sim_recovery(&mut *deployment, &name)?.paused();
     let workload = Rc::new(workload);
 
     let pendings: Rc<RefCell<Vec<(u16, Pending)>>> = Rc::new(RefCell::new(Vec::new()));
@@ -551,24 +552,26 @@ fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
     // LOTUS §6: a restarted CN runs its coordinators again from its broadcast on.
     {
         let restarts: Rc<RefCell<Vec<(u16, u64)>>> = Rc::default();
-        deployment.run_late_coordinators(Rc::new(move |ctx, id, co| {
-            // The incarnation of this coordinator: one more than its last one.
-            let mut r = restarts.borrow_mut();
-            let incarnation = match r.iter_mut().find(|(c, _)| *c == id) {
-                Some((_, n)) => {
-                    *n += 1;
-                    *n
-                }
-                None => {
-                    r.push((id, 1));
-                    1
-                }
-            };
-            drop(r);
-            spawn_client(ctx, id, co, incarnation);
-        }));
+        require_sim_recovery(&mut *deployment, &name)?.run_late_coordinators(Rc::new(
+            move |ctx, id, co| {
+                // The incarnation of this coordinator: one more than its last one.
+                let mut r = restarts.borrow_mut();
+                let incarnation = match r.iter_mut().find(|(c, _)| *c == id) {
+                    Some((_, n)) => {
+                        *n += 1;
+                        *n
+                    }
+                    None => {
+                        r.push((id, 1));
+                        1
+                    }
+                };
+                drop(r);
+                spawn_client(ctx, id, co, incarnation);
+            },
+        ));
     }
-    deployment.start_recovery(
+    require_sim_recovery(&mut *deployment, &name)?.start_recovery(
         &sim,
         args.cns,
         RecoveryTiming {
@@ -599,10 +602,12 @@ fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
     sim.run_until_idle();
     progress.finish_and_clear();
 
-    if let Some(e) = deployment.recovery_error() {
+    let recovery = require_sim_recovery(&mut *deployment, &name)?;
+    if let Some(e) = recovery.recovery_error() {
         anyhow::bail!("recovery failed: {e}");
     }
-    let events = deployment.recovery_events();
+    let events = recovery.recovery_events();
+    let scan = recovery.scan_cost().unwrap_or((0, 0));
     let crashes = crashed.len() * if crash_again.is_some() { 2 } else { 1 };
     ensure!(
         events.len() == crashes,
@@ -649,13 +654,27 @@ fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
         &events,
         &series.borrow(),
         steals,
-        (&history.borrow(), &*deployment, &workload, committed_delta),
+        (
+            &history.borrow(),
+            &*deployment,
+            &workload,
+            committed_delta,
+            scan,
+        ),
     );
     report.restarted_committed = restarted_committed.get();
     Ok(report)
 }
 
-type Final<'a> = (&'a History, &'a dyn Deployment, &'a AnyWorkload, i64);
+/// The run's end: its history, the deployment (for final reads), the workload, the
+/// committed-balance delta of recovered transactions, and the cost of a whole-store scan.
+type Final<'a> = (
+    &'a History,
+    &'a dyn Deployment,
+    &'a AnyWorkload,
+    i64,
+    (u64, u64),
+);
 
 #[allow(clippy::too_many_arguments)]
 fn build_report(
@@ -667,7 +686,7 @@ fn build_report(
     all_events: &[RecoveryEvent],
     series: &[u64],
     steals: u64,
-    (history, deployment, workload, committed_delta): Final<'_>,
+    (history, deployment, workload, committed_delta, scan): Final<'_>,
 ) -> Report {
     let us = |ns: Nanos| ns as f64 / 1e3;
     // With a second crash, the figures below are the first crash's recovery.
@@ -694,7 +713,6 @@ fn build_report(
         .unwrap_or(first_detect);
     let sum = |f: fn(&RecoveryEvent) -> Nanos| events.iter().map(f).sum::<Nanos>();
     let recs: Vec<_> = events.iter().flat_map(|e| &e.coordinators).collect();
-    let scan = deployment.scan_cost().unwrap_or((0, 0));
     let decided = |d: Decision| recs.iter().filter(|r| r.decision == Some(d)).count();
     let crash_ms = usize::try_from(crash_at / 1_000_000).unwrap_or(usize::MAX);
     let after_ms = usize::try_from(last_done.div_ceil(1_000_000)).unwrap_or(usize::MAX);

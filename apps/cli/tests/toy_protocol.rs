@@ -8,7 +8,7 @@ use std::rc::Rc;
 
 use dmem_deploy::{
     AnyContext, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder, RecoveryEvent,
-    RecoveryTiming, Registry,
+    RecoveryTiming, Registry, SimRecovery,
 };
 use dmem_sim::Sim;
 use dmem_txn::{
@@ -71,6 +71,23 @@ impl Deployment for SerialDeployment {
             seq: 0,
         }))
     }
+    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
+        self.0
+            .map
+            .borrow()
+            .get(&(table, key))
+            .and_then(|(v, _)| v.clone())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn sim_recovery(&mut self) -> Option<&mut dyn SimRecovery> {
+        Some(self)
+    }
+}
+
+impl SimRecovery for SerialDeployment {
     fn start_recovery(
         &mut self,
         _: &Rc<Sim>,
@@ -85,19 +102,6 @@ impl Deployment for SerialDeployment {
     }
     fn recovery_error(&self) -> Option<String> {
         None
-    }
-    fn paused(&self) -> Rc<Cell<bool>> {
-        Rc::new(Cell::new(false))
-    }
-    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
-        self.0
-            .map
-            .borrow()
-            .get(&(table, key))
-            .and_then(|(v, _)| v.clone())
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 

@@ -1,8 +1,8 @@
 //! LOTUS as a CN process deploys it (`dmem cn`), two CNs in one test process: each CN has a
 //! deployment of its own, laid out on the MNs of a shm or tcp [`LocalCluster`] (the first
 //! loads the records, the second only addresses them, as a CN process does), learns which
-//! CN it is from a [`ProcessPlan`] (`Deployment::join_as_cn`) and serves its own lock table
-//! from the lock servers `Deployment::process_tasks` gives it, on the endpoints the plan
+//! CN it is from a [`ProcessPlan`] (`ProcessDeployment::join_as_cn`) and serves its own lock table
+//! from the lock servers `ProcessDeployment::process_tasks` gives it, on the endpoints the plan
 //! names. Remote locks travel as messages between the two deployments, which share no
 //! lock state. SmallBank on both: the checker and the invariants are clean, and each CN's
 //! servers granted the other's requests.
@@ -82,7 +82,7 @@ fn smallbank_in_two_cn_deployments(fabric: Fabric) -> TwoCns {
     let tally = Rc::new(ClientTally::default());
     for (c, d) in (0..CNS).zip(deployments.iter_mut()) {
         let node = cluster.cn(c);
-        d.join_as_cn(node, &plan).unwrap();
+        d.processes().unwrap().join_as_cn(node, &plan).unwrap();
         for (slot, &id) in plan.members[usize::from(c)].coordinators.iter().enumerate() {
             let ctx = cluster
                 .context(c, ports::FIRST_COORDINATOR + slot as u16)
@@ -113,7 +113,12 @@ fn smallbank_in_two_cn_deployments(fabric: Fabric) -> TwoCns {
             services,
         };
         let anchor = ctxs.heartbeat.clone();
-        for task in d.process_tasks(node, ctxs, &plan).unwrap() {
+        for task in d
+            .processes()
+            .unwrap()
+            .process_tasks(node, ctxs, &plan)
+            .unwrap()
+        {
             cluster.spawn(&anchor, task);
         }
     }

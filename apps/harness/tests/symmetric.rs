@@ -141,7 +141,7 @@ fn recovery_of_servers_on_shm_is_refused_with_a_typed_error() {
     use std::cell::RefCell;
     use std::rc::Rc;
 
-    use dmem_deploy::{ClusterShape, DeployError, Recorder, RecoveryTiming};
+    use dmem_deploy::{DeployError, Recorder};
     use dmem_harness::fabric::LocalCluster;
     use dmem_txn::History;
 
@@ -154,25 +154,13 @@ fn recovery_of_servers_on_shm_is_refused_with_a_typed_error() {
     let mut deployment = protocol
         .deploy_servers(servers, &|ctx, task| cluster.spawn(ctx, task), history)
         .unwrap();
-    let sim = ClusterShape {
-        mns: 1,
-        cns: 2,
-        threads: 1,
-        seed: 1,
-        profile: dmem_sim::NicProfile::cx5(),
-        min_mn_bytes: 1 << 16,
-        message_faults: dmem_sim::MessageFaults::default(),
-    }
-    .build(0)
-    .unwrap();
-    let timing = RecoveryTiming {
-        heartbeat: 1_000,
-        timeout: 5_000,
-        poll: 1_000,
-        until: 1_000_000,
-    };
-    let err = deployment.start_recovery(&sim, 0, timing).unwrap_err();
-    assert!(matches!(err, DeployError::SimOnly { .. }), "{err}");
+    // Its recovery reads the simulator's crash state: a deployment on another fabric has
+    // no simulated recovery to start.
+    assert!(deployment.sim_recovery().is_none());
+    let err = dmem_deploy::require_sim_recovery(&mut *deployment, "dnl-4")
+        .err()
+        .unwrap();
+    assert!(matches!(err, DeployError::NoSimRecovery(_)), "{err}");
     // A ragged shape (servers with different thread counts) is refused too.
     let ragged = vec![
         vec![cluster.context(0, 1).unwrap()],

@@ -4,10 +4,10 @@
 //!
 //! Both CNs are wired as `dmem cn` wires a CN process, through `dmem-deploy` alone:
 //! `Protocol::deploy_on` on the tcp MNs' memory (the victim on the regions alone, its loader
-//! run without writing), a [`ProcessPlan`] on the [`ports`] layout, `Deployment::join_as_cn`,
-//! coordinators on `AnyContext`s, the CN's `Deployment::process_tasks` (heartbeats,
+//! run without writing), a [`ProcessPlan`] on the [`ports`] layout, `ProcessDeployment::join_as_cn`,
+//! coordinators on `AnyContext`s, the CN's `ProcessDeployment::process_tasks` (heartbeats,
 //! Pandora's CN listener) and, on the detector's CN, the `ProcessRecovery` that
-//! `Deployment::process_recovery` returns, driven by `ProcessRecovery::step`, terminating
+//! `ProcessDeployment::process_recovery` returns, driven by `ProcessRecovery::step`, terminating
 //! links through the MNs' control endpoints (`LocalCluster::answer_link_terminations`, as
 //! `dmem mn` answers them). Transactions retry through `dmem_harness::execute_with_reasons`.
 //! SmallBank on every fabric without a crash is in `tests/fabrics.rs`.
@@ -66,7 +66,11 @@ fn cn_deployment(
     for (table, key, value) in workload.loader() {
         deployment.load(table, key, &value).unwrap();
     }
-    deployment.join_as_cn(me, plan).unwrap();
+    deployment
+        .processes()
+        .unwrap()
+        .join_as_cn(me, plan)
+        .unwrap();
     deployment
 }
 
@@ -216,7 +220,12 @@ fn pandora_recovers_a_crashed_cn_on_tcp() {
                 listener: context(ports::LISTENER),
                 services: Vec::new(),
             };
-            for task in deployment.process_tasks(victim, ctxs, &plan).unwrap() {
+            for task in deployment
+                .processes()
+                .unwrap()
+                .process_tasks(victim, ctxs, &plan)
+                .unwrap()
+            {
                 executor.spawn(task);
             }
             // Up and heartbeating: `dmem cluster` starts its kill timer once every CN is.
@@ -257,13 +266,20 @@ fn pandora_recovers_a_crashed_cn_on_tcp() {
         listener: cluster.context(0, ports::LISTENER.0).unwrap(),
         services: Vec::new(),
     };
-    for task in deployment.process_tasks(survivor, ctxs, &plan).unwrap() {
+    for task in deployment
+        .processes()
+        .unwrap()
+        .process_tasks(survivor, ctxs, &plan)
+        .unwrap()
+    {
         executor.spawn(task);
     }
     // The MNs answer link terminations, as MN processes do.
     executor.spawn(cluster.answer_link_terminations(until).unwrap());
     // The detector, on the survivor, as `dmem cn`'s first CN drives it.
     let mut recovery = deployment
+        .processes()
+        .unwrap()
         .process_recovery(
             cluster.context(0, ports::DETECTOR.0).unwrap(),
             MessageLinkTerminator::new(
@@ -325,7 +341,7 @@ fn pandora_recovers_a_crashed_cn_on_tcp() {
         "{events:?}"
     );
     // The deployment knows what its detector recovered (the final coordinator reads it).
-    assert_eq!(deployment.recovery_events(), events);
+    assert_eq!(deployment.sim_recovery().unwrap().recovery_events(), events);
     assert!(
         survivors.after_recovery.get() > 0,
         "the survivors committed nothing after recovery"

@@ -24,9 +24,11 @@
 //!   ([`Detection::Oracle`], [`spawn_crash_watch`]), and the history bookkeeping every
 //!   recovery shares.
 //! * [`Registry`]: protocols by name, plus parameterised families (`ford:BUG+BUG`).
+//! * [`SimRecovery`] and [`ProcessDeployment`]: what a protocol adds to its [`Deployment`]
+//!   when it recovers crashed CNs on the simulator, and when it runs as CN processes.
 //! * [`process`]: recovery across the processes of a real cluster — the CN tasks
-//!   ([`Deployment::process_tasks`]), the detector's [`process::ProcessRecovery`]
-//!   ([`Deployment::process_recovery`]) and link termination through MN processes.
+//!   ([`ProcessDeployment::process_tasks`]), the detector's [`process::ProcessRecovery`]
+//!   ([`ProcessDeployment::process_recovery`]) and link termination through MN processes.
 //!
 //! A deployment is fabric-neutral: [`Protocol::deploy_on`] lays the store out on an
 //! [`MnMemory`] (the simulator's MNs, or the regions of real MNs with the bytes of those
@@ -39,6 +41,7 @@
 
 mod cluster;
 mod context;
+mod deployment;
 mod memory;
 mod oracle;
 pub mod process;
@@ -47,13 +50,16 @@ mod sim_recovery;
 
 use std::any::Any;
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::rc::Rc;
 
 pub use cluster::{ClusterShape, Deployed, SimLinkTerminator, deploy_loaded, load_growing_slack};
 pub use context::AnyContext;
 #[cfg(feature = "rdma")]
 pub use context::RdmaCn;
+pub use deployment::{
+    Deployment, ProcessDeployment, Router, SimRecovery, require_processes, require_sim_recovery,
+};
 pub use dmem_store::TableDemand;
 pub use dmem_txn::detector::HeartbeatDetector;
 pub use memory::{MnMemory, Recorder};
@@ -62,12 +68,12 @@ pub use registry::{Family, Registry};
 pub use sim_recovery::{Detection, RecoveryState, spawn_heartbeat_watch, spawn_log_recovery};
 
 /// Where a deployment sends coordinators it starts during a run
-/// ([`Deployment::run_late_coordinators`]): context, coordinator id, coordinator.
+/// ([`SimRecovery::run_late_coordinators`]): context, coordinator id, coordinator.
 pub type LateCoordinators = Rc<dyn Fn(dmem_sim::SimContext, u16, BoxCoordinator)>;
 
 use dmem_sim::{Sim, SimError};
 use dmem_store::StoreError;
-use dmem_txn::{BoxCoordinator, CriticalField, History, Isolation, Key, TableId, TxnKind};
+use dmem_txn::{BoxCoordinator, CriticalField, History, Isolation, TableId};
 use dmem_verbs::{Endpoint, Nanos, NodeId};
 
 /// Why a deployment could not be built or driven.
@@ -92,6 +98,10 @@ pub enum DeployError {
         /// What it needs from the simulator.
         reason: String,
     },
+    /// A crash was asked for under a protocol without simulated recovery
+    /// ([`Deployment::sim_recovery`] is `None`).
+    #[error("protocol `{0}` does not detect and recover crashed CNs on the simulator")]
+    NoSimRecovery(String),
     /// A protocol name nobody registered.
     #[error("unknown protocol `{name}`: known protocols are {}", known.join(", "))]
     UnknownProtocol {
@@ -428,7 +438,7 @@ pub trait Protocol: Send + Sync {
     /// `servers[me][t]`). The deployment holds and loads only the records `me` is a replica
     /// of (placement is a function of the key, so every process agrees), reaches the other
     /// servers through two-sided messages, and hands its message loops to the caller from
-    /// [`Deployment::process_tasks`]; coordinators are made on this process's contexts.
+    /// [`ProcessDeployment::process_tasks`]; coordinators are made on this process's contexts.
     ///
     /// # Errors
     /// [`DeployError::Protocol`] for a protocol that is not symmetric (the default) or
@@ -467,251 +477,6 @@ pub trait Protocol: Send + Sync {
     ) -> Result<Box<dyn Deployment>, DeployError> {
         self.deploy_on(MnMemory::sim(sim), spec, Recorder::new(history))
     }
-}
-
-/// One protocol deployed on one cluster (simulated, or this process's part of a real one).
-///
-/// Call order: [`load`](Self::load) every record, [`coordinator`](Self::coordinator) for
-/// every worker, optionally [`start_recovery`](Self::start_recovery) once, run the
-/// simulation, then [`final_coordinator`](Self::final_coordinator) /
-/// [`read_final`](Self::read_final). In a CN process of a real cluster:
-/// [`join_as_cn`](Self::join_as_cn), [`coordinator`](Self::coordinator) for each of its
-/// workers, then [`process_tasks`](Self::process_tasks).
-pub trait Deployment {
-    /// Where its loader placed the records loaded so far, read-only and shareable across
-    /// threads, for [`Protocol::deploy_placed`]; `None` (the default) for a protocol that
-    /// does not hand it out.
-    fn placement(&self) -> Option<Placement> {
-        None
-    }
-
-    /// Writes one initial record out of band (outside virtual time).
-    ///
-    /// # Errors
-    /// [`DeployError`] (a full index bucket: [`DeployError::is_index_full`]).
-    fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError>;
-
-    /// A worker coordinator with id `id` on `ctx` (a context of a worker CN, on the fabric
-    /// the deployment was laid out for).
-    ///
-    /// # Errors
-    /// [`DeployError`] if the protocol has no room for `id`.
-    fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError>;
-
-    /// Starts failure detection and recovery as simulated tasks: every CN that has
-    /// coordinators reports to a detector on CN `recovery_cn`, which recovers a CN that stops
-    /// answering while the others keep running. Tasks stop at `timing.until`.
-    ///
-    /// # Errors
-    /// [`DeployError`] if a context cannot be made.
-    fn start_recovery(
-        &mut self,
-        sim: &Rc<Sim>,
-        recovery_cn: u16,
-        timing: RecoveryTiming,
-    ) -> Result<(), DeployError>;
-
-    /// Whether [`process_recovery`](Self::process_recovery) recovers CNs of a real cluster
-    /// across processes (`false` by default: a CN process killed mid-run ends the run).
-    fn recovers_across_processes(&self) -> bool {
-        false
-    }
-
-    /// How many MNs hold each record (1 by default: no replication), so that a command
-    /// knows whether an MN failure can be survived.
-    fn replicas(&self) -> u16 {
-        1
-    }
-
-    /// Tells the deployment of a CN process which CN it is (`me`, a member of `plan`) and
-    /// where the other CNs are, before its [`coordinator`](Self::coordinator)s are made: a
-    /// protocol whose CNs serve each other (LOTUS's lock tables, §4.1) learns its own
-    /// index and the other CNs' [`process::ClusterMember::services`] here, and serves its
-    /// own from [`process_tasks`](Self::process_tasks). A CN process calls it for every
-    /// protocol; the default does nothing (CNs that share only MN memory).
-    ///
-    /// # Errors
-    /// [`DeployError`] if `me` is not a member of `plan` or the protocol cannot run there.
-    fn join_as_cn(&mut self, me: NodeId, plan: &process::ProcessPlan) -> Result<(), DeployError> {
-        let _ = (me, plan);
-        Ok(())
-    }
-
-    /// The tasks a CN process of a real cluster runs beside its coordinators (on its own
-    /// executor, until the process ends): by default heartbeats to `plan.detector` on
-    /// `ctxs.heartbeat` ([`process::alive_task`]); a protocol with recovery across processes
-    /// adds its detector's heartbeats and its CN-side listener on `ctxs.listener`. Call it
-    /// after this CN's [`coordinator`](Self::coordinator)s are made.
-    ///
-    /// # Errors
-    /// [`DeployError`] if the protocol cannot set its CN side up.
-    fn process_tasks(
-        &mut self,
-        me: NodeId,
-        ctxs: process::CnContexts,
-        plan: &process::ProcessPlan,
-    ) -> Result<Vec<process::LocalTask>, DeployError> {
-        let _ = me;
-        Ok(vec![process::alive_task(
-            ctxs.heartbeat,
-            plan.detector,
-            plan.heartbeat,
-        )])
-    }
-
-    /// The detector's side of recovery across processes, on `ctx` (whose endpoint is
-    /// `plan.detector`; heartbeats arrive there) with `terminator` reaching the MN processes.
-    /// `None` (the default) for a protocol without recovery across processes. Afterwards
-    /// [`final_coordinator`](Self::final_coordinator) knows the coordinators it recovered.
-    ///
-    /// # Errors
-    /// [`DeployError`] if the protocol cannot set its detector up.
-    fn process_recovery(
-        &mut self,
-        ctx: AnyContext,
-        terminator: process::MessageLinkTerminator,
-        plan: &process::ProcessPlan,
-    ) -> Result<Option<Box<dyn process::ProcessRecovery>>, DeployError> {
-        let _ = (ctx, terminator, plan);
-        Ok(None)
-    }
-
-    /// Whether a CN process may split its coordinators across cores (one executor per
-    /// core, `dmem cn` with `threads > 1`), each core's coordinators made by a deployment of
-    /// its own — the same spec and regions, loaded and [`join_as_cn`](Self::join_as_cn)ed as
-    /// the same CN — while one of them runs the CN's [`process_tasks`](Self::process_tasks),
-    /// [`process_recovery`](Self::process_recovery) and
-    /// [`final_coordinator`](Self::final_coordinator). That is sound when a coordinator
-    /// keeps no CN-side state that another core's coordinators or those tasks must see
-    /// (caches and hints may differ per core), or when the protocol carries that state to
-    /// every core itself ([`join_core`](Self::join_core), [`core_tasks`](Self::core_tasks));
-    /// `Err(why)` names the state otherwise. The default refuses, because a protocol that
-    /// did not say cannot be assumed to keep none.
-    ///
-    /// # Errors
-    /// Why this protocol's coordinators must share one deployment per CN.
-    fn splits_across_cores(&self) -> Result<(), String> {
-        Err(
-            "its coordinators may share CN-side state (the protocol does not say they keep none)"
-                .to_owned(),
-        )
-    }
-
-    /// Tells the deployment of one core of a CN process which core it serves (`group`,
-    /// shared by every core's deployment), before its [`coordinator`](Self::coordinator)s
-    /// are made. A CN process calls it for every protocol, after
-    /// [`join_as_cn`](Self::join_as_cn), with a group of one core when it runs one; the
-    /// default ignores it (coordinators that keep no CN-side state the cores must share).
-    ///
-    /// # Errors
-    /// [`DeployError`] if the protocol cannot join the group.
-    fn join_core(&mut self, group: process::CoreGroup) -> Result<(), DeployError> {
-        let _ = group;
-        Ok(())
-    }
-
-    /// The tasks a core other than the first of a CN process runs beside its coordinators,
-    /// until they are done (the first core runs [`process_tasks`](Self::process_tasks)):
-    /// none by default; for Pandora, the core's end of its CN listener (§3.2.2, §3.2.5, see
-    /// `dmem-ford`'s `cores`); for LOTUS, the lock servers of this core's share of the
-    /// service endpoints (`services`, [`process::service_core`]). Call it after this
-    /// core's coordinators are made.
-    ///
-    /// # Errors
-    /// [`DeployError`] if the protocol cannot set the core's side up.
-    fn core_tasks(
-        &mut self,
-        me: NodeId,
-        plan: &process::ProcessPlan,
-        services: Vec<process::ServiceContext>,
-    ) -> Result<Vec<process::LocalTask>, DeployError> {
-        let _ = (me, plan, services);
-        Ok(Vec::new())
-    }
-
-    /// The MNs this process's view counts as failed (Pandora §3.2.5: dropped from the view,
-    /// no longer posted to); empty by default.
-    fn failed_mns(&self) -> Vec<NodeId> {
-        Vec::new()
-    }
-
-    /// Hands the runner a way to run coordinators the protocol starts by itself during a
-    /// run on the simulator (LOTUS §6: a restarted CN executes transactions again): each
-    /// one goes to `run` with its context and id. Protocols that never start coordinators
-    /// ignore it (the default).
-    fn run_late_coordinators(&self, run: LateCoordinators) {
-        let _ = run;
-    }
-
-    /// A coordinator on `ctx` that knows every coordinator recovery declared failed (for a
-    /// read-only check transaction after recovery).
-    ///
-    /// By default a worker coordinator (for a protocol whose coordinators learn about failed
-    /// coordinators from shared state anyway).
-    ///
-    /// # Errors
-    /// [`DeployError`] if the protocol has no room for `id`.
-    fn final_coordinator(
-        &mut self,
-        ctx: AnyContext,
-        id: u16,
-    ) -> Result<BoxCoordinator, DeployError> {
-        self.coordinator(ctx, id)
-    }
-
-    /// The CN failures recovered so far.
-    fn recovery_events(&self) -> Vec<RecoveryEvent>;
-
-    /// The first recovery step that failed, if one did.
-    fn recovery_error(&self) -> Option<String>;
-
-    /// Set while a stop-the-world recovery (FORD's scan) wants the survivors not to start
-    /// transactions; runners poll it between transactions. Never set by protocols that
-    /// recover online.
-    fn paused(&self) -> Rc<Cell<bool>>;
-
-    /// The committed value of `(table, key)` read from MN memory out of band (after the
-    /// run), reading past locks left by coordinators that recovery declared failed.
-    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>>;
-
-    /// One READ per index bucket and the bytes of their records: what a scan of the whole
-    /// store costs (`None` for a protocol without an index to scan).
-    fn scan_cost(&self) -> Option<(u64, u64)> {
-        None
-    }
-
-    /// Protocol-specific counters summed over coordinators that finished (e.g. PILL steals).
-    fn counter(&self, name: &str) -> Option<u64> {
-        let _ = name;
-        None
-    }
-
-    /// The counters this deployment reports at the end of a run of a real cluster (a CN
-    /// process's report lists them), by name: a subset of what
-    /// [`counter`](Self::counter) answers. Empty by default.
-    fn counters(&self) -> Vec<(String, u64)> {
-        Vec::new()
-    }
-
-    /// The deployment as [`Any`], for a command that drives one protocol's own machinery
-    /// across processes (Pandora's recovery in `dmem cn`) through its typed deployment.
-    fn as_any(&self) -> &dyn Any;
-
-    /// Where transactions should run, for a protocol that places them (LOTUS §4.3 hybrid
-    /// routing); `None` (the default): every coordinator runs what its own client generates.
-    fn router(&self) -> Option<Rc<dyn Router>> {
-        None
-    }
-}
-
-/// The routing layer in front of the CNs (LOTUS §4.3): it picks the CN that runs a
-/// transaction. Runners (the bench harness) hand each generated transaction to a
-/// coordinator of that CN.
-pub trait Router {
-    /// The CN (index `0..cns`) that should run a transaction of `kind` whose first record is
-    /// `first`; `random` is a uniformly random number the caller drew (for random
-    /// placement). `None`: run it where it was generated.
-    fn route(&self, kind: TxnKind, first: Option<(TableId, Key)>, random: u64) -> Option<u16>;
 }
 
 #[cfg(test)]

@@ -1,12 +1,12 @@
 //! Recovery across the processes of a real cluster (`dmem mn` / `dmem cn`), fabric-neutral.
 //!
 //! In the simulator a deployment's recovery is a set of simulated tasks
-//! ([`Deployment::start_recovery`](crate::Deployment::start_recovery)). Across processes
+//! ([`SimRecovery::start_recovery`](crate::SimRecovery::start_recovery)). Across processes
 //! the same protocol machinery runs on real contexts ([`AnyContext`]), split by role:
 //!
-//! * **every CN** says which CN it is ([`Deployment::join_as_cn`](crate::Deployment::join_as_cn))
+//! * **every CN** says which CN it is ([`ProcessDeployment::join_as_cn`](crate::ProcessDeployment::join_as_cn))
 //!   before it makes its coordinators, then runs the tasks
-//!   [`Deployment::process_tasks`](crate::Deployment::process_tasks)
+//!   [`ProcessDeployment::process_tasks`](crate::ProcessDeployment::process_tasks)
 //!   returns, beside its coordinators on its own executor: heartbeats to the detector (the
 //!   default, for any protocol: the detector's join barrier counts them), for a
 //!   protocol with recovery across processes its listener (Pandora: stray-lock
@@ -14,12 +14,12 @@
 //!   CNs serve each other its servers on [`CnContexts::services`] (LOTUS's lock tables);
 //! * **a CN process on several cores** (one executor and one deployment per core) gives
 //!   every core's deployment the same [`CoreGroup`]
-//!   ([`Deployment::join_core`](crate::Deployment::join_core)); the first core runs the
+//!   ([`ProcessDeployment::join_core`](crate::ProcessDeployment::join_core)); the first core runs the
 //!   process tasks, the others the tasks
-//!   [`Deployment::core_tasks`](crate::Deployment::core_tasks) returns (Pandora: each core's
+//!   [`ProcessDeployment::core_tasks`](crate::ProcessDeployment::core_tasks) returns (Pandora: each core's
 //!   end of the CN listener, fed through a relay in the group);
 //! * **the detector CN** drives the [`ProcessRecovery`] that
-//!   [`Deployment::process_recovery`](crate::Deployment::process_recovery) returns:
+//!   [`ProcessDeployment::process_recovery`](crate::ProcessDeployment::process_recovery) returns:
 //!   [`detect`](ProcessRecovery::detect) suspects silent CNs,
 //!   [`recover`](ProcessRecovery::recover) cuts one off every MN through a
 //!   [`MessageLinkTerminator`] and recovers its coordinators from their logs,
@@ -194,7 +194,7 @@ impl ProcessPlan {
     }
 }
 
-/// The contexts a CN process gives its deployment's [`process_tasks`](crate::Deployment::process_tasks).
+/// The contexts a CN process gives its deployment's [`process_tasks`](crate::ProcessDeployment::process_tasks).
 #[derive(Debug, Clone)]
 pub struct CnContexts {
     /// For heartbeats to the detector.
@@ -241,10 +241,10 @@ pub fn services_of_core(
 }
 
 /// One core of a CN process that runs its coordinators on several cores, one executor each
-/// ([`Deployment::splits_across_cores`](crate::Deployment::splits_across_cores)): which
+/// ([`ProcessDeployment::splits_across_cores`](crate::ProcessDeployment::splits_across_cores)): which
 /// core, how many, and one value that the deployments of all of them share — the only state
 /// that crosses their executors, so `Send + Sync`. A protocol whose CN-side tasks (run by
-/// the first core's [`process_tasks`](crate::Deployment::process_tasks)) update what every
+/// the first core's [`process_tasks`](crate::ProcessDeployment::process_tasks)) update what every
 /// core's coordinators read keeps here what carries those updates to the other cores
 /// (Pandora: its listener's control messages, `dmem-ford`'s `cores` module).
 #[derive(Clone)]

@@ -328,110 +328,118 @@ pub async fn body<T: Transaction, K: Clock>(
     t: &mut T,
     clock: &K,
 ) -> Result<(), TxnError> {
-    let value = role as u64 + 1;
-    let g = shape.gaps;
     match litmus {
-        Litmus::DirectWrite => {
-            let order = if shape.swap {
-                [keys.y, keys.x]
-            } else {
-                [keys.x, keys.y]
-            };
-            for (i, key) in order.into_iter().enumerate() {
-                pause(clock, g[i]).await;
+        Litmus::DirectWrite | Litmus::DirectWriteInsert | Litmus::DirectWriteDelete => {
+            direct_write(litmus, role, keys, shape, t, clock).await
+        }
+        Litmus::ReadWrite => read_write(role, keys, shape, t, clock).await,
+        Litmus::IndirectWrite => indirect_write(role, keys, shape, t, clock).await,
+    }
+}
+
+/// Reads `key` for update and requires it present.
+async fn locked_present<T: Transaction>(t: &mut T, key: Key) -> Result<u64, TxnError> {
+    present(decode(t.read_for_update(TABLE, key).await?, key)?, key)
+}
+
+/// Litmus 1 and its insert and delete forms: both roles write x and y (in an order the
+/// shape may swap).
+async fn direct_write<T: Transaction, K: Clock>(
+    litmus: Litmus,
+    role: usize,
+    keys: InstanceKeys,
+    shape: Shape,
+    t: &mut T,
+    clock: &K,
+) -> Result<(), TxnError> {
+    let value = role as u64 + 1;
+    let order = if shape.swap {
+        [keys.y, keys.x]
+    } else {
+        [keys.x, keys.y]
+    };
+    for (i, key) in order.into_iter().enumerate() {
+        pause(clock, shape.gaps[i]).await;
+        match litmus {
+            Litmus::DirectWriteInsert => upsert(t, key, value).await?,
+            Litmus::DirectWriteDelete if role == 0 => {
+                let seen = decode(t.read_for_update(TABLE, key).await?, key)?;
+                if seen.is_some() {
+                    t.delete(TABLE, key).await?;
+                }
+            }
+            Litmus::DirectWriteDelete => upsert(t, key, value).await?,
+            _ => {
                 let lock = if i == 0 {
                     shape.lock_read
                 } else {
                     shape.lock_write
                 };
                 if lock {
-                    present(decode(t.read_for_update(TABLE, key).await?, key)?, key)?;
+                    locked_present(t, key).await?;
                 }
                 t.write(TABLE, key, &value.to_le_bytes()).await?;
             }
         }
-        Litmus::DirectWriteInsert => {
-            let order = if shape.swap {
-                [keys.y, keys.x]
-            } else {
-                [keys.x, keys.y]
-            };
-            for (i, key) in order.into_iter().enumerate() {
-                pause(clock, g[i]).await;
-                upsert(t, key, value).await?;
-            }
-        }
-        Litmus::DirectWriteDelete => {
-            let order = if shape.swap {
-                [keys.y, keys.x]
-            } else {
-                [keys.x, keys.y]
-            };
-            for (i, key) in order.into_iter().enumerate() {
-                pause(clock, g[i]).await;
-                if role == 0 {
-                    let seen = decode(t.read_for_update(TABLE, key).await?, key)?;
-                    if seen.is_some() {
-                        t.delete(TABLE, key).await?;
-                    }
-                } else {
-                    upsert(t, key, value).await?;
-                }
-            }
-        }
-        Litmus::ReadWrite => {
-            let (read, written) = if role == 0 {
-                (keys.x, keys.y)
-            } else {
-                (keys.y, keys.x)
-            };
-            if shape.swap && shape.lock_write {
-                pause(clock, g[0]).await;
-                present(
-                    decode(t.read_for_update(TABLE, written).await?, written)?,
-                    written,
-                )?;
-            }
-            pause(clock, g[1]).await;
-            let seen = present(decode(t.read(TABLE, read).await?, read)?, read)?;
-            pause(clock, g[2]).await;
-            if !shape.swap && shape.lock_write {
-                present(
-                    decode(t.read_for_update(TABLE, written).await?, written)?,
-                    written,
-                )?;
-            }
-            t.write(TABLE, written, &(seen + 1).to_le_bytes()).await?;
-        }
-        Litmus::IndirectWrite => {
-            let private = if role == 0 { keys.y } else { keys.z };
-            if shape.swap {
-                pause(clock, g[0]).await;
-                present(
-                    decode(t.read_for_update(TABLE, private).await?, private)?,
-                    private,
-                )?;
-            }
-            pause(clock, g[1]).await;
-            let raw = if shape.lock_read {
-                t.read_for_update(TABLE, keys.x).await?
-            } else {
-                t.read(TABLE, keys.x).await?
-            };
-            let x = present(decode(raw, keys.x)?, keys.x)? + 1;
-            pause(clock, g[2]).await;
-            t.write(TABLE, keys.x, &x.to_le_bytes()).await?;
-            pause(clock, g[3]).await;
-            if !shape.swap && shape.lock_write {
-                present(
-                    decode(t.read_for_update(TABLE, private).await?, private)?,
-                    private,
-                )?;
-            }
-            t.write(TABLE, private, &x.to_le_bytes()).await?;
-        }
     }
     Ok(())
+}
+
+/// Litmus 2: each role reads one key and writes the other one past what it read.
+async fn read_write<T: Transaction, K: Clock>(
+    role: usize,
+    keys: InstanceKeys,
+    shape: Shape,
+    t: &mut T,
+    clock: &K,
+) -> Result<(), TxnError> {
+    let g = shape.gaps;
+    let (read, written) = if role == 0 {
+        (keys.x, keys.y)
+    } else {
+        (keys.y, keys.x)
+    };
+    if shape.swap && shape.lock_write {
+        pause(clock, g[0]).await;
+        locked_present(t, written).await?;
+    }
+    pause(clock, g[1]).await;
+    let seen = present(decode(t.read(TABLE, read).await?, read)?, read)?;
+    pause(clock, g[2]).await;
+    if !shape.swap && shape.lock_write {
+        locked_present(t, written).await?;
+    }
+    t.write(TABLE, written, &(seen + 1).to_le_bytes()).await
+}
+
+/// Litmus 3: each role increments x and copies it into its private key.
+async fn indirect_write<T: Transaction, K: Clock>(
+    role: usize,
+    keys: InstanceKeys,
+    shape: Shape,
+    t: &mut T,
+    clock: &K,
+) -> Result<(), TxnError> {
+    let g = shape.gaps;
+    let private = if role == 0 { keys.y } else { keys.z };
+    if shape.swap {
+        pause(clock, g[0]).await;
+        locked_present(t, private).await?;
+    }
+    pause(clock, g[1]).await;
+    let raw = if shape.lock_read {
+        t.read_for_update(TABLE, keys.x).await?
+    } else {
+        t.read(TABLE, keys.x).await?
+    };
+    let x = present(decode(raw, keys.x)?, keys.x)? + 1;
+    pause(clock, g[2]).await;
+    t.write(TABLE, keys.x, &x.to_le_bytes()).await?;
+    pause(clock, g[3]).await;
+    if !shape.swap && shape.lock_write {
+        locked_present(t, private).await?;
+    }
+    t.write(TABLE, private, &x.to_le_bytes()).await
 }
 
 /// Reads the keys of every instance in one read-only transaction (Pandora §5: "we use

@@ -5,8 +5,10 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Instant;
 
-use dmem_deploy::{ClusterShape, DeploySpec, Protocol, RecoveryTiming, TableDemand};
-use dmem_sim::{MessageFaults, NicProfile, SimContext};
+use dmem_deploy::{
+    ClusterShape, DeployError, DeploySpec, Deployment, Protocol, RecoveryTiming, TableDemand,
+};
+use dmem_sim::{MessageFaults, NicProfile, Sim, SimContext};
 use dmem_txn::{Coordinator, History, Key, Transaction, TxnError, TxnKind};
 use dmem_verbs::{Clock, Nanos, Phase};
 use serde::Serialize;
@@ -414,18 +416,10 @@ async fn read_final<C: Coordinator>(
     Err(last)
 }
 
-fn execute(
-    target: &dyn Protocol,
-    litmus: Litmus,
-    seed: u64,
-    cfg: &RunConfig,
-    crash: Option<(u16, u64)>,
-) -> Result<Execution, LitmusError> {
-    let workers = cfg.worker_cns;
-    let recovery_cn = workers;
-    let history = Rc::new(RefCell::new(History::new()));
+/// The records every instance of `litmus` starts with.
+fn initial_records(litmus: Litmus, instances: u16) -> Vec<(Key, Vec<u8>)> {
     let mut records = Vec::new();
-    for i in 0..cfg.instances {
+    for i in 0..instances {
         let keys = InstanceKeys::of(i).first(litmus.key_count());
         for (key, init) in keys.into_iter().zip(litmus.initial()) {
             if let Some(v) = init {
@@ -433,19 +427,36 @@ fn execute(
             }
         }
     }
-    let roles = 2u16;
+    records
+}
+
+/// One table of three records per instance, `coordinators` of them, small logs, an exact
+/// index (the suite's records fit, so no slack).
+fn litmus_spec(coordinators: u16, instances: u16) -> DeploySpec {
     let mut spec = DeploySpec::new(
         vec![TableDemand {
             id: TABLE,
             value_len: VALUE_LEN,
-            expected_records: u64::from(cfg.instances) * 3,
+            expected_records: u64::from(instances) * 3,
             grows: false,
         }],
-        cfg.instances * roles + 1,
+        coordinators,
     );
     spec.log_region_bytes = 1024;
     spec.index_slack = 1;
     spec.exact_index = true;
+    spec
+}
+
+/// The suite's cluster: 3 MNs, the worker CNs and one recovery CN of 2 threads each, cx5,
+/// with the message faults `cfg` asks for (plus loss or duplication for a protocol that
+/// claims to tolerate them).
+fn litmus_shape(
+    target: &dyn Protocol,
+    litmus: Litmus,
+    seed: u64,
+    cfg: &RunConfig,
+) -> Result<ClusterShape, LitmusError> {
     let mut faults = cfg.message_faults;
     if target.tolerates_message_loss() {
         faults.loss = faults.loss.max(cfg.loss_if_tolerated);
@@ -453,23 +464,32 @@ fn execute(
     if target.tolerates_message_duplication() {
         faults.duplicate = faults.duplicate.max(cfg.dup_if_tolerated);
     }
-    let shape = ClusterShape {
+    Ok(ClusterShape {
         message_faults: faults,
         mns: 3,
-        cns: workers + 1,
+        cns: cfg.worker_cns + 1,
         threads: 2,
         seed: mix(&[seed, litmus as u64, 1]),
         profile: NicProfile::named("cx5").map_err(|_| LitmusError::Config("no cx5 profile"))?,
         min_mn_bytes: 96 << 10,
-    };
-    let sim = shape.build(target.mn_bytes_per_mn(&spec, shape.mns)?)?;
-    sim.record_phases(crash.is_none());
-    let mut dep = target.deploy(&sim, &spec, Rc::clone(&history))?;
-    for (key, value) in &records {
-        dep.load(TABLE, *key, value)?;
-    }
-    let ends = Rc::new(RefCell::new(Vec::new()));
-    let last_end = Rc::new(std::cell::Cell::new(0u64));
+    })
+}
+
+/// How each role's run ended, with its CN.
+type Ends = Rc<RefCell<Vec<(u16, RoleEnd)>>>;
+
+/// Spawns both roles of every instance on the worker CNs, each with its own coordinator,
+/// start instant and random stream; each pushes its end into `ends` and raises `last_end`.
+fn spawn_roles(
+    sim: &Rc<Sim>,
+    dep: &mut dyn Deployment,
+    litmus: Litmus,
+    seed: u64,
+    cfg: &RunConfig,
+    ends: &Ends,
+    last_end: &Rc<std::cell::Cell<u64>>,
+) -> Result<(), LitmusError> {
+    let (roles, workers) = (2u16, cfg.worker_cns);
     let mut rng = SplitMix::new(mix(&[seed, litmus as u64, 2]));
     // Steering has its own stream: with it off, a seed runs as it did before steering.
     let mut steer_rng = SplitMix::new(mix(&[seed, litmus as u64, 4]));
@@ -490,11 +510,11 @@ fn execute(
             let ctx = sim.context(sim.cn(cn), 0)?;
             let mut co = dep.coordinator(ctx.clone().into(), id)?;
             let role_rng = SplitMix::new(rng.next_u64());
-            let ends = Rc::clone(&ends);
+            let ends = Rc::clone(ends);
             let cfg = cfg.clone();
             let keys = InstanceKeys::of(i);
             let clock = ctx.clone();
-            let last_end = Rc::clone(&last_end);
+            let last_end = Rc::clone(last_end);
             sim.spawn(&ctx, async move {
                 let end = run_role(
                     &mut co,
@@ -513,6 +533,32 @@ fn execute(
             });
         }
     }
+    Ok(())
+}
+
+fn execute(
+    target: &dyn Protocol,
+    litmus: Litmus,
+    seed: u64,
+    cfg: &RunConfig,
+    crash: Option<(u16, u64)>,
+) -> Result<Execution, LitmusError> {
+    let workers = cfg.worker_cns;
+    let recovery_cn = workers;
+    let history = Rc::new(RefCell::new(History::new()));
+    let records = initial_records(litmus, cfg.instances);
+    let roles = 2u16;
+    let spec = litmus_spec(cfg.instances * roles + 1, cfg.instances);
+    let shape = litmus_shape(target, litmus, seed, cfg)?;
+    let sim = shape.build(target.mn_bytes_per_mn(&spec, shape.mns)?)?;
+    sim.record_phases(crash.is_none());
+    let mut dep = target.deploy(&sim, &spec, Rc::clone(&history))?;
+    for (key, value) in &records {
+        dep.load(TABLE, *key, value)?;
+    }
+    let ends: Ends = Rc::default();
+    let last_end = Rc::new(std::cell::Cell::new(0u64));
+    spawn_roles(&sim, &mut *dep, litmus, seed, cfg, &ends, &last_end)?;
     if let Some((cn, k)) = crash {
         if target.symmetric() {
             sim.crash_at(sim.cn(cn), k);
@@ -520,7 +566,11 @@ fn execute(
             sim.crash_at_work_request(sim.cn(cn), k);
         }
     }
-    dep.start_recovery(&sim, recovery_cn, cfg.timing)?;
+    match dep.sim_recovery() {
+        Some(recovery) => recovery.start_recovery(&sim, recovery_cn, cfg.timing)?,
+        None if crash.is_some() => return Err(DeployError::NoSimRecovery(target.name()).into()),
+        None => {}
+    }
     sim.run_until(cfg.timing.until);
 
     let reader_ctx = sim.context(sim.cn(recovery_cn), 0)?;
@@ -559,7 +609,7 @@ fn execute(
         crashed,
         final_state,
         history,
-        recoveries: dep.recovery_events().len(),
+        recoveries: dep.sim_recovery().map_or(0, |r| r.recovery_events().len()),
         last_end: last_end.get(),
     })
 }

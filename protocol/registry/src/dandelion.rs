@@ -8,7 +8,7 @@
 //! server ([`Protocol::deploy_server`], `dmem server`) the caller hands over every server's
 //! endpoints and its own threads' contexts, the deployment loads only the records that
 //! server is a replica of and hands its message loops out from
-//! [`Deployment::process_tasks`]. Either way every
+//! [`ProcessDeployment::process_tasks`]. Either way every
 //! server thread gets a `RunIteration` loop task ([`dmem_dandelion::Worker::run`], the same
 //! async code, generic over the context); records are loaded into the stores of their R
 //! replicas; a coordinator made on a server thread's context runs on that thread's worker.
@@ -18,17 +18,19 @@
 //! heartbeat timeout), declares it crashed and halts the survivors; the lowest-numbered
 //! survivor then gathers the logs, sends every decision and lets the survivors resume,
 //! with RPCs over the same networking layer as the transactions. On a real fabric
-//! [`Deployment::start_recovery`] is refused ([`DeployError::SimOnly`]): there is no crash
+//! [`SimRecovery::start_recovery`] is refused ([`DeployError::SimOnly`]): there is no crash
 //! injection or failure detector for real servers yet.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 
+use dmem_dandelion::recovery::RecoveryReport;
 use dmem_dandelion::{Cluster, DnlConfig, DnlCoordinator, Worker, recover, retransmission_timeout};
 use dmem_deploy::process::{self, LocalTask};
 use dmem_deploy::{
-    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
-    RecoveredCoordinator, RecoveryEvent, RecoveryTiming,
+    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, ProcessDeployment,
+    Protocol, Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming, SimRecovery,
 };
 use dmem_sim::{NicProfile, Sim, SimContext};
 use dmem_txn::{BoxCoordinator, History, Key, TableId};
@@ -204,7 +206,7 @@ impl Protocol for DandelionProtocol {
     /// same workers and wire as [`deploy_servers`](Protocol::deploy_servers) (packets of at
     /// most [`REAL_PACKET_BYTES`], requests re-sent after [`REAL_RTO_NS`]), a store holding
     /// only the records `me` is a replica of, and the message loops handed out by
-    /// [`Deployment::process_tasks`]; no recovery.
+    /// [`ProcessDeployment::process_tasks`]; no recovery.
     fn deploy_server(
         &self,
         me: u16,
@@ -355,7 +357,7 @@ struct DandelionDeployment<V> {
     /// The one server this process runs ([`Protocol::deploy_server`]); `None`: every
     /// server is in this process.
     only: Option<u16>,
-    /// Whether [`Deployment::process_tasks`] handed out the message loops of `only`.
+    /// Whether [`ProcessDeployment::process_tasks`] handed out the message loops of `only`.
     loops_handed_out: Cell<bool>,
     /// Record replicas loaded into this process's stores.
     loaded: Cell<u64>,
@@ -432,30 +434,6 @@ impl<V: Verbs + Clock + Clone + 'static> Deployment for DandelionDeployment<V> {
         Ok(())
     }
 
-    /// A server process ([`Protocol::deploy_server`]): heartbeats to the detector, and
-    /// its threads' message loops (once; they end when their fabric fails).
-    fn process_tasks(
-        &mut self,
-        me: NodeId,
-        ctxs: process::CnContexts,
-        plan: &process::ProcessPlan,
-    ) -> Result<Vec<LocalTask>, DeployError> {
-        let _ = me;
-        let mut tasks: Vec<LocalTask> = vec![process::alive_task(
-            ctxs.heartbeat,
-            plan.detector,
-            plan.heartbeat,
-        )];
-        if let Some(server) = self.only
-            && !self.loops_handed_out.replace(true)
-        {
-            for w in &self.workers[usize::from(server)] {
-                tasks.push(Box::pin(Rc::clone(w).run()));
-            }
-        }
-        Ok(tasks)
-    }
-
     fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
         if ctx.as_sim().is_some() != self.on_sim {
             return Err(DeployError::Protocol {
@@ -467,102 +445,6 @@ impl<V: Verbs + Clock + Clone + 'static> Deployment for DandelionDeployment<V> {
             });
         }
         self.make(&ctx, id)
-    }
-
-    fn start_recovery(
-        &mut self,
-        sim: &Rc<Sim>,
-        recovery_cn: u16,
-        timing: RecoveryTiming,
-    ) -> Result<(), DeployError> {
-        if !self.on_sim {
-            // The detector reads the simulator's crash state and the survivors share one
-            // epoch counter in this process; a real fabric has neither crash injection
-            // nor a failure detector for Dandelion's servers yet.
-            return Err(DeployError::SimOnly {
-                protocol: self.name.clone(),
-                reason: "recovery detects crashed servers from the simulator's crash state"
-                    .to_owned(),
-            });
-        }
-        let ctx = sim.context(sim.cn(recovery_cn), 0)?;
-        let (sim, cluster) = (Rc::clone(sim), Rc::clone(&self.cluster));
-        let workers: Vec<_> = self.workers.iter().flatten().cloned().collect();
-        let (events, history) = (Rc::clone(&self.events), Rc::clone(&self.history));
-        let recovery_cost = Rc::clone(&self.recovery_cost);
-        let clock = ctx.clone();
-        sim.clone().spawn(&ctx, async move {
-            // The detector polls until `timing.until` and after that for as long as a
-            // live server thread waits for an answer; then it waits for the next
-            // retransmission (what a crashed server looks like to its peers) without a
-            // timer, so an idle cluster goes idle and a server that crashes late (a run's
-            // last transactions retrying past `until`) is still declared crashed instead
-            // of its peers re-sending to it forever.
-            let waiting = || {
-                workers
-                    .iter()
-                    .any(|w| !cluster.is_crashed(w.server()) && w.outstanding() > 0)
-            };
-            loop {
-                let crashed: Vec<u16> = (0..sim.cn_count())
-                    .filter(|&s| sim.is_crashed(sim.cn(s)) && !cluster.is_crashed(s))
-                    .collect();
-                if crashed.is_empty() {
-                    if clock.now() < timing.until || waiting() {
-                        clock.sleep(timing.poll).await;
-                    } else {
-                        cluster.next_retransmission().await;
-                    }
-                    continue;
-                }
-                let detected_at = clock.now();
-                clock.sleep(timing.timeout).await;
-                let now = clock.now();
-                let report = recover(&cluster, &workers, &crashed, &history).await;
-                let finished = now + report.duration;
-                let (n, ns) = recovery_cost.get();
-                recovery_cost.set((n + report.cost.messages(), ns + report.duration));
-                let servers = cluster.coordinator_server.borrow().clone();
-                for &s in &crashed {
-                    let decided = |txns: &[dmem_txn::TxnId], d: Decision| {
-                        txns.iter()
-                            .filter(|t| servers.get(&t.coordinator.0) == Some(&s))
-                            .map(|t| RecoveredCoordinator {
-                                coordinator: t.coordinator.0 as u16,
-                                txn: Some(t.seq),
-                                decision: Some(d),
-                                restored: 0,
-                                unlocked: 0,
-                            })
-                            .collect::<Vec<_>>()
-                    };
-                    let mut coordinators = decided(&report.committed, Decision::RollForward);
-                    coordinators.extend(decided(&report.aborted, Decision::RollBack));
-                    events.borrow_mut().push(RecoveryEvent {
-                        cn: sim.cn(s),
-                        detected_at,
-                        terminated_at: now,
-                        logs_recovered_at: finished,
-                        finished_at: finished,
-                        coordinators,
-                        scanned_locks: 0,
-                    });
-                }
-            }
-        });
-        Ok(())
-    }
-
-    fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        self.events.borrow().clone()
-    }
-
-    fn recovery_error(&self) -> Option<String> {
-        None
-    }
-
-    fn paused(&self) -> Rc<Cell<bool>> {
-        Rc::clone(&self.paused)
     }
 
     fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
@@ -612,6 +494,140 @@ impl<V: Verbs + Clock + Clone + 'static> Deployment for DandelionDeployment<V> {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+
+    fn sim_recovery(&mut self) -> Option<&mut dyn SimRecovery> {
+        // The detector reads the simulator's crash state and the survivors share one
+        // epoch counter in this process; a real fabric has neither crash injection nor a
+        // failure detector for Dandelion's servers yet.
+        if self.on_sim { Some(self) } else { None }
+    }
+
+    fn processes(&mut self) -> Option<&mut dyn ProcessDeployment> {
+        Some(self)
+    }
+}
+
+impl<V: Verbs + Clock + Clone + 'static> SimRecovery for DandelionDeployment<V> {
+    fn start_recovery(
+        &mut self,
+        sim: &Rc<Sim>,
+        recovery_cn: u16,
+        timing: RecoveryTiming,
+    ) -> Result<(), DeployError> {
+        let ctx = sim.context(sim.cn(recovery_cn), 0)?;
+        let (sim, cluster) = (Rc::clone(sim), Rc::clone(&self.cluster));
+        let workers: Vec<_> = self.workers.iter().flatten().cloned().collect();
+        let (events, history) = (Rc::clone(&self.events), Rc::clone(&self.history));
+        let recovery_cost = Rc::clone(&self.recovery_cost);
+        let clock = ctx.clone();
+        sim.clone().spawn(&ctx, async move {
+            // The detector polls until `timing.until` and after that for as long as a
+            // live server thread waits for an answer; then it waits for the next
+            // retransmission (what a crashed server looks like to its peers) without a
+            // timer, so an idle cluster goes idle and a server that crashes late (a run's
+            // last transactions retrying past `until`) is still declared crashed instead
+            // of its peers re-sending to it forever.
+            let waiting = || {
+                workers
+                    .iter()
+                    .any(|w| !cluster.is_crashed(w.server()) && w.outstanding() > 0)
+            };
+            loop {
+                let crashed: Vec<u16> = (0..sim.cn_count())
+                    .filter(|&s| sim.is_crashed(sim.cn(s)) && !cluster.is_crashed(s))
+                    .collect();
+                if crashed.is_empty() {
+                    if clock.now() < timing.until || waiting() {
+                        clock.sleep(timing.poll).await;
+                    } else {
+                        cluster.next_retransmission().await;
+                    }
+                    continue;
+                }
+                let detected_at = clock.now();
+                clock.sleep(timing.timeout).await;
+                let now = clock.now();
+                let report = recover(&cluster, &workers, &crashed, &history).await;
+                let finished = now + report.duration;
+                let (n, ns) = recovery_cost.get();
+                recovery_cost.set((n + report.cost.messages(), ns + report.duration));
+                let servers = cluster.coordinator_server.borrow().clone();
+                let event = |s: u16| RecoveryEvent {
+                    cn: sim.cn(s),
+                    detected_at,
+                    terminated_at: now,
+                    logs_recovered_at: finished,
+                    finished_at: finished,
+                    coordinators: recovered_coordinators(&report, &servers, s),
+                    scanned_locks: 0,
+                };
+                events
+                    .borrow_mut()
+                    .extend(crashed.iter().map(|&s| event(s)));
+            }
+        });
+        Ok(())
+    }
+
+    fn recovery_events(&self) -> Vec<RecoveryEvent> {
+        self.events.borrow().clone()
+    }
+
+    fn recovery_error(&self) -> Option<String> {
+        None
+    }
+
+    fn paused(&self) -> Rc<Cell<bool>> {
+        Rc::clone(&self.paused)
+    }
+}
+
+impl<V: Verbs + Clock + Clone + 'static> ProcessDeployment for DandelionDeployment<V> {
+    /// A server process ([`Protocol::deploy_server`]): heartbeats to the detector, and
+    /// its threads' message loops (once; they end when their fabric fails).
+    fn process_tasks(
+        &mut self,
+        me: NodeId,
+        ctxs: process::CnContexts,
+        plan: &process::ProcessPlan,
+    ) -> Result<Vec<LocalTask>, DeployError> {
+        let _ = me;
+        let mut tasks: Vec<LocalTask> = vec![process::alive_task(
+            ctxs.heartbeat,
+            plan.detector,
+            plan.heartbeat,
+        )];
+        if let Some(server) = self.only
+            && !self.loops_handed_out.replace(true)
+        {
+            for w in &self.workers[usize::from(server)] {
+                tasks.push(Box::pin(Rc::clone(w).run()));
+            }
+        }
+        Ok(tasks)
+    }
+}
+
+/// The coordinators of server `server` whose transactions `report` decided (committed:
+/// rolled forward; aborted: rolled back), by the server each coordinator runs on.
+fn recovered_coordinators(
+    report: &RecoveryReport,
+    servers: &HashMap<u32, u16>,
+    server: u16,
+) -> Vec<RecoveredCoordinator> {
+    let committed = report.committed.iter().map(|t| (t, Decision::RollForward));
+    let aborted = report.aborted.iter().map(|t| (t, Decision::RollBack));
+    committed
+        .chain(aborted)
+        .filter(|(t, _)| servers.get(&t.coordinator.0) == Some(&server))
+        .map(|(t, d)| RecoveredCoordinator {
+            coordinator: t.coordinator.0 as u16,
+            txn: Some(t.seq),
+            decision: Some(d),
+            restored: 0,
+            unlocked: 0,
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -5,16 +5,16 @@
 //! Recovery is the heartbeat failure detector and [`RecoveryManager`] of `dmem-ford`
 //! (Pandora §3.2.2: active-link termination, log recovery with roll forward / back and
 //! truncation, stray-lock notification so PILL can steal); FORD adds its stop-the-world
-//! stray-lock scan, during which [`Deployment::paused`] asks the survivors not to start
+//! stray-lock scan, during which [`SimRecovery::paused`] asks the survivors not to start
 //! transactions (the paper's baseline stops the KVS, §6.1).
 //!
 //! Across the processes of a real cluster the same manager runs on the detector CN behind
 //! `dmem-deploy`'s [`ProcessRecovery`] (link termination through the MN processes, MN
 //! failures watched, control messages re-sent), and every CN runs Pandora's heartbeats and
-//! CN listener ([`Deployment::process_tasks`]). A CN process on several cores (one
-//! deployment per core, [`Deployment::join_core`]) runs the listener on its first core,
+//! CN listener ([`ProcessDeployment::process_tasks`]). A CN process on several cores (one
+//! deployment per core, [`ProcessDeployment::join_core`]) runs the listener on its first core,
 //! which forwards every control message to the other cores' followers
-//! ([`Deployment::core_tasks`]) and acknowledges an MN view only once every core can
+//! ([`ProcessDeployment::core_tasks`]) and acknowledges an MN view only once every core can
 //! (`dmem-ford`'s `cores` module: why that keeps §3.2.2/§3.2.5's guarantees).
 
 use std::cell::{Cell, RefCell};
@@ -26,8 +26,9 @@ use dmem_deploy::process::{
     ProcessRecovery, ServiceContext, StepFuture,
 };
 use dmem_deploy::{
-    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Placement, Protocol,
-    Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming, SimLinkTerminator,
+    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Placement,
+    ProcessDeployment, Protocol, Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming,
+    SimLinkTerminator, SimRecovery,
 };
 use dmem_ford::cores::{CoreFollower, CoreRelay};
 use dmem_ford::logic::Decision as FordDecision;
@@ -184,7 +185,7 @@ impl FordProtocol {
 
 /// FORD/Pandora on one cluster. [`ford_view`] reaches it through a [`Deployment`], for a
 /// test that drives `dmem-ford`'s recovery pieces itself; commands use the neutral
-/// [`Deployment::process_tasks`] and [`Deployment::process_recovery`].
+/// [`ProcessDeployment::process_tasks`] and [`ProcessDeployment::process_recovery`].
 pub struct FordDeployment {
     name: String,
     config: ProtocolConfig,
@@ -204,7 +205,7 @@ pub struct FordDeployment {
     error: Rc<RefCell<Option<String>>>,
     paused: Rc<Cell<bool>>,
     steals: Rc<Cell<u64>>,
-    /// Its place among the cores of a CN process ([`Deployment::join_core`]).
+    /// Its place among the cores of a CN process ([`ProcessDeployment::join_core`]).
     core: CoreSide,
     /// The context of the first coordinator made here: the clock of a [`core_follower`].
     clock: Option<AnyContext>,
@@ -218,7 +219,7 @@ enum CoreSide {
     Alone,
     /// The first core: its listener forwards to the others.
     First(Arc<CoreRelay>),
-    /// Another core: its end of the relay, until [`Deployment::core_tasks`] takes it.
+    /// Another core: its end of the relay, until [`ProcessDeployment::core_tasks`] takes it.
     Other(Option<CoreFollower>),
 }
 
@@ -489,6 +490,43 @@ impl Deployment for FordDeployment {
         self.make(ctx, id, shared)
     }
 
+    fn replicas(&self) -> u16 {
+        self.store.config().replicas
+    }
+
+    fn final_coordinator(
+        &mut self,
+        ctx: AnyContext,
+        id: u16,
+    ) -> Result<BoxCoordinator, DeployError> {
+        let shared = CnShared::new();
+        *shared.failed.borrow_mut() = self.failed();
+        self.make(ctx, id, shared)
+            .map_err(|e| self.protocol_error(format!("final coordinator {id}: {e}")))
+    }
+
+    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
+        read_record_past_stray(&self.memory, &self.store, table, key, &self.failed())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn counter(&self, name: &str) -> Option<u64> {
+        (name == "steals").then(|| self.steals.get())
+    }
+
+    fn sim_recovery(&mut self) -> Option<&mut dyn SimRecovery> {
+        Some(self)
+    }
+
+    fn processes(&mut self) -> Option<&mut dyn ProcessDeployment> {
+        Some(self)
+    }
+}
+
+impl SimRecovery for FordDeployment {
     fn start_recovery(
         &mut self,
         sim: &Rc<Sim>,
@@ -559,12 +597,41 @@ impl Deployment for FordDeployment {
         Ok(())
     }
 
-    fn recovers_across_processes(&self) -> bool {
-        true
+    fn recovery_events(&self) -> Vec<RecoveryEvent> {
+        neutral_events(&self.events.borrow())
     }
 
-    fn replicas(&self) -> u16 {
-        self.store.config().replicas
+    fn recovery_error(&self) -> Option<String> {
+        self.error.borrow().clone()
+    }
+
+    fn paused(&self) -> Rc<Cell<bool>> {
+        Rc::clone(&self.paused)
+    }
+
+    fn scan_cost(&self) -> Option<(u64, u64)> {
+        let mns = u64::from(self.store.config().mns);
+        Some(
+            self.store
+                .config()
+                .tables
+                .iter()
+                .filter_map(|t| self.store.table(t.id).ok())
+                .fold((0, 0), |(reads, bytes), l| {
+                    // `scan_stray_locks` READs every record of a partition, seven at a time.
+                    let records = l.records_per_partition * mns;
+                    (
+                        reads + records.div_ceil(BUCKET_SLOTS as u64),
+                        bytes + records * l.item_len as u64,
+                    )
+                }),
+        )
+    }
+}
+
+impl ProcessDeployment for FordDeployment {
+    fn recovers_across_processes(&self) -> bool {
+        true
     }
 
     fn process_tasks(
@@ -648,7 +715,7 @@ impl Deployment for FordDeployment {
     }
 
     /// Split: the first core's CN listener (Pandora §3.2.2, §3.2.5) forwards every control
-    /// message to the other cores' [`core_tasks`](Deployment::core_tasks), and acknowledges
+    /// message to the other cores' [`core_tasks`](ProcessDeployment::core_tasks), and acknowledges
     /// an MN view only once every core can (`dmem-ford`'s `cores`).
     fn splits_across_cores(&self) -> Result<(), String> {
         Ok(())
@@ -705,60 +772,6 @@ impl Deployment for FordDeployment {
             .filter(|&mn| !view.is_alive(mn))
             .map(|mn| self.store.mn_node(mn))
             .collect()
-    }
-
-    fn final_coordinator(
-        &mut self,
-        ctx: AnyContext,
-        id: u16,
-    ) -> Result<BoxCoordinator, DeployError> {
-        let shared = CnShared::new();
-        *shared.failed.borrow_mut() = self.failed();
-        self.make(ctx, id, shared)
-            .map_err(|e| self.protocol_error(format!("final coordinator {id}: {e}")))
-    }
-
-    fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        neutral_events(&self.events.borrow())
-    }
-
-    fn recovery_error(&self) -> Option<String> {
-        self.error.borrow().clone()
-    }
-
-    fn paused(&self) -> Rc<Cell<bool>> {
-        Rc::clone(&self.paused)
-    }
-
-    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
-        read_record_past_stray(&self.memory, &self.store, table, key, &self.failed())
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-
-    fn scan_cost(&self) -> Option<(u64, u64)> {
-        let mns = u64::from(self.store.config().mns);
-        Some(
-            self.store
-                .config()
-                .tables
-                .iter()
-                .filter_map(|t| self.store.table(t.id).ok())
-                .fold((0, 0), |(reads, bytes), l| {
-                    // `scan_stray_locks` READs every record of a partition, seven at a time.
-                    let records = l.records_per_partition * mns;
-                    (
-                        reads + records.div_ceil(BUCKET_SLOTS as u64),
-                        bytes + records * l.item_len as u64,
-                    )
-                }),
-        )
-    }
-
-    fn counter(&self, name: &str) -> Option<u64> {
-        (name == "steals").then(|| self.steals.get())
     }
 }
 

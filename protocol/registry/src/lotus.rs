@@ -11,7 +11,7 @@ use std::sync::Arc;
 use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, LateCoordinators, MnMemory,
     Placement, Protocol, Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming, Router,
-    SimLinkTerminator,
+    SimLinkTerminator, SimRecovery,
 };
 use dmem_lotus::membership::notify;
 use dmem_lotus::recovery::{Decided, recover_coordinators};
@@ -194,6 +194,66 @@ pub fn commit_log_region_bytes(spec: &DeploySpec) -> u32 {
 }
 
 impl LotusProtocol {
+    /// Every CN's lock table and its lock servers as simulated tasks (§4.1), and with
+    /// resharding on, one load monitor per CN (§4.3) over the metrics region after `base`'s
+    /// store on MN 0.
+    fn sim_lock_cluster(
+        &self,
+        sim: &Rc<Sim>,
+        spec: &DeploySpec,
+        base: &MvccDeploy,
+    ) -> Result<Rc<LockCluster>, DeployError> {
+        let cns = sim.cn_count();
+        let threads = sim.threads_per_cn();
+        let sharding = self.sharding(spec);
+        let map = Rc::new(RefCell::new(ShardMap::new(cns)));
+        let table_bytes = self.lock_table_bytes(spec);
+        let locks: Vec<Arc<CnLocks>> = (0..cns)
+            .map(|c| Arc::new(CnLocks::new(c, table_bytes)))
+            .collect();
+        let mut servers = Vec::new();
+        let mut contexts = Vec::new();
+        for c in 0..cns {
+            let mut row = Vec::new();
+            for t in 0..threads {
+                let ctx = sim.context(sim.cn(c), t)?;
+                row.push(dmem_verbs::Verbs::local_endpoint(&ctx));
+                contexts.push((c, ctx));
+            }
+            servers.push(row);
+        }
+        let cluster = Rc::new(LockCluster::new(
+            locks,
+            servers,
+            map,
+            sharding,
+            self.lock_cpu_ns,
+        ));
+        *cluster.restarts.borrow_mut() = vec![Restart::new(self.restart_early); usize::from(cns)];
+        for (c, ctx) in contexts {
+            let task = serve(
+                ctx.clone(),
+                Rc::clone(&cluster),
+                Arc::clone(&cluster.cns[usize::from(c)]),
+            );
+            sim.spawn(&ctx, task);
+        }
+        if self.reshard.enabled && cns > 1 && cns <= METRICS_CNS {
+            // §4.3: the metrics region after the store on MN 0; one monitor per CN.
+            let region = base.store.addr(0, base.store.bytes_per_mn());
+            debug_assert!(
+                CnMetric::BYTES as u64 * u64::from(cns)
+                    <= dmem_lotus::reshard::region_bytes(METRICS_CNS)
+            );
+            for c in 0..cns {
+                let ctx = sim.context(sim.cn(c), 0)?;
+                let task = monitor(ctx.clone(), Rc::clone(&cluster), c, 0, region, self.reshard);
+                sim.spawn(&ctx, task);
+            }
+        }
+        Ok(cluster)
+    }
+
     /// Motor's MVCC store on `memory` with a commit-log region per coordinator (LOTUS
     /// §4.4: a full record per version), its records laid out as [`Self::records`] says.
     pub(crate) fn store(
@@ -345,54 +405,8 @@ impl Protocol for LotusProtocol {
         };
         let sim = &sim;
         let base = self.store(memory, spec, history)?;
-        let cns = sim.cn_count();
-        let threads = sim.threads_per_cn();
-        let sharding = self.sharding(spec);
-        let map = Rc::new(RefCell::new(ShardMap::new(cns)));
-        let table_bytes = self.lock_table_bytes(spec);
-        let locks: Vec<Arc<CnLocks>> = (0..cns)
-            .map(|c| Arc::new(CnLocks::new(c, table_bytes)))
-            .collect();
-        let mut servers = Vec::new();
-        let mut contexts = Vec::new();
-        for c in 0..cns {
-            let mut row = Vec::new();
-            for t in 0..threads {
-                let ctx = sim.context(sim.cn(c), t)?;
-                row.push(dmem_verbs::Verbs::local_endpoint(&ctx));
-                contexts.push((c, ctx));
-            }
-            servers.push(row);
-        }
-        let cluster = Rc::new(LockCluster::new(
-            locks,
-            servers,
-            Rc::clone(&map),
-            sharding.clone(),
-            self.lock_cpu_ns,
-        ));
-        *cluster.restarts.borrow_mut() = vec![Restart::new(self.restart_early); usize::from(cns)];
-        for (c, ctx) in contexts {
-            let task = serve(
-                ctx.clone(),
-                Rc::clone(&cluster),
-                Arc::clone(&cluster.cns[usize::from(c)]),
-            );
-            sim.spawn(&ctx, task);
-        }
-        if self.reshard.enabled && cns > 1 && cns <= METRICS_CNS {
-            // §4.3: the metrics region after the store on MN 0; one monitor per CN.
-            let region = base.store.addr(0, base.store.bytes_per_mn());
-            debug_assert!(
-                CnMetric::BYTES as u64 * u64::from(cns)
-                    <= dmem_lotus::reshard::region_bytes(METRICS_CNS)
-            );
-            for c in 0..cns {
-                let ctx = sim.context(sim.cn(c), 0)?;
-                let task = monitor(ctx.clone(), Rc::clone(&cluster), c, 0, region, self.reshard);
-                sim.spawn(&ctx, task);
-            }
-        }
+        let cluster = self.sim_lock_cluster(sim, spec, &base)?;
+        let (map, sharding) = (Rc::clone(&cluster.map), cluster.sharding.clone());
         let down = Rc::new(RefCell::new(Vec::new()));
         let router: Option<Rc<dyn Router>> = (!self.no_routing).then(|| {
             Rc::new(LotusRouter {
@@ -491,7 +505,7 @@ pub struct LotusDeployment {
     paused: Rc<Cell<bool>>,
     events: Rc<RefCell<Vec<RecoveryEvent>>>,
     error: Rc<RefCell<Option<String>>>,
-    /// Runs restarted CNs' coordinators (LOTUS §6; set by `Deployment::run_late_coordinators`;
+    /// Runs restarted CNs' coordinators (LOTUS §6; set by `SimRecovery::run_late_coordinators`;
     /// without it a restarted CN serves locks only).
     runner: Rc<RefCell<Option<LateCoordinators>>>,
 }
@@ -518,6 +532,38 @@ fn settle(history: &RefCell<History>, coordinator: u16, decided: Decided, now: u
         }
     }
     changed
+}
+
+/// What recovery did for each coordinator of a failed CN, from the decisions its logs gave
+/// (`decisions`, in the order of `ids`), settling each one's in-flight transaction in
+/// `history` at `now`.
+fn recovered_coordinators(
+    history: &RefCell<History>,
+    ids: &[u16],
+    decisions: &[Decided],
+    now: u64,
+) -> Vec<RecoveredCoordinator> {
+    let mut coordinators = Vec::new();
+    for (&id, &decided) in ids.iter().zip(decisions) {
+        let in_flight = settle(history, id, decided, now);
+        let (txn, decision, restored) = match decided {
+            Decided::Nothing => (None, None, 0),
+            // The last logged transaction had finished: nothing was in flight.
+            Decided::RolledForward { cells: 0, .. } if !in_flight => (None, None, 0),
+            Decided::RolledForward { txn, cells, .. } => {
+                (Some(txn.seq), Some(Decision::RollForward), cells)
+            }
+            Decided::RolledBack { txn, cells } => (Some(txn.seq), Some(Decision::RollBack), cells),
+        };
+        coordinators.push(RecoveredCoordinator {
+            coordinator: id,
+            txn,
+            decision,
+            restored,
+            unlocked: 0,
+        });
+    }
+    coordinators
 }
 
 /// The failure detector's and restart's state shared by their simulated tasks (§6).
@@ -625,31 +671,8 @@ impl Shell {
             SimLinkTerminator(Rc::clone(sim)).terminate(sim.mn(mn), node);
         }
         let terminated_at = c.now();
-        // The membership service's notice to every live CN (`membership`): each fences the
-        // CN and releases its locks, then replies; a message like the lock RPCs.
-        let release = async || -> Result<usize, String> {
-            let to: Vec<u16> = (0..sim.cn_count())
-                .filter(|&x| x != cn && !sim.is_crashed(sim.cn(x)))
-                .collect();
-            let before = cluster.released.borrow()[usize::from(cn)];
-            let ctx = sim
-                .context(c.node(), c.thread())
-                .map_err(|e| format!("recovering CN {cn}: {e}"))?;
-            notify(
-                &ctx,
-                cluster,
-                RequestKind::Release,
-                cn,
-                &to,
-                self.config.rpc_timeout,
-            )
-            .await
-            .map_err(|e| format!("recovering CN {cn}: {e}"))?;
-            let after = cluster.released.borrow()[usize::from(cn)];
-            Ok(usize::try_from(after - before).unwrap_or(usize::MAX))
-        };
         let mut unlocked = if self.early_unlock {
-            release().await?
+            self.release_locks_of(c, cn).await?
         } else {
             0
         };
@@ -661,31 +684,10 @@ impl Shell {
         let decisions = recover_coordinators(c, &self.store, &self.shapes, ids)
             .await
             .map_err(|e| format!("recovering CN {cn}'s coordinators: {e}"))?;
-        let mut coordinators = Vec::new();
-        for (&id, &decided) in ids.iter().zip(&decisions) {
-            let in_flight = settle(history, id, decided, c.now());
-            let (txn, decision, restored) = match decided {
-                Decided::Nothing => (None, None, 0),
-                // The last logged transaction had finished: nothing was in flight.
-                Decided::RolledForward { cells: 0, .. } if !in_flight => (None, None, 0),
-                Decided::RolledForward { txn, cells, .. } => {
-                    (Some(txn.seq), Some(Decision::RollForward), cells)
-                }
-                Decided::RolledBack { txn, cells } => {
-                    (Some(txn.seq), Some(Decision::RollBack), cells)
-                }
-            };
-            coordinators.push(RecoveredCoordinator {
-                coordinator: id,
-                txn,
-                decision,
-                restored,
-                unlocked: 0,
-            });
-        }
+        let mut coordinators = recovered_coordinators(history, ids, &decisions, c.now());
         let logs_recovered_at = c.now();
         if !self.early_unlock {
-            unlocked = release().await?;
+            unlocked = self.release_locks_of(c, cn).await?;
         }
         if let Some(first) = coordinators.first_mut() {
             first.unlocked = unlocked;
@@ -695,6 +697,42 @@ impl Shell {
         while cluster.committing.borrow()[usize::from(cn)] > 0 {
             c.sleep(self.poll).await;
         }
+        self.hand_back_shards(c, cn)?;
+        Ok(RecoveryEvent {
+            cn: node,
+            detected_at,
+            terminated_at,
+            logs_recovered_at,
+            finished_at: c.now(),
+            coordinators,
+            scanned_locks: 0,
+        })
+    }
+
+    /// The membership service's notice to every live CN (`membership`): each fences CN
+    /// `cn` and releases its locks, then replies; a message like the lock RPCs. Returns
+    /// the locks released.
+    async fn release_locks_of(&self, c: &SimContext, cn: u16) -> Result<usize, String> {
+        let (sim, cluster) = (&self.sim, &self.cluster);
+        let to: Vec<u16> = (0..sim.cn_count())
+            .filter(|&x| x != cn && !sim.is_crashed(sim.cn(x)))
+            .collect();
+        let before = cluster.released.borrow()[usize::from(cn)];
+        let ctx = sim
+            .context(c.node(), c.thread())
+            .map_err(|e| format!("recovering CN {cn}: {e}"))?;
+        let timeout = self.config.rpc_timeout;
+        notify(&ctx, cluster, RequestKind::Release, cn, &to, timeout)
+            .await
+            .map_err(|e| format!("recovering CN {cn}: {e}"))?;
+        let after = cluster.released.borrow()[usize::from(cn)];
+        Ok(usize::try_from(after - before).unwrap_or(usize::MAX))
+    }
+
+    /// The failed CN `cn`'s shards once its recovery is over: they wait for its restarted
+    /// incarnation (§6), or start empty at the live CNs.
+    fn hand_back_shards(self: &Rc<Self>, c: &SimContext, cn: u16) -> Result<(), String> {
+        let (sim, cluster) = (&self.sim, &self.cluster);
         if self.restart_after.is_some() {
             // §6: its shards wait for its restarted incarnation, which broadcasts once this
             // recovery is over and it is up again, whichever comes last.
@@ -721,15 +759,7 @@ impl Shell {
                 }
             }
         }
-        Ok(RecoveryEvent {
-            cn: node,
-            detected_at,
-            terminated_at,
-            logs_recovered_at,
-            finished_at: c.now(),
-            coordinators,
-            scanned_locks: 0,
-        })
+        Ok(())
     }
 
     /// The restarted CN `cn`'s broadcast (§6) "all transactions of my old incarnation have
@@ -879,13 +909,6 @@ impl Shell {
 }
 
 impl Deployment for LotusDeployment {
-    /// The coordinators of every CN that restarts (`restart=US`) go to `run` from its
-    /// broadcast on (LOTUS §6: the restarted CN executes transactions again); the runner
-    /// (`dmem recover`) gives them work and counts their commits. Call before the run.
-    fn run_late_coordinators(&self, run: LateCoordinators) {
-        *self.runner.borrow_mut() = Some(run);
-    }
-
     fn load(&mut self, table: TableId, key: Key, value: &[u8]) -> Result<(), DeployError> {
         self.base.load(table, key, value)
     }
@@ -917,67 +940,32 @@ impl Deployment for LotusDeployment {
         )))
     }
 
-    /// The membership service is an oracle ([`dmem_deploy::spawn_crash_watch`]; the OCC
-    /// family and Motor use a heartbeat detector instead): every `poll` the task on
-    /// `recovery_cn` asks the simulator which CNs crashed; a restarted CN that crashes
-    /// again is reported again.
-    fn start_recovery(
-        &mut self,
-        sim: &Rc<Sim>,
-        recovery_cn: u16,
-        timing: RecoveryTiming,
-    ) -> Result<(), DeployError> {
-        let shell = Rc::new(Shell {
-            sim: Rc::clone(sim),
-            cluster: Rc::clone(&self.cluster),
-            store: Rc::clone(&self.base.store),
-            shapes: Rc::clone(&self.base.shapes),
-            recorder: self.base.history.clone(),
-            config: self.config,
-            early_unlock: self.early_unlock,
-            restart_after: self.restart_after,
-            restart_same_ids: self.restart_same_ids,
-            poll: timing.poll,
-            placed: self.placed.clone(),
-            down: Rc::clone(&self.down),
-            restarts: Rc::clone(&self.restarts),
-            events: Rc::clone(&self.events),
-            error: Rc::clone(&self.error),
-            runner: Rc::clone(&self.runner),
-        });
-        let watched = Rc::clone(sim);
-        // One recovery task per failed CN, so that concurrent failures are recovered in
-        // parallel (§6 "Remarks").
-        dmem_deploy::spawn_crash_watch(
-            sim,
-            recovery_cn,
-            timing,
-            move || (0..watched.cn_count()).map(|i| watched.cn(i)).collect(),
-            move |rc: SimContext, node: dmem_verbs::NodeId| Rc::clone(&shell).on_crash(rc, node),
-        )
-    }
-
-    fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        self.events.borrow().clone()
-    }
-
-    fn recovery_error(&self) -> Option<String> {
-        self.error.borrow().clone()
-    }
-
-    fn paused(&self) -> Rc<Cell<bool>> {
-        Rc::clone(&self.paused)
-    }
-
-    fn scan_cost(&self) -> Option<(u64, u64)> {
-        self.base.scan_cost()
-    }
-
     fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
         self.base.read_final(table, key)
     }
 
     fn counter(&self, name: &str) -> Option<u64> {
+        self.lock_counter(name)
+            .or_else(|| self.reshard_counter(name))
+            .or_else(|| self.restart_counter(name))
+    }
+
+    fn router(&self) -> Option<Rc<dyn Router>> {
+        self.router.clone()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn sim_recovery(&mut self) -> Option<&mut dyn SimRecovery> {
+        Some(self)
+    }
+}
+
+impl LotusDeployment {
+    /// The CN lock tables' counters (§4.1), summed over the CNs.
+    fn lock_counter(&self, name: &str) -> Option<u64> {
         let sum = |f: fn((u64, u64, u64)) -> u64| {
             self.cluster.cns.iter().map(|c| f(c.served.get())).sum()
         };
@@ -985,6 +973,41 @@ impl Deployment for LotusDeployment {
             "lock_messages_served" => Some(sum(|s| s.0)),
             "lock_requests_granted" => Some(sum(|s| s.1)),
             "lock_requests_refused" => Some(sum(|s| s.2)),
+            "lotus_locks_held" => {
+                Some(self.cluster.cns.iter().map(|c| c.table.held() as u64).sum())
+            }
+            // Refusals, summed over the CNs (`CnLocks::refusal_counter`).
+            name if name.starts_with("lotus_refused_") => self
+                .cluster
+                .cns
+                .iter()
+                .filter_map(|c| c.refusal_counter(name))
+                .reduce(|a, b| a + b),
+            // Live CNs' tables fencing a CN that is not failed (should be 0 once quiescent:
+            // such a CN's transactions would be refused there for good).
+            "lotus_stale_fences" => {
+                let cns = self.cluster.cns.len() as u16;
+                Some(
+                    (0..cns)
+                        .filter(|&i| !self.cluster.is_failed(i))
+                        .map(|i| {
+                            (0..cns)
+                                .filter(|&x| {
+                                    self.cluster.cns[usize::from(i)].table.is_fenced(x)
+                                        && !self.cluster.is_failed(x)
+                                })
+                                .count() as u64
+                        })
+                        .sum(),
+                )
+            }
+            _ => None,
+        }
+    }
+
+    /// Resharding's hand-overs (§4.3).
+    fn reshard_counter(&self, name: &str) -> Option<u64> {
+        match name {
             "reshard_handovers" => Some(self.cluster.handovers.borrow().len() as u64),
             "reshard_interruption_max_ns" => self
                 .cluster
@@ -1009,16 +1032,22 @@ impl Deployment for LotusDeployment {
                     .map(|e| e.holders_left)
                     .sum(),
             ),
-            "lotus_locks_held" => {
-                Some(self.cluster.cns.iter().map(|c| c.table.held() as u64).sum())
-            }
-            // Refusals, summed over the CNs (`CnLocks::refusal_counter`).
-            name if name.starts_with("lotus_refused_") => self
-                .cluster
-                .cns
-                .iter()
-                .filter_map(|c| c.refusal_counter(name))
-                .reduce(|a, b| a + b),
+            "reshard_aborted_holders" => Some(
+                self.cluster
+                    .handovers
+                    .borrow()
+                    .iter()
+                    .map(|e| e.aborted_holders)
+                    .sum(),
+            ),
+
+            _ => None,
+        }
+    }
+
+    /// CN restarts (§6).
+    fn restart_counter(&self, name: &str) -> Option<u64> {
+        match name {
             "cn_restarts" => Some(
                 self.restarts
                     .borrow()
@@ -1077,24 +1106,6 @@ impl Deployment for LotusDeployment {
                     })
                     .sum(),
             ),
-            // Live CNs' tables fencing a CN that is not failed (should be 0 once quiescent:
-            // such a CN's transactions would be refused there for good).
-            "lotus_stale_fences" => {
-                let cns = self.cluster.cns.len() as u16;
-                Some(
-                    (0..cns)
-                        .filter(|&i| !self.cluster.is_failed(i))
-                        .map(|i| {
-                            (0..cns)
-                                .filter(|&x| {
-                                    self.cluster.cns[usize::from(i)].table.is_fenced(x)
-                                        && !self.cluster.is_failed(x)
-                                })
-                                .count() as u64
-                        })
-                        .sum(),
-                )
-            }
             // Coordinators restarted CNs ran again (a runner was given).
             "lotus_restarted_coordinators" => Some(
                 self.restarts
@@ -1110,23 +1121,72 @@ impl Deployment for LotusDeployment {
                     .map(|r| r.stale_locks as u64)
                     .sum(),
             ),
-            "reshard_aborted_holders" => Some(
-                self.cluster
-                    .handovers
-                    .borrow()
-                    .iter()
-                    .map(|e| e.aborted_holders)
-                    .sum(),
-            ),
             _ => None,
         }
     }
+}
 
-    fn router(&self) -> Option<Rc<dyn Router>> {
-        self.router.clone()
+impl SimRecovery for LotusDeployment {
+    /// The coordinators of every CN that restarts (`restart=US`) go to `run` from its
+    /// broadcast on (LOTUS §6: the restarted CN executes transactions again); the runner
+    /// (`dmem recover`) gives them work and counts their commits. Call before the run.
+    fn run_late_coordinators(&self, run: LateCoordinators) {
+        *self.runner.borrow_mut() = Some(run);
     }
 
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
+    /// The membership service is an oracle ([`dmem_deploy::spawn_crash_watch`]; the OCC
+    /// family and Motor use a heartbeat detector instead): every `poll` the task on
+    /// `recovery_cn` asks the simulator which CNs crashed; a restarted CN that crashes
+    /// again is reported again.
+    fn start_recovery(
+        &mut self,
+        sim: &Rc<Sim>,
+        recovery_cn: u16,
+        timing: RecoveryTiming,
+    ) -> Result<(), DeployError> {
+        let shell = Rc::new(Shell {
+            sim: Rc::clone(sim),
+            cluster: Rc::clone(&self.cluster),
+            store: Rc::clone(&self.base.store),
+            shapes: Rc::clone(&self.base.shapes),
+            recorder: self.base.history.clone(),
+            config: self.config,
+            early_unlock: self.early_unlock,
+            restart_after: self.restart_after,
+            restart_same_ids: self.restart_same_ids,
+            poll: timing.poll,
+            placed: self.placed.clone(),
+            down: Rc::clone(&self.down),
+            restarts: Rc::clone(&self.restarts),
+            events: Rc::clone(&self.events),
+            error: Rc::clone(&self.error),
+            runner: Rc::clone(&self.runner),
+        });
+        let watched = Rc::clone(sim);
+        // One recovery task per failed CN, so that concurrent failures are recovered in
+        // parallel (§6 "Remarks").
+        dmem_deploy::spawn_crash_watch(
+            sim,
+            recovery_cn,
+            timing,
+            move || (0..watched.cn_count()).map(|i| watched.cn(i)).collect(),
+            move |rc: SimContext, node: dmem_verbs::NodeId| Rc::clone(&shell).on_crash(rc, node),
+        )
+    }
+
+    fn recovery_events(&self) -> Vec<RecoveryEvent> {
+        self.events.borrow().clone()
+    }
+
+    fn recovery_error(&self) -> Option<String> {
+        self.error.borrow().clone()
+    }
+
+    fn paused(&self) -> Rc<Cell<bool>> {
+        Rc::clone(&self.paused)
+    }
+
+    fn scan_cost(&self) -> Option<(u64, u64)> {
+        self.base.scan_cost()
     }
 }

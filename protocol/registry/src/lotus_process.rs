@@ -7,12 +7,12 @@
 //!   its share, a CN process only addresses it.
 //! * A CN process learns which CN it is from the cluster's
 //!   [`ProcessPlan`]
-//!   ([`Deployment::join_as_cn`]): its index among the plan's members is its LOTUS CN
+//!   ([`ProcessDeployment::join_as_cn`]): its index among the plan's members is its LOTUS CN
 //!   number (lock holders, shard owners), the members' `services` endpoints are the lock
 //!   servers (slot `i` of every CN answers the `i`-th coordinator of the others, §4.1).
 //!   Its [`LockCluster`] holds only its own table ([`LockCluster::of_process`]); the
 //!   others are reached only by messages.
-//! * [`Deployment::process_tasks`] runs one lock server ([`serve`]) per service context,
+//! * [`ProcessDeployment::process_tasks`] runs one lock server ([`serve`]) per service context,
 //!   beside the heartbeats every CN sends.
 //! * **Several cores** (`threads > 1`: one executor and one deployment per core): the
 //!   deployments of one CN in one process share **one** [`CnLocks`] — the lock table
@@ -23,7 +23,7 @@
 //!   coordinators take local locks on the table every core uses, and the lock servers grant
 //!   remote requests on the same table and invalidate the one VT cache. Server `i` runs on
 //!   the core of coordinator `i` ([`process::service_core`]: the first core's from
-//!   `process_tasks`, the others' from [`Deployment::core_tasks`]), as the paper's
+//!   `process_tasks`, the others' from [`ProcessDeployment::core_tasks`]), as the paper's
 //!   coordinator threads serve their own lock requests; the `i`-th coordinator talks to
 //!   server `i` of the other CNs whatever core either runs on: service endpoints are
 //!   numbered by coordinator slot.
@@ -48,8 +48,8 @@ use dmem_deploy::process::{
     ServiceContext, StepFuture,
 };
 use dmem_deploy::{
-    AnyContext, Decision, DeployError, Deployment, Placement, RecoveredCoordinator, RecoveryEvent,
-    RecoveryTiming,
+    AnyContext, Decision, DeployError, Deployment, Placement, ProcessDeployment,
+    RecoveredCoordinator, RecoveryEvent, RecoveryTiming, SimRecovery,
 };
 use dmem_lotus::membership::notify_passing;
 use dmem_lotus::recovery::{Decided, recover_coordinator};
@@ -139,7 +139,7 @@ impl ProcessTables {
     }
 }
 
-/// This process's CN, once [`Deployment::join_as_cn`] said which it is.
+/// This process's CN, once [`ProcessDeployment::join_as_cn`] said which it is.
 struct Joined {
     me: NodeId,
     /// Its LOTUS CN number (index among the plan's members).
@@ -264,6 +264,117 @@ impl Deployment for LotusProcessDeployment {
         self.base.load_unless_placed(&self.name, table, key, value)
     }
 
+    /// A coordinator of this CN; a worker id of the plan talks to the lock servers of its
+    /// slot, any other id (the final check's) to slot 0.
+    fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        let j = self.joined(&format!("a coordinator on a {} context", ctx.fabric()))?;
+        if ctx.node() != j.me {
+            return Err(self.error(format!(
+                "a coordinator of node {} in the process of CN node {}",
+                ctx.node().0,
+                j.me.0
+            )));
+        }
+        let thread = j.slots.iter().position(|&s| s == id).unwrap_or(0);
+        let thread = u16::try_from(thread).unwrap_or(0);
+        let (index, cluster) = (j.index, Rc::clone(&j.cluster));
+        let cache = self.base.cache_of(ctx.node());
+        let ts = SyncedClock::new(ctx.clone(), ctx.node(), id, self.config.epsilon);
+        Ok(Box::new(LotusCoordinator::new(
+            ctx,
+            index,
+            thread,
+            cluster,
+            Rc::clone(&self.base.store),
+            Rc::clone(&self.base.shapes),
+            self.config,
+            id,
+            cache,
+            self.base.history.clone(),
+            ts,
+        )))
+    }
+
+    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
+        self.base.read_final(table, key)
+    }
+
+    /// This CN's lock server counters (the others' are in their processes), over every
+    /// core of it; `lotus_grants_by_other_cores`: locks granted on this CN's table to the
+    /// coordinators (or servers) of its cores other than this deployment's.
+    fn counter(&self, name: &str) -> Option<u64> {
+        let j = self.joined.as_ref()?;
+        let locks = &j.locks;
+        let (served, granted, refused) = locks.served.get();
+        match name {
+            "lock_messages_served" => Some(served),
+            "lock_requests_granted" => Some(granted),
+            "lock_requests_refused" => Some(refused),
+            "lotus_locks_held" => Some(locks.table.held() as u64),
+            "lotus_grants_on_this_core" => Some(locks.grants_on_core(j.core)),
+            "lotus_grants_by_other_cores" => Some(locks.grants_off_core(j.core)),
+            "lotus_served_by_other_cores" => Some(locks.served_off_core(j.core)),
+            _ => locks.refusal_counter(name),
+        }
+    }
+
+    /// The counters above and this CN's refusal counters (`CnLocks::refusal_counters`:
+    /// refused on its table by reason, met by its coordinators by what the lock was for).
+    fn counters(&self) -> Vec<(String, u64)> {
+        let mut counters: Vec<(String, u64)> = PROCESS_COUNTERS
+            .iter()
+            .filter_map(|&name| Some((name.to_owned(), self.counter(name)?)))
+            .collect();
+        if let Some(j) = &self.joined {
+            counters.extend(j.locks.refusal_counters());
+        }
+        counters
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn sim_recovery(&mut self) -> Option<&mut dyn SimRecovery> {
+        Some(self)
+    }
+
+    fn processes(&mut self) -> Option<&mut dyn ProcessDeployment> {
+        Some(self)
+    }
+}
+
+impl SimRecovery for LotusProcessDeployment {
+    fn start_recovery(
+        &mut self,
+        _sim: &Rc<Sim>,
+        _recovery_cn: u16,
+        _timing: RecoveryTiming,
+    ) -> Result<(), DeployError> {
+        Err(DeployError::SimOnly {
+            protocol: self.name.clone(),
+            reason: "this is the deployment of a CN process; the simulator's recovery (§6) runs on the simulator's deployment".to_owned(),
+        })
+    }
+
+    fn recovery_events(&self) -> Vec<RecoveryEvent> {
+        self.events.borrow().clone()
+    }
+
+    fn recovery_error(&self) -> Option<String> {
+        None
+    }
+
+    fn paused(&self) -> Rc<Cell<bool>> {
+        Rc::clone(&self.paused)
+    }
+
+    fn scan_cost(&self) -> Option<(u64, u64)> {
+        self.base.scan_cost()
+    }
+}
+
+impl ProcessDeployment for LotusProcessDeployment {
     /// This CN's number is its index in `plan`, its lock servers and the others' are the
     /// members' `services` (the same plan in every process, so every CN agrees on owners
     /// and endpoints).
@@ -305,37 +416,6 @@ impl Deployment for LotusProcessDeployment {
         Ok(())
     }
 
-    /// A coordinator of this CN; a worker id of the plan talks to the lock servers of its
-    /// slot, any other id (the final check's) to slot 0.
-    fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
-        let j = self.joined(&format!("a coordinator on a {} context", ctx.fabric()))?;
-        if ctx.node() != j.me {
-            return Err(self.error(format!(
-                "a coordinator of node {} in the process of CN node {}",
-                ctx.node().0,
-                j.me.0
-            )));
-        }
-        let thread = j.slots.iter().position(|&s| s == id).unwrap_or(0);
-        let thread = u16::try_from(thread).unwrap_or(0);
-        let (index, cluster) = (j.index, Rc::clone(&j.cluster));
-        let cache = self.base.cache_of(ctx.node());
-        let ts = SyncedClock::new(ctx.clone(), ctx.node(), id, self.config.epsilon);
-        Ok(Box::new(LotusCoordinator::new(
-            ctx,
-            index,
-            thread,
-            cluster,
-            Rc::clone(&self.base.store),
-            Rc::clone(&self.base.shapes),
-            self.config,
-            id,
-            cache,
-            self.base.history.clone(),
-            ts,
-        )))
-    }
-
     /// Every core's deployment of this CN shares its lock table and VT cache
     /// (`ProcessTables`); the lock servers run on the core that runs `process_tasks`.
     fn splits_across_cores(&self) -> Result<(), String> {
@@ -368,22 +448,6 @@ impl Deployment for LotusProcessDeployment {
         services: Vec<ServiceContext>,
     ) -> Result<Vec<LocalTask>, DeployError> {
         self.lock_servers(me, plan, services)
-    }
-
-    fn start_recovery(
-        &mut self,
-        _sim: &Rc<Sim>,
-        _recovery_cn: u16,
-        _timing: RecoveryTiming,
-    ) -> Result<(), DeployError> {
-        Err(DeployError::SimOnly {
-            protocol: self.name.clone(),
-            reason: "this is the deployment of a CN process; the simulator's recovery (§6) runs on the simulator's deployment".to_owned(),
-        })
-    }
-
-    fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        self.events.borrow().clone()
     }
 
     /// §6 across processes (crate docs of this module): a failed CN cut off the MNs, its
@@ -431,58 +495,6 @@ impl Deployment for LotusProcessDeployment {
             resend: plan.answer_timeout,
             events: Rc::clone(&self.events),
         })))
-    }
-
-    fn recovery_error(&self) -> Option<String> {
-        None
-    }
-
-    fn paused(&self) -> Rc<Cell<bool>> {
-        Rc::clone(&self.paused)
-    }
-
-    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
-        self.base.read_final(table, key)
-    }
-
-    fn scan_cost(&self) -> Option<(u64, u64)> {
-        self.base.scan_cost()
-    }
-
-    /// This CN's lock server counters (the others' are in their processes), over every
-    /// core of it; `lotus_grants_by_other_cores`: locks granted on this CN's table to the
-    /// coordinators (or servers) of its cores other than this deployment's.
-    fn counter(&self, name: &str) -> Option<u64> {
-        let j = self.joined.as_ref()?;
-        let locks = &j.locks;
-        let (served, granted, refused) = locks.served.get();
-        match name {
-            "lock_messages_served" => Some(served),
-            "lock_requests_granted" => Some(granted),
-            "lock_requests_refused" => Some(refused),
-            "lotus_locks_held" => Some(locks.table.held() as u64),
-            "lotus_grants_on_this_core" => Some(locks.grants_on_core(j.core)),
-            "lotus_grants_by_other_cores" => Some(locks.grants_off_core(j.core)),
-            "lotus_served_by_other_cores" => Some(locks.served_off_core(j.core)),
-            _ => locks.refusal_counter(name),
-        }
-    }
-
-    /// The counters above and this CN's refusal counters (`CnLocks::refusal_counters`:
-    /// refused on its table by reason, met by its coordinators by what the lock was for).
-    fn counters(&self) -> Vec<(String, u64)> {
-        let mut counters: Vec<(String, u64)> = PROCESS_COUNTERS
-            .iter()
-            .filter_map(|&name| Some((name.to_owned(), self.counter(name)?)))
-            .collect();
-        if let Some(j) = &self.joined {
-            counters.extend(j.locks.refusal_counters());
-        }
-        counters
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }
 

@@ -3,10 +3,10 @@
 //! Versions per record follow the workload (LOTUS §8: TATP 2, SmallBank 3, TPC-C and
 //! micro-benchmarks 4; [`DeploySpec::workload`]). Coordinators keep their op logs in an
 //! [`OpLogs`] owned by the deployment (CN memory that survives a crash, Motor's UPS-backed
-//! DRAM); [`Deployment::start_recovery`] starts `dmem-deploy`'s simulated recovery behind its
+//! DRAM); [`SimRecovery::start_recovery`] starts `dmem-deploy`'s simulated recovery behind its
 //! heartbeat detector (`motor:oracle`: the oracle), which finishes a crashed CN's
 //! transactions with [`dmem_motor::recover_coordinator`].
-//! Across processes ([`Deployment::join_as_cn`], [`Deployment::process_recovery`]) each
+//! Across processes ([`ProcessDeployment::join_as_cn`], [`ProcessDeployment::process_recovery`]) each
 //! CN writes its coordinators' op logs through to [`DurableSlots`] (files that outlive the
 //! process, as Motor's UPS-backed DRAM outlives a crash) and the detector CN's heartbeat
 //! [`LogRecovery`] reads a failed CN's logs from there and runs the same recovery. A CN
@@ -25,7 +25,8 @@ use dmem_deploy::process::{
 };
 use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, Detection, MnMemory, Placement,
-    Protocol, Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryState, RecoveryTiming,
+    ProcessDeployment, Protocol, Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryState,
+    RecoveryTiming, SimRecovery,
 };
 #[cfg(doc)]
 use dmem_motor::cells_for_workload;
@@ -320,6 +321,24 @@ impl Deployment for MotorDeployment {
         ))
     }
 
+    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
+        self.base.read_final(table, key)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn sim_recovery(&mut self) -> Option<&mut dyn SimRecovery> {
+        Some(self)
+    }
+
+    fn processes(&mut self) -> Option<&mut dyn ProcessDeployment> {
+        Some(self)
+    }
+}
+
+impl SimRecovery for MotorDeployment {
     fn start_recovery(
         &mut self,
         sim: &Rc<Sim>,
@@ -351,6 +370,25 @@ impl Deployment for MotorDeployment {
         )
     }
 
+    fn recovery_events(&self) -> Vec<RecoveryEvent> {
+        self.recovery.events.borrow().clone()
+    }
+
+    fn recovery_error(&self) -> Option<String> {
+        let recovery = self.recovery.error.borrow().clone();
+        recovery.or_else(|| self.mirror_error.borrow().clone())
+    }
+
+    fn paused(&self) -> Rc<Cell<bool>> {
+        Rc::clone(&self.paused)
+    }
+
+    fn scan_cost(&self) -> Option<(u64, u64)> {
+        self.base.scan_cost()
+    }
+}
+
+impl ProcessDeployment for MotorDeployment {
     fn recovers_across_processes(&self) -> bool {
         true
     }
@@ -424,31 +462,6 @@ impl Deployment for MotorDeployment {
             },
         ))))
     }
-
-    fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        self.recovery.events.borrow().clone()
-    }
-
-    fn recovery_error(&self) -> Option<String> {
-        let recovery = self.recovery.error.borrow().clone();
-        recovery.or_else(|| self.mirror_error.borrow().clone())
-    }
-
-    fn paused(&self) -> Rc<Cell<bool>> {
-        Rc::clone(&self.paused)
-    }
-
-    fn scan_cost(&self) -> Option<(u64, u64)> {
-        self.base.scan_cost()
-    }
-
-    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
-        self.base.read_final(table, key)
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
 }
 
 #[cfg(test)]
@@ -495,7 +508,7 @@ mod tests {
                         Recorder::new(Rc::clone(&history)),
                     )
                     .unwrap();
-                d.join_as_cn(cn, &plan).unwrap();
+                d.processes().unwrap().join_as_cn(cn, &plan).unwrap();
                 let ctx = sim.context(cn, core).unwrap();
                 d.coordinator(AnyContext::from(ctx), core).unwrap();
                 d
@@ -515,8 +528,8 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!((seq(0), seq(1)), (7, 8));
-        for d in &cores {
-            assert_eq!(d.recovery_error(), None);
+        for mut d in cores {
+            assert_eq!(d.sim_recovery().unwrap().recovery_error(), None);
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use dmem_deploy::process::{LogRecovery, MessageLinkTerminator, ProcessPlan, ProcessRecovery};
 use dmem_deploy::{
-    AnyContext, DeployError, DeploySpec, Deployment, Detection, MnMemory, Placement, Protocol,
-    Recorder, RecoveryEvent, RecoveryState, RecoveryTiming,
+    AnyContext, DeployError, DeploySpec, Deployment, Detection, MnMemory, Placement,
+    ProcessDeployment, Protocol, Recorder, RecoveryEvent, RecoveryState, RecoveryTiming,
+    SimRecovery,
 };
 use dmem_layout::record::OoccLockWord;
 use dmem_sim::{Sim, SimContext};
@@ -419,6 +420,68 @@ impl Deployment for OoccDeployment {
         }
     }
 
+    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
+        let loc = self.dir.find(table, key, |mn, offset, len| {
+            self.memory.read(self.dir.node(mn), offset, len)
+        })?;
+        let vlen = self.dir.value_len(table).ok()?;
+        let bytes = self.memory.read(
+            self.dir.node(loc.mn),
+            loc.offset,
+            dmem_layout::record::OoccRecordHeader::record_len(vlen),
+        )?;
+        let image = parse(&bytes, vlen);
+        image
+            .present
+            .then(|| image.value[self.protocol.prefix()..].to_vec())
+    }
+
+    fn counter(&self, name: &str) -> Option<u64> {
+        let s = &self.stats;
+        Some(match name {
+            "ro_committed" => s.ro_committed.get(),
+            "ro_one_round" => s.ro_one_round.get(),
+            "ro_lease_expired" => s.ro_lease_expired.get(),
+            "ro_intention" => s.ro_intention.get(),
+            "rw_committed" => s.rw_committed.get(),
+            "aborts" => s.aborts.get(),
+            "lease_wait_ns" => s.lease_wait_ns.get(),
+            "lease_ns" => self.manager.lease.get(),
+            "dslr_reset_lease_ns" => self.protocol.dslr?.reset_lease_ns,
+            "lease_adjustments" => self.manager.adjustments.borrow().len() as u64,
+            "lease_adjust_ns" => self
+                .manager
+                .adjustments
+                .borrow()
+                .last()
+                .map_or(0, |a| a.finished - a.started),
+            _ => return None,
+        })
+    }
+
+    /// DSLR's reset lease as this CN process runs it ([`join_as_cn`](Self::join_as_cn)
+    /// raises it to the detector's).
+    fn counters(&self) -> Vec<(String, u64)> {
+        ["dslr_reset_lease_ns"]
+            .iter()
+            .filter_map(|&name| Some((name.to_owned(), self.counter(name)?)))
+            .collect()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn sim_recovery(&mut self) -> Option<&mut dyn SimRecovery> {
+        Some(self)
+    }
+
+    fn processes(&mut self) -> Option<&mut dyn ProcessDeployment> {
+        Some(self)
+    }
+}
+
+impl SimRecovery for OoccDeployment {
     fn start_recovery(
         &mut self,
         sim: &Rc<Sim>,
@@ -471,6 +534,20 @@ impl Deployment for OoccDeployment {
         )
     }
 
+    fn recovery_events(&self) -> Vec<RecoveryEvent> {
+        self.recovery.events.borrow().clone()
+    }
+
+    fn recovery_error(&self) -> Option<String> {
+        self.recovery.error.borrow().clone()
+    }
+
+    fn paused(&self) -> Rc<Cell<bool>> {
+        Rc::clone(&self.paused)
+    }
+}
+
+impl ProcessDeployment for OoccDeployment {
     /// OOCC, DrTM and DSLR. DSLR's lease reset assumes recovery's roll-forward lands well
     /// within the reset lease of a crash (`dmem_occ::dslr2pl`), while a heartbeat detector
     /// across processes takes its timeout (hundreds of ms): with the paper's 1 ms lease a
@@ -534,69 +611,5 @@ impl Deployment for OoccDeployment {
     /// where the detector's [`LogRecovery`] finds them whichever core wrote them.
     fn splits_across_cores(&self) -> Result<(), String> {
         Ok(())
-    }
-
-    fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        self.recovery.events.borrow().clone()
-    }
-
-    fn recovery_error(&self) -> Option<String> {
-        self.recovery.error.borrow().clone()
-    }
-
-    fn paused(&self) -> Rc<Cell<bool>> {
-        Rc::clone(&self.paused)
-    }
-
-    fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
-        let loc = self.dir.find(table, key, |mn, offset, len| {
-            self.memory.read(self.dir.node(mn), offset, len)
-        })?;
-        let vlen = self.dir.value_len(table).ok()?;
-        let bytes = self.memory.read(
-            self.dir.node(loc.mn),
-            loc.offset,
-            dmem_layout::record::OoccRecordHeader::record_len(vlen),
-        )?;
-        let image = parse(&bytes, vlen);
-        image
-            .present
-            .then(|| image.value[self.protocol.prefix()..].to_vec())
-    }
-
-    fn counter(&self, name: &str) -> Option<u64> {
-        let s = &self.stats;
-        Some(match name {
-            "ro_committed" => s.ro_committed.get(),
-            "ro_one_round" => s.ro_one_round.get(),
-            "ro_lease_expired" => s.ro_lease_expired.get(),
-            "ro_intention" => s.ro_intention.get(),
-            "rw_committed" => s.rw_committed.get(),
-            "aborts" => s.aborts.get(),
-            "lease_wait_ns" => s.lease_wait_ns.get(),
-            "lease_ns" => self.manager.lease.get(),
-            "dslr_reset_lease_ns" => self.protocol.dslr?.reset_lease_ns,
-            "lease_adjustments" => self.manager.adjustments.borrow().len() as u64,
-            "lease_adjust_ns" => self
-                .manager
-                .adjustments
-                .borrow()
-                .last()
-                .map_or(0, |a| a.finished - a.started),
-            _ => return None,
-        })
-    }
-
-    /// DSLR's reset lease as this CN process runs it ([`join_as_cn`](Self::join_as_cn)
-    /// raises it to the detector's).
-    fn counters(&self) -> Vec<(String, u64)> {
-        ["dslr_reset_lease_ns"]
-            .iter()
-            .filter_map(|&name| Some((name.to_owned(), self.counter(name)?)))
-            .collect()
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
     }
 }

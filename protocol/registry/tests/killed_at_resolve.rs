@@ -171,11 +171,14 @@ fn killed_at_resolve(protocol: &dyn Protocol) -> (History, TxnId, Vec<RecoveryEv
         poll: 5_000,
         until: 1_000_000,
     };
-    d.start_recovery(&sim, 0, timing).unwrap();
+    d.sim_recovery()
+        .unwrap()
+        .start_recovery(&sim, 0, timing)
+        .unwrap();
     sim.run_until_idle();
-    assert_eq!(d.recovery_error(), None);
+    assert_eq!(d.sim_recovery().unwrap().recovery_error(), None);
     let killed = sink.killed.get().expect("the victim committed a transfer");
-    let events = d.recovery_events();
+    let events = d.sim_recovery().unwrap().recovery_events();
     // Recovery's decisions settle the merged history, as `dmem cluster` does.
     for e in &events {
         for c in &e.coordinators {
@@ -239,7 +242,7 @@ fn a_cn_killed_as_it_resolves_a_commit_leaves_its_log_to_recovery() {
 
 /// Motor's op log of a CN process killed as it resolves a commit (issue #17). Across
 /// processes a CN writes its coordinators' op logs through to durable slots
-/// (`Deployment::process_tasks`: files that outlive the process, as Motor's UPS-backed DRAM
+/// (`ProcessDeployment::process_tasks`: files that outlive the process, as Motor's UPS-backed DRAM
 /// outlives a crash), and the detector's recovery decides the killed CN's transactions from
 /// what those slots held when it died. Here the victim CN's deployment mirrors its op logs
 /// as a CN process does, and the slots are copied at the instant its first commit is
@@ -285,7 +288,12 @@ fn motor_killed_as_it_resolves_a_commit_leaves_its_op_log_committing() {
             services: Vec::new(),
         };
         // Its heartbeat task is not run: nobody detects here.
-        drop(d.process_tasks(sim.cn(1), ctxs, &plan).unwrap());
+        drop(
+            d.processes()
+                .unwrap()
+                .process_tasks(sim.cn(1), ctxs, &plan)
+                .unwrap(),
+        );
     });
     sim.run_until_idle();
     let killed = sink.killed.get().expect("the victim committed a transfer");

@@ -3,17 +3,15 @@
 //! in-flight transaction is rolled back, stray locks are released, and no litmus assertion
 //! or history check fails.
 
-use std::cell::{Cell, RefCell};
-use std::rc::Rc;
+use std::cell::RefCell;
 
 use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Protocol, Recorder,
-    RecoveryEvent, RecoveryTiming,
+    RecoveryEvent, SimRecovery,
 };
 use dmem_litmus::{Litmus, RunConfig, RunOutcome, run_one};
 use dmem_occ::OoccConfig;
 use dmem_protocols::OoccProtocol;
-use dmem_sim::Sim;
 use dmem_txn::{BoxCoordinator, Key, TableId};
 
 thread_local! {
@@ -27,7 +25,10 @@ struct RecordedDeployment(Box<dyn Deployment>);
 
 impl Drop for RecordedDeployment {
     fn drop(&mut self) {
-        let events = self.0.recovery_events();
+        let events = self
+            .0
+            .sim_recovery()
+            .map_or_else(Vec::new, |r| r.recovery_events());
         EVENTS.with(|e| e.borrow_mut().extend(events));
     }
 }
@@ -58,14 +59,6 @@ impl Deployment for RecordedDeployment {
     fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
         self.0.coordinator(ctx, id)
     }
-    fn start_recovery(
-        &mut self,
-        sim: &Rc<Sim>,
-        recovery_cn: u16,
-        timing: RecoveryTiming,
-    ) -> Result<(), DeployError> {
-        self.0.start_recovery(sim, recovery_cn, timing)
-    }
     fn final_coordinator(
         &mut self,
         ctx: AnyContext,
@@ -73,20 +66,15 @@ impl Deployment for RecordedDeployment {
     ) -> Result<BoxCoordinator, DeployError> {
         self.0.final_coordinator(ctx, id)
     }
-    fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        self.0.recovery_events()
-    }
-    fn recovery_error(&self) -> Option<String> {
-        self.0.recovery_error()
-    }
-    fn paused(&self) -> Rc<Cell<bool>> {
-        self.0.paused()
-    }
     fn read_final(&self, table: TableId, key: Key) -> Option<Vec<u8>> {
         self.0.read_final(table, key)
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+
+    fn sim_recovery(&mut self) -> Option<&mut dyn SimRecovery> {
+        self.0.sim_recovery()
     }
 }
 

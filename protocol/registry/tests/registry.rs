@@ -74,10 +74,14 @@ fn every_protocol_runs_a_transaction_and_reads_it_back() {
         assert_eq!(d.deployment.read_final(T, Key(1000)), None);
         assert_eq!(history.borrow().txns.len(), 1);
         assert_eq!(history.borrow().txns[0].outcome, TxnOutcome::Committed);
-        assert!(d.deployment.recovery_events().is_empty());
+        let recovery = d
+            .deployment
+            .sim_recovery()
+            .unwrap_or_else(|| panic!("{name} recovers crashed CNs on the simulator"));
+        assert!(recovery.recovery_events().is_empty());
         // The OOCC family has no index to scan (a directory stands in for it).
         if !["oocc", "drtm", "dslr"].contains(&name) {
-            assert!(d.deployment.scan_cost().unwrap().0 > 0);
+            assert!(recovery.scan_cost().unwrap().0 > 0);
         }
     }
 }
@@ -165,7 +169,10 @@ fn the_oracle_is_asked_for_by_name_and_dslr_refuses_slow_heartbeats() {
         let records = || (0..10u64).map(|k| (T, Key(k), k.to_le_bytes().to_vec()));
         let protocol = r.get(name).unwrap();
         let mut d = deploy_loaded(&*protocol, &shape(), &spec, &history, records).unwrap();
-        d.deployment.start_recovery(&d.sim, 1, timing)
+        d.deployment
+            .sim_recovery()
+            .expect("the OOCC family recovers on the simulator")
+            .start_recovery(&d.sim, 1, timing)
     };
     // DSLR's roll-forward must land within half its 1 ms reset lease: `dmem recover`'s
     // default detector (5 ms) is refused, a fast one is not, the oracle is not.

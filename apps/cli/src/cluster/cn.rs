@@ -9,7 +9,7 @@
 //!   `dmem_runtime::run_per_core`), each core with a deployment and coordinators of its own
 //!   ([`CnSetup`]). The first core also runs the CN's process tasks (heartbeats to the first
 //!   CN, which are also its join barrier; Pandora's CN listener; LOTUS's lock servers). The
-//!   first CN drives the `ProcessRecovery` that `Deployment::process_recovery` returns
+//!   first CN drives the `ProcessRecovery` that `ProcessDeployment::process_recovery` returns
 //!   until every other CN finished or was recovered, then reads the final state, checks
 //!   the workload's invariants and tells the MNs to quit; the other CNs report "done" and
 //!   serve until it says the run is over. Each CN streams its history as JSON.
@@ -238,7 +238,7 @@ impl MnHeartbeats {
 /// `dmem cn` for a transaction workload: one executor per core (`threads` of the cluster
 /// file, each on the executor `executor` picks: glommio pinned to the core, or the polling
 /// executor), each core's coordinators made by a deployment of its own
-/// (`Deployment::splits_across_cores`); the first core also runs the CN's process tasks,
+/// (`ProcessDeployment::splits_across_cores`); the first core also runs the CN's process tasks,
 /// the detector's side (first CN) and the final check.
 pub(crate) fn run_txn_cn(cluster: &Cluster, me: &CnNode, setup: &TxnSetup) -> anyhow::Result<()> {
     let (kind, executor_why) = cluster
@@ -351,15 +351,16 @@ async fn first_core(cn: &CnSetup, clock: CoreClock) -> anyhow::Result<FirstCore>
     // The protocol's CN side (heartbeats to the detector, which are also its join barrier;
     // for protocols with recovery across processes their listener) runs until this
     // process ends.
-    let tasks = deployment.process_tasks(
-        me.node,
-        CnContexts {
-            heartbeat: net.context(me.node, ports::HEARTBEAT)?,
-            listener: net.context(me.node, ports::LISTENER)?,
-            services,
-        },
-        plan,
-    )?;
+    let tasks = dmem_deploy::require_processes(&mut *deployment, &cn.setup.protocol.name())?
+        .process_tasks(
+            me.node,
+            CnContexts {
+                heartbeat: net.context(me.node, ports::HEARTBEAT)?,
+                listener: net.context(me.node, ports::LISTENER)?,
+                services,
+            },
+            plan,
+        )?;
     let deployment = RefCell::new(deployment);
     let body = first_core_duties(
         cn,
@@ -520,15 +521,17 @@ async fn detector(
     let (cluster, me, plan, net, setup) = (&cn.cluster, &cn.me, &cn.plan, &cn.net, &cn.setup);
     // A protocol with recovery across processes takes over the detector's context;
     // for others the heartbeats are only drained.
-    let mut recovery = deployment.borrow_mut().process_recovery(
-        detector_ctx.clone(),
-        MessageLinkTerminator::new(
-            net.context(me.node, ports::TERMINATOR)?,
-            plan.heartbeat,
-            plan.answer_timeout,
-        ),
-        plan,
-    )?;
+    let mut recovery =
+        dmem_deploy::require_processes(&mut **deployment.borrow_mut(), &cn.setup.protocol.name())?
+            .process_recovery(
+                detector_ctx.clone(),
+                MessageLinkTerminator::new(
+                    net.context(me.node, ports::TERMINATOR)?,
+                    plan.heartbeat,
+                    plan.answer_timeout,
+                ),
+                plan,
+            )?;
     let start = dmem_runtime::monotonic_now();
     let (deltas, finished) =
         await_every_cn(cn, clock, &mut recovery, &detector_ctx, done_ctx).await?;
@@ -540,7 +543,7 @@ async fn detector(
     // past the locks they left) and which MNs failed (it connects to the live ones and
     // reads their primaries), then the live MNs are told the run is over.
     streaming_off.set(true);
-    let dead = deployment.borrow().failed_mns();
+    let dead = super::workload::failed_mns(deployment);
     let final_ctx = net.connected_to(
         me.node,
         ports::FINAL_READER,

@@ -276,7 +276,7 @@ pub(crate) struct TxnCnReport {
     #[serde(default)]
     pub(crate) counters: BTreeMap<String, u64>,
     /// Per core, the MNs its view counted as failed when its coordinators were done
-    /// (`Deployment::failed_mns`; Pandora §3.2.5: an MN failure reaches every core's view).
+    /// (`ProcessDeployment::failed_mns`; Pandora §3.2.5: an MN failure reaches every core's view).
     #[serde(default)]
     pub(crate) failed_mns_by_core: Vec<Vec<String>>,
     /// Cores whose deployment ran the workload's loader again after the process's dry run

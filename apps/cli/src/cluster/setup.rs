@@ -103,18 +103,22 @@ impl TxnSetup {
     }
 
     /// Whether CN failures are recovered across processes
-    /// (`Deployment::recovers_across_processes`).
+    /// (`ProcessDeployment::recovers_across_processes`).
     pub(crate) fn recovers(&self) -> anyhow::Result<bool> {
         if self.protocol.symmetric() {
             // Its recovery runs on the simulator only (refused with a reason by `dmem
             // cluster --kill`).
             return Ok(false);
         }
-        Ok(self.remote()?.recovers_across_processes())
+        let mut remote = self.remote()?;
+        Ok(
+            dmem_deploy::require_processes(&mut *remote, &self.protocol.name())?
+                .recovers_across_processes(),
+        )
     }
 
     /// Whether a CN may run its coordinators on `threads` cores: one always, more when the
-    /// protocol lets a CN split them (`Deployment::splits_across_cores`); else one line why.
+    /// protocol lets a CN split them (`ProcessDeployment::splits_across_cores`); else one line why.
     pub(crate) fn check_threads(&self, threads: u32) -> anyhow::Result<()> {
         if threads > 1 && self.protocol.symmetric() {
             bail!(
@@ -122,8 +126,10 @@ impl TxnSetup {
                 self.protocol.name()
             );
         }
+        let mut remote = self.remote()?;
         if threads > 1
-            && let Err(why) = self.remote()?.splits_across_cores()
+            && let Err(why) = dmem_deploy::require_processes(&mut *remote, &self.protocol.name())?
+                .splits_across_cores()
         {
             bail!(
                 "threads = {threads}: protocol `{}` cannot split a CN's coordinators across cores: {why}; use threads = 1",

@@ -94,7 +94,7 @@ pub(crate) struct CnSetup {
     /// Per core, the CPU its executor is pinned to (glommio) and its clients: `(client
     /// index, coordinator id)` (the client index numbers its port).
     pub(crate) cores: Vec<(usize, Vec<(u16, u16)>)>,
-    /// What the cores' deployments share (`Deployment::join_core`).
+    /// What the cores' deployments share (`ProcessDeployment::join_core`).
     pub(crate) group: CoreGroup,
     pub(crate) shared: CnShared,
 }
@@ -136,8 +136,8 @@ impl CnSetup {
     /// This core's deployment (the protocol on the regions alone, streaming its records to
     /// stdout), after the loader ran without writing (so that placement decided while
     /// loading, such as OOCC's directory, agrees with the MNs) and
-    /// `Deployment::join_as_cn` told it which CN it is (LOTUS: whose lock table it serves)
-    /// and `Deployment::join_core` which core (Pandora: its listener's messages reach it).
+    /// `ProcessDeployment::join_as_cn` told it which CN it is (LOTUS: whose lock table it serves)
+    /// and `ProcessDeployment::join_core` which core (Pandora: its listener's messages reach it).
     ///
     /// A protocol that takes a placement (`Protocol::deploy_placed`) gets the one the dry run
     /// of `TxnSetup::new` found, shared by every core, and the loader runs once per process.
@@ -172,7 +172,8 @@ impl CnSetup {
             for (table, key, value) in setup.workload.loader() {
                 deployment.load(table, key, &value)?;
             }
-            deployment.join_as_cn(self.me.node, &self.plan)?;
+            dmem_deploy::require_processes(&mut *deployment, &setup.protocol.name())?
+                .join_as_cn(self.me.node, &self.plan)?;
             return Ok(deployment);
         }
         let memory = MnMemory::remote(setup.regions.clone());
@@ -192,8 +193,9 @@ impl CnSetup {
                 deployment
             }
         };
-        deployment.join_as_cn(self.me.node, &self.plan)?;
-        deployment.join_core(self.group.on_core(core))?;
+        let side = dmem_deploy::require_processes(&mut *deployment, &setup.protocol.name())?;
+        side.join_as_cn(self.me.node, &self.plan)?;
+        side.join_core(self.group.on_core(core))?;
         Ok(deployment)
     }
 
@@ -261,7 +263,7 @@ impl CnSetup {
             .into_iter()
             .map(|(id, co, ctx)| self.run_client(id, co, ctx, end, deployment));
         futures_util::future::join_all(clients).await;
-        let failed = deployment.borrow().failed_mns();
+        let failed = failed_mns(deployment);
         lock(&self.shared.failed_mns_by_core)[core] =
             failed.iter().map(|&mn| self.cluster.mn_name(mn)).collect();
     }
@@ -317,7 +319,7 @@ impl CnSetup {
                     // Revoked (or an MN gone that the view does not count as failed):
                     // nothing this coordinator posts lands any more. An MN the view
                     // dropped (Pandora §3.2.5) is no longer posted to.
-                    let failed = deployment.borrow().failed_mns();
+                    let failed = failed_mns(deployment);
                     if lost_live_mn(&ctx, &failed) {
                         break;
                     }
@@ -342,7 +344,8 @@ impl CnSetup {
                 &[],
             )?;
             let coordinators = self.coordinators(core, &mut *d)?;
-            let tasks = d.core_tasks(self.me.node, &self.plan, services)?;
+            let tasks = dmem_deploy::require_processes(&mut *d, &self.setup.protocol.name())?
+                .core_tasks(self.me.node, &self.plan, services)?;
             Ok((d, coordinators, tasks))
         });
         let (deployment, coordinators, tasks) = match made {
@@ -484,4 +487,13 @@ pub(crate) async fn check_invariants(
             }
         }
     }
+}
+
+/// The MNs `deployment`'s view counts as failed (`ProcessDeployment::failed_mns`; none for a
+/// protocol without a CN-process side, which never reaches here).
+pub(crate) fn failed_mns(deployment: &RefCell<Box<dyn Deployment>>) -> Vec<NodeId> {
+    deployment
+        .borrow_mut()
+        .processes()
+        .map_or_else(Vec::new, |side| side.failed_mns())
 }

@@ -503,36 +503,7 @@ impl fmt::Display for Anomaly {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: ", self.kind())?;
         match self {
-            Anomaly::Malformed { txn, problem } => match problem {
-                Malformation::EndBeforeBegin { begin, end } => write!(
-                    f,
-                    "{txn} ended at {end} ns, before it began at {begin} ns; it gets no \
-                     real-time edges."
-                ),
-                Malformation::DuplicateId => write!(
-                    f,
-                    "{txn} appears more than once in the history; explanations naming it are \
-                     ambiguous."
-                ),
-                Malformation::WritesInitialVersion { table, key } => write!(
-                    f,
-                    "{txn} records a write of {} installing v0, the loaded state; the write is \
-                     ignored.",
-                    Rec(*table, *key)
-                ),
-                Malformation::WrongWriter {
-                    table,
-                    key,
-                    version,
-                    writer,
-                } => write!(
-                    f,
-                    "{txn} read v{} of {} and records {writer} as its installer, but {writer} \
-                     installed no such version of that record; the read is not judged.",
-                    version.0,
-                    Rec(*table, *key)
-                ),
-            },
+            Anomaly::Malformed { txn, problem } => fmt_malformed(f, *txn, problem),
             Anomaly::LostWrite {
                 table,
                 key,
@@ -573,6 +544,19 @@ impl fmt::Display for Anomaly {
                     kind_name(*previous_kind)
                 )
             }
+            Anomaly::AbortedRead { .. }
+            | Anomaly::IntermediateRead { .. }
+            | Anomaly::PhantomVersion { .. }
+            | Anomaly::AmbiguousRead { .. } => self.fmt_bad_read(f),
+            Anomaly::Cycle(c) => fmt_cycle(f, c),
+        }
+    }
+}
+
+impl Anomaly {
+    /// The explanation of a read of a version no committed transaction left behind.
+    fn fmt_bad_read(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
             Anomaly::AbortedRead {
                 reader,
                 table,
@@ -647,24 +631,62 @@ impl fmt::Display for Anomaly {
                     Rec(*table, *key)
                 )
             }
-            Anomaly::Cycle(c) => {
-                write!(
-                    f,
-                    "a dependency cycle over {} transactions (shortest found in a strongly \
-                     connected component of {}): ",
-                    c.steps.len(),
-                    c.component_size
-                )?;
-                for (i, s) in c.steps.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str("; ")?;
-                    }
-                    write!(f, "{s}")?;
-                }
-                write!(f, ". Meaning: {}.", c.class.meaning())
-            }
+            // The others explain themselves in `Display::fmt`.
+            _ => Ok(()),
         }
     }
+}
+
+/// The explanation of a malformed record of `txn`.
+fn fmt_malformed(f: &mut fmt::Formatter<'_>, txn: TxnId, problem: &Malformation) -> fmt::Result {
+    match problem {
+        Malformation::EndBeforeBegin { begin, end } => write!(
+            f,
+            "{txn} ended at {end} ns, before it began at {begin} ns; it gets no \
+             real-time edges."
+        ),
+        Malformation::DuplicateId => write!(
+            f,
+            "{txn} appears more than once in the history; explanations naming it are \
+             ambiguous."
+        ),
+        Malformation::WritesInitialVersion { table, key } => write!(
+            f,
+            "{txn} records a write of {} installing v0, the loaded state; the write is \
+             ignored.",
+            Rec(*table, *key)
+        ),
+        Malformation::WrongWriter {
+            table,
+            key,
+            version,
+            writer,
+        } => write!(
+            f,
+            "{txn} read v{} of {} and records {writer} as its installer, but {writer} \
+             installed no such version of that record; the read is not judged.",
+            version.0,
+            Rec(*table, *key)
+        ),
+    }
+}
+
+/// A dependency cycle, step by step, and what its class means.
+fn fmt_cycle(f: &mut fmt::Formatter<'_>, c: &Cycle) -> fmt::Result {
+    write!(
+        f,
+        "a dependency cycle over {} transactions (shortest found in a strongly \
+         connected component of {}): ",
+        c.steps.len(),
+        c.component_size
+    )?;
+    for (i, s) in c.steps.iter().enumerate() {
+        if i > 0 {
+            f.write_str("; ")?;
+        }
+        write!(f, "{s}")?;
+    }
+    write!(f, ". Meaning: {}.", c.class.meaning())
 }
 
 impl fmt::Display for Report {
