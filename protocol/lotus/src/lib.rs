@@ -7,7 +7,9 @@
 //! * [`wire`]: lock RPC messages (§4.1).
 //! * [`locking`]: each CN's lock table ([`dmem_locks::lotus`], Alg. 1) and the lock server
 //!   that serves other CNs (§4.1).
-//! * [`txn`]: the lock-first protocol (§5.1) under SR and SI (§5.2).
+//! * [`txn`]: the lock-first protocol (§5.1) under SR and SI (§5.2), a thin async shell
+//!   over [`plan`]: its decisions (lock batching and routing, reads, commit planning) as
+//!   plain functions and state machines.
 //! * [`vtcache`]: the version table cache (§4.4).
 //! * [`recovery`]: the commit log and lock-rebuild-free recovery (§6).
 //! * [`restart`]: CN restart (§6): the restarted CN serves from an empty table after its
@@ -18,6 +20,7 @@
 
 pub mod locking;
 pub mod membership;
+pub mod plan;
 pub mod recovery;
 pub mod reshard;
 pub mod restart;

@@ -27,10 +27,10 @@
 
 use dmem_layout::cvt::{CvtCell, INVISIBLE};
 use dmem_motor::logic::free_with_cv;
-use dmem_motor::mvcc::{self, Shapes, unpack_writer};
+use dmem_motor::mvcc::{self, BlockShape, Shapes, unpack_writer};
 use dmem_store::Store;
 use dmem_txn::{TableId, TxnId};
-use dmem_verbs::{PostList, Verbs, VerbsError};
+use dmem_verbs::{PostList, Verbs, VerbsError, WrId};
 use zerocopy::IntoBytes;
 
 /// One logged new version.
@@ -137,6 +137,19 @@ struct Found {
     cell: CvtCell,
 }
 
+/// A READ of one logged cell and its image on one replica (step 2).
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    /// The coordinator's index.
+    i: usize,
+    mn: u16,
+    /// The cell's offset.
+    at: u64,
+    shape: BlockShape,
+    cell: WrId,
+    image: WrId,
+}
+
 /// Decides coordinator `coordinator`'s last logged transaction (module docs) through `ctx`.
 ///
 /// # Errors
@@ -168,12 +181,61 @@ pub async fn recover_coordinators<V: Verbs>(
     coordinators: &[u16],
 ) -> Result<Vec<Decided>, VerbsError> {
     let mut decided = vec![Decided::Nothing; coordinators.len()];
+    // 1. Every log region on every live MN.
+    let (list, reads) = log_reads(store, coordinators);
+    if reads.is_empty() {
+        return Ok(decided);
+    }
+    let res = ctx.post(list).await?;
+    let copies = reads.iter().map(|&(i, wr)| (i, res.bytes(wr)));
+    let logs = newest_logs(coordinators.len(), copies);
+    // 2. Every logged cell and its image on every live replica.
+    let (list, probes) = probe_reads(store, shapes, &logs);
+    if probes.is_empty() {
+        return Ok(decided);
+    }
+    let res = ctx.post(list).await?;
+    let mut ours: Vec<Vec<Found>> = vec![Vec::new(); coordinators.len()];
+    for p in probes {
+        let Some((writer, _)) = &logs[p.i] else {
+            continue;
+        };
+        if let Some(cell) = ours_on(*writer, p.shape, res.bytes(p.cell), res.bytes(p.image)) {
+            ours[p.i].push(Found {
+                mn: p.mn,
+                at: p.at,
+                cell,
+            });
+        }
+    }
+    // 3. Every decision.
+    let mut list = PostList::new();
+    for (i, found) in ours.iter().enumerate() {
+        let Some(txn) = logs[i].as_ref().and_then(|(w, _)| unpack_writer(*w)) else {
+            continue;
+        };
+        if found.is_empty() {
+            continue;
+        }
+        let (decision, writes) = decide(txn, found);
+        for (mn, at, bytes) in writes {
+            list.write(store.addr(mn, at), &bytes);
+        }
+        decided[i] = decision;
+    }
+    if !list.is_empty() {
+        ctx.post(list).await?;
+    }
+    Ok(decided)
+}
+
+/// Step 1's READs: every log region of `coordinators` (by index) on every live MN (MN `m`
+/// is alive iff it is among the live replicas of partition `m`).
+fn log_reads(store: &Store, coordinators: &[u16]) -> (PostList, Vec<(usize, WrId)>) {
     let len = store.log_region_bytes() as u32;
-    // MN `m` is alive iff it is among the live replicas of partition `m`.
     let live: Vec<u16> = (0..store.config().mns)
         .filter(|&m| store.live_replicas(m).contains(&m))
         .collect();
-    // 1. Every log region on every live MN.
     let mut list = PostList::new();
     let mut reads = Vec::new();
     for (i, &id) in coordinators.iter().enumerate() {
@@ -184,20 +246,34 @@ pub async fn recover_coordinators<V: Verbs>(
             reads.push((i, list.read(store.addr(m, at), len)));
         }
     }
-    if reads.is_empty() {
-        return Ok(decided);
-    }
-    let res = ctx.post(list).await?;
-    let mut logs: Vec<Option<(u64, Vec<LogEntry>)>> = vec![None; coordinators.len()];
-    for (i, wr) in reads {
-        if let Some((w, e)) = parse_log(res.bytes(wr)) {
-            let seq = |w: u64| unpack_writer(w).map_or(0, |t| t.seq);
-            if logs[i].as_ref().is_none_or(|(old, _)| seq(w) > seq(*old)) {
-                logs[i] = Some((w, e));
-            }
+    (list, reads)
+}
+
+/// The newest whole log (highest transaction sequence number) of each of `n` coordinators
+/// among the log `copies` read (coordinator index, bytes).
+fn newest_logs<'a>(
+    n: usize,
+    copies: impl IntoIterator<Item = (usize, &'a [u8])>,
+) -> Vec<Option<(u64, Vec<LogEntry>)>> {
+    let mut logs: Vec<Option<(u64, Vec<LogEntry>)>> = vec![None; n];
+    let seq = |w: u64| unpack_writer(w).map_or(0, |t| t.seq);
+    for (i, bytes) in copies {
+        if let Some((w, e)) = parse_log(bytes)
+            && logs[i].as_ref().is_none_or(|(old, _)| seq(w) > seq(*old))
+        {
+            logs[i] = Some((w, e));
         }
     }
-    // 2. Every logged cell and its image on every live replica.
+    logs
+}
+
+/// Step 2's READs: each logged cell (of a known table, within its shape) and its image on
+/// every live replica of its record.
+fn probe_reads(
+    store: &Store,
+    shapes: &Shapes,
+    logs: &[Option<(u64, Vec<LogEntry>)>],
+) -> (PostList, Vec<Probe>) {
     let mut list = PostList::new();
     let mut probes = Vec::new();
     for (i, log) in logs.iter().enumerate() {
@@ -211,84 +287,78 @@ pub async fn recover_coordinators<V: Verbs>(
                 continue;
             }
             for mn in store.live_replicas(e.partition) {
-                let cell_at = e.offset + shape.cell_offset(cell) as u64;
-                let c = list.read(store.addr(mn, cell_at), 32);
-                let img = list.read(
+                let at = e.offset + shape.cell_offset(cell) as u64;
+                let c = list.read(store.addr(mn, at), 32);
+                let image = list.read(
                     store.addr(mn, e.offset + shape.image_offset(cell) as u64),
                     shape.image_len() as u32,
                 );
-                probes.push((i, mn, cell_at, shape, c, img));
+                probes.push(Probe {
+                    i,
+                    mn,
+                    at,
+                    shape,
+                    cell: c,
+                    image,
+                });
             }
         }
     }
-    if probes.is_empty() {
-        return Ok(decided);
+    (list, probes)
+}
+
+/// The cell read as `cell`, if it is `writer`'s: valid, read whole, and its image names
+/// `writer` (a stale log names cells reused since).
+fn ours_on(writer: u64, shape: BlockShape, cell: &[u8], image: &[u8]) -> Option<CvtCell> {
+    let cell = <CvtCell as zerocopy::TryFromBytes>::try_read_from_bytes(cell).ok()?;
+    if !cell.is_valid() || !cell.is_consistent() {
+        return None;
     }
-    let res = ctx.post(list).await?;
-    let mut ours: Vec<Vec<Found>> = vec![Vec::new(); coordinators.len()];
-    for (i, mn, at, shape, c, img) in probes {
-        let Some((writer, _)) = &logs[i] else {
-            continue;
-        };
-        let Ok(cell) = <CvtCell as zerocopy::TryFromBytes>::try_read_from_bytes(res.bytes(c))
-        else {
-            continue;
-        };
-        if !cell.is_valid() || !cell.is_consistent() {
-            continue;
+    mvcc::decode_image(shape, &cell, image)
+        .is_some_and(|p| p.writer == writer)
+        .then_some(cell)
+}
+
+/// The decision for `txn` from its cells `found` (module docs), and the WRITEs
+/// `(mn, offset, bytes)` that carry it out: with one cell visible, the commit version
+/// into every INVISIBLE one; with none, every INVISIBLE cell freed (keeping its CV).
+fn decide(txn: TxnId, found: &[Found]) -> (Decided, Vec<(u16, u64, Vec<u8>)>) {
+    let visible = found
+        .iter()
+        .map(|f| f.cell.commit_version())
+        .find(|&v| v != INVISIBLE);
+    let pending: Vec<&Found> = found
+        .iter()
+        .filter(|f| f.cell.commit_version() == INVISIBLE)
+        .collect();
+    let cells = pending.len();
+    match visible {
+        Some(version) => {
+            let writes = pending
+                .iter()
+                .map(|f| {
+                    let at = f.at + CvtCell::VERSION_OFFSET as u64;
+                    (f.mn, at, version.to_le_bytes().to_vec())
+                })
+                .collect();
+            let d = Decided::RolledForward {
+                txn,
+                version,
+                cells,
+            };
+            (d, writes)
         }
-        // The image must be this transaction's: a stale log names cells reused since.
-        if mvcc::decode_image(shape, &cell, res.bytes(img)).is_some_and(|p| p.writer == *writer) {
-            ours[i].push(Found { mn, at, cell });
-        }
-    }
-    // 3. Every decision.
-    let mut list = PostList::new();
-    for (i, found) in ours.iter().enumerate() {
-        let Some(txn) = logs[i].as_ref().and_then(|(w, _)| unpack_writer(*w)) else {
-            continue;
-        };
-        if found.is_empty() {
-            continue;
-        }
-        let visible = found
-            .iter()
-            .map(|f| f.cell.commit_version())
-            .find(|&v| v != INVISIBLE);
-        let pending: Vec<&Found> = found
-            .iter()
-            .filter(|f| f.cell.commit_version() == INVISIBLE)
-            .collect();
-        decided[i] = match visible {
-            Some(version) => {
-                for f in &pending {
-                    list.write(
-                        store.addr(f.mn, f.at + CvtCell::VERSION_OFFSET as u64),
-                        &version.to_le_bytes(),
-                    );
-                }
-                Decided::RolledForward {
-                    txn,
-                    version,
-                    cells: pending.len(),
-                }
-            }
-            None => {
-                for f in &pending {
+        None => {
+            let writes = pending
+                .iter()
+                .map(|f| {
                     let free = free_with_cv(f.cell.head_cv());
-                    list.write(store.addr(f.mn, f.at), free.as_bytes());
-                }
-                Decided::RolledBack {
-                    txn,
-                    cells: pending.len(),
-                }
-            }
-        };
+                    (f.mn, f.at, free.as_bytes().to_vec())
+                })
+                .collect();
+            (Decided::RolledBack { txn, cells }, writes)
+        }
     }
-    if !list.is_empty() {
-        ctx.post(list).await?;
-    }
-    Ok(decided)
 }
 
 #[cfg(test)]
@@ -321,5 +391,83 @@ mod tests {
         assert_eq!(parse_log(&region), None);
         assert_eq!(parse_log(&[0u8; 64]), None);
         assert_eq!(parse_log(&b[..20]), None);
+    }
+
+    fn writer(seq: u64) -> u64 {
+        mvcc::pack_writer(TxnId {
+            coordinator: dmem_txn::CoordinatorId(1),
+            seq,
+        })
+    }
+
+    #[test]
+    fn the_newest_whole_log_of_each_coordinator_is_taken() {
+        let e = [LogEntry {
+            table: TableId(1),
+            partition: 0,
+            cell: 0,
+            offset: 64,
+        }];
+        let (old, new) = (encode_log(writer(3), &e), encode_log(writer(5), &e));
+        let mut torn = encode_log(writer(9), &e);
+        let last = torn.len() - 1;
+        torn[last] ^= 1;
+        let copies = [
+            (0, new.as_slice()),
+            (0, old.as_slice()),
+            (0, torn.as_slice()),
+            (1, old.as_slice()),
+        ];
+        let logs = newest_logs(3, copies);
+        assert_eq!(logs[0], Some((writer(5), e.to_vec())));
+        assert_eq!(logs[1], Some((writer(3), e.to_vec())));
+        assert_eq!(logs[2], None);
+    }
+
+    #[test]
+    fn one_visible_cell_rolls_forward_none_rolls_back() {
+        let txn = unpack_writer(writer(4)).unwrap();
+        let found = |mn: u16, at: u64, version: u64| Found {
+            mn,
+            at,
+            cell: CvtCell::new(3, 0x400, version),
+        };
+        let forward = [
+            found(0, 128, INVISIBLE),
+            found(1, 128, 77),
+            found(2, 256, INVISIBLE),
+        ];
+        let (d, writes) = decide(txn, &forward);
+        assert_eq!(
+            d,
+            Decided::RolledForward {
+                txn,
+                version: 77,
+                cells: 2
+            }
+        );
+        let at = |o: u64| o + CvtCell::VERSION_OFFSET as u64;
+        assert_eq!(
+            writes,
+            vec![
+                (0, at(128), 77u64.to_le_bytes().to_vec()),
+                (2, at(256), 77u64.to_le_bytes().to_vec()),
+            ]
+        );
+        let back = [found(0, 128, INVISIBLE), found(1, 128, INVISIBLE)];
+        let (d, writes) = decide(txn, &back);
+        assert_eq!(d, Decided::RolledBack { txn, cells: 2 });
+        let free = free_with_cv(3);
+        assert_eq!(writes.len(), 2);
+        assert_eq!(writes[1], (1, 128, free.as_bytes().to_vec()));
+        assert!(!free.is_valid());
+    }
+
+    #[test]
+    fn a_free_or_torn_cell_is_nobodys() {
+        let shape = BlockShape::new(2, 8);
+        let image = vec![0u8; shape.image_len()];
+        assert!(ours_on(writer(1), shape, CvtCell::FREE.as_bytes(), &image).is_none());
+        assert!(ours_on(writer(1), shape, &[0xFF; 8], &image).is_none());
     }
 }

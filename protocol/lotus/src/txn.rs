@@ -33,27 +33,28 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use dmem_layout::cvt::{CvtCell, INVISIBLE};
 use dmem_locks::LockMode;
 use dmem_locks::lotus::{Acquired, Holder};
 use dmem_motor::Isolation;
-use dmem_motor::exec::{self, ExecSets, Lookup, WriteEntry};
+use dmem_motor::exec::{self, ExecSets, Lookup, VersionPick, WriteEntry};
 use dmem_motor::logic::{self, MetaOutcome};
 use dmem_motor::mvcc::{BlockShape, Meta, Shapes, pack_writer};
 use dmem_motor::ts::TimestampService;
 use dmem_store::{AddressCache, BucketLoc, InsertPool, ItemLoc, Store, parse_bucket};
 use dmem_txn::{
     AbortReason, Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundPlan,
-    RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent,
-    WriteKind,
+    RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, WriteEvent, WriteKind,
 };
 use dmem_verbs::sync::lock_ignoring_poison;
-use dmem_verbs::{Clock, Nanos, Phase, PostList, RemoteAddr, Verbs, recv_until};
+use dmem_verbs::{BatchResult, Clock, Nanos, Phase, PostList, RemoteAddr, Verbs, WrId, recv_until};
 
-use crate::locking::{CnLocks, LockCluster, LockFor, stronger};
-use crate::recovery::{LogEntry, encode_log};
+use crate::locking::{CnLocks, LockCluster, LockFor};
+use crate::plan::{
+    self, AttemptEnd, Fetch, HeldLock, LocalStep, LockAttempt, LockWant, ReplyStep, SlotChoice,
+};
+use crate::recovery::encode_log;
 use crate::shard::{Sharding, bucket_lock_key, record_lock_key};
-use crate::wire::{LockEntry, Reply, Request, RequestKind, Status};
+use crate::wire::{Reply, Request, RequestKind};
 
 /// LOTUS's switches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -256,20 +257,6 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> Coordinator
     }
 }
 
-/// A lock the transaction holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct HeldLock {
-    key: u64,
-    shard: u16,
-    owner: u16,
-    mode: LockMode,
-    /// The record's lock word, once an idealised RDMA lock FAA'd it (0 → 1).
-    word: Option<RemoteAddr>,
-    /// The shard's generation when the lock was asked for: a hand-over that aborts the
-    /// shard's holders bumps it (§4.3), and the lock is no longer valid.
-    generation: u32,
-}
-
 /// LOTUS's read and write sets: its locks are on the CNs ([`HeldLock`]), so the records
 /// keep nothing of their own.
 type Sets = ExecSets<(), ()>;
@@ -286,30 +273,20 @@ pub struct LotusTxn<'a, V, H, T> {
     sets: Sets,
 }
 
-/// One record a round fetches.
-#[derive(Debug, Clone)]
-struct Fetch {
-    table: TableId,
-    key: Key,
-    access: Access,
-    /// Whether this transaction holds a lock on it (read or write).
-    locked: bool,
-    /// Whether that lock is on this CN's table (its CVT may be cached, §4.4).
-    local: bool,
-    loc: Option<ItemLoc>,
-    done: Option<Option<Vec<u8>>>,
-}
+/// A meta READ of one pending fetch: its index, block, shape and READ (none: the CVT is
+/// cached, §4.4).
+type MetaRead = (usize, ItemLoc, BlockShape, Option<WrId>);
 
 /// The lock an insert takes on its index bucket (§4.1: the bucket's address is the lock
 /// key; its shard by hash, as no critical field names it).
-fn bucket_lock(bucket: BucketLoc) -> (u64, u16, LockMode, LockFor) {
+fn bucket_lock(bucket: BucketLoc) -> LockWant {
     let key = bucket_lock_key(bucket.partition, bucket.offset);
-    (
+    LockWant {
         key,
-        Sharding::bucket_shard(key),
-        LockMode::Exclusive,
-        LockFor::IndexBucket,
-    )
+        shard: Sharding::bucket_shard(key),
+        mode: LockMode::Exclusive,
+        what: LockFor::IndexBucket,
+    }
 }
 
 /// Counts a transaction as committing with locks of `owners` while it lives.
@@ -346,11 +323,6 @@ impl Drop for Committing {
     }
 }
 
-/// The generation recorded for `key` when its lock request was grouped.
-fn generation_of(gens: &[(u64, u32)], key: u64) -> u32 {
-    gens.iter().find(|g| g.0 == key).map_or(0, |g| g.1)
-}
-
 impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T> {
     /// The transaction's id.
     #[must_use]
@@ -381,23 +353,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         &self.co.cluster.sharding
     }
 
-    /// The lock a record needs in this transaction, if any (§5.1 step 1, §5.2).
-    fn lock_mode(&self, access: Access) -> Option<LockMode> {
-        match (self.kind, access, self.co.cfg.isolation) {
-            (TxnKind::ReadOnly, _, _) => None,
-            (_, Access::ForUpdate, _) => Some(LockMode::Exclusive),
-            (_, Access::Read, Isolation::Serializable) => Some(LockMode::Shared),
-            (_, Access::Read, Isolation::Snapshot) => None,
-        }
-    }
-
-    /// Whether every lock held is still valid: no hand-over aborted its shard's holders
-    /// since it was asked for (§4.3).
-    fn locks_valid(&self) -> bool {
-        let map = self.co.cluster.map.borrow();
-        self.held
-            .iter()
-            .all(|h| map.generation(h.shard) == h.generation)
+    /// Whether the version table cache is in use (§4.4; the idealised RDMA lock has none).
+    fn vt_cache_on(&self) -> bool {
+        self.co.cfg.vt_cache && !self.co.cfg.rdma_lock
     }
 
     /// Notes this attempt's latency for the CN's load monitor (§4.3).
@@ -406,30 +364,13 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         self.co.local.note_latency(ns);
     }
 
-    fn holds(&self, key: u64, mode: LockMode) -> bool {
-        self.held
-            .iter()
-            .any(|h| h.key == key && (h.mode == LockMode::Exclusive || mode == LockMode::Shared))
-    }
-
-    /// Takes every lock of `wanted` (lock key, shard, mode): local ones on this CN's table,
-    /// the others in one message per owning CN, all sent before any reply is awaited.
-    /// Any refusal (or a CN that does not answer in time) aborts.
-    /// Each wanted lock names what it is for ([`LockFor`]), which a refusal is counted
-    /// under.
-    async fn lock_all(&mut self, wanted: &[(u64, u16, LockMode, LockFor)]) -> Result<(), TxnError> {
-        let mut todo: Vec<(u64, u16, LockMode, LockFor)> = Vec::new();
-        for &(key, shard, mode, what) in wanted {
-            if self.holds(key, mode) {
-                continue;
-            }
-            match todo.iter_mut().find(|t| t.0 == key) {
-                Some(t) => t.2 = stronger(t.2, mode),
-                None => todo.push((key, shard, mode, what)),
-            }
-        }
+    /// Takes every lock of `wanted`: local ones on this CN's table, the others in one
+    /// message per owning CN, all sent before any reply is awaited (§4.1). Any refusal (or
+    /// a CN that does not answer in time) aborts; locks whose shard moved are asked again
+    /// under the new map (§4.3). A refusal is counted under what its lock is for.
+    async fn lock_all(&mut self, wanted: &[LockWant]) -> Result<(), TxnError> {
+        let mut todo = plan::locks_to_take(wanted, &self.held);
         let holder = self.holder();
-        let cluster = Rc::clone(&self.co.cluster);
         if self.co.cfg.rdma_lock {
             return self.lock_idealised(&todo, holder);
         }
@@ -438,168 +379,116 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 return Ok(());
             }
             // Group by owner under the current map.
-            let mut groups: Vec<(u16, Vec<LockEntry>)> = Vec::new();
-            let mut gens: Vec<(u64, u32)> = Vec::new();
-            let what_of = |key: u64| {
-                todo.iter()
-                    .find(|t| t.0 == key)
-                    .map_or(LockFor::Mixed, |t| t.3)
-            };
-            {
-                let map = cluster.map.borrow();
-                for &(key, shard, mode, _) in &todo {
-                    let owner = map.owner(shard);
-                    gens.push((key, map.generation(shard)));
-                    let e = LockEntry { key, shard, mode };
-                    match groups.iter_mut().find(|g| g.0 == owner) {
-                        Some(g) => g.1.push(e),
-                        None => groups.push((owner, vec![e])),
-                    }
-                }
-            }
-            // Remote requests first, so the local work overlaps their round trip.
-            if groups.iter().any(|(owner, _)| cluster.is_failed(*owner)) {
+            let mut attempt = LockAttempt::new(todo, &self.co.cluster.map.borrow());
+            if attempt.owners().any(|o| self.co.cluster.is_failed(o)) {
                 // §6: new transactions asking a failed CN for locks abort at once.
                 return Err(TxnError::Aborted(AbortReason::LockOwnerFailed));
             }
-            let mut pending: Vec<(u64, u16, Vec<LockEntry>)> = Vec::new();
-            for (owner, entries) in &groups {
-                if *owner == self.co.cn {
-                    continue;
+            // Remote requests first, so the local work overlaps their round trip.
+            self.send_lock_requests(&mut attempt, holder).await?;
+            self.lock_here(&mut attempt, holder);
+            self.await_lock_replies(&mut attempt).await;
+            todo = match attempt.finish() {
+                AttemptEnd::TimedOut(asked) => {
+                    // No answer in time: the locks may be held there; the unlocks sent on
+                    // abort are idempotent, so send them for everything asked.
+                    self.held.extend(asked);
+                    return Err(TxnError::Aborted(AbortReason::LockRequestTimedOut));
                 }
-                let server = cluster
-                    .server(*owner, self.co.thread)
-                    .ok_or(TxnError::Aborted(AbortReason::NoLockServer))?;
-                self.co.req += 1;
-                let req = Request {
-                    kind: RequestKind::Lock,
-                    cn: self.co.cn,
-                    req: self.co.req,
-                    txn: holder.txn,
-                    entries: entries.clone(),
-                };
-                self.co.stats.lock_messages += 1;
-                self.co.stats.remote_locks += entries.len() as u64;
-                self.co.ctx.send(server, &req.encode()).await?;
-                pending.push((self.co.req, *owner, entries.clone()));
-            }
-            let mut failed = false;
-            let mut rerouted: Vec<(u64, u16, LockMode, LockFor)> = Vec::new();
-            if let Some((_, entries)) = groups.iter().find(|g| g.0 == self.co.cn) {
-                let local = Arc::clone(&self.co.local);
-                for e in entries {
-                    self.co.ctx.cpu(cluster.lock_cpu_ns);
-                    self.co.stats.local_locks += 1;
-                    if !cluster.map.borrow().serves(self.co.cn, e.shard) {
-                        rerouted.push((e.key, e.shard, e.mode, what_of(e.key)));
-                        continue;
-                    }
-                    let got = local.acquire(e.key, e.shard, e.mode, holder);
-                    if got == Acquired::Granted {
-                        local.note_grant(cluster.core);
-                    }
-                    match got {
-                        Acquired::Granted | Acquired::AlreadyHeld => self.held.push(HeldLock {
-                            key: e.key,
-                            shard: e.shard,
-                            owner: self.co.cn,
-                            mode: e.mode,
-                            word: None,
-                            generation: generation_of(&gens, e.key),
-                        }),
-                        Acquired::Refused(_) => {
-                            self.co.stats.refusals += 1;
-                            local.note_refused_for(what_of(e.key));
-                            failed = true;
-                            break;
-                        }
-                    }
-                }
-            }
-            // Replies.
-            let deadline = self.co.ctx.now() + self.co.cfg.rpc_timeout;
-            while !pending.is_empty() {
-                // A receive error ends the wait like the deadline.
-                let Some(msg) = recv_until(&self.co.ctx, deadline).await.ok().flatten() else {
-                    break;
-                };
-                let Ok(reply) = Reply::parse(&msg.payload) else {
-                    continue;
-                };
-                let Some(i) = pending.iter().position(|p| p.0 == reply.req) else {
-                    continue; // a late reply of an earlier request
-                };
-                let (_, owner, entries) = pending.swap_remove(i);
-                match reply.status {
-                    Status::Granted => {
-                        for e in entries {
-                            self.held.push(HeldLock {
-                                key: e.key,
-                                shard: e.shard,
-                                owner,
-                                mode: e.mode,
-                                word: None,
-                                generation: generation_of(&gens, e.key),
-                            });
-                        }
-                    }
-                    Status::Refused => {
-                        self.co.stats.refusals += 1;
-                        // The reply does not say which lock was refused: one kind of lock
-                        // is counted under it, several as mixed.
-                        let mut kinds = entries.iter().map(|e| what_of(e.key));
-                        let first = kinds.next().unwrap_or(LockFor::Mixed);
-                        let what = if kinds.all(|k| k == first) {
-                            first
-                        } else {
-                            LockFor::Mixed
-                        };
-                        self.co.local.note_refused_for(what);
-                        failed = true;
-                    }
-                    Status::NotOwner => {
-                        rerouted.extend(
-                            entries
-                                .iter()
-                                .map(|e| (e.key, e.shard, e.mode, what_of(e.key))),
-                        );
-                    }
-                }
-            }
-            if !pending.is_empty() {
-                // No answer in time: the locks may be held there; the unlocks sent on abort
-                // are idempotent, so send them for everything asked.
-                for (_, owner, entries) in pending {
-                    for e in entries {
-                        self.held.push(HeldLock {
-                            key: e.key,
-                            shard: e.shard,
-                            owner,
-                            mode: e.mode,
-                            word: None,
-                            generation: generation_of(&gens, e.key),
-                        });
-                    }
-                }
-                return Err(TxnError::Aborted(AbortReason::LockRequestTimedOut));
-            }
-            if failed {
-                return Err(TxnError::Aborted(AbortReason::LockRefused));
-            }
-            todo = rerouted;
+                AttemptEnd::Refused => return Err(TxnError::Aborted(AbortReason::LockRefused)),
+                AttemptEnd::Reroute(again) => again,
+            };
         }
         Err(TxnError::Aborted(AbortReason::ShardMapKeptChanging))
     }
 
-    /// Fig. 17's idealised RDMA lock: decided on the owner's table at once, counted per CN
-    /// (the FAA of a 0 → 1 transition is posted with the record's CVT READ).
-    fn lock_idealised(
+    /// Sends `attempt`'s lock requests to the other CNs, one message per CN (§4.1).
+    async fn send_lock_requests(
         &mut self,
-        todo: &[(u64, u16, LockMode, LockFor)],
+        attempt: &mut LockAttempt,
         holder: Holder,
     ) -> Result<(), TxnError> {
+        for (owner, entries) in attempt.remote(self.co.cn) {
+            let server = self
+                .co
+                .cluster
+                .server(owner, self.co.thread)
+                .ok_or(TxnError::Aborted(AbortReason::NoLockServer))?;
+            self.co.req += 1;
+            let req = Request {
+                kind: RequestKind::Lock,
+                cn: self.co.cn,
+                req: self.co.req,
+                txn: holder.txn,
+                entries: entries.clone(),
+            };
+            self.co.stats.lock_messages += 1;
+            self.co.stats.remote_locks += entries.len() as u64;
+            self.co.ctx.send(server, &req.encode()).await?;
+            attempt.sent(self.co.req, owner, entries);
+        }
+        Ok(())
+    }
+
+    /// Takes `attempt`'s locks on this CN's table (a CPU charge each), until one is refused.
+    fn lock_here(&mut self, attempt: &mut LockAttempt, holder: Holder) {
         let cluster = Rc::clone(&self.co.cluster);
-        for &(key, shard, mode, what) in todo {
+        let local = Arc::clone(&self.co.local);
+        for e in attempt.local(self.co.cn) {
+            self.co.ctx.cpu(cluster.lock_cpu_ns);
+            self.co.stats.local_locks += 1;
+            if !cluster.map.borrow().serves(self.co.cn, e.shard) {
+                attempt.not_served_here(&e);
+                continue;
+            }
+            let got = local.acquire(e.key, e.shard, e.mode, holder);
+            if got == Acquired::Granted {
+                local.note_grant(cluster.core);
+            }
+            match attempt.acquired_here(&e, self.co.cn, got) {
+                LocalStep::Held(h) => self.held.push(h),
+                LocalStep::Refused(what) => {
+                    self.co.stats.refusals += 1;
+                    local.note_refused_for(what);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Feeds `attempt` the replies to its requests until all came or the RPC timeout passed.
+    async fn await_lock_replies(&mut self, attempt: &mut LockAttempt) {
+        let deadline = self.co.ctx.now() + self.co.cfg.rpc_timeout;
+        while attempt.waiting() {
+            // A receive error ends the wait like the deadline.
+            let Some(msg) = recv_until(&self.co.ctx, deadline).await.ok().flatten() else {
+                break;
+            };
+            let Ok(reply) = Reply::parse(&msg.payload) else {
+                continue;
+            };
+            match attempt.on_reply(reply.req, reply.status) {
+                ReplyStep::Granted(got) => self.held.extend(got),
+                ReplyStep::Refused(what) => {
+                    self.co.stats.refusals += 1;
+                    self.co.local.note_refused_for(what);
+                }
+                ReplyStep::Stale | ReplyStep::NotOwner => {}
+            }
+        }
+    }
+
+    /// Fig. 17's idealised RDMA lock: decided on the owner's table at once, counted per CN
+    /// (the FAA of a 0 → 1 transition is posted with the record's CVT READ).
+    fn lock_idealised(&mut self, todo: &[LockWant], holder: Holder) -> Result<(), TxnError> {
+        let cluster = Rc::clone(&self.co.cluster);
+        for &LockWant {
+            key,
+            shard,
+            mode,
+            what,
+        } in todo
+        {
             let (owner, serves, generation) = {
                 let map = cluster.map.borrow();
                 let owner = map.owner(shard);
@@ -651,47 +540,15 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             return;
         }
         let holder = self.holder();
-        let cluster = Rc::clone(&self.co.cluster);
         if self.co.cfg.rdma_lock {
-            let mut faas = PostList::new();
-            for h in std::mem::take(&mut self.held) {
-                self.co.ctx.cpu(cluster.lock_cpu_ns);
-                if let Some(owner) = cluster.table(h.owner) {
-                    owner.table.release(h.key, holder);
-                }
-                let Some(word) = h.word else { continue };
-                let last = {
-                    let mut counts = lock_ignoring_poison(&self.co.local.counts);
-                    let n = counts.entry(h.key).or_insert(1);
-                    *n = n.saturating_sub(1);
-                    *n == 0
-                };
-                if last {
-                    faas.faa(word, u64::MAX); // −1
-                    self.co.stats.rdma_faas += 1;
-                }
-            }
-            if !faas.is_empty() {
-                let _ = self.co.ctx.post_detached(faas).await;
-            }
+            self.unlock_idealised(holder).await;
             return;
         }
-        let mut groups: Vec<(u16, Vec<LockEntry>)> = Vec::new();
-        for h in std::mem::take(&mut self.held) {
-            if h.owner == self.co.cn {
-                self.co.ctx.cpu(cluster.lock_cpu_ns);
-                self.co.local.table.release(h.key, holder);
-                continue;
-            }
-            let e = LockEntry {
-                key: h.key,
-                shard: h.shard,
-                mode: h.mode,
-            };
-            match groups.iter_mut().find(|g| g.0 == h.owner) {
-                Some(g) => g.1.push(e),
-                None => groups.push((h.owner, vec![e])),
-            }
+        let cluster = Rc::clone(&self.co.cluster);
+        let (here, groups) = plan::unlock_plan(std::mem::take(&mut self.held), self.co.cn);
+        for h in here {
+            self.co.ctx.cpu(cluster.lock_cpu_ns);
+            self.co.local.table.release(h.key, holder);
         }
         for (owner, entries) in groups {
             let Some(server) = cluster.server(owner, self.co.thread) else {
@@ -710,6 +567,33 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         }
     }
 
+    /// The idealised RDMA lock's release: on the owner's table at once, and an FAA (−1) to
+    /// the lock word when this CN's last holder of it goes (1 → 0).
+    async fn unlock_idealised(&mut self, holder: Holder) {
+        let cluster = Rc::clone(&self.co.cluster);
+        let mut faas = PostList::new();
+        for h in std::mem::take(&mut self.held) {
+            self.co.ctx.cpu(cluster.lock_cpu_ns);
+            if let Some(owner) = cluster.table(h.owner) {
+                owner.table.release(h.key, holder);
+            }
+            let Some(word) = h.word else { continue };
+            let last = {
+                let mut counts = lock_ignoring_poison(&self.co.local.counts);
+                let n = counts.entry(h.key).or_insert(1);
+                *n = n.saturating_sub(1);
+                *n == 0
+            };
+            if last {
+                faas.faa(word, u64::MAX); // −1
+                self.co.stats.rdma_faas += 1;
+            }
+        }
+        if !faas.is_empty() {
+            let _ = self.co.ctx.post_detached(faas).await;
+        }
+    }
+
     /// One execution round (§5.1 phase 1): lock, read CVTs, read data. With `insert`, the
     /// round's for-update keys are about to be inserted: each one not in the address cache
     /// has its index bucket locked as soon as the key's lock is held (§4.1), before any
@@ -725,8 +609,8 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             return Err(TxnError::ReadOnly);
         }
         // -- plan: local answers, distinct fetches --
-        let plan = RoundPlan::new(reqs, |r| self.sets.local(r));
-        let mut fetches: Vec<Fetch> = plan
+        let round = RoundPlan::new(reqs, |r| self.sets.local(r));
+        let mut fetches: Vec<Fetch> = round
             .fetches
             .iter()
             .map(|r| Fetch {
@@ -739,72 +623,83 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 done: None,
             })
             .collect();
-
         // -- 1. lock: every lock of the round at once --
-        let mut wanted = Vec::new();
-        for f in &mut fetches {
-            if let Some(mode) = self.lock_mode(f.access) {
-                wanted.push((
-                    record_lock_key(f.table, f.key),
-                    self.co.cluster.sharding.shard_of(f.table, f.key),
-                    mode,
-                    LockFor::Table(f.table.0),
-                ));
-                f.locked = true;
-            }
-        }
-        // Inserts (§4.1): the index buckets to lock once the keys' locks are held. Not in
-        // the same step: two inserters of one key asking for both at once can each get one
-        // and be refused the other, again on every retry (LOTUS never waits; two CNs
-        // inserting one key livelocked so in the simulator). Only where a slot could be
-        // claimed: a pooled table with no room in this coordinator's insert share reads the
-        // key as absent under its lock, as below.
-        let mut claims: Vec<(usize, BucketLoc)> = Vec::new();
-        if insert {
-            for (n, f) in fetches.iter().enumerate() {
-                if f.access != Access::ForUpdate || f.loc.is_some() {
-                    continue;
-                }
-                let bucket = self
-                    .co
-                    .store
-                    .bucket_of(f.table, f.key)
-                    .map_err(TxnError::from)?;
-                if self
-                    .co
-                    .inserts
-                    .next(&self.co.store, self.co.id, bucket, 0)
-                    .is_ok()
-                {
-                    claims.push((n, bucket));
-                }
-            }
-        }
+        let isolation = self.co.cfg.isolation;
+        let wanted = plan::round_locks(&mut fetches, self.kind, isolation, self.sharding());
+        let claims = if insert {
+            self.insert_claims(&fetches)?
+        } else {
+            Vec::new()
+        };
         self.lock_all(&wanted).await?;
+        let mut cached = self.cached_cvts(&mut fetches);
+        // -- 2a. locate: one bucket READ per uncached record (an insert's under its lock) --
+        if !claims.is_empty() {
+            self.claim_slots(&mut fetches, &claims).await?;
+        }
+        self.locate(&mut fetches).await?;
+        // -- 2b/3. CVTs, then the images --
+        self.read_records(&mut fetches, &mut cached).await?;
+        Ok(round.values(|n| fetches[n].done.clone().flatten()))
+    }
+
+    /// Inserts (§4.1): the index buckets to lock once the keys' locks are held. Not in the
+    /// same step: two inserters of one key asking for both at once can each get one and be
+    /// refused the other, again on every retry (LOTUS never waits; two CNs inserting one
+    /// key livelocked so in the simulator). Only where a slot could be claimed: a pooled
+    /// table with no room in this coordinator's insert share reads the key as absent under
+    /// its lock ([`Self::locate`]).
+    fn insert_claims(&self, fetches: &[Fetch]) -> Result<Vec<(usize, BucketLoc)>, TxnError> {
+        let mut claims = Vec::new();
+        for (n, f) in fetches.iter().enumerate() {
+            if f.access != Access::ForUpdate || f.loc.is_some() {
+                continue;
+            }
+            let bucket = self
+                .co
+                .store
+                .bucket_of(f.table, f.key)
+                .map_err(TxnError::from)?;
+            if self.may_claim(bucket) {
+                claims.push((n, bucket));
+            }
+        }
+        Ok(claims)
+    }
+
+    /// Whether this coordinator's insert share has a block for a slot of `bucket`.
+    fn may_claim(&self, bucket: BucketLoc) -> bool {
+        self.co
+            .inserts
+            .next(&self.co.store, self.co.id, bucket, 0)
+            .is_ok()
+    }
+
+    /// Notes which locked fetches are locked on this CN's table and takes their CVTs from
+    /// the version table cache where it has them (§4.4).
+    fn cached_cvts(&mut self, fetches: &mut [Fetch]) -> Vec<Option<Meta>> {
         let mut cached: Vec<Option<Meta>> = vec![None; fetches.len()];
         for (n, f) in fetches.iter_mut().enumerate() {
             if !f.locked {
                 continue;
             }
             let key = record_lock_key(f.table, f.key);
-            f.local = self
-                .held
-                .iter()
-                .any(|h| h.key == key && h.owner == self.co.cn);
-            if f.local && self.co.cfg.vt_cache && !self.co.cfg.rdma_lock {
-                let vt = &self.co.local.vt;
-                if let Some((loc, meta)) = vt.get(key) {
-                    f.loc = Some(loc);
-                    cached[n] = Some(meta);
-                    self.co.stats.vt_hits += 1;
-                }
+            f.local = plan::held_on(&self.held, key, self.co.cn);
+            if f.local
+                && self.vt_cache_on()
+                && let Some((loc, meta)) = self.co.local.vt.get(key)
+            {
+                f.loc = Some(loc);
+                cached[n] = Some(meta);
+                self.co.stats.vt_hits += 1;
             }
         }
+        cached
+    }
 
-        // -- 2a. locate: one bucket READ per uncached record (an insert's under its lock) --
-        if !claims.is_empty() {
-            self.claim_slots(&mut fetches, &claims).await?;
-        }
+    /// Locates the records not in the address cache (one bucket READ each); a for-update
+    /// key found absent claims a slot (§4.1).
+    async fn locate(&mut self, fetches: &mut [Fetch]) -> Result<(), TxnError> {
         let uncached: Vec<_> = fetches
             .iter()
             .enumerate()
@@ -812,178 +707,200 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             .map(|(n, f)| (n, f.table, f.key))
             .collect();
         let found = exec::locate(&self.co.ctx, &self.co.store, &self.co.cache, &uncached).await?;
-        {
-            let mut inserts = Vec::new();
-            for (n, bucket, lookup) in found {
-                let f = &mut fetches[n];
-                match lookup {
-                    Lookup::Found(loc) => f.loc = Some(loc),
-                    // In a pooled table with no room in this coordinator's insert share
-                    // (a table that does not grow has none) the key is read as absent
-                    // under its write lock instead: no block to claim, and an update or
-                    // delete of it fails as on any absent key.
-                    Lookup::Absent { .. }
-                        if f.access == Access::ForUpdate
-                            && self
-                                .co
-                                .inserts
-                                .next(&self.co.store, self.co.id, bucket, 0)
-                                .is_ok() =>
-                    {
-                        inserts.push((n, bucket));
-                    }
-                    Lookup::Absent { .. } => {
-                        let (table, key) = (f.table, f.key);
-                        f.done = Some(None);
-                        self.sets.read_absent(table, key, Some(()));
-                    }
+        let mut inserts = Vec::new();
+        for (n, bucket, lookup) in found {
+            let f = &mut fetches[n];
+            match lookup {
+                Lookup::Found(loc) => f.loc = Some(loc),
+                // In a pooled table with no room in this coordinator's insert share (a
+                // table that does not grow has none) the key is read as absent under its
+                // write lock instead: no block to claim, and an update or delete of it
+                // fails as on any absent key.
+                Lookup::Absent { .. }
+                    if f.access == Access::ForUpdate && self.may_claim(bucket) =>
+                {
+                    inserts.push((n, bucket));
+                }
+                Lookup::Absent { .. } => {
+                    let (table, key) = (f.table, f.key);
+                    f.done = Some(None);
+                    self.sets.read_absent(table, key, Some(()));
                 }
             }
-            if !inserts.is_empty() {
-                self.claim_slots(&mut fetches, &inserts).await?;
-            }
         }
+        if !inserts.is_empty() {
+            self.claim_slots(fetches, &inserts).await?;
+        }
+        Ok(())
+    }
 
-        // -- 2b/3. CVTs, then the images --
+    /// Reads the CVTs, then the images, of the fetches not done, again while a read without
+    /// a lock finds a version being committed or torn (§5.1 steps 2–3, §7.1).
+    async fn read_records(
+        &mut self,
+        fetches: &mut [Fetch],
+        cached: &mut [Option<Meta>],
+    ) -> Result<(), TxnError> {
         let mut rereads = 0;
         loop {
             let pending: Vec<usize> = (0..fetches.len())
                 .filter(|&n| fetches[n].done.is_none())
                 .collect();
             if pending.is_empty() {
-                break;
+                return Ok(());
             }
-            let mut list = PostList::new();
-            let mut wrs = Vec::new();
-            for &n in &pending {
-                let f = &fetches[n];
-                let Some(loc) = f.loc else { continue };
-                let shape = self.shape(f.table)?;
-                if self.co.cfg.rdma_lock && f.locked {
-                    let key = record_lock_key(f.table, f.key);
-                    let word = self.primary(&loc, 0)?;
-                    if let Some(i) = self
-                        .held
-                        .iter()
-                        .position(|h| h.key == key && h.word.is_none())
-                    {
-                        self.held[i].word = Some(word);
-                        if self.count_up(key) {
-                            list.faa(word, 1);
-                            self.co.stats.rdma_faas += 1;
-                        }
-                    }
-                }
-                let rd = if cached[n].is_some() {
-                    None
-                } else {
-                    Some(list.read(self.primary(&loc, 0)?, shape.meta_len() as u32))
-                };
-                wrs.push((n, loc, shape, rd));
-            }
+            let (list, reads) = self.meta_reads(fetches, cached, &pending)?;
             let res = if list.is_empty() {
                 None
             } else {
                 Some(self.co.ctx.post(list).await?)
             };
-            let mut images = Vec::new();
-            for &(n, loc, shape, rd) in &wrs {
-                let f = &fetches[n];
-                let (table, key, locked, for_update) =
-                    (f.table, f.key, f.locked, f.access == Access::ForUpdate);
-                let meta = match (rd, &res) {
-                    (Some(rd), Some(res)) => Meta::parse(res.bytes(rd), shape),
-                    _ => cached[n].take(),
-                };
-                let Some(mut meta) = meta else {
-                    return Err(TxnError::Aborted(AbortReason::UnreadableVersionTable));
-                };
-                // LOTUS keeps no lock in the block (only the idealised RDMA lock counts there).
-                meta.lock = 0;
-                if f.local
-                    && self.co.cfg.vt_cache
-                    && !self.co.cfg.rdma_lock
-                    && rd.is_some()
-                    && meta.is_consistent()
-                {
-                    self.co.local.vt.put(
-                        record_lock_key(table, key),
-                        self.sharding().shard_of(table, key),
-                        loc,
-                        meta.clone(),
-                    );
-                }
-                if for_update {
-                    self.sets
-                        .writes
-                        .push(WriteEntry::new(table, key, loc, meta.clone(), ()));
-                }
-                let committing = meta
-                    .cells
-                    .iter()
-                    .any(|c| c.is_valid() && c.commit_version() == INVISIBLE);
-                let outcome = if committing && !locked {
-                    MetaOutcome::Retry
-                } else {
-                    // Under our lock no writer is between its INVISIBLE and visible WRITEs
-                    // (recovery decides a failed one's before its locks go), so a locked
-                    // read picks among committed versions as §5.1 says.
-                    // Locked records abort on a newer version (§5.1 step 3); unlocked ones
-                    // read the snapshot.
-                    logic::after_meta(&meta, self.start, locked, false)
-                };
-                match outcome {
-                    MetaOutcome::Image(i) => images.push((n, loc, shape, meta, i)),
-                    MetaOutcome::Absent => {
-                        self.sets
-                            .read_absent(table, key, (!for_update).then_some(()));
-                        fetches[n].done = Some(None);
-                    }
-                    MetaOutcome::Retry => {}
-                    MetaOutcome::Abort(why) => return Err(TxnError::Aborted(why)),
-                }
-            }
+            let images = self.after_metas(fetches, cached, &reads, res.as_ref())?;
             if !images.is_empty() {
-                // Full records (§4.4): one image READ per version.
-                let read = exec::read_versions(&self.co.ctx, &self.co.store, images).await?;
-                for (n, _, version, payload) in read {
-                    let (table, key, locked) =
-                        (fetches[n].table, fetches[n].key, fetches[n].locked);
-                    let access = fetches[n].access;
-                    match payload {
-                        Some(p) => {
-                            self.sets.read_version(
-                                table,
-                                key,
-                                access,
-                                (),
-                                version,
-                                p.writer,
-                                p.value.as_deref(),
-                            );
-                            fetches[n].done = Some(p.value);
-                        }
-                        None if locked => {
-                            return Err(TxnError::Aborted(AbortReason::TornImageUnderLock));
-                        }
-                        None => {}
-                    }
-                }
+                self.read_images(fetches, images).await?;
             }
             if fetches.iter().any(|f| f.done.is_none()) {
                 // Writes of a for-update record were noted once; a retry only happens for
                 // unlocked reads, which have no write entry.
                 rereads += 1;
                 self.co.stats.rereads += 1;
-                if rereads > self.co.cfg.max_rereads {
-                    return Err(TxnError::Aborted(
-                        AbortReason::VersionStayedUncommittedOrTorn,
-                    ));
-                }
+                plan::reread(rereads, self.co.cfg.max_rereads).map_err(TxnError::Aborted)?;
                 self.co.ctx.sleep(self.co.cfg.reread_pause).await;
             }
         }
-        Ok(plan.values(|n| fetches[n].done.clone().flatten()))
+    }
+
+    /// The meta READs of the `pending` fetches (those whose CVT is not cached), with the
+    /// idealised RDMA lock's FAAs.
+    fn meta_reads(
+        &mut self,
+        fetches: &[Fetch],
+        cached: &[Option<Meta>],
+        pending: &[usize],
+    ) -> Result<(PostList, Vec<MetaRead>), TxnError> {
+        let mut list = PostList::new();
+        let mut reads = Vec::new();
+        for &n in pending {
+            let f = &fetches[n];
+            let Some(loc) = f.loc else { continue };
+            let shape = self.shape(f.table)?;
+            if self.co.cfg.rdma_lock && f.locked {
+                self.count_lock_word(&mut list, record_lock_key(f.table, f.key), &loc)?;
+            }
+            let rd = if cached[n].is_some() {
+                None
+            } else {
+                Some(list.read(self.primary(&loc, 0)?, shape.meta_len() as u32))
+            };
+            reads.push((n, loc, shape, rd));
+        }
+        Ok((list, reads))
+    }
+
+    /// The idealised RDMA lock (Fig. 17): notes `key`'s lock word at `loc`, and FAAs it
+    /// (+1) when this CN's first holder of it came.
+    fn count_lock_word(
+        &mut self,
+        list: &mut PostList,
+        key: u64,
+        loc: &ItemLoc,
+    ) -> Result<(), TxnError> {
+        let word = self.primary(loc, 0)?;
+        if let Some(i) = self
+            .held
+            .iter()
+            .position(|h| h.key == key && h.word.is_none())
+        {
+            self.held[i].word = Some(word);
+            if self.count_up(key) {
+                list.faa(word, 1);
+                self.co.stats.rdma_faas += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Decides after the CVTs `reads` fetched (or the cached ones): the images to read, the
+    /// records absent; notes the write entries and keeps local CVTs cached (§4.4).
+    fn after_metas(
+        &mut self,
+        fetches: &mut [Fetch],
+        cached: &mut [Option<Meta>],
+        reads: &[MetaRead],
+        res: Option<&BatchResult>,
+    ) -> Result<Vec<VersionPick>, TxnError> {
+        let mut images = Vec::new();
+        for &(n, loc, shape, rd) in reads {
+            let f = &fetches[n];
+            let (table, key, locked, for_update) =
+                (f.table, f.key, f.locked, f.access == Access::ForUpdate);
+            let meta = match (rd, res) {
+                (Some(rd), Some(res)) => Meta::parse(res.bytes(rd), shape),
+                _ => cached[n].take(),
+            };
+            let Some(mut meta) = meta else {
+                return Err(TxnError::Aborted(AbortReason::UnreadableVersionTable));
+            };
+            // LOTUS keeps no lock in the block (only the idealised RDMA lock counts there).
+            meta.lock = 0;
+            if f.local && self.vt_cache_on() && rd.is_some() && meta.is_consistent() {
+                self.co.local.vt.put(
+                    record_lock_key(table, key),
+                    self.sharding().shard_of(table, key),
+                    loc,
+                    meta.clone(),
+                );
+            }
+            if for_update {
+                self.sets
+                    .writes
+                    .push(WriteEntry::new(table, key, loc, meta.clone(), ()));
+            }
+            match plan::after_meta(&meta, self.start, locked) {
+                MetaOutcome::Image(i) => images.push((n, loc, shape, meta, i)),
+                MetaOutcome::Absent => {
+                    self.sets
+                        .read_absent(table, key, (!for_update).then_some(()));
+                    fetches[n].done = Some(None);
+                }
+                MetaOutcome::Retry => {}
+                MetaOutcome::Abort(why) => return Err(TxnError::Aborted(why)),
+            }
+        }
+        Ok(images)
+    }
+
+    /// Full records (§4.4): one image READ per version picked; a torn image under a lock
+    /// aborts, an unlocked one is read again.
+    async fn read_images(
+        &mut self,
+        fetches: &mut [Fetch],
+        images: Vec<VersionPick>,
+    ) -> Result<(), TxnError> {
+        let read = exec::read_versions(&self.co.ctx, &self.co.store, images).await?;
+        for (n, _, version, payload) in read {
+            let (table, key, locked) = (fetches[n].table, fetches[n].key, fetches[n].locked);
+            let access = fetches[n].access;
+            match payload {
+                Some(p) => {
+                    self.sets.read_version(
+                        table,
+                        key,
+                        access,
+                        (),
+                        version,
+                        p.writer,
+                        p.value.as_deref(),
+                    );
+                    fetches[n].done = Some(p.value);
+                }
+                None if locked => {
+                    return Err(TxnError::Aborted(AbortReason::TornImageUnderLock));
+                }
+                None => {}
+            }
+        }
+        Ok(())
     }
 
     /// Inserts (§4.1): lock the index buckets of `inserts`' keys (whose locks are held),
@@ -1017,69 +934,77 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         // Slots claimed in this round, per bucket (two inserts into one bucket).
         let mut taken: Vec<(u64, usize)> = Vec::new();
         for (n, bucket, wr) in wrs {
-            let (used, _) = parse_bucket(res.bytes(wr));
-            let f = &mut fetches[n];
-            let (loc, fresh) = match used.iter().find(|(_, k)| *k == f.key.0) {
-                Some(&(slot, _)) => (
-                    self.co
-                        .store
-                        .item_in_bucket(bucket, slot, res.bytes(wr))
-                        .map_err(TxnError::from)?,
-                    false,
-                ),
-                None => {
-                    let free = (0..bucket.slot_count()).find(|s| {
-                        !used.iter().any(|(u, _)| u == s) && !taken.contains(&(bucket.offset, *s))
-                    });
-                    let Some(slot) = free else {
-                        return Err(TxnError::Aborted(AbortReason::IndexBucketFull));
-                    };
-                    taken.push((bucket.offset, slot));
-                    // The slot's fixed block, or for a pooled table the next block of this
-                    // coordinator's insert share (no verb: the share is its own). The
-                    // bucket's lock orders inserts into the slot, so no CAS is needed.
-                    let loc = self
-                        .co
-                        .inserts
-                        .next(&self.co.store, self.co.id, bucket, slot)
-                        .map_err(TxnError::from)?;
-                    self.co.inserts.claimed(&self.co.store, bucket);
-                    logic::claim_slot(
-                        &self.co.store,
-                        &mut slots,
-                        bucket,
-                        slot,
-                        loc.offset,
-                        f.key.0,
-                    )?;
-                    (loc, true)
-                }
-            };
-            self.co.cache.borrow_mut().put(f.table, f.key, loc);
-            f.loc = Some(loc);
-            if fresh {
-                // A slot never used before: its block holds no version (slots are never
-                // freed), so the key is absent and its meta need not be read. Whatever a
-                // crashed inserter left there is overwritten whole at commit (the meta's key
-                // is not ours).
-                let shape = self.shape(f.table)?;
-                let (table, key) = (f.table, f.key);
-                f.done = Some(None);
-                self.sets.writes.push(WriteEntry::new(
-                    table,
-                    key,
-                    loc,
-                    Meta::empty(shape.cells),
-                    (),
-                ));
-                self.sets.note(table, key, 0, 0);
-            }
+            self.claim_in(
+                &mut fetches[n],
+                bucket,
+                res.bytes(wr),
+                &mut taken,
+                &mut slots,
+            )?;
         }
         if !slots.is_empty() {
             // Unsignaled: the slot WRITEs land before this transaction's commit WRITEs to
             // the same replicas (in-order queue pairs); until then the key reads as absent,
             // which it is.
             self.co.ctx.post_detached(slots).await?;
+        }
+        Ok(())
+    }
+
+    /// Locates `f` in `bucket` (read as `bytes`), or claims a free slot of it for `f`'s key
+    /// (its slot WRITEs into `slots`, the slot noted in `taken`).
+    fn claim_in(
+        &mut self,
+        f: &mut Fetch,
+        bucket: BucketLoc,
+        bytes: &[u8],
+        taken: &mut Vec<(u64, usize)>,
+        slots: &mut PostList,
+    ) -> Result<(), TxnError> {
+        let (used, _) = parse_bucket(bytes);
+        let (loc, fresh) =
+            match plan::choose_slot(&used, f.key.0, bucket.offset, bucket.slot_count(), taken) {
+                SlotChoice::Present(slot) => (
+                    self.co
+                        .store
+                        .item_in_bucket(bucket, slot, bytes)
+                        .map_err(TxnError::from)?,
+                    false,
+                ),
+                SlotChoice::Full => return Err(TxnError::Aborted(AbortReason::IndexBucketFull)),
+                SlotChoice::Free(slot) => {
+                    taken.push((bucket.offset, slot));
+                    // The slot's fixed block, or for a pooled table the next block of this
+                    // coordinator's insert share (no verb: the share is its own). The bucket's
+                    // lock orders inserts into the slot, so no CAS is needed.
+                    let loc = self
+                        .co
+                        .inserts
+                        .next(&self.co.store, self.co.id, bucket, slot)
+                        .map_err(TxnError::from)?;
+                    self.co.inserts.claimed(&self.co.store, bucket);
+                    logic::claim_slot(&self.co.store, slots, bucket, slot, loc.offset, f.key.0)?;
+                    (loc, true)
+                }
+            };
+        self.co.cache.borrow_mut().put(f.table, f.key, loc);
+        f.loc = Some(loc);
+        if fresh {
+            // A slot never used before: its block holds no version (slots are never freed),
+            // so the key is absent and its meta need not be read. Whatever a crashed
+            // inserter left there is overwritten whole at commit (the meta's key is not
+            // ours).
+            let shape = self.shape(f.table)?;
+            let (table, key) = (f.table, f.key);
+            f.done = Some(None);
+            self.sets.writes.push(WriteEntry::new(
+                table,
+                key,
+                loc,
+                Meta::empty(shape.cells),
+                (),
+            ));
+            self.sets.note(table, key, 0, 0);
         }
         Ok(())
     }
@@ -1123,83 +1048,37 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         }
         // §6: a transaction holding a failed CN's lock aborts unless already committing;
         // from here on it is committing, and recovery waits for it before the failed CN's
-        // shards are served again.
-        let owners: Vec<u16> = {
-            let mut o: Vec<u16> = self.held.iter().map(|h| h.owner).collect();
-            o.sort_unstable();
-            o.dedup();
-            o
-        };
-        if owners.iter().any(|&o| self.co.cluster.is_failed(o)) {
-            return Err(TxnError::Aborted(AbortReason::LockOwnerFailedBeforeCommit));
-        }
-        // §4.3: a hand-over that aborted a shard's holders took their locks away.
-        if !self.locks_valid() {
-            return Err(TxnError::Aborted(AbortReason::LockShardWasHandedOver));
-        }
+        // shards are served again. §4.3: a hand-over that aborted a shard's holders took
+        // their locks away.
+        let owners = plan::lock_owners(&self.held);
+        let cluster = &self.co.cluster;
+        plan::may_commit(
+            &owners,
+            |o| cluster.is_failed(o),
+            || plan::locks_valid(&self.held, &cluster.map.borrow()),
+        )
+        .map_err(TxnError::Aborted)?;
         let txn = self.holder().txn;
         let _committing = Committing::enter(Rc::clone(&self.co.cluster), owners, txn);
-        // (1) Write data & log: images and INVISIBLE cells to every replica, the log.
+        // (1) Write data & log: images and INVISIBLE cells to every replica, the log (first
+        // on every MN's queue pair, so an INVISIBLE cell never lands without it).
         let horizon = self.co.ts.horizon(self.co.cfg.gc_threshold);
         let writer = pack_writer(self.id);
-        let mut data: Vec<(RemoteAddr, Vec<u8>)> = Vec::new();
-        let mut installed = Vec::new();
-        let mut logged = Vec::new();
-        let mut plans = Vec::new();
-        for w in &self.sets.writes {
-            if w.op.is_none() {
-                continue;
-            }
-            let shape = self.shape(w.table)?;
-            // Full records (§4.4): the image, then the cell with version INVISIBLE.
-            let Some(new) = w.new_version(shape, INVISIBLE, horizon, writer) else {
-                continue;
-            };
-            exec::install_writes(self.store(), w.loc, shape, &new, |addr, bytes| {
-                data.push((addr, bytes.to_vec()));
-            });
-            let (plan, kind) = (new.plan, new.kind);
-            logged.push(LogEntry {
-                table: w.table,
-                partition: w.loc.bucket.partition,
-                cell: plan.cell as u16,
-                offset: w.loc.offset,
-            });
-            installed.push((w.table, w.key, w.loc, shape, plan.cell, kind));
-            plans.push(plan);
-        }
-        // The log goes first on every MN's queue pair, so an INVISIBLE cell never lands
-        // without it (see `crate::recovery`).
-        let log = encode_log(writer, &logged);
-        let mut list = PostList::new();
-        let at = self
-            .store()
-            .log_offset(self.co.id)
-            .map_err(|_| TxnError::Aborted(AbortReason::NoLogRegion))?;
-        if log.len() > self.store().log_region_bytes() {
-            return Err(TxnError::Aborted(AbortReason::CommitLogLargerThanLogRegion));
-        }
-        for mn in 0..self.store().config().mns {
-            if self.store().live_replicas(mn).contains(&mn) {
-                list.write(self.store().addr(mn, at), &log);
-            }
-        }
-        for (addr, bytes) in data {
-            list.write_owned(addr, bytes);
-        }
+        let w = plan::plan_writes(
+            self.store(),
+            &self.co.shapes,
+            &self.sets.writes,
+            horizon,
+            writer,
+        )?;
+        let log = encode_log(writer, &w.logged);
+        let list = plan::log_and_data(self.store(), self.co.id, &log, w.data)
+            .map_err(TxnError::Aborted)?;
         self.co.ctx.mark_phase(Phase::WriteInvisible);
         self.co.ctx.post(list).await?;
         // (2) Commit timestamp (with the service's commit-wait).
         let c = self.co.ts.commit_ts().await;
-        let events: Vec<WriteEvent> = installed
-            .iter()
-            .map(|&(table, key, _, _, _, kind)| WriteEvent {
-                table,
-                key,
-                version: Version(c),
-                kind,
-            })
-            .collect();
+        let events = plan::write_events(&w.installed, c);
         let id = self.id;
         let end = self.co.ctx.now();
         let record = self
@@ -1207,47 +1086,25 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             .take_record(id, self.begin, end, TxnOutcome::Unknown, events);
         self.co.history.record(record);
         // (3) Write visible: the commit version into every new cell.
-        let mut list = PostList::new();
-        for &(_, _, loc, shape, cell, _) in &installed {
-            let o = shape.cell_offset(cell) + CvtCell::VERSION_OFFSET;
-            for mn in self.store().live_replicas(loc.bucket.partition) {
-                list.write(
-                    self.store().addr(mn, loc.offset + o as u64),
-                    &c.to_le_bytes(),
-                );
-            }
-        }
+        let list = plan::make_visible(self.store(), &w.installed, c);
         self.co.ctx.mark_phase(Phase::WriteVisible);
         self.co.ctx.post(list).await?;
         self.co
             .history
             .resolve(id, TxnOutcome::Committed, self.co.ctx.now());
         self.co.stats.committed += 1;
-        if self.co.cfg.vt_cache && !self.co.cfg.rdma_lock {
+        if self.vt_cache_on() {
             // §4.4: a local writer keeps the cached CVTs of its locally locked records.
-            let vt = &self.co.local.vt;
-            for (&(table, key, loc, _, cell, _), plan) in installed.iter().zip(plans) {
-                let lock = record_lock_key(table, key);
-                if !self
-                    .held
-                    .iter()
-                    .any(|h| h.key == lock && h.owner == self.co.cn)
-                {
-                    continue;
-                }
-                let mut cells = plan.cells;
-                cells[cell] = cells[cell].with_commit_version(c);
-                vt.put(
-                    lock,
-                    self.co.cluster.sharding.shard_of(table, key),
-                    loc,
-                    Meta {
-                        lock: 0,
-                        floor: plan.floor,
-                        key: key.0,
-                        cells,
-                    },
-                );
+            let keep = plan::cvts_to_cache(
+                &w.installed,
+                w.plans,
+                &self.held,
+                self.co.cn,
+                self.sharding(),
+                c,
+            );
+            for (lock, shard, loc, meta) in keep {
+                self.co.local.vt.put(lock, shard, loc, meta);
             }
         }
         // (4) Unlock.
