@@ -16,11 +16,26 @@
 
 use core::fmt;
 
+use bitflags::bitflags;
 use static_assertions::{assert_eq_align, assert_eq_size};
 use zerocopy::little_endian::U32;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use crate::LayoutError;
+
+bitflags! {
+    /// The three flag bits of a [`KvMeta`] word, in place (bits 29–31); the other 29 bits
+    /// are the version.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct KvFlags: u32 {
+        /// The protocol lock of the commit phase.
+        const LOCKED = 1 << 29;
+        /// `GetOne` may return the value (raised once the writer committed).
+        const READABLE = 1 << 30;
+        /// The key has been deleted.
+        const DELETED = 1 << 31;
+    }
+}
 
 /// Dandelion's per-key metadata word (Table 3), stored little-endian.
 ///
@@ -56,12 +71,8 @@ impl KvMeta {
     pub const VERSION_BITS: u32 = 29;
     /// Largest version.
     pub const MAX_VERSION: u32 = (1 << Self::VERSION_BITS) - 1;
-    const LOCK: u32 = 1 << 29;
-    const READABLE: u32 = 1 << 30;
-    const DELETED: u32 = 1 << 31;
-
     /// The metadata of a freshly inserted key: version 0, unlocked, readable, not deleted.
-    pub const INSERTED: Self = Self(U32::new(Self::READABLE));
+    pub const INSERTED: Self = Self(U32::new(KvFlags::READABLE.bits()));
 
     /// Reinterprets a raw word (every 32-bit pattern is valid).
     pub const fn from_raw(raw: u32) -> Self {
@@ -78,19 +89,24 @@ impl KvMeta {
         self.to_raw() & Self::MAX_VERSION
     }
 
+    /// The flag bits.
+    pub const fn flags(self) -> KvFlags {
+        KvFlags::from_bits_truncate(self.to_raw())
+    }
+
     /// Whether the protocol lock is held.
     pub const fn is_locked(self) -> bool {
-        self.to_raw() & Self::LOCK != 0
+        self.flags().contains(KvFlags::LOCKED)
     }
 
     /// Whether `GetOne` may return the value.
     pub const fn is_readable(self) -> bool {
-        self.to_raw() & Self::READABLE != 0
+        self.flags().contains(KvFlags::READABLE)
     }
 
     /// Whether the key is deleted.
     pub const fn is_deleted(self) -> bool {
-        self.to_raw() & Self::DELETED != 0
+        self.flags().contains(KvFlags::DELETED)
     }
 
     /// Whether a `GetOne` (single-key transaction) may return the value (§4.2.1): not
@@ -115,17 +131,17 @@ impl KvMeta {
 
     /// The same word with the lock bit set or cleared.
     pub const fn with_locked(self, locked: bool) -> Self {
-        self.with_bit(Self::LOCK, locked)
+        self.with_flag(KvFlags::LOCKED, locked)
     }
 
     /// The same word with the readable bit set or cleared.
     pub const fn with_readable(self, readable: bool) -> Self {
-        self.with_bit(Self::READABLE, readable)
+        self.with_flag(KvFlags::READABLE, readable)
     }
 
     /// The same word with the deleted bit set or cleared.
     pub const fn with_deleted(self, deleted: bool) -> Self {
-        self.with_bit(Self::DELETED, deleted)
+        self.with_flag(KvFlags::DELETED, deleted)
     }
 
     /// The same word with version + 1, wrapping from 2^29 − 1 to 0 (see the type docs).
@@ -158,11 +174,11 @@ impl KvMeta {
         }
     }
 
-    const fn with_bit(self, bit: u32, on: bool) -> Self {
+    const fn with_flag(self, flag: KvFlags, on: bool) -> Self {
         Self(U32::new(if on {
-            self.to_raw() | bit
+            self.to_raw() | flag.bits()
         } else {
-            self.to_raw() & !bit
+            self.to_raw() & !flag.bits()
         }))
     }
 }
@@ -263,6 +279,16 @@ mod tests {
             && back.is_locked() == locked
             && back.is_readable() == readable
             && back.is_deleted() == deleted
+    }
+
+    #[quickcheck]
+    fn qc_flags_are_the_top_three_bits(raw: u32) -> bool {
+        let m = KvMeta::from_raw(raw);
+        let f = m.flags();
+        f.bits() == raw & !KvMeta::MAX_VERSION
+            && f.contains(KvFlags::LOCKED) == m.is_locked()
+            && f.contains(KvFlags::READABLE) == m.is_readable()
+            && f.contains(KvFlags::DELETED) == m.is_deleted()
     }
 
     #[quickcheck]

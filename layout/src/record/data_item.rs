@@ -144,15 +144,24 @@ pub struct ItemFlags(U16);
 assert_eq_size!(ItemFlags, [u8; 2]);
 assert_eq_align!(ItemFlags, u8);
 
+bitflags::bitflags! {
+    /// The meaning of an [`ItemFlags`] word's bits; any other bit is undefined.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct ItemFlagBits: u16 {
+        /// A live object.
+        const VALID = 1 << 0;
+        /// Inserted by a transaction (not by the loader).
+        const USER_INSERT = 1 << 1;
+    }
+}
+
 impl ItemFlags {
-    const VALID: u16 = 1 << 0;
-    const USER_INSERT: u16 = 1 << 1;
     /// The bits that have a meaning.
-    pub const DEFINED: u16 = Self::VALID | Self::USER_INSERT;
+    pub const DEFINED: u16 = ItemFlagBits::all().bits();
     /// No flag set: an empty (never used or deleted) slot.
     pub const EMPTY: Self = Self(U16::ZERO);
     /// A live object written by the loader.
-    pub const LOADED: Self = Self(U16::new(Self::VALID));
+    pub const LOADED: Self = Self(U16::new(ItemFlagBits::VALID.bits()));
 
     /// Parses a raw word, refusing undefined bits.
     pub const fn from_raw(raw: u16) -> Result<Self, LayoutError> {
@@ -167,33 +176,37 @@ impl ItemFlags {
         self.0.get()
     }
 
+    /// The defined flags (undefined bits, which parsing refuses, left out).
+    pub const fn bits(self) -> ItemFlagBits {
+        ItemFlagBits::from_bits_truncate(self.to_raw())
+    }
+
     /// Whether the object is live.
     pub const fn is_valid(self) -> bool {
-        self.to_raw() & Self::VALID != 0
+        self.bits().contains(ItemFlagBits::VALID)
     }
 
     /// Whether the object was inserted by a transaction.
     pub const fn is_user_insert(self) -> bool {
-        self.to_raw() & Self::USER_INSERT != 0
+        self.bits().contains(ItemFlagBits::USER_INSERT)
     }
 
     /// The same flags with `valid` set or cleared.
     pub const fn with_valid(self, valid: bool) -> Self {
-        Self(U16::new(if valid {
-            self.to_raw() | Self::VALID
-        } else {
-            self.to_raw() & !Self::VALID
-        }))
+        self.with_flag(ItemFlagBits::VALID, valid)
     }
 
     /// The same flags with `user_insert` set or cleared.
     pub const fn with_user_insert(self, user_insert: bool) -> Self {
-        let raw = if user_insert {
-            self.to_raw() | Self::USER_INSERT
+        self.with_flag(ItemFlagBits::USER_INSERT, user_insert)
+    }
+
+    const fn with_flag(self, flag: ItemFlagBits, on: bool) -> Self {
+        Self(U16::new(if on {
+            self.to_raw() | flag.bits()
         } else {
-            self.to_raw() & !Self::USER_INSERT
-        };
-        Self(U16::new(raw))
+            self.to_raw() & !flag.bits()
+        }))
     }
 
     pub(super) const fn has_undefined_bits(self) -> bool {
