@@ -13,10 +13,11 @@ use dmem_txn::{
     AbortReason, Access, CoordinatorId, Key, ReadEvent, ReadReq, TableId, TxnError, TxnId, Version,
     WriteEvent, WriteKind,
 };
-use dmem_verbs::{PostList, RemoteAddr, WrId};
+use dmem_verbs::{Phase, PostList, RemoteAddr, WrId};
 
 use crate::config::{FordBug, Protocol, ProtocolConfig};
 use crate::logic::{self, LoggedTxn, LoggedWrite};
+use crate::round::{Fetch, Located};
 use crate::store::{BucketLoc, ItemLoc, Store, encode_item_by, parse_bucket};
 use crate::wire;
 
@@ -28,6 +29,196 @@ pub(crate) struct Env<'a> {
     pub(crate) coordinator: u16,
     pub(crate) epoch: u64,
     pub(crate) seq: u64,
+}
+
+// -- FORD's bug switches (Pandora Table 1, §5.1) as decisions: the shell asks these (and
+// `logic::validate_item` for covert locks), never a switch itself. --
+
+/// Whether an undo log holds inserts: Pandora §5.1 "Missing actions" (C2) fix. Off under
+/// the missing-insert-log bug, so recovery cannot undo a half-applied insert.
+pub(crate) fn logs_insert(cfg: &ProtocolConfig) -> bool {
+    !cfg.bug(FordBug::MissingInsertLog)
+}
+
+/// Whether the undo records of the locks a batch just CASed go out before the coordinator
+/// has looked at what the CASes returned: the log-without-lock corner case of Pandora
+/// §5.1 (C2), a log for a lock that may never be held. The fixed protocol logs only in
+/// its logging phase, after validation (lock-to-log order).
+pub(crate) fn logs_before_lock_results(cfg: &ProtocolConfig) -> bool {
+    cfg.bug(FordBug::LogWithoutLock)
+}
+
+/// Whether an abort clears its log's state byte (Pandora §3.1.5 (3)). FORD under the
+/// lost-decision bug leaves the logs of aborted transactions for recovery to misread.
+pub(crate) fn abort_truncates(cfg: &ProtocolConfig) -> bool {
+    !cfg.bug(FordBug::LostDecision)
+}
+
+/// Whether an abort releases a write-set entry's lock in state `lock`: only one acquired
+/// (Pandora §5.1 C1 fix), or under the complicit-abort bug every one of the write set,
+/// including a lock another transaction holds.
+pub(crate) fn abort_releases(cfg: &ProtocolConfig, lock: LockState) -> bool {
+    match lock {
+        LockState::Held => true,
+        LockState::Failed | LockState::Deferred => cfg.bug(FordBug::ComplicitAbort),
+    }
+}
+
+/// Where a commit puts its validation READs and undo-log WRITEs around the commit-time
+/// lock batch of its blind writes (Pandora §2.3 steps 2 and 3, §3.1.4), FORD's bugs
+/// applied (§5.1): the fixed protocol locks, then validates, then logs, each strictly
+/// after the last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CommitSchedule {
+    /// The validation READs go in the lock batch, ahead of its CASes (relaxed locks:
+    /// validation overlaps locking).
+    pub(crate) validate_with_locks: bool,
+    /// The validation READs go in a batch of their own once every lock is held (fixed).
+    pub(crate) validate_after_locks: bool,
+    /// The blind writes' undo records, with the images read in execution, go in the lock
+    /// batch beside their CASes (log-without-lock).
+    pub(crate) early_log_with_locks: bool,
+    /// The undo logs go in the lock batch (relaxed locks and lost decision together).
+    pub(crate) log_with_locks: bool,
+    /// The undo logs go with the validation READs (lost decision: FORD's background
+    /// logging, Pandora Fig. 2).
+    pub(crate) log_with_validation: bool,
+    /// A logging phase once validation succeeded (§3.1.4; none under lost decision).
+    pub(crate) logging_phase: bool,
+}
+
+impl CommitSchedule {
+    /// The schedule under `cfg` of a commit that is a `single_read` (FORD's `TxCommit`: a
+    /// read-only transaction of one record is not validated) and has `deferred` locks.
+    pub(crate) fn new(cfg: &ProtocolConfig, single_read: bool, deferred: bool) -> Self {
+        let relaxed = cfg.bug(FordBug::RelaxedLocks);
+        let lost = cfg.bug(FordBug::LostDecision);
+        let validate_after_locks = !relaxed && !single_read;
+        Self {
+            validate_with_locks: relaxed && !single_read,
+            validate_after_locks,
+            early_log_with_locks: cfg.bug(FordBug::LogWithoutLock) && deferred,
+            log_with_locks: relaxed && lost,
+            log_with_validation: validate_after_locks && lost,
+            logging_phase: !lost,
+        }
+    }
+
+    /// The lock batch's phase: a batch that carries log WRITEs says so, since crash
+    /// injection aims at the log writes of attempts that may still abort (§5.1, C2).
+    pub(crate) fn lock_phase(&self) -> Phase {
+        if self.early_log_with_locks || self.log_with_locks {
+            Phase::CommitLockAndLog
+        } else {
+            Phase::CommitLock
+        }
+    }
+
+    /// The validation batch's phase.
+    pub(crate) fn validation_phase(&self) -> Phase {
+        if self.log_with_validation {
+            Phase::ValidateAndLog
+        } else {
+            Phase::Validate
+        }
+    }
+}
+
+/// What the lock batch of an insert does with the index slot it claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotAccess {
+    /// Nothing (the record is known).
+    None,
+    /// READ it (a slot-fixed table: the lock on the slot's own record arbitrates).
+    Read,
+    /// CAS its address word from empty to this packed address (a pooled table).
+    Claim(u64),
+}
+
+/// What the lock batch saw of the slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SlotSeen {
+    /// The slot's 16 bytes ([`SlotAccess::Read`]).
+    Bytes(Vec<u8>),
+    /// The address word the CAS found ([`SlotAccess::Claim`]; 0: the CAS won).
+    Address(u64),
+}
+
+/// Judges the index slot an insert of `key` locked its record with, the record as read
+/// under the lock being `valid` or not: `Ok(true)` when the slot is still free and must be
+/// WRITTEN to every replica, `Ok(false)` when it already names the record (a won slot CAS
+/// is named on every replica by the lock step itself).
+///
+/// # Errors
+/// Another insert holds the slot (a retry finds what it holds), the key is present, or
+/// the lock batch did not look at the slot.
+pub(crate) fn slot_verdict(
+    seen: Option<&SlotSeen>,
+    key: Key,
+    valid: bool,
+) -> Result<bool, TxnError> {
+    let taken = TxnError::Aborted(AbortReason::IndexSlotTakenByConcurrentInsert);
+    match seen {
+        Some(SlotSeen::Address(old)) => {
+            // 0: won, and the record is fresh, so the key is absent.
+            if *old != 0 {
+                return Err(taken);
+            }
+            if valid {
+                return Err(TxnError::KeyState(key.0));
+            }
+            Ok(false)
+        }
+        Some(SlotSeen::Bytes(slot_bytes)) => {
+            let slot_key = slot_bytes
+                .get(0..8)
+                .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+            let slot_used = slot_bytes
+                .get(8..16)
+                .is_some_and(|b| b.iter().any(|&x| x != 0));
+            if slot_used && slot_key != key.0 {
+                return Err(taken);
+            }
+            if valid {
+                return Err(TxnError::KeyState(key.0));
+            }
+            // Claimed on every replica next; the item stays invalid (absent) until commit,
+            // so readers that find the slot see the key as absent.
+            Ok(!slot_used)
+        }
+        None => Err(TxnError::Aborted(AbortReason::IndexSlotNotSeen)),
+    }
+}
+
+/// What a stealing CAS (PILL, Pandora §3.1.2) that expected `observed` and found `got`
+/// means in execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterSteal {
+    /// The lock is ours.
+    Stolen,
+    /// Released meanwhile: an ordinary acquire must win it; abort.
+    ChangedHands,
+    /// Another word: decide again on it.
+    Again(u64),
+}
+
+pub(crate) fn after_steal(observed: u64, got: u64) -> AfterSteal {
+    if got == observed {
+        AfterSteal::Stolen
+    } else if got == 0 {
+        AfterSteal::ChangedHands
+    } else {
+        AfterSteal::Again(got)
+    }
+}
+
+/// What an execution READ of a read-only item showed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ReadSeen {
+    /// Usable: its value (`None`: absent), and whether a stray lock was ignored (PILL).
+    Value { value: Option<Vec<u8>>, stray: bool },
+    /// Locked by a live coordinator: abort (FORD's execution, Pandora §2.3 step 1).
+    Locked,
 }
 
 pub(crate) struct ItemRead {
@@ -65,6 +256,44 @@ pub(crate) fn primary_addr(store: &Store, loc: &ItemLoc) -> Result<RemoteAddr, T
         .primary(loc.bucket.partition)
         .map_err(TxnError::from)?;
     Ok(store.addr(p, loc.offset))
+}
+
+/// One log image of `undo_bytes` holding the undo records of `entries` (old version and
+/// value; an entry without an old image logs version 0 and no value).
+fn undo_image(
+    env: &Env<'_>,
+    undo_bytes: usize,
+    entries: &[&WriteEntry],
+) -> Result<Vec<u8>, TxnError> {
+    let mut buf = vec![0u8; undo_bytes];
+    let mut writer = LogWriter::new(&mut buf, env.coordinator, env.epoch, env.seq)
+        .map_err(|_| TxnError::Aborted(AbortReason::LogRegionTooSmall))?;
+    for w in entries {
+        let old = w
+            .old
+            .as_ref()
+            .map_or((DataVersion::from_raw(0), &[][..]), |o| {
+                (o.version, &o.value[..])
+            });
+        let op = match w.intent {
+            Intent::Write(WriteKind::Insert) => LogOp::Insert,
+            Intent::Write(WriteKind::Delete) => LogOp::Delete,
+            _ => LogOp::Update,
+        };
+        let entry = DataLogEntry {
+            op,
+            table_id: w.table.0,
+            key: w.key.0,
+            addr: logic::pack_location(w.loc.bucket.partition, w.loc.offset),
+            version: old.0.to_raw(),
+        };
+        writer
+            .append_undo(&entry, old.1)
+            .map_err(|_| TxnError::Aborted(AbortReason::LogRegionFull))?;
+    }
+    let len = writer.finish().len();
+    buf.truncate(len);
+    Ok(buf)
 }
 
 #[derive(Debug, Clone)]
@@ -211,6 +440,201 @@ impl TxnState {
         });
         self.writes.len() - 1
     }
+    /// Records the lock CAS of `(table, key)` at `loc` that returned `old`, its item READ
+    /// in the same doorbell having returned `bytes`: the entry with its old image, held if
+    /// the CAS found the lock free. Recorded before anything is judged, so that an abort
+    /// releases every lock the batch took. Returns the entry's index.
+    pub(crate) fn record_lock_attempt(
+        &mut self,
+        table: TableId,
+        key: Key,
+        loc: ItemLoc,
+        old: u64,
+        bytes: &[u8],
+    ) -> Result<usize, TxnError> {
+        let item = parse_item(bytes, table, key)?;
+        let idx = self.push_lock_entry(table, key, loc, &item);
+        if old == 0 {
+            self.writes[idx].lock = LockState::Held;
+        }
+        Ok(idx)
+    }
+
+    /// Entry `idx` is locked, `item` as read under its lock.
+    pub(crate) fn hold(&mut self, idx: usize, item: &ItemRead) {
+        let w = &mut self.writes[idx];
+        w.lock = LockState::Held;
+        w.old = Some(OldImage {
+            version: item.version,
+            valid: item.valid,
+            value: item.value.clone(),
+        });
+    }
+
+    /// A blind write (Pandora §2.3: FORD locks it at commit).
+    pub(crate) fn push_deferred(&mut self, table: TableId, key: Key, loc: ItemLoc, value: &[u8]) {
+        self.writes.push(WriteEntry {
+            table,
+            key,
+            loc,
+            lock: LockState::Deferred,
+            intent: Intent::Write(WriteKind::Update),
+            old: None,
+            new_value: value.to_vec(),
+        });
+    }
+
+    /// Stages an insert (with `value`) or a delete on the entry of `(table, key)` just
+    /// locked, the item read under the lock being `valid` or not.
+    ///
+    /// # Errors
+    /// [`TxnError::KeyState`] for a delete of an absent record or an insert of a present
+    /// one.
+    pub(crate) fn stage_locked(
+        &mut self,
+        table: TableId,
+        key: Key,
+        kind: WriteKind,
+        value: &[u8],
+        valid: bool,
+    ) -> Result<(), TxnError> {
+        let present = kind != WriteKind::Insert;
+        if valid != present {
+            return Err(TxnError::KeyState(key.0));
+        }
+        let i = self.write_entry(table, key).unwrap_or(0);
+        self.writes[i].intent = Intent::Write(kind);
+        if kind == WriteKind::Insert {
+            self.writes[i].new_value = value.to_vec();
+        }
+        Ok(())
+    }
+
+    /// Takes the round's fetches found absent from the index: each is remembered for an
+    /// insert that follows and validated at commit by a READ of its bucket (read or for
+    /// update: the insert that may follow locks a slot of its own). Returns the round's
+    /// values so far, one per fetch (`None` until fetched).
+    pub(crate) fn absorb_absent(&mut self, fetches: &[Fetch]) -> Vec<Option<Vec<u8>>> {
+        for f in fetches {
+            let Some(Located::Absent { bucket, free }) = f.located else {
+                continue;
+            };
+            self.note_absent(f.table, f.key, bucket, free);
+            if !self
+                .reads
+                .iter()
+                .any(|e| e.table == f.table && e.key == f.key)
+            {
+                self.reads.push(ReadEntry {
+                    table: f.table,
+                    key: f.key,
+                    target: ReadTarget::Absent { bucket },
+                    value: None,
+                });
+                self.note_read(f.table, f.key, 0, None);
+            }
+        }
+        vec![None; fetches.len()]
+    }
+
+    /// Takes an execution READ of read-only `(table, key)` at `loc` (Pandora §2.3 step 1,
+    /// §3.1.2): a lock of a live coordinator aborts; otherwise (a stray lock ignored under
+    /// PILL) the read joins the read set for validation.
+    ///
+    /// # Errors
+    /// A malformed item, or one of another record.
+    pub(crate) fn absorb_read(
+        &mut self,
+        (table, key, loc): (TableId, Key, ItemLoc),
+        bytes: &[u8],
+        failed: &FailedCoordinatorSet,
+        cfg: &ProtocolConfig,
+    ) -> Result<ReadSeen, TxnError> {
+        let item = parse_item(bytes, table, key)?;
+        if !logic::read_may_proceed(item.lock, failed, cfg) {
+            return Ok(ReadSeen::Locked);
+        }
+        let value = item.valid.then_some(item.value);
+        self.reads.push(ReadEntry {
+            table,
+            key,
+            target: ReadTarget::Item {
+                loc,
+                version: item.version.to_raw(),
+            },
+            value: value.clone(),
+        });
+        self.note_read(table, key, item.version.counter(), item.writer);
+        Ok(ReadSeen::Value {
+            value,
+            stray: item.lock != 0,
+        })
+    }
+
+    /// The write-set entries whose lock is deferred to commit (blind writes).
+    pub(crate) fn deferred(&self) -> Vec<usize> {
+        (0..self.writes.len())
+            .filter(|&i| self.writes[i].lock == LockState::Deferred)
+            .collect()
+    }
+
+    /// FORD's `TxCommit`: a read-only transaction of one record commits without
+    /// validation (its single READ is atomic: it aborted if the item was locked).
+    pub(crate) fn single_read(&self) -> bool {
+        self.writes.is_empty() && self.reads.len() == 1
+    }
+
+    /// Whether any entry is written (not only locked).
+    pub(crate) fn has_writes(&self) -> bool {
+        self.writes
+            .iter()
+            .any(|w| matches!(w.intent, Intent::Write(_)))
+    }
+
+    /// Under log-without-lock: the old images of the blind writes `deferred`, as their
+    /// records were read in execution, for the undo records that go out beside their
+    /// commit-time lock CASes (Pandora §5.1 "Logging without locking"). An entry never
+    /// read keeps no image.
+    pub(crate) fn old_images_from_reads(&mut self, deferred: &[usize]) {
+        for &i in deferred {
+            let (table, key) = (self.writes[i].table, self.writes[i].key);
+            let seen = self.reads.iter().find_map(|r| match &r.target {
+                ReadTarget::Item { version, .. } if r.table == table && r.key == key => {
+                    Some(OldImage {
+                        version: DataVersion::from_raw(*version),
+                        valid: r.value.is_some(),
+                        value: r.value.clone().unwrap_or_default(),
+                    })
+                }
+                _ => None,
+            });
+            if seen.is_some() {
+                self.writes[i].old = seen;
+            }
+        }
+    }
+
+    /// Takes the blind write `i` as locked at commit, `item` as read under its lock: its
+    /// old image and the read the history records.
+    ///
+    /// # Errors
+    /// [`TxnError::KeyState`] for an update of a record that is absent.
+    pub(crate) fn settle_deferred(&mut self, i: usize, item: ItemRead) -> Result<(), TxnError> {
+        let w = &mut self.writes[i];
+        w.lock = LockState::Held;
+        if !item.valid && w.intent == Intent::Write(WriteKind::Update) {
+            return Err(TxnError::KeyState(w.key.0));
+        }
+        let (table, key) = (w.table, w.key);
+        w.old = Some(OldImage {
+            version: item.version,
+            valid: item.valid,
+            value: item.value,
+        });
+        self.note_read(table, key, item.version.counter(), item.writer);
+        Ok(())
+    }
+
     /// What the transaction's own sets answer for `r` without a verb (`None`: fetch it).
     pub(crate) fn local_answer(&self, r: &ReadReq) -> Option<Option<Vec<u8>>> {
         if let Some(i) = self.write_entry(r.table, r.key) {
@@ -267,24 +691,30 @@ impl TxnState {
             writes,
         }
     }
-    /// Builds the log images: `(mn, bytes)` per log copy. `early` logs every entry with an
-    /// old image (the log-without-lock corner case); otherwise only written entries.
+    /// Which entries a log image holds (the missing-insert-log switch decides for inserts,
+    /// [`logs_insert`]): `early` logs every entry with an old image (the log-without-lock
+    /// corner case); otherwise only written entries.
+    pub(crate) fn logged_entries(&self, cfg: &ProtocolConfig, early: bool) -> Vec<&WriteEntry> {
+        self.writes
+            .iter()
+            .filter(|w| w.old.is_some())
+            .filter(|w| match w.intent {
+                Intent::Write(WriteKind::Insert) => logs_insert(cfg),
+                Intent::Write(_) => true,
+                Intent::LockOnly => early,
+            })
+            .collect()
+    }
+
+    /// Builds the log images: `(mn, bytes)` per log copy, of [`Self::logged_entries`].
+    /// Pandora writes one log of the whole write set to its f + 1 log MNs (§3.1.4); FORD
+    /// writes each MN the undo records of the objects it replicates.
     pub(crate) fn log_images(
         &self,
         env: &Env<'_>,
         early: bool,
     ) -> Result<Vec<(u16, Vec<u8>)>, TxnError> {
-        let skip_inserts = env.cfg.bug(FordBug::MissingInsertLog);
-        let logged: Vec<&WriteEntry> = self
-            .writes
-            .iter()
-            .filter(|w| w.old.is_some())
-            .filter(|w| match w.intent {
-                Intent::Write(WriteKind::Insert) => !skip_inserts,
-                Intent::Write(_) => true,
-                Intent::LockOnly => early,
-            })
-            .collect();
+        let logged = self.logged_entries(env.cfg, early);
         let store = env.store;
         // With lock logging the lock log owns the region's tail.
         let undo_bytes = if env.cfg.lock_logging {
@@ -293,40 +723,9 @@ impl TxnState {
         } else {
             store.log_region_bytes()
         };
-        let build = |entries: &[&WriteEntry]| -> Result<Vec<u8>, TxnError> {
-            let mut buf = vec![0u8; undo_bytes];
-            let mut writer = LogWriter::new(&mut buf, env.coordinator, env.epoch, env.seq)
-                .map_err(|_| TxnError::Aborted(AbortReason::LogRegionTooSmall))?;
-            for w in entries {
-                let old = w
-                    .old
-                    .as_ref()
-                    .map_or((DataVersion::from_raw(0), &[][..]), |o| {
-                        (o.version, &o.value[..])
-                    });
-                let op = match w.intent {
-                    Intent::Write(WriteKind::Insert) => LogOp::Insert,
-                    Intent::Write(WriteKind::Delete) => LogOp::Delete,
-                    _ => LogOp::Update,
-                };
-                let entry = DataLogEntry {
-                    op,
-                    table_id: w.table.0,
-                    key: w.key.0,
-                    addr: logic::pack_location(w.loc.bucket.partition, w.loc.offset),
-                    version: old.0.to_raw(),
-                };
-                writer
-                    .append_undo(&entry, old.1)
-                    .map_err(|_| TxnError::Aborted(AbortReason::LogRegionFull))?;
-            }
-            let len = writer.finish().len();
-            buf.truncate(len);
-            Ok(buf)
-        };
         match env.cfg.protocol {
             Protocol::Pandora => {
-                let image = build(&logged)?;
+                let image = undo_image(env, undo_bytes, &logged)?;
                 Ok(store
                     .pandora_log_mns(env.coordinator)
                     .into_iter()
@@ -342,7 +741,7 @@ impl TxnState {
                         .filter(|w| store.live_replicas(w.loc.bucket.partition).contains(&mn))
                         .collect();
                     if !here.is_empty() {
-                        out.push((mn, build(&here)?));
+                        out.push((mn, undo_image(env, undo_bytes, &here)?));
                     }
                 }
                 Ok(out)
@@ -479,7 +878,7 @@ impl TxnState {
     /// Nothing under the lost-decision bug (FORD leaves the logs of aborted transactions).
     pub(crate) fn truncate_list(&self, env: &Env<'_>) -> PostList {
         let mut list = PostList::new();
-        if env.cfg.bug(FordBug::LostDecision) {
+        if !abort_truncates(env.cfg) {
             return list;
         }
         let base = env.store.log_offset(env.coordinator).unwrap_or(0);
@@ -499,16 +898,10 @@ impl TxnState {
     /// this coordinator's word, since the new primary's word was never locked by it and
     /// must not be overwritten blindly (§3.2.5).
     pub(crate) fn abort_unlock_list(&self, env: &Env<'_>, view_changed: bool) -> PostList {
-        let complicit = env.cfg.bug(FordBug::ComplicitAbort);
         let me = logic::my_lock(env.coordinator);
         let mut list = PostList::new();
         for w in &self.writes {
-            let release = match w.lock {
-                LockState::Held => true,
-                // Complicit abort: FORD releases its whole write-set, held or not.
-                LockState::Failed | LockState::Deferred => complicit,
-            };
-            if !release {
+            if !abort_releases(env.cfg, w.lock) {
                 continue;
             }
             let Ok(addr) = primary_addr(env.store, &w.loc) else {
