@@ -1186,4 +1186,296 @@ mod tests {
         );
         assert_eq!(st.current_value(&st.writes[0]), Some(vec![7; 8]));
     }
+
+    /// One test per FORD bug switch (Pandora Table 1, §5.1): the decisions under the bug
+    /// differ from the fixed protocol's exactly where the bug says, and nowhere else.
+    mod bug_switches {
+        use super::*;
+
+        fn with(bug: FordBug) -> ProtocolConfig {
+            ProtocolConfig::ford_with(BugSet::NONE.with(bug))
+        }
+
+        /// Every bug-dependent decision of the pure modules, by name.
+        fn decisions(cfg: &ProtocolConfig) -> Vec<(String, bool)> {
+            let none = FailedCoordinatorSet::EMPTY;
+            let mut d = vec![
+                ("logs-insert".to_owned(), logs_insert(cfg)),
+                ("log-before-cas".to_owned(), logs_before_lock_results(cfg)),
+                ("abort-truncates".to_owned(), abort_truncates(cfg)),
+                (
+                    "release-held".to_owned(),
+                    abort_releases(cfg, LockState::Held),
+                ),
+                (
+                    "release-failed".to_owned(),
+                    abort_releases(cfg, LockState::Failed),
+                ),
+                (
+                    "release-deferred".to_owned(),
+                    abort_releases(cfg, LockState::Deferred),
+                ),
+                (
+                    "validate-locked".to_owned(),
+                    logic::validate_item(5, logic::my_lock(3), 5, &none, cfg),
+                ),
+            ];
+            for single_read in [false, true] {
+                for deferred in [false, true] {
+                    let s = CommitSchedule::new(cfg, single_read, deferred);
+                    let at = |f: &str| format!("{f}/sr={single_read}/d={deferred}");
+                    d.extend([
+                        (at("validate-with-locks"), s.validate_with_locks),
+                        (at("validate-after-locks"), s.validate_after_locks),
+                        (at("early-log-with-locks"), s.early_log_with_locks),
+                        (at("log-with-locks"), s.log_with_locks),
+                        (at("log-with-validation"), s.log_with_validation),
+                        (at("logging-phase"), s.logging_phase),
+                    ]);
+                }
+            }
+            d
+        }
+
+        /// The names of the decisions `bug` changes.
+        fn changed_by(bug: FordBug) -> Vec<String> {
+            let fixed = decisions(&ProtocolConfig::ford_fixed());
+            decisions(&with(bug))
+                .into_iter()
+                .zip(fixed)
+                .filter(|(b, f)| b.1 != f.1)
+                .map(|(b, _)| b.0)
+                .collect()
+        }
+
+        fn combos(fields: &[&str], pick: impl Fn(bool, bool) -> bool) -> Vec<String> {
+            let mut out = Vec::new();
+            for single_read in [false, true] {
+                for deferred in [false, true] {
+                    if pick(single_read, deferred) {
+                        for f in fields {
+                            out.push(format!("{f}/sr={single_read}/d={deferred}"));
+                        }
+                    }
+                }
+            }
+            out.sort();
+            out
+        }
+
+        fn sorted(mut v: Vec<String>) -> Vec<String> {
+            v.sort();
+            v
+        }
+
+        /// Three entries of `s`: key 1 locked and updated, key 2 whose CAS failed, key 3 a
+        /// blind write still deferred.
+        fn write_set(s: &Store) -> TxnState {
+            let mut st = TxnState::default();
+            st.writes.push(entry(
+                s,
+                1,
+                LockState::Held,
+                Intent::Write(WriteKind::Update),
+            ));
+            st.writes.push(entry(
+                s,
+                2,
+                LockState::Failed,
+                Intent::Write(WriteKind::Update),
+            ));
+            let mut blind = entry(s, 3, LockState::Deferred, Intent::Write(WriteKind::Update));
+            blind.old = None;
+            st.writes.push(blind);
+            st
+        }
+
+        fn unlocked(st: &TxnState, s: &Store, cfg: &ProtocolConfig) -> Vec<u64> {
+            st.abort_unlock_list(&env(s, cfg), false)
+                .finish()
+                .unwrap()
+                .iter()
+                .map(|w| w.op.addr().offset)
+                .collect()
+        }
+
+        #[test]
+        fn complicit_abort_releases_locks_never_acquired() {
+            assert_eq!(
+                changed_by(FordBug::ComplicitAbort),
+                ["release-failed", "release-deferred"]
+            );
+            let s = store();
+            let st = write_set(&s);
+            let off = |k| loc(&s, k).offset;
+            assert_eq!(
+                unlocked(&st, &s, &ProtocolConfig::ford_fixed()),
+                [off(1)],
+                "fixed: only the lock acquired"
+            );
+            assert_eq!(
+                unlocked(&st, &s, &with(FordBug::ComplicitAbort)),
+                [off(1), off(2), off(3)],
+                "complicit: the whole write set, a lock someone else holds included"
+            );
+        }
+
+        #[test]
+        fn missing_insert_log_leaves_inserts_out_of_the_undo_log() {
+            assert_eq!(changed_by(FordBug::MissingInsertLog), ["logs-insert"]);
+            let s = store();
+            let mut st = TxnState::default();
+            st.writes.push(entry(
+                &s,
+                1,
+                LockState::Held,
+                Intent::Write(WriteKind::Update),
+            ));
+            st.writes.push(entry(
+                &s,
+                2,
+                LockState::Held,
+                Intent::Write(WriteKind::Insert),
+            ));
+            let logged_keys = |cfg: &ProtocolConfig| -> Vec<u64> {
+                let mut keys: Vec<u64> = st
+                    .log_images(&env(&s, cfg), false)
+                    .unwrap()
+                    .iter()
+                    .flat_map(|(_, image)| logic::parse_log_copy(image, 2).unwrap().writes)
+                    .map(|w| w.key)
+                    .collect();
+                keys.sort_unstable();
+                keys.dedup();
+                keys
+            };
+            assert_eq!(logged_keys(&ProtocolConfig::ford_fixed()), [1, 2]);
+            assert_eq!(
+                logged_keys(&with(FordBug::MissingInsertLog)),
+                [1],
+                "the insert has no undo record"
+            );
+        }
+
+        #[test]
+        fn covert_locks_validation_ignores_a_live_lock_only() {
+            assert_eq!(changed_by(FordBug::CovertLocks), ["validate-locked"]);
+            let none = FailedCoordinatorSet::EMPTY;
+            let fixed = ProtocolConfig::ford_fixed();
+            let covert = with(FordBug::CovertLocks);
+            let live = logic::my_lock(3);
+            for (lock, version, fixed_ok, covert_ok) in [
+                (0, 5, true, true),
+                (live, 5, false, true),
+                (0, 6, false, false),
+                (live, 6, false, false),
+            ] {
+                assert_eq!(
+                    logic::validate_item(5, lock, version, &none, &fixed),
+                    fixed_ok
+                );
+                assert_eq!(
+                    logic::validate_item(5, lock, version, &none, &covert),
+                    covert_ok
+                );
+            }
+        }
+
+        #[test]
+        fn relaxed_locks_validates_in_the_lock_batch() {
+            assert_eq!(
+                sorted(changed_by(FordBug::RelaxedLocks)),
+                combos(&["validate-with-locks", "validate-after-locks"], |sr, _| {
+                    !sr
+                }),
+                "validation moves into the lock batch, except for FORD's single read"
+            );
+            let s = CommitSchedule::new(&with(FordBug::RelaxedLocks), false, true);
+            assert!(s.validate_with_locks && !s.validate_after_locks);
+            assert_eq!(
+                s.lock_phase(),
+                Phase::CommitLock,
+                "no log in the lock batch"
+            );
+            let f = CommitSchedule::new(&ProtocolConfig::ford_fixed(), false, true);
+            assert!(!f.validate_with_locks && f.validate_after_locks);
+        }
+
+        #[test]
+        fn lost_decision_logs_before_the_decision_and_never_truncates() {
+            let mut expected = combos(&["logging-phase"], |_, _| true);
+            expected.extend(combos(&["log-with-validation"], |sr, _| !sr));
+            expected.push("abort-truncates".to_owned());
+            assert_eq!(sorted(changed_by(FordBug::LostDecision)), sorted(expected));
+            let lost = with(FordBug::LostDecision);
+            let s = CommitSchedule::new(&lost, false, false);
+            assert_eq!(s.validation_phase(), Phase::ValidateAndLog);
+            assert!(!s.logging_phase);
+            let fixed = CommitSchedule::new(&ProtocolConfig::ford_fixed(), false, false);
+            assert_eq!(fixed.validation_phase(), Phase::Validate);
+            // With relaxed locks too, the logs ride in the lock batch instead.
+            let both = ProtocolConfig::ford_with(
+                BugSet::NONE
+                    .with(FordBug::LostDecision)
+                    .with(FordBug::RelaxedLocks),
+            );
+            let s = CommitSchedule::new(&both, false, false);
+            assert!(s.log_with_locks && !s.log_with_validation);
+            assert_eq!(s.lock_phase(), Phase::CommitLockAndLog);
+            let store = store();
+            let mut st = write_set(&store);
+            st.logged = vec![0, 1];
+            assert!(st.truncate_list(&env(&store, &lost)).is_empty());
+            assert_eq!(
+                st.truncate_list(&env(&store, &ProtocolConfig::ford_fixed()))
+                    .len(),
+                2
+            );
+        }
+
+        #[test]
+        fn log_without_lock_logs_beside_the_lock_cas() {
+            let mut expected = combos(&["early-log-with-locks"], |_, d| d);
+            expected.push("log-before-cas".to_owned());
+            assert_eq!(
+                sorted(changed_by(FordBug::LogWithoutLock)),
+                sorted(expected)
+            );
+            let lwl = with(FordBug::LogWithoutLock);
+            assert_eq!(
+                CommitSchedule::new(&lwl, false, true).lock_phase(),
+                Phase::CommitLockAndLog
+            );
+            assert_eq!(
+                CommitSchedule::new(&lwl, false, false).lock_phase(),
+                Phase::CommitLock,
+                "no blind write, nothing to log early"
+            );
+            // The blind write's undo record carries the image read in execution.
+            let s = store();
+            let mut st = write_set(&s);
+            st.reads.push(ReadEntry {
+                table: T,
+                key: Key(3),
+                target: ReadTarget::Item {
+                    loc: loc(&s, 3),
+                    version: 7,
+                },
+                value: Some(vec![9; 8]),
+            });
+            let mut never_read = entry(&s, 4, LockState::Deferred, Intent::LockOnly);
+            never_read.old = None;
+            st.writes.push(never_read);
+            st.old_images_from_reads(&st.deferred());
+            let old = st.writes[2].old.as_ref().unwrap();
+            assert_eq!((old.version.to_raw(), &old.value[..]), (7, &[9u8; 8][..]));
+            assert!(st.writes[3].old.is_none(), "never read: no image");
+            let early: Vec<u64> = st
+                .logged_entries(&lwl, true)
+                .iter()
+                .map(|w| w.key.0)
+                .collect();
+            assert_eq!(early, [1, 2, 3], "logged before its lock is known held");
+        }
+    }
 }
