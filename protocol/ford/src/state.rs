@@ -1187,6 +1187,166 @@ mod tests {
         assert_eq!(st.current_value(&st.writes[0]), Some(vec![7; 8]));
     }
 
+    /// An item of key `key` at version 4 with `lock` in its lock word, as a READ returns it.
+    fn item_bytes(key: u64, lock: u64, valid: bool) -> Vec<u8> {
+        let flags = if valid {
+            ItemFlags::LOADED
+        } else {
+            ItemFlags::EMPTY
+        };
+        let version = DataVersion::from_raw(4);
+        let item_len = DataItemHeader::item_len(8);
+        let mut b = crate::store::encode_item(key, T.0, version, flags, &[3; 8], item_len);
+        b[..8].copy_from_slice(&lock.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn a_round_step_by_step_locks_reads_and_notes_absent_keys() {
+        let s = store();
+        let mut st = TxnState::default();
+        let cfg = ProtocolConfig::pandora();
+        let none = FailedCoordinatorSet::EMPTY;
+        // The lock CASes came back: key 1 won (0), key 2 found a lock.
+        let won = st
+            .record_lock_attempt(T, Key(1), loc(&s, 1), 0, &item_bytes(1, 0, true))
+            .unwrap();
+        let lost = st
+            .record_lock_attempt(T, Key(2), loc(&s, 2), 77, &item_bytes(2, 77, true))
+            .unwrap();
+        assert_eq!(st.writes[won].lock, LockState::Held, "held before judging");
+        assert_eq!(st.writes[lost].lock, LockState::Failed);
+        assert!(
+            st.record_lock_attempt(T, Key(3), loc(&s, 3), 0, &item_bytes(9, 0, true))
+                .is_err(),
+            "the item names another key"
+        );
+        // A steal: won, released meanwhile, or another word to decide on.
+        assert_eq!(after_steal(77, 77), AfterSteal::Stolen);
+        assert_eq!(after_steal(77, 0), AfterSteal::ChangedHands);
+        assert_eq!(after_steal(77, 78), AfterSteal::Again(78));
+        // Read-only items: a live lock aborts, a stray one is ignored under PILL.
+        let live = logic::my_lock(3);
+        let read = |st: &mut TxnState, key, lock, failed: &FailedCoordinatorSet| {
+            let bytes = item_bytes(key, lock, true);
+            st.absorb_read((T, Key(key), loc(&s, key)), &bytes, failed, &cfg)
+                .unwrap()
+        };
+        assert_eq!(read(&mut st, 4, live, &none), ReadSeen::Locked);
+        assert!(st.reads.is_empty(), "a locked read joins nothing");
+        let mut failed = FailedCoordinatorSet::EMPTY;
+        failed.insert(PillId(3));
+        assert_eq!(
+            read(&mut st, 4, live, &failed),
+            ReadSeen::Value {
+                value: Some(vec![3; 8]),
+                stray: true
+            }
+        );
+        assert_eq!(
+            read(&mut st, 5, 0, &none),
+            ReadSeen::Value {
+                value: Some(vec![3; 8]),
+                stray: false
+            }
+        );
+        assert_eq!(st.reads.len(), 2);
+        // An absent key: validated by its bucket, remembered once for an insert.
+        let bucket = s.bucket_of(T, Key(6)).unwrap();
+        let fetch = Fetch {
+            table: T,
+            key: Key(6),
+            access: Access::ForUpdate,
+            located: Some(Located::Absent {
+                bucket,
+                free: Some(2),
+            }),
+        };
+        let values = st.absorb_absent(&[fetch.clone(), fetch]);
+        assert_eq!(values, [None, None]);
+        assert_eq!(st.reads.len(), 3, "read once");
+        assert!(matches!(st.reads[2].target, ReadTarget::Absent { .. }));
+        assert_eq!(st.take_absent(T, Key(6)), Some((bucket, Some(2))));
+    }
+
+    #[test]
+    fn commit_time_locks_and_staged_writes_follow_the_record() {
+        let s = store();
+        let mut st = TxnState::default();
+        st.push_deferred(T, Key(1), loc(&s, 1), &[5; 8]);
+        st.push_deferred(T, Key(2), loc(&s, 2), &[5; 8]);
+        assert_eq!(st.deferred(), [0, 1]);
+        assert!(st.has_writes() && !st.single_read());
+        let item = |key, valid| parse_item(&item_bytes(key, 0, valid), T, Key(key)).unwrap();
+        st.settle_deferred(0, item(1, true)).unwrap();
+        assert_eq!(st.writes[0].lock, LockState::Held);
+        assert_eq!(st.writes[0].old.as_ref().unwrap().value, [3; 8]);
+        assert_eq!(
+            st.settle_deferred(1, item(2, false)),
+            Err(TxnError::KeyState(2)),
+            "a blind update of an absent record"
+        );
+        assert_eq!(
+            st.writes[1].lock,
+            LockState::Held,
+            "held: the abort releases it"
+        );
+        assert_eq!(st.events.len(), 1, "the read of key 1 only");
+        // Delete and insert of a record just locked.
+        let idx = st
+            .record_lock_attempt(T, Key(3), loc(&s, 3), 0, &item_bytes(3, 0, true))
+            .unwrap();
+        st.hold(idx, &item(3, true));
+        assert_eq!(
+            st.stage_locked(T, Key(3), WriteKind::Insert, &[1; 8], true),
+            Err(TxnError::KeyState(3))
+        );
+        st.stage_locked(T, Key(3), WriteKind::Delete, &[], true)
+            .unwrap();
+        assert_eq!(st.writes[idx].intent, Intent::Write(WriteKind::Delete));
+        assert_eq!(
+            st.stage_locked(T, Key(3), WriteKind::Delete, &[], false),
+            Err(TxnError::KeyState(3))
+        );
+        st.stage_locked(T, Key(3), WriteKind::Insert, &[1; 8], false)
+            .unwrap();
+        assert_eq!(st.writes[idx].new_value, [1; 8]);
+    }
+
+    #[test]
+    fn an_insert_claims_a_free_slot_only() {
+        let k = Key(5);
+        let slot = |key: u64, addr: u64| {
+            let mut b = key.to_le_bytes().to_vec();
+            b.extend_from_slice(&addr.to_le_bytes());
+            SlotSeen::Bytes(b)
+        };
+        let taken = Err(TxnError::Aborted(
+            AbortReason::IndexSlotTakenByConcurrentInsert,
+        ));
+        assert_eq!(slot_verdict(Some(&slot(0, 0)), k, false), Ok(true), "free");
+        assert_eq!(
+            slot_verdict(Some(&slot(5, 64)), k, false),
+            Ok(false),
+            "names it already"
+        );
+        assert_eq!(slot_verdict(Some(&slot(6, 64)), k, false), taken);
+        assert_eq!(
+            slot_verdict(Some(&slot(0, 0)), k, true),
+            Err(TxnError::KeyState(5)),
+            "present"
+        );
+        assert_eq!(
+            slot_verdict(Some(&SlotSeen::Address(0)), k, false),
+            Ok(false)
+        );
+        assert_eq!(slot_verdict(Some(&SlotSeen::Address(64)), k, false), taken);
+        assert_eq!(
+            slot_verdict(None, k, false),
+            Err(TxnError::Aborted(AbortReason::IndexSlotNotSeen))
+        );
+    }
+
     /// One test per FORD bug switch (Pandora Table 1, §5.1): the decisions under the bug
     /// differ from the fixed protocol's exactly where the bug says, and nowhere else.
     mod bug_switches {
