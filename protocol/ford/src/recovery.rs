@@ -503,8 +503,8 @@ pub struct RecoveryManager<V, T> {
     resume_again: Vec<NodeId>,
     /// The last epoch resumed.
     resumed_epoch: u64,
-    /// Re-send period and answer timeout of control messages ([`resend_control`]
-    /// (Self::resend_control)); `None`: sent once.
+    /// Re-send period and answer timeout of control messages
+    /// ([`Self::resend_control`]); `None`: sent once.
     resend: Option<(Nanos, Nanos)>,
     mn_events: Rc<RefCell<Vec<MnFailureEvent>>>,
 }

@@ -3,6 +3,11 @@
 //! judge what they return, the log images (Pandora §3.1.4, FORD's undo logs), the commit
 //! and release WRITEs, the abort path's truncation and unlocks. The async shell
 //! ([`crate::txn`]) posts what these build and feeds back what came back.
+//!
+//! FORD's six bug switches (Pandora Table 1, §5.1) are read here only (covert locks in
+//! [`logic::validate_item`]): the shell asks which locks an abort releases, whether it
+//! truncates, whether inserts are logged, whether undo records go out before the lock
+//! CASes are judged, and where a commit puts its validation and logs ([`CommitSchedule`]).
 
 use dmem_layout::log::{DataLogEntry, LogOp, LogRegionHeader, LogWriter};
 use dmem_layout::pill::FailedCoordinatorSet;
