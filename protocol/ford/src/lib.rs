@@ -9,6 +9,10 @@
 //!   [`Protocol::Pandora`](config::Protocol).
 //! * [`logic`]: the decisions (lock views and PILL stealing, validation, recovery's roll
 //!   forward / roll back) as plain functions.
+//! * `state` and `round` (private): a transaction's sets and one execution round as plain
+//!   data, with every decision over them that needs no fabric, FORD's six bug switches
+//!   included (which locks an abort releases, whether the insert is logged, where a
+//!   commit's validation and logs go, ...): the shell asks these, never a switch itself.
 //! * [`txn`]: [`FordCoordinator`] and its transactions, implementing
 //!   `dmem_txn::{Coordinator, Transaction}` and recording every transaction into a
 //!   [`HistorySink`].

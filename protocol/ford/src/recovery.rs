@@ -13,10 +13,12 @@ use std::rc::Rc;
 
 use dmem_layout::log::LogRegionHeader;
 use dmem_layout::pill::{CoordinatorId as PillId, FailedCoordinatorSet, PillLockWord};
-use dmem_layout::record::{DataItemHeader, DataVersion};
+use dmem_layout::record::{DataItemHeader, DataVersion, RemoteAddr as PackedAddr};
 use dmem_txn::TableId;
 use dmem_txn::detector::HeartbeatDetector;
-use dmem_verbs::{Clock, Endpoint, Nanos, NodeId, PostList, Verbs, VerbsError, VerbsExt};
+use dmem_verbs::{
+    BatchResult, Clock, Endpoint, Nanos, NodeId, PostList, Verbs, VerbsError, VerbsExt, WrId,
+};
 
 use crate::config::Protocol;
 use crate::logic::{self, Decision, LoggedTxn};
@@ -82,15 +84,7 @@ pub async fn recover_coordinator<V: Verbs>(
     coordinator: u16,
 ) -> Result<CoordinatorRecovery, RecoveryError> {
     let base = store.log_offset(coordinator)?;
-    let log_mns: Vec<u16> = match protocol {
-        Protocol::Pandora => store.pandora_log_mns(coordinator),
-        Protocol::Ford => {
-            let view = store.view().borrow().clone();
-            (0..store.config().mns)
-                .filter(|&m| view.is_alive(m))
-                .collect()
-        }
-    };
+    let log_mns = log_mns(store, protocol, coordinator);
     let mut report = CoordinatorRecovery {
         coordinator,
         txn: None,
@@ -122,43 +116,87 @@ pub async fn recover_coordinator<V: Verbs>(
     // lock still naming the coordinator belongs to a NotLogged-Stray-Tx, so releasing it is
     // what Cor4 allows; the CAS releases nothing else.
     let lock_log_at = wire::lock_log_offset(store.log_region_bytes());
-    let mut logged_locks: Vec<_> = lock_log_at
+    let logged_locks = logged_locks(&raw, lock_log_at, coordinator);
+    if !logged_locks.is_empty() {
+        let (list, cas) = release_list(store, coordinator, &logged_locks)?;
+        let res = ctx.post(list).await?;
+        let mine = PillLockWord::locked_by(PillId(coordinator)).raw();
+        report.unlocked += cas.iter().filter(|&&id| res.atomic(id) == mine).count();
+    }
+    if had_log || !logged_locks.is_empty() {
+        // Truncate every copy before stray-lock notification (§3.2.3).
+        let lock_log = lock_log_at.filter(|_| !logged_locks.is_empty());
+        ctx.post(truncate_list(store, base, &log_mns, lock_log))
+            .await?;
+    }
+    Ok(report)
+}
+
+/// The MNs holding a coordinator's log: Pandora's f + 1 log MNs (§3.1.4), or every live
+/// MN for FORD (its undo records live with the objects' replicas).
+fn log_mns(store: &Store, protocol: Protocol, coordinator: u16) -> Vec<u16> {
+    match protocol {
+        Protocol::Pandora => store.pandora_log_mns(coordinator),
+        Protocol::Ford => {
+            let view = store.view().borrow().clone();
+            (0..store.config().mns)
+                .filter(|&m| view.is_alive(m))
+                .collect()
+        }
+    }
+}
+
+/// The distinct lock addresses the lock logs of `raw` (the log regions as read, the lock
+/// log at `lock_log_at`) name for `coordinator`, sorted.
+fn logged_locks(raw: &[Vec<u8>], lock_log_at: Option<usize>, coordinator: u16) -> Vec<PackedAddr> {
+    let mut locks: Vec<_> = lock_log_at
         .map(|at| {
             raw.iter()
                 .flat_map(|bytes| wire::parse_lock_log(bytes.get(at..).unwrap_or(&[]), coordinator))
                 .collect()
         })
         .unwrap_or_default();
-    logged_locks.sort_unstable_by_key(|a| a.to_raw());
-    logged_locks.dedup();
-    if !logged_locks.is_empty() {
-        let mine = PillLockWord::locked_by(PillId(coordinator)).raw();
-        let mut list = PostList::new();
-        let mut cas = Vec::new();
-        for a in &logged_locks {
-            let p = store.primary(a.node())?;
-            cas.push(list.cas(store.addr(p, a.offset()), mine, 0));
-        }
-        let res = ctx.post(list).await?;
-        report.unlocked += cas.iter().filter(|&&id| res.atomic(id) == mine).count();
-    }
-    if had_log || !logged_locks.is_empty() {
-        // Truncate every copy before stray-lock notification (§3.2.3).
-        let mut list = PostList::new();
-        for &mn in &log_mns {
-            list.write(
-                store.addr(mn, base + LogRegionHeader::STATE_OFFSET as u64),
-                &[0],
-            );
-            if let (Some(at), false) = (lock_log_at, logged_locks.is_empty()) {
-                list.write(store.addr(mn, base + at as u64), &[0; 8]);
-            }
-        }
-        ctx.post(list).await?;
-    }
-    Ok(report)
+    locks.sort_unstable_by_key(|a| a.to_raw());
+    locks.dedup();
+    locks
 }
 
+/// The CASes (the coordinator's word to 0) releasing `locks` at their primaries, and
+/// their work requests: only a lock the coordinator still holds is released.
+fn release_list(
+    store: &Store,
+    coordinator: u16,
+    locks: &[PackedAddr],
+) -> Result<(PostList, Vec<WrId>), RecoveryError> {
+    let mine = PillLockWord::locked_by(PillId(coordinator)).raw();
+    let mut list = PostList::new();
+    let mut cas = Vec::new();
+    for a in locks {
+        let p = store.primary(a.node())?;
+        cas.push(list.cas(store.addr(p, a.offset()), mine, 0));
+    }
+    Ok((list, cas))
+}
+
+/// Log truncation (§3.2.3): the state byte of every copy of the log cleared, and with
+/// `lock_log` (its offset, when locks were logged) the lock log's header too.
+fn truncate_list(store: &Store, base: u64, log_mns: &[u16], lock_log: Option<usize>) -> PostList {
+    let mut list = PostList::new();
+    for &mn in log_mns {
+        list.write(
+            store.addr(mn, base + LogRegionHeader::STATE_OFFSET as u64),
+            &[0],
+        );
+        if let Some(at) = lock_log {
+            list.write(store.addr(mn, base + at as u64), &[0; 8]);
+        }
+    }
+    list
+}
+
+/// Recovery of one logged stray transaction (Pandora §3.2.2 step 3): READ the version of
+/// every live replica of each logged write, decide ([`logic::decide`]), restore the
+/// updated replicas on a roll-back, and release what the coordinator still holds.
 pub(crate) async fn apply_recovery<V: Verbs>(
     ctx: &V,
     store: &Store,
@@ -167,42 +205,12 @@ pub(crate) async fn apply_recovery<V: Verbs>(
     report: &mut CoordinatorRecovery,
 ) -> Result<(), RecoveryError> {
     // One READ of lock + version per live replica of each logged write.
-    let mut list = PostList::new();
-    let mut ids = Vec::new();
-    for w in &txn.writes {
-        let replicas = store.live_replicas(w.partition);
-        let per: Vec<_> = replicas
-            .iter()
-            .map(|&mn| {
-                (
-                    mn,
-                    list.read(
-                        store.addr(mn, w.offset),
-                        DataItemHeader::VALIDATION_LEN as u32,
-                    ),
-                )
-            })
-            .collect();
-        ids.push(per);
-    }
+    let (list, ids) = version_reads(store, txn);
     let observed: Vec<Vec<(u16, u64)>> = if list.is_empty() {
         Vec::new()
     } else {
         let res = ctx.post(list).await?;
-        ids.iter()
-            .map(|per| {
-                per.iter()
-                    .map(|&(mn, id)| {
-                        let b = res.bytes(id);
-                        let v = b
-                            .get(8..16)
-                            .and_then(|s| s.try_into().ok())
-                            .map_or(u64::MAX, u64::from_le_bytes);
-                        (mn, v)
-                    })
-                    .collect()
-            })
-            .collect()
+        observed_versions(&ids, &res)
     };
     let versions: Vec<Vec<u64>> = observed
         .iter()
@@ -210,33 +218,9 @@ pub(crate) async fn apply_recovery<V: Verbs>(
         .collect();
     let decision = logic::decide(txn, &versions);
     report.decision = Some(decision);
-    let mut list = PostList::new();
     if decision == Decision::RollBack {
-        for (w, per) in txn.writes.iter().zip(&observed) {
-            let Ok(layout) = store.table(TableId(w.table)) else {
-                continue;
-            };
-            // The undo log keeps the old version and value, not its installer: the restored
-            // item names no writer, and the history checker attributes reads of it by
-            // version number and real time.
-            let image = encode_item(
-                w.key,
-                w.table,
-                DataVersion::from_raw(w.old_version),
-                logic::undo_flags(w.op),
-                &w.old_value,
-                layout.item_len,
-            );
-            for &(mn, v) in per {
-                if v != w.old_version {
-                    list.write(
-                        store.addr(mn, w.offset + DataItemHeader::VERSION_OFFSET as u64),
-                        &image[DataItemHeader::VERSION_OFFSET..],
-                    );
-                    report.restored += 1;
-                }
-            }
-        }
+        let (list, restored) = rollback_list(store, txn, &observed);
+        report.restored += restored;
         if !list.is_empty() {
             ctx.post(list).await?;
         }
@@ -254,6 +238,82 @@ pub(crate) async fn apply_recovery<V: Verbs>(
         report.unlocked += cas.iter().filter(|&&id| res.atomic(id) == mine).count();
     }
     Ok(())
+}
+
+/// The READs of lock + version of every live replica of each logged write, and per write
+/// the replicas' MN and work request.
+fn version_reads(store: &Store, txn: &LoggedTxn) -> (PostList, Vec<Vec<(u16, WrId)>>) {
+    let mut list = PostList::new();
+    let ids = txn
+        .writes
+        .iter()
+        .map(|w| {
+            store
+                .live_replicas(w.partition)
+                .iter()
+                .map(|&mn| {
+                    let addr = store.addr(mn, w.offset);
+                    (mn, list.read(addr, DataItemHeader::VALIDATION_LEN as u32))
+                })
+                .collect()
+        })
+        .collect();
+    (list, ids)
+}
+
+/// The version word each READ of [`version_reads`] returned (`u64::MAX` if short).
+fn observed_versions(ids: &[Vec<(u16, WrId)>], res: &BatchResult) -> Vec<Vec<(u16, u64)>> {
+    ids.iter()
+        .map(|per| {
+            per.iter()
+                .map(|&(mn, id)| {
+                    let v = res
+                        .bytes(id)
+                        .get(8..16)
+                        .and_then(|s| s.try_into().ok())
+                        .map_or(u64::MAX, u64::from_le_bytes);
+                    (mn, v)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// A roll-back's WRITEs: the undo image of each logged write to every replica `observed`
+/// updated (its version differs from the logged old one), and how many replicas that is.
+fn rollback_list(
+    store: &Store,
+    txn: &LoggedTxn,
+    observed: &[Vec<(u16, u64)>],
+) -> (PostList, usize) {
+    let mut list = PostList::new();
+    let mut restored = 0;
+    for (w, per) in txn.writes.iter().zip(observed) {
+        let Ok(layout) = store.table(TableId(w.table)) else {
+            continue;
+        };
+        // The undo log keeps the old version and value, not its installer: the restored
+        // item names no writer, and the history checker attributes reads of it by
+        // version number and real time.
+        let image = encode_item(
+            w.key,
+            w.table,
+            DataVersion::from_raw(w.old_version),
+            logic::undo_flags(w.op),
+            &w.old_value,
+            layout.item_len,
+        );
+        for &(mn, v) in per {
+            if v != w.old_version {
+                list.write(
+                    store.addr(mn, w.offset + DataItemHeader::VERSION_OFFSET as u64),
+                    &image[DataItemHeader::VERSION_OFFSET..],
+                );
+                restored += 1;
+            }
+        }
+    }
+    (list, restored)
 }
 
 /// FORD's recovery of stray locks (Pandora §3.1.1, §6.1 "Baseline"): READ every item of
@@ -443,8 +503,8 @@ pub struct RecoveryManager<V, T> {
     resume_again: Vec<NodeId>,
     /// The last epoch resumed.
     resumed_epoch: u64,
-    /// Re-send period and answer timeout of control messages ([`resend_control`]
-    /// (Self::resend_control)); `None`: sent once.
+    /// Re-send period and answer timeout of control messages
+    /// ([`Self::resend_control`]); `None`: sent once.
     resend: Option<(Nanos, Nanos)>,
     mn_events: Rc<RefCell<Vec<MnFailureEvent>>>,
 }
@@ -847,6 +907,90 @@ mod tests {
                 port: Port(0),
             },
         }
+    }
+
+    fn store() -> Store {
+        use crate::store::{StoreConfig, TableSpec};
+        use dmem_verbs::{MemoryRegion, RKey};
+        let regions = (0..3)
+            .map(|i| MemoryRegion {
+                node: NodeId(i),
+                rkey: RKey(1),
+                len: 1 << 22,
+            })
+            .collect();
+        let cfg = StoreConfig::new(3)
+            .table(TableSpec::sized_for(TableId(1), 8, 100, 3))
+            .coordinators(4);
+        Store::new(cfg, regions).unwrap()
+    }
+
+    #[test]
+    fn roll_back_restores_exactly_the_updated_replicas() {
+        use dmem_layout::log::LogOp;
+        use dmem_verbs::Op;
+        let s = store();
+        let w = |key, offset| logic::LoggedWrite {
+            op: LogOp::Update,
+            table: 1,
+            key,
+            partition: 0,
+            offset,
+            old_version: 4,
+            old_value: vec![1; 8],
+        };
+        let txn = LoggedTxn {
+            coordinator: 2,
+            txn: 9,
+            writes: vec![w(1, 4096), w(2, 8192)],
+        };
+        // Write 1 reached MNs 0 and 2, write 2 none: a roll-back.
+        let observed = vec![vec![(0, 5), (1, 4), (2, 5)], vec![(0, 4), (1, 4), (2, 4)]];
+        let versions: Vec<Vec<u64>> = observed
+            .iter()
+            .map(|per| per.iter().map(|&(_, v)| v).collect())
+            .collect();
+        assert_eq!(logic::decide(&txn, &versions), Decision::RollBack);
+        let (list, restored) = rollback_list(&s, &txn, &observed);
+        assert_eq!(restored, 2);
+        let targets: Vec<(u16, u64)> = list
+            .finish()
+            .unwrap()
+            .iter()
+            .map(|wr| match &wr.op {
+                Op::Write { addr, .. } => (addr.node.0, addr.offset),
+                op => panic!("not a WRITE: {op:?}"),
+            })
+            .collect();
+        let at = |mn: u16| {
+            let a = s.addr(mn, 4096 + DataItemHeader::VERSION_OFFSET as u64);
+            (a.node.0, a.offset)
+        };
+        assert_eq!(targets, [at(0), at(2)]);
+    }
+
+    #[test]
+    fn logged_locks_are_deduplicated_and_truncated_with_the_log() {
+        let s = store();
+        let base = s.log_offset(2).unwrap();
+        let at = wire::lock_log_offset(s.log_region_bytes()).unwrap();
+        let locks = [logic::pack_location(1, 64), logic::pack_location(0, 128)];
+        let mut region = vec![0u8; s.log_region_bytes()];
+        let image = wire::encode_lock_log(2, &locks);
+        region[at..at + image.len()].copy_from_slice(&image);
+        let raw = vec![region.clone(), region];
+        let found = logged_locks(&raw, Some(at), 2);
+        assert_eq!(found.len(), 2, "two copies, two distinct locks");
+        assert!(found[0].to_raw() < found[1].to_raw(), "sorted");
+        assert!(
+            logged_locks(&raw, Some(at), 3).is_empty(),
+            "another coordinator's"
+        );
+        assert!(logged_locks(&raw, None, 2).is_empty(), "no lock log");
+        assert_eq!(truncate_list(&s, base, &[0, 1], None).len(), 2);
+        assert_eq!(truncate_list(&s, base, &[0, 1], Some(at)).len(), 4);
+        let (list, cas) = release_list(&s, 2, &found).unwrap();
+        assert_eq!((list.len(), cas.len()), (2, 2));
     }
 
     #[test]

@@ -22,7 +22,6 @@
 
 use std::rc::Rc;
 
-use dmem_layout::record::DataVersion;
 use dmem_txn::{
     AbortReason, Access, Coordinator, CoordinatorId, HistorySink, Key, ReadReq, RoundValues,
     TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, WriteEvent, WriteKind,
@@ -32,13 +31,13 @@ use dmem_verbs::{
 };
 
 use crate::cn::CnShared;
-use crate::config::{FordBug, ProtocolConfig};
+use crate::config::ProtocolConfig;
 use crate::logic::{self, AfterCas, Decision};
 use crate::recovery::{CoordinatorRecovery, RecoveryError, apply_recovery};
-use crate::round::{Answer, Located, RoundPlan, access_list};
+use crate::round::{Answer, ItemWrs, Located, RoundPlan, access_list};
 use crate::state::{
-    Env, Intent, ItemRead, LockState, OldImage, ReadEntry, ReadTarget, TxnState, WriteEntry,
-    parse_item,
+    AfterSteal, CommitSchedule, Env, ItemRead, LockState, ReadSeen, SlotAccess, SlotSeen, TxnState,
+    after_steal, logs_before_lock_results, parse_item, slot_verdict,
 };
 use crate::store::{
     BucketLoc, InsertPool, ItemLoc, Store, StoreError, index_slot_bytes, parse_bucket, slot_offset,
@@ -66,25 +65,13 @@ pub struct CoordinatorStats {
     pub mn_aborted: u64,
 }
 
-/// What the lock batch of an insert does with the index slot it claims.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SlotAccess {
-    /// Nothing (the record is known).
-    None,
-    /// READ it (a slot-fixed table: the lock on the slot's own record arbitrates).
-    Read,
-    /// CAS its address word from empty to this packed address (a pooled table).
-    Claim(u64),
-}
-
-/// What the lock batch saw of the slot.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum SlotSeen {
-    /// The slot's 16 bytes ([`SlotAccess::Read`]).
-    Bytes(Vec<u8>),
-    /// The address word the CAS found ([`SlotAccess::Claim`]; 0: the CAS won).
-    Address(u64),
-}
+/// The commit-time lock batch's results (`None`: nothing posted), its deferred entries'
+/// CAS and READ, and the validation READs it carried.
+type CommitLockBatch = (
+    Option<BatchResult>,
+    Vec<(usize, WrId, WrId)>,
+    Vec<(usize, WrId)>,
+);
 
 /// A FORD or Pandora coordinator on one CN context.
 #[derive(Debug)]
@@ -515,13 +502,10 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             self.write_slot(loc.bucket, loc.slot, key, loc.offset)
                 .await?;
         }
-        let item = parse_item(&bytes, table, key)?;
-        let idx = self.st.push_lock_entry(table, key, loc, &item);
-        if old == 0 {
-            // Held from here on: an abort (even one caused by the log write below) releases it.
-            self.st.writes[idx].lock = LockState::Held;
-        }
-        if self.co.cfg.bug(FordBug::LogWithoutLock) {
+        // Held from here on if the CAS won: an abort (even one caused by the log write
+        // below) releases it.
+        let idx = self.st.record_lock_attempt(table, key, loc, old, &bytes)?;
+        if logs_before_lock_results(&self.co.cfg) {
             // The corner case of Pandora §5.1: the undo record goes out before the
             // coordinator has looked at what its CAS returned.
             self.write_logs(true).await?;
@@ -670,31 +654,62 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         err
     }
 
-    /// Locks deferred (blind-write) entries; under relaxed-locks, validation READs go in
-    /// the same batch.
+    /// The commit phase (Pandora §2.3 steps 2-4, §3.1.4): lock the deferred (blind-write)
+    /// entries, validate, log, install, release. Where the validation READs and the log
+    /// WRITEs go is [`CommitSchedule`]'s decision (FORD's relaxed-locks, lost-decision and
+    /// log-without-lock bugs move them).
     async fn commit_inner(&mut self) -> Result<(), TxnError> {
-        let relaxed = self.co.cfg.bug(FordBug::RelaxedLocks);
-        let lost_decision = self.co.cfg.bug(FordBug::LostDecision);
-        let me = logic::my_lock(self.co.id);
-
-        // -- lock deferred write-set entries (and, relaxed, validate at the same time) --
-        let deferred: Vec<usize> = (0..self.st.writes.len())
-            .filter(|&i| self.st.writes[i].lock == LockState::Deferred)
-            .collect();
+        let deferred = self.st.deferred();
         let deferred_locs: Vec<ItemLoc> = deferred.iter().map(|&i| self.st.writes[i].loc).collect();
         self.log_locks(&deferred_locs).await?;
-        // FORD's `TxCommit`: a read-only transaction of one record commits without
-        // validation (its single READ is atomic: it aborted if the item was locked).
-        let single_read = self.st.writes.is_empty() && self.st.reads.len() == 1;
+        let sched = CommitSchedule::new(&self.co.cfg, self.st.single_read(), !deferred.is_empty());
+        let (mut res, lock_ids, mut validation) = self.commit_lock_batch(&sched, &deferred).await?;
+        if let Some(res) = res.as_mut() {
+            self.settle_commit_locks(res, &lock_ids).await?;
+        }
+        if sched.validate_after_locks {
+            let mut list = PostList::new();
+            validation = self.st.validation_reads(self.store(), &mut list)?;
+            if sched.log_with_validation {
+                self.add_log_writes(&mut list, false)?;
+            }
+            if !list.is_empty() {
+                res = Some(self.post(sched.validation_phase(), list).await?);
+            }
+        }
+        self.judge_validation(res.as_mut(), validation)?;
+        if !self.st.has_writes() {
+            // Read-only (or lock-only): release locks, done.
+            self.release_held(false).await?;
+            self.record_committed(Vec::new(), false);
+            return Ok(());
+        }
+        if sched.logging_phase {
+            // Pandora §3.1.4: only after validation succeeded.
+            self.write_logs(false).await?;
+        }
+        self.install().await
+    }
+
+    /// The commit-time lock batch: a CAS + READ of every deferred entry, with the
+    /// validation READs ahead of them and the log WRITEs behind them where `sched` says.
+    /// Returns the batch's results (`None`: nothing to post), the deferred entries' CAS and
+    /// READ, and the validation READs posted.
+    async fn commit_lock_batch(
+        &mut self,
+        sched: &CommitSchedule,
+        deferred: &[usize],
+    ) -> Result<CommitLockBatch, TxnError> {
+        let me = logic::my_lock(self.co.id);
         let mut list = PostList::new();
         let mut validation = Vec::new();
-        if relaxed && !single_read {
+        if sched.validate_with_locks {
             // Relaxed locks: validation READs go out first, ahead of (and overlapping) the
             // lock CASes of the same batch.
             validation = self.st.validation_reads(self.store(), &mut list)?;
         }
         let mut lock_ids: Vec<(usize, WrId, WrId)> = Vec::new();
-        for &i in &deferred {
+        for &i in deferred {
             let w = &self.st.writes[i];
             let addr = self.primary_addr(&w.loc)?;
             let len = self.item_len(w.table)? as u32;
@@ -702,147 +717,101 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             let r = list.read(addr, len);
             lock_ids.push((i, c, r));
         }
-        if self.co.cfg.bug(FordBug::LogWithoutLock) && !deferred.is_empty() {
+        if sched.early_log_with_locks {
             // Log the blind writes with the values read in execution, in the same doorbell
             // as their lock CAS (Pandora §5.1 "Logging without locking").
-            for &i in &deferred {
-                let (table, key) = (self.st.writes[i].table, self.st.writes[i].key);
-                let seen = self.st.reads.iter().find_map(|r| match &r.target {
-                    ReadTarget::Item { version, .. } if r.table == table && r.key == key => {
-                        Some(OldImage {
-                            version: DataVersion::from_raw(*version),
-                            valid: r.value.is_some(),
-                            value: r.value.clone().unwrap_or_default(),
-                        })
-                    }
-                    _ => None,
-                });
-                if seen.is_some() {
-                    self.st.writes[i].old = seen;
-                }
-            }
+            self.st.old_images_from_reads(deferred);
             self.add_log_writes(&mut list, true)?;
         }
-        let mut logged = self.co.cfg.bug(FordBug::LogWithoutLock) && !deferred.is_empty();
-        if relaxed && lost_decision {
+        if sched.log_with_locks {
             self.add_log_writes(&mut list, false)?;
-            logged = true;
         }
-        // A batch that carries log WRITEs says so in its phase name: crash injection aims
-        // at the log writes of attempts that may still abort (Pandora §5.1, C2).
-        let phase = if logged {
-            Phase::CommitLockAndLog
-        } else {
-            Phase::CommitLock
-        };
-        let mut res = if list.is_empty() {
+        let res = if list.is_empty() {
             None
         } else {
-            Some(self.post(phase, list).await?)
+            Some(self.post(sched.lock_phase(), list).await?)
         };
-        if let Some(res) = res.as_mut() {
-            // Every CAS of this batch that found the lock free acquired it: mark it held
-            // before judging any entry, so that an early return below (a conflict on
-            // another entry of the batch) still releases it in the abort path.
-            for &(i, c, _) in &lock_ids {
-                if res.atomic(c) == 0 {
-                    self.st.writes[i].lock = LockState::Held;
-                }
+        Ok((res, lock_ids, validation))
+    }
+
+    /// Takes the commit-time lock batch's CASes: each acquired, stolen from a failed
+    /// coordinator (PILL, Pandora §3.1.2; one more CAS + READ) or a conflict.
+    async fn settle_commit_locks(
+        &mut self,
+        res: &mut BatchResult,
+        lock_ids: &[(usize, WrId, WrId)],
+    ) -> Result<(), TxnError> {
+        // Every CAS of this batch that found the lock free acquired it: mark it held
+        // before judging any entry, so that an early return below (a conflict on
+        // another entry of the batch) still releases it in the abort path.
+        for &(i, c, _) in lock_ids {
+            if res.atomic(c) == 0 {
+                self.st.writes[i].lock = LockState::Held;
             }
-            for &(i, c, r) in &lock_ids {
-                let old = res.atomic(c);
-                let bytes = res.take_bytes(r);
-                let (table, key, loc) = (
-                    self.st.writes[i].table,
-                    self.st.writes[i].key,
-                    self.st.writes[i].loc,
-                );
-                let mut item = parse_item(&bytes, table, key)?;
-                let next = logic::after_cas(old, &self.co.shared.failed.borrow(), &self.co.cfg);
-                match next {
-                    AfterCas::Acquired => {}
-                    AfterCas::Steal { observed } => {
-                        let addr = self.primary_addr(&loc)?;
-                        let mut l = PostList::new();
-                        let cas = l.cas(addr, observed, me);
-                        let rd = l.read(addr, self.item_len(table)? as u32);
-                        let mut r2 = self.post(Phase::Steal, l).await?;
-                        if r2.atomic(cas) != observed {
-                            self.st.writes[i].lock = LockState::Failed;
-                            return Err(TxnError::Aborted(AbortReason::WriteLockHeld));
-                        }
-                        self.co.stats.steals += 1;
-                        item = parse_item(&r2.take_bytes(rd), table, key)?;
-                    }
-                    AfterCas::Conflict => {
+        }
+        let me = logic::my_lock(self.co.id);
+        for &(i, c, r) in lock_ids {
+            let old = res.atomic(c);
+            let bytes = res.take_bytes(r);
+            let (table, key, loc) = (
+                self.st.writes[i].table,
+                self.st.writes[i].key,
+                self.st.writes[i].loc,
+            );
+            let mut item = parse_item(&bytes, table, key)?;
+            let next = logic::after_cas(old, &self.co.shared.failed.borrow(), &self.co.cfg);
+            match next {
+                AfterCas::Acquired => {}
+                AfterCas::Steal { observed } => {
+                    let addr = self.primary_addr(&loc)?;
+                    let mut l = PostList::new();
+                    let cas = l.cas(addr, observed, me);
+                    let rd = l.read(addr, self.item_len(table)? as u32);
+                    let mut r2 = self.post(Phase::Steal, l).await?;
+                    if r2.atomic(cas) != observed {
                         self.st.writes[i].lock = LockState::Failed;
                         return Err(TxnError::Aborted(AbortReason::WriteLockHeld));
                     }
+                    self.co.stats.steals += 1;
+                    item = parse_item(&r2.take_bytes(rd), table, key)?;
                 }
-                let w = &mut self.st.writes[i];
-                w.lock = LockState::Held;
-                if !item.valid && w.intent == Intent::Write(WriteKind::Update) {
-                    return Err(TxnError::KeyState(key.0));
+                AfterCas::Conflict => {
+                    self.st.writes[i].lock = LockState::Failed;
+                    return Err(TxnError::Aborted(AbortReason::WriteLockHeld));
                 }
-                w.old = Some(OldImage {
-                    version: item.version,
-                    valid: item.valid,
-                    value: item.value,
-                });
-                self.st
-                    .note_read(table, key, item.version.counter(), item.writer);
             }
+            self.st.settle_deferred(i, item)?;
         }
+        Ok(())
+    }
 
-        // -- validation, strictly after locking (fixed), logs alongside (lost decision) --
-        if !relaxed && !single_read {
-            let mut list = PostList::new();
-            validation = self.st.validation_reads(self.store(), &mut list)?;
-            if lost_decision {
-                self.add_log_writes(&mut list, false)?;
-            }
-            let phase = if lost_decision {
-                Phase::ValidateAndLog
-            } else {
-                Phase::Validate
-            };
-            if !list.is_empty() {
-                res = Some(self.post(phase, list).await?);
-            }
-        }
-        if !validation.is_empty() {
-            let Some(res) = res.as_mut() else {
-                return Err(TxnError::Aborted(AbortReason::ValidationLostItsReads));
-            };
-            for (ri, id) in validation {
-                let bytes = res.take_bytes(id);
-                let valid =
-                    self.st
-                        .validate_one(&self.co.cfg, ri, &bytes, &self.co.shared.failed.borrow());
-                if !valid {
-                    return Err(TxnError::Aborted(AbortReason::ValidationFailed));
-                }
-            }
-        }
-
-        let has_writes = self
-            .st
-            .writes
-            .iter()
-            .any(|w| matches!(w.intent, Intent::Write(_)));
-        if !has_writes {
-            // Read-only (or lock-only): release locks, done.
-            self.release_held(false).await?;
-            self.record_committed(Vec::new(), false);
+    /// Judges the validation READs (Pandora §2.3 step 2) from the batch that carried them.
+    fn judge_validation(
+        &self,
+        res: Option<&mut BatchResult>,
+        validation: Vec<(usize, WrId)>,
+    ) -> Result<(), TxnError> {
+        if validation.is_empty() {
             return Ok(());
         }
-
-        // -- logging phase (Pandora §3.1.4): only after validation succeeded --
-        if !lost_decision {
-            self.write_logs(false).await?;
+        let Some(res) = res else {
+            return Err(TxnError::Aborted(AbortReason::ValidationLostItsReads));
+        };
+        for (ri, id) in validation {
+            let bytes = res.take_bytes(id);
+            let valid =
+                self.st
+                    .validate_one(&self.co.cfg, ri, &bytes, &self.co.shared.failed.borrow());
+            if !valid {
+                return Err(TxnError::Aborted(AbortReason::ValidationFailed));
+            }
         }
+        Ok(())
+    }
 
-        // -- commit: primaries and backups, then ack, then unlock --
+    /// The commit WRITEs to primaries and backups (the decision is taken with their post),
+    /// then the ack, then the release.
+    async fn install(&mut self) -> Result<(), TxnError> {
         let (list, installed) = self.st.commit_list(&self.env())?;
         // A commit that creates a record is its own phase for crash injection: undoing it
         // removes the record, which only an insert log allows (Pandora §5.1, C2).
@@ -911,8 +880,31 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             |r| self.st.local_answer(r),
             |t, k| self.co.shared.cache.borrow_mut().get(t, k),
         );
+        self.locate_round(&mut plan).await?;
+        let (mut res, wrs) = self.access_round(&plan).await?;
+        let mut values = self.st.absorb_absent(&plan.fetches);
+        let mut conflict: Option<TxnError> = None;
+        if let Some(res) = res.as_mut() {
+            self.settle_round_locks(&plan, &wrs, res, &mut values, &mut conflict)
+                .await?;
+            self.settle_round_reads(&plan, &wrs, res, &mut values, &mut conflict)?;
+        }
+        if let Some(e) = conflict {
+            return Err(e);
+        }
+        Ok(plan
+            .answers
+            .into_iter()
+            .map(|a| match a {
+                Answer::Local(v) => v,
+                Answer::Fetched(n) => values[n].clone(),
+            })
+            .collect())
+    }
 
-        // -- locate: one bucket READ per uncached address, every MN at once --
+    /// A round's locate step: one bucket READ per uncached address, every MN at once; the
+    /// addresses found are cached.
+    async fn locate_round(&mut self, plan: &mut RoundPlan) -> Result<(), TxnError> {
         if let Some((list, ids)) = plan.locate_list(self.store()).map_err(TxnError::from)? {
             let res = self.post(Phase::Locate, list).await?;
             let found = plan
@@ -923,8 +915,15 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                 cache.put(t, k, loc);
             }
         }
+        Ok(())
+    }
 
-        // -- access: READ (read-only) / CAS + READ (for update), one doorbell per MN --
+    /// A round's access step: READ (read-only) / CAS + READ (for update), one doorbell per
+    /// MN, after logging the locks (lock logging only). `None`: nothing to post.
+    async fn access_round(
+        &mut self,
+        plan: &RoundPlan,
+    ) -> Result<(Option<BatchResult>, Vec<ItemWrs>), TxnError> {
         let for_update: Vec<ItemLoc> = plan
             .fetches
             .iter()
@@ -939,117 +938,92 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         let (list, wrs) = access_list(&plan.fetches, me, |f, loc| {
             Ok::<_, TxnError>((self.primary_addr(loc)?, self.item_len(f.table)? as u32))
         })?;
-        let mut res = if list.is_empty() {
+        let res = if list.is_empty() {
             None
         } else {
             Some(self.post(Phase::Execute, list).await?)
         };
+        Ok((res, wrs))
+    }
 
-        // -- decide --
-        let mut values: Vec<Option<Vec<u8>>> = vec![None; plan.fetches.len()];
-        for (n, f) in plan.fetches.iter().enumerate() {
-            if let Some(Located::Absent { bucket, free }) = f.located {
-                self.st.note_absent(f.table, f.key, bucket, free);
-                // Absent: validated at commit by a READ of its bucket (read or for update:
-                // the insert that may follow locks a slot of its own).
-                if !self
-                    .st
-                    .reads
-                    .iter()
-                    .any(|e| e.table == f.table && e.key == f.key)
-                {
-                    self.st.reads.push(ReadEntry {
-                        table: f.table,
-                        key: f.key,
-                        target: ReadTarget::Absent { bucket },
-                        value: None,
-                    });
-                    self.st.note_read(f.table, f.key, 0, None);
+    /// Takes the round's lock CASes: every CAS that found the lock free acquired it, so
+    /// those entries are recorded as held before anything is judged (an abort must release
+    /// them); then each lock is settled (acquired, stolen, or a conflict noted).
+    async fn settle_round_locks(
+        &mut self,
+        plan: &RoundPlan,
+        wrs: &[ItemWrs],
+        res: &mut BatchResult,
+        values: &mut [Option<Vec<u8>>],
+        conflict: &mut Option<TxnError>,
+    ) -> Result<(), TxnError> {
+        let mut locked = Vec::new();
+        for w in wrs.iter().filter(|w| w.cas.is_some()) {
+            let f = &plan.fetches[w.fetch];
+            let Some(Located::Found(loc)) = f.located else {
+                continue;
+            };
+            let old = res.atomic(w.cas.unwrap_or(w.read));
+            let bytes = res.take_bytes(w.read);
+            let idx = self
+                .st
+                .record_lock_attempt(f.table, f.key, loc, old, &bytes)?;
+            locked.push((w.fetch, idx, loc, old, bytes));
+        }
+        if logs_before_lock_results(&self.co.cfg) && !locked.is_empty() {
+            // The corner case of Pandora §5.1: the undo records go out before the
+            // coordinator has looked at what its CASes returned.
+            self.write_logs(true).await?;
+        }
+        for (n, idx, loc, old, bytes) in locked {
+            let (table, key) = (plan.fetches[n].table, plan.fetches[n].key);
+            match self.settle_lock(table, key, loc, idx, old, bytes).await {
+                Ok(item) => {
+                    self.st
+                        .note_read(table, key, item.version.counter(), item.writer);
+                    values[n] = self.st.current_value(&self.st.writes[idx]);
                 }
-                values[n] = None;
+                Err(e) => {
+                    conflict.get_or_insert(e);
+                }
             }
         }
-        let mut conflict: Option<TxnError> = None;
-        if let Some(res) = res.as_mut() {
-            // Locks first: every CAS that found the lock free acquired it, so record those
-            // entries as held before judging anything (an abort must release them).
-            let mut locked = Vec::new();
-            for w in wrs.iter().filter(|w| w.cas.is_some()) {
-                let f = &plan.fetches[w.fetch];
-                let Some(Located::Found(loc)) = f.located else {
-                    continue;
-                };
-                let old = res.atomic(w.cas.unwrap_or(w.read));
-                let bytes = res.take_bytes(w.read);
-                let item = parse_item(&bytes, f.table, f.key)?;
-                let idx = self.st.push_lock_entry(f.table, f.key, loc, &item);
-                if old == 0 {
-                    self.st.writes[idx].lock = LockState::Held;
-                }
-                locked.push((w.fetch, idx, loc, old, bytes));
-            }
-            if self.co.cfg.bug(FordBug::LogWithoutLock) && !locked.is_empty() {
-                // The corner case of Pandora §5.1: the undo records go out before the
-                // coordinator has looked at what its CASes returned.
-                self.write_logs(true).await?;
-            }
-            for (n, idx, loc, old, bytes) in locked {
-                let (table, key) = (plan.fetches[n].table, plan.fetches[n].key);
-                match self.settle_lock(table, key, loc, idx, old, bytes).await {
-                    Ok(item) => {
-                        self.st
-                            .note_read(table, key, item.version.counter(), item.writer);
-                        values[n] = self.st.current_value(&self.st.writes[idx]);
-                    }
-                    Err(e) => {
-                        conflict.get_or_insert(e);
-                    }
-                }
-            }
-            for w in wrs.iter().filter(|w| w.cas.is_none()) {
-                let f = &plan.fetches[w.fetch];
-                let Some(Located::Found(loc)) = f.located else {
-                    continue;
-                };
-                let item = parse_item(res.bytes(w.read), f.table, f.key)?;
-                let proceed = logic::read_may_proceed(
-                    item.lock,
-                    &self.co.shared.failed.borrow(),
-                    &self.co.cfg,
-                );
-                if !proceed {
+        Ok(())
+    }
+
+    /// Takes the round's READs of read-only items ([`TxnState::absorb_read`]).
+    fn settle_round_reads(
+        &mut self,
+        plan: &RoundPlan,
+        wrs: &[ItemWrs],
+        res: &BatchResult,
+        values: &mut [Option<Vec<u8>>],
+        conflict: &mut Option<TxnError>,
+    ) -> Result<(), TxnError> {
+        for w in wrs.iter().filter(|w| w.cas.is_none()) {
+            let f = &plan.fetches[w.fetch];
+            let Some(Located::Found(loc)) = f.located else {
+                continue;
+            };
+            let seen = self.st.absorb_read(
+                (f.table, f.key, loc),
+                res.bytes(w.read),
+                &self.co.shared.failed.borrow(),
+                &self.co.cfg,
+            )?;
+            match seen {
+                ReadSeen::Locked => {
                     conflict.get_or_insert(TxnError::Aborted(AbortReason::ReadLockedItem));
-                    continue;
                 }
-                if item.lock != 0 {
-                    self.co.stats.stray_reads += 1;
+                ReadSeen::Value { value, stray } => {
+                    if stray {
+                        self.co.stats.stray_reads += 1;
+                    }
+                    values[w.fetch] = value;
                 }
-                let value = item.valid.then_some(item.value);
-                self.st.reads.push(ReadEntry {
-                    table: f.table,
-                    key: f.key,
-                    target: ReadTarget::Item {
-                        loc,
-                        version: item.version.to_raw(),
-                    },
-                    value: value.clone(),
-                });
-                self.st
-                    .note_read(f.table, f.key, item.version.counter(), item.writer);
-                values[w.fetch] = value;
             }
         }
-        if let Some(e) = conflict {
-            return Err(e);
-        }
-        Ok(plan
-            .answers
-            .into_iter()
-            .map(|a| match a {
-                Answer::Local(v) => v,
-                Answer::Fetched(n) => values[n].clone(),
-            })
-            .collect())
+        Ok(())
     }
 
     /// Finishes the acquisition of one lock whose CAS returned `old` (the item READ in the
@@ -1078,18 +1052,17 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
                     let cas = list.cas(addr, observed, me);
                     let rd = list.read(addr, item_len);
                     let mut res = self.post(Phase::Steal, list).await?;
-                    let got = res.atomic(cas);
-                    if got == observed {
-                        self.co.stats.steals += 1;
-                        bytes = res.take_bytes(rd);
-                        old = 0;
-                    } else {
-                        old = got;
-                        if got == 0 {
-                            // Released meanwhile: an ordinary acquire must win it.
+                    match after_steal(observed, res.atomic(cas)) {
+                        AfterSteal::Stolen => {
+                            self.co.stats.steals += 1;
+                            bytes = res.take_bytes(rd);
+                            old = 0;
+                        }
+                        AfterSteal::ChangedHands => {
                             self.st.writes[idx].lock = LockState::Failed;
                             return Err(TxnError::Aborted(AbortReason::LockChangedHands));
                         }
+                        AfterSteal::Again(got) => old = got,
                     }
                 }
                 AfterCas::Conflict => {
@@ -1099,16 +1072,13 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             }
         }
         let item = parse_item(&bytes, table, key)?;
-        let w = &mut self.st.writes[idx];
-        w.lock = LockState::Held;
-        w.old = Some(OldImage {
-            version: item.version,
-            valid: item.valid,
-            value: item.value.clone(),
-        });
+        self.st.hold(idx, &item);
         Ok(item)
     }
 
+    /// A write (Pandora §2.3 step 1): restaged on an entry the write set holds; else a
+    /// blind update deferred to commit, a delete or insert of a known record locked now,
+    /// or an insert of an absent key that claims an index slot.
     async fn write_impl(
         &mut self,
         table: TableId,
@@ -1132,123 +1102,72 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
         match (kind, self.locate(table, key).await?) {
             (WriteKind::Update, Located::Found(loc)) => {
                 // Blind write: FORD locks it at commit.
-                self.st.writes.push(WriteEntry {
-                    table,
-                    key,
-                    loc,
-                    lock: LockState::Deferred,
-                    intent: Intent::Write(WriteKind::Update),
-                    old: None,
-                    new_value: value.to_vec(),
-                });
+                self.st.push_deferred(table, key, loc, value);
                 Ok(())
             }
-            (WriteKind::Delete, Located::Found(loc)) => {
+            (WriteKind::Delete | WriteKind::Insert, Located::Found(loc)) => {
                 let (item, _) = self
                     .lock_and_read(table, key, loc, SlotAccess::None)
                     .await?;
                 self.st
                     .note_read(table, key, item.version.counter(), item.writer);
-                if !item.valid {
-                    return Err(TxnError::KeyState(key.0));
-                }
-                let i = self.st.write_entry(table, key).unwrap_or(0);
-                self.st.writes[i].intent = Intent::Write(WriteKind::Delete);
-                Ok(())
-            }
-            (WriteKind::Insert, Located::Found(loc)) => {
-                let (item, _) = self
-                    .lock_and_read(table, key, loc, SlotAccess::None)
-                    .await?;
-                self.st
-                    .note_read(table, key, item.version.counter(), item.writer);
-                if item.valid {
-                    return Err(TxnError::KeyState(key.0));
-                }
-                let i = self.st.write_entry(table, key).unwrap_or(0);
-                self.st.writes[i].intent = Intent::Write(WriteKind::Insert);
-                self.st.writes[i].new_value = value.to_vec();
-                Ok(())
+                self.st.stage_locked(table, key, kind, value, item.valid)
             }
             (WriteKind::Insert, Located::Absent { bucket, free }) => {
-                let Some(slot) = free else {
-                    // Full, or a slot half claimed by a concurrent insert of a hashed pooled
-                    // table (`TableLayout::insert_slot`), possibly of this very key.
-                    return Err(TxnError::Aborted(AbortReason::NoFreeIndexSlot));
-                };
-                // The slot's fixed record, or for a pooled table the next record of this
-                // coordinator's insert share (no verb: the share is its own).
-                let loc = self
-                    .co
-                    .inserts
-                    .next(self.store(), self.co.id, bucket, slot)
-                    .map_err(TxnError::from)?;
-                let pooled = self
-                    .store()
-                    .table(table)
-                    .map_err(TxnError::from)?
-                    .is_pooled();
-                let access = if pooled {
-                    // Another insert into this slot would lock a record of its own, so the
-                    // record lock cannot arbitrate: the lock batch CASes the slot instead of
-                    // READing it (same verbs, one READ becomes a CAS). Once that CAS is
-                    // posted the slot may name the record, so the record counts as taken.
-                    self.co.inserts.claimed(&self.co.store, bucket);
-                    SlotAccess::Claim(logic::pack_location(bucket.partition, loc.offset).to_raw())
-                } else {
-                    SlotAccess::Read
-                };
-                let (item, seen) = self.lock_and_read(table, key, loc, access).await?;
-                match seen {
-                    Some(SlotSeen::Address(old)) => {
-                        // 0: won and already named on every replica (`lock_and_read`); the
-                        // record is fresh, so the key is absent. Else another insert holds
-                        // the slot: a retry finds what it holds.
-                        if old != 0 {
-                            return Err(TxnError::Aborted(
-                                AbortReason::IndexSlotTakenByConcurrentInsert,
-                            ));
-                        }
-                        if item.valid {
-                            return Err(TxnError::KeyState(key.0));
-                        }
-                    }
-                    Some(SlotSeen::Bytes(slot_bytes)) => {
-                        let slot_key = slot_bytes
-                            .get(0..8)
-                            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
-                        let slot_used = slot_bytes
-                            .get(8..16)
-                            .is_some_and(|b| b.iter().any(|&x| x != 0));
-                        if slot_used && slot_key != key.0 {
-                            return Err(TxnError::Aborted(
-                                AbortReason::IndexSlotTakenByConcurrentInsert,
-                            ));
-                        }
-                        if item.valid {
-                            return Err(TxnError::KeyState(key.0));
-                        }
-                        if !slot_used {
-                            // Claim the slot on every replica; the item stays invalid (absent)
-                            // until commit, so readers that find the slot see the key as
-                            // absent.
-                            self.write_slot(bucket, slot, key, loc.offset).await?;
-                        }
-                    }
-                    None => return Err(TxnError::Aborted(AbortReason::IndexSlotNotSeen)),
-                }
-                self.co.shared.cache.borrow_mut().put(table, key, loc);
-                self.st
-                    .note_read(table, key, item.version.counter(), item.writer);
-                let i = self.st.write_entry(table, key).unwrap_or(0);
-                self.st.writes[i].intent = Intent::Write(WriteKind::Insert);
-                self.st.writes[i].new_value = value.to_vec();
-                Ok(())
+                self.insert_absent(table, key, value, bucket, free).await
             }
             (WriteKind::Update | WriteKind::Delete, Located::Absent { .. }) => {
                 Err(TxnError::KeyState(key.0))
             }
         }
+    }
+
+    /// An insert of a key absent from the index: lock the record of the bucket's free slot
+    /// `free` (with the slot READ, or CASed in a pooled table) and claim the slot.
+    async fn insert_absent(
+        &mut self,
+        table: TableId,
+        key: Key,
+        value: &[u8],
+        bucket: BucketLoc,
+        free: Option<usize>,
+    ) -> Result<(), TxnError> {
+        let Some(slot) = free else {
+            // Full, or a slot half claimed by a concurrent insert of a hashed pooled
+            // table (`TableLayout::insert_slot`), possibly of this very key.
+            return Err(TxnError::Aborted(AbortReason::NoFreeIndexSlot));
+        };
+        // The slot's fixed record, or for a pooled table the next record of this
+        // coordinator's insert share (no verb: the share is its own).
+        let loc = self
+            .co
+            .inserts
+            .next(self.store(), self.co.id, bucket, slot)
+            .map_err(TxnError::from)?;
+        let pooled = self
+            .store()
+            .table(table)
+            .map_err(TxnError::from)?
+            .is_pooled();
+        let access = if pooled {
+            // Another insert into this slot would lock a record of its own, so the
+            // record lock cannot arbitrate: the lock batch CASes the slot instead of
+            // READing it (same verbs, one READ becomes a CAS). Once that CAS is
+            // posted the slot may name the record, so the record counts as taken.
+            self.co.inserts.claimed(&self.co.store, bucket);
+            SlotAccess::Claim(logic::pack_location(bucket.partition, loc.offset).to_raw())
+        } else {
+            SlotAccess::Read
+        };
+        let (item, seen) = self.lock_and_read(table, key, loc, access).await?;
+        if slot_verdict(seen.as_ref(), key, item.valid)? {
+            self.write_slot(bucket, slot, key, loc.offset).await?;
+        }
+        self.co.shared.cache.borrow_mut().put(table, key, loc);
+        self.st
+            .note_read(table, key, item.version.counter(), item.writer);
+        self.st
+            .stage_locked(table, key, WriteKind::Insert, value, item.valid)
     }
 }
 

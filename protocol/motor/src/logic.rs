@@ -325,6 +325,154 @@ pub fn claim_slot(
     Ok(())
 }
 
+/// What the READ of a record's CVT (chained after its lock CAS when read for update) shows
+/// in a round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CvtRead {
+    /// The lock CAS found the lock taken: abort (another writer holds the record).
+    Locked,
+    /// The CVT does not parse. If this transaction's CAS took the lock, the record joins
+    /// the write set anyway so that the abort releases it.
+    Unreadable,
+    /// The CVT as read, to judge with [`after_meta`].
+    Meta(Meta),
+}
+
+/// Judges a round's CVT READ: `cas` is what the lock CAS returned (`None`: no CAS, a
+/// read-only record or the unsafe no-CAS mode), `bytes` the meta as read.
+#[must_use]
+pub fn after_cvt_read(cas: Option<u64>, bytes: &[u8], shape: BlockShape) -> CvtRead {
+    if cas.is_some_and(|old| old != 0) {
+        return CvtRead::Locked;
+    }
+    Meta::parse(bytes, shape).map_or(CvtRead::Unreadable, CvtRead::Meta)
+}
+
+/// What a round does with a version image it READ: `Ok(Some(_))` to use it, `Ok(None)` to
+/// read the record again (a read-only record whose image was torn or overwritten since its
+/// meta was read), `Err` to abort (a record read for update cannot change under its lock,
+/// so a torn image there is an error; without the lock CAS it is plain bad luck).
+///
+/// # Errors
+/// [`AbortReason::TornImageUnderLock`] or [`AbortReason::TornImage`].
+pub fn after_image<P>(
+    payload: Option<P>,
+    for_update: bool,
+    locked: bool,
+) -> Result<Option<P>, AbortReason> {
+    match payload {
+        Some(p) => Ok(Some(p)),
+        None if for_update && locked => Err(AbortReason::TornImageUnderLock),
+        None if for_update => Err(AbortReason::TornImage),
+        None => Ok(None),
+    }
+}
+
+/// Whether a round may read its pending records once more after `rereads` repeated passes:
+/// a read-only record found locked is read again (its writer may hold a commit timestamp
+/// below `S`), but not forever.
+///
+/// # Errors
+/// [`AbortReason::RecordStayedLocked`] past `max`.
+pub fn may_reread(rereads: u32, max: u32) -> Result<(), AbortReason> {
+    if rereads > max {
+        Err(AbortReason::RecordStayedLocked)
+    } else {
+        Ok(())
+    }
+}
+
+/// What a for-update access to a key absent from the index does (an insert claims a slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbsentKey {
+    /// Claim the bucket's free slot (lock its block, write the slot).
+    Claim,
+    /// Read it as absent (validated at commit like any read).
+    ReadAbsent,
+    /// Abort: a slot of the bucket is half claimed, possibly by an insert of this key
+    /// between its slot CAS and its slot WRITE; a retry finds the key or a settled bucket.
+    HalfClaimed,
+}
+
+/// Decides for a key absent from the index: only a for-update access that `can_insert`
+/// (a block is available: always in the slot-fixed layout, in a pooled table while the
+/// coordinator's insert share has room) claims, and not while a slot is `being_claimed`
+/// (asked only then).
+pub fn absent_key(
+    for_update: bool,
+    can_insert: bool,
+    being_claimed: impl FnOnce() -> Result<bool, TxnError>,
+) -> Result<AbsentKey, TxnError> {
+    if !(for_update && can_insert) {
+        return Ok(AbsentKey::ReadAbsent);
+    }
+    Ok(if being_claimed()? {
+        AbsentKey::HalfClaimed
+    } else {
+        AbsentKey::Claim
+    })
+}
+
+/// Whether an insert's lock batch CASes the index slot's address word (empty -> its
+/// block) instead of READing the slot: in a pooled table each insert locks a block of its
+/// own, so only the slot can arbitrate; in a slot-fixed one the block's lock CAS does. The
+/// unsafe no-CAS mode takes no CAS at all.
+#[must_use]
+pub const fn claims_slot_by_cas(pooled: bool, unsafe_no_cas: bool) -> bool {
+    pooled && !unsafe_no_cas
+}
+
+/// What an insert's lock batch saw of the index slot: the slot CAS's old word (`cas`), or
+/// the slot's 16 bytes (`read`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotSeen<'a> {
+    /// The address word the slot CAS found (0: won).
+    Cas(u64),
+    /// The slot as READ.
+    Read(&'a [u8]),
+    /// Neither (a batch that did not look at the slot).
+    Unseen,
+}
+
+/// Judges the slot an insert of `key` claims: `Ok(true)` if it already names a record
+/// (this key's: nothing to write), `Ok(false)` if the insert must WRITE it to every
+/// replica ([`claim_slot`]).
+///
+/// # Errors
+/// Another insert holds the slot (a retry finds what it names), or it was not seen.
+pub fn slot_used(seen: SlotSeen<'_>, key: u64) -> Result<bool, AbortReason> {
+    match seen {
+        // A won CAS set only the primary's address word: the slot is still written.
+        SlotSeen::Cas(0) => Ok(false),
+        SlotSeen::Cas(_) => Err(AbortReason::IndexSlotTakenByConcurrentInsert),
+        SlotSeen::Read(sb) => {
+            let slot_key = u64::from_le_bytes(sb[..8].try_into().unwrap_or([0; 8]));
+            let used = sb[8..16].iter().any(|&b| b != 0);
+            if used && slot_key != key {
+                return Err(AbortReason::IndexSlotTakenByConcurrentInsert);
+            }
+            Ok(used)
+        }
+        SlotSeen::Unseen => Err(AbortReason::IndexSlotNotSeen),
+    }
+}
+
+/// The MNs a commit WRITEs a record's unlock to (Motor's `commit.cc`, `WriteReplica`): the
+/// primary last, and with Motor's delta layout (a record the commit installs) every other
+/// live replica first, as Motor puts the unlock into every replica's doorbell (a backup's
+/// lock word is never taken, so it only costs a WRITE). LOTUS's full records (LOTUS §4.4)
+/// unlock the primary alone.
+#[must_use]
+pub fn unlock_mns(deltas: bool, installs: bool, primary: u16, live: &[u16]) -> Vec<u16> {
+    let mut mns: Vec<u16> = if deltas && installs {
+        live.iter().copied().filter(|&mn| mn != primary).collect()
+    } else {
+        Vec::new()
+    };
+    mns.push(primary);
+    mns
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -450,5 +598,101 @@ mod tests {
         assert_eq!(stage_op(None, WriteKind::Update, &v, false, false), Err(()));
         assert_eq!(stage_op(None, WriteKind::Insert, &v, true, true), Err(()));
         assert_eq!(stage_op(None, WriteKind::Delete, &[], false, true), Err(()));
+    }
+
+    #[test]
+    fn cvt_read_judges_lock_then_parse() {
+        let shape = BlockShape::new(2, 8);
+        let mut bytes = vec![0u8; shape.meta_len()];
+        assert_eq!(after_cvt_read(Some(7), &bytes, shape), CvtRead::Locked);
+        assert_eq!(
+            after_cvt_read(None, &bytes[..4], shape),
+            CvtRead::Unreadable,
+            "short"
+        );
+        let m = Meta::parse(&bytes, shape).expect("a zeroed meta parses");
+        assert_eq!(
+            after_cvt_read(Some(0), &bytes, shape),
+            CvtRead::Meta(m.clone())
+        );
+        assert_eq!(after_cvt_read(None, &bytes, shape), CvtRead::Meta(m));
+        bytes.truncate(shape.meta_len() - 1);
+        assert_eq!(
+            after_cvt_read(Some(0), &bytes, shape),
+            CvtRead::Unreadable,
+            "won the lock, but the CVT is cut"
+        );
+    }
+
+    #[test]
+    fn a_torn_image_is_reread_only_without_update() {
+        assert_eq!(after_image(Some(3), true, true), Ok(Some(3)));
+        assert_eq!(after_image::<u8>(None, false, true), Ok(None));
+        assert_eq!(
+            after_image::<u8>(None, true, true),
+            Err(AbortReason::TornImageUnderLock)
+        );
+        assert_eq!(
+            after_image::<u8>(None, true, false),
+            Err(AbortReason::TornImage)
+        );
+        assert_eq!(may_reread(32, 32), Ok(()));
+        assert_eq!(may_reread(33, 32), Err(AbortReason::RecordStayedLocked));
+    }
+
+    #[test]
+    fn an_absent_key_is_claimed_only_for_update_with_room() {
+        let never = || -> Result<bool, TxnError> { panic!("asked without need") };
+        assert_eq!(absent_key(false, false, never), Ok(AbsentKey::ReadAbsent));
+        assert_eq!(absent_key(true, false, never), Ok(AbsentKey::ReadAbsent));
+        assert_eq!(absent_key(true, true, || Ok(false)), Ok(AbsentKey::Claim));
+        assert_eq!(
+            absent_key(true, true, || Ok(true)),
+            Ok(AbsentKey::HalfClaimed)
+        );
+        assert_eq!(
+            absent_key(true, true, || Err(TxnError::KeyState(1))),
+            Err(TxnError::KeyState(1))
+        );
+        assert!(claims_slot_by_cas(true, false));
+        assert!(!claims_slot_by_cas(false, false));
+        assert!(!claims_slot_by_cas(true, true));
+    }
+
+    #[test]
+    fn the_claimed_slot_is_judged_by_its_cas_or_its_bytes() {
+        assert_eq!(slot_used(SlotSeen::Cas(0), 5), Ok(false));
+        assert_eq!(
+            slot_used(SlotSeen::Cas(0x40), 5),
+            Err(AbortReason::IndexSlotTakenByConcurrentInsert)
+        );
+        let slot = |key: u64, addr: u64| {
+            let mut b = key.to_le_bytes().to_vec();
+            b.extend_from_slice(&addr.to_le_bytes());
+            b
+        };
+        assert_eq!(slot_used(SlotSeen::Read(&slot(0, 0)), 5), Ok(false), "free");
+        assert_eq!(
+            slot_used(SlotSeen::Read(&slot(5, 0x40)), 5),
+            Ok(true),
+            "this key's"
+        );
+        assert_eq!(
+            slot_used(SlotSeen::Read(&slot(6, 0x40)), 5),
+            Err(AbortReason::IndexSlotTakenByConcurrentInsert)
+        );
+        assert_eq!(
+            slot_used(SlotSeen::Unseen, 5),
+            Err(AbortReason::IndexSlotNotSeen)
+        );
+    }
+
+    #[test]
+    fn unlocks_go_to_every_replica_only_for_an_install_with_deltas() {
+        let live = [0, 1, 2];
+        assert_eq!(unlock_mns(true, true, 1, &live), [0, 2, 1], "primary last");
+        assert_eq!(unlock_mns(true, false, 1, &live), [1]);
+        assert_eq!(unlock_mns(false, true, 1, &live), [1]);
+        assert_eq!(unlock_mns(true, true, 1, &[1]), [1]);
     }
 }

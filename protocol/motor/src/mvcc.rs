@@ -998,32 +998,44 @@ mod tests {
                 &encode_meta_tail(7, TableId(1), shape, plan.floor, &plan.cells),
             );
             installed.push((c, writer, v.clone()));
-            let meta = Meta::parse(&mem[b..b + shape.meta_len()], shape).unwrap();
-            for (i, cell) in meta
-                .cells
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| c.is_committed())
-            {
-                let parts: Vec<&[u8]> = version_reads(shape, &meta, block, i)
-                    .into_iter()
-                    .map(|(at, len)| &mem[at as usize..at as usize + len])
-                    .collect();
-                if layout == VersionLayout::Deltas {
-                    assert_eq!(parts.len(), 1 + newer_cells(&meta, i).len());
-                }
-                let got = decode_version(shape, &meta, i, &parts).unwrap();
-                let want = installed
-                    .iter()
-                    .find(|x| x.0 == cell.commit_version())
-                    .unwrap();
-                assert_eq!(
-                    (got.writer, got.value),
-                    (want.1, want.2.clone()),
-                    "version {}",
-                    want.0
-                );
+            check_versions(shape, block, &mem, &installed);
+        }
+    }
+
+    /// Decodes every version the CVT of the block at `block` in `mem` holds: each must be
+    /// the value `installed` (commit version, installer, value) says, and its installer.
+    fn check_versions(
+        shape: BlockShape,
+        block: u64,
+        mem: &[u8],
+        installed: &[(u64, u64, Option<Vec<u8>>)],
+    ) {
+        let b = block as usize;
+        let meta = Meta::parse(&mem[b..b + shape.meta_len()], shape).unwrap();
+        for (i, cell) in meta
+            .cells
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.is_committed())
+        {
+            let parts: Vec<&[u8]> = version_reads(shape, &meta, block, i)
+                .into_iter()
+                .map(|(at, len)| &mem[at as usize..at as usize + len])
+                .collect();
+            if shape.layout == VersionLayout::Deltas {
+                assert_eq!(parts.len(), 1 + newer_cells(&meta, i).len());
             }
+            let got = decode_version(shape, &meta, i, &parts).unwrap();
+            let want = installed
+                .iter()
+                .find(|x| x.0 == cell.commit_version())
+                .unwrap();
+            assert_eq!(
+                (got.writer, got.value),
+                (want.1, want.2.clone()),
+                "version {}",
+                want.0
+            );
         }
     }
 

@@ -31,10 +31,10 @@ use dmem_txn::{
     RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, Version, WriteEvent,
     WriteKind,
 };
-use dmem_verbs::{BatchResult, Clock, Nanos, Phase, PostList, RemoteAddr, Verbs};
+use dmem_verbs::{BatchResult, Clock, Nanos, Phase, PostList, RemoteAddr, Verbs, WrId};
 
 use crate::exec::{self, ExecSets, Lookup, WriteEntry};
-use crate::logic::{self, Isolation, MetaOutcome};
+use crate::logic::{self, AbsentKey, CvtRead, Isolation, MetaOutcome, SlotSeen};
 use crate::mvcc::{
     self, BlockShape, CELL_LEN, FLOOR_OFFSET, LOCK_OFFSET, Meta, Shapes, pack_writer,
 };
@@ -233,6 +233,19 @@ pub struct MotorTxn<'a, V, H, T> {
     recorded_unknown: bool,
 }
 
+/// A pass's work requests for one fetch: its index, block, shape, lock CAS (for update)
+/// and CVT READ.
+type CvtWrs = (usize, ItemLoc, BlockShape, Option<WrId>, WrId);
+
+/// How an insert's lock batch looks at the index slot.
+#[derive(Debug, Clone, Copy)]
+enum SlotWr {
+    /// CAS of its address word.
+    Cas(WrId),
+    /// READ of its 16 bytes.
+    Read(WrId),
+}
+
 /// One record a round fetches.
 #[derive(Debug, Clone)]
 struct Fetch {
@@ -284,6 +297,10 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         );
     }
 
+    /// One round (step 2 of the module doc): locate the uncached records, then pass over the
+    /// pending ones (CAS + READ of the CVT for update, READ of it otherwise, then the READ
+    /// of the version chosen) until every record is answered; a read-only record found
+    /// locked is read again, a bounded number of times.
     async fn round_impl(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
         if self.kind == TxnKind::ReadOnly && reqs.iter().any(|r| r.access == Access::ForUpdate) {
             return Err(TxnError::ReadOnly);
@@ -301,47 +318,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 done: None,
             })
             .collect();
-
-        // -- locate: one bucket READ per uncached record, every MN at once --
-        let uncached: Vec<_> = fetches
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| f.loc.is_none())
-            .map(|(n, f)| (n, f.table, f.key))
-            .collect();
-        let found = exec::locate(&self.co.ctx, &self.co.store, &self.co.cache, &uncached).await?;
-        {
-            let mut absent = Vec::new();
-            for (n, bucket, lookup) in found {
-                match lookup {
-                    Lookup::Found(loc) => fetches[n].loc = Some(loc),
-                    Lookup::Absent { free, used } => absent.push((n, bucket, free, used)),
-                }
-            }
-            for (n, bucket, free, used) in absent {
-                let (table, key) = (fetches[n].table, fetches[n].key);
-                if fetches[n].access == Access::ForUpdate && self.can_insert(bucket) {
-                    if self
-                        .store()
-                        .table(table)
-                        .map_err(TxnError::from)?
-                        .slot_being_claimed(&used)
-                    {
-                        // Possibly an insert of this key between its slot CAS and its
-                        // slot WRITE: a retry finds the key or a settled bucket.
-                        return Err(TxnError::Aborted(AbortReason::IndexSlotHalfClaimed));
-                    }
-                    let v = self.claim(table, key, bucket, free).await?;
-                    fetches[n].done = Some(v);
-                } else {
-                    self.sets
-                        .read_absent(table, key, Some(Target::Absent(bucket)));
-                    fetches[n].done = Some(None);
-                }
-            }
-        }
-
-        // -- CVTs: CAS + READ (for update) / READ (read-only), then the images --
+        self.locate_fetches(&mut fetches).await?;
         let mut rereads = 0;
         loop {
             let pending: Vec<usize> = (0..fetches.len())
@@ -350,116 +327,179 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             if pending.is_empty() {
                 break;
             }
-            let me = self.my_lock();
-            let mut list = PostList::new();
-            let mut wrs = Vec::new();
-            for &n in &pending {
-                let f = &fetches[n];
-                let Some(loc) = f.loc else { continue };
-                let shape = self.shape(f.table)?;
-                let addr = self.primary(&loc, 0)?;
-                let cas = (f.access == Access::ForUpdate && !self.co.cfg.unsafe_no_cas)
-                    .then(|| list.cas(addr, 0, me));
-                if cas.is_some() {
-                    // Logged before the CAS is posted: a crash may land it unseen.
-                    self.log_locked(f.table, loc);
-                }
-                let rd = list.read(addr, shape.meta_len() as u32);
-                wrs.push((n, loc, shape, cas, rd));
-            }
-            self.co.ctx.mark_phase(Phase::Execute);
-            let res = self.co.ctx.post(list).await?;
-            let mut conflict = None;
-            let mut images = Vec::new();
-            for &(n, loc, shape, cas, rd) in &wrs {
-                let f = &fetches[n];
-                let for_update = f.access == Access::ForUpdate;
-                if let Some(cas) = cas
-                    && res.atomic(cas) != 0
-                {
-                    conflict.get_or_insert(TxnError::Aborted(AbortReason::RecordLocked));
-                    continue;
-                }
-                let Some(meta) = Meta::parse(res.bytes(rd), shape) else {
-                    if cas.is_some() {
-                        // Held though unreadable: keep it so that the abort releases it.
-                        self.sets.writes.push(WriteEntry::new(
-                            f.table,
-                            f.key,
-                            loc,
-                            Meta::empty(shape.cells),
-                            true,
-                        ));
-                    }
-                    conflict.get_or_insert(TxnError::Aborted(AbortReason::UnreadableVersionTable));
-                    continue;
-                };
-                if for_update {
-                    // Held from here on (or, without the CAS, tracked): abort releases it.
-                    self.sets.writes.push(WriteEntry::new(
-                        f.table,
-                        f.key,
-                        loc,
-                        meta.clone(),
-                        cas.is_some(),
-                    ));
-                }
-                match logic::after_meta(&meta, self.start, for_update, self.co.cfg.skip_newer_abort)
-                {
-                    MetaOutcome::Image(i) => images.push((n, loc, shape, meta, i)),
-                    MetaOutcome::Absent => {
-                        let at = (!for_update).then_some(Target::Block(loc));
-                        self.sets.read_absent(f.table, f.key, at);
-                        fetches[n].done = Some(None);
-                    }
-                    MetaOutcome::Retry => {}
-                    MetaOutcome::Abort(why) => {
-                        conflict.get_or_insert(TxnError::Aborted(why));
-                    }
-                }
-            }
-            if let Some(e) = conflict {
-                return Err(e);
-            }
-            if !images.is_empty() {
-                let read = exec::read_versions(&self.co.ctx, &self.co.store, images).await?;
-                for (n, loc, version, payload) in read {
-                    let (table, key, access) =
-                        (fetches[n].table, fetches[n].key, fetches[n].access);
-                    let for_update = access == Access::ForUpdate;
-                    match payload {
-                        Some(p) => {
-                            self.sets.read_version(
-                                table,
-                                key,
-                                access,
-                                Target::Block(loc),
-                                version,
-                                p.writer,
-                                p.value.as_deref(),
-                            );
-                            fetches[n].done = Some(p.value);
-                        }
-                        None if for_update && !self.co.cfg.unsafe_no_cas => {
-                            return Err(TxnError::Aborted(AbortReason::TornImageUnderLock));
-                        }
-                        None if for_update => {
-                            return Err(TxnError::Aborted(AbortReason::TornImage));
-                        }
-                        None => {}
-                    }
-                }
-            }
+            self.cvt_pass(&mut fetches, &pending).await?;
             if fetches.iter().any(|f| f.done.is_none()) {
                 rereads += 1;
                 self.co.stats.rereads += 1;
-                if rereads > self.co.cfg.max_rereads {
-                    return Err(TxnError::Aborted(AbortReason::RecordStayedLocked));
-                }
+                logic::may_reread(rereads, self.co.cfg.max_rereads).map_err(TxnError::Aborted)?;
                 self.co.ctx.sleep(self.co.cfg.reread_pause).await;
             }
         }
         Ok(plan.values(|n| fetches[n].done.clone().flatten()))
+    }
+
+    /// A round's locate step: one bucket READ per uncached record, every MN at once. A key
+    /// absent from the index is claimed or read as absent ([`logic::absent_key`]).
+    async fn locate_fetches(&mut self, fetches: &mut [Fetch]) -> Result<(), TxnError> {
+        let uncached: Vec<_> = fetches
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.loc.is_none())
+            .map(|(n, f)| (n, f.table, f.key))
+            .collect();
+        let found = exec::locate(&self.co.ctx, &self.co.store, &self.co.cache, &uncached).await?;
+        let mut absent = Vec::new();
+        for (n, bucket, lookup) in found {
+            match lookup {
+                Lookup::Found(loc) => fetches[n].loc = Some(loc),
+                Lookup::Absent { free, used } => absent.push((n, bucket, free, used)),
+            }
+        }
+        for (n, bucket, free, used) in absent {
+            let (table, key) = (fetches[n].table, fetches[n].key);
+            let for_update = fetches[n].access == Access::ForUpdate;
+            let action =
+                logic::absent_key(for_update, for_update && self.can_insert(bucket), || {
+                    Ok(self
+                        .store()
+                        .table(table)
+                        .map_err(TxnError::from)?
+                        .slot_being_claimed(&used))
+                })?;
+            fetches[n].done = Some(match action {
+                AbsentKey::HalfClaimed => {
+                    return Err(TxnError::Aborted(AbortReason::IndexSlotHalfClaimed));
+                }
+                AbsentKey::Claim => self.claim(table, key, bucket, free).await?,
+                AbsentKey::ReadAbsent => {
+                    self.sets
+                        .read_absent(table, key, Some(Target::Absent(bucket)));
+                    None
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// One pass over the pending fetches: their CVTs in one post list, judged
+    /// ([`logic::after_cvt_read`], [`logic::after_meta`]), then the versions chosen.
+    async fn cvt_pass(&mut self, fetches: &mut [Fetch], pending: &[usize]) -> Result<(), TxnError> {
+        let (list, wrs) = self.cvt_list(fetches, pending)?;
+        self.co.ctx.mark_phase(Phase::Execute);
+        let res = self.co.ctx.post(list).await?;
+        let images = self.judge_cvts(fetches, &wrs, &res)?;
+        if !images.is_empty() {
+            let read = exec::read_versions(&self.co.ctx, &self.co.store, images).await?;
+            for (n, loc, version, payload) in read {
+                let f = &fetches[n];
+                let (table, key, access) = (f.table, f.key, f.access);
+                let for_update = access == Access::ForUpdate;
+                let locked = !self.co.cfg.unsafe_no_cas;
+                let Some(p) =
+                    logic::after_image(payload, for_update, locked).map_err(TxnError::Aborted)?
+                else {
+                    continue;
+                };
+                self.sets.read_version(
+                    table,
+                    key,
+                    access,
+                    Target::Block(loc),
+                    version,
+                    p.writer,
+                    p.value.as_deref(),
+                );
+                fetches[n].done = Some(p.value);
+            }
+        }
+        Ok(())
+    }
+
+    /// The post list of a pass: per pending fetch (with its block known) a lock CAS
+    /// chained with the CVT READ for update (unless unsafe), a CVT READ otherwise.
+    fn cvt_list(
+        &self,
+        fetches: &[Fetch],
+        pending: &[usize],
+    ) -> Result<(PostList, Vec<CvtWrs>), TxnError> {
+        let me = self.my_lock();
+        let mut list = PostList::new();
+        let mut wrs = Vec::new();
+        for &n in pending {
+            let f = &fetches[n];
+            let Some(loc) = f.loc else { continue };
+            let shape = self.shape(f.table)?;
+            let addr = self.primary(&loc, 0)?;
+            let cas = (f.access == Access::ForUpdate && !self.co.cfg.unsafe_no_cas)
+                .then(|| list.cas(addr, 0, me));
+            if cas.is_some() {
+                // Logged before the CAS is posted: a crash may land it unseen.
+                self.log_locked(f.table, loc);
+            }
+            let rd = list.read(addr, shape.meta_len() as u32);
+            wrs.push((n, loc, shape, cas, rd));
+        }
+        Ok((list, wrs))
+    }
+
+    /// Judges a pass's CVT READs: records read for update join the write set (held, or
+    /// tracked without the CAS) before anything aborts, so that the abort releases them;
+    /// a record with no version at `S` is answered absent; the versions to READ are
+    /// returned. The first conflict aborts once every record is judged.
+    fn judge_cvts(
+        &mut self,
+        fetches: &mut [Fetch],
+        wrs: &[CvtWrs],
+        res: &BatchResult,
+    ) -> Result<Vec<exec::VersionPick>, TxnError> {
+        let mut conflict = None;
+        let mut images = Vec::new();
+        for &(n, loc, shape, cas, rd) in wrs {
+            let (table, key) = (fetches[n].table, fetches[n].key);
+            let for_update = fetches[n].access == Access::ForUpdate;
+            let meta = match logic::after_cvt_read(cas.map(|c| res.atomic(c)), res.bytes(rd), shape)
+            {
+                CvtRead::Locked => {
+                    conflict.get_or_insert(TxnError::Aborted(AbortReason::RecordLocked));
+                    continue;
+                }
+                CvtRead::Unreadable => {
+                    if cas.is_some() {
+                        // Held though unreadable: keep it so that the abort releases it.
+                        let empty = Meta::empty(shape.cells);
+                        self.sets
+                            .writes
+                            .push(WriteEntry::new(table, key, loc, empty, true));
+                    }
+                    conflict.get_or_insert(TxnError::Aborted(AbortReason::UnreadableVersionTable));
+                    continue;
+                }
+                CvtRead::Meta(meta) => meta,
+            };
+            if for_update {
+                // Held from here on (or, without the CAS, tracked): abort releases it.
+                self.sets.writes.push(WriteEntry::new(
+                    table,
+                    key,
+                    loc,
+                    meta.clone(),
+                    cas.is_some(),
+                ));
+            }
+            match logic::after_meta(&meta, self.start, for_update, self.co.cfg.skip_newer_abort) {
+                MetaOutcome::Image(i) => images.push((n, loc, shape, meta, i)),
+                MetaOutcome::Absent => {
+                    let at = (!for_update).then_some(Target::Block(loc));
+                    self.sets.read_absent(table, key, at);
+                    fetches[n].done = Some(None);
+                }
+                MetaOutcome::Retry => {}
+                MetaOutcome::Abort(why) => {
+                    conflict.get_or_insert(TxnError::Aborted(why));
+                }
+            }
+        }
+        conflict.map_or(Ok(images), Err)
     }
 
     /// Whether an insert into `bucket` could take a block: always in the slot-fixed layout;
@@ -500,6 +540,48 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             .map_err(TxnError::from)?
             .is_pooled();
         let shape = self.shape(table)?;
+        let (res, cas, rd, slot_wr) = self
+            .claim_batch(table, loc, (bucket, slot), shape, pooled)
+            .await?;
+        if let Some(cas) = cas
+            && res.atomic(cas) != 0
+        {
+            return Err(TxnError::Aborted(AbortReason::IndexSlotBeingClaimed));
+        }
+        let parsed = Meta::parse(res.bytes(rd), shape);
+        self.sets.writes.push(WriteEntry::new(
+            table,
+            key,
+            loc,
+            parsed.clone().unwrap_or_else(|| Meta::empty(shape.cells)),
+            cas.is_some(),
+        ));
+        // Pushed before giving up, so that the abort releases the lock.
+        let meta = parsed.ok_or(TxnError::Aborted(AbortReason::UnreadableVersionTable))?;
+        let seen = match slot_wr {
+            Some(SlotWr::Cas(id)) => SlotSeen::Cas(res.atomic(id)),
+            Some(SlotWr::Read(id)) => SlotSeen::Read(res.bytes(id)),
+            None => SlotSeen::Unseen,
+        };
+        if !logic::slot_used(seen, key.0).map_err(TxnError::Aborted)? {
+            let mut list = PostList::new();
+            logic::claim_slot(self.store(), &mut list, bucket, slot, loc.offset, key.0)?;
+            self.co.ctx.post(list).await?;
+        }
+        self.co.cache.borrow_mut().put(table, key, loc);
+        self.read_claimed(table, key, loc, shape, meta).await
+    }
+
+    /// The lock batch of an insert's block at `loc` (for `slot` of `bucket`): the lock CAS (unless unsafe) and the
+    /// CVT READ, then the index slot CASed or READ ([`logic::claims_slot_by_cas`]).
+    async fn claim_batch(
+        &mut self,
+        table: TableId,
+        loc: ItemLoc,
+        (bucket, slot): (BucketLoc, usize),
+        shape: BlockShape,
+        pooled: bool,
+    ) -> Result<(BatchResult, Option<WrId>, WrId, Option<SlotWr>), TxnError> {
         let addr = self.primary(&loc, 0)?;
         let p = self
             .store()
@@ -517,60 +599,28 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         // arbitrates and the slot is only READ. Pooled: each insert locks a block of its
         // own, so the slot's address word is CASed (empty -> our block) instead of READ
         // (same verbs, one READ becomes a CAS); once posted, the block counts as taken.
-        let slot_cas = if pooled && !self.co.cfg.unsafe_no_cas {
+        let slot_wr = if logic::claims_slot_by_cas(pooled, self.co.cfg.unsafe_no_cas) {
             let packed = dmem_layout::record::RemoteAddr::new(bucket.partition, loc.offset)
                 .map_err(|_| TxnError::Aborted(AbortReason::OffsetBeyondPackedAddresses))?;
             self.co.inserts.claimed(&self.co.store, bucket);
-            Some(list.cas(slot_addr.add(8), 0, packed.to_raw()))
+            SlotWr::Cas(list.cas(slot_addr.add(8), 0, packed.to_raw()))
         } else {
-            None
+            SlotWr::Read(list.read(slot_addr, 16))
         };
-        let srd = slot_cas.is_none().then(|| list.read(slot_addr, 16));
         let res = self.co.ctx.post(list).await?;
-        if let Some(cas) = cas
-            && res.atomic(cas) != 0
-        {
-            return Err(TxnError::Aborted(AbortReason::IndexSlotBeingClaimed));
-        }
-        let parsed = Meta::parse(res.bytes(rd), shape);
-        self.sets.writes.push(WriteEntry::new(
-            table,
-            key,
-            loc,
-            parsed.clone().unwrap_or_else(|| Meta::empty(shape.cells)),
-            cas.is_some(),
-        ));
-        // Pushed before giving up, so that the abort releases the lock.
-        let meta = parsed.ok_or(TxnError::Aborted(AbortReason::UnreadableVersionTable))?;
-        let used = match (slot_cas, srd) {
-            (Some(cas), _) => {
-                // Another insert holds the slot: a retry finds what it names.
-                if res.atomic(cas) != 0 {
-                    return Err(TxnError::Aborted(
-                        AbortReason::IndexSlotTakenByConcurrentInsert,
-                    ));
-                }
-                false
-            }
-            (None, Some(srd)) => {
-                let sb = res.bytes(srd);
-                let slot_key = u64::from_le_bytes(sb[..8].try_into().unwrap_or([0; 8]));
-                let used = sb[8..16].iter().any(|&b| b != 0);
-                if used && slot_key != key.0 {
-                    return Err(TxnError::Aborted(
-                        AbortReason::IndexSlotTakenByConcurrentInsert,
-                    ));
-                }
-                used
-            }
-            (None, None) => return Err(TxnError::Aborted(AbortReason::IndexSlotNotSeen)),
-        };
-        if !used {
-            let mut list = PostList::new();
-            logic::claim_slot(self.store(), &mut list, bucket, slot, loc.offset, key.0)?;
-            self.co.ctx.post(list).await?;
-        }
-        self.co.cache.borrow_mut().put(table, key, loc);
+        Ok((res, cas, rd, Some(slot_wr)))
+    }
+
+    /// The claimed record's version at `S` ([`logic::after_meta`] on its CVT as locked):
+    /// absent, or (the key was inserted meanwhile by another transaction) its version READ.
+    async fn read_claimed(
+        &mut self,
+        table: TableId,
+        key: Key,
+        loc: ItemLoc,
+        shape: BlockShape,
+        meta: Meta,
+    ) -> Result<Option<Vec<u8>>, TxnError> {
         match logic::after_meta(&meta, self.start, true, self.co.cfg.skip_newer_abort) {
             MetaOutcome::Absent => {
                 self.sets.note(table, key, 0, 0);
@@ -578,7 +628,6 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             }
             MetaOutcome::Abort(why) => Err(TxnError::Aborted(why)),
             MetaOutcome::Image(i) => {
-                // The key was inserted meanwhile by another transaction: read its version.
                 let read = exec::read_versions(
                     &self.co.ctx,
                     &self.co.store,
@@ -685,6 +734,9 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
         }))
     }
 
+    /// The commit (step 3 of the module doc): a commit timestamp `C`, SR validation, then one post list
+    /// with every install and the unlocks last. A transaction without a write installs
+    /// nothing (every read was at the snapshot `S`).
     async fn commit_impl(&mut self) -> Result<(), TxnError> {
         if self.sets.writes.iter().all(|w| w.op.is_none()) {
             // Nothing to install: every read was at the snapshot S.
@@ -698,6 +750,43 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
             return Err(TxnError::Aborted(AbortReason::ReadOnlyRecordChanged));
         }
         let horizon = self.co.ts.horizon(self.co.cfg.gc_threshold);
+        let (mut list, installs, events) = self.install_list(c, horizon)?;
+        self.add_unlocks(&mut list)?;
+        let id = self.id;
+        // Recorded (as `Unknown`) before the decision is logged, and logged before the first
+        // install WRITE is posted (no await in between): a CN process killed between any two
+        // of these steps leaves no install that recovery finishes without a history record.
+        let end = self.co.ctx.now();
+        let record = self
+            .sets
+            .take_record(id, self.begin, end, TxnOutcome::Unknown, events);
+        self.co.history.record(record);
+        self.recorded_unknown = true;
+        self.co.oplog.committing(self.co.id, installs);
+        self.co.ctx.mark_phase(Phase::Commit);
+        self.co.ctx.post(list).await?;
+        // Resolved before the op log is cleared, never after: recovery settles an `Unknown`
+        // transaction whose coordinator's op log is idle as aborted, so a CN killed between
+        // the two would leave installed versions that no transaction of the history wrote.
+        self.co
+            .history
+            .resolve(id, TxnOutcome::Committed, self.co.ctx.now());
+        self.co.oplog.finished(self.co.id);
+        for w in &mut self.sets.writes {
+            w.lock = false;
+        }
+        self.co.stats.committed += 1;
+        Ok(())
+    }
+
+    /// The commit's install WRITEs of version `c` (cells committed before `horizon`
+    /// collected: [`logic::plan_commit`]) for every record with a staged op, with what the
+    /// op log keeps of them for recovery and what the history records.
+    fn install_list(
+        &self,
+        c: u64,
+        horizon: u64,
+    ) -> Result<(PostList, Vec<Install>, Vec<WriteEvent>), TxnError> {
         let writer = pack_writer(self.id);
         let mut events = Vec::new();
         let mut installs = Vec::new();
@@ -736,53 +825,25 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorTxn<'_, V, H, T
                 kind: new.kind,
             });
         }
-        // Unlocks last: on the same queue pair as the writes, so they land after them.
-        // Motor's code (`commit.cc`, `WriteReplica`) puts the unlock WRITE into every
-        // replica's doorbell; backups' lock words are never taken, so it only costs a WRITE.
-        // dmem does the same with Motor's delta layout and unlocks the primary alone with
-        // full records (the store LOTUS §4.4 describes).
+        Ok((list, installs, events))
+    }
+
+    /// The unlocks, last in the commit's post list: on the same queue pair as the writes,
+    /// so they land after them ([`logic::unlock_mns`] says which replicas).
+    fn add_unlocks(&self, list: &mut PostList) -> Result<(), TxnError> {
         for w in self.sets.writes.iter().filter(|w| w.lock) {
             let shape = self.shape(w.table)?;
-            if shape.layout == mvcc::VersionLayout::Deltas && w.op.is_some() {
-                let p = self
-                    .store()
-                    .primary(w.loc.bucket.partition)
-                    .map_err(TxnError::from)?;
-                for mn in self.store().live_replicas(w.loc.bucket.partition) {
-                    if mn != p {
-                        list.write(
-                            self.store().addr(mn, w.loc.offset + LOCK_OFFSET),
-                            &0u64.to_le_bytes(),
-                        );
-                    }
-                }
+            let deltas = shape.layout == mvcc::VersionLayout::Deltas;
+            let part = w.loc.bucket.partition;
+            let p = self.store().primary(part).map_err(TxnError::from)?;
+            let live = self.store().live_replicas(part);
+            for mn in logic::unlock_mns(deltas, w.op.is_some(), p, &live) {
+                list.write(
+                    self.store().addr(mn, w.loc.offset + LOCK_OFFSET),
+                    &0u64.to_le_bytes(),
+                );
             }
-            list.write(self.primary(&w.loc, LOCK_OFFSET)?, &0u64.to_le_bytes());
         }
-        let id = self.id;
-        // Recorded (as `Unknown`) before the decision is logged, and logged before the first
-        // install WRITE is posted (no await in between): a CN process killed between any two
-        // of these steps leaves no install that recovery finishes without a history record.
-        let end = self.co.ctx.now();
-        let record = self
-            .sets
-            .take_record(id, self.begin, end, TxnOutcome::Unknown, events);
-        self.co.history.record(record);
-        self.recorded_unknown = true;
-        self.co.oplog.committing(self.co.id, installs);
-        self.co.ctx.mark_phase(Phase::Commit);
-        self.co.ctx.post(list).await?;
-        // Resolved before the op log is cleared, never after: recovery settles an `Unknown`
-        // transaction whose coordinator's op log is idle as aborted, so a CN killed between
-        // the two would leave installed versions that no transaction of the history wrote.
-        self.co
-            .history
-            .resolve(id, TxnOutcome::Committed, self.co.ctx.now());
-        self.co.oplog.finished(self.co.id);
-        for w in &mut self.sets.writes {
-            w.lock = false;
-        }
-        self.co.stats.committed += 1;
         Ok(())
     }
 }
