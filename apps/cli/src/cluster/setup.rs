@@ -126,11 +126,12 @@ impl TxnSetup {
                 self.protocol.name()
             );
         }
+        if threads <= 1 {
+            return Ok(());
+        }
         let mut remote = self.remote()?;
-        if threads > 1
-            && let Err(why) = dmem_deploy::require_processes(&mut *remote, &self.protocol.name())?
-                .splits_across_cores()
-        {
+        let side = dmem_deploy::require_processes(&mut *remote, &self.protocol.name())?;
+        if let Err(why) = side.splits_across_cores() {
             bail!(
                 "threads = {threads}: protocol `{}` cannot split a CN's coordinators across cores: {why}; use threads = 1",
                 self.protocol.name()
