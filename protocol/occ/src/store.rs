@@ -524,10 +524,13 @@ impl Directory {
         self.regions[usize::from(mn)].node
     }
 
-    /// Every slot, for recovery and checks.
+    /// Every slot, for recovery and checks, in (table, key) order: the slots live in a
+    /// `HashMap` whose iteration order changes from process to process (a random hash
+    /// seed), and recovery posts its lock-word scan in this order, so an unsorted list
+    /// made the simulated recovery time, and the run after it, differ between two runs.
     #[must_use]
     pub fn all(&self) -> Vec<((TableId, Key), Loc)> {
-        self.placement().slots.into_iter().collect()
+        sorted(self.placement().slots)
     }
 
     /// Every slot this directory knows and, once inserts are shared
@@ -542,10 +545,13 @@ impl Directory {
     ) -> Result<Vec<((TableId, Key), Loc)>, VerbsError> {
         let mut all: HashMap<(TableId, Key), Loc> = self.placement().slots;
         if !self.shares_inserts() {
-            return Ok(all.into_iter().collect());
+            return Ok(sorted(all));
         }
         const CHUNK: u64 = 4096;
-        for (&table, &(base, entries)) in &self.layout.insert_dirs {
+        // In table order, for the same reason as the result's.
+        let mut dirs: Vec<_> = self.layout.insert_dirs.iter().collect();
+        dirs.sort_by_key(|(t, _)| t.0);
+        for (&table, &(base, entries)) in dirs {
             for mn in 0..self.layout.mns {
                 let mut first = 0;
                 while first < entries {
@@ -568,7 +574,7 @@ impl Directory {
                 }
             }
         }
-        Ok(all.into_iter().collect())
+        Ok(sorted(all))
     }
 
     /// The slot of `(table, key)`: [`get`](Self::get), or, once inserts are shared, its
@@ -609,6 +615,14 @@ impl Directory {
         }
         None
     }
+}
+
+/// The slots of `map` in (table, key) order: a `HashMap`'s iteration order depends on its
+/// per-process random seed, and what is posted from these lists must not.
+fn sorted(map: HashMap<(TableId, Key), Loc>) -> Vec<((TableId, Key), Loc)> {
+    let mut all: Vec<_> = map.into_iter().collect();
+    all.sort_unstable_by_key(|((table, key), _)| (table.0, key.0));
+    all
 }
 
 /// A claimed entry's offset as a slot, or the refusal its claimer wrote.
