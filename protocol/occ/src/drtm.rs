@@ -39,7 +39,12 @@ use dmem_verbs::{Clock, Nanos, PostList, RemoteAddr, Verbs};
 use crate::drift::DriftingCtx;
 use crate::oocc::{Stats, bump, write_event};
 use crate::recovery::RedoLogWriter;
-use crate::store::{Directory, Loc, emit, parse};
+use crate::store::{Directory, Loc, parse};
+use crate::versioned::{commit_image, version_of};
+
+pub mod logic;
+
+use logic::{LeaseWait, Settled};
 
 /// DrTM's knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,40 +66,6 @@ impl Default for DrtmConfig {
             min_left_ns: 50_000,
         }
     }
-}
-
-const LOCKED: u64 = (1 << 46) | (1 << 47);
-const END: u64 = (1 << 46) - 1;
-
-/// How far ahead of a reader's clock a lease can end: a lease is set at most `lease_ns`
-/// ahead by a clock at most `delta_ns` off (the drift model's offsets included), so a second
-/// is far beyond any real one and far below the 2^46 ns (19.5 hours) a lease word holds.
-const LEASE_HORIZON_NS: Nanos = 1_000_000_000;
-
-/// The clock time a lease word's `END` bits stand for, read at `now`.
-///
-/// A lease word keeps the low 46 bits of a time. A clock that has run longer than 2^46 ns
-/// (a real CN's monotonic clock on a host up for more than 19.5 hours) wraps them, and
-/// comparing the raw bits against `now` then took every fresh lease for expired: DrTM
-/// aborted almost every transaction with "read lease expired". The bits are taken in the
-/// period that puts them at most [`LEASE_HORIZON_NS`] ahead of `now`; anything further is
-/// from the previous period (an old lease, or a fresh word's 0). Below 2^46 ns (every
-/// simulated run) this is the raw bits unless they lie more than a second ahead.
-fn lease_time(word: u64, now: Nanos) -> Nanos {
-    let period = END + 1;
-    let limit = now.saturating_add(LEASE_HORIZON_NS);
-    let t = (now & !END) | (word & END);
-    if t > limit {
-        t.saturating_sub(period)
-    } else if t.saturating_add(period) <= limit {
-        t + period
-    } else {
-        t
-    }
-}
-
-fn locked(w: u64) -> bool {
-    w & LOCKED != 0
 }
 
 /// One DrTM coordinator.
@@ -159,6 +130,17 @@ impl<C: Verbs + Clock> Coordinator for DrtmCoordinator<C> {
     }
 }
 
+/// A record a round still has to CAS: table, key, whether for a write lock, slot, and
+/// the word the CAS expects.
+#[derive(Debug, Clone, Copy)]
+struct Todo {
+    table: TableId,
+    key: Key,
+    exclusive: bool,
+    loc: Loc,
+    expected: u64,
+}
+
 #[derive(Debug, Clone)]
 struct Entry {
     table: TableId,
@@ -200,127 +182,117 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
     /// Locks or leases `targets` (table, key, exclusive), one CAS + READ per record per
     /// round, until every one is settled.
     async fn acquire(&mut self, targets: Vec<(TableId, Key, bool)>) -> Result<(), TxnError> {
-        let mut todo: Vec<(TableId, Key, bool, Loc, u64)> = Vec::new();
+        let mut todo: Vec<Todo> = Vec::new();
         for (table, key, exclusive) in targets {
             let loc = self.co.dir.locate(&self.co.ctx, table, key).await?;
-            let hint = self.co.hints.borrow().get(&loc).copied().unwrap_or(0);
-            todo.push((table, key, exclusive, loc, hint));
+            let expected = self.co.hints.borrow().get(&loc).copied().unwrap_or(0);
+            todo.push(Todo {
+                table,
+                key,
+                exclusive,
+                loc,
+                expected,
+            });
         }
-        let cfg = self.co.cfg;
         for _ in 0..64 {
             if todo.is_empty() {
                 return Ok(());
             }
-            // A write lock may only replace an expired lease: wait out the ones expected.
-            let now = self.co.ctx.now();
-            let expires = todo
-                .iter()
-                .filter(|t| t.2)
-                .map(|t| lease_time(t.4, now) + cfg.delta_ns)
-                .max()
-                .unwrap_or(0);
-            if expires > now {
-                // Waiting while holding write locks would let readers that keep renewing
-                // the lease starve this writer with its locks held (and every reader of
-                // those): a writer waits only while it holds nothing, else it aborts.
-                if self.entries.iter().any(|e| e.lock.is_some()) {
-                    return Err(TxnError::Aborted(AbortReason::LeaseRunningWhileLocking));
-                }
-                if expires - now > 2 * cfg.lease_ns {
-                    return Err(TxnError::Aborted(AbortReason::LeaseTooLongToWaitOut));
-                }
+            self.wait_out_leases(&todo).await?;
+            todo = self.cas_round(todo).await?;
+        }
+        Err(TxnError::Aborted(AbortReason::LeaseKeptChanging))
+    }
+
+    /// A write lock may only replace an expired lease: waits out the ones the write
+    /// targets expect, or aborts ([`logic::lease_wait`]).
+    async fn wait_out_leases(&self, todo: &[Todo]) -> Result<(), TxnError> {
+        let now = self.co.ctx.now();
+        let words = todo.iter().filter(|t| t.exclusive).map(|t| t.expected);
+        let holds_locks = self.entries.iter().any(|e| e.lock.is_some());
+        match logic::lease_wait(words, now, &self.co.cfg, holds_locks) {
+            LeaseWait::Go => Ok(()),
+            LeaseWait::Abort(reason) => Err(TxnError::Aborted(reason)),
+            LeaseWait::Until(expires) => {
                 bump(&self.co.stats.lease_wait_ns, expires - now);
                 self.co.ctx.sleep_until(expires).await;
+                Ok(())
             }
-            let now = self.co.ctx.now();
-            let mut list = PostList::new();
-            let mut ids = Vec::new();
-            for &(table, _, exclusive, loc, expected) in &todo {
-                let swap = if exclusive {
-                    (u64::from(self.co.id) << 48) | LOCKED | (expected & END)
-                } else {
-                    (now + cfg.lease_ns) & END
-                };
-                let cas = list.cas(self.lock_addr(table, loc)?, expected, swap);
-                let phys = self.co.dir.value_len(table)?;
-                let read = list.read(
-                    self.co.dir.addr(loc.mn, loc.offset),
-                    OoccRecordHeader::record_len(phys) as u32,
-                );
-                ids.push((cas, read, swap));
-            }
-            let res = self.co.ctx.post(list).await?;
-            let now = self.co.ctx.now();
-            let mut next = Vec::new();
-            let mut failure = None;
-            for ((table, key, exclusive, loc, expected), (cas, read, swap)) in
-                todo.into_iter().zip(ids)
-            {
-                let r = res.atomic(cas);
-                self.co
-                    .hints
-                    .borrow_mut()
-                    .insert(loc, if locked(r) { 0 } else { r });
-                let settle = |lease_end: Nanos, lock: Option<u64>| {
-                    (
-                        lease_end,
-                        lock,
-                        parse(res.bytes(read), self.co.dir.value_len(table).unwrap_or(8)),
-                    )
-                };
-                let got = if locked(r) {
+        }
+    }
+
+    /// One round of `todo`: a CAS + READ per record, each settled by
+    /// [`logic::settle_cas`]. Returns the records to CAS again.
+    async fn cas_round(&mut self, todo: Vec<Todo>) -> Result<Vec<Todo>, TxnError> {
+        let cfg = self.co.cfg;
+        let now = self.co.ctx.now();
+        let mut list = PostList::new();
+        let mut ids = Vec::new();
+        for t in &todo {
+            let swap = logic::swap_word(t.exclusive, self.co.id, t.expected, now, cfg.lease_ns);
+            let cas = list.cas(self.lock_addr(t.table, t.loc)?, t.expected, swap);
+            let phys = self.co.dir.value_len(t.table)?;
+            let read = list.read(
+                self.co.dir.addr(t.loc.mn, t.loc.offset),
+                OoccRecordHeader::record_len(phys) as u32,
+            );
+            ids.push((cas, read, swap));
+        }
+        let res = self.co.ctx.post(list).await?;
+        let now = self.co.ctx.now();
+        let mut next = Vec::new();
+        let mut failure = None;
+        for (t, (cas, read, swap)) in todo.into_iter().zip(ids) {
+            let r = res.atomic(cas);
+            self.co.hints.borrow_mut().insert(t.loc, logic::hint_of(r));
+            let got = match logic::settle_cas(r, t.expected, swap, t.exclusive, now, &cfg) {
+                Settled::WriteLocked => {
                     // Settle the rest of the round first: its locks must be released.
                     failure = Some(TxnError::Aborted(AbortReason::RecordWriteLocked));
                     None
-                } else if r == expected {
-                    if exclusive {
-                        Some(settle(0, Some(swap)))
-                    } else {
-                        self.co.hints.borrow_mut().insert(loc, swap);
-                        Some(settle(lease_time(swap, now), None))
-                    }
-                } else if exclusive {
-                    // Free at another word: CAS again once its lease ran out (the next
-                    // round waits for it, or aborts if this round locked something).
-                    next.push((table, key, exclusive, loc, r));
-                    None
-                } else if lease_time(r, now) > now + cfg.delta_ns + cfg.min_left_ns {
-                    // A valid lease: share it.
-                    Some(settle(lease_time(r, now), None))
-                } else {
-                    next.push((table, key, exclusive, loc, r));
-                    None
-                };
-                if let Some((lease_end, lock, image)) = got {
-                    let version = u64::from_le_bytes(image.value[..8].try_into().unwrap_or([0; 8]));
-                    self.events
-                        .push(ReadEvent::new(table, key, Version(version)));
-                    self.entries.push(Entry {
-                        table,
-                        key,
-                        loc,
-                        lock,
-                        lease_end,
-                        version,
-                        present: image.present,
-                        value: image.value[8..].to_vec(),
-                        new: None,
-                    });
                 }
+                Settled::Locked => Some((0, Some(swap))),
+                Settled::Leased(end) => {
+                    self.co.hints.borrow_mut().insert(t.loc, swap);
+                    Some((end, None))
+                }
+                Settled::Shared(end) => Some((end, None)),
+                Settled::Retry => {
+                    next.push(Todo { expected: r, ..t });
+                    None
+                }
+            };
+            if let Some((lease_end, lock)) = got {
+                self.take_entry(t, lease_end, lock, res.bytes(read));
             }
-            if let Some(e) = failure {
-                return Err(e);
-            }
-            todo = next;
         }
-        Err(TxnError::Aborted(AbortReason::LeaseKeptChanging))
+        failure.map_or(Ok(next), Err)
+    }
+
+    /// Takes a settled record (its READ `bytes`) into the transaction.
+    fn take_entry(&mut self, t: Todo, lease_end: Nanos, lock: Option<u64>, bytes: &[u8]) {
+        let image = parse(bytes, self.co.dir.value_len(t.table).unwrap_or(8));
+        let version = version_of(&image.value);
+        self.events
+            .push(ReadEvent::new(t.table, t.key, Version(version)));
+        self.entries.push(Entry {
+            table: t.table,
+            key: t.key,
+            loc: t.loc,
+            lock,
+            lease_end,
+            version,
+            present: image.present,
+            value: image.value[8..].to_vec(),
+            new: None,
+        });
     }
 
     async fn release_all(&mut self) {
         let mut list = PostList::new();
         for e in &self.entries {
             if let (Some(w), Ok(addr)) = (e.lock, self.lock_addr(e.table, e.loc)) {
-                list.write(addr, &(w & END).to_le_bytes());
+                list.write(addr, &logic::released(w).to_le_bytes());
             }
         }
         if !list.is_empty() {
@@ -436,70 +408,43 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
         Ok(())
     }
 
-    async fn commit_inner(&mut self) -> Result<(), TxnError> {
-        let now = self.co.ctx.now();
-        let delta = self.co.cfg.delta_ns;
-        if self
-            .entries
-            .iter()
-            .any(|e| e.lock.is_none() && now + delta >= e.lease_end)
-        {
-            return Err(TxnError::Aborted(AbortReason::ReadLeaseExpired));
-        }
-        let dir = Rc::clone(&self.co.dir);
-        let written: Vec<Entry> = self
-            .entries
-            .iter()
-            .filter(|e| e.new.is_some())
-            .cloned()
-            .collect();
-        if written.is_empty() {
-            self.release_all().await;
-            bump(&self.co.stats.ro_committed, 1);
-            bump(&self.co.stats.ro_one_round, 1);
-            self.done = true;
-            self.co.history.record(TxnRecord {
-                id: self.id,
-                begin: self.begin_true,
-                end: self.co.ctx.true_now(),
-                outcome: TxnOutcome::Committed,
-                reads: std::mem::take(&mut self.events),
-                writes: Vec::new(),
-            });
-            return Ok(());
-        }
-        // Redo log (the OOCC format, so that OOCC's recovery serves DrTM too).
-        let layout = dir.layout();
+    /// A transaction that writes nothing: its leases held until now, so it commits.
+    async fn commit_read_only(&mut self) {
+        self.release_all().await;
+        bump(&self.co.stats.ro_committed, 1);
+        bump(&self.co.stats.ro_one_round, 1);
+        self.done = true;
+        self.co.history.record(TxnRecord {
+            id: self.id,
+            begin: self.begin_true,
+            end: self.co.ctx.true_now(),
+            outcome: TxnOutcome::Committed,
+            reads: std::mem::take(&mut self.events),
+            writes: Vec::new(),
+        });
+    }
+
+    /// The redo log (the OOCC format, so that OOCC's recovery serves DrTM too) and each
+    /// written record's new image (its lock word released, the lease end after it).
+    fn redo_log(&self, written: &[Entry]) -> Result<(Vec<u8>, Vec<Vec<u8>>), TxnError> {
         let mut log = RedoLogWriter::new(self.co.id, self.id.seq, written.len());
         let mut images = Vec::new();
-        for e in &written {
-            let phys = dir.value_len(e.table)?;
-            let new = e.new.as_ref().and_then(|n| n.as_deref()).map(|v| {
-                let mut p = (e.version + 1).to_le_bytes().to_vec();
-                p.extend_from_slice(v);
-                p
-            });
+        for e in written {
+            let phys = self.co.dir.value_len(e.table)?;
             let lock = e.lock.unwrap_or(0);
-            let released = OoccLockWord::from_raw(((lock & END) + 1) & END);
-            let mut image = match new {
-                Some(v) => emit(e.table, e.key, Some(&v), phys, released),
-                None => {
-                    // A delete keeps the version in front of a zeroed value.
-                    let mut v = vec![0u8; phys];
-                    v[..8].copy_from_slice(&(e.version + 1).to_le_bytes());
-                    emit(e.table, e.key, Some(&v), phys, released)
-                }
-            };
-            if e.new.as_ref().is_some_and(Option::is_none) {
-                image[14..16].copy_from_slice(&0u16.to_le_bytes());
-            }
+            let released = OoccLockWord::from_raw((logic::released(lock) + 1) & logic::END);
+            let image = commit_image(e.table, e.key, e.version + 1, &e.new, phys, released);
             log.push(e.loc, &image);
             images.push(image);
         }
         let log = log
             .finish()
             .ok_or(TxnError::Aborted(AbortReason::RedoLogLargerThanRegion))?;
-        let log_addr = dir.addr(layout.log_mn(self.co.id), layout.log_offset(self.co.id));
+        Ok((log, images))
+    }
+
+    /// Records the decision to commit `written`.
+    fn record_decided(&mut self, written: &[Entry]) {
         let writes = written
             .iter()
             .map(|e| write_event(e.table, e.key, Version(e.version + 1), &e.new, e.present))
@@ -513,25 +458,69 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
             reads: std::mem::take(&mut self.events),
             writes,
         });
-        // Decided: recorded before the log, whose landing makes recovery roll forward.
-        let mut list = PostList::new();
-        list.write_owned(log_addr, log);
-        self.co.ctx.post(list).await?;
-        // Records (header + value), then the unlocks.
+    }
+
+    /// The records (header + value), then the unlocks: two round trips.
+    async fn write_and_unlock(
+        &self,
+        written: &[Entry],
+        images: &[Vec<u8>],
+    ) -> Result<(), TxnError> {
+        let dir = &self.co.dir;
         let mut list = PostList::new();
         let mut unlock = PostList::new();
-        for (e, image) in written.iter().zip(&images) {
+        for (e, image) in written.iter().zip(images) {
             let at = image.len() - 8;
             list.write(dir.addr(e.loc.mn, e.loc.offset), &image[..at]);
             unlock.write(self.lock_addr(e.table, e.loc)?, &image[at..]);
         }
         for e in self.entries.iter().filter(|e| e.new.is_none()) {
             if let Some(w) = e.lock {
-                unlock.write(self.lock_addr(e.table, e.loc)?, &(w & END).to_le_bytes());
+                unlock.write(
+                    self.lock_addr(e.table, e.loc)?,
+                    &logic::released(w).to_le_bytes(),
+                );
             }
         }
         self.co.ctx.post(list).await?;
         self.co.ctx.post(unlock).await?;
+        Ok(())
+    }
+
+    /// Commit: every read's lease must still hold, else abort; a read-write transaction
+    /// then WRITEs the redo log, the records, the unlocks (DrTM's commit order).
+    async fn commit_inner(&mut self) -> Result<(), TxnError> {
+        let now = self.co.ctx.now();
+        let leases = self
+            .entries
+            .iter()
+            .filter(|e| e.lock.is_none())
+            .map(|e| e.lease_end);
+        if !logic::leases_hold(leases, now, self.co.cfg.delta_ns) {
+            return Err(TxnError::Aborted(AbortReason::ReadLeaseExpired));
+        }
+        let written: Vec<Entry> = self
+            .entries
+            .iter()
+            .filter(|e| e.new.is_some())
+            .cloned()
+            .collect();
+        if written.is_empty() {
+            self.commit_read_only().await;
+            return Ok(());
+        }
+        let (log, images) = self.redo_log(&written)?;
+        let layout = self.co.dir.layout();
+        let log_addr = self
+            .co
+            .dir
+            .addr(layout.log_mn(self.co.id), layout.log_offset(self.co.id));
+        self.record_decided(&written);
+        // Decided: recorded before the log, whose landing makes recovery roll forward.
+        let mut list = PostList::new();
+        list.write_owned(log_addr, log);
+        self.co.ctx.post(list).await?;
+        self.write_and_unlock(&written, &images).await?;
         // Resolved before the log is truncated, never after: recovery settles an `Unknown`
         // transaction whose coordinator left no log as aborted, so a CN killed between a
         // landed truncation and its resolution would leave versions that no transaction of
@@ -553,56 +542,4 @@ crate::shell::lock_based_transaction!(DrtmTxn);
 #[must_use]
 pub fn is_write_locked(word: u64) -> bool {
     OoccLockWord::from_raw(word).state() == Ok(OoccLockState::Write)
-}
-
-#[cfg(test)]
-mod lease_time_tests {
-    use super::{END, LEASE_HORIZON_NS, lease_time};
-
-    const PERIOD: u64 = END + 1;
-    const LEASE: u64 = 400_000;
-
-    #[test]
-    fn below_one_period_the_bits_are_the_time() {
-        for now in [0, 1, 5_000, 123_456_789, END - 2 * LEASE_HORIZON_NS] {
-            assert_eq!(lease_time(0, now), 0);
-            assert_eq!(lease_time(now + LEASE, now), now + LEASE);
-            assert_eq!(
-                lease_time(now.saturating_sub(LEASE), now),
-                now.saturating_sub(LEASE)
-            );
-        }
-    }
-
-    #[test]
-    fn a_clock_past_2_pow_46_reads_fresh_leases_as_fresh() {
-        // A host up for 20 hours (the bug: every fresh lease compared as expired).
-        for now in [
-            PERIOD + 5,
-            3 * PERIOD + 1_000,
-            2 * PERIOD - 100,
-            2 * PERIOD - LEASE / 2,
-        ] {
-            let stored = (now + LEASE) & END;
-            assert_eq!(lease_time(stored, now), now + LEASE, "now {now}");
-            let shared = (now + LEASE / 2) & END;
-            assert_eq!(lease_time(shared, now), now + LEASE / 2, "now {now}");
-            let old = (now - LEASE) & END;
-            assert_eq!(lease_time(old, now), now - LEASE, "now {now}");
-        }
-    }
-
-    #[test]
-    fn a_fresh_or_ancient_word_is_expired() {
-        for now in [
-            PERIOD + 5,
-            PERIOD + PERIOD / 2,
-            2 * PERIOD - 2 * LEASE_HORIZON_NS,
-        ] {
-            assert!(lease_time(0, now) <= now, "now {now}");
-            // A lease of 15 hours ago.
-            let ancient = now - 15 * 3_600_000_000_000;
-            assert!(lease_time(ancient & END, now) <= now, "now {now}");
-        }
-    }
 }

@@ -52,7 +52,12 @@ use dmem_verbs::{Clock, Nanos, PostList, RemoteAddr, Verbs};
 use crate::drift::DriftingCtx;
 use crate::oocc::{Stats, bump, write_event};
 use crate::recovery::RedoLogWriter;
-use crate::store::{Directory, Loc, emit, parse};
+use crate::store::{Directory, Loc, parse};
+use crate::versioned::{commit_image, version_of};
+
+pub mod logic;
+
+use logic::{Stall, Step, Ticket, View};
 
 /// DSLR 2PL's knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,21 +209,8 @@ enum Look {
     Reset,
 }
 
-/// A waited-for ticket's view of its word's counters: since when `n_x`/`n_s` stand still.
-#[derive(Clone, Copy)]
-struct Stall {
-    seen: (u64, u64),
-    since: Nanos,
-}
-
-impl Stall {
-    fn new(word: DslrWord, now: Nanos) -> Self {
-        Self {
-            seen: (word.n_x, word.n_s),
-            since: now,
-        }
-    }
-}
+/// A queued ticket: table, key, slot, mode, the ticket, its view of the word's counters.
+type Waiter = (TableId, Key, Loc, LockMode, DslrWord, Stall);
 
 fn word_of(image_lock: OoccLockWord) -> DslrWord {
     DslrWord::from_raw(image_lock.to_raw())
@@ -238,26 +230,37 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
     }
 
     fn note_grant(&mut self, before: Nanos) {
-        self.lease_start = Some(self.lease_start.map_or(before, |s| s.min(before)));
+        self.lease_start = logic::lease_start(self.lease_start, before);
     }
 
     /// Whether the hold lease leaves room for the commit WRITEs.
     fn may_commit(&self) -> bool {
-        let hold = self.co.cfg.reset_lease_ns / 2;
-        self.lease_start
-            .is_none_or(|s| self.co.ctx.now() < s.saturating_add(hold))
+        logic::may_commit(
+            self.lease_start,
+            self.co.ctx.now(),
+            self.co.cfg.reset_lease_ns,
+        )
     }
 
     /// Whether releasing the held tickets still lands before any reset of their words.
     fn may_release(&self) -> bool {
-        let hold = self.co.cfg.reset_lease_ns / 4 * 3;
-        self.lease_start
-            .is_none_or(|s| self.co.ctx.now() < s.saturating_add(hold))
+        logic::may_release(
+            self.lease_start,
+            self.co.ctx.now(),
+            self.co.cfg.reset_lease_ns,
+        )
     }
 
-    /// Judges `word`, just READ (at `now`) for `ticket` in `mode` at `addr`: granted,
-    /// still waiting, or reset (the barrier, or counters stalled for the reset lease and
-    /// this client CASed the barrier in).
+    /// CASes the word at `addr` from `seen` to `to`; whether it landed.
+    async fn cas_word(&self, addr: RemoteAddr, seen: DslrWord, to: u64) -> bool {
+        let mut l = PostList::new();
+        let c = l.cas(addr, seen.raw(), to);
+        matches!(self.co.ctx.post(l).await, Ok(r) if r.atomic(c) == seen.raw())
+    }
+
+    /// Judges `word`, just READ (at `now`) for `ticket` in `mode` at `addr`
+    /// ([`logic::look`]): granted, still waiting, or reset (the barrier, or counters
+    /// stalled for the reset lease and this client CASed the barrier in).
     async fn look(
         &mut self,
         addr: RemoteAddr,
@@ -267,28 +270,22 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         stall: &mut Stall,
         now: Nanos,
     ) -> Look {
-        if word.is_barrier() {
-            self.barriers.push(addr);
-            return Look::Reset;
-        }
-        if word.grants(ticket, mode) {
-            return Look::Granted;
-        }
-        if (word.n_x, word.n_s) != stall.seen {
-            *stall = Stall::new(word, now);
-            return Look::Waiting;
-        }
-        if now.saturating_sub(stall.since) < self.co.cfg.reset_lease_ns {
-            return Look::Waiting;
-        }
-        let mut l = PostList::new();
-        let c = l.cas(addr, word.raw(), DslrWord::BARRIER.raw());
-        match self.co.ctx.post(l).await {
-            Ok(r) if r.atomic(c) == word.raw() => {
+        let reset_lease = self.co.cfg.reset_lease_ns;
+        match logic::look(word, ticket, mode, stall, now, reset_lease) {
+            View::Barrier => {
                 self.barriers.push(addr);
                 Look::Reset
             }
-            _ => Look::Waiting,
+            View::Granted => Look::Granted,
+            View::Waiting => Look::Waiting,
+            View::Stalled => {
+                if self.cas_word(addr, word, DslrWord::BARRIER.raw()).await {
+                    self.barriers.push(addr);
+                    Look::Reset
+                } else {
+                    Look::Waiting
+                }
+            }
         }
     }
 
@@ -302,7 +299,7 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         bytes: &[u8],
     ) -> Result<(), TxnError> {
         let image = parse(bytes, self.co.dir.value_len(table)?);
-        let version = u64::from_le_bytes(image.value[..8].try_into().unwrap_or([0; 8]));
+        let version = version_of(&image.value);
         self.events
             .push(ReadEvent::new(table, key, Version(version)));
         self.held.push(Held {
@@ -319,10 +316,13 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         Ok(())
     }
 
-    async fn acquire(&mut self, targets: Vec<(TableId, Key, LockMode)>) -> Result<(), TxnError> {
-        if targets.is_empty() {
-            return Ok(());
-        }
+    /// Takes a ticket on each target (FAA) and READs its record in the same post list;
+    /// granted tickets are held at once. Returns when the list was posted and the queued
+    /// tickets; invalid tickets are undone and the transaction aborts (DSLR §4.3).
+    async fn take_tickets(
+        &mut self,
+        targets: Vec<(TableId, Key, LockMode)>,
+    ) -> Result<(Nanos, Vec<Waiter>), TxnError> {
         let mut list = PostList::new();
         let mut ids = Vec::new();
         for &(table, key, mode) in &targets {
@@ -342,17 +342,22 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         for (table, key, loc, mode, faa, read) in ids {
             let ticket = DslrWord::from_raw(res.atomic(faa));
             let addr = self.lock_addr(table, loc)?;
-            if !ticket.ticket_is_valid() {
-                if ticket.is_barrier() {
-                    self.barriers.push(addr);
+            match logic::ticket(ticket, mode) {
+                Ticket::Invalid => {
+                    if ticket.is_barrier() {
+                        self.barriers.push(addr);
+                    }
+                    invalid.push((addr, mode));
                 }
-                invalid.push((addr, mode));
-            } else if ticket.grants(ticket, mode) {
-                self.note_grant(posted);
-                self.hold(table, key, loc, mode, ticket, res.bytes(read))?;
-            } else {
-                self.pending.push((addr, mode, ticket));
-                waiting.push((table, key, loc, mode, ticket, Stall::new(ticket, landed)));
+                Ticket::Granted => {
+                    self.note_grant(posted);
+                    self.hold(table, key, loc, mode, ticket, res.bytes(read))?;
+                }
+                Ticket::Queued => {
+                    self.pending.push((addr, mode, ticket));
+                    let stall = Stall::new(ticket, landed);
+                    waiting.push((table, key, loc, mode, ticket, stall));
+                }
             }
         }
         if !invalid.is_empty() {
@@ -363,6 +368,14 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
             let _ = self.co.ctx.post_detached(undo).await;
             return Err(TxnError::Aborted(AbortReason::DslrTicketsExhausted));
         }
+        Ok((posted, waiting))
+    }
+
+    async fn acquire(&mut self, targets: Vec<(TableId, Key, LockMode)>) -> Result<(), TxnError> {
+        if targets.is_empty() {
+            return Ok(());
+        }
+        let (posted, mut waiting) = self.take_tickets(targets).await?;
         // Queue: READ the waiting records until their words grant the tickets.
         let deadline = self.co.ctx.now() + self.co.cfg.deadlock_ns;
         let mut before = posted;
@@ -375,38 +388,8 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
                 return Err(TxnError::Aborted(AbortReason::DslrWaitTimedOut));
             }
             self.co.ctx.sleep(self.co.cfg.poll_ns).await;
-            let mut list = PostList::new();
-            let mut ids = Vec::new();
-            for &(table, _, loc, _, _, _) in &waiting {
-                ids.push(list.read(
-                    self.co.dir.addr(loc.mn, loc.offset),
-                    self.record_len(table)?,
-                ));
-            }
-            let posted = self.co.ctx.now();
-            let res = self.co.ctx.post(list).await?;
-            let landed = self.co.ctx.now();
-            let mut still = Vec::new();
-            for ((table, key, loc, mode, ticket, mut stall), id) in waiting.into_iter().zip(ids) {
-                let image = parse(res.bytes(id), self.co.dir.value_len(table)?);
-                let addr = self.lock_addr(table, loc)?;
-                match self
-                    .look(addr, ticket, mode, word_of(image.lock), &mut stall, landed)
-                    .await
-                {
-                    Look::Granted => {
-                        self.pending.retain(|p| p.0 != addr || p.2 != ticket);
-                        // The release that granted it landed after the previous READ.
-                        self.note_grant(before);
-                        self.hold(table, key, loc, mode, ticket, res.bytes(id))?;
-                    }
-                    Look::Reset => {
-                        self.pending.retain(|p| p.0 != addr || p.2 != ticket);
-                        reset = true;
-                    }
-                    Look::Waiting => still.push((table, key, loc, mode, ticket, stall)),
-                }
-            }
+            let (still, was_reset, posted) = self.poll_waiting(waiting, before).await?;
+            reset |= was_reset;
             before = posted;
             waiting = still;
         }
@@ -414,6 +397,50 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
             return Err(TxnError::Aborted(AbortReason::DslrLockResetByLease));
         }
         Ok(())
+    }
+
+    /// One READ of every waiting record; holds the tickets granted (by a release that
+    /// landed after `before`, the previous READ's post). Returns the tickets still waiting,
+    /// whether one was reset, and when this READ was posted.
+    async fn poll_waiting(
+        &mut self,
+        waiting: Vec<Waiter>,
+        before: Nanos,
+    ) -> Result<(Vec<Waiter>, bool, Nanos), TxnError> {
+        let mut list = PostList::new();
+        let mut ids = Vec::new();
+        for &(table, _, loc, _, _, _) in &waiting {
+            ids.push(list.read(
+                self.co.dir.addr(loc.mn, loc.offset),
+                self.record_len(table)?,
+            ));
+        }
+        let posted = self.co.ctx.now();
+        let res = self.co.ctx.post(list).await?;
+        let landed = self.co.ctx.now();
+        let mut still = Vec::new();
+        let mut reset = false;
+        for ((table, key, loc, mode, ticket, mut stall), id) in waiting.into_iter().zip(ids) {
+            let image = parse(res.bytes(id), self.co.dir.value_len(table)?);
+            let addr = self.lock_addr(table, loc)?;
+            match self
+                .look(addr, ticket, mode, word_of(image.lock), &mut stall, landed)
+                .await
+            {
+                Look::Granted => {
+                    self.pending.retain(|p| p.0 != addr || p.2 != ticket);
+                    // The release that granted it landed after the previous READ.
+                    self.note_grant(before);
+                    self.hold(table, key, loc, mode, ticket, res.bytes(id))?;
+                }
+                Look::Reset => {
+                    self.pending.retain(|p| p.0 != addr || p.2 != ticket);
+                    reset = true;
+                }
+                Look::Waiting => still.push((table, key, loc, mode, ticket, stall)),
+            }
+        }
+        Ok((still, reset, posted))
     }
 
     async fn read_lock_word(&self, addr: RemoteAddr) -> Option<DslrWord> {
@@ -429,7 +456,21 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
     /// given up instead once the hold lease is too old), then waits for the outstanding
     /// tickets and releases each once granted (or gives it up if its word is reset);
     /// resets exhausted words; clears lease-reset barriers that have stood long enough.
+    /// A failed READ of a word ends it all.
     async fn release_all(&mut self, first: PostList) {
+        let mut resets = self.release_held(first).await;
+        if self.release_pending(&mut resets).await.is_none() {
+            return;
+        }
+        if self.reset_exhausted(resets).await.is_none() {
+            return;
+        }
+        let _ = self.clear_barriers().await;
+    }
+
+    /// Posts `first` with a release of every held ticket (unless the hold lease is too
+    /// old); returns the tickets whose release makes this client reset their word.
+    async fn release_held(&mut self, first: PostList) -> Vec<(RemoteAddr, DslrWord, LockMode)> {
         let mut list = first;
         let mut resets = Vec::new();
         if self.may_release() {
@@ -446,13 +487,20 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         if !list.is_empty() {
             let _ = self.co.ctx.post(list).await;
         }
+        resets
+    }
+
+    /// Waits for every outstanding ticket and releases it once granted (a ticket cannot
+    /// leave the queue), or gives it up if its word was reset.
+    async fn release_pending(
+        &mut self,
+        resets: &mut Vec<(RemoteAddr, DslrWord, LockMode)>,
+    ) -> Option<()> {
         let pending = std::mem::take(&mut self.pending);
         for (addr, mode, ticket) in pending {
             let mut stall = Stall::new(ticket, self.co.ctx.now());
             loop {
-                let Some(now) = self.read_lock_word(addr).await else {
-                    return;
-                };
+                let now = self.read_lock_word(addr).await?;
                 let at = self.co.ctx.now();
                 match self.look(addr, ticket, mode, now, &mut stall, at).await {
                     Look::Granted => {
@@ -470,63 +518,50 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
                 self.co.ctx.sleep(self.co.cfg.poll_ns).await;
             }
         }
+        Some(())
+    }
+
+    /// The exhaustion reset (DSLR §4.3) of the words this client's tickets took to the
+    /// threshold: CASed to zero once drained ([`logic::reset_step`]).
+    async fn reset_exhausted(&self, resets: Vec<(RemoteAddr, DslrWord, LockMode)>) -> Option<()> {
         for (addr, ticket, mode) in resets {
-            let (x, s) = match mode {
-                LockMode::Exclusive => (ticket.max_x + 1, ticket.max_s),
-                LockMode::Shared => (ticket.max_x, ticket.max_s + 1),
-            };
+            let target = logic::drain_target(ticket, mode);
             loop {
-                let Some(now) = self.read_lock_word(addr).await else {
-                    return;
-                };
-                if now.is_barrier() || now.max_x < x || now.max_s < s {
-                    // Reset by lease meanwhile: this epoch's tickets are gone.
-                    break;
-                }
-                if now.drained(x, s) {
-                    let mut l = PostList::new();
-                    let c = l.cas(addr, now.raw(), 0);
-                    if let Ok(r) = self.co.ctx.post(l).await
-                        && r.atomic(c) == now.raw()
-                    {
-                        break;
-                    }
+                let now = self.read_lock_word(addr).await?;
+                match logic::reset_step(now, target) {
+                    Step::Done => break,
+                    Step::ClearIt if self.cas_word(addr, now, 0).await => break,
+                    Step::ClearIt | Step::Wait => {}
                 }
                 self.co.ctx.sleep(self.co.cfg.poll_ns).await;
             }
         }
-        let mut barriers = std::mem::take(&mut self.barriers);
+        Some(())
+    }
+
+    /// Clears the lease-reset barriers this client saw once each has stood for a reset
+    /// lease ([`logic::barrier_step`]), counted from this client's own first look.
+    async fn clear_barriers(&mut self) -> Option<()> {
         let mut unique = Vec::new();
-        for a in barriers.drain(..) {
+        for a in std::mem::take(&mut self.barriers) {
             if !unique.contains(&a) {
                 unique.push(a);
             }
         }
         for addr in unique {
-            // Counted from this client's own first look: every waiter of the old tickets
-            // polls within `poll_ns` and sees the barrier before it goes.
             let since = self.co.ctx.now();
             loop {
-                let Some(now) = self.read_lock_word(addr).await else {
-                    return;
-                };
-                if !now.is_barrier() {
-                    break;
-                }
-                if now == DslrWord::BARRIER
-                    && self.co.ctx.now().saturating_sub(since) >= self.co.cfg.reset_lease_ns
-                {
-                    let mut l = PostList::new();
-                    let c = l.cas(addr, now.raw(), 0);
-                    if let Ok(r) = self.co.ctx.post(l).await
-                        && r.atomic(c) == now.raw()
-                    {
-                        break;
-                    }
+                let now = self.read_lock_word(addr).await?;
+                let elapsed = self.co.ctx.now().saturating_sub(since);
+                match logic::barrier_step(now, elapsed, self.co.cfg.reset_lease_ns) {
+                    Step::Done => break,
+                    Step::ClearIt if self.cas_word(addr, now, 0).await => break,
+                    Step::ClearIt | Step::Wait => {}
                 }
                 self.co.ctx.sleep(self.co.cfg.poll_ns).await;
             }
         }
+        Some(())
     }
 
     async fn fail(&mut self, e: TxnError) -> TxnError {
@@ -641,69 +676,56 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         Ok(())
     }
 
-    async fn commit_inner(&mut self) -> Result<(), TxnError> {
-        let dir = Rc::clone(&self.co.dir);
-        let written: Vec<Held> = self
+    /// A transaction that writes nothing (two-phase locking: the reads are consistent
+    /// while the locks are held): commits, then releases its shared tickets.
+    async fn commit_read_only(&mut self) -> Result<(), TxnError> {
+        self.done = true;
+        self.co.history.record(TxnRecord {
+            id: self.id,
+            begin: self.begin_true,
+            end: self.co.ctx.true_now(),
+            outcome: TxnOutcome::Committed,
+            reads: std::mem::take(&mut self.events),
+            writes: Vec::new(),
+        });
+        bump(&self.co.stats.ro_committed, 1);
+        bump(&self.co.stats.ro_one_round, 1);
+        let mut list = PostList::new();
+        for h in &self.held {
+            list.faa(
+                self.lock_addr(h.table, h.loc)?,
+                DslrWord::release_delta(h.mode),
+            );
+        }
+        let resets = self
             .held
             .iter()
-            .filter(|h| h.new.is_some())
-            .cloned()
-            .collect();
-        if written.is_empty() {
-            // Two-phase locking: the reads are consistent while the locks are held.
-            self.done = true;
-            self.co.history.record(TxnRecord {
-                id: self.id,
-                begin: self.begin_true,
-                end: self.co.ctx.true_now(),
-                outcome: TxnOutcome::Committed,
-                reads: std::mem::take(&mut self.events),
-                writes: Vec::new(),
-            });
-            bump(&self.co.stats.ro_committed, 1);
-            bump(&self.co.stats.ro_one_round, 1);
-            let mut list = PostList::new();
-            for h in &self.held {
-                list.faa(
-                    self.lock_addr(h.table, h.loc)?,
-                    DslrWord::release_delta(h.mode),
-                );
+            .any(|h| DslrWord::ticket_resets(h.ticket, h.mode));
+        if logic::releases_at_once(
+            self.pending.is_empty(),
+            self.barriers.is_empty(),
+            self.may_release(),
+            resets,
+        ) {
+            self.held.clear();
+            if !list.is_empty() {
+                let _ = self.co.ctx.post_detached(list).await;
             }
-            if self.pending.is_empty()
-                && self.barriers.is_empty()
-                && self.may_release()
-                && !self
-                    .held
-                    .iter()
-                    .any(|h| DslrWord::ticket_resets(h.ticket, h.mode))
-            {
-                self.held.clear();
-                if !list.is_empty() {
-                    let _ = self.co.ctx.post_detached(list).await;
-                }
-            } else {
-                self.release_all(PostList::new()).await;
-            }
-            return Ok(());
+        } else {
+            self.release_all(PostList::new()).await;
         }
-        if !self.may_commit() {
-            return Err(TxnError::Aborted(AbortReason::DslrHoldLeasePassed));
-        }
-        let layout = dir.layout();
+        Ok(())
+    }
+
+    /// The redo log of `written` and each one's new image, header + value only (the lock
+    /// word is not part of it).
+    fn redo_log(&self, written: &[Held]) -> Result<(Vec<u8>, Vec<Vec<u8>>), TxnError> {
         let mut log = RedoLogWriter::new(self.co.id, self.id.seq, written.len());
         let mut images = Vec::new();
-        for h in &written {
-            let phys = dir.value_len(h.table)?;
-            let mut v = vec![0u8; phys];
-            v[..8].copy_from_slice(&(h.version + 1).to_le_bytes());
-            if let Some(Some(new)) = &h.new {
-                v[8..].copy_from_slice(new);
-            }
-            let mut image = emit(h.table, h.key, Some(&v), phys, OoccLockWord::from_raw(0));
-            if h.new.as_ref().is_some_and(Option::is_none) {
-                image[14..16].copy_from_slice(&0u16.to_le_bytes());
-            }
-            // The lock word is not part of the image: WRITE header + value only.
+        for h in written {
+            let phys = self.co.dir.value_len(h.table)?;
+            let free = OoccLockWord::from_raw(0);
+            let mut image = commit_image(h.table, h.key, h.version + 1, &h.new, phys, free);
             let cut = image.len() - 8;
             image.truncate(cut);
             log.push(h.loc, &image);
@@ -712,6 +734,25 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         let log = log
             .finish()
             .ok_or(TxnError::Aborted(AbortReason::RedoLogLargerThanRegion))?;
+        Ok((log, images))
+    }
+
+    /// Commit: no validation; a read-write transaction WRITEs its redo log, then the
+    /// records and the lock releases in one post list.
+    async fn commit_inner(&mut self) -> Result<(), TxnError> {
+        let written: Vec<Held> = self
+            .held
+            .iter()
+            .filter(|h| h.new.is_some())
+            .cloned()
+            .collect();
+        if written.is_empty() {
+            return self.commit_read_only().await;
+        }
+        if !self.may_commit() {
+            return Err(TxnError::Aborted(AbortReason::DslrHoldLeasePassed));
+        }
+        let (log, images) = self.redo_log(&written)?;
         let writes = written
             .iter()
             .map(|h| write_event(h.table, h.key, Version(h.version + 1), &h.new, h.present))
@@ -725,6 +766,8 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
             reads: std::mem::take(&mut self.events),
             writes,
         });
+        let dir = Rc::clone(&self.co.dir);
+        let layout = dir.layout();
         let log_addr = dir.addr(layout.log_mn(self.co.id), layout.log_offset(self.co.id));
         let mut list = PostList::new();
         list.write_owned(log_addr, log);

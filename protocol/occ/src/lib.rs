@@ -2,10 +2,12 @@
 //! implicit read leases, delayed write locks, redo logs and the one-op write-unlock; OOCC
 //! §III–§VI, Alg. 1), node clocks that drift (§VII-B), on the simulated cluster.
 //!
-//! * [`oocc`]: the protocol — decisions as plain functions, a thin async shell whose post
-//!   lists are Alg. 1's round trips;
-//! * [`drtm`]: DrTM's lease-based shared locks (§II-A baseline), on the same store;
-//! * [`dslr2pl`]: two-phase locking on DSLR ticket locks (§II-A baseline), same store;
+//! * [`oocc`]: the protocol — decisions as plain functions ([`oocc::logic`]), a thin async
+//!   shell whose post lists are Alg. 1's round trips;
+//! * [`drtm`]: DrTM's lease-based shared locks (§II-A baseline), on the same store
+//!   (decisions in [`drtm::logic`]);
+//! * [`dslr2pl`]: two-phase locking on DSLR ticket locks (§II-A baseline), same store
+//!   (decisions in [`dslr2pl::logic`]);
 //! * [`store`]: records (lock word at the highest address), redo-log regions, lease lines;
 //! * [`drift`]: a context wrapper that gives each node its own drifting clock;
 //! * [`manager`]: the lease manager (§VII-A), two-phase adjustments, adaptive policy;
@@ -24,6 +26,7 @@ pub mod oocc;
 pub mod recovery;
 mod shell;
 pub mod store;
+mod versioned;
 
 pub use drift::{Drift, DriftModel, DriftingCtx};
 pub use oocc::{Leases, OoccConfig, OoccCoordinator, OoccTxn, Stats};

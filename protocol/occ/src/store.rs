@@ -98,89 +98,20 @@ impl Layout {
     /// A spec without coordinators or MNs.
     pub fn new(spec: &DeploySpec, mns: u16) -> Result<Self, DeployError> {
         if mns == 0 {
-            return Err(DeployError::Protocol {
-                protocol: "oocc".into(),
-                reason: "no memory node".into(),
-            });
+            return Err(refused("no memory node".into()));
         }
         // Coordinator ids go up to `coordinators`; recovery and final coordinators use a
         // few ids past it.
         let coordinators = spec.coordinators.saturating_add(8);
         let records_base = u64::from(coordinators) * (LEASE_LINE + LOG_REGION_BYTES);
-        // Growing tables have room for the inserts the run may make (`DeploySpec::insert_room`,
-        // sized from the run's length by the harness), or the default room.
-        let mut record_bytes = 0u64;
-        for t in &spec.tables {
-            let bytes = spec
-                .records_with_room(t)
-                .and_then(|r| r.checked_mul(OoccRecordHeader::record_len(t.value_len) as u64))
-                .and_then(|b| record_bytes.checked_add(b));
-            record_bytes = bytes.ok_or_else(|| DeployError::Protocol {
-                protocol: "oocc".into(),
-                reason: format!(
-                    "the records of table {} with room for the run's inserts exceed 2^64 bytes: shorten the run",
-                    t.id.0
-                ),
-            })?;
-        }
-        // Keys a transaction may look up that the loader did not place, in a table that
-        // does not grow (TATP's sparse tables: the rest of the key space the workload
-        // declares, else 64). On the simulator such a key takes a slot of the shared
-        // directory; across processes an entry of the insert directory and its record
-        // space, so the room is there for both.
-        let absent = |t: &dmem_deploy::TableDemand| -> u64 {
-            if t.grows {
-                return 0;
-            }
-            spec.key_spaces
-                .iter()
-                .find(|(id, _)| *id == t.id)
-                .map_or(64, |&(_, k)| k.saturating_sub(t.expected_records).max(64))
-        };
-        for t in &spec.tables {
-            record_bytes = absent(t)
-                .checked_mul(OoccRecordHeader::record_len(t.value_len) as u64)
-                .and_then(|b| record_bytes.checked_add(b))
-                .ok_or_else(|| DeployError::Protocol {
-                    protocol: "oocc".into(),
-                    reason: format!("the key space of table {} exceeds 2^64 bytes", t.id.0),
-                })?;
-        }
-        let too_big = || DeployError::Protocol {
-            protocol: "oocc".into(),
-            reason: "the records exceed 2^64 bytes per memory node: shorten the run".into(),
-        };
+        let record_bytes = record_bytes(spec)?;
         // Placement by hash: a quarter more than an even share, plus a margin.
         let records_end = (record_bytes / u64::from(mns))
             .checked_mul(5)
             .and_then(|b| (b / 4 + (1 << 16)).checked_add(records_base))
             .ok_or_else(too_big)?;
-        // The insert directory: per table, twice a quarter more than its even share of the
-        // keys the loader does not place (a growing table's records with room, another's
-        // absent keys; linear probing stays short below half full), plus 64.
-        let mut insert_dirs = HashMap::new();
-        // Entries and the counter are CAS/FAA targets: 8-byte aligned.
-        let mut at = records_end.checked_add(7).ok_or_else(too_big)? & !7;
-        let mut tables: Vec<_> = spec.tables.iter().collect();
-        tables.sort_by_key(|t| t.id.0);
-        for t in tables {
-            let keys = if t.grows {
-                spec.records_with_room(t)
-            } else {
-                Some(absent(t))
-            };
-            let entries = keys
-                .and_then(|r| (r / u64::from(mns)).checked_mul(5))
-                .map(|r| r / 2 + 64)
-                .ok_or_else(too_big)?;
-            insert_dirs.insert(t.id, (at, entries));
-            at = entries
-                .checked_mul(INSERT_ENTRY)
-                .and_then(|b| at.checked_add(b))
-                .ok_or_else(too_big)?;
-        }
-        let insert_counter = at;
-        let bytes_per_mn = at.checked_add(8).ok_or_else(too_big)?;
+        let (insert_dirs, insert_counter) = insert_dirs(spec, mns, records_end)?;
+        let bytes_per_mn = insert_counter.checked_add(8).ok_or_else(too_big)?;
         Ok(Self {
             tables: spec.tables.iter().map(|t| (t.id, t.value_len)).collect(),
             coordinators,
@@ -210,6 +141,99 @@ impl Layout {
     pub fn log_mn(&self, id: u16) -> u16 {
         id % self.mns
     }
+}
+
+/// Per table, the offset of its insert-directory entries and their number.
+type InsertDirs = HashMap<TableId, (u64, u64)>;
+
+/// The layout refused, for `reason`.
+fn refused(reason: String) -> DeployError {
+    DeployError::Protocol {
+        protocol: "oocc".into(),
+        reason,
+    }
+}
+
+fn too_big() -> DeployError {
+    refused("the records exceed 2^64 bytes per memory node: shorten the run".into())
+}
+
+/// Keys a transaction may look up that the loader did not place, in a table that does not
+/// grow (TATP's sparse tables: the rest of the key space the workload declares, else 64).
+/// On the simulator such a key takes a slot of the shared directory; across processes an
+/// entry of the insert directory and its record space, so the room is there for both.
+fn absent_keys(spec: &DeploySpec, t: &dmem_deploy::TableDemand) -> u64 {
+    if t.grows {
+        return 0;
+    }
+    spec.key_spaces
+        .iter()
+        .find(|(id, _)| *id == t.id)
+        .map_or(64, |&(_, k)| k.saturating_sub(t.expected_records).max(64))
+}
+
+/// Bytes of record space over all MNs: every table's records, growing tables with room
+/// for the inserts the run may make (`DeploySpec::insert_room`, sized from the run's
+/// length by the harness, or the default room), and the absent keys of the others.
+fn record_bytes(spec: &DeploySpec) -> Result<u64, DeployError> {
+    let mut record_bytes = 0u64;
+    for t in &spec.tables {
+        let bytes = spec
+            .records_with_room(t)
+            .and_then(|r| r.checked_mul(OoccRecordHeader::record_len(t.value_len) as u64))
+            .and_then(|b| record_bytes.checked_add(b));
+        record_bytes = bytes.ok_or_else(|| {
+            refused(format!(
+                "the records of table {} with room for the run's inserts exceed 2^64 bytes: shorten the run",
+                t.id.0
+            ))
+        })?;
+    }
+    for t in &spec.tables {
+        record_bytes = absent_keys(spec, t)
+            .checked_mul(OoccRecordHeader::record_len(t.value_len) as u64)
+            .and_then(|b| record_bytes.checked_add(b))
+            .ok_or_else(|| {
+                refused(format!(
+                    "the key space of table {} exceeds 2^64 bytes",
+                    t.id.0
+                ))
+            })?;
+    }
+    Ok(record_bytes)
+}
+
+/// The insert directory after `records_end`: per table (in id order), twice a quarter
+/// more than its even share of the keys the loader does not place (a growing table's
+/// records with room, another's absent keys; linear probing stays short below half full),
+/// plus 64. Returns each table's (offset, entries) and the insert counter's offset.
+fn insert_dirs(
+    spec: &DeploySpec,
+    mns: u16,
+    records_end: u64,
+) -> Result<(InsertDirs, u64), DeployError> {
+    let mut insert_dirs = HashMap::new();
+    // Entries and the counter are CAS/FAA targets: 8-byte aligned.
+    let mut at = records_end.checked_add(7).ok_or_else(too_big)? & !7;
+    let mut tables: Vec<_> = spec.tables.iter().collect();
+    tables.sort_by_key(|t| t.id.0);
+    for t in tables {
+        let keys = if t.grows {
+            spec.records_with_room(t)
+        } else {
+            Some(absent_keys(spec, t))
+        };
+        let entries = keys
+            .and_then(|r| (r / u64::from(mns)).checked_mul(5))
+            .map(|r| r / 2 + 64)
+            .ok_or_else(too_big)?;
+        insert_dirs.insert(t.id, (at, entries));
+        at = entries
+            .checked_mul(INSERT_ENTRY)
+            .and_then(|b| at.checked_add(b))
+            .ok_or_else(too_big)?;
+    }
+    Ok((insert_dirs, at))
 }
 
 /// The slots a directory gave (a loader's placement) and where each MN's free record space
@@ -524,10 +548,13 @@ impl Directory {
         self.regions[usize::from(mn)].node
     }
 
-    /// Every slot, for recovery and checks.
+    /// Every slot, for recovery and checks, in (table, key) order: the slots live in a
+    /// `HashMap` whose iteration order changes from process to process (a random hash
+    /// seed), and recovery posts its lock-word scan in this order, so an unsorted list
+    /// made the simulated recovery time, and the run after it, differ between two runs.
     #[must_use]
     pub fn all(&self) -> Vec<((TableId, Key), Loc)> {
-        self.placement().slots.into_iter().collect()
+        sorted(self.placement().slots)
     }
 
     /// Every slot this directory knows and, once inserts are shared
@@ -542,10 +569,13 @@ impl Directory {
     ) -> Result<Vec<((TableId, Key), Loc)>, VerbsError> {
         let mut all: HashMap<(TableId, Key), Loc> = self.placement().slots;
         if !self.shares_inserts() {
-            return Ok(all.into_iter().collect());
+            return Ok(sorted(all));
         }
         const CHUNK: u64 = 4096;
-        for (&table, &(base, entries)) in &self.layout.insert_dirs {
+        // In table order, for the same reason as the result's.
+        let mut dirs: Vec<_> = self.layout.insert_dirs.iter().collect();
+        dirs.sort_by_key(|(t, _)| t.0);
+        for (&table, &(base, entries)) in dirs {
             for mn in 0..self.layout.mns {
                 let mut first = 0;
                 while first < entries {
@@ -568,7 +598,7 @@ impl Directory {
                 }
             }
         }
-        Ok(all.into_iter().collect())
+        Ok(sorted(all))
     }
 
     /// The slot of `(table, key)`: [`get`](Self::get), or, once inserts are shared, its
@@ -609,6 +639,14 @@ impl Directory {
         }
         None
     }
+}
+
+/// The slots of `map` in (table, key) order: a `HashMap`'s iteration order depends on its
+/// per-process random seed, and what is posted from these lists must not.
+fn sorted(map: HashMap<(TableId, Key), Loc>) -> Vec<((TableId, Key), Loc)> {
+    let mut all: Vec<_> = map.into_iter().collect();
+    all.sort_unstable_by_key(|((table, key), _)| (table.0, key.0));
+    all
 }
 
 /// A claimed entry's offset as a slot, or the refusal its claimer wrote.
