@@ -823,6 +823,7 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             r.protocol.as_str(),
             r.checker.as_str(),
             r.invariants.as_str(),
+            r.committed,
         )
     });
     finish_checked(sink, &args, verdicts)?;
@@ -1093,6 +1094,7 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
             r.protocol.as_str(),
             r.checker.as_str(),
             r.invariants.as_str(),
+            r.committed,
         )
     });
     finish_checked(sink, &args, verdicts)?;
@@ -1100,17 +1102,20 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
 }
 
 /// Ends a `bench` run: the summary names the protocols whose checker or invariants
-/// failed (`(protocol, checker, invariants)` per row), and so does the error if any did.
+/// failed (`(protocol, checker, invariants, committed)` per row), and so does the error if
+/// any did; a protocol that committed nothing is an error too (its verdicts judged nothing).
 fn finish_checked<'a>(
     sink: Sink,
     args: &Args,
-    verdicts: impl Iterator<Item = (&'a str, &'a str, &'a str)>,
+    verdicts: impl Iterator<Item = (&'a str, &'a str, &'a str, u64)>,
 ) -> anyhow::Result<()> {
+    let verdicts: Vec<_> = verdicts.collect();
     let bad: Vec<&str> = verdicts
-        .filter(|(_, checker, invariants)| {
+        .iter()
+        .filter(|(_, checker, invariants, _)| {
             !(*checker == "ok" || *checker == "skipped") || *invariants != "ok"
         })
-        .map(|(protocol, _, _)| protocol)
+        .map(|(protocol, ..)| *protocol)
         .collect();
     sink.finish("bench", args, serde_json::json!({ "check_failed": bad }))?;
     if !bad.is_empty() {
@@ -1119,6 +1124,13 @@ fn finish_checked<'a>(
             bad.join(", ")
         ))
         .into());
+    }
+    for (protocol, .., committed) in verdicts {
+        common::committed_something(
+            &format!("protocol `{protocol}`"),
+            committed,
+            "raise --duration-ms",
+        )?;
     }
     Ok(())
 }

@@ -204,6 +204,20 @@ pub fn load_profile(name_or_path: &str) -> anyhow::Result<NicProfile> {
 /// Fails if a list flag names one entry twice.
 ///
 /// # Errors
+/// A verdict over no committed transaction is no verdict: `Err` naming `what` when
+/// `committed` is 0, with `hint` saying what to change.
+///
+/// # Errors
+/// When nothing committed.
+pub fn committed_something(what: &str, committed: u64, hint: &str) -> anyhow::Result<()> {
+    if committed == 0 {
+        bail!(
+            "{what} committed no transaction, so its checker and invariants judged nothing: {hint}"
+        );
+    }
+    Ok(())
+}
+
 /// The first repeated entry.
 pub fn no_duplicates<T: PartialEq + fmt::Debug>(flag: &str, items: &[T]) -> anyhow::Result<()> {
     for (i, item) in items.iter().enumerate() {

@@ -200,6 +200,16 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<SuiteReport> {
         ))
         .into());
     }
+    for s in &report.per_litmus {
+        common::committed_something(
+            &format!(
+                "litmus {} of {} over {} runs",
+                s.litmus, report.protocol, s.runs
+            ),
+            s.committed,
+            "raise --seeds or lower --crash-prob",
+        )?;
+    }
     Ok(report)
 }
 

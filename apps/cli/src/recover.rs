@@ -412,7 +412,11 @@ pub(crate) fn run(args: Args, registry: &Registry) -> anyhow::Result<()> {
         ))
         .into());
     }
-    Ok(())
+    common::committed_something(
+        &format!("protocol `{}`", report.protocol),
+        report.committed,
+        "raise --duration-ms or --crash-at-ms",
+    )
 }
 
 #[derive(clap::Parser, Debug)]

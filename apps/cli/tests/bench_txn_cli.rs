@@ -35,6 +35,7 @@ fn ford_and_pandora_run_smallbank_and_pass_the_checker_and_invariants() {
         assert_eq!(row["protocol"], protocol);
         assert_eq!(row["checker"], "ok", "{row}");
         assert_eq!(row["invariants"], "ok", "{row}");
+        assert!(row["committed"].as_u64() > Some(0), "{row}");
         assert!(row["mtps"].as_f64().unwrap() > 0.0);
         assert!(row["checked_txns"].as_u64().unwrap() > 100);
         for field in ["abort_rate", "p50_us", "p99_us"] {
@@ -70,6 +71,15 @@ fn tatp_runs_on_ford() {
         "--json",
     ]);
     assert_eq!(rows[0]["checker"], "ok", "{}", rows[0]);
+    assert_eq!(rows[0]["invariants"], "ok", "{}", rows[0]);
+    // The verdicts judged something: transactions of several TATP types committed.
+    assert!(rows[0]["committed"].as_u64() > Some(50), "{}", rows[0]);
+    let types = rows[0]["committed_per_type"].as_object().unwrap();
+    assert!(
+        types.values().filter(|n| n.as_u64() > Some(0)).count() >= 3,
+        "{}",
+        rows[0]
+    );
 }
 
 #[test]
@@ -99,6 +109,7 @@ fn tpcc_runs_the_oocc_mix_on_the_occ_family() {
         assert_eq!(row["workload"], "tpcc", "{row}");
         assert_eq!(row["checker"], "ok", "{row}");
         assert_eq!(row["invariants"], "ok", "{row}");
+        assert!(row["committed"].as_u64() > Some(0), "{row}");
     }
 }
 

@@ -12,8 +12,9 @@ use dmem_deploy::{
 };
 use dmem_sim::Sim;
 use dmem_txn::{
-    BoxCoordinator, Coordinator, CoordinatorId, History, HistorySink, Key, ReadEvent, TableId,
-    Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent, WriteKind,
+    AbortReason, BoxCoordinator, Coordinator, CoordinatorId, History, HistorySink, Key, ReadEvent,
+    TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent,
+    WriteKind,
 };
 use dmem_verbs::{Clock, Nanos};
 
@@ -27,14 +28,23 @@ struct State {
     map: RefCell<Map>,
     locked: Cell<bool>,
     history: Rc<RefCell<History>>,
+    /// Every commit fails validation (a protocol that never commits).
+    refuse_commits: bool,
 }
 
-/// The toy protocol: serial execution under one global lock.
-struct Serial;
+/// The toy protocol: serial execution under one global lock (`serial`), or the same
+/// refusing every commit (`serial-refusing`).
+struct Serial {
+    refuse_commits: bool,
+}
 
 impl Protocol for Serial {
     fn name(&self) -> String {
-        "serial".to_owned()
+        if self.refuse_commits {
+            "serial-refusing".to_owned()
+        } else {
+            "serial".to_owned()
+        }
     }
     fn mn_bytes_per_mn(&self, _: &DeploySpec, _: u16) -> Result<u64, DeployError> {
         Ok(0)
@@ -49,6 +59,7 @@ impl Protocol for Serial {
             map: RefCell::new(HashMap::new()),
             locked: Cell::new(false),
             history: Rc::clone(history.history()),
+            refuse_commits: self.refuse_commits,
         }))))
     }
 }
@@ -243,6 +254,10 @@ impl Transaction for SerialTxn<'_> {
     }
     async fn commit(mut self) -> Result<(), TxnError> {
         self.co.ctx.sleep(OP_NS).await;
+        if self.co.state.refuse_commits {
+            self.end(TxnOutcome::Aborted, Vec::new());
+            return Err(TxnError::Aborted(AbortReason::ValidationFailed));
+        }
         let mut installed = Vec::new();
         {
             let mut map = self.co.state.map.borrow_mut();
@@ -270,7 +285,14 @@ impl Transaction for SerialTxn<'_> {
 
 fn registry() -> Registry {
     let mut r = dmem_protocols::registry();
-    r.register(Serial).unwrap();
+    r.register(Serial {
+        refuse_commits: false,
+    })
+    .unwrap();
+    r.register(Serial {
+        refuse_commits: true,
+    })
+    .unwrap();
     r
 }
 
@@ -339,5 +361,30 @@ fn unknown_protocols_list_the_registered_ones() {
     assert!(
         chain.contains("pandora") && chain.contains("serial"),
         "{chain}"
+    );
+}
+
+#[test]
+fn a_protocol_that_commits_nothing_gets_no_verdict() {
+    // Its checker and invariants would pass an empty history: the run is an error instead.
+    let e = dmem_cli::bench(
+        &[
+            "--workload",
+            "smallbank",
+            "--scale",
+            "tiny",
+            "--protocol",
+            "serial-refusing",
+            "--duration-ms",
+            "1",
+        ],
+        &registry(),
+    )
+    .unwrap_err();
+    let line = format!("{e:#}");
+    assert!(
+        line.contains("protocol `serial-refusing` committed no transaction")
+            && line.contains("raise --duration-ms"),
+        "{line}"
     );
 }
