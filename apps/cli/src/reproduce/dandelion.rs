@@ -6,7 +6,7 @@
 
 use anyhow::Context as _;
 
-use super::{Claim, Figure, Outcome, Paper, num};
+use super::{Claim, Figure, Outcome, Paper, Rule, num};
 
 pub(crate) const PAPER: Paper = Paper {
     name: "dandelion",
@@ -26,6 +26,29 @@ const MICRO: [(&str, &str); 4] = [
 ];
 
 const SERVERS: [u16; 4] = [3, 5, 7, 10];
+
+/// `[a, b]`: a ahead of b (Dnl-4 over FaSST, a ladder step over the previous one).
+const AHEAD: Rule = Rule::Greater;
+/// `[fastest, slowest]` of Dnl-4/-2/-1 on O(4,2): they differ by more than 5 %.
+const DIFFER: Rule = Rule::RatioAbove(1.05);
+/// Dnl-4 / FaSST at every server count: above 1.
+const AHEAD_AT_EVERY_SIZE: Rule = Rule::AllAbove(1.0);
+/// Messages per packet over server counts: never rises.
+const DEGREE_FALLS: Rule = Rule::NonIncreasing;
+/// Dnl-4 Mtps over contexts 8, 16, …, 128 (each a doubling): the first doubling gains
+/// more than 20 % and the last (64 → 128) less than 10 %. Fig. 22's knee is at ≈ 75
+/// contexts per thread (`docs/results/dandelion.md`), so the curve should still climb at
+/// 8 → 16 and be flat past 64; the per-point values of the paper's figure are not in dmem's
+/// notes, so the 20 % and 10 % are this reading of the figure's shape, not its numbers.
+const FLATTENS: Rule = Rule::Flattens {
+    first: 0.20,
+    last: 0.10,
+};
+
+/// Why Dnl-4's lead over FaSST (and network batching's gain) is below the paper's:
+/// measured in `docs/results/dandelion.md`, "Why the figures differ".
+const LOW_DEGREE_SMALLBANK: &str = "scale/setup: 4.8 msgs per packet at 5 servers vs the paper's 15.5 (4 sim threads x 64 contexts per server vs 64 threads x ~100; aborts reach 30 % at 64 contexts and cap the load)";
+const LOW_DEGREE_TATP: &str = "setup: 2.6 msgs per packet vs the paper's 10.3; 70 % of TATP's txns are one-key GetOnes, local 60 % of the time at 5 servers and R = 3, so few messages remain to batch";
 const CONTEXTS: [u32; 5] = [8, 16, 32, 64, 128];
 
 /// `dmem bench` rows of `protocols` on `workload` (a YCSB `--mix` after a `:`, e.g.
@@ -88,14 +111,22 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
     // §7: Dnl-4 against FaSST, 5 servers, 64 contexts per thread.
     for (workload, paper) in [("smallbank", 102.0 / 23.0), ("tatp", 268.0 / 51.0)] {
         let m = mtps(&rows(workload, &["fasst", "dnl-4"], 5, 64, true)?)?;
-        out.claims.push(Claim::new(
-            "§7",
-            format!("{workload}: dnl-4 / fasst Mtps (5 servers)"),
-            paper,
-            m[1] / m[0],
-            "dnl-4 ahead of fasst",
-            m[1] > m[0],
-        ));
+        out.claims.push(
+            Claim::checked(
+                "§7",
+                format!("{workload}: dnl-4 / fasst Mtps (5 servers)"),
+                paper,
+                m[1] / m[0],
+                "dnl-4 ahead of fasst",
+                AHEAD,
+                vec![m[1], m[0]],
+            )
+            .miss(if workload == "tatp" {
+                LOW_DEGREE_TATP
+            } else {
+                LOW_DEGREE_SMALLBANK
+            }),
+        );
         bar.inc(1);
     }
 
@@ -108,36 +139,39 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
             64,
             true,
         )?)?;
-        out.claims.push(Claim::new(
+        out.claims.push(Claim::checked(
             "Figs. 8-13",
             format!("{name}: dnl-4 / fasst Mtps"),
             f64::NAN,
             m[1] / m[0],
             "dnl-4 ahead of fasst",
-            m[1] > m[0],
+            AHEAD,
+            vec![m[1], m[0]],
         ));
         let (lo, hi) = m[1..]
             .iter()
             .fold((f64::INFINITY, 0.0_f64), |(lo, hi), &x| {
                 (lo.min(x), hi.max(x))
             });
-        let read_only = mix.ends_with("-0");
-        if read_only || mix == "o4-2" {
-            out.claims.push(Claim::new(
+        let what = format!("{name}: fastest / slowest of dnl-4, dnl-2, dnl-1 Mtps");
+        if mix.ends_with("-0") {
+            out.claims.push(Claim::by_construction(
                 "§8.1",
-                format!("{name}: fastest / slowest of dnl-4, dnl-2, dnl-1 Mtps"),
-                if read_only { 1.0 } else { f64::NAN },
+                what,
+                1.0,
                 hi / lo,
-                if read_only {
-                    "the DNL protocols are one (Dnl-RO) on read-only mixes"
-                } else {
-                    "the DNL protocols differ on O(4,2)"
-                },
-                if read_only {
-                    hi / lo < 1.001
-                } else {
-                    hi / lo > 1.05
-                },
+                "the DNL protocols are one (Dnl-RO) on read-only mixes",
+                "by construction: dnl-4, dnl-2 and dnl-1 run the same Dnl-RO code on a read-only transaction",
+            ));
+        } else if mix == "o4-2" {
+            out.claims.push(Claim::checked(
+                "§8.1",
+                what,
+                f64::NAN,
+                hi / lo,
+                "the DNL protocols differ on O(4,2)",
+                DIFFER,
+                vec![hi, lo],
             ));
         }
         bar.inc(1);
@@ -157,14 +191,22 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
     ] {
         let m = mtps(&rows(workload, &protocols, 5, 64, false)?)?;
         for (i, (step, _)) in ladder.iter().enumerate() {
-            out.claims.push(Claim::new(
-                "Fig. 16/17",
-                format!("{workload}: {step} / previous step Mtps"),
-                paper[i],
-                m[i + 1] / m[i],
-                format!("{step} gains"),
-                m[i + 1] > m[i],
-            ));
+            out.claims.push(
+                Claim::checked(
+                    "Fig. 16/17",
+                    format!("{workload}: {step} / previous step Mtps"),
+                    paper[i],
+                    m[i + 1] / m[i],
+                    format!("{step} gains"),
+                    AHEAD,
+                    vec![m[i + 1], m[i]],
+                )
+                .miss(if workload == "tatp" {
+                    LOW_DEGREE_TATP
+                } else {
+                    LOW_DEGREE_SMALLBANK
+                }),
+            );
         }
         bar.inc(1);
     }
@@ -180,22 +222,30 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
         bar.inc(1);
     }
     let last = SERVERS.len() - 1;
-    out.claims.push(Claim::new(
-        "Fig. 18",
-        "smallbank: dnl-4 / fasst Mtps at 10 servers",
-        3.0,
-        ratio[last],
-        "dnl-4 ahead of fasst at every size",
-        ratio.iter().all(|&r| r > 1.0),
-    ));
-    out.claims.push(Claim::new(
-        "Table 6",
-        "smallbank: dnl-4 msgs per packet, 3 servers / most (paper 9, here 10)",
-        25.0 / 8.9,
-        degree[0] / degree[last],
-        "batching degree falls as servers grow",
-        degree.windows(2).all(|w| w[1] <= w[0]),
-    ));
+    out.claims.push(
+        Claim::checked(
+            "Fig. 18",
+            "smallbank: dnl-4 / fasst Mtps at 10 servers",
+            3.0,
+            ratio[last],
+            "dnl-4 ahead of fasst at every size",
+            AHEAD_AT_EVERY_SIZE,
+            ratio.clone(),
+        )
+        .miss(LOW_DEGREE_SMALLBANK),
+    );
+    out.claims.push(
+        Claim::checked(
+            "Table 6",
+            "smallbank: dnl-4 msgs per packet, 3 servers / most (paper 9, here 10)",
+            25.0 / 8.9,
+            degree[0] / degree[last],
+            "batching degree falls as servers grow",
+            DEGREE_FALLS,
+            degree.clone(),
+        )
+        .miss("scale: the load per server is lower (4 sim threads x 64 contexts vs 64 threads x ~100), so the degree is lower at every size (11.6 vs 25 at 3 servers, 2.6 vs 8.9 at 9); why it falls by more (4.8x vs 2.8x) is not yet explained"),
+    );
     out.figures.push(Figure {
         id: "fig18_servers",
         title: "SmallBank, 64 contexts per thread: Dnl-4 over FaSST and messages per packet".into(),
@@ -218,14 +268,18 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
         fasst.push(m[1]);
         bar.inc(1);
     }
-    let peak = dnl.iter().copied().fold(f64::MIN, f64::max);
-    out.claims.push(Claim::new(
+    let n = CONTEXTS.len();
+    out.claims.push(Claim::checked(
         "Fig. 22",
-        "dnl-4 Mtps at 128 contexts / its peak",
+        format!(
+            "dnl-4 Mtps, 128 / 64 contexts (8 -> 16: {:.2})",
+            dnl[1] / dnl[0]
+        ),
         f64::NAN,
-        dnl[CONTEXTS.len() - 1] / peak,
-        "throughput flattens at high load",
-        dnl[CONTEXTS.len() - 1] / peak < 1.05,
+        dnl[n - 1] / dnl[n - 2],
+        "throughput climbs, then flattens at high load (> +20 % at 8 -> 16, < +10 % at 64 -> 128)",
+        FLATTENS,
+        dnl.clone(),
     ));
     out.figures.push(Figure {
         id: "fig22_contexts",
@@ -237,4 +291,49 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
         series: vec![("dnl-4".into(), dnl), ("fasst".into(), fasst)],
     });
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every rule a Dandelion claim is judged by, with numbers that fail it and numbers
+    /// that pass it.
+    #[test]
+    fn every_claim_can_fail_and_can_pass() {
+        let table: [(&str, Rule, Vec<f64>, Vec<f64>); 5] = [
+            (
+                "dnl-4 ahead of fasst / a step gains",
+                AHEAD,
+                vec![3.0, 3.0],
+                vec![3.1, 3.0],
+            ),
+            ("O(4,2) differ", DIFFER, vec![10.4, 10.0], vec![19.1, 10.0]),
+            (
+                "ahead at every size",
+                AHEAD_AT_EVERY_SIZE,
+                vec![3.9, 3.1, 2.7, 0.9],
+                vec![3.9, 3.1, 2.7, 2.2],
+            ),
+            (
+                "degree falls",
+                DEGREE_FALLS,
+                vec![11.6, 4.8, 5.0, 2.4],
+                vec![11.6, 4.8, 3.3, 2.4],
+            ),
+            (
+                "flattens",
+                FLATTENS,
+                // Still climbing 64 -> 128 (+15 %).
+                vec![5.6, 7.2, 9.0, 10.1, 11.6],
+                vec![5.6, 7.2, 9.0, 10.1, 9.2],
+            ),
+        ];
+        for (name, rule, fail, pass) in table {
+            assert!(!rule.holds(&fail), "{name} holds for {fail:?}");
+            assert!(rule.holds(&pass), "{name} fails for {pass:?}");
+        }
+        // A curve that never climbed is not one that flattens.
+        assert!(!FLATTENS.holds(&[5.6, 5.7, 5.8, 5.8, 5.8]));
+    }
 }

@@ -7,7 +7,7 @@
 
 use anyhow::Context as _;
 
-use super::{Claim, Figure, Outcome, Paper, num};
+use super::{Claim, Figure, Outcome, Paper, Rule, num};
 use crate::bench_locks;
 
 pub(crate) const PAPER: Paper = Paper {
@@ -20,6 +20,18 @@ pub(crate) const PAPER: Paper = Paper {
 const LOCKS: [&str; 5] = ["caslock", "dslr", "shiftlock", "declock-tf", "declock-pf"];
 /// Measured virtual ms per point (after a 10 % warm-up).
 const DURATION_MS: &str = "5";
+
+/// `[a, b]`: a ahead of b (throughput), or a above b (a lead, retries).
+const AHEAD: Rule = Rule::Greater;
+/// `[declock-tf, caslock]` MN operations per acquisition: fewer.
+const FEWER: Rule = Rule::Less;
+/// DecLock-TF / CASLock at every point of a sweep: at least 1.
+const NEVER_BEHIND: Rule = Rule::AllAtLeast(1.0);
+
+/// Why CASLock trails by less than the paper's 43× (measured, `docs/results/locks.md`,
+/// "Why DecLock's lead over CASLock shrinks").
+const CASLOCK_GAP: &str = "model: CASLock's CASes on a hot word are served at the same-address rate (cx4 2.5 Mops), so its retries cannot flood the NIC as the paper's did; the paper's 43x is its most, at long critical sections";
+const HOT_LOCK_BOUND: &str = "model: with zipf 0.99 DecLock meets the hot-lock bound (1 / (p0 x hold time)) at 20 us while CASLock stays at its same-address limit, so the lead shrinks (docs/results/locks.md)";
 
 /// One point: every lock under the same flags; rows in [`LOCKS`] order.
 fn point(extra: &[&str]) -> anyhow::Result<Vec<serde_json::Value>> {
@@ -146,24 +158,31 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
         ("declock-pf", "shiftlock", 1.40),
     ] {
         let r = clients.ratio(last, a, b)?;
-        out.claims.push(Claim::new(
+        let claim = Claim::checked(
             "fig12",
             format!("{a} / {b} Mops at 256 clients (paper: up to)"),
             paper,
             r,
             format!("{a} > {b}"),
-            r > 1.0,
-        ));
+            AHEAD,
+            vec![clients.at(last, a, "mops")?, clients.at(last, b, "mops")?],
+        );
+        out.claims.push(if b == "caslock" {
+            claim.miss(CASLOCK_GAP)
+        } else {
+            claim
+        });
     }
     let tf_ops = clients.at(last, "declock-tf", "mn_ops_per_acquire")?;
     let cas_ops = clients.at(last, "caslock", "mn_ops_per_acquire")?;
-    out.claims.push(Claim::new(
+    out.claims.push(Claim::checked(
         "fig12",
-        "declock-tf MN ops per acquisition at 256 clients",
+        format!("declock-tf MN ops per acquisition at 256 clients (caslock {cas_ops:.2})"),
         1.1,
         tf_ops,
         "declock-tf < caslock MN ops per acquisition",
-        tf_ops < cas_ops,
+        FEWER,
+        vec![tf_ops, cas_ops],
     ));
 
     // Fig. 13: critical-section length at 256 clients.
@@ -213,32 +232,45 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
     )?);
     let lead_0 = cs.ratio(0, "declock-tf", "caslock")?;
     let lead_20 = cs.ratio(cs.x.len() - 1, "declock-tf", "caslock")?;
-    out.claims.push(Claim::new(
-        "fig13",
-        "declock-tf / caslock Mops at 20 us critical sections (paper: up to)",
-        43.0,
-        lead_20,
-        "declock-tf > caslock with long critical sections",
-        lead_20 > 1.0,
-    ));
-    out.claims.push(Claim::new(
+    let at_20 = cs.x.len() - 1;
+    out.claims.push(
+        Claim::checked(
+            "fig13",
+            "declock-tf / caslock Mops at 20 us critical sections (paper: up to)",
+            43.0,
+            lead_20,
+            "declock-tf > caslock with long critical sections",
+            AHEAD,
+            vec![
+                cs.at(at_20, "declock-tf", "mops")?,
+                cs.at(at_20, "caslock", "mops")?,
+            ],
+        )
+        .miss(HOT_LOCK_BOUND),
+    );
+    out.claims.push(Claim::checked(
         "fig13",
         "declock-tf / caslock lead, 20 us over 0 us",
         f64::NAN,
         lead_20 / lead_0,
-        "lead grows with the critical section (see locks/README.md)",
-        lead_20 >= lead_0,
+        "lead grows with the critical section (see docs/results/locks.md)",
+        AHEAD,
+        vec![lead_20, lead_0],
     ));
-    let retries_20 = cs.at(cs.x.len() - 1, "caslock", "retries_max")?;
+    let retries_20 = cs.at(at_20, "caslock", "retries_max")?;
     let retries_0 = cs.at(0, "caslock", "retries_max")?;
-    out.claims.push(Claim::new(
-        "fig13",
-        "caslock most retries of one acquisition at 20 us",
-        388.0,
-        retries_20,
-        "caslock retries grow with the critical section",
-        retries_20 > retries_0,
-    ));
+    out.claims.push(
+        Claim::checked(
+            "fig13",
+            format!("caslock most retries of one acquisition at 20 us (0 us: {retries_0:.0})"),
+            388.0,
+            retries_20,
+            "caslock retries grow with the critical section",
+            AHEAD,
+            vec![retries_20, retries_0],
+        )
+        .miss("model: each retry waits its turn at the hot word's same-address rate (cx4 2.5 Mops); 388 in a 20 us critical section needs failed CASes answered at ~15 Mops (docs/results/locks.md)"),
+    );
 
     // Read ratio at 256 clients.
     let reads = sweep(bar, &[0.0, 0.5, 0.95, 1.0], |r| {
@@ -258,18 +290,17 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
         &reads,
         "mops",
     )?);
-    let worst = (0..reads.x.len())
+    let leads = (0..reads.x.len())
         .map(|i| reads.ratio(i, "declock-tf", "caslock"))
-        .collect::<anyhow::Result<Vec<_>>>()?
-        .into_iter()
-        .fold(f64::MAX, f64::min);
-    out.claims.push(Claim::new(
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    out.claims.push(Claim::checked(
         "fig13",
         "min declock-tf / caslock Mops over read ratios",
         f64::NAN,
-        worst,
+        leads.iter().copied().fold(f64::MAX, f64::min),
         "declock-tf >= caslock at every read ratio",
-        worst >= 1.0,
+        NEVER_BEHIND,
+        leads,
     ));
 
     // Number of locks at 256 clients.
@@ -290,18 +321,46 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
         &locks,
         "mops",
     )?);
-    let worst = (0..locks.x.len())
+    let leads = (0..locks.x.len())
         .map(|i| locks.ratio(i, "declock-tf", "caslock"))
-        .collect::<anyhow::Result<Vec<_>>>()?
-        .into_iter()
-        .fold(f64::MAX, f64::min);
-    out.claims.push(Claim::new(
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    out.claims.push(Claim::checked(
         "fig13",
         "min declock-tf / caslock Mops over lock counts",
         f64::NAN,
-        worst,
+        leads.iter().copied().fold(f64::MAX, f64::min),
         "declock-tf >= caslock at every lock count",
-        worst >= 1.0,
+        NEVER_BEHIND,
+        leads,
     ));
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every rule a DecLock claim is judged by, with numbers that fail it and numbers that
+    /// pass it.
+    #[test]
+    fn every_claim_can_fail_and_can_pass() {
+        let table: [(&str, Rule, Vec<f64>, Vec<f64>); 3] = [
+            // declock-tf vs caslock/dslr/shiftlock Mops; a lead 20 us vs 0 us; retries.
+            ("ahead", AHEAD, vec![0.50, 0.52], vec![3.5, 0.52]),
+            ("fewer MN ops", FEWER, vec![4.7, 4.7], vec![1.1, 4.7]),
+            (
+                "never behind",
+                NEVER_BEHIND,
+                vec![6.8, 0.97, 6.8, 6.7],
+                vec![6.8, 1.0, 6.8, 6.7],
+            ),
+        ];
+        for (name, rule, fail, pass) in table {
+            assert!(!rule.holds(&fail), "{name} holds for {fail:?}");
+            assert!(rule.holds(&pass), "{name} fails for {pass:?}");
+        }
+        // The two Fig. 13 trends fail on the numbers measured (docs/results/locks.md).
+        assert!(!AHEAD.holds(&[2.02, 6.75]));
+        assert!(!AHEAD.holds(&[113.0, 113.0]));
+    }
 }

@@ -18,7 +18,7 @@
 
 use anyhow::Context as _;
 
-use super::{Claim, Figure, Outcome, Paper, num, per_ms};
+use super::{Claim, Figure, Outcome, Paper, Rule, num, per_ms};
 use crate::recover;
 
 pub(crate) const PAPER: Paper = Paper {
@@ -31,6 +31,24 @@ pub(crate) const PAPER: Paper = Paper {
         + RDMA_LOCK.len()
         + 1) as u64,
 };
+
+/// `[a, b]`: a ahead of b (Mtps: LOTUS over a baseline or a variant, Motor over FORD,
+/// Motor without the CAS over Motor; CN CPU busy share: LOTUS over the busier baseline).
+const AHEAD: Rule = Rule::Greater;
+/// `[motor at 576, motor's peak]`: Motor stops scaling (its last point below its peak).
+const STOPS_SCALING: Rule = Rule::Less;
+/// Committed per ms from the crash on: every ms commits.
+const KEEPS_COMMITTING: Rule = Rule::AllAbove(0.0);
+
+/// Why an MN-atomics row is not judged.
+const NO_MN_ATOMICS: &str = "by construction: LOTUS's lock path posts MN atomics only in lotus:rdma-lock (protocol/lotus/src/txn.rs)";
+/// Why a tiny-scale row is not judged.
+const TINY: &str = "scale: at tiny the workloads lack the paper's shape (2 TPC-C warehouses; 1 ms a point) and each protocol's best is at a different concurrency";
+/// Why LOTUS's lead on SmallBank is below the paper's (`docs/results/reproduce.md`,
+/// `protocol/lotus/README.md`).
+const MN_BOUND: &str = "model: every protocol here ends bound by the MN NIC's operation rate (cx3), and LOTUS's commit (INVISIBLE cell, log, visible cell: 14.9 WRITEs per txn) posts nearly as many operations as it saves";
+/// Why the ablation's gains are below the paper's (`docs/results/lotus.md`, "Ablation").
+const ABLATION_MN_BOUND: &str = "model: the MN NIC is 100 % busy in every row, so cutting messages (4.55 -> 1.61 per txn) and CN CPU (79 % -> 61 %) gains little; the paper's gains come from the CNs' RPC handling";
 
 /// §8.3's ablation: each mechanism turned off alone, its name, and the gain the paper
 /// reports for it on SmallBank (sharding +29.7 %, two-level load balancing +36.5 %, the VT
@@ -83,7 +101,7 @@ impl Best {
 }
 
 /// Claims of one workload's comparison (LOTUS, Motor, FORD bests); `checked`: whether the
-/// paper's ordering is checked.
+/// paper's orderings are judged (at tiny scale they are informational, [`TINY`]).
 fn comparison_claims(
     out: &mut Outcome,
     workload: &str,
@@ -93,6 +111,11 @@ fn comparison_claims(
 ) {
     let [lotus, motor, ford] = best;
     let at = |b: &Best| b.concurrent;
+    let figure = if workload == "kvs" {
+        "Fig. 12"
+    } else {
+        "Fig. 13"
+    };
     for (other, name, paper) in [(motor, "motor", paper.0), (ford, "ford", paper.1)] {
         // A protocol that committed nothing at any point of the sweep has no ratio (shown
         // as `-`, and said in the row), not a quotient of a denormal.
@@ -104,24 +127,24 @@ fn comparison_claims(
         } else {
             (f64::INFINITY, format!("{name} committed nothing"))
         };
-        out.claims.push(Claim::new(
-            if workload == "kvs" {
-                "Fig. 12"
-            } else {
-                "Fig. 13"
-            },
-            format!("{workload}: lotus / {name} max Mtps ({of})"),
-            paper,
-            ratio,
-            if checked {
-                format!("lotus ahead of {name}")
-            } else {
-                "shown, not checked at tiny scale".to_owned()
-            },
-            !checked || ratio > 1.0,
-        ));
+        let what = format!("{workload}: lotus / {name} max Mtps ({of})");
+        let ordering = format!("lotus ahead of {name}");
+        out.claims.push(if checked {
+            Claim::checked(
+                figure,
+                what,
+                paper,
+                ratio,
+                ordering,
+                AHEAD,
+                vec![lotus.mtps, other.mtps],
+            )
+            .miss(MN_BOUND)
+        } else {
+            Claim::info(figure, what, paper, ratio, ordering, TINY).miss(TINY)
+        });
     }
-    out.claims.push(Claim::new(
+    out.claims.push(Claim::by_construction(
         "§4.1",
         format!(
             "{workload}: MN atomics per txn at the max, lotus (motor {:.2}, ford {:.2})",
@@ -130,20 +153,27 @@ fn comparison_claims(
         0.0,
         lotus.atomics,
         "locks never reach the MNs",
-        lotus.atomics == 0.0,
+        NO_MN_ATOMICS,
     ));
-    out.claims.push(Claim::new(
-        "§8",
-        format!(
-            "{workload}: CN CPU busy at the max, lotus (motor {:.0}%, ford {:.0}%)",
-            motor.cn_cpu * 100.0,
-            ford.cn_cpu * 100.0
-        ),
-        f64::NAN,
-        lotus.cn_cpu,
-        "lock work is charged to the CNs",
-        lotus.cn_cpu > 0.0,
-    ));
+    let what = format!(
+        "{workload}: CN CPU busy at the max, lotus (motor {:.0}%, ford {:.0}%)",
+        motor.cn_cpu * 100.0,
+        ford.cn_cpu * 100.0
+    );
+    let ordering = "lock work moves to the CNs: lotus's CN CPU above motor's and ford's";
+    out.claims.push(if checked {
+        Claim::checked(
+            "§8",
+            what,
+            f64::NAN,
+            lotus.cn_cpu,
+            ordering,
+            AHEAD,
+            vec![lotus.cn_cpu, motor.cn_cpu.max(ford.cn_cpu)],
+        )
+    } else {
+        Claim::info("§8", what, f64::NAN, lotus.cn_cpu, ordering, TINY)
+    });
 }
 
 /// LOTUS's testbed (§8.1): ConnectX-3 NICs, 3 MNs, 9 CNs.
@@ -232,37 +262,40 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
     let (ford, motor, no_cas) = (&series[0], &series[1], &series[2]);
     let last = COROUTINES.len() - 1;
     let mut out = Outcome::default();
-    out.claims.push(Claim::new(
+    out.claims.push(Claim::checked(
         "Fig. 2",
         "motor Mtps at 576 / at its peak",
         f64::NAN,
         motor[last] / peak(motor),
         "motor stops scaling once the MNs saturate",
-        motor[last] / peak(motor) < 1.0,
+        STOPS_SCALING,
+        vec![motor[last], peak(motor)],
     ));
-    out.claims.push(Claim::new(
+    out.claims.push(Claim::checked(
         "Fig. 2",
         "motor / ford peak Mtps",
         f64::NAN,
         peak(motor) / peak(ford),
         "motor ahead of ford",
-        peak(motor) > peak(ford),
+        AHEAD,
+        vec![peak(motor), peak(ford)],
     ));
-    out.claims.push(Claim::new(
+    out.claims.push(Claim::checked(
         "Fig. 3",
         "motor without the CAS / motor, peak Mtps",
         2.4,
         peak(no_cas) / peak(motor),
         "removing the lock CAS raises motor's peak",
-        peak(no_cas) > peak(motor),
+        AHEAD,
+        vec![peak(no_cas), peak(motor)],
     ));
-    out.claims.push(Claim::new(
+    out.claims.push(Claim::by_construction(
         "§4.1",
         "lotus MN atomics per transaction (most over the sweep)",
         0.0,
         lotus_atomics,
         "locks never reach the MNs",
-        lotus_atomics == 0.0,
+        NO_MN_ATOMICS,
     ));
     comparison_claims(&mut out, "smallbank small", &smallbank, (2.1, 3.3), true);
     for (workload, vs_motor, vs_ford) in TINY_WORKLOADS {
@@ -316,14 +349,18 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
     let rows = measure_on_testbed(&registry, "smallbank", "small", "8", "3", &list.join(","))?;
     let mtps = checked_mtps(&rows, "smallbank")?;
     for (i, (variant, mechanism, paper)) in ABLATION.iter().enumerate() {
-        out.claims.push(Claim::new(
-            "§8.3",
-            format!("smallbank: lotus / {variant} Mtps (288 concurrent)"),
-            *paper,
-            mtps[0] / mtps[i + 1],
-            format!("{mechanism} gains"),
-            mtps[0] > mtps[i + 1],
-        ));
+        out.claims.push(
+            Claim::checked(
+                "§8.3",
+                format!("smallbank: lotus / {variant} Mtps (288 concurrent)"),
+                *paper,
+                mtps[0] / mtps[i + 1],
+                format!("{mechanism} gains"),
+                AHEAD,
+                vec![mtps[0], mtps[i + 1]],
+            )
+            .miss(ABLATION_MN_BOUND),
+        );
     }
     bar.inc(1);
 
@@ -338,14 +375,18 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
             "lotus,lotus:rdma-lock",
         )?;
         let mtps = checked_mtps(&rows, workload)?;
-        out.claims.push(Claim::new(
-            "Fig. 17",
-            format!("{workload} {scale}: lotus / lotus:rdma-lock Mtps (paper 1.3-1.9x)"),
-            1.6,
-            mtps[0] / mtps[1],
-            "lotus ahead of the RDMA lock",
-            mtps[0] > mtps[1],
-        ));
+        out.claims.push(
+            Claim::checked(
+                "Fig. 17",
+                format!("{workload} {scale}: lotus / lotus:rdma-lock Mtps (paper 1.3-1.9x)"),
+                1.6,
+                mtps[0] / mtps[1],
+                "lotus ahead of the RDMA lock",
+                AHEAD,
+                vec![mtps[0], mtps[1]],
+            )
+            .miss("setup: SmallBank's hot accounts make nearly every RDMA lock a 0 -> 1 FAA on the MN's atomic unit, cx3's scarcest resource"),
+        );
         bar.inc(1);
     }
 
@@ -379,22 +420,25 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
         .get(2)
         .copied()
         .context("a series of at least 3 ms")?;
-    out.claims.push(Claim::new(
+    out.claims.push(Claim::checked(
         "Fig. 15",
         "smallbank: committed in the crash's ms / before (3 of 9 CNs crash)",
         1.43 / 2.06,
         crash_ms / before,
         "the survivors keep committing through recovery",
-        committed[2..].iter().all(|&c| c > 0.0),
+        KEEPS_COMMITTING,
+        committed[2..].to_vec(),
     ));
+    // The paper's 233 ms includes restarting the crashed CNs, which the simulator does not
+    // model: not a number dmem can compare, so not a magnitude and not an ordering.
     let recovery_ms = num(&r, "recovery_latency_us")? / 1e3;
-    out.claims.push(Claim::new(
+    out.claims.push(Claim::info(
         "Fig. 15",
-        "smallbank: recovery latency, ms (paper: with the CNs' restart)",
-        233.0,
+        "smallbank: recovery latency, ms (the paper's 233 ms includes the CNs' restart)",
+        f64::NAN,
         recovery_ms,
-        "recovery within the paper's 233 ms",
-        recovery_ms < 233.0,
+        "recovery without the restart",
+        "cannot be measured here: the paper's 233 ms includes restarting the crashed CNs, which the simulator does not model",
     ));
     bar.inc(1);
 
@@ -412,4 +456,68 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
             .collect(),
     });
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every rule a LOTUS claim is judged by, with numbers that fail it and numbers that
+    /// pass it.
+    #[test]
+    fn every_claim_can_fail_and_can_pass() {
+        let table: [(&str, Rule, Vec<f64>, Vec<f64>); 3] = [
+            // Motor over FORD at the peak (fails as measured), an ablation's 1 % gain.
+            ("ahead", AHEAD, vec![4.07, 4.51], vec![5.75, 5.70]),
+            // Still scaling at 576 (the last point is the peak).
+            (
+                "stops scaling",
+                STOPS_SCALING,
+                vec![4.07, 4.07],
+                vec![3.64, 4.07],
+            ),
+            (
+                "keeps committing",
+                KEEPS_COMMITTING,
+                vec![1500.0, 0.0, 1700.0],
+                vec![1500.0, 1.0, 1700.0],
+            ),
+        ];
+        for (name, rule, fail, pass) in table {
+            assert!(!rule.holds(&fail), "{name} holds for {fail:?}");
+            assert!(rule.holds(&pass), "{name} fails for {pass:?}");
+        }
+    }
+
+    /// The comparison's claims: judged on SmallBank (throughput and CN CPU can each fail),
+    /// informational at tiny scale whatever the numbers.
+    #[test]
+    fn comparison_is_judged_only_where_checked() {
+        let best = |mtps, cn_cpu| Best {
+            mtps,
+            concurrent: 144,
+            atomics: 0.0,
+            cn_cpu,
+        };
+        let mut out = Outcome::default();
+        comparison_claims(
+            &mut out,
+            "smallbank small",
+            &[best(5.7, 0.3), best(4.1, 0.3), best(6.0, 0.36)],
+            (2.1, 3.3),
+            true,
+        );
+        let holds: Vec<Option<bool>> = out.claims.iter().map(|c| c.holds).collect();
+        // lotus > motor, lotus < ford, atomics informational, CPU not above ford's.
+        assert_eq!(holds, [Some(true), Some(false), None, Some(false)]);
+        let mut out = Outcome::default();
+        comparison_claims(
+            &mut out,
+            "tatp",
+            &[best(1.0, 0.1), best(4.1, 0.3), best(6.0, 0.36)],
+            (1.3, 2.0),
+            false,
+        );
+        assert!(out.claims.iter().all(|c| c.holds.is_none()));
+    }
 }

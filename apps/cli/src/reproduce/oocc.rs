@@ -5,7 +5,7 @@
 
 use anyhow::Context as _;
 
-use super::{Claim, Figure, Outcome, Paper, num};
+use super::{Claim, Figure, Outcome, Paper, Rule, num};
 
 pub(crate) const PAPER: Paper = Paper {
     name: "oocc",
@@ -13,6 +13,34 @@ pub(crate) const PAPER: Paper = Paper {
     run,
     steps: 5 + 1 + 1 + 1 + 1,
 };
+
+/// `[a, b]` Mtps: a ahead of b (OOCC over a baseline, a ladder step over the one before, a
+/// lease over OCC, the manager over a fixed lease).
+const AHEAD: Rule = Rule::Greater;
+/// `[a, b]` Mtps: a behind b (a baseline ahead of OOCC, a far too long lease behind OCC).
+const BEHIND: Rule = Rule::Less;
+/// `[offset, no offset]` Mtps: an offset costs under 5 % (Fig. 14a).
+const OFFSET_CHEAP: Rule = Rule::RatioAtLeast(0.95);
+
+/// The measured reason OOCC / `baseline` on `what` is outside ±30 % of the paper's, from
+/// `docs/results/occ.md`.
+fn miss_reason(what: &str, baseline: &str) -> &'static str {
+    match (what, baseline) {
+        ("YCSB read-only", "occ") => {
+            "model: dmem's occ is FORD, which commits a one-record read-only txn without validation (1.00 READ, 1 round trip, as OOCC); the paper's OCC validates with a second READ"
+        }
+        ("YCSB read-only", _) => {
+            "setup: these runs do not saturate the MN (busy 9-17 %); the paper's gaps come from the NIC's atomic throughput at saturation"
+        }
+        ("TPC-C (8 warehouses)", "occ") => {
+            "model: OOCC's 80 us write-wait lease holds each write lock 80 us longer on rows most txns write; the paper's 1.1x needs the artifact's read-write rules, not serializable here (oocc:artifact-rw)"
+        }
+        ("YCSB unknown read set", "drtm") | ("YCSB read-intensive", "drtm") => {
+            "setup: zipf 0.99 here (the paper's Fig. 10 keys are uniform): hot records always carry DrTM's 400 us read lease, which every writer waits out"
+        }
+        _ => super::NOT_EXPLAINED,
+    }
+}
 
 /// Every run's shape: the paper's testbed (ConnectX-6, 2 CNs), 3 ms measured.
 const SHAPE: [&str; 6] = ["--profile", "cx6", "--cns", "2", "--duration-ms", "3"];
@@ -133,19 +161,23 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
                 continue;
             }
             let ratio = m[0] / m[i + 1];
-            let (ordering, holds) = if paper[i] >= 1.0 {
-                (format!("oocc ahead of {name}"), ratio > 1.0)
+            let (ordering, rule) = if paper[i] >= 1.0 {
+                (format!("oocc ahead of {name}"), AHEAD)
             } else {
-                (format!("{name} ahead of oocc"), ratio < 1.0)
+                (format!("{name} ahead of oocc"), BEHIND)
             };
-            out.claims.push(Claim::new(
-                figure,
-                format!("{what}: oocc / {name} Mtps"),
-                paper[i],
-                ratio,
-                ordering,
-                holds,
-            ));
+            out.claims.push(
+                Claim::checked(
+                    figure,
+                    format!("{what}: oocc / {name} Mtps"),
+                    paper[i],
+                    ratio,
+                    ordering,
+                    rule,
+                    vec![m[0], m[i + 1]],
+                )
+                .miss(miss_reason(what, name)),
+            );
         }
         bar.inc(1);
     }
@@ -163,13 +195,14 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
     let m = mtps(&YCSB_RI, &ladder.map(|(_, p)| p))?;
     let paper_steps = [f64::NAN, 1.28, 1.05, 1.1];
     for i in 1..ladder.len() {
-        out.claims.push(Claim::new(
+        out.claims.push(Claim::checked(
             "Fig. 11",
             format!("{} / previous step Mtps", ladder[i].0),
             paper_steps[i],
             m[i] / m[i - 1],
             format!("{} gains", ladder[i].0),
-            m[i] >= m[i - 1],
+            AHEAD,
+            vec![m[i], m[i - 1]],
         ));
     }
     out.figures.push(Figure {
@@ -194,22 +227,24 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
     let m = mtps(&YCSB_RI, &names)?;
     let occ = m[leases.len()];
     let rel: Vec<f64> = m[..leases.len()].iter().map(|x| x / occ).collect();
-    let best = rel.iter().copied().fold(f64::MIN, f64::max);
-    out.claims.push(Claim::new(
+    let best = m[..leases.len()].iter().copied().fold(f64::MIN, f64::max);
+    out.claims.push(Claim::checked(
         "Fig. 13a",
         "best lease: oocc / occ Mtps",
         f64::NAN,
-        best,
+        best / occ,
         "a well-chosen lease beats occ",
-        best > 1.0,
+        AHEAD,
+        vec![best, occ],
     ));
-    out.claims.push(Claim::new(
+    out.claims.push(Claim::checked(
         "Fig. 13a",
         "100 µs lease: oocc / occ Mtps",
         f64::NAN,
         rel[leases.len() - 1],
         "a lease far too long loses to occ",
-        rel[leases.len() - 1] < 1.0,
+        BEHIND,
+        vec![m[leases.len() - 1], occ],
     ));
     out.figures.push(Figure {
         id: "fig13a_lease_sweep",
@@ -224,13 +259,14 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
 
     // Fig. 13d: the lease manager raising a too-small lease.
     let m = mtps(&YCSB_RI, &["oocc:lease=2", "oocc:lease=2+manager"])?;
-    out.claims.push(Claim::new(
+    out.claims.push(Claim::checked(
         "Fig. 13d",
         "lease manager from 2 µs / fixed 2 µs Mtps",
         1.5,
         m[1] / m[0],
         "the manager raises a too-small lease",
-        m[1] > m[0],
+        AHEAD,
+        vec![m[1], m[0]],
     ));
     bar.inc(1);
 
@@ -243,13 +279,14 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let m = mtps(&YCSB_RI, &names)?;
     for (i, o) in offsets.iter().enumerate().skip(1).take(2) {
-        out.claims.push(Claim::new(
+        out.claims.push(Claim::checked(
             "Fig. 14a",
             format!("offset {o} µs / offset 0 Mtps"),
             1.0,
             m[i] / m[0],
             "an offset of at most 1 µs costs under 5 %",
-            m[i] / m[0] >= 0.95,
+            OFFSET_CHEAP,
+            vec![m[i], m[0]],
         ));
     }
     out.figures.push(Figure {
@@ -263,4 +300,36 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
     });
     bar.inc(1);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every rule an OOCC claim is judged by, with numbers that fail it and numbers that
+    /// pass it.
+    #[test]
+    fn every_claim_can_fail_and_can_pass() {
+        let table: [(&str, Rule, Vec<f64>, Vec<f64>); 3] = [
+            // OOCC vs OCC on read-only YCSB: equal is not ahead.
+            ("ahead", AHEAD, vec![9.8, 9.8], vec![10.1, 9.8]),
+            ("behind", BEHIND, vec![2.1, 2.0], vec![0.8, 2.0]),
+            (
+                "offset cheap",
+                OFFSET_CHEAP,
+                vec![9.4, 10.0],
+                vec![9.6, 10.0],
+            ),
+        ];
+        for (name, rule, fail, pass) in table {
+            assert!(!rule.holds(&fail), "{name} holds for {fail:?}");
+            assert!(rule.holds(&pass), "{name} fails for {pass:?}");
+        }
+    }
+
+    #[test]
+    fn a_known_miss_has_a_reason_and_an_unknown_one_says_so() {
+        assert!(miss_reason("YCSB read-only", "occ").starts_with("model"));
+        assert_eq!(miss_reason("TATP", "occ"), super::super::NOT_EXPLAINED);
+    }
 }

@@ -4,7 +4,7 @@
 
 use anyhow::Context as _;
 
-use super::{Claim, Figure, Outcome, Paper, num, per_ms};
+use super::{Claim, Figure, Outcome, Paper, Rule, num, per_ms};
 use crate::recover;
 
 pub(crate) const PAPER: Paper = Paper {
@@ -24,6 +24,21 @@ const FAILOVER: [(&str, &str, &str, &str); 3] = [
     ("Fig. 10", "tatp", "tiny", "failover_tatp"),
     ("Fig. 11", "tpcc", "tiny", "failover_tpcc"),
 ];
+/// `[lock logging, pandora]` Mtps: lock logging behind.
+const BEHIND: Rule = Rule::Less;
+/// `[a, b]`: a above b (recovery latency with more outstanding transactions, FORD's scan
+/// over Pandora's recovery).
+const ABOVE: Rule = Rule::Greater;
+/// A series that grows at every step (recovery latency, FORD's scan over data sizes).
+const GROWS: Rule = Rule::Increasing;
+/// Pandora's committed per ms after the crash: every ms commits.
+const KEEPS_COMMITTING: Rule = Rule::AllAbove(0.0);
+/// FORD's committed per ms after the crash: some ms commits nothing.
+const STOPS: Rule = Rule::MinAtMost(0.0);
+
+/// Why the steady-state "within 5 % of FORD" is not judged.
+const SAME_VERBS: &str = "by construction: in steady state pandora posts ford's verbs (PILL changes what a lock word holds and recovery, not the data path)";
+
 /// The fail-over runs' crash instant and length, ms of virtual time.
 const FAILOVER_CRASH_MS: usize = 4;
 const FAILOVER_MS: usize = 16;
@@ -72,45 +87,39 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
             .collect(),
     });
     let (ford, pandora, logging) = (&steady[0], &steady[1], &steady[2]);
-    out.claims.push(Claim::new(
+    out.claims.push(Claim::by_construction(
         "§6.2",
         "pandora / ford Mtps, SmallBank",
         0.912 / 0.919,
         pandora[0] / ford[0],
         "pandora within 5% of ford",
-        (pandora[0] / ford[0] - 1.0).abs() <= 0.05,
+        SAME_VERBS,
     ));
-    out.claims.push(Claim::new(
-        "§6.2",
-        "lock logging / ford Mtps, SmallBank",
-        0.65,
-        logging[0] / ford[0],
-        "lock logging < pandora",
-        logging[0] < pandora[0],
-    ));
-    out.claims.push(Claim::new(
-        "§6.2",
-        "lock logging / ford Mtps, TATP",
-        0.98,
-        logging[1] / ford[1],
-        "lock logging <= pandora",
-        logging[1] <= pandora[1],
-    ));
-    out.claims.push(Claim::new(
+    for (i, what, paper) in [
+        (0, "SmallBank", 0.65),
+        (1, "TATP", 0.98),
+        (2, "TPC-C", 0.86),
+    ] {
+        out.claims.push(Claim::checked(
+            "§6.2",
+            format!(
+                "lock logging / ford Mtps, {what} (pandora / ford {:.3})",
+                pandora[i] / ford[i]
+            ),
+            paper,
+            logging[i] / ford[i],
+            "lock logging < pandora",
+            BEHIND,
+            vec![logging[i], pandora[i]],
+        ));
+    }
+    out.claims.push(Claim::by_construction(
         "§6.2",
         "pandora / ford Mtps, TPC-C",
         1.0,
         pandora[2] / ford[2],
         "pandora within 5% of ford",
-        (pandora[2] / ford[2] - 1.0).abs() <= 0.05,
-    ));
-    out.claims.push(Claim::new(
-        "§6.2",
-        "lock logging / ford Mtps, TPC-C",
-        0.86,
-        logging[2] / ford[2],
-        "lock logging < pandora",
-        logging[2] < pandora[2],
+        SAME_VERBS,
     ));
 
     // Recovery latency vs outstanding transactions of the crashed CN.
@@ -160,18 +169,40 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
             ("pandora (paper, Table 2)".into(), paper_us.to_vec()),
         ],
     });
-    for (i, &p) in paper_us.iter().enumerate() {
-        if p.is_finite() {
-            out.claims.push(Claim::new(
-                "Table 2",
-                format!("pandora recovery us, {} outstanding", outstanding[i]),
-                p,
-                latency[i],
-                "recovery grows with outstanding transactions",
-                latency.windows(2).all(|w| w[1] >= w[0]),
-            ));
-        }
-    }
+    // Table 2: one row per shape the paper gives; the growth is judged once per step (1 →
+    // 8 → 64 on the 64 row, 64 → 512 on the 512 row), the first row is the magnitude alone.
+    out.claims.push(Claim::info(
+        "Table 2",
+        "pandora recovery us, 1 outstanding",
+        paper_us[0],
+        latency[0],
+        "recovery grows with outstanding transactions",
+        "magnitude only: the growth is judged on the next rows",
+    ));
+    out.claims.push(
+        Claim::checked(
+            "Table 2",
+            format!(
+                "pandora recovery us, 64 outstanding (1: {:.1}, 8: {:.1})",
+                latency[0], latency[1]
+            ),
+            paper_us[2],
+            latency[2],
+            "recovery grows with outstanding transactions (1 -> 8 -> 64)",
+            GROWS,
+            latency[..3].to_vec(),
+        )
+        .miss(super::NOT_EXPLAINED),
+    );
+    out.claims.push(Claim::checked(
+        "Table 2",
+        "pandora recovery us, 512 outstanding",
+        paper_us[3],
+        latency[3],
+        "recovery grows with outstanding transactions (64 -> 512)",
+        ABOVE,
+        vec![latency[3], latency[2]],
+    ));
 
     // Figs. 9–11: committed per ms around a CN crash, one of three coordinator CNs (§6.1:
     // Pandora's throughput "does not drop to zero, but drops to about two-thirds"; the
@@ -287,21 +318,26 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
         series: vec![("ford scan (dmem)".into(), scan_ms.clone())],
     });
     let last = records.len() - 1;
-    out.claims.push(Claim::new(
-        "§6.1",
-        "ford scan, s per 1M records (largest store)",
-        5.0,
-        scan_ms[last] / 1e3 / (records[last] / 1e6),
-        "ford's scan grows with the data size",
-        scan_ms.windows(2).all(|w| w[1] >= w[0]),
-    ));
-    out.claims.push(Claim::new(
+    out.claims.push(
+        Claim::checked(
+            "§6.1",
+            "ford scan, s per 1M records (largest store)",
+            5.0,
+            scan_ms[last] / 1e3 / (records[last] / 1e6),
+            "ford's scan grows with the data size",
+            GROWS,
+            scan_ms.clone(),
+        )
+        .miss("not yet explained (dmem's scan reads 56 B per record: scan_bytes 11.2 MB for 200k SmallBank records)"),
+    );
+    out.claims.push(Claim::checked(
         "§6.1",
         "ford recovery / pandora recovery (200k records, 64 outstanding)",
         f64::NAN,
         scan_ms[last] * 1e3 / latency[2],
         "pandora recovers faster than ford's scan",
-        scan_ms[last] * 1e3 > latency[2],
+        ABOVE,
+        vec![scan_ms[last] * 1e3, latency[2]],
     ));
     Ok(out)
 }
@@ -317,28 +353,33 @@ fn failover_claims(
     (before, after): (f64, f64),
     ford: &[f64],
 ) -> [Claim; 2] {
-    let ford_low = ford[FAILOVER_CRASH_MS..]
-        .iter()
-        .copied()
-        .fold(f64::INFINITY, f64::min);
-    [
-        Claim::new(
-            figure,
-            format!(
-                "{workload}: pandora committed per ms after recovery / before (1 of 3 CNs crashed)"
-            ),
-            2.0 / 3.0,
-            after / before,
-            "pandora commits in every ms after the crash",
-            pandora[FAILOVER_CRASH_MS..].iter().all(|&c| c > 0.0),
+    let ford_after = ford[FAILOVER_CRASH_MS..].to_vec();
+    let ford_low = ford_after.iter().copied().fold(f64::INFINITY, f64::min);
+    let pandora_claim = Claim::checked(
+        figure,
+        format!(
+            "{workload}: pandora committed per ms after recovery / before (1 of 3 CNs crashed)"
         ),
-        Claim::new(
+        2.0 / 3.0,
+        after / before,
+        "pandora commits in every ms after the crash",
+        KEEPS_COMMITTING,
+        pandora[FAILOVER_CRASH_MS..].to_vec(),
+    );
+    [
+        if workload == "tpcc" {
+            pandora_claim.miss("not yet explained; measured: TPC-C tiny (2 warehouses) commits about 45 per ms before the crash and 40 after, a ratio of small counts")
+        } else {
+            pandora_claim
+        },
+        Claim::checked(
             figure,
             format!("{workload}: ford's lowest committed per ms after the crash"),
             0.0,
             ford_low,
             "ford stops every CN while it scans",
-            ford_low == 0.0,
+            STOPS,
+            ford_after,
         ),
     ]
 }
@@ -355,7 +396,7 @@ mod tests {
         let mut ford = before.clone();
         ford.extend([15.0, 0.0, 0.0, 10.0]);
         let [p, f] = failover_claims("Fig. 9", "smallbank", &pandora, (30.0, 20.0), &ford);
-        assert!(p.holds && f.holds);
+        assert_eq!((p.holds, f.holds), (Some(true), Some(true)));
         assert!((p.dmem - 2.0 / 3.0).abs() < 1e-9);
         assert_eq!(f.dmem, 0.0);
         // A Pandora that stops for a millisecond, a FORD that never does: neither holds.
@@ -363,12 +404,49 @@ mod tests {
         ford[FAILOVER_CRASH_MS + 1] = 5.0;
         ford[FAILOVER_CRASH_MS + 2] = 5.0;
         let [p, f] = failover_claims("Fig. 9", "smallbank", &pandora, (30.0, 20.0), &ford);
-        assert!(!p.holds && !f.holds);
+        assert_eq!((p.holds, f.holds), (Some(false), Some(false)));
         assert_eq!(f.dmem, 5.0);
         // Before the crash nothing counts: a quiet warm-up is not a stop.
         pandora[FAILOVER_CRASH_MS + 1] = 20.0;
         pandora[0] = 0.0;
         let [p, _] = failover_claims("Fig. 9", "smallbank", &pandora, (30.0, 20.0), &ford);
-        assert!(p.holds);
+        assert_eq!(p.holds, Some(true));
+    }
+
+    /// Every rule a Pandora claim is judged by, with numbers that fail it and numbers that
+    /// pass it.
+    #[test]
+    fn every_claim_can_fail_and_can_pass() {
+        let table: [(&str, Rule, Vec<f64>, Vec<f64>); 5] = [
+            (
+                "lock logging behind",
+                BEHIND,
+                vec![3.0, 3.0],
+                vec![2.3, 3.0],
+            ),
+            (
+                "recovery above",
+                ABOVE,
+                vec![600.0, 607.0],
+                vec![4866.0, 607.0],
+            ),
+            (
+                "grows",
+                GROWS,
+                vec![10.0, 60.0, 60.0],
+                vec![10.0, 60.0, 607.0],
+            ),
+            (
+                "keeps committing",
+                KEEPS_COMMITTING,
+                vec![15.0, 0.0, 20.0],
+                vec![15.0, 1.0, 20.0],
+            ),
+            ("stops", STOPS, vec![15.0, 5.0, 10.0], vec![15.0, 0.0, 10.0]),
+        ];
+        for (name, rule, fail, pass) in table {
+            assert!(!rule.holds(&fail), "{name} holds for {fail:?}");
+            assert!(rule.holds(&pass), "{name} fails for {pass:?}");
+        }
     }
 }
