@@ -581,7 +581,8 @@ fn parse_frame(bytes: &[u8]) -> Option<(u64, &[u8])> {
 /// Recovery of a CN by its coordinators' logs, for protocols whose papers specify no
 /// detector (Motor, OOCC, DrTM; `dmem-ford` has Pandora's): a [`HeartbeatDetector`] (any
 /// message from a CN on the detector's context counts), link termination at every MN, then the protocol's
-/// `recover(ctx, coordinator)` for each coordinator of the CN, in id order.
+/// `recover(ctx, coordinators)` once for the CN's coordinators (in id order; with the
+/// virtual time each was decided, which a process does not use).
 pub struct LogRecovery<R> {
     protocol: String,
     ctx: AnyContext,
@@ -595,7 +596,7 @@ pub struct LogRecovery<R> {
 
 impl<R> LogRecovery<R>
 where
-    R: AsyncFn(&AnyContext, u16) -> Result<RecoveredCoordinator, String>,
+    R: AsyncFn(&AnyContext, &[u16]) -> Result<Vec<(RecoveredCoordinator, Nanos)>, String>,
 {
     /// Watches `plan`'s CNs on `ctx` (the detector's context), cutting a failed one off
     /// every MN of `mns`; recovered CNs are pushed to `events`.
@@ -648,7 +649,7 @@ where
 
 impl<R> ProcessRecovery for LogRecovery<R>
 where
-    R: AsyncFn(&AnyContext, u16) -> Result<RecoveredCoordinator, String>,
+    R: AsyncFn(&AnyContext, &[u16]) -> Result<Vec<(RecoveredCoordinator, Nanos)>, String>,
 {
     fn detect(&mut self) -> Result<Vec<NodeId>, DeployError> {
         let now = self.ctx.now();
@@ -677,13 +678,12 @@ where
                 .map(|m| m.coordinators.clone())
                 .unwrap_or_default();
             ids.sort_unstable();
-            let mut coordinators = Vec::new();
-            for id in ids {
-                let r = (self.recover)(&self.ctx, id)
-                    .await
-                    .map_err(|e| self.error(format!("recovering coordinator {id}: {e}")))?;
-                coordinators.push(r);
-            }
+            let coordinators = (self.recover)(&self.ctx, &ids)
+                .await
+                .map_err(|e| self.error(format!("recovering the coordinators {ids:?}: {e}")))?
+                .into_iter()
+                .map(|(r, _)| r)
+                .collect();
             let now = self.ctx.now();
             self.events.borrow_mut().push(RecoveryEvent {
                 cn,
@@ -816,8 +816,10 @@ mod tests {
             vec![sim.mn(0)],
             &plan,
             Rc::default(),
-            async |_: &AnyContext, id: u16| -> Result<RecoveredCoordinator, String> {
-                Err(format!("coordinator {id} is not recovered here"))
+            async |_: &AnyContext,
+                   ids: &[u16]|
+                   -> Result<Vec<(RecoveredCoordinator, Nanos)>, String> {
+                Err(format!("coordinators {ids:?} are not recovered here"))
             },
         );
         // Nobody sends a heartbeat, the detector's own CN included.

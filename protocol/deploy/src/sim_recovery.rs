@@ -23,7 +23,7 @@ use std::rc::Rc;
 
 use dmem_sim::{Sim, SimContext};
 use dmem_txn::History;
-use dmem_verbs::{Clock, NodeId, Verbs};
+use dmem_verbs::{Clock, Nanos, NodeId, Verbs};
 
 use crate::oracle::{settle_history, spawn_crash_watch};
 use crate::process::ALIVE;
@@ -117,9 +117,11 @@ where
 /// Recovery for protocols that recover coordinator by coordinator from logs, in the
 /// simulator: a detector ([`Detection`]) over the CNs of `coordinators()` (`(coordinator
 /// id, CN)` pairs) whose task per failed CN revokes the CN's access at every MN, awaits
-/// `recover(ctx, id)` for each of its coordinators (in id order), settles the history with
-/// each result ([`settle_history`]) and pushes a [`RecoveryEvent`] to `state.events`. A
-/// failed `recover` is stored in `state.error` (the first one) and recovery goes on.
+/// `recover(ctx, ids)` once for all of its coordinators (`ids` in id order: a protocol may
+/// share work between them, as OOCC's one lock scan), settles the history with each result at
+/// the time `recover` gives for it ([`settle_history`]) and pushes a [`RecoveryEvent`] to
+/// `state.events`. A failed `recover` is stored in `state.error` (the first one) and the
+/// other CNs' recoveries go on.
 ///
 /// # Errors
 /// [`DeployError::Sim`] if the recovery CN has no context.
@@ -136,7 +138,7 @@ pub fn spawn_log_recovery<C, R>(
 ) -> Result<(), DeployError>
 where
     C: Fn() -> Vec<(u16, NodeId)> + 'static,
-    R: AsyncFn(&SimContext, u16) -> Result<RecoveredCoordinator, String> + 'static,
+    R: AsyncFn(&SimContext, &[u16]) -> Result<Vec<(RecoveredCoordinator, Nanos)>, String> + 'static,
 {
     let coordinators = Rc::new(coordinators);
     let recover = Rc::new(recover);
@@ -173,17 +175,17 @@ where
                 .collect();
             ids.sort_unstable();
             let mut recovered = Vec::new();
-            for id in ids {
-                match recover(&c, id).await {
-                    Ok(r) => {
-                        settle_history(&history, &r, c.now());
+            match recover(&c, &ids).await {
+                Ok(done) => {
+                    for (r, at) in done {
+                        settle_history(&history, &r, at);
                         recovered.push(r);
                     }
-                    Err(e) => {
-                        error
-                            .borrow_mut()
-                            .get_or_insert_with(|| format!("recovering coordinator {id}: {e}"));
-                    }
+                }
+                Err(e) => {
+                    error.borrow_mut().get_or_insert_with(|| {
+                        format!("recovering the coordinators {ids:?} of node {}: {e}", cn.0)
+                    });
                 }
             }
             let now = c.now();
@@ -254,16 +256,21 @@ mod tests {
             Rc::new(RefCell::new(History::default())),
             &state,
             move || vec![(0, workers[0]), (1, workers[1])],
-            async move |_c: &SimContext, id: u16| {
-                let ok = probes[usize::from(id)].read(addr, 8).await.is_ok();
-                r.borrow_mut().push((id, ok));
-                Ok(RecoveredCoordinator {
-                    coordinator: id,
-                    txn: None,
-                    decision: None,
-                    restored: 0,
-                    unlocked: 0,
-                })
+            async move |c: &SimContext, ids: &[u16]| {
+                let mut done = Vec::new();
+                for &id in ids {
+                    let ok = probes[usize::from(id)].read(addr, 8).await.is_ok();
+                    r.borrow_mut().push((id, ok));
+                    let rc = RecoveredCoordinator {
+                        coordinator: id,
+                        txn: None,
+                        decision: None,
+                        restored: 0,
+                        unlocked: 0,
+                    };
+                    done.push((rc, c.now()));
+                }
+                Ok(done)
             },
         )
         .unwrap();

@@ -30,7 +30,7 @@ use std::rc::Rc;
 
 use dmem_deploy::{Decision, RecoveredCoordinator};
 use dmem_layout::record::{OoccLockState, OoccLockWord, OoccRecordHeader};
-use dmem_verbs::{Clock, PostList, Verbs, VerbsError};
+use dmem_verbs::{Clock, Nanos, PostList, Verbs, VerbsError};
 
 use crate::store::{Directory, LOG_REGION_BYTES, Loc};
 
@@ -327,7 +327,8 @@ async fn recover_log<C: Verbs>(
 /// the scan — one READ of every record's lock word, 64 per round trip — is paid once
 /// instead of once per coordinator: on `dmem recover --protocol oocc --workload smallbank`
 /// (200 000 records) one scan takes 17 ms of simulated time, and the CN's 32 coordinators
-/// recovered one by one take 545 ms.
+/// recovered one by one take 545 ms. Each result comes with the virtual time its
+/// coordinator's recovery was over (after the shared scan, where there is one).
 ///
 /// # Errors
 /// A verb failed.
@@ -336,22 +337,29 @@ pub async fn recover_coordinators<C: Verbs + Clock>(
     dir: &Rc<Directory>,
     ids: &[u16],
     kind: RedoLog,
-) -> Result<Vec<RecoveredCoordinator>, VerbsError> {
-    let mut out = Vec::with_capacity(ids.len());
+) -> Result<Vec<(RecoveredCoordinator, Nanos)>, VerbsError> {
     if kind == RedoLog::DecidedVersioned {
+        let mut out = Vec::with_capacity(ids.len());
         for &id in ids {
-            out.push(recover_versioned(ctx, dir, id, true).await?);
+            let r = recover_versioned(ctx, dir, id, true).await?;
+            out.push((r, ctx.now()));
         }
         return Ok(out);
     }
+    let mut out = Vec::with_capacity(ids.len());
     for &id in ids {
         out.push(recover_log(ctx, dir, id, kind).await?);
     }
     let unlocked = release_locks(ctx, dir, ids).await?;
-    for (o, u) in out.iter_mut().zip(unlocked) {
-        o.unlocked = u;
-    }
-    Ok(out)
+    let now = ctx.now();
+    Ok(out
+        .into_iter()
+        .zip(unlocked)
+        .map(|(mut r, u)| {
+            r.unlocked = u;
+            (r, now)
+        })
+        .collect())
 }
 
 fn prefix_version(bytes: &[u8]) -> Option<u64> {

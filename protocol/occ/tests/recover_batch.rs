@@ -100,6 +100,9 @@ fn one_scan_for_all_coordinators_recovers_as_one_scan_each() {
         let together = recover_coordinators(&a_ctx, &a_dir, &[1, 2], RedoLog::Validated)
             .await
             .unwrap();
+        // Every coordinator is settled once the shared lock scan is over.
+        assert!(together.iter().all(|(_, at)| *at == together[0].1));
+        let together: Vec<_> = together.into_iter().map(|(r, _)| r).collect();
         let mut one_by_one = Vec::new();
         for id in [1, 2] {
             let r = recover_coordinator(&b_ctx, &b_dir, id, RedoLog::Validated).await;

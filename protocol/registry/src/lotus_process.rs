@@ -474,11 +474,15 @@ impl ProcessDeployment for LotusProcessDeployment {
             mns,
             plan,
             Rc::clone(&self.events),
-            async move |c: &AnyContext, id: u16| -> Result<RecoveredCoordinator, String> {
-                let decided = recover_coordinator(c, &store, &shapes, id)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                Ok(recovered(id, decided))
+            async move |c: &AnyContext, ids: &[u16]| {
+                let mut done = Vec::new();
+                for &id in ids {
+                    let decided = recover_coordinator(c, &store, &shapes, id)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    done.push((recovered(id, decided), c.now()));
+                }
+                Ok(done)
             },
         );
         let numbers = plan
@@ -541,7 +545,7 @@ struct NoticeAfterLogs<R> {
 
 impl<R> ProcessRecovery for NoticeAfterLogs<R>
 where
-    R: AsyncFn(&AnyContext, u16) -> Result<RecoveredCoordinator, String>,
+    R: AsyncFn(&AnyContext, &[u16]) -> Result<Vec<(RecoveredCoordinator, Nanos)>, String>,
 {
     fn detect(&mut self) -> Result<Vec<NodeId>, DeployError> {
         self.logs.detect()

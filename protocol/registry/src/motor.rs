@@ -360,12 +360,22 @@ impl SimRecovery for MotorDeployment {
             Rc::clone(self.base.history.history()),
             &self.recovery,
             move || coordinators.borrow().clone(),
-            async move |c: &SimContext, id: u16| {
-                let r =
-                    dmem_motor::recover_coordinator(c, &store, &shapes, &logs, id, releases_only)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                Ok(recovered(id, &r))
+            async move |c: &SimContext, ids: &[u16]| {
+                let mut done = Vec::new();
+                for &id in ids {
+                    let r = dmem_motor::recover_coordinator(
+                        c,
+                        &store,
+                        &shapes,
+                        &logs,
+                        id,
+                        releases_only,
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                    done.push((recovered(id, &r), dmem_verbs::Clock::now(c)));
+                }
+                Ok(done)
             },
         )
     }
@@ -447,18 +457,28 @@ impl ProcessDeployment for MotorDeployment {
             mns,
             plan,
             Rc::clone(&self.recovery.events),
-            async move |c: &AnyContext, id: u16| {
-                // The failed CN's op log, as its process last wrote it.
-                let log = match slots.read(id).map_err(|e| e.to_string())? {
-                    Some(bytes) => OpLog::decode(&bytes).map_err(|e| e.to_string())?,
-                    None => OpLog::Idle,
-                };
-                logs.restore(id, log);
-                let r =
-                    dmem_motor::recover_coordinator(c, &store, &shapes, &logs, id, releases_only)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                Ok(recovered(id, &r))
+            async move |c: &AnyContext, ids: &[u16]| {
+                let mut done = Vec::new();
+                for &id in ids {
+                    // The failed CN's op log, as its process last wrote it.
+                    let log = match slots.read(id).map_err(|e| e.to_string())? {
+                        Some(bytes) => OpLog::decode(&bytes).map_err(|e| e.to_string())?,
+                        None => OpLog::Idle,
+                    };
+                    logs.restore(id, log);
+                    let r = dmem_motor::recover_coordinator(
+                        c,
+                        &store,
+                        &shapes,
+                        &logs,
+                        id,
+                        releases_only,
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                    done.push((recovered(id, &r), dmem_verbs::Clock::now(c)));
+                }
+                Ok(done)
             },
         ))))
     }

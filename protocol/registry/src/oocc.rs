@@ -523,13 +523,19 @@ impl SimRecovery for OoccDeployment {
             Rc::clone(self.history.history()),
             &self.recovery,
             move || leases.borrow().iter().map(|(id, n, _)| (*id, *n)).collect(),
-            async move |c: &SimContext, id: u16| {
+            async move |c: &SimContext, ids: &[u16]| {
                 if skip_roll_forward {
-                    dmem_occ::recovery::discard_versioned_log(c, &dir, id).await
-                } else {
-                    dmem_occ::recovery::recover_coordinator(c, &dir, id, kind).await
+                    let mut done = Vec::new();
+                    for &id in ids {
+                        let r = dmem_occ::recovery::discard_versioned_log(c, &dir, id).await;
+                        done.push((r.map_err(|e| e.to_string())?, dmem_verbs::Clock::now(c)));
+                    }
+                    return Ok(done);
                 }
-                .map_err(|e| e.to_string())
+                // One lock scan for all of the CN's coordinators (§V step 4).
+                dmem_occ::recovery::recover_coordinators(c, &dir, ids, kind)
+                    .await
+                    .map_err(|e| e.to_string())
             },
         )
     }
@@ -598,8 +604,8 @@ impl ProcessDeployment for OoccDeployment {
             mns,
             plan,
             Rc::clone(&self.recovery.events),
-            async move |c: &AnyContext, id: u16| {
-                dmem_occ::recovery::recover_coordinator(c, &dir, id, kind)
+            async move |c: &AnyContext, ids: &[u16]| {
+                dmem_occ::recovery::recover_coordinators(c, &dir, ids, kind)
                     .await
                     .map_err(|e| e.to_string())
             },
