@@ -38,7 +38,7 @@
 //! which `dmem cluster` does not have: each CN runs what its own clients generate, and the
 //! lock RPCs keep that correct.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex, Weak};
@@ -49,14 +49,13 @@ use dmem_deploy::process::{
 };
 use dmem_deploy::{
     AnyContext, Decision, DeployError, Deployment, Placement, ProcessDeployment,
-    RecoveredCoordinator, RecoveryEvent, RecoveryTiming, SimRecovery,
+    RecoveredCoordinator, RecoveryEvent,
 };
 use dmem_lotus::membership::notify_passing;
 use dmem_lotus::recovery::{Decided, recover_coordinator};
 use dmem_lotus::wire::RequestKind;
 use dmem_lotus::{CnLocks, LockCluster, LotusConfig, LotusCoordinator, Sharding, serve};
 use dmem_motor::SyncedClock;
-use dmem_sim::Sim;
 use dmem_txn::{BoxCoordinator, Key, TableId};
 use dmem_verbs::{Clock, Nanos, NodeId, Verbs};
 
@@ -163,7 +162,6 @@ pub struct LotusProcessDeployment {
     table_bytes: usize,
     lock_cpu_ns: Nanos,
     joined: Option<Joined>,
-    paused: Rc<Cell<bool>>,
     tables: ProcessTables,
     /// CN failures recovered by this process's detector (§6 across processes).
     events: Rc<RefCell<Vec<RecoveryEvent>>>,
@@ -191,7 +189,6 @@ impl LotusProcessDeployment {
             table_bytes,
             lock_cpu_ns,
             joined: None,
-            paused: Rc::new(Cell::new(false)),
             tables,
             events: Rc::default(),
         }
@@ -335,42 +332,11 @@ impl Deployment for LotusProcessDeployment {
         self
     }
 
-    fn sim_recovery(&mut self) -> Option<&mut dyn SimRecovery> {
-        Some(self)
-    }
+    // No `sim_recovery`: this is the deployment of a CN process; the simulator's recovery
+    // (§6) runs on the simulator's deployment (`crate::lotus`).
 
     fn processes(&mut self) -> Option<&mut dyn ProcessDeployment> {
         Some(self)
-    }
-}
-
-impl SimRecovery for LotusProcessDeployment {
-    fn start_recovery(
-        &mut self,
-        _sim: &Rc<Sim>,
-        _recovery_cn: u16,
-        _timing: RecoveryTiming,
-    ) -> Result<(), DeployError> {
-        Err(DeployError::SimOnly {
-            protocol: self.name.clone(),
-            reason: "this is the deployment of a CN process; the simulator's recovery (§6) runs on the simulator's deployment".to_owned(),
-        })
-    }
-
-    fn recovery_events(&self) -> Vec<RecoveryEvent> {
-        self.events.borrow().clone()
-    }
-
-    fn recovery_error(&self) -> Option<String> {
-        None
-    }
-
-    fn paused(&self) -> Rc<Cell<bool>> {
-        Rc::clone(&self.paused)
-    }
-
-    fn scan_cost(&self) -> Option<(u64, u64)> {
-        self.base.scan_cost()
     }
 }
 
