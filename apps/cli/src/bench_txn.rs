@@ -32,6 +32,8 @@ pub enum WorkloadArg {
     Tatp,
     /// TPC-C: warehouses, orders, stock.
     Tpcc,
+    /// List append (Elle's): judged from the values observed alone.
+    Append,
 }
 
 impl WorkloadArg {
@@ -44,6 +46,7 @@ impl WorkloadArg {
             WorkloadArg::Smallbank => "smallbank",
             WorkloadArg::Tatp => "tatp",
             WorkloadArg::Tpcc => "tpcc",
+            WorkloadArg::Append => "append",
         }
     }
 }
@@ -406,8 +409,13 @@ pub struct Row {
     rolled_back: u64,
     /// Transactions given up after too many aborts.
     failed: u64,
-    /// Verdict of the history checker: "ok", "skipped", or the first anomaly.
+    /// Verdict of the history checker: "ok", "skipped", or the first anomaly. With
+    /// `--workload append`, the append checker's (values observed alone).
     pub checker: String,
+    /// With `--workload append`: the verdict of the history checker on the versions the
+    /// protocol reported, beside the append checker's in `checker`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version_checker: Option<String>,
     /// Transactions in the checked history.
     checked_txns: usize,
     /// Verdict of the workload's consistency checks: "ok" or the first violation.
@@ -558,7 +566,7 @@ pub fn parse_workload(workload: &str, scale: &str) -> anyhow::Result<(AnyWorkloa
     })?;
     let workload = AnyWorkload::new(workload, scale).map_err(|e| {
         anyhow::anyhow!(
-            "unknown --workload `{}`: use kvs, ycsb, smallbank, tatp or tpcc",
+            "unknown --workload `{}`: use kvs, ycsb, smallbank, tatp, tpcc or append",
             e.0
         )
     })?;
@@ -665,7 +673,11 @@ fn run_protocol(
         committed: r.committed,
         rolled_back: r.rolled_back,
         failed: r.failed,
-        checker: r.checker,
+        checker: r
+            .append_checker
+            .clone()
+            .unwrap_or_else(|| r.checker.clone()),
+        version_checker: r.append_checker.is_some().then_some(r.checker),
         checked_txns: r.checked_txns,
         invariants: r.invariants,
         rtts_per_txn: r
@@ -794,7 +806,10 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
                     || "-".to_owned(),
                     |m| format!("{m:.2} ({:.0} B)", r.packet_bytes.unwrap_or(0.0)),
                 ),
-                format!("{} / {}", r.checker, r.invariants),
+                match &r.version_checker {
+                    Some(v) => format!("append {} / versions {v} / {}", r.checker, r.invariants),
+                    None => format!("{} / {}", r.checker, r.invariants),
+                },
             ]);
         }
         println!("{}", common::render(&t));
@@ -819,11 +834,12 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
         }
     }
     let verdicts = rows.iter().map(|r| {
-        (
-            r.protocol.as_str(),
-            r.checker.as_str(),
-            r.invariants.as_str(),
-        )
+        // With `--workload append` both checkers must pass.
+        let checker = match r.version_checker.as_deref() {
+            Some(v) if r.checker == "ok" && v != "ok" => v,
+            _ => r.checker.as_str(),
+        };
+        (r.protocol.as_str(), checker, r.invariants.as_str())
     });
     finish_checked(sink, &args, verdicts)?;
     Ok(rows)
