@@ -198,7 +198,8 @@ pub struct Args {
     /// unknown-read-set (OOCC §VIII-C: two reads, then two keys derived from them), a, b, c, f,
     /// or oG-P for the O(G,P) micro-benchmark (G Gets and P blind Puts per transaction, 16-byte
     /// values, uniform keys; `o4-2` is O(4,2)). With `--workload tpcc`: `oocc`, the OOCC
-    /// paper's Table IV mix (New-Order 45, Payment 40, the others 4 each).
+    /// paper's Table IV mix (New-Order 45, Payment 40, the others 4 each). With
+    /// `--workload append`: `keys=N`, the number of lists (contention).
     #[arg(long)]
     mix: Option<String>,
     /// Protocols to run side by side, comma-separated: any registered name — ford, occ
@@ -573,7 +574,7 @@ pub fn parse_workload(workload: &str, scale: &str) -> anyhow::Result<(AnyWorkloa
     Ok((workload, scale))
 }
 
-/// YCSB or TPC-C with the mix named by `--mix`.
+/// YCSB, TPC-C or list append with the mix named by `--mix`.
 fn workload_mix(workload: &str, scale: Scale, mix: &str) -> anyhow::Result<AnyWorkload> {
     use dmem_workloads::kv::{KvConfig, KvWorkload, YcsbMix};
     use dmem_workloads::tpcc::{OOCC_MIX, Tpcc, TpccConfig};
@@ -588,9 +589,22 @@ fn workload_mix(workload: &str, scale: Scale, mix: &str) -> anyhow::Result<AnyWo
         };
         return Ok(AnyWorkload::Tpcc(Tpcc::new(config)));
     }
+    if workload == "append" {
+        use dmem_workloads::append::{AppendConfig, ListAppend};
+        let keys = mix
+            .strip_prefix("keys=")
+            .and_then(|k| k.parse::<u64>().ok())
+            .filter(|&k| k >= 4)
+            .with_context(|| format!("unknown --mix `{mix}` for append: use keys=N (N ≥ 4)"))?;
+        let config = AppendConfig {
+            keys,
+            ..AppendConfig::preset(scale)
+        };
+        return Ok(AnyWorkload::Append(ListAppend::new(config)));
+    }
     ensure!(
         workload == "ycsb",
-        "--mix applies to --workload ycsb and tpcc only"
+        "--mix applies to --workload ycsb, tpcc and append only"
     );
     if let Some((gets, puts)) = mix
         .strip_prefix('o')
