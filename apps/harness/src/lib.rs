@@ -54,12 +54,13 @@ use dmem_deploy::{
 };
 use dmem_layout::mix::splitmix64;
 use dmem_sim::{SimContext, SimError};
+use dmem_txn::MicroOp;
 use dmem_txn::{
     AppendTxn, BoxCoordinator, BoxTransaction, CheckOptions, Coordinator, CoordinatorId, History,
     Isolation, Key, TxnError, TxnId, TxnKind, TxnOutcome, check_append, check_with,
 };
 use dmem_verbs::{Clock, Nanos, OpKind};
-use dmem_workloads::append::{AppendLog, Observed};
+use dmem_workloads::append::{self, AppendLog, ListError};
 use dmem_workloads::{
     AnyWorkload, Executed, Outcome, Pause, TxnGenerator, TxnInfo, TxnSpec, Workload, execute_noting,
 };
@@ -350,15 +351,24 @@ struct Attempt {
     ctx: SimContext,
     id: TxnId,
     begin: Nanos,
-    observed: RefCell<Vec<Observed>>,
+    /// Its accesses as micro-ops (decoded as they happen, so no value is kept), or the
+    /// first malformed record.
+    ops: RefCell<Result<Vec<MicroOp>, (u64, ListError)>>,
 }
 
 impl Attempt {
+    fn note(&self, op: Result<MicroOp, (u64, ListError)>) {
+        let mut ops = self.ops.borrow_mut();
+        if let Ok(list) = &mut *ops {
+            match op {
+                Ok(op) => list.push(op),
+                Err(e) => *ops = Err(e),
+            }
+        }
+    }
+
     fn read(&self, key: Key, value: &Option<Vec<u8>>) {
-        self.observed.borrow_mut().push(Observed::Read {
-            key: key.0,
-            value: value.clone(),
-        });
+        self.note(append::read_op(key.0, value.as_deref()));
     }
 
     fn finish(&self, outcome: TxnOutcome) {
@@ -369,7 +379,8 @@ impl Attempt {
             outcome,
             ops: Vec::new(),
         };
-        self.log.record(txn, &self.observed.borrow());
+        let ops = self.ops.replace(Ok(Vec::new()));
+        self.log.record_ops(txn, ops);
     }
 }
 
@@ -433,7 +444,7 @@ impl Coordinator for Rounds {
                     seq: r.seq.get(),
                 },
                 begin: self.ctx.now(),
-                observed: RefCell::new(Vec::new()),
+                ops: RefCell::new(Ok(Vec::new())),
             }
         });
         let inner = self.inner.begin(kind).await?;
@@ -504,10 +515,7 @@ impl dmem_txn::Transaction for Asked<'_> {
     ) -> Result<(), TxnError> {
         self.inner.write(table, key, value).await?;
         if let Some(a) = &self.attempt {
-            a.observed.borrow_mut().push(Observed::Write {
-                key: key.0,
-                value: value.to_vec(),
-            });
+            a.note(append::write_op(key.0, value));
         }
         Ok(())
     }
@@ -1161,18 +1169,19 @@ pub fn checked_verdict(history: &History, isolation: Isolation, check: bool) -> 
 /// (strict): "ok", or the malformed records or anomalies and the first of them.
 #[must_use]
 pub fn append_verdict(log: &AppendLog, isolation: Isolation) -> String {
-    let (txns, malformed) = log.snapshot();
-    if let Some(first) = malformed.first() {
-        return format!("{} malformed records, first: {first}", malformed.len());
-    }
-    let report = check_append(
-        &txns,
-        &CheckOptions {
-            isolation,
-            ..CheckOptions::default()
-        },
-    );
-    append_report_line(&txns, &report)
+    log.with(|txns, malformed| {
+        if let Some(first) = malformed.first() {
+            return format!("{} malformed records, first: {first}", malformed.len());
+        }
+        let report = check_append(
+            txns,
+            &CheckOptions {
+                isolation,
+                ..CheckOptions::default()
+            },
+        );
+        append_report_line(txns, &report)
+    })
 }
 
 fn append_report_line(txns: &[AppendTxn], report: &dmem_txn::AppendReport) -> String {

@@ -168,18 +168,30 @@ pub fn micro_ops(observed: &[Observed]) -> Result<Vec<MicroOp>, (u64, ListError)
     observed
         .iter()
         .map(|o| match o {
-            Observed::Read { key, value } => {
-                let bytes = value.as_deref().ok_or((*key, ListError::Absent))?;
-                let list = parse_list(bytes).map_err(|e| (*key, e))?;
-                Ok(MicroOp::Read { key: *key, list })
-            }
-            Observed::Write { key, value } => {
-                let list = parse_list(value).map_err(|e| (*key, e))?;
-                let element = *list.last().ok_or((*key, ListError::Length(0)))?;
-                Ok(MicroOp::Append { key: *key, element })
-            }
+            Observed::Read { key, value } => read_op(*key, value.as_deref()),
+            Observed::Write { key, value } => write_op(*key, value),
         })
         .collect()
+}
+
+/// A read of `key` that returned `value`, as a micro-op.
+///
+/// # Errors
+/// A malformed or absent record, with its key.
+pub fn read_op(key: u64, value: Option<&[u8]>) -> Result<MicroOp, (u64, ListError)> {
+    let bytes = value.ok_or((key, ListError::Absent))?;
+    let list = parse_list(bytes).map_err(|e| (key, e))?;
+    Ok(MicroOp::Read { key, list })
+}
+
+/// A write of `value` to `key`, as a micro-op: the append of its last element.
+///
+/// # Errors
+/// A malformed record or an empty list, with its key.
+pub fn write_op(key: u64, value: &[u8]) -> Result<MicroOp, (u64, ListError)> {
+    let list = parse_list(value).map_err(|e| (key, e))?;
+    let element = *list.last().ok_or((key, ListError::Length(0)))?;
+    Ok(MicroOp::Append { key, element })
 }
 
 #[derive(Debug, Default)]
@@ -204,12 +216,18 @@ impl AppendLog {
     }
 
     /// Records one attempt; a malformed record it observed is kept as text instead.
-    pub fn record(&self, mut txn: AppendTxn, observed: &[Observed]) {
+    pub fn record(&self, txn: AppendTxn, observed: &[Observed]) {
+        self.record_ops(txn, micro_ops(observed));
+    }
+
+    /// Records one attempt whose accesses are already micro-ops (`txn.ops` is replaced),
+    /// or the first malformed record it observed.
+    pub fn record_ops(&self, mut txn: AppendTxn, ops: Result<Vec<MicroOp>, (u64, ListError)>) {
         let mut inner = self.inner();
         if inner.closed {
             return;
         }
-        match micro_ops(observed) {
+        match ops {
             Ok(ops) => {
                 txn.ops = ops;
                 inner.txns.push(txn);
@@ -235,11 +253,10 @@ impl AppendLog {
         self.inner().closed
     }
 
-    /// The attempts recorded so far and the malformed observations.
-    #[must_use]
-    pub fn snapshot(&self) -> (Vec<AppendTxn>, Vec<String>) {
+    /// Calls `f` with the attempts recorded so far and the malformed observations.
+    pub fn with<R>(&self, f: impl FnOnce(&[AppendTxn], &[String]) -> R) -> R {
         let inner = self.inner();
-        (inner.txns.clone(), inner.malformed.clone())
+        f(&inner.txns, &inner.malformed)
     }
 
     fn next_element(&self, coordinator: u32) -> u64 {
@@ -517,32 +534,41 @@ impl Workload for ListAppend {
                 ),
             });
         }
-        let (txns, _) = self.log.snapshot();
-        for t in txns
-            .iter()
-            .filter(|t| t.outcome == dmem_txn::TxnOutcome::Committed)
-        {
-            for op in &t.ops {
-                let MicroOp::Read { key, list } = op else {
-                    continue;
-                };
-                if finals.get(key).is_some_and(|f| !f.starts_with(list)) {
-                    out.push(Violation::Malformed {
-                        table: TABLE_NAME,
-                        key: *key,
-                        detail: format!(
-                            "{} read {list:?}, not a prefix of the final list {:?}",
-                            t.id, finals[key]
-                        ),
-                    });
-                }
-            }
-        }
+        self.log
+            .with(|txns, _| prefixes_of_finals(txns, &finals, &mut out));
         out
     }
 
     fn key_space(&self, table: TableId) -> Option<u64> {
         (table == TABLE).then_some(self.config.keys)
+    }
+}
+
+/// Every list a committed attempt read is a prefix of its key's final list.
+fn prefixes_of_finals(
+    txns: &[AppendTxn],
+    finals: &BTreeMap<u64, Vec<u64>>,
+    out: &mut Vec<Violation>,
+) {
+    for t in txns
+        .iter()
+        .filter(|t| t.outcome == dmem_txn::TxnOutcome::Committed)
+    {
+        for op in &t.ops {
+            let MicroOp::Read { key, list } = op else {
+                continue;
+            };
+            if finals.get(key).is_some_and(|f| !f.starts_with(list)) {
+                out.push(Violation::Malformed {
+                    table: TABLE_NAME,
+                    key: *key,
+                    detail: format!(
+                        "{} read {list:?}, not a prefix of the final list {:?}",
+                        t.id, finals[key]
+                    ),
+                });
+            }
+        }
     }
 }
 

@@ -461,7 +461,7 @@ impl<'a> Inference<'a> {
         ix.resolve_status();
         let incompatible = ix.infer_orders(out);
         ix.judge_reads(&incompatible, out);
-        ix.lost_appends(out);
+        ix.lost_appends(&incompatible, out);
         ix.stats.placed_appends = ix
             .pos
             .keys()
@@ -518,6 +518,9 @@ impl<'a> Inference<'a> {
                 TxnOutcome::Unknown => St::UnknownAborted,
             })
             .collect();
+        if !self.status.contains(&St::UnknownAborted) {
+            return;
+        }
         let mut work: Vec<u32> = (0..self.txns.len() as u32)
             .filter(|&t| self.status[t as usize] == St::Committed)
             .collect();
@@ -546,13 +549,6 @@ impl<'a> Inference<'a> {
             }
             for (_, key, list) in self.reads(t) {
                 self.stats.reads += 1;
-                if let Some(e) = first_duplicate(list) {
-                    out.push(AppendAnomaly::DuplicateElement {
-                        key,
-                        reader: self.id(t),
-                        element: e,
-                    });
-                }
                 let entry = longest.entry(key).or_insert((t, list));
                 if list.len() > entry.1.len() {
                     *entry = (t, list);
@@ -566,7 +562,19 @@ impl<'a> Inference<'a> {
             }
             for (j, key, list) in self.reads(t) {
                 let (lt, l) = longest[&key];
-                if !l.starts_with(list) {
+                // A prefix of a list without duplicates has none: only the longest lists
+                // and the reads that are not their prefixes are searched.
+                let prefix = l.starts_with(list);
+                if (!prefix || core::ptr::eq(l, list))
+                    && let Some(e) = first_duplicate(list)
+                {
+                    out.push(AppendAnomaly::DuplicateElement {
+                        key,
+                        reader: self.id(t),
+                        element: e,
+                    });
+                }
+                if !prefix {
                     incompatible.insert((t, j));
                     out.push(AppendAnomaly::IncompatibleOrder {
                         key,
@@ -600,38 +608,39 @@ fn first_duplicate(list: &[u64]) -> Option<u64> {
 
 impl Inference<'_> {
     /// G1a, G1b, garbage and internal reads; the others (compatible, on an ordered key)
-    /// are clean and enter the graph.
+    /// are clean and enter the graph. A compatible read is a prefix of its key's order, so
+    /// its elements are judged once per key: only the order's bad positions are visited.
     fn judge_reads(&mut self, incompatible: &BTreeSet<(u32, u32)>, out: &mut Vec<AppendAnomaly>) {
         let mut garbage_seen = BTreeSet::new();
+        let bad: BTreeMap<u64, Vec<usize>> = self
+            .order
+            .iter()
+            .map(|(&k, o)| {
+                let positions = (0..o.len())
+                    .filter(|&i| {
+                        self.appender
+                            .get(&(k, o[i]))
+                            .is_none_or(|&w| !self.status[w as usize].counts())
+                    })
+                    .collect();
+                (k, positions)
+            })
+            .collect();
         for t in 0..self.txns.len() as u32 {
             if !self.status[t as usize].counts() {
                 continue;
             }
             for (j, key, list) in self.reads(t) {
-                let mut clean = !incompatible.contains(&(t, j)) && self.order.contains_key(&key);
-                for &e in list {
-                    match self.appender.get(&(key, e)) {
-                        None => {
-                            if garbage_seen.insert((key, e)) {
-                                out.push(AppendAnomaly::GarbageRead {
-                                    key,
-                                    reader: self.id(t),
-                                    element: e,
-                                });
-                            }
-                            clean = false;
-                        }
-                        Some(&w) if !self.status[w as usize].counts() => {
-                            out.push(AppendAnomaly::AbortedRead {
-                                key,
-                                reader: self.id(t),
-                                element: e,
-                                writer: self.id(w),
-                                writer_outcome: self.txns[w as usize].outcome,
-                            });
-                            clean = false;
-                        }
-                        Some(_) => {}
+                let ordered = !incompatible.contains(&(t, j)) && self.order.contains_key(&key);
+                let mut clean = ordered;
+                let mut judge = |e: u64| self.judge_element(t, key, e, &mut garbage_seen, out);
+                if ordered {
+                    for &i in bad[&key].iter().take_while(|&&i| i < list.len()) {
+                        clean &= judge(list[i]);
+                    }
+                } else {
+                    for &e in list {
+                        judge(e);
                     }
                 }
                 clean &= self.intermediate_ok(t, key, list, out);
@@ -641,6 +650,41 @@ impl Inference<'_> {
                     self.stats.clean_reads += 1;
                 }
             }
+        }
+    }
+
+    /// A garbage element (reported once per key and element) or an aborted one (G1a);
+    /// whether the element is fine.
+    fn judge_element(
+        &self,
+        t: u32,
+        key: u64,
+        e: u64,
+        garbage_seen: &mut BTreeSet<(u64, u64)>,
+        out: &mut Vec<AppendAnomaly>,
+    ) -> bool {
+        match self.appender.get(&(key, e)) {
+            None => {
+                if garbage_seen.insert((key, e)) {
+                    out.push(AppendAnomaly::GarbageRead {
+                        key,
+                        reader: self.id(t),
+                        element: e,
+                    });
+                }
+                false
+            }
+            Some(&w) if !self.status[w as usize].counts() => {
+                out.push(AppendAnomaly::AbortedRead {
+                    key,
+                    reader: self.id(t),
+                    element: e,
+                    writer: self.id(w),
+                    writer_outcome: self.txns[w as usize].outcome,
+                });
+                false
+            }
+            Some(_) => true,
         }
     }
 
@@ -701,21 +745,23 @@ impl Inference<'_> {
 
     /// With real time: a committed append no read showed, although a committed read of the
     /// key began after the appender ended.
-    fn lost_appends(&self, out: &mut Vec<AppendAnomaly>) {
+    fn lost_appends(&self, incompatible: &BTreeSet<(u32, u32)>, out: &mut Vec<AppendAnomaly>) {
         if !self.strict {
             return;
         }
         // Key → the committed read of it that began last.
         let mut latest: BTreeMap<u64, (Nanos, u32)> = BTreeMap::new();
-        // Everything a read showed, in order or not.
+        // What a read showed outside its key's order (the order's elements are in `pos`).
         let mut seen: BTreeSet<(u64, u64)> = BTreeSet::new();
         for t in 0..self.txns.len() as u32 {
             if self.status[t as usize] != St::Committed {
                 continue;
             }
             let begin = self.txns[t as usize].begin;
-            for (_, key, list) in self.reads(t) {
-                seen.extend(list.iter().map(|&e| (key, e)));
+            for (j, key, list) in self.reads(t) {
+                if incompatible.contains(&(t, j)) {
+                    seen.extend(list.iter().map(|&e| (key, e)));
+                }
                 let e = latest.entry(key).or_insert((begin, t));
                 if begin > e.0 {
                     *e = (begin, t);
@@ -723,7 +769,10 @@ impl Inference<'_> {
             }
         }
         for (&(key, element), &w) in &self.appender {
-            if self.status[w as usize] != St::Committed || seen.contains(&(key, element)) {
+            if self.status[w as usize] != St::Committed
+                || self.pos.contains_key(&(key, element))
+                || seen.contains(&(key, element))
+            {
                 continue;
             }
             if !self.order.contains_key(&key) {
