@@ -32,6 +32,8 @@ pub enum WorkloadArg {
     Tatp,
     /// TPC-C: warehouses, orders, stock.
     Tpcc,
+    /// List append (Elle's): judged from the values observed alone.
+    Append,
 }
 
 impl WorkloadArg {
@@ -44,6 +46,7 @@ impl WorkloadArg {
             WorkloadArg::Smallbank => "smallbank",
             WorkloadArg::Tatp => "tatp",
             WorkloadArg::Tpcc => "tpcc",
+            WorkloadArg::Append => "append",
         }
     }
 }
@@ -195,7 +198,8 @@ pub struct Args {
     /// unknown-read-set (OOCC §VIII-C: two reads, then two keys derived from them), a, b, c, f,
     /// or oG-P for the O(G,P) micro-benchmark (G Gets and P blind Puts per transaction, 16-byte
     /// values, uniform keys; `o4-2` is O(4,2)). With `--workload tpcc`: `oocc`, the OOCC
-    /// paper's Table IV mix (New-Order 45, Payment 40, the others 4 each).
+    /// paper's Table IV mix (New-Order 45, Payment 40, the others 4 each). With
+    /// `--workload append`: `keys=N`, the number of lists (contention).
     #[arg(long)]
     mix: Option<String>,
     /// Protocols to run side by side, comma-separated: any registered name — ford, occ
@@ -406,8 +410,13 @@ pub struct Row {
     rolled_back: u64,
     /// Transactions given up after too many aborts.
     failed: u64,
-    /// Verdict of the history checker: "ok", "skipped", or the first anomaly.
+    /// Verdict of the history checker: "ok", "skipped", or the first anomaly. With
+    /// `--workload append`, the append checker's (values observed alone).
     pub checker: String,
+    /// With `--workload append`: the verdict of the history checker on the versions the
+    /// protocol reported, beside the append checker's in `checker`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version_checker: Option<String>,
     /// Transactions in the checked history.
     checked_txns: usize,
     /// Verdict of the workload's consistency checks: "ok" or the first violation.
@@ -558,14 +567,14 @@ pub fn parse_workload(workload: &str, scale: &str) -> anyhow::Result<(AnyWorkloa
     })?;
     let workload = AnyWorkload::new(workload, scale).map_err(|e| {
         anyhow::anyhow!(
-            "unknown --workload `{}`: use kvs, ycsb, smallbank, tatp or tpcc",
+            "unknown --workload `{}`: use kvs, ycsb, smallbank, tatp, tpcc or append",
             e.0
         )
     })?;
     Ok((workload, scale))
 }
 
-/// YCSB or TPC-C with the mix named by `--mix`.
+/// YCSB, TPC-C or list append with the mix named by `--mix`.
 fn workload_mix(workload: &str, scale: Scale, mix: &str) -> anyhow::Result<AnyWorkload> {
     use dmem_workloads::kv::{KvConfig, KvWorkload, YcsbMix};
     use dmem_workloads::tpcc::{OOCC_MIX, Tpcc, TpccConfig};
@@ -580,9 +589,22 @@ fn workload_mix(workload: &str, scale: Scale, mix: &str) -> anyhow::Result<AnyWo
         };
         return Ok(AnyWorkload::Tpcc(Tpcc::new(config)));
     }
+    if workload == "append" {
+        use dmem_workloads::append::{AppendConfig, ListAppend};
+        let keys = mix
+            .strip_prefix("keys=")
+            .and_then(|k| k.parse::<u64>().ok())
+            .filter(|&k| k >= 4)
+            .with_context(|| format!("unknown --mix `{mix}` for append: use keys=N (N ≥ 4)"))?;
+        let config = AppendConfig {
+            keys,
+            ..AppendConfig::preset(scale)
+        };
+        return Ok(AnyWorkload::Append(ListAppend::new(config)));
+    }
     ensure!(
         workload == "ycsb",
-        "--mix applies to --workload ycsb and tpcc only"
+        "--mix applies to --workload ycsb, tpcc and append only"
     );
     if let Some((gets, puts)) = mix
         .strip_prefix('o')
@@ -665,7 +687,11 @@ fn run_protocol(
         committed: r.committed,
         rolled_back: r.rolled_back,
         failed: r.failed,
-        checker: r.checker,
+        checker: r
+            .append_checker
+            .clone()
+            .unwrap_or_else(|| r.checker.clone()),
+        version_checker: r.append_checker.is_some().then_some(r.checker),
         checked_txns: r.checked_txns,
         invariants: r.invariants,
         rtts_per_txn: r
@@ -794,7 +820,10 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
                     || "-".to_owned(),
                     |m| format!("{m:.2} ({:.0} B)", r.packet_bytes.unwrap_or(0.0)),
                 ),
-                format!("{} / {}", r.checker, r.invariants),
+                match &r.version_checker {
+                    Some(v) => format!("append {} / versions {v} / {}", r.checker, r.invariants),
+                    None => format!("{} / {}", r.checker, r.invariants),
+                },
             ]);
         }
         println!("{}", common::render(&t));
@@ -819,9 +848,14 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
         }
     }
     let verdicts = rows.iter().map(|r| {
+        // With `--workload append` both checkers must pass.
+        let checker = match r.version_checker.as_deref() {
+            Some(v) if r.checker == "ok" && v != "ok" => v,
+            _ => r.checker.as_str(),
+        };
         (
             r.protocol.as_str(),
-            r.checker.as_str(),
+            checker,
             r.invariants.as_str(),
             r.committed,
         )

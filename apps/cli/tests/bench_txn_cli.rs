@@ -136,7 +136,7 @@ fn bad_arguments_are_refused_in_one_line() {
         ),
         (
             vec!["bench", "--workload", "tatp", "--mix", "a"],
-            "--mix applies to --workload ycsb and tpcc only",
+            "--mix applies to --workload ycsb, tpcc and append only",
         ),
         (
             vec!["bench", "--fabric", "rdma"],
@@ -267,4 +267,45 @@ fn dandelion_under_lost_and_duplicated_messages_resends_and_stays_serializable()
     assert_eq!(counter(&clean, "retransmissions"), 0, "{clean}");
     assert!(counter(&faulty, "retransmissions") > 0, "{faulty}");
     assert!(counter(&faulty, "replayed_responses") > 0, "{faulty}");
+}
+
+/// `--workload append`: the `checker` column is the append checker's verdict (values
+/// observed alone), `version_checker` the version checker's; fixed FORD passes both, a
+/// planted FORD bug fails the run through the append checker.
+#[test]
+fn append_is_judged_from_values_and_catches_a_planted_bug() {
+    let out = dmem(&[
+        "bench",
+        "--workload",
+        "append",
+        "--scale",
+        "tiny",
+        "--protocol",
+        "ford,ford:complicit-abort",
+        "--cns",
+        "2",
+        "--threads",
+        "2",
+        "--coroutines",
+        "8",
+        "--duration-ms",
+        "1",
+        "--json",
+    ]);
+    assert!(!out.status.success(), "the planted bug fails the run");
+    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|r| r.get("protocol").is_some())
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0]["checker"], "ok", "{}", rows[0]);
+    assert_eq!(rows[0]["version_checker"], "ok", "{}", rows[0]);
+    assert_eq!(rows[0]["invariants"], "ok", "{}", rows[0]);
+    let bug = rows[1]["checker"].as_str().unwrap();
+    assert!(bug.contains("anomalies, first:"), "{bug}");
+    let bad = dmem(&["bench", "--workload", "append", "--mix", "keys=x"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("keys=N"));
 }

@@ -54,11 +54,13 @@ use dmem_deploy::{
 };
 use dmem_layout::mix::splitmix64;
 use dmem_sim::{SimContext, SimError};
+use dmem_txn::MicroOp;
 use dmem_txn::{
-    BoxCoordinator, BoxTransaction, CheckOptions, Coordinator, History, Isolation, TxnError,
-    TxnKind, TxnOutcome, check_with,
+    AppendTxn, BoxCoordinator, BoxTransaction, CheckOptions, Coordinator, CoordinatorId, History,
+    Isolation, Key, TxnError, TxnId, TxnKind, TxnOutcome, check_append, check_with,
 };
 use dmem_verbs::{Clock, Nanos, OpKind};
+use dmem_workloads::append::{self, AppendLog, ListError};
 use dmem_workloads::{
     AnyWorkload, Executed, Outcome, Pause, TxnGenerator, TxnInfo, TxnSpec, Workload, execute_noting,
 };
@@ -237,6 +239,9 @@ pub struct BenchResult {
     pub rtts_per_txn: BTreeMap<String, f64>,
     /// The checker's verdict: "ok", "skipped", or the first anomaly.
     pub checker: String,
+    /// With the list-append workload and a checked run: the append checker's verdict
+    /// ([`append_verdict`]), which judges the values observed alone.
+    pub append_checker: Option<String>,
     /// Transactions in the checked history.
     pub checked_txns: usize,
     /// Transactions whose outcome stayed unknown.
@@ -327,6 +332,56 @@ pub struct Rounds {
     at_begin: Rc<Cell<u64>>,
     /// Rounds the workload asked for in the current transaction.
     asked: Rc<Cell<u64>>,
+    /// With the list-append workload: where each attempt's observed values go.
+    recorder: Option<Recorder>,
+}
+
+/// Records what each attempt of one coordinator observed through the transaction API
+/// (values read and written, begin, end, outcome) into the list-append workload's log
+/// ([`AppendLog`]): the append checker's only input.
+struct Recorder {
+    log: AppendLog,
+    coordinator: u16,
+    seq: Cell<u64>,
+}
+
+/// One attempt being recorded.
+struct Attempt {
+    log: AppendLog,
+    ctx: SimContext,
+    id: TxnId,
+    begin: Nanos,
+    /// Its accesses as micro-ops (decoded as they happen, so no value is kept), or the
+    /// first malformed record.
+    ops: RefCell<Result<Vec<MicroOp>, (u64, ListError)>>,
+}
+
+impl Attempt {
+    fn note(&self, op: Result<MicroOp, (u64, ListError)>) {
+        let mut ops = self.ops.borrow_mut();
+        if let Ok(list) = &mut *ops {
+            match op {
+                Ok(op) => list.push(op),
+                Err(e) => *ops = Err(e),
+            }
+        }
+    }
+
+    fn read(&self, key: Key, value: &Option<Vec<u8>>) {
+        self.note(append::read_op(key.0, value.as_deref()));
+    }
+
+    fn finish(&self, outcome: TxnOutcome) {
+        let txn = AppendTxn {
+            id: self.id,
+            begin: self.begin,
+            end: self.ctx.now(),
+            outcome,
+            ops: Vec::new(),
+        };
+        let ops = self.ops.replace(Ok(Vec::new()));
+        self.log.record_ops(txn, ops);
+    }
 }
 
 impl Rounds {
@@ -338,7 +393,20 @@ impl Rounds {
             ctx,
             at_begin: Rc::new(Cell::new(0)),
             asked: Rc::new(Cell::new(0)),
+            recorder: None,
         }
+    }
+
+    /// Records every attempt's observed values into `log` as coordinator `coordinator`
+    /// (the list-append workload's side log).
+    #[must_use]
+    pub fn recording(mut self, log: AppendLog, coordinator: u16) -> Self {
+        self.recorder = Some(Recorder {
+            log,
+            coordinator,
+            seq: Cell::new(0),
+        });
+        self
     }
 
     /// Rounds (reads, read rounds) the workload issued since the last transaction began.
@@ -366,10 +434,24 @@ impl Coordinator for Rounds {
     async fn begin(&mut self, kind: TxnKind) -> Result<BoxTransaction<'_>, TxnError> {
         self.at_begin.set(self.round_trips());
         self.asked.set(0);
+        let attempt = self.recorder.as_ref().map(|r| {
+            r.seq.set(r.seq.get() + 1);
+            Attempt {
+                log: r.log.clone(),
+                ctx: self.ctx.clone(),
+                id: TxnId {
+                    coordinator: CoordinatorId(u32::from(r.coordinator)),
+                    seq: r.seq.get(),
+                },
+                begin: self.ctx.now(),
+                ops: RefCell::new(Ok(Vec::new())),
+            }
+        });
         let inner = self.inner.begin(kind).await?;
         Ok(Box::new(Asked {
             inner,
             asked: Rc::clone(&self.asked),
+            attempt,
         }))
     }
 }
@@ -378,6 +460,7 @@ impl Coordinator for Rounds {
 struct Asked<'a> {
     inner: BoxTransaction<'a>,
     asked: Rc<Cell<u64>>,
+    attempt: Option<Attempt>,
 }
 
 impl Asked<'_> {
@@ -392,7 +475,13 @@ impl dmem_txn::Transaction for Asked<'_> {
         reqs: &[dmem_txn::ReadReq],
     ) -> Result<dmem_txn::RoundValues, TxnError> {
         self.ask();
-        self.inner.read_round(reqs).await
+        let values = self.inner.read_round(reqs).await?;
+        if let Some(a) = &self.attempt {
+            for (r, v) in reqs.iter().zip(&values) {
+                a.read(r.key, v);
+            }
+        }
+        Ok(values)
     }
     async fn read(
         &mut self,
@@ -400,7 +489,11 @@ impl dmem_txn::Transaction for Asked<'_> {
         key: dmem_txn::Key,
     ) -> Result<Option<Vec<u8>>, TxnError> {
         self.ask();
-        self.inner.read(table, key).await
+        let value = self.inner.read(table, key).await?;
+        if let Some(a) = &self.attempt {
+            a.read(key, &value);
+        }
+        Ok(value)
     }
     async fn read_for_update(
         &mut self,
@@ -408,7 +501,11 @@ impl dmem_txn::Transaction for Asked<'_> {
         key: dmem_txn::Key,
     ) -> Result<Option<Vec<u8>>, TxnError> {
         self.ask();
-        self.inner.read_for_update(table, key).await
+        let value = self.inner.read_for_update(table, key).await?;
+        if let Some(a) = &self.attempt {
+            a.read(key, &value);
+        }
+        Ok(value)
     }
     async fn write(
         &mut self,
@@ -416,7 +513,11 @@ impl dmem_txn::Transaction for Asked<'_> {
         key: dmem_txn::Key,
         value: &[u8],
     ) -> Result<(), TxnError> {
-        self.inner.write(table, key, value).await
+        self.inner.write(table, key, value).await?;
+        if let Some(a) = &self.attempt {
+            a.note(append::write_op(key.0, value));
+        }
+        Ok(())
     }
     async fn insert(
         &mut self,
@@ -434,10 +535,21 @@ impl dmem_txn::Transaction for Asked<'_> {
         self.inner.delete(table, key).await
     }
     async fn commit(self) -> Result<(), TxnError> {
-        self.inner.commit().await
+        let result = self.inner.commit().await;
+        if let Some(a) = &self.attempt {
+            a.finish(match &result {
+                Ok(()) => TxnOutcome::Committed,
+                Err(TxnError::Aborted(_)) => TxnOutcome::Aborted,
+                Err(_) => TxnOutcome::Unknown,
+            });
+        }
+        result
     }
     async fn abort(self) {
         self.inner.abort().await;
+        if let Some(a) = &self.attempt {
+            a.finish(TxnOutcome::Aborted);
+        }
     }
 }
 
@@ -499,11 +611,18 @@ pub fn run_bench(
     let warm_up_end = cfg.duration / 10;
     let end = warm_up_end + cfg.duration;
     let workload = Rc::new(workload.clone());
+    // The list-append workload's side log, when the run is checked (clones share it).
+    let append_log = workload.append_log().filter(|_| cfg.check).cloned();
     // Counted from the start (warm-up included), so the recorded span does not grow with a
     // longer run's longer warm-up.
     let cutoff = cfg.check_window.filter(|&c| cfg.check && c < end);
     let clients = usize::from(cfg.coordinators()?);
-    let gate = Rc::new(Gate::new(cutoff, clients, Rc::clone(&history)));
+    let gate = Rc::new(Gate::new(
+        cutoff,
+        clients,
+        Rc::clone(&history),
+        append_log.clone(),
+    ));
     let window = Window {
         warm_up_end,
         end,
@@ -525,6 +644,9 @@ pub fn run_bench(
                 let ctx = sim.context(sim.cn(cn), thread)?;
                 let inner = deployment.coordinator(ctx.clone().into(), id)?;
                 let mut coordinator = Rounds::new(inner, ctx.clone());
+                if let Some(log) = &append_log {
+                    coordinator = coordinator.recording(log.clone(), id);
+                }
                 let mut generator = workload.generator(u32::from(id), cfg.seed ^ u64::from(id));
                 let mut pause = BackoffPause::new(
                     cfg.backoff,
@@ -638,6 +760,19 @@ pub fn run_bench(
     };
     let history = history.borrow();
     let (checker, checked_txns) = checked_verdict(&history, protocol.isolation(), cfg.check);
+    let append_checker = append_log.map(|log| {
+        if let AnyWorkload::Append(w) = &*workload
+            && !log.is_closed()
+        {
+            // The final state, read after everything ended, as one more committed read.
+            let id = TxnId {
+                coordinator: CoordinatorId(u32::MAX),
+                seq: 0,
+            };
+            let _ = w.final_reads(|t, k| deployment.read_final(t, k), id, sim.now() + 1);
+        }
+        append_verdict(&log, protocol.isolation())
+    });
     let violations = workload.check(
         |table, key| deployment.read_final(table, key),
         tally.delta.get(),
@@ -683,6 +818,7 @@ pub fn run_bench(
         failed: tally.failed.get(),
         rtts_per_txn,
         checker,
+        append_checker,
         checked_txns,
         in_doubt: history
             .txns
@@ -870,10 +1006,16 @@ struct Gate {
     open: Cell<bool>,
     waiting: RefCell<Vec<Waker>>,
     history: Rc<RefCell<History>>,
+    append_log: Option<AppendLog>,
 }
 
 impl Gate {
-    fn new(cutoff: Option<Nanos>, clients: usize, history: Rc<RefCell<History>>) -> Self {
+    fn new(
+        cutoff: Option<Nanos>,
+        clients: usize,
+        history: Rc<RefCell<History>>,
+        append_log: Option<AppendLog>,
+    ) -> Self {
         Self {
             cutoff,
             clients,
@@ -881,6 +1023,7 @@ impl Gate {
             open: Cell::new(cutoff.is_none()),
             waiting: RefCell::new(Vec::new()),
             history,
+            append_log,
         }
     }
 
@@ -890,6 +1033,9 @@ impl Gate {
         if self.arrived.get() >= self.clients && !self.open.get() {
             self.open.set(true);
             self.history.borrow_mut().close();
+            if let Some(log) = &self.append_log {
+                log.close();
+            }
             for w in self.waiting.borrow_mut().drain(..) {
                 w.wake();
             }
@@ -1016,6 +1162,33 @@ pub fn checked_verdict(history: &History, isolation: Isolation, check: bool) -> 
         (verdict_under(history, isolation), history.txns.len())
     } else {
         ("skipped".to_owned(), 0)
+    }
+}
+
+/// The list-append checker's one-line verdict on what `log` recorded, under `isolation`
+/// (strict): "ok", or the malformed records or anomalies and the first of them.
+#[must_use]
+pub fn append_verdict(log: &AppendLog, isolation: Isolation) -> String {
+    log.with(|txns, malformed| {
+        if let Some(first) = malformed.first() {
+            return format!("{} malformed records, first: {first}", malformed.len());
+        }
+        let report = check_append(
+            txns,
+            &CheckOptions {
+                isolation,
+                ..CheckOptions::default()
+            },
+        );
+        append_report_line(txns, &report)
+    })
+}
+
+fn append_report_line(txns: &[AppendTxn], report: &dmem_txn::AppendReport) -> String {
+    match report.anomalies.first() {
+        None if report.is_ok() => "ok".to_owned(),
+        None => format!("{} anomalies in {} attempts", report.total(), txns.len()),
+        Some(first) => format!("{} anomalies, first: {first}", report.total()),
     }
 }
 

@@ -4,6 +4,7 @@ use core::fmt;
 
 use dmem_txn::{Key, TableId, Transaction, TxnError, TxnKind};
 
+use crate::append::{AppendConfig, ListAppend, ListGenerator, ListTxn};
 use crate::invariants::Violation;
 use crate::kv::{KvConfig, KvGenerator, KvTxn, KvWorkload, YcsbMix};
 use crate::smallbank::{SmallBank, SmallBankConfig, SmallBankGenerator, SmallBankTxn};
@@ -12,11 +13,11 @@ use crate::tpcc::{Tpcc, TpccConfig, TpccGenerator, TpccTxn};
 use crate::{Outcome, Scale, TableSpec, TxnGenerator, TxnInfo, TxnType, Workload};
 
 /// The names [`AnyWorkload::new`] accepts.
-pub const WORKLOAD_NAMES: [&str; 5] = ["kvs", "ycsb", "smallbank", "tatp", "tpcc"];
+pub const WORKLOAD_NAMES: [&str; 6] = ["kvs", "ycsb", "smallbank", "tatp", "tpcc", "append"];
 
 /// A name that is not in [`WORKLOAD_NAMES`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown workload {0:?} (known: kvs, ycsb, smallbank, tatp, tpcc)")]
+#[error("unknown workload {0:?} (known: kvs, ycsb, smallbank, tatp, tpcc, append)")]
 pub struct UnknownWorkload(pub String);
 
 /// One of the workloads.
@@ -30,9 +31,20 @@ pub enum AnyWorkload {
     Tatp(Tatp),
     /// TPC-C.
     Tpcc(Tpcc),
+    /// List append (Elle's), for the value-based checker.
+    Append(ListAppend),
 }
 
 impl AnyWorkload {
+    /// The list-append workload's side log, if this is it.
+    #[must_use]
+    pub fn append_log(&self) -> Option<&crate::append::AppendLog> {
+        match self {
+            AnyWorkload::Append(w) => Some(w.log()),
+            _ => None,
+        }
+    }
+
     /// The workload `name` at preset `scale` with its default parameters (YCSB: the
     /// read-intensive mix).
     ///
@@ -48,6 +60,7 @@ impl AnyWorkload {
             "smallbank" => AnyWorkload::SmallBank(SmallBank::new(SmallBankConfig::preset(scale))),
             "tatp" => AnyWorkload::Tatp(Tatp::new(TatpConfig::preset(scale))),
             "tpcc" => AnyWorkload::Tpcc(Tpcc::new(TpccConfig::preset(scale))),
+            "append" => AnyWorkload::Append(ListAppend::new(AppendConfig::preset(scale))),
             _ => return Err(UnknownWorkload(name.to_owned())),
         })
     }
@@ -64,6 +77,8 @@ pub enum TxnSpec {
     Tatp(TatpTxn),
     /// TPC-C.
     Tpcc(TpccTxn),
+    /// List append.
+    Append(ListTxn),
 }
 
 impl TxnInfo for TxnSpec {
@@ -73,6 +88,7 @@ impl TxnInfo for TxnSpec {
             TxnSpec::SmallBank(t) => t.first_record(),
             TxnSpec::Tatp(t) => t.first_record(),
             TxnSpec::Tpcc(t) => t.first_record(),
+            TxnSpec::Append(t) => t.first_record(),
         }
     }
 
@@ -82,6 +98,7 @@ impl TxnInfo for TxnSpec {
             TxnSpec::SmallBank(t) => t.type_index(),
             TxnSpec::Tatp(t) => t.type_index(),
             TxnSpec::Tpcc(t) => t.type_index(),
+            TxnSpec::Append(t) => t.type_index(),
         }
     }
 
@@ -91,6 +108,7 @@ impl TxnInfo for TxnSpec {
             TxnSpec::SmallBank(t) => t.kind(),
             TxnSpec::Tatp(t) => t.kind(),
             TxnSpec::Tpcc(t) => t.kind(),
+            TxnSpec::Append(t) => t.kind(),
         }
     }
 }
@@ -106,6 +124,8 @@ pub enum AnyGenerator {
     Tatp(TatpGenerator),
     /// TPC-C.
     Tpcc(TpccGenerator),
+    /// List append.
+    Append(ListGenerator),
 }
 
 impl TxnGenerator for AnyGenerator {
@@ -117,6 +137,7 @@ impl TxnGenerator for AnyGenerator {
             AnyGenerator::SmallBank(g) => TxnSpec::SmallBank(g.next_txn()),
             AnyGenerator::Tatp(g) => TxnSpec::Tatp(g.next_txn()),
             AnyGenerator::Tpcc(g) => TxnSpec::Tpcc(g.next_txn()),
+            AnyGenerator::Append(g) => TxnSpec::Append(g.next_txn()),
         }
     }
 }
@@ -139,6 +160,7 @@ impl Workload for AnyWorkload {
             AnyWorkload::SmallBank(w) => w.critical_field(table),
             AnyWorkload::Tatp(w) => w.critical_field(table),
             AnyWorkload::Tpcc(w) => w.critical_field(table),
+            AnyWorkload::Append(w) => w.critical_field(table),
         }
     }
 
@@ -148,6 +170,7 @@ impl Workload for AnyWorkload {
             AnyWorkload::SmallBank(w) => w.name(),
             AnyWorkload::Tatp(w) => w.name(),
             AnyWorkload::Tpcc(w) => w.name(),
+            AnyWorkload::Append(w) => w.name(),
         }
     }
 
@@ -157,6 +180,7 @@ impl Workload for AnyWorkload {
             AnyWorkload::SmallBank(w) => w.key_space(table),
             AnyWorkload::Tatp(w) => w.key_space(table),
             AnyWorkload::Tpcc(w) => w.key_space(table),
+            AnyWorkload::Append(w) => w.key_space(table),
         }
     }
 
@@ -166,6 +190,7 @@ impl Workload for AnyWorkload {
             AnyWorkload::SmallBank(w) => w.inserts_per_txn(table),
             AnyWorkload::Tatp(w) => w.inserts_per_txn(table),
             AnyWorkload::Tpcc(w) => w.inserts_per_txn(table),
+            AnyWorkload::Append(w) => w.inserts_per_txn(table),
         }
     }
 
@@ -175,6 +200,7 @@ impl Workload for AnyWorkload {
             AnyWorkload::SmallBank(w) => w.write_sets(),
             AnyWorkload::Tatp(w) => w.write_sets(),
             AnyWorkload::Tpcc(w) => w.write_sets(),
+            AnyWorkload::Append(w) => w.write_sets(),
         }
     }
 
@@ -184,6 +210,7 @@ impl Workload for AnyWorkload {
             AnyWorkload::SmallBank(w) => w.tables(),
             AnyWorkload::Tatp(w) => w.tables(),
             AnyWorkload::Tpcc(w) => w.tables(),
+            AnyWorkload::Append(w) => w.tables(),
         }
     }
 
@@ -193,6 +220,7 @@ impl Workload for AnyWorkload {
             AnyWorkload::SmallBank(w) => w.txn_types(),
             AnyWorkload::Tatp(w) => w.txn_types(),
             AnyWorkload::Tpcc(w) => w.txn_types(),
+            AnyWorkload::Append(w) => w.txn_types(),
         }
     }
 
@@ -202,6 +230,7 @@ impl Workload for AnyWorkload {
             AnyWorkload::SmallBank(w) => w.loader(),
             AnyWorkload::Tatp(w) => w.loader(),
             AnyWorkload::Tpcc(w) => w.loader(),
+            AnyWorkload::Append(w) => w.loader(),
         }
     }
 
@@ -211,6 +240,7 @@ impl Workload for AnyWorkload {
             AnyWorkload::SmallBank(w) => AnyGenerator::SmallBank(w.generator(coordinator, seed)),
             AnyWorkload::Tatp(w) => AnyGenerator::Tatp(w.generator(coordinator, seed)),
             AnyWorkload::Tpcc(w) => AnyGenerator::Tpcc(w.generator(coordinator, seed)),
+            AnyWorkload::Append(w) => AnyGenerator::Append(w.generator(coordinator, seed)),
         }
     }
 
@@ -222,6 +252,7 @@ impl Workload for AnyWorkload {
             (AnyWorkload::SmallBank(w), TxnSpec::SmallBank(t)) => w.run(t, tx).await,
             (AnyWorkload::Tatp(w), TxnSpec::Tatp(t)) => w.run(t, tx).await,
             (AnyWorkload::Tpcc(w), TxnSpec::Tpcc(t)) => w.run(t, tx).await,
+            (AnyWorkload::Append(w), TxnSpec::Append(t)) => w.run(t, tx).await,
             _ => mismatch(self, txn),
         }
     }
@@ -235,6 +266,7 @@ impl Workload for AnyWorkload {
             AnyWorkload::SmallBank(w) => w.check(read, committed_delta),
             AnyWorkload::Tatp(w) => w.check(read, committed_delta),
             AnyWorkload::Tpcc(w) => w.check(read, committed_delta),
+            AnyWorkload::Append(w) => w.check(read, committed_delta),
         }
     }
 }

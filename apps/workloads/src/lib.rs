@@ -8,6 +8,7 @@
 //! | SmallBank (2 tables, 6 transaction types) | [`smallbank`] | LOTUS §8.1, Dandelion §8, Pandora §6 |
 //! | TATP (4 tables, 7 transaction types, 80 % read-only) | [`tatp`] | LOTUS §8.1, OOCC §VI, Dandelion §8 |
 //! | TPC-C (9 tables + 3 index tables, 5 transactions) on a hash index | [`tpcc`] | LOTUS §8.1, OOCC Table IV, Pandora §6 |
+//! | List append (bounded lists, unique elements), for the value-based checker | [`append`](mod@append) | Elle (VLDB 2020) |
 //!
 //! Every workload implements [`Workload`]:
 //!
@@ -23,7 +24,7 @@
 //!   with retries of protocol aborts);
 //! * [`Workload::check`], the benchmark's consistency conditions over a final state.
 //!
-//! [`AnyWorkload`] picks one of the five by name at run time, and [`reference`](mod@reference) holds a serial
+//! [`AnyWorkload`] picks one of the six by name at run time, and [`reference`](mod@reference) holds a serial
 //! in-memory store implementing [`Transaction`] for tests and as an oracle.
 //!
 //! Record layouts are `#[repr(C)]` zerocopy structs with little-endian fields and alignment 1
@@ -31,6 +32,7 @@
 #![forbid(unsafe_code)]
 
 pub mod any;
+pub mod append;
 pub mod dist;
 pub mod invariants;
 pub mod kv;

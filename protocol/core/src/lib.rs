@@ -8,7 +8,8 @@
 //! * [`history`]: what every protocol records (each read with the version it observed, each
 //!   write with the version it installed, begin and end instants, outcome), for the checker.
 //! * [`checker`]: the one history checker every protocol uses (Adya's G0, G1a–c, G-single, G2,
-//!   plus real-time order for strict serializability; Pandora §5).
+//!   plus real-time order for strict serializability; Pandora §5), and its list-append
+//!   front end ([`checker::append`]) that infers the dependencies from observed values alone.
 //! * [`detector`]: the heartbeat failure detector as a state machine (which CNs fell silent
 //!   for longer than a timeout), for every recovery that needs one.
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
@@ -27,6 +28,9 @@ pub use abort::AbortReason;
 pub use api::{
     Access, BoxCoordinator, BoxTransaction, Coordinator, DynCoordinator, DynTransaction, ReadReq,
     RoundPlan, RoundValues, Transaction, TxnError,
+};
+pub use checker::append::{
+    AppendAnomaly, AppendKind, AppendReport, AppendTxn, MicroOp, check_append,
 };
 pub use checker::{
     Anomaly, AnomalyKind, CheckOptions, CycleClass, Isolation, Report, check, check_with,

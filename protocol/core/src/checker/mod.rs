@@ -141,8 +141,10 @@
 //! `report` holds the verdict (anomalies, their kinds and explanations), `index` the history
 //! indexes (installed versions, the Unknown-outcome rule, the version order, where each read
 //! lands), `graph` the dependency graph, its strongly connected components and the
-//! shortest-cycle searches; this module ties them together.
+//! shortest-cycle searches; this module ties them together. [`append`] is the list-append
+//! checker (Elle's inference from observed values), which feeds the same graph.
 
+pub mod append;
 mod graph;
 mod index;
 mod report;
