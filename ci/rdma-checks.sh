@@ -45,11 +45,10 @@ step "dmem bench --fabric rdma: MN and CN processes (checker, invariants)"
 timeout 900 "$bin/dmem" bench --fabric rdma --workload smallbank --scale tiny \
   --protocol pandora,oocc --cns 1 --threads 1 --coroutines 4 --duration-ms 1500
 
-step "dmem bench --fabric rdma: LOTUS's lock RPCs between two CN processes (checker, invariants)"
+step "dmem cluster on rdma: LOTUS's lock RPCs between two CN processes (checker, invariants)"
 # Verbs through the NIC; the lock RPCs travel the CNs' control-plane TCP connections
 # (`RdmaCn::with_tcp_messages`), not verbs SENDs.
-timeout 900 "$bin/dmem" bench --fabric rdma --workload smallbank --scale tiny \
-  --protocol lotus --cns 2 --threads 1 --coroutines 2 --duration-ms 1500
+timeout 900 "$bin/dmem" cluster --cluster examples/clusters/smallbank-lotus-rdma-3mn-2cn.toml
 
 step "dmem cluster on rdma with a CN killed by SIGKILL and recovered (Pandora)"
 timeout 300 "$bin/dmem" cluster --cluster examples/clusters/smallbank-rdma-1mn-2cn.toml \
