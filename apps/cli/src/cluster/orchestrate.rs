@@ -782,8 +782,10 @@ fn loopback_mns_and_cns(
     if fabric == bench_txn::TxnFabric::Rdma {
         // Registering each coordinator's queue pairs and staging memory takes a soft-RoCE
         // NIC (rdma_rxe) tens of ms per context, so a CN still connecting would miss
-        // heartbeats at tcp's 250 ms; a NIC's own registration takes well under that.
-        text.insert_str(0, "timeout_ms = 2000\n");
+        // heartbeats at tcp's 250 ms; and under emulation on a loaded host a LOTUS CN
+        // serving lock RPCs once went 2 s without one. A bench kills nothing, so a long
+        // timeout costs nothing and a false suspicion would fail the run.
+        text.insert_str(0, "timeout_ms = 10000\n");
     }
     for m in 0..usize::from(tcp.mns) {
         text += &format!(
