@@ -31,14 +31,16 @@ use std::rc::Rc;
 
 use dmem_layout::record::{OoccLockState, OoccLockWord, OoccRecordHeader};
 use dmem_txn::{
-    AbortReason, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues,
-    TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
+    AbortReason, Coordinator, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
+    Transaction, TxnError, TxnKind, TxnOutcome, Version,
 };
 use dmem_verbs::{Clock, Nanos, PostList, RemoteAddr, Verbs};
 
 use crate::drift::DriftingCtx;
 use crate::oocc::{Stats, bump, write_event};
 use crate::recovery::RedoLogWriter;
+use crate::rounds::{self, HeldValue, LockTarget};
+use crate::shell::Trace;
 use crate::store::{Directory, Loc, parse};
 use crate::versioned::{commit_image, version_of};
 
@@ -113,18 +115,12 @@ impl<C: Verbs + Clock> Coordinator for DrtmCoordinator<C> {
         C: 'a;
 
     async fn begin(&mut self, kind: TxnKind) -> Result<DrtmTxn<'_, C>, TxnError> {
-        self.seq += 1;
-        let id = TxnId {
-            coordinator: CoordinatorId(u32::from(self.id)),
-            seq: self.seq,
-        };
+        let trace = Trace::start(&mut self.seq, self.id, self.ctx.true_now());
         Ok(DrtmTxn {
-            begin_true: self.ctx.true_now(),
+            trace,
             co: self,
-            id,
             kind,
             entries: Vec::new(),
-            events: Vec::new(),
             done: false,
         })
     }
@@ -158,11 +154,9 @@ struct Entry {
 /// One running DrTM transaction.
 pub struct DrtmTxn<'a, C> {
     co: &'a mut DrtmCoordinator<C>,
-    id: TxnId,
+    trace: Trace,
     kind: TxnKind,
-    begin_true: Nanos,
     entries: Vec<Entry>,
-    events: Vec<ReadEvent>,
     done: bool,
 }
 
@@ -181,9 +175,14 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
 
     /// Locks or leases `targets` (table, key, exclusive), one CAS + READ per record per
     /// round, until every one is settled.
-    async fn acquire(&mut self, targets: Vec<(TableId, Key, bool)>) -> Result<(), TxnError> {
+    async fn acquire(&mut self, targets: Vec<LockTarget>) -> Result<(), TxnError> {
         let mut todo: Vec<Todo> = Vec::new();
-        for (table, key, exclusive) in targets {
+        for LockTarget {
+            table,
+            key,
+            exclusive,
+        } in targets
+        {
             let loc = self.co.dir.locate(&self.co.ctx, table, key).await?;
             let expected = self.co.hints.borrow().get(&loc).copied().unwrap_or(0);
             todo.push(Todo {
@@ -273,7 +272,8 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
     fn take_entry(&mut self, t: Todo, lease_end: Nanos, lock: Option<u64>, bytes: &[u8]) {
         let image = parse(bytes, self.co.dir.value_len(t.table).unwrap_or(8));
         let version = version_of(&image.value);
-        self.events
+        self.trace
+            .reads
             .push(ReadEvent::new(t.table, t.key, Version(version)));
         self.entries.push(Entry {
             table: t.table,
@@ -305,52 +305,42 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
             self.done = true;
             self.release_all().await;
             bump(&self.co.stats.aborts, 1);
-            self.co.history.record(TxnRecord {
-                id: self.id,
-                begin: self.begin_true,
-                end: self.co.ctx.true_now(),
-                outcome: TxnOutcome::Aborted,
-                reads: std::mem::take(&mut self.events),
-                writes: Vec::new(),
-            });
+            self.trace.finish(
+                &self.co.history,
+                self.co.ctx.true_now(),
+                TxnOutcome::Aborted,
+                Vec::new(),
+            );
         }
         e
     }
 
     async fn round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
-        let mut targets = Vec::new();
         for r in reqs {
             self.co.dir.value_len(r.table)?;
-            let exclusive =
-                r.access == dmem_txn::Access::ForUpdate && self.kind == TxnKind::ReadWrite;
-            match self
-                .entries
-                .iter()
-                .position(|e| e.table == r.table && e.key == r.key)
-            {
-                Some(i) if self.entries[i].lock.is_some() || !exclusive => {}
-                Some(_) => return Err(TxnError::Aborted(AbortReason::LockUpgradeOfLeasedRecord)),
-                None => {
-                    if !targets.iter().any(|(t, k, _)| *t == r.table && *k == r.key) {
-                        targets.push((r.table, r.key, exclusive));
-                    }
-                }
-            }
         }
+        let entries = &self.entries;
+        let find = |table, key| entries.iter().find(|e| e.table == table && e.key == key);
+        let targets = rounds::lock_targets(
+            reqs,
+            self.kind,
+            |table, key| find(table, key).map(|e| e.lock.is_some()),
+            AbortReason::LockUpgradeOfLeasedRecord,
+        )?;
         self.acquire(targets).await?;
-        reqs.iter()
-            .map(|r| {
-                let e = self
-                    .entries
-                    .iter()
-                    .find(|e| e.table == r.table && e.key == r.key)
-                    .ok_or(TxnError::Aborted(AbortReason::RecordNotAcquired))?;
-                Ok(match &e.new {
-                    Some(n) => n.clone(),
-                    None => e.present.then(|| e.value.clone()),
+        let entries = &self.entries;
+        rounds::answers(
+            reqs,
+            |table, key| {
+                let e = entries.iter().find(|e| e.table == table && e.key == key)?;
+                Some(HeldValue {
+                    present: e.present,
+                    value: &e.value,
+                    staged: &e.new,
                 })
-            })
-            .collect()
+            },
+            AbortReason::RecordNotAcquired,
+        )
     }
 
     async fn entry_for_write(&mut self, table: TableId, key: Key) -> Result<usize, TxnError> {
@@ -414,20 +404,18 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
         bump(&self.co.stats.ro_committed, 1);
         bump(&self.co.stats.ro_one_round, 1);
         self.done = true;
-        self.co.history.record(TxnRecord {
-            id: self.id,
-            begin: self.begin_true,
-            end: self.co.ctx.true_now(),
-            outcome: TxnOutcome::Committed,
-            reads: std::mem::take(&mut self.events),
-            writes: Vec::new(),
-        });
+        self.trace.finish(
+            &self.co.history,
+            self.co.ctx.true_now(),
+            TxnOutcome::Committed,
+            Vec::new(),
+        );
     }
 
     /// The redo log (the OOCC format, so that OOCC's recovery serves DrTM too) and each
     /// written record's new image (its lock word released, the lease end after it).
     fn redo_log(&self, written: &[Entry]) -> Result<(Vec<u8>, Vec<Vec<u8>>), TxnError> {
-        let mut log = RedoLogWriter::new(self.co.id, self.id.seq, written.len());
+        let mut log = RedoLogWriter::new(self.co.id, self.trace.id.seq, written.len());
         let mut images = Vec::new();
         for e in written {
             let phys = self.co.dir.value_len(e.table)?;
@@ -450,14 +438,12 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
             .map(|e| write_event(e.table, e.key, Version(e.version + 1), &e.new, e.present))
             .collect();
         self.done = true;
-        self.co.history.record(TxnRecord {
-            id: self.id,
-            begin: self.begin_true,
-            end: self.co.ctx.true_now(),
-            outcome: TxnOutcome::Unknown,
-            reads: std::mem::take(&mut self.events),
+        self.trace.finish(
+            &self.co.history,
+            self.co.ctx.true_now(),
+            TxnOutcome::Unknown,
             writes,
-        });
+        );
     }
 
     /// The records (header + value), then the unlocks: two round trips.
@@ -528,7 +514,7 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
         bump(&self.co.stats.rw_committed, 1);
         self.co
             .history
-            .resolve(self.id, TxnOutcome::Committed, self.co.ctx.true_now());
+            .resolve(self.trace.id, TxnOutcome::Committed, self.co.ctx.true_now());
         let mut trunc = PostList::new();
         trunc.write(log_addr, &[0u8; 16]);
         let _ = self.co.ctx.post_detached(trunc).await;

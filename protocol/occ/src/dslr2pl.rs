@@ -44,14 +44,16 @@ use dmem_layout::record::{OoccLockWord, OoccRecordHeader};
 use dmem_locks::LockMode;
 use dmem_locks::dslr::DslrWord;
 use dmem_txn::{
-    AbortReason, Access, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq,
-    RoundValues, TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version,
+    AbortReason, Coordinator, HistorySink, Key, ReadEvent, ReadReq, RoundValues, TableId,
+    Transaction, TxnError, TxnKind, TxnOutcome, Version,
 };
 use dmem_verbs::{Clock, Nanos, PostList, RemoteAddr, Verbs};
 
 use crate::drift::DriftingCtx;
 use crate::oocc::{Stats, bump, write_event};
 use crate::recovery::RedoLogWriter;
+use crate::rounds::{self, HeldValue, LockTarget};
+use crate::shell::Trace;
 use crate::store::{Directory, Loc, parse};
 use crate::versioned::{commit_image, version_of};
 
@@ -151,19 +153,13 @@ impl<C: Verbs + Clock> Coordinator for DslrCoordinator<C> {
         C: 'a;
 
     async fn begin(&mut self, kind: TxnKind) -> Result<DslrTxn<'_, C>, TxnError> {
-        self.seq += 1;
-        let id = TxnId {
-            coordinator: CoordinatorId(u32::from(self.id)),
-            seq: self.seq,
-        };
+        let trace = Trace::start(&mut self.seq, self.id, self.ctx.true_now());
         Ok(DslrTxn {
-            begin_true: self.ctx.true_now(),
+            trace,
             co: self,
-            id,
             kind,
             held: Vec::new(),
             pending: Vec::new(),
-            events: Vec::new(),
             done: false,
             lease_start: None,
             barriers: Vec::new(),
@@ -187,13 +183,11 @@ struct Held {
 /// One running DSLR 2PL transaction.
 pub struct DslrTxn<'a, C> {
     co: &'a mut DslrCoordinator<C>,
-    id: TxnId,
+    trace: Trace,
     kind: TxnKind,
-    begin_true: Nanos,
     held: Vec<Held>,
     /// Tickets taken but not granted: (lock address, mode, ticket).
     pending: Vec<(RemoteAddr, LockMode, DslrWord)>,
-    events: Vec<ReadEvent>,
     done: bool,
     /// Just before the first grant (the hold lease counts from here).
     lease_start: Option<Nanos>,
@@ -300,7 +294,8 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
     ) -> Result<(), TxnError> {
         let image = parse(bytes, self.co.dir.value_len(table)?);
         let version = version_of(&image.value);
-        self.events
+        self.trace
+            .reads
             .push(ReadEvent::new(table, key, Version(version)));
         self.held.push(Held {
             table,
@@ -371,10 +366,21 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         Ok((posted, waiting))
     }
 
-    async fn acquire(&mut self, targets: Vec<(TableId, Key, LockMode)>) -> Result<(), TxnError> {
+    async fn acquire(&mut self, targets: Vec<LockTarget>) -> Result<(), TxnError> {
         if targets.is_empty() {
             return Ok(());
         }
+        let targets = targets
+            .into_iter()
+            .map(|t| {
+                let mode = if t.exclusive {
+                    LockMode::Exclusive
+                } else {
+                    LockMode::Shared
+                };
+                (t.table, t.key, mode)
+            })
+            .collect();
         let (posted, mut waiting) = self.take_tickets(targets).await?;
         // Queue: READ the waiting records until their words grant the tickets.
         let deadline = self.co.ctx.now() + self.co.cfg.deadlock_ns;
@@ -569,61 +575,42 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
             self.done = true;
             self.release_all(PostList::new()).await;
             bump(&self.co.stats.aborts, 1);
-            self.co.history.record(TxnRecord {
-                id: self.id,
-                begin: self.begin_true,
-                end: self.co.ctx.true_now(),
-                outcome: TxnOutcome::Aborted,
-                reads: std::mem::take(&mut self.events),
-                writes: Vec::new(),
-            });
+            self.trace.finish(
+                &self.co.history,
+                self.co.ctx.true_now(),
+                TxnOutcome::Aborted,
+                Vec::new(),
+            );
         }
         e
     }
 
     async fn round(&mut self, reqs: &[ReadReq]) -> Result<RoundValues, TxnError> {
-        let mut targets: Vec<(TableId, Key, LockMode)> = Vec::new();
         for r in reqs {
             self.co.dir.value_len(r.table)?;
-            let mode = if r.access == Access::ForUpdate && self.kind == TxnKind::ReadWrite {
-                LockMode::Exclusive
-            } else {
-                LockMode::Shared
-            };
-            match self
-                .held
-                .iter()
-                .find(|h| h.table == r.table && h.key == r.key)
-            {
-                Some(h) if h.mode == LockMode::Exclusive || mode == LockMode::Shared => {}
-                Some(_) => {
-                    return Err(TxnError::Aborted(AbortReason::LockUpgradeSharedToExclusive));
-                }
-                None => {
-                    if let Some(t) = targets.iter_mut().find(|t| t.0 == r.table && t.1 == r.key) {
-                        if mode == LockMode::Exclusive {
-                            t.2 = mode;
-                        }
-                    } else {
-                        targets.push((r.table, r.key, mode));
-                    }
-                }
-            }
         }
+        let held = &self.held;
+        let find = |table, key| held.iter().find(|h| h.table == table && h.key == key);
+        let targets = rounds::lock_targets(
+            reqs,
+            self.kind,
+            |table, key| find(table, key).map(|h| h.mode == LockMode::Exclusive),
+            AbortReason::LockUpgradeSharedToExclusive,
+        )?;
         self.acquire(targets).await?;
-        reqs.iter()
-            .map(|r| {
-                let h = self
-                    .held
-                    .iter()
-                    .find(|h| h.table == r.table && h.key == r.key)
-                    .ok_or(TxnError::Aborted(AbortReason::RecordNotLocked))?;
-                Ok(match &h.new {
-                    Some(n) => n.clone(),
-                    None => h.present.then(|| h.value.clone()),
+        let held = &self.held;
+        rounds::answers(
+            reqs,
+            |table, key| {
+                let h = held.iter().find(|h| h.table == table && h.key == key)?;
+                Some(HeldValue {
+                    present: h.present,
+                    value: &h.value,
+                    staged: &h.new,
                 })
-            })
-            .collect()
+            },
+            AbortReason::RecordNotLocked,
+        )
     }
 
     async fn set(
@@ -680,14 +667,12 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
     /// while the locks are held): commits, then releases its shared tickets.
     async fn commit_read_only(&mut self) -> Result<(), TxnError> {
         self.done = true;
-        self.co.history.record(TxnRecord {
-            id: self.id,
-            begin: self.begin_true,
-            end: self.co.ctx.true_now(),
-            outcome: TxnOutcome::Committed,
-            reads: std::mem::take(&mut self.events),
-            writes: Vec::new(),
-        });
+        self.trace.finish(
+            &self.co.history,
+            self.co.ctx.true_now(),
+            TxnOutcome::Committed,
+            Vec::new(),
+        );
         bump(&self.co.stats.ro_committed, 1);
         bump(&self.co.stats.ro_one_round, 1);
         let mut list = PostList::new();
@@ -720,7 +705,7 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
     /// The redo log of `written` and each one's new image, header + value only (the lock
     /// word is not part of it).
     fn redo_log(&self, written: &[Held]) -> Result<(Vec<u8>, Vec<Vec<u8>>), TxnError> {
-        let mut log = RedoLogWriter::new(self.co.id, self.id.seq, written.len());
+        let mut log = RedoLogWriter::new(self.co.id, self.trace.id.seq, written.len());
         let mut images = Vec::new();
         for h in written {
             let phys = self.co.dir.value_len(h.table)?;
@@ -758,14 +743,12 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
             .map(|h| write_event(h.table, h.key, Version(h.version + 1), &h.new, h.present))
             .collect();
         self.done = true;
-        self.co.history.record(TxnRecord {
-            id: self.id,
-            begin: self.begin_true,
-            end: self.co.ctx.true_now(),
-            outcome: TxnOutcome::Unknown,
-            reads: std::mem::take(&mut self.events),
+        self.trace.finish(
+            &self.co.history,
+            self.co.ctx.true_now(),
+            TxnOutcome::Unknown,
             writes,
-        });
+        );
         let dir = Rc::clone(&self.co.dir);
         let layout = dir.layout();
         let log_addr = dir.addr(layout.log_mn(self.co.id), layout.log_offset(self.co.id));
@@ -785,7 +768,7 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         bump(&self.co.stats.rw_committed, 1);
         self.co
             .history
-            .resolve(self.id, TxnOutcome::Committed, self.co.ctx.true_now());
+            .resolve(self.trace.id, TxnOutcome::Committed, self.co.ctx.true_now());
         // Truncated once the records landed (a crash before leaves a whole log behind,
         // which recovery rolls onto no record: every one shows a newer version).
         let mut trunc = PostList::new();

@@ -24,6 +24,7 @@ pub mod dslr2pl;
 pub mod manager;
 pub mod oocc;
 pub mod recovery;
+mod rounds;
 mod shell;
 pub mod store;
 mod versioned;

@@ -29,13 +29,13 @@ use std::rc::Rc;
 
 use dmem_layout::record::{OoccLockWord, OoccRecordHeader};
 use dmem_txn::{
-    AbortReason, Coordinator, CoordinatorId, HistorySink, Key, ReadEvent, ReadReq, RoundValues,
-    TableId, Transaction, TxnError, TxnId, TxnKind, TxnOutcome, TxnRecord, Version, WriteEvent,
-    WriteKind,
+    AbortReason, Coordinator, Key, ReadReq, RoundValues, TableId, Transaction, TxnError, TxnKind,
+    TxnOutcome, Version, WriteEvent, WriteKind,
 };
 use dmem_verbs::{Clock, Nanos, Phase, PostList, Verbs, VerbsError};
 
 use crate::drift::DriftingCtx;
+use crate::shell::Trace;
 use crate::store::{Directory, Image, Loc};
 
 mod commit;
@@ -216,20 +216,14 @@ impl<C: Verbs + Clock> Coordinator for OoccCoordinator<C> {
         C: 'a;
 
     async fn begin(&mut self, kind: TxnKind) -> Result<OoccTxn<'_, C>, TxnError> {
-        self.seq += 1;
-        let id = TxnId {
-            coordinator: CoordinatorId(u32::from(self.id)),
-            seq: self.seq,
-        };
+        let trace = Trace::start(&mut self.seq, self.id, self.ctx.true_now());
         Ok(OoccTxn {
-            begin_true: self.ctx.true_now(),
+            trace,
             start: self.ctx.now(),
             co: self,
-            id,
             kind,
             reads: Vec::new(),
             writes: Vec::new(),
-            events: Vec::new(),
             intention_seen: false,
             logged: false,
             lock_time: 0,
@@ -263,13 +257,11 @@ struct WriteEntry {
 /// One running OOCC transaction.
 pub struct OoccTxn<'a, C> {
     co: &'a mut OoccCoordinator<C>,
-    id: TxnId,
+    trace: Trace,
     kind: TxnKind,
-    begin_true: Nanos,
     start: Nanos,
     reads: Vec<ReadEntry>,
     writes: Vec<WriteEntry>,
-    events: Vec<ReadEvent>,
     intention_seen: bool,
     /// Whether a redo log was written (an abort then truncates it).
     logged: bool,
@@ -323,14 +315,12 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             self.done = true;
             self.release_all(Phase::AbortRelease).await;
             bump(&self.co.stats.aborts, 1);
-            self.co.history.record(TxnRecord {
-                id: self.id,
-                begin: self.begin_true,
-                end: self.co.ctx.true_now(),
-                outcome: TxnOutcome::Aborted,
-                reads: std::mem::take(&mut self.events),
-                writes: Vec::new(),
-            });
+            self.trace.finish(
+                &self.co.history,
+                self.co.ctx.true_now(),
+                TxnOutcome::Aborted,
+                Vec::new(),
+            );
         }
         e
     }

@@ -3,7 +3,7 @@
 
 use std::rc::Rc;
 
-use dmem_txn::{AbortReason, HistorySink, TxnError, TxnOutcome, TxnRecord, Version, WriteEvent};
+use dmem_txn::{AbortReason, HistorySink, TxnError, TxnOutcome, Version, WriteEvent};
 use dmem_verbs::{BatchResult, Clock, Nanos, Phase, PostList, RemoteAddr, Verbs, WrId};
 
 use super::logic::{self, ReadOnlyCommit};
@@ -84,14 +84,12 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         self.release_all(Phase::Release).await;
         bump(&stats.ro_committed, 1);
         self.done = true;
-        self.co.history.record(TxnRecord {
-            id: self.id,
-            begin: self.begin_true,
-            end: self.co.ctx.true_now(),
-            outcome: TxnOutcome::Committed,
-            reads: std::mem::take(&mut self.events),
-            writes: Vec::new(),
-        });
+        self.trace.finish(
+            &self.co.history,
+            self.co.ctx.true_now(),
+            TxnOutcome::Committed,
+            Vec::new(),
+        );
         Ok(())
     }
 
@@ -114,7 +112,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
     /// last: free, next version).
     fn redo_log(&self) -> Result<(Vec<u8>, Vec<Vec<u8>>), TxnError> {
         let written: Vec<_> = self.writes.iter().filter(|w| w.new.is_some()).collect();
-        let mut log = RedoLogWriter::new(self.co.id, self.id.seq, written.len());
+        let mut log = RedoLogWriter::new(self.co.id, self.trace.id.seq, written.len());
         let mut images = Vec::new();
         for w in &written {
             let vlen = self.co.dir.value_len(w.table)?;
@@ -192,14 +190,12 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             })
             .collect();
         self.done = true;
-        self.co.history.record(TxnRecord {
-            id: self.id,
-            begin: self.begin_true,
-            end: self.co.ctx.true_now(),
-            outcome: TxnOutcome::Unknown,
-            reads: std::mem::take(&mut self.events),
+        self.trace.finish(
+            &self.co.history,
+            self.co.ctx.true_now(),
+            TxnOutcome::Unknown,
             writes,
-        });
+        );
     }
 
     /// Commit (Alg. 1 lines 22–25): one WRITE per record of value + version + free lock
@@ -273,7 +269,7 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         bump(&self.co.stats.rw_committed, 1);
         self.co
             .history
-            .resolve(self.id, TxnOutcome::Committed, self.co.ctx.true_now());
+            .resolve(self.trace.id, TxnOutcome::Committed, self.co.ctx.true_now());
         // The log is dead now: truncate without waiting.
         let mut trunc = PostList::new();
         trunc.write(self.log_addr(), &[0u8; 16]);

@@ -280,7 +280,8 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 return Err(TxnError::Aborted(AbortReason::RecordLocked));
             }
         }
-        self.events
+        self.trace
+            .reads
             .push(ReadEvent::new(r.table, r.key, Version(version)));
         let value = image.present.then(|| image.value.clone());
         self.reads.push(ReadEntry {
@@ -309,7 +310,8 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             .any(|w| w.table == r.table && w.key == r.key)
         {
             let (table, key, loc) = to_lock[idx];
-            self.events
+            self.trace
+                .reads
                 .push(ReadEvent::new(table, key, Version(word.version())));
             self.reads.retain(|e| e.loc != loc);
             self.writes.push(WriteEntry {
