@@ -639,6 +639,9 @@ impl<const CAPACITY: usize> Successors<CAPACITY> {
         if self.released == LockMode::Shared && self.first.is_dequeued_in(lock.header()) {
             return NotifyPlan::Nobody;
         }
+        if self.positions().any(QueuePosition::is_version_exhausted) {
+            return NotifyPlan::Reset(ResetReason::VersionExhausted);
+        }
         let queue = lock.queue();
         let read = |position: QueuePosition<CAPACITY>| -> (CqlEntry, EntryFreshness) {
             let entry = queue
@@ -647,89 +650,86 @@ impl<const CAPACITY: usize> Successors<CAPACITY> {
                 .unwrap_or(CqlEntry::INITIAL);
             (entry, entry.freshness(position.version()))
         };
-        if self.positions().any(QueuePosition::is_version_exhausted) {
-            return NotifyPlan::Reset(ResetReason::VersionExhausted);
-        }
         match self.released {
-            LockMode::Exclusive => {
-                let (entry, freshness) = read(self.first);
-                match freshness {
-                    EntryFreshness::Overwritten => {
-                        return NotifyPlan::Reset(ResetReason::Overwritten {
-                            index: self.first.index(),
-                        });
-                    }
-                    EntryFreshness::Obsolete => {
-                        return NotifyPlan::Refetch {
-                            position: self.first,
+            LockMode::Exclusive => self.plan_after_writer(read),
+            LockMode::Shared => self.plan_after_reader(read),
+        }
+    }
+
+    /// A writer released (➃, ➄): the successor's entry decides, and a reader's brings
+    /// every adjacent reader behind it.
+    fn plan_after_writer(
+        &self,
+        read: impl Fn(QueuePosition<CAPACITY>) -> (CqlEntry, EntryFreshness),
+    ) -> NotifyPlan<CAPACITY> {
+        let mut count = 0;
+        for position in self.positions() {
+            let (entry, freshness) = read(position);
+            match freshness {
+                EntryFreshness::Overwritten => {
+                    return NotifyPlan::Reset(ResetReason::Overwritten {
+                        index: position.index(),
+                    });
+                }
+                EntryFreshness::Obsolete => return NotifyPlan::Refetch { position },
+                EntryFreshness::Current if entry.mode() == LockMode::Exclusive => {
+                    if count == 0 {
+                        return NotifyPlan::Writer {
+                            position,
+                            client: entry.client(),
                         };
                     }
-                    EntryFreshness::Current => {}
+                    break;
                 }
-                if entry.mode() == LockMode::Exclusive {
-                    return NotifyPlan::Writer {
-                        position: self.first,
-                        client: entry.client(),
-                    };
-                }
-                let mut count = 1;
-                for position in self.positions().skip(1) {
-                    let (entry, freshness) = read(position);
-                    match freshness {
-                        EntryFreshness::Overwritten => {
-                            return NotifyPlan::Reset(ResetReason::Overwritten {
-                                index: position.index(),
-                            });
-                        }
-                        EntryFreshness::Obsolete => return NotifyPlan::Refetch { position },
-                        EntryFreshness::Current if entry.mode() == LockMode::Exclusive => break,
-                        EntryFreshness::Current => count += 1,
-                    }
-                }
-                NotifyPlan::Readers {
-                    first: self.first,
-                    count,
-                }
+                EntryFreshness::Current => count += 1,
             }
-            LockMode::Shared => {
-                let mut writers = 0;
-                let mut first_obsolete = None;
-                for position in self.positions() {
-                    let (entry, freshness) = read(position);
-                    match freshness {
-                        EntryFreshness::Overwritten => {
-                            return NotifyPlan::Reset(ResetReason::Overwritten {
-                                index: position.index(),
-                            });
-                        }
-                        EntryFreshness::Obsolete => {
-                            first_obsolete.get_or_insert(position);
-                        }
-                        EntryFreshness::Current if entry.mode() == LockMode::Exclusive => {
-                            writers += 1
-                        }
-                        EntryFreshness::Current => {}
-                    }
+        }
+        NotifyPlan::Readers {
+            first: self.first,
+            count,
+        }
+    }
+
+    /// A reader released: count the valid writer entries against `wcnt` first; the
+    /// successor is notified only if it is a writer.
+    fn plan_after_reader(
+        &self,
+        read: impl Fn(QueuePosition<CAPACITY>) -> (CqlEntry, EntryFreshness),
+    ) -> NotifyPlan<CAPACITY> {
+        let mut writers = 0;
+        let mut first_obsolete = None;
+        for position in self.positions() {
+            let (entry, freshness) = read(position);
+            match freshness {
+                EntryFreshness::Overwritten => {
+                    return NotifyPlan::Reset(ResetReason::Overwritten {
+                        index: position.index(),
+                    });
                 }
-                if writers > self.writers {
-                    return NotifyPlan::Reset(ResetReason::Inconsistent);
+                EntryFreshness::Obsolete => {
+                    first_obsolete.get_or_insert(position);
                 }
-                if writers < self.writers {
-                    return match first_obsolete {
-                        Some(position) => NotifyPlan::Refetch { position },
-                        None => NotifyPlan::Reset(ResetReason::Inconsistent),
-                    };
-                }
-                let (entry, freshness) = read(self.first);
-                if freshness == EntryFreshness::Current && entry.mode() == LockMode::Exclusive {
-                    NotifyPlan::Writer {
-                        position: self.first,
-                        client: entry.client(),
-                    }
-                } else {
-                    NotifyPlan::Nobody
-                }
+                EntryFreshness::Current if entry.mode() == LockMode::Exclusive => writers += 1,
+                EntryFreshness::Current => {}
             }
+        }
+        if writers > self.writers {
+            return NotifyPlan::Reset(ResetReason::Inconsistent);
+        }
+        if writers < self.writers {
+            return match first_obsolete {
+                Some(position) => NotifyPlan::Refetch { position },
+                None => NotifyPlan::Reset(ResetReason::Inconsistent),
+            };
+        }
+        let (entry, freshness) = read(self.first);
+        if freshness == EntryFreshness::Current && entry.mode() == LockMode::Exclusive {
+            NotifyPlan::Writer {
+                position: self.first,
+                client: entry.client(),
+            }
+        } else {
+            NotifyPlan::Nobody
         }
     }
 }

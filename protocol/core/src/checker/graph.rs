@@ -267,69 +267,32 @@ impl Checker<'_> {
         if !cyclic {
             return;
         }
-        let snapshot = self.options.isolation == Isolation::Snapshot;
-        // (edges of the level's graph, the new kinds whose edges start a search, the edges a
-        // search may follow back; `None`: the level's graph).
-        let mut levels: Vec<(u8, u8, Option<u8>)> =
-            alloc::vec![(bit(WW), bit(WW), None), (bit(WW) | bit(WR), bit(WR), None),];
-        if snapshot {
-            // Snapshot isolation forbids a cycle with at most one `rw` edge (G-single, and
-            // with real time a stale read) and allows those with two or more (write skew):
-            // start at each `rw` (and `rt`) edge and return without another `rw`.
-            let starts = bit(RW) | if self.options.strict { bit(RT) } else { 0 };
-            levels.push((all, starts, Some(all & !bit(RW))));
-        } else {
-            levels.push((bit(WW) | bit(WR) | bit(RW), bit(RW), None));
-            if self.options.strict {
-                levels.push((all, bit(RT), None));
-            }
-        }
         let mut search = Search::new(g.nodes as usize);
         // Transactions per component at the previous level (none before the first).
         let mut prev: Option<(Vec<u32>, Vec<u32>)> = None;
-        for (mask, new_kinds, path_mask) in levels {
-            scc.run(g, mask, Some(&active));
+        for level in self.levels(all) {
+            scc.run(g, level.mask, Some(&active));
             let sizes = scc.txn_counts(g);
-            // Edges of the new kinds inside a component, grouped by component.
-            let mut cand: Vec<(u32, u32, u32, u64)> = g
-                .edges
-                .iter()
-                .filter(|&&e| {
-                    bit(edge_kind(e)) & new_kinds != 0
-                        && edge_src(e) < g.txn_nodes
-                        && scc.comp[edge_src(e) as usize] != NO_NODE
-                        && scc.comp[edge_src(e) as usize] == scc.comp[edge_dst(e) as usize]
-                })
-                .map(|&e| {
-                    (
-                        scc.comp[edge_src(e) as usize],
-                        edge_src(e),
-                        edge_dst(e),
-                        edge_kind(e),
-                    )
-                })
-                .collect();
-            cand.sort_by_key(|c| c.0);
-            let mut start = 0;
-            while start < cand.len() {
-                let comp = cand[start].0;
-                let end = start + cand[start..].partition_point(|c| c.0 == comp);
-                let group = &cand[start..end];
-                start = end;
-                let size = sizes[comp as usize];
-                if let Some((pcomp, psizes)) = &prev {
-                    let u = group[0].1;
-                    if psizes[pcomp[u as usize] as usize] == size {
-                        continue; // same transactions as a component already reported
-                    }
+            for group in level_candidates(g, &scc.comp, level.new_kinds).chunk_by(|a, b| a.0 == b.0)
+            {
+                let size = sizes[group[0].0 as usize];
+                if let Some((pcomp, psizes)) = &prev
+                    && psizes[pcomp[group[0].1 as usize] as usize] == size
+                {
+                    continue; // same transactions as a component already reported
                 }
                 if !self.out.room() {
                     self.out.omitted += 1;
                     continue;
                 }
-                let Some(cycle) =
-                    self.shortest_cycle(g, &mut search, &scc.comp, mask, path_mask, group)
-                else {
+                let Some(cycle) = self.shortest_cycle(
+                    g,
+                    &mut search,
+                    &scc.comp,
+                    level.mask,
+                    level.path_mask,
+                    group,
+                ) else {
                     continue; // snapshot isolation: every cycle has two `rw` edges
                 };
                 let steps = self.explain(g, &cycle);
@@ -341,6 +304,50 @@ impl Checker<'_> {
             }
             prev = Some((scc.comp.clone(), sizes));
         }
+    }
+
+    /// The levels of the search, weakest anomaly first: `ww` only (G0), then with `wr`
+    /// (G1c), then with `rw` (G-single, G2) and real time; under snapshot isolation the
+    /// last level looks only for cycles with at most one `rw` edge. `all` is every edge kind
+    /// checked.
+    fn levels(&self, all: u8) -> Vec<Level> {
+        let mut levels = alloc::vec![
+            Level {
+                mask: bit(WW),
+                new_kinds: bit(WW),
+                path_mask: None
+            },
+            Level {
+                mask: bit(WW) | bit(WR),
+                new_kinds: bit(WR),
+                path_mask: None
+            },
+        ];
+        if self.options.isolation == Isolation::Snapshot {
+            // Snapshot isolation forbids a cycle with at most one `rw` edge (G-single, and
+            // with real time a stale read) and allows those with two or more (write skew):
+            // start at each `rw` (and `rt`) edge and return without another `rw`.
+            let starts = bit(RW) | if self.options.strict { bit(RT) } else { 0 };
+            levels.push(Level {
+                mask: all,
+                new_kinds: starts,
+                path_mask: Some(all & !bit(RW)),
+            });
+        } else {
+            levels.push(Level {
+                mask: bit(WW) | bit(WR) | bit(RW),
+                new_kinds: bit(RW),
+                path_mask: None,
+            });
+            if self.options.strict {
+                levels.push(Level {
+                    mask: all,
+                    new_kinds: bit(RT),
+                    path_mask: None,
+                });
+            }
+        }
+        levels
     }
 
     /// The shortest cycle through one of `group`'s edges `(comp, u, v, kind)`, as a node
@@ -654,4 +661,39 @@ impl Search {
         }
         result
     }
+}
+
+/// One level of the cycle search.
+struct Level {
+    /// The edge kinds of the level's graph.
+    mask: u8,
+    /// The kinds new at this level: a search starts at each such edge.
+    new_kinds: u8,
+    /// The edge kinds a search may follow back (`None`: the level's graph).
+    path_mask: Option<u8>,
+}
+
+/// The edges of `new_kinds` inside a component of `comp` as `(component, source,
+/// destination, kind)`, sorted by component.
+fn level_candidates(g: &Graph, comp: &[u32], new_kinds: u8) -> Vec<(u32, u32, u32, u64)> {
+    let mut cand: Vec<(u32, u32, u32, u64)> = g
+        .edges
+        .iter()
+        .filter(|&&e| {
+            bit(edge_kind(e)) & new_kinds != 0
+                && edge_src(e) < g.txn_nodes
+                && comp[edge_src(e) as usize] != NO_NODE
+                && comp[edge_src(e) as usize] == comp[edge_dst(e) as usize]
+        })
+        .map(|&e| {
+            (
+                comp[edge_src(e) as usize],
+                edge_src(e),
+                edge_dst(e),
+                edge_kind(e),
+            )
+        })
+        .collect();
+    cand.sort_by_key(|c| c.0);
+    cand
 }
