@@ -1,25 +1,13 @@
-//! Real time: `CLOCK_MONOTONIC`, shared by every process of a host.
+//! The real-time [`Clock`](dmem_verbs::Clock): sleeps served by the executor's timers.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use dmem_verbs::{Clock, Nanos};
-use rustix::time::{ClockId, clock_gettime};
 
-use crate::executor::{TimerKey, with_current};
-
-/// Nanoseconds of `CLOCK_MONOTONIC`: time since an epoch fixed at boot, the same for every
-/// process of the host (unlike [`std::time::Instant`], whose value is opaque), so CN and MN
-/// processes compare leases and timestamps directly.
-#[must_use]
-pub fn monotonic_now() -> Nanos {
-    let t = clock_gettime(ClockId::Monotonic);
-    // Monotonic time is never negative; u64 nanoseconds last 584 years of uptime.
-    (t.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(t.tv_nsec as u64)
-}
+use crate::executor::{Executor, TimerKey, with_current};
+use crate::time::monotonic_now;
 
 /// The real-time [`Clock`]: [`now`](Clock::now) is [`monotonic_now`],
 /// [`sleep_until`](Clock::sleep_until) is a timer of the executor running on the current
@@ -31,6 +19,14 @@ pub fn monotonic_now() -> Nanos {
 /// `AnyContext`) therefore runs unchanged on either executor.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RealClock;
+
+impl Executor {
+    /// The clock whose sleeps this executor's timers serve.
+    #[must_use]
+    pub fn clock(&self) -> RealClock {
+        RealClock
+    }
+}
 
 impl RealClock {
     /// The clock.

@@ -25,7 +25,7 @@ use std::time::Duration;
 use dmem_verbs::Nanos;
 use dmem_verbs::sync::lock_ignoring_poison;
 
-use crate::clock::{RealClock, monotonic_now};
+use crate::time::monotonic_now;
 
 /// The id the `block_on` future is woken with.
 const MAIN: u64 = u64::MAX;
@@ -389,12 +389,6 @@ impl Executor {
     #[must_use]
     pub fn task_count(&self) -> usize {
         self.shared.live.get()
-    }
-
-    /// The clock whose sleeps this executor's timers serve.
-    #[must_use]
-    pub fn clock(&self) -> RealClock {
-        RealClock
     }
 
     /// A handle that stops [`run`](Self::run)/[`run_until`](Self::run_until) from anywhere.

@@ -17,10 +17,12 @@ mod clock;
 mod clocked;
 mod executor;
 mod per_core;
+mod time;
 
-pub use clock::{RealClock, Sleep, monotonic_now};
+pub use clock::{RealClock, Sleep};
 pub use clocked::Clocked;
 pub use executor::{Executor, RunOutcome, StopHandle, TaskId, YieldNow, spawn, yield_now};
 pub use per_core::{CoreClock, ExecutorChoice, ExecutorKind, PerCoreError, run_per_core};
 #[cfg(feature = "glommio")]
 pub use per_core::{GlommioClock, IO_MEMORY, SPIN_BEFORE_PARK, glommio_probe, glommio_run};
+pub use time::monotonic_now;

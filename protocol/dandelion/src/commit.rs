@@ -12,9 +12,9 @@ use std::collections::HashMap;
 use dmem_layout::kv_meta::KvMeta;
 use dmem_txn::{Key, TableId, TxnId, Version, WriteEvent};
 
+use crate::cluster::Cluster;
 use crate::config::{CommitSpec, Replicas, Visit};
 use crate::wire::{DecidedWrite, Request, Response, Seen, WriteOp};
-use crate::worker::Cluster;
 
 /// One entry of the transaction cache (§3: one per key the transaction touched).
 #[derive(Debug, Clone)]
@@ -381,7 +381,7 @@ mod tests {
     use dmem_txn::{CoordinatorId, WriteKind};
 
     use super::*;
-    use crate::worker::Placement;
+    use crate::cluster::Placement;
 
     /// Three servers, two replicas per key, some of them crashed.
     struct View {

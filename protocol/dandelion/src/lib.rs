@@ -20,12 +20,14 @@
 //! (`dnl-4`, `dnl-2`, `dnl-1`, `fasst`); see the README for figures and deviations.
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 mod commit;
 pub mod config;
 pub mod net;
 pub mod recovery;
 pub mod reliable;
 pub mod store;
+pub mod survivor;
 pub mod txn;
 pub mod wire;
 pub mod worker;

@@ -345,7 +345,7 @@ pub struct LockCluster {
     /// instead of taking them away (§4.3).
     pub committing_txns: RefCell<HashSet<u64>>,
     /// Hand-overs done (§4.3), in order.
-    pub handovers: RefCell<Vec<crate::reshard::HandoverEvent>>,
+    pub handovers: RefCell<Vec<HandoverEvent>>,
     /// Per CN, its failure and restart (§6): a CN serves lock requests only in
     /// [`Phase::Serving`](crate::restart::Phase::Serving).
     pub restarts: RefCell<Vec<Restart>>,
@@ -477,7 +477,7 @@ pub fn apply_on(locks: &CnLocks, map: &ShardMap, req: &Request, core: u16) -> (S
             (Status::Granted, req.entries.len() as u64)
         }
         // Hand-overs change the map, recovery's notices the cluster's state: `serve`
-        // applies them (`reshard::receive`, `membership`).
+        // applies them ([`receive_handover`], `membership`).
         RequestKind::Handover | RequestKind::Release | RequestKind::Rejoin => (Status::Refused, 0),
         RequestKind::Lock => {
             if req.entries.iter().any(|e| !map.serves(locks.cn, e.shard)) {
@@ -544,7 +544,7 @@ pub async fn serve<V: Verbs + Clock>(ctx: V, cluster: Rc<LockCluster>, locks: Ar
             continue;
         }
         if req.kind == RequestKind::Handover {
-            crate::reshard::receive(&cluster, &locks, &req, ctx.now());
+            receive_handover(&cluster, &locks, &req, ctx.now());
             let reply = Reply {
                 req: req.req,
                 status: Status::Granted,
@@ -583,6 +583,61 @@ pub fn stronger(a: LockMode, b: LockMode) -> LockMode {
         LockMode::Exclusive
     } else {
         LockMode::Shared
+    }
+}
+
+/// One hand-over as the receiver saw it complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandoverEvent {
+    /// The shard.
+    pub shard: u16,
+    /// The sender.
+    pub from: u16,
+    /// The receiver.
+    pub to: u16,
+    /// When the sender stopped serving the shard.
+    pub stopped_at: Nanos,
+    /// When the receiver started serving it.
+    pub served_at: Nanos,
+    /// Lock-state entries the sender took from their holders after the drain timeout.
+    pub aborted_holders: u64,
+    /// Locks of the shard still held on the sender's table when the receiver began to
+    /// serve it: each is a lock two CNs may grant at once. Zero unless the drain is
+    /// skipped (the planted bug).
+    pub holders_left: u64,
+}
+
+impl HandoverEvent {
+    /// The service interruption: nobody served the shard for this long.
+    #[must_use]
+    pub fn interruption(&self) -> Nanos {
+        self.served_at.saturating_sub(self.stopped_at)
+    }
+}
+
+/// The receiver's side (§4.3): clear its cache entries of the shards, serve them, record
+/// the hand-over. Idempotent (a repeated message changes nothing more).
+pub fn receive_handover(cluster: &LockCluster, locks: &CnLocks, req: &Request, now: Nanos) {
+    for e in &req.entries {
+        let mut map = cluster.map.borrow_mut();
+        if map.serves(locks.cn, e.shard) {
+            continue;
+        }
+        locks.vt.clear_shard(e.shard);
+        map.finish_move(e.shard, locks.cn);
+        let holders_left = cluster
+            .cns
+            .get(usize::from(req.cn))
+            .map_or(0, |from| from.holders_in(e.shard).len() as u64);
+        cluster.handovers.borrow_mut().push(HandoverEvent {
+            shard: e.shard,
+            from: req.cn,
+            to: locks.cn,
+            stopped_at: req.txn,
+            served_at: now,
+            aborted_holders: 0,
+            holders_left,
+        });
     }
 }
 

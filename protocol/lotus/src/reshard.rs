@@ -222,34 +222,7 @@ pub fn hottest_shard(locks: &CnLocks, map: &ShardMap) -> Option<u16> {
         .map(|(s, _)| s)
 }
 
-/// One hand-over as the receiver saw it complete.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HandoverEvent {
-    /// The shard.
-    pub shard: u16,
-    /// The sender.
-    pub from: u16,
-    /// The receiver.
-    pub to: u16,
-    /// When the sender stopped serving the shard.
-    pub stopped_at: Nanos,
-    /// When the receiver started serving it.
-    pub served_at: Nanos,
-    /// Lock-state entries the sender took from their holders after the drain timeout.
-    pub aborted_holders: u64,
-    /// Locks of the shard still held on the sender's table when the receiver began to
-    /// serve it: each is a lock two CNs may grant at once. Zero unless the drain is
-    /// skipped (the planted bug).
-    pub holders_left: u64,
-}
-
-impl HandoverEvent {
-    /// The service interruption: nobody served the shard for this long.
-    #[must_use]
-    pub fn interruption(&self) -> Nanos {
-        self.served_at.saturating_sub(self.stopped_at)
-    }
-}
+pub use crate::locking::HandoverEvent;
 
 /// What the sender's shell does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -391,32 +364,6 @@ impl Handover {
     #[must_use]
     pub fn is_done(&self) -> bool {
         self.phase == Phase::Done
-    }
-}
-
-/// The receiver's side (§4.3): clear its cache entries of the shards, serve them, record
-/// the hand-over. Idempotent (a repeated message changes nothing more).
-pub fn receive(cluster: &LockCluster, locks: &CnLocks, req: &Request, now: Nanos) {
-    for e in &req.entries {
-        let mut map = cluster.map.borrow_mut();
-        if map.serves(locks.cn, e.shard) {
-            continue;
-        }
-        locks.vt.clear_shard(e.shard);
-        map.finish_move(e.shard, locks.cn);
-        let holders_left = cluster
-            .cns
-            .get(usize::from(req.cn))
-            .map_or(0, |from| from.holders_in(e.shard).len() as u64);
-        cluster.handovers.borrow_mut().push(HandoverEvent {
-            shard: e.shard,
-            from: req.cn,
-            to: locks.cn,
-            stopped_at: req.txn,
-            served_at: now,
-            aborted_holders: 0,
-            holders_left,
-        });
     }
 }
 
@@ -663,8 +610,8 @@ mod tests {
         assert_eq!(c.map.borrow().generation(shard), 0, "nobody aborted");
         assert!(map(&|m| !m.serves(to, shard)), "not before the message");
         let parsed = Request::parse(&msg.encode()).unwrap();
-        receive(&c, &c.cns[2], &parsed, 5_000);
-        receive(&c, &c.cns[2], &parsed, 6_000); // a repeated message changes nothing
+        crate::locking::receive_handover(&c, &c.cns[2], &parsed, 5_000);
+        crate::locking::receive_handover(&c, &c.cns[2], &parsed, 6_000); // a repeated message changes nothing
         h.acked(&c);
         assert!(h.is_done());
         assert_eq!(h.step(&c, 7_000), HandoverStep::Done);
@@ -733,7 +680,7 @@ mod tests {
         let HandoverStep::Send(msg) = h.step(&c, 1) else {
             panic!("no drain")
         };
-        receive(&c, &c.cns[1], &msg, 2);
+        crate::locking::receive_handover(&c, &c.cns[1], &msg, 2);
         let b = Holder { txn: 2, cn: 1 };
         assert!(
             c.cns[1]
