@@ -234,9 +234,13 @@ impl Args {
         match self.protocol.as_str() {
             "lotus" => Ok(format!("lotus:restart={us}")),
             "lotus-si" => Ok(format!("lotus:si+restart={us}")),
-            p if p.starts_with("lotus:") => Ok(format!("{p}+restart={us}")),
+            "pandora" => Ok(format!("pandora:restart={us}")),
+            "ford" => Ok(format!("ford:restart={us}")),
+            p if p.starts_with("lotus:") || p.starts_with("ford:") => {
+                Ok(format!("{p}+restart={us}"))
+            }
             other => anyhow::bail!(
-                "--restart-after-us: only LOTUS restarts crashed CNs (lotus, lotus-si), not {other}"
+                "--restart-after-us: LOTUS, Pandora and FORD restart crashed CNs (lotus, lotus-si, pandora, ford, ford:BUG), not {other}"
             ),
         }
     }
@@ -791,9 +795,7 @@ fn build_report(
         restart_grants_after: deployment
             .counter("lotus_restart_grants_after")
             .unwrap_or(0),
-        restarted_coordinators: deployment
-            .counter("lotus_restarted_coordinators")
-            .unwrap_or(0),
+        restarted_coordinators: deployment.counter("restarted_coordinators").unwrap_or(0),
         restarted_committed: 0,
         stale_fences: deployment.counter("lotus_stale_fences").unwrap_or(0),
         second_crash_recovered: second.len(),

@@ -60,6 +60,17 @@ impl HeartbeatDetector {
         }
     }
 
+    /// `cn` came back after a crash (a restarted CN, Pandora §6.3, LOTUS §6): watched again
+    /// as heard from at `now` and no longer suspected, so a later crash of the new
+    /// incarnation is suspected again.
+    pub fn rejoin(&mut self, cn: NodeId, now: Nanos) {
+        self.suspected.retain(|&c| c != cn);
+        match self.last.iter_mut().find(|(c, _)| *c == cn) {
+            Some((_, t)) => *t = now,
+            None => self.last.push((cn, now)),
+        }
+    }
+
     /// A heartbeat (or any message counted as one) from `cn` arrived at `now`. Returns
     /// whether it counted: `cn` is watched and not suspected.
     pub fn heartbeat(&mut self, cn: NodeId, now: Nanos) -> bool {

@@ -65,7 +65,10 @@ pub use dmem_txn::detector::HeartbeatDetector;
 pub use memory::{MnMemory, Recorder};
 pub use oracle::{settle_history, spawn_crash_watch};
 pub use registry::{Family, Registry};
-pub use sim_recovery::{Detection, RecoveryState, spawn_heartbeat_watch, spawn_log_recovery};
+pub use sim_recovery::{
+    Detection, RecoveryState, restart_crashed_cn, restore_links, spawn_heartbeat_watch,
+    spawn_log_recovery,
+};
 
 /// Where a deployment sends coordinators it starts during a run
 /// ([`SimRecovery::run_late_coordinators`]): context, coordinator id, coordinator.

@@ -206,6 +206,46 @@ where
     }
 }
 
+/// Brings crashed CN `node` back up in the simulator (Pandora §6.3: the failed coordinators
+/// are brought back; LOTUS §6: the system restarts a crashed CN): after `delay` of virtual
+/// time on `clock` (the process restart, which the simulator does not model), restarts the
+/// node as soon as the executor has dropped its old tasks (looking every `poll`). Its MN
+/// links stay terminated; [`restore_links`] gives them back once the protocol lets the new
+/// incarnation reach MN memory.
+///
+/// # Errors
+/// A message saying so if `node` is not crashed (nothing to restart).
+pub async fn restart_crashed_cn(
+    sim: &Sim,
+    clock: &SimContext,
+    node: NodeId,
+    delay: Nanos,
+    poll: Nanos,
+) -> Result<(), String> {
+    if delay > 0 {
+        clock.sleep(delay).await;
+    }
+    // The executor drops a crashed CN's tasks before it polls others: at most a poll.
+    while !sim.restart(node) {
+        if !sim.is_crashed(node) {
+            return Err(format!(
+                "node {} restarted while it was not crashed",
+                node.0
+            ));
+        }
+        clock.sleep(poll.max(1)).await;
+    }
+    Ok(())
+}
+
+/// Gives restarted CN `node` its access to every MN back (active-link termination revoked
+/// it, Pandora §3.2.2 step 2): the new incarnation's connections.
+pub fn restore_links(sim: &Sim, node: NodeId) {
+    for mn in 0..sim.mn_count() {
+        sim.restore(sim.mn(mn), node);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -417,6 +417,14 @@ impl FailureDetector {
         }
     }
 
+    /// `member` (a restarted CN's new incarnation: new coordinator ids, a new listener)
+    /// joins at `now`, replacing the CN's former entry.
+    pub fn join(&mut self, member: Member, now: Nanos) {
+        self.heartbeats.rejoin(member.cn, now);
+        self.members.retain(|m| m.cn != member.cn);
+        self.members.push(member);
+    }
+
     /// A heartbeat from `cn` arrived at `now`.
     pub fn heartbeat(&mut self, cn: NodeId, now: Nanos) {
         self.heartbeats.heartbeat(cn, now);
@@ -797,6 +805,35 @@ impl<V: Verbs + Clock, T: LinkTerminator> RecoveryManager<V, T> {
             }
         }
         Ok(self.detector.suspects(self.ctx.now()))
+    }
+
+    /// A restarted CN's new incarnation joins (Pandora §6.3 "the failed coordinators are
+    /// brought back"): its coordinators have new ids (§3.1.2: the FD hands out a fresh
+    /// coordinator-id to every coordinator it spawns, so the old ids stay in the failed-ids
+    /// and their stray locks stay stealable), and it is watched and notified from now on.
+    ///
+    /// The new incarnation is sent every failed id at once (the failed-ids of its initial
+    /// configuration, re-sent here so that a failure recovered between its start and its
+    /// joining is not missed).
+    ///
+    /// # Errors
+    /// [`RecoveryError`] if sending fails.
+    pub async fn join(&mut self, member: Member) -> Result<(), RecoveryError> {
+        let failed: Vec<u16> = self.failed.iter().map(|c| c.0).collect();
+        let listener = member.listener;
+        self.detector.join(member, self.ctx.now());
+        if !failed.is_empty() {
+            let payload = ControlMsg::FailedCoordinators(failed).emit();
+            self.notify(listener, &payload).await?;
+        }
+        Ok(())
+    }
+
+    /// The coordinators known to have failed (the failed-ids the FD hands a new coordinator
+    /// with its configuration, §3.1.2 "Failed-ids").
+    #[must_use]
+    pub fn failed(&self) -> &FailedCoordinatorSet {
+        &self.failed
     }
 
     /// Recovers one failed CN: terminate, recover logs, truncate, (FORD) scan, notify.

@@ -26,9 +26,9 @@ use dmem_deploy::process::{
     ProcessRecovery, ServiceContext, StepFuture,
 };
 use dmem_deploy::{
-    AnyContext, Decision, DeployError, DeploySpec, Deployment, MnMemory, Placement,
-    ProcessDeployment, Protocol, Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming,
-    SimLinkTerminator, SimRecovery,
+    AnyContext, Decision, DeployError, DeploySpec, Deployment, LateCoordinators, MnMemory,
+    Placement, ProcessDeployment, Protocol, Recorder, RecoveredCoordinator, RecoveryEvent,
+    RecoveryTiming, SimLinkTerminator, SimRecovery, restart_crashed_cn, restore_links,
 };
 use dmem_ford::cores::{CoreFollower, CoreRelay};
 use dmem_ford::logic::Decision as FordDecision;
@@ -49,7 +49,37 @@ use dmem_verbs::{Clock, Nanos, NodeId, Verbs, VerbsError};
 pub struct FordProtocol {
     name: String,
     config: ProtocolConfig,
+    /// CN restart (Pandora §6.3, Fig. 8's second line): a crashed CN's coordinators are
+    /// brought back this many ns after the failure was detected, once it is recovered.
+    restart_after: Option<Nanos>,
 }
+
+/// `params` of a `ford:`/`pandora:` name without its `restart=US` switch, and that switch
+/// in ns.
+///
+/// # Errors
+/// A message naming a malformed `restart=` value.
+pub(crate) fn split_restart(params: &str) -> Result<(Vec<&str>, Option<Nanos>), String> {
+    let mut rest = Vec::new();
+    let mut restart = None;
+    for p in params.split('+') {
+        match p.strip_prefix("restart=") {
+            Some(us) => {
+                let us: u64 = us.parse().map_err(|_| {
+                    format!("restart={us}: give the µs after detection a crashed CN comes back, e.g. restart=1000")
+                })?;
+                restart = Some(us.saturating_mul(1_000));
+            }
+            None => rest.push(p),
+        }
+    }
+    Ok((rest, restart))
+}
+
+/// Restarts a coordinator may go through in one run (`dmem recover --crash-again-at-ms`
+/// crashes a restarted CN once more): each incarnation takes fresh coordinator ids, so the
+/// store keeps `1 + MAX_RESTARTS` log regions per coordinator the run starts.
+const MAX_RESTARTS: u16 = 2;
 
 impl FordProtocol {
     /// `config` registered as `name`.
@@ -58,7 +88,20 @@ impl FordProtocol {
         Self {
             name: name.to_owned(),
             config,
+            restart_after: None,
         }
+    }
+
+    /// The same protocol, registered as `name`, whose crashed CNs come back `after` ns
+    /// after their failure was detected (Pandora §6.3: "the failed coordinators are brought
+    /// back"), with new coordinator ids (§3.1.2: the failure detector hands out a fresh id
+    /// to every coordinator it spawns; the old ids stay failed, so their stray locks stay
+    /// stealable).
+    #[must_use]
+    pub fn restarting(mut self, name: &str, after: Nanos) -> Self {
+        self.name = name.to_owned();
+        self.restart_after = Some(after);
+        self
     }
 
     /// The protocol configuration (protocol and bug switches).
@@ -71,7 +114,15 @@ impl FordProtocol {
     /// deployments outside the simulator, which must agree on it in every process).
     #[must_use]
     pub fn store_config(&self, spec: &DeploySpec, mns: u16) -> StoreConfig {
-        store_config(spec, mns, self.config.lock_logging)
+        let config = store_config(spec, mns, self.config.lock_logging);
+        match self.restart_after {
+            // Log regions for the restarted incarnations' fresh ids.
+            Some(_) => {
+                let coordinators = spec.coordinators.saturating_mul(1 + MAX_RESTARTS);
+                config.coordinators(coordinators)
+            }
+            None => config,
+        }
     }
 }
 
@@ -179,6 +230,14 @@ impl FordProtocol {
             steals: Rc::new(Cell::new(0)),
             core: CoreSide::Alone,
             clock: None,
+            restart: Restart {
+                after: self.restart_after,
+                first_spare: spec.coordinators,
+                threads: Vec::new(),
+                runner: Rc::default(),
+                cns: Rc::default(),
+                coordinators: Rc::default(),
+            },
         })
     }
 }
@@ -209,6 +268,24 @@ pub struct FordDeployment {
     core: CoreSide,
     /// The context of the first coordinator made here: the clock of a [`core_follower`].
     clock: Option<AnyContext>,
+    restart: Restart,
+}
+
+/// CN restart in the simulator (Pandora §6.3): what the deployment knows to bring a
+/// recovered CN's coordinators back.
+struct Restart {
+    /// After how long (from detection) a crashed CN comes back; `None`: it does not.
+    after: Option<Nanos>,
+    /// The first coordinator id no coordinator of the run's start has: restarted
+    /// incarnations take ids from here on.
+    first_spare: u16,
+    /// The simulator thread each coordinator runs on: its restarted successor runs there.
+    threads: Vec<(u16, u16)>,
+    /// Where restarted coordinators go ([`SimRecovery::run_late_coordinators`]).
+    runner: Rc<RefCell<Option<LateCoordinators>>>,
+    /// CN restarts done, and coordinators restarted.
+    cns: Rc<Cell<u64>>,
+    coordinators: Rc<Cell<u64>>,
 }
 
 /// A deployment's place among the cores of a CN process: the CN listener's control messages
@@ -429,18 +506,17 @@ impl FordDeployment {
         id: u16,
         shared: CnShared,
     ) -> Result<BoxCoordinator, DeployError> {
-        let inner = FordCoordinator::new(
-            ctx,
-            Rc::clone(&self.store),
-            self.config,
-            id,
-            shared,
-            self.history.clone(),
-        )?;
-        Ok(Box::new(Counted {
-            inner,
+        Ok(Box::new(self.maker().make(ctx, id, shared)?))
+    }
+
+    fn maker(&self) -> CoordinatorMaker {
+        CoordinatorMaker {
+            store: Rc::clone(&self.store),
+            config: self.config,
+            history: self.history.clone(),
             steals: Rc::clone(&self.steals),
-        }))
+            warm: (self.warm && self.placed.is_none()).then(|| self.loader.loaded()),
+        }
     }
 
     fn failed(&self) -> FailedCoordinatorSet {
@@ -458,6 +534,157 @@ impl FordDeployment {
             protocol: self.name.clone(),
             reason: reason.to_string(),
         }
+    }
+}
+
+/// What makes a FORD/Pandora coordinator, apart from the deployment (a restart makes
+/// coordinators from a simulated task, long after the deployment handed them out).
+#[derive(Clone)]
+struct CoordinatorMaker {
+    store: Rc<Store>,
+    config: ProtocolConfig,
+    history: Recorder,
+    steals: Rc<Cell<u64>>,
+    /// The loader's index, when CNs start with a warm address cache.
+    warm: Option<Rc<RefCell<LoadIndex>>>,
+}
+
+impl CoordinatorMaker {
+    fn make(&self, ctx: AnyContext, id: u16, shared: CnShared) -> Result<Counted, DeployError> {
+        let inner = FordCoordinator::new(
+            ctx,
+            Rc::clone(&self.store),
+            self.config,
+            id,
+            shared,
+            self.history.clone(),
+        )?;
+        Ok(Counted {
+            inner,
+            steals: Rc::clone(&self.steals),
+        })
+    }
+
+    /// A CN's shared state as a new process starts with it: its address cache warm if the
+    /// run's CNs start warm, and the coordinators known failed.
+    fn fresh_cn(&self, failed: FailedCoordinatorSet) -> CnShared {
+        let shared = CnShared::new();
+        *shared.failed.borrow_mut() = failed;
+        if let Some(loaded) = &self.warm {
+            shared
+                .cache
+                .borrow_mut()
+                .warm_from(Rc::clone(&self.store), Rc::clone(loaded));
+        }
+        shared
+    }
+}
+
+/// Pandora §6.3's restart of recovered CNs in the simulator ("the failed coordinators are
+/// brought back", Fig. 8's second line): a recovered CN comes back `after` its failure was
+/// detected, with one coordinator on the same thread for each it lost, under new ids from
+/// the failure detector's counter (§3.1.2), the failed-ids as its initial configuration,
+/// and its heartbeat and stray-lock listener running; it then joins the detector's members.
+struct Respawn {
+    sim: Rc<Sim>,
+    maker: CoordinatorMaker,
+    after: Nanos,
+    timing: RecoveryTiming,
+    detector: dmem_verbs::Endpoint,
+    threads: Vec<(u16, u16)>,
+    /// The failure detector's coordinator-id counter.
+    next_id: Cell<u16>,
+    /// Restarted CNs for the detector to add to its members.
+    joining: Rc<RefCell<Vec<Member>>>,
+    runner: Rc<RefCell<Option<LateCoordinators>>>,
+    cns: Rc<Cell<u64>>,
+    coordinators: Rc<Cell<u64>>,
+    error: Rc<RefCell<Option<String>>>,
+}
+
+impl Respawn {
+    /// Restarts `member`, recovered from a failure detected at `detected_at`, as a task of
+    /// its own on `clock`'s node.
+    fn spawn(
+        self: Rc<Self>,
+        clock: &dmem_sim::SimContext,
+        member: Member,
+        detected_at: Nanos,
+        failed: FailedCoordinatorSet,
+    ) {
+        let c = clock.clone();
+        self.sim.clone().spawn(clock, async move {
+            let delay = (detected_at + self.after).saturating_sub(c.now());
+            if let Err(e) = self.restart(&c, &member, delay, failed).await {
+                self.error.borrow_mut().get_or_insert(e);
+            }
+        });
+    }
+
+    async fn restart(
+        &self,
+        clock: &dmem_sim::SimContext,
+        member: &Member,
+        delay: Nanos,
+        failed: FailedCoordinatorSet,
+    ) -> Result<(), String> {
+        let (sim, node) = (&self.sim, member.cn);
+        restart_crashed_cn(sim, clock, node, delay, self.timing.poll).await?;
+        restore_links(sim, node);
+        let shared = self.maker.fresh_cn(failed);
+        let mut late = Vec::new();
+        let mut ids = Vec::new();
+        for &old in &member.coordinators {
+            let id = self.next_id.get();
+            if id >= self.maker.store.config().coordinators {
+                return Err(format!(
+                    "no log region left for coordinator {old}'s restart (the store keeps {MAX_RESTARTS} restarts per coordinator)"
+                ));
+            }
+            self.next_id.set(id + 1);
+            let thread = self
+                .threads
+                .iter()
+                .find(|(c, _)| *c == old)
+                .map_or(0, |&(_, t)| t);
+            let ctx = sim.context(node, thread).map_err(|e| e.to_string())?;
+            let co = self
+                .maker
+                .make(ctx.clone().into(), id, shared.clone())
+                .map_err(|e| e.to_string())?;
+            ids.push(id);
+            late.push((ctx, old, co));
+        }
+        let thread_ctx = || sim.context(node, 1).or_else(|_| sim.context(node, 0));
+        let (listener, hb) = (
+            thread_ctx().map_err(|e| e.to_string())?,
+            thread_ctx().map_err(|e| e.to_string())?,
+        );
+        let (detector, timing) = (self.detector, self.timing);
+        let h = hb.clone();
+        sim.spawn(&hb, async move {
+            let _ = heartbeat_loop(&h, detector, timing.heartbeat, timing.until).await;
+        });
+        let (l, failed) = (listener.clone(), Rc::clone(&shared.failed));
+        sim.spawn(&listener, async move {
+            let _ = membership_listener(&l, failed, timing.poll, timing.until).await;
+        });
+        self.joining.borrow_mut().push(Member {
+            cn: node,
+            coordinators: ids,
+            listener: listener.local_endpoint(),
+        });
+        self.cns.set(self.cns.get() + 1);
+        self.coordinators
+            .set(self.coordinators.get() + late.len() as u64);
+        // The workload's client of coordinator `old` goes on with its successor.
+        let runner = self.runner.borrow().clone();
+        if let Some(run) = runner {
+            for (ctx, old, co) in late {
+                run(ctx, old, Box::new(co));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -481,6 +708,9 @@ impl Deployment for FordDeployment {
     }
 
     fn coordinator(&mut self, ctx: AnyContext, id: u16) -> Result<BoxCoordinator, DeployError> {
+        if let Some(sim) = ctx.as_sim() {
+            self.restart.threads.push((id, sim.thread()));
+        }
         let i = self.shared_of(ctx.node());
         self.cns[i].2.push(id);
         let shared = self.cns[i].1.clone();
@@ -514,7 +744,12 @@ impl Deployment for FordDeployment {
     }
 
     fn counter(&self, name: &str) -> Option<u64> {
-        (name == "steals").then(|| self.steals.get())
+        match name {
+            "steals" => Some(self.steals.get()),
+            "cn_restarts" => self.restart.after.map(|_| self.restart.cns.get()),
+            "restarted_coordinators" => self.restart.after.map(|_| self.restart.coordinators.get()),
+            _ => None,
+        }
     }
 
     fn sim_recovery(&mut self) -> Option<&mut dyn SimRecovery> {
@@ -568,18 +803,46 @@ impl SimRecovery for FordDeployment {
         self.events = manager.events();
         let stop_the_world = self.config.protocol == dmem_ford::Protocol::Ford;
         let (paused, error) = (Rc::clone(&self.paused), Rc::clone(&self.error));
+        let respawn = self.restart.after.map(|after| {
+            Rc::new(Respawn {
+                sim: Rc::clone(sim),
+                maker: self.maker(),
+                after,
+                timing,
+                detector,
+                threads: self.restart.threads.clone(),
+                next_id: Cell::new(self.restart.first_spare),
+                joining: Rc::default(),
+                runner: Rc::clone(&self.restart.runner),
+                cns: Rc::clone(&self.restart.cns),
+                coordinators: Rc::clone(&self.restart.coordinators),
+                error: Rc::clone(&self.error),
+            })
+        });
         let clock = fd_ctx.clone();
         sim.spawn(&fd_ctx, async move {
-            // `RecoveryManager::run`, with FORD's stop-the-world pause around its recovery.
+            // `RecoveryManager::run`, with FORD's stop-the-world pause around its recovery
+            // and the restarted CNs joining.
             let r: Result<(), dmem_ford::RecoveryError> = async {
                 while clock.now() < timing.until {
+                    if let Some(respawn) = &respawn {
+                        let joining: Vec<Member> = respawn.joining.borrow_mut().drain(..).collect();
+                        for member in joining {
+                            manager.join(member).await?;
+                        }
+                    }
                     let suspects = manager.detect()?;
                     manager.check_mns().await?;
                     if stop_the_world && !suspects.is_empty() {
                         paused.set(true);
                     }
                     for member in suspects {
-                        manager.recover(member).await?;
+                        let detected_at = clock.now();
+                        manager.recover(member.clone()).await?;
+                        if let Some(respawn) = &respawn {
+                            let failed = manager.failed().clone();
+                            Rc::clone(respawn).spawn(&clock, member, detected_at, failed);
+                        }
                     }
                     paused.set(false);
                     clock.sleep(timing.poll).await;
@@ -595,6 +858,10 @@ impl SimRecovery for FordDeployment {
             }
         });
         Ok(())
+    }
+
+    fn run_late_coordinators(&self, run: LateCoordinators) {
+        *self.restart.runner.borrow_mut() = Some(run);
     }
 
     fn recovery_events(&self) -> Vec<RecoveryEvent> {

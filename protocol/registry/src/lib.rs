@@ -16,6 +16,8 @@
 //! * `pandora` — PILL, logging after validation, RDMA recovery (Pandora §3);
 //! * `pandora-lock-logging` — Pandora with traditional "log before lock" (Pandora §6.1);
 //! * `ford:BUG[+BUG]` — FORD with bugs of Table 1 switched on (`ford:covert-locks`);
+//! * `pandora:restart=US`, `ford:…+restart=US` — crashed CNs come back US µs after their
+//!   failure was detected, with new coordinator ids (Pandora §6.3, Fig. 8's second line);
 //! * `motor`, `motor-si` — Motor under SR and SI (LOTUS §2.2, §8; `dmem-motor`);
 //! * `lotus`, `lotus-si` — LOTUS under SR and SI (lock disaggregation, lock-first MVCC;
 //!   `dmem-lotus`); `lotus:FLAG[+FLAG]` with `si`, `no-sharding`, `no-routing` (§8.3);
@@ -94,13 +96,33 @@ pub fn registry() -> Registry {
     let _ = r.register(occ_family::dslr());
     let _ = r.register_family(
         "ford",
-        "ford:BUG[+BUG]",
+        "ford:BUG[+BUG][+restart=US]",
         Box::new(|params: &str| {
-            let bugs = BugSet::parse(&params.replace('+', ",")).map_err(|e| e.to_string())?;
-            Ok(Arc::new(FordProtocol::new(
-                &format!("ford:{params}"),
-                ProtocolConfig::ford_with(bugs),
-            )) as Arc<dyn Protocol>)
+            let (bugs, restart) = ford::split_restart(params)?;
+            let bugs = BugSet::parse(&bugs.join(",")).map_err(|e| e.to_string())?;
+            let name = format!("ford:{params}");
+            let ford = FordProtocol::new(&name, ProtocolConfig::ford_with(bugs));
+            Ok(Arc::new(match restart {
+                Some(after) => ford.restarting(&name, after),
+                None => ford,
+            }) as Arc<dyn Protocol>)
+        }),
+    );
+    let _ = r.register_family(
+        "pandora",
+        "pandora:restart=US",
+        Box::new(|params: &str| {
+            let (rest, restart) = ford::split_restart(params)?;
+            let (Some(after), true) = (restart, rest.is_empty()) else {
+                return Err(format!(
+                    "unknown pandora switch `{params}` (known: restart=US, the µs after a CN's failure is detected that it comes back)"
+                ));
+            };
+            let name = format!("pandora:{params}");
+            Ok(
+                Arc::new(FordProtocol::new(&name, ProtocolConfig::pandora()).restarting(&name, after))
+                    as Arc<dyn Protocol>,
+            )
         }),
     );
     let _ = r.register(MotorProtocol::new("motor", dmem_motor::MotorConfig::sr()));

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use dmem_deploy::{
     AnyContext, Decision, DeployError, DeploySpec, Deployment, LateCoordinators, MnMemory,
     Placement, Protocol, Recorder, RecoveredCoordinator, RecoveryEvent, RecoveryTiming, Router,
-    SimLinkTerminator, SimRecovery,
+    SimLinkTerminator, SimRecovery, restart_crashed_cn, restore_links,
 };
 use dmem_lotus::membership::notify;
 use dmem_lotus::recovery::{Decided, recover_coordinators};
@@ -801,10 +801,7 @@ impl Shell {
         .await
         .map_err(|e| format!("CN {cn}'s broadcast: {e}"))?;
         cluster.failed.borrow_mut().retain(|&x| x != cn);
-        let node = sim.cn(cn);
-        for mn in 0..sim.mn_count() {
-            sim.restore(sim.mn(mn), node);
-        }
+        restore_links(sim, sim.cn(cn));
         update_last_restart(&self.restarts, cn, |r| {
             r.serving_at = Some(ctx.now());
             r.grants_at_serving = cluster.cns[usize::from(cn)].served.get().1;
@@ -863,17 +860,10 @@ impl Shell {
     /// its recovery is already over.
     async fn restart_cn(self: &Rc<Self>, c: SimContext, cn: u16, delay: u64) -> Result<(), String> {
         let (sim, cluster) = (&self.sim, &self.cluster);
-        if delay > 0 {
-            c.sleep(delay).await;
-        }
         let node = sim.cn(cn);
-        // The executor drops a crashed CN's tasks before it polls others: at most a poll.
-        while !sim.restart(node) {
-            if !sim.is_crashed(node) {
-                return Err(format!("CN {cn} restarted while it was not crashed"));
-            }
-            c.sleep(self.poll.max(1)).await;
-        }
+        restart_crashed_cn(sim, &c, node, delay, self.poll)
+            .await
+            .map_err(|e| format!("CN {cn}: {e}"))?;
         let locks = Arc::clone(&cluster.cns[usize::from(cn)]);
         let stale = locks.reset(sim.cn_count());
         // The fresh table fences nobody: only live incarnations can reach its new servers
@@ -1107,7 +1097,7 @@ impl LotusDeployment {
                     .sum(),
             ),
             // Coordinators restarted CNs ran again (a runner was given).
-            "lotus_restarted_coordinators" => Some(
+            "restarted_coordinators" => Some(
                 self.restarts
                     .borrow()
                     .iter()
