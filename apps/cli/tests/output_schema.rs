@@ -19,7 +19,7 @@ use run::dmem;
 enum Line {
     Summary(Summary),
     Node(NodeRow),
-    Protocol(ProtocolRow),
+    Protocol(Box<ProtocolRow>),
 }
 
 /// The summary object that ends the output.
@@ -178,7 +178,7 @@ fn read(args: &[&str]) -> Output {
         match parsed {
             Line::Protocol(row) => {
                 assert_keys(line);
-                protocols.push(row);
+                protocols.push(*row);
             }
             Line::Node(row) => nodes.push(row),
             Line::Summary(s) => {

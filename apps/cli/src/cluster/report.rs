@@ -568,7 +568,7 @@ fn histogram(buckets: &[(u64, u64)]) -> Option<Histogram<u64>> {
 /// The figures of the schema's row ([`Row`]) for one CN (its commits over its own window,
 /// its tries, its latency histogram), as fields of its node row.
 fn node_figures(r: &TxnCnReport) -> Map<String, Value> {
-    let latency = histogram(&r.latency_ns).filter(|h| h.len() > 0);
+    let latency = histogram(&r.latency_ns).filter(|h| !h.is_empty());
     let quantile = |q: f64| {
         latency
             .as_ref()
@@ -666,7 +666,7 @@ pub(crate) fn txn_rows(
             nodes.push(node_row(name, protocol, *ok, Map::new(), r)?);
         }
     }
-    tally.latency = latency.filter(|h| h.len() > 0);
+    tally.latency = latency.filter(|h| !h.is_empty());
     let (workload, scale) = match cluster.kind() {
         super::config::Kind::Txn {
             workload, scale, ..
