@@ -1032,12 +1032,21 @@ pub fn print_table(rows: &[Row]) {
     }
 }
 
-/// One protocol's results on a real fabric in one process (`dmem bench --fabric shm` of a
-/// symmetric protocol).
+/// The per-node row of a symmetric protocol's run on a real fabric in one process
+/// (`dmem bench --fabric shm` of dnl-*, fasst), beside its protocol's [`Row`]: the node is
+/// this process (`node` = `process`, `role` = `servers`), with what only a real-time run
+/// in one process measures (CPU time of its executor thread, messages and packets per
+/// second, the host's load).
 #[derive(Debug, Clone, Serialize)]
 pub struct ServersRow {
+    /// `process`: every server of the run is in this process.
+    node: &'static str,
     /// Protocol.
     pub protocol: String,
+    /// `servers`.
+    role: &'static str,
+    /// `ok`: the run ended (an error ends the command instead).
+    exit: &'static str,
     workload: String,
     scale: String,
     fabric: String,
@@ -1130,7 +1139,7 @@ impl Args {
 ///
 /// # Errors
 /// As [`run`].
-pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<ServersRow>> {
+pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<(Vec<Row>, Vec<ServersRow>)> {
     use dmem_harness::fabric::Fabric;
     use dmem_harness::servers::{RunLength, ServersConfig};
     ensure!(
@@ -1179,7 +1188,7 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
         max_attempts: args.attempts,
         backoff: args.backoff,
     };
-    let mut sink = Sink::new(args.json, args.csv.as_deref())?;
+    let mut sink = Sink::new(args.json, args.csv.as_deref())?.with_columns(CSV_COLUMNS);
     if !args.json {
         println!(
             "dmem bench  workload {} ({} scale)  {fabric} in one process, one executor thread  {} servers x {} threads x {} coroutines  {duration_ms} ms real time  {} attempts  backoff {}  seed {}  load average {} at start, {} cores",
@@ -1195,13 +1204,53 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
             std::thread::available_parallelism().map_or(0, |n| n.get()),
         );
     }
-    let mut rows = Vec::new();
+    let (mut rows, mut nodes) = (Vec::new(), Vec::new());
     for protocol in &args.protocol {
         let p = registry.get(protocol)?;
         let r = dmem_harness::servers::run_servers(&*p, &workload, &cfg)
             .with_context(|| format!("running {protocol} on {fabric}"))?;
-        let row = ServersRow {
+        let row = Row {
             protocol: protocol.clone(),
+            workload: args.workload.name().to_owned(),
+            scale: scale.name().to_owned(),
+            profile: None,
+            seed: Some(args.seed),
+            duration_ms,
+            backoff: args.backoff.to_string(),
+            // Six decimals, as across processes: a real-time run may commit little.
+            mtps: round(r.tps / 1e6, 6),
+            abort_rate: round(r.abort_rate, 4),
+            p50_us: round(r.p50_us, 2),
+            p99_us: round(r.p99_us, 2),
+            mn_reads_per_txn: None,
+            mn_writes_per_txn: None,
+            mn_cas_per_txn: None,
+            mn_faa_per_txn: None,
+            mn_nic_busy: None,
+            committed: r.committed,
+            rolled_back: r.rolled_back,
+            failed: r.given_up.values().sum(),
+            checker: r.checker.clone(),
+            version_checker: None,
+            checked_txns: r.checked_txns,
+            invariants: r.invariants.clone(),
+            rtts_per_txn: None,
+            ro_one_rtt_share: None,
+            cn_cpu_busy: None,
+            msgs_per_txn: None,
+            msgs_per_packet: r.msgs_per_packet.map(|m| round(m, 2)),
+            packet_bytes: r.packet_bytes.map(|b| round(b, 1)),
+            counters: r.counters.clone(),
+            aborts_by_reason: r.aborts.clone(),
+            committed_per_type: r.committed_per_type.clone(),
+        };
+        sink.row(&row)?;
+        rows.push(row);
+        let node = ServersRow {
+            node: "process",
+            protocol: protocol.clone(),
+            role: "servers",
+            exit: "ok",
             workload: args.workload.name().to_owned(),
             scale: scale.name().to_owned(),
             fabric: fabric.to_string(),
@@ -1232,10 +1281,12 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
             invariants: r.invariants,
             counters: r.counters,
         };
-        sink.row(&row)?;
-        rows.push(row);
+        sink.row(&node)?;
+        nodes.push(node);
     }
     if !args.json {
+        print_table(&rows);
+        // This process's detail (the node rows): CPU time, messages and packets.
         let mut t = common::table(&[
             "protocol",
             "ktps",
@@ -1251,7 +1302,7 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
             "load avg",
             "checker / invariants",
         ]);
-        for r in &rows {
+        for r in &nodes {
             t.add_row(vec![
                 r.protocol.clone(),
                 format!("{:.2}", r.ktps),
@@ -1272,22 +1323,22 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
             ]);
         }
         println!("{}", common::render(&t));
-        print_breakdowns(rows.iter().map(|r| {
+        let none = BTreeMap::new();
+        print_breakdowns(nodes.iter().map(|r| {
             (
                 r.protocol.as_str(),
-                &r.counters,
-                &r.aborts_by_reason,
+                &none,
+                &none,
                 Some(&r.given_up_by_error),
             )
         }));
-        for r in rows.iter().skip(1) {
+        for r in nodes.iter().skip(1) {
             println!(
-                "{} / {}: {:.3}x throughput, {:.3}x throughput per CPU second, {:.3}x messages per CPU second",
+                "{} / {}: {:.3}x throughput per CPU second, {:.3}x messages per CPU second",
                 r.protocol,
-                rows[0].protocol,
-                r.ktps / rows[0].ktps.max(f64::MIN_POSITIVE),
-                r.ktps_per_cpu_s / rows[0].ktps_per_cpu_s.max(f64::MIN_POSITIVE),
-                r.kmsgs_per_cpu_s / rows[0].kmsgs_per_cpu_s.max(f64::MIN_POSITIVE)
+                nodes[0].protocol,
+                r.ktps_per_cpu_s / nodes[0].ktps_per_cpu_s.max(f64::MIN_POSITIVE),
+                r.kmsgs_per_cpu_s / nodes[0].kmsgs_per_cpu_s.max(f64::MIN_POSITIVE)
             );
         }
     }
@@ -1300,7 +1351,7 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
         )
     });
     finish_checked(sink, &args, verdicts, &[])?;
-    Ok(rows)
+    Ok((rows, nodes))
 }
 
 /// Ends a `bench` run: the summary names the protocols whose checker or invariants

@@ -374,3 +374,40 @@ fn cluster_prints_the_bench_schema() {
     assert_eq!(header, dmem_cli::bench_txn::CSV_COLUMNS);
     assert_eq!(rates.len(), 1);
 }
+
+/// A symmetric protocol on shm runs its servers in this process: the same protocol row,
+/// then this process's node row (CPU time, messages, load).
+#[test]
+fn servers_in_one_process_print_the_same_schema() {
+    let dir = TempDir::new("servers");
+    let csv = dir.0.join("servers.csv");
+    let out = read(&[
+        "bench",
+        "--fabric",
+        "shm",
+        "--workload",
+        "smallbank",
+        "--scale",
+        "tiny",
+        "--protocol",
+        "dnl-4",
+        "--servers",
+        "2",
+        "--threads",
+        "1",
+        "--coroutines",
+        "2",
+        "--duration-ms",
+        "1000",
+        "--csv",
+        csv.to_str().unwrap(),
+    ]);
+    assert_protocols_ok(&out, "shm", &["dnl-4"]);
+    assert_config(&out, "bench", "shm", &["dnl-4"], 1000);
+    assert_eq!(out.nodes.len(), 1);
+    assert_eq!(out.nodes[0].node, "process");
+    assert_eq!(out.nodes[0].role, "servers");
+    let (header, rates) = csv_of(&csv);
+    assert_eq!(header, dmem_cli::bench_txn::CSV_COLUMNS);
+    assert_eq!(rates.len(), 1);
+}
