@@ -283,10 +283,12 @@ pub struct Args {
     /// Extra delay of a delayed message, ns.
     #[arg(long, default_value_t = 4_000)]
     msg_delay_ns: u64,
-    /// Print JSON lines instead of a table: one object per protocol, then a summary.
+    /// Print JSON lines instead of a table: one object per protocol (the same fields on
+    /// every fabric, `null` where a fabric does not measure one), across processes one
+    /// per node (`node`: its name), then a summary with the configuration.
     #[arg(long)]
     json: bool,
-    /// Also write the rows to this CSV file.
+    /// Also write the rows to this CSV file (the same columns on every fabric).
     #[arg(long, value_name = "FILE")]
     csv: Option<std::path::PathBuf>,
     /// With `--fabric tcp|shm`: run on the nodes this cluster file names (addresses, network
