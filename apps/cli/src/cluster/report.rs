@@ -462,6 +462,9 @@ pub(crate) fn print_txn_summary(
         "node",
         "exit",
         "committed",
+        "Mtps",
+        "p50 µs",
+        "p99 µs",
         "rolled back",
         "given up",
         "aborts",
@@ -491,6 +494,9 @@ pub(crate) fn print_txn_summary(
                 "killed/failed".into()
             },
             r.as_ref().map_or("-".into(), |r| r.committed.to_string()),
+            figure(r.as_ref(), "mtps", 4),
+            figure(r.as_ref(), "p50_us", 1),
+            figure(r.as_ref(), "p99_us", 1),
             r.as_ref().map_or("-".into(), |r| r.rolled_back.to_string()),
             r.as_ref().map_or("-".into(), |r| r.failed.to_string()),
             r.as_ref()
@@ -506,6 +512,12 @@ pub(crate) fn print_txn_summary(
         "checker: {} ({} transactions)  invariants: {}",
         verdict.checker, verdict.checked_txns, verdict.invariants
     );
+}
+
+/// A CN's figure of its node row ([`node_figures`]) for its table, `-` where it has none.
+fn figure(r: Option<&TxnCnReport>, name: &str, digits: usize) -> String {
+    r.and_then(|r| node_figures(r).get(name).and_then(Value::as_f64))
+        .map_or_else(|| "-".to_owned(), |x| format!("{x:.digits$}"))
 }
 
 /// The lines below a transaction run's table: aborts and transactions given up by reason,
