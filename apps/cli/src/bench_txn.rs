@@ -1431,3 +1431,39 @@ fn print_breakdowns<'a>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`CSV_COLUMNS`] is every field of [`Row`] in order (each optional one present), then
+    /// the node rows' `node` and `role`.
+    #[test]
+    fn csv_columns_are_the_row_fields() {
+        let one = |k: &str| BTreeMap::from([(k.to_owned(), 1)]);
+        let mut row = Row::across_processes(
+            "ford",
+            "smallbank",
+            "tiny",
+            1000,
+            "none",
+            ProcessTally {
+                counters: one("c"),
+                aborts_by_reason: one("a"),
+                ..ProcessTally::default()
+            },
+            "ok".into(),
+            0,
+            "ok".into(),
+        );
+        row.version_checker = Some("ok".into());
+        let serde_json::Value::Object(fields) = serde_json::to_value(&row).unwrap() else {
+            panic!("a row is an object");
+        };
+        let keys: Vec<&str> = fields.keys().map(String::as_str).collect();
+        assert_eq!(keys, CSV_COLUMNS[..CSV_COLUMNS.len() - 2]);
+        assert_eq!(CSV_COLUMNS[CSV_COLUMNS.len() - 2..], ["node", "role"]);
+        // Nothing measured is not a number: the fields real contexts do not count are null.
+        assert!(fields["mn_reads_per_txn"].is_null() && fields["rtts_per_txn"].is_null());
+    }
+}
