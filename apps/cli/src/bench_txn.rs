@@ -283,10 +283,12 @@ pub struct Args {
     /// Extra delay of a delayed message, ns.
     #[arg(long, default_value_t = 4_000)]
     msg_delay_ns: u64,
-    /// Print JSON lines instead of a table: one object per protocol, then a summary.
+    /// Print JSON lines instead of a table: one object per protocol (the same fields on
+    /// every fabric, `null` where a fabric does not measure one), across processes one
+    /// per node (`node`: its name), then a summary with the configuration.
     #[arg(long)]
     json: bool,
-    /// Also write the rows to this CSV file.
+    /// Also write the rows to this CSV file (the same columns on every fabric).
     #[arg(long, value_name = "FILE")]
     csv: Option<std::path::PathBuf>,
     /// With `--fabric tcp|shm`: run on the nodes this cluster file names (addresses, network
@@ -348,6 +350,8 @@ pub struct TcpShape {
     pub backoff: Backoff,
     /// JSON output.
     pub json: bool,
+    /// The CSV file (`--csv`).
+    pub csv: Option<std::path::PathBuf>,
     /// A cluster file whose nodes to use.
     pub cluster: Option<std::path::PathBuf>,
 }
@@ -374,42 +378,57 @@ impl Args {
             attempts: self.attempts,
             backoff: self.backoff,
             json: self.json,
+            csv: self.csv.clone(),
             cluster: self.cluster.clone(),
         }
     }
 }
 
-/// One protocol's results.
+/// One protocol's results: the row every fabric prints (`dmem bench --json` and `--csv`
+/// on sim, tcp, shm and rdma, and `dmem cluster --json` of a transaction workload), and the
+/// table's columns. A figure a fabric cannot measure is `None` (JSON `null`, an empty CSV
+/// cell, `-` in the table), never a made-up number; the README's "Output schema" lists
+/// which.
+///
+/// On the simulator the figures are over the measured window of virtual time (after a
+/// 10 % warm-up). Across processes (tcp, shm, rdma) they are over the whole run of every
+/// CN's coordinators: see [`Row::across_processes`].
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     pub protocol: String,
-    workload: String,
-    scale: String,
-    profile: String,
-    seed: u64,
-    duration_ms: u64,
+    pub workload: String,
+    pub scale: String,
+    /// NIC profile of the simulated cluster; `None` on real fabrics.
+    pub profile: Option<String>,
+    /// Seed of the run; `None` across processes (each coordinator seeds its generator from
+    /// its id).
+    pub seed: Option<u64>,
+    /// Measured duration, ms (virtual on the simulator, real time across processes).
+    pub duration_ms: u64,
     /// The wait before each retry (`--backoff`).
-    backoff: String,
-    /// Committed transactions per second of virtual time, millions.
+    pub backoff: String,
+    /// Committed transactions per second, millions (of virtual time on the simulator, of
+    /// measured real time across processes).
     pub mtps: f64,
     /// Aborted attempts / all attempts.
-    abort_rate: f64,
+    pub abort_rate: f64,
     /// Median latency of a committed transaction (first begin to commit, retries included), µs.
-    p50_us: f64,
+    pub p50_us: f64,
     /// 99th-percentile latency, µs.
-    p99_us: f64,
-    /// MN NIC work requests per committed transaction, by kind.
-    mn_reads_per_txn: f64,
-    mn_writes_per_txn: f64,
-    mn_cas_per_txn: f64,
-    mn_faa_per_txn: f64,
-    /// Busiest MN NIC resource's busy fraction.
-    mn_nic_busy: f64,
+    pub p99_us: f64,
+    /// MN NIC work requests per committed transaction, by kind (the simulator counts them;
+    /// `None` on real fabrics, whose contexts keep no per-verb counters).
+    pub mn_reads_per_txn: Option<f64>,
+    pub mn_writes_per_txn: Option<f64>,
+    pub mn_cas_per_txn: Option<f64>,
+    pub mn_faa_per_txn: Option<f64>,
+    /// Busiest MN NIC resource's busy fraction (simulator only).
+    pub mn_nic_busy: Option<f64>,
     pub committed: u64,
     /// Transactions the workload itself rolled back (not protocol aborts).
-    rolled_back: u64,
+    pub rolled_back: u64,
     /// Transactions given up after too many aborts.
-    failed: u64,
+    pub failed: u64,
     /// Verdict of the history checker: "ok", "skipped", or the first anomaly. With
     /// `--workload append`, the append checker's (values observed alone).
     pub checker: String,
@@ -418,25 +437,25 @@ pub struct Row {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub version_checker: Option<String>,
     /// Transactions in the checked history.
-    checked_txns: usize,
+    pub checked_txns: usize,
     /// Verdict of the workload's consistency checks: "ok" or the first violation.
     pub invariants: String,
     /// Mean round trips (post lists awaited) of a committed transaction, per transaction
-    /// type and under `all`.
-    pub rtts_per_txn: BTreeMap<String, f64>,
+    /// type and under `all` (simulator only: real contexts count no post lists).
+    pub rtts_per_txn: Option<BTreeMap<String, f64>>,
     /// Share of committed read-only transactions that took no round trip beyond their
     /// execution rounds (no validation): for one-round ones, committed in one round trip.
     pub ro_one_rtt_share: Option<f64>,
-    /// Share of CN core time spent on charged CPU work.
-    pub cn_cpu_busy: f64,
-    /// Two-sided messages CNs received per committed transaction.
-    pub msgs_per_txn: f64,
+    /// Share of CN core time spent on charged CPU work (simulator only).
+    pub cn_cpu_busy: Option<f64>,
+    /// Two-sided messages CNs received per committed transaction (simulator only).
+    pub msgs_per_txn: Option<f64>,
     /// Messages per packet, for protocols that batch RPCs (Dandelion).
     pub msgs_per_packet: Option<f64>,
     /// Mean packet payload, bytes, for protocols that batch RPCs.
     pub packet_bytes: Option<f64>,
     /// Deployment counters (LOTUS's resharding hand-overs and their interruption,
-    /// Dandelion's RPC re-sends and duplicates).
+    /// Dandelion's RPC re-sends and duplicates); across processes summed over the CNs.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub counters: BTreeMap<String, u64>,
     /// Failed attempts of the measured transactions by reason (the protocol's abort reason).
@@ -444,6 +463,139 @@ pub struct Row {
     pub aborts_by_reason: BTreeMap<String, u64>,
     /// Committed transactions per type (the committed mix).
     pub committed_per_type: BTreeMap<String, u64>,
+}
+
+/// The CSV columns of `dmem bench --csv` (and `dmem cluster --csv`), on every fabric: every
+/// field of [`Row`] in order, then the fields of a per-node row (`node`, `role`). A map
+/// (`rtts_per_txn`, `counters`, ...) is one cell of compact JSON; a missing or `null` field
+/// an empty cell.
+pub const CSV_COLUMNS: &[&str] = &[
+    "protocol",
+    "workload",
+    "scale",
+    "profile",
+    "seed",
+    "duration_ms",
+    "backoff",
+    "mtps",
+    "abort_rate",
+    "p50_us",
+    "p99_us",
+    "mn_reads_per_txn",
+    "mn_writes_per_txn",
+    "mn_cas_per_txn",
+    "mn_faa_per_txn",
+    "mn_nic_busy",
+    "committed",
+    "rolled_back",
+    "failed",
+    "checker",
+    "version_checker",
+    "checked_txns",
+    "invariants",
+    "rtts_per_txn",
+    "ro_one_rtt_share",
+    "cn_cpu_busy",
+    "msgs_per_txn",
+    "msgs_per_packet",
+    "packet_bytes",
+    "counters",
+    "aborts_by_reason",
+    "committed_per_type",
+    "node",
+    "role",
+];
+
+/// What the processes of one run measured, summed over its CNs, for
+/// [`Row::across_processes`].
+#[derive(Debug, Clone, Default)]
+pub struct ProcessTally {
+    /// Committed transactions, over every CN.
+    pub committed: u64,
+    pub rolled_back: u64,
+    pub failed: u64,
+    /// Tries made (each attempt of each transaction), over every CN.
+    pub attempts: u64,
+    /// The measured window, ns: the longest of the CNs' windows, each from its
+    /// coordinators' start to its last coordinator's end on that CN's `CLOCK_MONOTONIC`.
+    pub window_ns: u64,
+    /// Latency of every committed transaction (first begin to commit, retries included), ns.
+    pub latency: Option<hdrhistogram::Histogram<u64>>,
+    pub counters: BTreeMap<String, u64>,
+    pub aborts_by_reason: BTreeMap<String, u64>,
+    pub committed_per_type: BTreeMap<String, u64>,
+}
+
+impl Row {
+    /// The row of a run across processes (`dmem bench --fabric tcp|shm|rdma`, `dmem
+    /// cluster`): `mtps` is the CNs' commits over [`ProcessTally::window_ns`] (real time,
+    /// `CLOCK_MONOTONIC`: the longest CN's run of its coordinators, warm-up included —
+    /// the CNs start together on the first CN's word), the abort rate over every attempt,
+    /// the latencies from the CNs' merged histograms; what real contexts do not count
+    /// (verbs, round trips, NIC and CPU busy, messages) is `None`.
+    #[must_use]
+    #[allow(clippy::too_many_arguments)]
+    pub fn across_processes(
+        protocol: &str,
+        workload: &str,
+        scale: &str,
+        duration_ms: u64,
+        backoff: &str,
+        tally: ProcessTally,
+        checker: String,
+        checked_txns: usize,
+        invariants: String,
+    ) -> Self {
+        let finished = tally.committed + tally.rolled_back;
+        let quantile = |q: f64| {
+            tally
+                .latency
+                .as_ref()
+                .map_or(0.0, |h| h.value_at_quantile(q) as f64 / 1e3)
+        };
+        Row {
+            protocol: protocol.to_owned(),
+            workload: workload.to_owned(),
+            scale: scale.to_owned(),
+            profile: None,
+            seed: None,
+            duration_ms,
+            backoff: backoff.to_owned(),
+            // Six decimals (one transaction per second): a real-time run of a debug build
+            // on a loaded host may commit fewer than 100 per second.
+            mtps: round(
+                tally.committed as f64 / tally.window_ns.max(1) as f64 * 1e3,
+                6,
+            ),
+            abort_rate: round(
+                tally.attempts.saturating_sub(finished) as f64 / tally.attempts.max(1) as f64,
+                4,
+            ),
+            p50_us: round(quantile(0.5), 2),
+            p99_us: round(quantile(0.99), 2),
+            mn_reads_per_txn: None,
+            mn_writes_per_txn: None,
+            mn_cas_per_txn: None,
+            mn_faa_per_txn: None,
+            mn_nic_busy: None,
+            committed: tally.committed,
+            rolled_back: tally.rolled_back,
+            failed: tally.failed,
+            checker,
+            version_checker: None,
+            checked_txns,
+            invariants,
+            rtts_per_txn: None,
+            ro_one_rtt_share: None,
+            cn_cpu_busy: None,
+            msgs_per_txn: None,
+            msgs_per_packet: None,
+            packet_bytes: None,
+            counters: tally.counters,
+            aborts_by_reason: tally.aborts_by_reason,
+            committed_per_type: tally.committed_per_type,
+        }
+    }
 }
 
 impl Args {
@@ -671,19 +823,19 @@ fn run_protocol(
         protocol: protocol.to_string(),
         workload: args.workload.name().to_string(),
         scale: args.scale.name().to_string(),
-        profile: profile.name.clone(),
-        seed: args.seed,
+        profile: Some(profile.name.clone()),
+        seed: Some(args.seed),
         duration_ms: args.duration_ms,
         backoff: args.backoff.to_string(),
         mtps: round(r.mtps, 4),
         abort_rate: round(r.abort_rate, 4),
         p50_us: round(r.p50_us, 2),
         p99_us: round(r.p99_us, 2),
-        mn_reads_per_txn: round(r.mn_per_txn[0], 3),
-        mn_writes_per_txn: round(r.mn_per_txn[1], 3),
-        mn_cas_per_txn: round(r.mn_per_txn[2], 3),
-        mn_faa_per_txn: round(r.mn_per_txn[3], 3),
-        mn_nic_busy: round(r.mn_nic_busy, 3),
+        mn_reads_per_txn: Some(round(r.mn_per_txn[0], 3)),
+        mn_writes_per_txn: Some(round(r.mn_per_txn[1], 3)),
+        mn_cas_per_txn: Some(round(r.mn_per_txn[2], 3)),
+        mn_faa_per_txn: Some(round(r.mn_per_txn[3], 3)),
+        mn_nic_busy: Some(round(r.mn_nic_busy, 3)),
         committed: r.committed,
         rolled_back: r.rolled_back,
         failed: r.failed,
@@ -694,15 +846,16 @@ fn run_protocol(
         version_checker: r.append_checker.is_some().then_some(r.checker),
         checked_txns: r.checked_txns,
         invariants: r.invariants,
-        rtts_per_txn: r
-            .rtts_per_txn
-            .into_iter()
-            .map(|(k, v)| (k, round(v, 3)))
-            .collect(),
+        rtts_per_txn: Some(
+            r.rtts_per_txn
+                .into_iter()
+                .map(|(k, v)| (k, round(v, 3)))
+                .collect(),
+        ),
         ro_one_rtt_share: (r.ro_committed > 0)
             .then(|| round(r.ro_no_validation as f64 / r.ro_committed as f64, 4)),
-        cn_cpu_busy: round(r.cn_cpu_busy, 3),
-        msgs_per_txn: round(r.msgs_per_txn, 3),
+        cn_cpu_busy: Some(round(r.cn_cpu_busy, 3)),
+        msgs_per_txn: Some(round(r.msgs_per_txn, 3)),
         msgs_per_packet: r.packets.map(|(m, _)| round(m, 2)),
         packet_bytes: r.packets.map(|(_, b)| round(b, 1)),
         counters: r.counters,
@@ -745,7 +898,7 @@ pub fn measure(argv: &[&str], registry: &Registry) -> anyhow::Result<Vec<serde_j
 /// not be built, or a failed checker / invariants verdict.
 pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
     let (workload, scale, profile, faults) = args.validate(registry)?;
-    let mut sink = Sink::new(args.json, args.csv.as_deref())?;
+    let mut sink = Sink::new(args.json, args.csv.as_deref())?.with_columns(CSV_COLUMNS);
     let mut rows = Vec::new();
     for protocol in &args.protocol {
         let row = run_protocol(&args, registry, &workload, &profile, faults, protocol)?;
@@ -781,71 +934,7 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             },
             describe_faults(&faults)
         );
-        let mut t = common::table(&[
-            "protocol",
-            "Mtps",
-            "aborts",
-            "p50 µs",
-            "p99 µs",
-            "READ",
-            "WRITE",
-            "CAS",
-            "FAA",
-            "MN busy",
-            "CN cpu",
-            "msgs",
-            "rtts",
-            "RO 1rt",
-            "msg/pkt",
-            "checker / invariants",
-        ]);
-        for r in &rows {
-            t.add_row(vec![
-                r.protocol.clone(),
-                format!("{:.3}", r.mtps),
-                format!("{:.1}%", r.abort_rate * 100.0),
-                format!("{:.1}", r.p50_us),
-                format!("{:.1}", r.p99_us),
-                format!("{:.2}", r.mn_reads_per_txn),
-                format!("{:.2}", r.mn_writes_per_txn),
-                format!("{:.2}", r.mn_cas_per_txn),
-                format!("{:.2}", r.mn_faa_per_txn),
-                format!("{:.0}%", r.mn_nic_busy * 100.0),
-                format!("{:.0}%", r.cn_cpu_busy * 100.0),
-                format!("{:.2}", r.msgs_per_txn),
-                format!("{:.2}", r.rtts_per_txn.get("all").copied().unwrap_or(0.0)),
-                r.ro_one_rtt_share
-                    .map_or_else(|| "-".to_owned(), |x| format!("{:.1}%", x * 100.0)),
-                r.msgs_per_packet.map_or_else(
-                    || "-".to_owned(),
-                    |m| format!("{m:.2} ({:.0} B)", r.packet_bytes.unwrap_or(0.0)),
-                ),
-                match &r.version_checker {
-                    Some(v) => format!("append {} / versions {v} / {}", r.checker, r.invariants),
-                    None => format!("{} / {}", r.checker, r.invariants),
-                },
-            ]);
-        }
-        println!("{}", common::render(&t));
-        print_breakdowns(rows.iter().map(|r| {
-            (
-                r.protocol.as_str(),
-                &r.counters,
-                &r.aborts_by_reason,
-                None::<&BTreeMap<String, u64>>,
-            )
-        }));
-        if rows.len() > 1 {
-            let base = &rows[0];
-            for r in &rows[1..] {
-                println!(
-                    "{} / {}: {:.3}x throughput",
-                    r.protocol,
-                    base.protocol,
-                    r.mtps / base.mtps.max(f64::MIN_POSITIVE)
-                );
-            }
-        }
+        print_table(&rows);
     }
     let verdicts = rows.iter().map(|r| {
         // With `--workload append` both checkers must pass.
@@ -860,16 +949,106 @@ pub fn run(args: Args, registry: &Registry) -> anyhow::Result<Vec<Row>> {
             r.committed,
         )
     });
-    finish_checked(sink, &args, verdicts)?;
+    finish_checked(sink, &args, verdicts, &[])?;
     Ok(rows)
 }
 
-/// One protocol's results on a real fabric in one process (`dmem bench --fabric shm` of a
-/// symmetric protocol).
+/// The table of `dmem bench` (on every fabric) from its rows: one line per protocol, a
+/// figure the fabric does not measure as `-`; under it each protocol's counters and aborts
+/// by reason, and each protocol's throughput against the first's.
+pub fn print_table(rows: &[Row]) {
+    let mut t = common::table(&[
+        "protocol",
+        "Mtps",
+        "aborts",
+        "p50 µs",
+        "p99 µs",
+        "READ",
+        "WRITE",
+        "CAS",
+        "FAA",
+        "MN busy",
+        "CN cpu",
+        "msgs",
+        "rtts",
+        "RO 1rt",
+        "msg/pkt",
+        "checker / invariants",
+    ]);
+    let fixed = |x: Option<f64>, digits: usize| {
+        x.map_or_else(|| "-".to_owned(), |x| format!("{x:.digits$}"))
+    };
+    let percent =
+        |x: Option<f64>| x.map_or_else(|| "-".to_owned(), |x| format!("{:.0}%", x * 100.0));
+    for r in rows {
+        t.add_row(vec![
+            r.protocol.clone(),
+            format!("{:.3}", r.mtps),
+            format!("{:.1}%", r.abort_rate * 100.0),
+            format!("{:.1}", r.p50_us),
+            format!("{:.1}", r.p99_us),
+            fixed(r.mn_reads_per_txn, 2),
+            fixed(r.mn_writes_per_txn, 2),
+            fixed(r.mn_cas_per_txn, 2),
+            fixed(r.mn_faa_per_txn, 2),
+            percent(r.mn_nic_busy),
+            percent(r.cn_cpu_busy),
+            fixed(r.msgs_per_txn, 2),
+            fixed(
+                r.rtts_per_txn
+                    .as_ref()
+                    .map(|m| m.get("all").copied().unwrap_or(0.0)),
+                2,
+            ),
+            r.ro_one_rtt_share
+                .map_or_else(|| "-".to_owned(), |x| format!("{:.1}%", x * 100.0)),
+            r.msgs_per_packet.map_or_else(
+                || "-".to_owned(),
+                |m| format!("{m:.2} ({:.0} B)", r.packet_bytes.unwrap_or(0.0)),
+            ),
+            match &r.version_checker {
+                Some(v) => format!("append {} / versions {v} / {}", r.checker, r.invariants),
+                None => format!("{} / {}", r.checker, r.invariants),
+            },
+        ]);
+    }
+    println!("{}", common::render(&t));
+    print_breakdowns(rows.iter().map(|r| {
+        (
+            r.protocol.as_str(),
+            &r.counters,
+            &r.aborts_by_reason,
+            None::<&BTreeMap<String, u64>>,
+        )
+    }));
+    if rows.len() > 1 {
+        let base = &rows[0];
+        for r in &rows[1..] {
+            println!(
+                "{} / {}: {:.3}x throughput",
+                r.protocol,
+                base.protocol,
+                r.mtps / base.mtps.max(f64::MIN_POSITIVE)
+            );
+        }
+    }
+}
+
+/// The per-node row of a symmetric protocol's run on a real fabric in one process
+/// (`dmem bench --fabric shm` of dnl-*, fasst), beside its protocol's [`Row`]: the node is
+/// this process (`node` = `process`, `role` = `servers`), with what only a real-time run
+/// in one process measures (CPU time of its executor thread, messages and packets per
+/// second, the host's load).
 #[derive(Debug, Clone, Serialize)]
 pub struct ServersRow {
+    /// `process`: every server of the run is in this process.
+    node: &'static str,
     /// Protocol.
     pub protocol: String,
+    /// `servers`.
+    role: &'static str,
+    /// `ok`: the run ended (an error ends the command instead).
+    exit: &'static str,
     workload: String,
     scale: String,
     fabric: String,
@@ -962,7 +1141,7 @@ impl Args {
 ///
 /// # Errors
 /// As [`run`].
-pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<ServersRow>> {
+pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<(Vec<Row>, Vec<ServersRow>)> {
     use dmem_harness::fabric::Fabric;
     use dmem_harness::servers::{RunLength, ServersConfig};
     ensure!(
@@ -1011,7 +1190,7 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
         max_attempts: args.attempts,
         backoff: args.backoff,
     };
-    let mut sink = Sink::new(args.json, args.csv.as_deref())?;
+    let mut sink = Sink::new(args.json, args.csv.as_deref())?.with_columns(CSV_COLUMNS);
     if !args.json {
         println!(
             "dmem bench  workload {} ({} scale)  {fabric} in one process, one executor thread  {} servers x {} threads x {} coroutines  {duration_ms} ms real time  {} attempts  backoff {}  seed {}  load average {} at start, {} cores",
@@ -1027,13 +1206,53 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
             std::thread::available_parallelism().map_or(0, |n| n.get()),
         );
     }
-    let mut rows = Vec::new();
+    let (mut rows, mut nodes) = (Vec::new(), Vec::new());
     for protocol in &args.protocol {
         let p = registry.get(protocol)?;
         let r = dmem_harness::servers::run_servers(&*p, &workload, &cfg)
             .with_context(|| format!("running {protocol} on {fabric}"))?;
-        let row = ServersRow {
+        let row = Row {
             protocol: protocol.clone(),
+            workload: args.workload.name().to_owned(),
+            scale: scale.name().to_owned(),
+            profile: None,
+            seed: Some(args.seed),
+            duration_ms,
+            backoff: args.backoff.to_string(),
+            // Six decimals, as across processes: a real-time run may commit little.
+            mtps: round(r.tps / 1e6, 6),
+            abort_rate: round(r.abort_rate, 4),
+            p50_us: round(r.p50_us, 2),
+            p99_us: round(r.p99_us, 2),
+            mn_reads_per_txn: None,
+            mn_writes_per_txn: None,
+            mn_cas_per_txn: None,
+            mn_faa_per_txn: None,
+            mn_nic_busy: None,
+            committed: r.committed,
+            rolled_back: r.rolled_back,
+            failed: r.given_up.values().sum(),
+            checker: r.checker.clone(),
+            version_checker: None,
+            checked_txns: r.checked_txns,
+            invariants: r.invariants.clone(),
+            rtts_per_txn: None,
+            ro_one_rtt_share: None,
+            cn_cpu_busy: None,
+            msgs_per_txn: None,
+            msgs_per_packet: r.msgs_per_packet.map(|m| round(m, 2)),
+            packet_bytes: r.packet_bytes.map(|b| round(b, 1)),
+            counters: r.counters.clone(),
+            aborts_by_reason: r.aborts.clone(),
+            committed_per_type: r.committed_per_type.clone(),
+        };
+        sink.row(&row)?;
+        rows.push(row);
+        let node = ServersRow {
+            node: "process",
+            protocol: protocol.clone(),
+            role: "servers",
+            exit: "ok",
             workload: args.workload.name().to_owned(),
             scale: scale.name().to_owned(),
             fabric: fabric.to_string(),
@@ -1064,10 +1283,12 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
             invariants: r.invariants,
             counters: r.counters,
         };
-        sink.row(&row)?;
-        rows.push(row);
+        sink.row(&node)?;
+        nodes.push(node);
     }
     if !args.json {
+        print_table(&rows);
+        // This process's detail (the node rows): CPU time, messages and packets.
         let mut t = common::table(&[
             "protocol",
             "ktps",
@@ -1083,7 +1304,7 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
             "load avg",
             "checker / invariants",
         ]);
-        for r in &rows {
+        for r in &nodes {
             t.add_row(vec![
                 r.protocol.clone(),
                 format!("{:.2}", r.ktps),
@@ -1104,22 +1325,22 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
             ]);
         }
         println!("{}", common::render(&t));
-        print_breakdowns(rows.iter().map(|r| {
+        let none = BTreeMap::new();
+        print_breakdowns(nodes.iter().map(|r| {
             (
                 r.protocol.as_str(),
-                &r.counters,
-                &r.aborts_by_reason,
+                &none,
+                &none,
                 Some(&r.given_up_by_error),
             )
         }));
-        for r in rows.iter().skip(1) {
+        for r in nodes.iter().skip(1) {
             println!(
-                "{} / {}: {:.3}x throughput, {:.3}x throughput per CPU second, {:.3}x messages per CPU second",
+                "{} / {}: {:.3}x throughput per CPU second, {:.3}x messages per CPU second",
                 r.protocol,
-                rows[0].protocol,
-                r.ktps / rows[0].ktps.max(f64::MIN_POSITIVE),
-                r.ktps_per_cpu_s / rows[0].ktps_per_cpu_s.max(f64::MIN_POSITIVE),
-                r.kmsgs_per_cpu_s / rows[0].kmsgs_per_cpu_s.max(f64::MIN_POSITIVE)
+                nodes[0].protocol,
+                r.ktps_per_cpu_s / nodes[0].ktps_per_cpu_s.max(f64::MIN_POSITIVE),
+                r.kmsgs_per_cpu_s / nodes[0].kmsgs_per_cpu_s.max(f64::MIN_POSITIVE)
             );
         }
     }
@@ -1131,27 +1352,43 @@ pub fn run_servers(args: Args, registry: &Registry) -> anyhow::Result<Vec<Server
             r.committed,
         )
     });
-    finish_checked(sink, &args, verdicts)?;
-    Ok(rows)
+    finish_checked(sink, &args, verdicts, &[])?;
+    Ok((rows, nodes))
 }
 
 /// Ends a `bench` run: the summary names the protocols whose checker or invariants
-/// failed (`(protocol, checker, invariants, committed)` per row), and so does the error if
-/// any did; a protocol that committed nothing is an error too (its verdicts judged nothing).
-fn finish_checked<'a>(
+/// failed (`(protocol, checker, invariants, committed)` per row) or whose run found other
+/// `problems` (`(protocol, problem)`: across processes, a node that failed or printed no
+/// report), and so does the error if any did; a protocol that committed nothing is an
+/// error too (its verdicts judged nothing).
+///
+/// # Errors
+/// A check failed ([`CheckFailed`]), a protocol committed nothing, or the CSV file cannot
+/// be written.
+pub fn finish_checked<'a>(
     sink: Sink,
     args: &Args,
     verdicts: impl Iterator<Item = (&'a str, &'a str, &'a str, u64)>,
+    problems: &[(String, String)],
 ) -> anyhow::Result<()> {
     let verdicts: Vec<_> = verdicts.collect();
-    let bad: Vec<&str> = verdicts
+    let mut bad: Vec<&str> = verdicts
         .iter()
         .filter(|(_, checker, invariants, _)| {
             !(*checker == "ok" || *checker == "skipped") || *invariants != "ok"
         })
         .map(|(protocol, ..)| *protocol)
         .collect();
+    for (protocol, _) in problems {
+        if !bad.contains(&protocol.as_str()) {
+            bad.push(protocol);
+        }
+    }
     sink.finish("bench", args, serde_json::json!({ "check_failed": bad }))?;
+    if !problems.is_empty() {
+        let lines: Vec<String> = problems.iter().map(|(p, e)| format!("{p}: {e}")).collect();
+        return Err(CheckFailed(format!("cluster check failed: {}", lines.join("; "))).into());
+    }
     if !bad.is_empty() {
         return Err(CheckFailed(format!(
             "correctness check failed for {}: see the checker / invariants column",
@@ -1192,5 +1429,41 @@ fn print_breakdowns<'a>(
         if let Some(g) = given_up.filter(|g| !g.is_empty()) {
             println!("{protocol} given up by error: {}", common::by_count(g));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`CSV_COLUMNS`] is every field of [`Row`] in order (each optional one present), then
+    /// the node rows' `node` and `role`.
+    #[test]
+    fn csv_columns_are_the_row_fields() {
+        let one = |k: &str| BTreeMap::from([(k.to_owned(), 1)]);
+        let mut row = Row::across_processes(
+            "ford",
+            "smallbank",
+            "tiny",
+            1000,
+            "none",
+            ProcessTally {
+                counters: one("c"),
+                aborts_by_reason: one("a"),
+                ..ProcessTally::default()
+            },
+            "ok".into(),
+            0,
+            "ok".into(),
+        );
+        row.version_checker = Some("ok".into());
+        let serde_json::Value::Object(fields) = serde_json::to_value(&row).unwrap() else {
+            panic!("a row is an object");
+        };
+        let keys: Vec<&str> = fields.keys().map(String::as_str).collect();
+        assert_eq!(keys, CSV_COLUMNS[..CSV_COLUMNS.len() - 2]);
+        assert_eq!(CSV_COLUMNS[CSV_COLUMNS.len() - 2..], ["node", "role"]);
+        // Nothing measured is not a number: the fields real contexts do not count are null.
+        assert!(fields["mn_reads_per_txn"].is_null() && fields["rtts_per_txn"].is_null());
     }
 }

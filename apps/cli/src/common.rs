@@ -301,6 +301,8 @@ pub fn render(t: &comfy_table::Table) -> String {
 pub struct Sink {
     json: bool,
     csv: Option<PathBuf>,
+    /// The CSV file's columns, when fixed ([`Sink::with_columns`]).
+    columns: Option<&'static [&'static str]>,
     rows: Vec<Value>,
 }
 
@@ -317,8 +319,17 @@ impl Sink {
         Ok(Self {
             json,
             csv: csv.map(Path::to_path_buf),
+            columns: None,
             rows: Vec::new(),
         })
+    }
+
+    /// The CSV file with exactly `columns`, whatever the rows hold ([`write_csv_columns`]):
+    /// the same header on every run of a command, so that one reader reads them all.
+    #[must_use]
+    pub fn with_columns(mut self, columns: &'static [&'static str]) -> Self {
+        self.columns = Some(columns);
+        self
     }
 
     /// Whether rows go to stdout as JSON lines.
@@ -363,8 +374,11 @@ impl Sink {
             println!("{}", Value::Object(summary));
         }
         if let Some(path) = &self.csv {
-            write_csv(path, &self.rows)
-                .with_context(|| format!("cannot write --csv file {}", path.display()))?;
+            match self.columns {
+                Some(columns) => write_csv_columns(path, columns, &self.rows),
+                None => write_csv(path, &self.rows),
+            }
+            .with_context(|| format!("cannot write --csv file {}", path.display()))?;
         }
         Ok(())
     }
@@ -418,6 +432,26 @@ pub fn write_csv(path: &Path, rows: &[Value]) -> anyhow::Result<()> {
             row.iter()
                 .find(|(k, _)| k == c)
                 .map_or("", |(_, v)| v.as_str())
+        }))?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// Writes rows (JSON objects) as CSV with exactly `columns`: each cell the row's field of
+/// that name, a string as it is, a number or boolean as JSON, an object or array as one
+/// cell of compact JSON, a missing or `null` field empty.
+///
+/// # Errors
+/// The file cannot be written.
+pub fn write_csv_columns(path: &Path, columns: &[&str], rows: &[Value]) -> anyhow::Result<()> {
+    let mut w = csv::Writer::from_path(path)?;
+    w.write_record(columns)?;
+    for row in rows {
+        w.write_record(columns.iter().map(|c| match row.get(*c) {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => other.to_string(),
         }))?;
     }
     w.flush()?;

@@ -183,9 +183,22 @@ fn dandelion_and_fasst_run_on_shm_in_one_process() {
         "1",
         "--json",
     ]);
-    assert_eq!(rows.len(), 2);
-    for (row, protocol) in rows.iter().zip(["dnl-4", "fasst"]) {
+    // Per protocol its row of the schema every fabric prints, then this process's node
+    // row (CPU time, messages, load).
+    assert_eq!(rows.len(), 4);
+    let (protocol_rows, node_rows): (Vec<_>, Vec<_>) =
+        rows.iter().partition(|r| r.get("node").is_none());
+    for (row, protocol) in protocol_rows.iter().zip(["dnl-4", "fasst"]) {
         assert_eq!(row["protocol"], protocol);
+        assert_eq!(row["checker"], "ok", "{row}");
+        assert_eq!(row["invariants"], "ok", "{row}");
+        assert!(row["committed"].as_u64().unwrap() > 0, "{row}");
+        assert!(row["mtps"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["mn_reads_per_txn"].is_null(), "{row}");
+    }
+    for (row, protocol) in node_rows.iter().zip(["dnl-4", "fasst"]) {
+        assert_eq!(row["protocol"], protocol);
+        assert_eq!(row["node"], "process", "{row}");
         assert_eq!(row["fabric"], "shm");
         assert_eq!(row["checker"], "ok", "{row}");
         assert_eq!(row["invariants"], "ok", "{row}");
@@ -209,7 +222,8 @@ fn dandelion_and_fasst_run_on_shm_in_one_process() {
             "{row}"
         );
     }
-    assert_eq!(rows[1]["msgs_per_packet"].as_f64(), Some(1.0));
+    assert_eq!(node_rows[1]["msgs_per_packet"].as_f64(), Some(1.0));
+    assert_eq!(protocol_rows[1]["msgs_per_packet"].as_f64(), Some(1.0));
     // Symmetric servers run in this process, the others as MN and CN processes: not mixed.
     let out = dmem(&[
         "bench",

@@ -191,12 +191,14 @@ fn run_cluster(file: &Path, extra: &[&str]) -> Output {
         .unwrap()
 }
 
-/// The JSON reports `dmem cluster --json` printed, by node name.
+/// The JSON reports `dmem cluster --json` printed, by node name: a `faa` run's node
+/// reports, a transaction run's node rows (the protocol row and the summary have no
+/// `name`).
 fn reports(out: &Output) -> std::collections::HashMap<String, serde_json::Value> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .map(|v| (v["name"].as_str().unwrap().to_owned(), v))
+        .filter_map(|v| Some((v.get("name")?.as_str()?.to_owned(), v)))
         .collect()
 }
 

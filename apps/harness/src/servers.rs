@@ -28,7 +28,9 @@ use dmem_deploy::{AnyContext, Deployment, Protocol, Recorder};
 use dmem_runtime::RealClock;
 use dmem_txn::History;
 use dmem_verbs::{Clock, Nanos};
-use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator as _, Workload as _};
+use dmem_workloads::{
+    AnyWorkload, Executed, Outcome, TxnGenerator as _, TxnInfo as _, Workload as _,
+};
 use hdrhistogram::Histogram;
 
 use crate::fabric::{Fabric, LocalCluster};
@@ -124,6 +126,8 @@ pub struct ServersResult {
     pub packet_bytes: Option<f64>,
     /// The deployment's counters of [`REPORTED_COUNTERS`] it has, over the whole run.
     pub counters: BTreeMap<String, u64>,
+    /// Committed transactions per type (measured): the committed mix.
+    pub committed_per_type: BTreeMap<String, u64>,
 }
 
 #[derive(Default)]
@@ -133,6 +137,7 @@ struct Tally {
     rolled_back: Cell<u64>,
     aborts: RefCell<BTreeMap<String, u64>>,
     given_up: RefCell<BTreeMap<String, u64>>,
+    committed_per_type: RefCell<BTreeMap<String, u64>>,
     delta: Cell<i64>,
     running: Cell<usize>,
 }
@@ -259,6 +264,13 @@ pub fn run_servers(
                             Executed::Committed { .. } => {
                                 tally.committed.set(tally.committed.get() + 1);
                                 let _ = latency.borrow_mut().record((finished - began).max(1));
+                                if let Some(t) = workload.txn_types().get(txn.type_index()) {
+                                    *tally
+                                        .committed_per_type
+                                        .borrow_mut()
+                                        .entry(t.name.to_owned())
+                                        .or_default() += 1;
+                                }
                             }
                             Executed::RolledBack { .. } => {
                                 tally.rolled_back.set(tally.rolled_back.get() + 1);
@@ -342,5 +354,6 @@ pub fn run_servers(
             .iter()
             .filter_map(|&n| deployment.counter(n).map(|v| (n.to_owned(), v)))
             .collect(),
+        committed_per_type: tally.committed_per_type.borrow().clone(),
     })
 }

@@ -309,6 +309,10 @@ fn txn_cn_report(
         counters: first.counters,
         failed_mns_by_core: lock(&shared.failed_mns_by_core).clone(),
         core_loads: shared.core_loads.load(Ordering::Relaxed),
+        tries: shared.tries.load(Ordering::Relaxed),
+        window_ns: shared.window_ns(),
+        latency_ns: shared.latency_buckets(),
+        committed_per_type: lock(&shared.committed_per_type).clone(),
     }
 }
 

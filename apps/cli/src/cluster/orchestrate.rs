@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use clap::Args as ClapArgs;
 use dmem_cli::bench_txn::{self, TcpShape};
-use dmem_cli::common::CheckFailed;
+use dmem_cli::common::{CheckFailed, Sink};
 use dmem_verbs::NodeId;
 use serde::{Deserialize, Serialize};
 
@@ -24,8 +24,8 @@ use super::control::is_ready_line;
 use super::history::history_from_lines;
 use super::net::quit_mns_from_outside;
 use super::report::{
-    CnReport, MnReport, TxnCnReport, TxnMnReport, check_faa, collect, print_faa_summary,
-    print_txn_summary,
+    CnReport, MnReport, TxnCnReport, TxnMnReport, TxnVerdict, check_faa, collect,
+    print_faa_summary, print_txn_summary, txn_rows,
 };
 use super::setup::TxnSetup;
 
@@ -48,9 +48,15 @@ pub(crate) struct ClusterArgs {
     /// When to kill it, ms after the CNs started.
     #[arg(long, default_value_t = 500)]
     kill_after_ms: u64,
-    /// Print the JSON reports instead of a table.
+    /// Print JSON lines instead of tables: for a transaction workload the protocol's row
+    /// (the schema of `dmem bench --json`), one row per node that reported (`node`: its
+    /// name, with its report), then a summary; for `faa`, each node's report.
     #[arg(long)]
     json: bool,
+    /// Also write the rows of a transaction run to this CSV file (the columns of `dmem bench
+    /// --csv`).
+    #[arg(long, value_name = "FILE")]
+    csv: Option<PathBuf>,
 }
 
 /// A node process started by `dmem cluster`.
@@ -239,6 +245,9 @@ impl Background {
         if args.json {
             run.push("--json".into());
         }
+        if let Some(csv) = &args.csv {
+            run.extend(["--csv".into(), csv.to_string_lossy().into_owned()]);
+        }
         // A shell in a new process group runs the foreground command and writes its exit
         // status when it ends; `down` signals the whole group (the run and its nodes).
         let child = Command::new("sh")
@@ -313,19 +322,95 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
         return background(action, args);
     }
     let cluster = Cluster::load(&args.cluster)?;
+    let Some(run) = run_nodes(args, &cluster)? else {
+        return Ok(());
+    };
+    let mut sink = Sink::new(args.json, args.csv.as_deref())?.with_columns(bench_txn::CSV_COLUMNS);
+    run.emit(&mut sink)?;
+    if !args.json {
+        run.print(&cluster);
+        bench_txn::print_table(std::slice::from_ref(&run.row));
+    }
+    let failed: Vec<&str> = if run.problems.is_empty() {
+        Vec::new()
+    } else {
+        vec![run.protocol.as_str()]
+    };
+    sink.finish(
+        "cluster",
+        &RunConfig::of(&cluster, args),
+        serde_json::json!({ "check_failed": failed }),
+    )?;
+    run.result()
+}
+
+/// The configuration in the summary of `dmem cluster --json`: the keys of `dmem bench`'s
+/// configuration that a cluster file sets (workload, scale, protocol, fabric, nodes,
+/// threads, coordinators per thread, duration), and the file and kills.
+#[derive(Debug, Serialize)]
+struct RunConfig {
+    cluster: PathBuf,
+    workload: String,
+    scale: Option<String>,
+    protocol: Vec<String>,
+    fabric: &'static str,
+    mns: usize,
+    cns: usize,
+    /// Cores (executor threads) per CN.
+    threads: u32,
+    /// Coordinators per core (the file's `clients` dealt out to its `threads`).
+    coroutines: u32,
+    duration_ms: u64,
+    attempts: u32,
+    backoff: String,
+    kill: Vec<String>,
+    kill_after_ms: u64,
+}
+
+impl RunConfig {
+    fn of(cluster: &Cluster, args: &ClusterArgs) -> Self {
+        let (workload, scale) = match cluster.kind() {
+            Kind::Txn {
+                workload, scale, ..
+            } => (workload.clone(), Some(scale.name().to_owned())),
+            Kind::Faa => ("faa".to_owned(), None),
+        };
+        Self {
+            cluster: args.cluster.clone(),
+            workload,
+            scale,
+            protocol: cluster.protocol().map(str::to_owned).into_iter().collect(),
+            fabric: cluster.fabric_name(),
+            mns: cluster.mns().len(),
+            cns: cluster.cns().len(),
+            threads: cluster.threads(),
+            coroutines: cluster.clients().div_ceil(cluster.threads().max(1)),
+            duration_ms: u64::try_from(cluster.duration().as_millis()).unwrap_or(u64::MAX),
+            attempts: cluster.attempts(),
+            backoff: cluster.backoff().to_string(),
+            kill: args.kill.clone(),
+            kill_after_ms: args.kill_after_ms,
+        }
+    }
+}
+
+/// Starts the nodes of `cluster`, kills what `--kill` names, and waits for the end: a
+/// `faa` run is checked and printed here (`None`); a transaction run is returned checked,
+/// for its caller to print ([`TxnRun`]).
+fn run_nodes(args: &ClusterArgs, cluster: &Cluster) -> anyhow::Result<Option<TxnRun>> {
     let Kills {
         mn: kill_mn,
         cn: kill_cn,
         setup,
-    } = Kills::check(args, &cluster)?;
+    } = Kills::check(args, cluster)?;
     let mut mns = Vec::new();
     let mut cns = Vec::new();
     // Stop every started child if anything below fails.
-    let result = start_nodes(&cluster, &mut mns, &mut cns).and_then(|()| {
+    let result = start_nodes(cluster, &mut mns, &mut cns).and_then(|()| {
         if args.kill.is_empty() {
             Ok(())
         } else {
-            kill_nodes(args, &cluster, kill_mn, &mut mns, &mut cns)
+            kill_nodes(args, cluster, kill_mn, &mut mns, &mut cns)
         }
     });
     if let Err(e) = result {
@@ -337,9 +422,50 @@ pub(crate) fn run_cluster(args: &ClusterArgs) -> anyhow::Result<()> {
     }
     match (&setup, cluster.kind()) {
         (Some(_), Kind::Txn { protocol, .. }) => {
-            finish_txn_run(args, &cluster, protocol, (kill_cn, kill_mn), mns, cns)
+            finish_txn_run(cluster, protocol, (kill_cn, kill_mn), mns, cns).map(Some)
         }
-        _ => finish_faa_run(args, &cluster, kill_cn, mns, cns),
+        _ => finish_faa_run(args, cluster, kill_cn, mns, cns).map(|()| None),
+    }
+}
+
+/// A transaction run across processes, checked: its rows in the schema of every fabric
+/// (the protocol's [`bench_txn::Row`], one row per node that reported) and what its
+/// checks found.
+pub(crate) struct TxnRun {
+    protocol: String,
+    row: bench_txn::Row,
+    nodes: Vec<serde_json::Value>,
+    cns: Vec<(String, bool, Option<TxnCnReport>)>,
+    verdict: TxnVerdict,
+    problems: Vec<String>,
+}
+
+impl TxnRun {
+    /// Its rows to `sink`: the protocol's row, then the nodes'.
+    fn emit(&self, sink: &mut Sink) -> anyhow::Result<()> {
+        sink.row(&self.row)?;
+        for node in &self.nodes {
+            sink.row(node)?;
+        }
+        Ok(())
+    }
+
+    /// Its node table, totals and verdicts (the human output beside the protocol table).
+    fn print(&self, cluster: &Cluster) {
+        print_txn_summary(cluster, &self.protocol, &self.cns, &self.verdict);
+    }
+
+    /// `Ok`, or the problems its checks found as a [`CheckFailed`].
+    fn result(&self) -> anyhow::Result<()> {
+        if self.problems.is_empty() {
+            Ok(())
+        } else {
+            Err(CheckFailed(format!(
+                "cluster check failed: {}",
+                self.problems.join("; ")
+            ))
+            .into())
+        }
     }
 }
 
@@ -512,15 +638,14 @@ fn kill_nodes(
 }
 
 /// The end of a transaction run: collect the CNs' reports and histories, check them, make
-/// sure the MNs quit, collect theirs, print.
+/// sure the MNs quit, collect theirs; the run's rows.
 fn finish_txn_run(
-    args: &ClusterArgs,
     cluster: &Cluster,
     protocol: &str,
     (kill_cn, kill_mn): (Option<&str>, Option<&str>),
     mns: Vec<Started>,
     cns: Vec<Started>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<TxnRun> {
     let mut histories = Vec::new();
     let cn_results: Vec<(String, bool, Option<TxnCnReport>)> = cns
         .into_iter()
@@ -561,21 +686,16 @@ fn finish_txn_run(
                 .push(format!("MN `{name}` failed or printed no report"));
         }
     }
-    if args.json {
-        print_json_reports(&cn_results)?;
-        print_json_reports(&mn_results)?;
-    } else {
-        print_txn_summary(cluster, protocol, &cn_results, &verdict);
-    }
-    if verdict.problems.is_empty() {
-        Ok(())
-    } else {
-        Err(CheckFailed(format!(
-            "cluster check failed: {}",
-            verdict.problems.join("; ")
-        ))
-        .into())
-    }
+    let (row, nodes) = txn_rows(cluster, protocol, &cn_results, &mn_results, &verdict)?;
+    let problems = std::mem::take(&mut verdict.problems);
+    Ok(TxnRun {
+        protocol: protocol.to_owned(),
+        row,
+        nodes,
+        cns: cn_results,
+        verdict,
+        problems,
+    })
 }
 
 /// The end of a `faa` run: collect the reports, check them, print.
@@ -630,8 +750,62 @@ pub(crate) fn bench_cluster(args: &bench_txn::Args) -> anyhow::Result<()> {
         fabric.name(),
         std::process::id()
     ));
+    let mut sink = Sink::new(tcp.json, tcp.csv.as_deref())?.with_columns(bench_txn::CSV_COLUMNS);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut failed = Vec::new();
+    let result = bench_protocols(&tcp, fabric, &dir, &mut sink);
+    let _ = std::fs::remove_dir_all(&dir);
+    let runs = result?;
+    let rows: Vec<bench_txn::Row> = runs.iter().map(|r| r.row.clone()).collect();
+    if !tcp.json {
+        let registry = dmem_protocols::registry();
+        let symmetric = tcp
+            .protocols
+            .iter()
+            .any(|p| registry.get(p).is_ok_and(|p| p.symmetric()));
+        let nodes = if symmetric && tcp.cluster.is_none() {
+            format!(" ({} servers if symmetric)", tcp.servers)
+        } else {
+            String::new()
+        };
+        println!(
+            "dmem bench  workload {} ({} scale)  {} processes  {} MN  {} CN{nodes} x {} coordinators  {} ms real time  {} attempts  backoff {}",
+            tcp.workload,
+            tcp.scale,
+            fabric.name(),
+            tcp.mns,
+            tcp.cns,
+            tcp.coordinators_per_cn,
+            tcp.duration_ms,
+            tcp.attempts,
+            tcp.backoff
+        );
+        bench_txn::print_table(&rows);
+    }
+    let problems: Vec<(String, String)> = runs
+        .iter()
+        .flat_map(|r| r.problems.iter().map(|p| (r.protocol.clone(), p.clone())))
+        .collect();
+    let verdicts = rows.iter().map(|r| {
+        (
+            r.protocol.as_str(),
+            r.checker.as_str(),
+            r.invariants.as_str(),
+            r.committed,
+        )
+    });
+    bench_txn::finish_checked(sink, args, verdicts, &problems)
+}
+
+/// Runs each protocol of `tcp` in a local cluster of processes (a generated cluster file
+/// under `dir`), its rows to `sink` and, without `--json`, its node table printed as it
+/// ends.
+fn bench_protocols(
+    tcp: &TcpShape,
+    fabric: bench_txn::TxnFabric,
+    dir: &Path,
+    sink: &mut Sink,
+) -> anyhow::Result<Vec<TxnRun>> {
+    let mut runs = Vec::new();
     for protocol in &tcp.protocols {
         let workload = format!(
             "\n[workload]\nkind = \"{}\"\nprotocol = \"{protocol}\"\nscale = \"{}\"\nduration_ms = {}\nthreads = 1\nclients = {}\nattempts = {}\nbackoff = \"{}\"\n",
@@ -642,33 +816,26 @@ pub(crate) fn bench_cluster(args: &bench_txn::Args) -> anyhow::Result<()> {
             tcp.attempts,
             tcp.backoff
         );
-        let text = cluster_file_text(&tcp, protocol, &workload, fabric, &dir)?;
+        let text = cluster_file_text(tcp, protocol, &workload, fabric, dir)?;
         let path = dir.join(format!("{protocol}.toml"));
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
-        let result = run_cluster(&ClusterArgs {
+        let args = ClusterArgs {
             action: None,
             cluster: path,
             kill: Vec::new(),
             kill_after_ms: 0,
             json: tcp.json,
-        });
-        match result {
-            Ok(()) => {}
-            Err(e) if e.downcast_ref::<CheckFailed>().is_some() => {
-                failed.push(format!("{protocol}: {e}"))
-            }
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(e);
-            }
+            csv: None,
+        };
+        let cluster = Cluster::load(&args.cluster)?;
+        let run = run_nodes(&args, &cluster)?.context("a transaction workload's run has rows")?;
+        run.emit(sink)?;
+        if !tcp.json {
+            run.print(&cluster);
         }
+        runs.push(run);
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(CheckFailed(failed.join("; ")).into())
-    }
+    Ok(runs)
 }
 
 /// The cluster file of `dmem bench --fabric tcp|shm` for `protocol`: `--cluster`'s nodes

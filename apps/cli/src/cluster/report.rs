@@ -9,7 +9,10 @@ use dmem_deploy::{Decision, RecoveredCoordinator, settle_history};
 use dmem_txn::History;
 use serde::{Deserialize, Serialize};
 
+use dmem_cli::bench_txn::{ProcessTally, Row};
 use dmem_cli::common;
+use hdrhistogram::Histogram;
+use serde_json::{Map, Value};
 
 use super::config::Cluster;
 
@@ -283,11 +286,29 @@ pub(crate) struct TxnCnReport {
     /// (0 where every core took the dry run's placement: `Protocol::deploy_placed`).
     #[serde(default)]
     pub(crate) core_loads: u64,
+    /// Tries its coordinators made (every attempt of every transaction).
+    #[serde(default)]
+    pub(crate) tries: u64,
+    /// Its coordinators' window, ns of its `CLOCK_MONOTONIC`: from their start to the last
+    /// one's end.
+    #[serde(default)]
+    pub(crate) window_ns: u64,
+    /// Latency of its committed transactions (first begin to commit, retries included):
+    /// `(ns, count)` per recorded bucket of its hdrhistogram (3 significant digits), merged
+    /// by `dmem cluster` into the run's percentiles.
+    #[serde(default)]
+    pub(crate) latency_ns: Vec<(u64, u64)>,
+    /// Committed transactions per type.
+    #[serde(default)]
+    pub(crate) committed_per_type: BTreeMap<String, u64>,
 }
 
 /// The outcome of a transaction run, as `dmem cluster` checked it.
 pub(crate) struct TxnVerdict {
+    /// The history checker's verdict (`ok` or the first anomaly).
     pub(crate) checker: String,
+    /// Transactions in the merged history it judged.
+    pub(crate) checked_txns: usize,
     pub(crate) invariants: String,
     pub(crate) problems: Vec<String>,
 }
@@ -343,7 +364,8 @@ pub(crate) fn collect(
         problems.push(format!("history checker: {checker}"));
     }
     Ok(TxnVerdict {
-        checker: format!("{checker} ({} transactions)", history.txns.len()),
+        checker,
+        checked_txns: history.txns.len(),
         invariants,
         problems,
     })
@@ -440,6 +462,9 @@ pub(crate) fn print_txn_summary(
         "node",
         "exit",
         "committed",
+        "Mtps",
+        "p50 µs",
+        "p99 µs",
         "rolled back",
         "given up",
         "aborts",
@@ -469,6 +494,9 @@ pub(crate) fn print_txn_summary(
                 "killed/failed".into()
             },
             r.as_ref().map_or("-".into(), |r| r.committed.to_string()),
+            figure(r.as_ref(), "mtps", 4),
+            figure(r.as_ref(), "p50_us", 1),
+            figure(r.as_ref(), "p99_us", 1),
             r.as_ref().map_or("-".into(), |r| r.rolled_back.to_string()),
             r.as_ref().map_or("-".into(), |r| r.failed.to_string()),
             r.as_ref()
@@ -481,9 +509,15 @@ pub(crate) fn print_txn_summary(
     println!("{}", common::render(&t));
     print_txn_totals(cns);
     println!(
-        "checker: {}  invariants: {}",
-        verdict.checker, verdict.invariants
+        "checker: {} ({} transactions)  invariants: {}",
+        verdict.checker, verdict.checked_txns, verdict.invariants
     );
+}
+
+/// A CN's figure of its node row ([`node_figures`]) for its table, `-` where it has none.
+fn figure(r: Option<&TxnCnReport>, name: &str, digits: usize) -> String {
+    r.and_then(|r| node_figures(r).get(name).and_then(Value::as_f64))
+        .map_or_else(|| "-".to_owned(), |x| format!("{x:.digits$}"))
 }
 
 /// The lines below a transaction run's table: aborts and transactions given up by reason,
@@ -532,4 +566,135 @@ fn print_txn_totals(cns: &[(String, bool, Option<TxnCnReport>)]) {
             );
         }
     }
+}
+
+/// A latency histogram from a CN's `(ns, count)` buckets ([`TxnCnReport::latency_ns`]).
+fn histogram(buckets: &[(u64, u64)]) -> Option<Histogram<u64>> {
+    let mut h = Histogram::new_with_bounds(1, 60_000_000_000, 3).ok()?;
+    for &(value, count) in buckets {
+        h.record_n(value, count).ok()?;
+    }
+    Some(h)
+}
+
+/// The figures of the schema's row ([`Row`]) for one CN (its commits over its own window,
+/// its tries, its latency histogram), as fields of its node row.
+fn node_figures(r: &TxnCnReport) -> Map<String, Value> {
+    let latency = histogram(&r.latency_ns).filter(|h| !h.is_empty());
+    let quantile = |q: f64| {
+        latency
+            .as_ref()
+            .map(|h| common::round(h.value_at_quantile(q) as f64 / 1e3, 2))
+    };
+    let finished = r.committed + r.rolled_back;
+    let mut m = Map::new();
+    m.insert(
+        "mtps".into(),
+        Value::from(common::round(
+            r.committed as f64 / r.window_ns.max(1) as f64 * 1e3,
+            6,
+        )),
+    );
+    m.insert(
+        "abort_rate".into(),
+        Value::from(common::round(
+            r.tries.saturating_sub(finished) as f64 / r.tries.max(1) as f64,
+            4,
+        )),
+    );
+    m.insert("p50_us".into(), quantile(0.5).into());
+    m.insert("p99_us".into(), quantile(0.99).into());
+    m.insert(
+        "window_ms".into(),
+        Value::from(common::round(r.window_ns as f64 / 1e6, 1)),
+    );
+    m
+}
+
+/// One node's row: `node` (its name), `protocol`, `exit` (`ok` or `failed`), `figures`, then
+/// every field of its report but the latency buckets (merged into the protocol row).
+fn node_row(
+    name: &str,
+    protocol: &str,
+    ok: bool,
+    figures: Map<String, Value>,
+    report: &impl Serialize,
+) -> anyhow::Result<Value> {
+    let mut m = Map::new();
+    m.insert("node".into(), Value::from(name));
+    m.insert("protocol".into(), Value::from(protocol));
+    m.insert("exit".into(), Value::from(if ok { "ok" } else { "failed" }));
+    m.extend(figures);
+    if let Value::Object(fields) = serde_json::to_value(report)? {
+        for (k, v) in fields {
+            if k != "latency_ns" {
+                m.insert(k, v);
+            }
+        }
+    }
+    Ok(Value::Object(m))
+}
+
+/// The rows of a transaction run across processes: the protocol's row of the schema every
+/// fabric prints ([`Row::across_processes`]: the CNs' commits, tries, windows, latency
+/// histograms and counters summed or merged, the checker's and the invariants' verdicts),
+/// and one row per node that reported ([`node_row`]: CNs, then MNs).
+pub(crate) fn txn_rows(
+    cluster: &Cluster,
+    protocol: &str,
+    cns: &[(String, bool, Option<TxnCnReport>)],
+    mns: &[(String, bool, Option<TxnMnReport>)],
+    verdict: &TxnVerdict,
+) -> anyhow::Result<(Row, Vec<Value>)> {
+    let mut tally = ProcessTally::default();
+    let mut latency: Option<Histogram<u64>> = None;
+    let mut nodes = Vec::new();
+    for (name, ok, r) in cns {
+        let Some(r) = r else { continue };
+        tally.committed += r.committed;
+        tally.rolled_back += r.rolled_back;
+        tally.failed += r.failed;
+        tally.attempts += r.tries;
+        tally.window_ns = tally.window_ns.max(r.window_ns);
+        for (map, from) in [
+            (&mut tally.counters, &r.counters),
+            (&mut tally.aborts_by_reason, &r.aborts),
+            (&mut tally.committed_per_type, &r.committed_per_type),
+        ] {
+            for (k, v) in from {
+                *map.entry(k.clone()).or_default() += v;
+            }
+        }
+        if let Some(h) = histogram(&r.latency_ns) {
+            match latency.as_mut() {
+                Some(all) => all.add(&h).map_err(|e| anyhow::anyhow!("{e:?}"))?,
+                None => latency = Some(h),
+            }
+        }
+        nodes.push(node_row(name, protocol, *ok, node_figures(r), r)?);
+    }
+    for (name, ok, r) in mns {
+        if let Some(r) = r {
+            nodes.push(node_row(name, protocol, *ok, Map::new(), r)?);
+        }
+    }
+    tally.latency = latency.filter(|h| !h.is_empty());
+    let (workload, scale) = match cluster.kind() {
+        super::config::Kind::Txn {
+            workload, scale, ..
+        } => (workload.clone(), scale.name().to_owned()),
+        super::config::Kind::Faa => ("faa".to_owned(), String::new()),
+    };
+    let row = Row::across_processes(
+        protocol,
+        &workload,
+        &scale,
+        u64::try_from(cluster.duration().as_millis()).unwrap_or(u64::MAX),
+        &cluster.backoff().to_string(),
+        tally,
+        verdict.checker.clone(),
+        verdict.checked_txns,
+        verdict.invariants.clone(),
+    );
+    Ok((row, nodes))
 }

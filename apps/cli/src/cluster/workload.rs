@@ -18,7 +18,8 @@ use dmem_deploy::{AnyContext, Deployment, MnMemory, Recorder};
 use dmem_runtime::{CoreClock, RealClock};
 use dmem_txn::{Coordinator, Transaction, TxnKind};
 use dmem_verbs::{Clock, Nanos, NodeId, Port, PostList, RemoteAddr, Verbs, VerbsError};
-use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator, Workload};
+use dmem_workloads::{AnyWorkload, Executed, Outcome, TxnGenerator, TxnInfo as _, Workload};
+use hdrhistogram::Histogram;
 
 use super::config::{Cluster, CnNode};
 use super::history::StdoutHistory;
@@ -79,6 +80,34 @@ pub(crate) struct CnShared {
     pub(crate) failed_mns_by_core: Mutex<Vec<Vec<String>>>,
     /// Cores whose deployment ran the loader itself (no shared placement).
     pub(crate) core_loads: AtomicU64,
+    /// Tries made (every attempt of every transaction), over every core.
+    pub(crate) tries: AtomicU64,
+    /// Latency of each committed transaction (first begin to commit, retries included), ns.
+    pub(crate) latency: Mutex<Option<Histogram<u64>>>,
+    /// Committed transactions per type name.
+    pub(crate) committed_per_type: Mutex<BTreeMap<String, u64>>,
+    /// The coordinators' window on this process's `CLOCK_MONOTONIC`: the first core's
+    /// start and the last coordinator's end, ns.
+    pub(crate) window: Mutex<(Option<Nanos>, Option<Nanos>)>,
+}
+
+impl CnShared {
+    /// The coordinators' window, ns (0 if they never ran).
+    pub(crate) fn window_ns(&self) -> u64 {
+        match *lock(&self.window) {
+            (Some(start), Some(end)) => end.saturating_sub(start),
+            _ => 0,
+        }
+    }
+
+    /// The latency histogram as `(value ns, count)` per recorded bucket, for the report.
+    pub(crate) fn latency_buckets(&self) -> Vec<(u64, u64)> {
+        lock(&self.latency).as_ref().map_or_else(Vec::new, |h| {
+            h.iter_recorded()
+                .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                .collect()
+        })
+    }
 }
 
 /// `mutex`'s tally; one poisoned by a panicking core is still counted.
@@ -126,6 +155,10 @@ impl CnSetup {
             shared: CnShared {
                 running: AtomicUsize::new(cores.iter().map(|c| c.1.len()).sum()),
                 failed_mns_by_core: Mutex::new(vec![Vec::new(); threads]),
+                latency: Mutex::new(Some(
+                    Histogram::new_with_bounds(1, 60_000_000_000, 3)
+                        .context("a latency histogram")?,
+                )),
                 ..CnShared::default()
             },
             group: CoreGroup::new(threads),
@@ -258,11 +291,21 @@ impl CnSetup {
             }
             RealClock.sleep(1_000_000).await;
         }
-        let end = dmem_runtime::monotonic_now() + self.cluster.duration().as_nanos() as u64;
+        let start = dmem_runtime::monotonic_now();
+        {
+            let mut window = lock(&self.shared.window);
+            window.0 = Some(window.0.map_or(start, |s| s.min(start)));
+        }
+        let end = start + self.cluster.duration().as_nanos() as u64;
         let clients = coordinators
             .into_iter()
             .map(|(id, co, ctx)| self.run_client(id, co, ctx, end, deployment));
         futures_util::future::join_all(clients).await;
+        let finished = dmem_runtime::monotonic_now();
+        {
+            let mut window = lock(&self.shared.window);
+            window.1 = Some(window.1.map_or(finished, |e| e.max(finished)));
+        }
         let failed = failed_mns(deployment);
         lock(&self.shared.failed_mns_by_core)[core] =
             failed.iter().map(|&mn| self.cluster.mn_name(mn)).collect();
@@ -294,18 +337,34 @@ impl CnSetup {
         );
         while RealClock.now() < end && !shared.stop.load(Ordering::Relaxed) {
             let txn = generator.next_txn();
+            let began = dmem_runtime::monotonic_now();
             let (executed, reasons) =
                 dmem_harness::execute_with_reasons(workload, &mut co, &txn, attempts, &mut pause)
                     .await;
+            let finished = dmem_runtime::monotonic_now();
             if !reasons.is_empty() {
                 let mut aborts = lock(&shared.aborts);
                 for reason in reasons {
                     *aborts.entry(reason).or_default() += 1;
                 }
             }
+            let tries = match &executed {
+                Executed::Committed { attempts, .. }
+                | Executed::RolledBack { attempts, .. }
+                | Executed::Failed { attempts, .. } => *attempts,
+            };
+            shared.tries.fetch_add(u64::from(tries), Ordering::Relaxed);
             match executed {
                 Executed::Committed { outcome, .. } => {
                     shared.committed.fetch_add(1, Ordering::Relaxed);
+                    if let Some(h) = lock(&shared.latency).as_mut() {
+                        let _ = h.record(finished.saturating_sub(began).max(1));
+                    }
+                    if let Some(t) = workload.txn_types().get(txn.type_index()) {
+                        *lock(&shared.committed_per_type)
+                            .entry(t.name.to_owned())
+                            .or_default() += 1;
+                    }
                     if let Outcome::Commit { delta } = outcome {
                         shared.delta.fetch_add(delta, Ordering::Relaxed);
                     }
