@@ -240,7 +240,7 @@ impl Args {
                 Ok(format!("{p}+restart={us}"))
             }
             other => anyhow::bail!(
-                "--restart-after-us: LOTUS, Pandora and FORD restart crashed CNs (lotus, lotus-si, pandora, ford, ford:BUG), not {other}"
+                "--restart-after-us: LOTUS, Pandora and FORD restart crashed CNs (lotus, lotus-si, pandora, ford), not {other}"
             ),
         }
     }
@@ -370,6 +370,9 @@ struct Report {
     /// the protocol is wrong), and locks restarted CNs granted after their broadcast.
     restarted_cns: u64,
     serving_again_us: Option<f64>,
+    /// Whether the restarted CNs serve locks (LOTUS §6): the grant counts below apply.
+    #[serde(skip)]
+    restart_serves_locks: bool,
     early_broadcasts: u64,
     restart_grants_before_recovered: u64,
     restart_grants_after: u64,
@@ -783,6 +786,7 @@ fn build_report(
         scan_bytes: scan.1,
         steals,
         restarted_cns: deployment.counter("cn_restarts").unwrap_or(0),
+        restart_serves_locks: deployment.counter("lotus_restart_grants_after").is_some(),
         serving_again_us: deployment
             .counter("cn_serving_again_at_ns")
             .map(|t| us(t.saturating_sub(crash_at))),
@@ -869,13 +873,17 @@ fn print_report(args: &Args, r: &Report) -> anyhow::Result<()> {
         r.steals
     );
     if let Some(serving) = r.serving_again_us {
+        let grants = if r.restart_serves_locks {
+            format!(
+                "; {} locks granted by them since ({} before their recovery ended, {} early broadcasts)",
+                r.restart_grants_after, r.restart_grants_before_recovered, r.early_broadcasts
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "restart            {} restarts; serving again {:.1} µs after the crash; {} locks granted by them since ({} before their recovery ended, {} early broadcasts)",
+            "restart            {} restarts; serving again {serving:.1} µs after the crash{grants}",
             r.restarted_cns,
-            serving,
-            r.restart_grants_after,
-            r.restart_grants_before_recovered,
-            r.early_broadcasts
         );
         println!(
             "restarted coords   {} coordinators ran again on them, {} transactions committed",

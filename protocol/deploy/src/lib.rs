@@ -71,7 +71,9 @@ pub use sim_recovery::{
 };
 
 /// Where a deployment sends coordinators it starts during a run
-/// ([`SimRecovery::run_late_coordinators`]): context, coordinator id, coordinator.
+/// ([`SimRecovery::run_late_coordinators`]): context, coordinator id (a restarted CN's
+/// coordinator keeps its id under LOTUS §6 and takes a new one under Pandora §3.1.2),
+/// coordinator.
 pub type LateCoordinators = Rc<dyn Fn(dmem_sim::SimContext, u16, BoxCoordinator)>;
 
 use dmem_sim::{Sim, SimError};

@@ -237,6 +237,7 @@ impl FordProtocol {
                 runner: Rc::default(),
                 cns: Rc::default(),
                 coordinators: Rc::default(),
+                serving_at: Rc::default(),
             },
         })
     }
@@ -283,9 +284,11 @@ struct Restart {
     threads: Vec<(u16, u16)>,
     /// Where restarted coordinators go ([`SimRecovery::run_late_coordinators`]).
     runner: Rc<RefCell<Option<LateCoordinators>>>,
-    /// CN restarts done, and coordinators restarted.
+    /// CN restarts done, coordinators restarted, and when the last restarted CN's
+    /// coordinators started.
     cns: Rc<Cell<u64>>,
     coordinators: Rc<Cell<u64>>,
+    serving_at: Rc<Cell<Option<Nanos>>>,
 }
 
 /// A deployment's place among the cores of a CN process: the CN listener's control messages
@@ -599,6 +602,7 @@ struct Respawn {
     runner: Rc<RefCell<Option<LateCoordinators>>>,
     cns: Rc<Cell<u64>>,
     coordinators: Rc<Cell<u64>>,
+    serving_at: Rc<Cell<Option<Nanos>>>,
     error: Rc<RefCell<Option<String>>>,
 }
 
@@ -653,7 +657,7 @@ impl Respawn {
                 .make(ctx.clone().into(), id, shared.clone())
                 .map_err(|e| e.to_string())?;
             ids.push(id);
-            late.push((ctx, old, co));
+            late.push((ctx, id, co));
         }
         let thread_ctx = || sim.context(node, 1).or_else(|_| sim.context(node, 0));
         let (listener, hb) = (
@@ -677,11 +681,11 @@ impl Respawn {
         self.cns.set(self.cns.get() + 1);
         self.coordinators
             .set(self.coordinators.get() + late.len() as u64);
-        // The workload's client of coordinator `old` goes on with its successor.
+        self.serving_at.set(Some(clock.now()));
         let runner = self.runner.borrow().clone();
         if let Some(run) = runner {
-            for (ctx, old, co) in late {
-                run(ctx, old, Box::new(co));
+            for (ctx, id, co) in late {
+                run(ctx, id, Box::new(co));
             }
         }
         Ok(())
@@ -748,6 +752,7 @@ impl Deployment for FordDeployment {
             "steals" => Some(self.steals.get()),
             "cn_restarts" => self.restart.after.map(|_| self.restart.cns.get()),
             "restarted_coordinators" => self.restart.after.map(|_| self.restart.coordinators.get()),
+            "cn_serving_again_at_ns" => self.restart.serving_at.get(),
             _ => None,
         }
     }
@@ -816,6 +821,7 @@ impl SimRecovery for FordDeployment {
                 runner: Rc::clone(&self.restart.runner),
                 cns: Rc::clone(&self.restart.cns),
                 coordinators: Rc::clone(&self.restart.coordinators),
+                serving_at: Rc::clone(&self.restart.serving_at),
                 error: Rc::clone(&self.error),
             })
         });
