@@ -424,7 +424,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             };
             self.co.stats.lock_messages += 1;
             self.co.stats.remote_locks += entries.len() as u64;
-            self.co.ctx.send(server, &req.encode()).await?;
+            self.co.ctx.send(server, &req.emit()).await?;
             attempt.sent(self.co.req, owner, entries);
         }
         Ok(())
@@ -563,7 +563,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 entries,
             };
             self.co.stats.lock_messages += 1;
-            let _ = self.co.ctx.send(server, &req.encode()).await;
+            let _ = self.co.ctx.send(server, &req.emit()).await;
         }
     }
 
