@@ -552,7 +552,7 @@ impl<V: Verbs + Clock> Worker<V> {
             self.notify();
             return;
         }
-        let payload = req.encode();
+        let payload = req.emit();
         let msg_type = req.msg_type();
         let dest = self.cluster.endpoints[usize::from(to)][self.thread];
         loop {
@@ -771,7 +771,7 @@ impl<V: Verbs + Clock> Worker<V> {
                 let Some(Some((step, i))) = reply else {
                     continue;
                 };
-                if let Ok(resp) = Response::decode(m.msg_type, &m.payload) {
+                if let Ok(resp) = Response::parse(m.msg_type, &m.payload) {
                     step.deliver(i, resp);
                 }
             }
@@ -788,7 +788,7 @@ impl<V: Verbs + Clock> Worker<V> {
                 let Some((acked_below, body)) = split_request(&m.payload) else {
                     continue;
                 };
-                let Ok(r) = Request::decode(m.msg_type, body) else {
+                let Ok(r) = Request::parse(m.msg_type, body) else {
                     continue;
                 };
                 match responder.admit(msg.from, m.slot, acked_below) {
@@ -810,7 +810,7 @@ impl<V: Verbs + Clock> Worker<V> {
             let out = Msg {
                 msg_type,
                 slot,
-                payload: resp.encode(),
+                payload: resp.emit(),
             };
             responder.executed(msg.from, slot, &out);
             self.ctx.cpu(cost::MESSAGE_NS);
