@@ -34,10 +34,17 @@
 //! | [`kv_meta`] | Dandelion key-value metadata word | Dandelion Table 3 |
 //! | [`log`] | log region header, undo/redo/commit records | Pandora §3.1.3, OOCC §V, LOTUS §6 |
 //! | [`rpc`] | batched RPC frame | Dandelion §5 |
+//!
+//! [`bytes`] is the checked little-endian reader and writer of every hand-written wire
+//! format above this crate (one `parse`/`emit` convention for all of them).
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "alloc")]
+extern crate alloc;
+
 mod bits;
+pub mod bytes;
 pub mod cacheline;
 pub mod cql;
 pub mod cvt;

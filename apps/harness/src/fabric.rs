@@ -456,7 +456,7 @@ impl LocalCluster {
         self: &Rc<Self>,
         until: dmem_verbs::Nanos,
     ) -> Result<impl Future<Output = ()> + 'static, DeployError> {
-        use dmem_deploy::process::{mn_control, parse_terminate, terminated_reply};
+        use dmem_deploy::process::{Termination, mn_control};
         let controls = (0..self.mns)
             .map(|mn| {
                 let at = mn_control(self.mn(mn));
@@ -479,7 +479,7 @@ impl LocalCluster {
             while clock.now() < until {
                 for (mn, ctx) in (0..).zip(&controls) {
                     while let Ok(Some(msg)) = ctx.try_recv() {
-                        let Some(cn) = parse_terminate(&msg.payload) else {
+                        let Ok(Termination::Request(cn)) = Termination::parse(&msg.payload) else {
                             continue;
                         };
                         // Confirmed only once revoked: the terminator asks again otherwise.
@@ -487,7 +487,7 @@ impl LocalCluster {
                             cn.0.checked_sub(cluster.mns)
                                 .is_some_and(|c| cluster.revoke(mn, c).is_ok());
                         if revoked {
-                            let _ = ctx.send(msg.from, &terminated_reply(cn)).await;
+                            let _ = ctx.send(msg.from, &Termination::Done(cn).emit()).await;
                         }
                     }
                 }

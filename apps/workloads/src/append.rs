@@ -27,8 +27,8 @@
 //! ```
 //!
 //! `len` (u32 LE) ≤ [`CAPACITY`] = 127, `magic` (u32 LE) [`MAGIC`], then `len` elements
-//! (u64 LE, oldest first, none 0) and zeros. [`parse_list`] checks all of it: a malformed
-//! record is an error, never a panic.
+//! (u64 LE, oldest first, none 0) and zeros. [`ListValue::parse`] checks all of it: a
+//! malformed record is an error, never a panic.
 //!
 //! # The bound
 //!
@@ -48,6 +48,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use dmem_layout::bytes::{ByteReader, ByteSink};
 use dmem_txn::{AppendTxn, Key, MicroOp, TableId, Transaction, TxnError, TxnKind};
 
 use crate::dist::{KeyChooser, KeyDistribution, Mix, WorkloadRng, rng_for};
@@ -92,52 +93,66 @@ pub enum ListError {
     Absent,
 }
 
-/// Decodes a record (checked: see the module docs).
-///
-/// # Errors
-/// A [`ListError`] saying what is wrong.
-pub fn parse_list(bytes: &[u8]) -> Result<Vec<u64>, ListError> {
-    if bytes.len() != VALUE_SIZE {
-        return Err(ListError::Size(bytes.len()));
-    }
-    let word = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
-    let (len, magic) = (word(0), word(4));
-    if magic != MAGIC {
-        return Err(ListError::Magic(magic));
-    }
-    if len as usize > CAPACITY {
-        return Err(ListError::Length(len));
-    }
-    let len = len as usize;
-    let mut list = Vec::with_capacity(len);
-    for i in 0..len {
-        let at = 8 + 8 * i;
-        let e = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-        if e == 0 {
-            return Err(ListError::Zero(i));
-        }
-        list.push(e);
-    }
-    match bytes[8 + 8 * len..].iter().position(|&b| b != 0) {
-        Some(p) => Err(ListError::Tail(8 + 8 * len + p)),
-        None => Ok(list),
-    }
+/// A list record's value (the record layout in the module docs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListValue {
+    /// The elements, oldest first.
+    pub elements: Vec<u64>,
 }
 
-/// Encodes a list.
-///
-/// # Panics
-/// If it holds more than [`CAPACITY`] elements.
-#[must_use]
-pub fn encode_list(list: &[u64]) -> Vec<u8> {
-    assert!(list.len() <= CAPACITY, "a list beyond the capacity");
-    let mut v = vec![0u8; VALUE_SIZE];
-    v[..4].copy_from_slice(&(list.len() as u32).to_le_bytes());
-    v[4..8].copy_from_slice(&MAGIC.to_le_bytes());
-    for (i, e) in list.iter().enumerate() {
-        v[8 + 8 * i..16 + 8 * i].copy_from_slice(&e.to_le_bytes());
+impl ListValue {
+    /// Parses a record (checked: see the module docs).
+    ///
+    /// # Errors
+    /// A [`ListError`] saying what is wrong.
+    pub fn parse(bytes: &[u8]) -> Result<Self, ListError> {
+        if bytes.len() != VALUE_SIZE {
+            return Err(ListError::Size(bytes.len()));
+        }
+        let mut r = ByteReader::new(bytes);
+        let size = |_| ListError::Size(bytes.len());
+        let len = r.u32().map_err(size)?;
+        let magic = r.u32().map_err(size)?;
+        if magic != MAGIC {
+            return Err(ListError::Magic(magic));
+        }
+        if len as usize > CAPACITY {
+            return Err(ListError::Length(len));
+        }
+        let len = len as usize;
+        let mut elements = Vec::with_capacity(len);
+        for i in 0..len {
+            let e = r.u64().map_err(size)?;
+            if e == 0 {
+                return Err(ListError::Zero(i));
+            }
+            elements.push(e);
+        }
+        match r.rest().iter().position(|&b| b != 0) {
+            Some(p) => Err(ListError::Tail(8 + 8 * len + p)),
+            None => Ok(Self { elements }),
+        }
     }
-    v
+
+    /// The record's bytes.
+    ///
+    /// # Panics
+    /// If it holds more than [`CAPACITY`] elements.
+    #[must_use]
+    pub fn emit(&self) -> Vec<u8> {
+        assert!(
+            self.elements.len() <= CAPACITY,
+            "a list beyond the capacity"
+        );
+        let mut v = Vec::with_capacity(VALUE_SIZE);
+        v.put_u32(self.elements.len() as u32);
+        v.put_u32(MAGIC);
+        for &e in &self.elements {
+            v.put_u64(e);
+        }
+        v.put_zeros(VALUE_SIZE - v.len());
+        v
+    }
 }
 
 /// One access an attempt made, as the runner saw it through the transaction API.
@@ -180,7 +195,7 @@ pub fn micro_ops(observed: &[Observed]) -> Result<Vec<MicroOp>, (u64, ListError)
 /// A malformed or absent record, with its key.
 pub fn read_op(key: u64, value: Option<&[u8]>) -> Result<MicroOp, (u64, ListError)> {
     let bytes = value.ok_or((key, ListError::Absent))?;
-    let list = parse_list(bytes).map_err(|e| (key, e))?;
+    let list = ListValue::parse(bytes).map_err(|e| (key, e))?.elements;
     Ok(MicroOp::Read { key, list })
 }
 
@@ -189,7 +204,7 @@ pub fn read_op(key: u64, value: Option<&[u8]>) -> Result<MicroOp, (u64, ListErro
 /// # Errors
 /// A malformed record or an empty list, with its key.
 pub fn write_op(key: u64, value: &[u8]) -> Result<MicroOp, (u64, ListError)> {
-    let list = parse_list(value).map_err(|e| (key, e))?;
+    let list = ListValue::parse(value).map_err(|e| (key, e))?.elements;
     let element = *list.last().ok_or((key, ListError::Length(0)))?;
     Ok(MicroOp::Append { key, element })
 }
@@ -453,7 +468,7 @@ impl Workload for ListAppend {
     }
 
     fn loader(&self) -> Box<dyn Iterator<Item = (TableId, Key, Vec<u8>)> + Send + '_> {
-        Box::new((0..self.config.keys).map(|k| (TABLE, Key(k), encode_list(&[]))))
+        Box::new((0..self.config.keys).map(|k| (TABLE, Key(k), ListValue::default().emit())))
     }
 
     fn generator(&self, coordinator: u32, seed: u64) -> ListGenerator {
@@ -480,7 +495,7 @@ impl Workload for ListAppend {
         let mut appends = Vec::new();
         for &(k, a) in &txn.ops {
             let (_, value) = values.raw();
-            let Some(Ok(list)) = value.map(|v| parse_list(&v)) else {
+            let Some(Ok(ListValue { elements: list })) = value.map(|v| ListValue::parse(&v)) else {
                 return Ok(Outcome::Rollback(MALFORMED));
             };
             if a == Access::Append {
@@ -493,7 +508,8 @@ impl Workload for ListAppend {
         let delta = appends.len() as i64;
         for (k, mut list) in appends {
             list.push(self.log.next_element(txn.coordinator));
-            tx.write(TABLE, Key(k), &encode_list(&list)).await?;
+            tx.write(TABLE, Key(k), &ListValue { elements: list }.emit())
+                .await?;
         }
         Ok(Outcome::Commit { delta })
     }
@@ -511,7 +527,7 @@ impl Workload for ListAppend {
         for k in 0..self.config.keys {
             let parsed = read(TABLE, Key(k))
                 .ok_or(ListError::Absent)
-                .and_then(|v| parse_list(&v));
+                .and_then(|v| ListValue::parse(&v).map(|l| l.elements));
             match parsed {
                 Ok(list) => {
                     total += list.len() as i64;
@@ -576,26 +592,44 @@ fn prefixes_of_finals(
 mod tests {
     use super::*;
 
+    /// The bytes of a record holding `elements`.
+    fn emit_list(elements: &[u64]) -> Vec<u8> {
+        ListValue {
+            elements: elements.to_vec(),
+        }
+        .emit()
+    }
+
     #[test]
     fn lists_round_trip_and_malformed_records_are_errors() {
         let l = [5u64, 7, 1 << 40];
-        assert_eq!(parse_list(&encode_list(&l)), Ok(l.to_vec()));
-        assert_eq!(parse_list(&encode_list(&[])), Ok(Vec::new()));
+        assert_eq!(
+            ListValue::parse(&emit_list(&l)).map(|v| v.elements),
+            Ok(l.to_vec())
+        );
+        assert_eq!(ListValue::parse(&emit_list(&[])), Ok(ListValue::default()));
         let full: Vec<u64> = (1..=CAPACITY as u64).collect();
-        assert_eq!(parse_list(&encode_list(&full)), Ok(full));
-        assert_eq!(parse_list(&[0; 8]), Err(ListError::Size(8)));
-        let mut v = encode_list(&l);
+        assert_eq!(
+            ListValue::parse(&emit_list(&full)).map(|v| v.elements),
+            Ok(full)
+        );
+        assert_eq!(ListValue::parse(&[0; 8]), Err(ListError::Size(8)));
+        let whole = emit_list(&l);
+        for n in 0..whole.len() {
+            assert_eq!(ListValue::parse(&whole[..n]), Err(ListError::Size(n)));
+        }
+        let mut v = emit_list(&l);
         v[4] ^= 1;
-        assert!(matches!(parse_list(&v), Err(ListError::Magic(_))));
-        let mut v = encode_list(&l);
+        assert!(matches!(ListValue::parse(&v), Err(ListError::Magic(_))));
+        let mut v = emit_list(&l);
         v[0] = 128;
-        assert_eq!(parse_list(&v), Err(ListError::Length(128)));
-        let mut v = encode_list(&l);
+        assert_eq!(ListValue::parse(&v), Err(ListError::Length(128)));
+        let mut v = emit_list(&l);
         v[0] = 4;
-        assert_eq!(parse_list(&v), Err(ListError::Zero(3)));
-        let mut v = encode_list(&l);
+        assert_eq!(ListValue::parse(&v), Err(ListError::Zero(3)));
+        let mut v = emit_list(&l);
         v[VALUE_SIZE - 1] = 1;
-        assert_eq!(parse_list(&v), Err(ListError::Tail(VALUE_SIZE - 1)));
+        assert_eq!(ListValue::parse(&v), Err(ListError::Tail(VALUE_SIZE - 1)));
     }
 
     #[test]
@@ -612,11 +646,11 @@ mod tests {
         let ops = micro_ops(&[
             Observed::Read {
                 key: 1,
-                value: Some(encode_list(&[4, 9])),
+                value: Some(emit_list(&[4, 9])),
             },
             Observed::Write {
                 key: 1,
-                value: encode_list(&[4, 9, 11]),
+                value: emit_list(&[4, 9, 11]),
             },
         ]);
         assert_eq!(

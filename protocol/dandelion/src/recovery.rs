@@ -482,7 +482,7 @@ impl<V: Verbs + Clock> Lead<'_, V> {
                     more,
                     txns: txns.clone(),
                 }
-                .encode()
+                .emit()
                 .len() as u64;
                 let after = txns.last().map(|t| t.txn);
                 gathered.entry(s).or_default().extend(txns);
@@ -527,7 +527,7 @@ impl<V: Verbs + Clock> Lead<'_, V> {
                 .await
                 .map_err(|_| Abandoned)?;
             for ((s, q), reply) in sent.into_iter().zip(replies) {
-                report.cost.gathered_bytes += reply.encode().len() as u64;
+                report.cost.gathered_bytes += reply.emit().len() as u64;
                 let Response::Answered { decisions, .. } = &reply else {
                     return Err(Abandoned);
                 };

@@ -48,6 +48,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use dmem_layout::bytes::{ByteReader, ByteSink};
 use dmem_verbs::{Endpoint, Nanos};
 
 use crate::net::{Flow, Msg};
@@ -94,8 +95,9 @@ impl RttEstimate {
 /// Splits a received request payload into its acknowledged-below mark and the request.
 #[must_use]
 pub fn split_request(payload: &[u8]) -> Option<(u32, &[u8])> {
-    let (mark, rest) = payload.split_first_chunk::<ACK_PREFIX>()?;
-    Some((u32::from_le_bytes(*mark), rest))
+    let mut r = ByteReader::new(payload);
+    let mark = r.u32().ok()?;
+    Some((mark, r.rest()))
 }
 
 #[derive(Debug)]
@@ -147,8 +149,8 @@ impl<T> Session<T> {
 
     fn message(&self, reqno: u32, o: &Outstanding<T>) -> Msg {
         let mut payload = Vec::with_capacity(ACK_PREFIX + o.request.len());
-        payload.extend_from_slice(&self.acked_below().to_le_bytes());
-        payload.extend_from_slice(&o.request);
+        payload.put_u32(self.acked_below());
+        payload.put_bytes(&o.request);
         Msg {
             msg_type: o.msg_type,
             slot: reqno,

@@ -24,6 +24,7 @@
 //! `txn` is the coordinator (u32) and sequence number (u64); `write` is a kind byte and the
 //! value. A `LOCK` carries the write so that the replica logs it (Locking step, §4.2.2).
 
+use dmem_layout::bytes::{ByteReader, ByteSink, BytesError};
 use dmem_txn::{CoordinatorId, TxnId, WriteKind};
 
 /// Message types (the `msg_type` of a frame message).
@@ -70,6 +71,17 @@ pub enum WireError {
     /// An unknown message type.
     #[error("unknown message type {0}")]
     UnknownType(u16),
+}
+
+impl From<BytesError> for WireError {
+    fn from(e: BytesError) -> Self {
+        match e {
+            BytesError::Trailing { extra, .. } => WireError::Trailing(extra),
+            BytesError::Truncated { .. } | BytesError::Full { .. } => WireError::Truncated {
+                needed: e.missing(),
+            },
+        }
+    }
 }
 
 /// What a transaction observed of a key when it read it: its version and whether it was
@@ -323,7 +335,7 @@ impl Request {
 
     /// Its payload bytes.
     #[must_use]
-    pub fn encode(&self) -> Vec<u8> {
+    pub fn emit(&self) -> Vec<u8> {
         let mut w = Vec::with_capacity(32);
         match self {
             Request::Get { table, key } => put_tk(&mut w, *table, *key),
@@ -339,7 +351,7 @@ impl Request {
                 put_tk(&mut w, *table, *key);
                 put_seen(&mut w, *read);
                 put_write(&mut w, write.as_ref());
-                w.extend_from_slice(&lock_set.to_le_bytes());
+                w.put_u16(*lock_set);
             }
             Request::Validate { table, key, read } => {
                 put_tk(&mut w, *table, *key);
@@ -355,8 +367,8 @@ impl Request {
             } => {
                 put_txn(&mut w, *txn);
                 put_tk(&mut w, *table, *key);
-                w.extend_from_slice(&version.to_le_bytes());
-                w.push(u8::from(*lower_readable));
+                w.put_u32(*version);
+                w.put_u8(u8::from(*lower_readable));
                 put_write(&mut w, Some(write));
             }
             Request::Unlock {
@@ -368,14 +380,14 @@ impl Request {
             } => {
                 put_txn(&mut w, *txn);
                 put_tk(&mut w, *table, *key);
-                w.push(u8::from(*commit));
+                w.put_u8(u8::from(*commit));
                 match apply {
                     Some((version, write)) => {
-                        w.push(1);
-                        w.extend_from_slice(&version.to_le_bytes());
+                        w.put_u8(1);
+                        w.put_u32(*version);
                         put_write(&mut w, Some(write));
                     }
-                    None => w.push(0),
+                    None => w.put_u8(0),
                 }
             }
             Request::Raise {
@@ -386,12 +398,12 @@ impl Request {
             } => {
                 put_txn(&mut w, *txn);
                 put_tk(&mut w, *table, *key);
-                w.extend_from_slice(&version.to_le_bytes());
+                w.put_u32(*version);
             }
             Request::Gather { .. }
             | Request::Decide { .. }
             | Request::Resume { .. }
-            | Request::Query { .. } => self.encode_recovery(&mut w),
+            | Request::Query { .. } => self.emit_recovery(&mut w),
         }
         w
     }
@@ -400,8 +412,8 @@ impl Request {
     ///
     /// # Errors
     /// [`WireError`] on anything a sender of this module does not emit.
-    pub fn decode(msg_type: u16, payload: &[u8]) -> Result<Self, WireError> {
-        let mut r = Reader(payload);
+    pub fn parse(msg_type: u16, payload: &[u8]) -> Result<Self, WireError> {
+        let mut r = ByteReader::new(payload);
         let req = match msg_type {
             msg::GET => {
                 let (table, key) = r.tk()?;
@@ -473,25 +485,25 @@ impl Request {
                 }
             }
             msg::GATHER | msg::DECIDE | msg::RESUME | msg::QUERY => {
-                Self::decode_recovery(msg_type, &mut r)?
+                Self::parse_recovery(msg_type, &mut r)?
             }
             other => return Err(WireError::UnknownType(other)),
         };
-        r.end()?;
+        r.finish()?;
         Ok(req)
     }
 
     /// The payload of one of recovery's requests (§4.4).
-    fn encode_recovery(&self, w: &mut Vec<u8>) {
+    fn emit_recovery(&self, w: &mut impl ByteSink) {
         match self {
             Request::Gather { epoch, after } => {
-                w.extend_from_slice(&epoch.to_le_bytes());
+                w.put_u64(*epoch);
                 match after {
                     Some(t) => {
-                        w.push(1);
+                        w.put_u8(1);
                         put_txn(w, *t);
                     }
-                    None => w.push(0),
+                    None => w.put_u8(0),
                 }
             }
             Request::Decide {
@@ -501,13 +513,13 @@ impl Request {
                 writes,
             } => {
                 put_txn(w, *txn);
-                w.extend_from_slice(&epoch.to_le_bytes());
-                w.push(u8::from(*commit));
+                w.put_u64(*epoch);
+                w.put_u8(u8::from(*commit));
                 put_writes(w, writes);
             }
-            Request::Resume { epoch } => w.extend_from_slice(&epoch.to_le_bytes()),
+            Request::Resume { epoch } => w.put_u64(*epoch),
             Request::Query { epoch, txns, keys } => {
-                w.extend_from_slice(&epoch.to_le_bytes());
+                w.put_u64(*epoch);
                 put_len(w, txns.len());
                 for t in txns {
                     put_txn(w, *t);
@@ -518,7 +530,7 @@ impl Request {
                     put_tk(w, *table, *key);
                 }
             }
-            // The commit phase's requests: `encode` writes them.
+            // The commit phase's requests: `emit` writes them.
             Request::Get { .. }
             | Request::Lock { .. }
             | Request::Validate { .. }
@@ -528,8 +540,8 @@ impl Request {
         }
     }
 
-    /// Parses one of recovery's requests (§4.4), leaving the end check to `decode`.
-    fn decode_recovery(msg_type: u16, r: &mut Reader<'_>) -> Result<Self, WireError> {
+    /// Parses one of recovery's requests (§4.4), leaving the end check to `parse`.
+    fn parse_recovery(msg_type: u16, r: &mut ByteReader<'_>) -> Result<Self, WireError> {
         Ok(match msg_type {
             msg::GATHER => {
                 let epoch = r.u64()?;
@@ -556,13 +568,13 @@ impl Request {
             msg::QUERY => {
                 let epoch = r.u64()?;
                 let n = r.u16()?;
-                let mut txns = Vec::with_capacity(usize::from(n).min(r.0.len() / 12));
+                let mut txns = Vec::with_capacity(usize::from(n).min(r.remaining() / 12));
                 for _ in 0..n {
                     txns.push(r.txn()?);
                 }
                 let n = r.u16()?;
                 // Each key takes 24 bytes: no allocation beyond what was sent.
-                let mut keys = Vec::with_capacity(usize::from(n).min(r.0.len() / 24));
+                let mut keys = Vec::with_capacity(usize::from(n).min(r.remaining() / 24));
                 for _ in 0..n {
                     let txn = r.txn()?;
                     let (table, key) = r.tk()?;
@@ -578,7 +590,7 @@ impl Request {
 impl Response {
     /// Its payload bytes (the message type is the request's).
     #[must_use]
-    pub fn encode(&self) -> Vec<u8> {
+    pub fn emit(&self) -> Vec<u8> {
         let mut w = Vec::with_capacity(8);
         match self {
             Response::Get {
@@ -586,23 +598,23 @@ impl Response {
                 writer,
                 value,
             } => {
-                w.extend_from_slice(&meta.to_le_bytes());
+                w.put_u32(*meta);
                 match writer {
                     Some(t) => {
-                        w.push(1);
+                        w.put_u8(1);
                         put_txn(&mut w, *t);
                     }
-                    None => w.push(0),
+                    None => w.put_u8(0),
                 }
-                w.extend_from_slice(value);
+                w.put_bytes(value);
             }
             Response::Lock { granted, meta } => {
-                w.push(u8::from(*granted));
-                w.extend_from_slice(&meta.to_le_bytes());
+                w.put_u8(u8::from(*granted));
+                w.put_u32(*meta);
             }
-            Response::Ack { ok } => w.push(u8::from(*ok)),
+            Response::Ack { ok } => w.put_u8(u8::from(*ok)),
             Response::Gathered { more, txns } => {
-                w.push(u8::from(*more));
+                w.put_u8(u8::from(*more));
                 put_len(&mut w, txns.len());
                 for t in txns {
                     put_gathered_txn(&mut w, t);
@@ -614,7 +626,9 @@ impl Response {
                     put_coordinator(&mut w, d);
                 }
                 put_len(&mut w, written.len());
-                w.extend(written.iter().map(|b| u8::from(*b)));
+                for b in written {
+                    w.put_u8(u8::from(*b));
+                }
             }
         }
         w
@@ -623,9 +637,9 @@ impl Response {
     /// Parses the response to a request of type `msg_type`.
     ///
     /// # Errors
-    /// [`WireError`] on anything [`Response::encode`] does not emit.
-    pub fn decode(msg_type: u16, payload: &[u8]) -> Result<Self, WireError> {
-        let mut r = Reader(payload);
+    /// [`WireError`] on anything [`Response::emit`] does not emit.
+    pub fn parse(msg_type: u16, payload: &[u8]) -> Result<Self, WireError> {
+        let mut r = ByteReader::new(payload);
         let resp = match msg_type {
             msg::GET => {
                 let meta = r.u32()?;
@@ -656,7 +670,7 @@ impl Response {
                 let more = r.flag("more")?;
                 let n = r.u16()?;
                 // Each transaction takes at least 15 bytes.
-                let mut txns = Vec::with_capacity(usize::from(n).min(r.0.len() / 15));
+                let mut txns = Vec::with_capacity(usize::from(n).min(r.remaining() / 15));
                 for _ in 0..n {
                     txns.push(r.gathered_txn()?);
                 }
@@ -664,12 +678,12 @@ impl Response {
             }
             msg::QUERY => {
                 let n = r.u16()?;
-                let mut decisions = Vec::with_capacity(usize::from(n).min(r.0.len()));
+                let mut decisions = Vec::with_capacity(usize::from(n).min(r.remaining()));
                 for _ in 0..n {
                     decisions.push(r.coordinator()?);
                 }
                 let n = r.u16()?;
-                let mut written = Vec::with_capacity(usize::from(n).min(r.0.len()));
+                let mut written = Vec::with_capacity(usize::from(n).min(r.remaining()));
                 for _ in 0..n {
                     written.push(r.flag("written")?);
                 }
@@ -677,31 +691,31 @@ impl Response {
             }
             other => return Err(WireError::UnknownType(other)),
         };
-        r.end()?;
+        r.finish()?;
         Ok(resp)
     }
 }
 
-fn put_len(w: &mut Vec<u8>, n: usize) {
+fn put_len(w: &mut impl ByteSink, n: usize) {
     let n = u16::try_from(n).expect("a recovery message lists < 64 Ki items");
-    w.extend_from_slice(&n.to_le_bytes());
+    w.put_u16(n);
 }
 
-fn put_writes(w: &mut Vec<u8>, writes: &[DecidedWrite]) {
+fn put_writes(w: &mut impl ByteSink, writes: &[DecidedWrite]) {
     put_len(w, writes.len());
     for (table, key, version, write) in writes {
         put_tk(w, *table, *key);
-        w.extend_from_slice(&version.to_le_bytes());
+        w.put_u32(*version);
         put_write(w, Some(write));
     }
 }
 
-fn put_coordinator(w: &mut Vec<u8>, c: &CoordinatorState) {
+fn put_coordinator(w: &mut impl ByteSink, c: &CoordinatorState) {
     match c {
-        CoordinatorState::Unknown => w.push(0),
-        CoordinatorState::Undecided => w.push(1),
+        CoordinatorState::Unknown => w.put_u8(0),
+        CoordinatorState::Undecided => w.put_u8(1),
         CoordinatorState::Committed(writes) => {
-            w.push(2);
+            w.put_u8(2);
             put_writes(w, writes);
         }
     }
@@ -715,89 +729,71 @@ pub fn coordinator_len(c: &CoordinatorState) -> usize {
     w.len()
 }
 
-fn put_gathered_txn(w: &mut Vec<u8>, t: &GatheredTxn) {
+fn put_gathered_txn(w: &mut impl ByteSink, t: &GatheredTxn) {
     put_txn(w, t.txn);
     put_coordinator(w, &t.coordinator);
     put_len(w, t.entries.len());
     for e in &t.entries {
         put_tk(w, e.table, e.key);
-        w.push(u8::from(e.locked) | (u8::from(e.applied) << 1));
-        w.extend_from_slice(&e.lock_set.to_le_bytes());
-        w.extend_from_slice(&e.version.to_le_bytes());
+        w.put_u8(u8::from(e.locked) | (u8::from(e.applied) << 1));
+        w.put_u16(e.lock_set);
+        w.put_u32(e.version);
         put_write(w, e.write.as_ref());
     }
 }
 
-fn put_tk(w: &mut Vec<u8>, table: u32, key: u64) {
-    w.extend_from_slice(&table.to_le_bytes());
-    w.extend_from_slice(&key.to_le_bytes());
+fn put_tk(w: &mut impl ByteSink, table: u32, key: u64) {
+    w.put_u32(table);
+    w.put_u64(key);
 }
 
-fn put_txn(w: &mut Vec<u8>, txn: TxnId) {
-    w.extend_from_slice(&txn.coordinator.0.to_le_bytes());
-    w.extend_from_slice(&txn.seq.to_le_bytes());
+fn put_txn(w: &mut impl ByteSink, txn: TxnId) {
+    w.put_u32(txn.coordinator.0);
+    w.put_u64(txn.seq);
 }
 
-fn put_seen(w: &mut Vec<u8>, seen: Option<Seen>) {
+fn put_seen(w: &mut impl ByteSink, seen: Option<Seen>) {
     match seen {
         Some(s) => {
-            w.extend_from_slice(&s.version.to_le_bytes());
-            w.push(1 | (u8::from(s.present) << 1));
+            w.put_u32(s.version);
+            w.put_u8(1 | (u8::from(s.present) << 1));
         }
         None => {
-            w.extend_from_slice(&0u32.to_le_bytes());
-            w.push(0);
+            w.put_u32(0);
+            w.put_u8(0);
         }
     }
 }
 
-fn put_write(w: &mut Vec<u8>, write: Option<&WriteOp>) {
+fn put_write(w: &mut impl ByteSink, write: Option<&WriteOp>) {
     match write {
-        None => w.push(0),
+        None => w.put_u8(0),
         Some(op) => {
-            w.push(match op.kind {
+            w.put_u8(match op.kind {
                 WriteKind::Update => 1,
                 WriteKind::Insert => 2,
                 WriteKind::Delete => 3,
             });
             let len = u16::try_from(op.value.len()).expect("values are at most 64 KiB");
-            w.extend_from_slice(&len.to_le_bytes());
-            w.extend_from_slice(&op.value);
+            w.put_u16(len);
+            w.put_bytes(&op.value);
         }
     }
 }
 
-struct Reader<'a>(&'a [u8]);
+/// The protocol's compound fields, read with [`ByteReader`]'s checked primitives.
+trait ReadFields {
+    fn flag(&mut self, field: &'static str) -> Result<bool, WireError>;
+    fn tk(&mut self) -> Result<(u32, u64), WireError>;
+    fn txn(&mut self) -> Result<TxnId, WireError>;
+    fn seen(&mut self) -> Result<Option<Seen>, WireError>;
+    fn write(&mut self) -> Result<Option<WriteOp>, WireError>;
+    fn writes(&mut self) -> Result<Vec<DecidedWrite>, WireError>;
+    fn coordinator(&mut self) -> Result<CoordinatorState, WireError>;
+    fn gathered_txn(&mut self) -> Result<GatheredTxn, WireError>;
+}
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
-        if self.0.len() < n {
-            return Err(WireError::Truncated {
-                needed: n - self.0.len(),
-            });
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-    fn u8(&mut self) -> Result<u8, WireError> {
-        Ok(self.take(1)?[0])
-    }
-    fn u16(&mut self) -> Result<u16, WireError> {
-        Ok(u16::from_le_bytes(
-            self.take(2)?.try_into().expect("2 bytes"),
-        ))
-    }
-    fn u32(&mut self) -> Result<u32, WireError> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().expect("4 bytes"),
-        ))
-    }
-    fn u64(&mut self) -> Result<u64, WireError> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().expect("8 bytes"),
-        ))
-    }
+impl ReadFields for ByteReader<'_> {
     fn flag(&mut self, field: &'static str) -> Result<bool, WireError> {
         match self.u8()? {
             0 => Ok(false),
@@ -833,13 +829,13 @@ impl<'a> Reader<'a> {
             _ => return Err(WireError::Invalid("write kind")),
         };
         let len = usize::from(self.u16()?);
-        let value = self.take(len)?.to_vec();
+        let value = self.bytes(len)?.to_vec();
         Ok(Some(WriteOp { kind, value }))
     }
     fn writes(&mut self) -> Result<Vec<DecidedWrite>, WireError> {
         let n = self.u16()?;
         // Each write takes at least 19 bytes: no allocation beyond what was sent.
-        let mut writes = Vec::with_capacity(usize::from(n).min(self.0.len() / 19));
+        let mut writes = Vec::with_capacity(usize::from(n).min(self.remaining() / 19));
         for _ in 0..n {
             let (table, key) = self.tk()?;
             let version = self.u32()?;
@@ -861,7 +857,7 @@ impl<'a> Reader<'a> {
         let coordinator = self.coordinator()?;
         let n = self.u16()?;
         // Each entry takes at least 20 bytes.
-        let mut entries = Vec::with_capacity(usize::from(n).min(self.0.len() / 20));
+        let mut entries = Vec::with_capacity(usize::from(n).min(self.remaining() / 20));
         for _ in 0..n {
             let (table, key) = self.tk()?;
             let flags = self.u8()?;
@@ -883,16 +879,6 @@ impl<'a> Reader<'a> {
             coordinator,
             entries,
         })
-    }
-    fn rest(&mut self) -> &'a [u8] {
-        core::mem::take(&mut self.0)
-    }
-    fn end(&self) -> Result<(), WireError> {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(WireError::Trailing(self.0.len()))
-        }
     }
 }
 
@@ -990,7 +976,17 @@ mod tests {
             Request::Resume { epoch: k },
         ];
         for r in reqs {
-            assert_eq!(Request::decode(r.msg_type(), &r.encode()), Ok(r));
+            let bytes = r.emit();
+            for n in 0..bytes.len() {
+                assert!(
+                    matches!(
+                        Request::parse(r.msg_type(), &bytes[..n]),
+                        Err(WireError::Truncated { .. })
+                    ),
+                    "{r:?} cut at {n}"
+                );
+            }
+            assert_eq!(Request::parse(r.msg_type(), &bytes), Ok(r));
         }
     }
 
@@ -1074,32 +1070,29 @@ mod tests {
                 },
             ),
         ] {
-            assert_eq!(Response::decode(ty, &r.encode()), Ok(r));
+            assert_eq!(Response::parse(ty, &r.emit()), Ok(r));
         }
     }
 
     #[quickcheck]
     fn garbage_never_panics(ty: u16, bytes: Vec<u8>) {
-        let _ = Request::decode(ty % 12, &bytes);
-        let _ = Response::decode(ty % 12, &bytes);
+        let _ = Request::parse(ty % 12, &bytes);
+        let _ = Response::parse(ty % 12, &bytes);
     }
 
     #[test]
     fn bad_payloads_are_typed_errors() {
-        let get = Request::Get { table: 1, key: 2 }.encode();
+        let get = Request::Get { table: 1, key: 2 }.emit();
         assert_eq!(
-            Request::decode(msg::GET, &get[..5]),
+            Request::parse(msg::GET, &get[..5]),
             Err(WireError::Truncated { needed: 7 })
         );
         let mut long = get.clone();
         long.push(0);
+        assert_eq!(Request::parse(msg::GET, &long), Err(WireError::Trailing(1)));
+        assert_eq!(Request::parse(99, &get), Err(WireError::UnknownType(99)));
         assert_eq!(
-            Request::decode(msg::GET, &long),
-            Err(WireError::Trailing(1))
-        );
-        assert_eq!(Request::decode(99, &get), Err(WireError::UnknownType(99)));
-        assert_eq!(
-            Response::decode(msg::UNLOCK, &[2]),
+            Response::parse(msg::UNLOCK, &[2]),
             Err(WireError::Invalid("ok"))
         );
     }

@@ -315,7 +315,7 @@ impl<V: Verbs + Clock> Worker<V> {
             self.notify();
             return;
         }
-        let payload = req.encode();
+        let payload = req.emit();
         let msg_type = req.msg_type();
         let dest = self.cluster.endpoints[usize::from(to)][self.thread];
         loop {
@@ -534,7 +534,7 @@ impl<V: Verbs + Clock> Worker<V> {
                 let Some(Some((step, i))) = reply else {
                     continue;
                 };
-                if let Ok(resp) = Response::decode(m.msg_type, &m.payload) {
+                if let Ok(resp) = Response::parse(m.msg_type, &m.payload) {
                     step.deliver(i, resp);
                 }
             }
@@ -551,7 +551,7 @@ impl<V: Verbs + Clock> Worker<V> {
                 let Some((acked_below, body)) = split_request(&m.payload) else {
                     continue;
                 };
-                let Ok(r) = Request::decode(m.msg_type, body) else {
+                let Ok(r) = Request::parse(m.msg_type, body) else {
                     continue;
                 };
                 match responder.admit(msg.from, m.slot, acked_below) {
@@ -573,7 +573,7 @@ impl<V: Verbs + Clock> Worker<V> {
             let out = Msg {
                 msg_type,
                 slot,
-                payload: resp.encode(),
+                payload: resp.emit(),
             };
             responder.executed(msg.from, slot, &out);
             self.ctx.cpu(cost::MESSAGE_NS);

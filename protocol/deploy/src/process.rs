@@ -24,8 +24,8 @@
 //!   [`recover`](ProcessRecovery::recover) cuts one off every MN through a
 //!   [`MessageLinkTerminator`] and recovers its coordinators from their logs,
 //!   [`watch_mns`](ProcessRecovery::watch_mns) handles failed MNs;
-//! * **an MN process** answers link-termination requests ([`parse_terminate`],
-//!   [`terminated_reply`]) by revoking the CN at its fabric.
+//! * **an MN process** answers link-termination requests ([`Termination`]) by revoking
+//!   the CN at its fabric.
 //!
 //! The caller (the CLI) only manages processes: it makes the contexts, spawns the tasks on
 //! its executor, and calls the detector's steps between its own bookkeeping.
@@ -43,6 +43,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::{Arc, OnceLock};
 
+use dmem_layout::bytes::{ByteReader, ByteSink};
 use dmem_verbs::{Clock, Endpoint, Nanos, NodeId, Port, Verbs, VerbsError};
 
 use crate::{AnyContext, DeployError, HeartbeatDetector, RecoveredCoordinator, RecoveryEvent};
@@ -53,7 +54,8 @@ pub type LocalTask = Pin<Box<dyn Future<Output = ()>>>;
 /// A boxed future borrowed from a [`ProcessRecovery`].
 pub type StepFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, DeployError>> + 'a>>;
 
-/// CN → MN: revoke CN `u16 LE`; the MN answers [`TERMINATED`] with the same id.
+/// CN → MN: revoke CN `u16 LE`; the MN answers [`TERMINATED`] with the same id
+/// ([`Termination`]).
 const TERMINATE: &[u8] = b"dmem-terminate";
 /// MN → CN: the CN's access is revoked.
 const TERMINATED: &[u8] = b"dmem-terminated";
@@ -395,23 +397,57 @@ pub fn mn_control(mn: NodeId) -> Endpoint {
     }
 }
 
-/// The CN a link-termination request names, if `payload` is one.
-#[must_use]
-pub fn parse_terminate(payload: &[u8]) -> Option<NodeId> {
-    let cn = payload.strip_prefix(TERMINATE)?;
-    Some(NodeId(u16::from_le_bytes(<[u8; 2]>::try_from(cn).ok()?)))
+/// A link-termination message (Pandora §3.2.2 step 2): `dmem-terminate` or
+/// `dmem-terminated` followed by the CN's id, `u16` little-endian.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Termination {
+    /// CN → MN's control endpoint ([`mn_control`]): revoke this CN's access.
+    Request(NodeId),
+    /// MN → the requester: this CN's access is revoked.
+    Done(NodeId),
 }
 
-fn with_cn(prefix: &[u8], cn: NodeId) -> Vec<u8> {
-    let mut m = prefix.to_vec();
-    m.extend_from_slice(&cn.0.to_le_bytes());
-    m
-}
+/// A payload that is not a [`Termination`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("not a link-termination message")]
+pub struct NotTermination;
 
-/// An MN's answer to a link-termination request for `cn`, once `cn` is revoked.
-#[must_use]
-pub fn terminated_reply(cn: NodeId) -> Vec<u8> {
-    with_cn(TERMINATED, cn)
+impl Termination {
+    /// The message's payload.
+    #[must_use]
+    pub fn emit(&self) -> Vec<u8> {
+        let (tag, cn) = match *self {
+            Termination::Request(cn) => (TERMINATE, cn),
+            Termination::Done(cn) => (TERMINATED, cn),
+        };
+        let mut m = Vec::with_capacity(tag.len() + 2);
+        m.put_bytes(tag);
+        m.put_u16(cn.0);
+        m
+    }
+
+    /// The message `payload` carries.
+    ///
+    /// # Errors
+    /// [`NotTermination`] for any other payload.
+    pub fn parse(payload: &[u8]) -> Result<Self, NotTermination> {
+        // `dmem-terminate` is a prefix of `dmem-terminated`: the lengths tell them apart.
+        let cn = |rest: &[u8]| {
+            let mut r = ByteReader::new(rest);
+            let cn = r.u16().map_err(|_| NotTermination)?;
+            r.finish().map_err(|_| NotTermination)?;
+            Ok(NodeId(cn))
+        };
+        match payload.len() {
+            n if n == TERMINATE.len() + 2 => Ok(Termination::Request(cn(payload
+                .strip_prefix(TERMINATE)
+                .ok_or(NotTermination)?)?)),
+            n if n == TERMINATED.len() + 2 => Ok(Termination::Done(cn(payload
+                .strip_prefix(TERMINATED)
+                .ok_or(NotTermination)?)?)),
+            _ => Err(NotTermination),
+        }
+    }
 }
 
 /// Active-link termination through the MN processes (Pandora §3.2.2 step 2: the paper's RPC
@@ -441,8 +477,8 @@ impl MessageLinkTerminator {
     /// [`VerbsError::ConnectionLost`] for `mn` if it did not confirm within the timeout (a
     /// dead MN, which MN-failure handling then takes over).
     pub async fn terminate(&self, mn: NodeId, cn: NodeId) -> Result<(), VerbsError> {
-        let request = with_cn(TERMINATE, cn);
-        let expected = terminated_reply(cn);
+        let request = Termination::Request(cn).emit();
+        let expected = Termination::Done(cn).emit();
         let deadline = self.ctx.now() + self.timeout;
         let mut next_send = self.ctx.now();
         while self.ctx.now() < deadline {
@@ -529,13 +565,13 @@ impl DurableSlots {
             )
         })?;
         *generation += 1;
-        let len = u32::try_from(bytes.len())
+        u32::try_from(bytes.len())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "slot value over 4 GiB"))?;
-        let mut frame = Vec::with_capacity(SLOT_HEADER + bytes.len());
-        frame.extend_from_slice(&generation.to_le_bytes());
-        frame.extend_from_slice(&len.to_le_bytes());
-        frame.extend_from_slice(&checksum(*generation, bytes).to_le_bytes());
-        frame.extend_from_slice(bytes);
+        let frame = SlotFrame {
+            generation: *generation,
+            payload: bytes,
+        }
+        .emit();
         files[(*generation % 2) as usize].write_all_at(&frame, 0)
     }
 
@@ -551,10 +587,13 @@ impl DurableSlots {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(e),
             };
-            if let Some((generation, value)) = parse_frame(&bytes)
+            if let Ok(SlotFrame {
+                generation,
+                payload,
+            }) = SlotFrame::parse(&bytes)
                 && best.as_ref().is_none_or(|(g, _)| generation > *g)
             {
-                best = Some((generation, value.to_vec()));
+                best = Some((generation, payload.to_vec()));
             }
         }
         Ok(best.map(|(_, v)| v))
@@ -568,14 +607,51 @@ fn checksum(generation: u64, bytes: &[u8]) -> u64 {
     h.finish()
 }
 
-/// A frame's generation and payload, if the frame is intact.
-fn parse_frame(bytes: &[u8]) -> Option<(u64, &[u8])> {
-    let header = bytes.get(..SLOT_HEADER)?;
-    let generation = u64::from_le_bytes(header[..8].try_into().ok()?);
-    let len = u32::from_le_bytes(header[8..12].try_into().ok()?) as usize;
-    let sum = u64::from_le_bytes(header[12..20].try_into().ok()?);
-    let payload = bytes.get(SLOT_HEADER..SLOT_HEADER.checked_add(len)?)?;
-    (generation > 0 && checksum(generation, payload) == sum).then_some((generation, payload))
+/// One write of a [`DurableSlots`] slot: `generation u64 | payload length u32 | checksum
+/// u64 | payload`, little-endian. A file may hold bytes of an older, longer frame after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SlotFrame<'a> {
+    generation: u64,
+    payload: &'a [u8],
+}
+
+/// Why a slot file holds no intact frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BadSlotFrame {
+    /// The file ends inside the frame (a torn write, or never written).
+    Short,
+    /// Generation 0 (never written) or a checksum that does not match (a torn write).
+    NotIntact,
+}
+
+impl<'a> SlotFrame<'a> {
+    /// The frame's bytes (the payload's length fits a `u32`: [`DurableSlots::write`]
+    /// checks).
+    fn emit(&self) -> Vec<u8> {
+        let mut frame = Vec::with_capacity(SLOT_HEADER + self.payload.len());
+        frame.put_u64(self.generation);
+        frame.put_u32(self.payload.len() as u32);
+        frame.put_u64(checksum(self.generation, self.payload));
+        frame.put_bytes(self.payload);
+        frame
+    }
+
+    /// The frame at the start of `bytes`, if it is intact.
+    fn parse(bytes: &'a [u8]) -> Result<Self, BadSlotFrame> {
+        let mut r = ByteReader::new(bytes);
+        let short = |_| BadSlotFrame::Short;
+        let generation = r.u64().map_err(short)?;
+        let len = r.u32().map_err(short)? as usize;
+        let sum = r.u64().map_err(short)?;
+        let payload = r.bytes(len).map_err(short)?;
+        if generation == 0 || checksum(generation, payload) != sum {
+            return Err(BadSlotFrame::NotIntact);
+        }
+        Ok(Self {
+            generation,
+            payload,
+        })
+    }
 }
 
 /// Recovery of a CN by its coordinators' logs, for protocols whose papers specify no
@@ -834,11 +910,50 @@ mod tests {
     #[test]
     fn termination_messages_round_trip_and_reject_garbage() {
         let cn = NodeId(0x1234);
-        let req = with_cn(TERMINATE, cn);
-        assert_eq!(parse_terminate(&req), Some(cn));
-        assert_eq!(parse_terminate(&terminated_reply(cn)), None);
-        assert_eq!(parse_terminate(TERMINATE), None);
-        assert_eq!(parse_terminate(&req[..req.len() - 1]), None);
-        assert_eq!(parse_terminate(b"dmem-quit"), None);
+        for m in [Termination::Request(cn), Termination::Done(cn)] {
+            let bytes = m.emit();
+            assert_eq!(Termination::parse(&bytes), Ok(m));
+            for n in 0..bytes.len() {
+                // `dmem-terminated` and one byte of an id is `dmem-terminate` and an id
+                // starting with `d` (the wire has always been so): any other cut is refused.
+                let cut = Termination::parse(&bytes[..n]);
+                if n == bytes.len() - 1 && matches!(m, Termination::Done(_)) {
+                    assert_eq!(cut, Ok(Termination::Request(NodeId(0x3464))));
+                } else {
+                    assert_eq!(cut, Err(NotTermination), "{m:?} cut at {n}");
+                }
+            }
+        }
+        let req = Termination::Request(cn).emit();
+        assert_eq!(&req[..TERMINATE.len()], TERMINATE);
+        assert_eq!(&req[TERMINATE.len()..], &[0x34, 0x12]);
+        // A request whose id starts with `d` is not a `dmem-terminated`.
+        let d = Termination::Request(NodeId(u16::from(b'd')));
+        assert_eq!(Termination::parse(&d.emit()), Ok(d));
+        assert_eq!(Termination::parse(TERMINATE), Err(NotTermination));
+        assert_eq!(Termination::parse(b"dmem-quit"), Err(NotTermination));
+        let mut long = req.clone();
+        long.push(0);
+        assert!(Termination::parse(&long).is_err());
+    }
+
+    #[test]
+    fn slot_frames_round_trip_and_torn_ones_are_refused() {
+        let payload = b"op log".as_slice();
+        let f = SlotFrame {
+            generation: 3,
+            payload,
+        };
+        let mut bytes = f.emit();
+        assert_eq!(bytes.len(), SLOT_HEADER + payload.len());
+        assert_eq!(SlotFrame::parse(&bytes), Ok(f));
+        for n in 0..bytes.len() {
+            assert_eq!(SlotFrame::parse(&bytes[..n]), Err(BadSlotFrame::Short));
+        }
+        // An older, longer frame's tail after it is ignored.
+        bytes.extend_from_slice(b"stale");
+        assert_eq!(SlotFrame::parse(&bytes), Ok(f));
+        bytes[SLOT_HEADER] ^= 1;
+        assert_eq!(SlotFrame::parse(&bytes), Err(BadSlotFrame::NotIntact));
     }
 }

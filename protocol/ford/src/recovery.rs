@@ -152,7 +152,9 @@ fn logged_locks(raw: &[Vec<u8>], lock_log_at: Option<usize>, coordinator: u16) -
     let mut locks: Vec<_> = lock_log_at
         .map(|at| {
             raw.iter()
-                .flat_map(|bytes| wire::parse_lock_log(bytes.get(at..).unwrap_or(&[]), coordinator))
+                .flat_map(|bytes| {
+                    wire::LockLog::addrs_of(bytes.get(at..).unwrap_or(&[]), coordinator)
+                })
                 .collect()
         })
         .unwrap_or_default();
@@ -1013,7 +1015,11 @@ mod tests {
         let at = wire::lock_log_offset(s.log_region_bytes()).unwrap();
         let locks = [logic::pack_location(1, 64), logic::pack_location(0, 128)];
         let mut region = vec![0u8; s.log_region_bytes()];
-        let image = wire::encode_lock_log(2, &locks);
+        let image = wire::LockLog {
+            coordinator: 2,
+            addrs: locks.to_vec(),
+        }
+        .emit();
         region[at..at + image.len()].copy_from_slice(&image);
         let raw = vec![region.clone(), region];
         let found = logged_locks(&raw, Some(at), 2);

@@ -573,7 +573,12 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
             locs.iter()
                 .map(|l| logic::pack_location(l.bucket.partition, l.offset)),
         );
-        let image = wire::encode_lock_log(self.co.id, &self.st.lock_log);
+        let log = wire::LockLog {
+            coordinator: self.co.id,
+            addrs: std::mem::take(&mut self.st.lock_log),
+        };
+        let image = log.emit();
+        self.st.lock_log = log.addrs;
         let base = self
             .store()
             .log_offset(self.co.id)

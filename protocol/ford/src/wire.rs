@@ -33,32 +33,12 @@
 //! +--------+-------------+---------+------------------------------+
 //! ```
 
-use core::mem::size_of;
-
+use dmem_layout::bytes::{ByteReader, ByteSink};
 use dmem_layout::pill::{CoordinatorId as PillId, FailedCoordinatorSet};
 use dmem_layout::record::RemoteAddr as PackedAddr;
-use zerocopy::little_endian::{U16, U32, U64};
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-/// The fixed header of a control message.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
-)]
-#[repr(C)]
-pub struct ControlHeader {
-    kind: u8,
-    reserved: [u8; 3],
-    count: U32,
-    a: U64,
-    b: U64,
-}
-
-static_assertions::const_assert_eq!(size_of::<ControlHeader>(), ControlHeader::LEN);
-
-impl ControlHeader {
-    /// Bytes of the header.
-    pub const LEN: usize = 24;
-}
+/// Bytes of a control message's fixed header.
+pub const CONTROL_HEADER_LEN: usize = 24;
 
 mod kind {
     pub(super) const HEARTBEAT: u8 = 1;
@@ -118,13 +98,17 @@ impl ControlMsg {
     /// [`BadControlMsg`] for a short payload, an unknown kind, non-zero reserved bytes or a
     /// tail that does not match its count.
     pub fn parse(bytes: &[u8]) -> Result<Self, BadControlMsg> {
-        let (h, tail) =
-            ControlHeader::read_from_prefix(bytes).map_err(|_| BadControlMsg("short header"))?;
-        if h.reserved != [0; 3] {
+        let mut r = ByteReader::new(bytes);
+        let short = |_| BadControlMsg("short header");
+        let kind = r.u8().map_err(short)?;
+        let reserved = r.array::<3>().map_err(short)?;
+        let count = r.u32().map_err(short)? as usize;
+        let a = r.u64().map_err(short)?;
+        let b = r.u64().map_err(short)?;
+        if reserved != [0; 3] {
             return Err(BadControlMsg("reserved bytes set"));
         }
-        let count = h.count.get() as usize;
-        let expected_tail = if h.kind == kind::FAILED_COORDINATORS {
+        let expected_tail = if kind == kind::FAILED_COORDINATORS {
             if count > MAX_NOTIFIED_IDS {
                 return Err(BadControlMsg("too many coordinator ids"));
             }
@@ -132,18 +116,16 @@ impl ControlMsg {
         } else {
             0
         };
-        if tail.len() != expected_tail || (h.kind != kind::FAILED_COORDINATORS && count != 0) {
+        if r.remaining() != expected_tail || (kind != kind::FAILED_COORDINATORS && count != 0) {
             return Err(BadControlMsg("length does not match the count"));
         }
-        let (a, b) = (h.a.get(), h.b.get());
-        Ok(match h.kind {
+        let msg = match kind {
             kind::HEARTBEAT => Self::Heartbeat,
             kind::FAILED_COORDINATORS => Self::FailedCoordinators(
-                <[U16]>::ref_from_bytes(tail)
-                    .map_err(|_| BadControlMsg("id list"))?
-                    .iter()
-                    .map(|id| id.get())
-                    .collect(),
+                (0..count)
+                    .map(|_| r.u16())
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| BadControlMsg("id list"))?,
             ),
             kind::MN_FAILED => Self::MnFailed { epoch: a, mask: b },
             kind::MN_SUSPECT => Self::MnSuspect {
@@ -152,7 +134,10 @@ impl ControlMsg {
             kind::MN_ACK => Self::MnAck { epoch: a },
             kind::MN_RESUME => Self::MnResume { epoch: a },
             _ => return Err(BadControlMsg("unknown kind")),
-        })
+        };
+        r.finish()
+            .map_err(|_| BadControlMsg("length does not match the count"))?;
+        Ok(msg)
     }
 
     /// Encodes the message (ids beyond [`MAX_NOTIFIED_IDS`] are not sent; no CN has that
@@ -172,17 +157,14 @@ impl ControlMsg {
             Self::MnAck { epoch } => (kind::MN_ACK, *epoch, 0, &[]),
             Self::MnResume { epoch } => (kind::MN_RESUME, *epoch, 0, &[]),
         };
-        let header = ControlHeader {
-            kind,
-            reserved: [0; 3],
-            count: U32::new(ids.len() as u32),
-            a: U64::new(a),
-            b: U64::new(b),
-        };
-        let mut out = Vec::with_capacity(ControlHeader::LEN + 2 * ids.len());
-        out.extend_from_slice(header.as_bytes());
-        for id in ids {
-            out.extend_from_slice(&id.to_le_bytes());
+        let mut out = Vec::with_capacity(CONTROL_HEADER_LEN + 2 * ids.len());
+        out.put_u8(kind);
+        out.put_zeros(3);
+        out.put_u32(ids.len() as u32);
+        out.put_u64(a);
+        out.put_u64(b);
+        for &id in ids {
+            out.put_u16(id);
         }
         out
     }
@@ -207,18 +189,73 @@ pub const LOCK_LOG_SLOTS: usize = LOCK_LOG_BYTES / 8 - 1;
 
 const LOCK_LOG_MAGIC: [u8; 4] = *b"LKLG";
 
-/// The lock log's header.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
-)]
-#[repr(C)]
-struct LockLogHeader {
-    magic: [u8; 4],
-    coordinator: U16,
-    count: U16,
+/// Bytes of the lock log's header (magic, coordinator, count).
+const LOCK_LOG_HEADER: usize = 8;
+
+/// A coordinator's lock log: the locks its transaction holds or is acquiring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockLog {
+    /// The coordinator whose log it is.
+    pub coordinator: u16,
+    /// The locked records' packed addresses (at most [`LOCK_LOG_SLOTS`]; more are cut off
+    /// by [`LockLog::emit`]; null addresses are skipped by [`LockLog::parse`]).
+    pub addrs: Vec<PackedAddr>,
 }
 
-static_assertions::const_assert_eq!(size_of::<LockLogHeader>(), 8);
+/// Bytes that are not a lock log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("not a FORD lock log ({0})")]
+pub struct BadLockLog(&'static str);
+
+impl LockLog {
+    /// The lock-log image.
+    #[must_use]
+    pub fn emit(&self) -> Vec<u8> {
+        let n = self.addrs.len().min(LOCK_LOG_SLOTS);
+        let mut out = Vec::with_capacity(LOCK_LOG_HEADER + 8 * n);
+        out.put_bytes(&LOCK_LOG_MAGIC);
+        out.put_u16(self.coordinator);
+        out.put_u16(n as u16);
+        for a in &self.addrs[..n] {
+            out.put_u64(a.to_raw());
+        }
+        out
+    }
+
+    /// The lock log `bytes` starts with (the rest of the log region after it is ignored).
+    /// Its non-null addresses, as many of its count as the bytes hold.
+    ///
+    /// # Errors
+    /// [`BadLockLog`] for a truncated header or a missing magic (no lock log was written).
+    pub fn parse(bytes: &[u8]) -> Result<Self, BadLockLog> {
+        let mut r = ByteReader::new(bytes);
+        let short = |_| BadLockLog("short header");
+        let magic = r.array::<4>().map_err(short)?;
+        let coordinator = r.u16().map_err(short)?;
+        let count = r.u16().map_err(short)?;
+        if magic != LOCK_LOG_MAGIC {
+            return Err(BadLockLog("no magic"));
+        }
+        let n = usize::from(count).min(LOCK_LOG_SLOTS);
+        let addrs = (0..n)
+            .map_while(|_| r.u64().ok())
+            .map(PackedAddr::from_raw)
+            .filter(|a| !a.is_null())
+            .collect();
+        Ok(Self { coordinator, addrs })
+    }
+
+    /// The addresses in a lock log of `coordinator` (`bytes` starts at the lock log); empty
+    /// if there is none, it is truncated or belongs to another coordinator.
+    #[must_use]
+    pub fn addrs_of(bytes: &[u8], coordinator: u16) -> Vec<PackedAddr> {
+        Self::parse(bytes)
+            .ok()
+            .filter(|log| log.coordinator == coordinator)
+            .map(|log| log.addrs)
+            .unwrap_or_default()
+    }
+}
 
 /// Offset of the lock log inside a log region of `region_bytes`, if the region has room for
 /// a log header before it.
@@ -247,43 +284,6 @@ pub const fn log_fixed_bytes(lock_logging: bool) -> u64 {
 #[must_use]
 pub const fn undo_record_bytes(value_len: usize) -> u64 {
     ((dmem_layout::log::UndoRecordHeader::LEN + value_len + 7) & !7) as u64
-}
-
-/// The lock-log image of `coordinator` naming `addrs` (at most [`LOCK_LOG_SLOTS`]; more are
-/// cut off).
-#[must_use]
-pub fn encode_lock_log(coordinator: u16, addrs: &[PackedAddr]) -> Vec<u8> {
-    let n = addrs.len().min(LOCK_LOG_SLOTS);
-    let header = LockLogHeader {
-        magic: LOCK_LOG_MAGIC,
-        coordinator: U16::new(coordinator),
-        count: U16::new(n as u16),
-    };
-    let mut out = Vec::with_capacity(8 + 8 * n);
-    out.extend_from_slice(header.as_bytes());
-    for a in &addrs[..n] {
-        out.extend_from_slice(&a.to_raw().to_le_bytes());
-    }
-    out
-}
-
-/// The addresses in a lock log of `coordinator` (`bytes` starts at the lock log); empty if
-/// there is none, it is truncated or belongs to another coordinator.
-#[must_use]
-pub fn parse_lock_log(bytes: &[u8], coordinator: u16) -> Vec<PackedAddr> {
-    let Ok((h, body)) = LockLogHeader::read_from_prefix(bytes) else {
-        return Vec::new();
-    };
-    if h.magic != LOCK_LOG_MAGIC || h.coordinator.get() != coordinator {
-        return Vec::new();
-    }
-    let n = usize::from(h.count.get()).min(LOCK_LOG_SLOTS);
-    body.chunks_exact(8)
-        .take(n)
-        .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
-        .map(PackedAddr::from_raw)
-        .filter(|a| !a.is_null())
-        .collect()
 }
 
 #[cfg(test)]
@@ -346,18 +346,46 @@ mod tests {
             PackedAddr::new(1, 64).unwrap(),
             PackedAddr::new(2, 128).unwrap(),
         ];
-        let image = encode_lock_log(5, &addrs);
-        assert_eq!(parse_lock_log(&image, 5), addrs.to_vec());
+        let log = LockLog {
+            coordinator: 5,
+            addrs: addrs.to_vec(),
+        };
+        let image = log.emit();
+        assert_eq!(LockLog::parse(&image), Ok(log));
+        assert_eq!(LockLog::addrs_of(&image, 5), addrs.to_vec());
         assert!(
-            parse_lock_log(&image, 6).is_empty(),
+            LockLog::addrs_of(&image, 6).is_empty(),
             "another coordinator's"
         );
+        assert_eq!(LockLog::parse(&image[..5]), Err(BadLockLog("short header")));
         assert!(
-            parse_lock_log(&image[..5], 5).is_empty(),
+            LockLog::addrs_of(&image[..5], 5).is_empty(),
             "truncated header"
         );
         let mut bad = image.clone();
         bad[0] = b'X';
-        assert!(parse_lock_log(&bad, 5).is_empty(), "no magic");
+        assert_eq!(LockLog::parse(&bad), Err(BadLockLog("no magic")));
+        assert!(LockLog::addrs_of(&bad, 5).is_empty(), "no magic");
+        // The rest of the region after the log is ignored.
+        let mut region = image.clone();
+        region.resize(LOCK_LOG_BYTES, 0);
+        assert_eq!(LockLog::addrs_of(&region, 5), addrs.to_vec());
+    }
+
+    #[test]
+    fn control_messages_keep_their_layout() {
+        let b = ControlMsg::FailedCoordinators(vec![7, 0x0102]).emit();
+        assert_eq!(
+            b,
+            [
+                2, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0, 2, 1
+            ]
+        );
+        let b = ControlMsg::MnFailed { epoch: 3, mask: 5 }.emit();
+        assert_eq!(b.len(), CONTROL_HEADER_LEN);
+        assert_eq!((b[0], b[8], b[16]), (3, 3, 5));
+        for n in 0..b.len() {
+            assert!(ControlMsg::parse(&b[..n]).is_err(), "cut at {n}");
+        }
     }
 }

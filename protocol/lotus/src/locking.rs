@@ -540,7 +540,7 @@ pub async fn serve<V: Verbs + Clock>(ctx: V, cluster: Rc<LockCluster>, locks: Ar
                 req: req.req,
                 status: Status::Granted,
             };
-            let _ = ctx.send(msg.from, &reply.encode()).await;
+            let _ = ctx.send(msg.from, &reply.emit()).await;
             continue;
         }
         if req.kind == RequestKind::Handover {
@@ -549,7 +549,7 @@ pub async fn serve<V: Verbs + Clock>(ctx: V, cluster: Rc<LockCluster>, locks: Ar
                 req: req.req,
                 status: Status::Granted,
             };
-            let _ = ctx.send(msg.from, &reply.encode()).await;
+            let _ = ctx.send(msg.from, &reply.emit()).await;
             continue;
         }
         let (status, ops) = if req.kind == RequestKind::Lock && !cluster.serves(locks.cn) {
@@ -571,7 +571,7 @@ pub async fn serve<V: Verbs + Clock>(ctx: V, cluster: Rc<LockCluster>, locks: Ar
                 req: req.req,
                 status,
             };
-            let _ = ctx.send(msg.from, &reply.encode()).await;
+            let _ = ctx.send(msg.from, &reply.emit()).await;
         }
     }
 }

@@ -53,7 +53,7 @@ impl Notice {
                     txn: 0,
                     entries: Vec::new(),
                 };
-                Some((cluster.server(x, 0)?, request.encode()))
+                Some((cluster.server(x, 0)?, request.emit()))
             })
             .collect()
     }
@@ -181,7 +181,7 @@ mod tests {
                 req: from,
                 status: Status::Granted,
             }
-            .encode()
+            .emit()
         };
         assert!(
             !notice.on_message(b"dmem-alive"),

@@ -655,7 +655,7 @@ mod tests {
     use dmem_verbs::{MemoryRegion, NodeId, RKey};
 
     use super::*;
-    use crate::recovery::{encode_log, parse_log};
+    use crate::recovery::CommitLog;
 
     fn want(key: u64, shard: u16, mode: LockMode) -> LockWant {
         LockWant {
@@ -962,8 +962,13 @@ mod tests {
         assert_eq!(replicas.len(), 2);
         // Image and cell (or whole meta) on each replica.
         assert!(w.data.len() >= 2 * replicas.len());
-        let log = encode_log(77, &w.logged);
-        assert_eq!(parse_log(&log), Some((77, w.logged.clone())));
+        let log = CommitLog {
+            writer: 77,
+            entries: w.logged.clone(),
+        };
+        let bytes = log.emit();
+        assert_eq!(CommitLog::parse(&bytes), Ok(log));
+        let log = bytes;
         let n = w.data.len();
         let list = log_and_data(&store, 1, &log, w.data.clone()).unwrap();
         // The log first, once per live MN, then the data.

@@ -25,6 +25,7 @@
 //! released earlier lets a survivor read around an INVISIBLE version that recovery then
 //! makes visible — the planted bug `early-unlock` does exactly that.
 
+use dmem_layout::bytes::{ByteReader, ByteSink, BytesError};
 use dmem_layout::cvt::{CvtCell, INVISIBLE};
 use dmem_motor::logic::free_with_cv;
 use dmem_motor::mvcc::{self, BlockShape, Shapes, unpack_writer};
@@ -59,51 +60,85 @@ pub const fn log_len(n: usize) -> usize {
     LOG_FIXED_BYTES + LOG_ENTRY_BYTES * n
 }
 
-/// The encoding of a commit log.
-#[must_use]
-pub fn encode_log(writer: u64, entries: &[LogEntry]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(log_len(entries.len()));
-    b.extend_from_slice(&writer.to_le_bytes());
-    b.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    b.extend_from_slice(&[0; 4]);
-    for e in entries {
-        b.extend_from_slice(&e.table.0.to_le_bytes());
-        b.extend_from_slice(&e.partition.to_le_bytes());
-        b.extend_from_slice(&e.cell.to_le_bytes());
-        b.extend_from_slice(&e.offset.to_le_bytes());
-    }
-    b.extend_from_slice(&writer.to_le_bytes());
-    b
+/// A coordinator's commit log (LOTUS §6), written to its log region before the data:
+/// `writer u64 | count u32 | pad u32 | count × (table u32, partition u16, cell u16,
+/// offset u64) | writer u64`, little-endian. The closing writer tells a whole log from a
+/// torn one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitLog {
+    /// The packed writer (transaction id) of the log, 0 for none.
+    pub writer: u64,
+    /// The new versions it names.
+    pub entries: Vec<LogEntry>,
 }
 
-/// Parses a log region: the writer and entries of a whole log, `None` for an empty, torn
-/// or malformed one.
-#[must_use]
-pub fn parse_log(b: &[u8]) -> Option<(u64, Vec<LogEntry>)> {
-    let u64_at =
-        |o: usize| -> Option<u64> { Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?)) };
-    let writer = u64_at(0)?;
-    if writer == 0 {
-        return None;
+/// Why a log region holds no whole commit log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadLog {
+    /// Writer 0 or no entries: no log was written.
+    #[error("no commit log")]
+    Empty,
+    /// The region ends inside the log.
+    #[error("commit log truncated")]
+    Truncated,
+    /// The closing writer does not match the opening one: the log was torn.
+    #[error("torn commit log")]
+    Torn,
+}
+
+impl CommitLog {
+    /// The log's bytes.
+    #[must_use]
+    pub fn emit(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(log_len(self.entries.len()));
+        b.put_u64(self.writer);
+        b.put_u32(self.entries.len() as u32);
+        b.put_zeros(4);
+        for e in &self.entries {
+            b.put_u32(e.table.0);
+            b.put_u16(e.partition);
+            b.put_u16(e.cell);
+            b.put_u64(e.offset);
+        }
+        b.put_u64(self.writer);
+        b
     }
-    let n = u32::from_le_bytes(b.get(8..12)?.try_into().ok()?) as usize;
-    if n == 0 || log_len(n) > b.len() {
-        return None;
+
+    /// The whole log a log region starts with (the rest of the region is ignored).
+    ///
+    /// # Errors
+    /// [`BadLog`] for an empty, truncated or torn log.
+    pub fn parse(b: &[u8]) -> Result<Self, BadLog> {
+        let mut r = ByteReader::new(b);
+        let short = |_| BadLog::Truncated;
+        let writer = r.u64().map_err(short)?;
+        if writer == 0 {
+            return Err(BadLog::Empty);
+        }
+        let n = r.u32().map_err(short)? as usize;
+        if n == 0 {
+            return Err(BadLog::Empty);
+        }
+        if log_len(n) > b.len() {
+            return Err(BadLog::Truncated);
+        }
+        r.u32().map_err(short)?; // pad
+        let entries = (0..n)
+            .map(|_| {
+                Ok(LogEntry {
+                    table: TableId(r.u32()?),
+                    partition: r.u16()?,
+                    cell: r.u16()?,
+                    offset: r.u64()?,
+                })
+            })
+            .collect::<Result<Vec<_>, BytesError>>()
+            .map_err(short)?;
+        if r.u64().map_err(short)? != writer {
+            return Err(BadLog::Torn);
+        }
+        Ok(Self { writer, entries })
     }
-    if u64_at(16 + 16 * n)? != writer {
-        return None;
-    }
-    let mut entries = Vec::with_capacity(n);
-    for i in 0..n {
-        let o = 16 + 16 * i;
-        entries.push(LogEntry {
-            table: TableId(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?)),
-            partition: u16::from_le_bytes(b.get(o + 4..o + 6)?.try_into().ok()?),
-            cell: u16::from_le_bytes(b.get(o + 6..o + 8)?.try_into().ok()?),
-            offset: u64_at(o + 8)?,
-        });
-    }
-    Some((writer, entries))
 }
 
 /// What recovery decided for one coordinator.
@@ -258,10 +293,12 @@ fn newest_logs<'a>(
     let mut logs: Vec<Option<(u64, Vec<LogEntry>)>> = vec![None; n];
     let seq = |w: u64| unpack_writer(w).map_or(0, |t| t.seq);
     for (i, bytes) in copies {
-        if let Some((w, e)) = parse_log(bytes)
-            && logs[i].as_ref().is_none_or(|(old, _)| seq(w) > seq(*old))
+        if let Ok(log) = CommitLog::parse(bytes)
+            && logs[i]
+                .as_ref()
+                .is_none_or(|(old, _)| seq(log.writer) > seq(*old))
         {
-            logs[i] = Some((w, e));
+            logs[i] = Some((log.writer, log.entries));
         }
     }
     logs
@@ -381,16 +418,24 @@ mod tests {
                 offset: 64,
             },
         ];
-        let b = encode_log(0xABCD, &e);
+        let log = CommitLog {
+            writer: 0xABCD,
+            entries: e.to_vec(),
+        };
+        let b = log.emit();
         assert_eq!(b.len(), log_len(2));
+        assert_eq!(CommitLog::parse(&b), Ok(log.clone()));
         let mut region = vec![0u8; 256];
         region[..b.len()].copy_from_slice(&b);
-        assert_eq!(parse_log(&region), Some((0xABCD, e.to_vec())));
+        assert_eq!(CommitLog::parse(&region), Ok(log));
         // The trailer did not land: torn.
         region[b.len() - 1] ^= 1;
-        assert_eq!(parse_log(&region), None);
-        assert_eq!(parse_log(&[0u8; 64]), None);
-        assert_eq!(parse_log(&b[..20]), None);
+        assert_eq!(CommitLog::parse(&region), Err(BadLog::Torn));
+        assert_eq!(CommitLog::parse(&[0u8; 64]), Err(BadLog::Empty));
+        assert_eq!(CommitLog::parse(&b[..20]), Err(BadLog::Truncated));
+        for n in 0..b.len() {
+            assert!(CommitLog::parse(&b[..n]).is_err(), "cut at {n}");
+        }
     }
 
     fn writer(seq: u64) -> u64 {
@@ -408,8 +453,15 @@ mod tests {
             cell: 0,
             offset: 64,
         }];
-        let (old, new) = (encode_log(writer(3), &e), encode_log(writer(5), &e));
-        let mut torn = encode_log(writer(9), &e);
+        let log = |seq: u64| {
+            CommitLog {
+                writer: writer(seq),
+                entries: e.to_vec(),
+            }
+            .emit()
+        };
+        let (old, new) = (log(3), log(5));
+        let mut torn = log(9);
         let last = torn.len() - 1;
         torn[last] ^= 1;
         let copies = [

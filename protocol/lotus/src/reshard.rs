@@ -38,6 +38,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use dmem_layout::bytes::{ByteReader, ByteSink, SliceWriter};
 use dmem_locks::LockMode;
 use dmem_verbs::{Clock, Nanos, RemoteAddr, Verbs, VerbsExt};
 
@@ -103,11 +104,13 @@ impl CnMetric {
 
     /// The encoding.
     #[must_use]
-    pub fn encode(&self) -> [u8; Self::BYTES] {
+    pub fn emit(&self) -> [u8; Self::BYTES] {
         let mut b = [0u8; Self::BYTES];
-        b[..8].copy_from_slice(&self.interval.to_le_bytes());
-        b[8..16].copy_from_slice(&self.latency_ns.to_le_bytes());
-        b[16..].copy_from_slice(&self.txns.to_le_bytes());
+        let mut w = SliceWriter::new(&mut b);
+        w.put_u64(self.interval);
+        w.put_u64(self.latency_ns);
+        w.put_u64(self.txns);
+        debug_assert_eq!(w.finish(), Ok(Self::BYTES));
         b
     }
 
@@ -116,19 +119,14 @@ impl CnMetric {
     /// # Errors
     /// [`WireError::Truncated`] unless `b` is exactly [`CnMetric::BYTES`] long.
     pub fn parse(b: &[u8]) -> Result<Self, WireError> {
-        if b.len() != Self::BYTES {
-            return Err(WireError::Truncated(b.len()));
-        }
-        let word = |o: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&b[o..o + 8]);
-            u64::from_le_bytes(w)
+        let mut r = ByteReader::new(b);
+        let m = Self {
+            interval: r.u64()?,
+            latency_ns: r.u64()?,
+            txns: r.u64()?,
         };
-        Ok(Self {
-            interval: word(0),
-            latency_ns: word(8),
-            txns: word(16),
-        })
+        r.finish()?;
+        Ok(m)
     }
 }
 
@@ -400,7 +398,7 @@ pub async fn monitor<V: Verbs + Clock>(
         };
         let mut at = region;
         at.offset += u64::from(cn) * CnMetric::BYTES as u64;
-        if ctx.write(at, &mine.encode()).await.is_err() {
+        if ctx.write(at, &mine.emit()).await.is_err() {
             return;
         }
         let Ok(bytes) = ctx
@@ -455,7 +453,7 @@ async fn hand_over<V: Verbs + Clock>(
                     cluster.map.borrow_mut().finish_move(shard, from);
                     return;
                 };
-                if ctx.send(server, &msg.encode()).await.is_err() {
+                if ctx.send(server, &msg.emit()).await.is_err() {
                     return;
                 }
                 let deadline = ctx.now() + cfg.ack_timeout;
@@ -499,7 +497,7 @@ mod tests {
     #[test]
     fn metric_round_trip_and_bad_length() {
         let m = metric(7, 12_345, 99);
-        assert_eq!(CnMetric::parse(&m.encode()), Ok(m));
+        assert_eq!(CnMetric::parse(&m.emit()), Ok(m));
         assert_eq!(CnMetric::parse(&[0; 23]), Err(WireError::Truncated(23)));
     }
 
@@ -609,7 +607,7 @@ mod tests {
         };
         assert_eq!(c.map.borrow().generation(shard), 0, "nobody aborted");
         assert!(map(&|m| !m.serves(to, shard)), "not before the message");
-        let parsed = Request::parse(&msg.encode()).unwrap();
+        let parsed = Request::parse(&msg.emit()).unwrap();
         crate::locking::receive_handover(&c, &c.cns[2], &parsed, 5_000);
         crate::locking::receive_handover(&c, &c.cns[2], &parsed, 6_000); // a repeated message changes nothing
         h.acked(&c);

@@ -52,7 +52,7 @@ use crate::locking::{CnLocks, LockCluster, LockFor};
 use crate::plan::{
     self, AttemptEnd, Fetch, HeldLock, LocalStep, LockAttempt, LockWant, ReplyStep, SlotChoice,
 };
-use crate::recovery::encode_log;
+use crate::recovery::CommitLog;
 use crate::shard::{Sharding, bucket_lock_key, record_lock_key};
 use crate::wire::{Reply, Request, RequestKind};
 
@@ -424,7 +424,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
             };
             self.co.stats.lock_messages += 1;
             self.co.stats.remote_locks += entries.len() as u64;
-            self.co.ctx.send(server, &req.encode()).await?;
+            self.co.ctx.send(server, &req.emit()).await?;
             attempt.sent(self.co.req, owner, entries);
         }
         Ok(())
@@ -563,7 +563,7 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
                 entries,
             };
             self.co.stats.lock_messages += 1;
-            let _ = self.co.ctx.send(server, &req.encode()).await;
+            let _ = self.co.ctx.send(server, &req.emit()).await;
         }
     }
 
@@ -1064,14 +1064,18 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> LotusTxn<'_, V, H, T
         // on every MN's queue pair, so an INVISIBLE cell never lands without it).
         let horizon = self.co.ts.horizon(self.co.cfg.gc_threshold);
         let writer = pack_writer(self.id);
-        let w = plan::plan_writes(
+        let mut w = plan::plan_writes(
             self.store(),
             &self.co.shapes,
             &self.sets.writes,
             horizon,
             writer,
         )?;
-        let log = encode_log(writer, &w.logged);
+        let log = CommitLog {
+            writer,
+            entries: std::mem::take(&mut w.logged),
+        }
+        .emit();
         let list = plan::log_and_data(self.store(), self.co.id, &log, w.data)
             .map_err(TxnError::Aborted)?;
         self.co.ctx.mark_phase(Phase::WriteInvisible);

@@ -9,6 +9,7 @@
 //! reply    kind u8 (3) | status u8 | pad 6 | req u64
 //! ```
 
+use dmem_layout::bytes::{ByteReader, ByteSink, BytesError, SliceWriter};
 use dmem_locks::LockMode;
 
 /// Bytes of a request before its entries.
@@ -92,14 +93,38 @@ pub enum WireError {
     Field(&'static str),
 }
 
-fn u16_at(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
+impl From<BytesError> for WireError {
+    /// A short field means the message is shorter than its header says.
+    fn from(e: BytesError) -> Self {
+        match e {
+            BytesError::Truncated { at, left, .. } => WireError::Truncated(at + left),
+            BytesError::Trailing { at, extra } => WireError::Truncated(at + extra),
+            BytesError::Full { at, .. } => WireError::Truncated(at),
+        }
+    }
 }
 
-fn u64_at(b: &[u8], o: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[o..o + 8]);
-    u64::from_le_bytes(w)
+impl RequestKind {
+    const fn code(self) -> u8 {
+        match self {
+            RequestKind::Lock => 1,
+            RequestKind::Unlock => 2,
+            RequestKind::Handover => 4,
+            RequestKind::Release => 5,
+            RequestKind::Rejoin => 6,
+        }
+    }
+
+    const fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            1 => RequestKind::Lock,
+            2 => RequestKind::Unlock,
+            4 => RequestKind::Handover,
+            5 => RequestKind::Release,
+            6 => RequestKind::Rejoin,
+            _ => return None,
+        })
+    }
 }
 
 impl Request {
@@ -117,25 +142,19 @@ impl Request {
 
     /// The encoding.
     #[must_use]
-    pub fn encode(&self) -> Vec<u8> {
+    pub fn emit(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(self.len());
-        b.push(match self.kind {
-            RequestKind::Lock => 1,
-            RequestKind::Unlock => 2,
-            RequestKind::Handover => 4,
-            RequestKind::Release => 5,
-            RequestKind::Rejoin => 6,
-        });
-        b.push(0);
-        b.extend_from_slice(&self.cn.to_le_bytes());
-        b.extend_from_slice(&[0; 4]);
-        b.extend_from_slice(&self.req.to_le_bytes());
-        b.extend_from_slice(&self.txn.to_le_bytes());
-        b.extend_from_slice(&(self.entries.len() as u16).to_le_bytes());
+        b.put_u8(self.kind.code());
+        b.put_zeros(1);
+        b.put_u16(self.cn);
+        b.put_zeros(4);
+        b.put_u64(self.req);
+        b.put_u64(self.txn);
+        b.put_u16(self.entries.len() as u16);
         for e in &self.entries {
-            b.extend_from_slice(&e.key.to_le_bytes());
-            b.extend_from_slice(&e.shard.to_le_bytes());
-            b.push(u8::from(e.mode == LockMode::Exclusive));
+            b.put_u64(e.key);
+            b.put_u16(e.shard);
+            b.put_u8(u8::from(e.mode == LockMode::Exclusive));
         }
         b
     }
@@ -148,36 +167,35 @@ impl Request {
         if b.len() < REQUEST_HEADER {
             return Err(WireError::Truncated(b.len()));
         }
-        let kind = match b[0] {
-            1 => RequestKind::Lock,
-            2 => RequestKind::Unlock,
-            4 => RequestKind::Handover,
-            5 => RequestKind::Release,
-            6 => RequestKind::Rejoin,
-            _ => return Err(WireError::Field("kind")),
-        };
-        let n = usize::from(u16_at(b, 24));
+        let mut r = ByteReader::new(b);
+        let kind = RequestKind::from_code(r.u8()?).ok_or(WireError::Field("kind"))?;
+        r.u8()?; // pad
+        let cn = r.u16()?;
+        r.u32()?; // pad
+        let req = r.u64()?;
+        let txn = r.u64()?;
+        let n = usize::from(r.u16()?);
         if b.len() != REQUEST_HEADER + n * ENTRY {
             return Err(WireError::Truncated(b.len()));
         }
         let mut entries = Vec::with_capacity(n);
-        for i in 0..n {
-            let o = REQUEST_HEADER + i * ENTRY;
+        for _ in 0..n {
             entries.push(LockEntry {
-                key: u64_at(b, o),
-                shard: u16_at(b, o + 8),
-                mode: match b[o + 10] {
+                key: r.u64()?,
+                shard: r.u16()?,
+                mode: match r.u8()? {
                     0 => LockMode::Shared,
                     1 => LockMode::Exclusive,
                     _ => return Err(WireError::Field("mode")),
                 },
             });
         }
+        r.finish()?;
         Ok(Self {
             kind,
-            cn: u16_at(b, 2),
-            req: u64_at(b, 8),
-            txn: u64_at(b, 16),
+            cn,
+            req,
+            txn,
             entries,
         })
     }
@@ -186,15 +204,18 @@ impl Request {
 impl Reply {
     /// The encoding.
     #[must_use]
-    pub fn encode(&self) -> [u8; REPLY] {
+    pub fn emit(&self) -> [u8; REPLY] {
         let mut b = [0u8; REPLY];
-        b[0] = 3;
-        b[1] = match self.status {
+        let mut w = SliceWriter::new(&mut b);
+        w.put_u8(3);
+        w.put_u8(match self.status {
             Status::Granted => 0,
             Status::Refused => 1,
             Status::NotOwner => 2,
-        };
-        b[8..].copy_from_slice(&self.req.to_le_bytes());
+        });
+        w.put_zeros(6);
+        w.put_u64(self.req);
+        debug_assert_eq!(w.finish(), Ok(REPLY));
         b
     }
 
@@ -206,19 +227,20 @@ impl Reply {
         if b.len() != REPLY {
             return Err(WireError::Truncated(b.len()));
         }
-        if b[0] != 3 {
+        let mut r = ByteReader::new(b);
+        if r.u8()? != 3 {
             return Err(WireError::Field("kind"));
         }
-        let status = match b[1] {
+        let status = match r.u8()? {
             0 => Status::Granted,
             1 => Status::Refused,
             2 => Status::NotOwner,
             _ => return Err(WireError::Field("status")),
         };
-        Ok(Self {
-            req: u64_at(b, 8),
-            status,
-        })
+        r.array::<6>()?; // pad
+        let req = r.u64()?;
+        r.finish()?;
+        Ok(Self { req, status })
     }
 }
 
@@ -260,8 +282,10 @@ mod tests {
                 })
                 .collect(),
         };
-        let b = r.encode();
-        b.len() == r.len() && Request::parse(&b) == Ok(r)
+        let b = r.emit();
+        b.len() == r.len()
+            && (0..b.len()).all(|n| Request::parse(&b[..n]) == Err(WireError::Truncated(n)))
+            && Request::parse(&b) == Ok(r)
     }
 
     #[quickcheck]
@@ -275,15 +299,16 @@ mod tests {
     fn reply_round_trip_and_bad_input() {
         for status in [Status::Granted, Status::Refused, Status::NotOwner] {
             let r = Reply { req: 77, status };
-            assert_eq!(Reply::parse(&r.encode()), Ok(r));
+            assert_eq!(Reply::parse(&r.emit()), Ok(r));
         }
         let mut b = Reply {
             req: 1,
             status: Status::Granted,
         }
-        .encode();
+        .emit();
         b[1] = 9;
         assert_eq!(Reply::parse(&b), Err(WireError::Field("status")));
         assert_eq!(Request::parse(&[1; 5]), Err(WireError::Truncated(5)));
+        assert_eq!(Reply::parse(&b[..15]), Err(WireError::Truncated(15)));
     }
 }

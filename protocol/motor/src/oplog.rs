@@ -19,6 +19,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+use dmem_layout::bytes::{ByteReader, ByteSink, BytesError};
 use dmem_txn::TableId;
 
 /// A record whose lock (on its primary) a coordinator holds.
@@ -94,100 +95,62 @@ pub enum OpLogDecodeError {
     Trailing(usize),
 }
 
-/// Little-endian writer of [`OpLog::encode`].
-struct Enc(Vec<u8>);
-
-impl Enc {
-    fn u8(&mut self, v: u8) {
-        self.0.push(v);
-    }
-    fn u16(&mut self, v: u16) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn bytes(&mut self, b: &[u8]) {
-        self.u32(b.len() as u32);
-        self.0.extend_from_slice(b);
-    }
-    fn chunk(&mut self, (offset, b): &(u64, Vec<u8>)) {
-        self.u64(*offset);
-        self.bytes(b);
-    }
-    fn record(&mut self, r: &LockedRecord) {
-        self.u32(r.table.0);
-        self.u16(r.partition);
-        self.u64(r.block);
-    }
-}
-
-/// Checked little-endian reader of [`OpLog::decode`]: every length is checked against the
-/// bytes left before anything is allocated.
-struct Dec<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl Dec<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], OpLogDecodeError> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.bytes.len())
-            .ok_or(OpLogDecodeError::Truncated(self.at))?;
-        let out = &self.bytes[self.at..end];
-        self.at = end;
-        Ok(out)
-    }
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], OpLogDecodeError> {
-        let at = self.at;
-        self.take(N)?
-            .try_into()
-            .map_err(|_| OpLogDecodeError::Truncated(at))
-    }
-    fn u8(&mut self) -> Result<u8, OpLogDecodeError> {
-        Ok(self.array::<1>()?[0])
-    }
-    fn u16(&mut self) -> Result<u16, OpLogDecodeError> {
-        Ok(u16::from_le_bytes(self.array()?))
-    }
-    fn u32(&mut self) -> Result<u32, OpLogDecodeError> {
-        Ok(u32::from_le_bytes(self.array()?))
-    }
-    fn u64(&mut self) -> Result<u64, OpLogDecodeError> {
-        Ok(u64::from_le_bytes(self.array()?))
-    }
-    /// A count of items of at least `min_len` bytes each, checked against the bytes left.
-    fn count(&mut self, min_len: usize) -> Result<usize, OpLogDecodeError> {
-        let at = self.at;
-        let n = self.u32()? as usize;
-        if n.saturating_mul(min_len) > self.bytes.len() - self.at {
-            return Err(OpLogDecodeError::Truncated(at));
+impl From<BytesError> for OpLogDecodeError {
+    fn from(e: BytesError) -> Self {
+        match e {
+            BytesError::Truncated { at, .. } | BytesError::Full { at, .. } => {
+                OpLogDecodeError::Truncated(at)
+            }
+            BytesError::Trailing { extra, .. } => OpLogDecodeError::Trailing(extra),
         }
-        Ok(n)
     }
-    fn bytes(&mut self) -> Result<Vec<u8>, OpLogDecodeError> {
-        let n = self.count(1)?;
-        Ok(self.take(n)?.to_vec())
+}
+
+fn put_chunk(w: &mut impl ByteSink, (offset, b): &(u64, Vec<u8>)) {
+    w.put_u64(*offset);
+    w.put_u32(b.len() as u32);
+    w.put_bytes(b);
+}
+
+fn put_record(w: &mut impl ByteSink, r: &LockedRecord) {
+    w.put_u32(r.table.0);
+    w.put_u16(r.partition);
+    w.put_u64(r.block);
+}
+
+fn put_records(w: &mut impl ByteSink, records: &[LockedRecord]) {
+    w.put_u32(records.len() as u32);
+    records.iter().for_each(|r| put_record(w, r));
+}
+
+/// A count of items of at least `min_len` bytes each, checked against the bytes left
+/// before anything is allocated.
+fn count(r: &mut ByteReader<'_>, min_len: usize) -> Result<usize, OpLogDecodeError> {
+    let at = r.position();
+    let n = r.u32()? as usize;
+    if n.saturating_mul(min_len) > r.remaining() {
+        return Err(OpLogDecodeError::Truncated(at));
     }
-    fn chunk(&mut self) -> Result<(u64, Vec<u8>), OpLogDecodeError> {
-        Ok((self.u64()?, self.bytes()?))
-    }
-    fn record(&mut self) -> Result<LockedRecord, OpLogDecodeError> {
-        Ok(LockedRecord {
-            table: TableId(self.u32()?),
-            partition: self.u16()?,
-            block: self.u64()?,
-        })
-    }
-    fn records(&mut self) -> Result<Vec<LockedRecord>, OpLogDecodeError> {
-        let n = self.count(RECORD_LEN)?;
-        (0..n).map(|_| self.record()).collect()
-    }
+    Ok(n)
+}
+
+fn chunk(r: &mut ByteReader<'_>) -> Result<(u64, Vec<u8>), OpLogDecodeError> {
+    let offset = r.u64()?;
+    let n = count(r, 1)?;
+    Ok((offset, r.bytes(n)?.to_vec()))
+}
+
+fn record(r: &mut ByteReader<'_>) -> Result<LockedRecord, OpLogDecodeError> {
+    Ok(LockedRecord {
+        table: TableId(r.u32()?),
+        partition: r.u16()?,
+        block: r.u64()?,
+    })
+}
+
+fn records(r: &mut ByteReader<'_>) -> Result<Vec<LockedRecord>, OpLogDecodeError> {
+    let n = count(r, RECORD_LEN)?;
+    (0..n).map(|_| record(r)).collect()
 }
 
 /// Bytes of an encoded [`LockedRecord`].
@@ -197,73 +160,73 @@ impl OpLog {
     /// The entry as bytes (little endian), for logs kept outside this process's memory
     /// (a real cluster's CN processes: see `dmem-deploy`'s `process` module).
     #[must_use]
-    pub fn encode(&self) -> Vec<u8> {
-        let mut e = Enc(Vec::new());
+    pub fn emit(&self) -> Vec<u8> {
+        let mut w = Vec::new();
         match self {
-            OpLog::Idle => e.u8(0),
+            OpLog::Idle => w.put_u8(0),
             OpLog::Locking { seq, locked } => {
-                e.u8(1);
-                e.u64(*seq);
-                e.u32(locked.len() as u32);
-                locked.iter().for_each(|r| e.record(r));
+                w.put_u8(1);
+                w.put_u64(*seq);
+                put_records(&mut w, locked);
             }
             OpLog::Committing {
                 seq,
                 locked,
                 installs,
             } => {
-                e.u8(2);
-                e.u64(*seq);
-                e.u32(locked.len() as u32);
-                locked.iter().for_each(|r| e.record(r));
-                e.u32(installs.len() as u32);
+                w.put_u8(2);
+                w.put_u64(*seq);
+                put_records(&mut w, locked);
+                w.put_u32(installs.len() as u32);
                 for i in installs {
-                    e.record(&i.record);
-                    e.u64(i.version);
-                    e.u32(i.images.len() as u32);
-                    i.images.iter().for_each(|c| e.chunk(c));
-                    e.chunk(&i.cell);
+                    put_record(&mut w, &i.record);
+                    w.put_u64(i.version);
+                    w.put_u32(i.images.len() as u32);
+                    i.images.iter().for_each(|c| put_chunk(&mut w, c));
+                    put_chunk(&mut w, &i.cell);
                     match &i.whole {
-                        None => e.u8(0),
+                        None => w.put_u8(0),
                         Some(c) => {
-                            e.u8(1);
-                            e.chunk(c);
+                            w.put_u8(1);
+                            put_chunk(&mut w, c);
                         }
                     }
                 }
             }
         }
-        e.0
+        w
     }
 
-    /// Parses [`encode`](Self::encode)'s bytes.
+    /// Parses [`emit`](Self::emit)'s bytes.
     ///
     /// # Errors
     /// [`OpLogDecodeError`] for bytes that are not exactly one entry.
-    pub fn decode(bytes: &[u8]) -> Result<Self, OpLogDecodeError> {
-        let mut d = Dec { bytes, at: 0 };
-        let log = match d.u8()? {
+    pub fn parse(bytes: &[u8]) -> Result<Self, OpLogDecodeError> {
+        let mut r = ByteReader::new(bytes);
+        let log = match r.u8()? {
             0 => OpLog::Idle,
             1 => OpLog::Locking {
-                seq: d.u64()?,
-                locked: d.records()?,
+                seq: r.u64()?,
+                locked: records(&mut r)?,
             },
             2 => {
-                let seq = d.u64()?;
-                let locked = d.records()?;
+                let seq = r.u64()?;
+                let locked = records(&mut r)?;
                 // An install is at least a record, a version, a count, a cell and a flag.
-                let n = d.count(RECORD_LEN + 8 + 4 + 12 + 1)?;
+                let n = count(&mut r, RECORD_LEN + 8 + 4 + 12 + 1)?;
                 let mut installs = Vec::with_capacity(n);
                 for _ in 0..n {
-                    let record = d.record()?;
-                    let version = d.u64()?;
-                    let images = d.count(12)?;
-                    let images = (0..images).map(|_| d.chunk()).collect::<Result<_, _>>()?;
-                    let cell = d.chunk()?;
-                    let at = d.at;
-                    let whole = match d.u8()? {
+                    let record = record(&mut r)?;
+                    let version = r.u64()?;
+                    let images = count(&mut r, 12)?;
+                    let images = (0..images)
+                        .map(|_| chunk(&mut r))
+                        .collect::<Result<_, _>>()?;
+                    let cell = chunk(&mut r)?;
+                    let at = r.position();
+                    let whole = match r.u8()? {
                         0 => None,
-                        1 => Some(d.chunk()?),
+                        1 => Some(chunk(&mut r)?),
                         tag => return Err(OpLogDecodeError::BadTag { at, tag }),
                     };
                     installs.push(Install {
@@ -282,10 +245,8 @@ impl OpLog {
             }
             tag => return Err(OpLogDecodeError::BadTag { at: 0, tag }),
         };
-        match bytes.len() - d.at {
-            0 => Ok(log),
-            n => Err(OpLogDecodeError::Trailing(n)),
-        }
+        r.finish()?;
+        Ok(log)
     }
 }
 
@@ -471,21 +432,17 @@ mod tests {
             committing_log(),
         ];
         for log in logs {
-            let bytes = log.encode();
-            assert_eq!(OpLog::decode(&bytes), Ok(log.clone()));
+            let bytes = log.emit();
+            assert_eq!(OpLog::parse(&bytes), Ok(log.clone()));
             for n in 0..bytes.len() {
-                assert!(
-                    OpLog::decode(&bytes[..n]).is_err(),
-                    "{n} of {}",
-                    bytes.len()
-                );
+                assert!(OpLog::parse(&bytes[..n]).is_err(), "{n} of {}", bytes.len());
             }
             let mut longer = bytes.clone();
             longer.push(0);
-            assert_eq!(OpLog::decode(&longer), Err(OpLogDecodeError::Trailing(1)));
+            assert_eq!(OpLog::parse(&longer), Err(OpLogDecodeError::Trailing(1)));
         }
         assert!(matches!(
-            OpLog::decode(&[7]),
+            OpLog::parse(&[7]),
             Err(OpLogDecodeError::BadTag { at: 0, tag: 7 })
         ));
         // A count far beyond the bytes is refused before anything is allocated.
@@ -493,7 +450,7 @@ mod tests {
         huge.extend_from_slice(&5u64.to_le_bytes());
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(
-            OpLog::decode(&huge),
+            OpLog::parse(&huge),
             Err(OpLogDecodeError::Truncated(_))
         ));
     }

@@ -29,6 +29,7 @@
 use std::rc::Rc;
 
 use dmem_deploy::{Decision, RecoveredCoordinator};
+use dmem_layout::bytes::{ByteReader, ByteSink};
 use dmem_layout::record::{OoccLockState, OoccLockWord, OoccRecordHeader};
 use dmem_verbs::{Clock, Nanos, PostList, Verbs, VerbsError};
 
@@ -45,10 +46,11 @@ pub struct LogEntry {
     pub image: Vec<u8>,
 }
 
-/// Builds a redo log in the format [`parse_log`] reads, for OOCC, DrTM and DSLR alike:
-/// header (`coordinator << 48 | txn sequence number`), entry count, per entry MN, offset,
-/// length and image, and the header again as a trailer. A log WRITE lands in increasing
-/// address order, so a log whose trailer matches its header landed whole.
+/// Builds a redo log in the format [`RedoLogImage::parse`] reads, for OOCC, DrTM and DSLR
+/// alike: header (`coordinator << 48 | txn sequence number`), entry count, per entry MN,
+/// offset, length and image, and the header again as a trailer, every word a little-endian
+/// `u64`. A log WRITE lands in increasing address order, so a log whose trailer matches its
+/// header landed whole.
 #[derive(Debug)]
 pub struct RedoLogWriter {
     bytes: Vec<u8>,
@@ -60,59 +62,109 @@ impl RedoLogWriter {
     #[must_use]
     pub fn new(coordinator: u16, seq: u64, count: usize) -> Self {
         let header = (u64::from(coordinator) << 48) | (seq & 0xFFFF_FFFF_FFFF);
+        Self::with_header(header, count)
+    }
+
+    fn with_header(header: u64, count: usize) -> Self {
         let mut bytes = Vec::with_capacity(32 + count * 64);
-        bytes.extend_from_slice(&header.to_le_bytes());
-        bytes.extend_from_slice(&(count as u64).to_le_bytes());
+        bytes.put_u64(header);
+        bytes.put_u64(count as u64);
         Self { bytes, header }
     }
 
     /// Appends the image a record at `loc` gets.
     pub fn push(&mut self, loc: Loc, image: &[u8]) {
+        self.push_entry(loc.mn, loc.offset, image);
+    }
+
+    fn push_entry(&mut self, mn: u16, offset: u64, image: &[u8]) {
+        self.bytes.put_u64(u64::from(mn));
+        self.bytes.put_u64(offset);
+        self.bytes.put_u64(image.len() as u64);
+        self.bytes.put_bytes(image);
+    }
+
+    /// The log with its trailer, whatever its size.
+    fn close(mut self) -> Vec<u8> {
+        self.bytes.put_u64(self.header);
         self.bytes
-            .extend_from_slice(&u64::from(loc.mn).to_le_bytes());
-        self.bytes.extend_from_slice(&loc.offset.to_le_bytes());
-        self.bytes
-            .extend_from_slice(&(image.len() as u64).to_le_bytes());
-        self.bytes.extend_from_slice(image);
     }
 
     /// The log with its trailer, or `None` when it does not fit a coordinator's log region
     /// ([`LOG_REGION_BYTES`]); the transaction must then abort.
     #[must_use]
-    pub fn finish(mut self) -> Option<Vec<u8>> {
-        self.bytes.extend_from_slice(&self.header.to_le_bytes());
-        (self.bytes.len() as u64 <= LOG_REGION_BYTES).then_some(self.bytes)
+    pub fn finish(self) -> Option<Vec<u8>> {
+        let bytes = self.close();
+        (bytes.len() as u64 <= LOG_REGION_BYTES).then_some(bytes)
     }
 }
 
-/// Parses a redo log region: `(header word, entries)`; `None` if empty, malformed or not
-/// wholly landed (header: coordinator << 48 | txn sequence number, count; per entry MN,
-/// offset, length, image; trailer: the header again).
-#[must_use]
-pub fn parse_log(bytes: &[u8]) -> Option<(u64, Vec<LogEntry>)> {
-    let word = |at: usize| -> Option<u64> {
-        Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
-    };
-    let header = word(0)?;
-    let count = word(8)?;
-    if header == 0 || count == 0 || count > 4096 {
-        return None;
-    }
-    let mut at = 16;
-    let mut entries = Vec::new();
-    for _ in 0..count {
-        let mn = u16::try_from(word(at)?).ok()?;
-        let offset = word(at + 8)?;
-        let len = usize::try_from(word(at + 16)?).ok()?;
-        let image = bytes.get(at + 24..at + 24 + len)?.to_vec();
-        if len < OoccRecordHeader::LEN + 8 {
-            return None;
+/// A whole redo log as recovery reads it back from a log region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedoLogImage {
+    /// Its header word: coordinator << 48 | txn sequence number.
+    pub header: u64,
+    /// Its entries.
+    pub entries: Vec<LogEntry>,
+}
+
+/// Why a log region holds no whole redo log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadRedoLog {
+    /// Header 0, no entries or more than 4096: no log was written.
+    #[error("no redo log")]
+    Empty,
+    /// The region ends inside the log.
+    #[error("redo log truncated")]
+    Truncated,
+    /// An entry's MN index or image length is impossible.
+    #[error("redo log entry malformed")]
+    Entry,
+    /// The trailer does not repeat the header: the log did not land whole.
+    #[error("torn redo log")]
+    Torn,
+}
+
+impl RedoLogImage {
+    /// The log's bytes, as [`RedoLogWriter`] builds them (without its size check).
+    #[must_use]
+    pub fn emit(&self) -> Vec<u8> {
+        let mut w = RedoLogWriter::with_header(self.header, self.entries.len());
+        for e in &self.entries {
+            w.push_entry(e.mn, e.offset, &e.image);
         }
-        entries.push(LogEntry { mn, offset, image });
-        at += 24 + len;
+        w.close()
     }
-    // The trailer repeats the header: the whole log landed.
-    (word(at)? == header).then_some((header, entries))
+
+    /// The whole log a log region starts with (the rest of the region is ignored).
+    ///
+    /// # Errors
+    /// [`BadRedoLog`] for an empty, malformed or not wholly landed log.
+    pub fn parse(bytes: &[u8]) -> Result<Self, BadRedoLog> {
+        let mut r = ByteReader::new(bytes);
+        let short = |_| BadRedoLog::Truncated;
+        let header = r.u64().map_err(short)?;
+        let count = r.u64().map_err(short)?;
+        if header == 0 || count == 0 || count > 4096 {
+            return Err(BadRedoLog::Empty);
+        }
+        let mut entries = Vec::new();
+        for _ in 0..count {
+            let mn = u16::try_from(r.u64().map_err(short)?).map_err(|_| BadRedoLog::Entry)?;
+            let offset = r.u64().map_err(short)?;
+            let len = usize::try_from(r.u64().map_err(short)?).map_err(|_| BadRedoLog::Entry)?;
+            let image = r.bytes(len).map_err(short)?.to_vec();
+            if len < OoccRecordHeader::LEN + 8 {
+                return Err(BadRedoLog::Entry);
+            }
+            entries.push(LogEntry { mn, offset, image });
+        }
+        // The trailer repeats the header: the whole log landed.
+        if r.u64().map_err(short)? != header {
+            return Err(BadRedoLog::Torn);
+        }
+        Ok(Self { header, entries })
+    }
 }
 
 fn image_lock(image: &[u8]) -> OoccLockWord {
@@ -311,7 +363,7 @@ async fn recover_log<C: Verbs>(
         restored: 0,
         unlocked: 0,
     };
-    if let Some((header, entries)) = parse_log(&log) {
+    if let Ok(RedoLogImage { header, entries }) = RedoLogImage::parse(&log) {
         out.txn = Some(header & 0xFFFF_FFFF_FFFF);
         let log_is_decision = kind == RedoLog::Decided;
         settle_log(ctx, dir, id, &entries, log_is_decision, &mut out).await?;
@@ -405,7 +457,7 @@ async fn recover_versioned<C: Verbs + Clock>(
         restored: 0,
         unlocked: 0,
     };
-    let Some((header, entries)) = parse_log(&log) else {
+    let Ok(RedoLogImage { header, entries }) = RedoLogImage::parse(&log) else {
         return Ok(out);
     };
     out.txn = Some(header & 0xFFFF_FFFF_FFFF);
@@ -469,11 +521,15 @@ mod tests {
             w.push(*loc, img);
         }
         let log = w.finish().expect("fits its region");
-        let (header, parsed) = parse_log(&log).expect("whole log");
-        assert_eq!(header, 7 << 48 | 0x1234_5678_9abc);
-        assert_eq!(parsed.len(), 2);
-        for ((loc, img), e) in entries.iter().zip(&parsed) {
+        let parsed = RedoLogImage::parse(&log).expect("whole log");
+        assert_eq!(parsed.header, 7 << 48 | 0x1234_5678_9abc);
+        assert_eq!(parsed.entries.len(), 2);
+        for ((loc, img), e) in entries.iter().zip(&parsed.entries) {
             assert_eq!((e.mn, e.offset, &e.image), (loc.mn, loc.offset, img));
+        }
+        assert_eq!(parsed.emit(), log);
+        for n in 0..log.len() {
+            assert!(RedoLogImage::parse(&log[..n]).is_err(), "cut at {n}");
         }
     }
 
@@ -488,9 +544,12 @@ mod tests {
             let mut torn = log[..cut].to_vec();
             torn.resize(log.len() + 8, 0);
             if log[cut..].iter().all(|&b| b == 0) {
-                assert_eq!(parse_log(&torn), parse_log(&log));
+                assert_eq!(RedoLogImage::parse(&torn), RedoLogImage::parse(&log));
             } else {
-                assert!(parse_log(&torn).is_none(), "prefix of {cut} bytes parsed");
+                assert!(
+                    RedoLogImage::parse(&torn).is_err(),
+                    "prefix of {cut} bytes parsed"
+                );
             }
         }
     }

@@ -237,7 +237,7 @@ struct SlotMirror {
 
 impl OpLogMirror for SlotMirror {
     fn store(&self, id: u16, log: &OpLog) {
-        match self.slots.write(id, &log.encode()) {
+        match self.slots.write(id, &log.emit()) {
             Ok(()) => {}
             // Recovery finishing another CN's coordinator: its log is that CN's to keep.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -462,7 +462,7 @@ impl ProcessDeployment for MotorDeployment {
                 for &id in ids {
                     // The failed CN's op log, as its process last wrote it.
                     let log = match slots.read(id).map_err(|e| e.to_string())? {
-                        Some(bytes) => OpLog::decode(&bytes).map_err(|e| e.to_string())?,
+                        Some(bytes) => OpLog::parse(&bytes).map_err(|e| e.to_string())?,
                         None => OpLog::Idle,
                     };
                     logs.restore(id, log);
@@ -543,7 +543,7 @@ mod tests {
         // Core 0 never made coordinator 1: its mirror leaves core 1's slot alone.
         oplogs(0).begin(1, 99);
         let reader = DurableSlots::new(&dir).unwrap();
-        let seq = |id| match OpLog::decode(&reader.read(id).unwrap().unwrap()).unwrap() {
+        let seq = |id| match OpLog::parse(&reader.read(id).unwrap().unwrap()).unwrap() {
             OpLog::Locking { seq, .. } => seq,
             other => panic!("{other:?}"),
         };

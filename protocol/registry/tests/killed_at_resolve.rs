@@ -299,7 +299,7 @@ fn motor_killed_as_it_resolves_a_commit_leaves_its_op_log_committing() {
     let killed = sink.killed.get().expect("the victim committed a transfer");
     let read = |dir: &std::path::Path| {
         let bytes = DurableSlots::new(dir).unwrap().read(1).unwrap();
-        OpLog::decode(&bytes.expect("coordinator 1's op log was written")).unwrap()
+        OpLog::parse(&bytes.expect("coordinator 1's op log was written")).unwrap()
     };
     match read(&kept) {
         OpLog::Committing { seq, installs, .. } => {

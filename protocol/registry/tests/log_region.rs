@@ -7,7 +7,7 @@ use dmem_ford::ProtocolConfig;
 use dmem_ford::wire::lock_log_offset;
 use dmem_layout::log::{DataLogEntry, LogOp, LogWriter};
 use dmem_layout::record::RemoteAddr;
-use dmem_lotus::recovery::{LogEntry, encode_log};
+use dmem_lotus::recovery::{CommitLog, LogEntry};
 use dmem_protocols::FordProtocol;
 use dmem_protocols::lotus::commit_log_region_bytes;
 use dmem_txn::TableId;
@@ -120,7 +120,8 @@ fn lotus_region_holds_tpcc_commit_logs() {
                 })
             })
             .collect();
-        assert!(encode_log(9, &entries).len() <= region, "{set:?}");
+        let log = CommitLog { writer: 9, entries };
+        assert!(log.emit().len() <= region, "{set:?}");
     }
     // LOTUS logs 16 bytes per record written, so even Delivery's 190 fit the floor.
     assert_eq!(region, 4096);

@@ -2,61 +2,31 @@
 //! node is, the memory region it exposes (address, length, rkey), and its end of the queue
 //! pair (QP number, starting PSN, LID, GID, MTU).
 //!
-//! On the wire it is [`DescriptorWire`], a 56-byte `#[repr(C)]` little-endian layout read
-//! with zerocopy; [`RdmaDescriptor::parse`] checks every field before anything uses it,
-//! because the bytes come from the network.
+//! On the wire it is 56 little-endian bytes, no padding:
+//!
+//! ```text
+//!  0       4        6      8             16           24     28       32    36    38    39        40
+//! | magic | version | node | region addr | region len | rkey | QP num | PSN | LID | MTU | reserved | GID (16) |
+//! | DMRQ  | u16     | u16  | u64         | u64        | u32  | u32    | u32 | u16 | u8  | u8 = 0   |          |
+//! ```
+//!
+//! [`RdmaDescriptor::parse`] checks every field before anything uses it, because the bytes
+//! come from the network.
 
 use std::io::{Read, Write};
 
+use dmem_layout::bytes::{ByteReader, ByteSink, SliceWriter};
 use dmem_verbs::{NodeId, RKey};
-use static_assertions::const_assert_eq;
-use zerocopy::little_endian::{U16, U32, U64};
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 /// First four bytes of every descriptor.
 pub const DESCRIPTOR_MAGIC: [u8; 4] = *b"DMRQ";
 /// Layout version this build writes and accepts.
 pub const DESCRIPTOR_VERSION: u16 = 1;
 /// Bytes of a descriptor on the wire.
-pub const DESCRIPTOR_LEN: usize = core::mem::size_of::<DescriptorWire>();
+pub const DESCRIPTOR_LEN: usize = 56;
 
 /// Largest value of a 24-bit field (QP numbers and packet sequence numbers).
 pub const MAX_24_BIT: u32 = (1 << 24) - 1;
-
-/// The descriptor as it travels: every integer little-endian, no padding.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
-)]
-#[repr(C)]
-pub struct DescriptorWire {
-    /// [`DESCRIPTOR_MAGIC`].
-    pub magic: [u8; 4],
-    /// [`DESCRIPTOR_VERSION`].
-    pub version: U16,
-    /// The sender's node id.
-    pub node: U16,
-    /// Virtual address of the exposed region at the sender (0 when it exposes none).
-    pub region_addr: U64,
-    /// Length of the exposed region in bytes (0 when it exposes none).
-    pub region_len: U64,
-    /// The region's remote key.
-    pub rkey: U32,
-    /// The sender's QP number (24 bits).
-    pub qp_num: U32,
-    /// The first packet sequence number the sender will use (24 bits).
-    pub psn: U32,
-    /// The sender port's LID (InfiniBand; 0 on RoCE).
-    pub lid: U16,
-    /// The path MTU the sender's port runs, as `ibv_mtu` (1 = 256 B ... 5 = 4096 B).
-    pub mtu: u8,
-    /// Reserved, zero.
-    pub reserved: u8,
-    /// The sender port's GID (RoCE; all zero on InfiniBand without a GRH).
-    pub gid: [u8; 16],
-}
-
-const_assert_eq!(core::mem::size_of::<DescriptorWire>(), 56);
-const_assert_eq!(core::mem::align_of::<DescriptorWire>(), 1);
 
 /// Path MTU of a queue pair, as libibverbs numbers it (`enum ibv_mtu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -192,29 +162,28 @@ impl RdmaDescriptor {
     /// If a 24-bit field is larger than 24 bits (the caller built it wrongly; a QP number from
     /// libibverbs always fits).
     #[must_use]
-    pub fn encode(&self) -> [u8; DESCRIPTOR_LEN] {
+    pub fn emit(&self) -> [u8; DESCRIPTOR_LEN] {
         assert!(self.qp.qp_num <= MAX_24_BIT && self.qp.psn <= MAX_24_BIT);
         let region = self.region.unwrap_or(RegionDescriptor {
             addr: 0,
             len: 0,
             rkey: RKey(0),
         });
-        let wire = DescriptorWire {
-            magic: DESCRIPTOR_MAGIC,
-            version: U16::new(DESCRIPTOR_VERSION),
-            node: U16::new(self.node.0),
-            region_addr: U64::new(region.addr),
-            region_len: U64::new(region.len),
-            rkey: U32::new(region.rkey.0),
-            qp_num: U32::new(self.qp.qp_num),
-            psn: U32::new(self.qp.psn),
-            lid: U16::new(self.qp.lid),
-            mtu: self.qp.mtu as u8,
-            reserved: 0,
-            gid: self.qp.gid,
-        };
         let mut out = [0u8; DESCRIPTOR_LEN];
-        out.copy_from_slice(wire.as_bytes());
+        let mut w = SliceWriter::new(&mut out);
+        w.put_bytes(&DESCRIPTOR_MAGIC);
+        w.put_u16(DESCRIPTOR_VERSION);
+        w.put_u16(self.node.0);
+        w.put_u64(region.addr);
+        w.put_u64(region.len);
+        w.put_u32(region.rkey.0);
+        w.put_u32(self.qp.qp_num);
+        w.put_u32(self.qp.psn);
+        w.put_u16(self.qp.lid);
+        w.put_u8(self.qp.mtu as u8);
+        w.put_u8(0); // reserved
+        w.put_bytes(&self.qp.gid);
+        debug_assert_eq!(w.finish(), Ok(DESCRIPTOR_LEN));
         out
     }
 
@@ -223,46 +192,58 @@ impl RdmaDescriptor {
     /// # Errors
     /// A [`DescriptorError`] naming the first field that is wrong.
     pub fn parse(bytes: &[u8]) -> Result<Self, DescriptorError> {
-        let wire = DescriptorWire::ref_from_bytes(bytes)
-            .map_err(|_| DescriptorError::Length { got: bytes.len() })?;
-        if wire.magic != DESCRIPTOR_MAGIC {
-            return Err(DescriptorError::Magic(wire.magic));
+        if bytes.len() != DESCRIPTOR_LEN {
+            return Err(DescriptorError::Length { got: bytes.len() });
         }
-        if wire.version.get() != DESCRIPTOR_VERSION {
-            return Err(DescriptorError::Version {
-                got: wire.version.get(),
-            });
+        let mut r = ByteReader::new(bytes);
+        let short = |_| DescriptorError::Length { got: bytes.len() };
+        let magic = r.array::<4>().map_err(short)?;
+        let version = r.u16().map_err(short)?;
+        let node = r.u16().map_err(short)?;
+        let (addr, len) = (r.u64().map_err(short)?, r.u64().map_err(short)?);
+        let rkey = r.u32().map_err(short)?;
+        let qp_num = r.u32().map_err(short)?;
+        let psn = r.u32().map_err(short)?;
+        let lid = r.u16().map_err(short)?;
+        let mtu = r.u8().map_err(short)?;
+        let reserved = r.u8().map_err(short)?;
+        let gid = r.array::<16>().map_err(short)?;
+        r.finish().map_err(short)?;
+        if magic != DESCRIPTOR_MAGIC {
+            return Err(DescriptorError::Magic(magic));
         }
-        if wire.reserved != 0 {
-            return Err(DescriptorError::Reserved(wire.reserved));
+        if version != DESCRIPTOR_VERSION {
+            return Err(DescriptorError::Version { got: version });
         }
-        for (field, value) in [("QP number", wire.qp_num.get()), ("PSN", wire.psn.get())] {
+        if reserved != 0 {
+            return Err(DescriptorError::Reserved(reserved));
+        }
+        for (field, value) in [("QP number", qp_num), ("PSN", psn)] {
             if value > MAX_24_BIT {
                 return Err(DescriptorError::Not24Bit { field, value });
             }
         }
-        let mtu = PathMtu::from_ibv(wire.mtu).ok_or(DescriptorError::Mtu(wire.mtu))?;
-        let (addr, len) = (wire.region_addr.get(), wire.region_len.get());
+        let mtu = PathMtu::from_ibv(mtu).ok_or(DescriptorError::Mtu(mtu))?;
         let region = match (addr, len) {
-            (0, 0) if wire.rkey.get() == 0 => None,
+            (0, 0) if rkey == 0 => None,
             (a, l) if a != 0 && l != 0 && a.checked_add(l).is_some() => Some(RegionDescriptor {
                 addr: a,
                 len: l,
-                rkey: RKey(wire.rkey.get()),
+                rkey: RKey(rkey),
             }),
             _ => return Err(DescriptorError::Region { addr, len }),
         };
-        if wire.lid.get() == 0 && wire.gid == [0; 16] {
-            return Err(DescriptorError::NoAddress(wire.node.get()));
+        if lid == 0 && gid == [0; 16] {
+            return Err(DescriptorError::NoAddress(node));
         }
         Ok(Self {
-            node: NodeId(wire.node.get()),
+            node: NodeId(node),
             region,
             qp: QpEndpoint {
-                qp_num: wire.qp_num.get(),
-                psn: wire.psn.get(),
-                lid: wire.lid.get(),
-                gid: wire.gid,
+                qp_num,
+                psn,
+                lid,
+                gid,
                 mtu,
             },
         })
@@ -290,7 +271,7 @@ pub fn exchange<S: Read + Write>(
     stream: &mut S,
     local: &RdmaDescriptor,
 ) -> Result<RdmaDescriptor, ExchangeError> {
-    stream.write_all(&local.encode())?;
+    stream.write_all(&local.emit())?;
     stream.flush()?;
     let mut buf = [0u8; DESCRIPTOR_LEN];
     stream.read_exact(&mut buf)?;
@@ -340,7 +321,10 @@ mod tests {
 
     #[quickcheck]
     fn round_trip(d: RdmaDescriptor) -> bool {
-        RdmaDescriptor::parse(&d.encode()) == Ok(d)
+        let bytes = d.emit();
+        (0..DESCRIPTOR_LEN)
+            .all(|n| RdmaDescriptor::parse(&bytes[..n]) == Err(DescriptorError::Length { got: n }))
+            && RdmaDescriptor::parse(&bytes) == Ok(d)
     }
 
     #[quickcheck]
@@ -355,10 +339,10 @@ mod tests {
         at: usize,
         x: u8,
     ) -> bool {
-        let mut bytes = d.encode();
+        let mut bytes = d.emit();
         bytes[at % DESCRIPTOR_LEN] ^= x;
         match RdmaDescriptor::parse(&bytes) {
-            Ok(back) => back.encode() == bytes,
+            Ok(back) => back.emit() == bytes,
             Err(_) => true,
         }
     }
@@ -383,7 +367,7 @@ mod tests {
 
     #[test]
     fn layout_is_little_endian_at_fixed_offsets() {
-        let bytes = sample().encode();
+        let bytes = sample().emit();
         assert_eq!(&bytes[0..4], b"DMRQ");
         assert_eq!(&bytes[4..6], &[1, 0], "version");
         assert_eq!(&bytes[6..8], &[3, 0], "node");
@@ -394,7 +378,7 @@ mod tests {
 
     #[test]
     fn each_bad_field_is_named() {
-        let good = sample().encode();
+        let good = sample().emit();
         let with = |at: usize, b: &[u8]| {
             let mut x = good;
             x[at..at + b.len()].copy_from_slice(b);

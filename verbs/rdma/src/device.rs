@@ -820,7 +820,7 @@ impl RdmaContext {
         let remote = RdmaDescriptor::parse(&buf).map_err(crate::descriptor::ExchangeError::from)?;
         let local = self.prepare(remote.node, region)?;
         stream
-            .write_all(&local.encode())
+            .write_all(&local.emit())
             .and_then(|()| stream.flush())
             .map_err(crate::descriptor::ExchangeError::from)?;
         self.connect(&remote)?;
@@ -965,8 +965,12 @@ impl RdmaContext {
         let bytes = link
             .recv
             .read(slot * msg::RECV_BUFFER, len.min(msg::RECV_BUFFER));
-        if let Ok((from, to, payload)) = msg::decode(&bytes)
-            && to == self.endpoint.port
+        if let Ok(msg::Frame {
+            from,
+            to_port,
+            payload,
+        }) = msg::Frame::parse(&bytes)
+            && to_port == self.endpoint.port
         {
             self.inbox.borrow_mut().push_back(Message {
                 from,
@@ -1299,11 +1303,16 @@ impl Verbs for RdmaContext {
     }
 
     async fn send(&self, to: Endpoint, payload: &[u8]) -> Result<(), VerbsError> {
-        let frame =
-            msg::encode(self.endpoint, to.port, payload).ok_or(VerbsError::MessageTooLarge {
-                len: payload.len(),
-                max: msg::MAX_PAYLOAD,
-            })?;
+        let frame = msg::Frame {
+            from: self.endpoint,
+            to_port: to.port,
+            payload,
+        }
+        .emit()
+        .ok_or(VerbsError::MessageTooLarge {
+            len: payload.len(),
+            max: msg::MAX_PAYLOAD,
+        })?;
         let seq = self.table.borrow_mut().register(1);
         let mut guard = AbandonGuard {
             ctx: self,

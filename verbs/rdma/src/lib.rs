@@ -4,7 +4,7 @@
 //!
 //! | module | what | needs a device |
 //! |---|---|---|
-//! | [`descriptor`] | the connection descriptor (node id, region address/length/rkey, QP number, PSN, LID, GID, MTU): a 56-byte zerocopy layout, checked parsing, exchange over a byte stream | no |
+//! | [`descriptor`] | the connection descriptor (node id, region address/length/rkey, QP number, PSN, LID, GID, MTU): a 56-byte little-endian layout on `dmem_layout::bytes`, checked parsing, exchange over a byte stream | no |
 //! | [`qp`] | the RC queue pair's RESET → INIT → RTR → RTS state machine with the attributes each transition sets | no |
 //! | [`chain`] | a `PostList` as chains of work requests: one doorbell per queue pair, selective signaling, inline WRITEs, staging layout (atomics 8-aligned), send-queue splitting | no |
 //! | [`completion`] | routing completions (by `wr_id`) to the posts waiting for them | no |

@@ -2,10 +2,8 @@
 //! node and port, receiving port, payload length) and the payload; the receiver posts
 //! fixed-size receive buffers and parses what lands with checked parsing.
 
+use dmem_layout::bytes::{ByteReader, ByteSink};
 use dmem_verbs::{Endpoint, NodeId, Port};
-use static_assertions::const_assert_eq;
-use zerocopy::little_endian::{U16, U32};
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 /// Magic of a message frame.
 pub const FRAME_MAGIC: u16 = 0xd3e5;
@@ -13,28 +11,9 @@ pub const FRAME_MAGIC: u16 = 0xd3e5;
 pub const RECV_BUFFER: usize = 4096;
 /// Largest payload of one message.
 pub const MAX_PAYLOAD: usize = RECV_BUFFER - HEADER_LEN;
-/// Bytes of the header.
-pub const HEADER_LEN: usize = core::mem::size_of::<FrameHeader>();
-
-/// The header in front of every message payload.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
-)]
-#[repr(C)]
-pub struct FrameHeader {
-    /// [`FRAME_MAGIC`].
-    pub magic: U16,
-    /// Sender's node.
-    pub from_node: U16,
-    /// Sender's port.
-    pub from_port: U16,
-    /// Receiving port at the destination node.
-    pub to_port: U16,
-    /// Payload bytes that follow.
-    pub len: U32,
-}
-
-const_assert_eq!(HEADER_LEN, 12);
+/// Bytes of the header: magic u16, sender's node u16 and port u16, receiving port u16,
+/// payload length u32, all little-endian.
+pub const HEADER_LEN: usize = 12;
 
 /// Why a received frame was dropped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,47 +34,65 @@ pub enum FrameError {
     },
 }
 
-/// Builds the frame of `payload` from `from` to port `to_port`; `None` if the payload is
-/// larger than [`MAX_PAYLOAD`].
-#[must_use]
-pub fn encode(from: Endpoint, to_port: Port, payload: &[u8]) -> Option<Vec<u8>> {
-    if payload.len() > MAX_PAYLOAD {
-        return None;
-    }
-    let header = FrameHeader {
-        magic: U16::new(FRAME_MAGIC),
-        from_node: U16::new(from.node.0),
-        from_port: U16::new(from.port.0),
-        to_port: U16::new(to_port.0),
-        len: U32::new(payload.len() as u32),
-    };
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(payload);
-    Some(out)
+/// One message: its sender, the port it is for at the destination node, its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// The sender.
+    pub from: Endpoint,
+    /// Receiving port at the destination node.
+    pub to_port: Port,
+    /// The payload.
+    pub payload: &'a [u8],
 }
 
-/// Parses a received frame: (sender, receiving port, payload).
-///
-/// # Errors
-/// [`FrameError`] for anything that is not a whole frame.
-pub fn decode(bytes: &[u8]) -> Result<(Endpoint, Port, &[u8]), FrameError> {
-    let (header, payload) =
-        FrameHeader::ref_from_prefix(bytes).map_err(|_| FrameError::Short(bytes.len()))?;
-    if header.magic.get() != FRAME_MAGIC {
-        return Err(FrameError::Magic(header.magic.get()));
+impl<'a> Frame<'a> {
+    /// The frame's bytes; `None` if the payload is larger than [`MAX_PAYLOAD`].
+    #[must_use]
+    pub fn emit(&self) -> Option<Vec<u8>> {
+        if self.payload.len() > MAX_PAYLOAD {
+            return None;
+        }
+        let mut out = Vec::with_capacity(HEADER_LEN + self.payload.len());
+        out.put_u16(FRAME_MAGIC);
+        out.put_u16(self.from.node.0);
+        out.put_u16(self.from.port.0);
+        out.put_u16(self.to_port.0);
+        out.put_u32(self.payload.len() as u32);
+        out.put_bytes(self.payload);
+        Some(out)
     }
-    if header.len.get() as usize != payload.len() {
-        return Err(FrameError::Length {
-            said: header.len.get(),
-            got: payload.len(),
-        });
+
+    /// Parses a received frame.
+    ///
+    /// # Errors
+    /// [`FrameError`] for anything that is not a whole frame.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, FrameError> {
+        let mut r = ByteReader::new(bytes);
+        let short = |_| FrameError::Short(bytes.len());
+        let magic = r.u16().map_err(short)?;
+        let from_node = r.u16().map_err(short)?;
+        let from_port = r.u16().map_err(short)?;
+        let to_port = r.u16().map_err(short)?;
+        let len = r.u32().map_err(short)?;
+        if magic != FRAME_MAGIC {
+            return Err(FrameError::Magic(magic));
+        }
+        let payload = r.rest();
+        if len as usize != payload.len() {
+            return Err(FrameError::Length {
+                said: len,
+                got: payload.len(),
+            });
+        }
+        Ok(Self {
+            from: Endpoint {
+                node: NodeId(from_node),
+                port: Port(from_port),
+            },
+            to_port: Port(to_port),
+            payload,
+        })
     }
-    let from = Endpoint {
-        node: NodeId(header.from_node.get()),
-        port: Port(header.from_port.get()),
-    };
-    Ok((from, Port(header.to_port.get()), payload))
 }
 
 #[cfg(test)]
@@ -109,13 +106,20 @@ mod tests {
             node: NodeId(node),
             port: Port(port),
         };
-        let frame = encode(from, Port(to), &payload).unwrap();
-        decode(&frame) == Ok((from, Port(to), &payload[..]))
+        let f = Frame {
+            from,
+            to_port: Port(to),
+            payload: &payload,
+        };
+        let frame = f.emit().unwrap();
+        frame.len() == HEADER_LEN + payload.len()
+            && (0..HEADER_LEN).all(|n| Frame::parse(&frame[..n]) == Err(FrameError::Short(n)))
+            && Frame::parse(&frame) == Ok(f)
     }
 
     #[quickcheck]
     fn garbage_is_refused_without_panic(bytes: Vec<u8>) -> bool {
-        let _ = decode(&bytes);
+        let _ = Frame::parse(&bytes);
         true
     }
 
@@ -125,16 +129,28 @@ mod tests {
             node: NodeId(1),
             port: Port(2),
         };
-        assert!(encode(from, Port(0), &vec![0; MAX_PAYLOAD]).is_some());
-        assert!(encode(from, Port(0), &vec![0; MAX_PAYLOAD + 1]).is_none());
-        let frame = encode(from, Port(3), b"hello").unwrap();
-        assert_eq!(decode(&frame[..5]), Err(FrameError::Short(5)));
+        let frame = |to: u16, payload: &[u8]| {
+            Frame {
+                from,
+                to_port: Port(to),
+                payload,
+            }
+            .emit()
+        };
+        assert!(frame(0, &vec![0; MAX_PAYLOAD]).is_some());
+        assert!(frame(0, &vec![0; MAX_PAYLOAD + 1]).is_none());
+        let frame = frame(3, b"hello").unwrap();
         assert_eq!(
-            decode(&frame[..14]),
+            &frame[..HEADER_LEN],
+            &[0xe5, 0xd3, 1, 0, 2, 0, 3, 0, 5, 0, 0, 0]
+        );
+        assert_eq!(Frame::parse(&frame[..5]), Err(FrameError::Short(5)));
+        assert_eq!(
+            Frame::parse(&frame[..14]),
             Err(FrameError::Length { said: 5, got: 2 })
         );
         let mut bad = frame.clone();
         bad[0] = 0;
-        assert!(matches!(decode(&bad), Err(FrameError::Magic(_))));
+        assert!(matches!(Frame::parse(&bad), Err(FrameError::Magic(_))));
     }
 }

@@ -20,12 +20,52 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use dmem_layout::bytes::{ByteReader, ByteSink, BytesError};
 use dmem_verbs::{Endpoint, Message, NodeId, Port, VerbsError};
 
 use crate::{MAX_MESSAGE, ShmError, ShmFabric};
 use dmem_verbs::sync::lock_ignoring_poison;
 
 const HEADER: usize = 12;
+
+/// The header of a frame: its endpoints and the payload length after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FrameHeader {
+    to: Endpoint,
+    from: Endpoint,
+    len: u32,
+}
+
+impl FrameHeader {
+    fn emit_into(&self, w: &mut impl ByteSink) {
+        for half in [
+            self.to.node.0,
+            self.to.port.0,
+            self.from.node.0,
+            self.from.port.0,
+        ] {
+            w.put_u16(half);
+        }
+        w.put_u32(self.len);
+    }
+
+    fn parse(b: &[u8]) -> Result<Self, BytesError> {
+        let mut r = ByteReader::new(b);
+        let endpoint = |r: &mut ByteReader<'_>| -> Result<Endpoint, BytesError> {
+            Ok(Endpoint {
+                node: NodeId(r.u16()?),
+                port: Port(r.u16()?),
+            })
+        };
+        let header = Self {
+            to: endpoint(&mut r)?,
+            from: endpoint(&mut r)?,
+            len: r.u32()?,
+        };
+        r.finish()?;
+        Ok(header)
+    }
+}
 
 /// The accepted connections (a handle to shut each down) and their reader threads.
 type Readers = Arc<Mutex<Vec<(UnixStream, JoinHandle<()>)>>>;
@@ -69,11 +109,13 @@ pub(crate) fn send(
         }
     };
     let mut frame = Vec::with_capacity(HEADER + payload.len());
-    for half in [to.node.0, to.port.0, from.node.0, from.port.0] {
-        frame.extend_from_slice(&half.to_le_bytes());
+    FrameHeader {
+        to,
+        from,
+        len: payload.len() as u32,
     }
-    frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    frame.extend_from_slice(payload);
+    .emit_into(&mut frame);
+    frame.put_bytes(payload);
     if lock_ignoring_poison(&conn).write_all(&frame).is_err() {
         // The peer went away; forget the connection so a restarted peer is reached again.
         if let Some(peers) = lock_ignoring_poison(&fabric.inner.peers).as_mut()
@@ -192,16 +234,10 @@ impl ShmFabric {
 fn deliver_frames(fabric: &ShmFabric, mut stream: UnixStream) {
     let mut header = [0u8; HEADER];
     while stream.read_exact(&mut header).is_ok() {
-        let half = |i: usize| u16::from_le_bytes([header[i], header[i + 1]]);
-        let to = Endpoint {
-            node: NodeId(half(0)),
-            port: Port(half(2)),
+        let Ok(FrameHeader { to, from, len }) = FrameHeader::parse(&header) else {
+            return;
         };
-        let from = Endpoint {
-            node: NodeId(half(4)),
-            port: Port(half(6)),
-        };
-        let len = u32::from_le_bytes([header[8], header[9], header[10], header[11]]) as usize;
+        let len = len as usize;
         if len > MAX_MESSAGE {
             return;
         }
@@ -211,6 +247,36 @@ fn deliver_frames(fabric: &ShmFabric, mut stream: UnixStream) {
         }
         if let Some(mailbox) = fabric.mailbox(to) {
             mailbox.deliver(Message { from, payload });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_headers_round_trip_and_short_ones_are_refused() {
+        let h = FrameHeader {
+            to: Endpoint {
+                node: NodeId(1),
+                port: Port(0x0203),
+            },
+            from: Endpoint {
+                node: NodeId(4),
+                port: Port(5),
+            },
+            len: 0x0607_0809,
+        };
+        let mut b = Vec::new();
+        h.emit_into(&mut b);
+        assert_eq!(b, [1, 0, 3, 2, 4, 0, 5, 0, 9, 8, 7, 6]);
+        assert_eq!(FrameHeader::parse(&b), Ok(h));
+        for n in 0..HEADER {
+            assert!(matches!(
+                FrameHeader::parse(&b[..n]),
+                Err(BytesError::Truncated { .. })
+            ));
         }
     }
 }

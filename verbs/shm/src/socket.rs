@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use dmem_layout::bytes::{ByteReader, ByteSink, BytesError, SliceWriter};
 use dmem_verbs::{MemoryRegion, NodeId, RKey};
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -120,17 +121,14 @@ impl ShmMemoryNode {
             slot: 0,
             hugetlb: self.huge_pages() == crate::HugePages::Hugetlb,
         };
-        let good_hello = u64_at(&hello, 0) == MAGIC && u32_at(&hello, 8) == LAYOUT_VERSION as u32;
-        if !good_hello {
-            reply.status = STATUS_BAD_HELLO;
-        } else {
-            let cn = NodeId(u16::from_le_bytes([hello[12], hello[13]]));
-            match self.alloc_slot(cn) {
+        match Hello::parse(&hello) {
+            Err(_) => reply.status = STATUS_BAD_HELLO,
+            Ok(Hello { cn }) => match self.alloc_slot(cn) {
                 Ok(slot) => reply.slot = slot,
                 Err(_) => reply.status = STATUS_NO_SLOT,
-            }
+            },
         }
-        let bytes = reply.encode();
+        let bytes = reply.emit();
         if reply.status != STATUS_OK {
             return stream.write_all(&bytes).map_err(ShmError::os("write"));
         }
@@ -154,6 +152,14 @@ impl ShmMemoryNode {
     }
 }
 
+/// A CN's hello.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hello {
+    cn: NodeId,
+}
+
+/// The MN's reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Reply {
     status: u32,
     region: MemoryRegion,
@@ -161,49 +167,91 @@ struct Reply {
     hugetlb: bool,
 }
 
-impl Reply {
-    fn encode(&self) -> [u8; REPLY_LEN] {
-        let mut b = [0u8; REPLY_LEN];
-        b[0..8].copy_from_slice(&MAGIC.to_le_bytes());
-        b[8..12].copy_from_slice(&(LAYOUT_VERSION as u32).to_le_bytes());
-        b[12..16].copy_from_slice(&self.status.to_le_bytes());
-        b[16..18].copy_from_slice(&self.region.node.0.to_le_bytes());
-        b[20..24].copy_from_slice(&self.region.rkey.0.to_le_bytes());
-        b[24..32].copy_from_slice(&self.region.len.to_le_bytes());
-        b[32..36].copy_from_slice(&self.slot.to_le_bytes());
-        b[36..40].copy_from_slice(&u32::from(self.hugetlb).to_le_bytes());
+/// The error of a handshake message whose bytes are short or long.
+fn bad_length(what: &str, e: BytesError) -> ShmError {
+    ShmError::Handshake(format!("the peer's {what}: {e}"))
+}
+
+/// Reads the magic and layout version every handshake message starts with.
+fn parse_preamble(r: &mut ByteReader<'_>, what: &str) -> Result<(), ShmError> {
+    let magic = r.u64().map_err(|e| bad_length(what, e))?;
+    let version = r.u32().map_err(|e| bad_length(what, e))?;
+    if magic != MAGIC || version != LAYOUT_VERSION as u32 {
+        return Err(ShmError::Handshake(format!(
+            "the peer is not a dmem-shm {} of this layout version",
+            if what == "hello" { "CN" } else { "memory node" }
+        )));
+    }
+    Ok(())
+}
+
+fn emit_preamble(w: &mut impl ByteSink) {
+    w.put_u64(MAGIC);
+    w.put_u32(LAYOUT_VERSION as u32);
+}
+
+impl Hello {
+    fn emit(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        let mut w = SliceWriter::new(&mut b);
+        emit_preamble(&mut w);
+        w.put_u16(self.cn.0);
+        w.put_zeros(2);
+        debug_assert_eq!(w.finish(), Ok(HELLO_LEN));
         b
     }
 
-    fn decode(b: &[u8; REPLY_LEN]) -> Result<Self, ShmError> {
-        if u64_at(b, 0) != MAGIC || u32_at(b, 8) != LAYOUT_VERSION as u32 {
-            return Err(ShmError::Handshake(
-                "the peer is not a dmem-shm memory node of this layout version".into(),
-            ));
-        }
-        Ok(Self {
-            status: u32_at(b, 12),
-            region: MemoryRegion {
-                node: NodeId(u16::from_le_bytes([b[16], b[17]])),
-                rkey: RKey(u32_at(b, 20)),
-                len: u64_at(b, 24),
-            },
-            slot: u32_at(b, 32),
-            hugetlb: u32_at(b, 36) != 0,
-        })
+    fn parse(b: &[u8]) -> Result<Self, ShmError> {
+        let mut r = ByteReader::new(b);
+        parse_preamble(&mut r, "hello")?;
+        let cn = NodeId(r.u16().map_err(|e| bad_length("hello", e))?);
+        // The two bytes of padding are not checked.
+        r.array::<2>()
+            .and_then(|_| r.finish())
+            .map_err(|e| bad_length("hello", e))?;
+        Ok(Self { cn })
     }
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
-}
+impl Reply {
+    fn emit(&self) -> [u8; REPLY_LEN] {
+        let mut b = [0u8; REPLY_LEN];
+        let mut w = SliceWriter::new(&mut b);
+        emit_preamble(&mut w);
+        w.put_u32(self.status);
+        w.put_u16(self.region.node.0);
+        w.put_zeros(2);
+        w.put_u32(self.region.rkey.0);
+        w.put_u64(self.region.len);
+        w.put_u32(self.slot);
+        w.put_u32(u32::from(self.hugetlb));
+        debug_assert_eq!(w.finish(), Ok(REPLY_LEN));
+        b
+    }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(w)
+    fn parse(b: &[u8]) -> Result<Self, ShmError> {
+        let mut r = ByteReader::new(b);
+        parse_preamble(&mut r, "reply")?;
+        let fields = |r: &mut ByteReader<'_>| -> Result<Self, BytesError> {
+            let status = r.u32()?;
+            let node = NodeId(r.u16()?);
+            r.array::<2>()?; // padding, not checked
+            let reply = Self {
+                status,
+                region: MemoryRegion {
+                    node,
+                    rkey: RKey(r.u32()?),
+                    len: r.u64()?,
+                },
+                slot: r.u32()?,
+                hugetlb: r.u32()? != 0,
+            };
+            Ok(reply)
+        };
+        let reply = fields(&mut r).map_err(|e| bad_length("reply", e))?;
+        r.finish().map_err(|e| bad_length("reply", e))?;
+        Ok(reply)
+    }
 }
 
 impl MnLink {
@@ -218,10 +266,7 @@ impl MnLink {
         stream
             .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
             .map_err(ShmError::os("setsockopt"))?;
-        let mut hello = [0u8; HELLO_LEN];
-        hello[0..8].copy_from_slice(&MAGIC.to_le_bytes());
-        hello[8..12].copy_from_slice(&(LAYOUT_VERSION as u32).to_le_bytes());
-        hello[12..14].copy_from_slice(&cn.0.to_le_bytes());
+        let hello = Hello { cn }.emit();
         stream.write_all(&hello).map_err(ShmError::os("write"))?;
 
         let mut reply = [0u8; REPLY_LEN];
@@ -251,7 +296,7 @@ impl MnLink {
             }
             got += msg.bytes;
         }
-        let reply = Reply::decode(&reply)?;
+        let reply = Reply::parse(&reply)?;
         match reply.status {
             STATUS_OK => {}
             STATUS_NO_SLOT => {
@@ -283,5 +328,66 @@ impl MnLink {
             )));
         }
         Ok(Self::new(Arc::new(mapping), reply.region, reply.slot))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(status: u32, hugetlb: bool) -> Reply {
+        Reply {
+            status,
+            region: MemoryRegion {
+                node: NodeId(3),
+                rkey: RKey(0x0102_0304),
+                len: 1 << 30,
+            },
+            slot: 17,
+            hugetlb,
+        }
+    }
+
+    #[test]
+    fn handshake_messages_round_trip_with_their_layout() {
+        let hello = Hello { cn: NodeId(0x0a0b) };
+        let b = hello.emit();
+        assert_eq!(&b[..8], &MAGIC.to_le_bytes());
+        assert_eq!(&b[8..12], &(LAYOUT_VERSION as u32).to_le_bytes());
+        assert_eq!(&b[12..], &[0x0b, 0x0a, 0, 0]);
+        assert_eq!(Hello::parse(&b).unwrap(), hello);
+        for r in [reply(STATUS_OK, true), reply(STATUS_NO_SLOT, false)] {
+            let b = r.emit();
+            assert_eq!(&b[16..20], &[3, 0, 0, 0]);
+            assert_eq!(&b[36..], &[u8::from(r.hugetlb), 0, 0, 0]);
+            assert_eq!(Reply::parse(&b).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn short_long_and_foreign_messages_are_handshake_errors() {
+        let hello = Hello { cn: NodeId(1) }.emit();
+        let reply = reply(STATUS_OK, false).emit();
+        for n in 0..HELLO_LEN {
+            assert!(matches!(
+                Hello::parse(&hello[..n]),
+                Err(ShmError::Handshake(_))
+            ));
+        }
+        for n in 0..REPLY_LEN {
+            assert!(matches!(
+                Reply::parse(&reply[..n]),
+                Err(ShmError::Handshake(_))
+            ));
+        }
+        let mut long = reply.to_vec();
+        long.push(0);
+        assert!(matches!(Reply::parse(&long), Err(ShmError::Handshake(_))));
+        let mut foreign = hello;
+        foreign[8] ^= 1;
+        assert!(matches!(
+            Hello::parse(&foreign),
+            Err(ShmError::Handshake(_))
+        ));
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Every frame is a 24-byte [`FrameHeader`] and a body of `body_len` bytes. All integers are
 //! little-endian and every layout is `#[repr(C)]` of byte-aligned zerocopy integers, so a
-//! header or record is read in place from any offset of a receive buffer and never
+//! header or record is read in place from any offset of a receive buffer (a body is walked
+//! with `dmem_layout::bytes::ByteReader`, the workspace's one checked reader) and never
 //! transmuted from unchecked bytes: parsing checks the magic, the kind, the body length
 //! against [`MAX_BODY`] (before anything is allocated), the work-request count against
 //! [`MAX_WRS`], every op code and every length, and refuses trailing bytes.
@@ -20,6 +21,7 @@
 //! the CN does not need, `Verbs::post_detached`); it still executes in order with the
 //! connection's other posts.
 
+use dmem_layout::bytes::{ByteReader, BytesError};
 use dmem_verbs::{
     BatchResult, Endpoint, MemoryRegion, NodeId, Op, Port, PostList, RKey, RemoteAddr,
 };
@@ -325,45 +327,44 @@ fn put_header(
     out.extend_from_slice(header.as_bytes());
 }
 
-/// Reads a `T` at the front of `body`, advancing it.
-fn take<'a, T: FromBytes + KnownLayout + Immutable + Unaligned>(
-    body: &mut &'a [u8],
-    what: &'static str,
-) -> Result<&'a T, WireError> {
-    let have = body.len();
-    let (record, rest) = T::ref_from_prefix(body).map_err(|_| WireError::Truncated {
-        what,
-        need: size_of::<T>(),
-        have,
-    })?;
-    *body = rest;
-    Ok(record)
+impl From<BytesError> for WireError {
+    fn from(e: BytesError) -> Self {
+        match e {
+            BytesError::Trailing { extra, .. } => WireError::Trailing(extra),
+            BytesError::Truncated { wanted, left, .. } | BytesError::Full { wanted, left, .. } => {
+                WireError::Truncated {
+                    what: "body",
+                    need: wanted,
+                    have: left,
+                }
+            }
+        }
+    }
 }
 
-/// Splits `n` bytes off the front of `body`.
+/// `n` bytes of `what` at the reader's position.
 fn take_bytes<'a>(
-    body: &mut &'a [u8],
+    r: &mut ByteReader<'a>,
     n: usize,
     what: &'static str,
 ) -> Result<&'a [u8], WireError> {
-    if body.len() < n {
-        return Err(WireError::Truncated {
-            what,
-            need: n,
-            have: body.len(),
-        });
-    }
-    let (head, rest) = body.split_at(n);
-    *body = rest;
-    Ok(head)
+    r.bytes(n).map_err(|e| match WireError::from(e) {
+        WireError::Truncated { need, have, .. } => WireError::Truncated { what, need, have },
+        other => other,
+    })
 }
 
-fn expect_end(body: &[u8]) -> Result<(), WireError> {
-    if body.is_empty() {
-        Ok(())
-    } else {
-        Err(WireError::Trailing(body.len()))
-    }
+/// The `T` (a zerocopy record) at the reader's position.
+fn take<'a, T: FromBytes + KnownLayout + Immutable + Unaligned>(
+    r: &mut ByteReader<'a>,
+    what: &'static str,
+) -> Result<&'a T, WireError> {
+    let bytes = take_bytes(r, size_of::<T>(), what)?;
+    T::ref_from_bytes(bytes).map_err(|_| WireError::Truncated {
+        what,
+        need: size_of::<T>(),
+        have: bytes.len(),
+    })
 }
 
 /// Appends a `Hello` frame.
@@ -381,9 +382,10 @@ pub fn put_hello(out: &mut Vec<u8>, cn: NodeId) {
 ///
 /// # Errors
 /// A truncated body or trailing bytes.
-pub fn parse_hello(mut body: &[u8]) -> Result<(NodeId, u16), WireError> {
-    let hello: &HelloBody = take(&mut body, "hello")?;
-    expect_end(body)?;
+pub fn parse_hello(body: &[u8]) -> Result<(NodeId, u16), WireError> {
+    let mut r = ByteReader::new(body);
+    let hello: &HelloBody = take(&mut r, "hello")?;
+    r.finish()?;
     Ok((NodeId(hello.cn.get()), hello.version.get()))
 }
 
@@ -403,9 +405,10 @@ pub fn put_welcome(out: &mut Vec<u8>, region: MemoryRegion) {
 ///
 /// # Errors
 /// A truncated body or trailing bytes.
-pub fn parse_welcome(mut body: &[u8]) -> Result<MemoryRegion, WireError> {
-    let desc: &RegionDesc = take(&mut body, "welcome")?;
-    expect_end(body)?;
+pub fn parse_welcome(body: &[u8]) -> Result<MemoryRegion, WireError> {
+    let mut r = ByteReader::new(body);
+    let desc: &RegionDesc = take(&mut r, "welcome")?;
+    r.finish()?;
     Ok(MemoryRegion {
         node: NodeId(desc.node.get()),
         rkey: RKey(desc.rkey.get()),
@@ -427,9 +430,10 @@ pub fn put_refused(out: &mut Vec<u8>, reason: RefuseReason) {
 ///
 /// # Errors
 /// A truncated body, trailing bytes or an unknown reason.
-pub fn parse_refused(mut body: &[u8]) -> Result<RefuseReason, WireError> {
-    let refused: &RefusedBody = take(&mut body, "refused")?;
-    expect_end(body)?;
+pub fn parse_refused(body: &[u8]) -> Result<RefuseReason, WireError> {
+    let mut r = ByteReader::new(body);
+    let refused: &RefusedBody = take(&mut r, "refused")?;
+    r.finish()?;
     Ok(match refused.reason {
         1 => RefuseReason::Revoked,
         2 => RefuseReason::Malformed,
@@ -536,7 +540,7 @@ pub fn put_post<'a>(
 /// # Errors
 /// [`WireError::TooManyWrs`], a truncated record, an unknown op, an atomic whose length is
 /// not 8, a READ whose bytes would exceed [`MAX_BODY`], or trailing bytes.
-pub fn parse_post(node: NodeId, count: u16, mut body: &[u8]) -> Result<PostList, WireError> {
+pub fn parse_post(node: NodeId, count: u16, body: &[u8]) -> Result<PostList, WireError> {
     let count = usize::from(count);
     if count > MAX_WRS {
         return Err(WireError::TooManyWrs {
@@ -544,10 +548,11 @@ pub fn parse_post(node: NodeId, count: u16, mut body: &[u8]) -> Result<PostList,
             max: MAX_WRS,
         });
     }
+    let mut r = ByteReader::new(body);
     let mut list = PostList::with_capacity(count);
     let mut reply_len = 0usize;
     for index in 0..count {
-        let wr: &WrHeader = take(&mut body, "work request")?;
+        let wr: &WrHeader = take(&mut r, "work request")?;
         let addr = RemoteAddr {
             node,
             rkey: RKey(wr.rkey.get()),
@@ -566,7 +571,7 @@ pub fn parse_post(node: NodeId, count: u16, mut body: &[u8]) -> Result<PostList,
                 list.read(addr, len);
             }
             OP_WRITE => {
-                let data = take_bytes(&mut body, len as usize, "write data")?;
+                let data = take_bytes(&mut r, len as usize, "write data")?;
                 list.write(addr, data);
             }
             OP_CAS | OP_FAA if len != 8 => return Err(WireError::AtomicLen { index, len }),
@@ -579,7 +584,7 @@ pub fn parse_post(node: NodeId, count: u16, mut body: &[u8]) -> Result<PostList,
             op => return Err(WireError::UnknownOp { index, op }),
         }
     }
-    expect_end(body)?;
+    r.finish()?;
     Ok(list)
 }
 
@@ -637,15 +642,16 @@ pub struct Failed {
 pub fn parse_completion(
     flags: u8,
     count: u16,
-    mut body: &[u8],
+    body: &[u8],
     shapes: &[Shape],
 ) -> Result<Result<Vec<WrOutcome>, Failed>, WireError> {
     if usize::from(count) != shapes.len() {
         return Err(WireError::Mismatch("work-request count"));
     }
+    let mut r = ByteReader::new(body);
     if flags & FLAG_ERROR != 0 {
-        let error: &ErrorBody = take(&mut body, "error")?;
-        expect_end(body)?;
+        let error: &ErrorBody = take(&mut r, "error")?;
+        r.finish()?;
         let index = error.index.get() as usize;
         if index >= shapes.len() {
             return Err(WireError::Mismatch("failed index out of the list"));
@@ -662,18 +668,18 @@ pub fn parse_completion(
     for shape in shapes {
         outcomes.push(match *shape {
             Shape::Bytes(n) => WrOutcome::Bytes(ReadBytes::from_slice(take_bytes(
-                &mut body,
+                &mut r,
                 n as usize,
                 "read bytes",
             )?)),
             Shape::Atomic => {
-                let v: &U64 = take(&mut body, "atomic value")?;
+                let v: &U64 = take(&mut r, "atomic value")?;
                 WrOutcome::Atomic(v.get())
             }
             Shape::Written => WrOutcome::Written,
         });
     }
-    expect_end(body)?;
+    r.finish()?;
     Ok(Ok(outcomes))
 }
 
@@ -710,8 +716,9 @@ pub fn put_message(
 ///
 /// # Errors
 /// A truncated header.
-pub fn parse_message(mut body: &[u8]) -> Result<(Endpoint, Endpoint, &[u8]), WireError> {
-    let h: &MessageHeader = take(&mut body, "message header")?;
+pub fn parse_message(body: &[u8]) -> Result<(Endpoint, Endpoint, &[u8]), WireError> {
+    let mut r = ByteReader::new(body);
+    let h: &MessageHeader = take(&mut r, "message header")?;
     let from = Endpoint {
         node: NodeId(h.from_node.get()),
         port: Port(h.from_port.get()),
@@ -720,7 +727,7 @@ pub fn parse_message(mut body: &[u8]) -> Result<(Endpoint, Endpoint, &[u8]), Wir
         node: NodeId(h.to_node.get()),
         port: Port(h.to_port.get()),
     };
-    Ok((from, to, body))
+    Ok((from, to, r.rest()))
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@
 //! requests and their answers: `dmem_deploy::process`) are that crate's wire and are parsed
 //! there.
 
+use dmem_layout::bytes::{ByteReader, ByteSink};
+
 /// A control message of a cluster run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Control {
@@ -76,9 +78,10 @@ impl Control {
 
     /// The message's payload.
     pub(crate) fn emit(self) -> Vec<u8> {
-        let mut payload = self.tag().to_vec();
+        let mut payload = Vec::with_capacity(self.tag().len() + 8);
+        payload.put_bytes(self.tag());
         if let Control::CnDone { tally } = self {
-            payload.extend_from_slice(&tally.to_le_bytes());
+            payload.put_u64(tally);
         }
         payload
     }
@@ -102,14 +105,16 @@ impl Control {
             }
         };
         if let Some(tally) = payload.strip_prefix(CN_DONE) {
-            let tally = <[u8; 8]>::try_from(tally).map_err(|_| ControlError::BadLength {
-                tag: tag_name(CN_DONE),
-                got: payload.len(),
-                expected: CN_DONE.len() + 8,
-            })?;
-            return Ok(Control::CnDone {
-                tally: u64::from_le_bytes(tally),
-            });
+            let mut r = ByteReader::new(tally);
+            let tally = r
+                .u64()
+                .and_then(|tally| r.finish().map(|()| tally))
+                .map_err(|_| ControlError::BadLength {
+                    tag: tag_name(CN_DONE),
+                    got: payload.len(),
+                    expected: CN_DONE.len() + 8,
+                })?;
+            return Ok(Control::CnDone { tally });
         }
         // `dmem-go` is no prefix of another tag, nor is any other tag of one.
         if payload.starts_with(RUN_OVER) {

@@ -13,7 +13,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use dmem_deploy::process::{mn_control, parse_terminate, terminated_reply};
+use dmem_deploy::process::{Termination, mn_control};
 use dmem_deploy::{MnMemory, Recorder};
 use dmem_runtime::{Executor, monotonic_now};
 use dmem_shm::{ShmFabric, ShmMemoryNode, ShmServer};
@@ -259,7 +259,7 @@ fn run_txn_mn(cluster: &Cluster, me: &MnNode, setup: &TxnSetup) -> anyhow::Resul
                 server.stop()?;
                 return Ok(());
             }
-            if let Some(cn) = parse_terminate(&msg.payload) {
+            if let Ok(Termination::Request(cn)) = Termination::parse(&msg.payload) {
                 let shut = server.revoke(cn)?;
                 let name = cluster.cn_name(cn);
                 eprintln!(
@@ -267,7 +267,8 @@ fn run_txn_mn(cluster: &Cluster, me: &MnNode, setup: &TxnSetup) -> anyhow::Resul
                     me.name, msg.from.node.0
                 );
                 revoked.insert(name);
-                if let Err(e) = executor.block_on(ctx.send(msg.from, &terminated_reply(cn))) {
+                if let Err(e) = executor.block_on(ctx.send(msg.from, &Termination::Done(cn).emit()))
+                {
                     eprintln!("dmem mn {}: cannot confirm the termination: {e}", me.name);
                 }
             }
