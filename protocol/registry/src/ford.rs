@@ -1078,3 +1078,33 @@ fn read_record_past_stray(
         || (stray && header.flags().is_valid() && !header.version().is_invisible());
     readable.then(|| item.value().to_vec())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_restart_switch_is_taken_out_of_the_bug_list() {
+        assert_eq!(
+            split_restart("covert-locks+restart=250+lost-decision"),
+            Ok((vec!["covert-locks", "lost-decision"], Some(250_000)))
+        );
+        assert_eq!(
+            split_restart("covert-locks"),
+            Ok((vec!["covert-locks"], None))
+        );
+        assert!(split_restart("restart=soon").is_err());
+    }
+
+    #[test]
+    fn a_restarting_store_keeps_log_regions_for_the_new_incarnations() {
+        let spec = DeploySpec::new(Vec::new(), 8);
+        let plain = FordProtocol::new("pandora", ProtocolConfig::pandora());
+        let restarting = plain.clone().restarting("pandora:restart=1", 1_000);
+        assert_eq!(plain.store_config(&spec, 3).coordinators, 8);
+        assert_eq!(
+            restarting.store_config(&spec, 3).coordinators,
+            8 * (1 + MAX_RESTARTS)
+        );
+    }
+}

@@ -484,8 +484,22 @@ mod tests {
     /// Every rule a Pandora claim is judged by, with numbers that fail it and numbers that
     /// pass it.
     #[test]
+    fn the_restart_claim_judges_the_windows_tail_against_before() {
+        // Back over the last ms, though the restart dipped earlier.
+        let back = [20.0, 20.0, 5.0, 10.0, 19.0, 20.0, 19.0, 20.0];
+        let c = restart_claim("Fig. 9", "smallbank", &back, 20.0);
+        assert_eq!(c.holds, Some(true), "{c:?}");
+        // One CN of three still missing at the end.
+        let lost = [20.0, 20.0, 5.0, 13.0, 13.0, 14.0, 13.0, 13.0];
+        assert_eq!(
+            restart_claim("Fig. 9", "smallbank", &lost, 20.0).holds,
+            Some(false)
+        );
+    }
+
+    #[test]
     fn every_claim_can_fail_and_can_pass() {
-        let table: [(&str, Rule, Vec<f64>, Vec<f64>); 5] = [
+        let table: [(&str, Rule, Vec<f64>, Vec<f64>); 6] = [
             (
                 "lock logging behind",
                 BEHIND,
@@ -511,6 +525,7 @@ mod tests {
                 vec![15.0, 1.0, 20.0],
             ),
             ("stops", STOPS, vec![15.0, 5.0, 10.0], vec![15.0, 0.0, 10.0]),
+            ("back", BACK, vec![1700.0, 2000.0], vec![1850.0, 2000.0]),
         ];
         for (name, rule, fail, pass) in table {
             assert!(!rule.holds(&fail), "{name} holds for {fail:?}");
