@@ -21,7 +21,8 @@
 //! to one-sided verbs, so the words stay on the lease lines of MN 0, one line per
 //! coordinator ([`line`]), and each CN process (each core of one: every core has its
 //! coordinators' cells) *picks its lease up*: a follower task READs the lease word of its
-//! first coordinator's line every half period, off the transaction path, sets its
+//! first coordinator's line every half period (the deployment chooses the period), off the
+//! transaction path, sets its
 //! coordinators' cells, and acknowledges by WRITing the word it applied into the `applied`
 //! word of each of its coordinators' lines. In the same post list it publishes its
 //! deployment's counters in its first line, which is where the manager reads them (never

@@ -12,6 +12,7 @@
 //! | `ppm=N` | node clocks drift within ±N ppm (default 100) |
 //! | `fixed-lease` | no lease manager: the initial lease holds for the whole run (the lease and offset sweeps, the technique ladder) |
 //! | `manager` | the lease manager (on unless `fixed-lease`; kept for older names such as `oocc:lease=2+manager`) |
+//! | `period=N` | the lease manager's statistics period, µs (default 200; across processes at least [`PROCESS_PERIOD_NS`](crate::oocc::PROCESS_PERIOD_NS)) |
 //! | `no-lease` | no implicit read lease: every read set is validated (Fig. 11 ladder) |
 //! | `no-delayed-lock` | write lock at execution instead of the intention lock (Fig. 11) |
 //! | `no-one-op-unlock` | value WRITE and unlock WRITE in two round trips (Fig. 11) |
@@ -78,6 +79,7 @@ pub fn oocc_with(params: &str) -> Result<OoccProtocol, String> {
     let mut cfg = OoccConfig::default();
     let mut drift = DriftModel::default();
     let mut manager = true;
+    let mut policy = Policy::default();
     let mut detection = Detection::Heartbeat;
     let num = |v: &str| v.parse::<f64>().map_err(|e| format!("`{v}`: {e}"));
     for p in params.split('+') {
@@ -85,6 +87,7 @@ pub fn oocc_with(params: &str) -> Result<OoccProtocol, String> {
             Some(("lease", v)) => cfg.lease_ns = (num(v)? * 1e3) as u64,
             Some(("offset", v)) => cfg.offset_ns = (num(v)? * 1e3) as u64,
             Some(("ppm", v)) => drift.max_ppm = num(v)? as u64,
+            Some(("period", v)) => policy.period_ns = ((num(v)? * 1e3) as u64).max(1),
             None if p == "manager" => manager = true,
             None if p == "fixed-lease" => manager = false,
             None if p == "no-lease" => cfg.implicit_lease = false,
@@ -95,7 +98,7 @@ pub fn oocc_with(params: &str) -> Result<OoccProtocol, String> {
             None if p == "oracle" => detection = Detection::Oracle,
             _ => {
                 return Err(format!(
-                    "unknown parameter `{p}`: use lease=µs, offset=µs, ppm=N, fixed-lease, manager, no-lease, no-delayed-lock, no-one-op-unlock, skip-lease-wait, artifact-rw, oracle"
+                    "unknown parameter `{p}`: use lease=µs, offset=µs, ppm=N, fixed-lease, manager, period=µs, no-lease, no-delayed-lock, no-one-op-unlock, skip-lease-wait, artifact-rw, oracle"
                 ));
             }
         }
@@ -104,7 +107,7 @@ pub fn oocc_with(params: &str) -> Result<OoccProtocol, String> {
         .with_drift(drift)
         .with_detection(detection);
     if manager {
-        p = p.with_manager(Policy::default());
+        p = p.with_manager(policy);
     }
     Ok(p)
 }

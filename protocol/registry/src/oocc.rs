@@ -343,6 +343,13 @@ impl OoccDeployment {
     }
 }
 
+/// The shortest statistics period of the lease manager across processes (ns): the
+/// simulator's 200 µs of real time hold too few transactions of one CN process for a
+/// stable decision on a loaded host (a 2-CPU host adjusted 449 times in 2 s, the lease
+/// swinging between doubling and shrinking), and the paper's manager reads its statistics
+/// once per second (§VII-A). The followers poll every half period.
+pub const PROCESS_PERIOD_NS: dmem_verbs::Nanos = 10_000_000;
+
 /// The read lease of the coordinator that reads the final state after a run of CN processes
 /// (ns). It reads alone — every CN's coordinators are done — so a long lease delays nobody, and DrTM's 400 µs ran out
 /// between the lease's CAS and the commit on every one of 64 tries in CN processes on two
@@ -358,11 +365,21 @@ impl OoccDeployment {
         self.dir.shares_inserts()
     }
 
+    /// The lease manager's policy across processes: the protocol's, its period at least
+    /// [`PROCESS_PERIOD_NS`].
+    fn process_policy(&self) -> Option<Policy> {
+        let policy = self.protocol.manager?;
+        Some(Policy {
+            period_ns: policy.period_ns.max(PROCESS_PERIOD_NS),
+            ..policy
+        })
+    }
+
     /// Across processes, with a lease manager: this deployment's follower, which picks the
     /// lease words up for its coordinators every half period (`dmem_occ::manager::follow`);
     /// `None` without a manager or before a coordinator was made.
     fn follower_task(&self) -> Option<LocalTask> {
-        let policy = self.protocol.manager?;
+        let policy = self.process_policy()?;
         let ctx = self.lease_ctx.clone()?;
         Some(Box::pin(dmem_occ::manager::follow(
             ctx,
@@ -697,7 +714,7 @@ impl ProcessDeployment for OoccDeployment {
         tasks.extend(self.follower_task());
         let first_cn = plan.members.first().map(|m| m.cn);
         if let (Some(policy), Some(ctx), true) = (
-            self.protocol.manager,
+            self.process_policy(),
             self.lease_ctx.clone(),
             first_cn == Some(me),
         ) {

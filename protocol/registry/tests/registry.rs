@@ -153,6 +153,8 @@ fn oocc_runs_the_lease_manager_unless_the_lease_is_fixed() {
     ] {
         assert!(oocc_with(params).unwrap().manager.is_none(), "{params}");
     }
+    let slow = oocc_with("period=1000").unwrap().manager.unwrap();
+    assert_eq!(slow.period_ns, 1_000_000);
     let fixed = oocc_with("fixed-lease").unwrap();
     assert_eq!((fixed.config, fixed.drift), (oocc().config, oocc().drift));
 }
