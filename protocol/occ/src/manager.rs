@@ -5,8 +5,11 @@
 //! `ww` of any (Property 2). An adjustment from `old` to `new` has two phases:
 //!
 //! 1. *prepare*: `rv = min(old, new) − offset`, `ww = max(old, new) + offset` on every CN,
-//!    one WRITE per CN lease word; then wait one old write-wait lease, so that every
-//!    writer that read the old `ww` is done waiting and no reader still trusts the old `rv`;
+//!    one WRITE per CN lease word; then wait `max(old, new) + offset`: one old write-wait
+//!    lease, so that every writer that read the old `ww` is done waiting and no reader
+//!    still trusts the old `rv` (the paper's wait), and, when the lease grows, one new
+//!    write-wait lease, so that no decision with the new `rv` trusts reads from before a
+//!    writer that read the old, smaller `ww` (the cross-time condition below);
 //! 2. *commit*: `rv = new − offset`, `ww = new + offset` on every CN (one WRITE per CN).
 //!
 //! Simulation: a CN's lease word is CN-local memory, which the simulator does not expose to
@@ -54,7 +57,8 @@
 //!   intermediate word, and since that acknowledgement no coordinator reads a `ww` below
 //!   `new + offset`. So no `ww = old + offset` read lies within `rv` before a decision with
 //!   the new `rv` (the paper waits one *old* lease, which covers the records' leases but not
-//!   a decision that reads the larger `rv` after a writer read the smaller `ww`).
+//!   a decision that reads the larger `rv` after a writer read the smaller `ww`; the
+//!   simulator's [`run`] waits `max(old, new) + offset` too).
 //! * Shrinking (`new < old`): a coordinator reads `ww = new + offset` only after every
 //!   coordinator acknowledged `rv = new − offset`, so every decision after that read uses
 //!   at most `new − offset`; the wait of `old + offset` is the paper's.
@@ -221,7 +225,7 @@ pub async fn run<C: Verbs + Clock>(
             lease.max(new) + off,
         )
         .await;
-        ctx.sleep(lease + off).await;
+        ctx.sleep(lease.max(new) + off).await;
         let cos = coordinators.borrow().clone();
         set_all(&ctx, &dir, &cos, new.saturating_sub(off), new + off).await;
         log.lease.set(new);
