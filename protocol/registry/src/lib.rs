@@ -6,13 +6,16 @@
 //! * `occ` — OOCC's OCC baseline (OOCC §II-A, Fig. 3): it *is* FORD with rounds (execution
 //!   READ / CAS + READ, validation READs, undo log, commit WRITEs, lock release), so it is
 //!   registered as fixed FORD under a second name rather than written twice;
-//! * `oocc` — OOCC (implicit read leases, delayed write locks, one-op write-unlock; `dmem-occ`);
+//! * `oocc` — OOCC, the paper's full system (implicit read leases, delayed write locks,
+//!   one-op write-unlock, and the lease manager adapting the lease, §VII-A; `dmem-occ`);
+//!   `oocc:fixed-lease` keeps its initial 100 µs lease instead;
 //! * `drtm` — DrTM's lease-based shared locks (OOCC §II-A baseline, lease 400 µs; `dmem-occ`);
 //! * `dslr` — two-phase locking on DSLR ticket locks (OOCC §II-A baseline; `dmem-occ`);
 //!   `dslr:skip-roll-forward` plants a recovery bug (redo logs discarded, not rolled forward),
 //!   `dslr:oracle` detects crashes with the simulator's oracle instead of heartbeats;
-//! * `oocc:PARAM[+PARAM]` — OOCC varied for the figures (lease, offset, drift, lease manager,
-//!   techniques off, a planted bug, the oracle detector; see [`occ_family`]);
+//! * `oocc:PARAM[+PARAM]` — OOCC varied for the figures (initial lease, offset, drift, a
+//!   fixed lease instead of the manager, techniques off, a planted bug, the oracle
+//!   detector; see [`occ_family`]);
 //! * `pandora` — PILL, logging after validation, RDMA recovery (Pandora §3);
 //! * `pandora-lock-logging` — Pandora with traditional "log before lock" (Pandora §6.1);
 //! * `ford:BUG[+BUG]` — FORD with bugs of Table 1 switched on (`ford:covert-locks`);

@@ -1,14 +1,18 @@
 //! The OOCC family of `dmem-occ` (OOCC §II-A, §III–§VII): each protocol is a
 //! [`Protocol`](dmem_deploy::Protocol) of that crate, registered here by name.
 //!
-//! `oocc:PARAM[+PARAM]` varies OOCC for the figures:
+//! `oocc` is the paper's full system, its adaptive part on: OOCC with the lease manager
+//! (§VII-A; [`Policy::default`], from the artifact's 100 µs lease). `oocc:PARAM[+PARAM]`
+//! varies it for the figures:
 //!
 //! | parameter | meaning |
 //! |---|---|
 //! | `lease=N` | initial lease, µs (default 100) |
 //! | `offset=X` | drift offset, µs, fractional allowed (default 1.0) |
 //! | `ppm=N` | node clocks drift within ±N ppm (default 100) |
-//! | `manager` | run the lease manager (§VII-A) |
+//! | `fixed-lease` | no lease manager: the initial lease holds for the whole run (the lease and offset sweeps, the technique ladder) |
+//! | `manager` | the lease manager (on unless `fixed-lease`; kept for older names such as `oocc:lease=2+manager`) |
+//! | `period=N` | the lease manager's statistics period, µs (default 200; across processes at least [`PROCESS_PERIOD_NS`](crate::oocc::PROCESS_PERIOD_NS)) |
 //! | `no-lease` | no implicit read lease: every read set is validated (Fig. 11 ladder) |
 //! | `no-delayed-lock` | write lock at execution instead of the intention lock (Fig. 11) |
 //! | `no-one-op-unlock` | value WRITE and unlock WRITE in two round trips (Fig. 11) |
@@ -24,10 +28,11 @@ use dmem_occ::{DriftModel, OoccConfig};
 
 use crate::oocc::OoccProtocol;
 
-/// OOCC with the artifact's lease (100 µs) and offset (1 µs), every technique on.
+/// OOCC with the artifact's initial lease (100 µs) and offset (1 µs), every technique on,
+/// and the lease manager (§VII-A) adapting the lease while it runs.
 #[must_use]
 pub fn oocc() -> OoccProtocol {
-    OoccProtocol::new("oocc", OoccConfig::default())
+    OoccProtocol::new("oocc", OoccConfig::default()).with_manager(Policy::default())
 }
 
 /// DrTM's lease-based shared locks (OOCC §II-A), lease 400 µs.
@@ -73,7 +78,8 @@ pub fn dslr_with(params: &str) -> Result<OoccProtocol, String> {
 pub fn oocc_with(params: &str) -> Result<OoccProtocol, String> {
     let mut cfg = OoccConfig::default();
     let mut drift = DriftModel::default();
-    let mut manager = false;
+    let mut manager = true;
+    let mut policy = Policy::default();
     let mut detection = Detection::Heartbeat;
     let num = |v: &str| v.parse::<f64>().map_err(|e| format!("`{v}`: {e}"));
     for p in params.split('+') {
@@ -81,7 +87,9 @@ pub fn oocc_with(params: &str) -> Result<OoccProtocol, String> {
             Some(("lease", v)) => cfg.lease_ns = (num(v)? * 1e3) as u64,
             Some(("offset", v)) => cfg.offset_ns = (num(v)? * 1e3) as u64,
             Some(("ppm", v)) => drift.max_ppm = num(v)? as u64,
+            Some(("period", v)) => policy.period_ns = ((num(v)? * 1e3) as u64).max(1),
             None if p == "manager" => manager = true,
+            None if p == "fixed-lease" => manager = false,
             None if p == "no-lease" => cfg.implicit_lease = false,
             None if p == "no-delayed-lock" => cfg.delayed_lock = false,
             None if p == "no-one-op-unlock" => cfg.one_op_unlock = false,
@@ -90,7 +98,7 @@ pub fn oocc_with(params: &str) -> Result<OoccProtocol, String> {
             None if p == "oracle" => detection = Detection::Oracle,
             _ => {
                 return Err(format!(
-                    "unknown parameter `{p}`: use lease=µs, offset=µs, ppm=N, manager, no-lease, no-delayed-lock, no-one-op-unlock, skip-lease-wait, artifact-rw, oracle"
+                    "unknown parameter `{p}`: use lease=µs, offset=µs, ppm=N, fixed-lease, manager, period=µs, no-lease, no-delayed-lock, no-one-op-unlock, skip-lease-wait, artifact-rw, oracle"
                 ));
             }
         }
@@ -99,7 +107,7 @@ pub fn oocc_with(params: &str) -> Result<OoccProtocol, String> {
         .with_drift(drift)
         .with_detection(detection);
     if manager {
-        p = p.with_manager(Policy::default());
+        p = p.with_manager(policy);
     }
     Ok(p)
 }

@@ -1,14 +1,22 @@
-//! OOCC, DrTM and DSLR (`dmem-occ`) as a [`Protocol`] (on the simulated cluster; the lease
-//! manager needs it): the store of [`dmem_occ::store`], one [`DriftingCtx`] per coordinator
-//! (its node's clock, [`DriftModel`]), shared per-CN version hints, and the deployment's
-//! counters. The names they are registered under are [`crate::occ_family`]'s.
+//! OOCC, DrTM and DSLR (`dmem-occ`) as a [`Protocol`] (on the simulated cluster and in the
+//! CN processes of a real one): the store of [`dmem_occ::store`], one [`DriftingCtx`] per
+//! coordinator (its node's clock, [`DriftModel`]), shared per-CN version hints, and the
+//! deployment's counters. The names they are registered under are [`crate::occ_family`]'s.
+//!
+//! The lease manager (§VII-A, [`dmem_occ::manager`]) runs on the simulator as a simulated
+//! task beside the first CN's coordinators; across processes as a task of the first CN
+//! process ([`ProcessDeployment::process_tasks`]), with a follower on every core of every
+//! CN process that picks the lease words up from the lease lines on MN 0.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use dmem_deploy::process::{LogRecovery, MessageLinkTerminator, ProcessPlan, ProcessRecovery};
+use dmem_deploy::process::{
+    self, CnContexts, LocalTask, LogRecovery, MessageLinkTerminator, ProcessPlan, ProcessRecovery,
+    ServiceContext,
+};
 use dmem_deploy::{
     AnyContext, DeployError, DeploySpec, Deployment, Detection, MnMemory, Placement,
     ProcessDeployment, Protocol, Recorder, RecoveryEvent, RecoveryState, RecoveryTiming,
@@ -22,7 +30,7 @@ use dmem_verbs::NodeId;
 use dmem_occ::drift::{Drift, DriftModel, DriftingCtx};
 use dmem_occ::drtm::{DrtmConfig, DrtmCoordinator};
 use dmem_occ::dslr2pl::{DslrConfig, DslrCoordinator};
-use dmem_occ::manager::{LeaseTable, ManagerLog, Policy};
+use dmem_occ::manager::{FollowerLog, LeaseTable, ManagerLog, Policy};
 use dmem_occ::oocc::{Leases, OoccConfig, OoccCoordinator, Stats};
 use dmem_occ::recovery::RedoLog;
 use dmem_occ::store::{Directory, Layout, Loc, Placed, emit, parse};
@@ -191,6 +199,8 @@ impl OoccProtocol {
                 lease: Cell::new(self.config.lease_ns),
             }),
             manager_started: false,
+            follower: Rc::new(FollowerLog::default()),
+            lease_ctx: None,
             paused: Rc::new(Cell::new(false)),
             recovery: RecoveryState::default(),
         }
@@ -208,6 +218,11 @@ pub struct OoccDeployment {
     leases: LeaseTable,
     manager: Rc<ManagerLog>,
     manager_started: bool,
+    /// Across processes: what this deployment's follower applied.
+    follower: Rc<FollowerLog>,
+    /// Across processes, with a lease manager: the context of this deployment's first
+    /// coordinator, on which its follower (and, on the first CN, the manager) posts.
+    lease_ctx: Option<AnyContext>,
     paused: Rc<Cell<bool>>,
     recovery: RecoveryState,
 }
@@ -277,29 +292,42 @@ impl OoccDeployment {
         let node = ctx.node();
         let hints = Rc::clone(self.hints.entry(node).or_default());
         let cfg = self.protocol.config;
-        let leases = Leases::new(self.manager.lease.get(), cfg.offset_ns);
+        let leases = match self.follower.applied.get() {
+            // Across processes, a coordinator made after the follower applied a lease word
+            // starts with it.
+            w if w != 0 && self.memory.as_sim().is_none() => {
+                let (rv, ww) = dmem_occ::manager::decode(w);
+                Rc::new(Leases {
+                    rv: Cell::new(rv),
+                    ww: Cell::new(ww),
+                })
+            }
+            _ => Leases::new(self.manager.lease.get(), cfg.offset_ns),
+        };
         self.leases
             .borrow_mut()
             .push((id, node, Rc::clone(&leases)));
-        if let (Some(policy), false) = (self.protocol.manager, self.manager_started) {
-            self.manager_started = true;
-            // The manager runs on the first CN's thread 0, beside its coordinators, as a
-            // simulated task.
-            let sim = self.memory.as_sim().ok_or_else(|| DeployError::SimOnly {
-                protocol: self.protocol.name.clone(),
-                reason: "its lease manager runs as a simulated task".to_owned(),
-            })?;
-            let mctx = sim.context(sim.cn(0), 0)?;
-            let drift = self.protocol.drift.drift_of(mctx.node());
-            let task = dmem_occ::manager::run(
-                DriftingCtx::new(mctx.clone(), drift),
-                Rc::clone(&self.dir),
-                Rc::clone(&self.stats),
-                Rc::clone(&self.leases),
-                policy,
-                Rc::clone(&self.manager),
-            );
-            sim.spawn(&mctx, task);
+        match (self.protocol.manager, self.memory.as_sim()) {
+            (Some(policy), Some(sim)) if !self.manager_started => {
+                self.manager_started = true;
+                // The manager runs on the first CN's thread 0, beside its coordinators, as a
+                // simulated task.
+                let mctx = sim.context(sim.cn(0), 0)?;
+                let drift = self.protocol.drift.drift_of(mctx.node());
+                let task = dmem_occ::manager::run(
+                    DriftingCtx::new(mctx.clone(), drift),
+                    Rc::clone(&self.dir),
+                    Rc::clone(&self.stats),
+                    Rc::clone(&self.leases),
+                    policy,
+                    Rc::clone(&self.manager),
+                );
+                sim.spawn(&mctx, task);
+            }
+            // Across processes the follower and the manager post on the first
+            // coordinator's context ([`Self::follower_task`]).
+            (Some(_), None) if self.lease_ctx.is_none() => self.lease_ctx = Some(ctx.clone()),
+            _ => {}
         }
         let ctx = self.node_clock(ctx);
         Ok(OoccCoordinator::new(
@@ -315,6 +343,13 @@ impl OoccDeployment {
     }
 }
 
+/// The shortest statistics period of the lease manager across processes (ns): the
+/// simulator's 200 µs of real time hold too few transactions of one CN process for a
+/// stable decision on a loaded host (a 2-CPU host adjusted 449 times in 2 s, the lease
+/// swinging between doubling and shrinking), and the paper's manager reads its statistics
+/// once per second (§VII-A). The followers poll every half period.
+pub const PROCESS_PERIOD_NS: dmem_verbs::Nanos = 10_000_000;
+
 /// The read lease of the coordinator that reads the final state after a run of CN processes
 /// (ns). It reads alone — every CN's coordinators are done — so a long lease delays nobody, and DrTM's 400 µs ran out
 /// between the lease's CAS and the commit on every one of 64 tries in CN processes on two
@@ -328,6 +363,32 @@ impl OoccDeployment {
     /// a CN process's directory shares its inserts through MN memory.
     fn joined_as_cn(&self) -> bool {
         self.dir.shares_inserts()
+    }
+
+    /// The lease manager's policy across processes: the protocol's, its period at least
+    /// [`PROCESS_PERIOD_NS`].
+    fn process_policy(&self) -> Option<Policy> {
+        let policy = self.protocol.manager?;
+        Some(Policy {
+            period_ns: policy.period_ns.max(PROCESS_PERIOD_NS),
+            ..policy
+        })
+    }
+
+    /// Across processes, with a lease manager: this deployment's follower, which picks the
+    /// lease words up for its coordinators every half period (`dmem_occ::manager::follow`);
+    /// `None` without a manager or before a coordinator was made.
+    fn follower_task(&self) -> Option<LocalTask> {
+        let policy = self.process_policy()?;
+        let ctx = self.lease_ctx.clone()?;
+        Some(Box::pin(dmem_occ::manager::follow(
+            ctx,
+            Rc::clone(&self.dir),
+            Rc::clone(&self.stats),
+            Rc::clone(&self.leases),
+            (policy.period_ns / 2).max(1),
+            Rc::clone(&self.follower),
+        )))
     }
 
     /// A DrTM coordinator with `cfg` on `ctx`.
@@ -460,12 +521,36 @@ impl Deployment for OoccDeployment {
     }
 
     /// DSLR's reset lease as this CN process runs it ([`join_as_cn`](Self::join_as_cn)
-    /// raises it to the detector's).
+    /// raises it to the detector's); with a lease manager, what this CN's follower applied
+    /// (`lease_updates` words, the leases `lease_rv_ns` and `lease_ww_ns` its coordinators
+    /// hold at the end) and, on the first CN, the manager's `lease_adjustments` and
+    /// `lease_ns`.
     fn counters(&self) -> Vec<(String, u64)> {
-        ["dslr_reset_lease_ns"]
+        let mut counters: Vec<(String, u64)> = ["dslr_reset_lease_ns"]
             .iter()
             .filter_map(|&name| Some((name.to_owned(), self.counter(name)?)))
-            .collect()
+            .collect();
+        if self.protocol.manager.is_some() && self.lease_ctx.is_some() {
+            let held = self
+                .leases
+                .borrow()
+                .first()
+                .map(|(_, _, l)| (l.rv.get(), l.ww.get()));
+            let (rv, ww) = held.unwrap_or_default();
+            counters.extend([
+                ("lease_updates".to_owned(), self.follower.updates.get()),
+                ("lease_rv_ns".to_owned(), rv),
+                ("lease_ww_ns".to_owned(), ww),
+            ]);
+            if self.manager_started {
+                counters.extend(
+                    ["lease_adjustments", "lease_ns"]
+                        .iter()
+                        .filter_map(|&name| Some((name.to_owned(), self.counter(name)?))),
+                );
+            }
+        }
+        counters
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
@@ -612,9 +697,58 @@ impl ProcessDeployment for OoccDeployment {
         ))))
     }
 
+    /// Heartbeats to the detector (the default) and, with a lease manager, this core's
+    /// follower; on the first CN also the manager, over the coordinators of every CN of
+    /// `plan` (`dmem_occ::manager::run_across_processes`).
+    fn process_tasks(
+        &mut self,
+        me: NodeId,
+        ctxs: CnContexts,
+        plan: &ProcessPlan,
+    ) -> Result<Vec<LocalTask>, DeployError> {
+        let mut tasks = vec![process::alive_task(
+            ctxs.heartbeat,
+            plan.detector,
+            plan.heartbeat,
+        )];
+        tasks.extend(self.follower_task());
+        let first_cn = plan.members.first().map(|m| m.cn);
+        if let (Some(policy), Some(ctx), true) = (
+            self.process_policy(),
+            self.lease_ctx.clone(),
+            first_cn == Some(me),
+        ) {
+            self.manager_started = true;
+            let ids = plan
+                .members
+                .iter()
+                .flat_map(|m| m.coordinators.iter().copied())
+                .collect();
+            tasks.push(Box::pin(dmem_occ::manager::run_across_processes(
+                ctx,
+                Rc::clone(&self.dir),
+                ids,
+                policy,
+                Rc::clone(&self.manager),
+            )));
+        }
+        Ok(tasks)
+    }
+
+    /// With a lease manager, this core's follower.
+    fn core_tasks(
+        &mut self,
+        _me: NodeId,
+        _plan: &ProcessPlan,
+        _services: Vec<ServiceContext>,
+    ) -> Result<Vec<LocalTask>, DeployError> {
+        Ok(self.follower_task().into_iter().collect())
+    }
+
     /// Per core is sound: a coordinator's CN-side state is DrTM's version hints (a wrong
-    /// hint only costs a CAS) and counters; locks, leases and redo logs live in MN memory,
-    /// where the detector's [`LogRecovery`] finds them whichever core wrote them.
+    /// hint only costs a CAS), counters and, with a lease manager, its leases, which each
+    /// core's own follower keeps up to date; locks, lease words and redo logs live in MN
+    /// memory, where the detector's [`LogRecovery`] finds them whichever core wrote them.
     fn splits_across_cores(&self) -> Result<(), String> {
         Ok(())
     }

@@ -137,6 +137,28 @@ fn unknown_names_and_bugs_are_errors() {
     assert!(r.get("oocc:no-such-knob").is_err());
 }
 
+/// `oocc` is the paper's full system, lease manager on (§VII-A), and so is every
+/// `oocc:PARAMS` unless it says `fixed-lease`.
+#[test]
+fn oocc_runs_the_lease_manager_unless_the_lease_is_fixed() {
+    use dmem_protocols::occ_family::{oocc, oocc_with};
+    assert!(oocc().manager.is_some());
+    for params in ["lease=2", "manager", "lease=2+manager", "no-lease"] {
+        assert!(oocc_with(params).unwrap().manager.is_some(), "{params}");
+    }
+    for params in [
+        "fixed-lease",
+        "lease=10+fixed-lease",
+        "fixed-lease+manager+fixed-lease",
+    ] {
+        assert!(oocc_with(params).unwrap().manager.is_none(), "{params}");
+    }
+    let slow = oocc_with("period=1000").unwrap().manager.unwrap();
+    assert_eq!(slow.period_ns, 1_000_000);
+    let fixed = oocc_with("fixed-lease").unwrap();
+    assert_eq!((fixed.config, fixed.drift), (oocc().config, oocc().drift));
+}
+
 #[test]
 fn the_oracle_is_asked_for_by_name_and_dslr_refuses_slow_heartbeats() {
     let r = dmem_protocols::registry();
