@@ -129,7 +129,7 @@ fn pandora_restarted_cn_brings_throughput_back() {
         assert!(r["restarted_committed"].as_u64().unwrap() > 0, "{r}");
         let serving = r["serving_again_us"].as_f64().unwrap();
         assert!(
-            serving >= 100.0 && serving < 3_000.0,
+            (100.0..3_000.0).contains(&serving),
             "back after the detection and the restart delay: {r}"
         );
         assert!(
