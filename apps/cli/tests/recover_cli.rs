@@ -332,19 +332,20 @@ fn lotus_restarted_coordinators_reusing_old_ids_are_caught() {
 }
 
 #[test]
-fn restart_after_is_for_lotus_only() {
+fn restart_after_is_refused_for_a_protocol_without_cn_restart() {
+    // Dandelion's servers are symmetric: there is no CN to bring back.
     let out = dmem(&[
         "recover",
         "--scale",
         "tiny",
         "--protocol",
-        "ford",
+        "dnl-4",
         "--restart-after-us",
         "10",
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("only LOTUS restarts"), "{err}");
+    assert!(err.contains("restart crashed CNs") && err.contains("dnl-4"), "{err}");
 }
 
 #[test]
