@@ -169,7 +169,7 @@ fn index_lookup_then_oocc_replay() {
         let at = redo.header.addr().offset() as usize;
         let mut local = mn[at..].to_vec();
         let mut rec = OoccRecord::new_checked(&mut local[..]).unwrap();
-        let range = rec.prepare_commit(redo.new_value).unwrap();
+        let range = rec.prepare_commit(redo.new_value, 1).unwrap();
         assert_eq!(rec.lock_word().version(), redo.header.new_version());
         mn[at + range.start..at + range.end].copy_from_slice(&local[range.clone()]);
     }

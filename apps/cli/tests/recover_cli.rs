@@ -345,7 +345,10 @@ fn restart_after_is_refused_for_a_protocol_without_cn_restart() {
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("restart crashed CNs") && err.contains("dnl-4"), "{err}");
+    assert!(
+        err.contains("restart crashed CNs") && err.contains("dnl-4"),
+        "{err}"
+    );
 }
 
 #[test]

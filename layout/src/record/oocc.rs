@@ -160,7 +160,7 @@ impl fmt::Debug for OoccLockWord {
     }
 }
 
-/// The fixed 16-byte front of an OOCC record (OOCC §III-B, §V).
+/// The fixed 24-byte front of an OOCC record (OOCC §III-B, §V).
 ///
 /// ```text
 /// offset 0 +------------------------------------------+
@@ -168,14 +168,23 @@ impl fmt::Debug for OoccLockWord {
 ///        8 +-------------------+-----------+----------+
 ///          | table_id u32      | vlen u16  | flags u16|
 ///       16 +-------------------+-----------+----------+
+///          | writer u64 (installer of this value)     |
+///       24 +------------------------------------------+
 ///          | value[vlen] ... zero-padded to 8 bytes   |
-///  16+pad8 +------------------------------------------+
+///  24+pad8 +------------------------------------------+
 ///  (vlen)  | OoccLockWord (highest address)           |
 ///          +------------------------------------------+
 /// ```
 ///
 /// Data and lock are co-located so that one READ returns both (§III-B); the commit WRITE
-/// covers [`OoccRecordHeader::commit_range`] = value + padding + lock word.
+/// covers [`OoccRecordHeader::commit_range`] = writer + value + padding + lock word.
+///
+/// The writer word is dmem's addition (the paper's record has none): the transaction that
+/// installed the value, in [`DataItemHeader::pack_writer`](super::DataItemHeader::pack_writer)'s
+/// encoding, 0 for a loaded record. The commit WRITE carries it with the value, so a reader
+/// learns who wrote what it read from memory itself, not from what the writer's protocol
+/// reported (the history checker attributes each read to exactly that transaction). It costs
+/// 8 bytes per record and per commit WRITE, no verb.
 #[derive(
     Clone, Copy, PartialEq, Eq, Debug, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned,
 )]
@@ -185,15 +194,18 @@ pub struct OoccRecordHeader {
     table_id: U32,
     value_len: U16,
     flags: ItemFlags,
+    writer: U64,
 }
 
-assert_eq_size!(OoccRecordHeader, [u8; 16]);
+assert_eq_size!(OoccRecordHeader, [u8; 24]);
 assert_eq_align!(OoccRecordHeader, u8);
 const_assert_eq!(OoccRecordHeader::LEN % 8, 0);
 
 impl OoccRecordHeader {
     /// Bytes of the header; the value starts here.
     pub const LEN: usize = core::mem::size_of::<Self>();
+    /// Offset of the writer word: where the commit WRITE starts.
+    pub const WRITER_OFFSET: usize = 16;
     /// Bytes of the lock word at the end of the record.
     pub const LOCK_LEN: usize = core::mem::size_of::<OoccLockWord>();
 
@@ -207,9 +219,10 @@ impl OoccRecordHeader {
         Self::lock_offset(value_len) + Self::LOCK_LEN
     }
 
-    /// The bytes the one-op write-unlock WRITE covers (§V): value, padding, lock word.
+    /// The bytes the one-op write-unlock WRITE covers (§V): writer, value, padding, lock
+    /// word.
     pub const fn commit_range(value_len: usize) -> Range<usize> {
-        Self::LEN..Self::record_len(value_len)
+        Self::WRITER_OFFSET..Self::record_len(value_len)
     }
 
     /// A header for a live record.
@@ -219,7 +232,18 @@ impl OoccRecordHeader {
             table_id: U32::new(table_id),
             value_len: U16::new(value_len),
             flags,
+            writer: U64::new(0),
         }
+    }
+
+    /// The installer of the value (0: loaded, no transaction).
+    pub const fn writer(&self) -> u64 {
+        self.writer.get()
+    }
+
+    /// Sets the installer of the value.
+    pub fn set_writer(&mut self, writer: u64) {
+        self.writer = U64::new(writer);
     }
 
     /// The key.
@@ -368,12 +392,17 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> OoccRecord<T> {
     }
 
     /// Prepares the one-op write-unlock (OOCC §V, Alg. 1 line 25) in this local image:
-    /// stores `new_value` and a free lock word with the next version, and returns the byte
-    /// range to send in one RDMA WRITE (value first, lock word last).
+    /// stores `writer` (the committing transaction), `new_value` and a free lock word with
+    /// the next version, and returns the byte range to send in one RDMA WRITE (writer and
+    /// value first, lock word last).
     ///
     /// Refuses (image unchanged) a `new_value` whose length differs from the record's and a
     /// record that is not write-locked.
-    pub fn prepare_commit(&mut self, new_value: &[u8]) -> Result<Range<usize>, LayoutError> {
+    pub fn prepare_commit(
+        &mut self,
+        new_value: &[u8],
+        writer: u64,
+    ) -> Result<Range<usize>, LayoutError> {
         let len = self.header().value_len();
         if new_value.len() != len {
             return Err(LayoutError::DoesNotFit {
@@ -388,6 +417,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> OoccRecord<T> {
                 field: "lock state",
             });
         }
+        self.header_mut().set_writer(writer);
         self.value_mut().copy_from_slice(new_value);
         self.set_lock_word(lock.released_next_version());
         Ok(OoccRecordHeader::commit_range(len))
@@ -441,8 +471,8 @@ mod tests {
         let old = [0x11u8; 13];
         let new = [0x22u8; 13];
         let len = OoccRecordHeader::record_len(13);
-        assert_eq!(len, 16 + 16 + 8);
-        let mut mn = [0u8; 40];
+        assert_eq!(len, 24 + 16 + 8);
+        let mut mn = [0u8; 48];
         let header = OoccRecordHeader::new(0xB, 1, 0, ItemFlags::LOADED);
         let locked = OoccLockWord::free(4)
             .unwrap()
@@ -452,9 +482,9 @@ mod tests {
         let mut local = mn;
         let range = OoccRecord::new_checked(&mut local[..])
             .unwrap()
-            .prepare_commit(&new)
+            .prepare_commit(&new, 0x0001_0000_0000_0007)
             .unwrap();
-        assert_eq!(range, 16..40);
+        assert_eq!(range, 16..48);
         assert_eq!(
             range.end, len,
             "the lock word is the last thing the WRITE lands"
@@ -470,6 +500,7 @@ mod tests {
                     assert_eq!(landed, range.len());
                     assert_eq!(seen.value(), &new);
                     assert_eq!(seen.lock_word().version(), 5);
+                    assert_eq!(seen.header().writer(), 0x0001_0000_0000_0007);
                 }
                 OoccLockState::Intention => panic!("intention state never appears during commit"),
             }
@@ -478,18 +509,19 @@ mod tests {
 
     #[test]
     fn occ_prepare_commit_refusals() {
-        let mut mn = [0u8; 40];
+        let mut mn = [0u8; 48];
         let header = OoccRecordHeader::new(1, 1, 0, ItemFlags::LOADED);
         let intention = OoccLockWord::free(1).unwrap().with_intention_lock(2);
         let mut rec = OoccRecord::emit(&mut mn[..], header, &[1u8; 13], intention).unwrap();
         assert_eq!(
-            rec.prepare_commit(&[2u8; 13]),
+            rec.prepare_commit(&[2u8; 13], 9),
             Err(LayoutError::InvalidField {
                 field: "lock state"
             })
         );
-        assert!(rec.prepare_commit(&[2u8; 12]).is_err());
+        assert!(rec.prepare_commit(&[2u8; 12], 9).is_err());
         assert_eq!(rec.value(), &[1u8; 13]);
+        assert_eq!(rec.header().writer(), 0, "a refused commit changes nothing");
         assert_eq!(
             OoccRecord::emit(
                 &mut [0u8; 40][..],

@@ -272,9 +272,10 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
     fn take_entry(&mut self, t: Todo, lease_end: Nanos, lock: Option<u64>, bytes: &[u8]) {
         let image = parse(bytes, self.co.dir.value_len(t.table).unwrap_or(8));
         let version = version_of(&image.value);
-        self.trace
-            .reads
-            .push(ReadEvent::new(t.table, t.key, Version(version)));
+        self.trace.reads.push(ReadEvent {
+            writer: image.writer,
+            ..ReadEvent::new(t.table, t.key, Version(version))
+        });
         self.entries.push(Entry {
             table: t.table,
             key: t.key,
@@ -421,7 +422,15 @@ impl<C: Verbs + Clock> DrtmTxn<'_, C> {
             let phys = self.co.dir.value_len(e.table)?;
             let lock = e.lock.unwrap_or(0);
             let released = OoccLockWord::from_raw((logic::released(lock) + 1) & logic::END);
-            let image = commit_image(e.table, e.key, e.version + 1, &e.new, phys, released);
+            let image = commit_image(
+                e.table,
+                e.key,
+                e.version + 1,
+                &e.new,
+                phys,
+                released,
+                self.trace.id,
+            );
             log.push(e.loc, &image);
             images.push(image);
         }

@@ -294,9 +294,10 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
     ) -> Result<(), TxnError> {
         let image = parse(bytes, self.co.dir.value_len(table)?);
         let version = version_of(&image.value);
-        self.trace
-            .reads
-            .push(ReadEvent::new(table, key, Version(version)));
+        self.trace.reads.push(ReadEvent {
+            writer: image.writer,
+            ..ReadEvent::new(table, key, Version(version))
+        });
         self.held.push(Held {
             table,
             key,
@@ -710,7 +711,15 @@ impl<C: Verbs + Clock> DslrTxn<'_, C> {
         for h in written {
             let phys = self.co.dir.value_len(h.table)?;
             let free = OoccLockWord::from_raw(0);
-            let mut image = commit_image(h.table, h.key, h.version + 1, &h.new, phys, free);
+            let mut image = commit_image(
+                h.table,
+                h.key,
+                h.version + 1,
+                &h.new,
+                phys,
+                free,
+                self.trace.id,
+            );
             let cut = image.len() - 8;
             image.truncate(cut);
             log.push(h.loc, &image);

@@ -40,8 +40,8 @@ use std::sync::Arc;
 
 use dmem_deploy::{DeployError, DeploySpec};
 use dmem_layout::mix::splitmix64 as mix64;
-use dmem_layout::record::{ItemFlags, OoccLockWord, OoccRecordHeader};
-use dmem_txn::{Key, TableId, TxnError};
+use dmem_layout::record::{DataItemHeader, ItemFlags, OoccLockWord, OoccRecordHeader};
+use dmem_txn::{CoordinatorId, Key, TableId, TxnError, TxnId};
 use dmem_verbs::{Clock, MemoryRegion, PostList, RemoteAddr, Verbs, VerbsError};
 
 /// Bytes of one coordinator's redo-log region.
@@ -669,6 +669,30 @@ pub struct Image {
     pub value: Vec<u8>,
     /// Its lock word.
     pub lock: OoccLockWord,
+    /// The transaction that installed the value, from the record's writer word (`None`
+    /// for a loaded record).
+    pub writer: Option<TxnId>,
+}
+
+/// The writer word of `id` in the record ([`DataItemHeader::pack_writer`]'s encoding, which
+/// the FORD family's records use too), 0 for none or an id that does not fit (a coordinator
+/// id above `u16::MAX` or a sequence number above 48 bits, beyond any run).
+#[must_use]
+pub fn writer_word(id: Option<TxnId>) -> u64 {
+    id.and_then(|id| {
+        let coordinator = u16::try_from(id.coordinator.0).ok()?;
+        DataItemHeader::pack_writer(coordinator, id.seq)
+    })
+    .unwrap_or(DataItemHeader::NO_WRITER)
+}
+
+/// The transaction a writer word names (see [`writer_word`]).
+#[must_use]
+pub fn writer_of(word: u64) -> Option<TxnId> {
+    DataItemHeader::unpack_writer(word).map(|(coordinator, seq)| TxnId {
+        coordinator: CoordinatorId(u32::from(coordinator)),
+        seq,
+    })
 }
 
 /// Parses a record image of a `value_len`-byte table.
@@ -677,14 +701,18 @@ pub fn parse(bytes: &[u8], value_len: usize) -> Image {
     let flags = u16::from_le_bytes([bytes[14], bytes[15]]);
     let at = OoccRecordHeader::lock_offset(value_len);
     let lock = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or([0xFF; 8]));
+    let w = OoccRecordHeader::WRITER_OFFSET;
+    let writer = u64::from_le_bytes(bytes[w..w + 8].try_into().unwrap_or([0; 8]));
     Image {
         present: ItemFlags::from_raw(flags).is_ok_and(ItemFlags::is_valid),
         value: bytes[OoccRecordHeader::LEN..OoccRecordHeader::LEN + value_len].to_vec(),
         lock: OoccLockWord::from_raw(lock),
+        writer: writer_of(writer),
     }
 }
 
-/// A whole record image: header, value (zeros when absent), `lock`.
+/// A whole record image: header (with `writer`, the installer), value (zeros when
+/// absent), `lock`.
 #[must_use]
 pub fn emit(
     table: TableId,
@@ -692,6 +720,7 @@ pub fn emit(
     value: Option<&[u8]>,
     value_len: usize,
     lock: OoccLockWord,
+    writer: Option<TxnId>,
 ) -> Vec<u8> {
     let mut buf = vec![0u8; OoccRecordHeader::record_len(value_len)];
     buf[0..8].copy_from_slice(&key.0.to_le_bytes());
@@ -703,6 +732,8 @@ pub fn emit(
         ItemFlags::EMPTY
     };
     buf[14..16].copy_from_slice(&flags.to_raw().to_le_bytes());
+    let w = OoccRecordHeader::WRITER_OFFSET;
+    buf[w..w + 8].copy_from_slice(&writer_word(writer).to_le_bytes());
     if let Some(v) = value {
         buf[OoccRecordHeader::LEN..OoccRecordHeader::LEN + v.len()].copy_from_slice(v);
     }

@@ -3,7 +3,7 @@
 //! need one). Plain functions over bytes, shared by both protocols' commits.
 
 use dmem_layout::record::OoccLockWord;
-use dmem_txn::{Key, TableId};
+use dmem_txn::{Key, TableId, TxnId};
 
 use crate::store::emit;
 
@@ -18,9 +18,9 @@ pub(crate) fn version_of(value: &[u8]) -> u64 {
     )
 }
 
-/// The image a commit gives a record of a `phys`-byte table (version included): version
-/// `next` in front of the new value, or of zeros for a delete (`new` is `Some(None)`),
-/// whose flags are cleared (absent); `lock` as its lock word.
+/// The image a commit by `writer` gives a record of a `phys`-byte table (version
+/// included): version `next` in front of the new value, or of zeros for a delete (`new` is
+/// `Some(None)`), whose flags are cleared (absent); `lock` as its lock word.
 #[must_use]
 pub(crate) fn commit_image(
     table: TableId,
@@ -29,13 +29,14 @@ pub(crate) fn commit_image(
     new: &Option<Option<Vec<u8>>>,
     phys: usize,
     lock: OoccLockWord,
+    writer: TxnId,
 ) -> Vec<u8> {
     let mut v = vec![0u8; phys];
     v[..8].copy_from_slice(&next.to_le_bytes());
     if let Some(Some(value)) = new {
         v[8..].copy_from_slice(value);
     }
-    let mut image = emit(table, key, Some(&v), phys, lock);
+    let mut image = emit(table, key, Some(&v), phys, lock, Some(writer));
     if new.as_ref().is_some_and(Option::is_none) {
         image[14..16].copy_from_slice(&0u16.to_le_bytes());
     }
@@ -49,6 +50,11 @@ mod tests {
     use super::*;
     use crate::store::parse;
 
+    const WRITER: TxnId = TxnId {
+        coordinator: dmem_txn::CoordinatorId(3),
+        seq: 11,
+    };
+
     #[test]
     fn an_update_carries_the_next_version_in_front_of_its_value() {
         let image = commit_image(
@@ -58,6 +64,7 @@ mod tests {
             &Some(Some(vec![7; 16])),
             24,
             OoccLockWord::from_raw(5),
+            WRITER,
         );
         assert_eq!(image.len(), OoccRecordHeader::record_len(24));
         let parsed = parse(&image, 24);
@@ -65,6 +72,11 @@ mod tests {
         assert_eq!(version_of(&parsed.value), 8);
         assert_eq!(&parsed.value[8..], &[7; 16]);
         assert_eq!(parsed.lock.to_raw(), 5);
+        assert_eq!(
+            parsed.writer,
+            Some(WRITER),
+            "the installer travels with the value"
+        );
     }
 
     #[test]
@@ -76,6 +88,7 @@ mod tests {
             &Some(None),
             24,
             OoccLockWord::from_raw(0),
+            WRITER,
         );
         let parsed = parse(&image, 24);
         assert!(!parsed.present);

@@ -62,13 +62,13 @@ fn loaded(fabric: &ShmFabric, node: u16) -> (ShmMemoryNode, MnMemory, Rc<Directo
         } else {
             vec![k as u8; VLEN]
         };
-        let image = emit(T, Key(k), Some(&value), VLEN, initial_lock(k));
+        let image = emit(T, Key(k), Some(&value), VLEN, initial_lock(k), None);
         memory.write(NodeId(0), loc.offset, &image).unwrap();
     }
     for (id, keys) in [(1u16, vec![0u64, 5]), (2, vec![1])] {
         let mut log = RedoLogWriter::new(id, 40 + u64::from(id), keys.len());
         for &k in &keys {
-            let image = emit(T, Key(k), Some(&new_value(k)), VLEN, free(4));
+            let image = emit(T, Key(k), Some(&new_value(k)), VLEN, free(4), None);
             log.push(dir.get(T, Key(k)).unwrap(), &image);
         }
         let at = layout.log_offset(id);

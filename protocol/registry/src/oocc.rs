@@ -434,7 +434,14 @@ impl Deployment for OoccDeployment {
             })?;
         let mut stored = vec![0u8; self.protocol.prefix()];
         stored.extend_from_slice(value);
-        let image = emit(table, key, Some(&stored), vlen, OoccLockWord::from_raw(0));
+        let image = emit(
+            table,
+            key,
+            Some(&stored),
+            vlen,
+            OoccLockWord::from_raw(0),
+            None,
+        );
         self.memory.write(self.dir.node(loc.mn), loc.offset, &image)
     }
 

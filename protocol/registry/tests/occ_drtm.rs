@@ -24,6 +24,7 @@ fn drtm_bank_is_strictly_serializable() {
             "{audits} audits, {commits} transfers"
         );
         verdict(&history.borrow()).unwrap();
+        assert!(attributed_reads(&history.borrow()) > 20);
     }
 }
 
@@ -38,6 +39,7 @@ fn dslr_bank_is_strictly_serializable() {
             "{audits} audits, {commits} transfers"
         );
         verdict(&history.borrow()).unwrap();
+        assert!(attributed_reads(&history.borrow()) > 20);
     }
 }
 

@@ -23,6 +23,7 @@ fn bank_is_strictly_serializable() {
             "{audits} audits, {commits} transfers"
         );
         verdict(&history.borrow()).unwrap();
+        assert!(attributed_reads(&history.borrow()) > 100);
     }
 }
 

@@ -117,7 +117,14 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
         for w in &written {
             let vlen = self.co.dir.value_len(w.table)?;
             let new = w.new.as_ref().and_then(|n| n.as_deref());
-            let image = emit(w.table, w.key, new, vlen, w.lock.released_next_version());
+            let image = emit(
+                w.table,
+                w.key,
+                new,
+                vlen,
+                w.lock.released_next_version(),
+                Some(self.trace.id),
+            );
             log.push(w.loc, &image);
             images.push(image);
         }

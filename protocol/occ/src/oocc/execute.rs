@@ -50,6 +50,7 @@ fn take_reads(res: &BatchResult, pending: &mut [Pending], images: &mut Vec<Image
                 present: false,
                 value: res.bytes(*id).to_vec(),
                 lock: OoccLockWord::from_raw(0),
+                writer: None,
             });
         }
     }
@@ -280,9 +281,10 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
                 return Err(TxnError::Aborted(AbortReason::RecordLocked));
             }
         }
-        self.trace
-            .reads
-            .push(ReadEvent::new(r.table, r.key, Version(version)));
+        self.trace.reads.push(ReadEvent {
+            writer: image.writer,
+            ..ReadEvent::new(r.table, r.key, Version(version))
+        });
         let value = image.present.then(|| image.value.clone());
         self.reads.push(ReadEntry {
             table: r.table,
@@ -310,9 +312,10 @@ impl<C: Verbs + Clock> OoccTxn<'_, C> {
             .any(|w| w.table == r.table && w.key == r.key)
         {
             let (table, key, loc) = to_lock[idx];
-            self.trace
-                .reads
-                .push(ReadEvent::new(table, key, Version(word.version())));
+            self.trace.reads.push(ReadEvent {
+                writer: image.writer,
+                ..ReadEvent::new(table, key, Version(word.version()))
+            });
             self.reads.retain(|e| e.loc != loc);
             self.writes.push(WriteEntry {
                 table,

@@ -256,9 +256,10 @@ pub struct CommitSlices {
 }
 
 /// The commit WRITEs of a record whose new image is `image_len` bytes (`value_len`-byte
-/// table): value + version + free lock in one WRITE with the one-op write-unlock (lock
-/// last, §V), else the value and the lock word apart. The header is rewritten only for a
-/// delete or an insert (`rewrite_header`); an update leaves it as it is.
+/// table): writer + value + version + free lock in one WRITE with the one-op write-unlock
+/// (lock last, §V), else the writer and value and the lock word apart. The rest of the
+/// header is rewritten only for a delete or an insert (`rewrite_header`); an update leaves
+/// it as it is.
 #[must_use]
 pub fn commit_slices(
     one_op_unlock: bool,
@@ -269,7 +270,7 @@ pub fn commit_slices(
     let from = if rewrite_header {
         0
     } else {
-        OoccRecordHeader::LEN
+        OoccRecordHeader::WRITER_OFFSET
     };
     let lock = OoccRecordHeader::lock_offset(value_len);
     if one_op_unlock {
@@ -461,7 +462,7 @@ mod tests {
         let vlen = 40;
         let len = OoccRecordHeader::record_len(vlen);
         let lock = OoccRecordHeader::lock_offset(vlen);
-        let h = OoccRecordHeader::LEN;
+        let h = OoccRecordHeader::WRITER_OFFSET;
         assert_eq!(
             commit_slices(true, false, len, vlen),
             CommitSlices {

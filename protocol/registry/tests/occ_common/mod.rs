@@ -168,3 +168,41 @@ pub fn bank(protocol: &OoccProtocol, seed: u64) -> (Rc<RefCell<dmem_txn::History
     assert_eq!(total, ACCOUNTS * 100);
     (history, audits_ok.get(), commits.get())
 }
+
+/// Every read of a written version names its installer, read from the record's writer word
+/// (not reported by the writer's protocol), and that installer's record lists this write;
+/// returns how many reads were attributed so (loaded versions have no installer).
+pub fn attributed_reads(history: &History) -> usize {
+    use std::collections::HashSet;
+    let writes: HashSet<_> = history
+        .txns
+        .iter()
+        .flat_map(|t| {
+            t.writes
+                .iter()
+                .map(move |w| (t.id, w.table, w.key, w.version))
+        })
+        .collect();
+    let mut attributed = 0;
+    for t in &history.txns {
+        for r in &t.reads {
+            match r.writer {
+                None => assert_eq!(
+                    r.version,
+                    dmem_txn::Version::INITIAL,
+                    "{:?} read {r:?}: a written version without its installer",
+                    t.id
+                ),
+                Some(w) => {
+                    assert!(
+                        writes.contains(&(w, r.table, r.key, r.version)),
+                        "{:?} read {r:?}: its installer recorded no such write",
+                        t.id
+                    );
+                    attributed += 1;
+                }
+            }
+        }
+    }
+    attributed
+}
