@@ -427,6 +427,12 @@ impl MotorDeployment {
     /// Mirrors this deployment's op logs to the durable slots of `plan` (CN `me`'s process):
     /// from now on each coordinator of `me` it makes gets a fresh slot first.
     fn mirror_to_slots(&mut self, me: NodeId, plan: &ProcessPlan) -> Result<(), DeployError> {
+        if self.restart.after.is_some() {
+            return Err(DeployError::SimOnly {
+                protocol: self.name.clone(),
+                reason: "a CN restart (`restart=US`) runs on the simulator: `dmem cluster` does not restart a killed CN".to_owned(),
+            });
+        }
         if self.slots.is_some() {
             return Ok(());
         }
