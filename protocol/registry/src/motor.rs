@@ -284,7 +284,8 @@ struct Restart {
 /// the new incarnation logs into the same entry. Its lock value (`id + 1`) is safe to
 /// reuse: a lock is logged before its CAS is posted, so recovery released every lock of
 /// the old incarnation before the restart, and the old incarnation's tasks died with the
-/// crash (the node is only restarted once crashed). What must not repeat is the
+/// crash (a CN suspected while alive is crashed first: the node is only restarted once
+/// crashed). What must not repeat is the
 /// transaction id (coordinator id, sequence number; also the packed writer of every
 /// version): the new incarnation numbers from [`dmem_motor::incarnation_seq_base`] of its
 /// incarnation, past every earlier one's. Keeping ids also keeps the detector's
@@ -341,6 +342,13 @@ impl Respawn {
 
     async fn restart(&self, clock: &SimContext, node: NodeId, delay: Nanos) -> Result<(), String> {
         let sim = &self.sim;
+        if !sim.is_crashed(node) {
+            // Suspected while alive (slow, or its heartbeats late): its process is killed
+            // before the restart, so that the old incarnation, whose coordinators have the
+            // same ids and op-log entries, never runs beside the new one.
+            sim.crash_at(node, clock.now());
+            clock.sleep(1).await;
+        }
         restart_crashed_cn(sim, clock, node, delay, self.poll).await?;
         restore_links(sim, node);
         self.rejoined.borrow_mut().push(node);
@@ -783,6 +791,60 @@ mod tests {
         assert_eq!(MotorProtocol::from_flags("si").unwrap().restart_after, None);
         let e = MotorProtocol::from_flags("restart=soon").unwrap_err();
         assert!(e.contains("restart=soon"), "{e}");
+    }
+
+    /// A CN suspected while alive (heartbeats rarer than the timeout) is killed before its
+    /// restart, then restarted with its coordinator under the old id and handed to the
+    /// runner; rejoined, it is suspected (and restarted) again, without a recovery error.
+    #[test]
+    fn a_falsely_suspected_cn_is_killed_then_restarted() {
+        let demand = TableDemand {
+            id: TableId(1),
+            value_len: 16,
+            expected_records: 64,
+            grows: false,
+        };
+        let spec = DeploySpec::new(vec![demand], 1);
+        let protocol = MotorProtocol::from_flags("restart=10").unwrap();
+        let mut config = dmem_sim::ClusterConfig::new("cx6")
+            .unwrap()
+            .cns(2)
+            .threads_per_cn(2);
+        config.mn_memory_bytes = protocol.mn_bytes_per_mn(&spec, 1).unwrap().max(1 << 20);
+        let sim = Rc::new(Sim::new(config).unwrap());
+        let history = Rc::new(RefCell::new(dmem_txn::History::default()));
+        let mut d = protocol
+            .deploy_on(MnMemory::sim(&sim), &spec, Recorder::new(history))
+            .unwrap();
+        let cn = sim.cn(0);
+        let ctx = sim.context(cn, 1).unwrap();
+        let _first = d.coordinator(AnyContext::from(ctx), 0).unwrap();
+        let late: Rc<RefCell<Vec<(u16, u16)>>> = Rc::default();
+        let l = Rc::clone(&late);
+        let recovery = d.sim_recovery().unwrap();
+        recovery.run_late_coordinators(Rc::new(move |c: SimContext, id, _co| {
+            l.borrow_mut().push((id, c.thread()));
+        }));
+        let timing = RecoveryTiming {
+            heartbeat: 400_000,
+            timeout: 50_000,
+            poll: 5_000,
+            until: 1_000_000,
+        };
+        recovery.start_recovery(&sim, 1, timing).unwrap();
+        sim.run_until(timing.until);
+        let recovery = d.sim_recovery().unwrap();
+        assert_eq!(recovery.recovery_error(), None);
+        assert!(recovery.recovery_events().len() >= 2);
+        assert!(sim.crashes(cn) >= 2, "killed before each restart");
+        let restarts = d.counter("cn_restarts").unwrap();
+        assert!(restarts >= 2, "{restarts}");
+        assert_eq!(d.counter("restarted_coordinators"), Some(restarts));
+        let late = late.borrow();
+        assert!(
+            late.iter().all(|&c| c == (0, 1)),
+            "same id, same thread: {late:?}"
+        );
     }
 
     /// Each restart of a CN is its next incarnation, counted per CN from 1.
