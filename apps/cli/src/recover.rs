@@ -24,7 +24,8 @@
 //!   their broadcast and run their coordinators again (the report's `restart` lines: when
 //!   they serve again, locks they granted, what their new coordinators committed); with
 //!   `--crash-again-at-ms MS` the restarted CNs crash a second time and are recovered and
-//!   restarted again (the `second crash` line).
+//!   restarted again (the `second crash` line). Pandora, FORD and Motor restart crashed
+//!   CNs too (`--restart-after-us`), once their recovery is over.
 //!
 //! Recovery latency is measured in virtual time from the first detection to the end of the
 //! last CN's recovery, when every stray transaction is decided (and, for FORD, every stray
@@ -109,11 +110,14 @@ pub(crate) struct Args {
     /// Seed of the cluster and of every coordinator's transaction generator.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// LOTUS only (§6 CN restart): each crashed CN comes back this many µs after its failure
-    /// was detected, with an empty lock table, and serves its shards again once it has
-    /// broadcast that its old transactions are finished (without it, its shards move to
-    /// the survivors). From its broadcast on, the restarted CN runs its coordinators again
-    /// (same ids and log regions, new transaction ids, fresh caches, fresh generators).
+    /// CN restart (LOTUS §6, Pandora §6.3; LOTUS, Pandora, FORD and Motor): each crashed CN
+    /// comes back this many µs after its failure was detected. LOTUS: with an empty lock
+    /// table, serving its shards again once it has broadcast that its old transactions are
+    /// finished (without it, its shards move to the survivors); from its broadcast on, the
+    /// restarted CN runs its coordinators again (same ids and log regions, new transaction
+    /// ids, fresh caches, fresh generators). Pandora/FORD: once recovered, with new
+    /// coordinator ids. Motor: once recovered, same ids (op logs recovered and cleared) and
+    /// new transaction ids.
     #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=60_000_000))]
     restart_after_us: Option<u64>,
     /// With --restart-after-us: the crashed CNs crash a second time at this ms of virtual
@@ -225,8 +229,8 @@ impl Args {
         Ok((workload, profile, crash))
     }
 
-    /// The registry name deployed: `--protocol`, with LOTUS's `restart=US` switch when
-    /// --restart-after-us is given.
+    /// The registry name deployed: `--protocol`, with its `restart=US` switch (LOTUS,
+    /// Pandora, FORD, Motor) when --restart-after-us is given.
     fn deployed_protocol(&self) -> anyhow::Result<String> {
         let Some(us) = self.restart_after_us else {
             return Ok(self.protocol.clone());
@@ -236,11 +240,13 @@ impl Args {
             "lotus-si" => Ok(format!("lotus:si+restart={us}")),
             "pandora" => Ok(format!("pandora:restart={us}")),
             "ford" => Ok(format!("ford:restart={us}")),
+            "motor" => Ok(format!("motor:restart={us}")),
+            "motor-si" => Ok(format!("motor:si+restart={us}")),
             p if p.starts_with("lotus:") || p.starts_with("ford:") => {
                 Ok(format!("{p}+restart={us}"))
             }
             other => anyhow::bail!(
-                "--restart-after-us: LOTUS, Pandora and FORD restart crashed CNs (lotus, lotus-si, pandora, ford), not {other}"
+                "--restart-after-us: LOTUS, Pandora, FORD and Motor restart crashed CNs (lotus, lotus-si, pandora, ford, motor, motor-si), not {other}"
             ),
         }
     }

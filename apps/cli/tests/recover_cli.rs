@@ -293,6 +293,74 @@ fn lotus_two_restarted_cns_serve_each_other() {
 }
 
 #[test]
+fn motor_restarted_cn_runs_its_coordinators_again_at_full_throughput() {
+    // Motor: one of two CNs crashes at 2 ms, its op logs are recovered, it comes back
+    // 1000 µs after detection with its coordinators under their old ids (new transaction
+    // ids), and the run ends at the throughput it had before the crash.
+    let r = recover_with(
+        "motor",
+        "smallbank",
+        &["--crash", "cn", "--cns", "2", "--restart-after-us", "1000"],
+    );
+    assert_eq!(r["checker"], "ok", "{r}");
+    assert_eq!(r["invariants"], "ok", "{r}");
+    assert_eq!(r["restarted_cns"], 1, "{r}");
+    assert!(r["restarted_coordinators"].as_u64().unwrap() > 0, "{r}");
+    assert!(
+        r["restarted_committed"].as_u64().unwrap() > 0,
+        "the restarted CN's coordinators commit: {r}"
+    );
+    let serving = r["serving_again_us"].as_f64().unwrap();
+    assert!(
+        serving >= r["detection_us"].as_f64().unwrap() + 1000.0,
+        "serving only after the restart: {r}"
+    );
+    // ms 1 (before the crash at 2 ms) against ms 4 (the last, restarted CN serving).
+    let series = r["series"].as_array().unwrap();
+    let (before, end) = (series[1].as_u64().unwrap(), series[4].as_u64().unwrap());
+    assert!(
+        end * 10 >= before * 9,
+        "throughput back to ≥ 90 % of before the crash: {end} vs {before}: {r}"
+    );
+}
+
+#[test]
+fn motor_restarted_cn_that_crashes_again_is_recovered_again() {
+    // The restarted incarnation (100 µs after detection) crashes at 3 ms with transactions
+    // in flight: the heartbeat detector, watching it again, suspects it, recovery decides
+    // its op logs, and it restarts once more.
+    let r = recover_with_coroutines(
+        "motor",
+        "smallbank",
+        &[
+            "--crash-cns",
+            "1",
+            "--cns",
+            "3",
+            "--restart-after-us",
+            "100",
+            "--crash-again-at-ms",
+            "3",
+        ],
+        "8",
+    );
+    assert_eq!(r["checker"], "ok", "{r}");
+    assert_eq!(r["invariants"], "ok", "{r}");
+    assert_eq!(r["second_crash_recovered"], 1, "{r}");
+    assert!(
+        r["second_recovery_latency_us"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+    assert!(
+        r["second_recovered_txns"].as_u64().unwrap() > 0,
+        "the second crash caught the new incarnation's transactions in flight: {r}"
+    );
+    assert_eq!(r["restarted_cns"], 2, "restarted twice: {r}");
+    assert_eq!(r["restarted_coordinators"], 32, "{r}");
+    assert!(r["restarted_committed"].as_u64().unwrap() > 0, "{r}");
+}
+
+#[test]
 fn lotus_restarted_coordinators_reusing_old_ids_are_caught() {
     // Planted bug: the restarted CN's coordinators number their transactions from 1 again,
     // so two transactions share an id (and a commit-log writer) across incarnations.

@@ -66,8 +66,8 @@ pub use memory::{MnMemory, Recorder};
 pub use oracle::{settle_history, spawn_crash_watch};
 pub use registry::{Family, Registry};
 pub use sim_recovery::{
-    Detection, RecoveryState, restart_crashed_cn, restore_links, spawn_heartbeat_watch,
-    spawn_log_recovery,
+    Detection, OnRecovered, RecoveryState, restart_crashed_cn, restore_links,
+    spawn_heartbeat_watch, spawn_log_recovery,
 };
 
 /// Where a deployment sends coordinators it starts during a run

@@ -65,7 +65,7 @@ pub fn settle_history(history: &RefCell<History>, r: &RecoveredCoordinator, now:
 /// virtual time until `timing.until` it asks `cns()` for the CNs to watch, and for each one
 /// that crashed since, spawns `on_crash(ctx, cn)` as a task of its own on the recovery CN,
 /// so that concurrent failures are recovered in parallel. Each crash of a CN is reported
-/// once (a CN crashes again only after a restart, which only LOTUS does).
+/// once (a CN crashes again only after a restart: LOTUS, Pandora, FORD and Motor restart CNs).
 ///
 /// # Errors
 /// [`DeployError::Sim`] if the recovery CN has no context.

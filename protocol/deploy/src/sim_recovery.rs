@@ -43,12 +43,34 @@ pub enum Detection {
 }
 
 /// What a simulated recovery task shares with its deployment.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct RecoveryState {
     /// The CN failures recovered so far.
     pub events: Rc<RefCell<Vec<RecoveryEvent>>>,
     /// The first recovery step that failed.
     pub error: Rc<RefCell<Option<String>>>,
+    /// CNs that came back after their crash was recovered (a restart), for the heartbeat
+    /// detector to watch again from its next poll ([`spawn_heartbeat_watch`]): a later
+    /// crash of the new incarnation is suspected and recovered as the first was. (The
+    /// oracle tells crashes apart by count and needs none.)
+    pub rejoined: Rc<RefCell<Vec<NodeId>>>,
+    /// Called on the recovery CN once a CN's recovery is over, with its event (after it
+    /// was pushed to `events`): a deployment that restarts recovered CNs starts there.
+    pub on_recovered: Rc<RefCell<Option<OnRecovered>>>,
+}
+
+/// What [`RecoveryState::on_recovered`] calls: the recovery CN's context and the event.
+pub type OnRecovered = Rc<dyn Fn(&SimContext, &RecoveryEvent)>;
+
+impl std::fmt::Debug for RecoveryState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecoveryState")
+            .field("events", &self.events)
+            .field("error", &self.error)
+            .field("rejoined", &self.rejoined)
+            .field("on_recovered", &self.on_recovered.borrow().is_some())
+            .finish()
+    }
 }
 
 /// Spawns a heartbeat failure detector on CN `recovery_cn` (thread 0): every `timing.poll`
@@ -59,7 +81,10 @@ pub struct RecoveryState {
 /// `timing.heartbeat` until `timing.until`), receives the heartbeats, and for each CN the
 /// [`HeartbeatDetector`] newly suspects spawns `on_suspect(ctx, cn)` as a task of its own
 /// on the recovery CN, so that concurrent failures are recovered in parallel. Each CN is
-/// reported once.
+/// reported once per crash: a CN pushed to `rejoined` (restarted after its recovery) is
+/// taken out at the next poll, watched again as heard from then
+/// ([`HeartbeatDetector::rejoin`]) and gets a new heartbeat task (its old one died with
+/// it), so a crash of its new incarnation is suspected again.
 ///
 /// # Errors
 /// [`DeployError::Sim`] if the recovery CN has no context.
@@ -68,6 +93,7 @@ pub fn spawn_heartbeat_watch<C, F, Fut>(
     recovery_cn: u16,
     timing: RecoveryTiming,
     cns: C,
+    rejoined: Rc<RefCell<Vec<NodeId>>>,
     on_suspect: F,
 ) -> Result<(), DeployError>
 where
@@ -90,16 +116,14 @@ where
                     continue;
                 }
                 fd.watch(cn, now);
-                let Ok(hb) = sim2.context(cn, 1).or_else(|_| sim2.context(cn, 0)) else {
-                    continue;
-                };
-                let h = hb.clone();
-                sim2.spawn(&hb, async move {
-                    // A crashed CN's send fails: it falls silent, as it should.
-                    while h.now() < timing.until && h.send(detector, ALIVE).await.is_ok() {
-                        h.sleep(timing.heartbeat).await;
-                    }
-                });
+                spawn_heartbeats(&sim2, cn, detector, timing);
+            }
+            let back: Vec<NodeId> = rejoined.borrow_mut().drain(..).collect();
+            for cn in back {
+                if cn != c.node() {
+                    fd.rejoin(cn, now);
+                    spawn_heartbeats(&sim2, cn, detector, timing);
+                }
             }
             // Anything else that arrives here is not for the detector.
             while let Ok(Some(msg)) = c.try_recv() {
@@ -114,14 +138,31 @@ where
     Ok(())
 }
 
+/// CN `cn`'s heartbeat task on its thread 1 (0 if it has one thread): a message to
+/// `detector` every `timing.heartbeat` until `timing.until` or its crash.
+fn spawn_heartbeats(sim: &Sim, cn: NodeId, detector: dmem_verbs::Endpoint, timing: RecoveryTiming) {
+    let Ok(hb) = sim.context(cn, 1).or_else(|_| sim.context(cn, 0)) else {
+        return;
+    };
+    let h = hb.clone();
+    sim.spawn(&hb, async move {
+        // A crashed CN's send fails: it falls silent, as it should.
+        while h.now() < timing.until && h.send(detector, ALIVE).await.is_ok() {
+            h.sleep(timing.heartbeat).await;
+        }
+    });
+}
+
 /// Recovery for protocols that recover coordinator by coordinator from logs, in the
 /// simulator: a detector ([`Detection`]) over the CNs of `coordinators()` (`(coordinator
 /// id, CN)` pairs) whose task per failed CN revokes the CN's access at every MN, awaits
 /// `recover(ctx, ids)` once for all of its coordinators (`ids` in id order: a protocol may
 /// share work between them, as OOCC's one lock scan), settles the history with each result at
-/// the time `recover` gives for it ([`settle_history`]) and pushes a [`RecoveryEvent`] to
-/// `state.events`. A failed `recover` is stored in `state.error` (the first one) and the
-/// other CNs' recoveries go on.
+/// the time `recover` gives for it ([`settle_history`]), pushes a [`RecoveryEvent`] to
+/// `state.events` and calls `state.on_recovered` with it, if set. A failed `recover` is
+/// stored in `state.error` (the first one) and the other CNs' recoveries go on. CNs pushed
+/// to `state.rejoined` are watched again (heartbeat detection; the oracle tells a second
+/// crash apart by itself).
 ///
 /// # Errors
 /// [`DeployError::Sim`] if the recovery CN has no context.
@@ -143,6 +184,7 @@ where
     let coordinators = Rc::new(coordinators);
     let recover = Rc::new(recover);
     let (events, error) = (Rc::clone(&state.events), Rc::clone(&state.error));
+    let on_recovered = Rc::clone(&state.on_recovered);
     let sim2 = Rc::clone(sim);
     let watched = Rc::clone(&coordinators);
     let cns = move || {
@@ -152,13 +194,14 @@ where
         cns
     };
     let on_failure = move |c: SimContext, cn: NodeId| {
-        let (sim2, coordinators, recover, history, events, error) = (
+        let (sim2, coordinators, recover, history, events, error, on_recovered) = (
             Rc::clone(&sim2),
             Rc::clone(&coordinators),
             Rc::clone(&recover),
             Rc::clone(&history),
             Rc::clone(&events),
             Rc::clone(&error),
+            Rc::clone(&on_recovered),
         );
         async move {
             let detected_at = c.now();
@@ -189,7 +232,7 @@ where
                 }
             }
             let now = c.now();
-            events.borrow_mut().push(RecoveryEvent {
+            let event = RecoveryEvent {
                 cn,
                 detected_at,
                 terminated_at,
@@ -197,11 +240,19 @@ where
                 finished_at: now,
                 coordinators: recovered,
                 scanned_locks: 0,
-            });
+            };
+            events.borrow_mut().push(event.clone());
+            let hook = on_recovered.borrow().clone();
+            if let Some(hook) = hook {
+                hook(&c, &event);
+            }
         }
     };
     match detection {
-        Detection::Heartbeat => spawn_heartbeat_watch(sim, recovery_cn, timing, cns, on_failure),
+        Detection::Heartbeat => {
+            let rejoined = Rc::clone(&state.rejoined);
+            spawn_heartbeat_watch(sim, recovery_cn, timing, cns, rejoined, on_failure)
+        }
         Detection::Oracle => spawn_crash_watch(sim, recovery_cn, timing, cns, on_failure),
     }
 }
@@ -362,6 +413,83 @@ mod tests {
     fn no_crash_no_suspicion() {
         let (_, events, _) = run(TIMING, Detection::Heartbeat, false);
         assert_eq!(events, Vec::new());
+    }
+
+    /// A CN restarted once its recovery is over ([`RecoveryState::on_recovered`]) and
+    /// pushed to [`RecoveryState::rejoined`] is watched again: its second crash is
+    /// suspected and recovered too (heartbeats and oracle alike), and a restarted CN that
+    /// is not announced stays unwatched (no second event).
+    #[test]
+    fn a_restarted_cn_that_rejoins_is_suspected_again_after_its_next_crash() {
+        const AGAIN: Nanos = 600_000;
+        for (detection, announce, expect) in [
+            (Detection::Heartbeat, true, 2),
+            (Detection::Heartbeat, false, 1),
+            (Detection::Oracle, true, 2),
+        ] {
+            let sim = Rc::new(
+                Sim::new(
+                    ClusterConfig::new("cx6")
+                        .unwrap()
+                        .mns(1)
+                        .cns(3)
+                        .threads_per_cn(2),
+                )
+                .unwrap(),
+            );
+            let state = RecoveryState::default();
+            let workers = [sim.cn(0), sim.cn(1)];
+            let (s, rejoined) = (Rc::clone(&sim), Rc::clone(&state.rejoined));
+            *state.on_recovered.borrow_mut() =
+                Some(Rc::new(move |c: &SimContext, e: &RecoveryEvent| {
+                    let (sim, c2, cn, rejoined) =
+                        (Rc::clone(&s), c.clone(), e.cn, Rc::clone(&rejoined));
+                    s.spawn(c, async move {
+                        restart_crashed_cn(&sim, &c2, cn, 20_000, TIMING.poll)
+                            .await
+                            .unwrap();
+                        restore_links(&sim, cn);
+                        if announce {
+                            rejoined.borrow_mut().push(cn);
+                        }
+                    });
+                }));
+            spawn_log_recovery(
+                &sim,
+                2,
+                TIMING,
+                detection,
+                Rc::new(RefCell::new(History::default())),
+                &state,
+                move || vec![(0, workers[0]), (1, workers[1])],
+                async move |c: &SimContext, ids: &[u16]| {
+                    Ok(ids
+                        .iter()
+                        .map(|&id| {
+                            let rc = RecoveredCoordinator {
+                                coordinator: id,
+                                txn: None,
+                                decision: None,
+                                restored: 0,
+                                unlocked: 0,
+                            };
+                            (rc, c.now())
+                        })
+                        .collect())
+                },
+            )
+            .unwrap();
+            sim.crash_at(workers[0], CRASH_AT);
+            sim.crash_at(workers[0], AGAIN);
+            sim.run_until(TIMING.until);
+            assert_eq!(*state.error.borrow(), None);
+            let events = state.events.borrow().clone();
+            assert_eq!(events.len(), expect, "{detection:?} {announce}: {events:?}");
+            assert!(events.iter().all(|e| e.cn == workers[0]));
+            if expect == 2 {
+                assert!(events[1].detected_at >= AGAIN, "{events:?}");
+            }
+        }
     }
 
     #[test]

@@ -31,4 +31,6 @@ pub use mvcc::{BlockShape, Footprint, Meta, MvccLoader, Shapes, cells_for_worklo
 pub use oplog::{OpLog, OpLogDecodeError, OpLogMirror, OpLogs};
 pub use recovery::{Recovered, RecoveryError, recover_coordinator};
 pub use ts::{SyncedClock, TimestampService};
-pub use txn::{MotorConfig, MotorCoordinator, MotorStats, MotorTxn, read_final};
+pub use txn::{
+    MotorConfig, MotorCoordinator, MotorStats, MotorTxn, incarnation_seq_base, read_final,
+};

@@ -110,6 +110,19 @@ pub struct MotorStats {
     pub rereads: u64,
 }
 
+/// The first transaction sequence number of incarnation `incarnation` of a coordinator id,
+/// less one ([`MotorCoordinator::in_incarnation`]): `incarnation` × 2³². A restarted CN's
+/// coordinators keep their ids (their op-log entries were recovered and cleared), so their
+/// transaction ids ([`TxnId`]: id and sequence number) must continue past every earlier
+/// incarnation's: the packed writer of a version ([`pack_writer`]) keeps 40 bits of
+/// sequence number, so 255 incarnations of 2³² − 1 transactions each fit; later
+/// incarnations saturate at the last one.
+#[must_use]
+pub const fn incarnation_seq_base(incarnation: u32) -> u64 {
+    let i = if incarnation > 255 { 255 } else { incarnation };
+    (i as u64) << 32
+}
+
 /// A Motor coordinator on one CN context.
 #[derive(Debug)]
 pub struct MotorCoordinator<V, H, T> {
@@ -162,6 +175,15 @@ impl<V: Verbs + Clock, H: HistorySink, T: TimestampService> MotorCoordinator<V, 
     #[must_use]
     pub fn with_op_log(mut self, logs: Rc<OpLogs>) -> Self {
         self.oplog = logs;
+        self
+    }
+
+    /// The coordinator of incarnation `incarnation` of its id (0: the run's first; a CN
+    /// restart makes the next): its transactions are numbered from
+    /// [`incarnation_seq_base`]` + 1`, past every earlier incarnation's.
+    #[must_use]
+    pub fn in_incarnation(mut self, incarnation: u32) -> Self {
+        self.seq = incarnation_seq_base(incarnation);
         self
     }
 
@@ -919,4 +941,26 @@ pub fn read_final(
         .collect();
     let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
     mvcc::decode_version(shape, &meta, i, &parts)?.value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Incarnations number their transactions in disjoint ranges that survive the packed
+    /// writer's 40 bits of sequence number; beyond 255 they saturate.
+    #[test]
+    fn incarnations_number_transactions_apart() {
+        assert_eq!(incarnation_seq_base(0), 0);
+        assert_eq!(incarnation_seq_base(1), 1 << 32);
+        assert!(incarnation_seq_base(2) > incarnation_seq_base(1) + u64::from(u32::MAX) - 1);
+        assert_eq!(incarnation_seq_base(300), incarnation_seq_base(255));
+        for i in [1, 2, 255] {
+            let id = TxnId {
+                coordinator: CoordinatorId(7),
+                seq: incarnation_seq_base(i) + 1,
+            };
+            assert_eq!(mvcc::unpack_writer(pack_writer(id)), Some(id));
+        }
+    }
 }

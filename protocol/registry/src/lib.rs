@@ -35,7 +35,9 @@
 //! * `motor:FLAG[+FLAG]` — Motor with switches: `si`, `no-cas` (unsafe, for the LOTUS §2.2
 //!   motivation only), `skip-newer-abort` and `recovery-releases-only` (planted bugs for the
 //!   litmus suite; the second is what Motor's public code recovers), `oracle` (the
-//!   simulator's oracle detects crashes instead of heartbeats).
+//!   simulator's oracle detects crashes instead of heartbeats), `versions=N`, `restart=US`
+//!   (a crashed CN comes back US µs after its failure was detected, once recovered, its
+//!   coordinators under their old ids with new transaction ids).
 //!
 //! `dmem bench --protocol X`, `dmem litmus --protocol X` and the tests look protocols up
 //! here; a new protocol adds one `register` line.

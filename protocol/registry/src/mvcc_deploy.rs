@@ -190,16 +190,27 @@ impl MvccDeploy {
         if let Some((_, c)) = self.caches.iter().find(|(n, _)| *n == cn) {
             return Rc::clone(c);
         }
-        let cache = Rc::new(RefCell::new(AddressCache::new()));
-        if self.warm {
-            let mut warm = cache.borrow_mut();
-            match &self.placed {
-                Some(placed) => warm.warm_from_placed(Rc::clone(&self.store), Arc::clone(placed)),
-                None => warm.warm_from(Rc::clone(&self.store), self.loader.loaded()),
-            }
-        }
+        let cache = self.cache_maker()();
         self.caches.push((cn, Rc::clone(&cache)));
         cache
+    }
+
+    /// What makes a CN's address cache as the run's CNs start with it (warm if the spec
+    /// asked): also for a CN restarted during the run, whose old cache died with it.
+    pub(crate) fn cache_maker(&self) -> impl Fn() -> Rc<RefCell<AddressCache>> + 'static {
+        let (store, warm) = (Rc::clone(&self.store), self.warm);
+        let (placed, loaded) = (self.placed.clone(), self.loader.loaded());
+        move || {
+            let cache = Rc::new(RefCell::new(AddressCache::new()));
+            if warm {
+                let mut c = cache.borrow_mut();
+                match &placed {
+                    Some(placed) => c.warm_from_placed(Rc::clone(&store), Arc::clone(placed)),
+                    None => c.warm_from(Rc::clone(&store), Rc::clone(&loaded)),
+                }
+            }
+            cache
+        }
     }
 
     pub(crate) fn load(

@@ -132,6 +132,11 @@ fn unknown_names_and_bugs_are_errors() {
         assert!(r.names().iter().any(|n| n == name), "{name} missing: {e}");
     }
     assert!(r.get("motor:no-such-switch").is_err());
+    assert!(r.get("motor:restart=soon").is_err());
+    assert_eq!(
+        r.get("motor:si+restart=1000").unwrap().name(),
+        "motor:si+restart=1000"
+    );
     assert!(r.get("lotus:no-such-switch").is_err());
     assert!(r.get("ford:no-such-bug").is_err());
     assert!(r.get("oocc:lease=50+manager+ppm=10").is_ok());
