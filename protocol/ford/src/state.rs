@@ -1214,7 +1214,11 @@ mod tests {
         let lost = ProtocolConfig::ford_with(BugSet::NONE.with(FordBug::LostDecision));
         assert!(st.truncate_list(&env(&s, &lost)).is_empty());
         st.mark_released();
-        assert!(st.release_list(&s, &ProtocolConfig::ford_fixed()).unwrap().is_empty());
+        assert!(
+            st.release_list(&s, &ProtocolConfig::ford_fixed())
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]
@@ -1785,7 +1789,12 @@ mod tests {
             let st = written(&s);
             let fixed = ProtocolConfig::ford_fixed();
             let art = artifact();
-            let lean = st.commit_list(&env(&s, &fixed)).unwrap().0.finish().unwrap();
+            let lean = st
+                .commit_list(&env(&s, &fixed))
+                .unwrap()
+                .0
+                .finish()
+                .unwrap();
             let (list, installed) = st.commit_list(&env(&s, &art)).unwrap();
             assert_eq!(installed.len(), 2);
             let wrs = list.finish().unwrap();
@@ -1829,7 +1838,11 @@ mod tests {
                 .unwrap();
             assert_eq!(lean.len(), 3, "the primary of each held lock");
             let wrs = st.release_list(&s, &artifact()).unwrap().finish().unwrap();
-            assert_eq!(wrs.len(), 3 + 2 * 2, "and both backups of each written record");
+            assert_eq!(
+                wrs.len(),
+                3 + 2 * 2,
+                "and both backups of each written record"
+            );
             for w in &wrs {
                 assert!(matches!(&w.op, Op::Write { data, .. } if data[..] == 0u64.to_le_bytes()));
             }
