@@ -102,7 +102,7 @@ pub fn registry() -> Registry {
     let _ = r.register(occ_family::dslr());
     let _ = r.register_family(
         "ford",
-        "ford:BUG[+BUG][+artifact][+restart=US]",
+        "ford:BUG[+BUG][+restart=US]",
         Box::new(|params: &str| {
             let (rest, restart) = ford::split_restart(params)?;
             // `artifact` is not a bug: FORD's public code's commit verbs.
