@@ -169,6 +169,14 @@ pub struct ProtocolConfig {
     /// commit-time locks), and recovery releases the logged locks instead of scanning the
     /// store. Lock stealing (PILL) is off.
     pub lock_logging: bool,
+    /// FORD's commit verbs as its public code posts them (`minghust/ford`, default flags;
+    /// the facts are in the crate README, "Artifact's verbs"), where dmem's FORD posts
+    /// fewer: an 8-byte lock-word WRITE ahead of each replica's item WRITE (the artifact's
+    /// "invisible" word), one READ of each backup after the last record's WRITEs (its
+    /// selective flush), and the release of the lock word on every backup as well as the
+    /// primary. Not a bug: only more verbs (the lock words keep the values dmem's FORD gives
+    /// them: dmem has no invisible bit). Registered as `ford:artifact`.
+    pub artifact: bool,
 }
 
 impl ProtocolConfig {
@@ -179,6 +187,7 @@ impl ProtocolConfig {
             protocol: Protocol::Ford,
             bugs: BugSet::NONE,
             lock_logging: false,
+            artifact: false,
         }
     }
 
@@ -189,6 +198,7 @@ impl ProtocolConfig {
             protocol: Protocol::Ford,
             bugs,
             lock_logging: false,
+            artifact: false,
         }
     }
 
@@ -199,6 +209,7 @@ impl ProtocolConfig {
             protocol: Protocol::Pandora,
             bugs: BugSet::NONE,
             lock_logging: false,
+            artifact: false,
         }
     }
 
@@ -212,7 +223,15 @@ impl ProtocolConfig {
             protocol: Protocol::Pandora,
             bugs: BugSet::NONE,
             lock_logging: true,
+            artifact: false,
         }
+    }
+
+    /// The same protocol posting FORD's public code's commit verbs ([`Self::artifact`]).
+    #[must_use]
+    pub const fn with_artifact_verbs(mut self) -> Self {
+        self.artifact = true;
+        self
     }
 
     /// Whether `bug` is on.

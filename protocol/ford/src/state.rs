@@ -69,6 +69,32 @@ pub(crate) fn abort_releases(cfg: &ProtocolConfig, lock: LockState) -> bool {
     }
 }
 
+// -- FORD's public code's extra commit verbs (`ProtocolConfig::artifact`, not a bug): the
+// shell asks these, never the switch itself. --
+
+/// Whether each replica's commit WRITE of an item is preceded by an 8-byte WRITE of its
+/// lock word (FORD's code: the "invisible" word of `IssueCommitAllSelectFlush`). dmem's
+/// FORD writes the item only, whose image leaves the lock word as it is.
+pub(crate) fn commit_writes_lock_words(cfg: &ProtocolConfig) -> bool {
+    cfg.artifact
+}
+
+/// Whether the commit batch READs each backup of the last written record once (FORD's
+/// code: the selective remote flush, `RFLUSH = 2`). dmem's MN memory needs no flush.
+pub(crate) fn commit_flushes_backups(cfg: &ProtocolConfig) -> bool {
+    cfg.artifact
+}
+
+/// Whether the release WRITEs the lock word of every backup as well as the primary's
+/// (FORD's code: `CheckCommitAll` releases every replica it wrote). dmem's FORD locks and
+/// releases the primary only.
+pub(crate) fn release_writes_backups(cfg: &ProtocolConfig) -> bool {
+    cfg.artifact
+}
+
+/// The flush READ's length: FORD's `RFlushReadSize`.
+const FLUSH_READ_LEN: u32 = 1;
+
 /// Where a commit puts its validation READs and undo-log WRITEs around the commit-time
 /// lock batch of its blind writes (Pandora §2.3 steps 2 and 3, §3.1.4), FORD's bugs
 /// applied (§5.1): the fixed protocol locks, then validates, then logs, each strictly
@@ -828,7 +854,13 @@ impl TxnState {
             .unwrap_or(DataItemHeader::NO_WRITER);
         let mut installed = Vec::new();
         let mut list = PostList::new();
-        for w in &self.writes {
+        let lock_words = commit_writes_lock_words(env.cfg);
+        let me = logic::my_lock(env.coordinator);
+        let last = self
+            .writes
+            .iter()
+            .rposition(|w| matches!(w.intent, Intent::Write(_)));
+        for (i, w) in self.writes.iter().enumerate() {
             let Intent::Write(kind) = w.intent else {
                 continue;
             };
@@ -843,9 +875,25 @@ impl TxnState {
             };
             let item_len = store.table(w.table).map_err(TxnError::from)?.item_len;
             let image = encode_item_by(w.key.0, w.table.0, version, flags, value, item_len, writer);
+            let primary = store
+                .primary(w.loc.bucket.partition)
+                .map_err(TxnError::from)?;
             for mn in store.live_replicas(w.loc.bucket.partition) {
+                if lock_words {
+                    // The word each replica's lock already holds: held by this
+                    // coordinator at the primary, free at a backup.
+                    let word = if mn == primary { me } else { 0 };
+                    list.write(store.addr(mn, w.loc.offset), &word.to_le_bytes());
+                }
                 let addr = store.addr(mn, w.loc.offset + DataItemHeader::VERSION_OFFSET as u64);
                 list.write(addr, &image[DataItemHeader::VERSION_OFFSET..]);
+            }
+            if commit_flushes_backups(env.cfg) && last == Some(i) {
+                for mn in store.live_replicas(w.loc.bucket.partition) {
+                    if mn != primary {
+                        list.read(store.addr(mn, w.loc.offset), FLUSH_READ_LEN);
+                    }
+                }
             }
             installed.push(WriteEvent {
                 table: w.table,
@@ -857,12 +905,25 @@ impl TxnState {
         Ok((list, installed))
     }
 
-    /// The release WRITEs: 0 to the lock word of every held lock, at its primary.
-    pub(crate) fn release_list(&self, store: &Store) -> Result<PostList, TxnError> {
+    /// The release WRITEs: 0 to the lock word of every held lock, at its primary (and at
+    /// every live backup of a written record when [`release_writes_backups`]).
+    pub(crate) fn release_list(
+        &self,
+        store: &Store,
+        cfg: &ProtocolConfig,
+    ) -> Result<PostList, TxnError> {
         let mut list = PostList::new();
         for w in &self.writes {
             if w.lock == LockState::Held {
-                list.write(primary_addr(store, &w.loc)?, &0u64.to_le_bytes());
+                let primary = primary_addr(store, &w.loc)?;
+                list.write(primary, &0u64.to_le_bytes());
+                if release_writes_backups(cfg) && matches!(w.intent, Intent::Write(_)) {
+                    for mn in store.live_replicas(w.loc.bucket.partition) {
+                        if mn != primary.node.0 {
+                            list.write(store.addr(mn, w.loc.offset), &0u64.to_le_bytes());
+                        }
+                    }
+                }
             }
         }
         Ok(list)
@@ -1153,7 +1214,11 @@ mod tests {
         let lost = ProtocolConfig::ford_with(BugSet::NONE.with(FordBug::LostDecision));
         assert!(st.truncate_list(&env(&s, &lost)).is_empty());
         st.mark_released();
-        assert!(st.release_list(&s).unwrap().is_empty());
+        assert!(
+            st.release_list(&s, &ProtocolConfig::ford_fixed())
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]
@@ -1641,6 +1706,146 @@ mod tests {
                 .map(|w| w.key.0)
                 .collect();
             assert_eq!(early, [1, 2, 3], "logged before its lock is known held");
+        }
+    }
+
+    /// `ford:artifact` (not a bug): FORD's public code's commit verbs. It changes none of
+    /// the bug-dependent decisions, and exactly the three commit-verb decisions.
+    mod artifact_switch {
+        use super::*;
+
+        fn artifact() -> ProtocolConfig {
+            ProtocolConfig::ford_fixed().with_artifact_verbs()
+        }
+
+        fn verb_decisions(cfg: &ProtocolConfig) -> [bool; 3] {
+            [
+                commit_writes_lock_words(cfg),
+                commit_flushes_backups(cfg),
+                release_writes_backups(cfg),
+            ]
+        }
+
+        #[test]
+        fn only_the_commit_verb_decisions_change() {
+            let fixed = ProtocolConfig::ford_fixed();
+            let art = artifact();
+            assert_eq!(verb_decisions(&fixed), [false; 3]);
+            assert_eq!(verb_decisions(&art), [true; 3]);
+            for cfg in [
+                ProtocolConfig::pandora(),
+                ProtocolConfig::pandora_lock_logging(),
+            ] {
+                assert_eq!(verb_decisions(&cfg), [false; 3]);
+            }
+            for bug in FordBug::ALL {
+                let cfg = ProtocolConfig::ford_with(BugSet::NONE.with(bug));
+                assert_eq!(verb_decisions(&cfg), [false; 3], "{bug}");
+            }
+            let none = FailedCoordinatorSet::EMPTY;
+            assert_eq!(logs_insert(&art), logs_insert(&fixed));
+            assert_eq!(
+                logs_before_lock_results(&art),
+                logs_before_lock_results(&fixed)
+            );
+            assert_eq!(abort_truncates(&art), abort_truncates(&fixed));
+            for lock in [LockState::Held, LockState::Failed, LockState::Deferred] {
+                assert_eq!(abort_releases(&art, lock), abort_releases(&fixed, lock));
+            }
+            assert_eq!(
+                logic::validate_item(5, logic::my_lock(3), 5, &none, &art),
+                logic::validate_item(5, logic::my_lock(3), 5, &none, &fixed)
+            );
+            for single_read in [false, true] {
+                for deferred in [false, true] {
+                    assert_eq!(
+                        CommitSchedule::new(&art, single_read, deferred),
+                        CommitSchedule::new(&fixed, single_read, deferred),
+                        "a one-record read-only txn is not validated, as FORD's code"
+                    );
+                }
+            }
+        }
+
+        /// Two updated records and one lock-only entry, all held.
+        fn written(s: &Store) -> TxnState {
+            let mut st = TxnState::default();
+            for key in [1, 2] {
+                st.writes.push(entry(
+                    s,
+                    key,
+                    LockState::Held,
+                    Intent::Write(WriteKind::Update),
+                ));
+            }
+            st.writes
+                .push(entry(s, 3, LockState::Held, Intent::LockOnly));
+            st
+        }
+
+        #[test]
+        fn commit_writes_lock_words_and_flushes_the_last_records_backups() {
+            let s = store();
+            let st = written(&s);
+            let fixed = ProtocolConfig::ford_fixed();
+            let art = artifact();
+            let lean = st
+                .commit_list(&env(&s, &fixed))
+                .unwrap()
+                .0
+                .finish()
+                .unwrap();
+            let (list, installed) = st.commit_list(&env(&s, &art)).unwrap();
+            assert_eq!(installed.len(), 2);
+            let wrs = list.finish().unwrap();
+            assert_eq!(lean.len(), 2 * 3, "an item WRITE per replica");
+            // Per record and replica a lock-word WRITE then the item; two flush READs.
+            assert_eq!(wrs.len(), 2 * 3 * 2 + 2);
+            let me = logic::my_lock(2);
+            for rec in 0..2 {
+                let l = loc(&s, rec as u64 + 1);
+                let primary = s.primary(l.bucket.partition).unwrap();
+                for r in 0..3 {
+                    let (word, item) = (&wrs[rec * 6 + 2 * r], &wrs[rec * 6 + 2 * r + 1]);
+                    let Op::Write { addr, data } = &word.op else {
+                        panic!("not a WRITE");
+                    };
+                    assert_eq!(addr.offset, l.offset, "the lock word");
+                    let want = if addr.node.0 == primary { me } else { 0 };
+                    assert_eq!(data[..], want.to_le_bytes(), "the word the lock holds");
+                    assert_eq!(item.op, lean[rec * 3 + r].op, "then dmem's item WRITE");
+                }
+            }
+            let l2 = loc(&s, 2);
+            let p2 = s.primary(l2.bucket.partition).unwrap();
+            for w in &wrs[12..] {
+                let Op::Read { addr, len } = &w.op else {
+                    panic!("not a READ");
+                };
+                assert_eq!((addr.offset, *len), (l2.offset, 1));
+                assert_ne!(addr.node.0, p2, "a backup of the last record");
+            }
+        }
+
+        #[test]
+        fn release_writes_every_replica_of_a_written_record() {
+            let s = store();
+            let st = written(&s);
+            let lean = st
+                .release_list(&s, &ProtocolConfig::ford_fixed())
+                .unwrap()
+                .finish()
+                .unwrap();
+            assert_eq!(lean.len(), 3, "the primary of each held lock");
+            let wrs = st.release_list(&s, &artifact()).unwrap().finish().unwrap();
+            assert_eq!(
+                wrs.len(),
+                3 + 2 * 2,
+                "and both backups of each written record"
+            );
+            for w in &wrs {
+                assert!(matches!(&w.op, Op::Write { data, .. } if data[..] == 0u64.to_le_bytes()));
+            }
         }
     }
 }

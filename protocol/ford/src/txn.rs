@@ -859,7 +859,7 @@ impl<V: Verbs + Clock, H: HistorySink> FordTxn<'_, V, H> {
     /// WRITEs ([`Verbs::post_detached`]; a later post of this coordinator to the same MN
     /// lands after them).
     async fn release_held(&mut self, detached: bool) -> Result<(), TxnError> {
-        let list = self.st.release_list(self.store())?;
+        let list = self.st.release_list(self.store(), &self.co.cfg)?;
         if !list.is_empty() {
             if detached && !self.co.shared.mn.borrow().enabled() {
                 self.co.ctx.mark_phase(Phase::Release);

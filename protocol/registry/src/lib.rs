@@ -19,6 +19,9 @@
 //! * `pandora` — PILL, logging after validation, RDMA recovery (Pandora §3);
 //! * `pandora-lock-logging` — Pandora with traditional "log before lock" (Pandora §6.1);
 //! * `ford:BUG[+BUG]` — FORD with bugs of Table 1 switched on (`ford:covert-locks`);
+//! * `ford:artifact` — FORD posting the commit verbs of FORD's public code where dmem's
+//!   FORD posts fewer (lock-word WRITE per replica, flush READ of the backups, release on
+//!   the backups; `dmem-ford`'s README, "Artifact's verbs"); combines with bugs;
 //! * `pandora:restart=US`, `ford:…+restart=US` — crashed CNs come back US µs after their
 //!   failure was detected, with new coordinator ids (Pandora §6.3, Fig. 8's second line);
 //! * `motor`, `motor-si` — Motor under SR and SI (LOTUS §2.2, §8; `dmem-motor`);
@@ -103,10 +106,17 @@ pub fn registry() -> Registry {
         "ford",
         "ford:BUG[+BUG][+restart=US]",
         Box::new(|params: &str| {
-            let (bugs, restart) = ford::split_restart(params)?;
+            let (rest, restart) = ford::split_restart(params)?;
+            // `artifact` is not a bug: FORD's public code's commit verbs.
+            let artifact = rest.contains(&"artifact");
+            let bugs: Vec<&str> = rest.into_iter().filter(|p| *p != "artifact").collect();
             let bugs = BugSet::parse(&bugs.join(",")).map_err(|e| e.to_string())?;
             let name = format!("ford:{params}");
-            let ford = FordProtocol::new(&name, ProtocolConfig::ford_with(bugs));
+            let mut config = ProtocolConfig::ford_with(bugs);
+            if artifact {
+                config = config.with_artifact_verbs();
+            }
+            let ford = FordProtocol::new(&name, config);
             Ok(Arc::new(match restart {
                 Some(after) => ford.restarting(&name, after),
                 None => ford,

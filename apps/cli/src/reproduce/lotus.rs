@@ -72,6 +72,21 @@ const TINY_WORKLOADS: [(&str, f64, f64); 3] = [
     ("kvs", f64::NAN, f64::NAN),
 ];
 
+/// The FORD LOTUS ran (§2.2 Fig. 2, §8): FORD's public code, whose commit posts more verbs
+/// than dmem's `ford` (`protocol/ford/README.md`, "Artifact's verbs"). dmem's lean `ford`
+/// is shown beside it on SmallBank, not judged.
+const FORD_BASELINE: &str = "ford:artifact";
+
+/// The FORD of the tiny-scale rows (informational): dmem's lean `ford`, because on TATP
+/// tiny at 288 concurrent txns `ford:artifact` trips a lost write on CALL_FORWARDING
+/// inserts that `ford` shows too at another seed (`dmem bench --workload tatp --scale tiny
+/// --profile cx3 --mns 3 --cns 9 --threads 4 --coroutines 8 --duration-ms 1 --seed 2
+/// --protocol ford`), a defect of dmem's FORD insert path, not of the artifact's verbs.
+const TINY_FORD: &str = "ford";
+
+/// Why the lean FORD's rows are not judged.
+const LEAN_FORD: &str = "not the paper's baseline: dmem's ford commits without the artifact's lock-word WRITEs, backup releases and flush READs (protocol/ford/README.md)";
+
 /// Coroutines per thread of the tiny-scale sweep.
 const TINY_COROUTINES: [u32; 4] = [2, 4, 8, 16];
 
@@ -116,7 +131,8 @@ fn comparison_claims(
     } else {
         "Fig. 13"
     };
-    for (other, name, paper) in [(motor, "motor", paper.0), (ford, "ford", paper.1)] {
+    let ford_name = if checked { FORD_BASELINE } else { TINY_FORD };
+    for (other, name, paper) in [(motor, "motor", paper.0), (ford, ford_name, paper.1)] {
         // A protocol that committed nothing at any point of the sweep has no ratio (shown
         // as `-`, and said in the row), not a quotient of a denormal.
         let (ratio, of) = if other.mtps > 0.0 {
@@ -147,7 +163,7 @@ fn comparison_claims(
     out.claims.push(Claim::by_construction(
         "§4.1",
         format!(
-            "{workload}: MN atomics per txn at the max, lotus (motor {:.2}, ford {:.2})",
+            "{workload}: MN atomics per txn at the max, lotus (motor {:.2}, {ford_name} {:.2})",
             motor.atomics, ford.atomics
         ),
         0.0,
@@ -156,11 +172,12 @@ fn comparison_claims(
         NO_MN_ATOMICS,
     ));
     let what = format!(
-        "{workload}: CN CPU busy at the max, lotus (motor {:.0}%, ford {:.0}%)",
+        "{workload}: CN CPU busy at the max, lotus (motor {:.0}%, {ford_name} {:.0}%)",
         motor.cn_cpu * 100.0,
         ford.cn_cpu * 100.0
     );
-    let ordering = "lock work moves to the CNs: lotus's CN CPU above motor's and ford's";
+    let ordering =
+        format!("lock work moves to the CNs: lotus's CN CPU above motor's and {ford_name}'s");
     out.claims.push(if checked {
         Claim::checked(
             "§8",
@@ -224,7 +241,7 @@ fn checked_mtps(rows: &[serde_json::Value], workload: &str) -> anyhow::Result<Ve
 
 fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
     let registry = dmem_protocols::registry();
-    let protocols = ["ford", "motor", "motor:no-cas", "lotus"];
+    let protocols = [FORD_BASELINE, "motor", "motor:no-cas", "lotus", "ford"];
     let mut lotus_atomics: f64 = 0.0;
     let mut series: Vec<Vec<f64>> = vec![Vec::new(); protocols.len()];
     let mut smallbank = [Best::default(); 3];
@@ -244,7 +261,7 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
             let slot = match protocols[i] {
                 "lotus" => Some(0),
                 "motor" => Some(1),
-                "ford" => Some(2),
+                FORD_BASELINE => Some(2),
                 _ => None,
             };
             if let Some(slot) = slot {
@@ -273,12 +290,21 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
     ));
     out.claims.push(Claim::checked(
         "Fig. 2",
-        "motor / ford peak Mtps",
+        format!("motor / {FORD_BASELINE} peak Mtps"),
         f64::NAN,
         peak(motor) / peak(ford),
-        "motor ahead of ford",
+        format!("motor ahead of {FORD_BASELINE}"),
         AHEAD,
         vec![peak(motor), peak(ford)],
+    ));
+    let lean = &series[4];
+    out.claims.push(Claim::info(
+        "Fig. 2",
+        "motor / ford (dmem's lean commit) peak Mtps",
+        f64::NAN,
+        peak(motor) / peak(lean),
+        "motor ahead of ford",
+        LEAN_FORD,
     ));
     out.claims.push(Claim::checked(
         "Fig. 3",
@@ -309,7 +335,7 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
                 "tiny",
                 &co_arg,
                 "1",
-                "lotus,motor,ford",
+                &format!("lotus,motor,{TINY_FORD}"),
             )?;
             for (i, row) in rows.iter().enumerate() {
                 anyhow::ensure!(
@@ -335,7 +361,7 @@ fn run(bar: &indicatif::ProgressBar) -> anyhow::Result<Outcome> {
             y_label: "Mtps",
             log_x: true,
             x: TINY_COROUTINES.iter().map(|&c| f64::from(c * 36)).collect(),
-            series: ["lotus", "motor", "ford"]
+            series: ["lotus", "motor", TINY_FORD]
                 .iter()
                 .map(|p| (*p).to_string())
                 .zip(tiny)

@@ -27,7 +27,7 @@ const OFFSET_CHEAP: Rule = Rule::RatioAtLeast(0.95);
 fn miss_reason(what: &str, baseline: &str) -> &'static str {
     match (what, baseline) {
         ("YCSB read-only", "occ") => {
-            "model: dmem's occ is FORD, which commits a one-record read-only txn without validation (1.00 READ, 1 round trip, as OOCC); the paper's OCC validates with a second READ"
+            "setup: a read-only txn here reads one record, which OCC commits without validation in dmem as in the artifact (smart-oocc dtx/dtx.h TxCommit, as FORD's code): 1.00 READ, 1 round trip, as OOCC; the artifact's YCSB txns read data_item_size = 2 records (config/transaction-bak.json), which its OCC validates with two more READs (here with two records, --mix o2-0: oocc / occ 2.00)"
         }
         ("YCSB read-only", _) => {
             "setup: these runs do not saturate the MN (busy 9-17 %); the paper's gaps come from the NIC's atomic throughput at saturation"
@@ -336,7 +336,7 @@ mod tests {
 
     #[test]
     fn a_known_miss_has_a_reason_and_an_unknown_one_says_so() {
-        assert!(miss_reason("YCSB read-only", "occ").starts_with("model"));
+        assert!(miss_reason("YCSB read-only", "occ").starts_with("setup"));
         assert_eq!(miss_reason("TATP", "occ"), super::super::NOT_EXPLAINED);
     }
 }
