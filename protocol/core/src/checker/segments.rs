@@ -239,7 +239,8 @@ fn carry(txns: &[TxnRecord]) -> Vec<TxnRecord> {
     }
     by_txn
         .into_iter()
-        .map(|(i, writes)| {
+        .map(|(i, mut writes)| {
+            writes.shrink_to_fit();
             let t = &txns[i];
             TxnRecord {
                 id: t.id,
