@@ -162,7 +162,10 @@ pub fn memory_estimate_for(
     // 19.8 GB for 4.4M records and 14 GB). A direct-mapped table (dense keys, see
     // `dmem-store`) keeps one bit per key on the CN side (a pooled one four bytes per key of
     // its space, 17 bytes per TATP call forwarding); 64 bytes per record and 256 MiB for
-    // the checked history window bound it (SmallBank at --scale lotus: 40M records).
+    // one checked history segment bound it (SmallBank at --scale lotus: 40M records). Not
+    // counted: the checker's carried frontier, about 130 bytes per record a run writes
+    // (`dmem-txn`'s README, "Checking whole runs"), which a run long enough to write most
+    // of a large data set adds.
     let records: u64 = workload.tables().iter().map(|t| t.expected_records).sum();
     let (direct, hashed): (Vec<_>, Vec<_>) = workload
         .tables()
