@@ -39,7 +39,7 @@ fn serial(n: u64, keys: u64, seed: u64) -> Vec<TxnRecord> {
                     let (v, w) = latest[k as usize];
                     let r = ReadEvent::new(TableId(0), Key(k), Version(v));
                     match w {
-                        Some(w) if splitmix(&mut rng) % 2 == 0 => r.written_by(w),
+                        Some(w) if splitmix(&mut rng).is_multiple_of(2) => r.written_by(w),
                         _ => r,
                     }
                 })
