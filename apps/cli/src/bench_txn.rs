@@ -162,7 +162,10 @@ pub fn memory_estimate_for(
     // 19.8 GB for 4.4M records and 14 GB). A direct-mapped table (dense keys, see
     // `dmem-store`) keeps one bit per key on the CN side (a pooled one four bytes per key of
     // its space, 17 bytes per TATP call forwarding); 64 bytes per record and 256 MiB for
-    // the checked history window bound it (SmallBank at --scale lotus: 40M records).
+    // one checked history segment bound it (SmallBank at --scale lotus: 40M records). Not
+    // counted: the checker's carried frontier, about 130 bytes per record a run writes
+    // (`dmem-txn`'s README, "Checking whole runs"), which a run long enough to write most
+    // of a large data set adds.
     let records: u64 = workload.tables().iter().map(|t| t.expected_records).sum();
     let (direct, hashed): (Vec<_>, Vec<_>) = workload
         .tables()
@@ -243,11 +246,13 @@ pub struct Args {
     /// Skip the history checker (and record no history).
     #[arg(long)]
     no_check: bool,
-    /// The checker judges every transaction of the first this-many ms of the run (warm-up
-    /// included); then the clients pause until none is in flight and recording stops, so
-    /// memory stays flat in run length (0: record and check the whole run).
+    /// The checker judges every transaction of the run, in segments of this many ms of
+    /// virtual time: at each cut the clients pause until none is in flight, the segment is
+    /// checked against what earlier segments carried (each record's latest committed
+    /// writer) and dropped, so memory stays flat in run length (0: keep the whole history
+    /// and check it once at the end).
     #[arg(long, default_value_t = 50)]
-    check_window_ms: u64,
+    check_segment_ms: u64,
     /// Tries per transaction: an aborted transaction is retried at once with the same
     /// parameters until it commits or this many tries are made. 1: an aborted transaction
     /// is dropped and the coordinator draws a new one, as OOCC's artifact runs its
@@ -702,7 +707,7 @@ impl Args {
             seed: self.seed,
             check: !self.no_check,
             warm_cache: !self.cold_cache,
-            check_window: (self.check_window_ms > 0).then(|| self.check_window_ms * 1_000_000),
+            check_segment: (self.check_segment_ms > 0).then(|| self.check_segment_ms * 1_000_000),
             max_attempts: self.attempts,
             backoff: self.backoff,
         }

@@ -30,18 +30,31 @@ struct State {
     history: Rc<RefCell<History>>,
     /// Every commit fails validation (a protocol that never commits).
     refuse_commits: bool,
+    /// From this virtual time on, one read of an updated record is recorded as having
+    /// observed the version before the latest (a stale read; the data stays right, so only
+    /// the checker can tell): a bug that shows up late in a run.
+    stale_read_after: Option<Nanos>,
+    /// Whether that read happened already.
+    lost: Cell<bool>,
 }
 
-/// The toy protocol: serial execution under one global lock (`serial`), or the same
-/// refusing every commit (`serial-refusing`).
+/// The toy protocol: serial execution under one global lock (`serial`), the same refusing
+/// every commit (`serial-refusing`), or recording one stale read after 80 ms of virtual
+/// time (`serial-late-bug`).
 struct Serial {
     refuse_commits: bool,
+    stale_read_after: Option<Nanos>,
 }
+
+/// When `serial-late-bug` records its stale read: after the 50 ms that `dmem bench` used to check.
+const LATE_BUG_NS: Nanos = 80_000_000;
 
 impl Protocol for Serial {
     fn name(&self) -> String {
         if self.refuse_commits {
             "serial-refusing".to_owned()
+        } else if self.stale_read_after.is_some() {
+            "serial-late-bug".to_owned()
         } else {
             "serial".to_owned()
         }
@@ -60,6 +73,8 @@ impl Protocol for Serial {
             locked: Cell::new(false),
             history: Rc::clone(history.history()),
             refuse_commits: self.refuse_commits,
+            stale_read_after: self.stale_read_after,
+            lost: Cell::new(false),
         }))))
     }
 }
@@ -183,8 +198,21 @@ impl SerialTxn<'_> {
         let own = self.writes.iter().any(|w| w.0 == table && w.1 == key);
         let (value, version) = self.current(table, key);
         if !own {
+            let state = &self.co.state;
+            let stale = version > 0
+                && !state.lost.get()
+                && state
+                    .stale_read_after
+                    .is_some_and(|t| self.co.ctx.now() >= t);
+            // The planted bug: the read is recorded as having observed the version before.
+            let observed = if stale {
+                state.lost.set(true);
+                version - 1
+            } else {
+                version
+            };
             self.reads
-                .push(ReadEvent::new(table, key, Version(version)));
+                .push(ReadEvent::new(table, key, Version(observed)));
         }
         Ok(value)
     }
@@ -287,10 +315,17 @@ fn registry() -> Registry {
     let mut r = dmem_protocols::registry();
     r.register(Serial {
         refuse_commits: false,
+        stale_read_after: None,
     })
     .unwrap();
     r.register(Serial {
         refuse_commits: true,
+        stale_read_after: None,
+    })
+    .unwrap();
+    r.register(Serial {
+        refuse_commits: false,
+        stale_read_after: Some(LATE_BUG_NS),
     })
     .unwrap();
     r
@@ -328,6 +363,55 @@ fn a_registered_toy_protocol_runs_through_dmem_bench() {
     // Nothing goes over the fabric: zero round trips, unlike pandora.
     assert_eq!(serial.rtts_per_txn.as_ref().unwrap()["all"], 0.0);
     assert!(rows[1].rtts_per_txn.as_ref().unwrap()["all"] >= 2.0);
+}
+
+/// The whole run is checked: a stale read 80 ms into a 110 ms run (after the 50 ms window
+/// `dmem bench` used to check) is found, across segments of 20 ms, and every transaction of
+/// the run is counted as checked.
+#[test]
+fn a_bug_late_in_a_long_run_is_found() {
+    let csv = std::env::temp_dir().join(format!("dmem-late-bug-{}.csv", std::process::id()));
+    let csv_arg = csv.to_str().unwrap().to_owned();
+    let run = |protocol: &str| {
+        dmem_cli::bench(
+            &[
+                "--workload",
+                "smallbank",
+                "--scale",
+                "tiny",
+                "--protocol",
+                protocol,
+                "--cns",
+                "1",
+                "--threads",
+                "1",
+                "--coroutines",
+                "2",
+                "--duration-ms",
+                "100",
+                "--check-segment-ms",
+                "20",
+                "--csv",
+                &csv_arg,
+            ],
+            &registry(),
+        )
+    };
+    let clean = run("serial").unwrap();
+    assert_eq!(clean[0].checker, "ok", "{:?}", clean[0]);
+    // Every transaction of the run (about 2.5 µs each, 110 ms), not a window's.
+    assert!(clean[0].checked_txns > 20_000, "{:?}", clean[0]);
+    let e = run("serial-late-bug").unwrap_err();
+    assert!(format!("{e:#}").contains("serial-late-bug"), "{e:#}");
+    // The checker failed, not the invariants (the data stayed right).
+    let mut reader = csv::Reader::from_path(&csv).unwrap();
+    let header = reader.headers().unwrap().clone();
+    let row = reader.records().next().unwrap().unwrap();
+    let _ = std::fs::remove_file(&csv);
+    let cell = |name: &str| &row[header.iter().position(|h| h == name).unwrap()];
+    assert_eq!(cell("protocol"), "serial-late-bug");
+    assert!(cell("checker").contains("anomalies, first:"), "{row:?}");
+    assert_eq!(cell("invariants"), "ok", "{row:?}");
 }
 
 #[test]

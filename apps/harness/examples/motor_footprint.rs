@@ -46,7 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         seed: 1,
         check: false,
         warm_cache: true,
-        check_window: None,
+        check_segment: None,
         max_attempts: dmem_harness::MAX_ATTEMPTS,
         backoff: dmem_harness::Backoff::None,
     };

@@ -45,7 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 seed: 1,
                 check: true,
                 warm_cache: true,
-                check_window: None,
+                check_segment: None,
                 max_attempts: MAX_ATTEMPTS,
                 backoff: Backoff::None,
             };

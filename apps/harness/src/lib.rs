@@ -19,15 +19,20 @@
 //! whatever number of MNs it spans). Messages (RPCs, LOTUS's lock requests) are not round
 //! trips to the MNs; they are counted separately ([`BenchResult::msgs_per_txn`]).
 //!
-//! # Bounded history
+//! # Whole runs checked in bounded memory
 //!
-//! Without [`BenchConfig::check`] nothing is recorded. With a
-//! [`BenchConfig::check_window`], the history is closed at a quiescent point after the
-//! window: the first client to start a transaction past the cutoff waits, the others wait as
-//! they finish their transaction in flight, and when all wait, no transaction is in flight,
-//! the history is closed ([`History::close`]) and all go on. No recorded transaction can have
-//! observed a write of an unrecorded one, so the checker judges every recorded transaction
-//! completely, and memory stays flat in run length.
+//! Without [`BenchConfig::check`] nothing is recorded. With it and a
+//! [`BenchConfig::check_segment`] of `s` ns, the history is checked in segments of `s` ns of
+//! virtual time: at each multiple of `s` the **gate** cuts it at a quiescent point (the first
+//! client to start a transaction past the cut waits, the others wait as they finish their
+//! transaction in flight, and when all wait, no transaction is in flight), the segment's
+//! transactions go to a [`SegmentedCheck`], which checks them against the frontier carried
+//! from earlier segments and keeps only that frontier (per record its latest committed
+//! installer), and all go on. Every transaction of the run is checked; memory is bounded by
+//! one segment's history plus one carried write per record, not by the run's length (see
+//! [`SegmentedCheck`] for what a cut guarantees). Each cut pauses the clients for as long as
+//! the longest transaction in flight. Without a segment the whole history is kept and
+//! checked once at the end.
 //!
 //! # Routing
 //!
@@ -57,7 +62,8 @@ use dmem_sim::{SimContext, SimError};
 use dmem_txn::MicroOp;
 use dmem_txn::{
     AppendTxn, BoxCoordinator, BoxTransaction, CheckOptions, Coordinator, CoordinatorId, History,
-    Isolation, Key, TxnError, TxnId, TxnKind, TxnOutcome, check_append, check_with,
+    Isolation, Key, Report, SegmentedCheck, TxnError, TxnId, TxnKind, TxnOutcome, check_append,
+    check_with,
 };
 use dmem_verbs::{Clock, Nanos, OpKind};
 use dmem_workloads::append::{self, AppendLog, ListError};
@@ -164,11 +170,11 @@ pub struct BenchConfig {
     pub check: bool,
     /// Whether CNs start with a warm address cache.
     pub warm_cache: bool,
-    /// With [`check`](Self::check): record the history only for this much virtual time from
-    /// the start of the run (warm-up included), then pause every client until no
-    /// transaction is in flight and close the history (see the crate docs, "Bounded
-    /// history"). `None`: the whole run.
-    pub check_window: Option<Nanos>,
+    /// With [`check`](Self::check): check the history in segments of this much virtual
+    /// time, cut at quiescent points (every client pauses at a cut until no transaction is
+    /// in flight; see the crate docs, "Whole runs checked in bounded memory"). `None`: the
+    /// whole history is kept and checked at the end.
+    pub check_segment: Option<Nanos>,
     /// Tries per transaction before it is given up (at least 1). [`MAX_ATTEMPTS`] retries
     /// an aborted transaction at once with its parameters, as the harness always did; 1
     /// drops it and the coordinator draws a new transaction, as OOCC's artifact runs its
@@ -613,15 +619,15 @@ pub fn run_bench(
     let workload = Rc::new(workload.clone());
     // The list-append workload's side log, when the run is checked (clones share it).
     let append_log = workload.append_log().filter(|_| cfg.check).cloned();
-    // Counted from the start (warm-up included), so the recorded span does not grow with a
-    // longer run's longer warm-up.
-    let cutoff = cfg.check_window.filter(|&c| cfg.check && c < end);
+    // Segments counted from the start (warm-up included).
+    let segment = cfg.check_segment.filter(|&s| cfg.check && s > 0);
     let clients = usize::from(cfg.coordinators()?);
     let gate = Rc::new(Gate::new(
-        cutoff,
+        segment,
         clients,
         Rc::clone(&history),
         append_log.clone(),
+        check_options(protocol.isolation()),
     ));
     let window = Window {
         warm_up_end,
@@ -758,8 +764,19 @@ pub fn run_bench(
     let per_txn = |kind: OpKind| {
         stats.mn_served_since(&at_warm_up, Some(kind)) as f64 / committed.max(1) as f64
     };
-    let history = history.borrow();
-    let (checker, checked_txns) = checked_verdict(&history, protocol.isolation(), cfg.check);
+    // The last segment: everything recorded since the last cut.
+    let (checker, checked_txns, in_doubt) = if cfg.check {
+        let rest = core::mem::take(&mut history.borrow_mut().txns);
+        let mut check = gate.check.borrow_mut();
+        let _ = check.segment(rest);
+        (
+            report_line(&check.report()),
+            check.checked(),
+            check.in_doubt(),
+        )
+    } else {
+        ("skipped".to_owned(), 0, 0)
+    };
     let append_checker = append_log.map(|log| {
         if let AnyWorkload::Append(w) = &*workload
             && !log.is_closed()
@@ -820,11 +837,7 @@ pub fn run_bench(
         checker,
         append_checker,
         checked_txns,
-        in_doubt: history
-            .txns
-            .iter()
-            .filter(|t| t.outcome == TxnOutcome::Unknown)
-            .count(),
+        in_doubt,
         invariants,
         ro_committed: tally.ro.get().0,
         ro_no_validation: tally.ro.get().1,
@@ -995,61 +1008,83 @@ impl Window {
     }
 }
 
-/// The end of the checked window: the first client to start a transaction at or after the
-/// cutoff waits, and so does every other one, until all of them are between transactions;
-/// then the history is closed (nothing in flight, so no recorded transaction can have seen a
-/// write of an unrecorded one) and every client goes on.
+/// The cuts between checked segments: once a segment's time is up, the first client to
+/// start a transaction waits, and so does every other one, until all of them are between
+/// transactions (or done); then the segment's history is checked and dropped (nothing in
+/// flight, so every transaction recorded before the cut ended before any recorded after it
+/// began: see [`SegmentedCheck`]) and every client goes on. The list-append side log is
+/// closed at the first cut.
 struct Gate {
-    cutoff: Option<Nanos>,
-    clients: usize,
+    segment: Option<Nanos>,
+    next_cut: Cell<Nanos>,
+    /// Clients still running.
+    active: Cell<usize>,
+    /// Clients waiting at the cut.
     arrived: Cell<usize>,
-    open: Cell<bool>,
+    /// A segment's time is up and the clients are draining.
+    closing: Cell<bool>,
+    /// Cuts made (a waiting client goes on when it changes).
+    cuts: Cell<u64>,
     waiting: RefCell<Vec<Waker>>,
     history: Rc<RefCell<History>>,
     append_log: Option<AppendLog>,
+    check: RefCell<SegmentedCheck>,
 }
 
 impl Gate {
     fn new(
-        cutoff: Option<Nanos>,
+        segment: Option<Nanos>,
         clients: usize,
         history: Rc<RefCell<History>>,
         append_log: Option<AppendLog>,
+        options: CheckOptions,
     ) -> Self {
         Self {
-            cutoff,
-            clients,
+            segment,
+            next_cut: Cell::new(segment.unwrap_or(Nanos::MAX)),
+            active: Cell::new(clients),
             arrived: Cell::new(0),
-            open: Cell::new(cutoff.is_none()),
+            closing: Cell::new(false),
+            cuts: Cell::new(0),
             waiting: RefCell::new(Vec::new()),
             history,
             append_log,
+            check: RefCell::new(SegmentedCheck::new(options)),
         }
     }
 
-    /// Counts one more client between transactions; the last one closes the history.
-    fn arrive(&self) {
-        self.arrived.set(self.arrived.get() + 1);
-        if self.arrived.get() >= self.clients && !self.open.get() {
-            self.open.set(true);
-            self.history.borrow_mut().close();
-            if let Some(log) = &self.append_log {
-                log.close();
-            }
-            for w in self.waiting.borrow_mut().drain(..) {
-                w.wake();
-            }
-        }
-    }
-
-    /// Before a transaction that starts at `now`: waits at the cutoff for every client.
-    async fn pass(&self, now: Nanos) {
-        if self.open.get() || self.cutoff.is_some_and(|c| now < c) {
+    /// Cuts once every running client waits.
+    fn try_cut(&self) {
+        if !self.closing.get() || self.arrived.get() < self.active.get() {
             return;
         }
-        self.arrive();
+        let txns = core::mem::take(&mut self.history.borrow_mut().txns);
+        let _ = self.check.borrow_mut().segment(txns);
+        if let Some(log) = &self.append_log {
+            log.close();
+        }
+        self.closing.set(false);
+        self.arrived.set(0);
+        self.cuts.set(self.cuts.get() + 1);
+        let segment = self.segment.unwrap_or(Nanos::MAX);
+        self.next_cut
+            .set(self.next_cut.get().saturating_add(segment));
+        for w in self.waiting.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+
+    /// Before a transaction that starts at `now`: waits at a cut for every client.
+    async fn pass(&self, now: Nanos) {
+        if !self.closing.get() && now < self.next_cut.get() {
+            return;
+        }
+        self.closing.set(true);
+        self.arrived.set(self.arrived.get() + 1);
+        let cut = self.cuts.get();
+        self.try_cut();
         poll_fn(|cx| {
-            if self.open.get() {
+            if self.cuts.get() != cut {
                 Poll::Ready(())
             } else {
                 self.waiting.borrow_mut().push(cx.waker().clone());
@@ -1059,11 +1094,10 @@ impl Gate {
         .await;
     }
 
-    /// A client that stops before reaching the cutoff no longer holds the others back.
+    /// A client that stops no longer holds the others back.
     fn leave(&self) {
-        if !self.open.get() {
-            self.arrive();
-        }
+        self.active.set(self.active.get() - 1);
+        self.try_cut();
     }
 }
 
@@ -1140,13 +1174,20 @@ pub fn verdict(history: &History) -> String {
 /// first anomaly.
 #[must_use]
 pub fn verdict_under(history: &History, isolation: Isolation) -> String {
-    let report = check_with(
-        history,
-        &CheckOptions {
-            isolation,
-            ..CheckOptions::default()
-        },
-    );
+    report_line(&check_with(history, &check_options(isolation)))
+}
+
+/// Strict checking under `isolation`, the default anomaly cap.
+fn check_options(isolation: Isolation) -> CheckOptions {
+    CheckOptions {
+        isolation,
+        ..CheckOptions::default()
+    }
+}
+
+/// A report's one-line verdict: "ok", or how many anomalies and the first.
+#[must_use]
+pub fn report_line(report: &Report) -> String {
     match report.anomalies.first() {
         None if report.is_ok() => "ok".to_owned(),
         None => format!("{} anomalies", report.total()),

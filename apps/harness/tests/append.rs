@@ -6,7 +6,7 @@ use dmem_harness::{BenchConfig, BenchResult, run_bench};
 use dmem_sim::NicProfile;
 use dmem_workloads::{AnyWorkload, Scale};
 
-fn run(protocol: &str, duration: u64, check_window: Option<u64>) -> BenchResult {
+fn run(protocol: &str, duration: u64, check_segment: Option<u64>) -> BenchResult {
     let workload = AnyWorkload::new("append", Scale::Tiny).unwrap();
     let cfg = BenchConfig {
         shape: ClusterShape {
@@ -23,7 +23,7 @@ fn run(protocol: &str, duration: u64, check_window: Option<u64>) -> BenchResult 
         seed: 1,
         check: true,
         warm_cache: false,
-        check_window,
+        check_segment,
         max_attempts: dmem_harness::MAX_ATTEMPTS,
         backoff: dmem_harness::Backoff::None,
     };
@@ -46,7 +46,7 @@ fn fixed_protocols_pass_the_append_checker() {
 }
 
 #[test]
-fn a_check_window_closes_the_side_log_too() {
+fn a_cut_closes_the_side_log() {
     let r = run("ford", 1_000_000, Some(300_000));
     assert_eq!(r.append_checker.as_deref(), Some("ok"), "{r:?}");
 }

@@ -30,7 +30,7 @@ fn run(backoff: Backoff) -> BenchResult {
         seed: 1,
         check: true,
         warm_cache: true,
-        check_window: None,
+        check_segment: None,
         max_attempts: dmem_harness::MAX_ATTEMPTS,
         backoff,
     };

@@ -30,7 +30,7 @@ fn run(protocol: &str) -> BenchResult {
         seed: 1,
         check: true,
         warm_cache: true,
-        check_window: None,
+        check_segment: None,
         max_attempts: 64,
         backoff: dmem_harness::Backoff::None,
     };

@@ -20,7 +20,7 @@ fn cfg(cns: u16, duration: u64) -> BenchConfig {
         duration,
         seed: 1,
         check: true,
-        check_window: None,
+        check_segment: None,
         max_attempts: dmem_harness::MAX_ATTEMPTS,
         backoff: dmem_harness::Backoff::None,
         warm_cache: false,

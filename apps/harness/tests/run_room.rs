@@ -31,7 +31,7 @@ fn cfg(duration: u64, max_attempts: u32) -> BenchConfig {
         seed: 1,
         check: true,
         warm_cache: true,
-        check_window: None,
+        check_segment: None,
         max_attempts,
         backoff: dmem_harness::Backoff::None,
     }

@@ -33,7 +33,8 @@ pub use checker::append::{
     AppendAnomaly, AppendKind, AppendReport, AppendTxn, MicroOp, check_append,
 };
 pub use checker::{
-    Anomaly, AnomalyKind, CheckOptions, CycleClass, Isolation, Report, check, check_with,
+    Anomaly, AnomalyKind, CheckOptions, CycleClass, Isolation, Report, SegmentedCheck, check,
+    check_with,
 };
 pub use history::{History, HistorySink, NoHistory, ReadEvent, TxnOutcome, TxnRecord, WriteEvent};
 pub use model::{CoordinatorId, CriticalField, Key, TableId, TxnId, TxnKind, Version, WriteKind};

@@ -148,6 +148,7 @@ pub mod append;
 mod graph;
 mod index;
 mod report;
+mod segments;
 
 use alloc::vec::Vec;
 
@@ -164,6 +165,7 @@ pub use report::{
     Anomaly, AnomalyKind, CheckStats, Cycle, CycleClass, CycleStep, Dependency, Malformation,
     Report,
 };
+pub use segments::SegmentedCheck;
 
 /// The isolation level a history is judged against.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
