@@ -308,7 +308,7 @@ impl StopHandle {
 /// (the `runtime/` layer's per-core polling executor).
 ///
 /// Create one per core thread. Protocol code written against `dmem_verbs::Verbs` and
-/// [`Clock`](dmem_verbs::Clock) runs on it unchanged; [`RealClock`]'s sleeps use its timers.
+/// [`Clock`](dmem_verbs::Clock) runs on it unchanged; [`RealClock`](crate::RealClock)'s sleeps use its timers.
 ///
 /// ```
 /// use dmem_runtime::{Executor, RealClock};

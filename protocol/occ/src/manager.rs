@@ -22,7 +22,7 @@
 //! 8-byte value in each CN's memory that the manager WRITEs with one-sided verbs (§VII-A).
 //! On the tcp and shm fabrics (and this crate's rdma CNs) only MN processes expose memory
 //! to one-sided verbs, so the words stay on the lease lines of MN 0, one line per
-//! coordinator ([`line`]), and each CN process (each core of one: every core has its
+//! coordinator ([`line`](mod@line)), and each CN process (each core of one: every core has its
 //! coordinators' cells) *picks its lease up*: a follower task READs the lease word of its
 //! first coordinator's line every half period (the deployment chooses the period), off the
 //! transaction path, sets its

@@ -16,8 +16,8 @@
 //! member, whichever core ran it.
 //!
 //! With `motor:restart=US` a crashed CN comes back in the simulator US µs after its failure
-//! was detected, once its recovery is over ([`Respawn`]): its coordinators start again
-//! under their old ids (why: [`Respawn`]) and the heartbeat detector watches it again.
+//! was detected, once its recovery is over (`Respawn`): its coordinators start again
+//! under their old ids (why: `Respawn`) and the heartbeat detector watches it again.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -77,7 +77,7 @@ impl MotorProtocol {
     /// recovery measured without detection, a lower bound) and `versions=N` (N versions
     /// per record instead of the workload's default: LOTUS §8 runs Motor and LOTUS with 2)
     /// and `restart=US` (a crashed CN comes back US µs after its failure was detected, once
-    /// recovered, in the simulator: [`Respawn`]).
+    /// recovered, in the simulator: `Respawn`).
     ///
     /// # Errors
     /// An unknown flag, a version count outside 1 ..= 8, or a malformed `restart=`.
@@ -252,7 +252,7 @@ struct MotorDeployment {
 }
 
 /// CN restart in the simulator (`motor:restart=US`): what the deployment knows to bring a
-/// recovered CN's coordinators back ([`Respawn`]).
+/// recovered CN's coordinators back (`Respawn`).
 struct Restart {
     /// After how long (from detection) a crashed CN comes back; `None`: it does not.
     after: Option<Nanos>,
