@@ -142,51 +142,51 @@ fn pandora_restarted_cn_brings_throughput_back() {
     assert!(back_to_before(&r) < 0.8, "{r}");
 }
 
-#[test]
-fn pandora_restarted_cn_that_crashes_again_is_recovered_again() {
-    // The restarted incarnation (new coordinator ids, joined to the failure detector) crashes
-    // at 4 ms mid-flight; it is detected, its transactions decided, and it restarts again.
-    let args = [
-        "recover",
-        "--protocol",
-        "pandora",
-        "--workload",
+/// One of three CNs (2 threads x 8 coroutines) crashes at 2 ms, restarts 100 µs after its
+/// failure was detected, and its restarted incarnation crashes again at 3 ms with
+/// transactions in flight; the report after both recoveries.
+fn crash_restart_crash(protocol: &str) -> serde_json::Value {
+    recover_with_coroutines(
+        protocol,
         "smallbank",
-        "--scale",
-        "tiny",
-        "--cns",
-        "3",
-        "--threads",
-        "2",
-        "--coroutines",
-        "2",
-        "--crash-at-ms",
-        "2",
-        "--crash-again-at-ms",
-        "4",
-        "--duration-ms",
-        "6",
-        "--detect-timeout-us",
-        "500",
-        "--heartbeat-us",
-        "100",
-        "--restart-after-us",
-        "100",
-        "--json",
-    ];
-    let out = dmem(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let r: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+        &[
+            "--crash-cns",
+            "1",
+            "--cns",
+            "3",
+            "--restart-after-us",
+            "100",
+            "--crash-again-at-ms",
+            "3",
+        ],
+        "8",
+    )
+}
+
+/// What every protocol that restarts CNs must show after [`crash_restart_crash`]: both
+/// crashes recovered, the restarted incarnations committed, history and invariants clean.
+fn assert_recovered_twice(r: &serde_json::Value) {
     assert_eq!(r["checker"], "ok", "{r}");
     assert_eq!(r["invariants"], "ok", "{r}");
-    assert_eq!(r["restarted_cns"], 2, "restarted twice: {r}");
-    assert_eq!(r["restarted_coordinators"], 8, "{r}");
     assert_eq!(r["second_crash_recovered"], 1, "{r}");
+    assert!(
+        r["second_recovery_latency_us"].as_f64().unwrap() > 0.0,
+        "{r}"
+    );
+    assert!(
+        r["second_recovered_txns"].as_u64().unwrap() > 0,
+        "the second crash caught the new incarnation's transactions in flight: {r}"
+    );
+    assert_eq!(r["restarted_cns"], 2, "restarted twice: {r}");
+    assert_eq!(r["restarted_coordinators"], 32, "{r}");
+    assert!(r["restarted_committed"].as_u64().unwrap() > 0, "{r}");
+}
+
+#[test]
+fn pandora_restarted_cn_that_crashes_again_is_recovered_again() {
+    // The restarted incarnation (new coordinator ids, joined to the failure detector) is
+    // suspected, its transactions decided, and it restarts again.
+    assert_recovered_twice(&crash_restart_crash("pandora"));
 }
 
 #[test]
@@ -241,36 +241,9 @@ fn lotus_restarted_cn_that_crashes_again_is_recovered_again() {
     // the second recovery decides the new incarnation's logs, releases its locks, and the
     // history and invariants stay clean.
     // 16 coordinators on the CN, so that the second crash catches some mid-commit.
-    let r = recover_with_coroutines(
-        "lotus",
-        "smallbank",
-        &[
-            "--crash-cns",
-            "1",
-            "--cns",
-            "3",
-            "--restart-after-us",
-            "100",
-            "--crash-again-at-ms",
-            "3",
-        ],
-        "8",
-    );
-    assert_eq!(r["checker"], "ok", "{r}");
-    assert!(
-        r["second_recovered_txns"].as_u64().unwrap() > 0,
-        "the second crash caught the new incarnation's transactions in flight: {r}"
-    );
-    assert_eq!(r["invariants"], "ok", "{r}");
-    assert_eq!(r["second_crash_recovered"], 1, "{r}");
-    assert!(
-        r["second_recovery_latency_us"].as_f64().unwrap() > 0.0,
-        "{r}"
-    );
-    assert_eq!(r["restarted_cns"], 2, "restarted twice: {r}");
-    assert_eq!(r["restarted_coordinators"], 32, "{r}");
+    let r = crash_restart_crash("lotus");
+    assert_recovered_twice(&r);
     assert_eq!(r["stale_fences"], 0, "{r}");
-    assert!(r["restarted_committed"].as_u64().unwrap() > 0, "{r}");
     assert_eq!(r["early_broadcasts"], 0, "{r}");
     assert_eq!(r["restart_grants_before_recovered"], 0, "{r}");
 }
@@ -326,38 +299,9 @@ fn motor_restarted_cn_runs_its_coordinators_again_at_full_throughput() {
 
 #[test]
 fn motor_restarted_cn_that_crashes_again_is_recovered_again() {
-    // The restarted incarnation (100 µs after detection) crashes at 3 ms with transactions
-    // in flight: the heartbeat detector, watching it again, suspects it, recovery decides
+    // The heartbeat detector, watching the restarted CN again, suspects it, recovery decides
     // its op logs, and it restarts once more.
-    let r = recover_with_coroutines(
-        "motor",
-        "smallbank",
-        &[
-            "--crash-cns",
-            "1",
-            "--cns",
-            "3",
-            "--restart-after-us",
-            "100",
-            "--crash-again-at-ms",
-            "3",
-        ],
-        "8",
-    );
-    assert_eq!(r["checker"], "ok", "{r}");
-    assert_eq!(r["invariants"], "ok", "{r}");
-    assert_eq!(r["second_crash_recovered"], 1, "{r}");
-    assert!(
-        r["second_recovery_latency_us"].as_f64().unwrap() > 0.0,
-        "{r}"
-    );
-    assert!(
-        r["second_recovered_txns"].as_u64().unwrap() > 0,
-        "the second crash caught the new incarnation's transactions in flight: {r}"
-    );
-    assert_eq!(r["restarted_cns"], 2, "restarted twice: {r}");
-    assert_eq!(r["restarted_coordinators"], 32, "{r}");
-    assert!(r["restarted_committed"].as_u64().unwrap() > 0, "{r}");
+    assert_recovered_twice(&crash_restart_crash("motor"));
 }
 
 #[test]

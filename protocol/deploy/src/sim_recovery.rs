@@ -312,6 +312,16 @@ mod tests {
     };
     const CRASH_AT: Nanos = 200_000;
 
+    /// One MN, two worker CNs and the detector's CN, two threads each.
+    fn two_workers_and_a_detector() -> Rc<Sim> {
+        let config = ClusterConfig::new("cx6")
+            .unwrap()
+            .mns(1)
+            .cns(3)
+            .threads_per_cn(2);
+        Rc::new(Sim::new(config).unwrap())
+    }
+
     /// One MN, CNs 0 and 1 with coordinators 0 and 1, CN 2 recovering. Returns the events
     /// and, per recovered coordinator, whether its CN could still READ MN memory when
     /// `recover` ran.
@@ -320,16 +330,7 @@ mod tests {
         detection: Detection,
         crash: bool,
     ) -> (Rc<Sim>, Vec<RecoveryEvent>, Vec<(u16, bool)>) {
-        let sim = Rc::new(
-            Sim::new(
-                ClusterConfig::new("cx6")
-                    .unwrap()
-                    .mns(1)
-                    .cns(3)
-                    .threads_per_cn(2),
-            )
-            .unwrap(),
-        );
+        let sim = two_workers_and_a_detector();
         let state = RecoveryState::default();
         let reached = Rc::new(RefCell::new(Vec::new()));
         let workers = [sim.cn(0), sim.cn(1)];
@@ -427,16 +428,7 @@ mod tests {
             (Detection::Heartbeat, false, 1),
             (Detection::Oracle, true, 2),
         ] {
-            let sim = Rc::new(
-                Sim::new(
-                    ClusterConfig::new("cx6")
-                        .unwrap()
-                        .mns(1)
-                        .cns(3)
-                        .threads_per_cn(2),
-                )
-                .unwrap(),
-            );
+            let sim = two_workers_and_a_detector();
             let state = RecoveryState::default();
             let workers = [sim.cn(0), sim.cn(1)];
             let (s, rejoined) = (Rc::clone(&sim), Rc::clone(&state.rejoined));

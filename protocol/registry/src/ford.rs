@@ -583,6 +583,30 @@ impl CoordinatorMaker {
     }
 }
 
+/// Starts CN `node`'s member tasks in the simulator (Pandora §3.2.2) beside its
+/// coordinators, on its thread 1 (thread 0 if it has one): the heartbeat to `detector` and
+/// the stray-lock listener that keeps `failed` current. Returns the listener's endpoint.
+fn spawn_member_tasks(
+    sim: &Sim,
+    node: NodeId,
+    detector: dmem_verbs::Endpoint,
+    timing: RecoveryTiming,
+    failed: Rc<RefCell<FailedCoordinatorSet>>,
+) -> Result<dmem_verbs::Endpoint, DeployError> {
+    let thread_ctx = || sim.context(node, 1).or_else(|_| sim.context(node, 0));
+    let listener = thread_ctx()?;
+    let hb = thread_ctx()?;
+    let h = hb.clone();
+    sim.spawn(&hb, async move {
+        let _ = heartbeat_loop(&h, detector, timing.heartbeat, timing.until).await;
+    });
+    let l = listener.clone();
+    sim.spawn(&listener, async move {
+        let _ = membership_listener(&l, failed, timing.poll, timing.until).await;
+    });
+    Ok(listener.local_endpoint())
+}
+
 /// Pandora §6.3's restart of recovered CNs in the simulator ("the failed coordinators are
 /// brought back", Fig. 8's second line): a recovered CN comes back `after` its failure was
 /// detected, with one coordinator on the same thread for each it lost, under new ids from
@@ -659,24 +683,18 @@ impl Respawn {
             ids.push(id);
             late.push((ctx, id, co));
         }
-        let thread_ctx = || sim.context(node, 1).or_else(|_| sim.context(node, 0));
-        let (listener, hb) = (
-            thread_ctx().map_err(|e| e.to_string())?,
-            thread_ctx().map_err(|e| e.to_string())?,
-        );
-        let (detector, timing) = (self.detector, self.timing);
-        let h = hb.clone();
-        sim.spawn(&hb, async move {
-            let _ = heartbeat_loop(&h, detector, timing.heartbeat, timing.until).await;
-        });
-        let (l, failed) = (listener.clone(), Rc::clone(&shared.failed));
-        sim.spawn(&listener, async move {
-            let _ = membership_listener(&l, failed, timing.poll, timing.until).await;
-        });
+        let listener = spawn_member_tasks(
+            sim,
+            node,
+            self.detector,
+            self.timing,
+            Rc::clone(&shared.failed),
+        )
+        .map_err(|e| e.to_string())?;
         self.joining.borrow_mut().push(Member {
             cn: node,
             coordinators: ids,
-            listener: listener.local_endpoint(),
+            listener,
         });
         self.cns.set(self.cns.get() + 1);
         self.coordinators
@@ -777,24 +795,12 @@ impl SimRecovery for FordDeployment {
         let detector = fd_ctx.local_endpoint();
         let mut members = Vec::new();
         for (cn, shared, ids) in &self.cns {
-            // Thread 1 of each worker CN (thread 0 if it has one) runs its heartbeat and
-            // its stray-lock listener, beside the coordinators.
-            let thread_ctx = || sim.context(*cn, 1).or_else(|_| sim.context(*cn, 0));
-            let listener = thread_ctx()?;
+            let listener =
+                spawn_member_tasks(sim, *cn, detector, timing, Rc::clone(&shared.failed))?;
             members.push(Member {
                 cn: *cn,
                 coordinators: ids.clone(),
-                listener: listener.local_endpoint(),
-            });
-            let hb = thread_ctx()?;
-            let h = hb.clone();
-            sim.spawn(&hb, async move {
-                let _ = heartbeat_loop(&h, detector, timing.heartbeat, timing.until).await;
-            });
-            let failed = Rc::clone(&shared.failed);
-            let l = listener.clone();
-            sim.spawn(&listener, async move {
-                let _ = membership_listener(&l, failed, timing.poll, timing.until).await;
+                listener,
             });
         }
         let mut manager = RecoveryManager::new(
