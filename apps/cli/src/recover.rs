@@ -207,7 +207,7 @@ impl Args {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        self.deployed_protocol()?;
+        self.deployed_protocol(registry)?;
         let profile = common::load_profile(&self.profile)?;
         let (workload, _) = parse_workload(self.workload.name(), self.scale.name())?;
         common::ensure_memory(
@@ -229,26 +229,31 @@ impl Args {
         Ok((workload, profile, crash))
     }
 
-    /// The registry name deployed: `--protocol`, with its `restart=US` switch (LOTUS,
-    /// Pandora, FORD, Motor) when --restart-after-us is given.
-    fn deployed_protocol(&self) -> anyhow::Result<String> {
+    /// The registry name deployed: `--protocol`, or with --restart-after-us the name the
+    /// protocol gives itself with its crashed CNs restarted (`Protocol::restarting_name`).
+    fn deployed_protocol(&self, registry: &Registry) -> anyhow::Result<String> {
         let Some(us) = self.restart_after_us else {
             return Ok(self.protocol.clone());
         };
-        match self.protocol.as_str() {
-            "lotus" => Ok(format!("lotus:restart={us}")),
-            "lotus-si" => Ok(format!("lotus:si+restart={us}")),
-            "pandora" => Ok(format!("pandora:restart={us}")),
-            "ford" => Ok(format!("ford:restart={us}")),
-            "motor" => Ok(format!("motor:restart={us}")),
-            "motor-si" => Ok(format!("motor:si+restart={us}")),
-            p if p.starts_with("lotus:") || p.starts_with("ford:") => {
-                Ok(format!("{p}+restart={us}"))
-            }
-            other => anyhow::bail!(
-                "--restart-after-us: LOTUS, Pandora, FORD and Motor restart crashed CNs (lotus, lotus-si, pandora, ford, motor, motor-si), not {other}"
-            ),
-        }
+        registry
+            .get(&self.protocol)?
+            .restarting_name(us)
+            .ok_or_else(|| {
+                let restarting: Vec<String> = registry
+                    .names()
+                    .into_iter()
+                    .filter(|n| {
+                        registry
+                            .get(n)
+                            .is_ok_and(|p| p.restarting_name(us).is_some())
+                    })
+                    .collect();
+                anyhow::anyhow!(
+                    "--restart-after-us: {} does not restart crashed CNs; these do: {}",
+                    self.protocol,
+                    restarting.join(", ")
+                )
+            })
     }
 
     /// The CN indices that crash.
@@ -450,7 +455,7 @@ pub(crate) fn measure(argv: &[&str], registry: &Registry) -> anyhow::Result<serd
 
 fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
     let (workload, profile, crash) = args.validate(registry)?;
-    let protocol = registry.get(&args.deployed_protocol()?)?;
+    let protocol = registry.get(&args.deployed_protocol(registry)?)?;
     let per_cn = u32::from(args.threads) * u32::from(args.coroutines);
     let coordinators = args.cns * args.threads * args.coroutines;
     let history = Rc::new(RefCell::new(History::new()));
@@ -680,6 +685,7 @@ fn measure_report(args: &Args, registry: &Registry) -> anyhow::Result<Report> {
         ),
     );
     report.restarted_committed = restarted_committed.get();
+    report.protocol = name;
     Ok(report)
 }
 
@@ -757,9 +763,8 @@ fn build_report(
     );
     let invariants = dmem_harness::invariants_verdict(&violations);
     Report {
-        protocol: args
-            .deployed_protocol()
-            .unwrap_or_else(|_| args.protocol.clone()),
+        // `measure_report` names the deployed protocol (with its restart switch).
+        protocol: args.protocol.clone(),
         workload: args.workload.name().to_string(),
         scale: args.scale.name().to_string(),
         crash: match (args.crash_cns, args.crash) {

@@ -343,6 +343,15 @@ pub trait Protocol: Send + Sync {
         Isolation::Serializable
     }
 
+    /// The registry name of this protocol with its crashed CNs restarted `after_us` µs after
+    /// their failure is detected (`dmem recover --restart-after-us`), or `None` for a
+    /// protocol that does not restart CNs (the default). The protocol names its own
+    /// switch, so a command needs no list of which protocols restart.
+    fn restarting_name(&self, after_us: u64) -> Option<String> {
+        let _ = after_us;
+        None
+    }
+
     /// Whether the protocol is symmetric: every node is a server, both coordinator and
     /// storage, holding its data in its own memory (Dandelion). Its deployment runs on the
     /// cluster's CNs only — a command sizes it with `--servers N` as N CNs — and leaves the

@@ -161,6 +161,16 @@ impl Protocol for FordProtocol {
         self.name.clone()
     }
 
+    /// `pandora:restart=US`, `ford:restart=US`, `ford:BUGS+restart=US` (§6.3); the other
+    /// names (`occ`, `pandora-lock-logging`) have no restart switch.
+    fn restarting_name(&self, after_us: u64) -> Option<String> {
+        match self.name.as_str() {
+            "pandora" | "ford" => Some(format!("{}:restart={after_us}", self.name)),
+            n if n.starts_with("ford:") => Some(format!("{n}+restart={after_us}")),
+            _ => None,
+        }
+    }
+
     fn mn_bytes_per_mn(&self, spec: &DeploySpec, mns: u16) -> Result<u64, DeployError> {
         Ok(self.store_config(spec, mns).bytes_per_mn()?)
     }

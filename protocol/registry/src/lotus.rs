@@ -341,6 +341,16 @@ impl Protocol for LotusProtocol {
         self.name.clone()
     }
 
+    /// `lotus:restart=US`, `lotus:si+restart=US`, `lotus:FLAGS+restart=US` (LOTUS §6 CN restart).
+    fn restarting_name(&self, after_us: u64) -> Option<String> {
+        match self.name.as_str() {
+            "lotus" => Some(format!("lotus:restart={after_us}")),
+            "lotus-si" => Some(format!("lotus:si+restart={after_us}")),
+            n if n.starts_with("lotus:") => Some(format!("{n}+restart={after_us}")),
+            _ => None,
+        }
+    }
+
     fn isolation(&self) -> dmem_txn::Isolation {
         match self.config.isolation {
             dmem_lotus::Isolation::Serializable => dmem_txn::Isolation::Serializable,

@@ -135,6 +135,16 @@ impl Protocol for MotorProtocol {
         self.name.clone()
     }
 
+    /// `motor:restart=US`, `motor:si+restart=US`, `motor:FLAGS+restart=US` (Motor CN restart).
+    fn restarting_name(&self, after_us: u64) -> Option<String> {
+        match self.name.as_str() {
+            "motor" => Some(format!("motor:restart={after_us}")),
+            "motor-si" => Some(format!("motor:si+restart={after_us}")),
+            n if n.starts_with("motor:") => Some(format!("{n}+restart={after_us}")),
+            _ => None,
+        }
+    }
+
     fn isolation(&self) -> dmem_txn::Isolation {
         match self.config.isolation {
             dmem_motor::Isolation::Serializable => dmem_txn::Isolation::Serializable,

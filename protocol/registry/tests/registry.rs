@@ -246,3 +246,30 @@ fn mvcc_insert_shares_follow_the_run_room() {
         ford.mn_bytes_per_mn(&tables_sized, 3).unwrap()
     );
 }
+
+/// A protocol names its own restarting variant (`dmem recover --restart-after-us`), and the
+/// name resolves; protocols without CN restart name none.
+#[test]
+fn restarting_names_resolve_and_only_restarting_protocols_have_one() {
+    let r = dmem_protocols::registry();
+    for (name, expect) in [
+        ("pandora", Some("pandora:restart=5")),
+        ("ford", Some("ford:restart=5")),
+        ("ford:covert-locks", Some("ford:covert-locks+restart=5")),
+        ("motor", Some("motor:restart=5")),
+        ("motor-si", Some("motor:si+restart=5")),
+        ("lotus", Some("lotus:restart=5")),
+        ("lotus-si", Some("lotus:si+restart=5")),
+        ("lotus:restart-same-ids", Some("lotus:restart-same-ids+restart=5")),
+        ("occ", None),
+        ("pandora-lock-logging", None),
+        ("oocc", None),
+        ("dnl-4", None),
+    ] {
+        let got = r.get(name).unwrap().restarting_name(5);
+        assert_eq!(got.as_deref(), expect, "{name}");
+        if let Some(restarting) = got {
+            assert_eq!(r.get(&restarting).unwrap().name(), restarting);
+        }
+    }
+}
