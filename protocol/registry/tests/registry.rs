@@ -260,7 +260,10 @@ fn restarting_names_resolve_and_only_restarting_protocols_have_one() {
         ("motor-si", Some("motor:si+restart=5")),
         ("lotus", Some("lotus:restart=5")),
         ("lotus-si", Some("lotus:si+restart=5")),
-        ("lotus:restart-same-ids", Some("lotus:restart-same-ids+restart=5")),
+        (
+            "lotus:restart-same-ids",
+            Some("lotus:restart-same-ids+restart=5"),
+        ),
         ("occ", None),
         ("pandora-lock-logging", None),
         ("oocc", None),
